@@ -1,0 +1,249 @@
+"""Loading Hugging Face BERT weights into fastbert's fused layout.
+
+Sources: a local checkpoint folder (config.json + model.safetensors, sharded safetensors or
+pytorch_model.bin; a sentence-transformers folder too), a transformers ``BertModel`` /
+``BertFor*`` instance, or a sentence-transformers ``SentenceTransformer``. Every tensor is
+mapped explicitly by name (:func:`hf_weight_names`); a missing or mis-shaped tensor raises a
+ValueError naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fastbert.config import BertConfig
+
+_LAYER_TENSORS = {
+    # fastbert name: Hugging Face names under encoder.layer.<i>. (several = concatenated rows)
+    "qkv_weight": tuple(f"attention.self.{n}.weight" for n in ("query", "key", "value")),
+    "qkv_bias": tuple(f"attention.self.{n}.bias" for n in ("query", "key", "value")),
+    "attn_out_weight": ("attention.output.dense.weight",),
+    "attn_out_bias": ("attention.output.dense.bias",),
+    "attn_ln_weight": ("attention.output.LayerNorm.weight",),
+    "attn_ln_bias": ("attention.output.LayerNorm.bias",),
+    "ffn_in_weight": ("intermediate.dense.weight",),
+    "ffn_in_bias": ("intermediate.dense.bias",),
+    "ffn_out_weight": ("output.dense.weight",),
+    "ffn_out_bias": ("output.dense.bias",),
+    "ffn_ln_weight": ("output.LayerNorm.weight",),
+    "ffn_ln_bias": ("output.LayerNorm.bias",),
+}
+_EMBEDDING_TENSORS = {
+    "embeddings.word": ("embeddings.word_embeddings.weight",),
+    "embeddings.position": ("embeddings.position_embeddings.weight",),
+    "embeddings.token_type": ("embeddings.token_type_embeddings.weight",),
+    "embeddings.ln_weight": ("embeddings.LayerNorm.weight",),
+    "embeddings.ln_bias": ("embeddings.LayerNorm.bias",),
+}
+_POOLER_TENSORS = {"pooler.weight": ("pooler.dense.weight",), "pooler.bias": ("pooler.dense.bias",)}
+_HEAD_TENSORS = {
+    "BertForMaskedLM": {
+        "transform_weight": ("cls.predictions.transform.dense.weight",),
+        "transform_bias": ("cls.predictions.transform.dense.bias",),
+        "transform_ln_weight": ("cls.predictions.transform.LayerNorm.weight",),
+        "transform_ln_bias": ("cls.predictions.transform.LayerNorm.bias",),
+        "decoder_bias": ("cls.predictions.bias",),
+    },
+    "BertForNextSentencePrediction": {
+        "classifier_weight": ("cls.seq_relationship.weight",),
+        "classifier_bias": ("cls.seq_relationship.bias",),
+    },
+    "BertForSequenceClassification": {
+        "classifier_weight": ("classifier.weight",),
+        "classifier_bias": ("classifier.bias",),
+    },
+}
+# Checkpoints converted from the original TensorFlow BERT name LayerNorm parameters so.
+_LEGACY_SUFFIXES = {"LayerNorm.weight": "LayerNorm.gamma", "LayerNorm.bias": "LayerNorm.beta"}
+
+
+def encoder_weight_names(config: BertConfig, with_pooler: bool) -> dict[str, tuple[str, ...]]:
+    """fastbert BertModel parameter name -> Hugging Face BertModel tensor names."""
+    names = dict(_EMBEDDING_TENSORS)
+    for i in range(config.num_hidden_layers):
+        for ours, theirs in _LAYER_TENSORS.items():
+            names[f"layers.{i}.{ours}"] = tuple(f"encoder.layer.{i}.{t}" for t in theirs)
+    if with_pooler:
+        names.update(_POOLER_TENSORS)
+    return names
+
+
+def hf_weight_names(model_class: str, config: BertConfig, with_pooler: bool = True) -> dict:
+    """fastbert parameter name -> Hugging Face names, for ``model_class`` (a fastbert class name).
+
+    Encoder tensors of a head model live under ``bert.`` on both sides.
+    """
+    if model_class == "BertModel":
+        return encoder_weight_names(config, with_pooler)
+    encoder = encoder_weight_names(config, model_class != "BertForMaskedLM")
+    names = {f"bert.{ours}": tuple(f"bert.{t}" for t in theirs) for ours, theirs in encoder.items()}
+    names.update(_HEAD_TENSORS[model_class])
+    return names
+
+
+def _lookup(state: Mapping[str, torch.Tensor], name: str) -> torch.Tensor | None:
+    if name in state:
+        return state[name]
+    for new, old in _LEGACY_SUFFIXES.items():
+        if name.endswith(new) and name[: -len(new)] + old in state:
+            return state[name[: -len(new)] + old]
+    return None
+
+
+def _normalize_prefix(state: Mapping[str, torch.Tensor], model_class: str) -> dict:
+    """Give encoder tensors the prefix ``model_class`` expects (``bert.`` for head models)."""
+    has_prefix = any(k.startswith("bert.") for k in state)
+    if model_class == "BertModel" and has_prefix:
+        return {k[len("bert."):]: v for k, v in state.items() if k.startswith("bert.")}
+    if model_class != "BertModel" and not has_prefix:
+        return {(k if k.startswith(("cls.", "classifier.")) else f"bert.{k}"): v
+                for k, v in state.items()}
+    return dict(state)
+
+
+def check_tied_decoder(state: Mapping[str, torch.Tensor]) -> None:
+    """fastbert's masked-LM decoder is the word-embedding matrix; refuse an untied one."""
+    decoder = state.get("cls.predictions.decoder.weight")
+    word = _lookup(state, "bert.embeddings.word_embeddings.weight")
+    if decoder is not None and word is not None and not (
+        decoder.data_ptr() == word.data_ptr() or torch.equal(decoder, word)
+    ):
+        raise ValueError(
+            "cls.predictions.decoder.weight differs from the word embeddings; fastbert's "
+            "masked-LM head ties them, as BERT does"
+        )
+
+
+def load_weights(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy Hugging Face tensors from ``state`` into ``model``'s parameters (cast, moved)."""
+    model_class = type(model).__name__
+    state = _normalize_prefix(state, model_class)
+    if model_class == "BertForMaskedLM":
+        check_tied_decoder(state)
+    params = dict(model.named_parameters())
+    with_pooler = "pooler.weight" in params or "bert.pooler.weight" in params
+    for ours, theirs in hf_weight_names(model_class, model.config, with_pooler).items():
+        found = [_lookup(state, t) for t in theirs]
+        missing = [t for t, f in zip(theirs, found) if f is None]
+        if missing:
+            raise ValueError(f"the checkpoint lacks {missing[0]!r} (needed for {ours})")
+        source = found[0] if len(found) == 1 else torch.cat(found, dim=0)
+        target = params[ours]
+        if tuple(source.shape) != tuple(target.shape):
+            raise ValueError(
+                f"{' + '.join(theirs)} has shape {tuple(source.shape)}, fastbert's {ours} "
+                f"expects {tuple(target.shape)} (from the config)"
+            )
+        target.data.copy_(source.detach())
+
+
+def _read_checkpoint_folder(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config dict, state dict) from a local Hugging Face or sentence-transformers folder."""
+    modules = folder / "modules.json"
+    if not (folder / "config.json").exists() and modules.exists():
+        for module in json.loads(modules.read_text()):
+            if module.get("type", "").endswith("Transformer"):
+                folder = folder / module.get("path", "")
+                break
+    config_path = folder / "config.json"
+    if not config_path.exists():
+        raise ValueError(f"{folder} has no config.json: not a Hugging Face checkpoint folder")
+    config = json.loads(config_path.read_text())
+    return config, _read_state(folder)
+
+
+def _read_state(folder: Path) -> dict[str, torch.Tensor]:
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        from safetensors.torch import load_file
+
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        state: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            state.update(load_file(str(folder / shard)))
+        return state
+    if (folder / "model.safetensors").exists():
+        from safetensors.torch import load_file
+
+        return load_file(str(folder / "model.safetensors"))
+    if (folder / "pytorch_model.bin").exists():
+        return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise ValueError(
+        f"{folder} holds no weights (model.safetensors, model.safetensors.index.json or "
+        "pytorch_model.bin)"
+    )
+
+
+def _is_sentence_transformer(source: Any) -> bool:
+    return type(source).__module__.startswith("sentence_transformers") and hasattr(
+        source, "__getitem__"
+    )
+
+
+def read_source(source: Any) -> tuple[BertConfig, dict, Mapping[str, torch.Tensor]]:
+    """(config, raw config dict, state dict) from any supported ``source``."""
+    if isinstance(source, (str, Path)):
+        folder = Path(source)
+        if not folder.is_dir():
+            raise ValueError(
+                f"{source!r} is not a local folder; fastbert loads local checkpoint folders or "
+                "model instances (download hub checkpoints first, e.g. with "
+                "huggingface_hub.snapshot_download)"
+            )
+        raw, state = _read_checkpoint_folder(folder)
+        return BertConfig.from_dict(raw), raw, state
+    if _is_sentence_transformer(source):
+        source = source[0].auto_model
+    if hasattr(source, "config") and hasattr(source, "state_dict"):
+        raw = source.config.to_dict()
+        return BertConfig.from_hf(source.config), raw, source.state_dict()
+    raise TypeError(
+        "from_pretrained takes a checkpoint folder, a transformers BERT model or a "
+        f"SentenceTransformer, got {type(source).__name__}"
+    )
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class PretrainedMixin:
+    """Adds ``from_pretrained`` to fastbert's model classes."""
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        source: Any,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        backend: str = "auto",
+    ):
+        """Load Hugging Face BERT weights into a new fastbert model.
+
+        source: a local checkpoint folder, a transformers BertModel/BertFor* instance or a
+        SentenceTransformer. dtype defaults to float16 on CUDA and float32 elsewhere; device to
+        CUDA when available. backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch" or
+        "triton". Raises ValueError naming any missing or mis-shaped tensor.
+        """
+        config, _, state = read_source(source)
+        device = torch.device(device if device is not None else default_device())
+        if dtype is None:
+            dtype = torch.float16 if device.type == "cuda" else torch.float32
+        kwargs: dict[str, Any] = {"dtype": dtype, "device": device, "backend": backend}
+        if cls.__name__ == "BertModel":
+            normalized = _normalize_prefix(state, "BertModel")
+            if "pooler.dense.weight" not in normalized:
+                warnings.warn(
+                    "the checkpoint has no pooler; pooler_output will be None", stacklevel=2
+                )
+                kwargs["add_pooling_layer"] = False
+        model = cls(config, **kwargs)
+        load_weights(model, state)
+        return model.eval()

@@ -1,0 +1,293 @@
+"""The BERT encoder and its heads, running every hot op through one backend's ops.
+
+Parameters are stored in fastbert's own fused layout (one QKV weight per layer); the mapping
+from Hugging Face names lives in fastbert/loading.py. Inference only: forward runs under
+``torch.no_grad``. Activations are [batch, seq, hidden] in the model's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fastbert import validation
+from fastbert.config import BertConfig
+from fastbert.loading import PretrainedMixin
+from fastbert.ops import Ops, check_backend, get_ops
+from fastbert.outputs import BaseModelOutputWithPooling, LogitsOutput
+
+
+def _param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
+    return nn.Parameter(torch.zeros(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class BertEmbeddings(nn.Module):
+    """word + position + token-type embeddings, then LayerNorm (one fused op)."""
+
+    def __init__(self, config: BertConfig, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        h = config.hidden_size
+        self.word = _param(config.vocab_size, h, dtype=dtype, device=device)
+        self.position = _param(config.max_position_embeddings, h, dtype=dtype, device=device)
+        self.token_type = _param(config.type_vocab_size, h, dtype=dtype, device=device)
+        self.ln_weight = _param(h, dtype=dtype, device=device)
+        self.ln_bias = _param(h, dtype=dtype, device=device)
+        self.eps = config.layer_norm_eps
+
+    def forward(
+        self, ops: Ops, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None
+    ) -> torch.Tensor:
+        """input_ids, token_type_ids: [B, S] integers -> [B, S, H]."""
+        return ops.embeddings_layer_norm(
+            input_ids, token_type_ids, None, self.word, self.position, self.token_type,
+            self.ln_weight, self.ln_bias, self.eps,
+        )
+
+
+class BertLayer(nn.Module):
+    """Self-attention (fused QKV) + residual LayerNorm, then GELU FFN + residual LayerNorm."""
+
+    def __init__(self, config: BertConfig, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        h, i = config.hidden_size, config.intermediate_size
+        kw = {"dtype": dtype, "device": device}
+        self.qkv_weight = _param(3 * h, h, **kw)  # rows: query, key, value
+        self.qkv_bias = _param(3 * h, **kw)
+        self.attn_out_weight = _param(h, h, **kw)
+        self.attn_out_bias = _param(h, **kw)
+        self.attn_ln_weight = _param(h, **kw)
+        self.attn_ln_bias = _param(h, **kw)
+        self.ffn_in_weight = _param(i, h, **kw)
+        self.ffn_in_bias = _param(i, **kw)
+        self.ffn_out_weight = _param(h, i, **kw)
+        self.ffn_out_bias = _param(h, **kw)
+        self.ffn_ln_weight = _param(h, **kw)
+        self.ffn_ln_bias = _param(h, **kw)
+        self.heads = config.num_attention_heads
+        self.activation = config.activation
+        self.eps = config.layer_norm_eps
+
+    def forward(
+        self, ops: Ops, hidden: torch.Tensor, key_padding_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """hidden: [B, S, H]; key_padding_mask: [B, S] bool (True = real token) -> [B, S, H]."""
+        batch, seq, width = hidden.shape
+        qkv = ops.linear(hidden, self.qkv_weight, self.qkv_bias)
+        # [B, S, 3, heads, D] viewed as three [B, heads, S, D] tensors: strides, no copies.
+        q, k, v = qkv.view(batch, seq, 3, self.heads, width // self.heads).permute(2, 0, 3, 1, 4)
+        context = ops.attention(q, k, v, key_padding_mask)
+        # The Triton kernel writes [B, S, heads, D] memory, so this reshape is a free view.
+        context = context.transpose(1, 2).reshape(batch, seq, width)
+        attn = ops.linear(context, self.attn_out_weight, self.attn_out_bias)
+        hidden = ops.layer_norm(attn, self.attn_ln_weight, self.attn_ln_bias, self.eps, hidden)
+        inner = ops.linear(hidden, self.ffn_in_weight, self.ffn_in_bias, self.activation)
+        out = ops.linear(inner, self.ffn_out_weight, self.ffn_out_bias)
+        return ops.layer_norm(out, self.ffn_ln_weight, self.ffn_ln_bias, self.eps, hidden)
+
+
+class BertPooler(nn.Module):
+    """tanh(dense(hidden[:, 0])): the [CLS] token's representation."""
+
+    def __init__(self, config: BertConfig, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        h = config.hidden_size
+        self.weight = _param(h, h, dtype=dtype, device=device)
+        self.bias = _param(h, dtype=dtype, device=device)
+
+    def forward(self, ops: Ops, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [B, S, H] -> [B, H]."""
+        return torch.tanh(ops.linear(hidden[:, 0], self.weight, self.bias))
+
+
+class BertModel(PretrainedMixin, nn.Module):
+    """The BERT encoder: embeddings, ``num_hidden_layers`` layers and (optionally) the pooler.
+
+    ``forward(input_ids, attention_mask=None, token_type_ids=None)`` takes [B, S] integer ids,
+    a [B, S] 0/1 (or bool) mask with 1 = real token, and [B, S] token types; it returns
+    ``last_hidden_state`` [B, S, H] and ``pooler_output`` [B, H] in the model's dtype.
+    Positions where attention_mask is 0 hold unspecified (finite) values, as in Hugging Face.
+    """
+
+    def __init__(
+        self,
+        config: BertConfig,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        backend: str = "auto",
+        add_pooling_layer: bool = True,
+    ):
+        super().__init__()
+        check_backend(backend)
+        self.config = config
+        self.backend = backend
+        self.embeddings = BertEmbeddings(config, dtype, device)
+        self.layers = nn.ModuleList(
+            BertLayer(config, dtype, device) for _ in range(config.num_hidden_layers)
+        )
+        self.pooler = BertPooler(config, dtype, device) if add_pooling_layer else None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embeddings.word.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embeddings.word.device
+
+    def ops(self) -> Ops:
+        """The hot ops this model runs with, given its backend and device."""
+        return get_ops(self.backend, self.device)
+
+    def encode(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> tuple[Ops, torch.Tensor]:
+        """Validated inputs -> (ops, last hidden state [B, S, H])."""
+        key_padding_mask = validation.check_model_inputs(
+            self.config, self.device, input_ids, attention_mask, token_type_ids
+        )
+        ops = self.ops()
+        hidden = self.embeddings(ops, input_ids, token_type_ids)
+        for layer in self.layers:
+            hidden = layer(ops, hidden, key_padding_mask)
+        return ops, hidden
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> BaseModelOutputWithPooling:
+        batch, seq = validation.batch_and_seq(input_ids)
+        if batch == 0:
+            return self._empty_output(seq)
+        ops, hidden = self.encode(input_ids, attention_mask, token_type_ids)
+        pooled = self.pooler(ops, hidden) if self.pooler is not None else None
+        return BaseModelOutputWithPooling(hidden, pooled)
+
+    def _empty_output(self, seq: int) -> BaseModelOutputWithPooling:
+        h = self.config.hidden_size
+        empty = torch.empty(0, seq, h, dtype=self.dtype, device=self.device)
+        pooled = empty.new_empty(0, h) if self.pooler is not None else None
+        return BaseModelOutputWithPooling(empty, pooled)
+
+
+class _BertWithHead(PretrainedMixin, nn.Module):
+    """A BertModel (``self.bert``) plus a head; ``forward`` returns ``logits``."""
+
+    add_pooling_layer = True
+
+    def __init__(
+        self,
+        config: BertConfig,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        backend: str = "auto",
+    ):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(
+            config, dtype=dtype, device=device, backend=backend,
+            add_pooling_layer=self.add_pooling_layer,
+        )
+
+    @property
+    def backend(self) -> str:
+        return self.bert.backend
+
+    @backend.setter
+    def backend(self, value: str) -> None:
+        check_backend(value)
+        self.bert.backend = value
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.bert.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.bert.device
+
+
+class BertForMaskedLM(_BertWithHead):
+    """Masked-LM head: dense + activation + LayerNorm, decoder tied to the word embeddings.
+
+    logits: [B, S, vocab_size].
+    """
+
+    add_pooling_layer = False
+
+    def __init__(self, config: BertConfig, **kwargs):
+        super().__init__(config, **kwargs)
+        h = config.hidden_size
+        dtype, device = self.bert.dtype, self.bert.device
+        self.transform_weight = _param(h, h, dtype=dtype, device=device)
+        self.transform_bias = _param(h, dtype=dtype, device=device)
+        self.transform_ln_weight = _param(h, dtype=dtype, device=device)
+        self.transform_ln_bias = _param(h, dtype=dtype, device=device)
+        self.decoder_bias = _param(config.vocab_size, dtype=dtype, device=device)
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> LogitsOutput:
+        batch, seq = validation.batch_and_seq(input_ids)
+        if batch == 0:
+            vocab = self.config.vocab_size
+            return LogitsOutput(torch.empty(0, seq, vocab, dtype=self.dtype, device=self.device))
+        ops, hidden = self.bert.encode(input_ids, attention_mask, token_type_ids)
+        hidden = ops.linear(
+            hidden, self.transform_weight, self.transform_bias, self.config.activation
+        )
+        hidden = ops.layer_norm(
+            hidden, self.transform_ln_weight, self.transform_ln_bias, self.config.layer_norm_eps
+        )
+        return LogitsOutput(ops.linear(hidden, self.bert.embeddings.word, self.decoder_bias))
+
+
+class _BertForPooledClassification(_BertWithHead):
+    """A linear classifier over the pooled [CLS] output: logits [B, num_outputs]."""
+
+    def __init__(self, config: BertConfig, num_outputs: int, **kwargs):
+        super().__init__(config, **kwargs)
+        n = num_outputs
+        dtype, device = self.bert.dtype, self.bert.device
+        self.classifier_weight = _param(n, config.hidden_size, dtype=dtype, device=device)
+        self.classifier_bias = _param(n, dtype=dtype, device=device)
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> LogitsOutput:
+        out = self.bert(input_ids, attention_mask, token_type_ids)
+        ops = self.bert.ops()
+        pooled = out.pooler_output
+        if pooled.shape[0] == 0:
+            n = self.classifier_bias.shape[0]
+            return LogitsOutput(pooled.new_empty(0, n))
+        return LogitsOutput(ops.linear(pooled, self.classifier_weight, self.classifier_bias))
+
+
+class BertForNextSentencePrediction(_BertForPooledClassification):
+    """Next-sentence prediction: logits [B, 2] (index 0 = "B follows A")."""
+
+    def __init__(self, config: BertConfig, **kwargs):
+        super().__init__(config, 2, **kwargs)
+
+
+class BertForSequenceClassification(_BertForPooledClassification):
+    """Sequence classification: logits [B, num_labels]."""
+
+    def __init__(self, config: BertConfig, **kwargs):
+        super().__init__(config, config.num_labels, **kwargs)

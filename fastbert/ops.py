@@ -1,0 +1,66 @@
+"""The one dispatch point for the hot ops: the pure-PyTorch reference or the Triton kernels.
+
+``backend="auto"`` picks the Triton kernels for CUDA tensors and the reference elsewhere;
+``"triton"`` on a CPU tensor runs only under the Triton interpreter (TRITON_INTERPRET=1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+from fastbert.kernels import _runtime
+
+BACKENDS = ("auto", "torch", "triton")
+
+
+@dataclasses.dataclass(frozen=True)
+class Ops:
+    """The hot ops of one backend, with the signatures of fastbert.kernels.reference."""
+
+    name: str
+    attention: Callable[..., torch.Tensor]
+    attention_varlen: Callable[..., torch.Tensor]
+    scaled_masked_softmax: Callable[..., torch.Tensor]
+    linear: Callable[..., torch.Tensor]
+    layer_norm: Callable[..., torch.Tensor]
+    embeddings_layer_norm: Callable[..., torch.Tensor]
+
+
+def check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+
+def resolve_backend(backend: str, device: torch.device | str) -> str:
+    """The concrete backend ("torch" or "triton") for tensors on ``device``."""
+    check_backend(backend)
+    device = torch.device(device)
+    if backend == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    if backend == "triton" and device.type != "cuda" and not (
+        device.type == "cpu" and _runtime.interpreting()
+    ):
+        raise ValueError(
+            f"backend='triton' needs CUDA tensors, got {device}; on a CPU it runs only under "
+            "the Triton interpreter (set TRITON_INTERPRET=1 before importing fastbert). Use "
+            "backend='torch' or 'auto' here."
+        )
+    return backend
+
+
+def _module_ops(name: str, module: object) -> Ops:
+    return Ops(name, **{f.name: getattr(module, f.name) for f in dataclasses.fields(Ops)[1:]})
+
+
+def get_ops(backend: str, device: torch.device | str) -> Ops:
+    """The ops for ``backend`` on ``device`` (see :func:`resolve_backend`)."""
+    if resolve_backend(backend, device) == "triton":
+        from fastbert import kernels
+
+        return _module_ops("triton", kernels)
+    from fastbert.kernels import reference
+
+    return _module_ops("torch", reference)

@@ -1,0 +1,59 @@
+"""Checks on the model's inputs, done before any kernel runs (no host synchronisation here;
+the id ranges are checked, with one synchronisation, by the embeddings op)."""
+
+from __future__ import annotations
+
+import torch
+
+from fastbert.config import BertConfig
+from fastbert.kernels import _checks
+
+
+def batch_and_seq(input_ids: object) -> tuple[int, int]:
+    """input_ids must be an integer tensor of shape [batch, seq]; returns (batch, seq)."""
+    _checks.check_tensor("input_ids", input_ids)
+    _checks.check_integer("input_ids", input_ids)
+    if input_ids.dim() != 2:
+        raise ValueError(
+            f"input_ids must have shape [batch, seq], got {tuple(input_ids.shape)}; "
+            "add a batch dimension with input_ids.unsqueeze(0)"
+        )
+    return input_ids.shape[0], input_ids.shape[1]
+
+
+def check_model_inputs(
+    config: BertConfig,
+    device: torch.device,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    token_type_ids: torch.Tensor | None,
+) -> torch.Tensor | None:
+    """Validate shapes, dtypes and devices; return the key-padding mask (bool [B, S] or None)."""
+    batch, seq = batch_and_seq(input_ids)
+    if seq == 0:
+        raise ValueError("input_ids has sequence length 0; every sequence needs >= 1 token")
+    if seq > config.max_position_embeddings:
+        raise ValueError(
+            f"sequence length {seq} exceeds max_position_embeddings "
+            f"{config.max_position_embeddings}; truncate the input"
+        )
+    if input_ids.device != device:
+        raise ValueError(f"input_ids is on {input_ids.device} but the model is on {device}")
+    for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
+        if t is None:
+            continue
+        _checks.check_tensor(name, t)
+        if tuple(t.shape) != (batch, seq):
+            raise ValueError(
+                f"{name} must have the shape of input_ids {(batch, seq)}, got {tuple(t.shape)}"
+            )
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device} but the model is on {device}")
+    if token_type_ids is not None:
+        _checks.check_integer("token_type_ids", token_type_ids)
+    if attention_mask is None:
+        return None
+    if attention_mask.dtype.is_complex:
+        raise TypeError(f"attention_mask must be 0/1 or bool, got {attention_mask.dtype}")
+    # Hugging Face's attention_mask is 1 for real tokens, 0 for padding, in any dtype.
+    return attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0

@@ -1,0 +1,235 @@
+"""Input validation shared by the reference ops and the Triton launchers.
+
+Every public op, whatever its backend, rejects bad input the same way: a ``TypeError`` for a
+wrong kind of tensor (dtype, not a tensor) and a ``ValueError`` for a wrong shape, device or
+value, each message naming the argument and what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+ACTIVATIONS = (None, "gelu", "gelu_tanh")
+
+
+def check_tensor(name: str, t: object, ndim: int | None = None, min_ndim: int | None = None) -> None:
+    """Raise unless ``t`` is a tensor with ``ndim`` (or at least ``min_ndim``) dimensions."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if min_ndim is not None and t.dim() < min_ndim:
+        raise ValueError(
+            f"{name} must have at least {min_ndim} dimension(s), got shape {tuple(t.shape)}"
+        )
+
+
+def check_float(name: str, t: torch.Tensor) -> None:
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+
+
+def check_integer(name: str, t: torch.Tensor) -> None:
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer ids, got {t.dtype}")
+
+
+def check_same_dtype(**tensors: torch.Tensor | None) -> None:
+    """All non-None tensors share one dtype."""
+    named = [(n, t) for n, t in tensors.items() if t is not None]
+    first_name, first = named[0]
+    for name, t in named[1:]:
+        if t.dtype != first.dtype:
+            raise TypeError(
+                f"dtype mismatch: {first_name} is {first.dtype} but {name} is {t.dtype}"
+            )
+
+
+def check_same_device(**tensors: torch.Tensor | None) -> None:
+    """All non-None tensors live on one device."""
+    named = [(n, t) for n, t in tensors.items() if t is not None]
+    first_name, first = named[0]
+    for name, t in named[1:]:
+        if t.device != first.device:
+            raise ValueError(
+                f"device mismatch: {first_name} is on {first.device} but {name} is on {t.device}"
+            )
+
+
+def check_shape(name: str, t: torch.Tensor, expected: tuple[int, ...]) -> None:
+    if tuple(t.shape) != tuple(expected):
+        raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(t.shape)}")
+
+
+def check_key_padding_mask(mask: torch.Tensor | None, batch: int, seq_k: int) -> None:
+    """A key-padding mask is [batch, seq_k], bool or integer, 1/True marking a real token."""
+    if mask is None:
+        return
+    check_tensor("key_padding_mask", mask, ndim=2)
+    if mask.dtype.is_floating_point or mask.dtype.is_complex:
+        raise TypeError(
+            "key_padding_mask must be bool or integer (True/1 = real token), got "
+            f"{mask.dtype}; additive float masks are not accepted"
+        )
+    check_shape("key_padding_mask", mask, (batch, seq_k))
+
+
+def check_scale(scale: object) -> None:
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a Python number or None, got {type(scale).__name__}")
+
+
+def check_attention(q, k, v, key_padding_mask, scale) -> None:
+    """q: [B, H, S_q, D]; k, v: [B, H, S_k, D]; mask: [B, S_k]."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, ndim=4)
+        check_float(name, t)
+    check_same_dtype(q=q, k=k, v=v)
+    check_same_device(q=q, k=k, v=v, key_padding_mask=key_padding_mask)
+    batch, heads, _, head_dim = q.shape
+    seq_k = k.shape[2]
+    check_shape("k", k, (batch, heads, seq_k, head_dim))
+    check_shape("v", v, (batch, heads, seq_k, head_dim))
+    check_key_padding_mask(key_padding_mask, batch, seq_k)
+    check_scale(scale)
+
+
+def check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale) -> None:
+    """q, k, v: [T, H, D] packed tokens; cu_seqlens: int32 [B + 1]."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, ndim=3)
+        check_float(name, t)
+    check_same_dtype(q=q, k=k, v=v)
+    check_same_device(q=q, k=k, v=v, cu_seqlens=cu_seqlens)
+    check_shape("k", k, tuple(q.shape))
+    check_shape("v", v, tuple(q.shape))
+    check_tensor("cu_seqlens", cu_seqlens, ndim=1)
+    if cu_seqlens.dtype != torch.int32:
+        raise TypeError(f"cu_seqlens must be int32, got {cu_seqlens.dtype}")
+    if cu_seqlens.numel() < 1:
+        raise ValueError("cu_seqlens must hold at least one entry (0)")
+    if not isinstance(max_seqlen, int) or max_seqlen < 0:
+        raise ValueError(f"max_seqlen must be a non-negative int, got {max_seqlen!r}")
+    check_scale(scale)
+
+
+def check_softmax(scores, key_padding_mask, scale) -> None:
+    """scores: [B, H, S_q, S_k]; mask: [B, S_k]."""
+    check_tensor("scores", scores, ndim=4)
+    check_float("scores", scores)
+    check_same_device(scores=scores, key_padding_mask=key_padding_mask)
+    check_key_padding_mask(key_padding_mask, scores.shape[0], scores.shape[3])
+    if not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a Python number, got {type(scale).__name__}")
+
+
+def check_linear(x, weight, bias, activation, residual) -> None:
+    """x: [..., K]; weight: [N, K]; bias: [N]; residual: [..., N]."""
+    check_tensor("x", x, min_ndim=1)
+    check_tensor("weight", weight, ndim=2)
+    check_float("x", x)
+    if bias is not None:
+        check_tensor("bias", bias, ndim=1)
+    if residual is not None:
+        check_tensor("residual", residual)
+    check_same_dtype(x=x, weight=weight, bias=bias, residual=residual)
+    check_same_device(x=x, weight=weight, bias=bias, residual=residual)
+    n, k = weight.shape
+    if x.shape[-1] != k:
+        raise ValueError(
+            f"x has {x.shape[-1]} input features but weight has shape {tuple(weight.shape)} "
+            f"(expects [out_features, {x.shape[-1]}])"
+        )
+    if bias is not None:
+        check_shape("bias", bias, (n,))
+    if residual is not None:
+        check_shape("residual", residual, (*x.shape[:-1], n))
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
+def check_layer_norm(x, weight, bias, eps, residual) -> None:
+    """x: [..., N]; weight, bias: [N]; residual: like x."""
+    check_tensor("x", x, min_ndim=1)
+    check_tensor("weight", weight, ndim=1)
+    check_tensor("bias", bias, ndim=1)
+    check_float("x", x)
+    if residual is not None:
+        check_tensor("residual", residual)
+    check_same_dtype(x=x, weight=weight, bias=bias, residual=residual)
+    check_same_device(x=x, weight=weight, bias=bias, residual=residual)
+    n = x.shape[-1]
+    check_shape("weight", weight, (n,))
+    check_shape("bias", bias, (n,))
+    if residual is not None:
+        check_shape("residual", residual, tuple(x.shape))
+    check_eps(eps)
+
+
+def check_eps(eps: object) -> None:
+    if not isinstance(eps, (int, float)) or eps < 0:
+        raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+
+
+def check_embeddings(
+    input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
+) -> None:
+    """ids: [B, S] integer; tables: [rows, H]; weight, bias: [H]. Shapes only, no values."""
+    check_tensor("input_ids", input_ids, ndim=2)
+    check_integer("input_ids", input_ids)
+    for name, t in (("token_type_ids", token_type_ids), ("position_ids", position_ids)):
+        if t is not None:
+            check_tensor(name, t)
+            check_integer(name, t)
+    if token_type_ids is not None:
+        check_shape("token_type_ids", token_type_ids, tuple(input_ids.shape))
+    if position_ids is not None and tuple(position_ids.shape) not in (
+        tuple(input_ids.shape),
+        (input_ids.shape[1],),
+    ):
+        raise ValueError(
+            f"position_ids must have shape {tuple(input_ids.shape)} or ({input_ids.shape[1]},), "
+            f"got {tuple(position_ids.shape)}"
+        )
+    for name, t in (("word_emb", word_emb), ("pos_emb", pos_emb), ("type_emb", type_emb)):
+        check_tensor(name, t, ndim=2)
+        check_float(name, t)
+    check_tensor("weight", weight, ndim=1)
+    check_tensor("bias", bias, ndim=1)
+    check_same_dtype(word_emb=word_emb, pos_emb=pos_emb, type_emb=type_emb, weight=weight, bias=bias)
+    check_same_device(
+        input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids,
+        word_emb=word_emb, pos_emb=pos_emb, type_emb=type_emb, weight=weight, bias=bias,
+    )
+    hidden = word_emb.shape[1]
+    for name, t in (("pos_emb", pos_emb), ("type_emb", type_emb)):
+        if t.shape[1] != hidden:
+            raise ValueError(
+                f"{name} has width {t.shape[1]} but word_emb has width {hidden}"
+            )
+    check_shape("weight", weight, (hidden,))
+    check_shape("bias", bias, (hidden,))
+    check_eps(eps)
+
+
+def check_id_ranges(
+    input_ids, token_type_ids, position_ids, vocab_size: int, type_vocab_size: int, max_positions: int
+) -> None:
+    """Every id indexes its table. One host synchronisation for all three tensors."""
+    tensors = [("input_ids", input_ids, vocab_size)]
+    if token_type_ids is not None:
+        tensors.append(("token_type_ids", token_type_ids, type_vocab_size))
+    if position_ids is not None:
+        tensors.append(("position_ids", position_ids, max_positions))
+    if input_ids.numel() == 0:
+        return
+    bounds = torch.stack(
+        [torch.stack([t.min(), t.max()]).to(torch.int64) for _, t, _ in tensors]
+    ).tolist()
+    for (name, _, limit), (lo, hi) in zip(tensors, bounds):
+        if lo < 0 or hi >= limit:
+            raise ValueError(
+                f"{name} must lie in [0, {limit - 1}] (the table has {limit} rows), "
+                f"found values in [{lo}, {hi}]"
+            )

@@ -1,0 +1,156 @@
+"""Pure-PyTorch reference of every fastbert op, with the same signatures as the Triton ops.
+
+This module is both the ``torch`` backend (it runs on any device and dtype) and the oracle of
+the tests (called with float32 or float64 inputs). It follows what eager PyTorch / Hugging Face
+do in the input dtype: matrix products in the input dtype, softmax and LayerNorm statistics in
+float32. Masked keys are excluded from the softmax; a query row whose keys are all masked gets
+zeros, never NaN.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import _checks
+
+
+def _mask_logits(scores: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
+    """scores: float32 [B, H, S_q, S_k] -> probabilities, masked keys excluded, empty rows zero."""
+    if key_padding_mask is None:
+        return torch.softmax(scores, dim=-1)
+    keep = key_padding_mask.bool()[:, None, None, :]
+    probs = torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1)
+    return probs.masked_fill(~keep.any(dim=-1, keepdim=True), 0.0)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """softmax(scale * q @ k^T, masked keys excluded) @ v.
+
+    q: [B, H, S_q, D]; k, v: [B, H, S_k, D]; key_padding_mask: [B, S_k] bool or 0/1 int
+    (True/1 = real token). Returns [B, H, S_q, D] in q's dtype.
+    """
+    _checks.check_attention(q, k, v, key_padding_mask, scale)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+    probs = _mask_logits(scores, key_padding_mask)
+    return torch.matmul(probs.to(v.dtype), v)
+
+
+def attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Attention over packed sequences: tokens cu_seqlens[i]:cu_seqlens[i+1] attend each other.
+
+    q, k, v: [T, H, D]; cu_seqlens: int32 [B + 1] prefix sums of the lengths. Returns [T, H, D].
+    """
+    _checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
+    out = torch.empty_like(q)
+    bounds = cu_seqlens.tolist()
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        if end > start:
+            seq = [t[start:end].transpose(0, 1).unsqueeze(0) for t in (q, k, v)]
+            out[start:end] = attention(*seq, scale=scale)[0].transpose(0, 1)
+    return out
+
+
+def scaled_masked_softmax(
+    scores: torch.Tensor, key_padding_mask: torch.Tensor | None = None, scale: float = 1.0
+) -> torch.Tensor:
+    """softmax(scale * scores) over the last dim with masked keys excluded (fp32 math).
+
+    scores: [B, H, S_q, S_k]; key_padding_mask: [B, S_k]. Returns probabilities in scores' dtype;
+    rows whose keys are all masked are zeros.
+    """
+    _checks.check_softmax(scores, key_padding_mask, scale)
+    return _mask_logits(scores.float() * float(scale), key_padding_mask).to(scores.dtype)
+
+
+def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
+    if activation == "gelu":
+        return F.gelu(y)
+    if activation == "gelu_tanh":
+        return F.gelu(y, approximate="tanh")
+    return y
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """act(x @ weight^T + bias) + residual.
+
+    x: [..., K]; weight: [N, K] (nn.Linear layout); bias: [N]; residual: [..., N];
+    activation: None, "gelu" (exact erf) or "gelu_tanh". Returns [..., N] in x's dtype.
+    """
+    _checks.check_linear(x, weight, bias, activation, residual)
+    y = _activate(F.linear(x, weight, bias), activation)
+    return y if residual is None else y + residual
+
+
+def layer_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """LayerNorm(x + residual) over the last dim, statistics in float32.
+
+    x, residual: [..., N]; weight, bias: [N]. Returns x's shape and dtype.
+    """
+    _checks.check_layer_norm(x, weight, bias, eps, residual)
+    s = x if residual is None else x + residual
+    n = x.shape[-1]
+    return F.layer_norm(s.float(), (n,), weight.float(), bias.float(), float(eps)).to(x.dtype)
+
+
+def embeddings_layer_norm(
+    input_ids: torch.Tensor,
+    token_type_ids: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    word_emb: torch.Tensor,
+    pos_emb: torch.Tensor,
+    type_emb: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """LayerNorm(word_emb[ids] + pos_emb[position_ids] + type_emb[token_type_ids]).
+
+    input_ids, token_type_ids: [B, S] integers (token types default to 0); position_ids:
+    [B, S] or [S] (default 0..S-1); tables: [rows, H]; weight, bias: [H]. Returns [B, S, H]
+    in the tables' dtype. Ids outside their table raise ValueError.
+    """
+    _checks.check_embeddings(
+        input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
+    )
+    _checks.check_id_ranges(
+        input_ids, token_type_ids, position_ids,
+        word_emb.shape[0], type_emb.shape[0], pos_emb.shape[0],
+    )
+    seq = input_ids.shape[1]
+    if position_ids is None:
+        position_ids = torch.arange(seq, device=input_ids.device)
+    if token_type_ids is None:
+        token_type_ids = torch.zeros_like(input_ids)
+    summed = word_emb[input_ids].float() + pos_emb[position_ids].float() + type_emb[
+        token_type_ids
+    ].float()
+    hidden = word_emb.shape[1]
+    out = F.layer_norm(summed, (hidden,), weight.float(), bias.float(), float(eps))
+    return out.to(word_emb.dtype)

@@ -1,0 +1,114 @@
+"""Ahead-of-time compile checks for every Triton kernel variant and autotune config.
+
+``python -m tests.compile_support [op ...]`` compiles each case listed in
+``tests/compile_cases/<op>.py`` (a module-level ``CASES`` list of :class:`CompileCase`) for
+sm_80 and sm_90 with ``triton.compile`` and a ``GPUTarget`` — no GPU needed, the Triton wheel
+ships ptxas — and prints one JSON line per (case, arch): shared memory, registers, spills, or the
+compile error. It must run in a process WITHOUT ``TRITON_INTERPRET`` set;
+``tests/test_compile.py`` starts it that way.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pkgutil
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+ARCHS = (80, 90)
+# Largest dynamic shared memory per block (bytes): A100 (sm_80) and H100 (sm_90).
+SHARED_MEMORY_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
+
+
+@dataclass
+class CompileCase:
+    """One kernel specialisation: the jit function, its argument types and constexpr values."""
+
+    name: str
+    fn: object
+    signature: dict[str, str]
+    constexprs: dict[str, object]
+    num_warps: int = 4
+    num_stages: int = 2
+    archs: tuple[int, ...] = field(default=ARCHS)
+
+
+def _ptxas_usage(ptx: str, arch: int) -> dict[str, int]:
+    """Registers and spill bytes as ptxas -v reports them for ``ptx``."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    try:
+        ptxas = get_ptxas(arch).path
+    except TypeError:  # older Triton: get_ptxas() takes no argument
+        ptxas = get_ptxas().path
+    gpu_name = f"sm_{arch}a" if arch == 90 else f"sm_{arch}"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "kernel.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        proc = subprocess.run(
+            [ptxas, "-v", f"--gpu-name={gpu_name}", src, "-o", os.path.join(tmp, "k.cubin")],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    text = proc.stdout + proc.stderr
+    regs = re.search(r"Used (\d+) registers", text)
+    stores = re.search(r"(\d+) bytes spill stores", text)
+    loads = re.search(r"(\d+) bytes spill loads", text)
+    return {
+        "registers": int(regs.group(1)) if regs else -1,
+        "spill_stores": int(stores.group(1)) if stores else 0,
+        "spill_loads": int(loads.group(1)) if loads else 0,
+    }
+
+
+def compile_case(case: CompileCase, arch: int) -> dict[str, object]:
+    """Compile ``case`` for ``arch``; return a report (``error`` set when it failed)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    report: dict[str, object] = {"case": case.name, "arch": arch}
+    try:
+        src = ASTSource(fn=case.fn, signature=case.signature, constexprs=case.constexprs)
+        kernel = triton.compile(
+            src,
+            target=GPUTarget("cuda", arch, 32),
+            options={"num_warps": case.num_warps, "num_stages": case.num_stages},
+        )
+        report["shared"] = int(kernel.metadata.shared)
+        report["cubin"] = len(kernel.asm["cubin"]) > 0
+        report.update(_ptxas_usage(kernel.asm["ptx"], arch))
+    except Exception as exc:  # report every failure, keep compiling the rest
+        report["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+    return report
+
+
+def load_cases(ops: list[str]) -> list[CompileCase]:
+    from tests import compile_cases
+
+    names = ops or [m.name for m in pkgutil.iter_modules(compile_cases.__path__)]
+    cases: list[CompileCase] = []
+    for name in names:
+        cases.extend(importlib.import_module(f"tests.compile_cases.{name}").CASES)
+    return cases
+
+
+def main(argv: list[str]) -> int:
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        print("compile checks must run without TRITON_INTERPRET=1", file=sys.stderr)
+        return 2
+    for case in load_cases(argv):
+        for arch in case.archs:
+            print(json.dumps(compile_case(case, arch)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,35 @@
+"""Test set-up. Runs before any test module is imported.
+
+Without a CUDA GPU the Triton kernels run under the interpreter, which must be switched on
+before any module with @triton.jit is imported: hence the environment is set here, first.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def device() -> str:
+    """Where the kernels under test run: the GPU when there is one, else the interpreter."""
+    return "cuda" if HAS_CUDA else "cpu"
