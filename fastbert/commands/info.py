@@ -1,0 +1,60 @@
+"""fastbert info: versions, devices, and which backends can run here."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import platform
+
+import torch
+
+from fastbert.kernels import _runtime
+
+NAME = "info"
+HELP = "print versions, devices and which backends can run here"
+PACKAGES = ("fastbert", "torch", "triton", "transformers", "sentence-transformers")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def triton_status() -> str:
+    """Whether the Triton kernels can run here, and how."""
+    if torch.cuda.is_available():
+        return "yes, on the CUDA GPU"
+    if _runtime.interpreting():
+        return "yes, on the CPU under the Triton interpreter (TRITON_INTERPRET=1; slow)"
+    return "no: needs a CUDA GPU (or TRITON_INTERPRET=1 for the CPU interpreter)"
+
+
+def report() -> list[tuple[str, str]]:
+    rows = [("python", platform.python_version())]
+    rows += [(p, _version(p)) for p in PACKAGES]
+    if torch.cuda.is_available():
+        rows.append(("cuda", str(torch.version.cuda)))
+        for i in range(torch.cuda.device_count()):
+            major, minor = torch.cuda.get_device_capability(i)
+            rows.append((f"gpu {i}", f"{torch.cuda.get_device_name(i)} (sm_{major}{minor})"))
+    else:
+        rows.append(("gpu", "none (CUDA not available)"))
+    rows.append(("backend torch", "yes (pure PyTorch reference, any device)"))
+    rows.append(("backend triton", triton_status()))
+    default = "triton" if torch.cuda.is_available() else "torch"
+    rows.append(("backend auto", f"-> {default} here"))
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = report()
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    return 0

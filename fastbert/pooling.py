@@ -1,0 +1,15 @@
+"""Sentence-embedding pooling as sentence-transformers does it."""
+
+from __future__ import annotations
+
+import torch
+
+
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean of hidden [B, S, H] over real tokens (attention_mask [B, S], 1 = real) -> [B, H].
+
+    Computed in float32; a row with no real token gives zeros.
+    """
+    weights = attention_mask.to(torch.float32).unsqueeze(-1)
+    summed = (hidden.float() * weights).sum(dim=1)
+    return summed / weights.sum(dim=1).clamp(min=1e-9)

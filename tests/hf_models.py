@@ -1,0 +1,59 @@
+"""Tiny random Hugging Face BERT models and inputs shared by the end-to-end tests."""
+
+from __future__ import annotations
+
+import torch
+
+
+def tiny_config(**overrides):
+    from transformers import BertConfig
+
+    values = dict(
+        vocab_size=97,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=160,
+        type_vocab_size=2,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        num_labels=3,
+    )
+    values.update(overrides)
+    return BertConfig(**values)
+
+
+def randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Give every parameter (LayerNorms included) random values, so no term can hide."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if "LayerNorm.weight" in name:
+                p.copy_(1.0 + 0.2 * noise)
+            else:
+                p.copy_(0.08 * noise)
+    return model.eval()
+
+
+def hf_model(cls_name: str = "BertModel", seed: int = 0, **overrides) -> torch.nn.Module:
+    import transformers
+
+    config = tiny_config(**overrides)
+    torch.manual_seed(seed)
+    model = getattr(transformers, cls_name)(config)
+    return randomize(model, seed)
+
+
+def padded_batch(
+    lengths: list[int], vocab: int = 97, seed: int = 0, device: str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask, token_type_ids), each [B, max(lengths)], right-padded."""
+    gen = torch.Generator().manual_seed(seed)
+    seq = max(lengths)
+    ids = torch.randint(1, vocab, (len(lengths), seq), generator=gen)
+    mask = (torch.arange(seq)[None, :] < torch.tensor(lengths)[:, None]).long()
+    types = torch.randint(0, 2, (len(lengths), seq), generator=gen) * mask
+    ids = ids * mask
+    return ids.to(device), mask.to(device), types.to(device)

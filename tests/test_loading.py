@@ -1,0 +1,137 @@
+"""from_pretrained: every source loads the same weights; bad checkpoints fail by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import fastbert
+from tests.hf_models import hf_model, padded_batch
+
+
+def _same_outputs(a, b) -> None:
+    ids, mask, types = padded_batch([8, 5], seed=11)
+    assert torch.equal(a(ids, mask, types)[0], b(ids, mask, types)[0])
+
+
+@pytest.mark.parametrize("safe", [True, False], ids=["safetensors", "pytorch_model.bin"])
+def test_folder_loads_like_instance(tmp_path, safe: bool) -> None:
+    hf = hf_model("BertForMaskedLM", seed=1)
+    hf.save_pretrained(tmp_path, safe_serialization=safe)
+    from_folder = fastbert.BertForMaskedLM.from_pretrained(tmp_path, device="cpu")
+    from_instance = fastbert.BertForMaskedLM.from_pretrained(hf, device="cpu")
+    _same_outputs(from_folder, from_instance)
+
+
+def test_base_model_from_head_checkpoint(tmp_path) -> None:
+    hf = hf_model("BertForSequenceClassification", seed=2)
+    hf.save_pretrained(tmp_path)
+    model = fastbert.BertModel.from_pretrained(tmp_path, device="cpu")
+    ids, mask, types = padded_batch([6, 6], seed=2)
+    with torch.no_grad():
+        expected = hf.bert(input_ids=ids, attention_mask=mask, token_type_ids=types)
+    assert (model(ids, mask, types).pooler_output - expected.pooler_output).abs().max() < 1e-4
+
+
+def test_checkpoint_without_pooler_warns_and_omits_it(tmp_path) -> None:
+    hf = hf_model("BertForMaskedLM", seed=3)
+    hf.save_pretrained(tmp_path)
+    with pytest.warns(UserWarning, match="no pooler"):
+        model = fastbert.BertModel.from_pretrained(tmp_path, device="cpu")
+    assert model(torch.tensor([[3, 4]])).pooler_output is None
+
+
+def _rewrite_weights(folder, edit) -> None:
+    state = load_file(folder / "model.safetensors")
+    edit(state)
+    save_file(state, folder / "model.safetensors")
+
+
+def test_missing_tensor_is_named(tmp_path) -> None:
+    hf_model("BertModel").save_pretrained(tmp_path)
+    _rewrite_weights(tmp_path, lambda s: s.pop("encoder.layer.1.attention.self.key.weight"))
+    with pytest.raises(ValueError, match="lacks 'encoder.layer.1.attention.self.key.weight'"):
+        fastbert.BertModel.from_pretrained(tmp_path, device="cpu")
+
+
+def test_misshaped_tensor_is_named(tmp_path) -> None:
+    hf_model("BertModel").save_pretrained(tmp_path)
+    name = "encoder.layer.0.intermediate.dense.weight"
+    _rewrite_weights(tmp_path, lambda s: s.update({name: s[name][:, :10].contiguous()}))
+    with pytest.raises(ValueError, match=f"{name} has shape \\(128, 10\\)"):
+        fastbert.BertModel.from_pretrained(tmp_path, device="cpu")
+
+
+def test_head_missing_from_base_checkpoint_is_named(tmp_path) -> None:
+    hf_model("BertModel").save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="lacks 'classifier.weight'"):
+        fastbert.BertForSequenceClassification.from_pretrained(tmp_path, device="cpu")
+
+
+def test_legacy_gamma_beta_names(tmp_path) -> None:
+    hf = hf_model("BertModel", seed=4)
+    hf.save_pretrained(tmp_path)
+
+    def rename(state):
+        for key in [k for k in state if "LayerNorm" in k]:
+            new = key.replace("LayerNorm.weight", "LayerNorm.gamma")
+            new = new.replace("LayerNorm.bias", "LayerNorm.beta")
+            state[new] = state.pop(key)
+
+    _rewrite_weights(tmp_path, rename)
+    _same_outputs(
+        fastbert.BertModel.from_pretrained(tmp_path, device="cpu"),
+        fastbert.BertModel.from_pretrained(hf, device="cpu"),
+    )
+
+
+def test_untied_decoder_rejected() -> None:
+    hf = hf_model("BertForMaskedLM")
+    state = hf.state_dict()
+    state["cls.predictions.decoder.weight"] = state["cls.predictions.decoder.weight"] + 1
+    model = fastbert.BertForMaskedLM(fastbert.BertConfig.from_hf(hf.config))
+    from fastbert.loading import load_weights
+
+    with pytest.raises(ValueError, match="decoder.weight differs"):
+        load_weights(model, state)
+
+
+def test_non_bert_config_rejected(tmp_path) -> None:
+    hf_model("BertModel").save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["model_type"] = "gpt2"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="model_type 'gpt2' is not supported"):
+        fastbert.BertModel.from_pretrained(tmp_path, device="cpu")
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("position_embedding_type", "relative_key", "position_embedding_type"),
+        ("hidden_act", "swish", "hidden_act 'swish' is not supported"),
+    ],
+)
+def test_unsupported_config_rejected(field, value, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        fastbert.BertConfig.from_dict({field: value})
+
+
+def test_hub_id_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="not a local folder"):
+        fastbert.BertModel.from_pretrained("bert-base-uncased", device="cpu")
+
+
+def test_unknown_source_type() -> None:
+    with pytest.raises(TypeError, match="from_pretrained takes"):
+        fastbert.BertModel.from_pretrained(42, device="cpu")
+
+
+def test_dtype_and_default_device() -> None:
+    model = fastbert.BertModel.from_pretrained(hf_model(), dtype=torch.float16, device="cpu")
+    assert model.dtype == torch.float16 and model.device.type == "cpu"
+    out = model(torch.tensor([[3, 4, 5]]))
+    assert out.last_hidden_state.dtype == torch.float16
