@@ -13,7 +13,9 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ACTIVATIONS = (None, "gelu", "gelu_tanh")
 
 
-def check_tensor(name: str, t: object, ndim: int | None = None, min_ndim: int | None = None) -> None:
+def check_tensor(
+    name: str, t: object, ndim: int | None = None, min_ndim: int | None = None
+) -> None:
     """Raise unless ``t`` is a tensor with ``ndim`` (or at least ``min_ndim``) dimensions."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -197,7 +199,9 @@ def check_embeddings(
         check_float(name, t)
     check_tensor("weight", weight, ndim=1)
     check_tensor("bias", bias, ndim=1)
-    check_same_dtype(word_emb=word_emb, pos_emb=pos_emb, type_emb=type_emb, weight=weight, bias=bias)
+    check_same_dtype(
+        word_emb=word_emb, pos_emb=pos_emb, type_emb=type_emb, weight=weight, bias=bias
+    )
     check_same_device(
         input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids,
         word_emb=word_emb, pos_emb=pos_emb, type_emb=type_emb, weight=weight, bias=bias,
@@ -214,7 +218,12 @@ def check_embeddings(
 
 
 def check_id_ranges(
-    input_ids, token_type_ids, position_ids, vocab_size: int, type_vocab_size: int, max_positions: int
+    input_ids: torch.Tensor,
+    token_type_ids: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    vocab_size: int,
+    type_vocab_size: int,
+    max_positions: int,
 ) -> None:
     """Every id indexes its table. One host synchronisation for all three tensors."""
     tensors = [("input_ids", input_ids, vocab_size)]
