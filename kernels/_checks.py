@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# The reference ops also take float64: they are the tests' oracle.
+REFERENCE_DTYPES = (*FLOAT_DTYPES, torch.float64)
 ACTIVATIONS = (None, "gelu", "gelu_tanh")
 
 
@@ -28,7 +30,8 @@ def check_tensor(
 
 
 def check_float(name: str, t: torch.Tensor) -> None:
-    if t.dtype not in FLOAT_DTYPES:
+    """float16, bfloat16 or float32 (float64 too: the reference runs it, the kernels refuse it)."""
+    if t.dtype not in REFERENCE_DTYPES:
         raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
 
 

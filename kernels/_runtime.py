@@ -13,7 +13,12 @@ def interpreting() -> bool:
 
 
 def check_triton_device(name: str, t: torch.Tensor) -> None:
-    """Raise a ValueError unless a Triton kernel can read ``t`` where it lives."""
+    """Raise unless a Triton kernel can read ``t`` where it lives and in its dtype."""
+    if t.dtype == torch.float64:
+        raise TypeError(
+            f"{name} is float64: the Triton kernels run float16, bfloat16 and float32; "
+            "backend='torch' runs float64"
+        )
     if t.device.type == "cuda":
         return
     if t.device.type == "cpu" and interpreting():

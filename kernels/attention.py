@@ -1,0 +1,379 @@
+"""Fused flash-style attention forward: softmax(scale * q @ k^T, masked keys excluded) @ v.
+
+Math, per (batch, head) and query row i, over the keys j of its sequence::
+
+    s_ij = scale * <q_i, k_j>                        (fp32; -inf where key j is masked)
+    o_i  = sum_j exp(s_ij - m_i) v_j / sum_j exp(s_ij - m_i),   m_i = max_j s_ij
+
+computed with the online softmax of FlashAttention: each program owns BLOCK_M query rows and
+streams the keys in BLOCK_N blocks, keeping a running maximum m, a running sum l and an fp32
+accumulator, so the S_q x S_k score matrix is never materialised. ``scale * log2(e)`` is folded
+into one multiplier and the exponentials are ``exp2``. A row whose keys are all masked has
+l = 0 and returns zeros, never NaN.
+
+Shapes and layouts:
+
+- dense: q [B, H, S_q, D], k and v [B, H, S_k, D], any strides with unit stride on D (Hugging
+  Face passes [B, S, H, D] tensors transposed; the encoder passes strided views of one fused
+  [B, S, 3, H, D] QKV buffer). They are read in place by their strides, never copied.
+  key_padding_mask [B, S_k], bool or integer, nonzero = a real token.
+  Output: a contiguous [B, S_q, H, D] buffer returned as its [B, H, S_q, D] view
+  (``.transpose(1, 2)``), so ``out.transpose(1, 2).reshape(B, S_q, H * D)`` is free.
+- varlen (padding-free): q, k, v [T, H, D] packed tokens (unit stride on D), cu_seqlens int32
+  [B + 1] prefix sums of the sequence lengths; tokens cu_seqlens[b]:cu_seqlens[b + 1] attend
+  each other. Output: contiguous [T, H, D].
+
+Dtypes: float16, bfloat16, float32 (all three tensors alike); the products run on tensor cores
+for fp16/bf16 and in exact IEEE fp32 for fp32 (``input_precision="ieee"``, not tf32); the
+softmax statistics and the accumulator are fp32; the output has q's dtype.
+
+Limits: head dims 32, 64, 80, 96, 128 (80 and 96 are padded to a 128-wide block and masked);
+batch (or number of sequences) and heads each at most 65535 (CUDA grid limits). Batch and
+token offsets are 64-bit; offsets inside one sequence (row * row stride) are 32-bit, which
+holds for sequences below 2**31 / row stride (e.g. 349k tokens at a 6144-element row).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _checks
+from ._runtime import check_triton_device, interpreting
+
+SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 128)
+MAX_GRID_YZ = 65535
+LOG2_E = math.log2(math.e)
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages), tuned for Hopper / Ampere with BERT shapes in mind.
+_TUNE_SPACE = (
+    (64, 64, 4, 3),
+    (128, 64, 8, 3),
+    (128, 128, 8, 2),
+    (64, 32, 4, 4),
+    (128, 32, 8, 3),
+    (64, 32, 8, 2),
+)
+# The one config the Triton interpreter runs (benchmarking there would be meaningless).
+_INTERPRETER_CONFIG = _TUNE_SPACE[0]
+
+
+def keep(config: triton.Config, block_d: int, elem_bytes: int) -> bool:
+    """Whether ``config`` suits a BLOCK_D-wide head in a dtype of ``elem_bytes`` bytes.
+
+    The budget is the fp32 values each thread holds for the accumulator and the score tile,
+    (BLOCK_M * BLOCK_D + BLOCK_M * BLOCK_N) / threads: up to 80 compiled without register
+    spills for fp16/bf16 (tensor-core products) on sm_80 and sm_90, up to 40 for fp32, whose
+    exact IEEE products run on the FMA units with both operands in registers.
+    """
+    block_m, block_n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
+    values_per_thread = block_m * (block_d + block_n) // (32 * config.num_warps)
+    return values_per_thread <= (40 if elem_bytes == 4 else 80)
+
+
+def configs() -> list[triton.Config]:
+    """Autotune configs; a single one under the interpreter (it runs every config it is given)."""
+    space = (_INTERPRETER_CONFIG,) if interpreting() else _TUNE_SPACE
+    return [
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+        for m, n, w, s in space
+    ]
+
+
+def _prune(
+    configs: list[triton.Config], named_args: dict, **kwargs: object
+) -> list[triton.Config]:
+    """Autotuner hook: the configs ``keep`` allows for this launch's BLOCK_D and dtype."""
+    args = {**named_args, **kwargs}
+    kept = [c for c in configs if keep(c, args["BLOCK_D"], args["Q"].element_size())]
+    return kept or configs[:1]
+
+
+@triton.jit
+def _load_rows(
+    base,  # pointer to element (row 0, column 0) of a [rows, HEAD_DIM] tile source
+    offs_row,
+    stride_row,
+    num_rows,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Rows ``offs_row`` (those < num_rows) of a row-major tile, zero-padded to BLOCK_D."""
+    offs_d = tl.arange(0, BLOCK_D)
+    ptrs = base + offs_row[:, None] * stride_row + offs_d[None, :]
+    if HEAD_DIM == BLOCK_D:
+        return tl.load(ptrs, mask=offs_row[:, None] < num_rows, other=0.0)
+    else:
+        inside = (offs_row[:, None] < num_rows) & (offs_d[None, :] < HEAD_DIM)
+        return tl.load(ptrs, mask=inside, other=0.0)
+
+
+@triton.jit
+def _attend_rows(
+    q,
+    k_base,  # pointer to key 0, column 0 of this (batch, head)
+    v_base,  # pointer to value 0, column 0 of this (batch, head)
+    mask_base,  # pointer to the key-padding mask row of this batch (HAS_MASK only)
+    stride_k_s,
+    stride_v_s,
+    stride_mask_s,
+    seq_k,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+):
+    """Online softmax over all keys for one block of queries: the normalised [BLOCK_M, BLOCK_D]."""
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(0, seq_k, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = _load_rows(k_base, offs_n, stride_k_s, seq_k, HEAD_DIM, BLOCK_D)
+        v = _load_rows(v_base, offs_n, stride_v_s, seq_k, HEAD_DIM, BLOCK_D)
+        qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+        real = offs_n < seq_k
+        if HAS_MASK:
+            token = tl.load(mask_base + offs_n * stride_mask_s, mask=real, other=0)
+            real = real & (token != 0)
+        qk = tl.where(real[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        # Rows with no real key so far keep m = -inf; shift them by 0 so exp2 gives 0, not NaN.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(qk - m_shift[:, None])
+        alpha = tl.math.exp2(m_i - m_shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
+        m_i = m_new
+    return acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+
+
+@triton.jit
+def _attend_query_block(
+    q_base,  # pointer to query 0, column 0 of this (batch, head)
+    k_base,  # pointer to key 0, column 0 of this (batch, head)
+    v_base,  # pointer to value 0, column 0 of this (batch, head)
+    o_base,  # pointer to output row 0, column 0 of this (batch, head)
+    mask_base,  # pointer to the key-padding mask row of this batch (HAS_MASK only)
+    stride_q_s,
+    stride_k_s,
+    stride_v_s,
+    stride_o_s,
+    stride_mask_s,
+    start_m,
+    seq_q,
+    seq_k,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+):
+    """Attention output of queries start_m .. start_m + BLOCK_M - 1 (those < seq_q)."""
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    q = _load_rows(q_base, offs_m, stride_q_s, seq_q, HEAD_DIM, BLOCK_D)
+    out = _attend_rows(
+        q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, seq_k, qk_scale,
+        HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_MASK,
+    )
+    offs_d = tl.arange(0, BLOCK_D)
+    o_ptrs = o_base + offs_m[:, None] * stride_o_s + offs_d[None, :]
+    inside = (offs_m[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM)
+    tl.store(o_ptrs, out.to(o_base.dtype.element_ty), mask=inside)
+
+
+@triton.autotune(
+    configs=configs(),
+    key=["seq_bucket", "HEAD_DIM", "HAS_MASK", "IS_VARLEN"],
+    prune_configs_by={"early_config_prune": _prune},
+)
+@triton.jit
+def _attention_fwd_kernel(
+    Q,  # queries: [B, H, S_q, D] (dense) or [T, H, D] (varlen), unit stride on D
+    K,  # keys: [B, H, S_k, D] or [T, H, D], unit stride on D
+    V,  # values: like K
+    Out,  # output: [B, H, S_q, D] view of a contiguous [B, S_q, H, D] buffer, or [T, H, D]
+    Mask,  # key-padding mask [B, S_k], bool or integer, nonzero = real token (HAS_MASK only)
+    CuSeqlens,  # int32 [B + 1] sequence boundaries in the packed tokens (IS_VARLEN only)
+    stride_q_b,
+    stride_q_h,
+    stride_q_s,
+    stride_k_b,
+    stride_k_h,
+    stride_k_s,
+    stride_v_b,
+    stride_v_h,
+    stride_v_s,
+    stride_o_b,
+    stride_o_h,
+    stride_o_s,
+    stride_mask_b,
+    stride_mask_s,
+    seq_q,  # dense query length (varlen: read from CuSeqlens)
+    seq_k,  # dense key length (varlen: read from CuSeqlens)
+    qk_scale,  # scale * log2(e)
+    seq_bucket,  # autotune key only: next power of two of the longest sequence
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    head = tl.program_id(1)
+    batch = tl.program_id(2)
+    if IS_VARLEN:
+        first = tl.load(CuSeqlens + batch).to(tl.int64)
+        seq_q = (tl.load(CuSeqlens + batch + 1) - first).to(tl.int32)
+        seq_k = seq_q
+        q_base = Q + first * stride_q_s + head * stride_q_h
+        k_base = K + first * stride_k_s + head * stride_k_h
+        v_base = V + first * stride_v_s + head * stride_v_h
+        o_base = Out + first * stride_o_s + head * stride_o_h
+    else:
+        batch64 = batch.to(tl.int64)
+        q_base = Q + batch64 * stride_q_b + head * stride_q_h
+        k_base = K + batch64 * stride_k_b + head * stride_k_h
+        v_base = V + batch64 * stride_v_b + head * stride_v_h
+        o_base = Out + batch64 * stride_o_b + head * stride_o_h
+    mask_base = Mask
+    if HAS_MASK:
+        mask_base = Mask + batch.to(tl.int64) * stride_mask_b
+    if IS_VARLEN:
+        # Grid-stride over query blocks: correct whatever max_seqlen sized the grid to.
+        for start_m in range(tl.program_id(0) * BLOCK_M, seq_q, tl.num_programs(0) * BLOCK_M):
+            _attend_query_block(
+                q_base, k_base, v_base, o_base, mask_base, stride_q_s, stride_k_s, stride_v_s,
+                stride_o_s, stride_mask_s, start_m, seq_q, seq_k, qk_scale,
+                HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_MASK,
+            )
+    else:
+        _attend_query_block(
+            q_base, k_base, v_base, o_base, mask_base, stride_q_s, stride_k_s, stride_v_s,
+            stride_o_s, stride_mask_s, tl.program_id(0) * BLOCK_M, seq_q, seq_k, qk_scale,
+            HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_MASK,
+        )
+
+
+def _check_kernel_inputs(tensors: dict[str, torch.Tensor | None], head_dim: int) -> None:
+    """What the kernel needs beyond the shared checks: a Triton device, a head dim, unit D."""
+    for name, t in tensors.items():
+        if t is not None:
+            check_triton_device(name, t)
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(
+            f"head dim {head_dim} is not supported by the Triton attention kernel; "
+            f"supported head dims: {SUPPORTED_HEAD_DIMS}"
+        )
+    for name in ("q", "k", "v"):
+        t = tensors[name]
+        if t.stride(-1) != 1:
+            raise ValueError(
+                f"{name} must have unit stride on the head dim, got strides {tuple(t.stride())}"
+            )
+
+
+def _check_grid(what: str, n: int) -> None:
+    if n > MAX_GRID_YZ:
+        raise ValueError(f"{what} = {n} exceeds the CUDA grid limit of {MAX_GRID_YZ}")
+
+
+def _launch(
+    q, k, v, out, mask, cu_seqlens, strides, seq_q, seq_k, max_seqlen, batch, scale
+) -> None:
+    """Launch the kernel on ``batch`` sequences; ``strides`` lists the 14 stride arguments."""
+    heads, head_dim = q.shape[1], q.shape[-1]  # q is [B, H, S, D] or [T, H, D]
+    _check_grid("the number of heads", heads)
+    _check_grid("the batch size (number of sequences)", batch)
+    grid = lambda meta: (max(1, triton.cdiv(max_seqlen, meta["BLOCK_M"])), heads, batch)
+    _attention_fwd_kernel[grid](
+        q, k, v, out, mask, cu_seqlens, *strides,
+        seq_q, seq_k,
+        scale * LOG2_E,
+        triton.next_power_of_2(max(max_seqlen, 1)),
+        HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        HAS_MASK=mask is not None,
+        IS_VARLEN=cu_seqlens is not None,
+    )
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """softmax(scale * q @ k^T, masked keys excluded) @ v, in one fused Triton kernel.
+
+    q: [B, H, S_q, D]; k, v: [B, H, S_k, D]; fp16, bf16 or fp32, any strides with unit stride
+    on D (transposed Hugging Face views and slices of a fused QKV buffer are read in place).
+    D in {32, 64, 80, 96, 128}. key_padding_mask: [B, S_k] bool or integer, True / nonzero =
+    a real token; masked keys get no weight, and a query row with no real key returns zeros.
+    scale defaults to D**-0.5.
+
+    Returns [B, H, S_q, D] in q's dtype: the ``.transpose(1, 2)`` view of a contiguous
+    [B, S_q, H, D] buffer, so ``out.transpose(1, 2).reshape(B, S_q, H * D)`` costs nothing.
+    """
+    _checks.check_attention(q, k, v, key_padding_mask, scale)
+    tensors = {"q": q, "k": k, "v": v, "key_padding_mask": key_padding_mask}
+    _check_kernel_inputs(tensors, q.shape[-1])
+    batch, heads, seq_q, head_dim = q.shape
+    seq_k = k.shape[2]
+    scale = head_dim**-0.5 if scale is None else float(scale)
+    out = torch.empty((batch, seq_q, heads, head_dim), dtype=q.dtype, device=q.device)
+    out = out.transpose(1, 2)
+    if out.numel() == 0:
+        return out
+    mask = key_padding_mask
+    mask_strides = (0, 0) if mask is None else (mask.stride(0), mask.stride(1))
+    strides = (
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *mask_strides
+    )
+    _launch(q, k, v, out, mask, None, strides, seq_q, seq_k, max(seq_q, seq_k), batch, scale)
+    return out
+
+
+def attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Attention over packed sequences (padding-free), in one fused Triton kernel.
+
+    q, k, v: [T, H, D] packed tokens (fp16, bf16 or fp32, unit stride on D, other strides
+    free); cu_seqlens: int32 [B + 1] prefix sums of the sequence lengths, on q's device; tokens
+    cu_seqlens[b]:cu_seqlens[b + 1] attend each other. max_seqlen: the longest sequence; it
+    sizes the grid (a smaller value is still correct, only slower). scale defaults to D**-0.5.
+    Returns a contiguous [T, H, D] tensor in q's dtype.
+    """
+    _checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
+    _check_kernel_inputs({"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens}, q.shape[-1])
+    head_dim = q.shape[-1]
+    scale = head_dim**-0.5 if scale is None else float(scale)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    batch = cu_seqlens.numel() - 1
+    if out.numel() == 0 or batch == 0:
+        return out
+    strides = (
+        0, q.stride(1), q.stride(0),
+        0, k.stride(1), k.stride(0),
+        0, v.stride(1), v.stride(0),
+        0, out.stride(1), out.stride(0),
+        0, 0,
+    )
+    _launch(q, k, v, out, None, cu_seqlens, strides, 0, 0, max_seqlen, batch, scale)
+    return out
+
+
+__all__ = ["SUPPORTED_HEAD_DIMS", "attention", "attention_varlen", "configs", "keep"]

@@ -1,0 +1,286 @@
+"""Linear layer with a fused epilogue: ``out = act(x @ weight^T + bias) + residual``.
+
+Math, per output element (m, n), accumulated in float32::
+
+    y[m, n]   = sum_k x[m, k] * weight[n, k]          (+ bias[n]           if HAS_BIAS)
+    y[m, n]   = act(y[m, n])                          (ACTIVATION, see below)
+    out[m, n] = y[m, n]                               (+ residual[m, n]    if HAS_RESIDUAL)
+
+and rounded once to x's dtype. ``ACTIVATION`` is 0 (none), 1 (exact GELU,
+``0.5 * y * (1 + erf(y / sqrt(2)))``, BERT's) or 2 (tanh GELU,
+``0.5 * y * (1 + tanh(sqrt(2 / pi) * (y + 0.044715 * y^3)))``, computed as the identical
+``y * sigmoid(2 * sqrt(2 / pi) * (y + 0.044715 * y^3))``).
+
+Shapes and layouts: x is [..., K], flattened to [M, K] rows (a view when the strides allow,
+otherwise a copy); weight is [N, K] in nn.Linear layout and is read transposed through its
+strides, never copied; bias is [N]; residual is [..., N] and is read through its strides. The
+output is a new contiguous [..., N] tensor. Every tensor may have any strides.
+
+Dtypes: float16, bfloat16 and float32, all tensors alike. The product is accumulated in float32;
+float32 inputs multiply in IEEE float32 (``input_precision="ieee"``, not TF32).
+
+Limits: one output tile per program, programs ordered in groups of ``GROUP_M`` row tiles so
+that consecutive programs share the same weight columns in L2. Row offsets are int64 (M * K
+reaches 65536 * 4096 and strides may be larger still). The autotuner keys on N, K, the dtypes
+and a power-of-two bucket of M, so a new batch x sequence length does not re-tune. M == 0 or
+N == 0 returns an empty output without a launch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._checks import check_linear
+from ._runtime import check_triton_device, interpreting
+
+ACTIVATION_CODES = {None: 0, "gelu": 1, "gelu_tanh": 2}
+
+# Shared memory a config may fill with its pipelined tiles: below the 163 KiB of an A100
+# (sm_80, the smaller of the two targets) with room for the epilogue's scratch.
+SHARED_MEMORY_BUDGET = 160 * 1024
+# float32 runs tl.dot as an FMA loop (IEEE, no tensor cores) that holds its operand tiles in
+# registers: K tiles wider than this spill on sm_80.
+FP32_MAX_BLOCK_K = 32
+
+
+def _config(block_m: int, block_n: int, block_k: int, stages: int, warps: int) -> triton.Config:
+    meta = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8}
+    return triton.Config(meta, num_stages=stages, num_warps=warps)
+
+
+def gpu_configs() -> list[triton.Config]:
+    """Hopper- and Ampere-friendly tiles for the encoder's GEMMs, none spilling registers.
+
+    128 x 128 tiles serve the big-M projections (M = batch x sequence up to 65536), the narrow
+    ones the small-M calls (one sentence, the pooler). The last three are also the float32 ones.
+    """
+    return [
+        _config(128, 128, 64, stages=4, warps=8),
+        _config(128, 128, 32, stages=4, warps=8),
+        _config(128, 64, 64, stages=4, warps=4),
+        _config(64, 128, 64, stages=4, warps=4),
+        _config(64, 64, 64, stages=4, warps=4),
+        _config(64, 64, 32, stages=4, warps=4),
+        _config(32, 64, 32, stages=4, warps=4),
+        _config(16, 64, 32, stages=4, warps=4),
+    ]
+
+
+def configs() -> list[triton.Config]:
+    """The autotune candidates: :func:`gpu_configs`, or one small config under the interpreter."""
+    if interpreting():
+        meta = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4}
+        return [triton.Config(meta, num_stages=1, num_warps=4)]
+    return gpu_configs()
+
+
+def shared_memory_bytes(config: triton.Config, element_size: int) -> int:
+    """Bytes of shared memory the software pipeline holds: num_stages x (x tile + weight tile)."""
+    meta = config.kwargs
+    tile = meta["BLOCK_M"] * meta["BLOCK_K"] + meta["BLOCK_K"] * meta["BLOCK_N"]
+    return config.num_stages * tile * element_size
+
+
+def keep(config: triton.Config, element_size: int, m_bucket: int) -> bool:
+    """Whether ``config`` is worth timing for inputs of ``element_size`` bytes and M rows.
+
+    It must fit the shared memory of both targets, in float32 keep its K tile narrow enough
+    for the FMA loop's registers, and not have a row tile taller than M's bucket (those
+    rows would only be masked work).
+    """
+    meta = config.kwargs
+    if shared_memory_bytes(config, element_size) > SHARED_MEMORY_BUDGET:
+        return False
+    if element_size == 4 and meta["BLOCK_K"] > FP32_MAX_BLOCK_K:
+        return False
+    return meta["BLOCK_M"] <= m_bucket
+
+
+def _prune(candidates: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    args = {**named_args, **kwargs}
+    element_size = args["x_ptr"].element_size()
+    return [c for c in candidates if keep(c, element_size, args["M_BUCKET"])]
+
+
+def m_bucket(m: int) -> int:
+    """The autotune key for M: the next power of two, at least 16 (the smallest row tile)."""
+    return max(16, triton.next_power_of_2(m))
+
+
+@triton.jit
+def _gelu_erf(y):
+    return 0.5 * y * (1.0 + tl.math.erf(y * 0.7071067811865476))
+
+
+@triton.jit
+def _gelu_tanh(y):
+    # 0.5 * (1 + tanh(u)) == sigmoid(2u), u = sqrt(2 / pi) * (y + 0.044715 y^3); the sigmoid
+    # from exp(-|2u|) <= 1 so that nothing overflows.
+    two_u = 1.5957691216057308 * (y + 0.044715 * y * y * y)
+    t = tl.exp(-tl.abs(two_u))
+    sigmoid = tl.where(two_u >= 0, 1.0, t) / (1.0 + t)
+    return y * sigmoid
+
+
+@triton.autotune(
+    configs=configs(),
+    key=["N", "K", "M_BUCKET"],
+    prune_configs_by={"early_config_prune": _prune},
+)
+@triton.jit
+def _linear_fwd_kernel(
+    x_ptr,  # [M, K] input rows, any strides
+    weight_ptr,  # [N, K] nn.Linear weight, read as its transpose [K, N]
+    bias_ptr,  # [N] bias (None unless HAS_BIAS)
+    residual_ptr,  # [M, N] added after the activation (None unless HAS_RESIDUAL)
+    out_ptr,  # [M, N] output, x's dtype
+    M,
+    N,
+    K,
+    M_BUCKET,  # autotune key only: power-of-two bucket of M
+    stride_x_m,
+    stride_x_k,
+    stride_weight_n,
+    stride_weight_k,
+    stride_bias_n,
+    stride_residual_m,
+    stride_residual_n,
+    stride_out_m,
+    stride_out_n,
+    HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    # Grouped ordering: GROUP_M row tiles sweep the column tiles together (L2 reuse of weight).
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    # Rows past M / columns past N re-read valid ones (wrapped) so the loads need no M/N mask.
+    rows = (offs_m % M).to(tl.int64)
+    cols = (offs_n % N).to(tl.int64)
+    x_ptrs = x_ptr + rows[:, None] * stride_x_m + offs_k[None, :] * stride_x_k
+    w_ptrs = weight_ptr + offs_k[:, None] * stride_weight_k + cols[None, :] * stride_weight_n
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        if a.dtype == tl.float32:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        x_ptrs += BLOCK_K * stride_x_k
+        w_ptrs += BLOCK_K * stride_weight_k
+
+    n_mask = offs_n < N
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n * stride_bias_n, mask=n_mask, other=0.0)
+        acc += bias.to(tl.float32)[None, :]
+    if ACTIVATION == 1:
+        acc = _gelu_erf(acc)
+    elif ACTIVATION == 2:
+        acc = _gelu_tanh(acc)
+
+    out_rows = offs_m.to(tl.int64)
+    out_cols = offs_n.to(tl.int64)
+    mask = (offs_m < M)[:, None] & n_mask[None, :]
+    if HAS_RESIDUAL:
+        r_ptrs = (
+            residual_ptr
+            + out_rows[:, None] * stride_residual_m
+            + out_cols[None, :] * stride_residual_n
+        )
+        acc += tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32)
+    out_ptrs = out_ptr + out_rows[:, None] * stride_out_m + out_cols[None, :] * stride_out_n
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _linear_fwd(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None,
+    residual: torch.Tensor | None,
+) -> torch.Tensor:
+    check_linear(x, weight, bias, activation, residual)
+    check_triton_device("x", x)
+    n, k = weight.shape
+    lead = x.shape[:-1]
+    out = torch.empty((*lead, n), dtype=x.dtype, device=x.device)
+    m = out.numel() // n if n else 0
+    if m == 0 or n == 0:
+        return out
+    x2 = x.reshape(m, k)
+    out2 = out.view(m, n)
+    res2 = residual.reshape(m, n) if residual is not None else None
+
+    def grid(meta: dict) -> tuple[int]:
+        return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+
+    _linear_fwd_kernel[grid](
+        x2,
+        weight,
+        bias,
+        res2,
+        out2,
+        m,
+        n,
+        k,
+        m_bucket(m),
+        x2.stride(0),
+        x2.stride(1),
+        weight.stride(0),
+        weight.stride(1),
+        bias.stride(0) if bias is not None else 0,
+        res2.stride(0) if res2 is not None else 0,
+        res2.stride(1) if res2 is not None else 0,
+        out2.stride(0),
+        out2.stride(1),
+        HAS_BIAS=bias is not None,
+        ACTIVATION=ACTIVATION_CODES[activation],
+        HAS_RESIDUAL=residual is not None,
+    )
+    return out
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``act(x @ weight.T + bias) + residual`` in one Triton GEMM with a fused epilogue.
+
+    Args:
+        x: [..., K] input, float16 / bfloat16 / float32, any strides.
+        weight: [N, K] (nn.Linear layout), x's dtype.
+        bias: optional [N], x's dtype.
+        activation: None, "gelu" (exact erf GELU, BERT's) or "gelu_tanh".
+        residual: optional [..., N] (x's leading shape), x's dtype, added after the activation.
+
+    Returns:
+        A new contiguous [..., N] tensor in x's dtype (float32 accumulation, one rounding).
+
+    Raises:
+        TypeError: a non-tensor argument or an unsupported / mismatched dtype.
+        ValueError: mismatched shapes or devices, an unknown activation, or tensors the Triton
+            kernels cannot reach (not CUDA, and not the CPU under TRITON_INTERPRET=1).
+    """
+    return _linear_fwd(x, weight, bias, activation, residual)

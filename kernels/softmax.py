@@ -1,0 +1,134 @@
+"""Scaled, masked softmax over the keys: ``probs = softmax(scale * scores, masked keys excluded)``.
+
+Math, per row (b, h, i) of S_k scores, in float32::
+
+    z_j      = scale * scores[b, h, i, j]            (-inf where key j is masked)
+    probs_ij = exp(z_j - max_j z_j) / sum_j exp(z_j - max_j z_j)
+
+and rounded once to the scores' dtype. A row whose keys are all masked returns zeros, never
+NaN, as :func:`kernels.reference.scaled_masked_softmax` does. This is the classic one-pass
+fused op (one read of the scores, one write of the probabilities) for when the probabilities
+themselves are wanted (``output_attentions``, analysis); the encoder's attention never
+materialises them (see attention.py).
+
+Shapes and layouts: scores [B, H, S_q, S_k] with any strides (read in place);
+key_padding_mask [B, S_k], bool or integer, nonzero = a real token, any strides. The output is
+a new contiguous [B, H, S_q, S_k] tensor.
+
+Dtypes: float16, bfloat16 and float32 scores; the arithmetic is float32.
+
+Limits: one program per row holds the whole row (BLOCK = next power of two of S_k), so S_k may
+be at most MAX_KEYS = 16384 (a longer row raises ValueError). Row offsets are int64. An empty
+input returns an empty output without a launch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _checks
+from ._runtime import check_triton_device
+
+MAX_KEYS = 16384
+MIN_BLOCK = 16
+
+
+def block_size(seq_k: int) -> int:
+    """The row tile: the next power of two of ``seq_k``, at least MIN_BLOCK."""
+    return max(MIN_BLOCK, triton.next_power_of_2(seq_k))
+
+
+def num_warps(block: int) -> int:
+    """Warps per row: about 512 elements per warp, between 1 and 16."""
+    return min(16, max(1, block // 512))
+
+
+@triton.jit
+def _scaled_masked_softmax_fwd_kernel(
+    scores_ptr,  # [B, H, S_q, S_k] scores, any strides
+    mask_ptr,  # [B, S_k] key-padding mask, nonzero = real token (None unless HAS_MASK)
+    out_ptr,  # [B, H, S_q, S_k] contiguous probabilities, the scores' dtype
+    H,
+    S_q,
+    S_k,
+    scale,
+    stride_scores_b,
+    stride_scores_h,
+    stride_scores_q,
+    stride_scores_k,
+    stride_mask_b,
+    stride_mask_k,
+    HAS_MASK: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)  # = (b * H + h) * S_q + i
+    i = row % S_q
+    h = (row // S_q) % H
+    b = row // (S_q * H)
+    cols = tl.arange(0, BLOCK)
+    real = cols < S_k
+    if HAS_MASK:
+        token = tl.load(mask_ptr + b * stride_mask_b + cols * stride_mask_k, mask=real, other=0)
+        real = real & (token != 0)
+    base = scores_ptr + b * stride_scores_b + h * stride_scores_h + i * stride_scores_q
+    z = tl.load(base + cols * stride_scores_k, mask=real, other=0.0).to(tl.float32) * scale
+    z = tl.where(real, z, float("-inf"))
+    z_max = tl.max(z, axis=0)
+    # A row with no real key has max -inf: shift by 0 so every exp is 0 and the sum 0, not NaN.
+    e = tl.exp(z - tl.where(z_max == float("-inf"), 0.0, z_max))
+    total = tl.sum(e, axis=0)
+    probs = e / tl.where(total == 0.0, 1.0, total)
+    tl.store(out_ptr + row * S_k + cols, probs.to(out_ptr.dtype.element_ty), mask=cols < S_k)
+
+
+def scaled_masked_softmax(
+    scores: torch.Tensor, key_padding_mask: torch.Tensor | None = None, scale: float = 1.0
+) -> torch.Tensor:
+    """``softmax(scale * scores)`` over the last dim with masked keys excluded, in one pass.
+
+    Args:
+        scores: [B, H, S_q, S_k], float16 / bfloat16 / float32, any strides; S_k <= 16384.
+        key_padding_mask: optional [B, S_k] bool or integer, True / nonzero = a real token.
+        scale: the Python number the scores are multiplied by before the softmax.
+
+    Returns:
+        A new contiguous [B, H, S_q, S_k] tensor of probabilities in the scores' dtype (float32
+        math, one rounding); rows whose keys are all masked are zeros.
+
+    Raises:
+        TypeError: a non-tensor argument, an unsupported dtype, a float mask or a non-number
+            scale.
+        ValueError: mismatched shapes or devices, S_k > 16384, or tensors the Triton kernels
+            cannot reach (not CUDA, and not the CPU under TRITON_INTERPRET=1).
+    """
+    _checks.check_softmax(scores, key_padding_mask, scale)
+    check_triton_device("scores", scores)
+    batch, heads, seq_q, seq_k = scores.shape
+    if seq_k > MAX_KEYS:
+        raise ValueError(
+            f"scores have {seq_k} keys per row, more than the {MAX_KEYS} the fused softmax "
+            "kernel holds (one row per program); use backend='torch' for longer rows"
+        )
+    out = torch.empty(scores.shape, dtype=scores.dtype, device=scores.device)
+    if out.numel() == 0:
+        return out
+    mask = key_padding_mask
+    block = block_size(seq_k)
+    _scaled_masked_softmax_fwd_kernel[(batch * heads * seq_q,)](
+        scores,
+        mask,
+        out,
+        heads,
+        seq_q,
+        seq_k,
+        float(scale),
+        *scores.stride(),
+        mask.stride(0) if mask is not None else 0,
+        mask.stride(1) if mask is not None else 0,
+        HAS_MASK=mask is not None,
+        BLOCK=block,
+        num_warps=num_warps(block),
+    )
+    return out
