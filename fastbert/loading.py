@@ -224,19 +224,25 @@ class PretrainedMixin:
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
         backend: str = "auto",
+        padding_free: str | bool = "auto",
+        cuda_graphs: str | bool = "auto",
     ):
         """Load Hugging Face BERT weights into a new fastbert model.
 
         source: a local checkpoint folder, a transformers BertModel/BertFor* instance or a
         SentenceTransformer. dtype defaults to float16 on CUDA and float32 elsewhere; device to
         CUDA when available. backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch" or
-        "triton". Raises ValueError naming any missing or mis-shaped tensor.
+        "triton". padding_free, cuda_graphs: "auto", True or False (see fastbert.runtime).
+        Raises ValueError naming any missing or mis-shaped tensor.
         """
         config, _, state = read_source(source)
         device = torch.device(device if device is not None else default_device())
         if dtype is None:
             dtype = torch.float16 if device.type == "cuda" else torch.float32
-        kwargs: dict[str, Any] = {"dtype": dtype, "device": device, "backend": backend}
+        kwargs: dict[str, Any] = {
+            "dtype": dtype, "device": device, "backend": backend,
+            "padding_free": padding_free, "cuda_graphs": cuda_graphs,
+        }
         if cls.__name__ == "BertModel":
             normalized = _normalize_prefix(state, "BertModel")
             if "pooler.dense.weight" not in normalized:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fastbert import validation
+from fastbert import runtime, validation
 from fastbert.config import BertConfig
 from fastbert.loading import PretrainedMixin
 from fastbert.ops import Ops, check_backend, get_ops
 from fastbert.outputs import BaseModelOutputWithPooling, LogitsOutput
+from fastbert.runtime import Attend
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
@@ -35,11 +36,18 @@ class BertEmbeddings(nn.Module):
         self.eps = config.layer_norm_eps
 
     def forward(
-        self, ops: Ops, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None
+        self,
+        ops: Ops,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """input_ids, token_type_ids: [B, S] integers -> [B, S, H]."""
+        """input_ids, token_type_ids, position_ids: [B, S] integers -> [B, S, H].
+
+        Positions default to 0..S-1 in every row.
+        """
         return ops.embeddings_layer_norm(
-            input_ids, token_type_ids, None, self.word, self.position, self.token_type,
+            input_ids, token_type_ids, position_ids, self.word, self.position, self.token_type,
             self.ln_weight, self.ln_bias, self.eps,
         )
 
@@ -67,18 +75,14 @@ class BertLayer(nn.Module):
         self.activation = config.activation
         self.eps = config.layer_norm_eps
 
-    def forward(
-        self, ops: Ops, hidden: torch.Tensor, key_padding_mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        """hidden: [B, S, H]; key_padding_mask: [B, S] bool (True = real token) -> [B, S, H]."""
-        batch, seq, width = hidden.shape
+    def forward(self, ops: Ops, hidden: torch.Tensor, attend: Attend) -> torch.Tensor:
+        """hidden: tokens [..., H] (a padded [B, S, H] batch or packed [T, H]) -> same shape.
+
+        ``attend`` maps the fused QKV projection [..., 3H] to the attention context [..., H]
+        (see fastbert.runtime: dense with a padding mask, or packed sequences).
+        """
         qkv = ops.linear(hidden, self.qkv_weight, self.qkv_bias)
-        # [B, S, 3, heads, D] viewed as three [B, heads, S, D] tensors: strides, no copies.
-        q, k, v = qkv.view(batch, seq, 3, self.heads, width // self.heads).permute(2, 0, 3, 1, 4)
-        context = ops.attention(q, k, v, key_padding_mask)
-        # The Triton kernel writes [B, S, heads, D] memory, so this reshape is a free view.
-        context = context.transpose(1, 2).reshape(batch, seq, width)
-        attn = ops.linear(context, self.attn_out_weight, self.attn_out_bias)
+        attn = ops.linear(attend(qkv), self.attn_out_weight, self.attn_out_bias)
         hidden = ops.layer_norm(attn, self.attn_ln_weight, self.attn_ln_bias, self.eps, hidden)
         inner = ops.linear(hidden, self.ffn_in_weight, self.ffn_in_bias, self.activation)
         out = ops.linear(inner, self.ffn_out_weight, self.ffn_out_bias)
@@ -105,7 +109,11 @@ class BertModel(PretrainedMixin, nn.Module):
     ``forward(input_ids, attention_mask=None, token_type_ids=None)`` takes [B, S] integer ids,
     a [B, S] 0/1 (or bool) mask with 1 = real token, and [B, S] token types; it returns
     ``last_hidden_state`` [B, S, H] and ``pooler_output`` [B, H] in the model's dtype.
-    Positions where attention_mask is 0 hold unspecified (finite) values, as in Hugging Face.
+    Positions where attention_mask is 0 hold unspecified (finite) values, as in Hugging Face
+    (zeros when the batch ran padding-free).
+
+    ``padding_free`` and ``cuda_graphs`` ("auto", True or False) choose how the layers run;
+    see fastbert.runtime. Either may be changed on the model between calls.
     """
 
     def __init__(
@@ -116,16 +124,38 @@ class BertModel(PretrainedMixin, nn.Module):
         device: torch.device | str = "cpu",
         backend: str = "auto",
         add_pooling_layer: bool = True,
+        padding_free: str | bool = "auto",
+        cuda_graphs: str | bool = "auto",
     ):
         super().__init__()
         check_backend(backend)
         self.config = config
         self.backend = backend
+        self.padding_free = padding_free
+        self.cuda_graphs = cuda_graphs
         self.embeddings = BertEmbeddings(config, dtype, device)
         self.layers = nn.ModuleList(
             BertLayer(config, dtype, device) for _ in range(config.num_hidden_layers)
         )
         self.pooler = BertPooler(config, dtype, device) if add_pooling_layer else None
+
+    @property
+    def padding_free(self) -> str | bool:
+        return self._padding_free
+
+    @padding_free.setter
+    def padding_free(self, value: str | bool) -> None:
+        runtime.check_setting("padding_free", value)
+        self._padding_free = value
+
+    @property
+    def cuda_graphs(self) -> str | bool:
+        return self._graphs.setting
+
+    @cuda_graphs.setter
+    def cuda_graphs(self, value: str | bool) -> None:
+        runtime.check_setting("cuda_graphs", value)
+        self._graphs = runtime.LayerGraphs(value)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -150,10 +180,39 @@ class BertModel(PretrainedMixin, nn.Module):
             self.config, self.device, input_ids, attention_mask, token_type_ids
         )
         ops = self.ops()
+        packed = runtime.packing_for(self.padding_free, ops, key_padding_mask)
+        if packed is not None:
+            return ops, self._encode_packed(ops, packed, input_ids, token_type_ids)
         hidden = self.embeddings(ops, input_ids, token_type_ids)
+
+        def run_layers(hidden: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+            attend = runtime.dense_attention(ops, self.config.num_attention_heads, mask)
+            for layer in self.layers:
+                hidden = layer(ops, hidden, attend)
+            return hidden
+
+        if self._graphs.wants(hidden):
+            return ops, self._graphs.run(run_layers, hidden, key_padding_mask)
+        return ops, run_layers(hidden, key_padding_mask)
+
+    def _encode_packed(
+        self,
+        ops: Ops,
+        packed: runtime.PackedBatch,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The layers on the real tokens only: [B, S] ids -> [B, S, H], zeros at padding."""
+        types = packed.gather(token_type_ids)[None] if token_type_ids is not None else None
+        hidden = self.embeddings(
+            ops, packed.gather(input_ids)[None], types, packed.positions()[None]
+        )[0]
+        attend = runtime.packed_attention(
+            ops, self.config.num_attention_heads, packed.cu_seqlens, packed.max_seqlen
+        )
         for layer in self.layers:
-            hidden = layer(ops, hidden, key_padding_mask)
-        return ops, hidden
+            hidden = layer(ops, hidden, attend)
+        return packed.scatter(hidden)
 
     @torch.no_grad()
     def forward(
@@ -188,12 +247,15 @@ class _BertWithHead(PretrainedMixin, nn.Module):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         backend: str = "auto",
+        padding_free: str | bool = "auto",
+        cuda_graphs: str | bool = "auto",
     ):
         super().__init__()
         self.config = config
         self.bert = BertModel(
             config, dtype=dtype, device=device, backend=backend,
-            add_pooling_layer=self.add_pooling_layer,
+            add_pooling_layer=self.add_pooling_layer, padding_free=padding_free,
+            cuda_graphs=cuda_graphs,
         )
 
     @property

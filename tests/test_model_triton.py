@@ -11,11 +11,12 @@ from tests.hf_models import hf_model, padded_batch
 BOUND = 1e-4
 
 
+@pytest.mark.parametrize("padding_free", [False, True], ids=["dense", "padding_free"])
 @pytest.mark.parametrize("lengths", [[7, 3, 5], [33, 1]], ids=["seq7", "seq33"])
-def test_triton_backend_matches_hf_fp32(device, lengths) -> None:
+def test_triton_backend_matches_hf_fp32(device, lengths, padding_free) -> None:
     hf = hf_model("BertModel", seed=len(lengths))
     model = fastbert.BertModel.from_pretrained(
-        hf, dtype=torch.float32, device=device, backend="triton"
+        hf, dtype=torch.float32, device=device, backend="triton", padding_free=padding_free
     )
     ids, mask, types = padded_batch(lengths, seed=len(lengths), device=device)
     with torch.no_grad():
@@ -57,12 +58,15 @@ def _bert_base_hf():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("padding_free", [False, True], ids=["dense", "padding_free"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_bert_base_low_precision_within_twice_hf_error(dtype) -> None:
+def test_bert_base_low_precision_within_twice_hf_error(dtype, padding_free) -> None:
     """fastbert in fp16/bf16 vs HF fp32: no more than twice HF's own error in that dtype."""
     hf32 = _bert_base_hf().cuda()
     hf_low = _bert_base_hf().to("cuda", dtype)
-    model = fastbert.BertModel.from_pretrained(hf32, dtype=dtype, device="cuda")
+    model = fastbert.BertModel.from_pretrained(
+        hf32, dtype=dtype, device="cuda", padding_free=padding_free
+    )
     lengths = [128, 77, 128, 5, 100, 128, 64, 1]
     ids, mask, types = padded_batch(lengths, vocab=30522, seed=1, device="cuda")
     with torch.no_grad():

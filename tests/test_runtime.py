@@ -1,0 +1,117 @@
+"""Padding-free execution and the run-mode settings (fastbert.runtime)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fastbert
+from fastbert import runtime
+from tests.hf_models import hf_model, padded_batch
+
+BOUND = 1e-4
+
+
+def _hf_hidden(hf, ids, mask, types):
+    with torch.no_grad():
+        return hf(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_padding_free_matches_hf(device, backend) -> None:
+    hf = hf_model("BertModel", seed=11)
+    model = fastbert.BertModel.from_pretrained(
+        hf, dtype=torch.float32, device=device, backend=backend, padding_free=True
+    )
+    # Rows of different lengths, one fully padded, and one with a hole (left padding too).
+    ids, mask, types = padded_batch([9, 1, 6, 9], seed=11, device=device)
+    mask[2] = torch.tensor([0, 0, 1, 1, 1, 0, 1, 1, 0], device=device)
+    mask[1] = 0
+    expected = _hf_hidden(hf.to(device), ids, mask, types)
+    got = model(ids, mask, types).last_hidden_state
+    valid = mask.bool()
+    assert (got - expected)[valid].abs().max() <= BOUND
+    assert torch.equal(got[~valid], torch.zeros_like(got[~valid])), "padding is not zero"
+
+
+def test_padding_free_equals_dense(device) -> None:
+    """Packing changes which rows run, not what a real token computes."""
+    hf = hf_model("BertModel", seed=12)
+    model = fastbert.BertModel.from_pretrained(hf, dtype=torch.float32, device=device)
+    ids, mask, types = padded_batch([12, 5, 3], seed=12, device=device)
+    model.padding_free = False
+    dense = model(ids, mask, types)
+    model.padding_free = True
+    packed = model(ids, mask, types)
+    valid = mask.bool()
+    assert (packed.last_hidden_state - dense.last_hidden_state)[valid].abs().max() <= BOUND
+    assert (packed.pooler_output - dense.pooler_output).abs().max() <= BOUND
+
+
+def test_pack_indices_and_boundaries() -> None:
+    mask = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    packed = runtime.pack(mask)
+    assert packed.indices.tolist() == [0, 1, 8, 10, 11]
+    assert packed.cu_seqlens.tolist() == [0, 2, 2, 5]
+    assert packed.cu_seqlens.dtype == torch.int32
+    assert packed.max_seqlen == 3
+    assert packed.positions().tolist() == [0, 1, 0, 2, 3]
+    values = torch.arange(12.0).view(3, 4, 1)
+    assert packed.gather(values).view(-1).tolist() == [0.0, 1.0, 8.0, 10.0, 11.0]
+    back = packed.scatter(packed.gather(values))
+    assert torch.equal(back, values * mask[..., None])
+
+
+def test_pack_skips_batches_with_little_padding() -> None:
+    full = torch.ones(2, 8, dtype=torch.bool)
+    assert runtime.pack(full) is None
+    one_pad = full.clone()
+    one_pad[0, -1] = False  # 1 of 16 tokens is padding: 6% < 10%
+    assert runtime.pack(one_pad, runtime.PACK_MIN_PADDING) is None
+    assert runtime.pack(one_pad) is not None
+
+
+def test_auto_packs_only_for_the_triton_backend() -> None:
+    mask = torch.tensor([[1, 0, 0, 0]], dtype=torch.bool)
+    torch_ops = fastbert.ops.get_ops("torch", "cpu")
+    assert runtime.packing_for("auto", torch_ops, mask) is None
+    assert runtime.packing_for(True, torch_ops, mask) is not None
+    assert runtime.packing_for(False, torch_ops, mask) is None
+    assert runtime.packing_for(True, torch_ops, None) is None
+
+
+@pytest.mark.parametrize("name", ["padding_free", "cuda_graphs"])
+@pytest.mark.parametrize("value", ["yes", 1, 0, None])
+def test_bad_settings_are_refused(name, value) -> None:
+    with pytest.raises(ValueError, match=name):
+        fastbert.BertModel.from_pretrained(hf_model(), device="cpu", **{name: value})
+
+
+def test_cuda_graphs_true_needs_cuda() -> None:
+    model = fastbert.BertModel.from_pretrained(
+        hf_model(), device="cpu", backend="torch", cuda_graphs=True
+    )
+    with pytest.raises(ValueError, match="cuda_graphs=True needs the model on a CUDA device"):
+        model(torch.tensor([[1, 2, 3]]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cuda_graphs", [True, "auto"])
+def test_cuda_graphs_match_eager_on_gpu(cuda_graphs) -> None:
+    hf = hf_model("BertModel", seed=13)
+    eager = fastbert.BertModel.from_pretrained(
+        hf, dtype=torch.float16, device="cuda", cuda_graphs=False, padding_free=False
+    )
+    graphed = fastbert.BertModel.from_pretrained(
+        hf, dtype=torch.float16, device="cuda", cuda_graphs=cuda_graphs, padding_free=False
+    )
+    valid = None
+    for seed in range(3):  # "auto" captures on the second sight of a shape, replays after
+        ids, mask, types = padded_batch([16, 9, 16], seed=seed, device="cuda")
+        expected = eager(ids, mask, types).last_hidden_state
+        got = graphed(ids, mask, types).last_hidden_state
+        valid = mask.bool()
+        assert torch.equal(got[valid], expected[valid])
+    assert len(graphed._graphs.graphs) == 1 and not graphed._graphs.failed
+    without_mask = graphed(ids).last_hidden_state
+    assert torch.equal(without_mask, eager(ids).last_hidden_state)
