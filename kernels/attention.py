@@ -56,22 +56,28 @@ _TUNE_SPACE = (
     (64, 32, 4, 4),
     (128, 32, 8, 3),
     (64, 32, 8, 2),
+    (32, 16, 8, 2),
 )
 # The one config the Triton interpreter runs (benchmarking there would be meaningless).
 _INTERPRETER_CONFIG = _TUNE_SPACE[0]
 
 
-def keep(config: triton.Config, block_d: int, elem_bytes: int) -> bool:
+def keep(config: triton.Config, block_d: int, elem_bytes: int, is_varlen: bool = False) -> bool:
     """Whether ``config`` suits a BLOCK_D-wide head in a dtype of ``elem_bytes`` bytes.
 
     The budget is the fp32 values each thread holds for the accumulator and the score tile,
-    (BLOCK_M * BLOCK_D + BLOCK_M * BLOCK_N) / threads: up to 80 compiled without register
-    spills for fp16/bf16 (tensor-core products) on sm_80 and sm_90, up to 40 for fp32, whose
-    exact IEEE products run on the FMA units with both operands in registers.
+    (BLOCK_M * BLOCK_D + BLOCK_M * BLOCK_N) / threads: up to 80 for fp16/bf16 (tensor-core
+    products); up to 40 for fp32, whose exact IEEE products run on the FMA units with both
+    operands in registers, and up to 24 for fp32 in the padding-free variant, whose grid-stride
+    loop over query blocks keeps more values live (at 32 to 40 it spills 80 to 280 bytes per
+    thread). Within these budgets every config compiles for sm_80 and sm_90 without register
+    spills, or with at most a dozen bytes (tests/compile_cases/attention.py reports them).
     """
     block_m, block_n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
     values_per_thread = block_m * (block_d + block_n) // (32 * config.num_warps)
-    return values_per_thread <= (40 if elem_bytes == 4 else 80)
+    if elem_bytes != 4:
+        return values_per_thread <= 80
+    return values_per_thread <= (24 if is_varlen else 40)
 
 
 def configs() -> list[triton.Config]:
@@ -86,9 +92,10 @@ def configs() -> list[triton.Config]:
 def _prune(
     configs: list[triton.Config], named_args: dict, **kwargs: object
 ) -> list[triton.Config]:
-    """Autotuner hook: the configs ``keep`` allows for this launch's BLOCK_D and dtype."""
+    """Autotuner hook: the configs ``keep`` allows for this launch's BLOCK_D, dtype, variant."""
     args = {**named_args, **kwargs}
-    kept = [c for c in configs if keep(c, args["BLOCK_D"], args["Q"].element_size())]
+    size, is_varlen = args["Q"].element_size(), bool(args["IS_VARLEN"])
+    kept = [c for c in configs if keep(c, args["BLOCK_D"], size, is_varlen)]
     return kept or configs[:1]
 
 

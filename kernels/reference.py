@@ -3,8 +3,8 @@
 This module is both the ``torch`` backend (it runs on any device and dtype) and the oracle of
 the tests (called with float32 or float64 inputs). It follows what eager PyTorch / Hugging Face
 do in the input dtype: matrix products in the input dtype, softmax and LayerNorm statistics in
-float32. Masked keys are excluded from the softmax; a query row whose keys are all masked gets
-zeros, never NaN.
+float32 (in float64 for float64 inputs, so that the float64 oracle is float64 throughout). Masked
+keys are excluded from the softmax; a query row whose keys are all masked gets zeros, never NaN.
 """
 
 from __future__ import annotations
@@ -15,8 +15,14 @@ import torch.nn.functional as F
 from . import _checks
 
 
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32, or left in float64: the precision of softmax and LayerNorm statistics."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
 def _mask_logits(scores: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
-    """scores: float32 [B, H, S_q, S_k] -> probabilities, masked keys excluded, empty rows zero."""
+    """scores: float32 / float64 [B, H, S_q, S_k] -> probabilities (masked keys excluded, empty
+    rows zero)."""
     if key_padding_mask is None:
         return torch.softmax(scores, dim=-1)
     keep = key_padding_mask.bool()[:, None, None, :]
@@ -38,7 +44,7 @@ def attention(
     """
     _checks.check_attention(q, k, v, key_padding_mask, scale)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+    scores = _wide(torch.matmul(q, k.transpose(-1, -2))) * scale
     probs = _mask_logits(scores, key_padding_mask)
     return torch.matmul(probs.to(v.dtype), v)
 
@@ -74,7 +80,7 @@ def scaled_masked_softmax(
     rows whose keys are all masked are zeros.
     """
     _checks.check_softmax(scores, key_padding_mask, scale)
-    return _mask_logits(scores.float() * float(scale), key_padding_mask).to(scores.dtype)
+    return _mask_logits(_wide(scores) * float(scale), key_padding_mask).to(scores.dtype)
 
 
 def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
@@ -116,7 +122,7 @@ def layer_norm(
     _checks.check_layer_norm(x, weight, bias, eps, residual)
     s = x if residual is None else x + residual
     n = x.shape[-1]
-    return F.layer_norm(s.float(), (n,), weight.float(), bias.float(), float(eps)).to(x.dtype)
+    return F.layer_norm(_wide(s), (n,), _wide(weight), _wide(bias), float(eps)).to(x.dtype)
 
 
 def embeddings_layer_norm(
@@ -148,9 +154,9 @@ def embeddings_layer_norm(
         position_ids = torch.arange(seq, device=input_ids.device)
     if token_type_ids is None:
         token_type_ids = torch.zeros_like(input_ids)
-    summed = word_emb[input_ids].float() + pos_emb[position_ids].float() + type_emb[
-        token_type_ids
-    ].float()
+    summed = (
+        _wide(word_emb[input_ids]) + _wide(pos_emb[position_ids]) + _wide(type_emb[token_type_ids])
+    )
     hidden = word_emb.shape[1]
-    out = F.layer_norm(summed, (hidden,), weight.float(), bias.float(), float(eps))
+    out = F.layer_norm(summed, (hidden,), _wide(weight), _wide(bias), float(eps))
     return out.to(word_emb.dtype)

@@ -1,0 +1,102 @@
+"""Compile cases for kernels/attention.py: autotune configs x head dims x dtypes x variants.
+
+Variants: dense masked (HAS_MASK=1, IS_VARLEN=0: the encoder's padded batches), dense unmasked
+(HAS_MASK=0, IS_VARLEN=0) and padding-free (HAS_MASK=0, IS_VARLEN=1); ``attention_varlen``
+never passes a mask, so HAS_MASK=1 with IS_VARLEN=1 is not a launched variant and is not
+compiled. Head dims 32, 64, 80, 96, 128 (BLOCK_D 32, 64, 128).
+
+- fp16: every autotune config that ``keep`` allows in the dense masked variant, and the
+  heaviest kept config (the most fp32 values per thread, nearest to spilling) in the others.
+- fp32: every kept config in every variant (its register budget is the tight one).
+- bf16: the heaviest kept config in every variant (it compiles like fp16; the full bf16 sweep
+  would add about a minute of compile time for no new code path).
+- The mask is bool (``*i1``, what the encoder passes); one case reads an int64 mask (Hugging
+  Face's attention_mask dtype).
+
+Configs and the jit function come from the module itself, so the cases follow the code. A
+contiguous mask has unit stride on S_k, which the JIT specialises to the constexpr 1.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from tests.compile_support import CompileCase
+
+# The package re-exports same-named functions, so import the module itself.
+mod = importlib.import_module("fastbert.kernels.attention")
+
+KERNEL = mod._attention_fwd_kernel.fn
+CONFIGS = mod._attention_fwd_kernel.configs
+DTYPES = {"fp16": 2, "bf16": 2, "fp32": 4}
+VARIANTS = ((True, False), (False, False), (False, True))  # (HAS_MASK, IS_VARLEN)
+STRIDES = [f"stride_{t}_{d}" for t in ("q", "k", "v", "o") for d in ("b", "h", "s")]
+
+
+def _block_d(head_dim: int) -> int:
+    return 1 << (head_dim - 1).bit_length()
+
+
+def _kept(head_dim: int, element_size: int, is_varlen: bool) -> list:
+    return [c for c in CONFIGS if mod.keep(c, _block_d(head_dim), element_size, is_varlen)]
+
+
+def _values_per_thread(config, head_dim: int) -> int:
+    """fp32 values per thread for the accumulator and the score tile (``keep``'s measure)."""
+    m, n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
+    return m * (_block_d(head_dim) + n) // (32 * config.num_warps)
+
+
+def _case(
+    dtype: str, head_dim: int, config, has_mask: bool, is_varlen: bool, mask: str = "*i1"
+) -> CompileCase:
+    ptr = f"*{dtype}"
+    signature = {"Q": ptr, "K": ptr, "V": ptr, "Out": ptr}
+    signature.update(Mask=mask if has_mask else "constexpr")
+    signature.update(CuSeqlens="*i32" if is_varlen else "constexpr")
+    signature.update(dict.fromkeys(STRIDES, "i32"))
+    signature.update(stride_mask_b="i32", stride_mask_s="constexpr" if has_mask else "i32")
+    signature.update(seq_q="i32", seq_k="i32", qk_scale="fp32", seq_bucket="i32")
+    constexprs: dict[str, object] = dict(
+        HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), HAS_MASK=has_mask, IS_VARLEN=is_varlen,
+        **config.kwargs,
+    )
+    if has_mask:
+        constexprs["stride_mask_s"] = 1
+    else:
+        constexprs["Mask"] = None
+    if not is_varlen:
+        constexprs["CuSeqlens"] = None
+    signature.update({name: "constexpr" for name in constexprs if name not in signature})
+    meta = config.kwargs
+    name = (
+        f"attention[{dtype} D={head_dim} {meta['BLOCK_M']}x{meta['BLOCK_N']} "
+        f"s{config.num_stages} w{config.num_warps} mask={int(has_mask)}"
+        f"{'' if mask == '*i1' or not has_mask else mask[1:]} varlen={int(is_varlen)}]"
+    )
+    return CompileCase(
+        name=name,
+        fn=KERNEL,
+        signature=signature,
+        constexprs=constexprs,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+
+
+def _cases() -> list[CompileCase]:
+    cases = []
+    for dtype, element_size in DTYPES.items():
+        for head_dim in mod.SUPPORTED_HEAD_DIMS:
+            for has_mask, is_varlen in VARIANTS:
+                kept = _kept(head_dim, element_size, is_varlen)
+                if dtype == "fp32" or (dtype == "fp16" and has_mask):
+                    chosen = kept
+                else:
+                    chosen = [max(kept, key=lambda c: _values_per_thread(c, head_dim))]
+                cases += [_case(dtype, head_dim, c, has_mask, is_varlen) for c in chosen]
+    cases.append(_case("fp16", 64, _kept(64, 2, False)[0], True, False, mask="*i64"))
+    return cases
+
+
+CASES = _cases()

@@ -1,0 +1,71 @@
+"""Compile cases for kernels/softmax.py: every row tile x mask flag x dtype.
+
+The row tile BLOCK takes every power of two the launcher can choose (``block_size`` of key
+counts 1 to MAX_KEYS) with the launcher's ``num_warps``; each with and without a mask, in fp16,
+bf16 and fp32. Scores are contiguous (unit stride on S_k, the constexpr 1 the JIT specialises
+it to) and the mask is bool with unit stride; two more cases read strided scores (a transposed
+view) and an int64 mask (Hugging Face's attention_mask dtype).
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+
+from tests.compile_support import CompileCase
+
+# The package re-exports same-named functions, so import the module itself.
+mod = importlib.import_module("fastbert.kernels.softmax")
+
+KERNEL = mod._scaled_masked_softmax_fwd_kernel
+DTYPES = ("fp16", "bf16", "fp32")
+BLOCKS = sorted({mod.block_size(2**i) for i in range(mod.MAX_KEYS.bit_length())})
+
+
+def _case(
+    dtype: str, block: int, has_mask: bool, mask: str = "*i1", unit_key_stride: bool = True
+) -> CompileCase:
+    ptr = f"*{dtype}"
+    signature = {
+        "scores_ptr": ptr,
+        "mask_ptr": mask if has_mask else "constexpr",
+        "out_ptr": ptr,
+        "H": "i32",
+        "S_q": "i32",
+        "S_k": "i32",
+        "scale": "fp32",
+        "stride_scores_b": "i32",
+        "stride_scores_h": "i32",
+        "stride_scores_q": "i32",
+        "stride_scores_k": "constexpr" if unit_key_stride else "i32",
+        "stride_mask_b": "i32",
+        "stride_mask_k": "constexpr" if has_mask else "i32",
+        "HAS_MASK": "constexpr",
+        "BLOCK": "constexpr",
+    }
+    constexprs: dict[str, object] = {"HAS_MASK": has_mask, "BLOCK": block}
+    if unit_key_stride:
+        constexprs["stride_scores_k"] = 1
+    if has_mask:
+        constexprs["stride_mask_k"] = 1
+    else:
+        constexprs["mask_ptr"] = None
+    variant = ("" if mask == "*i1" or not has_mask else f" {mask[1:]}") + (
+        "" if unit_key_stride else " strided"
+    )
+    return CompileCase(
+        name=f"softmax[{dtype} BLOCK={block} mask={int(has_mask)}{variant}]",
+        fn=KERNEL,
+        signature=signature,
+        constexprs=constexprs,
+        num_warps=mod.num_warps(block),
+    )
+
+
+CASES = [
+    _case(dtype, block, has_mask)
+    for dtype, block, has_mask in itertools.product(DTYPES, BLOCKS, (False, True))
+] + [
+    _case("fp16", 512, True, mask="*i64"),
+    _case("bf16", 128, True, unit_key_stride=False),
+]

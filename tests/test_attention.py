@@ -1,0 +1,335 @@
+"""K.attention and K.attention_varlen against the float64 reference (tests/accuracy.py rule).
+
+CPU (Triton interpreter): fp32 and fp16 on small shapes. GPU (``gpu`` mark): bf16 too, long
+sequences and BERT-base / large shapes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fastbert.kernels import reference as R
+
+from fastbert import kernels as K
+from tests.op_cases import DOT_DTYPES, check_op, dtype_params, lengths_for, padded_mask, randn
+
+F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
+HEAD_DIMS = (32, 64, 80, 96, 128)
+
+
+def qkv(b, h, s_q, s_k, d, dtype, device, seed=0, layout="bhsd"):
+    """q [b, h, s_q, d] and k, v [b, h, s_k, d] with the strides of ``layout``.
+
+    "bhsd": contiguous; "bshd": Hugging Face's [b, s, h, d] tensors viewed ``.transpose(1, 2)``;
+    "fused": strided views of one [b, s, 3, h, d] QKV buffer (s_q == s_k).
+    """
+    if layout == "fused":
+        assert s_q == s_k
+        buf = randn((b, s_q, 3, h, d), dtype, device, seed)
+        return tuple(buf[:, :, i].transpose(1, 2) for i in range(3))
+    tensors = []
+    for i, s in enumerate((s_q, s_k, s_k)):
+        if layout == "bshd":
+            tensors.append(randn((b, s, h, d), dtype, device, seed + i).transpose(1, 2))
+        else:
+            tensors.append(randn((b, h, s, d), dtype, device, seed + i))
+    return tuple(tensors)
+
+
+def check_attention(q, k, v, mask=None, scale=None) -> torch.Tensor:
+    out = check_op(K.attention, R.attention, (q, k, v), {"key_padding_mask": mask, "scale": scale})
+    # The output is the [B, H, S_q, D] view of a contiguous [B, S_q, H, D] buffer.
+    assert out.transpose(1, 2).is_contiguous()
+    return out
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize(
+    "batch, heads, seq",
+    [(2, 2, 1), (2, 2, 7), (2, 2, 33), (2, 2, 127), (2, 2, 129), (1, 1, 511), (1, 1, 512)],
+)
+def test_sequence_lengths(device, dtype, batch, heads, seq) -> None:
+    q, k, v = qkv(batch, heads, seq, seq, 64, dtype, device, seed=seq)
+    mask = padded_mask(lengths_for(batch, seq), seq, device=device)
+    check_attention(q, k, v, mask)
+    check_attention(q, k, v)
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_head_dims(device, dtype, head_dim) -> None:
+    q, k, v = qkv(2, 3, 33, 33, head_dim, dtype, device, seed=head_dim)
+    check_attention(q, k, v, padded_mask([33, 20], 33, device=device))
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize("seq_q, seq_k", [(7, 129), (129, 33), (1, 64), (65, 1)])
+def test_query_and_key_lengths_differ(device, dtype, seq_q, seq_k) -> None:
+    q, k, v = qkv(2, 2, seq_q, seq_k, 32, dtype, device, seed=seq_q + seq_k)
+    check_attention(q, k, v, padded_mask([seq_k, (seq_k + 1) // 2], seq_k, device=device))
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+def test_fully_padded_row_is_zero(device, dtype) -> None:
+    q, k, v = qkv(3, 2, 40, 40, 64, dtype, device, seed=3)
+    out = check_attention(q, k, v, padded_mask([40, 0, 9], 40, device=device))
+    assert torch.isfinite(out).all()
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+def test_padded_keys_have_no_influence(device, dtype) -> None:
+    """Large finite K and V at masked keys leave every output bit unchanged."""
+    lengths = [70, 33, 1]
+    q, k, v = qkv(3, 2, 70, 70, 64, dtype, device, seed=4)
+    mask = padded_mask(lengths, 70, device=device)
+    out = K.attention(q, k, v, mask)
+    pad = ~mask[:, None, :, None]
+    big = 1e4 if dtype == F16 else 1e30
+    k2 = torch.where(pad, torch.full_like(k, big), k)
+    v2 = torch.where(pad, torch.full_like(v, -big), v)
+    assert torch.equal(K.attention(q, k2, v2, mask), out)
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize("layout", ["bshd", "fused"])
+def test_strided_views(device, dtype, layout) -> None:
+    q, k, v = qkv(2, 3, 33, 33, 64, dtype, device, seed=5, layout=layout)
+    assert not q.is_contiguous()
+    check_attention(q, k, v, padded_mask([33, 17], 33, device=device))
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.int64, torch.int32, torch.uint8])
+def test_mask_dtypes(device, mask_dtype) -> None:
+    """Any 0/1 mask dtype, and a non-contiguous mask, give the bool mask's output exactly."""
+    q, k, v = qkv(2, 2, 33, 33, 32, F32, device, seed=6)
+    lengths = [30, 5]
+    expected = check_attention(q, k, v, padded_mask(lengths, 33, device=device))
+    mask = padded_mask(lengths, 33, mask_dtype, device)
+    assert torch.equal(K.attention(q, k, v, mask), expected)
+    strided = mask.t().contiguous().t()
+    assert not strided.is_contiguous()
+    assert torch.equal(K.attention(q, k, v, strided), expected)
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize("scale", [0.3, 1, 2.5])
+def test_explicit_scale(device, dtype, scale) -> None:
+    q, k, v = qkv(2, 2, 33, 33, 64, dtype, device, seed=7)
+    check_attention(q, k, v, padded_mask([33, 12], 33, device=device), scale=scale)
+
+
+def test_empty_inputs(device) -> None:
+    q, k, v = qkv(0, 2, 5, 5, 32, F32, device)
+    assert K.attention(q, k, v).shape == (0, 2, 5, 32)
+    q, k, v = qkv(1, 2, 0, 0, 32, F32, device)
+    assert K.attention(q, k, v).shape == (1, 2, 0, 32)
+
+
+def packed_qkv(lengths, heads, head_dim, dtype, device, seed=0):
+    """q, k, v [T, H, D] as strided views of one packed [T, 3, H, D] buffer, and cu_seqlens."""
+    buf = randn((sum(lengths), 3, heads, head_dim), dtype, device, seed)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    return buf[:, 0], buf[:, 1], buf[:, 2], cu.to(device)
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize("head_dim", [64, 80])
+@pytest.mark.parametrize("max_seqlen", [None, 8, 1], ids=["max", "max8", "max1"])
+def test_varlen(device, dtype, head_dim, max_seqlen) -> None:
+    """Packed sequences incl. a zero-length one; a too-small max_seqlen is still correct."""
+    lengths = [5, 0, 70, 1, 17]
+    q, k, v, cu = packed_qkv(lengths, 2, head_dim, dtype, device, seed=head_dim)
+    max_len = max(lengths) if max_seqlen is None else max_seqlen
+    out = check_op(K.attention_varlen, R.attention_varlen, (q, k, v, cu, max_len))
+    assert out.is_contiguous()
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+def test_varlen_matches_dense_per_sequence(device, dtype) -> None:
+    """Each packed sequence gets what dense attention gives it alone, bit for bit."""
+    lengths = [9, 33]
+    q, k, v, cu = packed_qkv(lengths, 2, 32, dtype, device, seed=8)
+    out = K.attention_varlen(q, k, v, cu, max(lengths), scale=0.2)
+    for start, end in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        dense = [t[start:end].transpose(0, 1)[None] for t in (q, k, v)]
+        alone = K.attention(*dense, scale=0.2)[0].transpose(0, 1)
+        torch.testing.assert_close(out[start:end], alone, rtol=0, atol=0)
+
+
+def test_varlen_empty(device) -> None:
+    q = torch.zeros(0, 2, 32, device=device)
+    cu = torch.zeros(1, dtype=torch.int32, device=device)
+    assert K.attention_varlen(q, q, q, cu, 0).shape == (0, 2, 32)
+
+
+def _bad_dense(device, **change):
+    """Valid fp32 dense inputs (B=2, H=2, S=8, D=32) with the ``change``d ones replaced."""
+    q, k, v = qkv(2, 2, 8, 8, 32, F32, device)
+    args = {"q": q, "k": k, "v": v, "key_padding_mask": padded_mask([8, 3], 8, device=device)}
+    args.update({name: make(args) for name, make in change.items()})
+    return args
+
+
+BAD_DENSE = {
+    "mixed dtypes": (dict(k=lambda a: a["k"].half()), TypeError, "dtype mismatch"),
+    "float64": (
+        dict(q=lambda a: a["q"].double(), k=lambda a: a["k"].double(), v=lambda a: a["v"].double()),
+        TypeError,
+        "float64",
+    ),
+    "k shape": (dict(k=lambda a: a["k"][:, :, :, :16]), ValueError, "k must have shape"),
+    "v shape": (dict(v=lambda a: a["v"][:, :1]), ValueError, "v must have shape"),
+    "3-d q": (dict(q=lambda a: a["q"][0]), ValueError, "q must have 4 dimensions"),
+    "k on meta": (dict(k=lambda a: a["k"].to("meta")), ValueError, "device mismatch"),
+    "mask on meta": (
+        dict(key_padding_mask=lambda a: a["key_padding_mask"].to("meta")),
+        ValueError,
+        "device mismatch",
+    ),
+    "float mask": (
+        dict(key_padding_mask=lambda a: a["key_padding_mask"].float()),
+        TypeError,
+        "additive float masks",
+    ),
+    "mask shape": (
+        dict(key_padding_mask=lambda a: a["key_padding_mask"][:, :5]),
+        ValueError,
+        r"key_padding_mask must have shape \(2, 8\)",
+    ),
+    "head dim 48": (
+        {n: (lambda a: a["q"].new_zeros(2, 2, 8, 48)) for n in "qkv"},
+        ValueError,
+        "head dim 48 is not supported",
+    ),
+    "D stride 2": (
+        dict(q=lambda a: a["q"].new_zeros(2, 2, 8, 64)[..., ::2]),
+        ValueError,
+        "q must have unit stride on the head dim",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_DENSE, ids=list(BAD_DENSE))
+def test_bad_input_raises(device, case) -> None:
+    change, exc, match = BAD_DENSE[case]
+    args = _bad_dense(device, **change)
+    with pytest.raises(exc, match=match):
+        K.attention(**args)
+
+
+def test_cpu_without_interpreter_says_so(monkeypatch) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q, k, v = qkv(1, 1, 4, 4, 32, F32, "cpu")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        K.attention(q, k, v)
+    q, k, v, cu = packed_qkv([4], 1, 32, F32, "cpu")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        K.attention_varlen(q, k, v, cu, 4)
+
+
+def test_bad_scale_raises(device) -> None:
+    q, k, v = qkv(1, 1, 4, 4, 32, F32, device)
+    with pytest.raises(TypeError, match="scale must be a Python number"):
+        K.attention(q, k, v, scale=torch.tensor(0.5))
+
+
+BAD_VARLEN = {
+    "cu_seqlens int64": (dict(cu=lambda a: a["cu"].long()), TypeError, "cu_seqlens must be int32"),
+    "cu_seqlens on meta": (dict(cu=lambda a: a["cu"].to("meta")), ValueError, "device mismatch"),
+    "negative max_seqlen": (dict(max_seqlen=lambda a: -1), ValueError, "max_seqlen must be"),
+    "float max_seqlen": (dict(max_seqlen=lambda a: 7.0), ValueError, "max_seqlen must be"),
+    "mixed dtypes": (dict(v=lambda a: a["v"].half()), TypeError, "dtype mismatch"),
+    "float64": (
+        dict(q=lambda a: a["q"].double(), k=lambda a: a["k"].double(), v=lambda a: a["v"].double()),
+        TypeError,
+        "float64",
+    ),
+    "k shape": (dict(k=lambda a: a["k"][:5]), ValueError, "k must have shape"),
+    "head dim 48": (
+        {n: (lambda a: a["q"].new_zeros(10, 2, 48)) for n in "qkv"},
+        ValueError,
+        "head dim 48 is not supported",
+    ),
+    "D stride 2": (
+        dict(k=lambda a: a["k"].new_zeros(10, 2, 64)[..., ::2]),
+        ValueError,
+        "k must have unit stride on the head dim",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_VARLEN, ids=list(BAD_VARLEN))
+def test_bad_varlen_input_raises(device, case) -> None:
+    change, exc, match = BAD_VARLEN[case]
+    q, k, v, cu = packed_qkv([3, 7], 2, 32, F32, device)
+    a = {"q": q, "k": k, "v": v, "cu": cu, "max_seqlen": 7}
+    a.update({name: make(a) for name, make in change.items()})
+    with pytest.raises(exc, match=match):
+        K.attention_varlen(a["q"], a["k"], a["v"], a["cu"], a["max_seqlen"])
+
+
+# --- GPU: the full grid, bf16 included, long sequences, BERT shapes -------------------------
+
+GPU_DTYPES = dtype_params((), (F32, F16, BF16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("seq", [1, 7, 33, 127, 129, 511, 512, 1024, 4096])
+def test_gpu_grid(dtype, head_dim, seq) -> None:
+    batch, heads = (2, 3) if seq <= 1024 else (1, 2)
+    q, k, v = qkv(batch, heads, seq, seq, head_dim, dtype, "cuda", seed=seq + head_dim)
+    mask = padded_mask([seq, max(1, seq // 3)], seq, device="cuda")[:batch]
+    check_attention(q, k, v, mask)
+    if seq <= 1024:
+        check_attention(q, k, v)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize(
+    "batch, heads, seq, lengths",
+    [
+        (32, 12, 128, None),  # BERT-base, full
+        (8, 12, 512, [512, 300, 1, 77, 511, 256, 0, 129]),  # BERT-base, padded
+        (8, 16, 512, [512, 400, 200, 100, 50, 25, 12, 6]),  # BERT-large, padded
+    ],
+)
+@pytest.mark.parametrize("layout", ["fused", "bshd"])
+def test_gpu_bert_shapes(dtype, batch, heads, seq, lengths, layout) -> None:
+    q, k, v = qkv(batch, heads, seq, seq, 64, dtype, "cuda", seed=batch, layout=layout)
+    mask = None if lengths is None else padded_mask(lengths, seq, torch.int64, "cuda")
+    out = check_attention(q, k, v, mask)
+    if lengths is not None:
+        for b, n in enumerate(lengths):
+            if n == 0:
+                assert torch.equal(out[b], torch.zeros_like(out[b]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("max_seqlen", [None, 64], ids=["max", "max64"])
+def test_gpu_varlen(dtype, head_dim, max_seqlen) -> None:
+    lengths = [512, 0, 1, 129, 77, 1024, 33, 300, 7]
+    q, k, v, cu = packed_qkv(lengths, 12, head_dim, dtype, "cuda", seed=head_dim)
+    max_len = max(lengths) if max_seqlen is None else max_seqlen
+    check_op(K.attention_varlen, R.attention_varlen, (q, k, v, cu, max_len))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+def test_gpu_padded_keys_have_no_influence(dtype) -> None:
+    lengths = [512, 300, 1, 0]
+    q, k, v = qkv(4, 12, 512, 512, 64, dtype, "cuda", seed=11, layout="fused")
+    mask = padded_mask(lengths, 512, device="cuda")
+    out = K.attention(q, k, v, mask)
+    pad = ~mask[:, None, :, None]
+    big = 1e4 if dtype == F16 else 1e30
+    k2 = torch.where(pad, torch.full_like(k, big), k)
+    v2 = torch.where(pad, torch.full_like(v, -big), v)
+    assert torch.equal(K.attention(q, k2, v2, mask), out)

@@ -1,0 +1,199 @@
+"""K.linear (GEMM + bias / GELU / residual epilogue) against the float64 reference.
+
+CPU (Triton interpreter, 32 x 32 x 32 tiles): fp32 and fp16 with sizes off the tile grid.
+GPU (``gpu`` mark): bf16 too, and the BERT-base / large projections up to M = 16384.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from fastbert.kernels import reference as R
+
+from fastbert import kernels as K
+from tests.op_cases import ALL_DTYPES, DOT_DTYPES, check_op, dtype_params, randn
+
+ACTIVATIONS = (None, "gelu", "gelu_tanh")
+
+
+def operands(m, n, k, dtype, device, seed=0, lead=None):
+    """x [*lead, k] (lead defaults to (m,)), weight [n, k], bias [n], residual [*lead, n].
+
+    Scaled so that the pre-activation values are O(1): GELU's curved part is exercised.
+    """
+    lead = (m,) if lead is None else tuple(lead)
+    x = randn((*lead, k), dtype, device, seed)
+    weight = randn((n, k), dtype, device, seed + 1, scale=max(k, 1) ** -0.5)
+    bias = randn((n,), dtype, device, seed + 2)
+    residual = randn((*lead, n), dtype, device, seed + 3)
+    return x, weight, bias, residual
+
+
+def check_linear(x, weight, bias=None, activation=None, residual=None) -> torch.Tensor:
+    out = check_op(
+        K.linear, R.linear, (x, weight),
+        {"bias": bias, "activation": activation, "residual": residual},
+        what=f"linear act={activation} bias={bias is not None} res={residual is not None}",
+    )
+    assert out.is_contiguous()
+    return out
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize(
+    "has_bias, activation, has_residual",
+    list(itertools.product((False, True), ACTIVATIONS, (False, True))),
+    ids=lambda v: str(v),
+)
+def test_epilogues(device, dtype, has_bias, activation, has_residual) -> None:
+    x, weight, bias, residual = operands(33, 67, 45, dtype, device, seed=1)
+    check_linear(
+        x, weight, bias if has_bias else None, activation, residual if has_residual else None
+    )
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize("m", [1, 7, 33, 129])
+def test_row_counts(device, dtype, m) -> None:
+    x, weight, bias, residual = operands(m, 40, 72, dtype, device, seed=m)
+    check_linear(x, weight, bias, "gelu", residual)
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize("n, k", [(1, 1), (3, 5), (67, 45), (33, 130), (100, 31)])
+def test_odd_sizes(device, dtype, n, k) -> None:
+    x, weight, bias, residual = operands(9, n, k, dtype, device, seed=n + k)
+    check_linear(x, weight, bias, "gelu_tanh", residual)
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+def test_3d_input(device, dtype) -> None:
+    x, weight, bias, residual = operands(0, 48, 40, dtype, device, seed=2, lead=(3, 11))
+    out = check_linear(x, weight, bias, "gelu", residual)
+    assert out.shape == (3, 11, 48)
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize("strided", ["x", "weight", "residual", "bias", "all", "x3d"])
+def test_non_contiguous(device, dtype, strided) -> None:
+    """Transposed / sliced views are read through their strides."""
+    m, n, k = 37, 50, 70
+    x, weight, bias, residual = operands(m, n, k, dtype, device, seed=3)
+    if strided in ("x", "all"):
+        x = randn((k, m), dtype, device, 4).t()
+    if strided in ("weight", "all"):
+        weight = randn((k, n), dtype, device, 5, scale=k**-0.5).t()
+    if strided in ("residual", "all"):
+        residual = randn((m, 2 * n), dtype, device, 6)[:, 1::2]
+    if strided in ("bias", "all"):
+        bias = randn((3 * n,), dtype, device, 7)[::3]
+    if strided == "x3d":
+        x = randn((5, 4, k), dtype, device, 8).transpose(0, 1)
+        residual = randn((4, 5, n), dtype, device, 9)
+    for t, name in ((x, "x"), (weight, "weight"), (residual, "residual"), (bias, "bias")):
+        if strided in (name, "all") or (strided == "x3d" and name == "x"):
+            assert not t.is_contiguous()
+    check_linear(x, weight, bias, "gelu", residual)
+
+
+@pytest.mark.parametrize("m, n, k", [(0, 8, 8), (4, 0, 8), (4, 8, 0)])
+def test_empty_dimensions(device, m, n, k) -> None:
+    """No rows or no outputs: an empty result; K = 0: act(bias) + residual."""
+    x, weight, bias, residual = operands(m, n, k, torch.float32, device)
+    out = check_linear(x, weight, bias, "gelu", residual)
+    assert out.shape == (m, n)
+
+
+def _bad_args(device, **change):
+    """Valid fp32 operands (M=4, N=6, K=8) with the ``change``d ones replaced."""
+    x, weight, bias, residual = operands(4, 6, 8, torch.float32, device)
+    args = {"x": x, "weight": weight, "bias": bias, "activation": "gelu", "residual": residual}
+    args.update({name: make(args) for name, make in change.items()})
+    return args
+
+
+BAD = {
+    "mixed dtypes": (dict(weight=lambda a: a["weight"].half()), TypeError, "dtype mismatch"),
+    "bias dtype": (dict(bias=lambda a: a["bias"].bfloat16()), TypeError, "dtype mismatch"),
+    "float64": (
+        {n: (lambda a, n=n: a[n].double()) for n in ("x", "weight", "bias", "residual")},
+        TypeError,
+        "float64",
+    ),
+    "int x": (dict(x=lambda a: a["x"].int()), TypeError, "x must be float16"),
+    "K mismatch": (dict(weight=lambda a: a["weight"][:, :5]), ValueError, "input features"),
+    "3-d weight": (dict(weight=lambda a: a["weight"][None]), ValueError, "weight must have 2"),
+    "bias shape": (dict(bias=lambda a: a["bias"][:5]), ValueError, r"bias must have shape \(6,\)"),
+    "residual shape": (
+        dict(residual=lambda a: a["residual"][:3]),
+        ValueError,
+        r"residual must have shape \(4, 6\)",
+    ),
+    "weight on meta": (dict(weight=lambda a: a["weight"].to("meta")), ValueError, "device"),
+    "residual on meta": (dict(residual=lambda a: a["residual"].to("meta")), ValueError, "device"),
+    "activation": (dict(activation=lambda a: "relu"), ValueError, "activation must be one of"),
+}
+
+
+@pytest.mark.parametrize("case", BAD, ids=list(BAD))
+def test_bad_input_raises(device, case) -> None:
+    change, exc, match = BAD[case]
+    args = _bad_args(device, **change)
+    with pytest.raises(exc, match=match):
+        K.linear(**args)
+
+
+def test_cpu_without_interpreter_says_so(monkeypatch) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    x, weight, bias, residual = operands(2, 3, 4, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        K.linear(x, weight, bias)
+
+
+# --- GPU: BERT-base / large projections, every dtype -----------------------------------------
+
+# (K, N): attention projections, FFN up and down, for hidden 768 and 1024.
+BERT_PROJECTIONS = [(768, 768), (768, 3072), (3072, 768), (1024, 1024), (1024, 4096), (4096, 1024)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", dtype_params((), ALL_DTYPES))
+@pytest.mark.parametrize("k, n", BERT_PROJECTIONS)
+@pytest.mark.parametrize("m", [1, 128, 4103, 16384])
+def test_gpu_bert_projections(dtype, k, n, m) -> None:
+    x, weight, bias, residual = operands(m, n, k, dtype, "cuda", seed=k + n + m)
+    if n > k:  # FFN up: bias + GELU
+        check_linear(x, weight, bias, "gelu")
+    else:  # attention output / FFN down: bias + residual
+        check_linear(x, weight, bias, None, residual)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", dtype_params((), ALL_DTYPES))
+@pytest.mark.parametrize(
+    "has_bias, activation, has_residual",
+    list(itertools.product((False, True), ACTIVATIONS, (False, True))),
+    ids=lambda v: str(v),
+)
+def test_gpu_epilogues(dtype, has_bias, activation, has_residual) -> None:
+    x, weight, bias, residual = operands(1000, 3072, 1024, dtype, "cuda", seed=5)
+    check_linear(
+        x, weight, bias if has_bias else None, activation, residual if has_residual else None
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", dtype_params((), ALL_DTYPES))
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (7, 67, 45), (129, 1000, 771), (300, 2304, 768)])
+def test_gpu_odd_and_strided(dtype, m, n, k) -> None:
+    """Sizes off every tile grid, then transposed views of x, weight and residual."""
+    x, weight, bias, residual = operands(m, n, k, dtype, "cuda", seed=m)
+    check_linear(x, weight, bias, "gelu_tanh", residual)
+    x_t = randn((k, m), dtype, "cuda", 7).t()
+    weight_t = randn((k, n), dtype, "cuda", 6, scale=k**-0.5).t()
+    residual_t = randn((n, m), dtype, "cuda", 8).t()
+    check_linear(x_t, weight_t, bias, None, residual_t)
