@@ -3,8 +3,8 @@
 Sources: a local checkpoint folder (config.json + model.safetensors, sharded safetensors or
 pytorch_model.bin; a sentence-transformers folder too), a transformers ``BertModel`` /
 ``BertFor*`` instance, or a sentence-transformers ``SentenceTransformer``. Every tensor is
-mapped explicitly by name (:func:`hf_weight_names`); a missing or mis-shaped tensor raises a
-ValueError naming it.
+mapped explicitly by name (:func:`hf_weight_names`, built on the BERT row of
+fastbert.families); a missing or mis-shaped tensor raises a ValueError naming it.
 """
 
 from __future__ import annotations
@@ -18,30 +18,8 @@ from typing import Any
 import torch
 
 from fastbert.config import BertConfig
+from fastbert.families import BERT
 
-_LAYER_TENSORS = {
-    # fastbert name: Hugging Face names under encoder.layer.<i>. (several = concatenated rows)
-    "qkv_weight": tuple(f"attention.self.{n}.weight" for n in ("query", "key", "value")),
-    "qkv_bias": tuple(f"attention.self.{n}.bias" for n in ("query", "key", "value")),
-    "attn_out_weight": ("attention.output.dense.weight",),
-    "attn_out_bias": ("attention.output.dense.bias",),
-    "attn_ln_weight": ("attention.output.LayerNorm.weight",),
-    "attn_ln_bias": ("attention.output.LayerNorm.bias",),
-    "ffn_in_weight": ("intermediate.dense.weight",),
-    "ffn_in_bias": ("intermediate.dense.bias",),
-    "ffn_out_weight": ("output.dense.weight",),
-    "ffn_out_bias": ("output.dense.bias",),
-    "ffn_ln_weight": ("output.LayerNorm.weight",),
-    "ffn_ln_bias": ("output.LayerNorm.bias",),
-}
-_EMBEDDING_TENSORS = {
-    "embeddings.word": ("embeddings.word_embeddings.weight",),
-    "embeddings.position": ("embeddings.position_embeddings.weight",),
-    "embeddings.token_type": ("embeddings.token_type_embeddings.weight",),
-    "embeddings.ln_weight": ("embeddings.LayerNorm.weight",),
-    "embeddings.ln_bias": ("embeddings.LayerNorm.bias",),
-}
-_POOLER_TENSORS = {"pooler.weight": ("pooler.dense.weight",), "pooler.bias": ("pooler.dense.bias",)}
 _HEAD_TENSORS = {
     "BertForMaskedLM": {
         "transform_weight": ("cls.predictions.transform.dense.weight",),
@@ -65,13 +43,7 @@ _LEGACY_SUFFIXES = {"LayerNorm.weight": "LayerNorm.gamma", "LayerNorm.bias": "La
 
 def encoder_weight_names(config: BertConfig, with_pooler: bool) -> dict[str, tuple[str, ...]]:
     """fastbert BertModel parameter name -> Hugging Face BertModel tensor names."""
-    names = dict(_EMBEDDING_TENSORS)
-    for i in range(config.num_hidden_layers):
-        for ours, theirs in _LAYER_TENSORS.items():
-            names[f"layers.{i}.{ours}"] = tuple(f"encoder.layer.{i}.{t}" for t in theirs)
-    if with_pooler:
-        names.update(_POOLER_TENSORS)
-    return names
+    return BERT.weight_names(config.num_hidden_layers, with_pooler)
 
 
 def hf_weight_names(model_class: str, config: BertConfig, with_pooler: bool = True) -> dict:
@@ -180,7 +152,7 @@ def _read_state(folder: Path) -> dict[str, torch.Tensor]:
     )
 
 
-def _is_sentence_transformer(source: Any) -> bool:
+def is_sentence_transformer(source: Any) -> bool:
     return type(source).__module__.startswith("sentence_transformers") and hasattr(
         source, "__getitem__"
     )
@@ -198,7 +170,7 @@ def read_source(source: Any) -> tuple[BertConfig, dict, Mapping[str, torch.Tenso
             )
         raw, state = _read_checkpoint_folder(folder)
         return BertConfig.from_dict(raw), raw, state
-    if _is_sentence_transformer(source):
+    if is_sentence_transformer(source):
         source = source[0].auto_model
     if hasattr(source, "config") and hasattr(source, "state_dict"):
         raw = source.config.to_dict()

@@ -23,17 +23,42 @@ def _param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Pa
 
 
 class BertEmbeddings(nn.Module):
-    """word + position + token-type embeddings, then LayerNorm (one fused op)."""
+    """word + position + token-type embeddings, then LayerNorm (one fused op).
+
+    Without token types (``type_vocab_size`` 0) one zero row stands in for the table. With an
+    ``embedding_size`` other than ``hidden_size`` (ELECTRA) the tables and LayerNorm have that
+    width and a linear projection to ``hidden_size`` follows.
+    """
 
     def __init__(self, config: BertConfig, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
-        h = config.hidden_size
-        self.word = _param(config.vocab_size, h, dtype=dtype, device=device)
-        self.position = _param(config.max_position_embeddings, h, dtype=dtype, device=device)
-        self.token_type = _param(config.type_vocab_size, h, dtype=dtype, device=device)
-        self.ln_weight = _param(h, dtype=dtype, device=device)
-        self.ln_bias = _param(h, dtype=dtype, device=device)
+        e, h = config.embedding_width, config.hidden_size
+        self.word = _param(config.vocab_size, e, dtype=dtype, device=device)
+        self.position = _param(config.max_position_embeddings, e, dtype=dtype, device=device)
+        self.token_type = (
+            _param(config.type_vocab_size, e, dtype=dtype, device=device)
+            if config.type_vocab_size else None
+        )
+        self.ln_weight = _param(e, dtype=dtype, device=device)
+        self.ln_bias = _param(e, dtype=dtype, device=device)
+        self.project_weight = _param(h, e, dtype=dtype, device=device) if e != h else None
+        self.project_bias = _param(h, dtype=dtype, device=device) if e != h else None
         self.eps = config.layer_norm_eps
+        self.config = config
+
+    def position_ids(self, input_ids: torch.Tensor) -> torch.Tensor | None:
+        """The position ids of [B, S] ``input_ids`` under ``config.position_scheme``: int64
+        [B, S], or None for 0..S-1 in every row (the ops' default)."""
+        config = self.config
+        if input_ids.shape[1] > config.max_sequence_length:
+            raise ValueError(
+                f"sequence length {input_ids.shape[1]} exceeds the {config.max_sequence_length} "
+                "positions this model has; truncate the input"
+            )
+        if config.position_scheme == "sequential":
+            return None
+        real = (input_ids != config.pad_token_id).long()
+        return torch.cumsum(real, dim=1) * real + config.pad_token_id
 
     def forward(
         self,
@@ -44,12 +69,20 @@ class BertEmbeddings(nn.Module):
     ) -> torch.Tensor:
         """input_ids, token_type_ids, position_ids: [B, S] integers -> [B, S, H].
 
-        Positions default to 0..S-1 in every row.
+        Positions default to :meth:`position_ids` of ``input_ids``.
         """
-        return ops.embeddings_layer_norm(
-            input_ids, token_type_ids, position_ids, self.word, self.position, self.token_type,
+        if position_ids is None:
+            position_ids = self.position_ids(input_ids)
+        token_type = self.token_type if self.token_type is not None else self.word.new_zeros(
+            1, self.word.shape[1]
+        )
+        hidden = ops.embeddings_layer_norm(
+            input_ids, token_type_ids, position_ids, self.word, self.position, token_type,
             self.ln_weight, self.ln_bias, self.eps,
         )
+        if self.project_weight is not None:
+            hidden = ops.linear(hidden, self.project_weight, self.project_bias)
+        return hidden
 
 
 class BertLayer(nn.Module):
@@ -204,9 +237,9 @@ class BertModel(PretrainedMixin, nn.Module):
     ) -> torch.Tensor:
         """The layers on the real tokens only: [B, S] ids -> [B, S, H], zeros at padding."""
         types = packed.gather(token_type_ids)[None] if token_type_ids is not None else None
-        hidden = self.embeddings(
-            ops, packed.gather(input_ids)[None], types, packed.positions()[None]
-        )[0]
+        positions = self.embeddings.position_ids(input_ids)
+        positions = packed.positions() if positions is None else packed.gather(positions)
+        hidden = self.embeddings(ops, packed.gather(input_ids)[None], types, positions[None])[0]
         attend = runtime.packed_attention(
             ops, self.config.num_attention_heads, packed.cu_seqlens, packed.max_seqlen
         )

@@ -1,0 +1,182 @@
+"""The BERT family as data: how each Hugging Face architecture maps onto fastbert's encoder.
+
+BERT, RoBERTa, XLM-RoBERTa, ELECTRA and DistilBERT run the same post-LayerNorm encoder; they
+differ only in tensor and config names, the position-id scheme, token types, the pooler and
+(ELECTRA) an embedding projection. Each :class:`Family` records those differences, so the
+loader (fastbert/loading.py) and ``fastbert.optimize`` need no per-model code. No transformers
+import here: names are plain strings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+# fastbert BertConfig field -> Hugging Face config attribute (the same name for BERT).
+_BERT_CONFIG_NAMES = {
+    name: name
+    for name in (
+        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+        "intermediate_size", "hidden_act", "max_position_embeddings", "type_vocab_size",
+        "layer_norm_eps", "pad_token_id", "num_labels",
+    )
+}
+# fastbert parameter name -> Hugging Face names under the base model (several = concatenated).
+_BERT_EMBEDDINGS = {
+    "embeddings.word": ("embeddings.word_embeddings.weight",),
+    "embeddings.position": ("embeddings.position_embeddings.weight",),
+    "embeddings.token_type": ("embeddings.token_type_embeddings.weight",),
+    "embeddings.ln_weight": ("embeddings.LayerNorm.weight",),
+    "embeddings.ln_bias": ("embeddings.LayerNorm.bias",),
+}
+# fastbert BertLayer parameter name -> Hugging Face names under one layer.
+_BERT_LAYER = {
+    "qkv_weight": tuple(f"attention.self.{n}.weight" for n in ("query", "key", "value")),
+    "qkv_bias": tuple(f"attention.self.{n}.bias" for n in ("query", "key", "value")),
+    "attn_out_weight": ("attention.output.dense.weight",),
+    "attn_out_bias": ("attention.output.dense.bias",),
+    "attn_ln_weight": ("attention.output.LayerNorm.weight",),
+    "attn_ln_bias": ("attention.output.LayerNorm.bias",),
+    "ffn_in_weight": ("intermediate.dense.weight",),
+    "ffn_in_bias": ("intermediate.dense.bias",),
+    "ffn_out_weight": ("output.dense.weight",),
+    "ffn_out_bias": ("output.dense.bias",),
+    "ffn_ln_weight": ("output.LayerNorm.weight",),
+    "ffn_ln_bias": ("output.LayerNorm.bias",),
+}
+_BERT_POOLER = {"pooler.weight": ("pooler.dense.weight",), "pooler.bias": ("pooler.dense.bias",)}
+_ENCODER_HEADS = (
+    "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification",
+    "ForQuestionAnswering", "ForMultipleChoice",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One Hugging Face architecture, described by names.
+
+    model_type: ``config.model_type``; prefix: the transformers class-name prefix ("Bert");
+    base_attr: the attribute of a head model that holds the base model ("bert"); heads: the
+    supported head-class suffixes; config_names: fastbert BertConfig field -> HF config
+    attribute; config_constants: BertConfig fields fixed by the architecture; embeddings,
+    projection, layer, pooler: fastbert parameter name -> HF tensor names (under the base
+    model; ``layer`` under ``f"{layer_prefix}.{i}."``; several names are concatenated by rows);
+    output_class: the transformers.modeling_outputs class the base model returns.
+    """
+
+    name: str
+    model_type: str
+    prefix: str
+    base_attr: str
+    heads: tuple[str, ...]
+    output_class: str
+    config_names: Mapping[str, str] = dataclasses.field(
+        default_factory=lambda: dict(_BERT_CONFIG_NAMES)
+    )
+    config_constants: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    embeddings: Mapping[str, tuple[str, ...]] = dataclasses.field(
+        default_factory=lambda: dict(_BERT_EMBEDDINGS)
+    )
+    projection: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    layer_prefix: str = "encoder.layer"
+    layer: Mapping[str, tuple[str, ...]] = dataclasses.field(
+        default_factory=lambda: dict(_BERT_LAYER)
+    )
+    pooler: Mapping[str, tuple[str, ...]] = dataclasses.field(
+        default_factory=lambda: dict(_BERT_POOLER)
+    )
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """The supported transformers class names: the base model first, then the heads."""
+        return (f"{self.prefix}Model",) + tuple(self.prefix + h for h in self.heads)
+
+    def config_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """fastbert BertConfig keyword arguments from a Hugging Face config dict."""
+        kwargs = {ours: values[theirs] for ours, theirs in self.config_names.items()
+                  if theirs in values}
+        kwargs.update(self.config_constants)
+        return kwargs
+
+    def weight_names(
+        self, num_layers: int, with_pooler: bool, with_projection: bool = False
+    ) -> dict[str, tuple[str, ...]]:
+        """fastbert BertModel parameter name -> HF base-model tensor names."""
+        names = dict(self.embeddings)
+        if with_projection:
+            names.update(self.projection)
+        for i in range(num_layers):
+            for ours, theirs in self.layer.items():
+                names[f"layers.{i}.{ours}"] = tuple(f"{self.layer_prefix}.{i}.{t}" for t in theirs)
+        if with_pooler:
+            names.update(self.pooler)
+        return names
+
+
+_WITH_POOLER = "BaseModelOutputWithPoolingAndCrossAttentions"
+
+BERT = Family(
+    "BERT", "bert", "Bert", "bert",
+    ("ForPreTraining", "ForNextSentencePrediction") + _ENCODER_HEADS, _WITH_POOLER,
+)
+ROBERTA = Family(
+    "RoBERTa", "roberta", "Roberta", "roberta", _ENCODER_HEADS, _WITH_POOLER,
+    config_constants={"position_scheme": "padding_offset"},
+)
+XLM_ROBERTA = dataclasses.replace(
+    ROBERTA, name="XLM-RoBERTa", model_type="xlm-roberta", prefix="XLMRoberta"
+)
+ELECTRA = Family(
+    "ELECTRA", "electra", "Electra", "electra", ("ForPreTraining",) + _ENCODER_HEADS,
+    "BaseModelOutputWithPastAndCrossAttentions",
+    config_names={**_BERT_CONFIG_NAMES, "embedding_size": "embedding_size"},
+    projection={
+        "embeddings.project_weight": ("embeddings_project.weight",),
+        "embeddings.project_bias": ("embeddings_project.bias",),
+    },
+    pooler={},
+)
+DISTILBERT = Family(
+    "DistilBERT", "distilbert", "DistilBert", "distilbert", _ENCODER_HEADS, "BaseModelOutput",
+    config_names={
+        "vocab_size": "vocab_size", "hidden_size": "dim", "num_hidden_layers": "n_layers",
+        "num_attention_heads": "n_heads", "intermediate_size": "hidden_dim",
+        "hidden_act": "activation", "max_position_embeddings": "max_position_embeddings",
+        "pad_token_id": "pad_token_id", "num_labels": "num_labels",
+    },
+    # No token types; every DistilBERT LayerNorm is built with eps=1e-12.
+    config_constants={"type_vocab_size": 0, "layer_norm_eps": 1e-12},
+    embeddings={k: v for k, v in _BERT_EMBEDDINGS.items() if k != "embeddings.token_type"},
+    layer_prefix="transformer.layer",
+    layer={
+        "qkv_weight": tuple(f"attention.{n}_lin.weight" for n in "qkv"),
+        "qkv_bias": tuple(f"attention.{n}_lin.bias" for n in "qkv"),
+        "attn_out_weight": ("attention.out_lin.weight",),
+        "attn_out_bias": ("attention.out_lin.bias",),
+        "attn_ln_weight": ("sa_layer_norm.weight",),
+        "attn_ln_bias": ("sa_layer_norm.bias",),
+        "ffn_in_weight": ("ffn.lin1.weight",),
+        "ffn_in_bias": ("ffn.lin1.bias",),
+        "ffn_out_weight": ("ffn.lin2.weight",),
+        "ffn_out_bias": ("ffn.lin2.bias",),
+        "ffn_ln_weight": ("output_layer_norm.weight",),
+        "ffn_ln_bias": ("output_layer_norm.bias",),
+    },
+    pooler={},
+)
+FAMILIES = (BERT, ROBERTA, XLM_ROBERTA, ELECTRA, DISTILBERT)
+
+
+def family_of_class(class_names: list[str]) -> tuple[Family, str] | None:
+    """(family, matched class name) for the first supported name in ``class_names`` (an MRO)."""
+    for name in class_names:
+        for family in FAMILIES:
+            if name in family.classes:
+                return family, name
+    return None
+
+
+def supported_classes() -> str:
+    """The supported transformers classes, one family per clause, for error messages."""
+    return "; ".join(f"{f.name}: {', '.join(f.classes)}" for f in FAMILIES)

