@@ -2,6 +2,10 @@
 
 ``backend="auto"`` picks the Triton kernels for CUDA tensors and the reference elsewhere;
 ``"triton"`` on a CPU tensor runs only under the Triton interpreter (TRITON_INTERPRET=1).
+The triton backend calls the kernels through the ``torch.ops.fastbert`` custom ops
+(fastbert/custom_ops.py), so a model running it compiles with ``torch.compile`` without graph
+breaks. The torch backend is plain PyTorch for ``torch.compile`` to trace (its id-range check
+in the embeddings and its per-sequence loop in ``attention_varlen`` read values on the host).
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ class Ops:
     embeddings_layer_norm: Callable[..., torch.Tensor]
 
 
+# The op fields of Ops, computed once here: torch.compile does not trace dataclasses.fields.
+OP_NAMES = tuple(f.name for f in dataclasses.fields(Ops) if f.name != "name")
+
+
 def check_backend(backend: str) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -52,15 +60,15 @@ def resolve_backend(backend: str, device: torch.device | str) -> str:
 
 
 def _module_ops(name: str, module: object) -> Ops:
-    return Ops(name, **{f.name: getattr(module, f.name) for f in dataclasses.fields(Ops)[1:]})
+    return Ops(name, **{op: getattr(module, op) for op in OP_NAMES})
 
 
 def get_ops(backend: str, device: torch.device | str) -> Ops:
     """The ops for ``backend`` on ``device`` (see :func:`resolve_backend`)."""
     if resolve_backend(backend, device) == "triton":
-        from fastbert import kernels
+        from fastbert import custom_ops
 
-        return _module_ops("triton", kernels)
+        return _module_ops("triton", custom_ops)
     from fastbert.kernels import reference
 
     return _module_ops("torch", reference)

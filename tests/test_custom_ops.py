@@ -1,0 +1,190 @@
+"""The torch.ops.fastbert custom ops: torch.library.opcheck (schema, fake tensors, AOT
+dispatch), the triton backend running through them, and torch.compile(fullgraph=True) over a
+model that uses them (CPU: the Triton interpreter under the eager / aot_eager compilers; GPU:
+Inductor, and CUDA-graph capture via mode="reduce-overhead")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fastbert
+from fastbert import custom_ops
+from fastbert import kernels as K
+from fastbert.ops import get_ops
+from tests.hf_models import hf_model, padded_batch
+
+OPS = torch.ops.fastbert
+
+
+def _randn(*shape: int, dtype=torch.float32, device="cpu", seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=gen).to(device, dtype)
+
+
+def _mask(lengths: list[int], seq: int, device: str) -> torch.Tensor:
+    return (torch.arange(seq)[None, :] < torch.tensor(lengths)[:, None]).to(device)
+
+
+def _attention_args(device: str, with_mask: bool, scale: float | None):
+    # Hugging Face's layout: [B, S, H, D] tensors viewed as [B, H, S, D].
+    q, k, v = (_randn(2, 9, 2, 32, device=device, seed=i).transpose(1, 2) for i in range(3))
+    return q, k, v, _mask([9, 4], 9, device) if with_mask else None, scale
+
+
+def _varlen_args(device: str):
+    q, k, v = (_randn(12, 2, 32, device=device, seed=i) for i in range(3))
+    cu_seqlens = torch.tensor([0, 5, 5, 12], dtype=torch.int32, device=device)
+    return q, k, v, cu_seqlens, 7, None
+
+
+def _softmax_args(device: str, with_mask: bool):
+    return _randn(2, 2, 3, 9, device=device), _mask([9, 2], 9, device) if with_mask else None, 0.5
+
+
+def _linear_args(device: str, full: bool):
+    x, w = _randn(3, 5, 16, device=device), _randn(24, 16, device=device, seed=1)
+    if not full:
+        return x, w, None, None, None
+    return x, w, _randn(24, device=device, seed=2), "gelu", _randn(3, 5, 24, device=device, seed=3)
+
+
+def _layer_norm_args(device: str, residual: bool):
+    x = _randn(3, 5, 48, device=device)
+    weight, bias = _randn(48, device=device, seed=1), _randn(48, device=device, seed=2)
+    return x, weight, bias, 1e-12, _randn(3, 5, 48, device=device, seed=3) if residual else None
+
+
+def _embeddings_args(device: str, optional_ids: bool):
+    ids = torch.tensor([[1, 5, 7, 2], [3, 3, 0, 9]], device=device)
+    types = torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1]], device=device) if optional_ids else None
+    positions = torch.tensor([3, 2, 1, 0], device=device) if optional_ids else None
+    tables = [_randn(rows, 32, device=device, seed=rows) for rows in (11, 8, 2)]
+    weight, bias = _randn(32, device=device, seed=1), _randn(32, device=device, seed=2)
+    return ids, types, positions, *tables, weight, bias, 1e-12
+
+
+CASES = {
+    "attention-mask": (OPS.attention, lambda d: _attention_args(d, True, None)),
+    "attention-nomask-scale": (OPS.attention, lambda d: _attention_args(d, False, 0.3)),
+    "attention_varlen": (OPS.attention_varlen, _varlen_args),
+    "softmax-mask": (OPS.scaled_masked_softmax, lambda d: _softmax_args(d, True)),
+    "softmax-nomask": (OPS.scaled_masked_softmax, lambda d: _softmax_args(d, False)),
+    "linear-full": (OPS.linear, lambda d: _linear_args(d, True)),
+    "linear-bare": (OPS.linear, lambda d: _linear_args(d, False)),
+    "layer_norm-residual": (OPS.layer_norm, lambda d: _layer_norm_args(d, True)),
+    "layer_norm": (OPS.layer_norm, lambda d: _layer_norm_args(d, False)),
+    "embeddings-all-ids": (OPS.embeddings_layer_norm, lambda d: _embeddings_args(d, True)),
+    "embeddings-ids-only": (OPS.embeddings_layer_norm, lambda d: _embeddings_args(d, False)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_opcheck(case: str, device: str) -> None:
+    op, make_args = CASES[case]
+    torch.library.opcheck(op.default, make_args(device))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_custom_op_equals_kernel(case: str, device: str) -> None:
+    """The op returns exactly what the Triton launcher returns (attention: its transpose)."""
+    op, make_args = CASES[case]
+    args = make_args(device)
+    expected = getattr(K, op.__name__.split(".")[-1])(*args)
+    got = op(*args)
+    if op is OPS.attention:
+        expected = expected.transpose(1, 2)
+    assert got.is_contiguous() and torch.equal(got, expected)
+
+
+def test_public_attention_is_the_transposed_view(device: str) -> None:
+    args = _attention_args(device, True, None)
+    out = custom_ops.attention(*args)
+    assert out.shape == args[0].shape and out.transpose(1, 2).is_contiguous()
+    assert torch.equal(out, K.attention(*args))
+
+
+def test_triton_backend_runs_the_custom_ops(device: str) -> None:
+    ops = get_ops("triton", device)
+    for name in ("attention", "attention_varlen", "scaled_masked_softmax", "linear",
+                 "layer_norm", "embeddings_layer_norm"):
+        assert getattr(ops, name) is getattr(custom_ops, name)
+
+
+def test_fake_tensor_checks_reject_bad_shapes() -> None:
+    x, w = torch.empty(3, 16, device="meta"), torch.empty(24, 15, device="meta")
+    with pytest.raises(ValueError, match="input features"):
+        OPS.linear(x, w, None, None, None)
+
+
+def _compiled_model_matches_eager(device: str, compiler, **compile_kwargs) -> None:
+    hf = hf_model("BertModel", seed=3)
+    model = fastbert.BertModel.from_pretrained(
+        hf, dtype=torch.float32, device=device, backend="triton", padding_free=False,
+        cuda_graphs=False,
+    )
+    ids, mask, types = padded_batch([7, 3, 5], seed=3, device=device)
+    expected = model(ids, mask, types)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend=compiler, **compile_kwargs)
+    for _ in range(3):  # reduce-overhead records its CUDA graph on a later call
+        got = compiled(ids, mask, types)
+    torch.testing.assert_close(got.last_hidden_state, expected.last_hidden_state)
+    torch.testing.assert_close(got.pooler_output, expected.pooler_output)
+
+
+def test_model_compiles_fullgraph_with_the_ops(device: str) -> None:
+    """Dynamo traces the whole triton-backend model as one graph (fullgraph=True raises on a
+    graph break), and the graph holds the fastbert custom ops."""
+    targets: set[str] = set()
+
+    def recording_backend(graph_module: torch.fx.GraphModule, example_inputs):
+        targets.update(str(node.target) for node in graph_module.graph.nodes)
+        return graph_module.forward
+
+    _compiled_model_matches_eager(device, recording_backend)
+    for op in ("embeddings_layer_norm", "linear", "attention", "layer_norm"):
+        assert f"fastbert.{op}.default" in targets, sorted(targets)
+
+
+def test_model_compiles_fullgraph_aot_eager(device: str) -> None:
+    """AOT autograd traces the ops through their fake implementations."""
+    _compiled_model_matches_eager(device, "aot_eager")
+
+
+@pytest.mark.gpu
+def test_model_compiles_fullgraph_inductor_gpu() -> None:
+    _compiled_model_matches_eager("cuda", "inductor")
+
+
+@pytest.mark.gpu
+def test_layers_capture_in_cuda_graph_under_compile_gpu() -> None:
+    """mode="reduce-overhead" captures the compiled model in CUDA graphs (the embeddings op's
+    id check synchronises; Inductor's CUDA-graph trees run such a graph partially eagerly)."""
+    _compiled_model_matches_eager("cuda", "inductor", mode="reduce-overhead")
+
+
+@pytest.mark.gpu
+def test_layer_ops_capture_in_cuda_graph_gpu() -> None:
+    """Attention, linear and layer-norm ops record into a torch.cuda.CUDAGraph and replay."""
+    q, k, v, mask, _ = _attention_args("cuda", True, None)
+    x = _randn(2, 9, 64, device="cuda")
+    w, b = _randn(64, 64, device="cuda", seed=1), _randn(64, device="cuda", seed=2)
+
+    def step():
+        ctx = custom_ops.attention(q, k, v, mask).transpose(1, 2).reshape(2, 9, 64)
+        y = custom_ops.linear(ctx, w, b, "gelu", x)
+        return custom_ops.layer_norm(y, b, b, 1e-12, x)
+
+    expected = step()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # warm up (autotuning) outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(static_out, expected)
