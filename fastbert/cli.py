@@ -7,7 +7,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("info", "demo")
+COMMANDS = ("info", "demo", "bench", "accuracy")
 
 
 def build_parser() -> argparse.ArgumentParser:

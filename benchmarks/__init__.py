@@ -1,0 +1,1 @@
+"""Benchmark suites: kernel level and end to end (``pytest benchmarks``, CUDA only)."""

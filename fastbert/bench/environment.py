@@ -1,0 +1,82 @@
+"""What a measurement was taken on: GPU, driver, CUDA, library versions, commit and date."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+PACKAGES = ("fastbert", "torch", "triton", "transformers", "sentence-transformers")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(command: list[str], cwd: Path | None = None) -> str | None:
+    """stdout of ``command`` stripped, or None when it cannot run or fails."""
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=20, cwd=cwd)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit() -> str | None:
+    """HEAD of the checkout fastbert runs from, with "-dirty" when files differ from it."""
+    commit = _run(["git", "rev-parse", "HEAD"], REPO)
+    if commit is None:
+        return None
+    dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], REPO)
+    return commit + ("-dirty" if dirty else "")
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_info() -> dict:
+    """Name, compute capability, memory and driver of CUDA device 0; empty without CUDA."""
+    if not torch.cuda.is_available():
+        return {}
+    props = torch.cuda.get_device_properties(0)
+    driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    return {
+        "gpu": props.name,
+        "gpu_count": torch.cuda.device_count(),
+        "compute_capability": f"sm_{props.major}{props.minor}",
+        "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+        "driver": driver.splitlines()[0] if driver else None,
+        "cuda": torch.version.cuda,
+    }
+
+
+def capture() -> dict:
+    """The environment as a flat JSON-ready dict."""
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu_name(),
+        "cpu_threads": torch.get_num_threads(),
+    }
+    env.update({package: _version(package) for package in PACKAGES})
+    env.update(gpu_info() or {"gpu": None})
+    env["TRITON_INTERPRET"] = os.environ.get("TRITON_INTERPRET")
+    return env

@@ -1,0 +1,142 @@
+"""The contenders of the end-to-end comparison, each built from the same reference weights.
+
+A :class:`Peer` builds a forward function ``forward(batch) -> outputs`` for a dtype, device
+and fastbert backend. Building may fail (torch.compile without a C++ compiler, a fastbert
+option that does not exist yet, no CUDA): the runner records the reason and goes on.
+
+fastbert's padding-free and CUDA-graph runtimes are options of ``from_pretrained``; their
+peers are offered only when this fastbert's ``from_pretrained`` takes the keyword.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from fastbert.bench.models import Reference, import_transformers
+from fastbert.bench.shapes import Batch
+
+Forward = Callable[[Batch], Any]
+Builder = Callable[[Reference, torch.dtype, torch.device, str], Forward]
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    """A contender: ``build(reference, dtype, device, backend) -> forward``.
+
+    ``packs``: it computes the real tokens only (FLOPs are counted on those).
+    ``needs_cuda``: it cannot run without a CUDA device. ``keyword``: the from_pretrained
+    keyword it needs (None: always there).
+    """
+
+    name: str
+    description: str
+    build: Builder
+    packs: bool = False
+    needs_cuda: bool = False
+    keyword: str | None = None
+
+
+def fastbert_keywords() -> frozenset[str]:
+    """The keyword arguments this fastbert's ``BertModel.from_pretrained`` accepts."""
+    import fastbert
+
+    return frozenset(inspect.signature(fastbert.BertModel.from_pretrained).parameters)
+
+
+def hf_model(reference: Reference, attn_implementation: str, dtype: torch.dtype,
+             device: torch.device) -> Any:
+    """A Hugging Face BertModel with the reference weights, on ``device`` in ``dtype``."""
+    with torch.device(device):
+        model = import_transformers().AutoModel.from_config(
+            reference.hf_model.config, attn_implementation=attn_implementation
+        )
+    model.load_state_dict(reference.hf_model.state_dict())
+    return model.to(dtype).eval()
+
+
+def _hf_forward(model: Any) -> Forward:
+    return lambda b: model(
+        input_ids=b.input_ids, attention_mask=b.attention_mask, token_type_ids=b.token_type_ids
+    )
+
+
+def _build_hf(attn_implementation: str, reference: Reference, dtype: torch.dtype,
+              device: torch.device, backend: str) -> Forward:
+    return _hf_forward(hf_model(reference, attn_implementation, dtype, device))
+
+
+def _build_hf_compiled(mode: str, reference: Reference, dtype: torch.dtype,
+                       device: torch.device, backend: str) -> Forward:
+    """torch.compile of the HF sdpa model, static shapes (one graph per input shape)."""
+    model = hf_model(reference, "sdpa", dtype, device)
+    return _hf_forward(torch.compile(model, mode=mode, dynamic=False))
+
+
+def _build_fastbert(options: dict[str, Any], reference: Reference, dtype: torch.dtype,
+                    device: torch.device, backend: str) -> Forward:
+    """fastbert with ``options`` given to from_pretrained where it takes them."""
+    import fastbert
+
+    keywords = fastbert_keywords()
+    model = fastbert.BertModel.from_pretrained(
+        reference.hf_model, dtype=dtype, device=device, backend=backend,
+        **{k: v for k, v in options.items() if k in keywords},
+    )
+    return lambda b: model(b.input_ids, b.attention_mask, b.token_type_ids)
+
+
+_DENSE = {"padding_free": False, "cuda_graphs": False}
+PEERS = {
+    peer.name: peer
+    for peer in (
+        Peer("hf-eager", "Hugging Face BertModel, eager attention",
+             functools.partial(_build_hf, "eager")),
+        Peer("hf-sdpa", "Hugging Face BertModel, scaled_dot_product_attention",
+             functools.partial(_build_hf, "sdpa")),
+        Peer("hf-compile", "torch.compile of HF sdpa (default mode)",
+             functools.partial(_build_hf_compiled, "default")),
+        Peer("hf-compile-max", "torch.compile of HF sdpa (mode max-autotune)",
+             functools.partial(_build_hf_compiled, "max-autotune")),
+        Peer("fastbert", "fastbert, dense (padded batch as is)",
+             functools.partial(_build_fastbert, _DENSE)),
+        Peer("fastbert-padfree", "fastbert, padding-free (real tokens only)",
+             functools.partial(_build_fastbert, {**_DENSE, "padding_free": True}),
+             packs=True, keyword="padding_free"),
+        Peer("fastbert-graphs", "fastbert, dense, replayed from CUDA graphs",
+             functools.partial(_build_fastbert, {**_DENSE, "cuda_graphs": True}),
+             needs_cuda=True, keyword="cuda_graphs"),
+    )
+}
+# torch.compile on a CPU needs a C++ compiler and minutes; max-autotune takes minutes per shape
+# on a GPU too: both run only when asked for.
+DEFAULT_GPU_PEERS = ("hf-eager", "hf-sdpa", "hf-compile", "fastbert", "fastbert-padfree",
+                     "fastbert-graphs")
+DEFAULT_CPU_PEERS = ("hf-eager", "hf-sdpa", "fastbert", "fastbert-padfree")
+
+
+def select(names: str | None, device: torch.device) -> list[Peer]:
+    """Peers by comma-separated ``names`` ("all" for every one; None for the defaults)."""
+    if names is None:
+        names = ",".join(DEFAULT_GPU_PEERS if device.type == "cuda" else DEFAULT_CPU_PEERS)
+    if names.strip() == "all":
+        return list(PEERS.values())
+    chosen = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in chosen if n not in PEERS]
+    if unknown:
+        raise ValueError(f"unknown peer {unknown[0]!r}; peers: {', '.join(PEERS)}")
+    return [PEERS[n] for n in chosen]
+
+
+def unavailable_reason(peer: Peer, device: torch.device) -> str | None:
+    """Why ``peer`` cannot run here, or None when it can."""
+    if peer.needs_cuda and device.type != "cuda":
+        return "needs a CUDA GPU"
+    if peer.keyword and peer.keyword not in fastbert_keywords():
+        return f"this fastbert's from_pretrained has no {peer.keyword}= option yet"
+    return None

@@ -1,0 +1,222 @@
+"""Results documents and their reports: JSON, a Markdown table, a PNG plot.
+
+A results document (``results.json``) is::
+
+    {"schema": "fastbert-bench/1", "environment": {...}, "settings": {...},
+     "complete": true, "results": [record, ...]}
+
+with the records of runner.py. ``python -m fastbert.bench.report DIR`` re-renders DIR's
+results.md and results.png from its results.json (and kernels-bench.json, the kernel suite's
+pytest-benchmark output, when it is there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from fastbert.bench import analysis, targets
+
+SCHEMA = "fastbert-bench/1"
+RESULTS_JSON = "results.json"
+RESULTS_MD = "results.md"
+RESULTS_PNG = "results.png"
+KERNELS_JSON = "kernels-bench.json"
+COUNTING_NOTE = (
+    "Times are medians over the timed repetitions (CUDA events on a GPU, wall clock on a "
+    "CPU), p20-p80 the spread. tokens/s counts real tokens. TFLOP/s and % roofline count "
+    "the work each contender does: all batch x seq positions for dense ones, the real tokens "
+    "for padding-free ones. \"fastbert x\" is how many times faster the fastest fastbert "
+    "variant is than that row. Peak MiB: CUDA memory allocated while the row ran, above what "
+    "was allocated before the contender was built."
+)
+
+
+def new_document(environment: dict, settings: dict, records: list[dict],
+                 complete: bool = True) -> dict:
+    return {"schema": SCHEMA, "environment": environment, "settings": settings,
+            "complete": complete, "results": records}
+
+
+def read_document(path: str | Path) -> dict:
+    """A results document; ValueError when the file is not one."""
+    doc = json.loads(Path(path).read_text())
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise ValueError(f"{path} is not a fastbert results file (schema {SCHEMA})")
+    return doc
+
+
+def write_json(doc: dict, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def merge(old: dict, new: dict) -> dict:
+    """``new``'s records added to ``old``'s (same model, dtype, device); a (shape, peer)
+    measured in both keeps ``new``'s record. Environment and settings are ``new``'s."""
+    keys = ("model", "dtype", "device")
+    if any(old["settings"].get(k) != new["settings"].get(k) for k in keys):
+        raise ValueError(
+            "can only add to results of the same model, dtype and device: "
+            + ", ".join(f"{k} {old['settings'].get(k)} vs {new['settings'].get(k)}" for k in keys)
+        )
+    fresh = {(r["shape"], r["peer"]) for r in new["results"]}
+    kept = [r for r in old["results"] if (r["shape"], r["peer"]) not in fresh]
+    complete = old["complete"] and new["complete"]
+    return {**new, "results": kept + new["results"], "complete": complete}
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _row(record: dict, best: dict | None) -> list[str]:
+    if not analysis.ok(record):
+        return [record["peer"], f"skipped: {record['reason']}"] + [""] * 6
+    fraction = analysis.roofline_fraction(record)
+    return [
+        record["peer"],
+        f"{record['median_ms']:.3f}",
+        f"{record['p20_ms']:.3f}-{record['p80_ms']:.3f}",
+        "-" if best is None else f"{analysis.speedup(best, record):.2f}x",
+        f"{analysis.tokens_per_s(record):,.0f}",
+        f"{analysis.tflops(record):.1f}",
+        _cell(None if fraction is None else 100 * fraction, ".0f"),
+        _cell(record.get("peak_mib"), ".0f"),
+    ]
+
+
+def markdown_table(records: list[dict]) -> str:
+    """One Markdown table of all records, grouped by shape."""
+    header = ["shape", "contender", "median ms", "p20-p80 ms", "fastbert x", "tokens/s",
+              "TFLOP/s", "% roofline", "peak MiB"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for shape, rows in analysis.by_shape(records).items():
+        best = analysis.best_fastbert(rows)
+        for record in rows.values():
+            lines.append("| " + " | ".join([shape] + _row(record, best)) + " |")
+    return "\n".join(lines)
+
+
+def conditions(doc: dict) -> str:
+    """One line: model, dtype, device and the environment it was measured in."""
+    env, settings = doc["environment"], doc["settings"]
+    device = env.get("gpu") or f"CPU ({env.get('cpu')}, {env.get('cpu_threads')} threads)"
+    parts = [
+        f"model {settings['model']}", f"dtype {settings['dtype']}", device,
+        f"driver {env.get('driver')}" if env.get("gpu") else None,
+        f"CUDA {env.get('cuda')}" if env.get("gpu") else None,
+        f"torch {env.get('torch')}", f"triton {env.get('triton')}",
+        f"transformers {env.get('transformers')}", f"fastbert backend {settings['backend']}",
+        f"commit {str(env.get('commit'))[:12]}", f"{env.get('date')}",
+        f"{settings['warmup']} warm-up / {settings['reps']} timed repetitions",
+    ]
+    return ", ".join(p for p in parts if p)
+
+
+def roofline_line(doc: dict) -> str:
+    peaks = doc["settings"].get("peaks")
+    if peaks:
+        return (f"Roofline: {peaks['gpu']}, {peaks['tflops']:.0f} TFLOP/s (fp16/bf16 dense, as "
+                f"cuBLAS achieves) and {peaks['tbps']:.1f} TB/s.")
+    return "Roofline: none (no known peaks for this device)."
+
+
+def markdown(doc: dict, kernels: dict | None = None) -> str:
+    """The whole report: conditions, table, notes and the targets."""
+    parts = [
+        f"# fastbert bench: {doc['settings']['model']}, {doc['settings']['dtype']}",
+        "",
+        conditions(doc),
+        "",
+        markdown_table(doc["results"]),
+        "",
+        COUNTING_NOTE + " " + roofline_line(doc),
+    ]
+    if doc["settings"].get("note"):
+        parts += ["", doc["settings"]["note"]]
+    if not doc.get("complete", True):
+        parts += ["", "The run was interrupted: some measurements are missing."]
+    parts += ["", "## Targets", "", targets.markdown(targets.evaluate(doc, kernels))]
+    return "\n".join(parts) + "\n"
+
+
+def plot(doc: dict, path: str | Path) -> str | None:
+    """Median time per shape and contender (log scale, p20-p80 bars) as a PNG.
+
+    Returns None when written, else why not (matplotlib missing, nothing measured).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install matplotlib): no plot"
+    records = [r for r in doc["results"] if analysis.ok(r)]
+    if not records:
+        return "nothing was measured: no plot"
+    table = analysis.by_shape(records)
+    peers = analysis.peers_in_order(records)
+    width = 0.8 / len(peers)
+    figure, axes = plt.subplots(figsize=(max(6.0, 1.8 * len(table)), 4.5))
+    for i, peer in enumerate(peers):
+        xs, ys, low, high = [], [], [], []
+        for x, rows in enumerate(table.values()):
+            if peer in rows:
+                r = rows[peer]
+                xs.append(x + (i - (len(peers) - 1) / 2) * width)
+                ys.append(r["median_ms"])
+                low.append(r["median_ms"] - r["p20_ms"])
+                high.append(r["p80_ms"] - r["median_ms"])
+        axes.bar(xs, ys, width, yerr=[low, high], label=peer, capsize=2)
+    axes.set_xticks(range(len(table)), list(table))
+    axes.set_yscale("log")
+    axes.set_ylabel("median time per forward (ms, log scale)")
+    env = doc["environment"]
+    axes.set_title(f"{doc['settings']['model']} {doc['settings']['dtype']} on "
+                   f"{env.get('gpu') or 'CPU'}: lower is better", fontsize=10)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return None
+
+
+def read_kernels(folder: Path) -> dict | None:
+    """The kernel suite's pytest-benchmark JSON in ``folder``; None when absent or empty (a
+    suite that ran no benchmark leaves an empty file)."""
+    path = folder / KERNELS_JSON
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_reports(folder: str | Path, doc: dict) -> list[str]:
+    """Write results.json, results.md and results.png into ``folder``; return messages."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(doc, folder / RESULTS_JSON)
+    (folder / RESULTS_MD).write_text(markdown(doc, read_kernels(folder)))
+    problem = plot(doc, folder / RESULTS_PNG)
+    return [problem] if problem else []
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m fastbert.bench.report",
+        description="re-render results.md and results.png from a folder's results.json",
+    )
+    parser.add_argument("folder")
+    args = parser.parse_args(argv)
+    folder = Path(args.folder)
+    for message in write_reports(folder, read_document(folder / RESULTS_JSON)):
+        print(message)
+    print((folder / RESULTS_MD).read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""fastbert bench: fastbert side by side with Hugging Face (eager, sdpa), torch.compile of it
+and fastbert's own variants, end to end, on the device at hand.
+
+Writes results.json, results.md (the table and the targets) and results.png into --out. With
+no CUDA GPU it runs a small CPU comparison of fastbert's PyTorch backend with Hugging Face.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import torch
+
+NAME = "bench"
+HELP = "compare fastbert with Hugging Face and torch.compile end to end on this device"
+DTYPES = {"float16": torch.float16, "fp16": torch.float16, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
+CPU_NOTE = (
+    "No CUDA GPU here: these are CPU figures of fastbert's pure-PyTorch backend against "
+    "Hugging Face, a check that everything runs, not a measure of fastbert's speed. The "
+    "Triton kernels need a CUDA GPU; run fastbert bench there for the real comparison."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Defaults:
+    model: str
+    shapes: str
+    warmup: int
+    reps: int
+
+
+# (device type, quick) -> what runs when the options leave it open.
+DEFAULTS = {
+    ("cuda", False): Defaults("bert-base", "1x128,32x128,8x512,64x512,64x512p", 10, 100),
+    ("cuda", True): Defaults("bert-base", "32x128,32x128p", 5, 20),
+    ("cpu", False): Defaults("bert-mini", "1x64,8x64,8x64p", 2, 5),
+    ("cpu", True): Defaults("bert-tiny", "2x32,2x32p", 1, 3),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", default=None,
+        help="bert-base (default on a GPU; random weights), bert-large, minilm-l6, bert-mini "
+             "(default on a CPU), bert-tiny, 'minilm' (the packaged all-MiniLM-L6-v2 weights) "
+             "or a local checkpoint folder")
+    parser.add_argument("--batch", type=int, default=None, help="batch size of one shape")
+    parser.add_argument("--seq", type=int, default=None, help="sequence length of one shape")
+    parser.add_argument(
+        "--shapes", default=None,
+        help="comma-separated BATCHxSEQ shapes, a trailing p pads one (e.g. 32x128,64x512p); "
+             "default on a GPU: 1x128,32x128,8x512,64x512,64x512p")
+    parser.add_argument("--padded", action="store_true",
+                        help="pad every shape: lengths uniform in [16, seq]")
+    parser.add_argument("--dtype", default=None, choices=sorted(DTYPES),
+                        help="default float16 on a GPU, float32 on a CPU")
+    parser.add_argument(
+        "--peers", default=None,
+        help="comma-separated contenders, or 'all': hf-eager, hf-sdpa, hf-compile, "
+             "hf-compile-max (slow: minutes per shape), fastbert, fastbert-padfree, "
+             "fastbert-graphs (default: all but hf-compile-max on a GPU; hf-eager, hf-sdpa "
+             "and fastbert on a CPU)")
+    parser.add_argument("--out", default="bench-out",
+                        help="folder for results.json, results.md, results.png (bench-out)")
+    parser.add_argument("--append", action="store_true",
+                        help="add to the results already in --out (same model and dtype)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed calls per shape")
+    parser.add_argument("--reps", type=int, default=None, help="timed calls per shape")
+    parser.add_argument("--quick", action="store_true",
+                        help="a fast smoke run: few shapes, few reps, no torch.compile (unless "
+                             "--peers asks for it), a small model on a CPU")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
+    parser.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"),
+                        help="fastbert's backend (auto: Triton on CUDA, PyTorch elsewhere)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of weights and inputs")
+
+
+def _shapes(args: argparse.Namespace, defaults: Defaults) -> list:
+    from fastbert.bench.shapes import Shape, parse_shapes
+
+    if args.batch is not None or args.seq is not None:
+        if args.shapes:
+            raise ValueError("give either --batch/--seq or --shapes, not both")
+        return [Shape(args.batch or 32, args.seq or 128, args.padded)]
+    return parse_shapes(args.shapes or defaults.shapes, args.padded)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What one run measures, with the defaults filled in."""
+
+    device: torch.device
+    dtype: torch.dtype
+    model: str
+    shapes: list
+    peers: list
+    warmup: int
+    reps: int
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    """The options with the defaults of this device; ValueError for a bad option."""
+    from fastbert.bench import peers
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda, but CUDA is not available here")
+    defaults = DEFAULTS[("cuda" if device.type == "cuda" else "cpu", args.quick)]
+    default_dtype = torch.float16 if device.type == "cuda" else torch.float32
+    return Plan(
+        device=device,
+        dtype=DTYPES[args.dtype] if args.dtype else default_dtype,
+        model=args.model or defaults.model,
+        shapes=_shapes(args, defaults),
+        peers=[p for p in peers.select(args.peers, device)
+               if args.peers or not (args.quick and p.name.startswith("hf-compile"))],
+        warmup=defaults.warmup if args.warmup is None else args.warmup,
+        reps=defaults.reps if args.reps is None else args.reps,
+    )
+
+
+def _settings_dict(args: argparse.Namespace, plan: Plan, reference, peaks) -> dict:
+    return {
+        "model": reference.name, "dtype": str(plan.dtype).removeprefix("torch."),
+        "device": plan.device.type, "backend": args.backend, "warmup": plan.warmup,
+        "reps": plan.reps, "seed": args.seed,
+        "peaks": dataclasses.asdict(peaks) if peaks else None,
+        "note": CPU_NOTE if plan.device.type != "cuda" else None,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _bench(args)
+    except ValueError as exc:  # a bad option: say which, as argparse would
+        print(f"fastbert bench: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from fastbert.bench import environment, hardware, report, runner
+    from fastbert.bench.models import load_reference
+    from fastbert.bench.progress import Progress
+
+    plan = make_plan(args)
+    if plan.device.type != "cuda":
+        print(CPU_NOTE)
+    reference = load_reference(plan.model, args.seed)
+    positions = reference.config.max_position_embeddings
+    too_long = [s.label for s in plan.shapes if s.seq > positions]
+    if too_long:
+        raise ValueError(f"shapes {', '.join(too_long)} exceed the model's {positions} positions")
+    peaks = hardware.peaks_here(plan.device)
+    out = Path(args.out)
+    previous = (report.read_document(out / report.RESULTS_JSON)
+                if args.append and (out / report.RESULTS_JSON).exists() else None)
+    env = environment.capture()
+    meta = _settings_dict(args, plan, reference, peaks)
+
+    def document(records: list[dict], complete: bool) -> dict:
+        doc = report.new_document(env, meta, records, complete)
+        return report.merge(previous, doc) if previous else doc
+
+    document([], True)  # with --append, a mismatch fails now, not after measuring
+    print(f"fastbert bench: {reference.name}, {meta['dtype']}, on "
+          f"{hardware.device_name(plan.device)}; shapes "
+          f"{', '.join(s.label for s in plan.shapes)}; peers "
+          f"{', '.join(p.name for p in plan.peers)}; {plan.warmup} warm-up, {plan.reps} timed")
+    settings = runner.Settings(plan.dtype, plan.device, args.backend, plan.warmup, plan.reps,
+                               args.seed)
+    records: list[dict] = []
+    complete = True
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with Progress(len(plan.peers) * len(plan.shapes), "measuring") as progress:
+            for record in runner.run(reference, plan.shapes, plan.peers, settings, peaks,
+                                     progress):
+                records.append(record)
+                report.write_json(document(records, False), out / report.RESULTS_JSON)
+    except KeyboardInterrupt:
+        complete = False
+        print("interrupted: reporting what was measured so far")
+    doc = document(records, complete)
+    _print_summary(doc, report.write_reports(out, doc), out)
+    return 0 if complete else 130
+
+
+def _print_summary(doc: dict, messages: list[str], out: Path) -> None:
+    from fastbert.bench import report
+
+    print()
+    print(report.markdown_table(doc["results"]))
+    print()
+    print(report.roofline_line(doc))
+    for message in messages:
+        print(message)
+    written = [report.RESULTS_JSON, report.RESULTS_MD] + ([] if messages else [report.RESULTS_PNG])
+    print(f"wrote {', '.join(str(out / name) for name in written)}")

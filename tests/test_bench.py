@@ -1,0 +1,438 @@
+"""The benchmark library and ``fastbert bench`` on the CPU: FLOP/byte counts against hand
+formulas, timing statistics on a fake clock, reports, targets, the README generator (on
+files in a temporary folder) and a quick end-to-end run of the command. Nothing here asserts
+a speed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+import time
+
+import pytest
+import torch
+
+from fastbert.bench import (
+    analysis,
+    counts,
+    environment,
+    hardware,
+    peers,
+    readme,
+    report,
+    runner,
+    shapes,
+    targets,
+    timing,
+)
+from fastbert.bench.models import Reference
+from fastbert.cli import main
+from fastbert.config import BertConfig
+
+TINY = BertConfig(vocab_size=50, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                  intermediate_size=16, max_position_embeddings=16)
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+
+# --- counts -------------------------------------------------------------------------------
+
+def test_op_counts_match_hand_formulas() -> None:
+    assert counts.linear(3, 5, 7, 2) == counts.OpCount("linear", 2 * 3 * 5 * 7,
+                                                       2 * (3 * 7 + 5 * 7 + 3 * 5 + 5))
+    assert counts.linear(3, 5, 7, 2, bias=False, residual=True).bytes == 2 * (21 + 35 + 15 + 15)
+    att = counts.attention(2, 3, 4, 5, 8, 2)
+    assert att.flops == 4 * 2 * 3 * 4 * 5 * 8
+    assert att.bytes == 2 * 2 * 3 * 8 * (2 * 4 + 2 * 5) + 2 * 5
+    varlen = counts.attention_varlen([3, 1], 2, 4, 2)
+    assert varlen.flops == 4 * 2 * 4 * (9 + 1)
+    assert varlen.bytes == 2 * 4 * 4 * 2 * 4 + 4 * 3
+    assert counts.layer_norm(10, 8, 2).bytes == 2 * (3 * 10 * 8 + 2 * 8)
+    assert counts.softmax(1, 2, 3, 4, 2).bytes == 2 * 2 * 24 + 4
+
+
+def _tiny_forward_flops(tokens: int, batch: int, attention_flops: float) -> float:
+    h, i, layers = 8, 16, 2
+    gemms = 2 * tokens * (3 * h * h + h * h + h * i + i * h)
+    norms = 2 * 8 * tokens * h
+    return 8 * tokens * h + layers * (gemms + attention_flops + norms) + 2 * batch * h * h
+
+
+def test_bert_forward_dense_counts_every_position() -> None:
+    ops = counts.bert_forward(TINY, batch=2, seq=4, elem=2)
+    assert len(ops) == 1 + 2 * 7 + 1
+    attention = 4 * 2 * 2 * 4 * 4 * 4  # 4 B heads S S D
+    assert counts.total_flops(ops) == _tiny_forward_flops(8, 2, attention)
+
+
+def test_bert_forward_padding_free_counts_real_tokens_only() -> None:
+    ops = counts.bert_forward(TINY, batch=2, seq=4, elem=2, lengths=[3, 1])
+    attention = 4 * 2 * 4 * (3 * 3 + 1 * 1)  # 4 heads D sum(len^2)
+    assert counts.total_flops(ops) == _tiny_forward_flops(4, 2, attention)
+    assert counts.total_bytes(ops) < counts.total_bytes(counts.bert_forward(TINY, 2, 4, 2))
+    with pytest.raises(ValueError, match="lengths"):
+        counts.bert_forward(TINY, batch=2, seq=4, elem=2, lengths=[5, 1])
+
+
+def test_roofline_takes_the_binding_limit_of_each_op() -> None:
+    compute = counts.OpCount("gemm", flops=8e12, bytes=1e9)  # 10 ms at 800 TFLOP/s
+    memory = counts.OpCount("norm", flops=1e6, bytes=3e9)  # 1 ms at 3 TB/s
+    assert counts.roofline_ms([compute, memory], 800, 3.0) == pytest.approx(11.0)
+
+
+def test_bert_base_roofline_is_about_a_millisecond_at_32x128() -> None:
+    ops = counts.bert_forward(shapes.model_config("bert-base"), 32, 128, 2)
+    gemm_flops = 12 * 2 * 4096 * (4 * 768**2 + 2 * 768 * 3072)
+    assert counts.total_flops(ops) == pytest.approx(gemm_flops, rel=0.03)
+    assert 0.9 < counts.roofline_ms(ops, 800, 3.0) < 1.3
+
+
+# --- timing -------------------------------------------------------------------------------
+
+def test_time_cpu_statistics_on_a_fake_clock() -> None:
+    durations = iter([0.005, 0.001, 0.002, 0.003, 0.004])
+    now = [0.0]
+    calls = []
+
+    def clock() -> float:
+        return now[0]
+
+    def fn() -> None:
+        calls.append(1)
+        if len(calls) > 2:  # the two warm-up calls take no time on this clock
+            now[0] += next(durations)
+
+    result = timing.time_cpu(fn, warmup=2, reps=5, clock=clock)
+    assert len(calls) == 7
+    assert result.reps == 5
+    assert result.median_ms == pytest.approx(3.0)
+    assert result.p20_ms == pytest.approx(1.8)  # sorted 1..5 ms, rank 0.8
+    assert result.p80_ms == pytest.approx(4.2)
+
+
+def test_percentile_and_summary_edges() -> None:
+    assert timing.percentile([7.0], 20) == 7.0
+    assert timing.summarize([2.0, 1.0]).median_ms == 1.5
+    with pytest.raises(ValueError):
+        timing.percentile([], 50)
+    with pytest.raises(ValueError):
+        timing.time_cpu(lambda: None, warmup=0, reps=0)
+
+
+def test_time_fn_on_cpu_uses_the_wall_clock() -> None:
+    result = timing.time_fn(lambda: time.sleep(0.001), "cpu", warmup=0, reps=3)
+    assert result.reps == 3 and result.p20_ms <= result.median_ms <= result.p80_ms
+    assert result.median_ms >= 0.9
+
+
+# --- hardware, environment, shapes, peers -------------------------------------------------
+
+@pytest.mark.parametrize("name, gpu", [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA H200", "H200"),
+    ("NVIDIA H100 PCIe", None), ("NVIDIA H100 NVL", None), ("NVIDIA GH200 480GB", None),
+    ("NVIDIA A100-SXM4-80GB", None), (None, None),
+])
+def test_peaks_known_gpus_only(name, gpu) -> None:
+    peaks = hardware.peaks_for(name)
+    assert (peaks.gpu if peaks else None) == gpu
+    assert hardware.peaks_here("cpu") is None
+
+
+def test_environment_names_versions_commit_and_date() -> None:
+    env = environment.capture()
+    for key in ("date", "commit", "python", "torch", "triton", "transformers", "gpu"):
+        assert key in env
+    assert env["torch"] == torch.__version__.split("+")[0] or env["torch"] == torch.__version__
+
+
+def test_shapes_parse_and_batches() -> None:
+    assert shapes.parse_shapes("1x128, 64x512p") == [shapes.Shape(1, 128),
+                                                       shapes.Shape(64, 512, True)]
+    assert shapes.parse_shape("2x8", padded=True).label == "2x8 padded"
+    with pytest.raises(ValueError, match="BATCHxSEQ"):
+        shapes.parse_shape("32-128")
+    batch = shapes.make_batch(shapes.Shape(6, 40, True), vocab_size=50, device="cpu")
+    assert all(16 <= n <= 40 for n in batch.lengths)
+    assert batch.attention_mask.sum(1).tolist() == list(batch.lengths)
+    assert (batch.input_ids[batch.attention_mask == 0] == 0).all()
+    assert batch.input_ids.shape == batch.token_type_ids.shape == (6, 40)
+    assert shapes.make_batch(shapes.Shape(2, 8), 50, "cpu").real_tokens == 16
+
+
+def test_peer_selection_and_availability(monkeypatch) -> None:
+    cpu = torch.device("cpu")
+    assert [p.name for p in peers.select(None, cpu)] == list(peers.DEFAULT_CPU_PEERS)
+    assert len(peers.select("all", cpu)) == len(peers.PEERS)
+    with pytest.raises(ValueError, match="unknown peer"):
+        peers.select("hf-eager,nope", cpu)
+    assert peers.unavailable_reason(peers.PEERS["fastbert-graphs"], cpu) == "needs a CUDA GPU"
+    monkeypatch.setattr(peers, "fastbert_keywords", lambda: frozenset({"dtype"}))
+    reason = peers.unavailable_reason(peers.PEERS["fastbert-padfree"], cpu)
+    assert "padding_free" in reason
+    assert peers.unavailable_reason(peers.PEERS["fastbert"], cpu) is None
+
+
+# --- runner -------------------------------------------------------------------------------
+
+def _fake_peer(name: str, build) -> peers.Peer:
+    return peers.Peer(name, f"fake {name}", build)
+
+
+def test_runner_records_failures_and_goes_on() -> None:
+    def broken_build(*args):
+        raise RuntimeError("no compiler\nmore detail")
+
+    def fails_on_long(*args):
+        def forward(batch):
+            if batch.input_ids.shape[1] > 4:
+                raise RuntimeError("too long")
+            return batch.input_ids.sum()
+        return forward
+
+    reference = Reference("tiny", None, TINY)
+    contenders = [_fake_peer("broken", broken_build), _fake_peer("fastbert", fails_on_long),
+                  _fake_peer("fastbert-graphs", fails_on_long)]
+    grid = [shapes.Shape(2, 4), shapes.Shape(2, 8), shapes.Shape(1, 4)]
+    settings = runner.Settings(torch.float32, torch.device("cpu"), warmup=1, reps=2)
+    records = list(runner.run(reference, grid, contenders, settings, peaks=None))
+    status = {(r["peer"], r["shape"]): r.get("reason", "ok") for r in records}
+    assert status[("broken", "2x4")] == "could not be built: RuntimeError: no compiler"
+    assert status[("fastbert", "2x4")] == "ok"
+    assert status[("fastbert", "2x8")] == "RuntimeError: too long"
+    assert status[("fastbert", "1x4")] == "not run: failed at 2x8"
+    ok = next(r for r in records if r["peer"] == "fastbert" and r["shape"] == "2x4")
+    assert ok["flops"] == counts.total_flops(counts.bert_forward(TINY, 2, 4, 4))
+    assert ok["roofline_ms"] is None and ok["peak_mib"] is None and ok["reps"] == 2
+
+
+# --- report -------------------------------------------------------------------------------
+
+def _record(peer: str, shape: str, ms: float, **extra) -> dict:
+    batch, seq = (int(x) for x in shape.split()[0].split("x"))
+    return {"peer": peer, "description": peer, "shape": shape, "batch": batch, "seq": seq,
+            "padded": "padded" in shape, "real_tokens": batch * seq, "status": "ok",
+            "median_ms": ms, "p20_ms": 0.9 * ms, "p80_ms": 1.1 * ms, "reps": 100,
+            "first_call_s": 0.1, "peak_mib": extra.pop("peak_mib", 100.0),
+            "flops": extra.pop("flops", 1e12), "bytes": 1e9,
+            "roofline_ms": extra.pop("roofline_ms", 1.0), **extra}
+
+
+def _document(records, model="bert-base", dtype="float16", device="cuda", gpu="NVIDIA H100"):
+    env = {"gpu": gpu if device == "cuda" else None, "driver": "999.1", "cuda": "12.8",
+           "torch": "2.11.0", "triton": "3.6.0", "transformers": "5.0.0",
+           "commit": "0123456789abcdef", "date": "2026-01-01T00:00:00+00:00",
+           "cpu": "some cpu", "cpu_threads": 2}
+    settings = {"model": model, "dtype": dtype, "device": device, "backend": "auto",
+                "warmup": 10, "reps": 100, "seed": 0,
+                "peaks": {"gpu": "H100 SXM", "tflops": 800.0, "tbps": 3.0}, "note": None}
+    return report.new_document(env, settings, records)
+
+
+def _target_records() -> list[dict]:
+    return [
+        _record("hf-eager", "32x128", 4.0), _record("hf-compile-max", "32x128", 1.2),
+        _record("hf-sdpa", "32x128", 2.0, peak_mib=120.0),
+        _record("fastbert", "32x128", 1.0, roofline_ms=0.8),
+        _record("hf-sdpa", "1x128", 0.5, peak_mib=10.0),
+        _record("fastbert", "1x128", 0.25, peak_mib=12.0),
+        _record("hf-sdpa", "64x512 padded", 20.0),
+        _record("fastbert", "64x512 padded", 12.0, peak_mib=90.0),
+        _record("fastbert-padfree", "64x512 padded", 10.0, peak_mib=80.0),
+        {"peer": "hf-compile", "shape": "32x128", "batch": 32, "seq": 128, "padded": False,
+         "real_tokens": 4096, "status": "skipped", "reason": "could not be built: boom"},
+    ]
+
+
+def test_markdown_table_rows_speedups_and_skips() -> None:
+    table = report.markdown_table(_target_records())
+    lines = table.splitlines()
+    assert lines[0].startswith("| shape | contender | median ms")
+    eager = next(line for line in lines if "| hf-eager |" in line)
+    cells = [c.strip() for c in eager.strip("|").split("|")]
+    assert cells[:5] == ["32x128", "hf-eager", "4.000", "3.600-4.400", "4.00x"]
+    assert cells[5] == "1,024,000" and cells[6] == "250.0" and cells[7] == "25"
+    assert "| skipped: could not be built: boom |" in table
+    padded = next(line for line in lines if "| 64x512 padded | hf-sdpa |" in line)
+    assert "| 2.00x |" in padded  # the fastest fastbert variant (padding-free, 10 ms)
+
+
+def test_json_round_trip_merge_and_markdown(tmp_path) -> None:
+    doc = _document(_target_records())
+    report.write_json(doc, tmp_path / "results.json")
+    assert report.read_document(tmp_path / "results.json") == doc
+    (tmp_path / "other.json").write_text(json.dumps({"benchmarks": []}))
+    with pytest.raises(ValueError, match="not a fastbert results file"):
+        report.read_document(tmp_path / "other.json")
+    newer = _document([_record("fastbert", "32x128", 0.9), _record("fastbert", "8x512", 3.0)])
+    merged = report.merge(doc, newer)
+    fastbert = {r["shape"]: r["median_ms"] for r in merged["results"] if r["peer"] == "fastbert"}
+    assert fastbert == {"32x128": 0.9, "1x128": 0.25, "64x512 padded": 12.0, "8x512": 3.0}
+    with pytest.raises(ValueError, match="same model"):
+        report.merge(doc, _document([], model="bert-large"))
+    text = report.markdown(doc)
+    assert "NVIDIA H100" in text and "driver 999.1" in text and "## Targets" in text
+
+
+def test_write_reports_writes_files_and_plot_when_possible(tmp_path) -> None:
+    messages = report.write_reports(tmp_path / "out", _document(_target_records()))
+    assert (tmp_path / "out" / "results.json").exists()
+    assert (tmp_path / "out" / "results.md").read_text().startswith("# fastbert bench")
+    if HAS_MATPLOTLIB:
+        assert messages == []
+        assert (tmp_path / "out" / "results.png").read_bytes()[:4] == b"\x89PNG"
+    else:
+        assert "matplotlib" in messages[0]
+
+
+def test_plot_says_so_without_matplotlib(tmp_path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    message = report.plot(_document(_target_records()), tmp_path / "p.png")
+    assert "matplotlib is not installed" in message and not (tmp_path / "p.png").exists()
+
+
+# --- targets ------------------------------------------------------------------------------
+
+def _kernel_json() -> dict:
+    def bench(op, impl, batch, seq, ms, tbps=1.0, padded=False):
+        return {"extra_info": {"op": op, "impl": impl, "model": "bert-base",
+                               "dtype": "float16", "batch": batch, "seq": seq,
+                               "padded": padded, "median_ms": ms, "tbps": tbps}}
+    return {"benchmarks": [
+        bench("attention", "fastbert", 8, 512, 1.0), bench("attention", "sdpa-efficient", 8, 512,
+                                                           1.1),
+        bench("attention", "sdpa-math", 8, 512, 3.0),
+        bench("attention", "fastbert", 64, 512, 8.0), bench("attention", "sdpa-cudnn", 64, 512,
+                                                            7.2),
+        bench("attention", "fastbert", 64, 512, 1.0, padded=True),
+        bench("layer_norm", "fastbert", 1, 128, 0.01, tbps=0.5),
+        bench("layer_norm", "fastbert", 64, 512, 0.1, tbps=2.6),
+        bench("linear_gelu", "fastbert", 32, 128, 1.0), bench("linear_gelu", "eager", 32, 128,
+                                                              1.1),
+        bench("linear_gelu", "fastbert", 1, 128, 1.0), bench("linear_gelu", "eager", 1, 128, 9.0),
+    ]}
+
+
+def test_targets_met_missed_and_by_how_much() -> None:
+    outcomes = {o.target: o for o in targets.evaluate(_document(_target_records()),
+                                                      _kernel_json())}
+    status = {t: o.status for t, o in outcomes.items()}
+    assert status["32x128: fastbert >= 1.3x faster than hf-compile-max"] == "missed by 8% (short)"
+    assert status["32x128: fastbert >= 3.0x faster than hf-eager"] == "met"
+    assert status["32x128: fastbert >= 70% of the roofline"] == "met"
+    assert status["1x128: fastbert <= 0.2 ms"] == "missed by 25% (over)"
+    assert status["64x512 padded: fastbert >= 1.8x faster than hf-sdpa"] == "met"
+    assert "fastbert-padfree" in outcomes["64x512 padded: fastbert >= 1.8x faster than "
+                                          "hf-sdpa"].measured
+    assert status["peak memory <= hf-sdpa's (every shape)"] == "missed by 20% (over)"
+    assert status["attention, seq 512: >= torch's best sdpa"] == "missed by 10% (short)"
+    assert "64x512, vs sdpa-cudnn" in outcomes["attention, seq 512: >= torch's best sdpa"].measured
+    assert status["layer_norm (x + r): >= 2.5 TB/s"] == "met"
+    assert status["linear+GELU: >= 1.15x nn.Linear + F.gelu"] == "missed by 4% (short)"
+
+
+def test_targets_not_measured_says_why() -> None:
+    outcomes = targets.evaluate(_document([_record("fastbert", "2x32", 1.0)], model="bert-tiny"))
+    assert outcomes[0].status == targets.NOT_MEASURED and "bert-tiny" in outcomes[0].measured
+    assert all(o.status == targets.NOT_MEASURED for o in outcomes)
+    assert "| target | status | measured |" in targets.markdown(outcomes)
+
+
+# --- README generator ---------------------------------------------------------------------
+
+README = f"""# project
+
+intro text
+
+## Results
+
+{readme.START}
+old generated text
+{readme.END}
+
+## After
+kept
+"""
+
+
+def test_readme_section_without_results_says_so(tmp_path) -> None:
+    path = tmp_path / "README.md"
+    path.write_text(README)
+    cpu_run = tmp_path / "results" / "cpu-run"  # CPU figures are not GPU measurements
+    cpu_run.mkdir(parents=True)
+    report.write_json(_document([_record("fastbert", "2x32", 1.0)], device="cpu"),
+                      cpu_run / "results.json")
+    assert readme.update(path, tmp_path / "results")
+    text = path.read_text()
+    assert readme.NO_RESULTS in text and "old generated text" not in text
+    assert text.startswith("# project\n\nintro text") and text.endswith("## After\nkept\n")
+    assert not readme.update(path, tmp_path / "results")
+
+
+def test_readme_section_from_a_gpu_results_file(tmp_path) -> None:
+    path = tmp_path / "README.md"
+    path.write_text(README)
+    run = tmp_path / "results" / "h100-2026-01-01"
+    run.mkdir(parents=True)
+    report.write_json(_document(_target_records()), run / "results.json")
+    (run / "kernels-bench.json").write_text(json.dumps(_kernel_json()))
+    assert readme.main(["--readme", str(path), "--results", str(tmp_path / "results"),
+                        "--check"]) == 1
+    assert readme.main(["--readme", str(path), "--results", str(tmp_path / "results")]) == 0
+    text = path.read_text()
+    assert "#### NVIDIA H100: bert-base, float16" in text
+    assert "| 32x128 | hf-eager | 4.000 |" in text
+    assert "layer_norm (x + r): >= 2.5 TB/s | met" in text
+    assert "results/h100-2026-01-01/" in text
+    assert text.endswith("## After\nkept\n") and readme.NO_RESULTS not in text
+    assert readme.main(["--readme", str(path), "--results", str(tmp_path / "results"),
+                        "--check"]) == 0
+
+
+def test_readme_without_markers_is_an_error(tmp_path) -> None:
+    with pytest.raises(ValueError, match="markers"):
+        readme.replace_section("# no markers\n", "x")
+
+
+# --- the command --------------------------------------------------------------------------
+
+def test_bench_quick_on_cpu_writes_its_files(tmp_path, capsys) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("the CPU path of fastbert bench")
+    assert main(["bench", "--quick", "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "No CUDA GPU here" in out and "Triton kernels need a CUDA GPU" in out
+    doc = report.read_document(tmp_path / "out" / "results.json")
+    assert doc["complete"] and doc["settings"]["device"] == "cpu"
+    measured = {(r["peer"], r["shape"]) for r in doc["results"] if analysis.ok(r)}
+    for peer in ("hf-eager", "hf-sdpa", "fastbert"):
+        assert {(peer, "2x32"), (peer, "2x32 padded")} <= measured
+    assert all(math.isfinite(r["median_ms"]) for r in doc["results"] if analysis.ok(r))
+    assert (tmp_path / "out" / "results.md").read_text().count("| 2x32 |") >= 3
+    assert (tmp_path / "out" / "results.png").exists() == HAS_MATPLOTLIB
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--peers", "nope"], "unknown peer 'nope'"),
+    (["--batch", "2", "--shapes", "2x8"], "either --batch/--seq or --shapes"),
+    (["--shapes", "2-8"], "BATCHxSEQ"),
+    (["--model", "no-such-model"], "neither an embedded shape"),
+    (["--seq", "1024"], "exceed the model's 512 positions"),
+])
+def test_bench_rejects_bad_options(tmp_path, capsys, options, message) -> None:
+    assert main(["bench", "--quick", "--out", str(tmp_path / "out"), *options]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_bench_append_adds_to_the_results(tmp_path, capsys) -> None:
+    out = tmp_path / "out"
+    base = ["bench", "--quick", "--peers", "fastbert", "--reps", "1", "--out", str(out)]
+    assert main(base + ["--shapes", "1x8"]) == 0
+    assert main(base + ["--shapes", "2x8", "--append"]) == 0
+    doc = report.read_document(out / "results.json")
+    assert [r["shape"] for r in doc["results"]] == ["1x8", "2x8"] and doc["complete"]
+    assert main(base + ["--shapes", "2x8", "--append", "--dtype", "bfloat16"]) == 2
+    assert "same model, dtype and device" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(base + ["--device", "cuda"]) == 2
