@@ -14,9 +14,11 @@ Each is chosen per call by the model's ``padding_free`` and ``cuda_graphs`` sett
 
 - ``padding_free="auto"`` packs when the Triton kernels run and at least PACK_MIN_PADDING of
   the batch is padding; True packs whenever a mask has padding (any backend); False never.
-- ``cuda_graphs="auto"`` replays a graph on CUDA for a dense call whose shape was seen before
-  (so a stream of ever-new shapes pays no capture cost); True captures on first sight and
-  needs CUDA; False never. A batch that runs padding-free is not graphed (its T varies).
+- ``cuda_graphs="auto"`` replays a graph on CUDA for a dense call of at most
+  GRAPH_AUTO_MAX_TOKENS tokens whose shape was seen before (so a stream of ever-new shapes
+  pays no capture cost, and the large batches, which the GPU's work bounds rather than the
+  launches, keep no graph memory); True captures every shape on first sight and needs CUDA;
+  False never. A batch that runs padding-free is not graphed (its T varies).
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ SETTINGS = ("auto", True, False)
 PACK_MIN_PADDING = 0.1
 # Graphs kept per model (least recently used dropped first); each holds its activations.
 MAX_GRAPHS = 8
+# "auto" graphs batches up to this many tokens (batch x seq): past it, launches are a small
+# part of the time and a graph's activation memory is large.
+GRAPH_AUTO_MAX_TOKENS = 8192
 
 Attend = Callable[[torch.Tensor], torch.Tensor]
 
@@ -161,7 +166,7 @@ class LayerGraphs:
                     f"{hidden.device}; use cuda_graphs='auto' or False"
                 )
             return False
-        return True
+        return self.setting is True or hidden.shape[0] * hidden.shape[1] <= GRAPH_AUTO_MAX_TOKENS
 
     def run(
         self, run_layers: RunLayers, hidden: torch.Tensor, mask: torch.Tensor | None
