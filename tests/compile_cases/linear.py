@@ -86,6 +86,7 @@ def _case(dtype: str, config, has_bias: bool, activation: int, has_residual: boo
         constexprs=constexprs,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        aligned_ints=("N", "K"),
     )
 
 
