@@ -113,7 +113,7 @@ def _strides_2d(t: torch.Tensor | None) -> tuple[int, int]:
     return t.stride(0), t.stride(1)
 
 
-def _embeddings_layer_norm_fwd(
+def embeddings_layer_norm(
     input_ids: torch.Tensor,
     token_type_ids: torch.Tensor | None,
     position_ids: torch.Tensor | None,
@@ -124,6 +124,26 @@ def _embeddings_layer_norm_fwd(
     bias: torch.Tensor,
     eps: float,
 ) -> torch.Tensor:
+    """``LayerNorm(word_emb[ids] + pos_emb[positions] + type_emb[types])`` in one Triton pass.
+
+    Args:
+        input_ids: [B, S] word ids, any integer dtype.
+        token_type_ids: [B, S] token types, or None for type 0 everywhere.
+        position_ids: [B, S] or [S] positions, or None for 0..S-1.
+        word_emb: [vocab, H] table; pos_emb: [max_positions, H]; type_emb: [type_vocab, H];
+            all of one dtype (float16 / bfloat16 / float32), H <= 4096.
+        weight, bias: [H] LayerNorm scale and shift, the tables' dtype.
+        eps: the non-negative number added to the variance.
+
+    Returns:
+        A new contiguous [B, S, H] tensor in the tables' dtype.
+
+    Raises:
+        TypeError: float (or bool) ids, a non-tensor argument, or mismatched table dtypes.
+        ValueError: mismatched shapes or devices, an id outside its table, H > 4096, or
+            tensors the Triton kernels cannot reach (not CUDA, and not the CPU under
+            TRITON_INTERPRET=1).
+    """
     check_embeddings(
         input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
     )
@@ -180,39 +200,3 @@ def _embeddings_layer_norm_fwd(
         num_warps=num_warps(block),
     )
     return out
-
-
-def embeddings_layer_norm(
-    input_ids: torch.Tensor,
-    token_type_ids: torch.Tensor | None,
-    position_ids: torch.Tensor | None,
-    word_emb: torch.Tensor,
-    pos_emb: torch.Tensor,
-    type_emb: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor,
-    eps: float,
-) -> torch.Tensor:
-    """``LayerNorm(word_emb[ids] + pos_emb[positions] + type_emb[types])`` in one Triton pass.
-
-    Args:
-        input_ids: [B, S] word ids, any integer dtype.
-        token_type_ids: [B, S] token types, or None for type 0 everywhere.
-        position_ids: [B, S] or [S] positions, or None for 0..S-1.
-        word_emb: [vocab, H] table; pos_emb: [max_positions, H]; type_emb: [type_vocab, H];
-            all of one dtype (float16 / bfloat16 / float32), H <= 4096.
-        weight, bias: [H] LayerNorm scale and shift, the tables' dtype.
-        eps: the non-negative number added to the variance.
-
-    Returns:
-        A new contiguous [B, S, H] tensor in the tables' dtype.
-
-    Raises:
-        TypeError: float (or bool) ids, a non-tensor argument, or mismatched table dtypes.
-        ValueError: mismatched shapes or devices, an id outside its table, H > 4096, or
-            tensors the Triton kernels cannot reach (not CUDA, and not the CPU under
-            TRITON_INTERPRET=1).
-    """
-    return _embeddings_layer_norm_fwd(
-        input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
-    )

@@ -98,13 +98,30 @@ def _layer_norm_fwd_kernel(
     tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _layer_norm_fwd(
+def layer_norm(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor,
     eps: float,
-    residual: torch.Tensor | None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """``LayerNorm(x + residual)`` over the last dimension in one Triton pass per row.
+
+    Args:
+        x: [..., N] input, float16 / bfloat16 / float32, any strides; N <= 4096.
+        weight: [N] scale, x's dtype.
+        bias: [N] shift, x's dtype.
+        eps: the non-negative number added to the variance.
+        residual: optional tensor of x's shape and dtype, added to x before normalising.
+
+    Returns:
+        A new contiguous tensor of x's shape and dtype (float32 statistics, one rounding).
+
+    Raises:
+        TypeError: a non-tensor argument or an unsupported / mismatched dtype.
+        ValueError: mismatched shapes or devices, a negative eps, N > 4096, or tensors the
+            Triton kernels cannot reach (not CUDA, and not the CPU under TRITON_INTERPRET=1).
+    """
     check_layer_norm(x, weight, bias, eps, residual)
     check_triton_device("x", x)
     hidden = x.shape[-1]
@@ -137,30 +154,3 @@ def _layer_norm_fwd(
         num_warps=num_warps(block),
     )
     return out
-
-
-def layer_norm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor,
-    eps: float,
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``LayerNorm(x + residual)`` over the last dimension in one Triton pass per row.
-
-    Args:
-        x: [..., N] input, float16 / bfloat16 / float32, any strides; N <= 4096.
-        weight: [N] scale, x's dtype.
-        bias: [N] shift, x's dtype.
-        eps: the non-negative number added to the variance.
-        residual: optional tensor of x's shape and dtype, added to x before normalising.
-
-    Returns:
-        A new contiguous tensor of x's shape and dtype (float32 statistics, one rounding).
-
-    Raises:
-        TypeError: a non-tensor argument or an unsupported / mismatched dtype.
-        ValueError: mismatched shapes or devices, a negative eps, N > 4096, or tensors the
-            Triton kernels cannot reach (not CUDA, and not the CPU under TRITON_INTERPRET=1).
-    """
-    return _layer_norm_fwd(x, weight, bias, eps, residual)

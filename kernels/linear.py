@@ -211,13 +211,30 @@ def _linear_fwd_kernel(
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _linear_fwd(
+def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    activation: str | None,
-    residual: torch.Tensor | None,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """``act(x @ weight.T + bias) + residual`` in one Triton GEMM with a fused epilogue.
+
+    Args:
+        x: [..., K] input, float16 / bfloat16 / float32, any strides.
+        weight: [N, K] (nn.Linear layout), x's dtype.
+        bias: optional [N], x's dtype.
+        activation: None, "gelu" (exact erf GELU, BERT's) or "gelu_tanh".
+        residual: optional [..., N] (x's leading shape), x's dtype, added after the activation.
+
+    Returns:
+        A new contiguous [..., N] tensor in x's dtype (float32 accumulation, one rounding).
+
+    Raises:
+        TypeError: a non-tensor argument or an unsupported / mismatched dtype.
+        ValueError: mismatched shapes or devices, an unknown activation, or tensors the Triton
+            kernels cannot reach (not CUDA, and not the CPU under TRITON_INTERPRET=1).
+    """
     check_linear(x, weight, bias, activation, residual)
     check_triton_device("x", x)
     n, k = weight.shape
@@ -257,30 +274,3 @@ def _linear_fwd(
         HAS_RESIDUAL=residual is not None,
     )
     return out
-
-
-def linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    activation: str | None = None,
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``act(x @ weight.T + bias) + residual`` in one Triton GEMM with a fused epilogue.
-
-    Args:
-        x: [..., K] input, float16 / bfloat16 / float32, any strides.
-        weight: [N, K] (nn.Linear layout), x's dtype.
-        bias: optional [N], x's dtype.
-        activation: None, "gelu" (exact erf GELU, BERT's) or "gelu_tanh".
-        residual: optional [..., N] (x's leading shape), x's dtype, added after the activation.
-
-    Returns:
-        A new contiguous [..., N] tensor in x's dtype (float32 accumulation, one rounding).
-
-    Raises:
-        TypeError: a non-tensor argument or an unsupported / mismatched dtype.
-        ValueError: mismatched shapes or devices, an unknown activation, or tensors the Triton
-            kernels cannot reach (not CUDA, and not the CPU under TRITON_INTERPRET=1).
-    """
-    return _linear_fwd(x, weight, bias, activation, residual)
