@@ -38,7 +38,6 @@ This module imports transformers only inside functions.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import importlib.abc
 import sys
 import warnings
@@ -51,7 +50,7 @@ import torch
 from fastbert import custom_ops
 from fastbert.kernels import _runtime, reference
 from fastbert.kernels._checks import FLOAT_DTYPES
-from fastbert.kernels.attention import SUPPORTED_HEAD_DIMS
+from fastbert.kernels.flash_attention import SUPPORTED_HEAD_DIMS
 
 NAME = "fastbert"
 # Keyword arguments that change the attention's math; sdpa handles (or rejects) them.

@@ -6,11 +6,11 @@ interpreter (``TRITON_INTERPRET=1`` set before import).
 """
 
 from . import reference
-from .attention import attention, attention_varlen
-from .embeddings import embeddings_layer_norm
-from .layer_norm import layer_norm
-from .linear import linear
-from .softmax import scaled_masked_softmax
+from .flash_attention import attention, attention_varlen
+from .fused_embeddings import embeddings_layer_norm
+from .fused_layer_norm import layer_norm
+from .fused_linear import linear
+from .masked_softmax import scaled_masked_softmax
 
 __all__ = [
     "attention",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from fastbert.kernels import reference as R
-from fastbert.kernels.layer_norm import MAX_HIDDEN
+from fastbert.kernels.fused_layer_norm import MAX_HIDDEN
 
 from fastbert import kernels as K
 from tests.op_cases import ALL_DTYPES, ELEMENTWISE_DTYPES, check_op, dtype_params, randn

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from fastbert.kernels import reference as R
-from fastbert.kernels.softmax import MAX_KEYS
+from fastbert.kernels.masked_softmax import MAX_KEYS
 
 from fastbert import kernels as K
 from tests.op_cases import (

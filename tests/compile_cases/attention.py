@@ -1,4 +1,4 @@
-"""Compile cases for kernels/attention.py: autotune configs x head dims x dtypes x variants.
+"""Compile cases for kernels/flash_attention.py: autotune configs x head dims x dtypes x variants.
 
 Variants: dense masked (HAS_MASK=1, IS_VARLEN=0: the encoder's padded batches), dense unmasked
 (HAS_MASK=0, IS_VARLEN=0) and padding-free (HAS_MASK=0, IS_VARLEN=1); ``attention_varlen``
@@ -19,12 +19,10 @@ contiguous mask has unit stride on S_k, which the JIT specialises to the constex
 
 from __future__ import annotations
 
-import importlib
+# The package re-exports same-named functions, so import the module itself.
+from fastbert.kernels import flash_attention as mod
 
 from tests.compile_support import CompileCase
-
-# The package re-exports same-named functions, so import the module itself.
-mod = importlib.import_module("fastbert.kernels.attention")
 
 KERNEL = mod._attention_fwd_kernel.fn
 CONFIGS = mod._attention_fwd_kernel.configs

@@ -1,4 +1,4 @@
-"""Compile cases for kernels/embeddings.py: every row tile x id-tensor flags x table dtype.
+"""Compile cases for kernels/fused_embeddings.py: every row tile x id-tensor flags x table dtype.
 
 BLOCK takes every power of two the launcher can choose (``block_size`` of hidden sizes 1 to
 MAX_HIDDEN) with the launcher's ``num_warps``; ids are int64 (torch's default), plus int32 ids
@@ -8,15 +8,12 @@ contiguous tensors.
 
 from __future__ import annotations
 
-import importlib
 import itertools
 
-from fastbert.kernels import embeddings as mod
+from fastbert.kernels import fused_embeddings as mod
+from fastbert.kernels import fused_layer_norm as layer_norm
 
 from tests.compile_support import CompileCase
-
-# The package re-exports same-named functions, so import the modules themselves.
-layer_norm = importlib.import_module("fastbert.kernels.layer_norm")
 
 KERNEL = mod._embeddings_layer_norm_fwd_kernel
 DTYPES = ("fp16", "bf16", "fp32")

@@ -1,4 +1,4 @@
-"""Compile cases for kernels/layer_norm.py: every row tile x residual flag x dtype.
+"""Compile cases for kernels/fused_layer_norm.py: every row tile x residual flag x dtype.
 
 The row tile BLOCK takes every power of two the launcher can choose (``block_size`` of hidden
 sizes 1 to MAX_HIDDEN) with the launcher's ``num_warps``. Unit strides are the constexpr 1 the
@@ -7,13 +7,11 @@ JIT specialises them to for contiguous tensors.
 
 from __future__ import annotations
 
-import importlib
 import itertools
 
-from tests.compile_support import CompileCase
+from fastbert.kernels import fused_layer_norm as mod
 
-# The package re-exports same-named functions, so import the modules themselves.
-mod = importlib.import_module("fastbert.kernels.layer_norm")
+from tests.compile_support import CompileCase
 
 KERNEL = mod._layer_norm_fwd_kernel
 DTYPES = ("fp16", "bf16", "fp32")

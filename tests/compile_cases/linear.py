@@ -1,4 +1,4 @@
-"""Compile cases for kernels/linear.py: every autotune config and every epilogue variant.
+"""Compile cases for kernels/fused_linear.py: every autotune config and every epilogue variant.
 
 float16 compiles every autotune config (with the full epilogue) and every epilogue variant
 (with one config); bfloat16 and float32 compile every epilogue variant, float32 with each
@@ -8,13 +8,11 @@ itself, so the cases follow the code.
 
 from __future__ import annotations
 
-import importlib
 import itertools
 
-from tests.compile_support import CompileCase
+from fastbert.kernels import fused_linear as mod
 
-# The package re-exports same-named functions, so import the modules themselves.
-mod = importlib.import_module("fastbert.kernels.linear")
+from tests.compile_support import CompileCase
 
 KERNEL = mod._linear_fwd_kernel.fn
 CONFIGS = mod._linear_fwd_kernel.configs

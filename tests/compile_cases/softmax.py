@@ -1,4 +1,4 @@
-"""Compile cases for kernels/softmax.py: every row tile x mask flag x dtype.
+"""Compile cases for kernels/masked_softmax.py: every row tile x mask flag x dtype.
 
 The row tile BLOCK takes every power of two the launcher can choose (``block_size`` of key
 counts 1 to MAX_KEYS) with the launcher's ``num_warps``; each with and without a mask, in fp16,
@@ -9,13 +9,12 @@ view) and an int64 mask (Hugging Face's attention_mask dtype).
 
 from __future__ import annotations
 
-import importlib
 import itertools
 
-from tests.compile_support import CompileCase
-
 # The package re-exports same-named functions, so import the module itself.
-mod = importlib.import_module("fastbert.kernels.softmax")
+from fastbert.kernels import masked_softmax as mod
+
+from tests.compile_support import CompileCase
 
 KERNEL = mod._scaled_masked_softmax_fwd_kernel
 DTYPES = ("fp16", "bf16", "fp32")

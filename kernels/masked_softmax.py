@@ -9,7 +9,7 @@ and rounded once to the scores' dtype. A row whose keys are all masked returns z
 NaN, as :func:`kernels.reference.scaled_masked_softmax` does. This is the classic one-pass
 fused op (one read of the scores, one write of the probabilities) for when the probabilities
 themselves are wanted (``output_attentions``, analysis); the encoder's attention never
-materialises them (see attention.py).
+materialises them (see flash_attention.py).
 
 Shapes and layouts: scores [B, H, S_q, S_k] with any strides (read in place);
 key_padding_mask [B, S_k], bool or integer, nonzero = a real token, any strides. The output is

@@ -33,7 +33,7 @@ import triton.language as tl
 
 from ._checks import check_embeddings, check_id_ranges
 from ._runtime import check_triton_device
-from .layer_norm import block_size, check_hidden, normalize_row, num_warps
+from .fused_layer_norm import block_size, check_hidden, normalize_row, num_warps
 
 
 @triton.jit
