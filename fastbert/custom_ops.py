@@ -225,11 +225,16 @@ def embeddings_layer_norm(
     weight: Tensor,
     bias: Tensor,
     eps: float,
+    *,
+    check_ids: bool = True,
 ) -> Tensor:
-    """``K.embeddings_layer_norm`` / ``fastbert::embeddings_layer_norm``: [B, S, H]."""
+    """``K.embeddings_layer_norm`` / ``fastbert::embeddings_layer_norm``: [B, S, H].
+
+    ``check_ids=False`` skips the id-range check in eager mode; the custom op (used while
+    torch.compile traces) always checks."""
     args = (input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias)
     if not _compiling():
-        return K.embeddings_layer_norm(*args, eps)
+        return K.embeddings_layer_norm(*args, eps, check_ids=check_ids)
     _checks.check_eps(eps)
     return _embeddings_layer_norm(*args, float(eps))
 

@@ -46,6 +46,11 @@ class BertEmbeddings(nn.Module):
         self.eps = config.layer_norm_eps
         self.config = config
 
+    def table_rows(self) -> tuple[int, int]:
+        """(word rows, token-type rows): the ranges word and token-type ids must lie in."""
+        types = self.token_type.shape[0] if self.token_type is not None else 1
+        return self.word.shape[0], types
+
     def position_ids(self, input_ids: torch.Tensor) -> torch.Tensor | None:
         """The position ids of [B, S] ``input_ids`` under ``config.position_scheme``: int64
         [B, S], or None for 0..S-1 in every row (the ops' default)."""
@@ -66,10 +71,13 @@ class BertEmbeddings(nn.Module):
         input_ids: torch.Tensor,
         token_type_ids: torch.Tensor | None,
         position_ids: torch.Tensor | None = None,
+        check_ids: bool = True,
     ) -> torch.Tensor:
         """input_ids, token_type_ids, position_ids: [B, S] integers -> [B, S, H].
 
-        Positions default to :meth:`position_ids` of ``input_ids``.
+        Positions default to :meth:`position_ids` of ``input_ids``. ``check_ids=False``: the
+        caller has checked the word and token-type ids against :meth:`table_rows` (positions
+        computed here are in range by construction).
         """
         if position_ids is None:
             position_ids = self.position_ids(input_ids)
@@ -78,7 +86,7 @@ class BertEmbeddings(nn.Module):
         )
         hidden = ops.embeddings_layer_norm(
             input_ids, token_type_ids, position_ids, self.word, self.position, token_type,
-            self.ln_weight, self.ln_bias, self.eps,
+            self.ln_weight, self.ln_bias, self.eps, check_ids=check_ids,
         )
         if self.project_weight is not None:
             hidden = ops.linear(hidden, self.project_weight, self.project_bias)
@@ -213,10 +221,10 @@ class BertModel(PretrainedMixin, nn.Module):
             self.config, self.device, input_ids, attention_mask, token_type_ids
         )
         ops = self.ops()
-        packed = runtime.packing_for(self.padding_free, ops, key_padding_mask)
+        ids_checked, packed = self._read_batch(ops, input_ids, token_type_ids, key_padding_mask)
         if packed is not None:
             return ops, self._encode_packed(ops, packed, input_ids, token_type_ids)
-        hidden = self.embeddings(ops, input_ids, token_type_ids)
+        hidden = self.embeddings(ops, input_ids, token_type_ids, check_ids=not ids_checked)
 
         def run_layers(hidden: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
             attend = runtime.dense_attention(ops, self.config.num_attention_heads, mask)
@@ -227,6 +235,29 @@ class BertModel(PretrainedMixin, nn.Module):
         if self._graphs.wants(hidden):
             return ops, self._graphs.run(run_layers, hidden, key_padding_mask)
         return ops, run_layers(hidden, key_padding_mask)
+
+    def _read_batch(
+        self,
+        ops: Ops,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        key_padding_mask: torch.Tensor | None,
+    ) -> tuple[bool, runtime.PackedBatch | None]:
+        """The call's one host read: (whether it checked the ids, the packing or None).
+
+        It checks the ids and, when the call may run padding-free, measures the rows to pack.
+        Under torch.compile a call that cannot pack skips it (the embeddings op then checks
+        the ids inside the graph), so a dense model compiles without a graph break.
+        """
+        min_padding = runtime.packing_threshold(self.padding_free, ops, key_padding_mask)
+        if min_padding is None and torch.compiler.is_compiling():
+            return False, None
+        rows = validation.read_batch(
+            input_ids, token_type_ids, key_padding_mask if min_padding is not None else None,
+            *self.embeddings.table_rows(),
+        )
+        packed = runtime.pack(key_padding_mask, rows, min_padding) if rows is not None else None
+        return True, packed
 
     def _encode_packed(
         self,
@@ -239,7 +270,8 @@ class BertModel(PretrainedMixin, nn.Module):
         types = packed.gather(token_type_ids)[None] if token_type_ids is not None else None
         positions = self.embeddings.position_ids(input_ids)
         positions = packed.positions() if positions is None else packed.gather(positions)
-        hidden = self.embeddings(ops, packed.gather(input_ids)[None], types, positions[None])[0]
+        ids = packed.gather(input_ids)[None]
+        hidden = self.embeddings(ops, ids, types, positions[None], check_ids=False)[0]
         attend = runtime.packed_attention(
             ops, self.config.num_attention_heads, packed.cu_seqlens, packed.max_seqlen
         )

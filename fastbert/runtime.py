@@ -4,8 +4,9 @@
   the key-padding mask. Padded positions cost as much as real ones.
 - Padding-free: the real tokens of the batch are packed into [T, H] (T = number of real
   tokens), every op runs on them only, attention runs per sequence over cu_seqlens, and the
-  result is scattered back to [B, S, H] with zeros at padded positions. Packing needs one
-  host synchronisation (the number of real tokens sizes the packed tensors).
+  result is scattered back to [B, S, H] with zeros at padded positions. The number of real
+  tokens sizes the packed tensors: it comes from the one host read a forward makes
+  (fastbert.validation.read_batch), together with the id-range check.
 - CUDA graphs: the dense layer stack for one (batch, seq, mask) shape is captured once and
   replayed, which removes the per-kernel launch cost (about 80 launches for BERT-base).
 
@@ -32,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from fastbert.ops import Ops
+from fastbert.validation import RowLengths
 
 SETTINGS = ("auto", True, False)
 # "auto" packs when at least this fraction of the batch is padding: below it, the gather and
@@ -109,32 +111,37 @@ class PackedBatch:
         return out.view(self.batch, self.seq, packed.shape[-1])
 
 
-def pack(key_padding_mask: torch.Tensor, min_padding: float = 0.0) -> PackedBatch | None:
+def pack(
+    key_padding_mask: torch.Tensor, rows: RowLengths, min_padding: float = 0.0
+) -> PackedBatch | None:
     """The packing of a bool [B, S] mask (True = real token), or None if too little padding.
 
-    None when the padding fraction is below ``min_padding`` (0: pack any padded batch; a
-    batch without padding is never packed). Synchronises with the device twice (the token
-    count and the longest row).
+    ``rows`` are the mask's row lengths (:func:`fastbert.validation.read_batch`), already on
+    the host, so packing does not synchronise. None when the padding fraction is below
+    ``min_padding`` (0: pack any padded batch; a batch without padding is never packed).
     """
     batch, seq = key_padding_mask.shape
-    indices = key_padding_mask.reshape(-1).nonzero().squeeze(1)
-    padding = 1.0 - indices.numel() / max(1, batch * seq)
+    padding = 1.0 - rows.total / max(1, batch * seq)
     if padding == 0.0 or padding < min_padding:
         return None
-    lengths = key_padding_mask.sum(dim=1, dtype=torch.int32)
-    cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
-    return PackedBatch(indices, cu_seqlens, int(lengths.max().item()), batch, seq)
+    # A stable sort puts the real tokens (key 0) first, in order: their flat positions are the
+    # first ``total`` entries. Unlike nonzero(), this needs no read of the count.
+    is_padding = key_padding_mask.reshape(-1).logical_not().to(torch.int8)
+    indices = torch.argsort(is_padding, stable=True)[: rows.total]
+    cu_seqlens = F.pad(rows.lengths.cumsum(0, dtype=torch.int32), (1, 0))
+    return PackedBatch(indices, cu_seqlens, rows.longest, batch, seq)
 
 
-def packing_for(
+def packing_threshold(
     setting: str | bool, ops: Ops, key_padding_mask: torch.Tensor | None
-) -> PackedBatch | None:
-    """The packing this call should use under ``padding_free=setting``, or None (dense)."""
+) -> float | None:
+    """The least padding fraction at which a call under ``padding_free=setting`` packs, or
+    None when it runs dense whatever its padding."""
     if setting is False or key_padding_mask is None:
         return None
     if setting is True:
-        return pack(key_padding_mask)
-    return pack(key_padding_mask, PACK_MIN_PADDING) if ops.name == "triton" else None
+        return 0.0
+    return PACK_MIN_PADDING if ops.name == "triton" else None
 
 
 RunLayers = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]

@@ -1,7 +1,13 @@
-"""Checks on the model's inputs, done before any kernel runs (no host synchronisation here;
-the id ranges are checked, with one synchronisation, by the embeddings op)."""
+"""Checks on the model's inputs, done before any kernel runs.
+
+:func:`check_model_inputs` looks at shapes, dtypes and devices only. :func:`read_batch` is the
+one host synchronisation a forward makes: it checks the id ranges and, when the batch may run
+padding-free, measures the rows, in a single read.
+"""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -57,3 +63,46 @@ def check_model_inputs(
         raise TypeError(f"attention_mask must be 0/1 or bool, got {attention_mask.dtype}")
     # Hugging Face's attention_mask is 1 for real tokens, 0 for padding, in any dtype.
     return attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RowLengths:
+    """The real tokens of each row of a padded [B, S] batch.
+
+    lengths: int32 [B] on the batch's device; total and longest: read on the host.
+    """
+
+    lengths: torch.Tensor
+    total: int
+    longest: int
+
+
+def read_batch(
+    input_ids: torch.Tensor,
+    token_type_ids: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
+    vocab_size: int,
+    type_vocab_size: int,
+) -> RowLengths | None:
+    """Check the ids against their tables and measure the mask's rows, in one host read.
+
+    input_ids, token_type_ids: non-empty [B, S] integers; key_padding_mask: bool [B, S]
+    (True = real token), or None when the row lengths are not wanted. Raises ValueError for
+    an id outside its table (``vocab_size`` / ``type_vocab_size`` rows); returns the row
+    lengths, or None without a mask.
+    """
+    named = [("input_ids", input_ids, vocab_size)]
+    if token_type_ids is not None:
+        named.append(("token_type_ids", token_type_ids, type_vocab_size))
+    values = [_checks.id_bounds(ids) for _, ids, _ in named]
+    lengths = None
+    if key_padding_mask is not None:
+        lengths = key_padding_mask.sum(dim=1, dtype=torch.int32)
+        values.append(torch.stack([lengths.sum(), lengths.max()]).to(torch.int64))
+    read = torch.stack(values).tolist()  # the host synchronisation
+    for (name, _, limit), (lowest, highest) in zip(named, read):
+        _checks.check_id_bounds(name, limit, lowest, highest)
+    if lengths is None:
+        return None
+    total, longest = read[-1]
+    return RowLengths(lengths, total, longest)

@@ -220,6 +220,20 @@ def check_embeddings(
     check_eps(eps)
 
 
+def id_bounds(ids: torch.Tensor) -> torch.Tensor:
+    """int64 [2] on ``ids``' device: the smallest and the largest of a non-empty id tensor."""
+    return torch.stack(ids.aminmax()).to(torch.int64)
+
+
+def check_id_bounds(name: str, limit: int, lowest: int, highest: int) -> None:
+    """Ids of ``name`` spanning [lowest, highest] must index a table of ``limit`` rows."""
+    if lowest < 0 or highest >= limit:
+        raise ValueError(
+            f"{name} must lie in [0, {limit - 1}] (the table has {limit} rows), "
+            f"found values in [{lowest}, {highest}]"
+        )
+
+
 def check_id_ranges(
     input_ids: torch.Tensor,
     token_type_ids: torch.Tensor | None,
@@ -236,12 +250,6 @@ def check_id_ranges(
         tensors.append(("position_ids", position_ids, max_positions))
     if input_ids.numel() == 0:
         return
-    bounds = torch.stack(
-        [torch.stack([t.min(), t.max()]).to(torch.int64) for _, t, _ in tensors]
-    ).tolist()
-    for (name, _, limit), (lo, hi) in zip(tensors, bounds):
-        if lo < 0 or hi >= limit:
-            raise ValueError(
-                f"{name} must lie in [0, {limit - 1}] (the table has {limit} rows), "
-                f"found values in [{lo}, {hi}]"
-            )
+    bounds = torch.stack([id_bounds(t) for _, t, _ in tensors]).tolist()
+    for (name, _, limit), (lowest, highest) in zip(tensors, bounds):
+        check_id_bounds(name, limit, lowest, highest)

@@ -21,8 +21,9 @@ statistics are float32.
 Limits: one program per token holds the whole row (BLOCK = next power of two of H), so H may be
 at most 4096. Ids are checked against their tables on the host before the launch (one
 synchronisation; an id out of range raises ValueError), so a gather never reads out of
-bounds. Table row offsets are int64 (vocab x hidden can pass 2^31). An empty batch returns an
-empty output without a launch.
+bounds; ``check_ids=False`` skips the check for a caller that has made it. Table row offsets
+are int64 (vocab x hidden can pass 2^31). An empty batch returns an empty output without a
+launch.
 """
 
 from __future__ import annotations
@@ -123,6 +124,8 @@ def embeddings_layer_norm(
     weight: torch.Tensor,
     bias: torch.Tensor,
     eps: float,
+    *,
+    check_ids: bool = True,
 ) -> torch.Tensor:
     """``LayerNorm(word_emb[ids] + pos_emb[positions] + type_emb[types])`` in one Triton pass.
 
@@ -134,6 +137,10 @@ def embeddings_layer_norm(
             all of one dtype (float16 / bfloat16 / float32), H <= 4096.
         weight, bias: [H] LayerNorm scale and shift, the tables' dtype.
         eps: the non-negative number added to the variance.
+        check_ids: check every id against its table first (one host synchronisation). Pass
+            False only when the caller has checked them (fastbert's models do, in the one
+            host read they make per call): an id out of range would then be read out of
+            bounds.
 
     Returns:
         A new contiguous [B, S, H] tensor in the tables' dtype.
@@ -155,14 +162,15 @@ def embeddings_layer_norm(
         raise ValueError(
             f"sequence length {seq} is longer than the {pos_emb.shape[0]} rows of pos_emb"
         )
-    check_id_ranges(
-        input_ids,
-        token_type_ids,
-        position_ids,
-        word_emb.shape[0],
-        type_emb.shape[0],
-        pos_emb.shape[0],
-    )
+    if check_ids:
+        check_id_ranges(
+            input_ids,
+            token_type_ids,
+            position_ids,
+            word_emb.shape[0],
+            type_emb.shape[0],
+            pos_emb.shape[0],
+        )
     out = torch.empty((batch, seq, hidden), dtype=word_emb.dtype, device=word_emb.device)
     if out.numel() == 0:
         return out

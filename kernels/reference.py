@@ -135,20 +135,24 @@ def embeddings_layer_norm(
     weight: torch.Tensor,
     bias: torch.Tensor,
     eps: float,
+    *,
+    check_ids: bool = True,
 ) -> torch.Tensor:
     """LayerNorm(word_emb[ids] + pos_emb[position_ids] + type_emb[token_type_ids]).
 
     input_ids, token_type_ids: [B, S] integers (token types default to 0); position_ids:
     [B, S] or [S] (default 0..S-1); tables: [rows, H]; weight, bias: [H]. Returns [B, S, H]
-    in the tables' dtype. Ids outside their table raise ValueError.
+    in the tables' dtype. Ids outside their table raise ValueError (``check_ids=False``: the
+    caller has checked them, and this skips the host synchronisation the check costs).
     """
     _checks.check_embeddings(
         input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
     )
-    _checks.check_id_ranges(
-        input_ids, token_type_ids, position_ids,
-        word_emb.shape[0], type_emb.shape[0], pos_emb.shape[0],
-    )
+    if check_ids:
+        _checks.check_id_ranges(
+            input_ids, token_type_ids, position_ids,
+            word_emb.shape[0], type_emb.shape[0], pos_emb.shape[0],
+        )
     seq = input_ids.shape[1]
     if position_ids is None:
         position_ids = torch.arange(seq, device=input_ids.device)

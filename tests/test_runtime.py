@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 import fastbert
-from fastbert import runtime
+from fastbert import runtime, validation
 from tests.hf_models import hf_model, padded_batch
 
 BOUND = 1e-4
@@ -48,9 +51,14 @@ def test_padding_free_equals_dense(device) -> None:
     assert (packed.pooler_output - dense.pooler_output).abs().max() <= BOUND
 
 
+def _pack(mask: torch.Tensor, min_padding: float = 0.0) -> runtime.PackedBatch | None:
+    rows = validation.read_batch(torch.zeros_like(mask, dtype=torch.long), None, mask, 1, 1)
+    return runtime.pack(mask, rows, min_padding)
+
+
 def test_pack_indices_and_boundaries() -> None:
     mask = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 1]], dtype=torch.bool)
-    packed = runtime.pack(mask)
+    packed = _pack(mask)
     assert packed.indices.tolist() == [0, 1, 8, 10, 11]
     assert packed.cu_seqlens.tolist() == [0, 2, 2, 5]
     assert packed.cu_seqlens.dtype == torch.int32
@@ -62,22 +70,88 @@ def test_pack_indices_and_boundaries() -> None:
     assert torch.equal(back, values * mask[..., None])
 
 
+def test_pack_indices_match_nonzero_on_random_masks() -> None:
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(20):
+        mask = torch.rand(6, 37, generator=gen) < torch.rand(1, generator=gen)
+        packed = _pack(mask)
+        expected = mask.reshape(-1).nonzero().squeeze(1)
+        if expected.numel() in (0, mask.numel()):
+            assert packed is None or expected.numel() == 0
+            continue
+        assert torch.equal(packed.indices, expected)
+        assert packed.max_seqlen == int(mask.sum(1).max())
+
+
 def test_pack_skips_batches_with_little_padding() -> None:
     full = torch.ones(2, 8, dtype=torch.bool)
-    assert runtime.pack(full) is None
+    assert _pack(full) is None
     one_pad = full.clone()
     one_pad[0, -1] = False  # 1 of 16 tokens is padding: 6% < 10%
-    assert runtime.pack(one_pad, runtime.PACK_MIN_PADDING) is None
-    assert runtime.pack(one_pad) is not None
+    assert _pack(one_pad, runtime.PACK_MIN_PADDING) is None
+    assert _pack(one_pad) is not None
 
 
 def test_auto_packs_only_for_the_triton_backend() -> None:
     mask = torch.tensor([[1, 0, 0, 0]], dtype=torch.bool)
     torch_ops = fastbert.ops.get_ops("torch", "cpu")
-    assert runtime.packing_for("auto", torch_ops, mask) is None
-    assert runtime.packing_for(True, torch_ops, mask) is not None
-    assert runtime.packing_for(False, torch_ops, mask) is None
-    assert runtime.packing_for(True, torch_ops, None) is None
+    triton_ops = dataclasses.replace(torch_ops, name="triton")
+    assert runtime.packing_threshold("auto", torch_ops, mask) is None
+    assert runtime.packing_threshold("auto", triton_ops, mask) == runtime.PACK_MIN_PADDING
+    assert runtime.packing_threshold(True, torch_ops, mask) == 0.0
+    assert runtime.packing_threshold(False, triton_ops, mask) is None
+    assert runtime.packing_threshold(True, torch_ops, None) is None
+
+
+class HostReads(TorchFunctionMode):
+    """Records every call that reads a device value on the host (a synchronisation on CUDA)."""
+
+    READS = {"item", "tolist", "nonzero", "masked_select", "unique", "__bool__", "__int__",
+             "__float__", "__index__"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        indexed_by_mask = name in ("__getitem__", "__setitem__") and any(
+            isinstance(a, torch.Tensor) and a.dtype == torch.bool for a in args[1:2]
+        )
+        if name in self.READS or indexed_by_mask:
+            self.reads.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(
+    ("backend", "padding_free"), [("triton", True), ("triton", False), ("torch", False)]
+)
+def test_a_forward_reads_the_device_once(device, backend, padding_free) -> None:
+    """One host read per call checks the ids and sizes the packing (each read stalls the
+    host until the GPU has caught up, so the launches stop overlapping the GPU's work).
+    The torch backend's padding-free attention loops over the sequences on the host."""
+    model = fastbert.BertModel.from_pretrained(
+        hf_model(), device=device, backend=backend, padding_free=padding_free
+    )
+    ids, mask, types = padded_batch([9, 4, 7], device=device)
+    for args in ((ids, mask, types), (ids, mask), (ids,)):
+        with HostReads() as mode:
+            model(*args)
+        assert mode.reads == ["tolist"], (args, mode.reads)
+
+
+def test_out_of_range_ids_raise_on_every_path(device) -> None:
+    for padding_free in (True, False):
+        model = fastbert.BertModel.from_pretrained(
+            hf_model(), device=device, padding_free=padding_free
+        )
+        ids, mask, types = padded_batch([5, 3], device=device)
+        bad_ids = ids.clone()
+        bad_ids[1, 0] = 97
+        with pytest.raises(ValueError, match=r"input_ids must lie in \[0, 96\]"):
+            model(bad_ids, mask, types)
+        with pytest.raises(ValueError, match=r"token_type_ids must lie in \[0, 1\]"):
+            model(ids, mask, types - 1)
 
 
 @pytest.mark.parametrize("name", ["padding_free", "cuda_graphs"])
