@@ -155,6 +155,9 @@ class LayerGraphs:
     once and falls back to eager execution for good.
     """
 
+    # Graphs need CUDA; a test double that records without CUDA sets its own device type.
+    DEVICE_TYPE = "cuda"
+
     def __init__(self, setting: str | bool):
         self.setting = setting
         self.graphs: collections.OrderedDict = collections.OrderedDict()
@@ -166,7 +169,7 @@ class LayerGraphs:
         """Whether a dense call on ``hidden`` should replay a graph."""
         if self.setting is False or self.failed:
             return False
-        if hidden.device.type != "cuda":
+        if hidden.device.type != self.DEVICE_TYPE:
             if self.setting is True:
                 raise ValueError(
                     f"cuda_graphs=True needs the model on a CUDA device, it is on "
@@ -191,33 +194,44 @@ class LayerGraphs:
             if len(self.graphs) > MAX_GRAPHS:
                 self.graphs.popitem(last=False)
         self.graphs.move_to_end(key)
-        graph, static_hidden, static_mask, static_out = entry
+        replay, static_hidden, static_mask, static_out = entry
         static_hidden.copy_(hidden)
         if mask is not None:
             static_mask.copy_(mask)
-        graph.replay()
+        replay()
         return static_out.clone()
 
     def _capture(self, run_layers: RunLayers, hidden: torch.Tensor, mask: torch.Tensor | None):
+        """(replay, static hidden, static mask, static output) for ``hidden``'s key, or None
+        when the capture failed."""
         static_hidden = hidden.clone()
         static_mask = mask.clone() if mask is not None else None
         try:
-            # Warm up on a side stream (autotuning and lazy initialisation happen here, not
-            # inside the capture), then capture one forward of the layers.
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                run_layers(static_hidden, static_mask)
-            torch.cuda.current_stream().wait_stream(stream)
-            if self.pool is None:
-                self.pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                static_out = run_layers(static_hidden, static_mask)
+            replay, static_out = self._record(lambda: run_layers(static_hidden, static_mask))
         except RuntimeError as exc:
             self.failed = True
             warnings.warn(
                 f"CUDA graph capture failed ({exc}); running without CUDA graphs", stacklevel=3
             )
             return None
-        return graph, static_hidden, static_mask, static_out
+        return replay, static_hidden, static_mask, static_out
+
+    def _record(self, forward: Callable[[], torch.Tensor]):
+        """Capture one call of ``forward`` in a CUDA graph: (its replay, its output tensor).
+
+        ``forward`` reads only the static buffers, so a replay recomputes the output in place
+        from whatever they hold.
+        """
+        # Warm up on a side stream (autotuning and lazy initialisation happen here, not inside
+        # the capture), then capture one call.
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            forward()
+        torch.cuda.current_stream().wait_stream(stream)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            static_out = forward()
+        return graph.replay, static_out

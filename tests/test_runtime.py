@@ -169,6 +169,91 @@ def test_cuda_graphs_true_needs_cuda() -> None:
         model(torch.tensor([[1, 2, 3]]))
 
 
+class ReplayingGraphs(runtime.LayerGraphs):
+    """LayerGraphs whose "graph" re-runs the captured call on the CPU: it checks the
+    bookkeeping around a CUDA graph (static buffers, keys, when to capture, eviction, the
+    copy of the output), not the capture itself (that is the GPU test below)."""
+
+    DEVICE_TYPE = "cpu"
+
+    def __init__(self, setting):
+        super().__init__(setting)
+        self.captures = 0
+        self.replays = 0
+
+    def _record(self, forward):
+        self.captures += 1
+        static_out = forward()
+
+        def replay() -> None:
+            self.replays += 1
+            static_out.copy_(forward())
+
+        return replay, static_out
+
+
+def _graphed_model(cuda_graphs) -> tuple[fastbert.BertModel, fastbert.BertModel]:
+    hf = hf_model("BertModel", seed=14)
+    eager = fastbert.BertModel.from_pretrained(hf, cuda_graphs=False, padding_free=False)
+    graphed = fastbert.BertModel.from_pretrained(hf, cuda_graphs=False, padding_free=False)
+    graphed._graphs = ReplayingGraphs(cuda_graphs)
+    return eager, graphed
+
+
+def test_graph_replays_read_each_call_s_inputs_and_return_copies() -> None:
+    eager, graphed = _graphed_model(True)
+    outputs = []
+    for seed in range(3):  # one shape, three different batches and masks
+        ids, mask, types = padded_batch([8, 3, 6], seed=seed)
+        mask[1, 0] = 0  # masks differ between calls, not only ids
+        mask[seed, 2] = 0
+        got = graphed(ids, mask, types).last_hidden_state
+        torch.testing.assert_close(got, eager(ids, mask, types).last_hidden_state)
+        outputs.append((got, got.clone()))
+    assert (graphed._graphs.captures, graphed._graphs.replays) == (1, 3)
+    for returned, at_return in outputs:  # a later replay must not overwrite a returned output
+        assert torch.equal(returned, at_return)
+    ids, _, _ = padded_batch([8, 8, 8], seed=9)
+    torch.testing.assert_close(graphed(ids).last_hidden_state, eager(ids).last_hidden_state)
+    assert graphed._graphs.captures == 2, "a call without a mask needs its own graph"
+
+
+def test_auto_graphs_a_shape_on_its_second_sight_and_not_large_batches() -> None:
+    _, graphed = _graphed_model("auto")
+    graphs = graphed._graphs
+    ids, mask, types = padded_batch([5, 4])
+    graphed(ids, mask, types)
+    assert (graphs.captures, graphs.replays) == (0, 0)
+    graphed(ids, mask, types)
+    graphed(ids, mask, types)
+    assert (graphs.captures, graphs.replays) == (1, 2)
+    big = torch.ones(runtime.GRAPH_AUTO_MAX_TOKENS // 64 + 1, 64, dtype=torch.long)
+    assert not graphs.wants(big[..., None])
+    assert graphs.wants(big[:-1, :, None])
+
+
+def test_graphs_beyond_the_limit_evict_the_least_recently_used() -> None:
+    graphs = ReplayingGraphs(True)
+    hiddens = [torch.randn(1, seq, 4) for seq in range(1, runtime.MAX_GRAPHS + 2)]
+    for hidden in hiddens:
+        assert torch.equal(graphs.run(lambda h, m: h * 2, hidden, None), hidden * 2)
+    keys = [key[0] for key in graphs.graphs]
+    assert len(keys) == runtime.MAX_GRAPHS
+    assert tuple(hiddens[0].shape) not in keys and tuple(hiddens[-1].shape) in keys
+
+
+def test_a_failed_capture_warns_and_runs_eager_from_then_on() -> None:
+    class FailingGraphs(ReplayingGraphs):
+        def _record(self, forward):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    graphs = FailingGraphs(True)
+    hidden = torch.randn(2, 3, 4)
+    with pytest.warns(UserWarning, match="CUDA graph capture failed"):
+        assert torch.equal(graphs.run(lambda h, m: h + 1, hidden, None), hidden + 1)
+    assert graphs.failed and not graphs.wants(hidden)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("cuda_graphs", [True, "auto"])
 def test_cuda_graphs_match_eager_on_gpu(cuda_graphs) -> None:
