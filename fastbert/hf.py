@@ -37,11 +37,10 @@ This module imports transformers only inside functions.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.abc
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -261,56 +260,3 @@ class _RegisteringLoader(importlib.abc.Loader):
         if name == "loader":
             raise AttributeError(name)
         return getattr(self.loader, name)
-
-
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    """Silence transformers' loading chatter ("newly initialized" weights, progress bars)."""
-    from transformers.utils import logging
-
-    level, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
-    logging.set_verbosity_error()
-    logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logging.set_verbosity(level)
-        if bars:
-            logging.enable_progress_bar()
-
-
-def random_masked_lm(family: str, **config: Any) -> torch.nn.Module:
-    """A randomly initialised fp32 Hugging Face masked-LM model of ``family`` (a model_type),
-    in eval mode; ``config`` overrides the family's default config (e.g. hidden_size)."""
-    import transformers
-
-    with quiet():
-        hf_config = transformers.AutoConfig.for_model(family, **config)
-        return transformers.AutoModelForMaskedLM.from_config(hf_config).eval()
-
-
-def load_masked_lm(path: str) -> tuple[torch.nn.Module, bool]:
-    """(fp32 Hugging Face masked-LM model from a local folder in eval mode, whether the
-    checkpoint had the masked-LM head: if not, the head is freshly initialised)."""
-    import transformers
-
-    with quiet():
-        model, info = transformers.AutoModelForMaskedLM.from_pretrained(
-            path, output_loading_info=True
-        )
-    head_keys = ("cls.", "lm_head.", "vocab_", "generator_")
-    has_head = not any(k.startswith(head_keys) for k in info.get("missing_keys", ()))
-    return model.eval(), has_head
-
-
-def load_tokenizer(path: str) -> Any:
-    """The tokenizer saved in a local folder, or None if it has none."""
-    import transformers
-
-    try:
-        with quiet():
-            return transformers.AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError):
-        return None

@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 
-from fastbert.bench.models import Reference, import_transformers
+from fastbert.bench.models import Reference
 from fastbert.bench.shapes import Batch
+from fastbert.integrations import models as hf_models
 
 Forward = Callable[[Batch], Any]
 Builder = Callable[[Reference, torch.dtype, torch.device, str], Forward]
@@ -52,12 +53,7 @@ def fastbert_keywords() -> frozenset[str]:
 def hf_model(reference: Reference, attn_implementation: str, dtype: torch.dtype,
              device: torch.device) -> Any:
     """A Hugging Face BertModel with the reference weights, on ``device`` in ``dtype``."""
-    with torch.device(device):
-        model = import_transformers().AutoModel.from_config(
-            reference.hf_model.config, attn_implementation=attn_implementation
-        )
-    model.load_state_dict(reference.hf_model.state_dict())
-    return model.to(dtype).eval()
+    return hf_models.model_like(reference.hf_model, attn_implementation, dtype, device)
 
 
 def _hf_forward(model: Any) -> Forward:

