@@ -18,7 +18,9 @@
 # The whole run fits in BUDGET_S seconds (default 530): each stage gets at most its cap and
 # what is left, is interrupted (and reports what it measured) when its time is up, and later
 # stages still run. Knobs (environment): BUDGET_S, GPU_TESTS_S (100), BENCH_S (200),
-# KERNELS_S (100), AUTOTUNE_S (150), SKIP_MAX_AUTOTUNE=1, PYTHON (python3).
+# KERNELS_S (100), AUTOTUNE_S (150), E2E_S (what is left), SKIP_MAX_AUTOTUNE=1,
+# PYTHON (python3). A cap of 0 skips its stage: e.g. GPU_TESTS_S=480 BENCH_S=0 KERNELS_S=0
+# SKIP_MAX_AUTOTUNE=1 E2E_S=0 runs only the GPU tests, in one call of under ten minutes.
 set -u
 
 OUT=${1:?usage: benchmarks/run_gpu.sh OUTDIR}
@@ -41,6 +43,10 @@ stage() {
     shift 3
     local left=$((BUDGET_S - RESERVE_S - ($(date +%s) - START)))
     local limit=$((cap < left ? cap : left))
+    if ((cap == 0)); then
+        echo "== $name: skipped (cap 0)" | tee -a "$LOG" "$AUX/stages.txt"
+        return
+    fi
     if ((limit < 10)); then
         echo "== $name: not run (no time left)" | tee -a "$LOG" "$AUX/stages.txt"
         return
@@ -83,7 +89,7 @@ if [ "${SKIP_MAX_AUTOTUNE:-0}" != 1 ]; then
         --shapes 32x128 --peers hf-compile-max
 fi
 
-stage e2e-suite 600 "$LOG" \
+stage e2e-suite "${E2E_S:-600}" "$LOG" \
     "$PY" -m pytest benchmarks/test_end_to_end_bench.py -q -p no:cacheprovider \
     --bench-models bert-large,minilm-l6 --bench-dtypes float16 --bench-reps 30 \
     --benchmark-json "$OUT/e2e-bench.json"
