@@ -21,9 +21,10 @@ float32 inputs multiply in IEEE float32 (``input_precision="ieee"``, not TF32).
 
 Limits: one output tile per program, programs ordered in groups of ``GROUP_M`` row tiles so
 that consecutive programs share the same weight columns in L2. Row offsets are int64 (M * K
-reaches 65536 * 4096 and strides may be larger still). The autotuner keys on N, K, the dtypes
-and a power-of-two bucket of M, so a new batch x sequence length does not re-tune. M == 0 or
-N == 0 returns an empty output without a launch.
+reaches 65536 * 4096 and strides may be larger still). The autotuner keys on N, K, the dtypes,
+a power-of-two bucket of M and the epilogue (ACTIVATION, HAS_RESIDUAL: some tiles are kept only
+for the light epilogues), so a new batch x sequence length does not re-tune. M == 0 or N == 0
+returns an empty output without a launch.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ SHARED_MEMORY_BUDGET = 160 * 1024
 # float32 runs tl.dot as an FMA loop (IEEE, no tensor cores) that holds its operand tiles in
 # registers: K tiles wider than this spill on sm_80.
 FP32_MAX_BLOCK_K = 32
+# float32 accumulator values per thread above which only the light epilogues (bias or nothing)
+# fit the 255 registers: a 128 x 256 tile over 8 warps (128 values) compiles without spills
+# as a plain GEMM + bias on sm_80 and sm_90, but a GELU or a residual on top of it spills
+# (48 to 716 bytes per thread, on both targets).
+HEAVY_EPILOGUE_MAX_ACC_VALUES = 64
 
 
 def _config(block_m: int, block_n: int, block_k: int, stages: int, warps: int) -> triton.Config:
@@ -53,10 +59,13 @@ def _config(block_m: int, block_n: int, block_k: int, stages: int, warps: int) -
 def gpu_configs() -> list[triton.Config]:
     """Hopper- and Ampere-friendly tiles for the encoder's GEMMs, none spilling registers.
 
-    128 x 128 tiles serve the big-M projections (M = batch x sequence up to 65536), the narrow
-    ones the small-M calls (one sentence, the pooler). The last three are also the float32 ones.
+    128 x 256 (the Triton matmul tutorial's best float16 config on H100) serves the big-M
+    projections whose epilogue is at most a bias, 128 x 128 tiles every big-M projection
+    (M = batch x sequence up to 65536), the narrow ones the small-M calls (one sentence, the
+    pooler). The four with BLOCK_K = 32 are also the float32 ones (see :func:`keep`).
     """
     return [
+        _config(128, 256, 64, stages=3, warps=8),
         _config(128, 128, 64, stages=4, warps=8),
         _config(128, 128, 32, stages=4, warps=8),
         _config(128, 64, 64, stages=4, warps=4),
@@ -83,25 +92,40 @@ def shared_memory_bytes(config: triton.Config, element_size: int) -> int:
     return config.num_stages * tile * element_size
 
 
-def keep(config: triton.Config, element_size: int, m_bucket: int) -> bool:
+def keep(
+    config: triton.Config,
+    element_size: int,
+    m_bucket: int,
+    *,
+    activation: int,
+    has_residual: bool,
+) -> bool:
     """Whether ``config`` is worth timing for inputs of ``element_size`` bytes and M rows.
 
     It must fit the shared memory of both targets, in float32 keep its K tile narrow enough
-    for the FMA loop's registers, and not have a row tile taller than M's bucket (those
-    rows would only be masked work).
+    for the FMA loop's registers, hold at most ``HEAVY_EPILOGUE_MAX_ACC_VALUES`` accumulator
+    values per thread when the epilogue has an ``activation`` (a code of
+    :data:`ACTIVATION_CODES`) or a residual, and not have a row tile taller than M's bucket
+    (those rows would only be masked work).
     """
     meta = config.kwargs
     if shared_memory_bytes(config, element_size) > SHARED_MEMORY_BUDGET:
         return False
     if element_size == 4 and meta["BLOCK_K"] > FP32_MAX_BLOCK_K:
         return False
+    acc_values = meta["BLOCK_M"] * meta["BLOCK_N"] // (32 * config.num_warps)
+    if (activation or has_residual) and acc_values > HEAVY_EPILOGUE_MAX_ACC_VALUES:
+        return False
     return meta["BLOCK_M"] <= m_bucket
 
 
 def _prune(candidates: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    """Autotuner hook: the configs ``keep`` allows for this launch."""
     args = {**named_args, **kwargs}
     element_size = args["x_ptr"].element_size()
-    return [c for c in candidates if keep(c, element_size, args["M_BUCKET"])]
+    epilogue = {"activation": args["ACTIVATION"], "has_residual": bool(args["HAS_RESIDUAL"])}
+    kept = [c for c in candidates if keep(c, element_size, args["M_BUCKET"], **epilogue)]
+    return kept
 
 
 def m_bucket(m: int) -> int:
@@ -126,7 +150,7 @@ def _gelu_tanh(y):
 
 @triton.autotune(
     configs=configs(),
-    key=["N", "K", "M_BUCKET"],
+    key=["N", "K", "M_BUCKET", "ACTIVATION", "HAS_RESIDUAL"],
     prune_configs_by={"early_config_prune": _prune},
 )
 @triton.jit

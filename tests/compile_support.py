@@ -3,9 +3,11 @@
 ``python -m tests.compile_support [op ...]`` compiles each case listed in
 ``tests/compile_cases/<op>.py`` (a module-level ``CASES`` list of :class:`CompileCase`) for
 sm_80 and sm_90 with ``triton.compile`` and a ``GPUTarget`` — no GPU needed, the Triton wheel
-ships ptxas — and prints one JSON line per (case, arch): shared memory, registers, spills, or the
-compile error. It must run in a process WITHOUT ``TRITON_INTERPRET`` set;
-``tests/test_compile.py`` starts it that way.
+ships ptxas — and prints one JSON line per (case, arch): shared memory, registers, spills, the
+tensor-core instruction family in the PTX (``mma``, see :func:`mma_instruction`), or the compile
+error. Cases that declare ``dtype`` and ``block_m`` carry them (and ``num_warps``) into the report,
+so that a test can tell which cases should run on warpgroup MMA. It must run in a process
+WITHOUT ``TRITON_INTERPRET`` set; ``tests/test_compile.py`` starts it that way.
 """
 
 from __future__ import annotations
@@ -38,6 +40,28 @@ class CompileCase:
     archs: tuple[int, ...] = field(default=ARCHS)
     # Integer arguments that are multiples of 16 in the launches that matter (BERT's N and K).
     aligned_ints: tuple[str, ...] = ()
+    # For the tensor-core check of matrix kernels: the element type of the tl.dot operands
+    # ("fp16", "bf16", "fp32") and the row tile (the M of the MMA).
+    dtype: str | None = None
+    block_m: int | None = None
+
+
+# wgmma.mma_async only (not wgmma.fence / commit_group / wait_group); mma.sync as a whole word.
+_MMA_PATTERNS = (
+    ("wgmma", re.compile(r"\bwgmma\.mma_async\b")),
+    ("mma.sync", re.compile(r"(?<![\w.])mma\.sync\b")),
+)
+
+
+def mma_instruction(ptx: str) -> str:
+    """The matrix instruction family in ``ptx``: "wgmma", "mma.sync", "wgmma+mma.sync" or "none".
+
+    ``wgmma`` (warpgroup MMA) is Hopper's tensor-core path; ``mma.sync`` is Ampere's, which
+    sm_90 still runs, more slowly. "none": no tensor-core instruction (an FMA loop, e.g.
+    float32 with IEEE products). "wgmma+mma.sync": some dots took each path.
+    """
+    found = [name for name, pattern in _MMA_PATTERNS if pattern.search(ptx)]
+    return "+".join(found) or "none"
 
 
 def _ptxas_usage(ptx: str, arch: int) -> dict[str, int]:
@@ -96,6 +120,8 @@ def compile_case(case: CompileCase, arch: int) -> dict[str, object]:
     from triton.compiler import ASTSource
 
     report: dict[str, object] = {"case": case.name, "arch": arch}
+    if case.dtype is not None:
+        report.update(dtype=case.dtype, block_m=case.block_m, num_warps=case.num_warps)
     try:
         src = ASTSource(
             fn=case.fn,
@@ -110,6 +136,7 @@ def compile_case(case: CompileCase, arch: int) -> dict[str, object]:
         )
         report["shared"] = int(kernel.metadata.shared)
         report["cubin"] = len(kernel.asm["cubin"]) > 0
+        report["mma"] = mma_instruction(kernel.asm["ptx"])
         report.update(_ptxas_usage(kernel.asm["ptx"], arch))
     except Exception as exc:  # report every failure, keep compiling the rest
         report["error"] = f"{type(exc).__name__}: {exc}"[:2000]

@@ -1,12 +1,17 @@
 """Every Triton kernel variant and autotune config compiles for sm_80 and sm_90 (no GPU needed).
 
 The compile runs in a child process without TRITON_INTERPRET (the interpreter replaces
-@triton.jit and cannot compile). Shared memory must fit the target; register spills are printed
-(run pytest with -s or see the captured output) so a regression shows in CI logs.
+@triton.jit and cannot compile), once per op: the reports are cached and every check below reads
+them. Shared memory must fit the target; register spills are printed (run pytest with -s or see
+the captured output) so a regression shows in CI logs. The matrix kernels must use the tensor-core
+instructions of each target: warpgroup MMA (wgmma) on sm_90 wherever the tile allows it,
+mma.sync on sm_80.
 """
 
 from __future__ import annotations
 
+import collections
+import functools
 import json
 import os
 import pkgutil
@@ -17,13 +22,21 @@ from pathlib import Path
 import pytest
 
 from tests import compile_cases
-from tests.compile_support import SHARED_MEMORY_LIMIT
+from tests.compile_support import SHARED_MEMORY_LIMIT, mma_instruction
 
 ROOT = Path(__file__).resolve().parent.parent
 OPS = sorted(m.name for m in pkgutil.iter_modules(compile_cases.__path__))
+# Ops whose kernels multiply tiles with tl.dot; their cases declare dtype and block_m.
+MMA_OPS = ("attention", "linear")
+SIXTEEN_BIT = ("fp16", "bf16")
+# wgmma runs on a warpgroup (4 warps) with an M of 64 per warpgroup.
+WGMMA_MIN_BLOCK_M = 64
+WARPGROUP = 4
 
 
-def _compile_reports(op: str) -> list[dict]:
+@functools.cache
+def _compile_run(op: str) -> tuple[int, str, str]:
+    """Compile ``op``'s cases once per test session: (returncode, stdout, stderr)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
         [sys.executable, "-m", "tests.compile_support", op],
@@ -33,8 +46,13 @@ def _compile_reports(op: str) -> list[dict]:
         text=True,
         timeout=1800,
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def _compile_reports(op: str) -> list[dict]:
+    returncode, stdout, stderr = _compile_run(op)
+    assert returncode == 0, stderr[-4000:]
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -56,3 +74,52 @@ def test_every_variant_compiles_for_sm80_and_sm90(op: str) -> None:
             f"  spill: {r['case']} sm_{r['arch']}: {r['registers']} regs, "
             f"{r['spill_stores']} B stores, {r['spill_loads']} B loads"
         )
+
+
+def expected_mma(report: dict) -> tuple[str, ...] | None:
+    """The instruction families a 16-bit case may use on its target; None: not checked.
+
+    sm_80: mma.sync. sm_90: wgmma when BLOCK_M >= 64 and num_warps is a multiple of 4 (a
+    warpgroup per 64 rows); smaller tiles may only take mma.sync (or wgmma), never no MMA.
+    float32 (IEEE products as an FMA loop, or tf32 mma) is recorded, not checked.
+    """
+    if report["dtype"] not in SIXTEEN_BIT:
+        return None
+    if report["arch"] == 80:
+        return ("mma.sync",)
+    if report["block_m"] >= WGMMA_MIN_BLOCK_M and report["num_warps"] % WARPGROUP == 0:
+        return ("wgmma",)
+    return ("wgmma", "mma.sync")
+
+
+@pytest.mark.parametrize("op", MMA_OPS)
+def test_matrix_kernels_use_each_targets_tensor_cores(op: str) -> None:
+    reports = _compile_reports(op)
+    undeclared = [r["case"] for r in reports if r.get("dtype") is None or not r.get("block_m")]
+    assert not undeclared, f"cases without dtype / block_m: {undeclared}"
+    counts = collections.Counter((r["arch"], r["dtype"], r.get("mma")) for r in reports)
+    print(f"\n{op}: MMA instruction per (arch, dtype): compiles")
+    for (arch, dtype, mma), n in sorted(counts.items(), key=str):
+        print(f"  sm_{arch} {dtype} {mma}: {n}")
+    checked = [(r, expected_mma(r)) for r in reports if expected_mma(r) is not None]
+    assert any(allowed == ("wgmma",) for _, allowed in checked), f"{op}: no wgmma-sized case"
+    assert any(r["arch"] == 80 for r, _ in checked), f"{op}: no 16-bit sm_80 case"
+    wrong = [
+        f"{r['case']} sm_{r['arch']}: {r.get('mma', r.get('error'))}, expected {' or '.join(ok)}"
+        for r, ok in checked
+        if r.get("mma") not in ok
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_mma_instruction_reads_ptx() -> None:
+    wgmma = (
+        "wgmma.fence.sync.aligned;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%f1}, %rd1, %rd2, p, 1, 1, 0, 1;\n"
+        "wgmma.commit_group.sync.aligned;\n"
+    )
+    mma = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%f1}, {%r1}, {%r2}, {%f1};\n"
+    assert mma_instruction(wgmma) == "wgmma"
+    assert mma_instruction(mma) == "mma.sync"
+    assert mma_instruction(wgmma + mma) == "wgmma+mma.sync"
+    assert mma_instruction("fma.rn.f32 %f1, %f2, %f3, %f1;\nwgmma.fence.sync.aligned;\n") == "none"

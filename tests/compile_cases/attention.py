@@ -14,7 +14,8 @@ compiled. Head dims 32, 64, 80, 96, 128 (BLOCK_D 32, 64, 128).
   Face's attention_mask dtype).
 
 Configs and the jit function come from the module itself, so the cases follow the code. A
-contiguous mask has unit stride on S_k, which the JIT specialises to the constexpr 1.
+contiguous mask has unit stride on S_k, which the JIT specialises to the constexpr 1. Each case
+declares its dtype and BLOCK_M for the tensor-core instruction check in tests/test_compile.py.
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ def _case(
         constexprs=constexprs,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        dtype=dtype,
+        block_m=meta["BLOCK_M"],
     )
 
 

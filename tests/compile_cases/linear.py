@@ -1,9 +1,11 @@
 """Compile cases for kernels/fused_linear.py: every autotune config and every epilogue variant.
 
-float16 compiles every autotune config (with the full epilogue) and every epilogue variant
+float16 compiles every autotune config (with the full epilogue, or, for a config ``keep``
+allows only with lighter epilogues, with each epilogue it allows) and every epilogue variant
 (with one config); bfloat16 and float32 compile every epilogue variant, float32 with each
 config its ``keep`` predicate lets through. Configs and the jit function come from the module
-itself, so the cases follow the code.
+itself, so the cases follow the code. Each case declares its dtype and BLOCK_M for the
+tensor-core instruction check in tests/test_compile.py.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ KERNEL = mod._linear_fwd_kernel.fn
 CONFIGS = mod._linear_fwd_kernel.configs
 DTYPES = {"fp16": 2, "bf16": 2, "fp32": 4}
 EPILOGUES = list(itertools.product((False, True), (0, 1, 2), (False, True)))
+FULL_EPILOGUE = (True, 1, True)  # (HAS_BIAS, ACTIVATION, HAS_RESIDUAL): BERT's heaviest
 LARGEST_M_BUCKET = 65536
 UNIT_STRIDES = (
     "stride_x_k",
@@ -85,22 +88,47 @@ def _case(dtype: str, config, has_bias: bool, activation: int, has_residual: boo
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         aligned_ints=("N", "K"),
+        dtype=dtype,
+        block_m=meta["BLOCK_M"],
     )
 
 
+def _kept_epilogues(config, element_size: int) -> list[tuple[bool, int, bool]]:
+    """The epilogues ``keep`` lets ``config`` run (at the largest M bucket)."""
+    return [
+        epilogue
+        for epilogue in EPILOGUES
+        if mod.keep(
+            config,
+            element_size,
+            LARGEST_M_BUCKET,
+            activation=epilogue[1],
+            has_residual=epilogue[2],
+        )
+    ]
+
+
+def _heaviest(dtype: str, config) -> list[CompileCase]:
+    """``config`` with the full epilogue if kept for it, else with every epilogue it is kept for."""
+    kept = _kept_epilogues(config, DTYPES[dtype])
+    chosen = [FULL_EPILOGUE] if FULL_EPILOGUE in kept else kept
+    return [_case(dtype, config, *epilogue) for epilogue in chosen]
+
+
 def _cases() -> list[CompileCase]:
-    """fp16: each config with the full epilogue, then every epilogue on the sweep config."""
-    cases = [_case("fp16", config, True, 1, True) for config in CONFIGS]
+    """fp16: each config with its heaviest epilogues, then every epilogue on the sweep config."""
+    cases = [case for config in CONFIGS for case in _heaviest("fp16", config)]
     for dtype, element_size in DTYPES.items():
-        kept = [c for c in CONFIGS if mod.keep(c, element_size, LARGEST_M_BUCKET)]
+        kept = [c for c in CONFIGS if _kept_epilogues(c, element_size) == EPILOGUES]
         sweep = kept[-1]
         cases += [
             _case(dtype, sweep, *epilogue)
             for epilogue in EPILOGUES
-            if dtype != "fp16" or epilogue != (True, 1, True)
+            if dtype != "fp16" or epilogue != FULL_EPILOGUE
         ]
         if dtype == "fp32":
-            cases += [_case(dtype, c, True, 1, True) for c in kept[:-1]]
+            others = [c for c in CONFIGS if c is not sweep]
+            cases += [case for config in others for case in _heaviest(dtype, config)]
     return cases
 
 
