@@ -1,10 +1,17 @@
-"""Where Triton kernels can run: on CUDA tensors, or on CPU tensors under the interpreter."""
+"""Where Triton kernels can run (CUDA tensors, or CPU tensors under the interpreter), and which
+autotune configs they time."""
 
 from __future__ import annotations
 
 import os
 
 import torch
+import triton
+
+# Which autotune configs a launch times: unset or "all" for every config the kernel keeps for
+# that launch; an integer i for only the i-th of them, so nothing is timed (the GPU tests pin
+# each config in turn to check them all, or the first to skip tuning).
+AUTOTUNE_ENV = "FASTBERT_AUTOTUNE"
 
 
 def interpreting() -> bool:
@@ -28,3 +35,19 @@ def check_triton_device(name: str, t: torch.Tensor) -> None:
         "TRITON_INTERPRET=1 set before fastbert is imported (the Triton interpreter); use "
         "backend='torch' to run the pure-PyTorch reference anywhere"
     )
+
+
+def tuned(kept: list[triton.Config]) -> list[triton.Config]:
+    """The configs an autotuner times for a launch, of the ``kept`` ones: all of them, or the
+    one that FASTBERT_AUTOTUNE names by its index."""
+    choice = os.environ.get(AUTOTUNE_ENV, "").strip()
+    if choice in ("", "all"):
+        return kept
+    if not choice.isdigit():
+        raise ValueError(f"{AUTOTUNE_ENV} must be 'all' or a config index, got {choice!r}")
+    index = int(choice)
+    if index >= len(kept):
+        raise ValueError(
+            f"{AUTOTUNE_ENV}={index}, but this launch keeps {len(kept)} autotune configs"
+        )
+    return kept[index : index + 1]

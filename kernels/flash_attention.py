@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from . import _checks
-from ._runtime import check_triton_device, interpreting
+from ._runtime import check_triton_device, interpreting, tuned
 
 SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 128)
 MAX_GRID_YZ = 65535
@@ -92,11 +92,12 @@ def configs() -> list[triton.Config]:
 def _prune(
     configs: list[triton.Config], named_args: dict, **kwargs: object
 ) -> list[triton.Config]:
-    """Autotuner hook: the configs ``keep`` allows for this launch's BLOCK_D, dtype, variant."""
+    """Autotuner hook: the configs ``keep`` allows for this launch's BLOCK_D, dtype, variant
+    (only one of them when FASTBERT_AUTOTUNE names it)."""
     args = {**named_args, **kwargs}
     size, is_varlen = args["Q"].element_size(), bool(args["IS_VARLEN"])
     kept = [c for c in configs if keep(c, args["BLOCK_D"], size, is_varlen)]
-    return kept or configs[:1]
+    return tuned(kept or configs[:1])
 
 
 @triton.jit

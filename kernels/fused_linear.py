@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_linear
-from ._runtime import check_triton_device, interpreting
+from ._runtime import check_triton_device, interpreting, tuned
 
 ACTIVATION_CODES = {None: 0, "gelu": 1, "gelu_tanh": 2}
 
@@ -120,12 +120,13 @@ def keep(
 
 
 def _prune(candidates: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
-    """Autotuner hook: the configs ``keep`` allows for this launch."""
+    """Autotuner hook: the configs ``keep`` allows for this launch (only one of them when
+    FASTBERT_AUTOTUNE names it)."""
     args = {**named_args, **kwargs}
     element_size = args["x_ptr"].element_size()
     epilogue = {"activation": args["ACTIVATION"], "has_residual": bool(args["HAS_RESIDUAL"])}
     kept = [c for c in candidates if keep(c, element_size, args["M_BUCKET"], **epilogue)]
-    return kept
+    return tuned(kept)
 
 
 def m_bucket(m: int) -> int:

@@ -2,6 +2,7 @@
 
 Without a CUDA GPU the Triton kernels run under the interpreter, which must be switched on
 before any module with @triton.jit is imported: hence the environment is set here, first.
+With one, autotuning is pinned to one config per launch (FASTBERT_AUTOTUNE=0).
 """
 
 from __future__ import annotations
@@ -13,6 +14,11 @@ import torch
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+else:
+    # The GPU tests check results, not speed: each launch runs the first config its kernel
+    # keeps, untimed (autotuning every shape would take most of the run). The other configs
+    # are checked one by one in tests/test_configs_gpu.py.
+    os.environ.setdefault("FASTBERT_AUTOTUNE", "0")
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -1,0 +1,56 @@
+"""FASTBERT_AUTOTUNE: which autotune configs a launch times (all, or one by its index).
+
+The autotuners call the kernels' prune hooks only on a GPU (the interpreter has one config), so
+the hooks are called directly here with the GPU config lists.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+from fastbert.kernels import _runtime, flash_attention, fused_linear
+
+
+def test_all_by_default_and_one_by_index(monkeypatch) -> None:
+    kept = ["a", "b", "c"]
+    monkeypatch.delenv(_runtime.AUTOTUNE_ENV, raising=False)
+    assert _runtime.tuned(kept) == kept
+    for everything in ("all", ""):
+        monkeypatch.setenv(_runtime.AUTOTUNE_ENV, everything)
+        assert _runtime.tuned(kept) == kept
+    monkeypatch.setenv(_runtime.AUTOTUNE_ENV, "2")
+    assert _runtime.tuned(kept) == ["c"]
+
+
+@pytest.mark.parametrize("value", ["3", "-1", "first"])
+def test_a_bad_choice_says_what_is_allowed(monkeypatch, value) -> None:
+    monkeypatch.setenv(_runtime.AUTOTUNE_ENV, value)
+    with pytest.raises(ValueError, match="FASTBERT_AUTOTUNE"):
+        _runtime.tuned(["a", "b", "c"])
+
+
+def test_linear_prune_pins_the_chosen_config(monkeypatch) -> None:
+    candidates = fused_linear.gpu_configs()
+    args = {
+        "x_ptr": torch.empty(1, dtype=torch.float16), "M_BUCKET": 4096,
+        "ACTIVATION": fused_linear.ACTIVATION_CODES["gelu"], "HAS_RESIDUAL": False,
+    }
+    monkeypatch.delenv(_runtime.AUTOTUNE_ENV, raising=False)
+    kept = fused_linear._prune(candidates, args)
+    assert 1 < len(kept) < len(candidates)  # the GELU epilogue drops the widest tile
+    monkeypatch.setenv(_runtime.AUTOTUNE_ENV, "1")
+    assert fused_linear._prune(candidates, args) == [kept[1]]
+
+
+def test_attention_prune_pins_the_chosen_config(monkeypatch) -> None:
+    candidates = [
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+        for m, n, w, s in flash_attention._TUNE_SPACE
+    ]
+    args = {"Q": torch.empty(1, dtype=torch.float16), "IS_VARLEN": False, "BLOCK_D": 64}
+    monkeypatch.delenv(_runtime.AUTOTUNE_ENV, raising=False)
+    kept = flash_attention._prune(candidates, args)
+    assert len(kept) > 1
+    monkeypatch.setenv(_runtime.AUTOTUNE_ENV, str(len(kept) - 1))
+    assert flash_attention._prune(candidates, args) == [kept[-1]]
