@@ -129,6 +129,9 @@ def _cases() -> list[CompileCase]:
         if dtype == "fp32":
             others = [c for c in CONFIGS if c is not sweep]
             cases += [case for config in others for case in _heaviest(dtype, config)]
+    # bf16 on the big-M tile too, so that its wgmma path on sm_90 is checked like fp16's.
+    big = next(c for c in CONFIGS if FULL_EPILOGUE in _kept_epilogues(c, DTYPES["bf16"]))
+    cases += _heaviest("bf16", big)
     return cases
 
 
