@@ -37,17 +37,33 @@ def check_triton_device(name: str, t: torch.Tensor) -> None:
     )
 
 
+def pinned_config() -> int | None:
+    """The config index FASTBERT_AUTOTUNE pins, or None when every config is timed."""
+    choice = os.environ.get(AUTOTUNE_ENV, "").strip()
+    if choice in ("", "all"):
+        return None
+    if not choice.isdigit():
+        raise ValueError(f"{AUTOTUNE_ENV} must be 'all' or a config index, got {choice!r}")
+    return int(choice)
+
+
 def tuned(kept: list[triton.Config]) -> list[triton.Config]:
     """The configs an autotuner times for a launch, of the ``kept`` ones: all of them, or the
     one that FASTBERT_AUTOTUNE names by its index."""
-    choice = os.environ.get(AUTOTUNE_ENV, "").strip()
-    if choice in ("", "all"):
+    index = pinned_config()
+    if index is None:
         return kept
-    if not choice.isdigit():
-        raise ValueError(f"{AUTOTUNE_ENV} must be 'all' or a config index, got {choice!r}")
-    index = int(choice)
     if index >= len(kept):
         raise ValueError(
             f"{AUTOTUNE_ENV}={index}, but this launch keeps {len(kept)} autotune configs"
         )
     return kept[index : index + 1]
+
+
+def time_config(kernel_call, quantiles):
+    """The autotuners' timer: ``triton.testing.do_bench`` (Triton's default), except when
+    FASTBERT_AUTOTUNE pins a config: there is nothing to compare then, and some Triton
+    releases time even a lone config, so it returns zeros without running anything."""
+    if pinned_config() is not None:
+        return [0.0 for _ in quantiles] if quantiles else 0.0
+    return triton.testing.do_bench(kernel_call, quantiles=quantiles)

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from . import _checks
-from ._runtime import check_triton_device, interpreting, tuned
+from ._runtime import check_triton_device, interpreting, time_config, tuned
 
 SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 128)
 MAX_GRID_YZ = 65535
@@ -200,6 +200,7 @@ def _attend_query_block(
     configs=configs(),
     key=["seq_bucket", "HEAD_DIM", "HAS_MASK", "IS_VARLEN"],
     prune_configs_by={"early_config_prune": _prune},
+    do_bench=time_config,
 )
 @triton.jit
 def _attention_fwd_kernel(

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_linear
-from ._runtime import check_triton_device, interpreting, tuned
+from ._runtime import check_triton_device, interpreting, time_config, tuned
 
 ACTIVATION_CODES = {None: 0, "gelu": 1, "gelu_tanh": 2}
 
@@ -153,6 +153,7 @@ def _gelu_tanh(y):
     configs=configs(),
     key=["N", "K", "M_BUCKET", "ACTIVATION", "HAS_RESIDUAL"],
     prune_configs_by={"early_config_prune": _prune},
+    do_bench=time_config,
 )
 @triton.jit
 def _linear_fwd_kernel(

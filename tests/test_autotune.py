@@ -54,3 +54,10 @@ def test_attention_prune_pins_the_chosen_config(monkeypatch) -> None:
     assert len(kept) > 1
     monkeypatch.setenv(_runtime.AUTOTUNE_ENV, str(len(kept) - 1))
     assert flash_attention._prune(candidates, args) == [kept[-1]]
+
+
+def test_a_pinned_config_is_not_timed(monkeypatch) -> None:
+    calls = []
+    monkeypatch.setenv(_runtime.AUTOTUNE_ENV, "0")
+    assert _runtime.time_config(lambda: calls.append(1), (0.5, 0.2, 0.8)) == [0.0, 0.0, 0.0]
+    assert calls == []
