@@ -196,7 +196,7 @@ class BertModel(PretrainedMixin, nn.Module):
     @cuda_graphs.setter
     def cuda_graphs(self, value: str | bool) -> None:
         runtime.check_setting("cuda_graphs", value)
-        self._graphs = runtime.LayerGraphs(value)
+        self._graphs = runtime.EncoderGraphs(value)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -224,17 +224,20 @@ class BertModel(PretrainedMixin, nn.Module):
         ids_checked, packed = self._read_batch(ops, input_ids, token_type_ids, key_padding_mask)
         if packed is not None:
             return ops, self._encode_packed(ops, packed, input_ids, token_type_ids)
-        hidden = self.embeddings(ops, input_ids, token_type_ids, check_ids=not ids_checked)
 
-        def run_layers(hidden: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        def encode_dense(
+            ids: torch.Tensor, types: torch.Tensor | None, mask: torch.Tensor | None
+        ) -> torch.Tensor:
+            hidden = self.embeddings(ops, ids, types, check_ids=not ids_checked)
             attend = runtime.dense_attention(ops, self.config.num_attention_heads, mask)
             for layer in self.layers:
                 hidden = layer(ops, hidden, attend)
             return hidden
 
-        if self._graphs.wants(hidden):
-            return ops, self._graphs.run(run_layers, hidden, key_padding_mask)
-        return ops, run_layers(hidden, key_padding_mask)
+        inputs = (input_ids, token_type_ids, key_padding_mask)
+        if ids_checked and self._graphs.wants(input_ids):
+            return ops, self._graphs.run(encode_dense, *inputs)
+        return ops, encode_dense(*inputs)
 
     def _read_batch(
         self,

@@ -7,8 +7,9 @@
   result is scattered back to [B, S, H] with zeros at padded positions. The number of real
   tokens sizes the packed tensors: it comes from the one host read a forward makes
   (fastbert.validation.read_batch), together with the id-range check.
-- CUDA graphs: the dense layer stack for one (batch, seq, mask) shape is captured once and
-  replayed, which removes the per-kernel launch cost (about 80 launches for BERT-base).
+- CUDA graphs: the dense encoder (embeddings and layers) for one (batch, seq, optional
+  inputs) key is captured once and replayed, which removes the per-kernel launch cost (about
+  80 launches for BERT-base).
 
 Each is chosen per call by the model's ``padding_free`` and ``cuda_graphs`` settings, each
 "auto", True or False:
@@ -144,15 +145,18 @@ def packing_threshold(
     return PACK_MIN_PADDING if ops.name == "triton" else None
 
 
-RunLayers = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
+Inputs = tuple[torch.Tensor | None, ...]
 
 
-class LayerGraphs:
-    """CUDA graphs of a dense layer stack, one per (shape, dtype, mask present) key.
+class EncoderGraphs:
+    """CUDA graphs of the dense encoder (embeddings and layers), one per key: the shape and
+    dtype of each input, and which optional inputs are present.
 
-    ``run(hidden, mask)`` copies the inputs into the graph's static buffers, replays it and
-    returns a copy of its output. A capture that fails (an op that cannot be captured) warns
-    once and falls back to eager execution for good.
+    ``run(encode, *inputs)`` copies the inputs (ids, token types, mask; None for one that is
+    absent) into the graph's static buffers, replays it and returns a copy of its output.
+    ``encode`` must not synchronise with the host (the model checks the ids beforehand). A
+    capture that fails (an op that cannot be captured) warns once and falls back to eager
+    execution for good.
     """
 
     # Graphs need CUDA; a test double that records without CUDA sets its own device type.
@@ -165,56 +169,53 @@ class LayerGraphs:
         self.failed = False
         self.pool = None
 
-    def wants(self, hidden: torch.Tensor) -> bool:
-        """Whether a dense call on ``hidden`` should replay a graph."""
-        if self.setting is False or self.failed:
+    def wants(self, input_ids: torch.Tensor) -> bool:
+        """Whether a dense call on [B, S] ``input_ids`` should replay a graph."""
+        if self.setting is False or self.failed or torch.compiler.is_compiling():
             return False
-        if hidden.device.type != self.DEVICE_TYPE:
+        if input_ids.device.type != self.DEVICE_TYPE:
             if self.setting is True:
                 raise ValueError(
                     f"cuda_graphs=True needs the model on a CUDA device, it is on "
-                    f"{hidden.device}; use cuda_graphs='auto' or False"
+                    f"{input_ids.device}; use cuda_graphs='auto' or False"
                 )
             return False
-        return self.setting is True or hidden.shape[0] * hidden.shape[1] <= GRAPH_AUTO_MAX_TOKENS
+        return self.setting is True or input_ids.numel() <= GRAPH_AUTO_MAX_TOKENS
 
-    def run(
-        self, run_layers: RunLayers, hidden: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        key = (tuple(hidden.shape), hidden.dtype, hidden.device, mask is not None)
+    def run(self, encode: Callable[..., torch.Tensor], *inputs: torch.Tensor | None):
+        key = tuple(None if t is None else (tuple(t.shape), t.dtype, t.device) for t in inputs)
         entry = self.graphs.get(key)
         if entry is None:
             if self.setting == "auto" and key not in self.seen:
                 self.seen.add(key)
-                return run_layers(hidden, mask)
-            entry = self._capture(run_layers, hidden, mask)
+                return encode(*inputs)
+            entry = self._capture(encode, inputs)
             if entry is None:
-                return run_layers(hidden, mask)
+                return encode(*inputs)
             self.graphs[key] = entry
             if len(self.graphs) > MAX_GRAPHS:
                 self.graphs.popitem(last=False)
         self.graphs.move_to_end(key)
-        replay, static_hidden, static_mask, static_out = entry
-        static_hidden.copy_(hidden)
-        if mask is not None:
-            static_mask.copy_(mask)
+        replay, static_inputs, static_out = entry
+        for static, t in zip(static_inputs, inputs):
+            if t is not None:
+                static.copy_(t)
         replay()
         return static_out.clone()
 
-    def _capture(self, run_layers: RunLayers, hidden: torch.Tensor, mask: torch.Tensor | None):
-        """(replay, static hidden, static mask, static output) for ``hidden``'s key, or None
-        when the capture failed."""
-        static_hidden = hidden.clone()
-        static_mask = mask.clone() if mask is not None else None
+    def _capture(self, encode: Callable[..., torch.Tensor], inputs: Inputs):
+        """(replay, static inputs, static output) for the key of ``inputs``, or None when the
+        capture failed."""
+        static_inputs = tuple(None if t is None else t.clone() for t in inputs)
         try:
-            replay, static_out = self._record(lambda: run_layers(static_hidden, static_mask))
+            replay, static_out = self._record(lambda: encode(*static_inputs))
         except RuntimeError as exc:
             self.failed = True
             warnings.warn(
                 f"CUDA graph capture failed ({exc}); running without CUDA graphs", stacklevel=3
             )
             return None
-        return replay, static_hidden, static_mask, static_out
+        return replay, static_inputs, static_out
 
     def _record(self, forward: Callable[[], torch.Tensor]):
         """Capture one call of ``forward`` in a CUDA graph: (its replay, its output tensor).
