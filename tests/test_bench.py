@@ -16,6 +16,7 @@ import torch
 
 from fastbert.bench import (
     analysis,
+    ceilings,
     counts,
     environment,
     hardware,
@@ -272,6 +273,25 @@ def test_json_round_trip_merge_and_markdown(tmp_path) -> None:
         report.merge(doc, _document([], model="bert-large"))
     text = report.markdown(doc)
     assert "NVIDIA H100" in text and "driver 999.1" in text and "## Targets" in text
+
+
+def test_measured_ceilings_arithmetic_and_report_line(monkeypatch) -> None:
+    fixed = timing.Timing(median_ms=2.0, p20_ms=2.0, p80_ms=2.0, reps=1)
+    monkeypatch.setattr(timing, "time_fn", lambda fn, device, warmup, reps: (fn(), fixed)[1])
+    cpu = torch.device("cpu")
+    # 1 MiB read and 1 MiB written in 2 ms; 2 * 64^3 FLOPs in 2 ms.
+    assert ceilings.copy_tbps(cpu, torch.float16, 1 << 20, 1) == pytest.approx(2**21 / 2e-3 / 1e12)
+    assert ceilings.gemm_tflops(cpu, torch.float32, 64, 1) == pytest.approx(2 * 64**3 / 2e-3 / 1e12)
+    assert ceilings.measure("cpu", torch.float16) is None
+    doc = _document([])
+    assert "Measured" not in report.roofline_line(doc)
+    doc["settings"]["measured_ceilings"] = {
+        "copy_tbps": 2.91, "gemm_tflops": 702.4, "copy_bytes": 1 << 30, "gemm_size": 8192,
+        "dtype": "float16",
+    }
+    line = report.roofline_line(doc)
+    assert "800 TFLOP/s" in line and "2.91 TB/s (device-to-device copy, 1024 MiB)" in line
+    assert "702 TFLOP/s (float16 torch.matmul, n = 8192)" in line
 
 
 def test_write_reports_writes_files_and_plot_when_possible(tmp_path) -> None:

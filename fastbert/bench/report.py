@@ -117,10 +117,15 @@ def conditions(doc: dict) -> str:
 
 def roofline_line(doc: dict) -> str:
     peaks = doc["settings"].get("peaks")
-    if peaks:
-        return (f"Roofline: {peaks['gpu']}, {peaks['tflops']:.0f} TFLOP/s (fp16/bf16 dense, as "
-                f"cuBLAS achieves) and {peaks['tbps']:.1f} TB/s.")
-    return "Roofline: none (no known peaks for this device)."
+    line = (f"Roofline: {peaks['gpu']}, {peaks['tflops']:.0f} TFLOP/s (fp16/bf16 dense, as "
+            f"cuBLAS achieves) and {peaks['tbps']:.1f} TB/s." if peaks
+            else "Roofline: none (no known peaks for this device).")
+    measured = doc["settings"].get("measured_ceilings")
+    if measured:
+        line += (f" Measured on this GPU: {measured['copy_tbps']:.2f} TB/s (device-to-device "
+                 f"copy, {measured['copy_bytes'] >> 20} MiB) and {measured['gemm_tflops']:.0f} "
+                 f"TFLOP/s ({measured['dtype']} torch.matmul, n = {measured['gemm_size']}).")
+    return line
 
 
 def markdown(doc: dict, kernels: dict | None = None) -> str:

@@ -123,12 +123,14 @@ def make_plan(args: argparse.Namespace) -> Plan:
     )
 
 
-def _settings_dict(args: argparse.Namespace, plan: Plan, reference, peaks) -> dict:
+def _settings_dict(args: argparse.Namespace, plan: Plan, reference, peaks,
+                   ceilings: dict | None) -> dict:
     return {
         "model": reference.name, "dtype": str(plan.dtype).removeprefix("torch."),
         "device": plan.device.type, "backend": args.backend, "warmup": plan.warmup,
         "reps": plan.reps, "seed": args.seed,
         "peaks": dataclasses.asdict(peaks) if peaks else None,
+        "measured_ceilings": ceilings,
         "note": CPU_NOTE if plan.device.type != "cuda" else None,
     }
 
@@ -142,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from fastbert.bench import environment, hardware, report, runner
+    from fastbert.bench import ceilings, environment, hardware, report, runner
     from fastbert.bench.models import load_reference
     from fastbert.bench.progress import Progress
 
@@ -159,7 +161,7 @@ def _bench(args: argparse.Namespace) -> int:
     previous = (report.read_document(out / report.RESULTS_JSON)
                 if args.append and (out / report.RESULTS_JSON).exists() else None)
     env = environment.capture()
-    meta = _settings_dict(args, plan, reference, peaks)
+    meta = _settings_dict(args, plan, reference, peaks, ceilings.measure(plan.device, plan.dtype))
 
     def document(records: list[dict], complete: bool) -> dict:
         doc = report.new_document(env, meta, records, complete)
