@@ -19,7 +19,7 @@
 # what is left, is interrupted (and reports what it measured) when its time is up, and later
 # stages still run. Knobs (environment): BUDGET_S, GPU_TESTS_S (100), BENCH_S (200),
 # KERNELS_S (100), AUTOTUNE_S (150), E2E_S (what is left), SKIP_MAX_AUTOTUNE=1,
-# PYTHON (python3). A cap of 0 skips its stage: e.g. GPU_TESTS_S=480 BENCH_S=0 KERNELS_S=0
+# GPU_TEST_WORKERS (4, with pytest-xdist), PYTHON (python3). A cap of 0 skips its stage: e.g. GPU_TESTS_S=480 BENCH_S=0 KERNELS_S=0
 # SKIP_MAX_AUTOTUNE=1 E2E_S=0 runs only the GPU tests, in one call of under ten minutes.
 set -u
 
@@ -70,8 +70,14 @@ print(json.dumps(environment.capture(), indent=1))' > '$AUX/environment.json'
     nvidia-smi > '$AUX/nvidia-smi.txt' 2>&1
     '$PY' -m pip freeze > '$AUX/pip-freeze.txt' 2>&1"
 
+# With pytest-xdist, GPU_TEST_WORKERS processes (4) share the GPU: most of the tests' time is
+# Triton compiling kernels on the CPU, and a test file's kernels stay in one process.
+WORKERS=()
+if "$PY" -c "import xdist" 2>/dev/null; then
+    WORKERS=(-n "${GPU_TEST_WORKERS:-4}" --dist loadfile)
+fi
 stage gpu-tests "${GPU_TESTS_S:-100}" "$OUT/gpu-tests.log" \
-    "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$AUX/gpu-tests.xml"
+    "$PY" -m pytest -m gpu -q -p no:cacheprovider "${WORKERS[@]}" --junitxml="$AUX/gpu-tests.xml"
 
 # fastbert first: if time runs out, the slow torch.compile peers are what is missing.
 stage bench "${BENCH_S:-200}" "$LOG" \
