@@ -198,7 +198,6 @@ def test_sentence_transformers_minilm_with_fastbert_attention() -> None:
     assert torch.nn.functional.cosine_similarity(got, expected).min() >= 0.99999
 
 
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_bert_base_matches_sdpa_gpu(dtype, kernel_calls) -> None:
@@ -206,7 +205,9 @@ def test_bert_base_matches_sdpa_gpu(dtype, kernel_calls) -> None:
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
-    ref = BertModel(BertConfig(), attn_implementation="sdpa").eval().cuda()
+    ref = BertModel(BertConfig())  # BertModel.__init__ takes no attn_implementation
+    ref.set_attn_implementation("sdpa")
+    ref = ref.eval().cuda()
     sdpa = copy.deepcopy(ref).to(dtype)
     ours = copy.deepcopy(sdpa)
     ours.set_attn_implementation(NAME)
@@ -239,13 +240,19 @@ def test_hf_model_compiles_fullgraph_with_the_op(device: str) -> None:
 
 @pytest.mark.gpu
 def test_hf_model_compiles_fullgraph_gpu() -> None:
-    """The same under Inductor, in fp16."""
-    _, ours = _pair()
-    ours = ours.cuda().half()
+    """The same under Inductor, in fp16, against Hugging Face's sdpa model in fp32: the compiled
+    model's error at most twice the eager fp16 model's (Inductor fuses the elementwise ops in
+    fp32, so compiled and eager fp16 differ by a few fp16 units in the last place: more than a
+    fixed 2e-3 where hidden states reach 2 to 4, whose fp16 spacing is 2e-3 to 4e-3)."""
+    sdpa, ours = _pair()
     ids, mask, types = padded_batch([7, 3, 5], device="cuda")
+    valid = mask.bool()
+    ref = _outputs(sdpa.cuda(), ids, mask, types)
+    ours = ours.cuda().half()
     expected = _outputs(ours, ids, mask, types)
     torch._dynamo.reset()
     compiled = torch.compile(ours, fullgraph=True)
     got = _outputs(compiled, ids, mask, types)
-    torch.testing.assert_close(got[mask.bool()], expected[mask.bool()], atol=2e-3, rtol=2e-3)
-
+    err = (got.float() - ref)[valid].abs().max().item()
+    eager_err = (expected.float() - ref)[valid].abs().max().item()
+    assert err <= 2 * eager_err + 1e-3, f"compiled fp16 {err:.3g} vs eager fp16 {eager_err:.3g}"
