@@ -1,5 +1,5 @@
-"""Where Triton kernels can run (CUDA tensors, or CPU tensors under the interpreter), and which
-autotune configs they time."""
+"""Where Triton kernels can run (CUDA tensors, or CPU tensors under the interpreter), which
+autotune configs they time, and the launchers' host-side integer helpers."""
 
 from __future__ import annotations
 
@@ -35,6 +35,21 @@ def check_triton_device(name: str, t: torch.Tensor) -> None:
         "TRITON_INTERPRET=1 set before fastbert is imported (the Triton interpreter); use "
         "backend='torch' to run the pure-PyTorch reference anywhere"
     )
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for host integers, b > 0.
+
+    The launchers use these two instead of ``triton.cdiv`` / ``triton.next_power_of_2``: since
+    Triton 3.5 those are constexpr functions whose host call costs a few microseconds (against
+    tens of nanoseconds), paid several times per launch, dozens of launches per forward.
+    """
+    return -(a // -b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n, for host integers n >= 1 (1 for n <= 1)."""
+    return 1 << max(n - 1, 0).bit_length()
 
 
 def pinned_config() -> int | None:

@@ -42,7 +42,14 @@ import triton
 import triton.language as tl
 
 from . import _checks
-from ._runtime import check_triton_device, interpreting, time_config, tuned
+from ._runtime import (
+    cdiv,
+    check_triton_device,
+    interpreting,
+    next_power_of_2,
+    time_config,
+    tuned,
+)
 
 SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 128)
 MAX_GRID_YZ = 65535
@@ -300,14 +307,14 @@ def _launch(
     heads, head_dim = q.shape[1], q.shape[-1]  # q is [B, H, S, D] or [T, H, D]
     _check_grid("the number of heads", heads)
     _check_grid("the batch size (number of sequences)", batch)
-    grid = lambda meta: (max(1, triton.cdiv(max_seqlen, meta["BLOCK_M"])), heads, batch)
+    grid = lambda meta: (max(1, cdiv(max_seqlen, meta["BLOCK_M"])), heads, batch)
     _attention_fwd_kernel[grid](
         q, k, v, out, mask, cu_seqlens, *strides,
         seq_q, seq_k,
         scale * LOG2_E,
-        triton.next_power_of_2(max(max_seqlen, 1)),
+        next_power_of_2(max(max_seqlen, 1)),
         HEAD_DIM=head_dim,
-        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_D=next_power_of_2(head_dim),
         HAS_MASK=mask is not None,
         IS_VARLEN=cu_seqlens is not None,
     )

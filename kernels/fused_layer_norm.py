@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_layer_norm
-from ._runtime import check_triton_device
+from ._runtime import check_triton_device, next_power_of_2
 
 MAX_HIDDEN = 4096
 MIN_BLOCK = 16
@@ -36,7 +36,7 @@ MIN_BLOCK = 16
 
 def block_size(hidden: int) -> int:
     """The row tile: the next power of two of ``hidden``, at least MIN_BLOCK."""
-    return max(MIN_BLOCK, triton.next_power_of_2(hidden))
+    return max(MIN_BLOCK, next_power_of_2(hidden))
 
 
 def num_warps(block: int) -> int:

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_linear
-from ._runtime import check_triton_device, interpreting, time_config, tuned
+from ._runtime import cdiv, check_triton_device, interpreting, next_power_of_2, time_config, tuned
 
 ACTIVATION_CODES = {None: 0, "gelu": 1, "gelu_tanh": 2}
 
@@ -131,7 +131,7 @@ def _prune(candidates: list[triton.Config], named_args: dict, **kwargs) -> list[
 
 def m_bucket(m: int) -> int:
     """The autotune key for M: the next power of two, at least 16 (the smallest row tile)."""
-    return max(16, triton.next_power_of_2(m))
+    return max(16, next_power_of_2(m))
 
 
 @triton.jit
@@ -274,7 +274,7 @@ def linear(
     res2 = residual.reshape(m, n) if residual is not None else None
 
     def grid(meta: dict) -> tuple[int]:
-        return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+        return (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)
 
     _linear_fwd_kernel[grid](
         x2,

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from . import _checks
-from ._runtime import check_triton_device
+from ._runtime import check_triton_device, next_power_of_2
 
 MAX_KEYS = 16384
 MIN_BLOCK = 16
@@ -37,7 +37,7 @@ MIN_BLOCK = 16
 
 def block_size(seq_k: int) -> int:
     """The row tile: the next power of two of ``seq_k``, at least MIN_BLOCK."""
-    return max(MIN_BLOCK, triton.next_power_of_2(seq_k))
+    return max(MIN_BLOCK, next_power_of_2(seq_k))
 
 
 def num_warps(block: int) -> int:
