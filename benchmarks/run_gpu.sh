@@ -82,7 +82,7 @@ stage gpu-tests "${GPU_TESTS_S:-100}" "$OUT/gpu-tests.log" \
 # fastbert first: if time runs out, the slow torch.compile peers are what is missing.
 stage bench "${BENCH_S:-200}" "$LOG" \
     "$PY" -m fastbert.cli bench --out "$OUT" --model bert-base --dtype float16 \
-    --peers fastbert,fastbert-padfree,fastbert-graphs,hf-eager,hf-sdpa,hf-compile
+    --peers fastbert,fastbert-padfree,fastbert-graphs,fastbert-padfree-graphs,hf-eager,hf-sdpa,hf-compile
 
 stage kernel-suite "${KERNELS_S:-100}" "$LOG" \
     "$PY" -m pytest benchmarks/test_kernels_bench.py -q -p no:cacheprovider \

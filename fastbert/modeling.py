@@ -7,6 +7,8 @@ from Hugging Face names lives in fastbert/loading.py. Inference only: forward ru
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -235,7 +237,7 @@ class BertModel(PretrainedMixin, nn.Module):
             return hidden
 
         inputs = (input_ids, token_type_ids, key_padding_mask)
-        if ids_checked and self._graphs.wants(input_ids):
+        if ids_checked and self._graphs.wants(input_ids.device, input_ids.numel()):
             return ops, self._graphs.run(encode_dense, *inputs)
         return ops, encode_dense(*inputs)
 
@@ -269,17 +271,39 @@ class BertModel(PretrainedMixin, nn.Module):
         input_ids: torch.Tensor,
         token_type_ids: torch.Tensor | None,
     ) -> torch.Tensor:
-        """The layers on the real tokens only: [B, S] ids -> [B, S, H], zeros at padding."""
-        types = packed.gather(token_type_ids)[None] if token_type_ids is not None else None
+        """The layers on the real tokens only: [B, S] ids -> [B, S, H], zeros at padding.
+
+        Replayed from the CUDA graph of the packing's size bucket when ``cuda_graphs`` wants
+        it (see fastbert.runtime); the packing and the scatter run eagerly.
+        """
+        types = packed.gather(token_type_ids) if token_type_ids is not None else None
         positions = self.embeddings.position_ids(input_ids)
         positions = packed.positions() if positions is None else packed.gather(positions)
-        ids = packed.gather(input_ids)[None]
-        hidden = self.embeddings(ops, ids, types, positions[None], check_ids=False)[0]
-        attend = runtime.packed_attention(
-            ops, self.config.num_attention_heads, packed.cu_seqlens, packed.max_seqlen
-        )
-        for layer in self.layers:
-            hidden = layer(ops, hidden, attend)
+        ids = packed.gather(input_ids)
+        heads = self.config.num_attention_heads
+
+        def encode_packed(
+            max_seqlen: int,
+            ids: torch.Tensor,
+            types: torch.Tensor | None,
+            positions: torch.Tensor,
+            cu_seqlens: torch.Tensor,
+        ) -> torch.Tensor:
+            """[T] ids, token types, positions and int32 [B + 1] cu_seqlens -> [T, H]."""
+            types = types[None] if types is not None else None
+            hidden = self.embeddings(ops, ids[None], types, positions[None], check_ids=False)[0]
+            attend = runtime.packed_attention(ops, heads, cu_seqlens, max_seqlen)
+            for layer in self.layers:
+                hidden = layer(ops, hidden, attend)
+            return hidden
+
+        tokens = ids.numel()
+        if tokens and self._graphs.wants(ids.device, runtime.token_bucket(tokens)):
+            bucketed, cu_seqlens, max_seqlen = packed.bucketed(ids, types, positions)
+            encode = functools.partial(encode_packed, max_seqlen)
+            hidden = self._graphs.run(encode, *bucketed, cu_seqlens, host_key=max_seqlen)
+            return packed.scatter(hidden[:tokens])
+        hidden = encode_packed(packed.max_seqlen, ids, types, positions, packed.cu_seqlens)
         return packed.scatter(hidden)
 
     @torch.no_grad()

@@ -7,9 +7,11 @@
   result is scattered back to [B, S, H] with zeros at padded positions. The number of real
   tokens sizes the packed tensors: it comes from the one host read a forward makes
   (fastbert.validation.read_batch), together with the id-range check.
-- CUDA graphs: the dense encoder (embeddings and layers) for one (batch, seq, optional
-  inputs) key is captured once and replayed, which removes the per-kernel launch cost (about
-  80 launches for BERT-base).
+- CUDA graphs: the encoder (embeddings and layers) is captured once per key and replayed,
+  which removes the per-kernel launch cost (85 launches for BERT-base). A dense call's
+  key is its (batch, seq, optional inputs); a padding-free call's is its size bucket: the T
+  real tokens are padded to ``token_bucket(T)`` rows that form one extra filler sequence, so
+  batches of nearby sizes replay one graph (only the packing and the scatter run eagerly).
 
 Each is chosen per call by the model's ``padding_free`` and ``cuda_graphs`` settings, each
 "auto", True or False:
@@ -20,7 +22,7 @@ Each is chosen per call by the model's ``padding_free`` and ``cuda_graphs`` sett
   GRAPH_AUTO_MAX_TOKENS tokens whose shape was seen before (so a stream of ever-new shapes
   pays no capture cost, and the large batches, which the GPU's work bounds rather than the
   launches, keep no graph memory); True captures every shape on first sight and needs CUDA;
-  False never. A batch that runs padding-free is not graphed (its T varies).
+  False never. For a padding-free call, shape means size bucket and tokens the bucket's rows.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from fastbert.kernels._runtime import cdiv, next_power_of_2
 from fastbert.ops import Ops
 from fastbert.validation import RowLengths
 
@@ -45,6 +48,10 @@ MAX_GRAPHS = 8
 # "auto" graphs batches up to this many tokens (batch x seq): past it, launches are a small
 # part of the time and a graph's activation memory is large.
 GRAPH_AUTO_MAX_TOKENS = 8192
+# A graphed padding-free call runs token_bucket(T) rows: T rounded up to a multiple of an
+# eighth of the power of two at or below T, and of at least this many rows (so fewer than
+# T / 8 or 64 extra rows, and eight buckets per doubling of T).
+TOKEN_BUCKET_MIN_STEP = 64
 
 Attend = Callable[[torch.Tensor], torch.Tensor]
 
@@ -111,6 +118,29 @@ class PackedBatch:
         out[self.indices] = packed
         return out.view(self.batch, self.seq, packed.shape[-1])
 
+    def bucketed(
+        self, *token_inputs: torch.Tensor | None
+    ) -> tuple[tuple[torch.Tensor | None, ...], torch.Tensor, int]:
+        """The inputs of a graph for this packing's size bucket.
+
+        Each [T] input (None stays None) padded with zeros (a valid id, position and token
+        type) to ``token_bucket(T)`` rows; cu_seqlens int32 [B + 2], whose last sequence is
+        the padding rows, so every row is computed and attends only to its own sequence; and
+        max_seqlen rounded up to a power of two (it sizes the attention grid; the kernel loops
+        over a longer filler sequence).
+        """
+        tokens = self.indices.numel()
+        bucket = token_bucket(tokens)
+        padded = tuple(None if t is None else F.pad(t, (0, bucket - tokens)) for t in token_inputs)
+        cu_seqlens = F.pad(self.cu_seqlens, (0, 1), value=bucket)
+        return padded, cu_seqlens, next_power_of_2(self.max_seqlen)
+
+
+def token_bucket(tokens: int) -> int:
+    """The rows a graphed padding-free call of ``tokens`` real tokens runs (>= tokens)."""
+    step = max(TOKEN_BUCKET_MIN_STEP, (1 << max(tokens, 1).bit_length()) // 16)
+    return cdiv(tokens, step) * step
+
 
 def pack(
     key_padding_mask: torch.Tensor, rows: RowLengths, min_padding: float = 0.0
@@ -149,14 +179,16 @@ Inputs = tuple[torch.Tensor | None, ...]
 
 
 class EncoderGraphs:
-    """CUDA graphs of the dense encoder (embeddings and layers), one per key: the shape and
-    dtype of each input, and which optional inputs are present.
+    """CUDA graphs of the encoder (embeddings and layers), one per key: the shape and dtype of
+    each input, which optional inputs are present, and a host value the capture depends on.
 
-    ``run(encode, *inputs)`` copies the inputs (ids, token types, mask; None for one that is
-    absent) into the graph's static buffers, replays it and returns a copy of its output.
-    ``encode`` must not synchronise with the host (the model checks the ids beforehand). A
-    capture that fails (an op that cannot be captured) warns once and falls back to eager
-    execution for good.
+    ``run(encode, *inputs, host_key=...)`` copies the inputs (dense: ids, token types, mask;
+    padding-free: the bucketed ids, token types, positions and cu_seqlens; None for one that
+    is absent) into the graph's static buffers, replays it and returns a copy of its output.
+    ``encode`` must not synchronise with the host (the model checks the ids beforehand), and
+    any host value it reads besides the inputs' shapes must be in ``host_key``. A capture that
+    fails (an op that cannot be captured) warns once and falls back to eager execution for
+    good.
     """
 
     # Graphs need CUDA; a test double that records without CUDA sets its own device type.
@@ -169,21 +201,28 @@ class EncoderGraphs:
         self.failed = False
         self.pool = None
 
-    def wants(self, input_ids: torch.Tensor) -> bool:
-        """Whether a dense call on [B, S] ``input_ids`` should replay a graph."""
+    def wants(self, device: torch.device, tokens: int) -> bool:
+        """Whether a call running ``tokens`` rows (dense: batch x seq; padding-free: the
+        bucket's rows) on ``device`` should replay a graph."""
         if self.setting is False or self.failed or torch.compiler.is_compiling():
             return False
-        if input_ids.device.type != self.DEVICE_TYPE:
+        if device.type != self.DEVICE_TYPE:
             if self.setting is True:
                 raise ValueError(
                     f"cuda_graphs=True needs the model on a CUDA device, it is on "
-                    f"{input_ids.device}; use cuda_graphs='auto' or False"
+                    f"{device}; use cuda_graphs='auto' or False"
                 )
             return False
-        return self.setting is True or input_ids.numel() <= GRAPH_AUTO_MAX_TOKENS
+        return self.setting is True or tokens <= GRAPH_AUTO_MAX_TOKENS
 
-    def run(self, encode: Callable[..., torch.Tensor], *inputs: torch.Tensor | None):
+    def run(
+        self,
+        encode: Callable[..., torch.Tensor],
+        *inputs: torch.Tensor | None,
+        host_key: object = None,
+    ):
         key = tuple(None if t is None else (tuple(t.shape), t.dtype, t.device) for t in inputs)
+        key = (*key, host_key)
         entry = self.graphs.get(key)
         if entry is None:
             if self.setting == "auto" and key not in self.seen:

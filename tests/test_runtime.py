@@ -231,9 +231,9 @@ def test_auto_graphs_a_shape_on_its_second_sight_and_not_large_batches() -> None
     graphed(ids, mask, types)
     graphed(ids, mask, types)
     assert (graphs.captures, graphs.replays) == (1, 2)
-    big = torch.ones(runtime.GRAPH_AUTO_MAX_TOKENS // 64 + 1, 64, dtype=torch.long)
-    assert not graphs.wants(big)
-    assert graphs.wants(big[:-1])
+    cpu = torch.device("cpu")
+    assert not graphs.wants(cpu, runtime.GRAPH_AUTO_MAX_TOKENS + 1)
+    assert graphs.wants(cpu, runtime.GRAPH_AUTO_MAX_TOKENS)
 
 
 def test_graphs_beyond_the_limit_evict_the_least_recently_used() -> None:
@@ -255,7 +255,64 @@ def test_a_failed_capture_warns_and_runs_eager_from_then_on() -> None:
     hidden = torch.randn(2, 3, 4)
     with pytest.warns(UserWarning, match="CUDA graph capture failed"):
         assert torch.equal(graphs.run(lambda h, m: h + 1, hidden, None), hidden + 1)
-    assert graphs.failed and not graphs.wants(hidden)
+    assert graphs.failed and not graphs.wants(hidden.device, hidden.numel())
+
+
+def test_token_buckets_are_few_and_tight() -> None:
+    buckets = [runtime.token_bucket(t) for t in range(1, 20000)]
+    for tokens, bucket in enumerate(buckets, start=1):
+        assert tokens <= bucket < tokens + max(64, tokens / 8), (tokens, bucket)
+    assert buckets == sorted(buckets)
+    assert len(set(buckets[:8192])) <= 8 + 8 * 7, "one bucket per eighth of each power of two"
+    assert runtime.token_bucket(0) == 0
+
+
+def test_bucketed_inputs_pad_with_a_filler_sequence() -> None:
+    mask = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    packed = _pack(mask)
+    ids = torch.tensor([5, 6, 7, 8, 9])
+    (padded_ids, no_types), cu_seqlens, max_seqlen = packed.bucketed(ids, None)
+    assert no_types is None
+    assert padded_ids.tolist() == [5, 6, 7, 8, 9] + [0] * (runtime.token_bucket(5) - 5)
+    assert cu_seqlens.tolist() == [0, 2, 2, 5, runtime.token_bucket(5)]
+    assert cu_seqlens.dtype == torch.int32 and max_seqlen == 4  # longest row 3 -> 4
+
+
+def _padded_batches(lengths_per_call: list[list[int]], seq: int):
+    """Right-padded batches of ``seq`` columns, one per list of row lengths."""
+    for seed, lengths in enumerate(lengths_per_call):
+        ids, mask, types = padded_batch(lengths, seed=seed)
+        pad = seq - ids.shape[1]
+        yield tuple(torch.nn.functional.pad(t, (0, pad)) for t in (ids, mask, types))
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_padding_free_graphs_replay_per_size_bucket(device, backend) -> None:
+    """Batches whose real tokens fall in one bucket replay one graph, and each computes what
+    the eager padding-free model (and Hugging Face) computes for it. The filler sequence is
+    longer than max_seqlen: the kernel's grid-stride loop covers it."""
+    hf = hf_model("BertModel", seed=15)
+    options = dict(
+        dtype=torch.float32, device=device, backend=backend, padding_free=True, cuda_graphs=False
+    )
+    eager = fastbert.BertModel.from_pretrained(hf, **options)
+    graphed = fastbert.BertModel.from_pretrained(hf, **options)
+    graphed._graphs = ReplayingGraphs(True)
+    hf = hf.to(device)
+    # 20, 17 and 10 real tokens, longest 9 (bucket 64, max_seqlen 16), with a fully padded
+    # row; then 70 tokens, longest 30 (bucket 128, max_seqlen 32).
+    calls = [[9, 5, 6], [3, 9, 5], [1, 0, 9], [30, 30, 10]]
+    for ids, mask, types in _padded_batches(calls, seq=30):
+        ids, mask, types = ids.to(device), mask.to(device), types.to(device)
+        got = graphed(ids, mask, types).last_hidden_state
+        valid = mask.bool()
+        expected = eager(ids, mask, types).last_hidden_state
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+        assert (got - _hf_hidden(hf, ids, mask, types))[valid].abs().max() <= BOUND
+        assert torch.equal(got[~valid], torch.zeros_like(got[~valid])), "padding is not zero"
+    assert (graphed._graphs.captures, graphed._graphs.replays) == (2, 4)
+    host_keys = [key[-1] for key in graphed._graphs.graphs]
+    assert host_keys == [16, 32], "max_seqlen, a power of two, is part of the key"
 
 
 @pytest.mark.gpu
@@ -278,3 +335,29 @@ def test_cuda_graphs_match_eager_on_gpu(cuda_graphs) -> None:
     assert len(graphed._graphs.graphs) == 1 and not graphed._graphs.failed
     without_mask = graphed(ids).last_hidden_state
     assert torch.equal(without_mask, eager(ids).last_hidden_state)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_padding_free_cuda_graphs_on_gpu(dtype) -> None:
+    """Captured for real: padding-free batches replayed from graphs of their size bucket, each
+    as accurate against the fp32 model as the eager padding-free model in ``dtype``."""
+    hf = hf_model("BertModel", seed=16)
+    reference = fastbert.BertModel.from_pretrained(
+        hf, dtype=torch.float32, device="cuda", padding_free=True, cuda_graphs=False
+    )
+    eager = fastbert.BertModel.from_pretrained(
+        hf, dtype=dtype, device="cuda", padding_free=True, cuda_graphs=False
+    )
+    graphed = fastbert.BertModel.from_pretrained(
+        hf, dtype=dtype, device="cuda", padding_free=True, cuda_graphs=True
+    )
+    calls = [[40, 17, 3], [12, 40, 20], [1, 0, 39], [140, 100, 90]]
+    for ids, mask, types in _padded_batches(calls, seq=140):
+        ids, mask, types = ids.cuda(), mask.cuda(), types.cuda()
+        valid = mask.bool()
+        ref = reference(ids, mask, types).last_hidden_state
+        err = (graphed(ids, mask, types).last_hidden_state.float() - ref)[valid].abs().max()
+        eager_err = (eager(ids, mask, types).last_hidden_state.float() - ref)[valid].abs().max()
+        assert err <= 2 * eager_err + 1e-3, f"graphed {err:.3g} vs eager {eager_err:.3g}"
+    assert len(graphed._graphs.graphs) == 2 and not graphed._graphs.failed

@@ -107,12 +107,16 @@ PEERS = {
         Peer("fastbert-graphs", "fastbert, dense, replayed from CUDA graphs",
              functools.partial(_build_fastbert, {**_DENSE, "cuda_graphs": True}),
              needs_cuda=True, keyword="cuda_graphs"),
+        Peer("fastbert-padfree-graphs",
+             "fastbert, padding-free, replayed from CUDA graphs of its size bucket",
+             functools.partial(_build_fastbert, {"padding_free": True, "cuda_graphs": True}),
+             packs=True, needs_cuda=True, keyword="cuda_graphs"),
     )
 }
 # torch.compile on a CPU needs a C++ compiler and minutes; max-autotune takes minutes per shape
 # on a GPU too: both run only when asked for.
 DEFAULT_GPU_PEERS = ("hf-eager", "hf-sdpa", "hf-compile", "fastbert", "fastbert-padfree",
-                     "fastbert-graphs")
+                     "fastbert-graphs", "fastbert-padfree-graphs")
 DEFAULT_CPU_PEERS = ("hf-eager", "hf-sdpa", "fastbert", "fastbert-padfree")
 
 

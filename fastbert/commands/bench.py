@@ -62,8 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--peers", default=None,
         help="comma-separated contenders, or 'all': hf-eager, hf-sdpa, hf-compile, "
              "hf-compile-max (slow: minutes per shape), fastbert, fastbert-padfree, "
-             "fastbert-graphs (default: all but hf-compile-max on a GPU; hf-eager, hf-sdpa "
-             "and fastbert on a CPU)")
+             "fastbert-graphs, fastbert-padfree-graphs (default: all but hf-compile-max on a "
+             "GPU; hf-eager, hf-sdpa, fastbert and fastbert-padfree on a CPU)")
     parser.add_argument("--out", default="bench-out",
                         help="folder for results.json, results.md, results.png (bench-out)")
     parser.add_argument("--append", action="store_true",
