@@ -301,8 +301,10 @@ class BertModel(PretrainedMixin, nn.Module):
         if tokens and self._graphs.wants(ids.device, runtime.token_bucket(tokens)):
             bucketed, cu_seqlens, max_seqlen = packed.bucketed(ids, types, positions)
             encode = functools.partial(encode_packed, max_seqlen)
-            hidden = self._graphs.run(encode, *bucketed, cu_seqlens, host_key=max_seqlen)
-            return packed.scatter(hidden[:tokens])
+            hidden = self._graphs.run(
+                encode, *bucketed, cu_seqlens, host_key=max_seqlen, copy_output=False
+            )
+            return packed.scatter(hidden[:tokens])  # the scatter copies out of the graph
         hidden = encode_packed(packed.max_seqlen, ids, types, positions, packed.cu_seqlens)
         return packed.scatter(hidden)
 

@@ -184,7 +184,9 @@ class EncoderGraphs:
 
     ``run(encode, *inputs, host_key=...)`` copies the inputs (dense: ids, token types, mask;
     padding-free: the bucketed ids, token types, positions and cu_seqlens; None for one that
-    is absent) into the graph's static buffers, replays it and returns a copy of its output.
+    is absent) into the graph's static buffers, replays it and returns a copy of its output
+    (``copy_output=False``: the graph's own output buffer, valid until the next replay, for a
+    caller that copies it at once, as the padding-free scatter does).
     ``encode`` must not synchronise with the host (the model checks the ids beforehand), and
     any host value it reads besides the inputs' shapes must be in ``host_key``. A capture that
     fails (an op that cannot be captured) warns once and falls back to eager execution for
@@ -220,6 +222,7 @@ class EncoderGraphs:
         encode: Callable[..., torch.Tensor],
         *inputs: torch.Tensor | None,
         host_key: object = None,
+        copy_output: bool = True,
     ):
         key = tuple(None if t is None else (tuple(t.shape), t.dtype, t.device) for t in inputs)
         key = (*key, host_key)
@@ -240,7 +243,7 @@ class EncoderGraphs:
             if t is not None:
                 static.copy_(t)
         replay()
-        return static_out.clone()
+        return static_out.clone() if copy_output else static_out
 
     def _capture(self, encode: Callable[..., torch.Tensor], inputs: Inputs):
         """(replay, static inputs, static output) for the key of ``inputs``, or None when the

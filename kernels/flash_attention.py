@@ -312,7 +312,7 @@ def _launch(
         q, k, v, out, mask, cu_seqlens, *strides,
         seq_q, seq_k,
         scale * LOG2_E,
-        next_power_of_2(max(max_seqlen, 1)),
+        next_power_of_2(max_seqlen),
         HEAD_DIM=head_dim,
         BLOCK_D=next_power_of_2(head_dim),
         HAS_MASK=mask is not None,
