@@ -1,23 +1,27 @@
 """The BERT encoder and its heads, running every hot op through one backend's ops.
 
 Parameters are stored in fastbert's own fused layout (one QKV weight per layer); the mapping
-from Hugging Face names lives in fastbert/loading.py. Inference only: forward runs under
-``torch.no_grad``. Activations are [batch, seq, hidden] in the model's dtype.
+from Hugging Face names lives in fastbert/loading.py. Inference only: parameters are created
+without ``requires_grad``, and a call that would need gradients (grad mode on and a parameter
+or input requiring grad) raises rather than silently returning outputs without them.
+Activations are [batch, seq, hidden] in the model's dtype.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 from torch import nn
 
-from fastbert import runtime, validation
+from fastbert import graphs, runtime, validation
 from fastbert.config import BertConfig
 from fastbert.loading import PretrainedMixin
-from fastbert.ops import Ops, check_backend, get_ops
+from fastbert.ops import Ops, check_backend, check_head_dim, get_ops
 from fastbert.outputs import BaseModelOutputWithPooling, LogitsOutput
 from fastbert.runtime import Attend
+from fastbert.weights import ParameterWatch, refuse_gradients
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
@@ -155,8 +159,12 @@ class BertModel(PretrainedMixin, nn.Module):
     Positions where attention_mask is 0 hold unspecified (finite) values, as in Hugging Face
     (zeros when the batch ran padding-free).
 
-    ``padding_free`` and ``cuda_graphs`` ("auto", True or False) choose how the layers run;
-    see fastbert.runtime. Either may be changed on the model between calls.
+    ``padding_free`` and ``cuda_graphs`` ("auto", True or False) choose how the layers run
+    (see fastbert.runtime and fastbert.graphs); ``backend`` ("auto", "torch", "triton") which
+    ops run them. Each may be changed on the model between calls, and is validated when set.
+    A head dim the Triton attention kernel does not run raises at once with
+    ``backend="triton"``; with ``"auto"`` the attention alone runs on the PyTorch reference
+    (one warning) and every other op on Triton.
     """
 
     def __init__(
@@ -171,7 +179,6 @@ class BertModel(PretrainedMixin, nn.Module):
         cuda_graphs: str | bool = "auto",
     ):
         super().__init__()
-        check_backend(backend)
         self.config = config
         self.backend = backend
         self.padding_free = padding_free
@@ -181,6 +188,20 @@ class BertModel(PretrainedMixin, nn.Module):
             BertLayer(config, dtype, device) for _ in range(config.num_hidden_layers)
         )
         self.pooler = BertPooler(config, dtype, device) if add_pooling_layer else None
+        self._watch = ParameterWatch(self)
+        self._warned_head_dim = False
+        self.resolve_ops_early()
+
+    @property
+    def backend(self) -> str:
+        return self._backend
+
+    @backend.setter
+    def backend(self, value: str) -> None:
+        check_backend(value)
+        if value == "triton":
+            check_head_dim(self.config.head_dim)
+        self._backend = value
 
     @property
     def padding_free(self) -> str | bool:
@@ -198,7 +219,7 @@ class BertModel(PretrainedMixin, nn.Module):
     @cuda_graphs.setter
     def cuda_graphs(self, value: str | bool) -> None:
         runtime.check_setting("cuda_graphs", value)
-        self._graphs = runtime.EncoderGraphs(value)
+        self._graphs = graphs.EncoderGraphs(value)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -209,8 +230,41 @@ class BertModel(PretrainedMixin, nn.Module):
         return self.embeddings.word.device
 
     def ops(self) -> Ops:
-        """The hot ops this model runs with, given its backend and device."""
-        return get_ops(self.backend, self.device)
+        """The hot ops this model runs with, given its backend, device and head dim."""
+        ops = get_ops(self.backend, self.device, self.config.head_dim)
+        if ops.attention_fallback and not self._warned_head_dim:
+            self._warned_head_dim = True
+            warnings.warn(
+                f"head dim {self.config.head_dim} is not one the Triton attention kernel runs; "
+                "this model's attention runs on the PyTorch reference, its other ops on Triton",
+                stacklevel=3,
+            )
+        return ops
+
+    def resolve_ops_early(self) -> None:
+        """On CUDA, resolve the ops now, so an unsupported head dim warns when the model is
+        built or bound, not at its first call."""
+        if self.device.type == "cuda":
+            self.ops()
+
+    def refuse_gradients(
+        self, watch: ParameterWatch, attention_mask: torch.Tensor | None
+    ) -> None:
+        """Raise when this call would need gradients (see the module docstring).
+
+        ``watch``: the parameters of the model being called (a head model's include its
+        head's).
+        """
+        if not torch.is_grad_enabled():
+            return
+        if attention_mask is not None and attention_mask.requires_grad:
+            requiring = "attention_mask"
+        elif torch.compiler.is_compiling():
+            requiring = next((n for n, p in watch.module.named_parameters() if p.requires_grad),
+                             None)
+        else:
+            requiring = watch.first_requiring_grad()
+        refuse_gradients(f"fastbert.{type(watch.module).__name__}", requiring)
 
     def encode(
         self,
@@ -219,7 +273,7 @@ class BertModel(PretrainedMixin, nn.Module):
         token_type_ids: torch.Tensor | None = None,
     ) -> tuple[Ops, torch.Tensor]:
         """Validated inputs -> (ops, last hidden state [B, S, H])."""
-        key_padding_mask = validation.check_model_inputs(
+        input_ids, token_type_ids, key_padding_mask = validation.check_model_inputs(
             self.config, self.device, input_ids, attention_mask, token_type_ids
         )
         ops = self.ops()
@@ -238,7 +292,7 @@ class BertModel(PretrainedMixin, nn.Module):
 
         inputs = (input_ids, token_type_ids, key_padding_mask)
         if ids_checked and self._graphs.wants(input_ids.device, input_ids.numel()):
-            return ops, self._graphs.run(encode_dense, *inputs)
+            return ops, self._graphs.run(encode_dense, *inputs, weights=self._watch.storage_key())
         return ops, encode_dense(*inputs)
 
     def _read_batch(
@@ -298,25 +352,30 @@ class BertModel(PretrainedMixin, nn.Module):
             return hidden
 
         tokens = ids.numel()
-        if tokens and self._graphs.wants(ids.device, runtime.token_bucket(tokens)):
+        # The reference attention_varlen reads cu_seqlens on the host: it cannot be captured.
+        graphable = ops.attention_backend == "triton"
+        if tokens and graphable and self._graphs.wants(ids.device, runtime.token_bucket(tokens)):
             bucketed, cu_seqlens, max_seqlen = packed.bucketed(ids, types, positions)
-            encode = functools.partial(encode_packed, max_seqlen)
-            hidden = self._graphs.run(
-                encode, *bucketed, cu_seqlens, host_key=max_seqlen, copy_output=False
+            return self._graphs.run(
+                functools.partial(encode_packed, max_seqlen), *bucketed, cu_seqlens,
+                host_key=max_seqlen, weights=self._watch.storage_key(),
+                finish=lambda hidden: packed.scatter(hidden[:tokens]),  # the scatter copies
             )
-            return packed.scatter(hidden[:tokens])  # the scatter copies out of the graph
         hidden = encode_packed(packed.max_seqlen, ids, types, positions, packed.cu_seqlens)
         return packed.scatter(hidden)
 
-    @torch.no_grad()
     def forward(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
     ) -> BaseModelOutputWithPooling:
+        self.refuse_gradients(self._watch, attention_mask)
         batch, seq = validation.batch_and_seq(input_ids)
         if batch == 0:
+            validation.check_model_inputs(
+                self.config, self.device, input_ids, attention_mask, token_type_ids
+            )
             return self._empty_output(seq)
         ops, hidden = self.encode(input_ids, attention_mask, token_type_ids)
         pooled = self.pooler(ops, hidden) if self.pooler is not None else None
@@ -351,15 +410,36 @@ class _BertWithHead(PretrainedMixin, nn.Module):
             add_pooling_layer=self.add_pooling_layer, padding_free=padding_free,
             cuda_graphs=cuda_graphs,
         )
+        self._watch = ParameterWatch(self)
 
+    # The run settings live on the encoder; these read and set (and validate) them there.
     @property
     def backend(self) -> str:
         return self.bert.backend
 
     @backend.setter
     def backend(self, value: str) -> None:
-        check_backend(value)
         self.bert.backend = value
+
+    @property
+    def padding_free(self) -> str | bool:
+        return self.bert.padding_free
+
+    @padding_free.setter
+    def padding_free(self, value: str | bool) -> None:
+        self.bert.padding_free = value
+
+    @property
+    def cuda_graphs(self) -> str | bool:
+        return self.bert.cuda_graphs
+
+    @cuda_graphs.setter
+    def cuda_graphs(self, value: str | bool) -> None:
+        self.bert.cuda_graphs = value
+
+    def ops(self) -> Ops:
+        """The hot ops this model runs with (its encoder's)."""
+        return self.bert.ops()
 
     @property
     def dtype(self) -> torch.dtype:
@@ -388,15 +468,18 @@ class BertForMaskedLM(_BertWithHead):
         self.transform_ln_bias = _param(h, dtype=dtype, device=device)
         self.decoder_bias = _param(config.vocab_size, dtype=dtype, device=device)
 
-    @torch.no_grad()
     def forward(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
     ) -> LogitsOutput:
+        self.bert.refuse_gradients(self._watch, attention_mask)
         batch, seq = validation.batch_and_seq(input_ids)
         if batch == 0:
+            validation.check_model_inputs(
+                self.config, self.device, input_ids, attention_mask, token_type_ids
+            )
             vocab = self.config.vocab_size
             return LogitsOutput(torch.empty(0, seq, vocab, dtype=self.dtype, device=self.device))
         ops, hidden = self.bert.encode(input_ids, attention_mask, token_type_ids)
@@ -419,13 +502,13 @@ class _BertForPooledClassification(_BertWithHead):
         self.classifier_weight = _param(n, config.hidden_size, dtype=dtype, device=device)
         self.classifier_bias = _param(n, dtype=dtype, device=device)
 
-    @torch.no_grad()
     def forward(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
     ) -> LogitsOutput:
+        self.bert.refuse_gradients(self._watch, attention_mask)
         out = self.bert(input_ids, attention_mask, token_type_ids)
         ops = self.bert.ops()
         pooled = out.pooler_output

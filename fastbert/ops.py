@@ -16,13 +16,18 @@ from collections.abc import Callable
 import torch
 
 from fastbert.kernels import _runtime
+from fastbert.kernels.flash_attention import SUPPORTED_HEAD_DIMS
 
 BACKENDS = ("auto", "torch", "triton")
 
 
 @dataclasses.dataclass(frozen=True)
 class Ops:
-    """The hot ops of one backend, with the signatures of fastbert.kernels.reference."""
+    """The hot ops of one backend, with the signatures of fastbert.kernels.reference.
+
+    ``attention_fallback``: the two attention ops are the reference's although the others
+    are ``name``'s (a triton model whose head dim the kernel does not run).
+    """
 
     name: str
     attention: Callable[..., torch.Tensor]
@@ -31,15 +36,33 @@ class Ops:
     linear: Callable[..., torch.Tensor]
     layer_norm: Callable[..., torch.Tensor]
     embeddings_layer_norm: Callable[..., torch.Tensor]
+    attention_fallback: bool = False
+
+    @property
+    def attention_backend(self) -> str:
+        """Where the attention ops run: "torch" or "triton"."""
+        return "torch" if self.attention_fallback else self.name
 
 
 # The op fields of Ops, computed once here: torch.compile does not trace dataclasses.fields.
-OP_NAMES = tuple(f.name for f in dataclasses.fields(Ops) if f.name != "name")
+OP_NAMES = ("attention", "attention_varlen", "scaled_masked_softmax", "linear", "layer_norm",
+            "embeddings_layer_norm")
 
 
 def check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
+    if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+
+def check_head_dim(head_dim: int) -> None:
+    """Raise unless the Triton attention kernel runs heads of ``head_dim``."""
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(
+            f"backend='triton' cannot run this model: its head dim (hidden_size / "
+            f"num_attention_heads) is {head_dim}, and the Triton attention kernel runs "
+            f"{SUPPORTED_HEAD_DIMS}. Use backend='auto' (the attention then runs on the "
+            "PyTorch reference, every other op on Triton) or backend='torch'."
+        )
 
 
 def resolve_backend(backend: str, device: torch.device | str) -> str:
@@ -63,12 +86,20 @@ def _module_ops(name: str, module: object) -> Ops:
     return Ops(name, **{op: getattr(module, op) for op in OP_NAMES})
 
 
-def get_ops(backend: str, device: torch.device | str) -> Ops:
-    """The ops for ``backend`` on ``device`` (see :func:`resolve_backend`)."""
-    if resolve_backend(backend, device) == "triton":
-        from fastbert import custom_ops
-
-        return _module_ops("triton", custom_ops)
+def get_ops(backend: str, device: torch.device | str, head_dim: int | None = None) -> Ops:
+    """The ops for ``backend`` on ``device`` (see :func:`resolve_backend`); with a
+    ``head_dim`` the Triton attention kernel does not run, the attention ops of the triton
+    backend are the reference's."""
     from fastbert.kernels import reference
 
-    return _module_ops("torch", reference)
+    if resolve_backend(backend, device) != "triton":
+        return _module_ops("torch", reference)
+    from fastbert import custom_ops
+
+    ops = _module_ops("triton", custom_ops)
+    if head_dim is None or head_dim in SUPPORTED_HEAD_DIMS:
+        return ops
+    return dataclasses.replace(
+        ops, attention=reference.attention, attention_varlen=reference.attention_varlen,
+        attention_fallback=True,
+    )

@@ -16,20 +16,17 @@
 Each is chosen per call by the model's ``padding_free`` and ``cuda_graphs`` settings, each
 "auto", True or False:
 
-- ``padding_free="auto"`` packs when the Triton kernels run and at least PACK_MIN_PADDING of
-  the batch is padding; True packs whenever a mask has padding (any backend); False never.
-- ``cuda_graphs="auto"`` replays a graph on CUDA for a dense call of at most
-  GRAPH_AUTO_MAX_TOKENS tokens whose shape was seen before (so a stream of ever-new shapes
-  pays no capture cost, and the large batches, which the GPU's work bounds rather than the
-  launches, keep no graph memory); True captures every shape on first sight and needs CUDA;
-  False never. For a padding-free call, shape means size bucket and tokens the bucket's rows.
+- ``padding_free="auto"`` packs when the Triton attention kernel runs and at least
+  PACK_MIN_PADDING of the batch is padding; True packs whenever a mask has padding (any
+  backend); False never.
+- ``cuda_graphs`` chooses when a call replays a graph of its key (fastbert.graphs holds the
+  rule, the bounds and the thread and weight safety). For a padding-free call, the key is its
+  size bucket and its tokens the bucket's rows.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import warnings
 from collections.abc import Callable
 
 import torch
@@ -43,11 +40,6 @@ SETTINGS = ("auto", True, False)
 # "auto" packs when at least this fraction of the batch is padding: below it, the gather and
 # scatter cost more than the padded rows they save.
 PACK_MIN_PADDING = 0.1
-# Graphs kept per model (least recently used dropped first); each holds its activations.
-MAX_GRAPHS = 8
-# "auto" graphs batches up to this many tokens (batch x seq): past it, launches are a small
-# part of the time and a graph's activation memory is large.
-GRAPH_AUTO_MAX_TOKENS = 8192
 # A graphed padding-free call runs token_bucket(T) rows: T rounded up to a multiple of an
 # eighth of the power of two at or below T, and of at least this many rows (so fewer than
 # T / 8 or 64 extra rows, and eight buckets per doubling of T).
@@ -172,109 +164,4 @@ def packing_threshold(
         return None
     if setting is True:
         return 0.0
-    return PACK_MIN_PADDING if ops.name == "triton" else None
-
-
-Inputs = tuple[torch.Tensor | None, ...]
-
-
-class EncoderGraphs:
-    """CUDA graphs of the encoder (embeddings and layers), one per key: the shape and dtype of
-    each input, which optional inputs are present, and a host value the capture depends on.
-
-    ``run(encode, *inputs, host_key=...)`` copies the inputs (dense: ids, token types, mask;
-    padding-free: the bucketed ids, token types, positions and cu_seqlens; None for one that
-    is absent) into the graph's static buffers, replays it and returns a copy of its output
-    (``copy_output=False``: the graph's own output buffer, valid until the next replay, for a
-    caller that copies it at once, as the padding-free scatter does).
-    ``encode`` must not synchronise with the host (the model checks the ids beforehand), and
-    any host value it reads besides the inputs' shapes must be in ``host_key``. A capture that
-    fails (an op that cannot be captured) warns once and falls back to eager execution for
-    good.
-    """
-
-    # Graphs need CUDA; a test double that records without CUDA sets its own device type.
-    DEVICE_TYPE = "cuda"
-
-    def __init__(self, setting: str | bool):
-        self.setting = setting
-        self.graphs: collections.OrderedDict = collections.OrderedDict()
-        self.seen: set = set()
-        self.failed = False
-        self.pool = None
-
-    def wants(self, device: torch.device, tokens: int) -> bool:
-        """Whether a call running ``tokens`` rows (dense: batch x seq; padding-free: the
-        bucket's rows) on ``device`` should replay a graph."""
-        if self.setting is False or self.failed or torch.compiler.is_compiling():
-            return False
-        if device.type != self.DEVICE_TYPE:
-            if self.setting is True:
-                raise ValueError(
-                    f"cuda_graphs=True needs the model on a CUDA device, it is on "
-                    f"{device}; use cuda_graphs='auto' or False"
-                )
-            return False
-        return self.setting is True or tokens <= GRAPH_AUTO_MAX_TOKENS
-
-    def run(
-        self,
-        encode: Callable[..., torch.Tensor],
-        *inputs: torch.Tensor | None,
-        host_key: object = None,
-        copy_output: bool = True,
-    ):
-        key = tuple(None if t is None else (tuple(t.shape), t.dtype, t.device) for t in inputs)
-        key = (*key, host_key)
-        entry = self.graphs.get(key)
-        if entry is None:
-            if self.setting == "auto" and key not in self.seen:
-                self.seen.add(key)
-                return encode(*inputs)
-            entry = self._capture(encode, inputs)
-            if entry is None:
-                return encode(*inputs)
-            self.graphs[key] = entry
-            if len(self.graphs) > MAX_GRAPHS:
-                self.graphs.popitem(last=False)
-        self.graphs.move_to_end(key)
-        replay, static_inputs, static_out = entry
-        for static, t in zip(static_inputs, inputs):
-            if t is not None:
-                static.copy_(t)
-        replay()
-        return static_out.clone() if copy_output else static_out
-
-    def _capture(self, encode: Callable[..., torch.Tensor], inputs: Inputs):
-        """(replay, static inputs, static output) for the key of ``inputs``, or None when the
-        capture failed."""
-        static_inputs = tuple(None if t is None else t.clone() for t in inputs)
-        try:
-            replay, static_out = self._record(lambda: encode(*static_inputs))
-        except RuntimeError as exc:
-            self.failed = True
-            warnings.warn(
-                f"CUDA graph capture failed ({exc}); running without CUDA graphs", stacklevel=3
-            )
-            return None
-        return replay, static_inputs, static_out
-
-    def _record(self, forward: Callable[[], torch.Tensor]):
-        """Capture one call of ``forward`` in a CUDA graph: (its replay, its output tensor).
-
-        ``forward`` reads only the static buffers, so a replay recomputes the output in place
-        from whatever they hold.
-        """
-        # Warm up on a side stream (autotuning and lazy initialisation happen here, not inside
-        # the capture), then capture one call.
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            forward()
-        torch.cuda.current_stream().wait_stream(stream)
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            static_out = forward()
-        return graph.replay, static_out
+    return PACK_MIN_PADDING if ops.attention_backend == "triton" else None

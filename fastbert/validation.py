@@ -27,16 +27,32 @@ def batch_and_seq(input_ids: object) -> tuple[int, int]:
     return input_ids.shape[0], input_ids.shape[1]
 
 
+# Id dtypes every backend indexes with as they are; other integer ids are widened to int64
+# (PyTorch indexing refuses int8 / int16 and takes uint8 as a boolean mask).
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def as_index(ids: torch.Tensor | None) -> torch.Tensor | None:
+    """Integer ids in a dtype every backend indexes with (int32 / int64 kept, others int64)."""
+    if ids is None or ids.dtype in INDEX_DTYPES:
+        return ids
+    return ids.to(torch.int64)
+
+
 def check_model_inputs(
     config: BertConfig,
     device: torch.device,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None,
     token_type_ids: torch.Tensor | None,
-) -> torch.Tensor | None:
-    """Validate shapes, dtypes and devices; return the key-padding mask (bool [B, S] or None)."""
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Validate shapes, dtypes and devices (also of an empty batch).
+
+    Returns (input_ids, token_type_ids) as :func:`as_index` ids and the key-padding mask
+    (bool [B, S], or None).
+    """
     batch, seq = batch_and_seq(input_ids)
-    if seq == 0:
+    if seq == 0 and batch > 0:
         raise ValueError("input_ids has sequence length 0; every sequence needs >= 1 token")
     if seq > config.max_position_embeddings:
         raise ValueError(
@@ -45,6 +61,11 @@ def check_model_inputs(
         )
     if input_ids.device != device:
         raise ValueError(f"input_ids is on {input_ids.device} but the model is on {device}")
+    if device.type == "meta":
+        raise ValueError(
+            "the model and input_ids are on the meta device: they have shapes but no values "
+            "to run on; load the model on a real device"
+        )
     for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
         if t is None:
             continue
@@ -57,12 +78,14 @@ def check_model_inputs(
             raise ValueError(f"{name} is on {t.device} but the model is on {device}")
     if token_type_ids is not None:
         _checks.check_integer("token_type_ids", token_type_ids)
+    ids, types = as_index(input_ids), as_index(token_type_ids)
     if attention_mask is None:
-        return None
+        return ids, types, None
     if attention_mask.dtype.is_complex:
         raise TypeError(f"attention_mask must be 0/1 or bool, got {attention_mask.dtype}")
     # Hugging Face's attention_mask is 1 for real tokens, 0 for padding, in any dtype.
-    return attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
+    mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
+    return ids, types, mask
 
 
 @dataclasses.dataclass(frozen=True)

@@ -108,3 +108,140 @@ def test_outputs_index_like_hf(model) -> None:
 def test_unknown_backend_rejected() -> None:
     with pytest.raises(ValueError, match="backend must be one of"):
         fastbert.BertModel.from_pretrained(hf_model(), device="cpu", backend="cuda")
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.uint8, torch.int32])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_small_integer_ids_behave_like_int64(device, backend, dtype) -> None:
+    """int8 / int16 / uint8 / int32 ids and token types give what int64 ones give (uint8 ids
+    are ids, not a boolean mask), on both backends."""
+    model = fastbert.BertModel.from_pretrained(hf_model(), device=device, backend=backend)
+    ids, mask, types = padded_batch([6, 3], device=device)
+    expected = model(ids, mask, types).last_hidden_state
+    got = model(ids.to(dtype), mask, types.to(dtype)).last_hidden_state
+    assert torch.equal(got, expected)
+    if dtype.is_signed:
+        with pytest.raises(ValueError, match=r"input_ids must lie in \[0, 96\]"):
+            model(torch.full((1, 2), -3, dtype=dtype, device=device))
+
+
+def test_small_integer_ids_in_the_reference_op() -> None:
+    from fastbert.kernels import reference
+
+    word, pos, types = torch.randn(97, 8), torch.randn(16, 8), torch.randn(2, 8)
+    ln = (torch.ones(8), torch.zeros(8), 1e-12)
+    ids = torch.tensor([[3, 90, 0]])
+    expected = reference.embeddings_layer_norm(ids, None, None, word, pos, types, *ln)
+    for dtype in (torch.int8, torch.int16, torch.uint8):
+        got = reference.embeddings_layer_norm(ids.to(dtype), None, None, word, pos, types, *ln)
+        assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize(
+    "inputs, error, message",
+    [
+        (lambda ids: (ids, torch.ones(1, 7)), ValueError, "attention_mask must have the shape"),
+        (lambda ids: (ids, None, torch.ones(0, 5, dtype=torch.long)), ValueError,
+         "token_type_ids must have the shape"),
+        (lambda ids: (ids, None, torch.ones(0, 7)), TypeError, "token_type_ids must hold integer"),
+        (lambda ids: (ids.to("meta"),), ValueError, "meta"),
+        (lambda ids: (ids, torch.ones(0, 7, device="meta")), ValueError,
+         "attention_mask is on meta"),
+    ],
+)
+def test_an_empty_batch_still_validates_its_other_inputs(model, inputs, error, message) -> None:
+    with pytest.raises(error, match=message):
+        model(*inputs(torch.empty(0, 7, dtype=torch.long)))
+
+
+def test_meta_tensors_are_rejected() -> None:
+    meta_model = fastbert.BertModel(fastbert.BertConfig(vocab_size=10, hidden_size=8,
+                                                        num_attention_heads=2, intermediate_size=8,
+                                                        num_hidden_layers=1), device="meta")
+    with pytest.raises(ValueError, match="meta device"):
+        meta_model(torch.ones(1, 3, dtype=torch.long, device="meta"))
+
+
+HEAD_CLASSES = ["BertModel", "BertForMaskedLM", "BertForSequenceClassification",
+                "BertForNextSentencePrediction"]
+
+
+@pytest.mark.parametrize("cls_name", HEAD_CLASSES)
+def test_run_settings_are_readable_settable_and_validated_on_every_model(cls_name) -> None:
+    hf_name = "BertModel" if cls_name == "BertModel" else cls_name
+    model = getattr(fastbert, cls_name).from_pretrained(
+        hf_model(hf_name), device="cpu", padding_free=False, cuda_graphs=False
+    )
+    encoder = model if cls_name == "BertModel" else model.bert
+    for name, value in (("padding_free", True), ("cuda_graphs", "auto"), ("backend", "torch")):
+        setattr(model, name, value)
+        assert getattr(model, name) == value
+        assert getattr(encoder, name) == value, f"{name} did not reach the encoder"
+    for name, bad in (("padding_free", "yes"), ("cuda_graphs", 1), ("backend", "cuda")):
+        with pytest.raises(ValueError, match=name):
+            setattr(model, name, bad)
+        assert getattr(model, name) != bad
+    model.padding_free = True  # takes effect: the torch backend then packs padded batches
+    ids, mask, types = padded_batch([6, 2])
+    hidden_zeroed = model.bert(ids, mask, types) if cls_name != "BertModel" else model(ids, mask)
+    assert torch.equal(hidden_zeroed.last_hidden_state[1, 2:],
+                       torch.zeros_like(hidden_zeroed.last_hidden_state[1, 2:]))
+
+
+def _odd_head_model(**options) -> fastbert.BertModel:
+    """A model with head dim 16 (hidden 32, 2 heads), which the Triton kernel does not run."""
+    return fastbert.BertModel.from_pretrained(
+        hf_model(hidden_size=32, num_attention_heads=2, intermediate_size=64), device="cpu",
+        **options,
+    )
+
+
+def test_an_unsupported_head_dim_with_backend_triton_fails_when_built() -> None:
+    with pytest.raises(ValueError, match="head dim .* is 16"):
+        _odd_head_model(backend="triton")
+    model = _odd_head_model(backend="torch")
+    with pytest.raises(ValueError, match="head dim .* is 16"):
+        model.backend = "triton"
+    assert model.backend == "torch"
+
+
+def test_an_unsupported_head_dim_runs_its_attention_on_the_reference(device) -> None:
+    """backend='auto' on a Triton device: the attention alone falls back (one warning), the
+    other ops run the kernels, and the model matches Hugging Face."""
+    from fastbert import ops as ops_module
+
+    hf = hf_model(hidden_size=32, num_attention_heads=2, intermediate_size=64)
+    model = fastbert.BertModel.from_pretrained(hf, device=device, backend="torch")
+    model._backend = "triton"  # what "auto" resolves to on CUDA (here: the interpreter)
+    with pytest.warns(UserWarning, match="head dim 16"):
+        ops = model.ops()
+    assert ops.attention is ops_module.get_ops("torch", "cpu").attention
+    assert ops.linear is ops_module.get_ops("triton", device).linear
+    ids, mask, types = padded_batch([6, 3], device=device)
+    with torch.no_grad():
+        expected = hf.to(device)(input_ids=ids, attention_mask=mask, token_type_ids=types)
+    got = model(ids, mask, types).last_hidden_state
+    valid = mask.bool()
+    assert (got - expected.last_hidden_state)[valid].abs().max() <= 1e-4
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.ops()  # one warning per model
+
+
+@pytest.mark.parametrize("cls_name", HEAD_CLASSES)
+def test_a_call_that_would_need_gradients_raises(cls_name) -> None:
+    model = getattr(fastbert, cls_name).from_pretrained(hf_model(cls_name), device="cpu")
+    ids, mask, types = padded_batch([4, 2])
+    model(ids, mask, types)  # no parameter requires grad: runs
+    model.requires_grad_(True)
+    with pytest.raises(RuntimeError, match="torch.no_grad"):
+        model(ids, mask, types)
+    with torch.no_grad():
+        model(ids, mask, types)
+    with torch.inference_mode():
+        model(ids, mask, types)
+    model.requires_grad_(False)
+    with pytest.raises(RuntimeError, match="attention_mask requires grad"):
+        model(ids, mask.float().requires_grad_(), types)

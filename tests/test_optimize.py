@@ -194,17 +194,106 @@ def test_dtype_and_moving_after_optimize_keep_one_copy() -> None:
         expected = model(**inputs).logits
     fastbert.optimize(model, dtype=torch.bfloat16, backend="torch")
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
-    low = model(**inputs).logits
+    with torch.no_grad():
+        low = model(**inputs).logits
     assert low.dtype == torch.bfloat16
     assert (low.float() - expected)[valid].abs().max() <= 0.1
     model.float()  # a cast after optimize: the next call binds the new tensors
-    got = model(**inputs).logits
+    with torch.no_grad():
+        got = model(**inputs).logits
     encoder = model.bert.forward.encoder
     assert encoder.dtype == torch.float32
     assert encoder.layers[1].qkv_weight.data_ptr() == (
         model.bert.encoder.layer[1].attention.self.query.weight.data_ptr()
     )
     assert (got - expected)[valid].abs().max() <= 0.1  # bf16-rounded weights
+
+
+def _replace_data(module, name, make):
+    param = module.get_parameter(name)
+    param.data = make(param)
+
+
+def _replace_parameter(module, name, make):
+    owner, _, attr = name.rpartition(".")
+    setattr(module.get_submodule(owner), attr, torch.nn.Parameter(make(module.get_parameter(name))))
+
+
+def _replace_linear(module, name, make):
+    """Swap the Linear that owns ``name`` for a new one (as PEFT's merge_and_unload does)."""
+    owner = name.rpartition(".")[0]
+    parent, _, attr = owner.rpartition(".")
+    old = module.get_submodule(owner)
+    new = torch.nn.Linear(old.in_features, old.out_features)
+    with torch.no_grad():
+        new.weight.copy_(make(old.weight))
+        new.bias.copy_(old.bias)
+    setattr(module.get_submodule(parent), attr, new)
+
+
+_CHANGES = {"data": _replace_data, "parameter": _replace_parameter, "module": _replace_linear}
+_CHANGED = [
+    ("data", "encoder.layer.1.attention.self.value.weight"),
+    ("data", "encoder.layer.0.attention.self.key.bias"),
+    ("data", "encoder.layer.0.output.LayerNorm.weight"),
+    ("parameter", "encoder.layer.1.attention.self.query.weight"),
+    ("parameter", "encoder.layer.0.intermediate.dense.weight"),
+    ("parameter", "embeddings.position_embeddings.weight"),
+    ("module", "encoder.layer.1.attention.self.value.weight"),
+    ("module", "encoder.layer.0.output.dense.weight"),
+]
+
+
+@pytest.mark.parametrize("change, name", _CHANGED, ids=[f"{c}-{n}" for c, n in _CHANGED])
+def test_every_parameter_change_after_optimize_is_followed(change: str, name: str) -> None:
+    """A replaced parameter, its .data or its module (PEFT's merge does these) after
+    optimize(): the next call computes with the new weights, as Hugging Face does."""
+    model = make_model("bert", "Model", seed=31)
+    reference = copy.deepcopy(model)
+    inputs, valid = make_inputs(model, "Model", [7, 4], seed=31)
+    fastbert.optimize(model, backend="torch")
+    with torch.no_grad():
+        model(**inputs)  # bound to the old weights
+    gen = torch.Generator().manual_seed(32)
+    noise = {}
+
+    def make(param):
+        if name not in noise:
+            noise[name] = param.detach() + torch.randn(param.shape, generator=gen)
+        return noise[name].clone()
+
+    for m in (model, reference):
+        _CHANGES[change](m, name, make)
+    with torch.no_grad():
+        expected = reference(**inputs).last_hidden_state
+        got = model(**inputs).last_hidden_state
+    assert (got - expected)[valid].abs().max() <= BOUND
+
+
+def test_an_assigning_load_after_optimize_is_followed() -> None:
+    model = make_model("roberta", "ForSequenceClassification", seed=33)
+    other = make_model("roberta", "ForSequenceClassification", seed=34)
+    inputs, _ = make_inputs(model, "ForSequenceClassification", [6, 3], seed=33)
+    fastbert.optimize(model, backend="torch")
+    with torch.no_grad():
+        model(**inputs)
+        model.load_state_dict(other.state_dict(), assign=True)
+        torch.testing.assert_close(model(**inputs).logits, other(**inputs).logits,
+                                   atol=BOUND, rtol=0)
+
+
+def test_a_call_needing_gradients_raises_after_optimize() -> None:
+    """Hugging Face parameters require grad by default: a forward in grad mode would return
+    outputs whose backward gives the encoder no gradient, so it raises instead."""
+    model = make_model("bert", "ForSequenceClassification", seed=35)
+    inputs, _ = make_inputs(model, "ForSequenceClassification", [5, 2], seed=35)
+    fastbert.optimize(model, backend="torch")
+    with pytest.raises(RuntimeError, match=r"requires grad.*torch.no_grad"):
+        model(**inputs)
+    with torch.inference_mode():
+        model(**inputs)
+    model.requires_grad_(False)
+    assert model(**inputs).logits.shape == (2, 3)
 
 
 def test_sentence_transformer_encode_unchanged() -> None:
@@ -291,7 +380,8 @@ def test_too_long_roberta_input_raises() -> None:
     model = fastbert.optimize(make_model("roberta", "Model"), backend="torch")
     ids = torch.full((1, 65), 5)  # 66 positions, 2 of them reserved after pad_token_id 1
     with pytest.raises(ValueError, match="sequence length 65 exceeds the 64 positions"):
-        model(ids)
+        with torch.no_grad():
+            model(ids)
 
 
 def _decoder():

@@ -10,8 +10,16 @@ base model, or a SentenceTransformer's ``auto_model``) gets a new ``forward``: a
 No second copy of the weights: the fastbert encoder's parameters *are* the Hugging Face
 tensors, except the fused [3H, H] QKV weight (and [3H] bias) of each layer, which is built once;
 the Hugging Face query / key / value parameters then become row views of it. ``state_dict``,
-``save_pretrained`` and the heads see the same tensors as before. Moving or casting the model
-afterwards (``.to()``, ``.half()``) is noticed on the next call, which rebuilds the binding.
+``save_pretrained`` and the heads see the same tensors as before. Every call checks that this
+still holds and rebuilds the binding when it does not: after the model is moved or cast
+(``.to()``, ``.half()``), a parameter is replaced (``load_state_dict(..., assign=True)``, a
+module swapped, as PEFT's merge does) or a query / key / value ``.data`` is replaced. Values
+changed in place (``.data.copy_()``, an optimizer step) need nothing: the storage is shared.
+
+Inference only: a call that would need gradients (grad mode on and a parameter requiring
+grad, the default for a Hugging Face model) raises; call it under ``torch.inference_mode()``
+or ``torch.no_grad()`` (as sentence-transformers' ``encode`` and Hugging Face's pipelines do),
+or call ``model.requires_grad_(False)`` once.
 
 The differences between families are data (fastbert.families). transformers is imported only
 when ``optimize`` runs (for the output classes), never at ``import fastbert``.
@@ -21,7 +29,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import operator
+import threading
 from typing import Any
 
 import torch
@@ -33,6 +41,7 @@ from fastbert.families import Family, family_of_class, supported_classes
 from fastbert.loading import is_sentence_transformer
 from fastbert.modeling import BertModel
 from fastbert.ops import check_backend
+from fastbert.weights import refuse_gradients, registration_generation
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Base-model arguments fastbert cannot honour -> why (any value but None / False raises).
@@ -66,9 +75,10 @@ def optimize(
     backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch" or "triton".
     padding_free, cuda_graphs: "auto", True or False, as for fastbert.BertModel.
 
-    The model runs inference only: calling it in training mode raises, and so does any argument
-    fastbert cannot honour (inputs_embeds, position_ids, head_mask, output_attentions,
-    output_hidden_states, caches, cross-attention inputs), each with a message naming it.
+    The model runs inference only: calling it in training mode or with gradients needed (see
+    the module docstring) raises, and so does any argument fastbert cannot honour
+    (inputs_embeds, position_ids, head_mask, output_attentions, output_hidden_states, caches,
+    cross-attention inputs), each with a message naming it.
     Raises TypeError for an unsupported model class and ValueError for an unsupported config
     (relative position embeddings, a decoder, an unknown activation), before changing anything.
     """
@@ -151,6 +161,7 @@ def bind_encoder(base: nn.Module, family: Family, config: BertConfig, **kwargs: 
     unbound = [name for name, p in encoder.named_parameters() if p.is_meta]
     if unbound:
         raise RuntimeError(f"the {family.name} name table maps no tensor to {unbound}")
+    encoder.resolve_ops_early()
     return encoder.eval()
 
 
@@ -184,16 +195,22 @@ class FastbertForward:
         self.__signature__ = signature.replace(parameters=list(signature.parameters.values())[1:])
         outputs = importlib.import_module("transformers.modeling_outputs")
         self._output_class = getattr(outputs, family.output_class)
-        names = family.weight_names(config.num_hidden_layers, with_pooler=False)
-        self._word = operator.attrgetter(names["embeddings.word"][0])
-        self._query_names = [names[f"layers.{i}.qkv_weight"][0]
-                             for i in range(config.num_hidden_layers)]
+        self._lock = threading.Lock()
         self._bind()
 
     def _bind(self) -> None:
-        """(Re)build ``self.encoder`` on the model's current tensors."""
+        """(Re)build ``self.encoder`` on the model's current tensors (and config: a resized
+        vocabulary changes it) and record what it reads."""
+        self.config = BertConfig.from_hf(self.base.config, self.family)
         self.encoder = bind_encoder(self.base, self.family, self.config, **self.settings)
-        self._queries = [self.base.get_parameter(name) for name in self._query_names]
+        with_pooler = self.encoder.pooler is not None
+        with_projection = self.config.embedding_width != self.config.hidden_size
+        names = self.family.weight_names(self.config.num_hidden_layers, with_pooler,
+                                         with_projection)
+        self._source_names = [t for theirs in names.values() for t in theirs]
+        self._sources = [self.base.get_parameter(t) for t in self._source_names]
+        self._views = _fused_views(self.base, self.encoder, names)
+        self._generation = registration_generation()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.base.training:
@@ -212,9 +229,15 @@ class FastbertForward:
         self._refuse(arguments)
         if input_ids is None:
             raise ValueError("input_ids is required by a fastbert-optimized model")
-        if not self._bound():
-            self._bind()
-        out = self.encoder(input_ids, attention_mask, token_type_ids)
+        with self._lock:  # threads calling at once rebind once
+            if not self._bound():
+                self._bind()
+            encoder = self.encoder
+        if torch.is_grad_enabled():
+            requiring = next((n for n, p in zip(self._source_names, self._sources)
+                              if p.requires_grad), None)
+            refuse_gradients(f"fastbert-optimized {type(self.base).__name__}", requiring)
+        out = encoder(input_ids, attention_mask, token_type_ids)
         fields = {"last_hidden_state": out.last_hidden_state}
         if "pooler_output" in self._output_class.__dataclass_fields__:
             fields["pooler_output"] = out.pooler_output
@@ -248,15 +271,39 @@ class FastbertForward:
             )
 
     def _bound(self) -> bool:
-        """Whether the encoder still shares the model's tensors: false after ``.to()`` or
-        ``.half()`` (new data in every parameter) or a replaced word embedding. A few
-        microseconds; other replaced modules need another ``fastbert.optimize``."""
-        if self._word(self.base) is not self.encoder.embeddings.word:
-            return False
-        return all(
-            query.data_ptr() == layer.qkv_weight.data_ptr()
-            for query, layer in zip(self._queries, self.encoder.layers)
-        )
+        """Whether the encoder still reads the model's tensors.
+
+        Parameter objects are compared only after some parameter was registered anywhere
+        (a replaced parameter or module registers one); the query, key and value parameters
+        must still be views of their fused tensor (``.to()``, ``.half()`` or a replaced
+        ``.data`` give them new storage). Other parameters are the encoder's own objects, so a
+        new ``.data`` of theirs is read as it is.
+        """
+        if self._generation != registration_generation():
+            current = [self.base.get_parameter(t) for t in self._source_names]
+            if any(a is not b for a, b in zip(current, self._sources)):
+                return False
+            self._generation = registration_generation()
+        return all(p.data_ptr() == ptr for p, ptr in self._views)
+
+
+def _fused_views(
+    base: nn.Module, encoder: BertModel, names: dict[str, tuple[str, ...]]
+) -> list[tuple[nn.Parameter, int]]:
+    """(parameter, the address it must start at) for each Hugging Face parameter that is a
+    row view of a fused encoder tensor (the query, key and value weights and biases)."""
+    views = []
+    for ours, theirs in names.items():
+        if len(theirs) == 1:
+            continue
+        fused = encoder.get_parameter(ours)
+        row_bytes = fused.stride(0) * fused.element_size()
+        row = 0
+        for name in theirs:
+            view = base.get_parameter(name)
+            views.append((view, fused.data_ptr() + row * row_bytes))
+            row += view.shape[0]
+    return views
 
 
 def _describe(value: Any) -> str:

@@ -1,0 +1,155 @@
+"""CUDA-graph bookkeeping (fastbert.graphs) on the CPU: when a key is captured, how many keys
+are remembered, concurrent callers, and weights that change between calls.
+
+The graphs here are tests/graph_doubles.ReplayingGraphs, whose replay re-runs the captured
+call on the CPU and refuses to run against weights other than those it was captured with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import threading
+
+import pytest
+import torch
+
+import fastbert
+from fastbert import graphs
+from tests.graph_doubles import ReplayingGraphs
+from tests.hf_models import hf_model, padded_batch
+
+
+def _double(hidden: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    return hidden * 2
+
+
+def _call_shapes(held: graphs.EncoderGraphs, shapes) -> None:
+    for seq in shapes:
+        hidden = torch.full((1, seq, 2), float(seq))
+        assert torch.equal(held.run(_double, hidden, None), hidden * 2)
+
+
+def test_a_cycle_of_more_shapes_than_graphs_settles_instead_of_thrashing() -> None:
+    """9 shapes cycled 5 times: "auto" captures 8 graphs once each, then replays them (the
+    ninth runs eagerly), rather than evicting and capturing again on every call."""
+    held = ReplayingGraphs("auto")
+    _call_shapes(held, list(range(1, 10)) * 5)
+    assert held.captures == graphs.MAX_GRAPHS
+    assert held.replays == 8 * 4 - 8 + 8  # calls 2..5 of shapes 1..8 (the 2nd one captures)
+
+
+def test_a_new_key_replaces_a_kept_graph_only_when_called_more_often() -> None:
+    held = ReplayingGraphs(True)
+    _call_shapes(held, range(1, graphs.MAX_GRAPHS + 1))  # True: captured on first sight
+    assert held.captures == graphs.MAX_GRAPHS
+    _call_shapes(held, [100])  # once: no more than the least-called graph
+    assert held.captures == graphs.MAX_GRAPHS
+    _call_shapes(held, range(2, graphs.MAX_GRAPHS + 1))  # every graph but shape 1 called again
+    _call_shapes(held, [100, 100])  # three calls now, more than shape 1's one
+    assert held.captures == graphs.MAX_GRAPHS + 1
+    kept = {key[0][0][1] for key in held.graphs}
+    assert 100 in kept and 1 not in kept
+
+
+def test_random_shapes_capture_little_and_remember_a_bounded_number_of_keys() -> None:
+    """1,000 calls of random shapes: few captures, and at most SEEN_MAX keys remembered."""
+    rng = random.Random(0)
+    held = ReplayingGraphs("auto")
+    _call_shapes(held, [rng.randint(1, 400) for _ in range(1000)])
+    assert len(held.seen) <= graphs.SEEN_MAX
+    assert len(held.graphs) <= graphs.MAX_GRAPHS
+    assert held.captures <= 2 * graphs.MAX_GRAPHS, held.captures  # 276 with plain LRU
+
+
+def test_call_counts_age_so_the_kept_set_follows_the_workload() -> None:
+    held = ReplayingGraphs("auto")
+    old, new = list(range(1, 9)), list(range(101, 109))
+    _call_shapes(held, old * 20)
+    assert {key[0][0][1] for key in held.graphs} == set(old)
+    _call_shapes(held, new * 200)  # the workload moves on
+    assert {key[0][0][1] for key in held.graphs} == set(new)
+
+
+def _graphed(padding_free: bool) -> tuple[fastbert.BertModel, fastbert.BertModel]:
+    hf = hf_model("BertModel", seed=21)
+    options = dict(dtype=torch.float32, backend="torch", padding_free=False, cuda_graphs=False)
+    eager = fastbert.BertModel.from_pretrained(hf, **options)
+    graphed = fastbert.BertModel.from_pretrained(hf, **options)
+    graphed._graphs = ReplayingGraphs(True)
+    if padding_free:
+        # Padding-free calls are graphed with the Triton attention kernel only; the reference
+        # ops under that name keep the bookkeeping the same at the speed of PyTorch.
+        as_triton = dataclasses.replace(fastbert.ops.get_ops("torch", "cpu"), name="triton")
+        for model in (eager, graphed):
+            model.ops = lambda: as_triton
+            model.padding_free = True
+    return eager, graphed
+
+
+@pytest.mark.parametrize("padding_free", [False, True], ids=["dense", "padding-free"])
+def test_concurrent_calls_each_get_their_own_result(padding_free) -> None:
+    """4 threads x 25 calls at one [4, 24] shape, each with its own inputs: every caller gets
+    what the eager model computes for its inputs (a replay shares the graph's buffers)."""
+    eager, graphed = _graphed(padding_free)
+    calls = 100
+    batches = [padded_batch([24, 24 - i % 7, 20, 1 + i % 23], seed=i) for i in range(calls)]
+    expected = [eager(*batch).last_hidden_state for batch in batches]
+    wrong = []
+    barrier = threading.Barrier(4)
+
+    def work(thread: int) -> None:
+        barrier.wait()
+        for i in range(thread, calls, 4):
+            got = graphed(*batches[i]).last_hidden_state
+            if not torch.allclose(got, expected[i], atol=1e-5, rtol=0):
+                wrong.append(i)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong, f"{len(wrong)} of {calls} calls got another call's output"
+    assert graphed._graphs.replays >= calls - 8
+
+
+def _check_matches_eager(graphed, eager, batch) -> None:
+    torch.testing.assert_close(
+        graphed(*batch).last_hidden_state, eager(*batch).last_hidden_state, atol=1e-5, rtol=0
+    )
+
+
+@pytest.mark.parametrize("change", ["half", "assign", "data", "parameter"])
+def test_graphs_are_never_replayed_against_other_weights(change) -> None:
+    """After a cast, an assigning load_state_dict or a replaced parameter (or its .data), the
+    graphs captured before are dropped and the call computes with the new weights."""
+    eager, graphed = _graphed(padding_free=False)
+    batch = padded_batch([6, 4, 6], seed=3)
+    _check_matches_eager(graphed, eager, batch)
+    _check_matches_eager(graphed, eager, batch)
+    assert graphed._graphs.captures == 1
+    other = fastbert.BertModel.from_pretrained(hf_model("BertModel", seed=22), backend="torch")
+    weight = other.layers[1].ffn_in_weight.detach().clone()
+    for model in (graphed, eager):
+        if change == "half":
+            model.half()
+        elif change == "assign":
+            model.load_state_dict(other.state_dict(), assign=True)
+        elif change == "data":
+            model.layers[1].ffn_in_weight.data = weight.clone()
+        else:
+            model.layers[1].ffn_in_weight = torch.nn.Parameter(weight.clone(), False)
+    _check_matches_eager(graphed, eager, batch)
+    assert graphed._graphs.captures == 2, "a new graph for the new weights"
+
+
+def test_weights_changed_in_place_replay_without_recapture() -> None:
+    eager, graphed = _graphed(padding_free=False)
+    batch = padded_batch([5, 2], seed=4)
+    _check_matches_eager(graphed, eager, batch)
+    with torch.no_grad():
+        for model in (graphed, eager):
+            model.layers[0].attn_out_weight.mul_(1.5)
+    _check_matches_eager(graphed, eager, batch)
+    assert (graphed._graphs.captures, graphed._graphs.replays) == (1, 2)
