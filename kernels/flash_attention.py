@@ -11,6 +11,12 @@ accumulator, so the S_q x S_k score matrix is never materialised. ``scale * log2
 into one multiplier and the exponentials are ``exp2``. A row whose keys are all masked has
 l = 0 and returns zeros, never NaN.
 
+Masked keys have no influence whatever K and V hold there, NaN and Inf included (the semantics
+of FlashAttention and xformers): their scores are replaced by -inf after the product, and their
+V rows are loaded as zeros, since a zero weight times a NaN or Inf value would still be NaN.
+The padding-free variant never reads another sequence's tokens. Programs are launched per
+BLOCK_M queries of each (sequence, head); each streams all keys of its sequence.
+
 Shapes and layouts:
 
 - dense: q [B, H, S_q, D], k and v [B, H, S_k, D], any strides with unit stride on D (Hugging
@@ -78,7 +84,10 @@ def keep(config: triton.Config, block_d: int, elem_bytes: int, is_varlen: bool =
     operands in registers, and up to 24 for fp32 in the padding-free variant, whose grid-stride
     loop over query blocks keeps more values live (at 32 to 40 it spills 80 to 280 bytes per
     thread). Within these budgets every config compiles for sm_80 and sm_90 without register
-    spills, or with at most a dozen bytes (tests/compile_cases/attention.py reports them).
+    spills, or with at most a few dozen bytes, except one: fp32 with the key-padding mask at
+    BLOCK_D 128 in 64 x 32 blocks spills about 1 KB per thread on sm_90, since V's load is
+    masked by the mask's values (tests/compile_cases/attention.py reports them); the
+    autotuner weighs it against the 32 x 16 config.
     """
     block_m, block_n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
     values_per_thread = block_m * (block_d + block_n) // (32 * config.num_warps)
@@ -112,18 +121,18 @@ def _load_rows(
     base,  # pointer to element (row 0, column 0) of a [rows, HEAD_DIM] tile source
     offs_row,
     stride_row,
-    num_rows,
+    row_ok,  # bool [len(offs_row)]: which rows to read; the others load as zeros
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Rows ``offs_row`` (those < num_rows) of a row-major tile, zero-padded to BLOCK_D."""
+    """Rows ``offs_row`` of a row-major tile where ``row_ok``, zeros elsewhere and past
+    HEAD_DIM (zero-padded to BLOCK_D)."""
     offs_d = tl.arange(0, BLOCK_D)
     ptrs = base + offs_row[:, None] * stride_row + offs_d[None, :]
     if HEAD_DIM == BLOCK_D:
-        return tl.load(ptrs, mask=offs_row[:, None] < num_rows, other=0.0)
+        return tl.load(ptrs, mask=row_ok[:, None], other=0.0)
     else:
-        inside = (offs_row[:, None] < num_rows) & (offs_d[None, :] < HEAD_DIM)
-        return tl.load(ptrs, mask=inside, other=0.0)
+        return tl.load(ptrs, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
 
 
 @triton.jit
@@ -149,13 +158,15 @@ def _attend_rows(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start_n in range(0, seq_k, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = _load_rows(k_base, offs_n, stride_k_s, seq_k, HEAD_DIM, BLOCK_D)
-        v = _load_rows(v_base, offs_n, stride_v_s, seq_k, HEAD_DIM, BLOCK_D)
-        qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
         real = offs_n < seq_k
+        k = _load_rows(k_base, offs_n, stride_k_s, real, HEAD_DIM, BLOCK_D)
         if HAS_MASK:
             token = tl.load(mask_base + offs_n * stride_mask_s, mask=real, other=0)
             real = real & (token != 0)
+        # Masked keys' scores are replaced below, whatever K holds there; their values are
+        # loaded as zeros, since p = 0 times a NaN or Inf in V would still be NaN.
+        v = _load_rows(v_base, offs_n, stride_v_s, real, HEAD_DIM, BLOCK_D)
+        qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
         qk = tl.where(real[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         # Rows with no real key so far keep m = -inf; shift them by 0 so exp2 gives 0, not NaN.
@@ -192,7 +203,7 @@ def _attend_query_block(
 ):
     """Attention output of queries start_m .. start_m + BLOCK_M - 1 (those < seq_q)."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    q = _load_rows(q_base, offs_m, stride_q_s, seq_q, HEAD_DIM, BLOCK_D)
+    q = _load_rows(q_base, offs_m, stride_q_s, offs_m < seq_q, HEAD_DIM, BLOCK_D)
     out = _attend_rows(
         q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, seq_k, qk_scale,
         HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_MASK,
@@ -205,11 +216,13 @@ def _attend_query_block(
 
 @triton.autotune(
     configs=configs(),
-    key=["seq_bucket", "HEAD_DIM", "HAS_MASK", "IS_VARLEN"],
+    key=["seq_q_bucket", "seq_k_bucket", "HEAD_DIM", "HAS_MASK", "IS_VARLEN"],
     prune_configs_by={"early_config_prune": _prune},
     do_bench=time_config,
 )
-@triton.jit
+# The buckets only key the autotuner: specialising on their values (1, multiples of 16) would
+# only compile identical copies.
+@triton.jit(do_not_specialize=["seq_q_bucket", "seq_k_bucket"])
 def _attention_fwd_kernel(
     Q,  # queries: [B, H, S_q, D] (dense) or [T, H, D] (varlen), unit stride on D
     K,  # keys: [B, H, S_k, D] or [T, H, D], unit stride on D
@@ -234,7 +247,8 @@ def _attention_fwd_kernel(
     seq_q,  # dense query length (varlen: read from CuSeqlens)
     seq_k,  # dense key length (varlen: read from CuSeqlens)
     qk_scale,  # scale * log2(e)
-    seq_bucket,  # autotune key only: next power of two of the longest sequence
+    seq_q_bucket,  # autotune key only: next power of two of the (longest) query length
+    seq_k_bucket,  # autotune key only: next power of two of the (longest) key length
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     HAS_MASK: tl.constexpr,
@@ -301,18 +315,24 @@ def _check_grid(what: str, n: int) -> None:
 
 
 def _launch(
-    q, k, v, out, mask, cu_seqlens, strides, seq_q, seq_k, max_seqlen, batch, scale
+    q, k, v, out, mask, cu_seqlens, strides, seq_q, seq_k, max_seqlen_q, max_seqlen_k, batch,
+    scale,
 ) -> None:
-    """Launch the kernel on ``batch`` sequences; ``strides`` lists the 14 stride arguments."""
+    """Launch the kernel on ``batch`` sequences; ``strides`` lists the 14 stride arguments.
+
+    One program per BLOCK_M queries of each (sequence, head): the grid follows the query
+    length alone, since every program streams all keys of its sequence anyway.
+    """
     heads, head_dim = q.shape[1], q.shape[-1]  # q is [B, H, S, D] or [T, H, D]
     _check_grid("the number of heads", heads)
     _check_grid("the batch size (number of sequences)", batch)
-    grid = lambda meta: (max(1, cdiv(max_seqlen, meta["BLOCK_M"])), heads, batch)
+    grid = lambda meta: (max(1, cdiv(max_seqlen_q, meta["BLOCK_M"])), heads, batch)
     _attention_fwd_kernel[grid](
         q, k, v, out, mask, cu_seqlens, *strides,
         seq_q, seq_k,
         scale * LOG2_E,
-        next_power_of_2(max_seqlen),
+        next_power_of_2(max_seqlen_q),
+        next_power_of_2(max_seqlen_k),
         HEAD_DIM=head_dim,
         BLOCK_D=next_power_of_2(head_dim),
         HAS_MASK=mask is not None,
@@ -332,8 +352,8 @@ def attention(
     q: [B, H, S_q, D]; k, v: [B, H, S_k, D]; fp16, bf16 or fp32, any strides with unit stride
     on D (transposed Hugging Face views and slices of a fused QKV buffer are read in place).
     D in {32, 64, 80, 96, 128}. key_padding_mask: [B, S_k] bool or integer, True / nonzero =
-    a real token; masked keys get no weight, and a query row with no real key returns zeros.
-    scale defaults to D**-0.5.
+    a real token; masked keys have no influence, even where K or V hold NaN or Inf, and a query
+    row with no real key returns zeros. scale defaults to D**-0.5.
 
     Returns [B, H, S_q, D] in q's dtype: the ``.transpose(1, 2)`` view of a contiguous
     [B, S_q, H, D] buffer, so ``out.transpose(1, 2).reshape(B, S_q, H * D)`` costs nothing.
@@ -353,7 +373,7 @@ def attention(
     strides = (
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *mask_strides
     )
-    _launch(q, k, v, out, mask, None, strides, seq_q, seq_k, max(seq_q, seq_k), batch, scale)
+    _launch(q, k, v, out, mask, None, strides, seq_q, seq_k, seq_q, seq_k, batch, scale)
     return out
 
 
@@ -369,7 +389,8 @@ def attention_varlen(
 
     q, k, v: [T, H, D] packed tokens (fp16, bf16 or fp32, unit stride on D, other strides
     free); cu_seqlens: int32 [B + 1] prefix sums of the sequence lengths, on q's device; tokens
-    cu_seqlens[b]:cu_seqlens[b + 1] attend each other. max_seqlen: the longest sequence; it
+    cu_seqlens[b]:cu_seqlens[b + 1] attend each other, and never read other sequences'
+    tokens (a NaN in one sequence stays there). max_seqlen: the longest sequence; it
     sizes the grid (a smaller value is still correct, only slower). scale defaults to D**-0.5.
     Returns a contiguous [T, H, D] tensor in q's dtype.
     """
@@ -388,7 +409,9 @@ def attention_varlen(
         0, out.stride(1), out.stride(0),
         0, 0,
     )
-    _launch(q, k, v, out, None, cu_seqlens, strides, 0, 0, max_seqlen, batch, scale)
+    _launch(
+        q, k, v, out, None, cu_seqlens, strides, 0, 0, max_seqlen, max_seqlen, batch, scale
+    )
     return out
 
 

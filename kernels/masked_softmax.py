@@ -6,10 +6,11 @@ Math, per row (b, h, i) of S_k scores, in float32::
     probs_ij = exp(z_j - max_j z_j) / sum_j exp(z_j - max_j z_j)
 
 and rounded once to the scores' dtype. A row whose keys are all masked returns zeros, never
-NaN, as :func:`kernels.reference.scaled_masked_softmax` does. This is the classic one-pass
-fused op (one read of the scores, one write of the probabilities) for when the probabilities
-themselves are wanted (``output_attentions``, analysis); the encoder's attention never
-materialises them (see flash_attention.py).
+NaN, as :func:`kernels.reference.scaled_masked_softmax` does. Scores at masked keys are never
+read: a NaN or Inf there gets probability 0 and leaves the other keys' probabilities as they
+are. This is the classic one-pass fused op (one read of the scores, one write of the
+probabilities) for when the probabilities themselves are wanted (``output_attentions``,
+analysis); the encoder's attention never materialises them (see flash_attention.py).
 
 Shapes and layouts: scores [B, H, S_q, S_k] with any strides (read in place);
 key_padding_mask [B, S_k], bool or integer, nonzero = a real token, any strides. The output is

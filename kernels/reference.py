@@ -5,6 +5,10 @@ the tests (called with float32 or float64 inputs). It follows what eager PyTorch
 do in the input dtype: matrix products in the input dtype, softmax and LayerNorm statistics in
 float32 (in float64 for float64 inputs, so that the float64 oracle is float64 throughout). Masked
 keys are excluded from the softmax; a query row whose keys are all masked gets zeros, never NaN.
+Masked keys have no influence whatever K, V or the scores hold there, NaN and Inf included (the
+semantics of FlashAttention and xformers): their scores are replaced before the softmax and their
+values zeroed before the product with the probabilities. In ``attention_varlen`` a sequence never
+sees another's tokens.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
 
 def _mask_logits(scores: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
     """scores: float32 / float64 [B, H, S_q, S_k] -> probabilities (masked keys excluded, empty
-    rows zero)."""
+    rows zero). Scores at masked keys are replaced, so a NaN or Inf there changes nothing."""
     if key_padding_mask is None:
         return torch.softmax(scores, dim=-1)
     keep = key_padding_mask.bool()[:, None, None, :]
@@ -40,12 +44,16 @@ def attention(
     """softmax(scale * q @ k^T, masked keys excluded) @ v.
 
     q: [B, H, S_q, D]; k, v: [B, H, S_k, D]; key_padding_mask: [B, S_k] bool or 0/1 int
-    (True/1 = real token). Returns [B, H, S_q, D] in q's dtype.
+    (True/1 = real token). Masked keys have no influence, even when K or V hold NaN or Inf
+    there; a query row with no real key returns zeros. Returns [B, H, S_q, D] in q's dtype.
     """
     _checks.check_attention(q, k, v, key_padding_mask, scale)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     scores = _wide(torch.matmul(q, k.transpose(-1, -2))) * scale
     probs = _mask_logits(scores, key_padding_mask)
+    if key_padding_mask is not None:
+        # Masked keys have probability 0, but 0 times a NaN or Inf in V would still be NaN.
+        v = v.masked_fill(~key_padding_mask.bool()[:, None, :, None], 0.0)
     return torch.matmul(probs.to(v.dtype), v)
 
 
@@ -77,7 +85,8 @@ def scaled_masked_softmax(
     """softmax(scale * scores) over the last dim with masked keys excluded (fp32 math).
 
     scores: [B, H, S_q, S_k]; key_padding_mask: [B, S_k]. Returns probabilities in scores' dtype;
-    rows whose keys are all masked are zeros.
+    masked keys get exactly 0 (whatever their scores, NaN and Inf included), and rows whose keys
+    are all masked are zeros.
     """
     _checks.check_softmax(scores, key_padding_mask, scale)
     return _mask_logits(_wide(scores) * float(scale), key_padding_mask).to(scores.dtype)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fastbert.kernels import flash_attention
 from fastbert.kernels import reference as R
 
 from fastbert import kernels as K
+from tests.accuracy import assert_within_rule
 from tests.op_cases import DOT_DTYPES, check_op, dtype_params, lengths_for, padded_mask, randn
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
@@ -63,10 +65,39 @@ def test_head_dims(device, dtype, head_dim) -> None:
 
 
 @pytest.mark.parametrize("dtype", DOT_DTYPES)
-@pytest.mark.parametrize("seq_q, seq_k", [(7, 129), (129, 33), (1, 64), (65, 1)])
+@pytest.mark.parametrize(
+    "seq_q, seq_k", [(7, 129), (129, 7), (129, 33), (1, 64), (65, 1), (1, 1024)]
+)
 def test_query_and_key_lengths_differ(device, dtype, seq_q, seq_k) -> None:
-    q, k, v = qkv(2, 2, seq_q, seq_k, 32, dtype, device, seed=seq_q + seq_k)
+    heads = 1 if seq_k > 512 else 2  # keeps the 1024-key case quick under the interpreter
+    q, k, v = qkv(2, heads, seq_q, seq_k, 32, dtype, device, seed=seq_q + seq_k)
     check_attention(q, k, v, padded_mask([seq_k, (seq_k + 1) // 2], seq_k, device=device))
+
+
+class _GridRecorder:
+    """Stands in for the autotuned kernel: records each launch grid, then launches the kernel."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+        self.grids: list = []
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize("seq_q, seq_k", [(1, 1024), (7, 129), (129, 7), (65, 65)])
+def test_grid_is_sized_by_the_queries(device, monkeypatch, seq_q, seq_k) -> None:
+    """One program per BLOCK_M queries of each (batch, head): the keys do not size the grid."""
+    recorder = _GridRecorder(flash_attention._attention_fwd_kernel)
+    monkeypatch.setattr(flash_attention, "_attention_fwd_kernel", recorder)
+    batch, heads = 2, 3
+    q, k, v = qkv(batch, heads, seq_q, seq_k, 32, F32, device, seed=seq_q)
+    check_attention(q, k, v, padded_mask([seq_k, 1], seq_k, device=device))
+    (grid,) = recorder.grids
+    for block_m in (16, 32, 64, 128):
+        expected = (-(seq_q // -block_m), heads, batch)
+        assert grid({"BLOCK_M": block_m, "BLOCK_N": 64}) == expected, f"BLOCK_M={block_m}"
 
 
 @pytest.mark.parametrize("dtype", DOT_DTYPES)
@@ -89,6 +120,66 @@ def test_padded_keys_have_no_influence(device, dtype) -> None:
     k2 = torch.where(pad, torch.full_like(k, big), k)
     v2 = torch.where(pad, torch.full_like(v, -big), v)
     assert torch.equal(K.attention(q, k2, v2, mask), out)
+
+
+# Non-finite values at masked keys: (value at masked K rows, value at masked V rows).
+POISONS = {
+    "nan": (float("nan"), float("nan")),
+    "inf": (float("inf"), float("-inf")),
+    "-inf": (float("-inf"), float("inf")),
+}
+# (batch lengths, S_q, S_k, head dim, layout): a padded batch with a one-key and a fully padded
+# row; Hugging Face's transposed views with a padded head dim; seqlen 1 (the second row fully
+# padded); more keys than queries.
+POISON_SHAPES = {
+    "padded": ([33, 17, 1, 0], 33, 33, 64, "bhsd"),
+    "hf-views-d80": ([33, 17, 1, 0], 33, 33, 80, "bshd"),
+    "seqlen1": ([1, 0], 1, 1, 32, "bhsd"),
+    "sq7-sk129": ([129, 64], 7, 129, 32, "bshd"),
+}
+
+
+def poisoned(t: torch.Tensor, mask: torch.Tensor, value: float) -> torch.Tensor:
+    """A copy of k or v [B, H, S_k, D], with t's strides, holding ``value`` at masked keys."""
+    out = t.clone()
+    out.masked_fill_(~mask[:, None, :, None], value)
+    assert out.stride() == t.stride()
+    return out
+
+
+def _poisoned_case(shape, poison, dtype, device):
+    """(q, k, v, mask) of ``shape`` and the same k, v with ``poison`` at every masked key."""
+    lengths, seq_q, seq_k, head_dim, layout = POISON_SHAPES[shape]
+    q, k, v = qkv(len(lengths), 2, seq_q, seq_k, head_dim, dtype, device, seed=12, layout=layout)
+    mask = padded_mask(lengths, seq_k, device=device)
+    k_value, v_value = POISONS[poison]
+    return (q, k, v, mask), (poisoned(k, mask, k_value), poisoned(v, mask, v_value))
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize("shape", POISON_SHAPES)
+@pytest.mark.parametrize("poison", POISONS)
+def test_nonfinite_masked_keys_have_no_influence(device, dtype, shape, poison) -> None:
+    """NaN / Inf in K and V at masked keys: the output is the one of finite inputs, finite."""
+    (q, k, v, mask), (k_bad, v_bad) = _poisoned_case(shape, poison, dtype, device)
+    out = K.attention(q, k_bad, v_bad, mask)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, K.attention(q, k, v, mask))
+    ref = R.attention(q.double(), k.double(), v.double(), mask)
+    assert_within_rule(out, R.attention(q, k, v, mask), ref)
+    empty = mask.sum(1) == 0
+    assert torch.equal(out[empty], torch.zeros_like(out[empty]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, F32, F16, BF16], ids=str)
+@pytest.mark.parametrize("shape", POISON_SHAPES)
+@pytest.mark.parametrize("poison", POISONS)
+def test_reference_nonfinite_masked_keys_have_no_influence(dtype, shape, poison) -> None:
+    """The reference (the torch backend and the oracle) ignores NaN / Inf at masked keys."""
+    (q, k, v, mask), (k_bad, v_bad) = _poisoned_case(shape, poison, dtype, "cpu")
+    out = R.attention(q, k_bad, v_bad, mask)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, R.attention(q, k, v, mask))
 
 
 @pytest.mark.parametrize("dtype", DOT_DTYPES)
@@ -155,6 +246,28 @@ def test_varlen_matches_dense_per_sequence(device, dtype) -> None:
         dense = [t[start:end].transpose(0, 1)[None] for t in (q, k, v)]
         alone = K.attention(*dense, scale=0.2)[0].transpose(0, 1)
         torch.testing.assert_close(out[start:end], alone, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize("poison", ["nan", "inf"])
+def test_varlen_other_sequences_never_leak(device, dtype, poison) -> None:
+    """NaN / Inf in every token of one sequence: the others' outputs stay finite and exact."""
+    lengths = [5, 33, 0, 1, 17]
+    q, k, v, cu = packed_qkv(lengths, 2, 64, dtype, device, seed=13)
+    start, end = cu[1].item(), cu[2].item()
+    bad = [t.clone() for t in (q, k, v)]
+    for t in bad:
+        t[start:end] = float(poison)
+    out = K.attention_varlen(*bad, cu, max(lengths))
+    others = torch.ones(out.shape, dtype=torch.bool)
+    others[start:end] = False
+    assert torch.isfinite(out[others]).all()
+    clean = K.attention_varlen(q, k, v, cu, max(lengths))
+    assert torch.equal(out[others], clean[others])
+    ref = R.attention_varlen(q.double(), k.double(), v.double(), cu, max(lengths))
+    out_torch = R.attention_varlen(q, k, v, cu, max(lengths))
+    assert_within_rule(out, out_torch, ref, where=others)
+    assert torch.equal(R.attention_varlen(*bad, cu, max(lengths))[others], out_torch[others])
 
 
 def test_varlen_empty(device) -> None:
@@ -319,6 +432,24 @@ def test_gpu_varlen(dtype, head_dim, max_seqlen) -> None:
     q, k, v, cu = packed_qkv(lengths, 12, head_dim, dtype, "cuda", seed=head_dim)
     max_len = max(lengths) if max_seqlen is None else max_seqlen
     check_op(K.attention_varlen, R.attention_varlen, (q, k, v, cu, max_len))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("poison", POISONS)
+def test_gpu_nonfinite_masked_keys_have_no_influence(dtype, poison) -> None:
+    """BERT-base shapes, fused QKV layout: NaN / Inf at masked K and V rows change nothing."""
+    lengths = [512, 300, 1, 0]
+    q, k, v = qkv(4, 12, 512, 512, 64, dtype, "cuda", seed=14, layout="fused")
+    mask = padded_mask(lengths, 512, device="cuda")
+    clean = K.attention(q, k, v, mask)
+    k_value, v_value = POISONS[poison]
+    pad = ~mask[:, None, :, None]
+    k.masked_fill_(pad, k_value)  # in place: k and v stay views of the fused QKV buffer
+    v.masked_fill_(pad, v_value)
+    out = K.attention(q, k, v, mask)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, clean)
 
 
 @pytest.mark.gpu

@@ -78,6 +78,25 @@ def test_masked_scores_have_no_influence(device, dtype) -> None:
     assert torch.equal(K.scaled_masked_softmax(changed, mask), out)
 
 
+@pytest.mark.parametrize("dtype", ELEMENTWISE_DTYPES)
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), float("-inf")], ids=str)
+@pytest.mark.parametrize("transposed", [False, True], ids=["contiguous", "transposed"])
+def test_nonfinite_masked_scores_are_excluded(device, dtype, poison, transposed) -> None:
+    """NaN / Inf scores at masked keys: probability exactly 0 there, valid keys unaffected."""
+    lengths = [50, 17, 1, 0]
+    scores = randn((4, 2, 6, 50), dtype, device, seed=6, scale=3.0)
+    if transposed:  # the [B, S_q, H, S_k] buffer of Hugging Face's eager attention, viewed
+        scores = randn((4, 6, 2, 50), dtype, device, seed=6, scale=3.0).transpose(1, 2)
+    mask = padded_mask(lengths, 50, device=device)
+    bad = scores.clone().masked_fill_(~mask[:, None, None, :], poison)
+    for op in (K.scaled_masked_softmax, R.scaled_masked_softmax):
+        out = op(bad, mask, scale=0.7)
+        assert torch.isfinite(out).all()
+        assert torch.equal(out, op(scores, mask, scale=0.7))
+        assert (out.masked_select(~mask[:, None, None, :]) == 0).all()
+    check_softmax(scores, mask, scale=0.7)
+
+
 @pytest.mark.parametrize("mask_dtype", [torch.bool, torch.int64, torch.int32, torch.uint8])
 def test_mask_dtypes(device, mask_dtype) -> None:
     """Any 0/1 mask dtype, and a non-contiguous mask, give the bool mask's output exactly."""

@@ -55,7 +55,8 @@ def _case(
     signature.update(CuSeqlens="*i32" if is_varlen else "constexpr")
     signature.update(dict.fromkeys(STRIDES, "i32"))
     signature.update(stride_mask_b="i32", stride_mask_s="constexpr" if has_mask else "i32")
-    signature.update(seq_q="i32", seq_k="i32", qk_scale="fp32", seq_bucket="i32")
+    signature.update(seq_q="i32", seq_k="i32", qk_scale="fp32")
+    signature.update(seq_q_bucket="i32", seq_k_bucket="i32")
     constexprs: dict[str, object] = dict(
         HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), HAS_MASK=has_mask, IS_VARLEN=is_varlen,
         **config.kwargs,
