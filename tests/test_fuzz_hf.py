@@ -37,6 +37,12 @@ _PREFIX = {
     "distilbert": "DistilBert",
 }
 ROW_LAYOUTS = ("full", "right", "left", "holes", "empty")
+# Hugging Face takes a mask of any dtype (nonzero = real token). None (no mask) comes last: it
+# is the least interesting case, and shrinking moves towards the first.
+MASK_DTYPES = (
+    torch.int64, torch.bool, torch.int32, torch.float32, torch.uint8, torch.int8, torch.float16,
+    None,
+)
 
 
 def _settings(max_examples: int) -> settings:
@@ -142,8 +148,9 @@ def make_batch(
     """A batch a tokenizer could have made, real tokens where ``mask`` [B][S] is True: padded
     positions hold the pad id, real ones never do (RoBERTa's positions count the non-pad ids).
 
-    mask_dtype None passes no attention_mask (every position is then a real token);
-    with_types passes random token_type_ids (families with token types only).
+    id_dtype: of input_ids and token_type_ids; mask_dtype None passes no attention_mask (every
+    position is then a real token); with_types passes random token_type_ids (families with
+    token types only).
     """
     valid = torch.tensor(mask, dtype=torch.bool)
     gen = torch.Generator().manual_seed(seed)
@@ -157,7 +164,7 @@ def make_batch(
         inputs["attention_mask"] = valid.to(mask_dtype)
     if spec.type_vocab_size and with_types:
         types = torch.randint(0, spec.type_vocab_size, valid.shape, generator=gen)
-        inputs["token_type_ids"] = types
+        inputs["token_type_ids"] = types.to(id_dtype)
     return Batch(inputs, valid)
 
 
@@ -214,10 +221,7 @@ def cases(draw: st.DrawFn, families: tuple[str, ...] = FAMILIES) -> Case:
         mask,
         seed=draw(st.integers(0, 2**16)),
         id_dtype=draw(st.sampled_from([torch.int64, torch.int32])),
-        # None (no mask) last: it is the rarest case, and shrinking moves towards the first.
-        mask_dtype=draw(
-            st.sampled_from([torch.int64, torch.bool, torch.int32, torch.float32, None])
-        ),
+        mask_dtype=draw(st.sampled_from(MASK_DTYPES)),
         with_types=draw(st.booleans()),
     )
     return Case(spec, batch, draw(st.booleans()))
