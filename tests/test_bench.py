@@ -453,6 +453,6 @@ def test_bench_append_adds_to_the_results(tmp_path, capsys) -> None:
     doc = report.read_document(out / "results.json")
     assert [r["shape"] for r in doc["results"]] == ["1x8", "2x8"] and doc["complete"]
     assert main(base + ["--shapes", "2x8", "--append", "--dtype", "bfloat16"]) == 2
-    assert "same model, dtype and device" in capsys.readouterr().err
+    assert "same model, dtype, device and fastbert backend" in capsys.readouterr().err
     if not torch.cuda.is_available():
         assert main(base + ["--device", "cuda"]) == 2
