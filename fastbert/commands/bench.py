@@ -90,7 +90,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="bench-out",
                         help="folder for results.json, results.md, results.png (bench-out)")
     parser.add_argument("--append", action="store_true",
-                        help="add to the results already in --out (same model and dtype)")
+                        help="add to the results already in --out (same model, dtype, device and "
+                             "fastbert backend)")
     parser.add_argument("--warmup", type=nonnegative_int, default=None,
                         help="untimed calls per shape")
     parser.add_argument("--reps", type=positive_int, default=None,
@@ -152,6 +153,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
 
 
 def _backend_here(requested: str, device: torch.device) -> str | None:
+    """What fastbert's rows run on (fastbert.ops.backend_label); None when they cannot."""
     from fastbert.ops import backend_label
 
     try:
@@ -165,8 +167,7 @@ def _settings_dict(args: argparse.Namespace, plan: Plan, reference, peaks,
     return {
         "model": reference.name, "dtype": str(plan.dtype).removeprefix("torch."),
         "device": plan.device.type, "backend": plan.backend, "backend_requested": args.backend,
-        "warmup": plan.warmup,
-        "reps": plan.reps, "seed": args.seed,
+        "warmup": plan.warmup, "reps": plan.reps, "seed": args.seed,
         "peaks": dataclasses.asdict(peaks) if peaks else None,
         "measured_ceilings": ceilings,
         "note": cpu_note(plan.backend) if plan.device.type != "cuda" else None,
