@@ -31,15 +31,17 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import io
 import os
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 import torch.nn.functional as F
 
 import fastbert
+from fastbert.bench.progress import Progress
 from fastbert.integrations import models as hf_models
 from fastbert.kernels import _runtime
 from fastbert.pooling import mean_pool
@@ -292,11 +294,26 @@ def evaluate(
     dtypes: list[str] | None = None,
     texts: int = len(TEXTS),
     max_length: int = 128,
+    progress: TextIO | None = None,
 ) -> Report:
-    """Run the comparison; see the module docstring. Raises ValueError for a bad request."""
+    """Run the comparison; see the module docstring. Raises ValueError for a bad request.
+
+    progress: where to show progress over the stages (loading, Hugging Face fp32, then fastbert
+    and Hugging Face in each dtype): a tqdm bar on a terminal, numbered lines otherwise
+    (fastbert.bench.progress); None shows none."""
     torch_device = torch.device(device)
     interpreter = backend == "triton" and torch_device.type == "cpu" and _runtime.interpreting()
     dtypes = dtypes or supported_dtypes(torch_device, backend)
+    stages = 2 + sum(1 if name == "fp32" else 2 for name in dtypes)
+    with Progress(stages, "fastbert accuracy", stream=progress or io.StringIO()) as bar:
+        return _evaluate(model, family, device, backend, dtypes, texts, max_length,
+                         interpreter, bar)
+
+
+def _evaluate(model: str, family: str, device: str, backend: str, dtypes: list[str],
+              texts: int, max_length: int, interpreter: bool, bar: Progress) -> Report:
+    torch_device = torch.device(device)
+    bar.step(f"loading {model}")
     hf, tokenizer, label, notes = load_reference(model, family)
     family = hf.config.model_type  # a checkpoint's own family
     hf = hf.to(device)
@@ -314,15 +331,24 @@ def evaluate(
             f"{hf.config.vocab_size}-column GEMM is too slow for the interpreter)"
         )
     inputs = model_inputs(hf, ids, mask, types)
+    bar.advance()
+    bar.step("Hugging Face fp32")
     ref = run_hf(hf, inputs)
+    bar.advance()
     results = []
     for name in dtypes:
         dtype = DTYPE_NAMES[name]
+        bar.step(f"fastbert {name}")
         if family == "bert":
             got = run_fastbert_bert(hf, dtype, device, backend, fastbert_head, inputs)
         else:
             got = run_fastbert_optimized(hf, dtype, device, backend, inputs)
-        low = None if dtype == torch.float32 else run_hf(copy.deepcopy(hf).to(dtype), inputs)
+        bar.advance()
+        low = None
+        if dtype != torch.float32:
+            bar.step(f"Hugging Face {name}")
+            low = run_hf(copy.deepcopy(hf).to(dtype), inputs)
+            bar.advance()
         results.append(compare_runs(got, ref, low, mask, name))
     return Report(
         model=label, family=family, device=str(torch_device), backend=backend,

@@ -1,5 +1,10 @@
 """The ``fastbert`` command. Each subcommand is a module in fastbert/commands/ with
-``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``; list it in COMMANDS."""
+``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``; list it in COMMANDS.
+
+Exit codes: 0 done; 2 a usage error (argparse's own, or a command's
+:class:`~fastbert.commands.options.UsageError`: the usage line and one error line on stderr);
+1 the command failed (:class:`~fastbert.commands.options.CommandError`: one line on stderr).
+"""
 
 from __future__ import annotations
 
@@ -7,25 +12,46 @@ import argparse
 import importlib
 import sys
 
+import fastbert
+from fastbert.commands.options import CommandError, UsageError
+
 COMMANDS = ("info", "demo", "bench", "accuracy")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The top-level parser and each subcommand's, by name."""
     parser = argparse.ArgumentParser(
         prog="fastbert", description="A BERT encoder whose hot paths are Triton kernels."
     )
+    parser.add_argument("--version", action="version", version=f"fastbert {fastbert.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    commands = {}
     for name in COMMANDS:
         module = importlib.import_module(f"fastbert.commands.{name}")
         command = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
         module.add_arguments(command)
         command.set_defaults(run=module.run)
-    return parser
+        commands[module.NAME] = command
+    return parser, commands
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return _parsers()[0]
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.run(args)
+    parser, commands = _parsers()
+    args = parser.parse_args(argv)
+    command = commands[args.command]
+    try:
+        return args.run(args)
+    except UsageError as exc:
+        command.print_usage(sys.stderr)
+        print(f"{command.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except CommandError as exc:
+        print(f"{command.prog}: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

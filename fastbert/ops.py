@@ -82,6 +82,16 @@ def resolve_backend(backend: str, device: torch.device | str) -> str:
     return backend
 
 
+def backend_label(backend: str, device: torch.device | str) -> str:
+    """What ``backend`` runs on ``device``, for people: "torch", "triton", or
+    "triton (interpreter)" (the Triton kernels emulated on a CPU, TRITON_INTERPRET=1).
+    ValueError as :func:`resolve_backend`."""
+    resolved = resolve_backend(backend, device)
+    if resolved == "triton" and torch.device(device).type == "cpu":
+        return "triton (interpreter)"
+    return resolved
+
+
 def _module_ops(name: str, module: object) -> Ops:
     return Ops(name, **{op: getattr(module, op) for op in OP_NAMES})
 

@@ -91,3 +91,26 @@ def test_forwarded_command_line_round_trips() -> None:
     args = build_parser().parse_args(argv)
     again = build_parser().parse_args(_forwarded_argv(args))
     assert vars(again) == vars(args)
+
+
+def test_progress_on_stderr_json_alone_on_stdout(capsys) -> None:
+    argv = ["accuracy", "--model", "random", "--device", "cpu", "--backend", "torch",
+            "--dtypes", "fp32,fp16", "--texts", "1", "--max-length", "8", "--json"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert [r["dtype"] for r in json.loads(captured.out)["results"]] == ["fp32", "fp16"]
+    steps = re.findall(r"^\[(\d)/5\] (.+)$", captured.err, re.M)
+    assert steps == [("1", "loading random"), ("2", "Hugging Face fp32"), ("3", "fastbert fp32"),
+                     ("4", "fastbert fp16"), ("5", "Hugging Face fp16")], captured.err
+
+
+def test_unknown_dtype_is_a_usage_error(capsys) -> None:
+    assert main(["accuracy", "--device", "cpu", "--backend", "torch", "--dtypes", "fp64"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: fastbert accuracy")
+    assert "fastbert accuracy: error: --dtypes: unknown fp64; choose from fp32, fp16, bf16" in err
+
+
+def test_bad_model_is_a_usage_error(capsys) -> None:
+    assert main(["accuracy", "--device", "cpu", "--backend", "torch", "--model", "nope"]) == 2
+    assert "--model must be 'minilm', 'random' or a local folder" in capsys.readouterr().err

@@ -453,6 +453,71 @@ def test_bench_append_adds_to_the_results(tmp_path, capsys) -> None:
     doc = report.read_document(out / "results.json")
     assert [r["shape"] for r in doc["results"]] == ["1x8", "2x8"] and doc["complete"]
     assert main(base + ["--shapes", "2x8", "--append", "--dtype", "bfloat16"]) == 2
-    assert "same model, dtype and device" in capsys.readouterr().err
+    assert "same model, dtype, device and fastbert backend" in capsys.readouterr().err
     if not torch.cuda.is_available():
         assert main(base + ["--device", "cuda"]) == 2
+
+
+def test_bench_fails_when_no_fastbert_row_was_measured(tmp_path, capsys, monkeypatch) -> None:
+    """--backend triton on a CPU without the interpreter: fastbert's rows are skipped, the
+    Hugging Face rows still run and are written, and the command exits 1 saying why."""
+    if torch.cuda.is_available():
+        pytest.skip("the CPU without the interpreter")
+    monkeypatch.delenv("TRITON_INTERPRET")
+    out = tmp_path / "out"
+    argv = ["bench", "--quick", "--backend", "triton", "--peers", "hf-eager,fastbert",
+            "--shapes", "1x8", "--reps", "1", "--out", str(out)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith(
+        "fastbert bench: error: no fastbert contender was measured: ValueError: "
+        "backend='triton' needs CUDA tensors"), err
+    doc = report.read_document(out / "results.json")
+    assert doc["settings"]["backend"] is None and doc["settings"]["backend_requested"] == "triton"
+    assert [r["status"] for r in doc["results"]] == ["ok", "skipped"]
+    assert "fastbert backend triton (cannot run here" in (out / "results.md").read_text()
+
+
+def test_bench_names_the_interpreter_backend(tmp_path, capsys) -> None:
+    """Under TRITON_INTERPRET=1 on a CPU fastbert's rows ran the Triton kernels under the
+    interpreter: the note, table, JSON and the printed line say so."""
+    if torch.cuda.is_available():
+        pytest.skip("the CPU interpreter")
+    out = tmp_path / "out"
+    assert main(["bench", "--quick", "--backend", "triton", "--peers", "fastbert", "--shapes",
+                 "1x8", "--warmup", "0", "--reps", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "fastbert's Triton kernels emulated by the Triton interpreter" in printed
+    assert "pure-PyTorch" not in printed
+    assert "| 1x8 | fastbert on triton (interpreter) |" in printed
+    doc = report.read_document(out / "results.json")
+    assert doc["settings"]["backend"] == "triton (interpreter)"
+    assert "Triton interpreter" in doc["settings"]["note"]
+    assert "fastbert backend triton (interpreter)" in (out / "results.md").read_text()
+
+
+def test_bench_auto_on_a_cpu_names_the_torch_backend(tmp_path, capsys) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("the CPU path of fastbert bench")
+    out = tmp_path / "out"
+    assert main(["bench", "--quick", "--peers", "fastbert", "--shapes", "1x8", "--reps", "1",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "fastbert's pure-PyTorch backend" in printed
+    assert "| 1x8 | fastbert on torch |" in printed
+    doc = report.read_document(out / "results.json")
+    assert (doc["settings"]["backend"], doc["settings"]["backend_requested"]) == ("torch", "auto")
+
+
+@pytest.mark.skipif(not HAS_MATPLOTLIB, reason="needs matplotlib")
+def test_plot_names_the_fastbert_backend(tmp_path, monkeypatch) -> None:
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    doc = _document(_target_records())
+    doc["settings"]["backend"] = "triton (interpreter)"
+    assert report.plot(doc, tmp_path / "plot.png") is None
+    assert "fastbert backend: triton (interpreter)" in figures[0].axes[0].get_title()
+    monkeypatch.undo()
+    plt.close(figures[0])

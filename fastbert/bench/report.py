@@ -53,12 +53,13 @@ def write_json(doc: dict, path: str | Path) -> None:
 
 
 def merge(old: dict, new: dict) -> dict:
-    """``new``'s records added to ``old``'s (same model, dtype, device); a (shape, peer)
-    measured in both keeps ``new``'s record. Environment and settings are ``new``'s."""
-    keys = ("model", "dtype", "device")
+    """``new``'s records added to ``old``'s (same model, dtype, device and fastbert backend);
+    a (shape, peer) measured in both keeps ``new``'s record. Environment and settings are
+    ``new``'s."""
+    keys = ("model", "dtype", "device", "backend")
     if any(old["settings"].get(k) != new["settings"].get(k) for k in keys):
         raise ValueError(
-            "can only add to results of the same model, dtype and device: "
+            "can only add to results of the same model, dtype, device and fastbert backend: "
             + ", ".join(f"{k} {old['settings'].get(k)} vs {new['settings'].get(k)}" for k in keys)
         )
     fresh = {(r["shape"], r["peer"]) for r in new["results"]}
@@ -71,12 +72,26 @@ def _cell(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def _row(record: dict, best: dict | None) -> list[str]:
+def contender(peer: str, backend: str | None) -> str:
+    """A row's contender cell: fastbert's variants name the backend that ran them."""
+    return f"{peer} on {backend}" if backend and analysis.is_fastbert(peer) else peer
+
+
+def backend_text(settings: dict) -> str:
+    """The backend fastbert's rows ran on ("torch", "triton", "triton (interpreter)"), or
+    the requested one and that it could not run."""
+    if settings.get("backend"):
+        return settings["backend"]
+    return f"{settings.get('backend_requested')} (cannot run here: nothing ran)"
+
+
+def _row(record: dict, best: dict | None, backend: str | None) -> list[str]:
+    name = contender(record["peer"], backend)
     if not analysis.ok(record):
-        return [record["peer"], f"skipped: {record['reason']}"] + [""] * 6
+        return [name, f"skipped: {record['reason']}"] + [""] * 6
     fraction = analysis.roofline_fraction(record)
     return [
-        record["peer"],
+        name,
         f"{record['median_ms']:.3f}",
         f"{record['p20_ms']:.3f}-{record['p80_ms']:.3f}",
         "-" if best is None else f"{analysis.speedup(best, record):.2f}x",
@@ -87,15 +102,16 @@ def _row(record: dict, best: dict | None) -> list[str]:
     ]
 
 
-def markdown_table(records: list[dict]) -> str:
-    """One Markdown table of all records, grouped by shape."""
+def markdown_table(records: list[dict], backend: str | None = None) -> str:
+    """One Markdown table of all records, grouped by shape; ``backend`` (what fastbert ran
+    on: "torch", "triton", "triton (interpreter)") is named in fastbert's rows."""
     header = ["shape", "contender", "median ms", "p20-p80 ms", "fastbert x", "tokens/s",
               "TFLOP/s", "% roofline", "peak MiB"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for shape, rows in analysis.by_shape(records).items():
         best = analysis.best_fastbert(rows)
         for record in rows.values():
-            lines.append("| " + " | ".join([shape] + _row(record, best)) + " |")
+            lines.append("| " + " | ".join([shape] + _row(record, best, backend)) + " |")
     return "\n".join(lines)
 
 
@@ -108,7 +124,7 @@ def conditions(doc: dict) -> str:
         f"driver {env.get('driver')}" if env.get("gpu") else None,
         f"CUDA {env.get('cuda')}" if env.get("gpu") else None,
         f"torch {env.get('torch')}", f"triton {env.get('triton')}",
-        f"transformers {env.get('transformers')}", f"fastbert backend {settings['backend']}",
+        f"transformers {env.get('transformers')}", f"fastbert backend {backend_text(settings)}",
         f"commit {str(env.get('commit'))[:12]}", f"{env.get('date')}",
         f"{settings['warmup']} warm-up / {settings['reps']} timed repetitions",
     ]
@@ -135,7 +151,7 @@ def markdown(doc: dict, kernels: dict | None = None) -> str:
         "",
         conditions(doc),
         "",
-        markdown_table(doc["results"]),
+        markdown_table(doc["results"], doc["settings"].get("backend")),
         "",
         COUNTING_NOTE + " " + roofline_line(doc),
     ]
@@ -181,7 +197,8 @@ def plot(doc: dict, path: str | Path) -> str | None:
     axes.set_ylabel("median time per forward (ms, log scale)")
     env = doc["environment"]
     axes.set_title(f"{doc['settings']['model']} {doc['settings']['dtype']} on "
-                   f"{env.get('gpu') or 'CPU'}: lower is better", fontsize=10)
+                   f"{env.get('gpu') or 'CPU'}: lower is better\n"
+                   f"fastbert backend: {backend_text(doc['settings'])}", fontsize=10)
     axes.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)

@@ -9,8 +9,13 @@ import os
 import subprocess
 import sys
 
-import torch
-
+from fastbert.commands.options import (
+    UsageError,
+    add_device_argument,
+    positive_int,
+    resolve_device,
+)
+from fastbert.families import FAMILIES
 from fastbert.kernels import _runtime
 
 NAME = "accuracy"
@@ -27,11 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--family) or a local checkpoint folder",
     )
     parser.add_argument(
-        "--family", default="bert",
-        help="model_type of the random config (default bert; other families run through "
-        "fastbert.optimize when this fastbert has it)",
+        "--family", default="bert", choices=[f.model_type for f in FAMILIES],
+        help="model_type of the random config (default bert; the others run through "
+        "fastbert.optimize)",
     )
-    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
+    add_device_argument(parser)
     parser.add_argument(
         "--backend", default="triton", choices=("triton", "torch"),
         help="fastbert backend (default triton; on a CPU under the Triton interpreter)",
@@ -40,8 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtypes", default=None,
         help="comma-separated subset of fp32,fp16,bf16 (default: all the device supports)",
     )
-    parser.add_argument("--texts", type=int, default=None, help="how many built-in texts")
-    parser.add_argument("--max-length", type=int, default=None, help="tokens per text, at most")
+    parser.add_argument("--texts", type=positive_int, default=None,
+                        help="how many built-in texts")
+    parser.add_argument("--max-length", type=positive_int, default=None,
+                        help="tokens per text, at most")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -90,8 +97,9 @@ def _print_report(report) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    on_cpu = torch.device(args.device).type == "cpu"
+    device = resolve_device(args.device)
+    args.device = str(device)
+    on_cpu = device.type == "cpu"
     if on_cpu and args.backend == "triton" and not _runtime.interpreting():
         print("no GPU: running the Triton kernels under the interpreter (TRITON_INTERPRET=1)",
               file=sys.stderr)
@@ -101,17 +109,18 @@ def run(args: argparse.Namespace) -> int:
     dtypes = args.dtypes.split(",") if args.dtypes else None
     unknown = [d for d in dtypes or () if d not in accuracy.DTYPE_NAMES]
     if unknown:
-        raise SystemExit(f"unknown dtype(s) {unknown}; choose from {list(accuracy.DTYPE_NAMES)}")
+        raise UsageError(f"--dtypes: unknown {', '.join(unknown)}; choose from "
+                         f"{', '.join(accuracy.DTYPE_NAMES)}")
     small = on_cpu and args.backend == "triton"
     texts = args.texts or (CPU_TEXTS if small else len(accuracy.TEXTS))
     max_length = args.max_length or (CPU_MAX_LENGTH if small else 128)
     try:
         report = accuracy.evaluate(
             model=args.model, family=args.family, device=args.device, backend=args.backend,
-            dtypes=dtypes, texts=texts, max_length=max_length,
+            dtypes=dtypes, texts=texts, max_length=max_length, progress=sys.stderr,
         )
     except ValueError as exc:
-        raise SystemExit(f"fastbert accuracy: {exc}") from exc
+        raise UsageError(str(exc)) from exc
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

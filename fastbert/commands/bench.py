@@ -2,27 +2,48 @@
 and fastbert's own variants, end to end, on the device at hand.
 
 Writes results.json, results.md (the table and the targets) and results.png into --out. With
-no CUDA GPU it runs a small CPU comparison of fastbert's PyTorch backend with Hugging Face.
+no CUDA GPU it runs a small CPU comparison of fastbert (its PyTorch backend, or the Triton
+kernels under the interpreter with TRITON_INTERPRET=1) with Hugging Face. Exits 1 when no
+fastbert contender could be measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from pathlib import Path
 
 import torch
+
+from fastbert.commands.options import (
+    CommandError,
+    UsageError,
+    add_device_argument,
+    nonnegative_int,
+    positive_int,
+    resolve_device,
+)
 
 NAME = "bench"
 HELP = "compare fastbert with Hugging Face and torch.compile end to end on this device"
 DTYPES = {"float16": torch.float16, "fp16": torch.float16, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
+# What fastbert's rows measured on a CPU, by the backend that ran them.
+CPU_RUNS = {
+    "torch": "fastbert's pure-PyTorch backend",
+    "triton (interpreter)": "fastbert's Triton kernels emulated by the Triton interpreter "
+                            "(TRITON_INTERPRET=1, orders of magnitude slower than compiled)",
+}
 CPU_NOTE = (
-    "No CUDA GPU here: these are CPU figures of fastbert's pure-PyTorch backend against "
-    "Hugging Face, a check that everything runs, not a measure of fastbert's speed. The "
-    "Triton kernels need a CUDA GPU; run fastbert bench there for the real comparison."
+    "No CUDA GPU here: these are CPU figures of {what} against Hugging Face, a check that "
+    "everything runs, not a measure of fastbert's speed. The Triton kernels need a CUDA GPU "
+    "to run compiled; run fastbert bench there for the real comparison."
 )
+
+
+def cpu_note(backend: str | None) -> str:
+    """The note of a CPU run whose fastbert rows ran on ``backend`` (None: on none)."""
+    return CPU_NOTE.format(what=CPU_RUNS.get(backend, "fastbert (which cannot run here)"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="bert-base (default on a GPU; random weights), bert-large, minilm-l6, bert-mini "
              "(default on a CPU), bert-tiny, 'minilm' (the packaged all-MiniLM-L6-v2 weights) "
              "or a local checkpoint folder")
-    parser.add_argument("--batch", type=int, default=None, help="batch size of one shape")
-    parser.add_argument("--seq", type=int, default=None, help="sequence length of one shape")
+    parser.add_argument("--batch", type=positive_int, default=None,
+                        help="batch size of one shape")
+    parser.add_argument("--seq", type=positive_int, default=None,
+                        help="sequence length of one shape")
     parser.add_argument(
         "--shapes", default=None,
         help="comma-separated BATCHxSEQ shapes, a trailing p pads one (e.g. 32x128,64x512p); "
@@ -67,15 +90,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="bench-out",
                         help="folder for results.json, results.md, results.png (bench-out)")
     parser.add_argument("--append", action="store_true",
-                        help="add to the results already in --out (same model and dtype)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed calls per shape")
-    parser.add_argument("--reps", type=int, default=None, help="timed calls per shape")
+                        help="add to the results already in --out (same model, dtype, device and "
+                             "fastbert backend)")
+    parser.add_argument("--warmup", type=nonnegative_int, default=None,
+                        help="untimed calls per shape")
+    parser.add_argument("--reps", type=positive_int, default=None,
+                        help="timed calls per shape")
     parser.add_argument("--quick", action="store_true",
                         help="a fast smoke run: few shapes, few reps, no torch.compile (unless "
                              "--peers asks for it), a small model on a CPU")
-    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
+    add_device_argument(parser)
     parser.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"),
-                        help="fastbert's backend (auto: Triton on CUDA, PyTorch elsewhere)")
+                        help="fastbert's backend (auto: Triton on CUDA, PyTorch elsewhere; "
+                             "triton on a CPU needs TRITON_INTERPRET=1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and inputs")
 
 
@@ -91,9 +118,12 @@ def _shapes(args: argparse.Namespace, defaults: Defaults) -> list:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """What one run measures, with the defaults filled in."""
+    """What one run measures, with the defaults filled in. ``backend``: what fastbert's rows
+    run on ("torch", "triton", "triton (interpreter)"), None when the requested backend cannot
+    run on this device (fastbert's rows are then skipped with the reason)."""
 
     device: torch.device
+    backend: str | None
     dtype: torch.dtype
     model: str
     shapes: list
@@ -106,13 +136,12 @@ def make_plan(args: argparse.Namespace) -> Plan:
     """The options with the defaults of this device; ValueError for a bad option."""
     from fastbert.bench import peers
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda, but CUDA is not available here")
+    device = resolve_device(args.device)
     defaults = DEFAULTS[("cuda" if device.type == "cuda" else "cpu", args.quick)]
     default_dtype = torch.float16 if device.type == "cuda" else torch.float32
     return Plan(
         device=device,
+        backend=_backend_here(args.backend, device),
         dtype=DTYPES[args.dtype] if args.dtype else default_dtype,
         model=args.model or defaults.model,
         shapes=_shapes(args, defaults),
@@ -123,24 +152,35 @@ def make_plan(args: argparse.Namespace) -> Plan:
     )
 
 
+def _backend_here(requested: str, device: torch.device) -> str | None:
+    """What fastbert's rows run on (fastbert.ops.backend_label); None when they cannot."""
+    from fastbert.ops import backend_label
+
+    try:
+        return backend_label(requested, device)
+    except ValueError:
+        return None
+
+
 def _settings_dict(args: argparse.Namespace, plan: Plan, reference, peaks,
                    ceilings: dict | None) -> dict:
     return {
         "model": reference.name, "dtype": str(plan.dtype).removeprefix("torch."),
-        "device": plan.device.type, "backend": args.backend, "warmup": plan.warmup,
-        "reps": plan.reps, "seed": args.seed,
+        "device": plan.device.type, "backend": plan.backend, "backend_requested": args.backend,
+        "warmup": plan.warmup, "reps": plan.reps, "seed": args.seed,
         "peaks": dataclasses.asdict(peaks) if peaks else None,
         "measured_ceilings": ceilings,
-        "note": CPU_NOTE if plan.device.type != "cuda" else None,
+        "note": cpu_note(plan.backend) if plan.device.type != "cuda" else None,
     }
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         return _bench(args)
-    except ValueError as exc:  # a bad option: say which, as argparse would
-        print(f"fastbert bench: error: {exc}", file=sys.stderr)
-        return 2
+    except UsageError:
+        raise
+    except ValueError as exc:  # a bad option (shape, peer, model, --append mismatch)
+        raise UsageError(str(exc)) from exc
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -150,7 +190,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     plan = make_plan(args)
     if plan.device.type != "cuda":
-        print(CPU_NOTE)
+        print(cpu_note(plan.backend))
     reference = load_reference(plan.model, args.seed)
     positions = reference.config.max_position_embeddings
     too_long = [s.label for s in plan.shapes if s.seq > positions]
@@ -171,7 +211,8 @@ def _bench(args: argparse.Namespace) -> int:
     print(f"fastbert bench: {reference.name}, {meta['dtype']}, on "
           f"{hardware.device_name(plan.device)}; shapes "
           f"{', '.join(s.label for s in plan.shapes)}; peers "
-          f"{', '.join(p.name for p in plan.peers)}; {plan.warmup} warm-up, {plan.reps} timed")
+          f"{', '.join(p.name for p in plan.peers)}; fastbert backend {report.backend_text(meta)}; "
+          f"{plan.warmup} warm-up, {plan.reps} timed")
     settings = runner.Settings(plan.dtype, plan.device, args.backend, plan.warmup, plan.reps,
                                args.seed)
     records: list[dict] = []
@@ -188,14 +229,29 @@ def _bench(args: argparse.Namespace) -> int:
         print("interrupted: reporting what was measured so far")
     doc = document(records, complete)
     _print_summary(doc, report.write_reports(out, doc), out)
-    return 0 if complete else 130
+    if not complete:
+        return 130
+    _check_fastbert_measured(records)
+    return 0
+
+
+def _check_fastbert_measured(records: list[dict]) -> None:
+    """CommandError when fastbert contenders ran but none was measured (the comparison has no
+    fastbert side); a run of Hugging Face contenders alone is fine."""
+    from fastbert.bench import analysis
+
+    ours = [r for r in records if analysis.is_fastbert(r["peer"])]
+    if ours and not any(analysis.ok(r) for r in ours):
+        # A peer's later shapes say only "not run: failed at ...": its first reason is the one.
+        reasons = dict.fromkeys(r["reason"] for r in ours if not r["reason"].startswith("not run"))
+        raise CommandError("no fastbert contender was measured: " + "; ".join(reasons))
 
 
 def _print_summary(doc: dict, messages: list[str], out: Path) -> None:
     from fastbert.bench import report
 
     print()
-    print(report.markdown_table(doc["results"]))
+    print(report.markdown_table(doc["results"], doc["settings"]["backend"]))
     print()
     print(report.roofline_line(doc))
     for message in messages:

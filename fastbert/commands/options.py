@@ -1,0 +1,70 @@
+"""What the subcommands share: argument types that validate as argparse parses, the device
+choice, and the two ways a command fails (see fastbert/cli.py for the exit codes)."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+DEVICE_TYPES = ("cpu", "cuda")
+
+
+class UsageError(ValueError):
+    """A bad option found after parsing: the command exits 2 with its usage line, as argparse
+    does for the errors it finds itself."""
+
+
+class CommandError(RuntimeError):
+    """The command could not do its job (a package missing, nothing measured): exit 1 with a
+    one-line message."""
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be zero or a positive integer, got {text!r}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+
+
+def device(text: str) -> str:
+    """argparse type: "cpu", "cuda" or "cuda:N"."""
+    try:
+        parsed = torch.device(text)
+    except RuntimeError:
+        parsed = None
+    if parsed is None or parsed.type not in DEVICE_TYPES:
+        raise argparse.ArgumentTypeError(f"must be cpu, cuda or cuda:N, got {text!r}")
+    return text
+
+
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", type=device, default=None,
+                        help="cpu, cuda or cuda:N (default: cuda if present)")
+
+
+def resolve_device(name: str | None) -> torch.device:
+    """The device of ``--device`` (None: CUDA when present, else the CPU); UsageError when it
+    names CUDA and there is none."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    chosen = torch.device(name)
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {name}, but CUDA is not available here")
+    return chosen
