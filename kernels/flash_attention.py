@@ -53,6 +53,7 @@ from ._runtime import (
     check_triton_device,
     interpreting,
     next_power_of_2,
+    refuse_gradients,
     time_config,
     tuned,
 )
@@ -75,25 +76,32 @@ _TUNE_SPACE = (
 _INTERPRETER_CONFIG = _TUNE_SPACE[0]
 
 
-def keep(config: triton.Config, block_d: int, elem_bytes: int, is_varlen: bool = False) -> bool:
+def keep(
+    config: triton.Config,
+    block_d: int,
+    elem_bytes: int,
+    is_varlen: bool = False,
+    has_mask: bool = False,
+) -> bool:
     """Whether ``config`` suits a BLOCK_D-wide head in a dtype of ``elem_bytes`` bytes.
 
     The budget is the fp32 values each thread holds for the accumulator and the score tile,
     (BLOCK_M * BLOCK_D + BLOCK_M * BLOCK_N) / threads: up to 80 for fp16/bf16 (tensor-core
-    products); up to 40 for fp32, whose exact IEEE products run on the FMA units with both
-    operands in registers, and up to 24 for fp32 in the padding-free variant, whose grid-stride
-    loop over query blocks keeps more values live (at 32 to 40 it spills 80 to 280 bytes per
-    thread). Within these budgets every config compiles for sm_80 and sm_90 without register
-    spills, or with at most a few dozen bytes, except one: fp32 with the key-padding mask at
-    BLOCK_D 128 in 64 x 32 blocks spills about 1 KB per thread on sm_90, since V's load is
-    masked by the mask's values (tests/compile_cases/attention.py reports them); the
-    autotuner weighs it against the 32 x 16 config.
+    products); for fp32, whose exact IEEE products run on the FMA units with both operands in
+    registers, up to 40, up to 32 with the key-padding mask (V's load then depends on the
+    mask's values: at 40 it spills about 1 KB per thread on sm_90), and up to 24 in the
+    padding-free variant, whose grid-stride loop over query blocks keeps more values live (at
+    32 to 40 it spills 80 to 280 bytes per thread). Within these budgets every config compiles
+    for sm_80 and sm_90 without register spills, or with at most a few dozen bytes
+    (tests/compile_cases/attention.py reports them).
     """
     block_m, block_n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
     values_per_thread = block_m * (block_d + block_n) // (32 * config.num_warps)
     if elem_bytes != 4:
         return values_per_thread <= 80
-    return values_per_thread <= (24 if is_varlen else 40)
+    if is_varlen:
+        return values_per_thread <= 24
+    return values_per_thread <= (32 if has_mask else 40)
 
 
 def configs() -> list[triton.Config]:
@@ -111,8 +119,8 @@ def _prune(
     """Autotuner hook: the configs ``keep`` allows for this launch's BLOCK_D, dtype, variant
     (only one of them when FASTBERT_AUTOTUNE names it)."""
     args = {**named_args, **kwargs}
-    size, is_varlen = args["Q"].element_size(), bool(args["IS_VARLEN"])
-    kept = [c for c in configs if keep(c, args["BLOCK_D"], size, is_varlen)]
+    size, is_varlen, has_mask = args["Q"].element_size(), args["IS_VARLEN"], args["HAS_MASK"]
+    kept = [c for c in configs if keep(c, args["BLOCK_D"], size, bool(is_varlen), bool(has_mask))]
     return tuned(kept or configs[:1])
 
 
@@ -361,6 +369,7 @@ def attention(
     _checks.check_attention(q, k, v, key_padding_mask, scale)
     tensors = {"q": q, "k": k, "v": v, "key_padding_mask": key_padding_mask}
     _check_kernel_inputs(tensors, q.shape[-1])
+    refuse_gradients("attention", q, k, v)
     batch, heads, seq_q, head_dim = q.shape
     seq_k = k.shape[2]
     scale = head_dim**-0.5 if scale is None else float(scale)
@@ -396,6 +405,7 @@ def attention_varlen(
     """
     _checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
     _check_kernel_inputs({"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens}, q.shape[-1])
+    refuse_gradients("attention_varlen", q, k, v)
     head_dim = q.shape[-1]
     scale = head_dim**-0.5 if scale is None else float(scale)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_embeddings, check_id_ranges
-from ._runtime import check_triton_device
+from ._runtime import check_triton_device, refuse_gradients
 from .fused_layer_norm import block_size, check_hidden, normalize_row, num_warps
 
 
@@ -155,6 +155,7 @@ def embeddings_layer_norm(
         input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
     )
     check_triton_device("word_emb", word_emb)
+    refuse_gradients("embeddings_layer_norm", word_emb, pos_emb, type_emb, weight, bias)
     hidden = word_emb.shape[1]
     check_hidden(hidden)
     batch, seq = input_ids.shape

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_layer_norm
-from ._runtime import check_triton_device, next_power_of_2
+from ._runtime import check_triton_device, next_power_of_2, refuse_gradients
 
 MAX_HIDDEN = 4096
 MIN_BLOCK = 16
@@ -124,6 +124,7 @@ def layer_norm(
     """
     check_layer_norm(x, weight, bias, eps, residual)
     check_triton_device("x", x)
+    refuse_gradients("layer_norm", x, weight, bias, residual)
     hidden = x.shape[-1]
     check_hidden(hidden)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)

@@ -34,7 +34,15 @@ import triton
 import triton.language as tl
 
 from ._checks import check_linear
-from ._runtime import cdiv, check_triton_device, interpreting, next_power_of_2, time_config, tuned
+from ._runtime import (
+    cdiv,
+    check_triton_device,
+    interpreting,
+    next_power_of_2,
+    refuse_gradients,
+    time_config,
+    tuned,
+)
 
 ACTIVATION_CODES = {None: 0, "gelu": 1, "gelu_tanh": 2}
 
@@ -263,6 +271,7 @@ def linear(
     """
     check_linear(x, weight, bias, activation, residual)
     check_triton_device("x", x)
+    refuse_gradients("linear", x, weight, bias, residual)
     n, k = weight.shape
     lead = x.shape[:-1]
     out = torch.empty((*lead, n), dtype=x.dtype, device=x.device)

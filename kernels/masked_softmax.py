@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from . import _checks
-from ._runtime import check_triton_device, next_power_of_2
+from ._runtime import check_triton_device, next_power_of_2, refuse_gradients
 
 MAX_KEYS = 16384
 MIN_BLOCK = 16
@@ -106,6 +106,7 @@ def scaled_masked_softmax(
     """
     _checks.check_softmax(scores, key_padding_mask, scale)
     check_triton_device("scores", scores)
+    refuse_gradients("scaled_masked_softmax", scores)
     batch, heads, seq_q, seq_k = scores.shape
     if seq_k > MAX_KEYS:
         raise ValueError(

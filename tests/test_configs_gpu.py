@@ -36,11 +36,12 @@ def _pinned(monkeypatch, autotuner, kept: list):
         autotuner.cache.clear()
 
 
-def _attention_kept(head_dim: int, dtype: torch.dtype, is_varlen: bool) -> list:
+def _attention_kept(head_dim: int, dtype: torch.dtype, is_varlen: bool, has_mask: bool) -> list:
     kernel = flash_attention._attention_fwd_kernel
     size = torch.tensor([], dtype=dtype).element_size()
     block_d = triton.next_power_of_2(head_dim)
-    kept = [c for c in kernel.configs if flash_attention.keep(c, block_d, size, is_varlen)]
+    kept = [c for c in kernel.configs
+            if flash_attention.keep(c, block_d, size, is_varlen, has_mask)]
     return kept or kernel.configs[:1]
 
 
@@ -50,7 +51,7 @@ def test_every_attention_config(monkeypatch, dtype, head_dim, masked) -> None:
     batch, heads, seq = 3, 2, 200  # 200: a partial last block for every BLOCK_M / BLOCK_N
     q, k, v = (randn((batch, heads, seq, head_dim), dtype, "cuda", seed) for seed in range(3))
     mask = padded_mask([seq, 131, 1], seq, device="cuda") if masked else None
-    kept = _attention_kept(head_dim, dtype, is_varlen=False)
+    kept = _attention_kept(head_dim, dtype, is_varlen=False, has_mask=masked)
     for index, config in _pinned(monkeypatch, flash_attention._attention_fwd_kernel, kept):
         check_op(
             K.attention, R.attention, (q, k, v), {"key_padding_mask": mask},
@@ -64,7 +65,7 @@ def test_every_attention_varlen_config(monkeypatch, dtype) -> None:
     tokens = sum(lengths)
     q, k, v = (randn((tokens, heads, head_dim), dtype, "cuda", seed) for seed in range(3))
     cu_seqlens = torch.tensor([0, *lengths], device="cuda").cumsum(0).to(torch.int32)
-    kept = _attention_kept(head_dim, dtype, is_varlen=True)
+    kept = _attention_kept(head_dim, dtype, is_varlen=True, has_mask=False)
     for index, config in _pinned(monkeypatch, flash_attention._attention_fwd_kernel, kept):
         check_op(
             K.attention_varlen, R.attention_varlen, (q, k, v, cu_seqlens, max(lengths)),

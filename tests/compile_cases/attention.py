@@ -36,8 +36,9 @@ def _block_d(head_dim: int) -> int:
     return 1 << (head_dim - 1).bit_length()
 
 
-def _kept(head_dim: int, element_size: int, is_varlen: bool) -> list:
-    return [c for c in CONFIGS if mod.keep(c, _block_d(head_dim), element_size, is_varlen)]
+def _kept(head_dim: int, element_size: int, is_varlen: bool, has_mask: bool) -> list:
+    block_d = _block_d(head_dim)
+    return [c for c in CONFIGS if mod.keep(c, block_d, element_size, is_varlen, has_mask)]
 
 
 def _values_per_thread(config, head_dim: int) -> int:
@@ -91,13 +92,13 @@ def _cases() -> list[CompileCase]:
     for dtype, element_size in DTYPES.items():
         for head_dim in mod.SUPPORTED_HEAD_DIMS:
             for has_mask, is_varlen in VARIANTS:
-                kept = _kept(head_dim, element_size, is_varlen)
+                kept = _kept(head_dim, element_size, is_varlen, has_mask)
                 if dtype == "fp32" or (dtype == "fp16" and has_mask):
                     chosen = kept
                 else:
                     chosen = [max(kept, key=lambda c: _values_per_thread(c, head_dim))]
                 cases += [_case(dtype, head_dim, c, has_mask, is_varlen) for c in chosen]
-    cases.append(_case("fp16", 64, _kept(64, 2, False)[0], True, False, mask="*i64"))
+    cases.append(_case("fp16", 64, _kept(64, 2, False, True)[0], True, False, mask="*i64"))
     return cases
 
 
