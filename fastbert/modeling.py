@@ -155,8 +155,10 @@ class BertModel(PretrainedMixin, nn.Module):
     Positions where attention_mask is 0 hold unspecified (finite) values, as in Hugging Face
     (zeros when the batch ran padding-free).
 
-    ``padding_free`` and ``cuda_graphs`` ("auto", True or False) choose how the layers run;
-    see fastbert.runtime. Either may be changed on the model between calls.
+    ``dtype`` is float16, bfloat16 or float32 (TypeError otherwise); ``device`` must exist on
+    this machine (ValueError for CUDA without a GPU). ``padding_free`` and ``cuda_graphs``
+    ("auto", True or False) choose how the layers run; see fastbert.runtime. Either may be
+    changed on the model between calls.
     """
 
     def __init__(
@@ -171,6 +173,8 @@ class BertModel(PretrainedMixin, nn.Module):
         cuda_graphs: str | bool = "auto",
     ):
         super().__init__()
+        validation.check_dtype(dtype)
+        device = validation.check_device(device)
         check_backend(backend)
         self.config = config
         self.backend = backend
