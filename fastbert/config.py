@@ -150,8 +150,9 @@ class BertConfig:
                 f"model_type {model_type!r} is not supported here; this loads "
                 f"{family.model_type!r}"
             )
-        # null means the default, as in Hugging Face.
-        position_type = values.get("position_embedding_type") or "absolute"
+        position_type = values.get("position_embedding_type")
+        if position_type is None:  # absent or null: the default, as in Hugging Face
+            position_type = "absolute"
         if position_type != "absolute":
             raise ValueError(
                 f"position_embedding_type {position_type!r} is not supported; fastbert runs "

@@ -62,6 +62,8 @@ def _names(path: Path, problem: str) -> str:
         ({"layer_norm_eps": "1e-12"}, "layer_norm_eps must be a finite number >= 0"),
         ({"layer_norm_eps": False}, "layer_norm_eps must be a finite number >= 0"),
         ({"layer_norm_eps": -1e-5}, "layer_norm_eps must be a finite number >= 0"),
+        ({"layer_norm_eps": float("nan")}, "layer_norm_eps must be a finite number >= 0"),
+        ({"pad_token_id": "0"}, "pad_token_id must be an integer, got '0'"),
         ({"hidden_act": 5}, "hidden_act must be a string, got 5"),
         ({"hidden_act": ["gelu"]}, "hidden_act must be a string"),
         ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
@@ -106,6 +108,27 @@ def test_families_with_token_types_need_a_type_table(family) -> None:
     with pytest.raises(ValueError, match=f"type_vocab_size must be >= 1: {family.name}"):
         fastbert.BertConfig.from_dict(values, family)
     assert fastbert.BertConfig.from_dict({**values, "type_vocab_size": 1}, family)
+
+
+@pytest.mark.parametrize(
+    "fields, problem",
+    [
+        ({"pad_token_id": None}, "pad_token_id must be an integer >= 0 for padding_offset"),
+        ({"pad_token_id": -1}, "pad_token_id must be an integer >= 0 for padding_offset"),
+        ({"pad_token_id": 1, "max_position_embeddings": 2},
+         "max_position_embeddings 2 leaves no position after the 2 reserved by pad_token_id 1"),
+    ],
+    ids=["null", "negative", "no-room"],
+)
+def test_roberta_positions_need_a_pad_id(fields: dict, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        fastbert.BertConfig.from_dict({"model_type": "roberta", **fields}, ROBERTA)
+
+
+def test_electra_embedding_size_must_be_an_integer() -> None:
+    values = {"model_type": "electra", "embedding_size": "32"}
+    with pytest.raises(ValueError, match="embedding_size must be an integer, got '32'"):
+        fastbert.BertConfig.from_dict(values, ELECTRA)
 
 
 def test_distilbert_has_no_token_types() -> None:
