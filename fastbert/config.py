@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,12 @@ HIDDEN_ACTIVATIONS = {
 # DistilBERT); "padding_offset" is pad_token_id + 1 + the count of non-pad ids so far, and
 # pad_token_id at pad ids (RoBERTa, XLM-RoBERTa: create_position_ids_from_input_ids).
 POSITION_SCHEMES = ("sequential", "padding_offset")
+# Integer fields and the least value each may take (0 layers: the embeddings alone, as in
+# Hugging Face; 0 token types: the family has none, e.g. DistilBERT).
+_INT_MINIMUMS = {
+    "vocab_size": 1, "hidden_size": 1, "num_hidden_layers": 0, "num_attention_heads": 1,
+    "intermediate_size": 1, "max_position_embeddings": 1, "type_vocab_size": 0, "num_labels": 1,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,11 +55,23 @@ class BertConfig:
     position_scheme: str = "sequential"
 
     def __post_init__(self) -> None:
+        """Raise ValueError naming the first field of the wrong type or out of range."""
+        for name, minimum in _INT_MINIMUMS.items():
+            _check_int(name, getattr(self, name), minimum)
+        if self.embedding_size is not None:
+            _check_int("embedding_size", self.embedding_size, 1)
+        if self.pad_token_id is not None:
+            _check_int("pad_token_id", self.pad_token_id)
+        eps = self.layer_norm_eps
+        if not _is_number(eps) or not math.isfinite(eps) or eps < 0:
+            raise ValueError(f"layer_norm_eps must be a finite number >= 0, got {eps!r}")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
                 f"{self.num_attention_heads}"
             )
+        if not isinstance(self.hidden_act, str):
+            raise ValueError(f"hidden_act must be a string, got {self.hidden_act!r}")
         if self.hidden_act not in HIDDEN_ACTIVATIONS:
             raise ValueError(
                 f"hidden_act {self.hidden_act!r} is not supported; fastbert runs "
@@ -62,12 +81,21 @@ class BertConfig:
             raise ValueError(
                 f"position_scheme must be one of {POSITION_SCHEMES}, got {self.position_scheme!r}"
             )
-        for name in ("vocab_size", "hidden_size", "num_attention_heads", "intermediate_size",
-                     "max_position_embeddings", "num_labels", "embedding_width"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.type_vocab_size < 0:
-            raise ValueError(f"type_vocab_size must be >= 0, got {self.type_vocab_size}")
+        if self.position_scheme == "padding_offset":
+            self._check_padding_offset()
+
+    def _check_padding_offset(self) -> None:
+        """Positions counted from pad_token_id + 1 need a pad id and room for one position."""
+        if self.pad_token_id is None or self.pad_token_id < 0:
+            raise ValueError(
+                "pad_token_id must be an integer >= 0 for padding_offset positions, got "
+                f"{self.pad_token_id!r}"
+            )
+        if self.max_sequence_length < 1:
+            raise ValueError(
+                f"max_position_embeddings {self.max_position_embeddings} leaves no position "
+                f"after the {self.pad_token_id + 1} reserved by pad_token_id {self.pad_token_id}"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -91,20 +119,40 @@ class BertConfig:
         return HIDDEN_ACTIVATIONS[self.hidden_act]
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any], family: Family = BERT) -> BertConfig:
+    def from_dict(
+        cls, values: Mapping[str, Any], family: Family = BERT, *, source: str | Path | None = None
+    ) -> BertConfig:
         """Build from a config.json-style mapping of ``family`` (fastbert.families); keys
-        fastbert does not use are ignored.
+        fastbert does not use are ignored. ``source``: the file ``values`` came from, named in
+        every error.
 
-        Raises ValueError for a model fastbert would compute differently (another model_type,
-        relative position embeddings, a decoder).
+        Raises ValueError for a malformed config (not a mapping, a field of the wrong type or
+        out of range, no token types in a family that has them) and for a model fastbert would
+        compute differently (another model_type, relative position embeddings, a decoder).
         """
+        try:
+            return cls._from_mapping(values, family)
+        except ValueError as error:
+            if source is None:
+                raise
+            raise ValueError(f"{source}: {error}") from error
+
+    @classmethod
+    def _from_mapping(cls, values: Mapping[str, Any], family: Family) -> BertConfig:
+        if not isinstance(values, Mapping):
+            raise ValueError(
+                f"a {family.name} config must be a JSON object of fields, got "
+                f"{type(values).__name__}"
+            )
         model_type = values.get("model_type", family.model_type)
         if model_type != family.model_type:
             raise ValueError(
                 f"model_type {model_type!r} is not supported here; this loads "
                 f"{family.model_type!r}"
             )
-        position_type = values.get("position_embedding_type", "absolute")
+        position_type = values.get("position_embedding_type")
+        if position_type is None:  # absent or null: the default, as in Hugging Face
+            position_type = "absolute"
         if position_type != "absolute":
             raise ValueError(
                 f"position_embedding_type {position_type!r} is not supported; fastbert runs "
@@ -115,7 +163,12 @@ class BertConfig:
         kwargs = family.config_values(values)
         if "num_labels" not in values and values.get("id2label"):
             kwargs["num_labels"] = len(values["id2label"])
-        return cls(**kwargs)
+        config = cls(**kwargs)
+        if family.has_token_types and config.type_vocab_size == 0:
+            raise ValueError(
+                f"type_vocab_size must be >= 1: {family.name} models have token types"
+            )
+        return config
 
     @classmethod
     def from_hf(cls, hf_config: Any, family: Family = BERT) -> BertConfig:
@@ -125,6 +178,28 @@ class BertConfig:
         return cls.from_dict(values, family)
 
     @classmethod
-    def from_json_file(cls, path: str | Path) -> BertConfig:
-        with open(path) as f:
-            return cls.from_dict(json.load(f))
+    def from_json_file(cls, path: str | Path, family: Family = BERT) -> BertConfig:
+        """Build from a config.json file of ``family``; every error names ``path``."""
+        return cls.from_dict(read_json_file(path), family, source=path)
+
+
+def read_json_file(path: str | Path) -> Any:
+    """The parsed contents of the JSON file ``path``; ValueError naming it when it is not
+    valid JSON (or not UTF-8 text)."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from error
+
+
+def _is_number(value: object) -> bool:
+    """An int or float, not a bool (JSON's true / false)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value: object, minimum: int | None = None) -> None:
+    """Raise ValueError unless ``value`` is an integer (not a bool or float) >= ``minimum``."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")

@@ -92,6 +92,11 @@ class Family:
         """The supported transformers class names: the base model first, then the heads."""
         return (f"{self.prefix}Model",) + tuple(self.prefix + h for h in self.heads)
 
+    @property
+    def has_token_types(self) -> bool:
+        """Whether the architecture has a token-type table (all but DistilBERT)."""
+        return self.config_constants.get("type_vocab_size") != 0
+
     def config_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """fastbert BertConfig keyword arguments from a Hugging Face config dict."""
         kwargs = {ours: values[theirs] for ours, theirs in self.config_names.items()

@@ -4,12 +4,13 @@ Sources: a local checkpoint folder (config.json + model.safetensors, sharded saf
 pytorch_model.bin; a sentence-transformers folder too), a transformers ``BertModel`` /
 ``BertFor*`` instance, or a sentence-transformers ``SentenceTransformer``. Every tensor is
 mapped explicitly by name (:func:`hf_weight_names`, built on the BERT row of
-fastbert.families); a missing or mis-shaped tensor raises a ValueError naming it.
+fastbert.families); a missing or mis-shaped tensor raises a ValueError naming it, and so does
+a malformed file of the folder (config.json, the safetensors index, modules.json, the weights)
+naming the file.
 """
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,7 +18,8 @@ from typing import Any
 
 import torch
 
-from fastbert.config import BertConfig
+from fastbert import validation
+from fastbert.config import BertConfig, read_json_file
 from fastbert.families import BERT
 
 _HEAD_TENSORS = {
@@ -115,41 +117,108 @@ def load_weights(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> N
         target.data.copy_(source.detach())
 
 
-def _read_checkpoint_folder(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(config dict, state dict) from a local Hugging Face or sentence-transformers folder."""
-    modules = folder / "modules.json"
-    if not (folder / "config.json").exists() and modules.exists():
-        for module in json.loads(modules.read_text()):
-            if module.get("type", "").endswith("Transformer"):
-                folder = folder / module.get("path", "")
-                break
+def _read_checkpoint_folder(folder: Path) -> tuple[BertConfig, dict, dict[str, torch.Tensor]]:
+    """(config, config dict, state dict) from a local Hugging Face or sentence-transformers
+    folder. The config is checked before any weights are read; every error names its file."""
+    folder = _transformer_folder(folder)
     config_path = folder / "config.json"
     if not config_path.exists():
         raise ValueError(f"{folder} has no config.json: not a Hugging Face checkpoint folder")
-    config = json.loads(config_path.read_text())
-    return config, _read_state(folder)
+    raw = read_json_file(config_path)
+    config = BertConfig.from_dict(raw, source=config_path)
+    return config, raw, _read_state(folder)
+
+
+def _transformer_folder(folder: Path) -> Path:
+    """The folder holding the transformers checkpoint: ``folder`` itself, or for a
+    sentence-transformers folder without a config.json, its Transformer module's folder."""
+    modules_path = folder / "modules.json"
+    if (folder / "config.json").exists() or not modules_path.exists():
+        return folder
+    modules = read_json_file(modules_path)
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise ValueError(f"{modules_path} must be a JSON list of module objects")
+    for module in modules:
+        kind, path = module.get("type", ""), module.get("path", "")
+        if not isinstance(kind, str) or not isinstance(path, str):
+            raise ValueError(f"{modules_path}: a module's type and path must be strings")
+        if kind.endswith("Transformer"):
+            return folder / path
+    return folder
 
 
 def _read_state(folder: Path) -> dict[str, torch.Tensor]:
+    """The state dict of the weights in ``folder``, read on the CPU."""
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        from safetensors.torch import load_file
-
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         state: dict[str, torch.Tensor] = {}
-        for shard in shards:
-            state.update(load_file(str(folder / shard)))
+        for shard in _shards(index):
+            state.update(_read_safetensors(shard))
         return state
     if (folder / "model.safetensors").exists():
-        from safetensors.torch import load_file
-
-        return load_file(str(folder / "model.safetensors"))
+        return _read_safetensors(folder / "model.safetensors")
     if (folder / "pytorch_model.bin").exists():
-        return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        return _read_bin(folder / "pytorch_model.bin")
     raise ValueError(
         f"{folder} holds no weights (model.safetensors, model.safetensors.index.json or "
         "pytorch_model.bin)"
     )
+
+
+def _shards(index: Path) -> list[Path]:
+    """The shard files a model.safetensors.index.json names in its weight_map, each once."""
+    contents = read_json_file(index)
+    weight_map = contents.get("weight_map") if isinstance(contents, dict) else None
+    if not isinstance(weight_map, dict):
+        raise ValueError(
+            f"{index} must be a JSON object with a weight_map object (tensor name -> shard file)"
+        )
+    names = set(weight_map.values())
+    if not all(isinstance(name, str) for name in names):
+        raise ValueError(f"{index}: every weight_map value must be a shard file name")
+    for name in sorted(names):
+        if not (index.parent / name).is_file():
+            raise ValueError(f"{index} names the shard {name!r}, which does not exist")
+    return [index.parent / name for name in sorted(names)]
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors; ValueError naming ``path`` when it is corrupt or empty."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except SafetensorError as error:
+        raise ValueError(f"{path} is not a readable safetensors file: {error}") from error
+
+
+def _read_bin(path: Path) -> dict[str, torch.Tensor]:
+    """A pytorch_model.bin's state dict; ValueError naming ``path`` when it cannot be read or
+    holds something else."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        # Damaged bytes fail in many ways (the zip reader's RuntimeError, EOFError, the
+        # weights-only unpickler's UnpicklingError or IndexError...); torch's own message, often
+        # long, stays attached as the cause.
+        raise ValueError(
+            f"{path} is not a readable PyTorch checkpoint: torch.load(weights_only=True) raised "
+            f"{type(error).__name__}"
+        ) from error
+    if not isinstance(state, Mapping):
+        raise ValueError(
+            f"{path} holds a {type(state).__name__}, not a state dict (tensor name -> tensor)"
+        )
+    for name, value in state.items():
+        if not isinstance(name, str):
+            raise ValueError(f"{path} is not a state dict: its key {name!r} is not a string")
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(
+                f"{path} is not a state dict: {name!r} holds a {type(value).__name__}, "
+                "not a tensor"
+            )
+    return dict(state)
 
 
 def is_sentence_transformer(source: Any) -> bool:
@@ -168,8 +237,7 @@ def read_source(source: Any) -> tuple[BertConfig, dict, Mapping[str, torch.Tenso
                 "model instances (download hub checkpoints first, e.g. with "
                 "huggingface_hub.snapshot_download)"
             )
-        raw, state = _read_checkpoint_folder(folder)
-        return BertConfig.from_dict(raw), raw, state
+        return _read_checkpoint_folder(folder)
     if is_sentence_transformer(source):
         source = source[0].auto_model
     if hasattr(source, "config") and hasattr(source, "state_dict"):
@@ -205,12 +273,17 @@ class PretrainedMixin:
         SentenceTransformer. dtype defaults to float16 on CUDA and float32 elsewhere; device to
         CUDA when available. backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch" or
         "triton". padding_free, cuda_graphs: "auto", True or False (see fastbert.runtime).
-        Raises ValueError naming any missing or mis-shaped tensor.
+        Raises TypeError for a dtype other than float16, bfloat16 or float32, and ValueError
+        for a CUDA device on a machine without one, before reading anything; ValueError naming
+        the file for a malformed config.json, index, modules.json or weights file, and naming
+        any missing or mis-shaped tensor.
         """
-        config, _, state = read_source(source)
-        device = torch.device(device if device is not None else default_device())
+        if dtype is not None:
+            validation.check_dtype(dtype)
+        device = validation.check_device(device if device is not None else default_device())
         if dtype is None:
             dtype = torch.float16 if device.type == "cuda" else torch.float32
+        config, _, state = read_source(source)
         kwargs: dict[str, Any] = {
             "dtype": dtype, "device": device, "backend": backend,
             "padding_free": padding_free, "cuda_graphs": cuda_graphs,

@@ -159,12 +159,14 @@ class BertModel(PretrainedMixin, nn.Module):
     Positions where attention_mask is 0 hold unspecified (finite) values, as in Hugging Face
     (zeros when the batch ran padding-free).
 
-    ``padding_free`` and ``cuda_graphs`` ("auto", True or False) choose how the layers run
-    (see fastbert.runtime and fastbert.graphs); ``backend`` ("auto", "torch", "triton") which
-    ops run them. Each may be changed on the model between calls, and is validated when set.
-    A head dim the Triton attention kernel does not run raises at once with
-    ``backend="triton"``; with ``"auto"`` the attention alone runs on the PyTorch reference
-    (one warning) and every other op on Triton.
+    ``dtype`` is float16, bfloat16 or float32 (TypeError otherwise); ``device`` must exist on
+    this machine (ValueError for CUDA without a GPU). ``padding_free`` and ``cuda_graphs``
+    ("auto", True or False) choose how the layers run (see fastbert.runtime and
+    fastbert.graphs); ``backend`` ("auto", "torch", "triton") which ops run them. Each may be
+    changed on the model between calls, and is validated when set. A head dim the Triton
+    attention kernel does not run raises at once with ``backend="triton"``; with ``"auto"``
+    the attention alone runs on the PyTorch reference (one warning) and every other op on
+    Triton.
     """
 
     def __init__(
@@ -179,6 +181,8 @@ class BertModel(PretrainedMixin, nn.Module):
         cuda_graphs: str | bool = "auto",
     ):
         super().__init__()
+        validation.check_dtype(dtype)
+        device = validation.check_device(device)
         self.config = config
         self.backend = backend
         self.padding_free = padding_free

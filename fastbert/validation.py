@@ -15,6 +15,38 @@ from fastbert.config import BertConfig
 from fastbert.kernels import _checks
 
 
+def check_dtype(dtype: object) -> None:
+    """A model's dtype must be torch.float16, torch.bfloat16 or torch.float32: TypeError
+    otherwise (a string such as "float16", an integer or float64 dtype)."""
+    if not isinstance(dtype, torch.dtype) or dtype not in _checks.FLOAT_DTYPES:
+        names = ", ".join(str(d) for d in _checks.FLOAT_DTYPES)
+        raise TypeError(f"dtype must be one of {names}, got {dtype!r}")
+
+
+def check_device(device: object) -> torch.device:
+    """``device`` (a torch.device, a string such as "cuda:0", or a CUDA index) as a
+    torch.device. Raises TypeError for another kind of value and ValueError for a string
+    torch cannot parse or a CUDA device this machine does not have."""
+    if not isinstance(device, (torch.device, str, int)) or isinstance(device, bool):
+        raise TypeError(f"device must be a torch.device or a string, got {device!r}")
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(f"device {device!r} is not a device torch knows: {error}") from error
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"device {device!r} asks for CUDA, but CUDA is not available on this machine; "
+                'use device="cpu"'
+            )
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA "
+                "device(s)"
+            )
+    return parsed
+
+
 def batch_and_seq(input_ids: object) -> tuple[int, int]:
     """input_ids must be an integer tensor of shape [batch, seq]; returns (batch, seq)."""
     _checks.check_tensor("input_ids", input_ids)

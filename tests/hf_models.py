@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 
@@ -57,3 +59,15 @@ def padded_batch(
     types = torch.randint(0, 2, (len(lengths), seq), generator=gen) * mask
     ids = ids * mask
     return ids.to(device), mask.to(device), types.to(device)
+
+
+def as_pytorch_bin(folder: Path) -> Path:
+    """Turn the model.safetensors of a save_pretrained folder into pytorch_model.bin (the
+    legacy format, which transformers 5 no longer writes); returns the new file."""
+    from safetensors.torch import load_file
+
+    safetensors = folder / "model.safetensors"
+    path = folder / "pytorch_model.bin"
+    torch.save(load_file(safetensors), path)
+    safetensors.unlink()
+    return path

@@ -418,12 +418,20 @@ def test_unsupported_models_raise_before_changing_anything(build, error, message
         ({"backend": "cuda"}, "backend must be one of"),
         ({"padding_free": 1}, "padding_free"),
         ({"cuda_graphs": "yes"}, "cuda_graphs"),
-        ({"dtype": torch.int8}, "dtype must be one of"),
     ],
 )
 def test_bad_options_raise(options: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         fastbert.optimize(make_model("bert", "Model"), **options)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float64, "float16"], ids=str)
+def test_bad_dtype_is_a_type_error_before_changing_anything(dtype) -> None:
+    model = make_model("bert", "Model")
+    with pytest.raises(TypeError, match="dtype must be one of torch.float16, torch.bfloat16"):
+        fastbert.optimize(model, dtype=dtype)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert not any("forward" in vars(m) for m in model.modules())
 
 
 # --- GPU: the triton path in low precision ------------------------------------------------

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fastbert import runtime
+from fastbert import runtime, validation
 from fastbert.config import BertConfig
 from fastbert.families import Family, family_of_class, supported_classes
 from fastbert.loading import is_sentence_transformer
@@ -43,7 +43,6 @@ from fastbert.modeling import BertModel
 from fastbert.ops import check_backend
 from fastbert.weights import refuse_gradients, registration_generation
 
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Base-model arguments fastbert cannot honour -> why (any value but None / False raises).
 _UNSUPPORTED = {
     "inputs_embeds": "fastbert embeds input_ids itself; pass input_ids",
@@ -79,14 +78,15 @@ def optimize(
     the module docstring) raises, and so does any argument fastbert cannot honour
     (inputs_embeds, position_ids, head_mask, output_attentions, output_hidden_states, caches,
     cross-attention inputs), each with a message naming it.
-    Raises TypeError for an unsupported model class and ValueError for an unsupported config
-    (relative position embeddings, a decoder, an unknown activation), before changing anything.
+    Raises TypeError for an unsupported model class or a dtype other than float16, bfloat16 or
+    float32, and ValueError for an unsupported config (relative position embeddings, a decoder,
+    an unknown activation), before changing anything.
     """
     check_backend(backend)
     runtime.check_setting("padding_free", padding_free)
     runtime.check_setting("cuda_graphs", cuda_graphs)
-    if dtype is not None and dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES} or None, got {dtype}")
+    if dtype is not None:
+        validation.check_dtype(dtype)
     hf_model = _transformers_model(model)
     family, base = _base_model(hf_model)
     config = BertConfig.from_hf(hf_model.config, family)
