@@ -48,7 +48,8 @@ def test_attention_prune_pins_the_chosen_config(monkeypatch) -> None:
         triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
         for m, n, w, s in flash_attention._TUNE_SPACE
     ]
-    args = {"Q": torch.empty(1, dtype=torch.float16), "IS_VARLEN": False, "BLOCK_D": 64}
+    args = {"Q": torch.empty(1, dtype=torch.float16), "IS_VARLEN": False, "HAS_MASK": True,
+            "BLOCK_D": 64}
     monkeypatch.delenv(_runtime.AUTOTUNE_ENV, raising=False)
     kept = flash_attention._prune(candidates, args)
     assert len(kept) > 1
