@@ -251,7 +251,7 @@ class BertModel(PretrainedMixin, nn.Module):
         if self.device.type == "cuda":
             self.ops()
 
-    def refuse_gradients(
+    def check_inference_only(
         self, watch: ParameterWatch, attention_mask: torch.Tensor | None
     ) -> None:
         """Raise when this call would need gradients (see the module docstring).
@@ -374,7 +374,7 @@ class BertModel(PretrainedMixin, nn.Module):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
     ) -> BaseModelOutputWithPooling:
-        self.refuse_gradients(self._watch, attention_mask)
+        self.check_inference_only(self._watch, attention_mask)
         batch, seq = validation.batch_and_seq(input_ids)
         if batch == 0:
             validation.check_model_inputs(
@@ -478,7 +478,7 @@ class BertForMaskedLM(_BertWithHead):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
     ) -> LogitsOutput:
-        self.bert.refuse_gradients(self._watch, attention_mask)
+        self.bert.check_inference_only(self._watch, attention_mask)
         batch, seq = validation.batch_and_seq(input_ids)
         if batch == 0:
             validation.check_model_inputs(
@@ -512,7 +512,7 @@ class _BertForPooledClassification(_BertWithHead):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
     ) -> LogitsOutput:
-        self.bert.refuse_gradients(self._watch, attention_mask)
+        self.bert.check_inference_only(self._watch, attention_mask)
         out = self.bert(input_ids, attention_mask, token_type_ids)
         ops = self.bert.ops()
         pooled = out.pooler_output

@@ -412,6 +412,15 @@ def test_unsupported_models_raise_before_changing_anything(build, error, message
     assert not any("forward" in vars(m) for m in model.modules())
 
 
+def test_a_head_dim_the_kernel_cannot_run_raises_before_changing_anything() -> None:
+    """backend='triton' with head dim 16 (hidden 64, 4 heads): refused before the cast."""
+    model = make_model("bert", "Model", num_attention_heads=4)
+    with pytest.raises(ValueError, match="head dim .* is 16"):
+        fastbert.optimize(model, backend="triton", dtype=torch.float16)
+    assert not any("forward" in vars(m) for m in model.modules())
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
 @pytest.mark.parametrize(
     "options, message",
     [

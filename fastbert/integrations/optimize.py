@@ -40,7 +40,7 @@ from fastbert.config import BertConfig
 from fastbert.families import Family, family_of_class, supported_classes
 from fastbert.loading import is_sentence_transformer
 from fastbert.modeling import BertModel
-from fastbert.ops import check_backend
+from fastbert.ops import check_backend, check_head_dim
 from fastbert.weights import refuse_gradients, registration_generation
 
 # Base-model arguments fastbert cannot honour -> why (any value but None / False raises).
@@ -90,6 +90,8 @@ def optimize(
     hf_model = _transformers_model(model)
     family, base = _base_model(hf_model)
     config = BertConfig.from_hf(hf_model.config, family)
+    if backend == "triton":
+        check_head_dim(config.head_dim)
     if dtype is not None and dtype != next(base.parameters()).dtype:
         model.to(dtype)
     settings = {"backend": backend, "padding_free": padding_free, "cuda_graphs": cuda_graphs}
