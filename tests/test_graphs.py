@@ -153,3 +153,52 @@ def test_weights_changed_in_place_replay_without_recapture() -> None:
             model.layers[0].attn_out_weight.mul_(1.5)
     _check_matches_eager(graphed, eager, batch)
     assert (graphed._graphs.captures, graphed._graphs.replays) == (1, 2)
+
+
+def _cuda_models(**options) -> tuple[fastbert.BertModel, fastbert.BertModel]:
+    hf = hf_model("BertModel", seed=23)
+    common = dict(dtype=torch.float32, device="cuda", padding_free=False)
+    eager = fastbert.BertModel.from_pretrained(hf, cuda_graphs=False, **common, **options)
+    graphed = fastbert.BertModel.from_pretrained(hf, cuda_graphs=True, **common, **options)
+    return eager, graphed
+
+
+@pytest.mark.gpu
+def test_concurrent_calls_replay_real_graphs_each_for_its_caller_gpu() -> None:
+    eager, graphed = _cuda_models()
+    calls = 64
+    batches = [padded_batch([24, 24 - i % 7, 20, 1 + i % 23], seed=i, device="cuda")
+               for i in range(calls)]
+    expected = [eager(*batch).last_hidden_state for batch in batches]
+    wrong = []
+
+    def work(thread: int) -> None:
+        for i in range(thread, calls, 4):
+            got = graphed(*batches[i]).last_hidden_state
+            valid = batches[i][1].bool()
+            if not torch.equal(got[valid], expected[i][valid]):
+                wrong.append(i)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    torch.cuda.synchronize()
+    assert not wrong, f"{len(wrong)} of {calls} calls got another call's output"
+    assert graphed._graphs.captures == 1 and not graphed._graphs.failed
+
+
+@pytest.mark.gpu
+def test_a_cast_after_capture_drops_the_real_graphs_gpu() -> None:
+    eager, graphed = _cuda_models()
+    batch = padded_batch([12, 7], seed=5, device="cuda")
+    graphed(*batch)
+    assert graphed._graphs.captures == 1
+    for model in (graphed, eager):
+        model.half()
+    got = graphed(*batch).last_hidden_state
+    valid = batch[1].bool()
+    assert got.dtype == torch.float16
+    assert torch.equal(got[valid], eager(*batch).last_hidden_state[valid])
+    assert graphed._graphs.captures == 2 and not graphed._graphs.failed
