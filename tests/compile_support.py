@@ -5,9 +5,12 @@
 sm_80 and sm_90 with ``triton.compile`` and a ``GPUTarget`` — no GPU needed, the Triton wheel
 ships ptxas — and prints one JSON line per (case, arch): shared memory, registers, spills, the
 tensor-core instruction family in the PTX (``mma``, see :func:`mma_instruction`), or the compile
-error. Cases that declare ``dtype`` and ``block_m`` carry them (and ``num_warps``) into the report,
-so that a test can tell which cases should run on warpgroup MMA. It must run in a process
-WITHOUT ``TRITON_INTERPRET`` set; ``tests/test_compile.py`` starts it that way.
+error, and the resident CTAs per SM those registers and that shared memory allow
+(``ctas_per_sm``). Cases that declare ``dtype`` and ``block_m`` (the matrix kernels) carry them
+(and ``num_warps`` and ``block_n``) into the report, so that a test can tell which cases should
+run on warpgroup MMA, and get their SASS read out (``sass``, see :func:`tests.sass.summary`:
+MMA opcodes and shapes, TMA / cp.async loads, spills, the main loop's instruction mix). It must
+run in a process WITHOUT ``TRITON_INTERPRET`` set; ``tests/test_compile.py`` starts it that way.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
+
+from tests import sass
 
 ARCHS = (80, 90)
 # Largest dynamic shared memory per block (bytes): A100 (sm_80) and H100 (sm_90).
@@ -44,6 +49,8 @@ class CompileCase:
     # ("fp16", "bf16", "fp32") and the row tile (the M of the MMA).
     dtype: str | None = None
     block_m: int | None = None
+    # The column tile of the main loop's iteration (attention: BLOCK_N keys), for the report.
+    block_n: int | None = None
 
 
 # wgmma.mma_async only (not wgmma.fence / commit_group / wait_group); mma.sync as a whole word.
@@ -121,7 +128,9 @@ def compile_case(case: CompileCase, arch: int) -> dict[str, object]:
 
     report: dict[str, object] = {"case": case.name, "arch": arch}
     if case.dtype is not None:
-        report.update(dtype=case.dtype, block_m=case.block_m, num_warps=case.num_warps)
+        report.update(
+            dtype=case.dtype, block_m=case.block_m, block_n=case.block_n, num_warps=case.num_warps
+        )
     try:
         src = ASTSource(
             fn=case.fn,
@@ -138,6 +147,11 @@ def compile_case(case: CompileCase, arch: int) -> dict[str, object]:
         report["cubin"] = len(kernel.asm["cubin"]) > 0
         report["mma"] = mma_instruction(kernel.asm["ptx"])
         report.update(_ptxas_usage(kernel.asm["ptx"], arch))
+        report["ctas_per_sm"] = sass.ctas_per_sm(
+            arch, report["registers"], report["shared"], case.num_warps
+        )
+        if case.dtype is not None:
+            report["sass"] = sass.summary(sass.parse(sass.disassemble(kernel.asm["cubin"])))
     except Exception as exc:  # report every failure, keep compiling the rest
         report["error"] = f"{type(exc).__name__}: {exc}"[:2000]
     return report

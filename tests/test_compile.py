@@ -5,7 +5,9 @@ The compile runs in a child process without TRITON_INTERPRET (the interpreter re
 them. Shared memory must fit the target; register spills are printed (run pytest with -s or see
 the captured output) so a regression shows in CI logs. The matrix kernels must use the tensor-core
 instructions of each target: warpgroup MMA (wgmma) on sm_90 wherever the tile allows it,
-mma.sync on sm_80.
+mma.sync on sm_80. Their SASS (read out in the same child process, see tests/sass.py) must hold
+HGMMA on sm_90 wherever the tile allows it, no register spills (STL) in 16-bit, and an attention
+main loop within its instruction budget.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import pytest
 
 from tests import compile_cases
 from tests.compile_support import SHARED_MEMORY_LIMIT, mma_instruction
+from tests.sass import tile_normalised
 
 ROOT = Path(__file__).resolve().parent.parent
 OPS = sorted(m.name for m in pkgutil.iter_modules(compile_cases.__path__))
@@ -32,6 +35,11 @@ SIXTEEN_BIT = ("fp16", "bf16")
 # wgmma runs on a warpgroup (4 warps) with an M of 64 per warpgroup.
 WGMMA_MIN_BLOCK_M = 64
 WARPGROUP = 4
+# Issue slots of the attention main loop per 64x64 tile (4 warps), D=64 fp16 masked on sm_90,
+# 64x64 tile: today's count plus ~5%, so that only a regression fails (see
+# benchmarks/results/static-sm90.md for the count and its instruction mix).
+ATTENTION_BUDGET_CASE = "attention[fp16 D=64 64x64 s3 w4 mask=1 varlen=0]"
+ATTENTION_LOOP_BUDGET = 552
 
 
 @functools.cache
@@ -123,3 +131,72 @@ def test_mma_instruction_reads_ptx() -> None:
     assert mma_instruction(mma) == "mma.sync"
     assert mma_instruction(wgmma + mma) == "wgmma+mma.sync"
     assert mma_instruction("fma.rn.f32 %f1, %f2, %f3, %f1;\nwgmma.fence.sync.aligned;\n") == "none"
+
+
+def _sixteen_bit_mma_reports(op: str) -> list[dict]:
+    reports = [r for r in _compile_reports(op) if r.get("dtype") in SIXTEEN_BIT]
+    assert reports and all("sass" in r for r in reports), f"{op}: no SASS read out"
+    return reports
+
+
+@pytest.mark.parametrize("op", MMA_OPS)
+def test_sixteen_bit_wgmma_sized_tiles_run_hgmma_on_sm90(op: str) -> None:
+    reports = [r for r in _sixteen_bit_mma_reports(op) if expected_mma(r) == ("wgmma",)]
+    sm90 = [r for r in reports if r["arch"] == 90]
+    assert sm90, f"{op}: no 16-bit sm_90 case with BLOCK_M >= {WGMMA_MIN_BLOCK_M}"
+    lost = [r["case"] for r in sm90 if not any(k.startswith("HGMMA") for k in r["sass"]["mma"])]
+    assert not lost, f"no HGMMA in the SASS of: {lost}"
+    ampere = [r["case"] for r in reports if r["arch"] == 80 and not r["sass"]["mma"]]
+    assert not ampere, f"no HMMA in the sm_80 SASS of: {ampere}"
+
+
+# 16-bit cases that spill today, on sm_80 only: (case, arch) -> ptxas spill-store bytes. They
+# may not spill more; every other 16-bit case (all of sm_90) may not spill at all. The padding-
+# free variant's grid-stride loop and the D=32 128x128 tile run out of sm_80's registers by a
+# word or two (ptxas: 255 and 128 registers).
+KNOWN_SPILLS = {
+    (f"attention[{dtype} D={d} {tile} varlen={varlen}]", 80): spilled
+    for dtype in SIXTEEN_BIT
+    for d, tile, varlen, spilled in (
+        (32, "128x128 s2 w8 mask=0", 0, 8),
+        (80, "64x32 s4 w4 mask=0", 1, 4),
+        (96, "64x32 s4 w4 mask=0", 1, 4),
+        (128, "64x32 s4 w4 mask=0", 1, 4),
+    )
+}
+
+
+def _spills_too_much(report: dict) -> bool:
+    known = KNOWN_SPILLS.get((report["case"], report["arch"]))
+    if known is None:
+        return bool(report["sass"]["stl"] or report["spill_stores"])
+    return report["spill_stores"] > known
+
+
+@pytest.mark.parametrize("op", MMA_OPS)
+def test_sixteen_bit_cases_do_not_spill(op: str) -> None:
+    spilled = [
+        f"{r['case']} sm_{r['arch']}: {r['sass']['stl']} STL, {r['sass']['ldl']} LDL, "
+        f"{r['spill_stores']} B spill stores"
+        for r in _sixteen_bit_mma_reports(op)
+        if _spills_too_much(r)
+    ]
+    assert not spilled, "\n".join(spilled)
+
+
+def test_attention_main_loop_within_its_instruction_budget() -> None:
+    (report,) = [
+        r for r in _compile_reports("attention")
+        if r["case"] == ATTENTION_BUDGET_CASE and r["arch"] == 90
+    ]
+    loop = report["sass"]["loop"]
+    assert loop is not None, f"{ATTENTION_BUDGET_CASE}: no main loop found in the SASS"
+    per_tile = tile_normalised(
+        loop["size"], report["block_m"], report["block_n"], report["num_warps"]
+    )
+    print(f"\n{ATTENTION_BUDGET_CASE} sm_90: {per_tile:.0f} instructions per 64x64 tile")
+    print(f"  by class: {loop['classes']}")
+    assert per_tile <= ATTENTION_LOOP_BUDGET, (
+        f"attention main loop: {per_tile:.0f} instructions per 64x64 tile, budget "
+        f"{ATTENTION_LOOP_BUDGET}; mix: {loop['classes']}"
+    )

@@ -84,6 +84,7 @@ def _case(
         num_stages=config.num_stages,
         dtype=dtype,
         block_m=meta["BLOCK_M"],
+        block_n=meta["BLOCK_N"],
     )
 
 

@@ -90,6 +90,7 @@ def _case(dtype: str, config, has_bias: bool, activation: int, has_residual: boo
         aligned_ints=("N", "K"),
         dtype=dtype,
         block_m=meta["BLOCK_M"],
+        block_n=meta["BLOCK_N"],
     )
 
 

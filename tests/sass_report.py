@@ -1,0 +1,436 @@
+"""Static performance report for BERT-base shapes: compiler output plus a roofline model.
+
+``python -m tests.sass_report --out benchmarks/results/static-sm90.md`` compiles, for sm_90 and
+sm_80, the kernel configs a BERT-base layer launches in fp16 (batch 32 x sequence 128 = 4096
+tokens, hidden 768, 12 heads of 64, intermediate 3072), reads their SASS (tests/sass.py) and
+writes a Markdown report: per config the MMA instructions, TMA / cp.async loads, load widths,
+registers, spills, shared memory, CTAs per SM and the main loop's instruction mix; then a
+roofline model with wave quantisation per op and per layer for an H100 SXM. The first part is
+what the compiler produced; the second is an estimate built on it, not a measurement. It must
+run in a process WITHOUT ``TRITON_INTERPRET`` set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.compile_support import CompileCase, compile_case
+from tests.sass import tile_normalised
+
+# BERT-base, fp16, batch 32 x sequence 128.
+BATCH, SEQ, HIDDEN, HEADS, HEAD_DIM, INTERMEDIATE, LAYERS = 32, 128, 768, 12, 64, 3072, 12
+TOKENS = BATCH * SEQ
+ELEMENT = 2  # bytes of an fp16 value
+# H100 SXM: SMs, achievable dense fp16 tensor throughput, HBM bandwidth, sustained clock.
+SMS = 132
+PEAK_FLOPS = 800e12
+HBM_BYTES_PER_S = 3.0e12
+CLOCK_HZ = 1.755e9
+ISSUE_PER_SM_PER_CLOCK = 4  # four warp schedulers, one warp instruction each per clock
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One linear layer of the layer: out[M, N] = act(x[M, K] @ W^T + bias) (+ residual)."""
+
+    name: str
+    n: int
+    k: int
+    activation: int  # fastbert.kernels.fused_linear ACTIVATION code
+    has_residual: bool = False
+
+
+GEMMS = (
+    Gemm("QKV projection", 3 * HIDDEN, HIDDEN, 0),
+    Gemm("attention output", HIDDEN, HIDDEN, 0),
+    Gemm("FFN1 + GELU", INTERMEDIATE, HIDDEN, 1),
+    Gemm("FFN2", HIDDEN, INTERMEDIATE, 0),
+)
+
+
+def linear_cases() -> dict[tuple[int, bool], list[CompileCase]]:
+    """fp16 cases of every config the autotuner may time for each epilogue BERT launches
+    (bias, bias + GELU), keyed by (ACTIVATION, HAS_RESIDUAL); largest tile first."""
+    from fastbert.kernels import fused_linear as mod
+
+    from tests.compile_cases import linear
+
+    out = {}
+    for activation, has_residual in sorted({(g.activation, g.has_residual) for g in GEMMS}):
+        kept = [
+            c for c in linear.CONFIGS
+            if mod.keep(c, ELEMENT, mod.m_bucket(TOKENS), activation=activation,
+                        has_residual=has_residual)
+        ]
+        out[(activation, has_residual)] = [
+            linear._case("fp16", c, True, activation, has_residual) for c in kept
+        ]
+    return out
+
+
+def attention_cases() -> list[CompileCase]:
+    """fp16 D=64 masked (the encoder's padded batch) cases of every kept config."""
+    from tests.compile_cases import attention
+
+    kept = attention._kept(HEAD_DIM, ELEMENT, False, True)
+    return [attention._case("fp16", HEAD_DIM, c, True, False) for c in kept]
+
+
+def row_cases() -> dict[str, CompileCase]:
+    """The fp16 LayerNorm (with residual) and embeddings + LayerNorm kernels at hidden 768."""
+    from fastbert.kernels import fused_layer_norm
+
+    from tests.compile_cases import embeddings, layer_norm
+
+    block = fused_layer_norm.block_size(HIDDEN)
+    return {
+        "layer_norm": _with_dtype(layer_norm._case("fp16", block, True)),
+        "embeddings": _with_dtype(embeddings._case("fp16", block, True, False, "*i64")),
+    }
+
+
+def _with_dtype(case: CompileCase) -> CompileCase:
+    """``case`` marked fp16 so that compile_case reads its SASS out too."""
+    case.dtype = "fp16"
+    return case
+
+
+def compile_all(archs: tuple[int, ...]) -> dict[str, object]:
+    """Compile every case of the report for ``archs``: reports keyed like the cases."""
+    def run(case: CompileCase) -> dict[int, dict]:
+        print(f"compiling {case.name}", file=sys.stderr, flush=True)
+        return {arch: compile_case(case, arch) for arch in archs}
+
+    return {
+        "linear": {key: [run(c) for c in cases] for key, cases in linear_cases().items()},
+        "attention": [run(c) for c in attention_cases()],
+        "rows": {name: run(c) for name, c in row_cases().items()},
+    }
+
+
+def _mma(report: dict) -> str:
+    mma = report["sass"]["mma"]
+    return ", ".join(f"{op} x{n}" for op, n in mma.items()) or "none"
+
+
+def _loads(report: dict) -> str:
+    loads = report["sass"]["global_loads"]
+    return ", ".join(f"{op} x{n}" for op, n in loads.items()) or "none"
+
+
+def _spills(report: dict) -> str:
+    s = report["sass"]
+    ptxas = f"{report['spill_stores']} B / {report['spill_loads']} B"
+    return f"{s['stl']} STL / {s['ldl']} LDL ({ptxas})"
+
+
+def _config_rows(reports: list[dict], normalise: bool) -> list[str]:
+    head = (
+        "| config | regs | spills (STL/LDL, ptxas bytes) | smem B | CTAs/SM | MMA (whole kernel) "
+        "| TMA / cp.async | global loads | main loop instr. |"
+        + (" per 64x64 tile |" if normalise else "")
+    )
+    rows = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in reports:
+        if "error" in r:
+            rows.append(f"| {r['case']} | compile error: {r['error'][:200]} |")
+            continue
+        loop = r["sass"]["loop"]
+        size = loop["size"] if loop else "-"
+        row = (
+            f"| {r['case']} | {r['registers']} | {_spills(r)} | {r['shared']} | "
+            f"{r['ctas_per_sm']} | {_mma(r)} | {r['sass']['tma']} / {r['sass']['cp_async']} | "
+            f"{_loads(r)} | {size} |"
+        )
+        if normalise:
+            per_tile = tile_normalised(loop["size"], r["block_m"], r["block_n"], r["num_warps"])
+            row += f" {per_tile:.0f} |"
+        rows.append(row)
+    return rows
+
+
+def _mix_rows(reports: list[dict]) -> list[str]:
+    classes = next(r["sass"]["loop"]["classes"] for r in reports if r["sass"]["loop"])
+    head = "| config | " + " | ".join(classes) + " | total |"
+    rows = [head, "|" + "---|" * (len(classes) + 2)]
+    for r in reports:
+        loop = r["sass"]["loop"]
+        if loop:
+            counts = " | ".join(str(n) for n in loop["classes"].values())
+            rows.append(f"| {r['case']} | {counts} | {loop['size']} |")
+    return rows
+
+
+@dataclass
+class Estimate:
+    """A modelled op: its work, its assumed config and the bounds of the model (seconds)."""
+
+    op: str
+    config: str
+    flops: float
+    bytes: float
+    programs: int
+    slots: int  # SMS x CTAs per SM
+    issue_s: float = 0.0
+
+    @property
+    def waves(self) -> int:
+        return math.ceil(self.programs / self.slots) if self.slots else 0
+
+    @property
+    def wave_efficiency(self) -> float:
+        return self.programs / (self.waves * self.slots) if self.slots else 1.0
+
+    @property
+    def compute_s(self) -> float:
+        return self.flops / (PEAK_FLOPS * self.wave_efficiency)
+
+    @property
+    def memory_s(self) -> float:
+        return self.bytes / HBM_BYTES_PER_S
+
+    @property
+    def modelled_s(self) -> float:
+        return max(self.compute_s, self.memory_s, self.issue_s)
+
+
+# The smallest GEMM tile assumed to feed Hopper's tensor cores at the modelled rate: below it
+# the operand bytes per FLOP (from shared memory and L2) are too many (an assumption).
+MIN_MODELLED_GEMM_TILE = 128 * 128
+
+
+def _assumed(reports: list[dict], model, min_tile: int = 0) -> Estimate:
+    """The config the model assumes the autotuner picks: among the compiled configs whose
+    BLOCK_M x BLOCK_N is at least ``min_tile``, the lowest modelled time, then the lowest issue
+    time, then the largest tile. ``model`` maps a report to its :class:`Estimate`."""
+    ok = [r for r in reports if "error" not in r and r["block_m"] * r["block_n"] >= min_tile]
+    ranked = [
+        (model(r).modelled_s, model(r).issue_s, -r["block_m"] * r["block_n"], i)
+        for i, r in enumerate(ok)
+    ]
+    return model(ok[min(ranked)[-1]])
+
+
+def gemm_estimate(gemm: Gemm, report: dict) -> Estimate:
+    tiles = math.ceil(TOKENS / report["block_m"]) * math.ceil(gemm.n / report["block_n"])
+    traffic = TOKENS * gemm.k + gemm.n * gemm.k + gemm.n + TOKENS * gemm.n
+    if gemm.has_residual:
+        traffic += TOKENS * gemm.n
+    return Estimate(
+        op=f"{gemm.name} {TOKENS}x{gemm.n}x{gemm.k}",
+        config=report["case"],
+        flops=2.0 * TOKENS * gemm.n * gemm.k,
+        bytes=traffic * ELEMENT,
+        programs=tiles,
+        slots=SMS * report["ctas_per_sm"],
+    )
+
+
+def attention_estimate(report: dict) -> Estimate:
+    """All S keys are streamed (padding keys are masked, not skipped); Q, K, V read once, O
+    written once; the issue bound from the main loop's instructions per iteration."""
+    key_tiles = math.ceil(SEQ / report["block_n"])
+    programs = BATCH * HEADS * math.ceil(SEQ / report["block_m"])
+    warp_instructions = programs * key_tiles * report["sass"]["loop"]["size"] * report["num_warps"]
+    slots = SMS * report["ctas_per_sm"]
+    estimate = Estimate(
+        op=f"attention {BATCH}x{HEADS}x{SEQ}x{SEQ}x{HEAD_DIM} masked",
+        config=report["case"],
+        flops=4.0 * BATCH * HEADS * SEQ * SEQ * HEAD_DIM,
+        bytes=4.0 * TOKENS * HIDDEN * ELEMENT + BATCH * SEQ,
+        programs=programs,
+        slots=slots,
+    )
+    issue_rate = SMS * ISSUE_PER_SM_PER_CLOCK * CLOCK_HZ * estimate.wave_efficiency
+    estimate.issue_s = warp_instructions / issue_rate
+    return estimate
+
+
+def row_estimate(name: str, report: dict, traffic_elements: float, extra_bytes: float) -> Estimate:
+    """A memory-bound row kernel (one program per token row)."""
+    return Estimate(
+        op=name,
+        config=report["case"],
+        flops=0.0,
+        bytes=traffic_elements * ELEMENT + extra_bytes,
+        programs=TOKENS,
+        slots=SMS * report["ctas_per_sm"],
+    )
+
+
+def estimates(compiled: dict) -> tuple[list[Estimate], Estimate]:
+    """The layer's ops (sm_90 reports) and the embeddings, as modelled."""
+    layer = []
+    gemm_reports = {key: [c[90] for c in cases] for key, cases in compiled["linear"].items()}
+    qkv, out_proj, ffn1, ffn2 = (
+        _assumed(
+            gemm_reports[(g.activation, g.has_residual)],
+            lambda r, g=g: gemm_estimate(g, r),
+            MIN_MODELLED_GEMM_TILE,
+        )
+        for g in GEMMS
+    )
+    attention = _assumed([c[90] for c in compiled["attention"]], attention_estimate)
+    layer_norm = compiled["rows"]["layer_norm"][90]
+    ln_elements = 3 * TOKENS * HIDDEN + 2 * HIDDEN  # x, residual, out; weight, bias
+    ln1 = row_estimate("LayerNorm 1 (+ residual)", layer_norm, ln_elements, 0)
+    ln2 = row_estimate("LayerNorm 2 (+ residual)", layer_norm, ln_elements, 0)
+    layer = [qkv, attention, out_proj, ln1, ffn1, ffn2, ln2]
+    embed_elements = 3 * TOKENS * HIDDEN + TOKENS * HIDDEN + 2 * HIDDEN  # 3 gathers, out, LN
+    embeddings = row_estimate(
+        "embeddings + LayerNorm", compiled["rows"]["embeddings"][90], embed_elements,
+        2 * TOKENS * 8,  # int64 input and token-type ids
+    )
+    return layer, embeddings
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f}"
+
+
+def _model_rows(layer: list[Estimate], embeddings: Estimate) -> list[str]:
+    head = (
+        "| op | assumed config | programs | CTA slots (132 x CTAs/SM) | waves | wave eff. | "
+        "GFLOP | MB | compute us | memory us | issue us | modelled us | bound |"
+    )
+    rows = [head, "|" + "---|" * 13]
+    for e in [*layer, embeddings]:
+        bounds = {"compute": e.compute_s, "memory": e.memory_s, "issue": e.issue_s}
+        bound = max(bounds, key=bounds.get)
+        rows.append(
+            f"| {e.op} | {e.config} | {e.programs} | {e.slots} | {e.waves} | "
+            f"{e.wave_efficiency:.1%} | {e.flops / 1e9:.2f} | {e.bytes / 1e6:.1f} | "
+            f"{_us(e.compute_s)} | {_us(e.memory_s)} | {_us(e.issue_s)} | "
+            f"{_us(e.modelled_s)} | {bound} |"
+        )
+    return rows
+
+
+def _versions() -> str:
+    import torch
+    import triton
+
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    return (
+        f"triton {triton.__version__}, torch {torch.__version__}, git commit {commit} "
+        f"(the tree the report was generated from), {datetime.date.today().isoformat()}"
+    )
+
+
+ASSUMPTIONS = f"""\
+Assumptions of the model (each one an assumption, none measured):
+
+- H100 SXM: {SMS} SMs, {PEAK_FLOPS / 1e12:.0f} TFLOP/s dense fp16 achievable by a full wave of
+  tensor-core tiles (what cuBLAS reaches; the per-tile efficiency of the Triton kernel is
+  assumed equal to it), {HBM_BYTES_PER_S / 1e12:.1f} TB/s HBM, {CLOCK_HZ / 1e9:.3f} GHz
+  sustained clock, {ISSUE_PER_SM_PER_CLOCK} warp instructions issued per SM per clock.
+- The autotuner is assumed to pick, among the configs `keep` lets it time for the launch, the
+  one this model rates fastest (then the fewest issue slots, then the largest tile); for the
+  GEMMs only among tiles of at least 128 x 128, since smaller tiles are assumed not to reach
+  the modelled tensor-core rate (their operand bytes per FLOP are 2x or more those of a
+  128 x 128 tile). The tables below list every kept config, so other choices can be read off.
+- Waves: programs (output tiles, or query blocks x heads x batch) fill 132 SMs x the CTAs per SM
+  the compiled registers, shared memory and threads allow (the sm_90 limits: 64K registers,
+  228 KB shared memory with 1 KB reserved per CTA, 2048 threads, 32 CTAs). A partial last wave
+  costs a full wave: compute time = FLOPs / (800 TFLOP/s x wave efficiency), wave efficiency =
+  programs / (waves x slots).
+- Memory time = bytes / 3.0 TB/s, each tensor read or written once (re-reads of the weight or
+  of K/V across programs assumed to hit L2).
+- Attention streams all 128 keys (padding keys are masked, not skipped) and has a third bound,
+  instruction issue: main-loop instructions per thread x warps x iterations x programs, over
+  132 x 4 issue slots per clock at the assumed clock, divided by the wave efficiency. The
+  softmax's MUFU and FP32 work sit inside that count.
+- LayerNorm and embeddings are memory-bound row kernels: memory time only.
+- Modelled time of an op = the largest of its bounds; per layer = the sum over its seven
+  launches (launch gaps, which CUDA graphs remove, are not modelled).
+
+The compiler facts in the tables below are what tests/test_compile.py checks in CI (HGMMA on
+sm_90 for 16-bit tiles of BLOCK_M >= 64, no spills in 16-bit, the attention main loop within
+its instruction budget); the model is not checked.
+"""
+
+
+def render(compiled: dict) -> str:
+    layer, embeddings = estimates(compiled)
+    per_layer = sum(e.modelled_s for e in layer)
+    flops = sum(e.flops for e in layer)
+    lines = [
+        "# Static performance report: BERT-base, fp16, batch 32 x sequence 128",
+        "",
+        "**This is compiler output plus a model, not a measurement.** The first part is read from",
+        "the SASS that ptxas produced for sm_90 and sm_80 (no GPU was used); the second part is a",
+        "roofline model with wave quantisation built on those facts, with its assumptions stated.",
+        "",
+        f"Generated by `python -m tests.sass_report --out benchmarks/results/static-sm90.md` "
+        f"({_versions()}).",
+        "",
+        f"Shapes: M = {TOKENS} tokens, hidden {HIDDEN}, {HEADS} heads x {HEAD_DIM}, "
+        f"intermediate {INTERMEDIATE}.",
+        "",
+        "Columns: registers per thread; spills as STL / LDL instructions in the SASS and the",
+        "bytes ptxas reports; shared memory per CTA; resident CTAs per SM from registers, shared",
+        "memory and threads; MMA opcodes with their shapes and counts in the whole kernel",
+        "(HGMMA = Hopper's warpgroup MMA, HMMA = Ampere's); UTMALDG (TMA) / LDGSTS (cp.async)",
+        "counts; global load opcodes (the suffix is the width per thread: .128 = 16 bytes); the",
+        "main loop's instructions per thread per iteration (the innermost backward branch whose",
+        "body holds the MMAs, NOPs left out). For attention, `per 64x64 tile` = main-loop",
+        "instructions x (num_warps / 4) x 4096 / (BLOCK_M x BLOCK_N): issue slots per 64x64 tile",
+        "of a 4-warp program.",
+        "",
+        "## Modelled time per op and per layer (H100 SXM, a model)",
+        "",
+        *_model_rows(layer, embeddings),
+        "",
+        f"Modelled per layer: **{per_layer * 1e6:.1f} us** ({flops / 1e9:.1f} GFLOP, "
+        f"{flops / per_layer / 1e12:.0f} TFLOP/s modelled); 12 layers + embeddings: "
+        f"**{(LAYERS * per_layer + embeddings.modelled_s) * 1e3:.3f} ms**.",
+        "",
+        ASSUMPTIONS,
+    ]
+    for arch in (90, 80):
+        lines += [f"## sm_{arch}: attention (fp16, D=64, key-padding mask), every kept config", ""]
+        attention = [c[arch] for c in compiled["attention"]]
+        lines += _config_rows(attention, normalise=True) + [""]
+        lines += ["Main-loop instruction mix (per thread per iteration):", ""]
+        lines += _mix_rows(attention) + [""]
+        for (activation, _), cases in compiled["linear"].items():
+            epilogue = "bias + GELU" if activation else "bias"
+            lines += [f"## sm_{arch}: linear, fp16, epilogue {epilogue}, every kept config", ""]
+            reports = [c[arch] for c in cases]
+            lines += _config_rows(reports, normalise=False) + [""]
+            lines += ["Main-loop instruction mix (per thread per K step):", ""]
+            lines += _mix_rows(reports) + [""]
+        lines += [f"## sm_{arch}: LayerNorm and embeddings (hidden {HIDDEN})", ""]
+        rows = [c[arch] for c in compiled["rows"].values()]
+        lines += _config_rows(rows, normalise=False) + [""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.sass_report", description=__doc__)
+    parser.add_argument("--out", type=Path, required=True, help="Markdown file to write")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        print("the report compiles kernels: run it without TRITON_INTERPRET=1", file=sys.stderr)
+        return 2
+    text = render(compile_all((90, 80)))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
