@@ -55,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="replace a finished (or different) run in DIR")
     parser.add_argument("--rows-per-shard", type=positive_int, default=50_000, metavar="N",
                         help="input rows per Parquet shard (default: 50000)")
+    parser.add_argument("--window-rows", type=positive_int, default=10_000, metavar="N",
+                        help="rows sorted by length together before batching (bounds memory; "
+                             "default: 10000)")
     parser.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
                         help="run on Ray Data: on the cluster at ADDRESS, or on a local Ray "
                              "instance when no address is given")
@@ -70,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     options = {key: getattr(args, key) for key in (
         "text_field", "id_field", "batch_tokens", "max_length", "pooling", "normalize", "dtype",
         "store_dtype", "device", "backend", "skip_bad", "overwrite", "rows_per_shard",
-        "progress")}
+        "window_rows", "progress")}
     try:
         summary = api.embed(args.inputs, args.model, output=args.output, ray=args.ray,
                             **options)

@@ -70,13 +70,10 @@ class EmbedOptions:
 
     def with_defaults(self) -> EmbedOptions:
         """These options with the device-dependent defaults filled in (device, dtype,
-        batch_tokens); ValueError when batch_tokens cannot hold one text of max_length."""
+        batch_tokens)."""
         device = self.resolved_device()
         dtype = self.dtype or ("float16" if device.type == "cuda" else "float32")
         batch_tokens = self.batch_tokens or BATCH_TOKENS[device.type]
-        if self.max_length is not None and batch_tokens < self.max_length:
-            raise ValueError(f"batch_tokens {batch_tokens} is less than max_length "
-                             f"{self.max_length}: a batch must hold one text of the longest")
         return replace(self, device=str(device), dtype=dtype, batch_tokens=batch_tokens)
 
     def as_dict(self) -> dict:

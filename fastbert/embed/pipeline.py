@@ -168,7 +168,8 @@ def run_rows(rows: Iterable[readers.Row], loaded: Loaded, sink: Sink, first_row:
         chunks = tokenise_ahead(rows, loaded.tokenise)
         for window in windows(chunks, options.window_rows):
             _check_bad(window, options.skip_bad)
-            sink.skip([r.index for r in window.bad])
+            if window.bad:
+                sink.skip([r.index for r in window.bad])
             summary.skipped += len(window.bad)
             summary.truncated += sum(window.cut)
             _embed_window(window, loaded, sink, summary, bar, start)
