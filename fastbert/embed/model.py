@@ -60,10 +60,18 @@ def _read_json(path: Path) -> Any:
         raise ValueError(f"{path}: cannot be read as JSON ({exc})") from exc
 
 
-def model_max_length(model: Any, tokenizer: Any) -> int:
+def read_config(folder: Path) -> Any:
+    """The fastbert BertConfig of a model folder (Hugging Face or sentence-transformers)."""
+    from fastbert.config import BertConfig
+    from fastbert.integrations import models
+
+    return BertConfig.from_json_file(models.transformer_folder(folder) / "config.json")
+
+
+def model_max_length(config: Any, tokenizer: Any) -> int:
     """The most tokens a text may have: the tokenizer's limit, capped by the model's position
     table (a tokenizer without a limit reports a huge number)."""
-    positions = model.config.max_position_embeddings
+    positions = config.max_position_embeddings
     limit = getattr(tokenizer, "model_max_length", positions) or positions
     return int(min(limit, positions))
 
@@ -75,7 +83,7 @@ def load_tokenizer(folder: Path) -> Any:
 
     with models.quiet():
         return models.import_transformers().AutoTokenizer.from_pretrained(
-            str(models._transformer_folder(folder))
+            str(models.transformer_folder(folder))
         )
 
 

@@ -57,21 +57,27 @@ class EmbedOptions:
         if not self.text_field:
             raise ValueError("text_field must be a field name")
         if self.device is not None:
-            device = torch.device(self.device)
-            if device.type not in ("cpu", "cuda"):
+            try:
+                device = torch.device(self.device)
+            except RuntimeError:
+                device = None
+            if device is None or device.type not in ("cpu", "cuda"):
                 raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
-            if device.type == "cuda" and not torch.cuda.is_available():
-                raise ValueError(f"device {self.device!r}, but CUDA is not available here")
 
     def resolved_device(self) -> torch.device:
+        """The device to run on (None: CUDA when this machine has it); ValueError for CUDA on a
+        machine without."""
         if self.device is None:
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
+        device = torch.device(self.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r}, but CUDA is not available here")
+        return device
 
-    def with_defaults(self) -> EmbedOptions:
+    def with_defaults(self, device: torch.device | None = None) -> EmbedOptions:
         """These options with the device-dependent defaults filled in (device, dtype,
-        batch_tokens)."""
-        device = self.resolved_device()
+        batch_tokens), for ``device`` when given (a Ray worker's), else this machine's."""
+        device = device or self.resolved_device()
         dtype = self.dtype or ("float16" if device.type == "cuda" else "float32")
         batch_tokens = self.batch_tokens or BATCH_TOKENS[device.type]
         return replace(self, device=str(device), dtype=dtype, batch_tokens=batch_tokens)

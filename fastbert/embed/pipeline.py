@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import torch
 
 import fastbert
 from fastbert.embed import manifest, model, readers
@@ -51,34 +52,42 @@ class Loaded:
     options: EmbedOptions
 
 
-def load(options: EmbedOptions) -> Loaded:
-    """Load the model and tokenizer of ``options.model`` and resolve the defaults from the
-    device and the folder. ValueError for settings the model cannot run."""
-    options = options.with_defaults()
+def resolve(options: EmbedOptions, tokenizer: Any,
+            device: torch.device | None = None) -> tuple[EmbedOptions, int]:
+    """(``options`` with every default resolved from the device (``device``, else this
+    machine's) and the model folder: device, dtype, batch_tokens, max_length, pooling,
+    normalize; the embedding width). Reads the folder's configs only. ValueError for settings
+    the model cannot run."""
+    options = options.with_defaults(device)
     folder = Path(options.model)
     settings = model.folder_settings(folder)
-    tokenizer = model.load_tokenizer(folder)
+    config = model.read_config(folder)
+    limit = model.model_max_length(config, tokenizer)
+    max_length = options.max_length or min(settings.max_length or limit, limit)
+    if max_length > config.max_position_embeddings:
+        raise ValueError(f"max_length {max_length} exceeds the model's "
+                         f"{config.max_position_embeddings} positions")
+    normalize = options.normalize if options.normalize is not None else bool(settings.normalize)
+    resolved = replace(options, max_length=max_length, normalize=normalize,
+                       pooling=options.pooling or settings.pooling or "mean")
+    return resolved, config.hidden_size
+
+
+def load(options: EmbedOptions, tokenizer: Any = None) -> Loaded:
+    """Load the model and tokenizer of ``options.model`` (the tokenizer may be given) and
+    resolve the defaults (see :func:`resolve`)."""
+    tokenizer = tokenizer or model.load_tokenizer(Path(options.model))
+    options, _ = resolve(options, tokenizer)
     device = options.resolved_device()
     encoder_model = fastbert.BertModel.from_pretrained(
-        str(folder), dtype=DTYPES[options.dtype], device=device, backend=options.backend,
+        options.model, dtype=DTYPES[options.dtype], device=device, backend=options.backend,
         # On CUDA the packed path skips the padding; on the CPU the length-sorted batches hold
         # little padding and the dense path is the faster one.
         padding_free=True if device.type == "cuda" else "auto",
     )
-    limit = model.model_max_length(encoder_model, tokenizer)
-    max_length = options.max_length or min(settings.max_length or limit, limit)
-    if max_length > encoder_model.config.max_position_embeddings:
-        raise ValueError(f"max_length {max_length} exceeds the model's "
-                         f"{encoder_model.config.max_position_embeddings} positions")
-    options = replace(
-        options, max_length=max_length,
-        pooling=options.pooling or settings.pooling or "mean",
-        normalize=options.normalize if options.normalize is not None
-        else bool(settings.normalize),
-    ).with_defaults()
     encoder = model.Encoder(encoder_model, tokenizer.pad_token_id or 0, options.pooling,
                             options.normalize, np.dtype(options.store_dtype))
-    return Loaded(encoder, Tokenise(tokenizer, max_length), options)
+    return Loaded(encoder, Tokenise(tokenizer, options.max_length), options)
 
 
 class Sink(Protocol):
@@ -163,7 +172,7 @@ def run_rows(rows: Iterable[readers.Row], loaded: Loaded, sink: Sink, first_row:
     summary = Summary()
     start = time.perf_counter()
     end = first_row
-    bar = _progress_bar(options.progress)
+    bar = progress_bar(options.progress)
     try:
         chunks = tokenise_ahead(rows, loaded.tokenise)
         for window in windows(chunks, options.window_rows):
@@ -188,12 +197,20 @@ def _check_bad(window: Window, skip_bad: bool) -> None:
         raise readers.InputError(f"{row.where()}: {row.problem} (skip bad rows with --skip-bad)")
 
 
+def embed_sorted(encoder: model.Encoder, tokens: list[list[int]],
+                 batch_tokens: int) -> Iterator[tuple[list[int], np.ndarray]]:
+    """Token ids of n rows -> (positions into ``tokens``, their embeddings [len, dim]) per
+    forward pass, rows sorted by length into batches of at most ``batch_tokens`` tokens."""
+    lengths = [len(t) for t in tokens]
+    for batch in token_batches(lengths, batch_tokens):
+        yield batch, encoder([tokens[i] for i in batch])
+
+
 def _embed_window(window: Window, loaded: Loaded, sink: Sink, summary: Summary, bar: Any,
                   start: float) -> None:
-    lengths = [len(t) for t in window.tokens]
-    for batch in token_batches(lengths, loaded.options.batch_tokens):
-        vectors = loaded.encoder([window.tokens[i] for i in batch])
-        tokens = [lengths[i] for i in batch]
+    for batch, vectors in embed_sorted(loaded.encoder, window.tokens,
+                                       loaded.options.batch_tokens):
+        tokens = [len(window.tokens[i]) for i in batch]
         sink.add([window.rows[i].index for i in batch],
                  [_row_id(window.rows[i]) for i in batch], vectors, tokens,
                  [window.cut[i] for i in batch])
@@ -209,7 +226,7 @@ def _row_id(row: readers.Row) -> Any:
     return row.index if row.id is None else row.id
 
 
-def _progress_bar(enabled: bool) -> Any:
+def progress_bar(enabled: bool) -> Any:
     from tqdm import tqdm
 
     return tqdm(unit=" docs", file=sys.stderr, disable=not enabled, dynamic_ncols=True,

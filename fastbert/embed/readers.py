@@ -79,15 +79,34 @@ def _check_readable(path: Path) -> None:
         raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
 
 
-def read_rows(files: Sequence[Path], text_field: str, id_field: str | None) -> Iterator[Row]:
-    """The rows of ``files`` in order, indexed across them. In a .txt file every line is a
-    text (``text_field`` does not apply, and ``id_field`` must be None)."""
+def count_rows(path: Path) -> int:
+    """How many rows :func:`read_rows` reads from ``path`` (lines of .txt / .jsonl, records of
+    .csv, rows of .parquet), good and bad."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows
+    if path.suffix == ".csv":
+        return sum(1 for _ in _read_csv(path, "", None))
+    count, last = 0, b"\n"
+    with path.open("rb") as handle:
+        while block := handle.read(1 << 20):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+def read_rows(files: Sequence[Path], text_field: str, id_field: str | None,
+              first_index: int = 0) -> Iterator[Row]:
+    """The rows of ``files`` in order, indexed across them from ``first_index``. In a .txt
+    file every line is a text (``text_field`` does not apply, and ``id_field`` must be
+    None)."""
     if id_field is not None:
         for path in files:
             if path.suffix == ".txt":
                 raise InputError(f"{path}: a .txt file has no fields, so no id field "
                                  f"{id_field!r} (leave the id field out to number the rows)")
-    index = 0
+    index = first_index
     for path in files:
         for line, text, row_id, problem in _READERS[path.suffix](path, text_field, id_field):
             if problem is None:
