@@ -71,7 +71,7 @@ def read_config(folder: Path) -> Any:
 def model_max_length(config: Any, tokenizer: Any) -> int:
     """The most tokens a text may have: the tokenizer's limit, capped by the model's position
     table (a tokenizer without a limit reports a huge number)."""
-    positions = config.max_position_embeddings
+    positions = config.max_sequence_length
     limit = getattr(tokenizer, "model_max_length", positions) or positions
     return int(min(limit, positions))
 

@@ -64,9 +64,9 @@ def resolve(options: EmbedOptions, tokenizer: Any,
     config = model.read_config(folder)
     limit = model.model_max_length(config, tokenizer)
     max_length = options.max_length or min(settings.max_length or limit, limit)
-    if max_length > config.max_position_embeddings:
+    if max_length > config.max_sequence_length:
         raise ValueError(f"max_length {max_length} exceeds the model's "
-                         f"{config.max_position_embeddings} positions")
+                         f"{config.max_sequence_length} positions")
     normalize = options.normalize if options.normalize is not None else bool(settings.normalize)
     resolved = replace(options, max_length=max_length, normalize=normalize,
                        pooling=options.pooling or settings.pooling or "mean")
@@ -91,6 +91,9 @@ def load(options: EmbedOptions, tokenizer: Any = None) -> Loaded:
 
 
 class Sink(Protocol):
+    """Where embedded rows go (a ShardWriter, an ArraySink): rows added or skipped, then told
+    that every row before ``end`` is in (``advance``) and that the input ended (``finish``)."""
+
     def add(self, rows: list[int], ids: list[Any], vectors: np.ndarray, tokens: list[int],
             truncated: list[bool]) -> None: ...
     def skip(self, rows: list[int]) -> None: ...
@@ -117,12 +120,13 @@ def embed_files(inputs: Sequence[str | Path], output: str | Path,
     continuing an unfinished run of the same job. Raises readers.InputError for unreadable input
     or a bad row (without skip_bad), manifest.OutputError for an output it must not write."""
     files = readers.list_inputs(inputs)
-    loaded = load(options)
-    options = loaded.options
+    tokenizer = model.load_tokenizer(Path(options.model))
+    options, dimensions = resolve(options, tokenizer)
     output = Path(output)
-    job = job_record(files, options, loaded.encoder.dimensions)
-    start = manifest.start_output(output, job, options.overwrite)
-    writer = ShardWriter(output, options.rows_per_shard, loaded.encoder.dimensions,
+    job = job_record(files, options, dimensions)
+    start = manifest.start_output(output, job, options.overwrite)  # before the model loads
+    loaded = load(options, tokenizer)
+    writer = ShardWriter(output, options.rows_per_shard, dimensions,
                          np.dtype(options.store_dtype), start)
     first_row = start * options.rows_per_shard
     rows = (r for r in readers.read_rows(files, options.text_field, options.id_field)
