@@ -60,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: 10000)")
     parser.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
                         help="run on Ray Data: on the cluster at ADDRESS, or on a local Ray "
-                             "instance when no address is given")
+                             "instance when no address is given (then put --ray after the "
+                             "inputs, or it reads the next one as the address)")
     parser.add_argument("--no-progress", dest="progress", action="store_false",
                         help="no progress bar")
 
