@@ -190,3 +190,18 @@ def test_unchecked_ops_compute_the_public_ops() -> None:
 def test_public_ops_validate(call, error, match) -> None:
     with pytest.raises(error, match=match):
         call()
+
+
+
+@pytest.mark.parametrize("op", ["attention", "attention_varlen"])
+def test_unchecked_attention_traces_as_one_graph(op) -> None:
+    """The encoder's attention ops read nothing on the host: Dynamo traces each as one graph
+    (fullgraph=True raises on a graph break), with the eager outputs."""
+    if op == "attention":
+        q, k, v = qkv(3, 2, 9, 9, 32, torch.float32, "cpu", layout="fused")
+        args = (q, k, v, padded_mask([9, 4, 0], 9))
+    else:
+        args = (*packed_qkv([4, 0, 9], 2, 32, torch.float32, "cpu"), 9)
+    torch._dynamo.reset()
+    compiled = torch.compile(T.UNCHECKED[op], fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(*args), T.UNCHECKED[op](*args), rtol=0, atol=0)
