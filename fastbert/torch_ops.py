@@ -9,8 +9,9 @@ for speed instead of exactness:
   otherwise compute 0 * NaN), so pass no mask for a batch without padding (the encoder does).
   A query row whose keys are all masked returns zeros.
 - attention_varlen: the packed tokens are gathered into a dense [B, max_seqlen] batch by index
-  tensors (no loop over the sequences, no host read), run through the same masked SDPA, and
-  gathered back to [T, H, D].
+  tensors (no loop over the sequences, no host read; a padded slot repeats a token of its own
+  sequence, so no other sequence's values, NaN included, enter a row), run through SDPA with
+  the padding mask, and gathered back to [T, H, D].
 - linear: ``F.linear`` (one addmm with the bias), GELU and the residual add in place on its
   fresh output.
 - layer_norm: ``F.layer_norm`` on the input dtype (PyTorch accumulates the statistics of half
@@ -88,16 +89,17 @@ def _unpack_index(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Where T packed tokens sit in a dense [B, max_seqlen] batch (max_seqlen >= every length).
 
-    Returns (gather: int64 [B * max_seqlen], each dense slot's token, 0 at padded slots;
-    keep: bool [B, max_seqlen], True at real slots; scatter: int64 [T], each token's slot).
-    No host read.
+    Returns (gather: int64 [B * max_seqlen], each dense slot's token: a padded slot repeats the
+    last token of its own sequence, so no other sequence's values enter its row; keep: bool
+    [B, max_seqlen], True at real slots; scatter: int64 [T], each token's slot). No host read.
     """
     device = cu_seqlens.device
     starts = cu_seqlens[:-1].long()
     lengths = cu_seqlens[1:].long() - starts
     slots = torch.arange(max_seqlen, device=device)
     keep = slots[None, :] < lengths[:, None]
-    gather = (starts[:, None] + slots).masked_fill_(keep.logical_not(), 0).reshape(-1)
+    own = torch.minimum(slots[None, :], (lengths[:, None] - 1).clamp_(min=0))
+    gather = (starts[:, None] + own).clamp_(max=tokens - 1).reshape(-1)
     sequence = torch.repeat_interleave(
         torch.arange(lengths.numel(), device=device), lengths, output_size=tokens
     )
@@ -118,14 +120,13 @@ def _attention_varlen(
         return torch.zeros_like(q)
     gather, keep, scatter = _unpack_index(cu_seqlens, max_seqlen, tokens)
     batch = keep.shape[0]
-    dropped = keep.logical_not().view(batch, max_seqlen, 1, 1)
-
-    def dense(t: torch.Tensor) -> torch.Tensor:
-        """[T, H, D] -> [B, H, max_seqlen, D], zeros at padded slots."""
-        return t[gather].view(batch, max_seqlen, heads, head_dim).masked_fill_(dropped, 0.0)
-
-    q, k, v = (dense(t).transpose(1, 2) for t in (q, k, v))
-    out = _sdpa_masked(q, k, v, keep, None if scale is None else float(scale))
+    # Padded slots hold their own sequence's values (masked out; a NaN there is one the
+    # sequence's real tokens carry too): no zeroing copies. An empty sequence's row is
+    # garbage, and never gathered back.
+    q, k, v = (t[gather].view(batch, max_seqlen, heads, head_dim).transpose(1, 2)
+               for t in (q, k, v))
+    scale = None if scale is None else float(scale)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :], scale=scale)
     return out.transpose(1, 2).reshape(batch * max_seqlen, heads, head_dim)[scatter]
 
 
