@@ -6,7 +6,7 @@
 The triton backend calls the kernels through the ``torch.ops.fastbert`` custom ops
 (fastbert/custom_ops.py), so a model running it compiles with ``torch.compile`` without graph
 breaks. The torch backend is plain PyTorch for ``torch.compile`` to trace (its id-range check
-in the embeddings and the length read of ``attention_varlen`` read values on the host). The
+in the embeddings reads values on the host, when the caller has not checked the ids). The
 encoder runs the torch ops without their per-call input checks (torch_ops.UNCHECKED): it
 builds their inputs itself from inputs it has validated. fastbert.kernels.reference, the
 float64-exact oracle of the tests, is no backend.
