@@ -20,10 +20,10 @@ Two entries are registered under the name "fastbert":
 
 Where the kernel runs: CUDA tensors use the Triton kernel (as ``torch.ops.fastbert.attention``
 under torch.compile, so a compiled model has no graph break); CPU tensors use it under the
-Triton interpreter (``TRITON_INTERPRET=1``) and the pure-PyTorch reference otherwise. Head dims
-the kernel does not support (it runs 32, 64, 80, 96, 128), float64 and inputs without unit
-stride on the head dim use the reference too. Attention weights are never returned (None), as
-with sdpa.
+Triton interpreter (``TRITON_INTERPRET=1``) and the torch backend (fastbert.torch_ops)
+otherwise. Head dims the kernel does not support (it runs 32, 64, 80, 96, 128), float64 and
+inputs without unit stride on the head dim use the torch backend too. Attention weights are
+never returned (None), as with sdpa.
 
 Loading helpers for ``fastbert accuracy`` (:func:`random_masked_lm`, :func:`load_masked_lm`,
 :func:`load_tokenizer`) live here too, with the rest of fastbert's use of transformers.
@@ -46,8 +46,8 @@ from typing import Any
 
 import torch
 
-from fastbert import custom_ops
-from fastbert.kernels import _runtime, reference
+from fastbert import custom_ops, torch_ops
+from fastbert.kernels import _runtime
 from fastbert.kernels._checks import FLOAT_DTYPES
 from fastbert.kernels.flash_attention import SUPPORTED_HEAD_DIMS
 
@@ -119,7 +119,7 @@ def _needs_sdpa(
 
 
 def _kernel_runs(*tensors: torch.Tensor) -> bool:
-    """Whether the Triton attention kernel can take these q, k, v (else: the reference)."""
+    """Whether the Triton attention kernel can take these q, k, v (else: the torch backend)."""
     q = tensors[0]
     on_device = q.device.type == "cuda" or (q.device.type == "cpu" and _runtime.interpreting())
     return (
@@ -141,7 +141,7 @@ def _attend(
     if _kernel_runs(query, key, value):
         # The custom op returns the kernel's contiguous [B, S_q, H, D] buffer itself.
         return custom_ops.attention(query, key, value, key_padding_mask, scale).transpose(1, 2)
-    out = reference.attention(query, key, value, key_padding_mask, scale)
+    out = torch_ops.attention(query, key, value, key_padding_mask, scale)
     return out.transpose(1, 2).contiguous()
 
 

@@ -165,7 +165,7 @@ class BertModel(PretrainedMixin, nn.Module):
     fastbert.graphs); ``backend`` ("auto", "torch", "triton") which ops run them. Each may be
     changed on the model between calls, and is validated when set. A head dim the Triton
     attention kernel does not run raises at once with ``backend="triton"``; with ``"auto"``
-    the attention alone runs on the PyTorch reference (one warning) and every other op on
+    the attention alone runs on the torch backend (one warning) and every other op on
     Triton.
     """
 
@@ -240,7 +240,7 @@ class BertModel(PretrainedMixin, nn.Module):
             self._warned_head_dim = True
             warnings.warn(
                 f"head dim {self.config.head_dim} is not one the Triton attention kernel runs; "
-                "this model's attention runs on the PyTorch reference, its other ops on Triton",
+                "this model's attention runs on the torch backend, its other ops on Triton",
                 stacklevel=3,
             )
         return ops
@@ -281,7 +281,9 @@ class BertModel(PretrainedMixin, nn.Module):
             self.config, self.device, input_ids, attention_mask, token_type_ids
         )
         ops = self.ops()
-        ids_checked, packed = self._read_batch(ops, input_ids, token_type_ids, key_padding_mask)
+        ids_checked, packed, key_padding_mask = self._read_batch(
+            ops, input_ids, token_type_ids, key_padding_mask
+        )
         if packed is not None:
             return ops, self._encode_packed(ops, packed, input_ids, token_type_ids)
 
@@ -305,22 +307,25 @@ class BertModel(PretrainedMixin, nn.Module):
         input_ids: torch.Tensor,
         token_type_ids: torch.Tensor | None,
         key_padding_mask: torch.Tensor | None,
-    ) -> tuple[bool, runtime.PackedBatch | None]:
-        """The call's one host read: (whether it checked the ids, the packing or None).
+    ) -> tuple[bool, runtime.PackedBatch | None, torch.Tensor | None]:
+        """The call's one host read: (whether it checked the ids, the packing or None, the
+        key-padding mask the dense layers need: None when the batch has no padding).
 
-        It checks the ids and, when the call may run padding-free, measures the rows to pack.
-        Under torch.compile a call that cannot pack skips it (the embeddings op then checks
-        the ids inside the graph), so a dense model compiles without a graph break.
+        It checks the ids and measures the mask's rows (to pack them, and to run a batch
+        without padding unmasked). Under torch.compile a call that cannot pack skips it (the
+        embeddings op then checks the ids inside the graph), so a dense model compiles
+        without a graph break.
         """
-        min_padding = runtime.packing_threshold(self.padding_free, ops, key_padding_mask)
+        min_padding = runtime.packing_threshold(self.padding_free, key_padding_mask)
         if min_padding is None and torch.compiler.is_compiling():
-            return False, None
+            return False, None, key_padding_mask
         rows = validation.read_batch(
-            input_ids, token_type_ids, key_padding_mask if min_padding is not None else None,
-            *self.embeddings.table_rows(),
+            input_ids, token_type_ids, key_padding_mask, *self.embeddings.table_rows()
         )
-        packed = runtime.pack(key_padding_mask, rows, min_padding) if rows is not None else None
-        return True, packed
+        if rows is None or rows.total == key_padding_mask.numel():
+            return True, None, None
+        packed = None if min_padding is None else runtime.pack(key_padding_mask, rows, min_padding)
+        return True, packed, key_padding_mask
 
     def _encode_packed(
         self,
@@ -356,7 +361,8 @@ class BertModel(PretrainedMixin, nn.Module):
             return hidden
 
         tokens = ids.numel()
-        # The reference attention_varlen reads cu_seqlens on the host: it cannot be captured.
+        # Only the Triton attention_varlen runs the bucket's filler sequence (longer than
+        # max_seqlen); the torch backend's sizes its dense batch by max_seqlen.
         graphable = ops.attention_backend == "triton"
         if tokens and graphable and self._graphs.wants(ids.device, runtime.token_bucket(tokens)):
             bucketed, cu_seqlens, max_seqlen = packed.bucketed(ids, types, positions)

@@ -1,11 +1,15 @@
-"""The one dispatch point for the hot ops: the pure-PyTorch reference or the Triton kernels.
+"""The one dispatch point for the hot ops: PyTorch's fastest primitives or the Triton kernels.
 
-``backend="auto"`` picks the Triton kernels for CUDA tensors and the reference elsewhere;
+``backend="auto"`` picks the Triton kernels for CUDA tensors and the torch backend
+(fastbert/torch_ops.py: scaled_dot_product_attention, addmm, layer_norm, embedding) elsewhere;
 ``"triton"`` on a CPU tensor runs only under the Triton interpreter (TRITON_INTERPRET=1).
 The triton backend calls the kernels through the ``torch.ops.fastbert`` custom ops
 (fastbert/custom_ops.py), so a model running it compiles with ``torch.compile`` without graph
 breaks. The torch backend is plain PyTorch for ``torch.compile`` to trace (its id-range check
-in the embeddings and its per-sequence loop in ``attention_varlen`` read values on the host).
+in the embeddings reads values on the host, when the caller has not checked the ids). The
+encoder runs the torch ops without their per-call input checks (torch_ops.UNCHECKED): it
+builds their inputs itself from inputs it has validated. fastbert.kernels.reference, the
+float64-exact oracle of the tests, is no backend.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ BACKENDS = ("auto", "torch", "triton")
 class Ops:
     """The hot ops of one backend, with the signatures of fastbert.kernels.reference.
 
-    ``attention_fallback``: the two attention ops are the reference's although the others
+    ``attention_fallback``: the two attention ops are the torch backend's although the others
     are ``name``'s (a triton model whose head dim the kernel does not run).
     """
 
@@ -61,7 +65,7 @@ def check_head_dim(head_dim: int) -> None:
             f"backend='triton' cannot run this model: its head dim (hidden_size / "
             f"num_attention_heads) is {head_dim}, and the Triton attention kernel runs "
             f"{SUPPORTED_HEAD_DIMS}. Use backend='auto' (the attention then runs on the "
-            "PyTorch reference, every other op on Triton) or backend='torch'."
+            "torch backend, every other op on Triton) or backend='torch'."
         )
 
 
@@ -96,20 +100,26 @@ def _module_ops(name: str, module: object) -> Ops:
     return Ops(name, **{op: getattr(module, op) for op in OP_NAMES})
 
 
+def _torch_ops() -> Ops:
+    from fastbert import torch_ops
+
+    return Ops("torch", **{op: torch_ops.UNCHECKED[op] for op in OP_NAMES})
+
+
 def get_ops(backend: str, device: torch.device | str, head_dim: int | None = None) -> Ops:
     """The ops for ``backend`` on ``device`` (see :func:`resolve_backend`); with a
     ``head_dim`` the Triton attention kernel does not run, the attention ops of the triton
-    backend are the reference's."""
-    from fastbert.kernels import reference
-
+    backend are the torch backend's. The torch ops come without their input checks (see the
+    module docstring)."""
+    torch_ops = _torch_ops()
     if resolve_backend(backend, device) != "triton":
-        return _module_ops("torch", reference)
+        return torch_ops
     from fastbert import custom_ops
 
     ops = _module_ops("triton", custom_ops)
     if head_dim is None or head_dim in SUPPORTED_HEAD_DIMS:
         return ops
     return dataclasses.replace(
-        ops, attention=reference.attention, attention_varlen=reference.attention_varlen,
+        ops, attention=torch_ops.attention, attention_varlen=torch_ops.attention_varlen,
         attention_fallback=True,
     )

@@ -13,6 +13,7 @@ import threading
 
 import pytest
 import torch
+from fastbert.kernels import reference
 
 import fastbert
 from fastbert import graphs
@@ -78,9 +79,14 @@ def _graphed(padding_free: bool) -> tuple[fastbert.BertModel, fastbert.BertModel
     graphed = fastbert.BertModel.from_pretrained(hf, **options)
     graphed._graphs = ReplayingGraphs(True)
     if padding_free:
-        # Padding-free calls are graphed with the Triton attention kernel only; the reference
-        # ops under that name keep the bookkeeping the same at the speed of PyTorch.
-        as_triton = dataclasses.replace(fastbert.ops.get_ops("torch", "cpu"), name="triton")
+        # Padding-free calls are graphed with the Triton attention kernel only; the torch ops
+        # under that name keep the bookkeeping the same at the speed of PyTorch. Like the
+        # kernel (and unlike the torch backend's), the reference's attention_varlen runs the
+        # bucket's filler sequence, longer than max_seqlen.
+        as_triton = dataclasses.replace(
+            fastbert.ops.get_ops("torch", "cpu"), name="triton",
+            attention_varlen=reference.attention_varlen,
+        )
         for model in (eager, graphed):
             model.ops = lambda: as_triton
             model.padding_free = True

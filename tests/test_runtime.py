@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
@@ -93,15 +91,51 @@ def test_pack_skips_batches_with_little_padding() -> None:
     assert _pack(one_pad) is not None
 
 
-def test_auto_packs_only_for_the_triton_backend() -> None:
+def test_packing_thresholds() -> None:
     mask = torch.tensor([[1, 0, 0, 0]], dtype=torch.bool)
-    torch_ops = fastbert.ops.get_ops("torch", "cpu")
-    triton_ops = dataclasses.replace(torch_ops, name="triton")
-    assert runtime.packing_threshold("auto", torch_ops, mask) is None
-    assert runtime.packing_threshold("auto", triton_ops, mask) == runtime.PACK_MIN_PADDING
-    assert runtime.packing_threshold(True, torch_ops, mask) == 0.0
-    assert runtime.packing_threshold(False, triton_ops, mask) is None
-    assert runtime.packing_threshold(True, torch_ops, None) is None
+    assert runtime.packing_threshold("auto", mask) == runtime.PACK_MIN_PADDING
+    assert runtime.packing_threshold(True, mask) == 0.0
+    assert runtime.packing_threshold(False, mask) is None
+    assert runtime.packing_threshold(True, None) is None
+
+
+def _attention_calls(monkeypatch) -> list[tuple[str, torch.Tensor | None]]:
+    """Record the torch backend's attention calls: ("dense", its mask) or ("packed", None)."""
+    from fastbert import torch_ops
+
+    calls = []
+    dense, packed = torch_ops.UNCHECKED["attention"], torch_ops.UNCHECKED["attention_varlen"]
+
+    def attention(q, k, v, key_padding_mask=None, scale=None):
+        calls.append(("dense", key_padding_mask))
+        return dense(q, k, v, key_padding_mask, scale)
+
+    def attention_varlen(*args, **kwargs):
+        calls.append(("packed", None))
+        return packed(*args, **kwargs)
+
+    monkeypatch.setitem(torch_ops.UNCHECKED, "attention", attention)
+    monkeypatch.setitem(torch_ops.UNCHECKED, "attention_varlen", attention_varlen)
+    return calls
+
+
+def test_auto_packs_padded_batches_on_the_torch_backend(monkeypatch) -> None:
+    """padding_free="auto" packs a batch with padding on the CPU too (it measured faster)."""
+    calls = _attention_calls(monkeypatch)
+    model = fastbert.BertModel.from_pretrained(hf_model(), backend="torch")
+    ids, mask, types = padded_batch([9, 4, 7])  # 30% padding
+    model(ids, mask, types)
+    assert calls and all(kind == "packed" for kind, _ in calls)
+
+
+def test_a_batch_without_padding_runs_unmasked(monkeypatch) -> None:
+    """An all-ones attention_mask is dropped: no mask copies, SDPA's unmasked kernel."""
+    calls = _attention_calls(monkeypatch)
+    model = fastbert.BertModel.from_pretrained(hf_model(), backend="torch")
+    ids, mask, types = padded_batch([6, 6])
+    expected = model(ids, None, types).last_hidden_state
+    assert torch.equal(model(ids, mask, types).last_hidden_state, expected)
+    assert calls and all(call == ("dense", None) for call in calls)
 
 
 class HostReads(TorchFunctionMode):
@@ -125,12 +159,12 @@ class HostReads(TorchFunctionMode):
 
 
 @pytest.mark.parametrize(
-    ("backend", "padding_free"), [("triton", True), ("triton", False), ("torch", False)]
+    ("backend", "padding_free"),
+    [("triton", True), ("triton", False), ("torch", False), ("torch", True), ("torch", "auto")],
 )
 def test_a_forward_reads_the_device_once(device, backend, padding_free) -> None:
     """One host read per call checks the ids and sizes the packing (each read stalls the
-    host until the GPU has caught up, so the launches stop overlapping the GPU's work).
-    The torch backend's padding-free attention loops over the sequences on the host."""
+    host until the GPU has caught up, so the launches stop overlapping the GPU's work)."""
     model = fastbert.BertModel.from_pretrained(
         hf_model(), device=device, backend=backend, padding_free=padding_free
     )

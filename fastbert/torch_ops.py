@@ -1,0 +1,327 @@
+"""The ``torch`` backend: every hot op on the fastest PyTorch primitive, any device and dtype.
+
+Same signatures and semantics as fastbert.kernels.reference (the tests' float64 oracle), built
+for speed instead of exactness:
+
+- attention: ``F.scaled_dot_product_attention`` (PyTorch's flash kernels on CPU and CUDA) with
+  the key-padding mask broadcast as a boolean [B, 1, 1, S_k] mask. Masked keys have no
+  influence, NaN and Inf included: with a mask, K and V are zeroed there first (SDPA would
+  otherwise compute 0 * NaN), so pass no mask for a batch without padding (the encoder does).
+  A query row whose keys are all masked returns zeros.
+- attention_varlen: the packed tokens are gathered into a dense [B, max_seqlen] batch by index
+  tensors (no loop over the sequences, no host read; a padded slot repeats a token of its own
+  sequence, so no other sequence's values, NaN included, enter a row), run through SDPA with
+  the padding mask, and gathered back to [T, H, D].
+- linear: ``F.linear`` (one addmm with the bias), GELU and the residual add in place on its
+  fresh output.
+- layer_norm: ``F.layer_norm`` on the input dtype (PyTorch accumulates the statistics of half
+  inputs in float32 itself).
+- embeddings_layer_norm: ``F.embedding`` lookups summed in place (in float32 for half tables,
+  as the reference does), then ``F.layer_norm``.
+
+Each public op validates its inputs (fastbert.kernels._checks) as the other backends do;
+the public ``attention_varlen`` also reads the longest sequence on the host to check
+``max_seqlen``. The encoder builds its ops' inputs itself after validating the model's inputs,
+so it runs :data:`UNCHECKED`, the same ops without the per-call checks (microseconds each,
+dozens of calls a forward). Unchecked, no op reads a value on the host (but the embeddings'
+id-range check when asked for), so a forward keeps to its one host read and the ops trace
+under ``torch.compile`` and capture into CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fastbert.kernels import _checks
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _sdpa_masked(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, scale: float | None
+) -> torch.Tensor:
+    """SDPA of q [B, H, S_q, D] over the keys ``keep`` (bool [B, S_k]) marks real; k and v
+    [B, H, S_k, D] must hold zeros at masked keys.
+
+    A batch row without a real key attends to all of its (zero) values instead, so it returns
+    exact zeros on every SDPA backend, with no host read to find such rows."""
+    attend = keep | keep.any(1, keepdim=True).logical_not()
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attend[:, None, None, :], scale=scale)
+
+
+def _attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    scale = None if scale is None else float(scale)
+    if key_padding_mask is None:
+        return F.scaled_dot_product_attention(q, k, v, scale=scale)
+    keep = key_padding_mask if key_padding_mask.dtype == torch.bool else key_padding_mask != 0
+    # Zeros at masked keys: SDPA would compute 0 * NaN there. The encoder passes no mask
+    # for a batch without padding, which skips these copies.
+    dropped = keep.logical_not()[:, None, :, None]
+    return _sdpa_masked(q, k.masked_fill(dropped, 0.0), v.masked_fill(dropped, 0.0), keep, scale)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """softmax(scale * q @ k^T, masked keys excluded) @ v.
+
+    q: [B, H, S_q, D]; k, v: [B, H, S_k, D]; key_padding_mask: [B, S_k] bool or 0/1 int
+    (True/1 = real token). Masked keys have no influence, even when K or V hold NaN or Inf
+    there; a query row with no real key returns zeros. Returns [B, H, S_q, D] in q's dtype.
+    """
+    _checks.check_attention(q, k, v, key_padding_mask, scale)
+    return _attention(q, k, v, key_padding_mask, scale)
+
+
+def _unpack_index(
+    cu_seqlens: torch.Tensor, max_seqlen: int, tokens: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where T packed tokens sit in a dense [B, max_seqlen] batch (max_seqlen >= every length).
+
+    Returns (gather: int64 [B * max_seqlen], each dense slot's token: a padded slot repeats the
+    last token of its own sequence, so no other sequence's values enter its row; keep: bool
+    [B, max_seqlen], True at real slots; scatter: int64 [T], each token's slot). No host read.
+    """
+    device = cu_seqlens.device
+    starts = cu_seqlens[:-1].long()
+    lengths = cu_seqlens[1:].long() - starts
+    slots = torch.arange(max_seqlen, device=device)
+    keep = slots[None, :] < lengths[:, None]
+    own = torch.minimum(slots[None, :], (lengths[:, None] - 1).clamp_(min=0))
+    gather = (starts[:, None] + own).clamp_(max=tokens - 1).reshape(-1)
+    sequence = torch.repeat_interleave(
+        torch.arange(lengths.numel(), device=device), lengths, output_size=tokens
+    )
+    scatter = sequence * max_seqlen + (torch.arange(tokens, device=device) - starts[sequence])
+    return gather, keep, scatter
+
+
+def _attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    scale: float | None = None,
+) -> torch.Tensor:
+    tokens, heads, head_dim = q.shape
+    if tokens == 0 or max_seqlen == 0:
+        return torch.zeros_like(q)
+    gather, keep, scatter = _unpack_index(cu_seqlens, max_seqlen, tokens)
+    batch = keep.shape[0]
+    # Padded slots hold their own sequence's values (masked out; a NaN there is one the
+    # sequence's real tokens carry too): no zeroing copies. An empty sequence's row is
+    # garbage, and never gathered back.
+    q, k, v = (t[gather].view(batch, max_seqlen, heads, head_dim).transpose(1, 2)
+               for t in (q, k, v))
+    scale = None if scale is None else float(scale)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :], scale=scale)
+    return out.transpose(1, 2).reshape(batch * max_seqlen, heads, head_dim)[scatter]
+
+
+def _check_max_seqlen(cu_seqlens: torch.Tensor, max_seqlen: int) -> None:
+    """ValueError when a sequence of ``cu_seqlens`` is longer than ``max_seqlen`` (the torch
+    backend sizes its dense batch by it). Reads the longest length on the host."""
+    if cu_seqlens.numel() < 2:
+        return
+    longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    if longest > max_seqlen:
+        raise ValueError(
+            f"max_seqlen is {max_seqlen} but cu_seqlens holds a sequence of {longest} tokens; "
+            "the torch backend's attention_varlen needs max_seqlen >= every sequence length"
+        )
+
+
+def attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Attention over packed sequences: tokens cu_seqlens[i]:cu_seqlens[i+1] attend each other.
+
+    q, k, v: [T, H, D]; cu_seqlens: int32 [B + 1] prefix sums of the lengths; max_seqlen: at
+    least the longest sequence (ValueError otherwise). Returns [T, H, D].
+    """
+    _checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
+    _check_max_seqlen(cu_seqlens, max_seqlen)
+    return _attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
+
+
+def _scaled_masked_softmax(
+    scores: torch.Tensor, key_padding_mask: torch.Tensor | None = None, scale: float = 1.0
+) -> torch.Tensor:
+    wide = torch.float64 if scores.dtype == torch.float64 else torch.float32
+    logits = scores.to(wide) * float(scale)
+    if key_padding_mask is None:
+        return torch.softmax(logits, dim=-1).to(scores.dtype)
+    keep = key_padding_mask.bool()[:, None, None, :]
+    probs = torch.softmax(logits.masked_fill_(keep.logical_not(), float("-inf")), dim=-1)
+    return probs.masked_fill_(keep.any(dim=-1, keepdim=True).logical_not(), 0.0).to(scores.dtype)
+
+
+def scaled_masked_softmax(
+    scores: torch.Tensor, key_padding_mask: torch.Tensor | None = None, scale: float = 1.0
+) -> torch.Tensor:
+    """softmax(scale * scores) over the last dim with masked keys excluded (fp32 math).
+
+    scores: [B, H, S_q, S_k]; key_padding_mask: [B, S_k]. Returns probabilities in scores' dtype;
+    masked keys get exactly 0 (whatever their scores, NaN and Inf included), and rows whose keys
+    are all masked are zeros.
+    """
+    _checks.check_softmax(scores, key_padding_mask, scale)
+    return _scaled_masked_softmax(scores, key_padding_mask, scale)
+
+
+def _linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    y = F.linear(x, weight, bias)
+    # In place on the fresh product, unless autograd records it (in-place GELU has no
+    # derivative there).
+    in_place = not y.requires_grad
+    if activation is not None:
+        approximate = "tanh" if activation == "gelu_tanh" else "none"
+        gelu = torch._C._nn.gelu_ if in_place else F.gelu
+        y = gelu(y, approximate=approximate)
+    if residual is None:
+        return y
+    return y.add_(residual) if in_place else y + residual
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """act(x @ weight^T + bias) + residual.
+
+    x: [..., K]; weight: [N, K] (nn.Linear layout); bias: [N]; residual: [..., N];
+    activation: None, "gelu" (exact erf) or "gelu_tanh". Returns [..., N] in x's dtype.
+    """
+    _checks.check_linear(x, weight, bias, activation, residual)
+    return _linear(x, weight, bias, activation, residual)
+
+
+def _layer_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    s = x if residual is None else x + residual
+    return F.layer_norm(s, (x.shape[-1],), weight, bias, float(eps))
+
+
+def layer_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """LayerNorm(x + residual) over the last dim (statistics in float32 for half inputs).
+
+    x, residual: [..., N]; weight, bias: [N]. Returns x's shape and dtype.
+    """
+    _checks.check_layer_norm(x, weight, bias, eps, residual)
+    return _layer_norm(x, weight, bias, eps, residual)
+
+
+def _as_index(ids: torch.Tensor) -> torch.Tensor:
+    """Ids F.embedding takes: int32 / int64 as they are, other integers widened to int64."""
+    return ids if ids.dtype in (torch.int32, torch.int64) else ids.long()
+
+
+def _embeddings_layer_norm(
+    input_ids: torch.Tensor,
+    token_type_ids: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    word_emb: torch.Tensor,
+    pos_emb: torch.Tensor,
+    type_emb: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+    *,
+    check_ids: bool = True,
+) -> torch.Tensor:
+    if check_ids:
+        _checks.check_id_ranges(
+            input_ids, token_type_ids, position_ids,
+            word_emb.shape[0], type_emb.shape[0], pos_emb.shape[0],
+        )
+    wide = torch.float32 if word_emb.dtype in HALF_DTYPES else word_emb.dtype
+    summed = F.embedding(_as_index(input_ids), word_emb).to(wide)
+    if position_ids is None:
+        summed += pos_emb[: input_ids.shape[1]]
+    else:
+        summed += F.embedding(_as_index(position_ids), pos_emb)
+    if token_type_ids is None:
+        summed += type_emb[0]
+    else:
+        summed += F.embedding(_as_index(token_type_ids), type_emb)
+    hidden = word_emb.shape[1]
+    out = F.layer_norm(summed, (hidden,), weight.to(wide), bias.to(wide), float(eps))
+    return out.to(word_emb.dtype)
+
+
+def embeddings_layer_norm(
+    input_ids: torch.Tensor,
+    token_type_ids: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    word_emb: torch.Tensor,
+    pos_emb: torch.Tensor,
+    type_emb: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+    *,
+    check_ids: bool = True,
+) -> torch.Tensor:
+    """LayerNorm(word_emb[ids] + pos_emb[position_ids] + type_emb[token_type_ids]).
+
+    input_ids, token_type_ids: [B, S] integers (token types default to 0); position_ids:
+    [B, S] or [S] (default 0..S-1); tables: [rows, H]; weight, bias: [H]. Returns [B, S, H]
+    in the tables' dtype. Ids outside their table raise ValueError (``check_ids=False``: the
+    caller has checked them, and this skips the host synchronisation the check costs).
+    """
+    _checks.check_embeddings(
+        input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
+    )
+    return _embeddings_layer_norm(
+        input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps,
+        check_ids=check_ids,
+    )
+
+
+# The ops without their input checks, for callers that built valid inputs themselves (the
+# encoder): op name -> function, the names of fastbert.ops.OP_NAMES.
+UNCHECKED = {
+    "attention": _attention,
+    "attention_varlen": _attention_varlen,
+    "scaled_masked_softmax": _scaled_masked_softmax,
+    "linear": _linear,
+    "layer_norm": _layer_norm,
+    "embeddings_layer_norm": _embeddings_layer_norm,
+}
