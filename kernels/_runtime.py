@@ -33,7 +33,7 @@ def check_triton_device(name: str, t: torch.Tensor) -> None:
     raise ValueError(
         f"{name} is on {t.device}: the Triton kernels need CUDA tensors, or CPU tensors with "
         "TRITON_INTERPRET=1 set before fastbert is imported (the Triton interpreter); use "
-        "backend='torch' to run the pure-PyTorch reference anywhere"
+        "backend='torch' to run PyTorch's own ops anywhere"
     )
 
 
