@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from fastbert.kernels import _checks
+from fastbert.validation import as_index
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -248,11 +249,6 @@ def layer_norm(
     return _layer_norm(x, weight, bias, eps, residual)
 
 
-def _as_index(ids: torch.Tensor) -> torch.Tensor:
-    """Ids F.embedding takes: int32 / int64 as they are, other integers widened to int64."""
-    return ids if ids.dtype in (torch.int32, torch.int64) else ids.long()
-
-
 def _embeddings_layer_norm(
     input_ids: torch.Tensor,
     token_type_ids: torch.Tensor | None,
@@ -272,15 +268,15 @@ def _embeddings_layer_norm(
             word_emb.shape[0], type_emb.shape[0], pos_emb.shape[0],
         )
     wide = torch.float32 if word_emb.dtype in HALF_DTYPES else word_emb.dtype
-    summed = F.embedding(_as_index(input_ids), word_emb).to(wide)
+    summed = F.embedding(as_index(input_ids), word_emb).to(wide)
     if position_ids is None:
         summed += pos_emb[: input_ids.shape[1]]
     else:
-        summed += F.embedding(_as_index(position_ids), pos_emb)
+        summed += F.embedding(as_index(position_ids), pos_emb)
     if token_type_ids is None:
         summed += type_emb[0]
     else:
-        summed += F.embedding(_as_index(token_type_ids), type_emb)
+        summed += F.embedding(as_index(token_type_ids), type_emb)
     hidden = word_emb.shape[1]
     out = F.layer_norm(summed, (hidden,), weight.to(wide), bias.to(wide), float(eps))
     return out.to(word_emb.dtype)
