@@ -21,7 +21,7 @@ from fastbert.loading import PretrainedMixin
 from fastbert.ops import Ops, check_backend, check_head_dim, get_ops
 from fastbert.outputs import BaseModelOutputWithPooling, LogitsOutput
 from fastbert.runtime import Attend
-from fastbert.weights import ParameterWatch, refuse_gradients
+from fastbert.weights import ParameterWatch, check_inference_only
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
@@ -251,25 +251,6 @@ class BertModel(PretrainedMixin, nn.Module):
         if self.device.type == "cuda":
             self.ops()
 
-    def check_inference_only(
-        self, watch: ParameterWatch, attention_mask: torch.Tensor | None
-    ) -> None:
-        """Raise when this call would need gradients (see the module docstring).
-
-        ``watch``: the parameters of the model being called (a head model's include its
-        head's).
-        """
-        if not torch.is_grad_enabled():
-            return
-        if attention_mask is not None and attention_mask.requires_grad:
-            requiring = "attention_mask"
-        elif torch.compiler.is_compiling():
-            requiring = next((n for n, p in watch.module.named_parameters() if p.requires_grad),
-                             None)
-        else:
-            requiring = watch.first_requiring_grad()
-        refuse_gradients(f"fastbert.{type(watch.module).__name__}", requiring)
-
     def encode(
         self,
         input_ids: torch.Tensor,
@@ -380,7 +361,7 @@ class BertModel(PretrainedMixin, nn.Module):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
     ) -> BaseModelOutputWithPooling:
-        self.check_inference_only(self._watch, attention_mask)
+        check_inference_only(self._watch, attention_mask)
         batch, seq = validation.batch_and_seq(input_ids)
         if batch == 0:
             validation.check_model_inputs(
@@ -484,7 +465,7 @@ class BertForMaskedLM(_BertWithHead):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
     ) -> LogitsOutput:
-        self.bert.check_inference_only(self._watch, attention_mask)
+        check_inference_only(self._watch, attention_mask)
         batch, seq = validation.batch_and_seq(input_ids)
         if batch == 0:
             validation.check_model_inputs(
@@ -518,7 +499,7 @@ class _BertForPooledClassification(_BertWithHead):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
     ) -> LogitsOutput:
-        self.bert.check_inference_only(self._watch, attention_mask)
+        check_inference_only(self._watch, attention_mask)
         out = self.bert(input_ids, attention_mask, token_type_ids)
         ops = self.bert.ops()
         pooled = out.pooler_output

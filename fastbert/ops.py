@@ -15,6 +15,7 @@ float64-exact oracle of the tests, is no backend.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import torch
@@ -96,30 +97,32 @@ def backend_label(backend: str, device: torch.device | str) -> str:
     return resolved
 
 
-def _module_ops(name: str, module: object) -> Ops:
-    return Ops(name, **{op: getattr(module, op) for op in OP_NAMES})
-
-
-def _torch_ops() -> Ops:
+@functools.cache
+def _ops_for(backend: str, attention_fallback: bool) -> Ops:
+    """The Ops of a concrete backend ("torch" or "triton"), built once. The torch ops come
+    without their input checks (see the module docstring)."""
     from fastbert import torch_ops
 
-    return Ops("torch", **{op: torch_ops.UNCHECKED[op] for op in OP_NAMES})
+    unchecked = Ops("torch", **{op: torch_ops.UNCHECKED[op] for op in OP_NAMES})
+    if backend == "torch":
+        return unchecked
+    from fastbert import custom_ops
+
+    ops = Ops("triton", **{op: getattr(custom_ops, op) for op in OP_NAMES})
+    if not attention_fallback:
+        return ops
+    return dataclasses.replace(
+        ops, attention=unchecked.attention, attention_varlen=unchecked.attention_varlen,
+        attention_fallback=True,
+    )
 
 
 def get_ops(backend: str, device: torch.device | str, head_dim: int | None = None) -> Ops:
     """The ops for ``backend`` on ``device`` (see :func:`resolve_backend`); with a
     ``head_dim`` the Triton attention kernel does not run, the attention ops of the triton
-    backend are the torch backend's. The torch ops come without their input checks (see the
-    module docstring)."""
-    torch_ops = _torch_ops()
-    if resolve_backend(backend, device) != "triton":
-        return torch_ops
-    from fastbert import custom_ops
-
-    ops = _module_ops("triton", custom_ops)
-    if head_dim is None or head_dim in SUPPORTED_HEAD_DIMS:
-        return ops
-    return dataclasses.replace(
-        ops, attention=torch_ops.attention, attention_varlen=torch_ops.attention_varlen,
-        attention_fallback=True,
+    backend are the torch backend's."""
+    resolved = resolve_backend(backend, device)
+    fallback = resolved == "triton" and head_dim is not None and (
+        head_dim not in SUPPORTED_HEAD_DIMS
     )
+    return _ops_for(resolved, fallback)

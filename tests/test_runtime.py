@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
@@ -116,6 +118,9 @@ def _attention_calls(monkeypatch) -> list[tuple[str, torch.Tensor | None]]:
 
     monkeypatch.setitem(torch_ops.UNCHECKED, "attention", attention)
     monkeypatch.setitem(torch_ops.UNCHECKED, "attention_varlen", attention_varlen)
+    # fastbert.ops builds each backend's Ops once: a fresh cache sees the patched ops.
+    fresh = functools.cache(fastbert.ops._ops_for.__wrapped__)
+    monkeypatch.setattr(fastbert.ops, "_ops_for", fresh)
     return calls
 
 
