@@ -1,0 +1,46 @@
+"""Dropout inside the kernels: a keep mask regenerated from a seed and each element's index.
+
+The mask is never stored. A forward draws one seed per call (:func:`draw_seed`) and keeps it
+for its backward, which regenerates the same keep decisions from (seed, element index) with
+Triton's Philox generator (``tl.rand``). An element is kept with probability 1 - p and the
+kept ones are scaled by 1 / (1 - p), as ``torch.nn.functional.dropout`` does.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Seeds are drawn below 2**31 so that they pass to the kernels as int32 scalars.
+_SEED_BOUND = 2**31 - 1
+
+
+def check_dropout_p(dropout_p: object) -> float:
+    """``dropout_p`` as a float, or ValueError unless it is a number with 0 <= p < 1 (p = 1
+    would drop everything and scale by infinity)."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise ValueError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
+    p = float(dropout_p)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {p}")
+    return p
+
+
+def draw_seed() -> int:
+    """The Philox seed of one dropout call, from PyTorch's default CPU generator: so
+    ``torch.manual_seed`` makes the masks reproducible, and no device synchronises."""
+    return int(torch.randint(0, _SEED_BOUND, (), dtype=torch.int64).item())
+
+
+@triton.jit
+def keep_mask(seed, offsets, p):
+    """Bool keep decisions of the elements numbered ``offsets`` (int32 tensor, unique per
+    element of one call) under ``seed``: each True with probability 1 - p."""
+    return tl.rand(seed, offsets) >= p
+
+
+@triton.jit
+def dropped(x, seed, offsets, p):
+    """``x`` with dropout applied: x / (1 - p) where :func:`keep_mask` keeps, 0 elsewhere."""
+    return tl.where(keep_mask(seed, offsets, p), x * (1.0 / (1.0 - p)), 0.0)
