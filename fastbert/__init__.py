@@ -13,6 +13,7 @@ from fastbert.integrations.optimize import optimize
 from fastbert.modeling import (
     BertForMaskedLM,
     BertForNextSentencePrediction,
+    BertForPreTraining,
     BertForSequenceClassification,
     BertModel,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "BertConfig",
     "BertForMaskedLM",
     "BertForNextSentencePrediction",
+    "BertForPreTraining",
     "BertForSequenceClassification",
     "BertModel",
     "__version__",

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fastbert.families import BERT, Family
+from fastbert.losses import PROBLEM_TYPES
 
 # Hugging Face `hidden_act` names -> the activation the fused GEMM epilogue applies.
 HIDDEN_ACTIVATIONS = {
@@ -37,7 +38,12 @@ class BertConfig:
 
     type_vocab_size 0 means no token types (DistilBERT). embedding_size, when set and unlike
     hidden_size, is the width of the embedding tables, projected to hidden_size after their
-    LayerNorm (ELECTRA). position_scheme: one of POSITION_SCHEMES.
+    LayerNorm (ELECTRA). position_scheme: one of POSITION_SCHEMES. The dropout probabilities
+    apply in training mode only (``model.train()``): hidden_dropout_prob after the embeddings
+    and on the attention-output and FFN-output projections, attention_probs_dropout_prob on
+    the attention probabilities, classifier_dropout (hidden_dropout_prob when None) before a
+    sequence classifier. problem_type: how a sequence classifier's loss reads its labels
+    (fastbert.losses.PROBLEM_TYPES; None infers it from the labels, as Hugging Face does).
     """
 
     vocab_size: int = 30522
@@ -53,6 +59,10 @@ class BertConfig:
     num_labels: int = 2
     embedding_size: int | None = None
     position_scheme: str = "sequential"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    classifier_dropout: float | None = None
+    problem_type: str | None = None
 
     def __post_init__(self) -> None:
         """Raise ValueError naming the first field of the wrong type or out of range."""
@@ -62,6 +72,12 @@ class BertConfig:
             _check_int("embedding_size", self.embedding_size, 1)
         if self.pad_token_id is not None:
             _check_int("pad_token_id", self.pad_token_id)
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
+            _check_probability(name, getattr(self, name), optional=name == "classifier_dropout")
+        if self.problem_type not in (None, *PROBLEM_TYPES):
+            raise ValueError(
+                f"problem_type must be None or one of {PROBLEM_TYPES}, got {self.problem_type!r}"
+            )
         eps = self.layer_norm_eps
         if not _is_number(eps) or not math.isfinite(eps) or eps < 0:
             raise ValueError(f"layer_norm_eps must be a finite number >= 0, got {eps!r}")
@@ -195,6 +211,14 @@ def read_json_file(path: str | Path) -> Any:
 def _is_number(value: object) -> bool:
     """An int or float, not a bool (JSON's true / false)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_probability(name: str, value: object, optional: bool = False) -> None:
+    """Raise ValueError unless ``value`` is a number in [0, 1) (or None when ``optional``)."""
+    if value is None and optional:
+        return
+    if not _is_number(value) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
 
 
 def _check_int(name: str, value: object, minimum: int | None = None) -> None:

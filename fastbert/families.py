@@ -19,7 +19,8 @@ _BERT_CONFIG_NAMES = {
     for name in (
         "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
         "intermediate_size", "hidden_act", "max_position_embeddings", "type_vocab_size",
-        "layer_norm_eps", "pad_token_id", "num_labels",
+        "layer_norm_eps", "pad_token_id", "num_labels", "hidden_dropout_prob",
+        "attention_probs_dropout_prob", "classifier_dropout", "problem_type",
     )
 }
 # fastbert parameter name -> Hugging Face names under the base model (several = concatenated).
@@ -149,6 +150,8 @@ DISTILBERT = Family(
         "num_attention_heads": "n_heads", "intermediate_size": "hidden_dim",
         "hidden_act": "activation", "max_position_embeddings": "max_position_embeddings",
         "pad_token_id": "pad_token_id", "num_labels": "num_labels",
+        "hidden_dropout_prob": "dropout", "attention_probs_dropout_prob": "attention_dropout",
+        "classifier_dropout": "seq_classif_dropout", "problem_type": "problem_type",
     },
     # No token types; every DistilBERT LayerNorm is built with eps=1e-12.
     config_constants={"type_vocab_size": 0, "layer_norm_eps": 1e-12},

@@ -22,13 +22,19 @@ from fastbert import validation
 from fastbert.config import BertConfig, read_json_file
 from fastbert.families import BERT
 
+_MASKED_LM_TENSORS = {
+    "transform_weight": ("cls.predictions.transform.dense.weight",),
+    "transform_bias": ("cls.predictions.transform.dense.bias",),
+    "transform_ln_weight": ("cls.predictions.transform.LayerNorm.weight",),
+    "transform_ln_bias": ("cls.predictions.transform.LayerNorm.bias",),
+    "decoder_bias": ("cls.predictions.bias",),
+}
 _HEAD_TENSORS = {
-    "BertForMaskedLM": {
-        "transform_weight": ("cls.predictions.transform.dense.weight",),
-        "transform_bias": ("cls.predictions.transform.dense.bias",),
-        "transform_ln_weight": ("cls.predictions.transform.LayerNorm.weight",),
-        "transform_ln_bias": ("cls.predictions.transform.LayerNorm.bias",),
-        "decoder_bias": ("cls.predictions.bias",),
+    "BertForMaskedLM": _MASKED_LM_TENSORS,
+    "BertForPreTraining": {
+        **_MASKED_LM_TENSORS,
+        "seq_relationship_weight": ("cls.seq_relationship.weight",),
+        "seq_relationship_bias": ("cls.seq_relationship.bias",),
     },
     "BertForNextSentencePrediction": {
         "classifier_weight": ("cls.seq_relationship.weight",),
@@ -98,7 +104,7 @@ def load_weights(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> N
     """Copy Hugging Face tensors from ``state`` into ``model``'s parameters (cast, moved)."""
     model_class = type(model).__name__
     state = _normalize_prefix(state, model_class)
-    if model_class == "BertForMaskedLM":
+    if model_class in ("BertForMaskedLM", "BertForPreTraining"):
         check_tied_decoder(state)
     params = dict(model.named_parameters())
     with_pooler = "pooler.weight" in params or "bert.pooler.weight" in params

@@ -15,17 +15,17 @@ import warnings
 import torch
 from torch import nn
 
-from fastbert import graphs, runtime, validation
+from fastbert import graphs, losses, runtime, validation
 from fastbert.config import BertConfig
 from fastbert.loading import PretrainedMixin
 from fastbert.ops import Ops, check_backend, check_head_dim, get_ops
-from fastbert.outputs import BaseModelOutputWithPooling, LogitsOutput
+from fastbert.outputs import BaseModelOutputWithPooling, LogitsOutput, PreTrainingOutput
 from fastbert.runtime import Attend
-from fastbert.weights import ParameterWatch, check_inference_only
+from fastbert.weights import ParameterWatch
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
-    return nn.Parameter(torch.zeros(shape, dtype=dtype, device=device), requires_grad=False)
+    return nn.Parameter(torch.zeros(shape, dtype=dtype, device=device))
 
 
 class BertEmbeddings(nn.Module):
@@ -57,6 +57,15 @@ class BertEmbeddings(nn.Module):
         types = self.token_type.shape[0] if self.token_type is not None else 1
         return self.word.shape[0], types
 
+    def padding_rows(self) -> dict[str, int | None]:
+        """The table rows that get no gradient, as in Hugging Face's ``nn.Embedding``s: the
+        pad token's word row, and (padding_offset positions) its position row."""
+        pad = self.config.pad_token_id
+        if pad is None or not 0 <= pad < self.word.shape[0]:
+            pad = None
+        offset = self.config.position_scheme == "padding_offset"
+        return {"padding_idx": pad, "position_padding_idx": pad if offset else None}
+
     def position_ids(self, input_ids: torch.Tensor) -> torch.Tensor | None:
         """The position ids of [B, S] ``input_ids`` under ``config.position_scheme``: int64
         [B, S], or None for 0..S-1 in every row (the ops' default)."""
@@ -78,12 +87,14 @@ class BertEmbeddings(nn.Module):
         token_type_ids: torch.Tensor | None,
         position_ids: torch.Tensor | None = None,
         check_ids: bool = True,
+        dropout_p: float = 0.0,
     ) -> torch.Tensor:
         """input_ids, token_type_ids, position_ids: [B, S] integers -> [B, S, H].
 
         Positions default to :meth:`position_ids` of ``input_ids``. ``check_ids=False``: the
         caller has checked the word and token-type ids against :meth:`table_rows` (positions
-        computed here are in range by construction).
+        computed here are in range by construction). ``dropout_p``: dropout on the
+        LayerNorm's output (before ELECTRA's projection), as in Hugging Face.
         """
         if position_ids is None:
             position_ids = self.position_ids(input_ids)
@@ -92,7 +103,8 @@ class BertEmbeddings(nn.Module):
         )
         hidden = ops.embeddings_layer_norm(
             input_ids, token_type_ids, position_ids, self.word, self.position, token_type,
-            self.ln_weight, self.ln_bias, self.eps, check_ids=check_ids,
+            self.ln_weight, self.ln_bias, self.eps, check_ids=check_ids, dropout_p=dropout_p,
+            **self.padding_rows(),
         )
         if self.project_weight is not None:
             hidden = ops.linear(hidden, self.project_weight, self.project_bias)
@@ -121,19 +133,40 @@ class BertLayer(nn.Module):
         self.heads = config.num_attention_heads
         self.activation = config.activation
         self.eps = config.layer_norm_eps
+        # (query, key, value weights), (their biases): see fused_qkv.
+        self.qkv_parts: tuple[tuple[nn.Parameter, ...], tuple[nn.Parameter, ...]] | None = None
 
-    def forward(self, ops: Ops, hidden: torch.Tensor, attend: Attend) -> torch.Tensor:
+    def forward(
+        self, ops: Ops, hidden: torch.Tensor, attend: Attend, dropout_p: float = 0.0
+    ) -> torch.Tensor:
         """hidden: tokens [..., H] (a padded [B, S, H] batch or packed [T, H]) -> same shape.
 
         ``attend`` maps the fused QKV projection [..., 3H] to the attention context [..., H]
         (see fastbert.runtime: dense with a padding mask, or packed sequences).
+        ``dropout_p``: the hidden dropout on the two projections that feed a residual.
         """
-        qkv = ops.linear(hidden, self.qkv_weight, self.qkv_bias)
+        qkv = ops.linear(hidden, *self.fused_qkv())
         attn = ops.linear(attend(qkv), self.attn_out_weight, self.attn_out_bias)
-        hidden = ops.layer_norm(attn, self.attn_ln_weight, self.attn_ln_bias, self.eps, hidden)
+        hidden = ops.layer_norm(
+            attn, self.attn_ln_weight, self.attn_ln_bias, self.eps, hidden, dropout_p=dropout_p
+        )
         inner = ops.linear(hidden, self.ffn_in_weight, self.ffn_in_bias, self.activation)
         out = ops.linear(inner, self.ffn_out_weight, self.ffn_out_bias)
-        return ops.layer_norm(out, self.ffn_ln_weight, self.ffn_ln_bias, self.eps, hidden)
+        return ops.layer_norm(
+            out, self.ffn_ln_weight, self.ffn_ln_bias, self.eps, hidden, dropout_p=dropout_p
+        )
+
+    def fused_qkv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The [3H, H] QKV weight and [3H] bias the layer reads: its fused parameters, or,
+        when it is bound to separate query, key and value parameters (``qkv_parts``, set by
+        fastbert.optimize) and one of them needs a gradient, their concatenation, through
+        which autograd gives each its own gradient."""
+        parts = self.qkv_parts
+        if parts is not None and torch.is_grad_enabled() and any(
+            p.requires_grad for p in parts[0] + parts[1]
+        ):
+            return torch.cat(parts[0]), torch.cat(parts[1])
+        return self.qkv_weight, self.qkv_bias
 
 
 class BertPooler(nn.Module):
@@ -268,19 +301,49 @@ class BertModel(PretrainedMixin, nn.Module):
         if packed is not None:
             return ops, self._encode_packed(ops, packed, input_ids, token_type_ids)
 
+        hidden_p, attention_p = self.dropout_probabilities()
+
         def encode_dense(
             ids: torch.Tensor, types: torch.Tensor | None, mask: torch.Tensor | None
         ) -> torch.Tensor:
-            hidden = self.embeddings(ops, ids, types, check_ids=not ids_checked)
-            attend = runtime.dense_attention(ops, self.config.num_attention_heads, mask)
+            hidden = self.embeddings(ops, ids, types, check_ids=not ids_checked,
+                                     dropout_p=hidden_p)
+            attend = runtime.dense_attention(
+                ops, self.config.num_attention_heads, mask, attention_p
+            )
             for layer in self.layers:
-                hidden = layer(ops, hidden, attend)
+                hidden = layer(ops, hidden, attend, hidden_p)
             return hidden
 
         inputs = (input_ids, token_type_ids, key_padding_mask)
-        if ids_checked and self._graphs.wants(input_ids.device, input_ids.numel()):
+        if ids_checked and self._graphable(input_ids.device, input_ids.numel()):
             return ops, self._graphs.run(encode_dense, *inputs, weights=self._watch.storage_key())
         return ops, encode_dense(*inputs)
+
+    def dropout_probabilities(self) -> tuple[float, float]:
+        """(hidden, attention-probability) dropout of a call: the config's in training mode,
+        zeros in eval mode."""
+        if not self.training:
+            return 0.0, 0.0
+        return self.config.hidden_dropout_prob, self.config.attention_probs_dropout_prob
+
+    def needs_grad(self) -> bool:
+        """Whether a call now records gradients: grad mode on and a parameter requiring grad
+        (the layers' separate query / key / value parameters of fastbert.optimize included)."""
+        if not torch.is_grad_enabled():
+            return False
+        if self._watch.first_requiring_grad() is not None:
+            return True
+        return any(p.requires_grad for layer in self.layers if layer.qkv_parts is not None
+                   for p in layer.qkv_parts[0] + layer.qkv_parts[1])
+
+    def _graphable(self, device: torch.device, tokens: int) -> bool:
+        """Whether this call replays a CUDA graph: its settings want one, and the call needs
+        no gradients (a graph records no autograd) and no dropout (a graph would replay the
+        masks of its capture)."""
+        if self.training or self.needs_grad():
+            return False
+        return self._graphs.wants(device, tokens)
 
     def _read_batch(
         self,
@@ -325,6 +388,7 @@ class BertModel(PretrainedMixin, nn.Module):
         positions = packed.positions() if positions is None else packed.gather(positions)
         ids = packed.gather(input_ids)
         heads = self.config.num_attention_heads
+        hidden_p, attention_p = self.dropout_probabilities()
 
         def encode_packed(
             max_seqlen: int,
@@ -335,17 +399,18 @@ class BertModel(PretrainedMixin, nn.Module):
         ) -> torch.Tensor:
             """[T] ids, token types, positions and int32 [B + 1] cu_seqlens -> [T, H]."""
             types = types[None] if types is not None else None
-            hidden = self.embeddings(ops, ids[None], types, positions[None], check_ids=False)[0]
-            attend = runtime.packed_attention(ops, heads, cu_seqlens, max_seqlen)
+            hidden = self.embeddings(ops, ids[None], types, positions[None], check_ids=False,
+                                     dropout_p=hidden_p)[0]
+            attend = runtime.packed_attention(ops, heads, cu_seqlens, max_seqlen, attention_p)
             for layer in self.layers:
-                hidden = layer(ops, hidden, attend)
+                hidden = layer(ops, hidden, attend, hidden_p)
             return hidden
 
         tokens = ids.numel()
         # Only the Triton attention_varlen runs the bucket's filler sequence (longer than
         # max_seqlen); the torch backend's sizes its dense batch by max_seqlen.
         graphable = ops.attention_backend == "triton"
-        if tokens and graphable and self._graphs.wants(ids.device, runtime.token_bucket(tokens)):
+        if tokens and graphable and self._graphable(ids.device, runtime.token_bucket(tokens)):
             bucketed, cu_seqlens, max_seqlen = packed.bucketed(ids, types, positions)
             return self._graphs.run(
                 functools.partial(encode_packed, max_seqlen), *bucketed, cu_seqlens,
@@ -361,7 +426,6 @@ class BertModel(PretrainedMixin, nn.Module):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
     ) -> BaseModelOutputWithPooling:
-        check_inference_only(self._watch, attention_mask)
         batch, seq = validation.batch_and_seq(input_ids)
         if batch == 0:
             validation.check_model_inputs(
@@ -401,7 +465,6 @@ class _BertWithHead(PretrainedMixin, nn.Module):
             add_pooling_layer=self.add_pooling_layer, padding_free=padding_free,
             cuda_graphs=cuda_graphs,
         )
-        self._watch = ParameterWatch(self)
 
     # The run settings live on the encoder; these read and set (and validate) them there.
     @property
@@ -441,13 +504,9 @@ class _BertWithHead(PretrainedMixin, nn.Module):
         return self.bert.device
 
 
-class BertForMaskedLM(_BertWithHead):
-    """Masked-LM head: dense + activation + LayerNorm, decoder tied to the word embeddings.
-
-    logits: [B, S, vocab_size].
-    """
-
-    add_pooling_layer = False
+class _WithMaskedLMHead(_BertWithHead):
+    """A head model with BERT's masked-LM head: dense + activation + LayerNorm, then the
+    decoder tied to the word embeddings (logits [B, S, vocab_size])."""
 
     def __init__(self, config: BertConfig, **kwargs):
         super().__init__(config, **kwargs)
@@ -459,28 +518,82 @@ class BertForMaskedLM(_BertWithHead):
         self.transform_ln_bias = _param(h, dtype=dtype, device=device)
         self.decoder_bias = _param(config.vocab_size, dtype=dtype, device=device)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-    ) -> LogitsOutput:
-        check_inference_only(self._watch, attention_mask)
-        batch, seq = validation.batch_and_seq(input_ids)
-        if batch == 0:
-            validation.check_model_inputs(
-                self.config, self.device, input_ids, attention_mask, token_type_ids
-            )
-            vocab = self.config.vocab_size
-            return LogitsOutput(torch.empty(0, seq, vocab, dtype=self.dtype, device=self.device))
-        ops, hidden = self.bert.encode(input_ids, attention_mask, token_type_ids)
+    def masked_lm_logits(self, ops: Ops, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [B, S, H] -> [B, S, vocab_size]."""
         hidden = ops.linear(
             hidden, self.transform_weight, self.transform_bias, self.config.activation
         )
         hidden = ops.layer_norm(
             hidden, self.transform_ln_weight, self.transform_ln_bias, self.config.layer_norm_eps
         )
-        return LogitsOutput(ops.linear(hidden, self.bert.embeddings.word, self.decoder_bias))
+        return ops.linear(hidden, self.bert.embeddings.word, self.decoder_bias)
+
+
+class BertForMaskedLM(_WithMaskedLMHead):
+    """Masked-LM head: logits [B, S, vocab_size]; with ``labels`` ([B, S] token ids, -100 =
+    not predicted), ``loss`` is their cross-entropy."""
+
+    add_pooling_layer = False
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> LogitsOutput:
+        batch, seq = validation.batch_and_seq(input_ids)
+        if batch == 0:
+            validation.check_model_inputs(
+                self.config, self.device, input_ids, attention_mask, token_type_ids
+            )
+            vocab = self.config.vocab_size
+            logits = torch.empty(0, seq, vocab, dtype=self.dtype, device=self.device)
+        else:
+            ops, hidden = self.bert.encode(input_ids, attention_mask, token_type_ids)
+            logits = self.masked_lm_logits(ops, hidden)
+        loss = None if labels is None else losses.masked_lm_loss(logits, labels)
+        return LogitsOutput(logits, loss)
+
+
+class BertForPreTraining(_WithMaskedLMHead):
+    """BERT's pre-training heads: masked-LM logits [B, S, vocab_size] and next-sentence
+    logits [B, 2] (index 0 = "B follows A") from the pooled [CLS] output. With ``labels``
+    ([B, S], -100 = not predicted) and ``next_sentence_label`` ([B]), ``loss`` is the sum of
+    the two cross-entropies, as in Hugging Face (None unless both are given)."""
+
+    def __init__(self, config: BertConfig, **kwargs):
+        super().__init__(config, **kwargs)
+        dtype, device = self.bert.dtype, self.bert.device
+        self.seq_relationship_weight = _param(2, config.hidden_size, dtype=dtype, device=device)
+        self.seq_relationship_bias = _param(2, dtype=dtype, device=device)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        next_sentence_label: torch.Tensor | None = None,
+    ) -> PreTrainingOutput:
+        out = self.bert(input_ids, attention_mask, token_type_ids)
+        ops = self.bert.ops()
+        hidden, pooled = out.last_hidden_state, out.pooler_output
+        if hidden.shape[0] == 0:
+            vocab = self.config.vocab_size
+            prediction = hidden.new_empty(0, hidden.shape[1], vocab)
+            relationship = pooled.new_empty(0, 2)
+        else:
+            prediction = self.masked_lm_logits(ops, hidden)
+            relationship = ops.linear(
+                pooled, self.seq_relationship_weight, self.seq_relationship_bias
+            )
+        loss = None
+        if labels is not None and next_sentence_label is not None:
+            loss = losses.masked_lm_loss(prediction, labels) + losses.next_sentence_loss(
+                relationship, next_sentence_label
+            )
+        return PreTrainingOutput(prediction, relationship, loss)
 
 
 class _BertForPooledClassification(_BertWithHead):
@@ -493,31 +606,55 @@ class _BertForPooledClassification(_BertWithHead):
         self.classifier_weight = _param(n, config.hidden_size, dtype=dtype, device=device)
         self.classifier_bias = _param(n, dtype=dtype, device=device)
 
+    # Whether training-mode dropout falls on the pooled output (sequence classification).
+    pooled_dropout = False
+
     def forward(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
     ) -> LogitsOutput:
-        check_inference_only(self._watch, attention_mask)
         out = self.bert(input_ids, attention_mask, token_type_ids)
         ops = self.bert.ops()
         pooled = out.pooler_output
         if pooled.shape[0] == 0:
-            n = self.classifier_bias.shape[0]
-            return LogitsOutput(pooled.new_empty(0, n))
-        return LogitsOutput(ops.linear(pooled, self.classifier_weight, self.classifier_bias))
+            logits = pooled.new_empty(0, self.classifier_bias.shape[0])
+        else:
+            if self.pooled_dropout and self.training:
+                pooled = torch.nn.functional.dropout(pooled, self._classifier_dropout_p())
+            logits = ops.linear(pooled, self.classifier_weight, self.classifier_bias)
+        loss = None if labels is None else self.loss(logits, labels)
+        return LogitsOutput(logits, loss)
+
+    def _classifier_dropout_p(self) -> float:
+        config = self.config
+        p = config.classifier_dropout
+        return config.hidden_dropout_prob if p is None else p
 
 
 class BertForNextSentencePrediction(_BertForPooledClassification):
-    """Next-sentence prediction: logits [B, 2] (index 0 = "B follows A")."""
+    """Next-sentence prediction: logits [B, 2] (index 0 = "B follows A"); with ``labels``
+    ([B]), ``loss`` is their cross-entropy."""
 
     def __init__(self, config: BertConfig, **kwargs):
         super().__init__(config, 2, **kwargs)
 
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return losses.next_sentence_loss(logits, labels)
+
 
 class BertForSequenceClassification(_BertForPooledClassification):
-    """Sequence classification: logits [B, num_labels]."""
+    """Sequence classification: logits [B, num_labels], with dropout (``classifier_dropout``,
+    else ``hidden_dropout_prob``) on the pooled output in training mode. With ``labels``,
+    ``loss`` as Hugging Face computes it (fastbert.losses.sequence_classification_loss:
+    regression, single- or multi-label by ``config.problem_type`` or the labels)."""
+
+    pooled_dropout = True
 
     def __init__(self, config: BertConfig, **kwargs):
         super().__init__(config, config.num_labels, **kwargs)
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return losses.sequence_classification_loss(logits, labels, self.config.problem_type)

@@ -1,4 +1,8 @@
-"""Model outputs with Hugging Face's field names; index or unpack them like a tuple too."""
+"""Model outputs with Hugging Face's field names; index or unpack them like a tuple too.
+
+As in Hugging Face, ``loss`` comes first when it is set (the call had ``labels``), and fields
+that are None are left out of the tuple.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +15,11 @@ class _Output:
     """Attribute access by HF name, and ``out[0]`` / tuple unpacking over the set fields."""
 
     def to_tuple(self) -> tuple[torch.Tensor, ...]:
-        return tuple(
-            getattr(self, f.name)
-            for f in dataclasses.fields(self)  # type: ignore[arg-type]
-            if getattr(self, f.name) is not None
-        )
+        names = [f.name for f in dataclasses.fields(self)]  # type: ignore[arg-type]
+        if "loss" in names:
+            names.remove("loss")
+            names.insert(0, "loss")
+        return tuple(getattr(self, n) for n in names if getattr(self, n) is not None)
 
     def __getitem__(self, index: int | str) -> torch.Tensor:
         if isinstance(index, str):
@@ -36,6 +40,18 @@ class BaseModelOutputWithPooling(_Output):
 
 @dataclasses.dataclass
 class LogitsOutput(_Output):
-    """logits: [B, S, vocab] (masked LM) or [B, num_labels] (sentence-level heads)."""
+    """logits: [B, S, vocab] (masked LM) or [B, num_labels] (sentence-level heads); loss: the
+    scalar loss of the call's ``labels`` (None without labels)."""
 
     logits: torch.Tensor
+    loss: torch.Tensor | None = None
+
+
+@dataclasses.dataclass
+class PreTrainingOutput(_Output):
+    """prediction_logits: [B, S, vocab] (masked LM); seq_relationship_logits: [B, 2]
+    (next sentence); loss: their summed losses when both label sets were given, else None."""
+
+    prediction_logits: torch.Tensor
+    seq_relationship_logits: torch.Tensor
+    loss: torch.Tensor | None = None

@@ -57,29 +57,36 @@ def check_setting(name: str, value: object) -> None:
         raise ValueError(f"{name} must be 'auto', True or False, got {value!r}")
 
 
-def dense_attention(ops: Ops, heads: int, key_padding_mask: torch.Tensor | None) -> Attend:
-    """Attention over a padded batch: fused QKV [B, S, 3H] -> context [B, S, H]."""
+def dense_attention(
+    ops: Ops, heads: int, key_padding_mask: torch.Tensor | None, dropout_p: float = 0.0
+) -> Attend:
+    """Attention over a padded batch: fused QKV [B, S, 3H] -> context [B, S, H], with
+    ``dropout_p`` dropout on the attention probabilities."""
 
     def attend(qkv: torch.Tensor) -> torch.Tensor:
         batch, seq, three_width = qkv.shape
         width = three_width // 3
         # [B, S, 3, heads, D] viewed as three [B, heads, S, D] tensors: strides, no copies.
         q, k, v = qkv.view(batch, seq, 3, heads, width // heads).permute(2, 0, 3, 1, 4)
-        context = ops.attention(q, k, v, key_padding_mask)
+        context = ops.attention(q, k, v, key_padding_mask, dropout_p=dropout_p)
         # The Triton kernel writes [B, S, heads, D] memory, so this reshape is a free view.
         return context.transpose(1, 2).reshape(batch, seq, width)
 
     return attend
 
 
-def packed_attention(ops: Ops, heads: int, cu_seqlens: torch.Tensor, max_seqlen: int) -> Attend:
-    """Attention over packed sequences: fused QKV [T, 3H] -> context [T, H]."""
+def packed_attention(
+    ops: Ops, heads: int, cu_seqlens: torch.Tensor, max_seqlen: int, dropout_p: float = 0.0
+) -> Attend:
+    """Attention over packed sequences: fused QKV [T, 3H] -> context [T, H], with
+    ``dropout_p`` dropout on the attention probabilities."""
 
     def attend(qkv: torch.Tensor) -> torch.Tensor:
         tokens, three_width = qkv.shape
         width = three_width // 3
         q, k, v = qkv.view(tokens, 3, heads, width // heads).unbind(1)
-        return ops.attention_varlen(q, k, v, cu_seqlens, max_seqlen).reshape(tokens, width)
+        context = ops.attention_varlen(q, k, v, cu_seqlens, max_seqlen, dropout_p=dropout_p)
+        return context.reshape(tokens, width)
 
     return attend
 

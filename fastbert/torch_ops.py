@@ -34,13 +34,19 @@ import torch
 import torch.nn.functional as F
 
 from fastbert.kernels import _checks, reference
+from fastbert.kernels._dropout import check_dropout_p
 from fastbert.validation import as_index
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _sdpa_masked(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, scale: float | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    keep: torch.Tensor,
+    scale: float | None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
     """SDPA of q [B, H, S_q, D] over the keys ``keep`` (bool [B, S_k]) marks real; k and v
     [B, H, S_k, D] must hold zeros at masked keys.
@@ -48,7 +54,9 @@ def _sdpa_masked(
     A batch row without a real key attends to all of its (zero) values instead, so it returns
     exact zeros on every SDPA backend, with no host read to find such rows."""
     attend = keep | keep.any(1, keepdim=True).logical_not()
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attend[:, None, None, :], scale=scale)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attend[:, None, None, :], dropout_p=dropout_p, scale=scale
+    )
 
 
 def _attention(
@@ -57,15 +65,17 @@ def _attention(
     v: torch.Tensor,
     key_padding_mask: torch.Tensor | None = None,
     scale: float | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
     scale = None if scale is None else float(scale)
     if key_padding_mask is None:
-        return F.scaled_dot_product_attention(q, k, v, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
     keep = key_padding_mask if key_padding_mask.dtype == torch.bool else key_padding_mask != 0
     # Zeros at masked keys: SDPA would compute 0 * NaN there. The encoder passes no mask
     # for a batch without padding, which skips these copies.
     dropped = keep.logical_not()[:, None, :, None]
-    return _sdpa_masked(q, k.masked_fill(dropped, 0.0), v.masked_fill(dropped, 0.0), keep, scale)
+    k, v = k.masked_fill(dropped, 0.0), v.masked_fill(dropped, 0.0)
+    return _sdpa_masked(q, k, v, keep, scale, dropout_p)
 
 
 def attention(
@@ -74,15 +84,17 @@ def attention(
     v: torch.Tensor,
     key_padding_mask: torch.Tensor | None = None,
     scale: float | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """softmax(scale * q @ k^T, masked keys excluded) @ v.
+    """dropout(softmax(scale * q @ k^T, masked keys excluded)) @ v.
 
     q: [B, H, S_q, D]; k, v: [B, H, S_k, D]; key_padding_mask: [B, S_k] bool or 0/1 int
     (True/1 = real token). Masked keys have no influence, even when K or V hold NaN or Inf
-    there; a query row with no real key returns zeros. Returns [B, H, S_q, D] in q's dtype.
+    there; a query row with no real key returns zeros. ``dropout_p``: dropout on the
+    probabilities (SDPA's). Returns [B, H, S_q, D] in q's dtype.
     """
     _checks.check_attention(q, k, v, key_padding_mask, scale)
-    return _attention(q, k, v, key_padding_mask, scale)
+    return _attention(q, k, v, key_padding_mask, scale, check_dropout_p(dropout_p))
 
 
 def _unpack_index(
@@ -115,6 +127,7 @@ def _attention_varlen(
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
     scale: float | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
     tokens, heads, head_dim = q.shape
     if tokens == 0 or max_seqlen == 0:
@@ -127,7 +140,9 @@ def _attention_varlen(
     q, k, v = (t[gather].view(batch, max_seqlen, heads, head_dim).transpose(1, 2)
                for t in (q, k, v))
     scale = None if scale is None else float(scale)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :], scale=scale)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=keep[:, None, None, :], dropout_p=dropout_p, scale=scale
+    )
     return out.transpose(1, 2).reshape(batch * max_seqlen, heads, head_dim)[scatter]
 
 
@@ -151,15 +166,18 @@ def attention_varlen(
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
     scale: float | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
     """Attention over packed sequences: tokens cu_seqlens[i]:cu_seqlens[i+1] attend each other.
 
     q, k, v: [T, H, D]; cu_seqlens: int32 [B + 1] prefix sums of the lengths; max_seqlen: at
-    least the longest sequence (ValueError otherwise). Returns [T, H, D].
+    least the longest sequence (ValueError otherwise); ``dropout_p`` as in :func:`attention`.
+    Returns [T, H, D].
     """
     _checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
     _check_max_seqlen(cu_seqlens, max_seqlen)
-    return _attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
+    p = check_dropout_p(dropout_p)
+    return _attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale, p)
 
 
 # Not on the encoder's path: the reference's softmax (fp32 statistics, masked keys excluded
@@ -209,7 +227,10 @@ def _layer_norm(
     bias: torch.Tensor,
     eps: float,
     residual: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
+    if dropout_p:
+        x = F.dropout(x, dropout_p)
     s = x if residual is None else x + residual
     return F.layer_norm(s, (x.shape[-1],), weight, bias, float(eps))
 
@@ -220,13 +241,15 @@ def layer_norm(
     bias: torch.Tensor,
     eps: float,
     residual: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """LayerNorm(x + residual) over the last dim (statistics in float32 for half inputs).
+    """LayerNorm(dropout(x) + residual) over the last dim (statistics in float32 for half
+    inputs).
 
     x, residual: [..., N]; weight, bias: [N]. Returns x's shape and dtype.
     """
     _checks.check_layer_norm(x, weight, bias, eps, residual)
-    return _layer_norm(x, weight, bias, eps, residual)
+    return _layer_norm(x, weight, bias, eps, residual, check_dropout_p(dropout_p))
 
 
 def _embeddings_layer_norm(
@@ -241,6 +264,9 @@ def _embeddings_layer_norm(
     eps: float,
     *,
     check_ids: bool = True,
+    dropout_p: float = 0.0,
+    padding_idx: int | None = None,
+    position_padding_idx: int | None = None,
 ) -> torch.Tensor:
     if check_ids:
         _checks.check_id_ranges(
@@ -248,18 +274,19 @@ def _embeddings_layer_norm(
             word_emb.shape[0], type_emb.shape[0], pos_emb.shape[0],
         )
     wide = torch.float32 if word_emb.dtype in HALF_DTYPES else word_emb.dtype
-    summed = F.embedding(as_index(input_ids), word_emb).to(wide)
+    summed = F.embedding(as_index(input_ids), word_emb, padding_idx).to(wide)
     if position_ids is None:
         summed += pos_emb[: input_ids.shape[1]]
     else:
-        summed += F.embedding(as_index(position_ids), pos_emb)
+        summed += F.embedding(as_index(position_ids), pos_emb, position_padding_idx)
     if token_type_ids is None:
         summed += type_emb[0]
     else:
         summed += F.embedding(as_index(token_type_ids), type_emb)
     hidden = word_emb.shape[1]
     out = F.layer_norm(summed, (hidden,), weight.to(wide), bias.to(wide), float(eps))
-    return out.to(word_emb.dtype)
+    out = out.to(word_emb.dtype)
+    return F.dropout(out, dropout_p) if dropout_p else out
 
 
 def embeddings_layer_norm(
@@ -274,20 +301,26 @@ def embeddings_layer_norm(
     eps: float,
     *,
     check_ids: bool = True,
+    dropout_p: float = 0.0,
+    padding_idx: int | None = None,
+    position_padding_idx: int | None = None,
 ) -> torch.Tensor:
-    """LayerNorm(word_emb[ids] + pos_emb[position_ids] + type_emb[token_type_ids]).
+    """dropout(LayerNorm(word_emb[ids] + pos_emb[position_ids] + type_emb[token_type_ids])).
 
     input_ids, token_type_ids: [B, S] integers (token types default to 0); position_ids:
     [B, S] or [S] (default 0..S-1); tables: [rows, H]; weight, bias: [H]. Returns [B, S, H]
     in the tables' dtype. Ids outside their table raise ValueError (``check_ids=False``: the
     caller has checked them, and this skips the host synchronisation the check costs).
+    ``padding_idx`` / ``position_padding_idx``: the word / position row that gets no
+    gradient, as ``nn.Embedding(padding_idx=...)`` (Hugging Face's tables).
     """
     _checks.check_embeddings(
         input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
     )
     return _embeddings_layer_norm(
         input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps,
-        check_ids=check_ids,
+        check_ids=check_ids, dropout_p=check_dropout_p(dropout_p), padding_idx=padding_idx,
+        position_padding_idx=position_padding_idx,
     )
 
 

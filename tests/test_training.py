@@ -1,0 +1,198 @@
+"""Training through fastbert: gradients against Hugging Face's, losses, dropout, and a
+fine-tuning run that follows Hugging Face's loss curve.
+
+Gradients are compared in float32 with dropout off, on the torch backend (the Triton
+kernels' gradients are compared op by op in their own tests, and end to end in
+test_training_triton.py): every parameter's gradient within 1e-4 of Hugging Face's relative
+to its norm.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import fastbert
+from fastbert.loading import hf_weight_names
+from tests.hf_models import hf_model, padded_batch
+from tests.test_optimize import CASES, make_inputs, make_model
+
+GRAD_BOUND = 1e-4
+LENGTHS = [7, 3, 5, 1, 6, 7]
+# Key biases have a zero gradient in exact arithmetic (a softmax ignores a constant added to
+# all scores of its row): both sides hold rounding noise (~1e-7 here), compared to the norm of
+# the key weight's gradient instead of their own.
+KEY_BIASES = ("attention.self.key.bias", "attention.k_lin.bias")
+# The heads' own dropouts off too (DistilBERT's classifier and QA heads, ELECTRA's sequence
+# summary), so that train mode is deterministic on both sides.
+NO_HEAD_DROPOUT = dict(seq_classif_dropout=0.0, qa_dropout=0.0, summary_last_dropout=0.0)
+
+
+def weighted_sum(
+    outputs, valid: torch.Tensor, seed: int = 0, tokens_only: bool = False
+) -> torch.Tensor:
+    """A scalar that depends on every output value at real tokens (fixed random weights), so
+    its gradient reaches every parameter an output depends on. ``tokens_only``: leave out
+    sentence-level outputs (a pooler reads position 0, a pad under left padding)."""
+    gen = torch.Generator().manual_seed(seed)
+    total = 0.0
+    for key, value in outputs.items():
+        if not isinstance(value, torch.Tensor) or key == "loss":
+            continue
+        if tuple(value.shape[: valid.dim()]) == tuple(valid.shape):
+            value = value[valid]
+        elif tokens_only:
+            continue
+        total = total + (value * torch.randn(value.shape, generator=gen)).sum()
+    return total
+
+
+def assert_grads_match(expected: dict, got: dict, bound: float = GRAD_BOUND) -> None:
+    """``got[name]`` within ``bound`` of ``expected[name]`` relative to its norm, per name; a
+    gradient Hugging Face does not give (None) must be absent or zero."""
+    assert expected.keys() == got.keys()
+    for name, want in expected.items():
+        have = got[name]
+        if name.endswith(KEY_BIASES):
+            scale = expected[name.replace(".bias", ".weight")].norm()
+            assert max(have.norm(), want.norm()) <= bound * scale, f"{name}: not ~0"
+            continue
+        if want is None or not want.abs().max():
+            assert have is None or not have.abs().max(), f"{name}: unexpected gradient"
+            continue
+        assert have is not None, f"{name}: no gradient"
+        error = ((have - want).norm() / want.norm()).item()
+        assert error <= bound, f"{name}: gradient differs by {error:.2e} of its norm"
+
+
+def grads(model: torch.nn.Module) -> dict:
+    return {name: p.grad for name, p in model.named_parameters()}
+
+
+def left_padded(inputs: dict, valid: torch.Tensor) -> tuple[dict, torch.Tensor]:
+    """The same rows with their padding moved to the front."""
+    order = torch.argsort(valid.long(), dim=-1, stable=True)
+    return {k: torch.gather(v, -1, order) for k, v in inputs.items()}, valid.gather(-1, order)
+
+
+@pytest.mark.parametrize("padding_free", [False, True], ids=["dense", "padding-free"])
+@pytest.mark.parametrize("family, head", CASES, ids=[f"{f}-{h}" for f, h in CASES])
+def test_optimized_gradients_match_hf(family: str, head: str, padding_free: bool) -> None:
+    model = make_model(family, head, seed=len(head), **NO_HEAD_DROPOUT).train()
+    reference = copy.deepcopy(model)
+    inputs, valid = make_inputs(model, head, LENGTHS, seed=len(family))
+    weighted_sum(reference(**inputs), valid).backward()
+    fastbert.optimize(model, backend="torch", padding_free=padding_free)
+    weighted_sum(model(**inputs), valid).backward()
+    assert_grads_match(grads(reference), grads(model))
+
+
+@pytest.mark.parametrize("padding_free", [False, True], ids=["dense", "padding-free"])
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_left_padded_gradients_match_hf(family: str, padding_free: bool) -> None:
+    model = make_model(family, "ForMaskedLM", seed=21).train()
+    reference = copy.deepcopy(model)
+    inputs, valid = left_padded(*make_inputs(model, "ForMaskedLM", LENGTHS, seed=21))
+    weighted_sum(reference(**inputs), valid, tokens_only=True).backward()
+    fastbert.optimize(model, backend="torch", padding_free=padding_free)
+    weighted_sum(model(**inputs), valid, tokens_only=True).backward()
+    assert_grads_match(grads(reference), grads(model))
+
+
+# fastbert's own heads: (class, labels maker) -> the Hugging Face class with the same head.
+def _mlm_labels(ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    labels = ids.clone()
+    labels[~valid] = -100
+    labels[:, ::3] = -100  # unpredicted positions
+    return labels
+
+
+_OWN_HEADS = {
+    "BertForMaskedLM": lambda ids, valid: {"labels": _mlm_labels(ids, valid)},
+    "BertForPreTraining": lambda ids, valid: {
+        "labels": _mlm_labels(ids, valid),
+        "next_sentence_label": torch.arange(ids.shape[0]) % 2,
+    },
+    "BertForNextSentencePrediction": lambda ids, valid: {"labels": torch.arange(ids.shape[0]) % 2},
+    "BertForSequenceClassification": lambda ids, valid: {"labels": torch.arange(ids.shape[0]) % 3},
+}
+
+
+def _fused_hf_grads(hf: torch.nn.Module, ours: torch.nn.Module) -> dict:
+    """Hugging Face's gradients under fastbert's parameter names (query, key and value
+    concatenated as fastbert fuses them)."""
+    hf_grads = {name: p.grad for name, p in hf.named_parameters()}
+    with_pooler = any(n.endswith("pooler.weight") for n, _ in ours.named_parameters())
+    names = hf_weight_names(type(ours).__name__, ours.config, with_pooler)
+    return {
+        ours_name: torch.cat([hf_grads[t] for t in theirs]) for ours_name, theirs in names.items()
+    }
+
+
+@pytest.mark.parametrize("padding_free", [False, True], ids=["dense", "padding-free"])
+@pytest.mark.parametrize("cls_name", sorted(_OWN_HEADS))
+def test_own_heads_loss_and_gradients_match_hf(cls_name: str, padding_free: bool) -> None:
+    hf = hf_model(cls_name, seed=11).train()
+    ours = getattr(fastbert, cls_name).from_pretrained(
+        hf, device="cpu", backend="torch", padding_free=padding_free
+    ).train()
+    ids, mask, types = padded_batch(LENGTHS, seed=11)
+    labels = _OWN_HEADS[cls_name](ids, mask.bool())
+    want = hf(input_ids=ids, attention_mask=mask, token_type_ids=types, **labels)
+    have = ours(ids, mask, types, **labels)
+    assert abs(have.loss.item() - want.loss.item()) <= 1e-5 * max(1.0, abs(want.loss.item()))
+    want.loss.backward()
+    have.loss.backward()
+    assert_grads_match(_fused_hf_grads(hf, ours), grads(ours))
+
+
+@pytest.mark.parametrize("num_labels, labels, problem", [
+    (1, torch.tensor([0.5, -1.0]), "regression"),
+    (3, torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]]), "multi_label_classification"),
+    (3, torch.tensor([2, 0]), "single_label_classification"),
+])
+def test_sequence_classification_losses_match_hf(num_labels, labels, problem) -> None:
+    hf = hf_model("BertForSequenceClassification", seed=12, num_labels=num_labels)
+    ours = fastbert.BertForSequenceClassification.from_pretrained(hf, backend="torch")
+    ids, mask, types = padded_batch([5, 3], seed=12)
+    want = hf(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels)
+    have = ours(ids, mask, types, labels=labels)
+    assert hf.config.problem_type == problem  # Hugging Face inferred it, as fastbert does
+    torch.testing.assert_close(have.loss, want.loss, atol=1e-5, rtol=1e-5)
+
+
+def test_loss_comes_first_like_hf() -> None:
+    ours = fastbert.BertForSequenceClassification.from_pretrained(
+        hf_model("BertForSequenceClassification"), backend="torch")
+    ids, mask, types = padded_batch([4, 2])
+    loss, logits = ours(ids, mask, types, labels=torch.tensor([0, 1]))
+    assert loss.dim() == 0 and logits.shape == (2, 3)
+    (logits_only,) = ours(ids, mask, types)
+    assert logits_only.shape == (2, 3)
+
+
+@pytest.mark.parametrize("cls_name, labels, message", [
+    ("BertForMaskedLM", torch.zeros(2, 3, dtype=torch.long),
+     r"masked-LM labels must have shape \[2, 4\]"),
+    ("BertForSequenceClassification", torch.zeros(3, dtype=torch.long),
+     r"single-label classification labels must have shape \[2\]"),
+])
+def test_labels_of_the_wrong_shape_raise(cls_name, labels, message) -> None:
+    ours = getattr(fastbert, cls_name).from_pretrained(hf_model(cls_name), backend="torch")
+    ids, mask, types = padded_batch([4, 2])
+    with pytest.raises(ValueError, match=message):
+        ours(ids, mask, types, labels=labels)
+
+
+def test_every_parameter_gets_a_gradient_and_requires_grad_by_default() -> None:
+    model = fastbert.BertForPreTraining.from_pretrained(hf_model("BertForPreTraining"),
+                                                        backend="torch")
+    assert all(p.requires_grad for p in model.parameters())
+    assert not model.training  # from_pretrained returns eval mode, as Hugging Face does
+    ids, mask, types = padded_batch([6, 4], seed=3)
+    labels = _OWN_HEADS["BertForPreTraining"](ids, mask.bool())
+    model(ids, mask, types, **labels).loss.backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().max()]
+    assert missing == []
