@@ -229,6 +229,8 @@ class FastbertForward:
             token_type_ids = arguments.pop("token_type_ids", None)
         return_dict = arguments.pop("return_dict", None)
         arguments.pop("use_cache", None)  # an encoder ignores it, as in Hugging Face
+        # The Trainer's token count for the heads' loss, passed down through **kwargs.
+        arguments.pop("num_items_in_batch", None)
         self._refuse(arguments)
         if input_ids is None:
             raise ValueError("input_ids is required by a fastbert-optimized model")
