@@ -44,6 +44,7 @@ class BertConfig:
     the attention probabilities, classifier_dropout (hidden_dropout_prob when None) before a
     sequence classifier. problem_type: how a sequence classifier's loss reads its labels
     (fastbert.losses.PROBLEM_TYPES; None infers it from the labels, as Hugging Face does).
+    initializer_range: the standard deviation of ``init_weights``' normal initialisation.
     """
 
     vocab_size: int = 30522
@@ -63,6 +64,7 @@ class BertConfig:
     attention_probs_dropout_prob: float = 0.1
     classifier_dropout: float | None = None
     problem_type: str | None = None
+    initializer_range: float = 0.02
 
     def __post_init__(self) -> None:
         """Raise ValueError naming the first field of the wrong type or out of range."""

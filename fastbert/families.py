@@ -20,7 +20,7 @@ _BERT_CONFIG_NAMES = {
         "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
         "intermediate_size", "hidden_act", "max_position_embeddings", "type_vocab_size",
         "layer_norm_eps", "pad_token_id", "num_labels", "hidden_dropout_prob",
-        "attention_probs_dropout_prob", "classifier_dropout", "problem_type",
+        "attention_probs_dropout_prob", "classifier_dropout", "problem_type", "initializer_range",
     )
 }
 # fastbert parameter name -> Hugging Face names under the base model (several = concatenated).

@@ -16,7 +16,8 @@ Two entries are registered under the name "fastbert":
   mask. It hands the call to Hugging Face's sdpa attention, which computes it correctly, when
   the call is not plain bidirectional attention over a key-padding mask: a 4-D mask, causal
   attention without a mask, grouped-query heads, a position bias, softcapping, attention
-  sinks or a paged cache. Attention dropout (a training model) raises NotImplementedError.
+  sinks or a paged cache. Attention dropout (a model in training mode) runs inside the
+  kernel, and the attention has a backward, so such a model trains.
 
 Where the kernel runs: CUDA tensors use the Triton kernel (as ``torch.ops.fastbert.attention``
 under torch.compile, so a compiled model has no graph break); CPU tensors use it under the
@@ -70,20 +71,16 @@ def attention_forward(
 
     query: [B, H, S_q, D]; key, value: [B, H, S_k, D] (Hugging Face's transposed views);
     attention_mask: the [B, S_k] bool key-padding mask from :func:`padding_mask` (True = real
-    token), None, or a 4-D mask (handed to sdpa). scaling defaults to D**-0.5.
+    token), None, or a 4-D mask (handed to sdpa). scaling defaults to D**-0.5. dropout: the
+    attention-probability dropout (Hugging Face passes 0.0 in eval mode).
     """
-    if dropout > 0.0:
-        raise NotImplementedError(
-            f"attn_implementation='fastbert' is inference only, got attention dropout {dropout} "
-            "(a model in training mode): call model.eval() or train with 'sdpa'"
-        )
     if _needs_sdpa(module, query, key, attention_mask, kwargs):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    return _attend(query, key, value, attention_mask, scaling), None
+    return _attend(query, key, value, attention_mask, scaling, dropout), None
 
 
 def _is_causal(module: torch.nn.Module, query: torch.Tensor, kwargs: dict) -> bool:
@@ -136,12 +133,14 @@ def _attend(
     value: torch.Tensor,
     key_padding_mask: torch.Tensor | None,
     scale: float | None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
     """[B, H, S, D] q, k, v and a [B, S_k] mask -> contiguous [B, S_q, H, D]."""
     if _kernel_runs(query, key, value):
         # The custom op returns the kernel's contiguous [B, S_q, H, D] buffer itself.
-        return custom_ops.attention(query, key, value, key_padding_mask, scale).transpose(1, 2)
-    out = torch_ops.attention(query, key, value, key_padding_mask, scale)
+        out = custom_ops.attention(query, key, value, key_padding_mask, scale, dropout_p)
+        return out.transpose(1, 2)
+    out = torch_ops.attention(query, key, value, key_padding_mask, scale, dropout_p)
     return out.transpose(1, 2).contiguous()
 
 

@@ -28,6 +28,24 @@ def _param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Pa
     return nn.Parameter(torch.zeros(shape, dtype=dtype, device=device))
 
 
+@torch.no_grad()
+def init_weights(model: nn.Module, config: BertConfig) -> None:
+    """Initialise ``model``'s parameters for training from scratch, as Hugging Face's BERT
+    does: weight matrices and embedding tables normal(0, config.initializer_range) (the pad
+    token's word row zero), biases zero, LayerNorm weights one."""
+    for name, p in model.named_parameters():
+        leaf = name.rpartition(".")[2]
+        if leaf.endswith("ln_weight"):
+            p.fill_(1.0)
+        elif leaf.endswith("bias"):
+            p.zero_()
+        else:
+            p.normal_(0.0, config.initializer_range)
+    for module in model.modules():
+        if isinstance(module, BertEmbeddings) and module.padding_rows()["padding_idx"] is not None:
+            module.word[module.padding_rows()["padding_idx"]] = 0.0
+
+
 class BertEmbeddings(nn.Module):
     """word + position + token-type embeddings, then LayerNorm (one fused op).
 
@@ -278,6 +296,12 @@ class BertModel(PretrainedMixin, nn.Module):
             )
         return ops
 
+    def init_weights(self) -> BertModel:
+        """Initialise every parameter for training from scratch (see :func:`init_weights`);
+        returns the model."""
+        init_weights(self, self.config)
+        return self
+
     def resolve_ops_early(self) -> None:
         """On CUDA, resolve the ops now, so an unsupported head dim warns when the model is
         built or bound, not at its first call."""
@@ -494,6 +518,12 @@ class _BertWithHead(PretrainedMixin, nn.Module):
     def ops(self) -> Ops:
         """The hot ops this model runs with (its encoder's)."""
         return self.bert.ops()
+
+    def init_weights(self):
+        """Initialise every parameter, head included, for training from scratch (see
+        :func:`init_weights`); returns the model."""
+        init_weights(self, self.config)
+        return self
 
     @property
     def dtype(self) -> torch.dtype:
