@@ -5,12 +5,14 @@
 #
 # For a machine with a CUDA GPU whose Python already holds torch, triton, transformers,
 # sentence-transformers, pytest, pytest-benchmark and matplotlib (no network needed).
-# OUTDIR receives eight files, no subfolders:
+# OUTDIR receives ten files, no subfolders:
 #   results.json results.md results.png  fastbert bench, BERT-base fp16: 1x128, 32x128, 8x512,
 #                                        64x512, 64x512 padded; HF eager / sdpa / torch.compile
 #                                        (max-autotune at 32x128) / fastbert variants; targets
 #   kernels-bench.json                   kernel suite (BERT-base, fp16 and bf16)
 #   e2e-bench.json                       end-to-end suite (BERT-large and MiniLM-L6, fp16)
+#   train-step.json train-step.md        fine-tuning step (benchmarks/train_step.py): BERT-base,
+#                                        bf16 autocast, HF eager / sdpa / compile / fastbert
 #   gpu-tests.log                        pytest -m gpu
 #   bench.log                            everything the benchmark stages printed
 #   extras.tar.gz                        environment.json, fastbert info, nvidia-smi, pip freeze,
@@ -18,7 +20,7 @@
 # The whole run fits in BUDGET_S seconds (default 530): each stage gets at most its cap and
 # what is left, is interrupted (and reports what it measured) when its time is up, and later
 # stages still run. Knobs (environment): BUDGET_S, GPU_TESTS_S (100), BENCH_S (200),
-# KERNELS_S (100), AUTOTUNE_S (150), E2E_S (what is left), SKIP_MAX_AUTOTUNE=1,
+# KERNELS_S (100), AUTOTUNE_S (150), TRAIN_S (90), E2E_S (what is left), SKIP_MAX_AUTOTUNE=1,
 # GPU_TEST_WORKERS (4, with pytest-xdist), PYTHON (python3). A cap of 0 skips its stage: e.g. GPU_TESTS_S=480 BENCH_S=0 KERNELS_S=0
 # SKIP_MAX_AUTOTUNE=1 E2E_S=0 runs only the GPU tests, in one call of under ten minutes.
 set -u
@@ -94,6 +96,11 @@ if [ "${SKIP_MAX_AUTOTUNE:-0}" != 1 ]; then
         "$PY" -m fastbert.cli bench --out "$OUT" --append --model bert-base --dtype float16 \
         --shapes 32x128 --peers hf-compile-max
 fi
+
+stage train-step "${TRAIN_S:-90}" "$LOG" bash -c "
+    '$PY' -m benchmarks.train_step --out '$AUX/train' --model bert-base \
+        --shapes 32x128,32x128p && cp '$AUX/train/results.json' '$OUT/train-step.json' \
+        && cp '$AUX/train/results.md' '$OUT/train-step.md'"
 
 stage e2e-suite "${E2E_S:-600}" "$LOG" \
     "$PY" -m pytest benchmarks/test_end_to_end_bench.py -q -p no:cacheprovider \

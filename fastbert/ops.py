@@ -117,12 +117,40 @@ def _ops_for(backend: str, attention_fallback: bool) -> Ops:
     )
 
 
+@functools.cache
+def autocast_ops(ops: Ops, dtype: torch.dtype) -> Ops:
+    """``ops`` computing in ``dtype``: each casts its floating tensor arguments to ``dtype``
+    first (a cast is differentiable, so float32 master weights get float32 gradients).
+
+    What ``torch.autocast`` means for the Triton ops, which autocast does not reach (the
+    torch backend's primitives follow autocast themselves)."""
+
+    def cast(value: object) -> object:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.to(dtype)
+        return value
+
+    def casting(op: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        @functools.wraps(op)
+        def run(*args: object, **kwargs: object) -> torch.Tensor:
+            return op(*map(cast, args), **{k: cast(v) for k, v in kwargs.items()})
+
+        return run
+
+    return dataclasses.replace(ops, **{op: casting(getattr(ops, op)) for op in OP_NAMES})
+
+
 def get_ops(backend: str, device: torch.device | str, head_dim: int | None = None) -> Ops:
     """The ops for ``backend`` on ``device`` (see :func:`resolve_backend`); with a
     ``head_dim`` the Triton attention kernel does not run, the attention ops of the triton
-    backend are the torch backend's."""
+    backend are the torch backend's. Under ``torch.autocast`` for the device, the triton
+    backend's ops compute in autocast's dtype (:func:`autocast_ops`)."""
     resolved = resolve_backend(backend, device)
     fallback = resolved == "triton" and head_dim is not None and (
         head_dim not in SUPPORTED_HEAD_DIMS
     )
-    return _ops_for(resolved, fallback)
+    ops = _ops_for(resolved, fallback)
+    device_type = torch.device(device).type
+    if resolved == "triton" and torch.is_autocast_enabled(device_type):
+        return autocast_ops(ops, torch.get_autocast_dtype(device_type))
+    return ops

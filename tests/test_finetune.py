@@ -147,3 +147,19 @@ def test_graphs_replay_only_calls_without_gradients_or_dropout() -> None:
         assert not model._graphable(device, 64)
     model.eval()
     assert not model._graphable(device, 64)
+
+
+def test_autocast_mixed_precision_keeps_float32_master_gradients() -> None:
+    """Under torch.autocast (bf16) with float32 weights, the loss follows Hugging Face's under
+    the same autocast, and every gradient is float32."""
+    hf = hf_model("BertForSequenceClassification", seed=5)
+    ours = fastbert.BertForSequenceClassification.from_pretrained(hf, backend="torch").train()
+    ids, mask, types = padded_batch([9, 4, 7], seed=5)
+    labels = torch.tensor([0, 2, 1])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = hf.train()(input_ids=ids, attention_mask=mask, token_type_ids=types,
+                          labels=labels).loss
+        have = ours(ids, mask, types, labels=labels).loss
+    have.backward()
+    assert abs(have.item() - want.item()) <= 0.02 * abs(want.item())  # bf16 rounding
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in ours.parameters())
