@@ -286,7 +286,9 @@ def test_finished_output_is_not_overwritten(tmp_path, model_path, capsys) -> Non
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["pooling"] == "cls"
 
 
-def test_resume_after_kill(tmp_path, model_path, capsys) -> None:
+def killed_run(tmp_path, model_path: str) -> tuple[list[str], list[str], int]:
+    """Start a one-process embedding job of 200 texts in 5-row shards and kill it once it has
+    written a shard: (its arguments, the texts, the shards it completed)."""
     texts = corpus(200, offset=300, max_words=8)
     source = write_corpus(tmp_path / "corpus.txt", texts)
     out = tmp_path / "out"
@@ -308,6 +310,12 @@ def test_resume_after_kill(tmp_path, model_path, capsys) -> None:
     assert manifest["complete"] is False
     done = len(list(out.glob("part-*.parquet")))
     assert 1 <= done < 40
+    return args, texts, done
+
+
+def test_resume_after_kill(tmp_path, model_path, capsys) -> None:
+    args, texts, done = killed_run(tmp_path, model_path)
+    out = tmp_path / "out"
 
     assert main(["embed", *args, "--max-length", "64"]) == 1
     assert "unfinished run with other settings (max_length" in capsys.readouterr().err

@@ -13,7 +13,14 @@ pytest.importorskip("pyarrow")
 ray = pytest.importorskip("ray")
 
 from fastbert.cli import main  # noqa: E402
-from tests.test_embed import COSINE, TEXTS, cosines, read_output, write_corpus  # noqa: E402
+from tests.test_embed import (  # noqa: E402
+    COSINE,
+    TEXTS,
+    cosines,
+    killed_run,
+    read_output,
+    write_corpus,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -66,3 +73,20 @@ def test_ray_names_a_bad_row(tmp_path, local_ray, capsys) -> None:
     ids, vectors = read_output(tmp_path / "skip")
     assert ids == [0, 1] and np.isfinite(vectors).all()
     assert json.loads((tmp_path / "skip" / "manifest.json").read_text())["skipped"] == 1
+
+
+def test_ray_resumes_a_killed_one_process_run(tmp_path, local_ray, capsys) -> None:
+    """The Ray job continues the shards a killed one-process job left: same ids, no row
+    missing or repeated, the same embeddings as an uninterrupted run."""
+    import fastbert
+    from fastbert.integrations import models
+
+    model_path = str(models.packaged_minilm_path())
+    args, texts, done = killed_run(tmp_path, model_path)
+    capsys.readouterr()
+    assert main(["embed", *args, "--ray"]) == 0
+    assert f"embedded {len(texts) - 5 * done} docs" in capsys.readouterr().err
+    ids, vectors = read_output(tmp_path / "out")
+    assert ids == list(range(len(texts)))
+    clean = fastbert.embed(texts, model=model_path, device="cpu", progress=False)
+    assert cosines(vectors, clean).min() >= COSINE
