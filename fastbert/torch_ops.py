@@ -34,13 +34,19 @@ import torch
 import torch.nn.functional as F
 
 from fastbert.kernels import _checks, reference
+from fastbert.kernels._dropout import check_dropout_p
 from fastbert.validation import as_index
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _sdpa_masked(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, scale: float | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    keep: torch.Tensor,
+    scale: float | None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
     """SDPA of q [B, H, S_q, D] over the keys ``keep`` (bool [B, S_k]) marks real; k and v
     [B, H, S_k, D] must hold zeros at masked keys.
@@ -48,7 +54,9 @@ def _sdpa_masked(
     A batch row without a real key attends to all of its (zero) values instead, so it returns
     exact zeros on every SDPA backend, with no host read to find such rows."""
     attend = keep | keep.any(1, keepdim=True).logical_not()
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attend[:, None, None, :], scale=scale)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attend[:, None, None, :], dropout_p=dropout_p, scale=scale
+    )
 
 
 def _attention(
@@ -57,15 +65,18 @@ def _attention(
     v: torch.Tensor,
     key_padding_mask: torch.Tensor | None = None,
     scale: float | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
     scale = None if scale is None else float(scale)
     if key_padding_mask is None:
-        return F.scaled_dot_product_attention(q, k, v, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
     keep = key_padding_mask if key_padding_mask.dtype == torch.bool else key_padding_mask != 0
     # Zeros at masked keys: SDPA would compute 0 * NaN there. The encoder passes no mask
     # for a batch without padding, which skips these copies.
     dropped = keep.logical_not()[:, None, :, None]
-    return _sdpa_masked(q, k.masked_fill(dropped, 0.0), v.masked_fill(dropped, 0.0), keep, scale)
+    return _sdpa_masked(
+        q, k.masked_fill(dropped, 0.0), v.masked_fill(dropped, 0.0), keep, scale, dropout_p
+    )
 
 
 def attention(
@@ -74,15 +85,18 @@ def attention(
     v: torch.Tensor,
     key_padding_mask: torch.Tensor | None = None,
     scale: float | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """softmax(scale * q @ k^T, masked keys excluded) @ v.
+    """dropout(softmax(scale * q @ k^T, masked keys excluded)) @ v.
 
     q: [B, H, S_q, D]; k, v: [B, H, S_k, D]; key_padding_mask: [B, S_k] bool or 0/1 int
     (True/1 = real token). Masked keys have no influence, even when K or V hold NaN or Inf
-    there; a query row with no real key returns zeros. Returns [B, H, S_q, D] in q's dtype.
+    there; a query row with no real key returns zeros. dropout_p: SDPA's attention dropout.
+    Returns [B, H, S_q, D] in q's dtype.
     """
     _checks.check_attention(q, k, v, key_padding_mask, scale)
-    return _attention(q, k, v, key_padding_mask, scale)
+    dropout_p = check_dropout_p(dropout_p)
+    return _attention(q, k, v, key_padding_mask, scale, dropout_p)
 
 
 def _unpack_index(
@@ -115,6 +129,7 @@ def _attention_varlen(
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
     scale: float | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
     tokens, heads, head_dim = q.shape
     if tokens == 0 or max_seqlen == 0:
@@ -127,7 +142,9 @@ def _attention_varlen(
     q, k, v = (t[gather].view(batch, max_seqlen, heads, head_dim).transpose(1, 2)
                for t in (q, k, v))
     scale = None if scale is None else float(scale)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :], scale=scale)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=keep[:, None, None, :], dropout_p=dropout_p, scale=scale
+    )
     return out.transpose(1, 2).reshape(batch * max_seqlen, heads, head_dim)[scatter]
 
 
@@ -151,15 +168,18 @@ def attention_varlen(
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
     scale: float | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
     """Attention over packed sequences: tokens cu_seqlens[i]:cu_seqlens[i+1] attend each other.
 
     q, k, v: [T, H, D]; cu_seqlens: int32 [B + 1] prefix sums of the lengths; max_seqlen: at
-    least the longest sequence (ValueError otherwise). Returns [T, H, D].
+    least the longest sequence (ValueError otherwise); dropout_p: SDPA's attention dropout.
+    Returns [T, H, D].
     """
     _checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
+    dropout_p = check_dropout_p(dropout_p)
     _check_max_seqlen(cu_seqlens, max_seqlen)
-    return _attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
+    return _attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p)
 
 
 # Not on the encoder's path: the reference's softmax (fp32 statistics, masked keys excluded
