@@ -191,8 +191,8 @@ def _attend_rows(
             p = _dropout.dropped(p, seed, drop_rows[:, None] + offs_n[None, :], dropout_p)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
         m_i = m_new
-    lse = tl.where(l_i == 0.0, float("inf"), m_i + tl.math.log2(l_i))
-    return acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None], lse
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    return acc / l_safe[:, None], tl.where(l_i == 0.0, float("inf"), m_i + tl.math.log2(l_safe))
 
 
 @triton.jit
