@@ -1,4 +1,6 @@
-"""Fused flash-style attention forward: softmax(scale * q @ k^T, masked keys excluded) @ v.
+"""Fused flash-style attention forward: softmax(scale * q @ k^T, masked keys excluded) @ v,
+with optional attention-probability dropout, and the autograd wiring of its backward
+(kernels/flash_attention_backward.py).
 
 Math, per (batch, head) and query row i, over the keys j of its sequence::
 
@@ -10,6 +12,16 @@ streams the keys in BLOCK_N blocks, keeping a running maximum m, a running sum l
 accumulator, so the S_q x S_k score matrix is never materialised. ``scale * log2(e)`` is folded
 into one multiplier and the exponentials are ``exp2``. A row whose keys are all masked has
 l = 0 and returns zeros, never NaN.
+
+Training variants (constexpr flags, so the inference kernel compiles exactly as without them):
+STORE_LSE writes each query row's log2-sum-exp2 of its scaled scores, lse_i = m_i + log2(l_i)
+in log2 units (+inf for a row with no real key), fp32 [B, H, S_q] (dense) or [H, T] (varlen),
+from which the backward recomputes the probabilities; it is stored only when an input
+requires grad. HAS_DROPOUT drops each probability with probability p after it entered the
+running sum l (the normaliser counts every key) and scales the kept ones by 1 / (1 - p):
+out = dropout(softmax) @ v. The keep mask comes from ``tl.rand(seed, offset)`` with the
+element's flat index in a [B, H, S_q, S_k] array (dense) or an [H, T, T] array of global token
+indices (varlen) as its 64-bit offset (``_dropout_origin``), so the backward regenerates it.
 
 Masked keys have no influence whatever K and V hold there, NaN and Inf included (the semantics
 of FlashAttention and xformers): their scores are replaced by -inf after the product, and their

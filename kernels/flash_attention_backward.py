@@ -43,7 +43,7 @@ from .flash_attention import LOG2_E, _check_grid, _dropout_origin, _load_rows
 # (BLOCK_M, BLOCK_N, num_warps, num_stages). dK / dV: BLOCK_N keys per program (the MMAs' rows);
 # dQ: BLOCK_M queries per program.
 _DKDV_TUNE_SPACE = ((16, 64, 8, 2), (32, 64, 8, 1), (32, 64, 4, 2), (16, 128, 8, 2))
-_DQ_TUNE_SPACE = ((64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2), (32, 32, 4, 2))
+_DQ_TUNE_SPACE = ((64, 32, 4, 2), (128, 64, 8, 2), (32, 32, 4, 2))
 
 
 def keep(config: triton.Config, block_d: int, elem_bytes: int, is_dkdv: bool) -> bool:

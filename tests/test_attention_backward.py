@@ -29,17 +29,21 @@ def _grads(fn, inputs, grad_out, *args, **kwargs) -> tuple[torch.Tensor, ...]:
     return (out, *torch.autograd.grad(out, leaves, grad_out.to(out.dtype)))
 
 
-def check_gradients(kernel, reference, inputs, args=(), kwargs=None, where=None):
+def check_gradients(kernel, reference, inputs, args=(), kwargs=None, where=None, grad_out=None):
     """Hold the kernel's output and q / k / v gradients to the rule against the reference's
-    autograd in the same dtype and in float64; return the kernel's (out, dq, dk, dv)."""
+    autograd in the same dtype and in float64; return the kernel's (out, dq, dk, dv).
+    ``grad_out`` defaults to a contiguous random tensor."""
     kwargs = kwargs or {}
-    out = kernel(*inputs, *args, **kwargs)
-    grad_out = randn(out.shape, F32, "cpu", seed=99).to(out.device)
+    if grad_out is None:
+        out = kernel(*inputs, *args, **kwargs)
+        grad_out = randn(out.shape, F32, "cpu", seed=99).to(out.device)
     got = _grads(kernel, inputs, grad_out, *args, **kwargs)
     same_dtype = _grads(reference, inputs, grad_out, *args, **kwargs)
     wide = [t.double() for t in inputs]
     ref = _grads(reference, wide, grad_out, *args, **kwargs)
-    for name, g, t, r, x in zip(("out", "dq", "dk", "dv"), got, same_dtype, ref, (out, *inputs)):
+    for name, g, t, r, x in zip(
+        ("out", "dq", "dk", "dv"), got, same_dtype, ref, (same_dtype[0], *inputs)
+    ):
         assert g.shape == x.shape and g.dtype == x.dtype, f"{name}: {g.shape} {g.dtype}"
         mask = None if where is None else where[name]
         assert_within_rule(g, t, r, mask, what=name)
@@ -69,6 +73,15 @@ def test_strided_views(device, layout) -> None:
     q, k, v = qkv(2, 2, 33, 33, 64, F16, device, seed=5, layout=layout)
     assert not q.is_contiguous()
     check_gradients(K.attention, R.attention, (q, k, v), (padded_mask([33, 9], 33, device=device),))
+
+
+def test_output_gradient_in_any_layout(device) -> None:
+    """The output gradient arrives in whatever layout the graph above produced: Hugging Face
+    reshapes the output's [B, S, H, D] transpose, so its gradient comes as a transposed view."""
+    q, k, v = qkv(2, 3, 17, 17, 64, F32, device, seed=6)
+    mask = padded_mask([17, 5], 17, device=device)
+    grad_out = randn((2, 17, 3, 64), F32, "cpu", seed=5).to(device).transpose(1, 2)
+    check_gradients(K.attention, R.attention, (q, k, v), (mask,), grad_out=grad_out)
 
 
 @pytest.mark.parametrize("dtype", DOT_DTYPES)
