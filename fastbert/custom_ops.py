@@ -49,12 +49,10 @@ MaybeStr = Optional[str]  # noqa: UP045
 # Ops that synchronise with the host carry this tag (absent from older torch releases).
 _HOST_SYNC_TAGS = [t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None]
 
+
 def _seed_value(seed: Tensor | None) -> int:
+    """The dropout seed the public functions drew (an int64 CPU scalar), or 0 without one."""
     return 0 if seed is None else int(seed)
-
-
-def _resolved_scale(q: Tensor, scale: float | None) -> float:
-    return q.shape[-1] ** -0.5 if scale is None else scale
 
 
 @torch.library.custom_op("fastbert::attention", mutates_args=())
@@ -70,14 +68,11 @@ def _attention(
 ) -> tuple[Tensor, Tensor]:
     """q: [B, H, S_q, D]; k, v: [B, H, S_k, D]; mask: [B, S_k] -> (contiguous [B, S_q, H, D],
     fp32 [B, H, S_q] log-sum-exp if return_lse else an empty tensor)."""
-    _checks.check_attention(q, k, v, key_padding_mask, scale)
-    dropout_p = _dropout.check_dropout_p(dropout_p)
-    flash_attention._check_kernel_inputs(
-        {"q": q, "k": k, "v": v, "key_padding_mask": key_padding_mask}, q.shape[-1]
+    scale, dropout_p = flash_attention.check_inputs(
+        q, k, v, key_padding_mask, scale, dropout_p
     )
     out, lse = flash_attention.attention_forward(
-        q, k, v, key_padding_mask, _resolved_scale(q, scale), dropout_p, _seed_value(seed),
-        return_lse,
+        q, k, v, key_padding_mask, scale, dropout_p, _seed_value(seed), return_lse
     )
     return out.transpose(1, 2), q.new_empty((0,), dtype=torch.float32) if lse is None else lse
 
@@ -120,7 +115,7 @@ def _(grad_out, q, k, v, out, lse, key_padding_mask, scale, dropout_p, seed):
 def _setup_attention(ctx, inputs, output) -> None:
     q, k, v, key_padding_mask, scale, dropout_p, seed, _ = inputs
     ctx.save_for_backward(q, k, v, output[0], output[1], key_padding_mask, seed)
-    ctx.scale, ctx.dropout_p = _resolved_scale(q, scale), dropout_p
+    ctx.scale, ctx.dropout_p = flash_attention.resolve_scale(q, scale), dropout_p
 
 
 def _attention_grads(ctx, grad_out, _grad_lse):
@@ -150,14 +145,11 @@ def _attention_varlen(
 ) -> tuple[Tensor, Tensor]:
     """q, k, v: packed [T, H, D]; cu_seqlens: int32 [B + 1] -> (contiguous [T, H, D], fp32
     [H, T] log-sum-exp if return_lse else an empty tensor)."""
-    _checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
-    dropout_p = _dropout.check_dropout_p(dropout_p)
-    flash_attention._check_kernel_inputs(
-        {"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens}, q.shape[-1]
+    scale, dropout_p = flash_attention.check_varlen_inputs(
+        q, k, v, cu_seqlens, max_seqlen, scale, dropout_p
     )
     out, lse = flash_attention.attention_varlen_forward(
-        q, k, v, cu_seqlens, max_seqlen, _resolved_scale(q, scale), dropout_p, _seed_value(seed),
-        return_lse,
+        q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, _seed_value(seed), return_lse
     )
     return out, q.new_empty((0,), dtype=torch.float32) if lse is None else lse
 
@@ -198,7 +190,8 @@ def _(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, dropout_p, see
 def _setup_attention_varlen(ctx, inputs, output) -> None:
     q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, _ = inputs
     ctx.save_for_backward(q, k, v, output[0], output[1], cu_seqlens, seed)
-    ctx.max_seqlen, ctx.scale, ctx.dropout_p = max_seqlen, _resolved_scale(q, scale), dropout_p
+    ctx.max_seqlen, ctx.dropout_p = max_seqlen, dropout_p
+    ctx.scale = flash_attention.resolve_scale(q, scale)
 
 
 def _attention_varlen_grads(ctx, grad_out, _grad_lse):

@@ -383,6 +383,43 @@ def _check_kernel_inputs(tensors: dict[str, torch.Tensor | None], head_dim: int)
             )
 
 
+def check_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_padding_mask: torch.Tensor | None,
+    scale: float | None,
+    dropout_p: float,
+) -> tuple[float, float]:
+    """Validate the dense op's inputs for the kernel; return (scale resolved, dropout_p)."""
+    _checks.check_attention(q, k, v, key_padding_mask, scale)
+    dropout_p = _dropout.check_dropout_p(dropout_p)
+    tensors = {"q": q, "k": k, "v": v, "key_padding_mask": key_padding_mask}
+    _check_kernel_inputs(tensors, q.shape[-1])
+    return resolve_scale(q, scale), dropout_p
+
+
+def check_varlen_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    scale: float | None,
+    dropout_p: float,
+) -> tuple[float, float]:
+    """Validate the padding-free op's inputs for the kernel; return (scale, dropout_p)."""
+    _checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
+    dropout_p = _dropout.check_dropout_p(dropout_p)
+    _check_kernel_inputs({"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens}, q.shape[-1])
+    return resolve_scale(q, scale), dropout_p
+
+
+def resolve_scale(q: torch.Tensor, scale: float | None) -> float:
+    """The softmax scale: ``scale``, or D**-0.5 when it is None."""
+    return q.shape[-1] ** -0.5 if scale is None else float(scale)
+
+
 def _check_grid(what: str, n: int) -> None:
     if n > MAX_GRID_YZ:
         raise ValueError(f"{what} = {n} exceeds the CUDA grid limit of {MAX_GRID_YZ}")
@@ -570,11 +607,7 @@ def attention(
     Returns [B, H, S_q, D] in q's dtype: the ``.transpose(1, 2)`` view of a contiguous
     [B, S_q, H, D] buffer, so ``out.transpose(1, 2).reshape(B, S_q, H * D)`` costs nothing.
     """
-    _checks.check_attention(q, k, v, key_padding_mask, scale)
-    dropout_p = _dropout.check_dropout_p(dropout_p)
-    tensors = {"q": q, "k": k, "v": v, "key_padding_mask": key_padding_mask}
-    _check_kernel_inputs(tensors, q.shape[-1])
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    scale, dropout_p = check_inputs(q, k, v, key_padding_mask, scale, dropout_p)
     seed = draw_seed_for(dropout_p)
     if wants_gradients(q, k, v):
         return _Attention.apply(q, k, v, key_padding_mask, scale, dropout_p, seed)
@@ -600,10 +633,9 @@ def attention_varlen(
     dropout_p: attention-probability dropout, as in :func:`attention`. Differentiable in q, k
     and v as :func:`attention` is. Returns a contiguous [T, H, D] tensor in q's dtype.
     """
-    _checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
-    dropout_p = _dropout.check_dropout_p(dropout_p)
-    _check_kernel_inputs({"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens}, q.shape[-1])
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    scale, dropout_p = check_varlen_inputs(
+        q, k, v, cu_seqlens, max_seqlen, scale, dropout_p
+    )
     seed = draw_seed_for(dropout_p)
     if wants_gradients(q, k, v):
         return _AttentionVarlen.apply(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed)
