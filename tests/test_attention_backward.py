@@ -254,6 +254,23 @@ def test_opcheck_attention_varlen_with_gradients(device) -> None:
     )
 
 
+def test_opcheck_backward_ops(device) -> None:
+    """The backward ops' schemas and fake implementations (what torch.compile traces)."""
+    q, k, v, mask = _op_args(device, requires_grad=False)
+    seed = _dropout.draw_seed_tensor()
+    out, lse = OPS.attention(q, k, v, mask, None, 0.1, seed, True)
+    grad_out = randn(out.shape, F32, "cpu", seed=2).to(device)
+    torch.library.opcheck(
+        OPS.attention_backward.default, (grad_out, q, k, v, out, lse, mask, 0.4, 0.1, seed)
+    )
+    inputs, cu_seqlens = _varlen_inputs(F32, device, head_dim=32)
+    out, lse = OPS.attention_varlen(*inputs, cu_seqlens, 21, None, 0.0, None, True)
+    torch.library.opcheck(
+        OPS.attention_varlen_backward.default,
+        (torch.ones_like(out), *inputs, out, lse, cu_seqlens, 21, 0.2, 0.0, None),
+    )
+
+
 def test_custom_op_gradients_match_the_kernels(device) -> None:
     """The registered autograd (backward custom op) gives the autograd.Function's gradients,
     with dropout too."""
