@@ -74,8 +74,9 @@ def _attention(
     # Zeros at masked keys: SDPA would compute 0 * NaN there. The encoder passes no mask
     # for a batch without padding, which skips these copies.
     dropped = keep.logical_not()[:, None, :, None]
-    k, v = k.masked_fill(dropped, 0.0), v.masked_fill(dropped, 0.0)
-    return _sdpa_masked(q, k, v, keep, scale, dropout_p)
+    return _sdpa_masked(
+        q, k.masked_fill(dropped, 0.0), v.masked_fill(dropped, 0.0), keep, scale, dropout_p
+    )
 
 
 def attention(
@@ -90,11 +91,12 @@ def attention(
 
     q: [B, H, S_q, D]; k, v: [B, H, S_k, D]; key_padding_mask: [B, S_k] bool or 0/1 int
     (True/1 = real token). Masked keys have no influence, even when K or V hold NaN or Inf
-    there; a query row with no real key returns zeros. ``dropout_p``: dropout on the
-    probabilities (SDPA's). Returns [B, H, S_q, D] in q's dtype.
+    there; a query row with no real key returns zeros. dropout_p: SDPA's attention dropout.
+    Returns [B, H, S_q, D] in q's dtype.
     """
     _checks.check_attention(q, k, v, key_padding_mask, scale)
-    return _attention(q, k, v, key_padding_mask, scale, check_dropout_p(dropout_p))
+    dropout_p = check_dropout_p(dropout_p)
+    return _attention(q, k, v, key_padding_mask, scale, dropout_p)
 
 
 def _unpack_index(
@@ -171,13 +173,13 @@ def attention_varlen(
     """Attention over packed sequences: tokens cu_seqlens[i]:cu_seqlens[i+1] attend each other.
 
     q, k, v: [T, H, D]; cu_seqlens: int32 [B + 1] prefix sums of the lengths; max_seqlen: at
-    least the longest sequence (ValueError otherwise); ``dropout_p`` as in :func:`attention`.
+    least the longest sequence (ValueError otherwise); dropout_p: SDPA's attention dropout.
     Returns [T, H, D].
     """
     _checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
+    dropout_p = check_dropout_p(dropout_p)
     _check_max_seqlen(cu_seqlens, max_seqlen)
-    p = check_dropout_p(dropout_p)
-    return _attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale, p)
+    return _attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p)
 
 
 # Not on the encoder's path: the reference's softmax (fp32 statistics, masked keys excluded

@@ -27,16 +27,22 @@ def check_dropout_p(dropout_p: object) -> float:
     return p
 
 
+def draw_seed_tensor() -> torch.Tensor:
+    """The Philox seed of one dropout call as an int64 CPU scalar tensor, from PyTorch's default
+    CPU generator (what torch.compile traces: reading it on the host happens inside an op)."""
+    return torch.randint(0, _SEED_BOUND, (), dtype=torch.int64)
+
+
 def draw_seed() -> int:
     """The Philox seed of one dropout call, from PyTorch's default CPU generator: so
     ``torch.manual_seed`` makes the masks reproducible, and no device synchronises."""
-    return int(torch.randint(0, _SEED_BOUND, (), dtype=torch.int64).item())
+    return int(draw_seed_tensor().item())
 
 
 @triton.jit
 def keep_mask(seed, offsets, p):
-    """Bool keep decisions of the elements numbered ``offsets`` (int32 tensor, unique per
-    element of one call) under ``seed``: each True with probability 1 - p."""
+    """Bool keep decisions of the elements numbered ``offsets`` (int32 or int64 tensor, unique
+    per element of one call) under ``seed``: each True with probability 1 - p."""
     return tl.rand(seed, offsets) >= p
 
 
@@ -44,3 +50,23 @@ def keep_mask(seed, offsets, p):
 def dropped(x, seed, offsets, p):
     """``x`` with dropout applied: x / (1 - p) where :func:`keep_mask` keeps, 0 elsewhere."""
     return tl.where(keep_mask(seed, offsets, p), x * (1.0 / (1.0 - p)), 0.0)
+
+
+@triton.jit
+def _keep_mask_kernel(Out, numel, seed, p, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Out + offsets, keep_mask(seed, offsets, p), mask=offsets < numel)
+
+
+def keep_mask_of(
+    shape: tuple[int, ...], seed: int, p: float, device: torch.device | str
+) -> torch.Tensor:
+    """Bool tensor of ``shape``: the keep decision of each element, numbered by its row-major
+    flat index (int64 offsets), under ``seed`` and ``p``: the mask a kernel that numbers its
+    elements that way applies (the attention kernels number (b, h, i, j) as the flat index of
+    [B, H, S_q, S_k], and varlen (h, i, j) as that of [H, T, T]). For tests and debugging."""
+    out = torch.empty(shape, dtype=torch.bool, device=device)
+    block = 1024
+    if out.numel():
+        _keep_mask_kernel[(-(out.numel() // -block),)](out, out.numel(), seed, p, BLOCK=block)
+    return out

@@ -1,4 +1,6 @@
-"""Fused flash-style attention forward: softmax(scale * q @ k^T, masked keys excluded) @ v.
+"""Fused flash-style attention forward: softmax(scale * q @ k^T, masked keys excluded) @ v,
+with optional attention-probability dropout, and the autograd wiring of its backward
+(kernels/flash_attention_backward.py).
 
 Math, per (batch, head) and query row i, over the keys j of its sequence::
 
@@ -10,6 +12,16 @@ streams the keys in BLOCK_N blocks, keeping a running maximum m, a running sum l
 accumulator, so the S_q x S_k score matrix is never materialised. ``scale * log2(e)`` is folded
 into one multiplier and the exponentials are ``exp2``. A row whose keys are all masked has
 l = 0 and returns zeros, never NaN.
+
+Training variants (constexpr flags, so the inference kernel compiles exactly as without them):
+STORE_LSE writes each query row's log2-sum-exp2 of its scaled scores, lse_i = m_i + log2(l_i)
+in log2 units (+inf for a row with no real key), fp32 [B, H, S_q] (dense) or [H, T] (varlen),
+from which the backward recomputes the probabilities; it is stored only when an input
+requires grad. HAS_DROPOUT drops each probability with probability p after it entered the
+running sum l (the normaliser counts every key) and scales the kept ones by 1 / (1 - p):
+out = dropout(softmax) @ v. The keep mask comes from ``tl.rand(seed, offset)`` with the
+element's flat index in a [B, H, S_q, S_k] array (dense) or an [H, T, T] array of global token
+indices (varlen) as its 64-bit offset (``_dropout_origin``), so the backward regenerates it.
 
 Masked keys have no influence whatever K and V hold there, NaN and Inf included (the semantics
 of FlashAttention and xformers): their scores are replaced by -inf after the product, and their
@@ -47,13 +59,12 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _checks
+from . import _checks, _dropout
 from ._runtime import (
     cdiv,
     check_triton_device,
     interpreting,
     next_power_of_2,
-    refuse_gradients,
     time_config,
     tuned,
 )
@@ -154,13 +165,19 @@ def _attend_rows(
     stride_mask_s,
     seq_k,
     qk_scale,
+    drop_rows,  # int64 [BLOCK_M]: dropout offset of each query row's key 0 (HAS_DROPOUT only)
+    dropout_p,
+    seed,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HAS_MASK: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
 ):
-    """Online softmax over all keys for one block of queries: the normalised [BLOCK_M, BLOCK_D]."""
+    """Online softmax over all keys for one block of queries: the normalised [BLOCK_M, BLOCK_D]
+    output and each row's log2-sum-exp2 of its scaled scores (+inf for a row with no real key).
+    With HAS_DROPOUT the probabilities are dropped (after the normaliser took them all)."""
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -182,9 +199,26 @@ def _attend_rows(
         p = tl.math.exp2(qk - m_shift[:, None])
         alpha = tl.math.exp2(m_i - m_shift)
         l_i = l_i * alpha + tl.sum(p, 1)
+        if HAS_DROPOUT:
+            p = _dropout.dropped(p, seed, drop_rows[:, None] + offs_n[None, :], dropout_p)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
         m_i = m_new
-    return acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    return acc / l_safe[:, None], tl.where(l_i == 0.0, float("inf"), m_i + tl.math.log2(l_safe))
+
+
+@triton.jit
+def _dropout_origin(CuSeqlens, batch, head, first, seq_q, seq_k, IS_VARLEN: tl.constexpr):
+    """(offset of query 0 / key 0 of this (sequence, head), offset step of one query row): the
+    dropout offset of each element is its flat index in a [B, H, S_q, S_k] array (dense) or in
+    an [H, T, T] array of global token indices (varlen, T = cu_seqlens[-1]), so no two elements
+    of a call share one. The grid's axis 1 runs over heads and axis 2 over the sequences."""
+    if IS_VARLEN:
+        total = tl.load(CuSeqlens + tl.num_programs(2)).to(tl.int64)
+        return (head * total + first) * total + first, total
+    else:
+        row_step = seq_k.to(tl.int64)
+        return (batch.to(tl.int64) * tl.num_programs(1) + head) * seq_q * row_step, row_step
 
 
 @triton.jit
@@ -194,6 +228,7 @@ def _attend_query_block(
     v_base,  # pointer to value 0, column 0 of this (batch, head)
     o_base,  # pointer to output row 0, column 0 of this (batch, head)
     mask_base,  # pointer to the key-padding mask row of this batch (HAS_MASK only)
+    lse_base,  # pointer to the log-sum-exp of query 0 of this (batch, head) (STORE_LSE only)
     stride_q_s,
     stride_k_s,
     stride_v_s,
@@ -203,28 +238,41 @@ def _attend_query_block(
     seq_q,
     seq_k,
     qk_scale,
+    drop_origin,  # dropout offset of query 0, key 0 (HAS_DROPOUT only)
+    drop_row_step,  # dropout offset step of one query row (HAS_DROPOUT only)
+    dropout_p,
+    seed,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HAS_MASK: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    STORE_LSE: tl.constexpr,
 ):
-    """Attention output of queries start_m .. start_m + BLOCK_M - 1 (those < seq_q)."""
+    """Attention output of queries start_m .. start_m + BLOCK_M - 1 (those < seq_q), and with
+    STORE_LSE their log2-sum-exp2 (fp32) for the backward."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     q = _load_rows(q_base, offs_m, stride_q_s, offs_m < seq_q, HEAD_DIM, BLOCK_D)
-    out = _attend_rows(
+    out, lse = _attend_rows(
         q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, seq_k, qk_scale,
-        HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_MASK,
+        drop_origin + offs_m * drop_row_step, dropout_p, seed,
+        HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_MASK, HAS_DROPOUT,
     )
     offs_d = tl.arange(0, BLOCK_D)
     o_ptrs = o_base + offs_m[:, None] * stride_o_s + offs_d[None, :]
     inside = (offs_m[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM)
     tl.store(o_ptrs, out.to(o_base.dtype.element_ty), mask=inside)
+    if STORE_LSE:
+        tl.store(lse_base + offs_m, lse, mask=offs_m < seq_q)
 
 
 @triton.autotune(
     configs=configs(),
-    key=["seq_q_bucket", "seq_k_bucket", "HEAD_DIM", "HAS_MASK", "IS_VARLEN"],
+    key=[
+        "seq_q_bucket", "seq_k_bucket", "HEAD_DIM", "HAS_MASK", "IS_VARLEN", "HAS_DROPOUT",
+        "STORE_LSE",
+    ],
     prune_configs_by={"early_config_prune": _prune},
     do_bench=time_config,
 )
@@ -238,6 +286,7 @@ def _attention_fwd_kernel(
     Out,  # output: [B, H, S_q, D] view of a contiguous [B, S_q, H, D] buffer, or [T, H, D]
     Mask,  # key-padding mask [B, S_k], bool or integer, nonzero = real token (HAS_MASK only)
     CuSeqlens,  # int32 [B + 1] sequence boundaries in the packed tokens (IS_VARLEN only)
+    Lse,  # fp32 log2-sum-exp2 per query: [B, H, S_q] or [H, T] (STORE_LSE only)
     stride_q_b,
     stride_q_h,
     stride_q_s,
@@ -252,20 +301,27 @@ def _attention_fwd_kernel(
     stride_o_s,
     stride_mask_b,
     stride_mask_s,
+    stride_lse_b,
+    stride_lse_h,
     seq_q,  # dense query length (varlen: read from CuSeqlens)
     seq_k,  # dense key length (varlen: read from CuSeqlens)
     qk_scale,  # scale * log2(e)
+    dropout_p,  # probability of dropping an attention probability (HAS_DROPOUT only)
+    seed,  # Philox seed of the dropout mask (HAS_DROPOUT only)
     seq_q_bucket,  # autotune key only: next power of two of the (longest) query length
     seq_k_bucket,  # autotune key only: next power of two of the (longest) key length
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     HAS_MASK: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    STORE_LSE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     head = tl.program_id(1)
     batch = tl.program_id(2)
+    first = 0
     if IS_VARLEN:
         first = tl.load(CuSeqlens + batch).to(tl.int64)
         seq_q = (tl.load(CuSeqlens + batch + 1) - first).to(tl.int32)
@@ -283,19 +339,29 @@ def _attention_fwd_kernel(
     mask_base = Mask
     if HAS_MASK:
         mask_base = Mask + batch.to(tl.int64) * stride_mask_b
+    lse_base = Lse
+    if STORE_LSE:
+        lse_base = Lse + first + batch.to(tl.int64) * stride_lse_b + head * stride_lse_h
+    drop_origin, drop_row_step = 0, 0
+    if HAS_DROPOUT:
+        drop_origin, drop_row_step = _dropout_origin(
+            CuSeqlens, batch, head, first, seq_q, seq_k, IS_VARLEN
+        )
     if IS_VARLEN:
         # Grid-stride over query blocks: correct whatever max_seqlen sized the grid to.
         for start_m in range(tl.program_id(0) * BLOCK_M, seq_q, tl.num_programs(0) * BLOCK_M):
             _attend_query_block(
-                q_base, k_base, v_base, o_base, mask_base, stride_q_s, stride_k_s, stride_v_s,
-                stride_o_s, stride_mask_s, start_m, seq_q, seq_k, qk_scale,
-                HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_MASK,
+                q_base, k_base, v_base, o_base, mask_base, lse_base, stride_q_s, stride_k_s,
+                stride_v_s, stride_o_s, stride_mask_s, start_m, seq_q, seq_k, qk_scale,
+                drop_origin, drop_row_step, dropout_p, seed,
+                HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_MASK, HAS_DROPOUT, STORE_LSE,
             )
     else:
         _attend_query_block(
-            q_base, k_base, v_base, o_base, mask_base, stride_q_s, stride_k_s, stride_v_s,
-            stride_o_s, stride_mask_s, tl.program_id(0) * BLOCK_M, seq_q, seq_k, qk_scale,
-            HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_MASK,
+            q_base, k_base, v_base, o_base, mask_base, lse_base, stride_q_s, stride_k_s,
+            stride_v_s, stride_o_s, stride_mask_s, tl.program_id(0) * BLOCK_M, seq_q, seq_k,
+            qk_scale, drop_origin, drop_row_step, dropout_p, seed,
+            HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_MASK, HAS_DROPOUT, STORE_LSE,
         )
 
 
@@ -317,16 +383,53 @@ def _check_kernel_inputs(tensors: dict[str, torch.Tensor | None], head_dim: int)
             )
 
 
+def check_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_padding_mask: torch.Tensor | None,
+    scale: float | None,
+    dropout_p: float,
+) -> tuple[float, float]:
+    """Validate the dense op's inputs for the kernel; return (scale resolved, dropout_p)."""
+    _checks.check_attention(q, k, v, key_padding_mask, scale)
+    dropout_p = _dropout.check_dropout_p(dropout_p)
+    tensors = {"q": q, "k": k, "v": v, "key_padding_mask": key_padding_mask}
+    _check_kernel_inputs(tensors, q.shape[-1])
+    return resolve_scale(q, scale), dropout_p
+
+
+def check_varlen_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    scale: float | None,
+    dropout_p: float,
+) -> tuple[float, float]:
+    """Validate the padding-free op's inputs for the kernel; return (scale, dropout_p)."""
+    _checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
+    dropout_p = _dropout.check_dropout_p(dropout_p)
+    _check_kernel_inputs({"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens}, q.shape[-1])
+    return resolve_scale(q, scale), dropout_p
+
+
+def resolve_scale(q: torch.Tensor, scale: float | None) -> float:
+    """The softmax scale: ``scale``, or D**-0.5 when it is None."""
+    return q.shape[-1] ** -0.5 if scale is None else float(scale)
+
+
 def _check_grid(what: str, n: int) -> None:
     if n > MAX_GRID_YZ:
         raise ValueError(f"{what} = {n} exceeds the CUDA grid limit of {MAX_GRID_YZ}")
 
 
 def _launch(
-    q, k, v, out, mask, cu_seqlens, strides, seq_q, seq_k, max_seqlen_q, max_seqlen_k, batch,
-    scale,
+    q, k, v, out, mask, cu_seqlens, lse, strides, seq_q, seq_k, max_seqlen_q, max_seqlen_k,
+    batch, scale, dropout_p, seed,
 ) -> None:
-    """Launch the kernel on ``batch`` sequences; ``strides`` lists the 14 stride arguments.
+    """Launch the kernel on ``batch`` sequences; ``strides`` lists the 16 stride arguments.
 
     One program per BLOCK_M queries of each (sequence, head): the grid follows the query
     length alone, since every program streams all keys of its sequence anyway.
@@ -336,16 +439,148 @@ def _launch(
     _check_grid("the batch size (number of sequences)", batch)
     grid = lambda meta: (max(1, cdiv(max_seqlen_q, meta["BLOCK_M"])), heads, batch)
     _attention_fwd_kernel[grid](
-        q, k, v, out, mask, cu_seqlens, *strides,
+        q, k, v, out, mask, cu_seqlens, lse, *strides,
         seq_q, seq_k,
         scale * LOG2_E,
+        dropout_p,
+        seed,
         next_power_of_2(max_seqlen_q),
         next_power_of_2(max_seqlen_k),
         HEAD_DIM=head_dim,
         BLOCK_D=next_power_of_2(head_dim),
         HAS_MASK=mask is not None,
         IS_VARLEN=cu_seqlens is not None,
+        HAS_DROPOUT=dropout_p > 0.0,
+        STORE_LSE=lse is not None,
     )
+
+
+def attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_padding_mask: torch.Tensor | None,
+    scale: float,
+    dropout_p: float,
+    seed: int,
+    store_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The dense kernel on checked inputs: (out [B, H, S_q, D], the ``.transpose(1, 2)`` view
+    of a contiguous [B, S_q, H, D] buffer; with ``store_lse`` the fp32 [B, H, S_q] log2-sum-exp2
+    of the scaled scores that the backward needs, else None)."""
+    batch, heads, seq_q, head_dim = q.shape
+    seq_k = k.shape[2]
+    out = torch.empty((batch, seq_q, heads, head_dim), dtype=q.dtype, device=q.device)
+    out = out.transpose(1, 2)
+    lse = None
+    if store_lse:
+        lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse
+    mask = key_padding_mask
+    mask_strides = (0, 0) if mask is None else (mask.stride(0), mask.stride(1))
+    lse_strides = (0, 0) if lse is None else (lse.stride(0), lse.stride(1))
+    strides = (
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *mask_strides,
+        *lse_strides,
+    )
+    _launch(
+        q, k, v, out, mask, None, lse, strides, seq_q, seq_k, seq_q, seq_k, batch, scale,
+        dropout_p, seed,
+    )
+    return out, lse
+
+
+def attention_varlen_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    scale: float,
+    dropout_p: float,
+    seed: int,
+    store_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The padding-free kernel on checked inputs: (out, contiguous [T, H, D]; with
+    ``store_lse`` the fp32 [H, T] log2-sum-exp2 of the scaled scores, else None)."""
+    tokens, heads, _ = q.shape
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = None
+    if store_lse:
+        lse = torch.empty((heads, tokens), dtype=torch.float32, device=q.device)
+    batch = cu_seqlens.numel() - 1
+    if out.numel() == 0 or batch == 0:
+        return out, lse
+    strides = (
+        0, q.stride(1), q.stride(0),
+        0, k.stride(1), k.stride(0),
+        0, v.stride(1), v.stride(0),
+        0, out.stride(1), out.stride(0),
+        0, 0,
+        0, 0 if lse is None else lse.stride(0),
+    )
+    _launch(
+        q, k, v, out, None, cu_seqlens, lse, strides, 0, 0, max_seqlen, max_seqlen, batch,
+        scale, dropout_p, seed,
+    )
+    return out, lse
+
+
+def wants_gradients(*tensors: torch.Tensor | None) -> bool:
+    """True in grad mode when one of ``tensors`` requires grad: the op must be differentiable."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+class _Attention(torch.autograd.Function):
+    """Dense attention with the Triton backward (kernels/flash_attention_backward.py)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, key_padding_mask, scale, dropout_p, seed):
+        out, lse = attention_forward(q, k, v, key_padding_mask, scale, dropout_p, seed, True)
+        ctx.save_for_backward(q, k, v, out, lse, key_padding_mask)
+        ctx.scale, ctx.dropout_p, ctx.seed = scale, dropout_p, seed
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        # Imported here: the backward module builds on this module's helpers.
+        from .flash_attention_backward import attention_backward
+
+        q, k, v, out, lse, mask = ctx.saved_tensors
+        grads = attention_backward(
+            grad_out, q, k, v, out, lse, mask, ctx.scale, ctx.dropout_p, ctx.seed
+        )
+        return (*grads, None, None, None, None)
+
+
+class _AttentionVarlen(torch.autograd.Function):
+    """Padding-free attention with the Triton backward (kernels/flash_attention_backward.py)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed):
+        out, lse = attention_varlen_forward(
+            q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, True
+        )
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens)
+        ctx.max_seqlen, ctx.scale, ctx.dropout_p, ctx.seed = max_seqlen, scale, dropout_p, seed
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        from .flash_attention_backward import attention_varlen_backward
+
+        q, k, v, out, lse, cu_seqlens = ctx.saved_tensors
+        grads = attention_varlen_backward(
+            grad_out, q, k, v, out, lse, cu_seqlens, ctx.max_seqlen, ctx.scale, ctx.dropout_p,
+            ctx.seed,
+        )
+        return (*grads, None, None, None, None, None)
+
+
+def draw_seed_for(dropout_p: float) -> int:
+    """The Philox seed of a call: drawn only when it drops anything (0 otherwise)."""
+    return _dropout.draw_seed() if dropout_p > 0.0 else 0
 
 
 def attention(
@@ -354,6 +589,7 @@ def attention(
     v: torch.Tensor,
     key_padding_mask: torch.Tensor | None = None,
     scale: float | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
     """softmax(scale * q @ k^T, masked keys excluded) @ v, in one fused Triton kernel.
 
@@ -361,29 +597,21 @@ def attention(
     on D (transposed Hugging Face views and slices of a fused QKV buffer are read in place).
     D in {32, 64, 80, 96, 128}. key_padding_mask: [B, S_k] bool or integer, True / nonzero =
     a real token; masked keys have no influence, even where K or V hold NaN or Inf, and a query
-    row with no real key returns zeros. scale defaults to D**-0.5.
+    row with no real key returns zeros. scale defaults to D**-0.5. dropout_p: each attention
+    probability is dropped with this probability and the kept ones scaled by 1 / (1 - p)
+    (dropout(softmax) @ v; the Philox seed comes from torch's default generator).
+
+    Differentiable in q, k and v (Triton backward kernels) when grad mode is on and one of them
+    requires grad; otherwise nothing is saved.
 
     Returns [B, H, S_q, D] in q's dtype: the ``.transpose(1, 2)`` view of a contiguous
     [B, S_q, H, D] buffer, so ``out.transpose(1, 2).reshape(B, S_q, H * D)`` costs nothing.
     """
-    _checks.check_attention(q, k, v, key_padding_mask, scale)
-    tensors = {"q": q, "k": k, "v": v, "key_padding_mask": key_padding_mask}
-    _check_kernel_inputs(tensors, q.shape[-1])
-    refuse_gradients("attention", q, k, v)
-    batch, heads, seq_q, head_dim = q.shape
-    seq_k = k.shape[2]
-    scale = head_dim**-0.5 if scale is None else float(scale)
-    out = torch.empty((batch, seq_q, heads, head_dim), dtype=q.dtype, device=q.device)
-    out = out.transpose(1, 2)
-    if out.numel() == 0:
-        return out
-    mask = key_padding_mask
-    mask_strides = (0, 0) if mask is None else (mask.stride(0), mask.stride(1))
-    strides = (
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *mask_strides
-    )
-    _launch(q, k, v, out, mask, None, strides, seq_q, seq_k, seq_q, seq_k, batch, scale)
-    return out
+    scale, dropout_p = check_inputs(q, k, v, key_padding_mask, scale, dropout_p)
+    seed = draw_seed_for(dropout_p)
+    if wants_gradients(q, k, v):
+        return _Attention.apply(q, k, v, key_padding_mask, scale, dropout_p, seed)
+    return attention_forward(q, k, v, key_padding_mask, scale, dropout_p, seed, False)[0]
 
 
 def attention_varlen(
@@ -393,6 +621,7 @@ def attention_varlen(
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
     scale: float | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
     """Attention over packed sequences (padding-free), in one fused Triton kernel.
 
@@ -401,28 +630,18 @@ def attention_varlen(
     cu_seqlens[b]:cu_seqlens[b + 1] attend each other, and never read other sequences'
     tokens (a NaN in one sequence stays there). max_seqlen: the longest sequence; it
     sizes the grid (a smaller value is still correct, only slower). scale defaults to D**-0.5.
-    Returns a contiguous [T, H, D] tensor in q's dtype.
+    dropout_p: attention-probability dropout, as in :func:`attention`. Differentiable in q, k
+    and v as :func:`attention` is. Returns a contiguous [T, H, D] tensor in q's dtype.
     """
-    _checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
-    _check_kernel_inputs({"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens}, q.shape[-1])
-    refuse_gradients("attention_varlen", q, k, v)
-    head_dim = q.shape[-1]
-    scale = head_dim**-0.5 if scale is None else float(scale)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    batch = cu_seqlens.numel() - 1
-    if out.numel() == 0 or batch == 0:
-        return out
-    strides = (
-        0, q.stride(1), q.stride(0),
-        0, k.stride(1), k.stride(0),
-        0, v.stride(1), v.stride(0),
-        0, out.stride(1), out.stride(0),
-        0, 0,
+    scale, dropout_p = check_varlen_inputs(
+        q, k, v, cu_seqlens, max_seqlen, scale, dropout_p
     )
-    _launch(
-        q, k, v, out, None, cu_seqlens, strides, 0, 0, max_seqlen, max_seqlen, batch, scale
-    )
-    return out
+    seed = draw_seed_for(dropout_p)
+    if wants_gradients(q, k, v):
+        return _AttentionVarlen.apply(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed)
+    return attention_varlen_forward(
+        q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, False
+    )[0]
 
 
 __all__ = ["SUPPORTED_HEAD_DIMS", "attention", "attention_varlen", "configs", "keep"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import _checks
+from . import _checks, _dropout
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
@@ -34,23 +34,41 @@ def _mask_logits(scores: torch.Tensor, key_padding_mask: torch.Tensor | None) ->
     return probs.masked_fill(~keep.any(dim=-1, keepdim=True), 0.0)
 
 
+def _drop_probs(
+    probs: torch.Tensor, dropout_p: float, dropout_mask: torch.Tensor | None
+) -> torch.Tensor:
+    """dropout(probs): ``dropout_mask`` (bool, True = kept) when given, else a fresh one."""
+    if dropout_mask is None:
+        return F.dropout(probs, dropout_p) if dropout_p > 0.0 else probs
+    _checks.check_shape("dropout_mask", dropout_mask, tuple(probs.shape))
+    return torch.where(dropout_mask, probs / (1.0 - dropout_p), 0.0)
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     key_padding_mask: torch.Tensor | None = None,
     scale: float | None = None,
+    dropout_p: float = 0.0,
+    *,
+    dropout_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """softmax(scale * q @ k^T, masked keys excluded) @ v.
+    """dropout(softmax(scale * q @ k^T, masked keys excluded)) @ v.
 
     q: [B, H, S_q, D]; k, v: [B, H, S_k, D]; key_padding_mask: [B, S_k] bool or 0/1 int
     (True/1 = real token). Masked keys have no influence, even when K or V hold NaN or Inf
-    there; a query row with no real key returns zeros. Returns [B, H, S_q, D] in q's dtype.
+    there; a query row with no real key returns zeros. dropout_p: each probability is dropped
+    with this probability, the kept ones scaled by 1 / (1 - p) (the softmax normaliser is taken
+    before dropout). dropout_mask: bool [B, H, S_q, S_k], True = kept, to apply a given mask
+    (the tests pass the Triton kernel's) instead of drawing one. Returns [B, H, S_q, D] in q's
+    dtype.
     """
     _checks.check_attention(q, k, v, key_padding_mask, scale)
+    dropout_p = _dropout.check_dropout_p(dropout_p)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     scores = _wide(torch.matmul(q, k.transpose(-1, -2))) * scale
-    probs = _mask_logits(scores, key_padding_mask)
+    probs = _drop_probs(_mask_logits(scores, key_padding_mask), dropout_p, dropout_mask)
     if key_padding_mask is not None:
         # Masked keys have probability 0, but 0 times a NaN or Inf in V would still be NaN.
         v = v.masked_fill(~key_padding_mask.bool()[:, None, :, None], 0.0)
@@ -64,18 +82,25 @@ def attention_varlen(
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
     scale: float | None = None,
+    dropout_p: float = 0.0,
+    *,
+    dropout_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention over packed sequences: tokens cu_seqlens[i]:cu_seqlens[i+1] attend each other.
 
-    q, k, v: [T, H, D]; cu_seqlens: int32 [B + 1] prefix sums of the lengths. Returns [T, H, D].
+    q, k, v: [T, H, D]; cu_seqlens: int32 [B + 1] prefix sums of the lengths; dropout_p as in
+    :func:`attention`; dropout_mask: bool [H, T, T] indexed by global token positions, True =
+    kept. Returns [T, H, D]; tokens outside every sequence get zeros.
     """
     _checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
-    out = torch.empty_like(q)
+    out = torch.zeros_like(q)
     bounds = cu_seqlens.tolist()
     for start, end in zip(bounds[:-1], bounds[1:]):
         if end > start:
             seq = [t[start:end].transpose(0, 1).unsqueeze(0) for t in (q, k, v)]
-            out[start:end] = attention(*seq, scale=scale)[0].transpose(0, 1)
+            mask = None if dropout_mask is None else dropout_mask[None, :, start:end, start:end]
+            attended = attention(*seq, scale=scale, dropout_p=dropout_p, dropout_mask=mask)
+            out[start:end] = attended[0].transpose(0, 1)
     return out
 
 

@@ -30,7 +30,7 @@ from tests.sass import tile_normalised
 ROOT = Path(__file__).resolve().parent.parent
 OPS = sorted(m.name for m in pkgutil.iter_modules(compile_cases.__path__))
 # Ops whose kernels multiply tiles with tl.dot; their cases declare dtype and block_m.
-MMA_OPS = ("attention", "linear")
+MMA_OPS = ("attention", "attention_backward", "linear")
 SIXTEEN_BIT = ("fp16", "bf16")
 # wgmma runs on a warpgroup (4 warps) with an M of 64 per warpgroup.
 WGMMA_MIN_BLOCK_M = 64

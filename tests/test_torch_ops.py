@@ -90,6 +90,31 @@ def test_varlen_other_sequences_never_leak(dtype, poison) -> None:
     assert_within_rule(out, R.attention_varlen(q, k, v, cu, max(lengths)), ref, where=others)
 
 
+def _torch_dropout_runs(seed: int, dropout_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense and padding-free outputs with q = 0 (uniform probabilities over 40 keys), V = 1."""
+    q, v = torch.zeros(1, 2, 40, 32), torch.ones(1, 2, 40, 32)
+    packed = (torch.zeros(40, 2, 32), torch.zeros(40, 2, 32), torch.ones(40, 2, 32))
+    cu = torch.tensor([0, 40], dtype=torch.int32)
+    torch.manual_seed(seed)
+    dense = T.attention(q, q, v, dropout_p=dropout_p)
+    return dense, T.attention_varlen(*packed, cu, 40, dropout_p=dropout_p)
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["dense", "varlen"])
+def test_attention_dropout(which) -> None:
+    """SDPA's dropout: each output is the row's kept count / ((1 - p) * 40), averaging 1;
+    reproducible under torch.manual_seed; p = 0 is the plain op."""
+    p = 0.25
+    out = _torch_dropout_runs(0, p)[which]
+    kept = out * (1 - p) * 40
+    torch.testing.assert_close(kept, kept.round())
+    assert (out != 1.0).any() and abs(out.mean().item() - 1.0) < 0.1
+    assert torch.equal(out, _torch_dropout_runs(0, p)[which])
+    assert torch.equal(_torch_dropout_runs(0, 0.0)[which], torch.ones_like(out))
+    with pytest.raises(ValueError, match="dropout_p"):
+        _torch_dropout_runs(0, 1.0)
+
+
 def test_varlen_refuses_a_short_max_seqlen() -> None:
     q, k, v, cu = packed_qkv([5, 9], 2, 32, torch.float32, "cpu")
     with pytest.raises(ValueError, match="max_seqlen is 8 but cu_seqlens holds a sequence of 9"):

@@ -13,6 +13,11 @@ compiled. Head dims 32, 64, 80, 96, 128 (BLOCK_D 32, 64, 128).
 - The mask is bool (``*i1``, what the encoder passes); one case reads an int64 mask (Hugging
   Face's attention_mask dtype).
 
+The training variants (STORE_LSE=1 stores the log-sum-exp for the backward, HAS_DROPOUT=1 drops
+probabilities) compile in the heaviest kept config: fp16 D=64 and D=128 dense masked with
+dropout, D=64 dense masked without, D=64 padding-free with dropout; bf16 D=128 dense masked with
+dropout. (The backward kernels: tests/compile_cases/attention_backward.py.)
+
 Configs and the jit function come from the module itself, so the cases follow the code. A
 contiguous mask has unit stride on S_k, which the JIT specialises to the constexpr 1. Each case
 declares its dtype and BLOCK_M for the tensor-core instruction check in tests/test_compile.py.
@@ -47,33 +52,52 @@ def _values_per_thread(config, head_dim: int) -> int:
     return m * (_block_d(head_dim) + n) // (32 * config.num_warps)
 
 
-def _case(
-    dtype: str, head_dim: int, config, has_mask: bool, is_varlen: bool, mask: str = "*i1"
-) -> CompileCase:
-    ptr = f"*{dtype}"
-    signature = {"Q": ptr, "K": ptr, "V": ptr, "Out": ptr}
+def _optional_inputs(
+    signature: dict, constexprs: dict, has_mask: bool, is_varlen: bool, mask: str
+) -> None:
+    """The mask and cu_seqlens arguments: pointers when the variant reads them, else None."""
     signature.update(Mask=mask if has_mask else "constexpr")
     signature.update(CuSeqlens="*i32" if is_varlen else "constexpr")
-    signature.update(dict.fromkeys(STRIDES, "i32"))
-    signature.update(stride_mask_b="i32", stride_mask_s="constexpr" if has_mask else "i32")
-    signature.update(seq_q="i32", seq_k="i32", qk_scale="fp32")
-    signature.update(seq_q_bucket="i32", seq_k_bucket="i32")
-    constexprs: dict[str, object] = dict(
-        HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), HAS_MASK=has_mask, IS_VARLEN=is_varlen,
-        **config.kwargs,
-    )
     if has_mask:
         constexprs["stride_mask_s"] = 1
     else:
         constexprs["Mask"] = None
     if not is_varlen:
         constexprs["CuSeqlens"] = None
+
+
+def _case(
+    dtype: str,
+    head_dim: int,
+    config,
+    has_mask: bool,
+    is_varlen: bool,
+    mask: str = "*i1",
+    has_dropout: bool = False,
+    store_lse: bool = False,
+) -> CompileCase:
+    ptr = f"*{dtype}"
+    signature = {"Q": ptr, "K": ptr, "V": ptr, "Out": ptr}
+    constexprs: dict[str, object] = dict(
+        HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), HAS_MASK=has_mask, IS_VARLEN=is_varlen,
+        HAS_DROPOUT=has_dropout, STORE_LSE=store_lse, **config.kwargs,
+    )
+    _optional_inputs(signature, constexprs, has_mask, is_varlen, mask)
+    signature.update(Lse="*fp32" if store_lse else "constexpr")
+    if not store_lse:
+        constexprs["Lse"] = None
+    signature.update(dict.fromkeys(STRIDES, "i32"))
+    signature.update(stride_mask_b="i32", stride_mask_s="constexpr" if has_mask else "i32")
+    signature.update(stride_lse_b="i32", stride_lse_h="i32")
+    signature.update(seq_q="i32", seq_k="i32", qk_scale="fp32", dropout_p="fp32", seed="i32")
+    signature.update(seq_q_bucket="i32", seq_k_bucket="i32")
     signature.update({name: "constexpr" for name in constexprs if name not in signature})
     meta = config.kwargs
+    training = f" lse=1 dropout={int(has_dropout)}" if store_lse else ""
     name = (
         f"attention[{dtype} D={head_dim} {meta['BLOCK_M']}x{meta['BLOCK_N']} "
         f"s{config.num_stages} w{config.num_warps} mask={int(has_mask)}"
-        f"{'' if mask == '*i1' or not has_mask else mask[1:]} varlen={int(is_varlen)}]"
+        f"{'' if mask == '*i1' or not has_mask else mask[1:]} varlen={int(is_varlen)}{training}]"
     )
     return CompileCase(
         name=name,
@@ -88,6 +112,10 @@ def _case(
     )
 
 
+def _heaviest(configs: list, head_dim: int):
+    return max(configs, key=lambda c: _values_per_thread(c, head_dim))
+
+
 def _cases() -> list[CompileCase]:
     cases = []
     for dtype, element_size in DTYPES.items():
@@ -97,10 +125,30 @@ def _cases() -> list[CompileCase]:
                 if dtype == "fp32" or (dtype == "fp16" and has_mask):
                     chosen = kept
                 else:
-                    chosen = [max(kept, key=lambda c: _values_per_thread(c, head_dim))]
+                    chosen = [_heaviest(kept, head_dim)]
                 cases += [_case(dtype, head_dim, c, has_mask, is_varlen) for c in chosen]
     cases.append(_case("fp16", 64, _kept(64, 2, False, True)[0], True, False, mask="*i64"))
-    return cases
+    return cases + _training_cases()
+
+
+# (dtype, head dim, HAS_MASK, IS_VARLEN, HAS_DROPOUT) of the training variants compiled.
+TRAINING = (
+    ("fp16", 64, True, False, True),
+    ("fp16", 128, True, False, True),
+    ("fp16", 64, True, False, False),
+    ("fp16", 64, False, True, True),
+    ("bf16", 128, True, False, True),
+)
+
+
+def _training_cases() -> list[CompileCase]:
+    return [
+        _case(
+            dtype, d, _heaviest(_kept(d, DTYPES[dtype], varlen, mask), d), mask, varlen,
+            has_dropout=dropout, store_lse=True,
+        )
+        for dtype, d, mask, varlen, dropout in TRAINING
+    ]
 
 
 CASES = _cases()

@@ -1,0 +1,461 @@
+"""Backward of the fused attention (kernels/flash_attention.py), FlashAttention-2 style.
+
+Math, per (batch, head), with the forward's scaled scores s_ij = scale * <q_i, k_j> (masked keys
+excluded), probabilities P_ij = exp(s_ij - lse_i), the dropout keep mask M_ij and factor
+c = 1 / (1 - dropout_p) (M = 1, c = 1 without dropout), and the output O = (c M * P) V::
+
+    dV   = (c M * P)^T dO
+    dP   = c M * (dO V^T)
+    D_i  = sum_d dO_id O_id                   (= sum_j P_ij dP_ij)
+    dS   = P * (dP - D)
+    dQ   = scale * dS K,   dK = scale * dS^T Q
+
+The probabilities are recomputed from q, k and the forward's per-row log2-sum-exp2 (fp32,
+stored by the forward only when gradients are needed), and the dropout mask is regenerated
+from the forward's Philox seed and the same element offsets (``_dropout_origin``), so nothing
+of size S_q x S_k is ever stored. Two kernels, no atomics, deterministic:
+
+- ``_attention_bwd_dkdv_kernel``: one program per BLOCK_N keys of a (sequence, head) holds
+  their dK and dV accumulators and streams the queries in BLOCK_M blocks. Its products are
+  written key-major (k @ q^T, v @ dO^T) so that every MMA has BLOCK_N rows.
+- ``_attention_bwd_dq_kernel``: one program per BLOCK_M queries holds dQ and streams the keys.
+
+D (the row sums of dO * O) is computed beforehand in fp32 by PyTorch.
+
+Masked keys (and keys past the sequence) are loaded as zeros in K and V and their scores
+replaced by -inf, so they get dK = dV = 0 and send nothing to dQ, whatever K and V hold there,
+NaN and Inf included. A query row with no real key has lse = +inf: its probabilities are 0 and
+so are its gradients. Shapes, layouts, dtypes and head dims are the forward's; the gradients
+are contiguous (dense: [B, S, H, D] buffers returned as their [B, H, S, D] views, like the
+forward's output; varlen: [T, H, D]) in the inputs' dtype, accumulated in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _dropout
+from ._runtime import cdiv, interpreting, next_power_of_2, time_config, tuned
+from .flash_attention import LOG2_E, _check_grid, _dropout_origin, _load_rows
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages). dK / dV: BLOCK_N keys per program (the MMAs' rows);
+# dQ: BLOCK_M queries per program.
+_DKDV_TUNE_SPACE = ((16, 64, 8, 2), (32, 64, 8, 1), (32, 64, 4, 2), (16, 128, 8, 2))
+_DQ_TUNE_SPACE = ((64, 32, 4, 2), (128, 64, 8, 2), (32, 32, 4, 2))
+
+
+def keep(config: triton.Config, block_d: int, elem_bytes: int, is_dkdv: bool) -> bool:
+    """Whether ``config`` suits a BLOCK_D-wide head in a dtype of ``elem_bytes`` bytes.
+
+    The measure is the fp32 values each thread holds for the program's accumulators (dK and
+    dV, or dQ) and two score-sized tiles. For fp16 / bf16 the budgets (72 for dK / dV, 96 for
+    dQ) are where the compiles for sm_80 and sm_90 stop spilling registers, dropout included
+    (tests/compile_cases/attention_backward.py); fp32, whose exact IEEE products hold both
+    operands in registers, gets 40 and 48 (it may still spill a little; the compile report
+    lists it).
+    """
+    block_m, block_n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
+    held = 2 * block_n * block_d if is_dkdv else block_m * block_d
+    values_per_thread = (held + 2 * block_m * block_n) // (32 * config.num_warps)
+    if elem_bytes == 4:
+        return values_per_thread <= (40 if is_dkdv else 48)
+    return values_per_thread <= (72 if is_dkdv else 96)
+
+
+def configs(is_dkdv: bool) -> list[triton.Config]:
+    """Autotune configs of one kernel; a single one under the interpreter."""
+    space = _DKDV_TUNE_SPACE if is_dkdv else _DQ_TUNE_SPACE
+    space = space[:1] if interpreting() else space
+    return [
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+        for m, n, w, s in space
+    ]
+
+
+def _pruner(is_dkdv: bool):
+    def prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list:
+        args = {**named_args, **kwargs}
+        size = args["Q"].element_size()
+        kept = [c for c in configs if keep(c, args["BLOCK_D"], size, is_dkdv)]
+        return tuned(kept or configs[:1])
+
+    return prune
+
+
+@triton.jit
+def _head_base(ptr, batch, first, head, stride_b, stride_h, stride_s, IS_VARLEN: tl.constexpr):
+    """Pointer to row 0, column 0 of one (sequence, head) of a [B, H, S, D] / [T, H, D] tensor."""
+    if IS_VARLEN:
+        return ptr + first * stride_s + head * stride_h
+    else:
+        return ptr + batch.to(tl.int64) * stride_b + head * stride_h
+
+
+@triton.jit
+def _real_keys(mask_base, offs_n, stride_mask_s, seq_k, HAS_MASK: tl.constexpr):
+    """Bool [BLOCK_N]: which keys ``offs_n`` exist and are not masked."""
+    real = offs_n < seq_k
+    if HAS_MASK:
+        token = tl.load(mask_base + offs_n * stride_mask_s, mask=real, other=0)
+        real = real & (token != 0)
+    return real
+
+
+@triton.jit
+def _kept_scaled(x, keep, dropout_p):
+    """``x`` / (1 - p) where the dropout mask ``keep`` is True, 0 elsewhere."""
+    return tl.where(keep, x * (1.0 / (1.0 - dropout_p)), 0.0)
+
+
+@triton.jit
+def _dkdv_block(
+    q_base, k_base, v_base, do_base, dk_base, dv_base, mask_base, lse_base, delta_base,
+    stride_q_s, stride_k_s, stride_v_s, stride_do_s, stride_dk_s, stride_dv_s, stride_mask_s,
+    start_n, seq_q, seq_k, qk_scale, sm_scale, drop_origin, drop_row_step, dropout_p, seed,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+):
+    """dK and dV of keys start_n .. start_n + BLOCK_N - 1 (those < seq_k), over all queries."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    real = _real_keys(mask_base, offs_n, stride_mask_s, seq_k, HAS_MASK)
+    # Zeros at masked keys: their scores are replaced below, but 0 * NaN would still be NaN.
+    k = _load_rows(k_base, offs_n, stride_k_s, real, HEAD_DIM, BLOCK_D)
+    v = _load_rows(v_base, offs_n, stride_v_s, real, HEAD_DIM, BLOCK_D)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    for start_m in range(0, seq_q, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        rows = offs_m < seq_q
+        q = _load_rows(q_base, offs_m, stride_q_s, rows, HEAD_DIM, BLOCK_D)
+        do = _load_rows(do_base, offs_m, stride_do_s, rows, HEAD_DIM, BLOCK_D)
+        # Rows past the sequence get lse = +inf: probability 0.
+        lse = tl.load(lse_base + offs_m, mask=rows, other=float("inf"))
+        delta = tl.load(delta_base + offs_m, mask=rows, other=0.0)
+        # Key-major [BLOCK_N, BLOCK_M] tiles: P^T, dP^T, dS^T.
+        qk_t = tl.dot(k, tl.trans(q), input_precision="ieee") * qk_scale
+        qk_t = tl.where(real[:, None], qk_t, float("-inf"))
+        p_t = tl.math.exp2(qk_t - lse[None, :])
+        dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")
+        p_used_t = p_t
+        if HAS_DROPOUT:
+            offsets = drop_origin + offs_m[None, :] * drop_row_step + offs_n[:, None]
+            keep_t = _dropout.keep_mask(seed, offsets, dropout_p)
+            p_used_t = _kept_scaled(p_t, keep_t, dropout_p)
+            dp_t = _kept_scaled(dp_t, keep_t, dropout_p)
+        dv = tl.dot(p_used_t.to(do.dtype), do, dv, input_precision="ieee")
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision="ieee")
+    offs_d = tl.arange(0, BLOCK_D)
+    inside = (offs_n[:, None] < seq_k) & (offs_d[None, :] < HEAD_DIM)
+    dk_ptrs = dk_base + offs_n[:, None] * stride_dk_s + offs_d[None, :]
+    dv_ptrs = dv_base + offs_n[:, None] * stride_dv_s + offs_d[None, :]
+    tl.store(dk_ptrs, (dk * sm_scale).to(dk_base.dtype.element_ty), mask=inside)
+    tl.store(dv_ptrs, dv.to(dv_base.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def _dq_block(
+    q_base, k_base, v_base, do_base, dq_base, mask_base, lse_base, delta_base,
+    stride_q_s, stride_k_s, stride_v_s, stride_do_s, stride_dq_s, stride_mask_s,
+    start_m, seq_q, seq_k, qk_scale, sm_scale, drop_origin, drop_row_step, dropout_p, seed,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+):
+    """dQ of queries start_m .. start_m + BLOCK_M - 1 (those < seq_q), over all keys."""
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    rows = offs_m < seq_q
+    q = _load_rows(q_base, offs_m, stride_q_s, rows, HEAD_DIM, BLOCK_D)
+    do = _load_rows(do_base, offs_m, stride_do_s, rows, HEAD_DIM, BLOCK_D)
+    lse = tl.load(lse_base + offs_m, mask=rows, other=float("inf"))
+    delta = tl.load(delta_base + offs_m, mask=rows, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(0, seq_k, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        real = _real_keys(mask_base, offs_n, stride_mask_s, seq_k, HAS_MASK)
+        k = _load_rows(k_base, offs_n, stride_k_s, real, HEAD_DIM, BLOCK_D)
+        v = _load_rows(v_base, offs_n, stride_v_s, real, HEAD_DIM, BLOCK_D)
+        qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+        qk = tl.where(real[None, :], qk, float("-inf"))
+        p = tl.math.exp2(qk - lse[:, None])
+        dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+        if HAS_DROPOUT:
+            offsets = drop_origin + offs_m[:, None] * drop_row_step + offs_n[None, :]
+            dp = _kept_scaled(dp, _dropout.keep_mask(seed, offsets, dropout_p), dropout_p)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision="ieee")
+    offs_d = tl.arange(0, BLOCK_D)
+    inside = rows[:, None] & (offs_d[None, :] < HEAD_DIM)
+    dq_ptrs = dq_base + offs_m[:, None] * stride_dq_s + offs_d[None, :]
+    tl.store(dq_ptrs, (dq * sm_scale).to(dq_base.dtype.element_ty), mask=inside)
+
+
+def _autotuned(is_dkdv: bool):
+    return triton.autotune(
+        configs=configs(is_dkdv),
+        key=["seq_q_bucket", "seq_k_bucket", "HEAD_DIM", "HAS_MASK", "IS_VARLEN", "HAS_DROPOUT"],
+        prune_configs_by={"early_config_prune": _pruner(is_dkdv)},
+        do_bench=time_config,
+    )
+
+
+@_autotuned(is_dkdv=True)
+@triton.jit(do_not_specialize=["seq_q_bucket", "seq_k_bucket"])
+def _attention_bwd_dkdv_kernel(
+    Q,  # queries: [B, H, S_q, D] (dense) or [T, H, D] (varlen), unit stride on D
+    K,  # keys: [B, H, S_k, D] or [T, H, D], unit stride on D
+    V,  # values: like K
+    DO,  # gradient of the output: like Q, unit stride on D
+    DK,  # gradient of K (written): like K
+    DV,  # gradient of V (written): like V
+    Mask,  # key-padding mask [B, S_k], bool or integer, nonzero = real token (HAS_MASK only)
+    CuSeqlens,  # int32 [B + 1] sequence boundaries in the packed tokens (IS_VARLEN only)
+    Lse,  # fp32 forward log2-sum-exp2 per query: [B, H, S_q] or [H, T]
+    Delta,  # fp32 row sums of DO * Out: laid out like Lse
+    stride_q_b, stride_q_h, stride_q_s,
+    stride_k_b, stride_k_h, stride_k_s,
+    stride_v_b, stride_v_h, stride_v_s,
+    stride_do_b, stride_do_h, stride_do_s,
+    stride_dk_b, stride_dk_h, stride_dk_s,
+    stride_dv_b, stride_dv_h, stride_dv_s,
+    stride_mask_b, stride_mask_s,
+    stride_lse_b, stride_lse_h,
+    seq_q,  # dense query length (varlen: read from CuSeqlens)
+    seq_k,  # dense key length (varlen: read from CuSeqlens)
+    qk_scale,  # scale * log2(e)
+    sm_scale,  # scale
+    dropout_p,  # the forward's dropout probability (HAS_DROPOUT only)
+    seed,  # the forward's Philox seed (HAS_DROPOUT only)
+    seq_q_bucket,  # autotune key only
+    seq_k_bucket,  # autotune key only
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    head = tl.program_id(1)
+    batch = tl.program_id(2)
+    first = 0
+    if IS_VARLEN:
+        first = tl.load(CuSeqlens + batch).to(tl.int64)
+        seq_q = (tl.load(CuSeqlens + batch + 1) - first).to(tl.int32)
+        seq_k = seq_q
+    q_base = _head_base(Q, batch, first, head, stride_q_b, stride_q_h, stride_q_s, IS_VARLEN)
+    k_base = _head_base(K, batch, first, head, stride_k_b, stride_k_h, stride_k_s, IS_VARLEN)
+    v_base = _head_base(V, batch, first, head, stride_v_b, stride_v_h, stride_v_s, IS_VARLEN)
+    do_base = _head_base(DO, batch, first, head, stride_do_b, stride_do_h, stride_do_s, IS_VARLEN)
+    dk_base = _head_base(DK, batch, first, head, stride_dk_b, stride_dk_h, stride_dk_s, IS_VARLEN)
+    dv_base = _head_base(DV, batch, first, head, stride_dv_b, stride_dv_h, stride_dv_s, IS_VARLEN)
+    lse_offset = first + batch.to(tl.int64) * stride_lse_b + head * stride_lse_h
+    mask_base = Mask
+    if HAS_MASK:
+        mask_base = Mask + batch.to(tl.int64) * stride_mask_b
+    drop_origin, drop_row_step = 0, 0
+    if HAS_DROPOUT:
+        drop_origin, drop_row_step = _dropout_origin(
+            CuSeqlens, batch, head, first, seq_q, seq_k, IS_VARLEN
+        )
+    # Grid-stride over key blocks (the dense grid covers them all in one step).
+    for start_n in range(tl.program_id(0) * BLOCK_N, seq_k, tl.num_programs(0) * BLOCK_N):
+        _dkdv_block(
+            q_base, k_base, v_base, do_base, dk_base, dv_base, mask_base, Lse + lse_offset,
+            Delta + lse_offset, stride_q_s, stride_k_s, stride_v_s, stride_do_s, stride_dk_s,
+            stride_dv_s, stride_mask_s, start_n, seq_q, seq_k, qk_scale, sm_scale, drop_origin,
+            drop_row_step, dropout_p, seed,
+            HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_MASK, HAS_DROPOUT,
+        )
+
+
+@_autotuned(is_dkdv=False)
+@triton.jit(do_not_specialize=["seq_q_bucket", "seq_k_bucket"])
+def _attention_bwd_dq_kernel(
+    Q,  # queries: [B, H, S_q, D] (dense) or [T, H, D] (varlen), unit stride on D
+    K,  # keys: [B, H, S_k, D] or [T, H, D], unit stride on D
+    V,  # values: like K
+    DO,  # gradient of the output: like Q, unit stride on D
+    DQ,  # gradient of Q (written): like Q
+    Mask,  # key-padding mask [B, S_k], bool or integer, nonzero = real token (HAS_MASK only)
+    CuSeqlens,  # int32 [B + 1] sequence boundaries in the packed tokens (IS_VARLEN only)
+    Lse,  # fp32 forward log2-sum-exp2 per query: [B, H, S_q] or [H, T]
+    Delta,  # fp32 row sums of DO * Out: laid out like Lse
+    stride_q_b, stride_q_h, stride_q_s,
+    stride_k_b, stride_k_h, stride_k_s,
+    stride_v_b, stride_v_h, stride_v_s,
+    stride_do_b, stride_do_h, stride_do_s,
+    stride_dq_b, stride_dq_h, stride_dq_s,
+    stride_mask_b, stride_mask_s,
+    stride_lse_b, stride_lse_h,
+    seq_q,  # dense query length (varlen: read from CuSeqlens)
+    seq_k,  # dense key length (varlen: read from CuSeqlens)
+    qk_scale,  # scale * log2(e)
+    sm_scale,  # scale
+    dropout_p,  # the forward's dropout probability (HAS_DROPOUT only)
+    seed,  # the forward's Philox seed (HAS_DROPOUT only)
+    seq_q_bucket,  # autotune key only
+    seq_k_bucket,  # autotune key only
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    head = tl.program_id(1)
+    batch = tl.program_id(2)
+    first = 0
+    if IS_VARLEN:
+        first = tl.load(CuSeqlens + batch).to(tl.int64)
+        seq_q = (tl.load(CuSeqlens + batch + 1) - first).to(tl.int32)
+        seq_k = seq_q
+    q_base = _head_base(Q, batch, first, head, stride_q_b, stride_q_h, stride_q_s, IS_VARLEN)
+    k_base = _head_base(K, batch, first, head, stride_k_b, stride_k_h, stride_k_s, IS_VARLEN)
+    v_base = _head_base(V, batch, first, head, stride_v_b, stride_v_h, stride_v_s, IS_VARLEN)
+    do_base = _head_base(DO, batch, first, head, stride_do_b, stride_do_h, stride_do_s, IS_VARLEN)
+    dq_base = _head_base(DQ, batch, first, head, stride_dq_b, stride_dq_h, stride_dq_s, IS_VARLEN)
+    lse_offset = first + batch.to(tl.int64) * stride_lse_b + head * stride_lse_h
+    mask_base = Mask
+    if HAS_MASK:
+        mask_base = Mask + batch.to(tl.int64) * stride_mask_b
+    drop_origin, drop_row_step = 0, 0
+    if HAS_DROPOUT:
+        drop_origin, drop_row_step = _dropout_origin(
+            CuSeqlens, batch, head, first, seq_q, seq_k, IS_VARLEN
+        )
+    # Grid-stride over query blocks (the dense grid covers them all in one step).
+    for start_m in range(tl.program_id(0) * BLOCK_M, seq_q, tl.num_programs(0) * BLOCK_M):
+        _dq_block(
+            q_base, k_base, v_base, do_base, dq_base, mask_base, Lse + lse_offset,
+            Delta + lse_offset, stride_q_s, stride_k_s, stride_v_s, stride_do_s, stride_dq_s,
+            stride_mask_s, start_m, seq_q, seq_k, qk_scale, sm_scale, drop_origin,
+            drop_row_step, dropout_p, seed,
+            HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_MASK, HAS_DROPOUT,
+        )
+
+
+def _strides(*tensors: torch.Tensor) -> tuple[int, ...]:
+    """(batch, head, row) strides of each [B, H, S, D] tensor, or (0, head, row) of [T, H, D]."""
+    out: list[int] = []
+    for t in tensors:
+        out += t.stride()[:3] if t.dim() == 4 else (0, t.stride(1), t.stride(0))
+    return tuple(out)
+
+
+def _launch_backward(
+    q, k, v, grad_out, dq, dk, dv, mask, cu_seqlens, lse, delta, seq_q, seq_k, max_seqlen_q,
+    max_seqlen_k, batch, scale, dropout_p, seed,
+) -> None:
+    """Launch the dK / dV kernel and the dQ kernel on ``batch`` sequences."""
+    heads, head_dim = q.shape[1], q.shape[-1]  # q is [B, H, S, D] or [T, H, D]
+    is_varlen = cu_seqlens is not None
+    _check_grid("the number of heads", heads)
+    _check_grid("the batch size (number of sequences)", batch)
+    mask_strides = (0, 0) if mask is None else (mask.stride(0), mask.stride(1))
+    lse_strides = (0, lse.stride(0)) if is_varlen else (lse.stride(0), lse.stride(1))
+    common = dict(
+        HEAD_DIM=head_dim,
+        BLOCK_D=next_power_of_2(head_dim),
+        HAS_MASK=mask is not None,
+        IS_VARLEN=is_varlen,
+        HAS_DROPOUT=dropout_p > 0.0,
+    )
+    scalars = (
+        *mask_strides, *lse_strides, seq_q, seq_k, scale * LOG2_E, scale, dropout_p, seed,
+        next_power_of_2(max_seqlen_q), next_power_of_2(max_seqlen_k),
+    )
+    dkdv_grid = lambda meta: (max(1, cdiv(max_seqlen_k, meta["BLOCK_N"])), heads, batch)
+    _attention_bwd_dkdv_kernel[dkdv_grid](
+        q, k, v, grad_out, dk, dv, mask, cu_seqlens, lse, delta,
+        *_strides(q, k, v, grad_out, dk, dv), *scalars, **common,
+    )
+    dq_grid = lambda meta: (max(1, cdiv(max_seqlen_q, meta["BLOCK_M"])), heads, batch)
+    _attention_bwd_dq_kernel[dq_grid](
+        q, k, v, grad_out, dq, mask, cu_seqlens, lse, delta,
+        *_strides(q, k, v, grad_out, dq), *scalars, **common,
+    )
+
+
+def _unit_stride_on_d(grad_out: torch.Tensor) -> torch.Tensor:
+    """The output gradient as the kernels read it: any strides with unit stride on D."""
+    return grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
+
+
+def attention_backward(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    key_padding_mask: torch.Tensor | None,
+    scale: float,
+    dropout_p: float,
+    seed: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of the dense attention, each [B, H, S, D] in q's dtype (the
+    ``.transpose(1, 2)`` views of contiguous [B, S, H, D] buffers).
+
+    grad_out and out: [B, H, S_q, D]; lse: the forward's fp32 [B, H, S_q]; the other arguments
+    are the forward's (scale resolved, dropout_p and seed as the forward used them).
+    """
+    batch, heads, seq_q, head_dim = q.shape
+    seq_k = k.shape[2]
+    grads = [
+        torch.empty((batch, s, heads, head_dim), dtype=q.dtype, device=q.device).transpose(1, 2)
+        for s in (seq_q, seq_k, seq_k)
+    ]
+    if q.numel() == 0 or k.numel() == 0:
+        return tuple(g.zero_() for g in grads)
+    grad_out = _unit_stride_on_d(grad_out)
+    delta = (grad_out.float() * out.float()).sum(-1)
+    _launch_backward(
+        q, k, v, grad_out, *grads, key_padding_mask, None, lse, delta, seq_q, seq_k, seq_q,
+        seq_k, batch, scale, dropout_p, seed,
+    )
+    return tuple(grads)
+
+
+def attention_varlen_backward(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    scale: float,
+    dropout_p: float,
+    seed: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of the padding-free attention, each a contiguous [T, H, D] in q's dtype.
+
+    grad_out and out: [T, H, D]; lse: the forward's fp32 [H, T]. Tokens outside every sequence
+    (past cu_seqlens[-1]) get zero gradients.
+    """
+    grads = tuple(torch.zeros_like(q, memory_format=torch.contiguous_format) for _ in range(3))
+    batch = cu_seqlens.numel() - 1
+    if q.numel() == 0 or batch == 0:
+        return grads
+    grad_out = _unit_stride_on_d(grad_out)
+    delta = (grad_out.float() * out.float()).sum(-1).transpose(0, 1).contiguous()
+    _launch_backward(
+        q, k, v, grad_out, *grads, None, cu_seqlens, lse, delta, 0, 0, max_seqlen,
+        max_seqlen, batch, scale, dropout_p, seed,
+    )
+    return grads
+
+
+__all__ = ["attention_backward", "attention_varlen_backward", "configs", "keep"]

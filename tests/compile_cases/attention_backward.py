@@ -1,0 +1,128 @@
+"""Compile cases for kernels/flash_attention_backward.py: the dK / dV kernel and the dQ kernel.
+
+Variants are the forward's (dense masked, dense unmasked, padding-free; see
+tests/compile_cases/attention.py) times HAS_DROPOUT, which regenerates the Philox mask inside
+the loop and is the heaviest on registers. The cases, for each of the two kernels:
+
+- fp16, D=64 and D=128: every autotune config that ``keep`` allows, dense masked with dropout
+  (where registers run out first, so this is what the budgets were set against);
+- fp16, the heaviest kept config: D=32, 80, 96 dense masked with dropout, D=64 dense unmasked
+  without dropout, D=64 padding-free with dropout;
+- bf16, the heaviest kept config: D=64 and D=128 dense masked with dropout;
+- fp32, the heaviest kept config: D=64 dense masked with dropout and padding-free without
+  (fp32 runs its exact IEEE products on the FMA units; its spills are reported, not checked).
+
+A dK / dV case declares BLOCK_N, the row tile of its MMAs (k @ q^T, p^T @ dO, ds^T @ q), as its
+block_m for the tensor-core checks of tests/test_compile.py, and BLOCK_M as its block_n (the
+tile its loop steps over); a dQ case declares BLOCK_M and BLOCK_N.
+"""
+
+from __future__ import annotations
+
+from fastbert.kernels import flash_attention_backward as mod
+
+from tests.compile_support import CompileCase
+
+# (name, autotuned kernel, the gradient pointers it writes, whether it is the dK / dV kernel).
+KERNELS = (
+    ("attention_bwd_dkdv", mod._attention_bwd_dkdv_kernel, ("DK", "DV"), True),
+    ("attention_bwd_dq", mod._attention_bwd_dq_kernel, ("DQ",), False),
+)
+
+
+def _block_d(head_dim: int) -> int:
+    return 1 << (head_dim - 1).bit_length()
+
+
+ELEMENT_SIZE = {"fp16": 2, "bf16": 2, "fp32": 4}
+
+
+def _kept(kernel: tuple, dtype: str, head_dim: int) -> list:
+    size = ELEMENT_SIZE[dtype]
+    return [c for c in kernel[1].configs if mod.keep(c, _block_d(head_dim), size, kernel[3])]
+
+
+def _heaviest(kernel: tuple, dtype: str, head_dim: int):
+    """The kept config with the most values per thread (``keep``'s measure)."""
+
+    def held(c) -> int:
+        m, n = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
+        acc = 2 * n * _block_d(head_dim) if kernel[3] else m * _block_d(head_dim)
+        return (acc + 2 * m * n) // (32 * c.num_warps)
+
+    return max(_kept(kernel, dtype, head_dim), key=held)
+
+
+def _case(
+    kernel: tuple, dtype: str, head_dim: int, config, has_mask: bool, is_varlen: bool,
+    has_dropout: bool,
+) -> CompileCase:
+    name, jit, grads, is_dkdv = kernel
+    tensors = ("Q", "K", "V", "DO", *grads)
+    signature = dict.fromkeys(tensors, f"*{dtype}")
+    signature.update(Mask="*i1" if has_mask else "constexpr")
+    signature.update(CuSeqlens="*i32" if is_varlen else "constexpr")
+    signature.update(Lse="*fp32", Delta="*fp32")
+    signature.update({f"stride_{t.lower()}_{d}": "i32" for t in tensors for d in ("b", "h", "s")})
+    signature.update(stride_mask_b="i32", stride_mask_s="constexpr" if has_mask else "i32")
+    signature.update(stride_lse_b="i32", stride_lse_h="i32", seq_q="i32", seq_k="i32")
+    signature.update(qk_scale="fp32", sm_scale="fp32", dropout_p="fp32", seed="i32")
+    signature.update(seq_q_bucket="i32", seq_k_bucket="i32")
+    constexprs: dict[str, object] = dict(
+        HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), HAS_MASK=has_mask, IS_VARLEN=is_varlen,
+        HAS_DROPOUT=has_dropout, **config.kwargs,
+    )
+    if has_mask:
+        constexprs["stride_mask_s"] = 1  # a contiguous mask: the JIT specialises the 1
+    else:
+        constexprs["Mask"] = None
+    if not is_varlen:
+        constexprs["CuSeqlens"] = None
+    signature.update({n: "constexpr" for n in constexprs if n not in signature})
+    m, n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
+    return CompileCase(
+        name=(
+            f"{name}[{dtype} D={head_dim} {m}x{n} s{config.num_stages} w{config.num_warps} "
+            f"mask={int(has_mask)} varlen={int(is_varlen)} dropout={int(has_dropout)}]"
+        ),
+        fn=jit.fn,
+        signature=signature,
+        constexprs=constexprs,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        dtype=dtype,
+        block_m=n if is_dkdv else m,
+        block_n=m if is_dkdv else n,
+    )
+
+
+# (dtype, head dim, HAS_MASK, IS_VARLEN, HAS_DROPOUT) compiled in the heaviest kept config.
+HEAVIEST = (
+    ("fp16", 32, True, False, True),
+    ("fp16", 80, True, False, True),
+    ("fp16", 96, True, False, True),
+    ("fp16", 64, False, False, False),
+    ("fp16", 64, False, True, True),
+    ("bf16", 64, True, False, True),
+    ("bf16", 128, True, False, True),
+    ("fp32", 64, True, False, True),
+    ("fp32", 64, False, True, False),
+)
+
+
+def _cases() -> list[CompileCase]:
+    cases = []
+    for kernel in KERNELS:
+        cases += [
+            _case(kernel, "fp16", d, c, True, False, True)
+            for d in (64, 128)
+            for c in _kept(kernel, "fp16", d)
+        ]
+        cases += [
+            _case(kernel, dtype, d, _heaviest(kernel, dtype, d), mask, varlen, dropout)
+            for dtype, d, mask, varlen, dropout in HEAVIEST
+        ]
+    return cases
+
+
+CASES = _cases()
