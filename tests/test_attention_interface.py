@@ -38,9 +38,9 @@ def kernel_calls(monkeypatch) -> list[tuple]:
     calls: list[tuple] = []
     real = custom_ops.attention
 
-    def spy(q, k, v, key_padding_mask=None, scale=None):
+    def spy(q, k, v, key_padding_mask=None, scale=None, dropout_p=0.0):
         calls.append(None if key_padding_mask is None else tuple(key_padding_mask.shape))
-        return real(q, k, v, key_padding_mask, scale)
+        return real(q, k, v, key_padding_mask, scale, dropout_p)
 
     monkeypatch.setattr(custom_ops, "attention", spy)
     return calls
@@ -149,11 +149,21 @@ def test_output_layout_and_fully_padded_row() -> None:
     assert torch.equal(out[1], torch.zeros_like(out[1]))
 
 
-def test_attention_dropout_in_training_raises() -> None:
-    _, ours = _pair(attention_probs_dropout_prob=0.1)
+def test_attention_dropout_in_training_runs_and_trains() -> None:
+    """In train mode Hugging Face passes the attention dropout: the kernel applies it (fresh
+    masks each call, none in eval mode) and the attention has gradients."""
+    _, ours = _pair(attention_probs_dropout_prob=0.3)
     ids, mask, types = padded_batch([5, 2])
-    with pytest.raises(NotImplementedError, match="inference only"):
-        ours.train()(input_ids=ids, attention_mask=mask, token_type_ids=types)
+    inputs = dict(input_ids=ids, attention_mask=mask, token_type_ids=types)
+    with torch.no_grad():
+        evaluated = ours.eval()(**inputs)[0]
+        first, second = (ours.train()(**inputs)[0] for _ in range(2))
+    valid = mask.bool()
+    assert not torch.allclose(first[valid], second[valid])
+    assert not torch.allclose(first[valid], evaluated[valid])
+    ours(**inputs)[0][valid].sum().backward()
+    query = ours.encoder.layer[0].attention.self.query.weight
+    assert query.grad is not None and query.grad.abs().max() > 0
 
 
 def _run_python(code: str) -> subprocess.CompletedProcess:
