@@ -61,6 +61,8 @@ from ._runtime import (
 SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 128)
 MAX_GRID_YZ = 65535
 LOG2_E = math.log2(math.e)
+# Mask entries each step of the scan for whole tiles of real keys reads (see _key_ranges).
+MASK_SCAN_BLOCK = tl.constexpr(256)
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages), tuned for Hopper / Ampere with BERT shapes in mind.
 _TUNE_SPACE = (
@@ -144,6 +146,112 @@ def _load_rows(
 
 
 @triton.jit
+def _load_all_rows(
+    base,  # pointer to element (row 0, column 0) of a [rows, HEAD_DIM] tile source
+    offs_row,
+    stride_row,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Rows ``offs_row`` of a row-major tile, all of them in bounds (zero-padded past
+    HEAD_DIM to BLOCK_D): ``_load_rows`` without the per-row predicate."""
+    offs_d = tl.arange(0, BLOCK_D)
+    ptrs = base + offs_row[:, None] * stride_row + offs_d[None, :]
+    if HEAD_DIM == BLOCK_D:
+        return tl.load(ptrs)
+    else:
+        return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+
+
+@triton.jit
+def _key_ranges(
+    mask_base,  # pointer to the key-padding mask row of this batch (HAS_MASK only)
+    stride_mask_s,
+    seq_k,
+    BLOCK_N: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+):
+    """(full_end, end): keys [0, full_end) are whole BLOCK_N tiles of real keys, which need no
+    masking at all; keys [full_end, end) need it (a partial tile, padding, holes, left padding);
+    keys from ``end`` on are all masked (or past seq_k) and are skipped.
+
+    Without a mask, full_end is seq_k rounded down to BLOCK_N and end = seq_k. With one, one
+    pass over the mask row finds the first masked key (full_end rounds it down to BLOCK_N) and
+    the last real key (end is one past it): a right-padded row gets all its whole tiles on the
+    unmasked path and at most one masked tile; a row without real keys gets no tile at all.
+    """
+    if HAS_MASK:
+        offs = tl.arange(0, MASK_SCAN_BLOCK)
+        first_masked = tl.full([MASK_SCAN_BLOCK], seq_k, tl.int32)
+        last_real = tl.full([MASK_SCAN_BLOCK], -1, tl.int32)
+        for start in range(0, seq_k, MASK_SCAN_BLOCK):
+            keys = start + offs
+            inside = keys < seq_k
+            token = tl.load(mask_base + keys * stride_mask_s, mask=inside, other=0)
+            first_masked = tl.minimum(first_masked, tl.where(inside & (token == 0), keys, seq_k))
+            last_real = tl.maximum(last_real, tl.where(token != 0, keys, -1))
+        full_end = tl.min(first_masked, 0)
+        end = tl.max(last_real, 0) + 1
+    else:
+        full_end = seq_k
+        end = seq_k
+    return full_end - full_end % BLOCK_N, end
+
+
+@triton.jit
+def _attend_tile(
+    q,
+    k_base,  # pointer to key 0, column 0 of this (batch, head)
+    v_base,  # pointer to value 0, column 0 of this (batch, head)
+    mask_base,  # pointer to the key-padding mask row of this batch (HAS_MASK only)
+    stride_k_s,
+    stride_v_s,
+    stride_mask_s,
+    start_n,
+    end,  # keys from here on are masked or past the sequence (MASKED only)
+    qk_scale,  # scale * log2(e), >= 0
+    m_i,
+    l_i,
+    acc,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """One online-softmax step over keys start_n .. start_n + BLOCK_N - 1: the updated
+    (m_i, l_i, acc). MASKED=False: every key of the tile is real, so nothing is masked and the
+    scale folds into one FFMA with the running maximum (scale >= 0: max(s x) = s max(x))."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    if MASKED:
+        real = offs_n < end
+        k = _load_rows(k_base, offs_n, stride_k_s, real, HEAD_DIM, BLOCK_D)
+        if HAS_MASK:
+            token = tl.load(mask_base + offs_n * stride_mask_s, mask=real, other=0)
+            real = real & (token != 0)
+        # Masked keys' scores are replaced below, whatever K holds there; their values are
+        # loaded as zeros, since p = 0 times a NaN or Inf in V would still be NaN.
+        v = _load_rows(v_base, offs_n, stride_v_s, real, HEAD_DIM, BLOCK_D)
+        qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+        qk = tl.where(real[None, :], qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        # Rows with no real key so far keep m = -inf; shift them by 0 so exp2 gives 0, not NaN.
+        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(qk - m_new[:, None])
+    else:
+        k = _load_all_rows(k_base, offs_n, stride_k_s, HEAD_DIM, BLOCK_D)
+        v = _load_all_rows(v_base, offs_n, stride_v_s, HEAD_DIM, BLOCK_D)
+        qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+        # Finite after any real key (m_i = -inf only before the first tile).
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(tl.fma(qk, qk_scale, -m_new[:, None]))
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _attend_rows(
     q,
     k_base,  # pointer to key 0, column 0 of this (batch, head)
@@ -160,30 +268,28 @@ def _attend_rows(
     BLOCK_N: tl.constexpr,
     HAS_MASK: tl.constexpr,
 ):
-    """Online softmax over all keys for one block of queries: the normalised [BLOCK_M, BLOCK_D]."""
+    """Online softmax over all keys for one block of queries: the normalised [BLOCK_M, BLOCK_D].
+
+    Whole tiles of real keys run without any masking; the remaining keys up to the last real
+    one run masked (see ``_key_ranges``). A negative scale is applied as -q times |scale| (exact
+    in every dtype), so that the unmasked path may take the maximum before scaling.
+    """
+    q = tl.where(qk_scale < 0, -q, q)
+    qk_scale = tl.abs(qk_scale)
+    full_end, end = _key_ranges(mask_base, stride_mask_s, seq_k, BLOCK_N, HAS_MASK)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start_n in range(0, seq_k, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        real = offs_n < seq_k
-        k = _load_rows(k_base, offs_n, stride_k_s, real, HEAD_DIM, BLOCK_D)
-        if HAS_MASK:
-            token = tl.load(mask_base + offs_n * stride_mask_s, mask=real, other=0)
-            real = real & (token != 0)
-        # Masked keys' scores are replaced below, whatever K holds there; their values are
-        # loaded as zeros, since p = 0 times a NaN or Inf in V would still be NaN.
-        v = _load_rows(v_base, offs_n, stride_v_s, real, HEAD_DIM, BLOCK_D)
-        qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
-        qk = tl.where(real[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        # Rows with no real key so far keep m = -inf; shift them by 0 so exp2 gives 0, not NaN.
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(qk - m_shift[:, None])
-        alpha = tl.math.exp2(m_i - m_shift)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
-        m_i = m_new
+    for start_n in range(0, full_end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(
+            q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, start_n, end,
+            qk_scale, m_i, l_i, acc, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_MASK, False,
+        )
+    for start_n in range(full_end, end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(
+            q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, start_n, end,
+            qk_scale, m_i, l_i, acc, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_MASK, True,
+        )
     return acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
 
 
