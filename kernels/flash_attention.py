@@ -15,7 +15,15 @@ Masked keys have no influence whatever K and V hold there, NaN and Inf included 
 of FlashAttention and xformers): their scores are replaced by -inf after the product, and their
 V rows are loaded as zeros, since a zero weight times a NaN or Inf value would still be NaN.
 The padding-free variant never reads another sequence's tokens. Programs are launched per
-BLOCK_M queries of each (sequence, head); each streams all keys of its sequence.
+BLOCK_M queries of each (sequence, head); each streams the keys of its sequence.
+
+Key tiles take one of three paths. Whole BLOCK_N tiles of real keys (all of them before the
+first masked key) run with no masking at all, the scale folded into one FMA with the running
+maximum: exp2(fma(qk, scale, -m)). A partial tile of a row whose real keys are a prefix (the
+encoder's right padding, or the end of an unmasked sequence) checks only the bound. Any other
+key up to the last real one (holes, left padding) reads the mask. Keys after the last real one
+are skipped. With a mask, each program finds the first masked and the last real key in one
+pass over its mask row before the loop.
 
 Shapes and layouts:
 
@@ -63,6 +71,11 @@ MAX_GRID_YZ = 65535
 LOG2_E = math.log2(math.e)
 # Mask entries each step of the scan for whole tiles of real keys reads (see _key_ranges).
 MASK_SCAN_BLOCK = tl.constexpr(256)
+# What one key tile of _attend_tile checks: nothing (every key real), the bound ``end`` (keys
+# from ``end`` on are masked), or the bound and the key-padding mask.
+ALL_REAL = tl.constexpr(0)
+BOUNDED = tl.constexpr(1)
+MASKED = tl.constexpr(2)
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages), tuned for Hopper / Ampere with BERT shapes in mind.
 _TUNE_SPACE = (
@@ -171,14 +184,16 @@ def _key_ranges(
     BLOCK_N: tl.constexpr,
     HAS_MASK: tl.constexpr,
 ):
-    """(full_end, end): keys [0, full_end) are whole BLOCK_N tiles of real keys, which need no
-    masking at all; keys [full_end, end) need it (a partial tile, padding, holes, left padding);
-    keys from ``end`` on are all masked (or past seq_k) and are skipped.
+    """(full_end, bounded_end, end): keys [0, full_end) are whole BLOCK_N tiles of real keys,
+    which need no masking at all; in keys [full_end, bounded_end) exactly those below ``end``
+    are real (a bounds check suffices); keys [bounded_end, end) need the mask itself (holes,
+    left padding); keys from ``end`` on are all masked (or past seq_k) and are skipped.
 
-    Without a mask, full_end is seq_k rounded down to BLOCK_N and end = seq_k. With one, one
-    pass over the mask row finds the first masked key (full_end rounds it down to BLOCK_N) and
-    the last real key (end is one past it): a right-padded row gets all its whole tiles on the
-    unmasked path and at most one masked tile; a row without real keys gets no tile at all.
+    Without a mask, full_end is seq_k rounded down to BLOCK_N and bounded_end = end = seq_k.
+    With one, one pass over the mask row finds the first masked key (full_end rounds it down to
+    BLOCK_N) and the last real key (end is one past it). A right-padded row (real keys a
+    prefix) gets its whole tiles unmasked and at most one bounded tile, never a mask load; a
+    row without real keys gets no tile at all.
     """
     if HAS_MASK:
         offs = tl.arange(0, MASK_SCAN_BLOCK)
@@ -190,12 +205,14 @@ def _key_ranges(
             token = tl.load(mask_base + keys * stride_mask_s, mask=inside, other=0)
             first_masked = tl.minimum(first_masked, tl.where(inside & (token == 0), keys, seq_k))
             last_real = tl.maximum(last_real, tl.where(token != 0, keys, -1))
-        full_end = tl.min(first_masked, 0)
+        first_masked = tl.min(first_masked, 0)
         end = tl.max(last_real, 0) + 1
     else:
-        full_end = seq_k
+        first_masked = seq_k
         end = seq_k
-    return full_end - full_end % BLOCK_N, end
+    full_end = first_masked - first_masked % BLOCK_N
+    bounded_end = tl.where(first_masked >= end, end, full_end)
+    return full_end, bounded_end, end
 
 
 @triton.jit
@@ -208,7 +225,7 @@ def _attend_tile(
     stride_v_s,
     stride_mask_s,
     start_n,
-    end,  # keys from here on are masked or past the sequence (MASKED only)
+    end,  # keys from here on are masked or past the sequence (BOUNDED, MASKED)
     qk_scale,  # scale * log2(e), >= 0
     m_i,
     l_i,
@@ -216,17 +233,17 @@ def _attend_tile(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-    MASKED: tl.constexpr,
+    KEYS: tl.constexpr,  # ALL_REAL, BOUNDED or MASKED: what the tile's keys need checked
 ):
     """One online-softmax step over keys start_n .. start_n + BLOCK_N - 1: the updated
-    (m_i, l_i, acc). MASKED=False: every key of the tile is real, so nothing is masked and the
-    scale folds into one FFMA with the running maximum (scale >= 0: max(s x) = s max(x))."""
+    (m_i, l_i, acc). ALL_REAL: nothing is masked and the scale folds into one FFMA with the
+    running maximum (scale >= 0: max(s x) = s max(x)); BOUNDED: keys from ``end`` on are
+    masked; MASKED: so are the keys the key-padding mask marks."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    if MASKED:
+    if KEYS != ALL_REAL:
         real = offs_n < end
         k = _load_rows(k_base, offs_n, stride_k_s, real, HEAD_DIM, BLOCK_D)
-        if HAS_MASK:
+        if KEYS == MASKED:
             token = tl.load(mask_base + offs_n * stride_mask_s, mask=real, other=0)
             real = real & (token != 0)
         # Masked keys' scores are replaced below, whatever K holds there; their values are
@@ -270,26 +287,33 @@ def _attend_rows(
 ):
     """Online softmax over all keys for one block of queries: the normalised [BLOCK_M, BLOCK_D].
 
-    Whole tiles of real keys run without any masking; the remaining keys up to the last real
-    one run masked (see ``_key_ranges``). A negative scale is applied as -q times |scale| (exact
+    Whole tiles of real keys run without any masking, a partial tile of a prefix of real keys
+    with a bounds check, and any other keys up to the last real one with the mask (see
+    ``_key_ranges``). A negative scale is applied as -q times |scale| (exact
     in every dtype), so that the unmasked path may take the maximum before scaling.
     """
     q = tl.where(qk_scale < 0, -q, q)
     qk_scale = tl.abs(qk_scale)
-    full_end, end = _key_ranges(mask_base, stride_mask_s, seq_k, BLOCK_N, HAS_MASK)
+    full_end, bounded_end, end = _key_ranges(mask_base, stride_mask_s, seq_k, BLOCK_N, HAS_MASK)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start_n in range(0, full_end, BLOCK_N):
         m_i, l_i, acc = _attend_tile(
             q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, start_n, end,
-            qk_scale, m_i, l_i, acc, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_MASK, False,
+            qk_scale, m_i, l_i, acc, HEAD_DIM, BLOCK_D, BLOCK_N, ALL_REAL,
         )
-    for start_n in range(full_end, end, BLOCK_N):
+    for start_n in range(full_end, bounded_end, BLOCK_N):
         m_i, l_i, acc = _attend_tile(
             q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, start_n, end,
-            qk_scale, m_i, l_i, acc, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_MASK, True,
+            qk_scale, m_i, l_i, acc, HEAD_DIM, BLOCK_D, BLOCK_N, BOUNDED,
         )
+    if HAS_MASK:
+        for start_n in range(bounded_end, end, BLOCK_N):
+            m_i, l_i, acc = _attend_tile(
+                q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, start_n,
+                end, qk_scale, m_i, l_i, acc, HEAD_DIM, BLOCK_D, BLOCK_N, MASKED,
+            )
     return acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
 
 
