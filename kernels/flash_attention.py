@@ -303,13 +303,14 @@ def _attend_rows(
             q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, start_n, end,
             qk_scale, m_i, l_i, acc, HEAD_DIM, BLOCK_D, BLOCK_N, ALL_REAL,
         )
-    for start_n in range(full_end, bounded_end, BLOCK_N):
+    # At most one tile: pipelining it would only hold registers (it spilled on sm_80).
+    for start_n in tl.range(full_end, bounded_end, BLOCK_N, num_stages=1):
         m_i, l_i, acc = _attend_tile(
             q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, start_n, end,
             qk_scale, m_i, l_i, acc, HEAD_DIM, BLOCK_D, BLOCK_N, BOUNDED,
         )
     if HAS_MASK:
-        for start_n in range(bounded_end, end, BLOCK_N):
+        for start_n in tl.range(bounded_end, end, BLOCK_N, num_stages=1):
             m_i, l_i, acc = _attend_tile(
                 q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, start_n,
                 end, qk_scale, m_i, l_i, acc, HEAD_DIM, BLOCK_D, BLOCK_N, MASKED,
