@@ -226,7 +226,7 @@ def _attend_tile(
     stride_mask_s,
     start_n,
     end,  # keys from here on are masked or past the sequence (BOUNDED, MASKED)
-    qk_scale,  # scale * log2(e), >= 0
+    qk_scale,  # scale * log2(e); >= 0 for ALL_REAL
     m_i,
     l_i,
     acc,
@@ -289,12 +289,11 @@ def _attend_rows(
 
     Whole tiles of real keys run without any masking, a partial tile of a prefix of real keys
     with a bounds check, and any other keys up to the last real one with the mask (see
-    ``_key_ranges``). A negative scale is applied as -q times |scale| (exact
-    in every dtype), so that the unmasked path may take the maximum before scaling.
+    ``_key_ranges``). The unmasked path takes the maximum before scaling, which needs
+    scale >= 0: with a negative scale every tile runs on the checked paths, which scale first.
     """
-    q = tl.where(qk_scale < 0, -q, q)
-    qk_scale = tl.abs(qk_scale)
     full_end, bounded_end, end = _key_ranges(mask_base, stride_mask_s, seq_k, BLOCK_N, HAS_MASK)
+    full_end = tl.where(qk_scale < 0, 0, full_end)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
