@@ -253,16 +253,17 @@ def _attend_tile(
         qk = tl.where(real[None, :], qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         # Rows with no real key so far keep m = -inf; shift them by 0 so exp2 gives 0, not NaN.
-        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(qk - m_new[:, None])
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(qk - m_shift[:, None])
     else:
         k = _load_all_rows(k_base, offs_n, stride_k_s, HEAD_DIM, BLOCK_D)
         v = _load_all_rows(v_base, offs_n, stride_v_s, HEAD_DIM, BLOCK_D)
         qk = tl.dot(q, tl.trans(k), input_precision="ieee")
         # Finite after any real key (m_i = -inf only before the first tile).
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.math.exp2(tl.fma(qk, qk_scale, -m_new[:, None]))
-    alpha = tl.math.exp2(m_i - m_new)
+        m_shift = m_new
+        p = tl.math.exp2(tl.fma(qk, qk_scale, -m_shift[:, None]))
+    alpha = tl.math.exp2(m_i - m_shift)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
     return m_new, l_i, acc

@@ -243,6 +243,18 @@ def test_irregular_masks(device, dtype, pattern) -> None:
 
 
 @pytest.mark.parametrize("dtype", DOT_DTYPES)
+def test_left_padding_with_very_negative_scores(device, dtype) -> None:
+    """A whole tile of masked keys first, then real keys whose scaled scores are all about
+    -320: the running maximum must stay -inf across the masked tile (a maximum of 0 would
+    underflow every weight, giving zeros)."""
+    q = torch.ones(1, 1, 3, 32, dtype=dtype, device=device)
+    k = (-1.0 - 0.01 * randn((1, 1, 100, 32), F32, "cpu", 16)).to(device=device, dtype=dtype)
+    v = randn((1, 1, 100, 32), dtype, device, 17)
+    mask = (torch.arange(100) >= 70)[None].to(device)
+    check_attention(q, k, v, mask, scale=10.0)
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
 @pytest.mark.parametrize("scale", [-0.7, 0.0])
 @pytest.mark.parametrize("masked", [True, False], ids=["mask", "no-mask"])
 def test_negative_and_zero_scale(device, dtype, scale, masked) -> None:
