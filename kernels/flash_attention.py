@@ -19,11 +19,12 @@ BLOCK_M queries of each (sequence, head); each streams the keys of its sequence.
 
 Key tiles take one of three paths. Whole BLOCK_N tiles of real keys (all of them before the
 first masked key) run with no masking at all, the scale folded into one FMA with the running
-maximum: exp2(fma(qk, scale, -m)). A partial tile of a row whose real keys are a prefix (the
-encoder's right padding, or the end of an unmasked sequence) checks only the bound. Any other
-key up to the last real one (holes, left padding) reads the mask. Keys after the last real one
-are skipped. With a mask, each program finds the first masked and the last real key in one
-pass over its mask row before the loop.
+maximum: exp2(fma(qk, scale, -m)) (scale >= 0; a negative scale runs every tile on the
+checked paths, which scale before taking the maximum). A partial tile of a row whose real
+keys are a prefix (the encoder's right padding, or the end of an unmasked sequence) checks
+only the bound. Any other key up to the last real one (holes, left padding) reads the mask.
+Keys after the last real one are skipped. With a mask, each program finds the first masked
+and the last real key in one pass over its mask row before the loop.
 
 Shapes and layouts:
 
