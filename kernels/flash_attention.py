@@ -24,7 +24,9 @@ checked paths, which scale before taking the maximum). A partial tile of a row w
 keys are a prefix (the encoder's right padding, or the end of an unmasked sequence) checks
 only the bound. Any other key up to the last real one (holes, left padding) reads the mask.
 Keys after the last real one are skipped. With a mask, each program finds the first masked
-and the last real key in one pass over its mask row before the loop.
+and the last real key in one pass over its mask row before the loop. That is for fp16 and
+bf16; fp32, whose exact products on the FMA units dominate the step, runs one loop of checked
+tiles (three copies of it spilled registers).
 
 Shapes and layouts:
 
@@ -299,23 +301,33 @@ def _attend_rows(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start_n in range(0, full_end, BLOCK_N):
-        m_i, l_i, acc = _attend_tile(
-            q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, start_n, end,
-            qk_scale, m_i, l_i, acc, HEAD_DIM, BLOCK_D, BLOCK_N, ALL_REAL,
-        )
-    # At most one tile: pipelining it would only hold registers (it spilled on sm_80).
-    for start_n in tl.range(full_end, bounded_end, BLOCK_N, num_stages=1):
-        m_i, l_i, acc = _attend_tile(
-            q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, start_n, end,
-            qk_scale, m_i, l_i, acc, HEAD_DIM, BLOCK_D, BLOCK_N, BOUNDED,
-        )
-    if HAS_MASK:
-        for start_n in tl.range(bounded_end, end, BLOCK_N, num_stages=1):
+    if q.dtype == tl.float32:
+        # The exact fp32 products run on the FMA units and dominate the step: one copy of the
+        # loop, which three copies would only push into register spills.
+        for start_n in range(0, end, BLOCK_N):
             m_i, l_i, acc = _attend_tile(
                 q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, start_n,
-                end, qk_scale, m_i, l_i, acc, HEAD_DIM, BLOCK_D, BLOCK_N, MASKED,
+                end, qk_scale, m_i, l_i, acc, HEAD_DIM, BLOCK_D, BLOCK_N,
+                MASKED if HAS_MASK else BOUNDED,
             )
+    else:
+        for start_n in range(0, full_end, BLOCK_N):
+            m_i, l_i, acc = _attend_tile(
+                q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, start_n, end,
+                qk_scale, m_i, l_i, acc, HEAD_DIM, BLOCK_D, BLOCK_N, ALL_REAL,
+            )
+        # At most one tile: pipelining it would only hold registers (it spilled on sm_80).
+        for start_n in tl.range(full_end, bounded_end, BLOCK_N, num_stages=1):
+            m_i, l_i, acc = _attend_tile(
+                q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, start_n, end,
+                qk_scale, m_i, l_i, acc, HEAD_DIM, BLOCK_D, BLOCK_N, BOUNDED,
+            )
+        if HAS_MASK:
+            for start_n in tl.range(bounded_end, end, BLOCK_N, num_stages=1):
+                m_i, l_i, acc = _attend_tile(
+                    q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, start_n,
+                    end, qk_scale, m_i, l_i, acc, HEAD_DIM, BLOCK_D, BLOCK_N, MASKED,
+                )
     return acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
 
 
