@@ -27,7 +27,18 @@ Masked keys have no influence whatever K and V hold there, NaN and Inf included 
 of FlashAttention and xformers): their scores are replaced by -inf after the product, and their
 V rows are loaded as zeros, since a zero weight times a NaN or Inf value would still be NaN.
 The padding-free variant never reads another sequence's tokens. Programs are launched per
-BLOCK_M queries of each (sequence, head); each streams all keys of its sequence.
+BLOCK_M queries of each (sequence, head); each streams the keys of its sequence.
+
+Key tiles take one of three paths. Whole BLOCK_N tiles of real keys (all of them before the
+first masked key) run with no masking at all, the scale folded into one FMA with the running
+maximum: exp2(fma(qk, scale, -m)) (scale >= 0; a negative scale runs every tile on the
+checked paths, which scale before taking the maximum). A partial tile of a row whose real
+keys are a prefix (the encoder's right padding, or the end of an unmasked sequence) checks
+only the bound. Any other key up to the last real one (holes, left padding) reads the mask.
+Keys after the last real one are skipped. With a mask, each program finds the first masked
+and the last real key in one pass over its mask row before the loop. That is for fp16 and
+bf16; fp32, whose exact products on the FMA units dominate the step, runs one loop of checked
+tiles (three copies of it spilled registers).
 
 Shapes and layouts:
 
@@ -72,6 +83,13 @@ from ._runtime import (
 SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 128)
 MAX_GRID_YZ = 65535
 LOG2_E = math.log2(math.e)
+# Mask entries each step of the scan for whole tiles of real keys reads (see _key_ranges).
+MASK_SCAN_BLOCK = tl.constexpr(256)
+# What one key tile of _attend_tile checks: nothing (every key real), the bound ``end`` (keys
+# from ``end`` on are masked), or the bound and the key-padding mask.
+ALL_REAL = tl.constexpr(0)
+BOUNDED = tl.constexpr(1)
+MASKED = tl.constexpr(2)
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages), tuned for Hopper / Ampere with BERT shapes in mind.
 _TUNE_SPACE = (
@@ -155,6 +173,124 @@ def _load_rows(
 
 
 @triton.jit
+def _load_all_rows(
+    base,  # pointer to element (row 0, column 0) of a [rows, HEAD_DIM] tile source
+    offs_row,
+    stride_row,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Rows ``offs_row`` of a row-major tile, all of them in bounds (zero-padded past
+    HEAD_DIM to BLOCK_D): ``_load_rows`` without the per-row predicate."""
+    offs_d = tl.arange(0, BLOCK_D)
+    ptrs = base + offs_row[:, None] * stride_row + offs_d[None, :]
+    if HEAD_DIM == BLOCK_D:
+        return tl.load(ptrs)
+    else:
+        return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+
+
+@triton.jit
+def _key_ranges(
+    mask_base,  # pointer to the key-padding mask row of this batch (HAS_MASK only)
+    stride_mask_s,
+    seq_k,
+    BLOCK_N: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+):
+    """(full_end, bounded_end, end): keys [0, full_end) are whole BLOCK_N tiles of real keys,
+    which need no masking at all; in keys [full_end, bounded_end) exactly those below ``end``
+    are real (a bounds check suffices); keys [bounded_end, end) need the mask itself (holes,
+    left padding); keys from ``end`` on are all masked (or past seq_k) and are skipped.
+
+    Without a mask, full_end is seq_k rounded down to BLOCK_N and bounded_end = end = seq_k.
+    With one, one pass over the mask row finds the first masked key (full_end rounds it down to
+    BLOCK_N) and the last real key (end is one past it). A right-padded row (real keys a
+    prefix) gets its whole tiles unmasked and at most one bounded tile, never a mask load; a
+    row without real keys gets no tile at all.
+    """
+    if HAS_MASK:
+        offs = tl.arange(0, MASK_SCAN_BLOCK)
+        first_masked = tl.full([MASK_SCAN_BLOCK], seq_k, tl.int32)
+        last_real = tl.full([MASK_SCAN_BLOCK], -1, tl.int32)
+        for start in range(0, seq_k, MASK_SCAN_BLOCK):
+            keys = start + offs
+            inside = keys < seq_k
+            token = tl.load(mask_base + keys * stride_mask_s, mask=inside, other=0)
+            first_masked = tl.minimum(first_masked, tl.where(inside & (token == 0), keys, seq_k))
+            last_real = tl.maximum(last_real, tl.where(token != 0, keys, -1))
+        first_masked = tl.min(first_masked, 0)
+        end = tl.max(last_real, 0) + 1
+    else:
+        first_masked = seq_k
+        end = seq_k
+    full_end = first_masked - first_masked % BLOCK_N
+    bounded_end = tl.where(first_masked >= end, end, full_end)
+    return full_end, bounded_end, end
+
+
+@triton.jit
+def _attend_tile(
+    q,
+    k_base,  # pointer to key 0, column 0 of this (batch, head)
+    v_base,  # pointer to value 0, column 0 of this (batch, head)
+    mask_base,  # pointer to the key-padding mask row of this batch (HAS_MASK only)
+    stride_k_s,
+    stride_v_s,
+    stride_mask_s,
+    start_n,
+    end,  # keys from here on are masked or past the sequence (BOUNDED, MASKED)
+    qk_scale,  # scale * log2(e); >= 0 for ALL_REAL
+    m_i,
+    l_i,
+    acc,
+    drop_rows,  # int64 [BLOCK_M]: dropout offset of each query row's key 0 (HAS_DROPOUT only)
+    dropout_p,
+    seed,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    KEYS: tl.constexpr,  # ALL_REAL, BOUNDED or MASKED: what the tile's keys need checked
+    HAS_DROPOUT: tl.constexpr,
+):
+    """One online-softmax step over keys start_n .. start_n + BLOCK_N - 1: the updated
+    (m_i, l_i, acc). ALL_REAL: nothing is masked and the scale folds into one FFMA with the
+    running maximum (scale >= 0: max(s x) = s max(x)); BOUNDED: keys from ``end`` on are
+    masked; MASKED: so are the keys the key-padding mask marks. With HAS_DROPOUT the
+    probabilities are dropped after the row sum took them all."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    if KEYS != ALL_REAL:
+        real = offs_n < end
+        k = _load_rows(k_base, offs_n, stride_k_s, real, HEAD_DIM, BLOCK_D)
+        if KEYS == MASKED:
+            token = tl.load(mask_base + offs_n * stride_mask_s, mask=real, other=0)
+            real = real & (token != 0)
+        # Masked keys' scores are replaced below, whatever K holds there; their values are
+        # loaded as zeros, since p = 0 times a NaN or Inf in V would still be NaN.
+        v = _load_rows(v_base, offs_n, stride_v_s, real, HEAD_DIM, BLOCK_D)
+        qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+        qk = tl.where(real[None, :], qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        # Rows with no real key so far keep m = -inf; shift them by 0 so exp2 gives 0, not NaN.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(qk - m_shift[:, None])
+    else:
+        k = _load_all_rows(k_base, offs_n, stride_k_s, HEAD_DIM, BLOCK_D)
+        v = _load_all_rows(v_base, offs_n, stride_v_s, HEAD_DIM, BLOCK_D)
+        qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+        # Finite after any real key (m_i = -inf only before the first tile).
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        m_shift = m_new
+        p = tl.math.exp2(tl.fma(qk, qk_scale, -m_shift[:, None]))
+    alpha = tl.math.exp2(m_i - m_shift)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if HAS_DROPOUT:
+        p = _dropout.dropped(p, seed, drop_rows[:, None] + offs_n[None, :], dropout_p)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _attend_rows(
     q,
     k_base,  # pointer to key 0, column 0 of this (batch, head)
@@ -177,32 +313,48 @@ def _attend_rows(
 ):
     """Online softmax over all keys for one block of queries: the normalised [BLOCK_M, BLOCK_D]
     output and each row's log2-sum-exp2 of its scaled scores (+inf for a row with no real key).
-    With HAS_DROPOUT the probabilities are dropped (after the normaliser took them all)."""
+    With HAS_DROPOUT the probabilities are dropped (after the normaliser took them all).
+
+    Whole tiles of real keys run without any masking, a partial tile of a prefix of real keys
+    with a bounds check, and any other keys up to the last real one with the mask (see
+    ``_key_ranges``). The unmasked path takes the maximum before scaling, which needs
+    scale >= 0: with a negative scale every tile runs on the checked paths, which scale first.
+    """
+    full_end, bounded_end, end = _key_ranges(mask_base, stride_mask_s, seq_k, BLOCK_N, HAS_MASK)
+    full_end = tl.where(qk_scale < 0, 0, full_end)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start_n in range(0, seq_k, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        real = offs_n < seq_k
-        k = _load_rows(k_base, offs_n, stride_k_s, real, HEAD_DIM, BLOCK_D)
+    if q.dtype == tl.float32:
+        # The exact fp32 products run on the FMA units and dominate the step: one copy of the
+        # loop, which three copies would only push into register spills.
+        for start_n in range(0, end, BLOCK_N):
+            m_i, l_i, acc = _attend_tile(
+                q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, start_n,
+                end, qk_scale, m_i, l_i, acc, drop_rows, dropout_p, seed, HEAD_DIM, BLOCK_D,
+                BLOCK_N, MASKED if HAS_MASK else BOUNDED, HAS_DROPOUT,
+            )
+    else:
+        for start_n in range(0, full_end, BLOCK_N):
+            m_i, l_i, acc = _attend_tile(
+                q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, start_n, end,
+                qk_scale, m_i, l_i, acc, drop_rows, dropout_p, seed, HEAD_DIM, BLOCK_D, BLOCK_N,
+                ALL_REAL, HAS_DROPOUT,
+            )
+        # At most one tile: pipelining it would only hold registers (it spilled on sm_80).
+        for start_n in tl.range(full_end, bounded_end, BLOCK_N, num_stages=1):
+            m_i, l_i, acc = _attend_tile(
+                q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, start_n, end,
+                qk_scale, m_i, l_i, acc, drop_rows, dropout_p, seed, HEAD_DIM, BLOCK_D, BLOCK_N,
+                BOUNDED, HAS_DROPOUT,
+            )
         if HAS_MASK:
-            token = tl.load(mask_base + offs_n * stride_mask_s, mask=real, other=0)
-            real = real & (token != 0)
-        # Masked keys' scores are replaced below, whatever K holds there; their values are
-        # loaded as zeros, since p = 0 times a NaN or Inf in V would still be NaN.
-        v = _load_rows(v_base, offs_n, stride_v_s, real, HEAD_DIM, BLOCK_D)
-        qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
-        qk = tl.where(real[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        # Rows with no real key so far keep m = -inf; shift them by 0 so exp2 gives 0, not NaN.
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(qk - m_shift[:, None])
-        alpha = tl.math.exp2(m_i - m_shift)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if HAS_DROPOUT:
-            p = _dropout.dropped(p, seed, drop_rows[:, None] + offs_n[None, :], dropout_p)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
-        m_i = m_new
+            for start_n in tl.range(bounded_end, end, BLOCK_N, num_stages=1):
+                m_i, l_i, acc = _attend_tile(
+                    q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, start_n,
+                    end, qk_scale, m_i, l_i, acc, drop_rows, dropout_p, seed, HEAD_DIM, BLOCK_D,
+                    BLOCK_N, MASKED, HAS_DROPOUT,
+                )
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     return acc / l_safe[:, None], tl.where(l_i == 0.0, float("inf"), m_i + tl.math.log2(l_safe))
 

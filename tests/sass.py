@@ -156,6 +156,24 @@ def main_loop(instructions: list[Instruction]) -> Loop | None:
     return None
 
 
+def mma_loops(instructions: list[Instruction]) -> list[Loop]:
+    """Every innermost loop holding MMAs (none of the others nested in it), in address order:
+    e.g. one per key-tile path of the attention kernel (whole tiles, bounded, masked)."""
+    holding = [
+        loop for loop in loops(instructions) if any(i.klass == "mma" for i in loop.body)
+    ]
+    return sorted(
+        (
+            loop for loop in holding
+            if not any(
+                other is not loop and loop.start <= other.start and other.end <= loop.end
+                for other in holding
+            )
+        ),
+        key=lambda loop: loop.start,
+    )
+
+
 def _opcode_counts(instructions: list[Instruction], stems: tuple[str, ...]) -> dict[str, int]:
     return dict(sorted(collections.Counter(
         i.opcode for i in instructions if i.stem in stems
@@ -171,7 +189,9 @@ def summary(instructions: list[Instruction]) -> dict[str, object]:
     ``mma``: MMA opcodes with their counts (e.g. {"HGMMA.64x64x16.F32": 8}); ``global_loads``:
     global-load opcodes (width in the suffix: LDG.E.128 = 16 bytes per thread) with counts;
     ``tma`` / ``cp_async``: UTMALDG / LDGSTS counts; ``stl`` / ``ldl``: local stores / loads
-    (register spills); ``loop``: the main loop's address range, size and class counts, or None.
+    (register spills); ``loop``: the main loop's address range, size and class counts, or None;
+    ``mma_loop_sizes``: the size of every innermost MMA loop (:func:`mma_loops`), in address
+    order.
     """
     stems = collections.Counter(i.stem for i in instructions)
     loop = main_loop(instructions)
@@ -183,6 +203,7 @@ def summary(instructions: list[Instruction]) -> dict[str, object]:
         "stl": stems["STL"],
         "ldl": stems["LDL"],
         "instructions": len(instructions),
+        "mma_loop_sizes": [loop.size for loop in mma_loops(instructions)],
         "loop": None if loop is None else {
             "start": loop.start,
             "end": loop.end,

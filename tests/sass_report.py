@@ -135,7 +135,7 @@ def _config_rows(reports: list[dict], normalise: bool) -> list[str]:
     head = (
         "| config | regs | spills (STL/LDL, ptxas bytes) | smem B | CTAs/SM | MMA (whole kernel) "
         "| TMA / cp.async | global loads | main loop instr. |"
-        + (" per 64x64 tile |" if normalise else "")
+        + (" per 64x64 tile | MMA loops per 64x64 tile |" if normalise else "")
     )
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in reports:
@@ -151,7 +151,11 @@ def _config_rows(reports: list[dict], normalise: bool) -> list[str]:
         )
         if normalise:
             per_tile = tile_normalised(loop["size"], r["block_m"], r["block_n"], r["num_warps"])
-            row += f" {per_tile:.0f} |"
+            every = (
+                tile_normalised(n, r["block_m"], r["block_n"], r["num_warps"])
+                for n in r["sass"]["mma_loop_sizes"]
+            )
+            row += f" {per_tile:.0f} | {' / '.join(f'{n:.0f}' for n in every)} |"
         rows.append(row)
     return rows
 
@@ -234,8 +238,9 @@ def gemm_estimate(gemm: Gemm, report: dict) -> Estimate:
 
 
 def attention_estimate(report: dict) -> Estimate:
-    """All S keys are streamed (padding keys are masked, not skipped); Q, K, V read once, O
-    written once; the issue bound from the main loop's instructions per iteration."""
+    """Every key assumed real, so every key tile runs the main loop (whole tiles of real keys);
+    Q, K, V read once, O written once; the issue bound from the main loop's instructions per
+    iteration."""
     key_tiles = math.ceil(SEQ / report["block_n"])
     programs = BATCH * HEADS * math.ceil(SEQ / report["block_m"])
     warp_instructions = programs * key_tiles * report["sass"]["loop"]["size"] * report["num_warps"]
@@ -348,10 +353,15 @@ Assumptions of the model (each one an assumption, none measured):
   programs / (waves x slots).
 - Memory time = bytes / 3.0 TB/s, each tensor read or written once (re-reads of the weight or
   of K/V across programs assumed to hit L2).
-- Attention streams all 128 keys (padding keys are masked, not skipped) and has a third bound,
-  instruction issue: main-loop instructions per thread x warps x iterations x programs, over
-  132 x 4 issue slots per clock at the assumed clock, divided by the wave efficiency. The
-  softmax's MUFU and FP32 work sit inside that count.
+- Attention: all 128 keys of every row are assumed real, so every key tile runs the main loop
+  (whole tiles of real keys, no masking). In a padded batch each row's whole tiles run that
+  loop, at most one partial tile runs the bounded loop (the second of `MMA loops` in the
+  attention tables) and the keys after the last real one are skipped; a mask that is not a
+  prefix of real keys runs the masked loop (the third) from its first masked key on. The scan
+  of the mask row before the loop is not modelled. Attention has a third bound, instruction
+  issue: main-loop instructions per thread x warps x iterations x programs, over 132 x 4 issue
+  slots per clock at the assumed clock, divided by the wave efficiency. The softmax's MUFU
+  and FP32 work sit inside that count.
 - LayerNorm and embeddings are memory-bound row kernels: memory time only.
 - Modelled time of an op = the largest of its bounds; per layer = the sum over its seven
   launches (launch gaps, which CUDA graphs remove, are not modelled).
@@ -387,7 +397,9 @@ def render(compiled: dict) -> str:
         "main loop's instructions per thread per iteration (the innermost backward branch whose",
         "body holds the MMAs, NOPs left out). For attention, `per 64x64 tile` = main-loop",
         "instructions x (num_warps / 4) x 4096 / (BLOCK_M x BLOCK_N): issue slots per 64x64 tile",
-        "of a 4-warp program.",
+        "of a 4-warp program; `MMA loops per 64x64 tile`: the same for every innermost loop",
+        "holding MMAs, in address order (attention: whole tiles of real keys, a bounded partial",
+        "tile, the masked step that reads the mask).",
         "",
         "## Modelled time per op and per layer (H100 SXM, a model)",
         "",

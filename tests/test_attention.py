@@ -216,6 +216,55 @@ def test_explicit_scale(device, dtype, scale) -> None:
     check_attention(q, k, v, padded_mask([33, 12], 33, device=device), scale=scale)
 
 
+# Masks that are not a prefix of real keys, over 200 keys (tiles of 64 keys on the interpreter,
+# whole tiles of real keys run without masking): key index -> real, per row.
+IRREGULAR_MASKS = {
+    "holes": lambda j: (j != 70) & ((j < 130) | (j > 135)),
+    "left-padded": lambda j: j >= 100,
+    "prefix-of-whole-tiles": lambda j: j < 128,
+    "hole-in-first-tile": lambda j: j != 3,
+    "last-key-only": lambda j: j == 199,
+    "every-other-key": lambda j: j % 2 == 0,
+}
+
+
+@IGNORE_NONFINITE
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize("pattern", IRREGULAR_MASKS)
+def test_irregular_masks(device, dtype, pattern) -> None:
+    """Holes, left padding and tile-aligned padding: right against the reference, and NaN at
+    every masked key (K and V) changes nothing."""
+    keys = torch.arange(200)
+    mask = torch.stack([IRREGULAR_MASKS[pattern](keys), keys < 150]).to(device)
+    q, k, v = qkv(2, 2, 9, 200, 32, dtype, device, seed=14)
+    out = check_attention(q, k, v, mask)
+    k_bad, v_bad = poisoned(k, mask, float("nan")), poisoned(v, mask, float("nan"))
+    assert torch.equal(K.attention(q, k_bad, v_bad, mask), out)
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+def test_left_padding_with_very_negative_scores(device, dtype) -> None:
+    """A whole tile of masked keys first, then real keys whose scaled scores are all about
+    -320: the running maximum must stay -inf across the masked tile (a maximum of 0 would
+    underflow every weight, giving zeros)."""
+    q = torch.ones(1, 1, 3, 32, dtype=dtype, device=device)
+    k = (-1.0 - 0.01 * randn((1, 1, 100, 32), F32, "cpu", 16)).to(device=device, dtype=dtype)
+    v = randn((1, 1, 100, 32), dtype, device, 17)
+    mask = (torch.arange(100) >= 70)[None].to(device)
+    check_attention(q, k, v, mask, scale=10.0)
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize("scale", [-0.7, 0.0])
+@pytest.mark.parametrize("masked", [True, False], ids=["mask", "no-mask"])
+def test_negative_and_zero_scale(device, dtype, scale, masked) -> None:
+    """A negative scale (the maximum of scale x score is then at the smallest score) and a zero
+    scale (uniform weights), over whole and partial key tiles."""
+    q, k, v = qkv(2, 2, 9, 130, 32, dtype, device, seed=15)
+    mask = padded_mask([130, 70], 130, device=device) if masked else None
+    check_attention(q, k, v, mask, scale=scale)
+
+
 def test_empty_inputs(device) -> None:
     q, k, v = qkv(0, 2, 5, 5, 32, F32, device)
     assert K.attention(q, k, v).shape == (0, 2, 5, 32)

@@ -74,6 +74,22 @@ def test_summary_counts_loads_spills_and_mma_shapes() -> None:
     assert summary["global_loads"] == {"LDG.E.U8": 1, "LDGSTS.E.BYPASS.128": 1}
     assert (summary["tma"], summary["cp_async"], summary["stl"], summary["ldl"]) == (0, 1, 1, 0)
     assert summary["loop"]["size"] == 11
+    assert summary["mma_loop_sizes"] == [11]
+
+
+def test_mma_loops_are_the_innermost_loops_holding_mmas() -> None:
+    """A second MMA loop after the main loop counts; a loop around both does not."""
+    second = """
+        /*0140*/                   HGMMA.64x64x16.F32 R24, gdesc[UR8], RZ, !UPT ;
+        /*0150*/                   FSEL R6, R6, -INF , P1 ;
+        /*0160*/              @!P2 BRA 0x140 ;
+        /*0170*/              @!P4 BRA 0x20 ;
+"""
+    listing = LISTING.replace("        /*0120*/                   EXIT ;\n", second)
+    found = sass.mma_loops(sass.parse(listing))
+    assert [(loop.start, loop.end, loop.size) for loop in found] == [
+        (0x30, 0xE0, 11), (0x140, 0x160, 3)
+    ]
 
 
 @pytest.mark.parametrize(
