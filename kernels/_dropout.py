@@ -27,10 +27,16 @@ def check_dropout_p(dropout_p: object) -> float:
     return p
 
 
+def draw_seed_tensor() -> torch.Tensor:
+    """:func:`draw_seed` as a 0-d int64 CPU tensor, for code that torch.compile traces (a
+    Python int would need ``.item()``, a graph break)."""
+    return torch.randint(0, _SEED_BOUND, (), dtype=torch.int64)
+
+
 def draw_seed() -> int:
     """The Philox seed of one dropout call, from PyTorch's default CPU generator: so
     ``torch.manual_seed`` makes the masks reproducible, and no device synchronises."""
-    return int(torch.randint(0, _SEED_BOUND, (), dtype=torch.int64).item())
+    return int(draw_seed_tensor().item())
 
 
 @triton.jit

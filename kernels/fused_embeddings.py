@@ -252,7 +252,9 @@ def _table_strides(*tables: torch.Tensor) -> tuple[int, ...]:
     return tuple(stride for t in tables for stride in (t.stride(0), t.stride(1)))
 
 
-def _forward(ids, tables, weight, bias, eps, dropout_p, seed, save_stats):
+def embeddings_layer_norm_forward(
+    ids, tables, weight, bias, eps, dropout_p, seed, save_stats
+):
     """Launch the forward: (out [B, S, H], mean, rstd); the float32 [B * S] statistics only when
     ``save_stats``. ``ids`` = (input_ids, token_type_ids, position_ids), ``tables`` = (word,
     position, token type); checked by the caller."""
@@ -296,7 +298,9 @@ def _forward(ids, tables, weight, bias, eps, dropout_p, seed, save_stats):
     return out, mean, rstd
 
 
-def _backward(dout, ids, tables, weight, mean, rstd, dropout_p, seed):
+def embeddings_layer_norm_backward(
+    dout, ids, tables, weight, mean, rstd, dropout_p, seed
+):
     """Launch the backward: (dword, dpos, dtype, dweight, dbias), each in its input's dtype."""
     input_ids, token_type_ids, position_ids = ids
     batch, seq = input_ids.shape
@@ -333,9 +337,40 @@ def _backward(dout, ids, tables, weight, mean, rstd, dropout_p, seed):
             BLOCK=block,
             num_warps=num_warps(block),
         )
-    dweight, dbias = partials.sum(dim=1).to(weight.dtype)
+    # Two separate sums: the gradients must not share storage.
+    dweight, dbias = (p.sum(dim=0).to(weight.dtype) for p in partials)
     dtables = [g.to(t.dtype) for g, t in zip(grads, tables)]
     return (*dtables, dweight, dbias)
+
+
+def check_inputs(
+    input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps,
+    *, check_ids: bool, dropout_p: object,
+) -> float:
+    """Raise as :func:`embeddings_layer_norm` documents, before anything runs (the id ranges
+    only when ``check_ids``); returns dropout_p as a float."""
+    check_embeddings(
+        input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
+    )
+    dropout_p = check_dropout_p(dropout_p)
+    check_triton_device("word_emb", word_emb)
+    hidden = word_emb.shape[1]
+    check_hidden(hidden)
+    seq = input_ids.shape[1]
+    if position_ids is None and seq > pos_emb.shape[0]:
+        raise ValueError(
+            f"sequence length {seq} is longer than the {pos_emb.shape[0]} rows of pos_emb"
+        )
+    if check_ids:
+        check_id_ranges(
+            input_ids,
+            token_type_ids,
+            position_ids,
+            word_emb.shape[0],
+            type_emb.shape[0],
+            pos_emb.shape[0],
+        )
+    return dropout_p
 
 
 class _EmbeddingsLayerNormFunction(torch.autograd.Function):
@@ -344,7 +379,9 @@ class _EmbeddingsLayerNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, ids, word_emb, pos_emb, type_emb, weight, bias, eps, dropout_p, seed):
         tables = (word_emb, pos_emb, type_emb)
-        out, mean, rstd = _forward(ids, tables, weight, bias, eps, dropout_p, seed, True)
+        out, mean, rstd = embeddings_layer_norm_forward(
+            ids, tables, weight, bias, eps, dropout_p, seed, True
+        )
         ctx.save_for_backward(*tables, weight, mean, rstd)
         ctx.ids, ctx.dropout_p, ctx.seed = ids, dropout_p, seed
         return out
@@ -353,7 +390,9 @@ class _EmbeddingsLayerNormFunction(torch.autograd.Function):
     def backward(ctx, dout):
         word_emb, pos_emb, type_emb, weight, mean, rstd = ctx.saved_tensors
         tables = (word_emb, pos_emb, type_emb)
-        grads = _backward(dout, ctx.ids, tables, weight, mean, rstd, ctx.dropout_p, ctx.seed)
+        grads = embeddings_layer_norm_backward(
+            dout, ctx.ids, tables, weight, mean, rstd, ctx.dropout_p, ctx.seed
+        )
         return (None, *grads, None, None, None)
 
 
@@ -400,27 +439,10 @@ def embeddings_layer_norm(
             dropout_p outside [0, 1), or tensors the Triton kernels cannot reach (not CUDA,
             and not the CPU under TRITON_INTERPRET=1).
     """
-    check_embeddings(
-        input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
+    dropout_p = check_inputs(
+        input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps,
+        check_ids=check_ids, dropout_p=dropout_p,
     )
-    dropout_p = check_dropout_p(dropout_p)
-    check_triton_device("word_emb", word_emb)
-    hidden = word_emb.shape[1]
-    check_hidden(hidden)
-    seq = input_ids.shape[1]
-    if position_ids is None and seq > pos_emb.shape[0]:
-        raise ValueError(
-            f"sequence length {seq} is longer than the {pos_emb.shape[0]} rows of pos_emb"
-        )
-    if check_ids:
-        check_id_ranges(
-            input_ids,
-            token_type_ids,
-            position_ids,
-            word_emb.shape[0],
-            type_emb.shape[0],
-            pos_emb.shape[0],
-        )
     ids = (input_ids, token_type_ids, position_ids)
     tables = (word_emb, pos_emb, type_emb)
     seed = draw_seed() if dropout_p > 0.0 else 0
@@ -428,4 +450,4 @@ def embeddings_layer_norm(
         return _EmbeddingsLayerNormFunction.apply(
             ids, *tables, weight, bias, eps, dropout_p, seed
         )
-    return _forward(ids, tables, weight, bias, eps, dropout_p, seed, False)[0]
+    return embeddings_layer_norm_forward(ids, tables, weight, bias, eps, dropout_p, seed, False)[0]

@@ -219,7 +219,7 @@ def _layer_norm_bwd_kernel(
     tl.store(dbias_partial_ptr + program * N + cols, dbias, mask=mask)
 
 
-def _forward(
+def layer_norm_forward(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor,
@@ -271,7 +271,7 @@ def _forward(
     return out, mean, rstd
 
 
-def _backward(
+def layer_norm_backward(
     dout: torch.Tensor,
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -320,8 +320,19 @@ def _backward(
             BLOCK=block,
             num_warps=num_warps(block),
         )
-    dweight, dbias = partials.sum(dim=1).to(weight.dtype)
+    # Two separate sums: the gradients must not share storage.
+    dweight, dbias = (p.sum(dim=0).to(weight.dtype) for p in partials)
     return dx, dweight, dbias, dres
+
+
+def check_inputs(x, weight, bias, eps, residual, dropout_p) -> float:
+    """Raise as :func:`layer_norm` documents, before anything runs; returns dropout_p as a
+    float."""
+    check_layer_norm(x, weight, bias, eps, residual)
+    dropout_p = check_dropout_p(dropout_p)
+    check_triton_device("x", x)
+    check_hidden(x.shape[-1])
+    return dropout_p
 
 
 class _LayerNormFunction(torch.autograd.Function):
@@ -329,7 +340,7 @@ class _LayerNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps, residual, dropout_p, seed):
-        out, mean, rstd = _forward(x, weight, bias, eps, residual, dropout_p, seed, True)
+        out, mean, rstd = layer_norm_forward(x, weight, bias, eps, residual, dropout_p, seed, True)
         ctx.save_for_backward(x, weight, residual, mean, rstd)
         ctx.dropout_p, ctx.seed = dropout_p, seed
         return out
@@ -337,7 +348,7 @@ class _LayerNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         x, weight, residual, mean, rstd = ctx.saved_tensors
-        dx, dweight, dbias, dres = _backward(
+        dx, dweight, dbias, dres = layer_norm_backward(
             dout, x, weight, residual, mean, rstd, ctx.dropout_p, ctx.seed
         )
         return dx, dweight, dbias, None, dres, None, None
@@ -373,11 +384,8 @@ def layer_norm(
             [0, 1), or tensors the Triton kernels cannot reach (not CUDA, and not the CPU
             under TRITON_INTERPRET=1).
     """
-    check_layer_norm(x, weight, bias, eps, residual)
-    dropout_p = check_dropout_p(dropout_p)
-    check_triton_device("x", x)
-    check_hidden(x.shape[-1])
+    dropout_p = check_inputs(x, weight, bias, eps, residual, dropout_p)
     seed = draw_seed() if dropout_p > 0.0 else 0
     if needs_grad(x, weight, bias, residual):
         return _LayerNormFunction.apply(x, weight, bias, eps, residual, dropout_p, seed)
-    return _forward(x, weight, bias, eps, residual, dropout_p, seed, False)[0]
+    return layer_norm_forward(x, weight, bias, eps, residual, dropout_p, seed, False)[0]

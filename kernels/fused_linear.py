@@ -374,7 +374,7 @@ def _gemm(
     )
 
 
-def _forward(x, weight, bias, activation, residual, save_pre):
+def linear_forward(x, weight, bias, activation, residual, save_pre):
     """Launch the forward: (out [..., N], pre-activation [M, N] or None); the pre-activation is
     stored only when ``save_pre`` and there is an activation. Inputs are checked by the caller."""
     n, k = weight.shape
@@ -403,7 +403,7 @@ def _forward(x, weight, bias, activation, residual, save_pre):
     return out, pre
 
 
-def _backward(dout, x, weight, pre, activation, needs):
+def linear_backward(dout, x, weight, pre, activation, needs):
     """Launch the backward: (dx, dweight, dbias) for the ``needs`` flags (x, weight, bias)
     (None where not needed); dY' = dout * act'(pre) is formed in the GEMMs' prologue."""
     n, k = weight.shape
@@ -446,12 +446,18 @@ def _backward(dout, x, weight, pre, activation, needs):
     return dx, dweight, dbias
 
 
+def check_inputs(x, weight, bias, activation, residual) -> None:
+    """Raise as :func:`linear` documents, before anything runs."""
+    check_linear(x, weight, bias, activation, residual)
+    check_triton_device("x", x)
+
+
 class _LinearFunction(torch.autograd.Function):
     """act(x @ weight^T + bias) + residual with the Triton backward GEMMs above."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, activation, residual):
-        out, pre = _forward(x, weight, bias, activation, residual, True)
+        out, pre = linear_forward(x, weight, bias, activation, residual, True)
         ctx.save_for_backward(x, weight, pre)
         ctx.activation = activation
         return out
@@ -460,7 +466,7 @@ class _LinearFunction(torch.autograd.Function):
     def backward(ctx, dout):
         x, weight, pre = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        dx, dweight, dbias = _backward(
+        dx, dweight, dbias = linear_backward(
             dout, x, weight, pre, ctx.activation, (needs[0], needs[1], needs[2])
         )
         dresidual = dout if needs[4] else None
@@ -493,8 +499,7 @@ def linear(
         ValueError: mismatched shapes or devices, an unknown activation, or tensors the Triton
             kernels cannot reach (not CUDA, and not the CPU under TRITON_INTERPRET=1).
     """
-    check_linear(x, weight, bias, activation, residual)
-    check_triton_device("x", x)
+    check_inputs(x, weight, bias, activation, residual)
     if needs_grad(x, weight, bias, residual):
         return _LinearFunction.apply(x, weight, bias, activation, residual)
-    return _forward(x, weight, bias, activation, residual, False)[0]
+    return linear_forward(x, weight, bias, activation, residual, False)[0]

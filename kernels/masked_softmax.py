@@ -112,7 +112,11 @@ def _scaled_masked_softmax_bwd_kernel(
     tl.store(dscores_ptr + row * S_k + cols, ds.to(dscores_ptr.dtype.element_ty), mask=mask)
 
 
-def _check_keys(seq_k: int) -> None:
+def check_inputs(scores, key_padding_mask, scale) -> None:
+    """Raise as :func:`scaled_masked_softmax` documents, before anything runs."""
+    _checks.check_softmax(scores, key_padding_mask, scale)
+    check_triton_device("scores", scores)
+    seq_k = scores.shape[-1]
     if seq_k > MAX_KEYS:
         raise ValueError(
             f"scores have {seq_k} keys per row, more than the {MAX_KEYS} the fused softmax "
@@ -120,7 +124,7 @@ def _check_keys(seq_k: int) -> None:
         )
 
 
-def _forward(
+def scaled_masked_softmax_forward(
     scores: torch.Tensor, key_padding_mask: torch.Tensor | None, scale: float
 ) -> torch.Tensor:
     """Launch the forward: contiguous probabilities. Inputs are checked by the caller."""
@@ -148,7 +152,9 @@ def _forward(
     return out
 
 
-def _backward(probs: torch.Tensor, dprobs: torch.Tensor, scale: float) -> torch.Tensor:
+def scaled_masked_softmax_backward(
+    probs: torch.Tensor, dprobs: torch.Tensor, scale: float
+) -> torch.Tensor:
     """Launch the backward: the contiguous gradient of the scores from the forward's
     probabilities ``probs`` and their gradient ``dprobs`` (both [B, H, S_q, S_k])."""
     seq_k = probs.shape[-1]
@@ -177,7 +183,7 @@ class _ScaledMaskedSoftmaxFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, scores, key_padding_mask, scale):
-        probs = _forward(scores, key_padding_mask, scale)
+        probs = scaled_masked_softmax_forward(scores, key_padding_mask, scale)
         ctx.save_for_backward(probs)
         ctx.scale = scale
         return probs
@@ -185,7 +191,7 @@ class _ScaledMaskedSoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dprobs):
         (probs,) = ctx.saved_tensors
-        return _backward(probs, dprobs, ctx.scale), None, None
+        return scaled_masked_softmax_backward(probs, dprobs, ctx.scale), None, None
 
 
 def scaled_masked_softmax(
@@ -209,9 +215,7 @@ def scaled_masked_softmax(
         ValueError: mismatched shapes or devices, S_k > 16384, or tensors the Triton kernels
             cannot reach (not CUDA, and not the CPU under TRITON_INTERPRET=1).
     """
-    _checks.check_softmax(scores, key_padding_mask, scale)
-    check_triton_device("scores", scores)
-    _check_keys(scores.shape[-1])
+    check_inputs(scores, key_padding_mask, scale)
     if needs_grad(scores):
         return _ScaledMaskedSoftmaxFunction.apply(scores, key_padding_mask, float(scale))
-    return _forward(scores, key_padding_mask, scale)
+    return scaled_masked_softmax_forward(scores, key_padding_mask, scale)
