@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from fastbert.kernels import _checks, reference
+from fastbert.kernels._dropout import check_dropout_p
 from fastbert.validation import as_index
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -209,7 +210,10 @@ def _layer_norm(
     bias: torch.Tensor,
     eps: float,
     residual: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
+    if dropout_p > 0.0:
+        x = F.dropout(x, dropout_p)
     s = x if residual is None else x + residual
     return F.layer_norm(s, (x.shape[-1],), weight, bias, float(eps))
 
@@ -220,13 +224,17 @@ def layer_norm(
     bias: torch.Tensor,
     eps: float,
     residual: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """LayerNorm(x + residual) over the last dim (statistics in float32 for half inputs).
+    """LayerNorm(dropout(x) + residual) over the last dim (statistics in float32 for half
+    inputs).
 
-    x, residual: [..., N]; weight, bias: [N]. Returns x's shape and dtype.
+    x, residual: [..., N]; weight, bias: [N]; dropout_p: ``F.dropout`` of x, in [0, 1).
+    Returns x's shape and dtype.
     """
     _checks.check_layer_norm(x, weight, bias, eps, residual)
-    return _layer_norm(x, weight, bias, eps, residual)
+    dropout_p = check_dropout_p(dropout_p)
+    return _layer_norm(x, weight, bias, eps, residual, dropout_p)
 
 
 def _embeddings_layer_norm(
@@ -241,6 +249,7 @@ def _embeddings_layer_norm(
     eps: float,
     *,
     check_ids: bool = True,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
     if check_ids:
         _checks.check_id_ranges(
@@ -259,7 +268,8 @@ def _embeddings_layer_norm(
         summed += F.embedding(as_index(token_type_ids), type_emb)
     hidden = word_emb.shape[1]
     out = F.layer_norm(summed, (hidden,), weight.to(wide), bias.to(wide), float(eps))
-    return out.to(word_emb.dtype)
+    out = out.to(word_emb.dtype)
+    return F.dropout(out, dropout_p) if dropout_p > 0.0 else out
 
 
 def embeddings_layer_norm(
@@ -274,20 +284,23 @@ def embeddings_layer_norm(
     eps: float,
     *,
     check_ids: bool = True,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """LayerNorm(word_emb[ids] + pos_emb[position_ids] + type_emb[token_type_ids]).
+    """dropout(LayerNorm(word_emb[ids] + pos_emb[position_ids] + type_emb[token_type_ids])).
 
     input_ids, token_type_ids: [B, S] integers (token types default to 0); position_ids:
     [B, S] or [S] (default 0..S-1); tables: [rows, H]; weight, bias: [H]. Returns [B, S, H]
     in the tables' dtype. Ids outside their table raise ValueError (``check_ids=False``: the
     caller has checked them, and this skips the host synchronisation the check costs).
+    ``dropout_p``: ``F.dropout`` of the output, in [0, 1).
     """
     _checks.check_embeddings(
         input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
     )
+    dropout_p = check_dropout_p(dropout_p)
     return _embeddings_layer_norm(
         input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps,
-        check_ids=check_ids,
+        check_ids=check_ids, dropout_p=dropout_p,
     )
 
 
