@@ -293,7 +293,7 @@ def embeddings_layer_norm_forward(
         HAS_DROPOUT=dropout_p > 0.0,
         SAVE_STATS=save_stats,
         BLOCK=block,
-        num_warps=num_warps(block),
+        num_warps=num_warps(block, heavy=dropout_p > 0.0),
     )
     return out, mean, rstd
 
@@ -335,7 +335,7 @@ def embeddings_layer_norm_backward(
             HAS_POSITION_IDS=position_ids is not None,
             HAS_DROPOUT=dropout_p > 0.0,
             BLOCK=block,
-            num_warps=num_warps(block),
+            num_warps=num_warps(block, heavy=True),
         )
     # Two separate sums: the gradients must not share storage.
     dweight, dbias = (p.sum(dim=0).to(weight.dtype) for p in partials)

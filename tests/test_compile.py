@@ -184,6 +184,23 @@ def test_sixteen_bit_cases_do_not_spill(op: str) -> None:
     assert not spilled, "\n".join(spilled)
 
 
+# Row-wise ops (one row per program, no tl.dot); their 16-bit cases are named "<kernel>[fp16 ..."
+# or "<kernel>[bf16 ...".
+ROW_OPS = ("embeddings", "layer_norm", "softmax")
+
+
+@pytest.mark.parametrize("op", ROW_OPS)
+def test_sixteen_bit_row_kernels_do_not_spill(op: str) -> None:
+    spilled = [
+        f"{r['case']} sm_{r['arch']}: {r['spill_stores']} B spill stores, "
+        f"{r['spill_loads']} B spill loads"
+        for r in _compile_reports(op)
+        if any(f"[{dtype} " in r["case"] for dtype in SIXTEEN_BIT)
+        and (r["spill_stores"] or r["spill_loads"])
+    ]
+    assert not spilled, "\n".join(spilled)
+
+
 def test_attention_main_loop_within_its_instruction_budget() -> None:
     (report,) = [
         r for r in _compile_reports("attention")

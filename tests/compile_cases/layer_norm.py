@@ -68,7 +68,7 @@ def _case(
         fn=KERNEL,
         signature=signature,
         constexprs=constexprs,
-        num_warps=mod.num_warps(block),
+        num_warps=mod.num_warps(block, heavy=dropout),
     )
 
 
@@ -94,7 +94,7 @@ def _backward_case(dtype: str, block: int, has_residual: bool, dropout: bool) ->
         fn=kernel,
         signature=signature,
         constexprs=constexprs,
-        num_warps=mod.num_warps(block),
+        num_warps=mod.num_warps(block, heavy=True),
     )
 
 
