@@ -412,8 +412,10 @@ def linear_backward(dout, x, weight, pre, activation, needs):
     code = ACTIVATION_CODES[activation]
     x2 = x.reshape(m, k)
     dx = dweight = dbias = None
+    # The GEMMs write every element; only an empty product (n == 0 or m == 0) leaves zeros.
+    new = torch.empty if m and n and k else torch.zeros
     if needs[0]:
-        dx = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+        dx = new(x.shape, dtype=x.dtype, device=x.device)
         if m and n and k:
             _gemm(
                 dy,
@@ -427,7 +429,7 @@ def linear_backward(dout, x, weight, pre, activation, needs):
                 grad_activation=code,
             )
     if needs[1] or needs[2]:
-        dweight = torch.zeros_like(weight, memory_format=torch.contiguous_format)
+        dweight = new(weight.shape, dtype=weight.dtype, device=weight.device)
         row_sum = torch.zeros(n, dtype=torch.float32, device=x.device)
         if m and n and k:
             _gemm(

@@ -15,7 +15,7 @@ from fastbert.kernels import reference as R
 from fastbert import kernels as K
 from tests.accuracy import assert_within_rule
 
-DTYPES = [torch.float32, torch.float16]
+DTYPES = [torch.float32, torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)]
 FP32_RTOL = 1e-5
 
 
@@ -104,9 +104,10 @@ def test_linear_gradients_fp32(device, activation, has_bias, residual) -> None:
     _check_linear(device, torch.float32, activation, has_bias, residual)
 
 
+@pytest.mark.parametrize("dtype", DTYPES[1:])
 @pytest.mark.parametrize("activation", [None, "gelu", "gelu_tanh"])
-def test_linear_gradients_fp16(device, activation) -> None:
-    _check_linear(device, torch.float16, activation, True, True)
+def test_linear_gradients_half(device, dtype, activation) -> None:
+    _check_linear(device, dtype, activation, True, True)
 
 
 def _check_linear(device, dtype, activation, has_bias, residual) -> None:
@@ -235,3 +236,18 @@ def test_gradient_path_output_equals_inference_output(device, op) -> None:
     assert plain.grad_fn is None and not plain.requires_grad
     assert torch.equal(trained.detach(), plain)
     assert torch.equal(call(lambda t: t, device), plain)
+
+
+def test_empty_batches_give_zero_parameter_gradients(device) -> None:
+    x = torch.zeros(0, 40, device=device, requires_grad=True)
+    weight = _randn(36, 40, device=device).requires_grad_()
+    bias = _randn(36, device=device, seed=1).requires_grad_()
+    out = K.linear(x, weight, bias, "gelu")
+    dx, dweight, dbias = torch.autograd.grad(out, [x, weight, bias], torch.ones_like(out))
+    assert dx.shape == (0, 40)
+    assert torch.equal(dweight, torch.zeros_like(dweight))
+    assert torch.equal(dbias, torch.zeros_like(dbias))
+    gamma = _randn(40, device=device, seed=2).requires_grad_()
+    out = K.layer_norm(x, gamma, bias[:1].expand(40), 1e-5)
+    dx, dgamma = torch.autograd.grad(out, [x, gamma], torch.ones_like(out))
+    assert dx.shape == (0, 40) and torch.equal(dgamma, torch.zeros_like(dgamma))
