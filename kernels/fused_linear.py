@@ -18,8 +18,9 @@ dY' = dY without an activation)::
 
 Both products run on the kernel below with its operands read transposed through their strides
 (dx: A = dY [M, N], B = weight read as [N, K]; dweight: A = dY^T read as [N, M], B = x read as
-[M, K]); the transposed reads are strided rather than coalesced, a cost paid in exchange for
-one kernel. act' is applied to the A tile as it is loaded (GRAD_ACTIVATION, a prologue), from a
+[M, K]); for a transposed operand the unit stride lies along the other dimension, which the
+JIT specialises to the constant 1, so its loads stay contiguous along that dimension. act' is
+applied to the A tile as it is loaded (GRAD_ACTIVATION, a prologue), from a
 tile of the pre-activation read with A's strides, and the dweight product also sums each A row
 (HAS_ROW_SUM) for dbias. The forward stores the pre-activation (STORE_PRE_ACTIVATION) when
 gradients are needed, rather than the backward recomputing it: storing costs one extra M x N
@@ -73,6 +74,13 @@ FP32_MAX_BLOCK_K = 32
 # as a plain GEMM + bias on sm_80 and sm_90, but a GELU or a residual on top of it spills
 # (48 to 716 bytes per thread, on both targets).
 HEAVY_EPILOGUE_MAX_ACC_VALUES = 64
+# The training variants hold more: storing the pre-activation next to a GELU and a residual
+# spills 40 to 48 bytes on sm_80 at 64 accumulator values per thread, and the GELU derivative
+# in the prologue (an A tile and a pre-activation tile in float32 registers) spills 16 to
+# 22520 bytes at BLOCK_K = 64 or 64 accumulator values (both targets). 32 values and a
+# BLOCK_K of 32 compile without spills.
+TRAINING_MAX_ACC_VALUES = 32
+GRAD_ACTIVATION_MAX_BLOCK_K = 32
 
 
 def _config(block_m: int, block_n: int, block_k: int, stages: int, warps: int) -> triton.Config:
@@ -123,13 +131,17 @@ def keep(
     *,
     activation: int,
     has_residual: bool,
+    store_pre: bool = False,
+    grad_activation: int = 0,
 ) -> bool:
     """Whether ``config`` is worth timing for inputs of ``element_size`` bytes and M rows.
 
     It must fit the shared memory of both targets, in float32 keep its K tile narrow enough
     for the FMA loop's registers, hold at most ``HEAVY_EPILOGUE_MAX_ACC_VALUES`` accumulator
     values per thread when the epilogue has an ``activation`` (a code of
-    :data:`ACTIVATION_CODES`) or a residual, and not have a row tile taller than M's bucket
+    :data:`ACTIVATION_CODES`) or a residual, at most ``TRAINING_MAX_ACC_VALUES`` when it
+    stores the pre-activation or the prologue applies a ``grad_activation`` (which also needs
+    BLOCK_K <= GRAD_ACTIVATION_MAX_BLOCK_K), and not have a row tile taller than M's bucket
     (those rows would only be masked work).
     """
     meta = config.kwargs
@@ -140,6 +152,10 @@ def keep(
     acc_values = meta["BLOCK_M"] * meta["BLOCK_N"] // (32 * config.num_warps)
     if (activation or has_residual) and acc_values > HEAVY_EPILOGUE_MAX_ACC_VALUES:
         return False
+    if (store_pre or grad_activation) and acc_values > TRAINING_MAX_ACC_VALUES:
+        return False
+    if grad_activation and meta["BLOCK_K"] > GRAD_ACTIVATION_MAX_BLOCK_K:
+        return False
     return meta["BLOCK_M"] <= m_bucket
 
 
@@ -148,9 +164,12 @@ def _prune(candidates: list[triton.Config], named_args: dict, **kwargs) -> list[
     FASTBERT_AUTOTUNE names it)."""
     args = {**named_args, **kwargs}
     element_size = args["x_ptr"].element_size()
-    # A GELU derivative in the prologue weighs like a GELU in the epilogue.
-    activation = args["ACTIVATION"] or args["GRAD_ACTIVATION"]
-    epilogue = {"activation": activation, "has_residual": bool(args["HAS_RESIDUAL"])}
+    epilogue = {
+        "activation": args["ACTIVATION"],
+        "has_residual": bool(args["HAS_RESIDUAL"]),
+        "store_pre": bool(args["STORE_PRE_ACTIVATION"]),
+        "grad_activation": args["GRAD_ACTIVATION"],
+    }
     kept = [c for c in candidates if keep(c, element_size, args["M_BUCKET"], **epilogue)]
     return tuned(kept)
 

@@ -11,9 +11,8 @@ Training: the forward that stores the pre-activation (every config kept for the 
 each dtype), and the two backward products with the operands' strides the launcher passes:
 dx = dY' @ weight (A = dY row-major, B = weight read transposed: unit stride along N) and
 dweight = dY'^T @ x (A = dY^T and B = x^T: unit stride along M, strided along K), with the GELU
-derivative prologue and, for dweight, the row sums of dbias. float16 compiles them for every
-config kept with an activation, bfloat16 and float32 for each derivative on the smallest such
-config (bfloat16 also on the biggest).
+derivative prologue and, for dweight, the row sums of dbias, on every config ``keep`` allows
+for each (the plain products on the biggest and smallest only).
 """
 
 from __future__ import annotations
@@ -185,27 +184,36 @@ def _cases() -> list[CompileCase]:
     return cases + _training_cases()
 
 
+def _kept_for(config, element_size: int, **variant) -> bool:
+    return mod.keep(config, element_size, LARGEST_M_BUCKET, **variant)
+
+
 def _training_cases() -> list[CompileCase]:
-    """The forward storing the pre-activation, and the dx / dweight products."""
+    """The forward storing the pre-activation, and the dx / dweight products, on each config
+    ``keep`` allows for them (the plain products on the biggest and smallest)."""
     cases = []
+    pre = {"activation": 1, "has_residual": True, "store_pre": True}
+    grad = {"activation": 0, "has_residual": False, "grad_activation": 1}
+    plain = {"activation": 0, "has_residual": False}
     for dtype, element_size in DTYPES.items():
-        full = [c for c in CONFIGS if FULL_EPILOGUE in _kept_epilogues(c, element_size)]
-        cases += [_case(dtype, c, *FULL_EPILOGUE, store_pre=True) for c in full]
-        if dtype == "fp16":
+        cases += [
+            _case(dtype, c, *FULL_EPILOGUE, store_pre=True)
+            for c in CONFIGS
+            if _kept_for(c, element_size, **pre)
+        ]
+        for act in (1, 2):
             cases += [
-                _case(dtype, c, False, 0, False, grad=grad, grad_activation=1)
-                for c in full
-                for grad in ("dx", "dw")
+                _case(dtype, c, False, 0, False, grad=g, grad_activation=act)
+                for c in CONFIGS
+                if _kept_for(c, element_size, **grad) and (dtype == "fp16" or act == 1)
+                for g in ("dx", "dw")
             ]
-        else:
-            cases += [
-                _case(dtype, full[-1], False, 0, False, grad=grad, grad_activation=act)
-                for grad in ("dx", "dw")
-                for act in (0, 1, 2)
-            ]
-        if dtype == "bf16":  # and on the biggest tile, for its wgmma path on sm_90
-            cases += [_case(dtype, full[0], False, 0, False, grad=g, grad_activation=1)
-                      for g in ("dx", "dw")]
+        kept = [c for c in CONFIGS if _kept_for(c, element_size, **plain)]
+        cases += [
+            _case(dtype, c, False, 0, False, grad=g)
+            for c in (kept[0], kept[-1])
+            for g in ("dx", "dw")
+        ]
     return cases
 
 
