@@ -61,6 +61,13 @@ from .fused_layer_norm import (
 )
 
 
+def heavy_num_warps(block: int) -> int:
+    """Warps per token of the dropout forward and the backward: about 128 elements per warp,
+    between 1 and 16 (their widest rows spill registers with fused_layer_norm's heavy count,
+    which holds a 4096-wide row to 64 registers a thread)."""
+    return min(16, max(1, block // 128))
+
+
 @triton.jit
 def _table_row(table_ptr, index, stride_row, stride_col, cols, mask):
     """Row ``index`` (int64) of a [rows, H] table, as float32, zero past H."""
@@ -293,7 +300,7 @@ def embeddings_layer_norm_forward(
         HAS_DROPOUT=dropout_p > 0.0,
         SAVE_STATS=save_stats,
         BLOCK=block,
-        num_warps=num_warps(block, heavy=dropout_p > 0.0),
+        num_warps=heavy_num_warps(block) if dropout_p > 0.0 else num_warps(block),
     )
     return out, mean, rstd
 
@@ -335,7 +342,7 @@ def embeddings_layer_norm_backward(
             HAS_POSITION_IDS=position_ids is not None,
             HAS_DROPOUT=dropout_p > 0.0,
             BLOCK=block,
-            num_warps=num_warps(block, heavy=True),
+            num_warps=heavy_num_warps(block),
         )
     # Two separate sums: the gradients must not share storage.
     dweight, dbias = (p.sum(dim=0).to(weight.dtype) for p in partials)

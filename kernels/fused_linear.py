@@ -81,6 +81,10 @@ HEAVY_EPILOGUE_MAX_ACC_VALUES = 64
 # BLOCK_K of 32 compile without spills.
 TRAINING_MAX_ACC_VALUES = 32
 GRAD_ACTIVATION_MAX_BLOCK_K = 32
+# The dweight product (HAS_ROW_SUM) reads both operands transposed: more than 64 operand
+# values per thread per K step ((BLOCK_M + BLOCK_N) x BLOCK_K / threads) spill, 284 to 6888
+# bytes (128 x 256 x 64 over 8 warps, 128 x 64 x 64 over 4).
+TRANSPOSED_MAX_OPERAND_VALUES = 64
 
 
 def _config(block_m: int, block_n: int, block_k: int, stages: int, warps: int) -> triton.Config:
@@ -133,6 +137,7 @@ def keep(
     has_residual: bool,
     store_pre: bool = False,
     grad_activation: int = 0,
+    row_sum: bool = False,
 ) -> bool:
     """Whether ``config`` is worth timing for inputs of ``element_size`` bytes and M rows.
 
@@ -141,8 +146,9 @@ def keep(
     values per thread when the epilogue has an ``activation`` (a code of
     :data:`ACTIVATION_CODES`) or a residual, at most ``TRAINING_MAX_ACC_VALUES`` when it
     stores the pre-activation or the prologue applies a ``grad_activation`` (which also needs
-    BLOCK_K <= GRAD_ACTIVATION_MAX_BLOCK_K), and not have a row tile taller than M's bucket
-    (those rows would only be masked work).
+    BLOCK_K <= GRAD_ACTIVATION_MAX_BLOCK_K), at most ``TRANSPOSED_MAX_OPERAND_VALUES``
+    operand values per thread per K step for the dweight product (``row_sum``), and not have a
+    row tile taller than M's bucket (those rows would only be masked work).
     """
     meta = config.kwargs
     if shared_memory_bytes(config, element_size) > SHARED_MEMORY_BUDGET:
@@ -155,6 +161,10 @@ def keep(
     if (store_pre or grad_activation) and acc_values > TRAINING_MAX_ACC_VALUES:
         return False
     if grad_activation and meta["BLOCK_K"] > GRAD_ACTIVATION_MAX_BLOCK_K:
+        return False
+    threads = 32 * config.num_warps
+    operand_values = (meta["BLOCK_M"] + meta["BLOCK_N"]) * meta["BLOCK_K"] // threads
+    if row_sum and operand_values > TRANSPOSED_MAX_OPERAND_VALUES:
         return False
     return meta["BLOCK_M"] <= m_bucket
 
@@ -169,6 +179,7 @@ def _prune(candidates: list[triton.Config], named_args: dict, **kwargs) -> list[
         "has_residual": bool(args["HAS_RESIDUAL"]),
         "store_pre": bool(args["STORE_PRE_ACTIVATION"]),
         "grad_activation": args["GRAD_ACTIVATION"],
+        "row_sum": bool(args["HAS_ROW_SUM"]),
     }
     kept = [c for c in candidates if keep(c, element_size, args["M_BUCKET"], **epilogue)]
     return tuned(kept)

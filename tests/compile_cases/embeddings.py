@@ -85,7 +85,9 @@ def _case(
         fn=kernel,
         signature=signature,
         constexprs=constexprs,
-        num_warps=layer_norm.num_warps(block, heavy=dropout or backward),
+        num_warps=(
+            mod.heavy_num_warps(block) if dropout or backward else layer_norm.num_warps(block)
+        ),
     )
 
 

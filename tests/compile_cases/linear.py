@@ -193,27 +193,23 @@ def _training_cases() -> list[CompileCase]:
     ``keep`` allows for them (the plain products on the biggest and smallest)."""
     cases = []
     pre = {"activation": 1, "has_residual": True, "store_pre": True}
-    grad = {"activation": 0, "has_residual": False, "grad_activation": 1}
-    plain = {"activation": 0, "has_residual": False}
     for dtype, element_size in DTYPES.items():
         cases += [
             _case(dtype, c, *FULL_EPILOGUE, store_pre=True)
             for c in CONFIGS
             if _kept_for(c, element_size, **pre)
         ]
-        for act in (1, 2):
-            cases += [
-                _case(dtype, c, False, 0, False, grad=g, grad_activation=act)
-                for c in CONFIGS
-                if _kept_for(c, element_size, **grad) and (dtype == "fp16" or act == 1)
-                for g in ("dx", "dw")
-            ]
-        kept = [c for c in CONFIGS if _kept_for(c, element_size, **plain)]
-        cases += [
-            _case(dtype, c, False, 0, False, grad=g)
-            for c in (kept[0], kept[-1])
-            for g in ("dx", "dw")
-        ]
+        for g in ("dx", "dw"):
+            variant = {"activation": 0, "has_residual": False, "row_sum": g == "dw"}
+            for act in (1, 2):
+                cases += [
+                    _case(dtype, c, False, 0, False, grad=g, grad_activation=act)
+                    for c in CONFIGS
+                    if _kept_for(c, element_size, **variant, grad_activation=act)
+                    and (dtype == "fp16" or act == 1)
+                ]
+            kept = [c for c in CONFIGS if _kept_for(c, element_size, **variant)]
+            cases += [_case(dtype, c, False, 0, False, grad=g) for c in (kept[0], kept[-1])]
     return cases
 
 
