@@ -39,8 +39,9 @@ in their input's dtype; dY' is rounded to it before the product, as PyTorch's au
 Limits: one output tile per program, programs ordered in groups of ``GROUP_M`` row tiles so
 that consecutive programs share the same weight columns in L2. Row offsets are int64 (M * K
 reaches 65536 * 4096 and strides may be larger still). The autotuner keys on N, K, the dtypes,
-a power-of-two bucket of M and the epilogue (ACTIVATION, HAS_RESIDUAL: some tiles are kept only
-for the light epilogues), so a new batch x sequence length does not re-tune. M == 0 or N == 0
+a power-of-two bucket of M and the variant (ACTIVATION, HAS_RESIDUAL and the training flags:
+some tiles are kept only for the light variants, see :func:`keep`), so a new batch x sequence
+length does not re-tune. M == 0 or N == 0
 returns an empty output without a launch.
 """
 
@@ -461,13 +462,16 @@ def linear_backward(dout, x, weight, pre, activation, needs):
     if needs[1] or needs[2]:
         dweight = new(weight.shape, dtype=weight.dtype, device=weight.device)
         row_sum = torch.zeros(n, dtype=torch.float32, device=x.device)
-        if m and n and k:
+        # With no input features, a product with a column of ones still sums dY' for dbias.
+        ones = None if k else torch.ones((m, 1), dtype=x.dtype, device=x.device)
+        operand = x2 if k else ones
+        if m and n:
             _gemm(
                 dy,
                 (dy.stride(1), dy.stride(0)),
-                x2,
-                (x2.stride(1), x2.stride(0)),
-                dweight,
+                operand,
+                (operand.stride(1), operand.stride(0)),
+                dweight if k else torch.empty((n, 1), dtype=x.dtype, device=x.device),
                 m,
                 pre=pre,
                 pre_strides=(pre.stride(1), pre.stride(0)) if pre is not None else (0, 0),

@@ -158,14 +158,14 @@ def test_sixteen_bit_wgmma_sized_tiles_run_hgmma_on_sm90(op: str) -> None:
 KNOWN_SPILLS = {
     ("linear[bf16 32x64x32 s4 w4 dx dact=1]", 90): 0,
     **{
-    (f"attention[{dtype} D={d} {tile} varlen={varlen}]", 80): spilled
-    for dtype in SIXTEEN_BIT
-    for d, tile, varlen, spilled in (
-        (32, "128x128 s2 w8 mask=0", 0, 8),
-        (80, "64x32 s4 w4 mask=0", 1, 4),
-        (96, "64x32 s4 w4 mask=0", 1, 4),
-        (128, "64x32 s4 w4 mask=0", 1, 4),
-    )
+        (f"attention[{dtype} D={d} {tile} varlen={varlen}]", 80): spilled
+        for dtype in SIXTEEN_BIT
+        for d, tile, varlen, spilled in (
+            (32, "128x128 s2 w8 mask=0", 0, 8),
+            (80, "64x32 s4 w4 mask=0", 1, 4),
+            (96, "64x32 s4 w4 mask=0", 1, 4),
+            (128, "64x32 s4 w4 mask=0", 1, 4),
+        )
     },
 }
 
