@@ -248,7 +248,8 @@ def layer_norm(
     """LayerNorm(dropout(x) + residual) over the last dim (statistics in float32 for half
     inputs).
 
-    x, residual: [..., N]; weight, bias: [N]. Returns x's shape and dtype.
+    x, residual: [..., N]; weight, bias: [N]; dropout_p: ``F.dropout`` of x, in [0, 1).
+    Returns x's shape and dtype.
     """
     _checks.check_layer_norm(x, weight, bias, eps, residual)
     return _layer_norm(x, weight, bias, eps, residual, check_dropout_p(dropout_p))
@@ -313,12 +314,14 @@ def embeddings_layer_norm(
     [B, S] or [S] (default 0..S-1); tables: [rows, H]; weight, bias: [H]. Returns [B, S, H]
     in the tables' dtype. Ids outside their table raise ValueError (``check_ids=False``: the
     caller has checked them, and this skips the host synchronisation the check costs).
-    ``padding_idx`` / ``position_padding_idx``: the word / position row that gets no
-    gradient, as ``nn.Embedding(padding_idx=...)`` (Hugging Face's tables).
+    ``dropout_p``: ``F.dropout`` of the output, in [0, 1). ``padding_idx`` /
+    ``position_padding_idx``: the word / position row that gets no gradient, as
+    ``nn.Embedding(padding_idx=...)`` (Hugging Face's tables).
     """
     _checks.check_embeddings(
         input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
     )
+    dropout_p = check_dropout_p(dropout_p)
     return _embeddings_layer_norm(
         input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps,
         check_ids=check_ids, dropout_p=check_dropout_p(dropout_p), padding_idx=padding_idx,

@@ -1,12 +1,28 @@
-"""BERT embeddings fused with their LayerNorm: gather three table rows, sum, normalise.
+"""BERT embeddings fused with their LayerNorm and dropout: gather three table rows, sum,
+normalise, drop; forward and backward.
 
 Math, per token (b, s), in float32::
 
     e         = word_emb[input_ids[b, s]] + pos_emb[position_ids[b, s]]
                 + type_emb[token_type_ids[b, s]]
-    out[b, s] = (e - mean(e)) / sqrt(var(e) + eps) * weight + bias
+    out[b, s] = dropout((e - mean(e)) / sqrt(var(e) + eps) * weight + bias)
 
-with the biased variance of the centred values, rounded once to the tables' dtype. Token
+with the biased variance of the centred values, rounded once to the tables' dtype. Dropout
+(HAS_DROPOUT, BERT's embeddings dropout) keeps an element with probability 1 - p and scales it
+by 1 / (1 - p); its keep mask comes from the call's seed and the element offset
+(b * S + s) * H + c (kernels/_dropout.py) and is regenerated in the backward, never stored.
+
+Backward: the output gradient goes through the dropout mask, then LayerNorm's backward
+(:func:`fused_layer_norm.normalize_row_backward`, from the row statistics the forward saves
+when gradients are needed) gives de, and dweight / dbias as float32 per-program partial sums
+added up in a second small step, as in fused_layer_norm.py. de is added to the three tables'
+gradients at each token's ids by float32 atomic adds into float32 buffers, cast once to the
+tables' dtype at the end. Atomics rather than a sort-based segmented sum: one pass with no
+sort of the ids, and duplicate ids (the same word twice, every token's position row, the one
+or two token-type rows) each add their occurrence exactly once; the float32 sum's order
+varies between runs, a difference far below one rounding of float16 / bfloat16 (and within
+float32's rounding of the sum). The price is contention on the few token-type rows (every
+token adds into one of them), acceptable next to the GEMMs of a training step. Token
 types default to 0 (HAS_TOKEN_TYPES false) and positions to 0..S-1 (HAS_POSITION_IDS false,
 computed in the kernel), as :func:`kernels.reference.embeddings_layer_norm` does.
 
@@ -33,8 +49,23 @@ import triton
 import triton.language as tl
 
 from ._checks import check_embeddings, check_id_ranges
-from ._runtime import check_triton_device, refuse_gradients
-from .fused_layer_norm import block_size, check_hidden, normalize_row, num_warps
+from ._dropout import check_dropout_p, draw_seed, dropped
+from ._runtime import cdiv, check_triton_device, needs_grad
+from .fused_layer_norm import (
+    block_size,
+    check_hidden,
+    normalize_row,
+    normalize_row_backward,
+    num_warps,
+    rows_per_program,
+)
+
+
+def heavy_num_warps(block: int) -> int:
+    """Warps per token of the dropout forward and the backward: about 128 elements per warp,
+    between 1 and 16 (their widest rows spill registers with fused_layer_norm's heavy count,
+    which holds a 4096-wide row to 64 registers a thread)."""
+    return min(16, max(1, block // 128))
 
 
 @triton.jit
@@ -42,6 +73,30 @@ def _table_row(table_ptr, index, stride_row, stride_col, cols, mask):
     """Row ``index`` (int64) of a [rows, H] table, as float32, zero past H."""
     row = tl.load(table_ptr + index * stride_row + cols * stride_col, mask=mask, other=0.0)
     return row.to(tl.float32)
+
+
+@triton.jit
+def _token_ids(
+    token, S, input_ids_ptr, token_type_ids_ptr, position_ids_ptr,
+    stride_input_ids_b, stride_input_ids_s, stride_token_type_ids_b, stride_token_type_ids_s,
+    stride_position_ids_b, stride_position_ids_s,
+    HAS_TOKEN_TYPES: tl.constexpr, HAS_POSITION_IDS: tl.constexpr,
+):
+    """The int64 (word, position, token type) ids of token number ``token`` = b * S + s."""
+    b = token // S
+    s = token % S
+    word = tl.load(input_ids_ptr + b * stride_input_ids_b + s * stride_input_ids_s).to(tl.int64)
+    if HAS_POSITION_IDS:
+        pos_ptr = position_ids_ptr + b * stride_position_ids_b + s * stride_position_ids_s
+        pos = tl.load(pos_ptr).to(tl.int64)
+    else:
+        pos = s
+    if HAS_TOKEN_TYPES:
+        type_ptr = token_type_ids_ptr + b * stride_token_type_ids_b + s * stride_token_type_ids_s
+        kind = tl.load(type_ptr).to(tl.int64)
+    else:
+        kind = s * 0
+    return word, pos, kind
 
 
 @triton.jit
@@ -55,9 +110,13 @@ def _embeddings_layer_norm_fwd_kernel(
     weight_ptr,  # [H] LayerNorm scale (gamma)
     bias_ptr,  # [H] LayerNorm shift (beta)
     out_ptr,  # [B, S, H] output, the tables' dtype
+    mean_ptr,  # [B * S] float32 row means (None unless SAVE_STATS)
+    rstd_ptr,  # [B * S] float32 row 1 / sqrt(var + eps) (None unless SAVE_STATS)
     S,
     H,
     eps,
+    seed,  # Philox seed of the dropout mask (unused unless HAS_DROPOUT)
+    dropout_p,
     stride_input_ids_b,
     stride_input_ids_s,
     stride_token_type_ids_b,
@@ -77,32 +136,108 @@ def _embeddings_layer_norm_fwd_kernel(
     stride_out_col,
     HAS_TOKEN_TYPES: tl.constexpr,
     HAS_POSITION_IDS: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    SAVE_STATS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    token = tl.program_id(0)
-    b = (token // S).to(tl.int64)
-    s = (token % S).to(tl.int64)
+    token = tl.program_id(0).to(tl.int64)
+    b = token // S
+    s = token % S
     cols = tl.arange(0, BLOCK)
     mask = cols < H
-
-    word = tl.load(input_ids_ptr + b * stride_input_ids_b + s * stride_input_ids_s).to(tl.int64)
-    if HAS_POSITION_IDS:
-        pos_ptr = position_ids_ptr + b * stride_position_ids_b + s * stride_position_ids_s
-        pos = tl.load(pos_ptr).to(tl.int64)
-    else:
-        pos = s
-    if HAS_TOKEN_TYPES:
-        type_ptr = token_type_ids_ptr + b * stride_token_type_ids_b + s * stride_token_type_ids_s
-        kind = tl.load(type_ptr).to(tl.int64)
-    else:
-        kind = 0
+    word, pos, kind = _token_ids(
+        token, S, input_ids_ptr, token_type_ids_ptr, position_ids_ptr,
+        stride_input_ids_b, stride_input_ids_s, stride_token_type_ids_b, stride_token_type_ids_s,
+        stride_position_ids_b, stride_position_ids_s, HAS_TOKEN_TYPES, HAS_POSITION_IDS,
+    )
     e = _table_row(word_emb_ptr, word, stride_word_emb_row, stride_word_emb_col, cols, mask)
     e += _table_row(pos_emb_ptr, pos, stride_pos_emb_row, stride_pos_emb_col, cols, mask)
     e += _table_row(type_emb_ptr, kind, stride_type_emb_row, stride_type_emb_col, cols, mask)
 
-    y = normalize_row(e, mask, cols, H, eps, weight_ptr, bias_ptr, stride_weight, stride_bias)
+    y, mean, rstd = normalize_row(
+        e, mask, cols, H, eps, weight_ptr, bias_ptr, stride_weight, stride_bias
+    )
+    if HAS_DROPOUT:
+        y = dropped(y, seed, (token * H + cols).to(tl.int32), dropout_p)
     out_ptrs = out_ptr + b * stride_out_b + s * stride_out_s + cols * stride_out_col
     tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    if SAVE_STATS:
+        tl.store(mean_ptr + token, mean)
+        tl.store(rstd_ptr + token, rstd)
+
+
+@triton.jit
+def _embeddings_layer_norm_bwd_kernel(
+    dout_ptr,  # [B * S, H] gradient of the output, contiguous
+    input_ids_ptr,  # [B, S] word ids
+    token_type_ids_ptr,  # [B, S] token type ids (None unless HAS_TOKEN_TYPES)
+    position_ids_ptr,  # [B, S] or [S] position ids (None unless HAS_POSITION_IDS)
+    word_emb_ptr,  # [vocab, H] word embeddings
+    pos_emb_ptr,  # [max_positions, H] position embeddings
+    type_emb_ptr,  # [type_vocab, H] token type embeddings
+    weight_ptr,  # [H] LayerNorm scale (gamma)
+    mean_ptr,  # [B * S] float32 row means of the forward
+    rstd_ptr,  # [B * S] float32 row rstd of the forward
+    dword_ptr,  # [vocab, H] float32 gradient of word_emb, zero-filled, atomically added to
+    dpos_ptr,  # [max_positions, H] float32 gradient of pos_emb, likewise
+    dtype_ptr,  # [type_vocab, H] float32 gradient of type_emb, likewise
+    dweight_partial_ptr,  # [programs, H] float32 partial sums of dweight
+    dbias_partial_ptr,  # [programs, H] float32 partial sums of dbias
+    tokens,
+    S,
+    H,
+    rows_per_program,  # tokens each program reduces (the last program may have fewer)
+    seed,
+    dropout_p,
+    stride_input_ids_b,
+    stride_input_ids_s,
+    stride_token_type_ids_b,
+    stride_token_type_ids_s,
+    stride_position_ids_b,
+    stride_position_ids_s,
+    stride_word_emb_row,
+    stride_word_emb_col,
+    stride_pos_emb_row,
+    stride_pos_emb_col,
+    stride_type_emb_row,
+    stride_type_emb_col,
+    stride_weight,
+    HAS_TOKEN_TYPES: tl.constexpr,
+    HAS_POSITION_IDS: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    program = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < H
+    w = tl.load(weight_ptr + cols * stride_weight, mask=mask, other=0.0).to(tl.float32)
+    dweight = tl.zeros((BLOCK,), dtype=tl.float32)
+    dbias = tl.zeros((BLOCK,), dtype=tl.float32)
+    first = program * rows_per_program
+    last = tl.minimum(first + rows_per_program, tokens)
+    for token in range(first, last):
+        word, pos, kind = _token_ids(
+            token, S, input_ids_ptr, token_type_ids_ptr, position_ids_ptr,
+            stride_input_ids_b, stride_input_ids_s, stride_token_type_ids_b,
+            stride_token_type_ids_s, stride_position_ids_b, stride_position_ids_s,
+            HAS_TOKEN_TYPES, HAS_POSITION_IDS,
+        )
+        e = _table_row(word_emb_ptr, word, stride_word_emb_row, stride_word_emb_col, cols, mask)
+        e += _table_row(pos_emb_ptr, pos, stride_pos_emb_row, stride_pos_emb_col, cols, mask)
+        e += _table_row(type_emb_ptr, kind, stride_type_emb_row, stride_type_emb_col, cols, mask)
+        dy = tl.load(dout_ptr + token * H + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_DROPOUT:
+            dy = dropped(dy, seed, (token * H + cols).to(tl.int32), dropout_p)
+        mean = tl.load(mean_ptr + token)
+        rstd = tl.load(rstd_ptr + token)
+        de, xhat = normalize_row_backward(dy, e, mask, H, mean, rstd, w)
+        dweight += dy * xhat
+        dbias += dy
+        tl.atomic_add(dword_ptr + word * H + cols, de, mask=mask)
+        tl.atomic_add(dpos_ptr + pos * H + cols, de, mask=mask)
+        tl.atomic_add(dtype_ptr + kind * H + cols, de, mask=mask)
+    tl.store(dweight_partial_ptr + program * H + cols, dweight, mask=mask)
+    tl.store(dbias_partial_ptr + program * H + cols, dbias, mask=mask)
 
 
 def _strides_2d(t: torch.Tensor | None) -> tuple[int, int]:
@@ -112,6 +247,168 @@ def _strides_2d(t: torch.Tensor | None) -> tuple[int, int]:
     if t.dim() == 1:
         return 0, t.stride(0)
     return t.stride(0), t.stride(1)
+
+
+def _id_strides(input_ids, token_type_ids, position_ids) -> tuple[int, ...]:
+    """The six (batch, sequence) strides of the three id tensors, in the kernels' order."""
+    return (*_strides_2d(input_ids), *_strides_2d(token_type_ids), *_strides_2d(position_ids))
+
+
+def _table_strides(*tables: torch.Tensor) -> tuple[int, ...]:
+    """(row, column) strides of each [rows, H] table, in order."""
+    return tuple(stride for t in tables for stride in (t.stride(0), t.stride(1)))
+
+
+def embeddings_layer_norm_forward(
+    ids, tables, weight, bias, eps, dropout_p, seed, save_stats
+):
+    """Launch the forward: (out [B, S, H], mean, rstd); the float32 [B * S] statistics only when
+    ``save_stats``. ``ids`` = (input_ids, token_type_ids, position_ids), ``tables`` = (word,
+    position, token type); checked by the caller."""
+    input_ids, token_type_ids, position_ids = ids
+    word_emb = tables[0]
+    batch, seq = input_ids.shape
+    hidden = word_emb.shape[1]
+    out = torch.empty((batch, seq, hidden), dtype=word_emb.dtype, device=word_emb.device)
+    stats = [torch.empty(batch * seq, dtype=torch.float32, device=out.device) for _ in range(2)]
+    mean, rstd = stats if save_stats else (None, None)
+    if out.numel() == 0:
+        return out, mean, rstd
+    block = block_size(hidden)
+    _embeddings_layer_norm_fwd_kernel[(batch * seq,)](
+        *ids,
+        *tables,
+        weight,
+        bias,
+        out,
+        mean,
+        rstd,
+        seq,
+        hidden,
+        float(eps),
+        seed,
+        dropout_p,
+        *_id_strides(*ids),
+        *_table_strides(*tables),
+        weight.stride(0),
+        bias.stride(0),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        HAS_TOKEN_TYPES=token_type_ids is not None,
+        HAS_POSITION_IDS=position_ids is not None,
+        HAS_DROPOUT=dropout_p > 0.0,
+        SAVE_STATS=save_stats,
+        BLOCK=block,
+        num_warps=heavy_num_warps(block) if dropout_p > 0.0 else num_warps(block),
+    )
+    return out, mean, rstd
+
+
+def embeddings_layer_norm_backward(
+    dout, ids, tables, weight, mean, rstd, dropout_p, seed, padding_rows=(None, None)
+):
+    """Launch the backward: (dword, dpos, dtype, dweight, dbias), each in its input's dtype.
+
+    ``padding_rows``: (word row, position row) whose gradient is zero, as an
+    ``nn.Embedding(padding_idx=...)``'s (None: none)."""
+    input_ids, token_type_ids, position_ids = ids
+    batch, seq = input_ids.shape
+    hidden = weight.shape[0]
+    tokens = batch * seq
+    grads = [torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in tables]
+    per_program = rows_per_program(tokens)
+    programs = cdiv(tokens, per_program)
+    partials = torch.zeros((2, max(programs, 1), hidden), dtype=torch.float32, device=dout.device)
+    if tokens:
+        block = block_size(hidden)
+        _embeddings_layer_norm_bwd_kernel[(programs,)](
+            dout.reshape(tokens, hidden).contiguous(),
+            *ids,
+            *tables,
+            weight,
+            mean,
+            rstd,
+            *grads,
+            partials[0],
+            partials[1],
+            tokens,
+            seq,
+            hidden,
+            per_program,
+            seed,
+            dropout_p,
+            *_id_strides(*ids),
+            *_table_strides(*tables),
+            weight.stride(0),
+            HAS_TOKEN_TYPES=token_type_ids is not None,
+            HAS_POSITION_IDS=position_ids is not None,
+            HAS_DROPOUT=dropout_p > 0.0,
+            BLOCK=block,
+            num_warps=heavy_num_warps(block),
+        )
+    for grad, row in zip(grads, padding_rows):
+        if row is not None:
+            grad[row] = 0.0
+    # Two separate sums: the gradients must not share storage.
+    dweight, dbias = (p.sum(dim=0).to(weight.dtype) for p in partials)
+    dtables = [g.to(t.dtype) for g, t in zip(grads, tables)]
+    return (*dtables, dweight, dbias)
+
+
+def check_inputs(
+    input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps,
+    *, check_ids: bool, dropout_p: object,
+) -> float:
+    """Raise as :func:`embeddings_layer_norm` documents, before anything runs (the id ranges
+    only when ``check_ids``); returns dropout_p as a float."""
+    check_embeddings(
+        input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
+    )
+    dropout_p = check_dropout_p(dropout_p)
+    check_triton_device("word_emb", word_emb)
+    hidden = word_emb.shape[1]
+    check_hidden(hidden)
+    seq = input_ids.shape[1]
+    if position_ids is None and seq > pos_emb.shape[0]:
+        raise ValueError(
+            f"sequence length {seq} is longer than the {pos_emb.shape[0]} rows of pos_emb"
+        )
+    if check_ids:
+        check_id_ranges(
+            input_ids,
+            token_type_ids,
+            position_ids,
+            word_emb.shape[0],
+            type_emb.shape[0],
+            pos_emb.shape[0],
+        )
+    return dropout_p
+
+
+class _EmbeddingsLayerNormFunction(torch.autograd.Function):
+    """dropout(LayerNorm(word + position + type)) with the Triton backward above."""
+
+    @staticmethod
+    def forward(
+        ctx, ids, word_emb, pos_emb, type_emb, weight, bias, eps, dropout_p, seed, padding_rows
+    ):
+        tables = (word_emb, pos_emb, type_emb)
+        out, mean, rstd = embeddings_layer_norm_forward(
+            ids, tables, weight, bias, eps, dropout_p, seed, True
+        )
+        ctx.save_for_backward(*tables, weight, mean, rstd)
+        ctx.ids, ctx.dropout_p, ctx.seed, ctx.padding_rows = ids, dropout_p, seed, padding_rows
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        word_emb, pos_emb, type_emb, weight, mean, rstd = ctx.saved_tensors
+        tables = (word_emb, pos_emb, type_emb)
+        grads = embeddings_layer_norm_backward(
+            dout, ctx.ids, tables, weight, mean, rstd, ctx.dropout_p, ctx.seed, ctx.padding_rows
+        )
+        return (None, *grads, None, None, None, None)
 
 
 def embeddings_layer_norm(
@@ -126,8 +423,12 @@ def embeddings_layer_norm(
     eps: float,
     *,
     check_ids: bool = True,
+    dropout_p: float = 0.0,
+    padding_idx: int | None = None,
+    position_padding_idx: int | None = None,
 ) -> torch.Tensor:
-    """``LayerNorm(word_emb[ids] + pos_emb[positions] + type_emb[types])`` in one Triton pass.
+    """``dropout(LayerNorm(word_emb[ids] + pos_emb[positions] + type_emb[types]))`` in one
+    Triton pass.
 
     Args:
         input_ids: [B, S] word ids, any integer dtype.
@@ -141,71 +442,32 @@ def embeddings_layer_norm(
             False only when the caller has checked them (fastbert's models do, in the one
             host read they make per call): an id out of range would then be read out of
             bounds.
+        dropout_p: probability of zeroing an output element (the kept ones are scaled by
+            1 / (1 - dropout_p)); 0.0 (the default) runs no dropout.
+        padding_idx, position_padding_idx: the word / position row that gets no gradient, as
+            with ``nn.Embedding(padding_idx=...)`` (Hugging Face's tables); None: every row
+            gets its gradient.
 
     Returns:
-        A new contiguous [B, S, H] tensor in the tables' dtype.
+        A new contiguous [B, S, H] tensor in the tables' dtype. When grad mode is on and a
+        table, weight or bias requires grad, it carries gradients to the three tables (each
+        occurrence of an id adds once), weight and bias (Triton backward kernels).
 
     Raises:
         TypeError: float (or bool) ids, a non-tensor argument, or mismatched table dtypes.
-        ValueError: mismatched shapes or devices, an id outside its table, H > 4096, or
-            tensors the Triton kernels cannot reach (not CUDA, and not the CPU under
-            TRITON_INTERPRET=1).
+        ValueError: mismatched shapes or devices, an id outside its table, H > 4096,
+            dropout_p outside [0, 1), or tensors the Triton kernels cannot reach (not CUDA,
+            and not the CPU under TRITON_INTERPRET=1).
     """
-    check_embeddings(
-        input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
+    dropout_p = check_inputs(
+        input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps,
+        check_ids=check_ids, dropout_p=dropout_p,
     )
-    check_triton_device("word_emb", word_emb)
-    refuse_gradients("embeddings_layer_norm", word_emb, pos_emb, type_emb, weight, bias)
-    hidden = word_emb.shape[1]
-    check_hidden(hidden)
-    batch, seq = input_ids.shape
-    if position_ids is None and seq > pos_emb.shape[0]:
-        raise ValueError(
-            f"sequence length {seq} is longer than the {pos_emb.shape[0]} rows of pos_emb"
+    ids = (input_ids, token_type_ids, position_ids)
+    tables = (word_emb, pos_emb, type_emb)
+    seed = draw_seed() if dropout_p > 0.0 else 0
+    if needs_grad(*tables, weight, bias):
+        return _EmbeddingsLayerNormFunction.apply(
+            ids, *tables, weight, bias, eps, dropout_p, seed, (padding_idx, position_padding_idx)
         )
-    if check_ids:
-        check_id_ranges(
-            input_ids,
-            token_type_ids,
-            position_ids,
-            word_emb.shape[0],
-            type_emb.shape[0],
-            pos_emb.shape[0],
-        )
-    out = torch.empty((batch, seq, hidden), dtype=word_emb.dtype, device=word_emb.device)
-    if out.numel() == 0:
-        return out
-    block = block_size(hidden)
-    _embeddings_layer_norm_fwd_kernel[(batch * seq,)](
-        input_ids,
-        token_type_ids,
-        position_ids,
-        word_emb,
-        pos_emb,
-        type_emb,
-        weight,
-        bias,
-        out,
-        seq,
-        hidden,
-        float(eps),
-        *_strides_2d(input_ids),
-        *_strides_2d(token_type_ids),
-        *_strides_2d(position_ids),
-        word_emb.stride(0),
-        word_emb.stride(1),
-        pos_emb.stride(0),
-        pos_emb.stride(1),
-        type_emb.stride(0),
-        type_emb.stride(1),
-        weight.stride(0),
-        bias.stride(0),
-        out.stride(0),
-        out.stride(1),
-        out.stride(2),
-        HAS_TOKEN_TYPES=token_type_ids is not None,
-        HAS_POSITION_IDS=position_ids is not None,
-        BLOCK=block,
-        num_warps=num_warps(block),
-    )
-    return out
+    return embeddings_layer_norm_forward(ids, tables, weight, bias, eps, dropout_p, seed, False)[0]

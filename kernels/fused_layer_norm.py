@@ -1,24 +1,42 @@
-"""Fused residual add + LayerNorm over the last dimension: ``out = LayerNorm(x + residual)``.
+"""Fused dropout + residual add + LayerNorm over the last dimension, forward and backward:
+``out = LayerNorm(dropout(x) + residual)``.
 
 Math, per row r of N elements, in float32::
 
-    s[r, :]   = x[r, :] (+ residual[r, :]   if HAS_RESIDUAL)
+    s[r, :]   = dropout(x[r, :]) (+ residual[r, :] if HAS_RESIDUAL)
     mean      = sum(s[r, :]) / N
     var       = sum((s[r, :] - mean)^2) / N          (biased, of the centred values)
-    out[r, :] = (s[r, :] - mean) / sqrt(var + eps) * weight + bias
+    xhat      = (s[r, :] - mean) * rstd,  rstd = 1 / sqrt(var + eps)
+    out[r, :] = xhat * weight + bias
 
 and rounded once to x's dtype. This is ``torch.nn.functional.layer_norm`` of the float32 sum,
-as :func:`kernels.reference.layer_norm` computes it.
+as :func:`kernels.reference.layer_norm` computes it. Dropout (HAS_DROPOUT, BERT's hidden
+dropout before the residual add) keeps x[r, c] with probability 1 - p and scales it by
+1 / (1 - p); its keep mask comes from the call's seed and the element offset r * N + c
+(kernels/_dropout.py) and is regenerated, never stored.
+
+Backward, per row, with g = dout * weight::
+
+    ds        = rstd * (g - mean(g) - xhat * mean(g * xhat))
+    dresidual = ds,  dx = dropout(ds) (the forward's mask and scale)
+    dweight   = sum over rows of dout * xhat,  dbias = sum over rows of dout
+
+The forward stores each row's mean and rstd (float32, 8 bytes a row) only when gradients are
+needed (SAVE_STATS); the backward re-reads x and residual to rebuild xhat. Each backward
+program takes a block of rows and writes its float32 partial sums of dweight and dbias
+([programs, N], at most MAX_PARTIALS rows), which a second small step adds up: no float32 copy
+of the activation is made.
 
 Shapes and layouts: x and residual are [..., N], flattened to [rows, N] (a view when the
 strides allow, otherwise a copy) and read through their strides; weight and bias are [N]; the
-output is a new contiguous tensor of x's shape.
+output and the gradients are new contiguous tensors.
 
 Dtypes: float16, bfloat16 and float32, all tensors alike; statistics in float32.
 
 Limits: one program per row holds the whole row (BLOCK = next power of two of N), so N may be
 at most MAX_HIDDEN = 4096 (BERT's hidden sizes are 128 to 4096); a wider row raises ValueError.
-Row offsets are int64. An empty input returns an empty output without a launch.
+Row offsets are int64; dropout element offsets are int32, so a dropout call holds fewer than
+2^31 elements. An empty input returns an empty output without a launch.
 """
 
 from __future__ import annotations
@@ -28,10 +46,13 @@ import triton
 import triton.language as tl
 
 from ._checks import check_layer_norm
-from ._runtime import check_triton_device, next_power_of_2, refuse_gradients
+from ._dropout import check_dropout_p, draw_seed, dropped
+from ._runtime import cdiv, check_triton_device, needs_grad, next_power_of_2
 
 MAX_HIDDEN = 4096
 MIN_BLOCK = 16
+# The most backward programs (rows of float32 dweight / dbias partial sums) per call.
+MAX_PARTIALS = 512
 
 
 def block_size(hidden: int) -> int:
@@ -39,9 +60,19 @@ def block_size(hidden: int) -> int:
     return max(MIN_BLOCK, next_power_of_2(hidden))
 
 
-def num_warps(block: int) -> int:
-    """Warps per row: about 256 elements per warp, between 1 and 8."""
+def num_warps(block: int, heavy: bool = False) -> int:
+    """Warps per row: about 256 elements per warp, between 1 and 8; ``heavy`` (dropout's
+    Philox draws, the backward's extra row vectors): about 64, between 1 and 32, so that every
+    row tile compiles without register spills on sm_80 and sm_90 (with 8 warps ptxas holds
+    the 1024-wide backward to 64 registers a thread, and spills)."""
+    if heavy:
+        return min(32, max(1, block // 64))
     return min(8, max(1, block // 256))
+
+
+def rows_per_program(rows: int) -> int:
+    """Rows each backward program reduces, so that at most MAX_PARTIALS programs run."""
+    return max(1, cdiv(rows, MAX_PARTIALS))
 
 
 def check_hidden(hidden: int) -> None:
@@ -54,14 +85,44 @@ def check_hidden(hidden: int) -> None:
 
 @triton.jit
 def normalize_row(s, mask, cols, N, eps, weight_ptr, bias_ptr, stride_weight, stride_bias):
-    """LayerNorm of one float32 row ``s`` of N valid elements (``mask``; zero elsewhere)."""
+    """LayerNorm of one float32 row ``s`` of N valid elements (``mask``; zero elsewhere):
+    (output row, mean, rstd)."""
     mean = tl.sum(s, axis=0) / N
     centred = tl.where(mask, s - mean, 0.0)
     var = tl.sum(centred * centred, axis=0) / N
     rstd = tl.math.div_rn(1.0, tl.sqrt_rn(var + eps))
     w = tl.load(weight_ptr + cols * stride_weight, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(bias_ptr + cols * stride_bias, mask=mask, other=0.0).to(tl.float32)
-    return centred * rstd * w + b
+    return centred * rstd * w + b, mean, rstd
+
+
+@triton.jit
+def normalize_row_backward(dy, s, mask, N, mean, rstd, w):
+    """Gradient of a LayerNorm row's input: (ds, xhat) from the float32 output gradient ``dy``,
+    the row ``s``, its saved statistics and the float32 scale ``w`` (zero past N)."""
+    xhat = tl.where(mask, (s - mean) * rstd, 0.0)
+    g = dy * w
+    mean_g = tl.sum(g, axis=0) / N
+    mean_gx = tl.sum(g * xhat, axis=0) / N
+    ds = tl.where(mask, rstd * (g - mean_g - xhat * mean_gx), 0.0)
+    return ds, xhat
+
+
+@triton.jit
+def _layer_norm_input(
+    x_ptr, residual_ptr, row, cols, mask, N, seed, dropout_p,
+    stride_x_row, stride_x_col, stride_residual_row, stride_residual_col,
+    HAS_RESIDUAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+):
+    """Row ``row`` of dropout(x) + residual in float32, zero past N."""
+    s = tl.load(x_ptr + row * stride_x_row + cols * stride_x_col, mask=mask, other=0.0)
+    s = s.to(tl.float32)
+    if HAS_DROPOUT:
+        s = dropped(s, seed, (row * N + cols).to(tl.int32), dropout_p)
+    if HAS_RESIDUAL:
+        r_ptrs = residual_ptr + row * stride_residual_row + cols * stride_residual_col
+        s += tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32)
+    return s
 
 
 @triton.jit
@@ -71,8 +132,12 @@ def _layer_norm_fwd_kernel(
     weight_ptr,  # [N] scale (gamma)
     bias_ptr,  # [N] shift (beta)
     out_ptr,  # [rows, N] output, x's dtype
+    mean_ptr,  # [rows] float32 row means (None unless SAVE_STATS)
+    rstd_ptr,  # [rows] float32 row 1 / sqrt(var + eps) (None unless SAVE_STATS)
     N,
     eps,
+    seed,  # Philox seed of the dropout mask (unused unless HAS_DROPOUT)
+    dropout_p,
     stride_x_row,
     stride_x_col,
     stride_residual_row,
@@ -82,66 +147,118 @@ def _layer_norm_fwd_kernel(
     stride_out_row,
     stride_out_col,
     HAS_RESIDUAL: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    SAVE_STATS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
-    s = tl.load(x_ptr + row * stride_x_row + cols * stride_x_col, mask=mask, other=0.0)
-    s = s.to(tl.float32)
-    if HAS_RESIDUAL:
-        r_ptrs = residual_ptr + row * stride_residual_row + cols * stride_residual_col
-        s += tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32)
-
-    y = normalize_row(s, mask, cols, N, eps, weight_ptr, bias_ptr, stride_weight, stride_bias)
+    s = _layer_norm_input(
+        x_ptr, residual_ptr, row, cols, mask, N, seed, dropout_p,
+        stride_x_row, stride_x_col, stride_residual_row, stride_residual_col,
+        HAS_RESIDUAL, HAS_DROPOUT,
+    )
+    y, mean, rstd = normalize_row(
+        s, mask, cols, N, eps, weight_ptr, bias_ptr, stride_weight, stride_bias
+    )
     out_ptrs = out_ptr + row * stride_out_row + cols * stride_out_col
     tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    if SAVE_STATS:
+        tl.store(mean_ptr + row, mean)
+        tl.store(rstd_ptr + row, rstd)
 
 
-def layer_norm(
+@triton.jit
+def _layer_norm_bwd_kernel(
+    dout_ptr,  # [rows, N] gradient of the output, contiguous
+    x_ptr,  # [rows, N] the forward's input
+    residual_ptr,  # [rows, N] the forward's residual (None unless HAS_RESIDUAL)
+    weight_ptr,  # [N] scale (gamma)
+    mean_ptr,  # [rows] float32 row means of the forward
+    rstd_ptr,  # [rows] float32 row rstd of the forward
+    dx_ptr,  # [rows, N] contiguous gradient of x, x's dtype
+    dresidual_ptr,  # [rows, N] contiguous gradient of residual (None unless HAS_RESIDUAL)
+    dweight_partial_ptr,  # [programs, N] float32 partial sums of dweight
+    dbias_partial_ptr,  # [programs, N] float32 partial sums of dbias
+    rows,
+    N,
+    rows_per_program,  # rows each program reduces (the last program may have fewer)
+    seed,
+    dropout_p,
+    stride_x_row,
+    stride_x_col,
+    stride_residual_row,
+    stride_residual_col,
+    stride_weight,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    program = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    w = tl.load(weight_ptr + cols * stride_weight, mask=mask, other=0.0).to(tl.float32)
+    dweight = tl.zeros((BLOCK,), dtype=tl.float32)
+    dbias = tl.zeros((BLOCK,), dtype=tl.float32)
+    first = program * rows_per_program
+    last = tl.minimum(first + rows_per_program, rows)
+    for row in range(first, last):
+        s = _layer_norm_input(
+            x_ptr, residual_ptr, row, cols, mask, N, seed, dropout_p,
+            stride_x_row, stride_x_col, stride_residual_row, stride_residual_col,
+            HAS_RESIDUAL, HAS_DROPOUT,
+        )
+        dy = tl.load(dout_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
+        ds, xhat = normalize_row_backward(
+            dy, s, mask, N, tl.load(mean_ptr + row), tl.load(rstd_ptr + row), w
+        )
+        dweight += dy * xhat
+        dbias += dy
+        if HAS_RESIDUAL:
+            tl.store(dresidual_ptr + row * N + cols, ds.to(dx_ptr.dtype.element_ty), mask=mask)
+        if HAS_DROPOUT:
+            ds = dropped(ds, seed, (row * N + cols).to(tl.int32), dropout_p)
+        tl.store(dx_ptr + row * N + cols, ds.to(dx_ptr.dtype.element_ty), mask=mask)
+    tl.store(dweight_partial_ptr + program * N + cols, dweight, mask=mask)
+    tl.store(dbias_partial_ptr + program * N + cols, dbias, mask=mask)
+
+
+def layer_norm_forward(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor,
     eps: float,
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``LayerNorm(x + residual)`` over the last dimension in one Triton pass per row.
-
-    Args:
-        x: [..., N] input, float16 / bfloat16 / float32, any strides; N <= 4096.
-        weight: [N] scale, x's dtype.
-        bias: [N] shift, x's dtype.
-        eps: the non-negative number added to the variance.
-        residual: optional tensor of x's shape and dtype, added to x before normalising.
-
-    Returns:
-        A new contiguous tensor of x's shape and dtype (float32 statistics, one rounding).
-
-    Raises:
-        TypeError: a non-tensor argument or an unsupported / mismatched dtype.
-        ValueError: mismatched shapes or devices, a negative eps, N > 4096, or tensors the
-            Triton kernels cannot reach (not CUDA, and not the CPU under TRITON_INTERPRET=1).
-    """
-    check_layer_norm(x, weight, bias, eps, residual)
-    check_triton_device("x", x)
-    refuse_gradients("layer_norm", x, weight, bias, residual)
+    residual: torch.Tensor | None,
+    dropout_p: float,
+    seed: int,
+    save_stats: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Launch the forward: (out, mean, rstd); the float32 [rows] statistics only when
+    ``save_stats``. Inputs are checked by the caller."""
     hidden = x.shape[-1]
-    check_hidden(hidden)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    if out.numel() == 0:
-        return out
     x2 = x.reshape(-1, hidden)
+    rows = x2.shape[0]
+    stats = [torch.empty(rows, dtype=torch.float32, device=x.device) for _ in range(2)]
+    mean, rstd = stats if save_stats else (None, None)
+    if out.numel() == 0:
+        return out, mean, rstd
     out2 = out.view(-1, hidden)
     res2 = residual.reshape(-1, hidden) if residual is not None else None
     block = block_size(hidden)
-    _layer_norm_fwd_kernel[(x2.shape[0],)](
+    _layer_norm_fwd_kernel[(rows,)](
         x2,
         res2,
         weight,
         bias,
         out2,
+        mean,
+        rstd,
         hidden,
         float(eps),
+        seed,
+        dropout_p,
         x2.stride(0),
         x2.stride(1),
         res2.stride(0) if res2 is not None else 0,
@@ -151,7 +268,129 @@ def layer_norm(
         out2.stride(0),
         out2.stride(1),
         HAS_RESIDUAL=residual is not None,
+        HAS_DROPOUT=dropout_p > 0.0,
+        SAVE_STATS=save_stats,
         BLOCK=block,
-        num_warps=num_warps(block),
+        num_warps=num_warps(block, heavy=dropout_p > 0.0),
     )
-    return out
+    return out, mean, rstd
+
+
+def layer_norm_backward(
+    dout: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    residual: torch.Tensor | None,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    dropout_p: float,
+    seed: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Launch the backward: (dx, dweight, dbias, dresidual), each in its input's dtype."""
+    hidden = x.shape[-1]
+    x2 = x.reshape(-1, hidden)
+    rows = x2.shape[0]
+    dout2 = dout.reshape(-1, hidden).contiguous()
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+    dres = None if residual is None else torch.empty_like(dx)
+    res2 = residual.reshape(-1, hidden) if residual is not None else None
+    per_program = rows_per_program(rows)
+    programs = cdiv(rows, per_program)
+    partials = torch.zeros((2, max(programs, 1), hidden), dtype=torch.float32, device=x.device)
+    if rows:
+        block = block_size(hidden)
+        _layer_norm_bwd_kernel[(programs,)](
+            dout2,
+            x2,
+            res2,
+            weight,
+            mean,
+            rstd,
+            dx,
+            dres,
+            partials[0],
+            partials[1],
+            rows,
+            hidden,
+            per_program,
+            seed,
+            dropout_p,
+            x2.stride(0),
+            x2.stride(1),
+            res2.stride(0) if res2 is not None else 0,
+            res2.stride(1) if res2 is not None else 0,
+            weight.stride(0),
+            HAS_RESIDUAL=residual is not None,
+            HAS_DROPOUT=dropout_p > 0.0,
+            BLOCK=block,
+            num_warps=num_warps(block, heavy=True),
+        )
+    # Two separate sums: the gradients must not share storage.
+    dweight, dbias = (p.sum(dim=0).to(weight.dtype) for p in partials)
+    return dx, dweight, dbias, dres
+
+
+def check_inputs(x, weight, bias, eps, residual, dropout_p) -> float:
+    """Raise as :func:`layer_norm` documents, before anything runs; returns dropout_p as a
+    float."""
+    check_layer_norm(x, weight, bias, eps, residual)
+    dropout_p = check_dropout_p(dropout_p)
+    check_triton_device("x", x)
+    check_hidden(x.shape[-1])
+    return dropout_p
+
+
+class _LayerNormFunction(torch.autograd.Function):
+    """LayerNorm(dropout(x) + residual) with the Triton backward above."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, residual, dropout_p, seed):
+        out, mean, rstd = layer_norm_forward(x, weight, bias, eps, residual, dropout_p, seed, True)
+        ctx.save_for_backward(x, weight, residual, mean, rstd)
+        ctx.dropout_p, ctx.seed = dropout_p, seed
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, weight, residual, mean, rstd = ctx.saved_tensors
+        dx, dweight, dbias, dres = layer_norm_backward(
+            dout, x, weight, residual, mean, rstd, ctx.dropout_p, ctx.seed
+        )
+        return dx, dweight, dbias, None, dres, None, None
+
+
+def layer_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """``LayerNorm(dropout(x) + residual)`` over the last dimension in one Triton pass per row.
+
+    Args:
+        x: [..., N] input, float16 / bfloat16 / float32, any strides; N <= 4096.
+        weight: [N] scale, x's dtype.
+        bias: [N] shift, x's dtype.
+        eps: the non-negative number added to the variance.
+        residual: optional tensor of x's shape and dtype, added to x before normalising.
+        dropout_p: probability of zeroing an element of x (the kept ones are scaled by
+            1 / (1 - dropout_p)); 0.0 (the default) runs no dropout.
+
+    Returns:
+        A new contiguous tensor of x's shape and dtype (float32 statistics, one rounding). When
+        grad mode is on and a floating input requires grad, the output carries gradients to x,
+        weight, bias and residual (Triton backward kernels).
+
+    Raises:
+        TypeError: a non-tensor argument or an unsupported / mismatched dtype.
+        ValueError: mismatched shapes or devices, a negative eps, N > 4096, dropout_p outside
+            [0, 1), or tensors the Triton kernels cannot reach (not CUDA, and not the CPU
+            under TRITON_INTERPRET=1).
+    """
+    dropout_p = check_inputs(x, weight, bias, eps, residual, dropout_p)
+    seed = draw_seed() if dropout_p > 0.0 else 0
+    if needs_grad(x, weight, bias, residual):
+        return _LayerNormFunction.apply(x, weight, bias, eps, residual, dropout_p, seed)
+    return layer_norm_forward(x, weight, bias, eps, residual, dropout_p, seed, False)[0]

@@ -11,19 +11,37 @@ and rounded once to x's dtype. ``ACTIVATION`` is 0 (none), 1 (exact GELU,
 ``0.5 * y * (1 + tanh(sqrt(2 / pi) * (y + 0.044715 * y^3)))``, computed as the identical
 ``y * sigmoid(2 * sqrt(2 / pi) * (y + 0.044715 * y^3))``).
 
+Backward, with dY the output gradient and dY' = dY * act'(pre) (pre = x @ weight^T + bias,
+dY' = dY without an activation)::
+
+    dx = dY' @ weight,   dweight = dY'^T @ x,   dbias = column sums of dY',   dresidual = dY
+
+Both products run on the kernel below with its operands read transposed through their strides
+(dx: A = dY [M, N], B = weight read as [N, K]; dweight: A = dY^T read as [N, M], B = x read as
+[M, K]); for a transposed operand the unit stride lies along the other dimension, which the
+JIT specialises to the constant 1, so its loads stay contiguous along that dimension. act' is
+applied to the A tile as it is loaded (GRAD_ACTIVATION, a prologue), from a
+tile of the pre-activation read with A's strides, and the dweight product also sums each A row
+(HAS_ROW_SUM) for dbias. The forward stores the pre-activation (STORE_PRE_ACTIVATION) when
+gradients are needed, rather than the backward recomputing it: storing costs one extra M x N
+write in the forward and two reads in the backward, recomputing costs a whole M x N x K GEMM
+(for BERT's FFN, K = 768 or 1024 multiply-adds per element against 2 bytes written and read).
+
 Shapes and layouts: x is [..., K], flattened to [M, K] rows (a view when the strides allow,
 otherwise a copy); weight is [N, K] in nn.Linear layout and is read transposed through its
 strides, never copied; bias is [N]; residual is [..., N] and is read through its strides. The
 output is a new contiguous [..., N] tensor. Every tensor may have any strides.
 
 Dtypes: float16, bfloat16 and float32, all tensors alike. The product is accumulated in float32;
-float32 inputs multiply in IEEE float32 (``input_precision="ieee"``, not TF32).
+float32 inputs multiply in IEEE float32 (``input_precision="ieee"``, not TF32). Gradients are
+in their input's dtype; dY' is rounded to it before the product, as PyTorch's autograd does.
 
 Limits: one output tile per program, programs ordered in groups of ``GROUP_M`` row tiles so
 that consecutive programs share the same weight columns in L2. Row offsets are int64 (M * K
 reaches 65536 * 4096 and strides may be larger still). The autotuner keys on N, K, the dtypes,
-a power-of-two bucket of M and the epilogue (ACTIVATION, HAS_RESIDUAL: some tiles are kept only
-for the light epilogues), so a new batch x sequence length does not re-tune. M == 0 or N == 0
+a power-of-two bucket of M and the variant (ACTIVATION, HAS_RESIDUAL and the training flags:
+some tiles are kept only for the light variants, see :func:`keep`), so a new batch x sequence
+length does not re-tune. M == 0 or N == 0
 returns an empty output without a launch.
 """
 
@@ -38,8 +56,8 @@ from ._runtime import (
     cdiv,
     check_triton_device,
     interpreting,
+    needs_grad,
     next_power_of_2,
-    refuse_gradients,
     time_config,
     tuned,
 )
@@ -57,6 +75,17 @@ FP32_MAX_BLOCK_K = 32
 # as a plain GEMM + bias on sm_80 and sm_90, but a GELU or a residual on top of it spills
 # (48 to 716 bytes per thread, on both targets).
 HEAVY_EPILOGUE_MAX_ACC_VALUES = 64
+# The training variants hold more: storing the pre-activation next to a GELU and a residual
+# spills 40 to 48 bytes on sm_80 at 64 accumulator values per thread, and the GELU derivative
+# in the prologue (an A tile and a pre-activation tile in float32 registers) spills 16 to
+# 22520 bytes at BLOCK_K = 64 or 64 accumulator values (both targets). 32 values and a
+# BLOCK_K of 32 compile without spills.
+TRAINING_MAX_ACC_VALUES = 32
+GRAD_ACTIVATION_MAX_BLOCK_K = 32
+# The dweight product (HAS_ROW_SUM) reads both operands transposed: more than 64 operand
+# values per thread per K step ((BLOCK_M + BLOCK_N) x BLOCK_K / threads) spill, 284 to 6888
+# bytes (128 x 256 x 64 over 8 warps, 128 x 64 x 64 over 4).
+TRANSPOSED_MAX_OPERAND_VALUES = 64
 
 
 def _config(block_m: int, block_n: int, block_k: int, stages: int, warps: int) -> triton.Config:
@@ -107,14 +136,20 @@ def keep(
     *,
     activation: int,
     has_residual: bool,
+    store_pre: bool = False,
+    grad_activation: int = 0,
+    row_sum: bool = False,
 ) -> bool:
     """Whether ``config`` is worth timing for inputs of ``element_size`` bytes and M rows.
 
     It must fit the shared memory of both targets, in float32 keep its K tile narrow enough
     for the FMA loop's registers, hold at most ``HEAVY_EPILOGUE_MAX_ACC_VALUES`` accumulator
     values per thread when the epilogue has an ``activation`` (a code of
-    :data:`ACTIVATION_CODES`) or a residual, and not have a row tile taller than M's bucket
-    (those rows would only be masked work).
+    :data:`ACTIVATION_CODES`) or a residual, at most ``TRAINING_MAX_ACC_VALUES`` when it
+    stores the pre-activation or the prologue applies a ``grad_activation`` (which also needs
+    BLOCK_K <= GRAD_ACTIVATION_MAX_BLOCK_K), at most ``TRANSPOSED_MAX_OPERAND_VALUES``
+    operand values per thread per K step for the dweight product (``row_sum``), and not have a
+    row tile taller than M's bucket (those rows would only be masked work).
     """
     meta = config.kwargs
     if shared_memory_bytes(config, element_size) > SHARED_MEMORY_BUDGET:
@@ -124,6 +159,14 @@ def keep(
     acc_values = meta["BLOCK_M"] * meta["BLOCK_N"] // (32 * config.num_warps)
     if (activation or has_residual) and acc_values > HEAVY_EPILOGUE_MAX_ACC_VALUES:
         return False
+    if (store_pre or grad_activation) and acc_values > TRAINING_MAX_ACC_VALUES:
+        return False
+    if grad_activation and meta["BLOCK_K"] > GRAD_ACTIVATION_MAX_BLOCK_K:
+        return False
+    threads = 32 * config.num_warps
+    operand_values = (meta["BLOCK_M"] + meta["BLOCK_N"]) * meta["BLOCK_K"] // threads
+    if row_sum and operand_values > TRANSPOSED_MAX_OPERAND_VALUES:
+        return False
     return meta["BLOCK_M"] <= m_bucket
 
 
@@ -132,7 +175,13 @@ def _prune(candidates: list[triton.Config], named_args: dict, **kwargs) -> list[
     FASTBERT_AUTOTUNE names it)."""
     args = {**named_args, **kwargs}
     element_size = args["x_ptr"].element_size()
-    epilogue = {"activation": args["ACTIVATION"], "has_residual": bool(args["HAS_RESIDUAL"])}
+    epilogue = {
+        "activation": args["ACTIVATION"],
+        "has_residual": bool(args["HAS_RESIDUAL"]),
+        "store_pre": bool(args["STORE_PRE_ACTIVATION"]),
+        "grad_activation": args["GRAD_ACTIVATION"],
+        "row_sum": bool(args["HAS_ROW_SUM"]),
+    }
     kept = [c for c in candidates if keep(c, element_size, args["M_BUCKET"], **epilogue)]
     return tuned(kept)
 
@@ -157,9 +206,35 @@ def _gelu_tanh(y):
     return y * sigmoid
 
 
+@triton.jit
+def _gelu_erf_grad(y):
+    # d/dy [y * Phi(y)] = Phi(y) + y * phi(y), phi the standard normal density.
+    cdf = 0.5 * (1.0 + tl.math.erf(y * 0.7071067811865476))
+    return cdf + y * 0.3989422804014327 * tl.exp(-0.5 * y * y)
+
+
+@triton.jit
+def _gelu_tanh_grad(y):
+    # d/dy [y * sigmoid(2u)] = s + y * s * (1 - s) * 2u', s = sigmoid(2u), computed as above.
+    two_u = 1.5957691216057308 * (y + 0.044715 * y * y * y)
+    t = tl.exp(-tl.abs(two_u))
+    s = tl.where(two_u >= 0, 1.0, t) / (1.0 + t)
+    two_du = 1.5957691216057308 * (1.0 + 0.134145 * y * y)
+    return s + y * s * (1.0 - s) * two_du
+
+
 @triton.autotune(
     configs=configs(),
-    key=["N", "K", "M_BUCKET", "ACTIVATION", "HAS_RESIDUAL"],
+    key=[
+        "N",
+        "K",
+        "M_BUCKET",
+        "ACTIVATION",
+        "HAS_RESIDUAL",
+        "STORE_PRE_ACTIVATION",
+        "GRAD_ACTIVATION",
+        "HAS_ROW_SUM",
+    ],
     prune_configs_by={"early_config_prune": _prune},
     do_bench=time_config,
 )
@@ -170,6 +245,8 @@ def _linear_fwd_kernel(
     bias_ptr,  # [N] bias (None unless HAS_BIAS)
     residual_ptr,  # [M, N] added after the activation (None unless HAS_RESIDUAL)
     out_ptr,  # [M, N] output, x's dtype
+    pre_ptr,  # [M, N] pre-activation stored (STORE_PRE_ACTIVATION) / [M, K] read (GRAD_ACTIVATION)
+    row_sum_ptr,  # [M] float32 sums of A's rows over K (None unless HAS_ROW_SUM)
     M,
     N,
     K,
@@ -183,9 +260,14 @@ def _linear_fwd_kernel(
     stride_residual_n,
     stride_out_m,
     stride_out_n,
+    stride_pre_m,
+    stride_pre_k,  # the column stride of pre: along N when stored, along K when read
     HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    STORE_PRE_ACTIVATION: tl.constexpr,  # store acc + bias before the activation to pre_ptr
+    GRAD_ACTIVATION: tl.constexpr,  # 0, or multiply the A tile by act'(pre tile): 1 erf, 2 tanh
+    HAS_ROW_SUM: tl.constexpr,  # store the sums of A's rows (after the prologue) to row_sum_ptr
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -209,12 +291,25 @@ def _linear_fwd_kernel(
     cols = (offs_n % N).to(tl.int64)
     x_ptrs = x_ptr + rows[:, None] * stride_x_m + offs_k[None, :] * stride_x_k
     w_ptrs = weight_ptr + offs_k[:, None] * stride_weight_k + cols[None, :] * stride_weight_n
+    if GRAD_ACTIVATION != 0:
+        pre_ptrs = pre_ptr + rows[:, None] * stride_pre_m + offs_k[None, :] * stride_pre_k
+    if HAS_ROW_SUM:
+        row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k_start in range(0, K, BLOCK_K):
         k_left = K - k_start
         a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
         b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        if GRAD_ACTIVATION != 0:
+            pre = tl.load(pre_ptrs, mask=offs_k[None, :] < k_left, other=0.0).to(tl.float32)
+            if GRAD_ACTIVATION == 1:
+                a = (a.to(tl.float32) * _gelu_erf_grad(pre)).to(a.dtype)
+            else:
+                a = (a.to(tl.float32) * _gelu_tanh_grad(pre)).to(a.dtype)
+            pre_ptrs += BLOCK_K * stride_pre_k
+        if HAS_ROW_SUM:
+            row_sum += tl.sum(a.to(tl.float32), axis=1)
         if a.dtype == tl.float32:
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
@@ -226,14 +321,20 @@ def _linear_fwd_kernel(
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n * stride_bias_n, mask=n_mask, other=0.0)
         acc += bias.to(tl.float32)[None, :]
+    out_rows = offs_m.to(tl.int64)
+    out_cols = offs_n.to(tl.int64)
+    mask = (offs_m < M)[:, None] & n_mask[None, :]
+    if STORE_PRE_ACTIVATION:
+        pre_out = pre_ptr + out_rows[:, None] * stride_pre_m + out_cols[None, :] * stride_pre_k
+        tl.store(pre_out, acc.to(pre_ptr.dtype.element_ty), mask=mask)
+    if HAS_ROW_SUM:
+        if pid_n == 0:
+            tl.store(row_sum_ptr + out_rows, row_sum, mask=offs_m < M)
     if ACTIVATION == 1:
         acc = _gelu_erf(acc)
     elif ACTIVATION == 2:
         acc = _gelu_tanh(acc)
 
-    out_rows = offs_m.to(tl.int64)
-    out_cols = offs_n.to(tl.int64)
-    mask = (offs_m < M)[:, None] & n_mask[None, :]
     if HAS_RESIDUAL:
         r_ptrs = (
             residual_ptr
@@ -243,6 +344,169 @@ def _linear_fwd_kernel(
         acc += tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32)
     out_ptrs = out_ptr + out_rows[:, None] * stride_out_m + out_cols[None, :] * stride_out_n
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _gemm(
+    a: torch.Tensor,
+    a_strides: tuple[int, int],
+    b: torch.Tensor,
+    b_strides: tuple[int, int],
+    out: torch.Tensor,
+    k: int,
+    *,
+    bias: torch.Tensor | None = None,
+    activation: int = 0,
+    residual: torch.Tensor | None = None,
+    pre: torch.Tensor | None = None,
+    pre_strides: tuple[int, int] = (0, 0),
+    store_pre: bool = False,
+    grad_activation: int = 0,
+    row_sum: torch.Tensor | None = None,
+) -> None:
+    """Launch the kernel for out [M, N] (contiguous) = A @ B^T, a K-long product, with the
+    given variants.
+
+    A is [M, K] read from ``a`` with ``a_strides`` (along M, along K); B is [N, K] read from
+    ``b`` with ``b_strides`` (along N, along K). ``pre`` is the [M, N] pre-activation to store
+    (``store_pre``) or the [M, K] one whose ``grad_activation`` derivative multiplies A;
+    ``row_sum`` is a float32 [M] tensor for the sums of A's rows. bias [N], residual [M, N].
+    """
+    m, n = out.shape
+
+    def grid(meta: dict) -> tuple[int]:
+        return (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)
+
+    _linear_fwd_kernel[grid](
+        a,
+        b,
+        bias,
+        residual,
+        out,
+        pre,
+        row_sum,
+        m,
+        n,
+        k,
+        m_bucket(m),
+        *a_strides,
+        *b_strides,
+        bias.stride(0) if bias is not None else 0,
+        residual.stride(0) if residual is not None else 0,
+        residual.stride(1) if residual is not None else 0,
+        out.stride(0),
+        out.stride(1),
+        *pre_strides,
+        HAS_BIAS=bias is not None,
+        ACTIVATION=activation,
+        HAS_RESIDUAL=residual is not None,
+        STORE_PRE_ACTIVATION=store_pre,
+        GRAD_ACTIVATION=grad_activation,
+        HAS_ROW_SUM=row_sum is not None,
+    )
+
+
+def linear_forward(x, weight, bias, activation, residual, save_pre):
+    """Launch the forward: (out [..., N], pre-activation [M, N] or None); the pre-activation is
+    stored only when ``save_pre`` and there is an activation. Inputs are checked by the caller."""
+    n, k = weight.shape
+    out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+    m = out.numel() // n if n else 0
+    code = ACTIVATION_CODES[activation]
+    pre = torch.empty((m, n), dtype=x.dtype, device=x.device) if save_pre and code else None
+    if m == 0 or n == 0:
+        return out, pre
+    x2 = x.reshape(m, k)
+    res2 = residual.reshape(m, n) if residual is not None else None
+    _gemm(
+        x2,
+        (x2.stride(0), x2.stride(1)),
+        weight,
+        (weight.stride(0), weight.stride(1)),
+        out.view(m, n),
+        k,
+        bias=bias,
+        activation=code,
+        residual=res2,
+        pre=pre,
+        pre_strides=(n, 1) if pre is not None else (0, 0),
+        store_pre=pre is not None,
+    )
+    return out, pre
+
+
+def linear_backward(dout, x, weight, pre, activation, needs):
+    """Launch the backward: (dx, dweight, dbias) for the ``needs`` flags (x, weight, bias)
+    (None where not needed); dY' = dout * act'(pre) is formed in the GEMMs' prologue."""
+    n, k = weight.shape
+    m = dout.numel() // n if n else 0
+    dy = dout.reshape(m, n)
+    code = ACTIVATION_CODES[activation]
+    x2 = x.reshape(m, k)
+    dx = dweight = dbias = None
+    # The GEMMs write every element; only an empty product (n == 0 or m == 0) leaves zeros.
+    new = torch.empty if m and n and k else torch.zeros
+    if needs[0]:
+        dx = new(x.shape, dtype=x.dtype, device=x.device)
+        if m and n and k:
+            _gemm(
+                dy,
+                (dy.stride(0), dy.stride(1)),
+                weight,
+                (weight.stride(1), weight.stride(0)),
+                dx.view(m, k),
+                n,
+                pre=pre,
+                pre_strides=(pre.stride(0), pre.stride(1)) if pre is not None else (0, 0),
+                grad_activation=code,
+            )
+    if needs[1] or needs[2]:
+        dweight = new(weight.shape, dtype=weight.dtype, device=weight.device)
+        row_sum = torch.zeros(n, dtype=torch.float32, device=x.device)
+        # With no input features, a product with a column of ones still sums dY' for dbias.
+        ones = None if k else torch.ones((m, 1), dtype=x.dtype, device=x.device)
+        operand = x2 if k else ones
+        if m and n:
+            _gemm(
+                dy,
+                (dy.stride(1), dy.stride(0)),
+                operand,
+                (operand.stride(1), operand.stride(0)),
+                dweight if k else torch.empty((n, 1), dtype=x.dtype, device=x.device),
+                m,
+                pre=pre,
+                pre_strides=(pre.stride(1), pre.stride(0)) if pre is not None else (0, 0),
+                grad_activation=code,
+                row_sum=row_sum,
+            )
+        dbias = row_sum.to(weight.dtype) if needs[2] else None
+    return dx, dweight, dbias
+
+
+def check_inputs(x, weight, bias, activation, residual) -> None:
+    """Raise as :func:`linear` documents, before anything runs."""
+    check_linear(x, weight, bias, activation, residual)
+    check_triton_device("x", x)
+
+
+class _LinearFunction(torch.autograd.Function):
+    """act(x @ weight^T + bias) + residual with the Triton backward GEMMs above."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, activation, residual):
+        out, pre = linear_forward(x, weight, bias, activation, residual, True)
+        ctx.save_for_backward(x, weight, pre)
+        ctx.activation = activation
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, weight, pre = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        dx, dweight, dbias = linear_backward(
+            dout, x, weight, pre, ctx.activation, (needs[0], needs[1], needs[2])
+        )
+        dresidual = dout if needs[4] else None
+        return dx, dweight, dbias, None, dresidual
 
 
 def linear(
@@ -263,49 +527,15 @@ def linear(
 
     Returns:
         A new contiguous [..., N] tensor in x's dtype (float32 accumulation, one rounding).
+        When grad mode is on and a floating input requires grad, it carries gradients to x,
+        weight, bias and residual (Triton GEMMs with the GELU derivative fused).
 
     Raises:
         TypeError: a non-tensor argument or an unsupported / mismatched dtype.
         ValueError: mismatched shapes or devices, an unknown activation, or tensors the Triton
             kernels cannot reach (not CUDA, and not the CPU under TRITON_INTERPRET=1).
     """
-    check_linear(x, weight, bias, activation, residual)
-    check_triton_device("x", x)
-    refuse_gradients("linear", x, weight, bias, residual)
-    n, k = weight.shape
-    lead = x.shape[:-1]
-    out = torch.empty((*lead, n), dtype=x.dtype, device=x.device)
-    m = out.numel() // n if n else 0
-    if m == 0 or n == 0:
-        return out
-    x2 = x.reshape(m, k)
-    out2 = out.view(m, n)
-    res2 = residual.reshape(m, n) if residual is not None else None
-
-    def grid(meta: dict) -> tuple[int]:
-        return (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)
-
-    _linear_fwd_kernel[grid](
-        x2,
-        weight,
-        bias,
-        res2,
-        out2,
-        m,
-        n,
-        k,
-        m_bucket(m),
-        x2.stride(0),
-        x2.stride(1),
-        weight.stride(0),
-        weight.stride(1),
-        bias.stride(0) if bias is not None else 0,
-        res2.stride(0) if res2 is not None else 0,
-        res2.stride(1) if res2 is not None else 0,
-        out2.stride(0),
-        out2.stride(1),
-        HAS_BIAS=bias is not None,
-        ACTIVATION=ACTIVATION_CODES[activation],
-        HAS_RESIDUAL=residual is not None,
-    )
-    return out
+    check_inputs(x, weight, bias, activation, residual)
+    if needs_grad(x, weight, bias, residual):
+        return _LinearFunction.apply(x, weight, bias, activation, residual)
+    return linear_forward(x, weight, bias, activation, residual, False)[0]

@@ -12,9 +12,16 @@ are. This is the classic one-pass fused op (one read of the scores, one write of
 probabilities) for when the probabilities themselves are wanted (``output_attentions``,
 analysis); the encoder's attention never materialises them (see flash_attention.py).
 
+Backward, per row, from the probabilities the forward returned (saved, nothing else)::
+
+    dscores_ij = scale * probs_ij * (dprobs_ij - sum_j dprobs_ij * probs_ij)
+
+in float32, rounded once to the scores' dtype; masked keys and fully masked rows have
+probability 0 and so gradient 0.
+
 Shapes and layouts: scores [B, H, S_q, S_k] with any strides (read in place);
-key_padding_mask [B, S_k], bool or integer, nonzero = a real token, any strides. The output is
-a new contiguous [B, H, S_q, S_k] tensor.
+key_padding_mask [B, S_k], bool or integer, nonzero = a real token, any strides. The output and
+the scores' gradient are new contiguous [B, H, S_q, S_k] tensors.
 
 Dtypes: float16, bfloat16 and float32 scores; the arithmetic is float32.
 
@@ -30,7 +37,7 @@ import triton
 import triton.language as tl
 
 from . import _checks
-from ._runtime import check_triton_device, next_power_of_2, refuse_gradients
+from ._runtime import check_triton_device, needs_grad, next_power_of_2
 
 MAX_KEYS = 16384
 MIN_BLOCK = 16
@@ -84,35 +91,44 @@ def _scaled_masked_softmax_fwd_kernel(
     tl.store(out_ptr + row * S_k + cols, probs.to(out_ptr.dtype.element_ty), mask=cols < S_k)
 
 
-def scaled_masked_softmax(
-    scores: torch.Tensor, key_padding_mask: torch.Tensor | None = None, scale: float = 1.0
-) -> torch.Tensor:
-    """``softmax(scale * scores)`` over the last dim with masked keys excluded, in one pass.
+@triton.jit
+def _scaled_masked_softmax_bwd_kernel(
+    probs_ptr,  # [rows, S_k] contiguous probabilities of the forward
+    dprobs_ptr,  # [rows, S_k] gradient of the probabilities, any row stride, unit key stride
+    dscores_ptr,  # [rows, S_k] contiguous gradient of the scores, the scores' dtype
+    S_k,
+    scale,
+    stride_dprobs_row,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < S_k
+    p = tl.load(probs_ptr + row * S_k + cols, mask=mask, other=0.0).to(tl.float32)
+    dp = tl.load(dprobs_ptr + row * stride_dprobs_row + cols, mask=mask, other=0.0)
+    dp = dp.to(tl.float32)
+    dot = tl.sum(dp * p, axis=0)
+    ds = scale * p * (dp - dot)
+    tl.store(dscores_ptr + row * S_k + cols, ds.to(dscores_ptr.dtype.element_ty), mask=mask)
 
-    Args:
-        scores: [B, H, S_q, S_k], float16 / bfloat16 / float32, any strides; S_k <= 16384.
-        key_padding_mask: optional [B, S_k] bool or integer, True / nonzero = a real token.
-        scale: the Python number the scores are multiplied by before the softmax.
 
-    Returns:
-        A new contiguous [B, H, S_q, S_k] tensor of probabilities in the scores' dtype (float32
-        math, one rounding); rows whose keys are all masked are zeros.
-
-    Raises:
-        TypeError: a non-tensor argument, an unsupported dtype, a float mask or a non-number
-            scale.
-        ValueError: mismatched shapes or devices, S_k > 16384, or tensors the Triton kernels
-            cannot reach (not CUDA, and not the CPU under TRITON_INTERPRET=1).
-    """
+def check_inputs(scores, key_padding_mask, scale) -> None:
+    """Raise as :func:`scaled_masked_softmax` documents, before anything runs."""
     _checks.check_softmax(scores, key_padding_mask, scale)
     check_triton_device("scores", scores)
-    refuse_gradients("scaled_masked_softmax", scores)
-    batch, heads, seq_q, seq_k = scores.shape
+    seq_k = scores.shape[-1]
     if seq_k > MAX_KEYS:
         raise ValueError(
             f"scores have {seq_k} keys per row, more than the {MAX_KEYS} the fused softmax "
             "kernel holds (one row per program); use backend='torch' for longer rows"
         )
+
+
+def scaled_masked_softmax_forward(
+    scores: torch.Tensor, key_padding_mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """Launch the forward: contiguous probabilities. Inputs are checked by the caller."""
+    batch, heads, seq_q, seq_k = scores.shape
     out = torch.empty(scores.shape, dtype=scores.dtype, device=scores.device)
     if out.numel() == 0:
         return out
@@ -134,3 +150,72 @@ def scaled_masked_softmax(
         num_warps=num_warps(block),
     )
     return out
+
+
+def scaled_masked_softmax_backward(
+    probs: torch.Tensor, dprobs: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Launch the backward: the contiguous gradient of the scores from the forward's
+    probabilities ``probs`` and their gradient ``dprobs`` (both [B, H, S_q, S_k])."""
+    seq_k = probs.shape[-1]
+    dscores = torch.empty_like(probs)
+    if probs.numel() == 0:
+        return dscores
+    dprobs2 = dprobs.reshape(-1, seq_k)
+    if dprobs2.stride(1) != 1:
+        dprobs2 = dprobs2.contiguous()
+    block = block_size(seq_k)
+    _scaled_masked_softmax_bwd_kernel[(dprobs2.shape[0],)](
+        probs,
+        dprobs2,
+        dscores,
+        seq_k,
+        float(scale),
+        dprobs2.stride(0),
+        BLOCK=block,
+        num_warps=num_warps(block),
+    )
+    return dscores
+
+
+class _ScaledMaskedSoftmaxFunction(torch.autograd.Function):
+    """softmax(scale * scores, masked keys excluded) with the Triton backward above."""
+
+    @staticmethod
+    def forward(ctx, scores, key_padding_mask, scale):
+        probs = scaled_masked_softmax_forward(scores, key_padding_mask, scale)
+        ctx.save_for_backward(probs)
+        ctx.scale = scale
+        return probs
+
+    @staticmethod
+    def backward(ctx, dprobs):
+        (probs,) = ctx.saved_tensors
+        return scaled_masked_softmax_backward(probs, dprobs, ctx.scale), None, None
+
+
+def scaled_masked_softmax(
+    scores: torch.Tensor, key_padding_mask: torch.Tensor | None = None, scale: float = 1.0
+) -> torch.Tensor:
+    """``softmax(scale * scores)`` over the last dim with masked keys excluded, in one pass.
+
+    Args:
+        scores: [B, H, S_q, S_k], float16 / bfloat16 / float32, any strides; S_k <= 16384.
+        key_padding_mask: optional [B, S_k] bool or integer, True / nonzero = a real token.
+        scale: the Python number the scores are multiplied by before the softmax.
+
+    Returns:
+        A new contiguous [B, H, S_q, S_k] tensor of probabilities in the scores' dtype (float32
+        math, one rounding); rows whose keys are all masked are zeros. When grad mode is on and
+        the scores require grad, it carries their gradient (a Triton backward kernel).
+
+    Raises:
+        TypeError: a non-tensor argument, an unsupported dtype, a float mask or a non-number
+            scale.
+        ValueError: mismatched shapes or devices, S_k > 16384, or tensors the Triton kernels
+            cannot reach (not CUDA, and not the CPU under TRITON_INTERPRET=1).
+    """
+    check_inputs(scores, key_padding_mask, scale)
+    if needs_grad(scores):
+        return _ScaledMaskedSoftmaxFunction.apply(scores, key_padding_mask, float(scale))
+    return scaled_masked_softmax_forward(scores, key_padding_mask, scale)

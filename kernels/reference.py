@@ -148,12 +148,17 @@ def layer_norm(
     bias: torch.Tensor,
     eps: float,
     residual: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """LayerNorm(x + residual) over the last dim, statistics in float32.
+    """LayerNorm(dropout(x) + residual) over the last dim, statistics in float32.
 
-    x, residual: [..., N]; weight, bias: [N]. Returns x's shape and dtype.
+    x, residual: [..., N]; weight, bias: [N]. ``dropout_p``: ``F.dropout`` of x (PyTorch's
+    own mask, not the kernels'). Returns x's shape and dtype.
     """
     _checks.check_layer_norm(x, weight, bias, eps, residual)
+    dropout_p = _dropout.check_dropout_p(dropout_p)
+    if dropout_p > 0.0:
+        x = F.dropout(x, dropout_p)
     s = x if residual is None else x + residual
     n = x.shape[-1]
     return F.layer_norm(_wide(s), (n,), _wide(weight), _wide(bias), float(eps)).to(x.dtype)
@@ -171,17 +176,20 @@ def embeddings_layer_norm(
     eps: float,
     *,
     check_ids: bool = True,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """LayerNorm(word_emb[ids] + pos_emb[position_ids] + type_emb[token_type_ids]).
+    """dropout(LayerNorm(word_emb[ids] + pos_emb[position_ids] + type_emb[token_type_ids])).
 
     input_ids, token_type_ids: [B, S] integers (token types default to 0); position_ids:
     [B, S] or [S] (default 0..S-1); tables: [rows, H]; weight, bias: [H]. Returns [B, S, H]
     in the tables' dtype. Ids outside their table raise ValueError (``check_ids=False``: the
     caller has checked them, and this skips the host synchronisation the check costs).
+    ``dropout_p``: ``F.dropout`` of the output (PyTorch's own mask, not the kernels').
     """
     _checks.check_embeddings(
         input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
     )
+    dropout_p = _dropout.check_dropout_p(dropout_p)
     if check_ids:
         _checks.check_id_ranges(
             input_ids, token_type_ids, position_ids,
@@ -202,4 +210,5 @@ def embeddings_layer_norm(
     )
     hidden = word_emb.shape[1]
     out = F.layer_norm(summed, (hidden,), _wide(weight), _wide(bias), float(eps))
-    return out.to(word_emb.dtype)
+    out = out.to(word_emb.dtype)
+    return F.dropout(out, dropout_p) if dropout_p > 0.0 else out

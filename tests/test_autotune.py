@@ -35,12 +35,32 @@ def test_linear_prune_pins_the_chosen_config(monkeypatch) -> None:
     args = {
         "x_ptr": torch.empty(1, dtype=torch.float16), "M_BUCKET": 4096,
         "ACTIVATION": fused_linear.ACTIVATION_CODES["gelu"], "HAS_RESIDUAL": False,
+        "STORE_PRE_ACTIVATION": False, "GRAD_ACTIVATION": 0, "HAS_ROW_SUM": False,
     }
     monkeypatch.delenv(_runtime.AUTOTUNE_ENV, raising=False)
     kept = fused_linear._prune(candidates, args)
     assert 1 < len(kept) < len(candidates)  # the GELU epilogue drops the widest tile
     monkeypatch.setenv(_runtime.AUTOTUNE_ENV, "1")
     assert fused_linear._prune(candidates, args) == [kept[1]]
+
+
+@pytest.mark.parametrize("variant", [{"STORE_PRE_ACTIVATION": True}, {"GRAD_ACTIVATION": 1}])
+def test_linear_training_variants_keep_small_tiles(monkeypatch, variant) -> None:
+    """Storing the pre-activation or a GELU derivative in the prologue holds more registers:
+    only tiles of at most 32 accumulator values per thread (and, for the derivative, K tiles
+    of 32) are kept, those that compile without spills (tests/compile_cases/linear.py)."""
+    monkeypatch.delenv(_runtime.AUTOTUNE_ENV, raising=False)
+    args = {
+        "x_ptr": torch.empty(1, dtype=torch.float16), "M_BUCKET": 4096, "ACTIVATION": 0,
+        "HAS_RESIDUAL": False, "STORE_PRE_ACTIVATION": False, "GRAD_ACTIVATION": 0,
+        "HAS_ROW_SUM": False, **variant,
+    }
+    kept = fused_linear._prune(fused_linear.gpu_configs(), args)
+    assert kept
+    for c in kept:
+        meta = c.kwargs
+        assert meta["BLOCK_M"] * meta["BLOCK_N"] // (32 * c.num_warps) <= 32
+        assert not variant.get("GRAD_ACTIVATION") or meta["BLOCK_K"] <= 32
 
 
 def test_attention_prune_pins_the_chosen_config(monkeypatch) -> None:

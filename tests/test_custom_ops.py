@@ -42,26 +42,49 @@ def _softmax_args(device: str, with_mask: bool):
     return _randn(2, 2, 3, 9, device=device), _mask([9, 2], 9, device) if with_mask else None, 0.5
 
 
-def _linear_args(device: str, full: bool):
+def _linear_args(device: str, full: bool, grad: bool = False):
     x, w = _randn(3, 5, 16, device=device), _randn(24, 16, device=device, seed=1)
     if not full:
-        return x, w, None, None, None
-    return x, w, _randn(24, device=device, seed=2), "gelu", _randn(3, 5, 24, device=device, seed=3)
+        return _requiring_grad((x, w, None, None, None), grad) + (grad,)
+    bias, residual = _randn(24, device=device, seed=2), _randn(3, 5, 24, device=device, seed=3)
+    return _requiring_grad((x, w, bias, "gelu", residual), grad) + (grad,)
 
 
-def _layer_norm_args(device: str, residual: bool):
+def _requiring_grad(args: tuple, grad: bool) -> tuple:
+    """``args`` with their floating tensors requiring grad when ``grad``."""
+    if not grad:
+        return args
+    return tuple(
+        a.requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+        for a in args
+    )
+
+
+def _seed_tensor(dropout_p: float) -> torch.Tensor | None:
+    return torch.tensor(1234, dtype=torch.int64) if dropout_p else None
+
+
+def _layer_norm_args(device: str, residual: bool, dropout_p: float = 0.0, grad: bool = False):
     x = _randn(3, 5, 48, device=device)
     weight, bias = _randn(48, device=device, seed=1), _randn(48, device=device, seed=2)
-    return x, weight, bias, 1e-12, _randn(3, 5, 48, device=device, seed=3) if residual else None
+    res = _randn(3, 5, 48, device=device, seed=3) if residual else None
+    args = _requiring_grad((x, weight, bias, 1e-12, res), grad)
+    return (*args, dropout_p, _seed_tensor(dropout_p), grad)
 
 
-def _embeddings_args(device: str, optional_ids: bool):
+def _embeddings_args(device: str, optional_ids: bool, dropout_p: float = 0.0, grad: bool = False):
     ids = torch.tensor([[1, 5, 7, 2], [3, 3, 0, 9]], device=device)
     types = torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1]], device=device) if optional_ids else None
     positions = torch.tensor([3, 2, 1, 0], device=device) if optional_ids else None
     tables = [_randn(rows, 32, device=device, seed=rows) for rows in (11, 8, 2)]
     weight, bias = _randn(32, device=device, seed=1), _randn(32, device=device, seed=2)
-    return ids, types, positions, *tables, weight, bias, 1e-12
+    floats = _requiring_grad((*tables, weight, bias), grad)
+    return ids, types, positions, *floats, 1e-12, dropout_p, _seed_tensor(dropout_p), grad
+
+
+def _softmax_grad_args(device: str):
+    scores, mask, scale = _softmax_args(device, True)
+    return scores.requires_grad_(), mask, scale
 
 
 CASES = {
@@ -76,7 +99,23 @@ CASES = {
     "layer_norm": (OPS.layer_norm, lambda d: _layer_norm_args(d, False)),
     "embeddings-all-ids": (OPS.embeddings_layer_norm, lambda d: _embeddings_args(d, True)),
     "embeddings-ids-only": (OPS.embeddings_layer_norm, lambda d: _embeddings_args(d, False)),
+    "softmax-grad": (OPS.scaled_masked_softmax, _softmax_grad_args),
+    "linear-full-grad": (OPS.linear, lambda d: _linear_args(d, True, grad=True)),
+    "linear-bare-grad": (OPS.linear, lambda d: _linear_args(d, False, grad=True)),
+    "layer_norm-residual-dropout-grad": (
+        OPS.layer_norm, lambda d: _layer_norm_args(d, True, dropout_p=0.25, grad=True)),
+    "layer_norm-grad": (OPS.layer_norm, lambda d: _layer_norm_args(d, False, grad=True)),
+    "embeddings-all-ids-dropout-grad": (
+        OPS.embeddings_layer_norm, lambda d: _embeddings_args(d, True, dropout_p=0.25, grad=True)),
+    "embeddings-ids-only-grad": (
+        OPS.embeddings_layer_norm, lambda d: _embeddings_args(d, False, grad=True)),
 }
+# The ops whose kernel call takes the custom op's leading arguments only (no dropout seed or
+# saved-for-backward flag), and returns the op's first output.
+# The Triton launcher's positional arguments of each op whose custom op takes more (dropout
+# seed, save flags) and returns more (saved tensors for the backward).
+KERNEL_ARITY = {"linear": 5, "layer_norm": 5, "embeddings_layer_norm": 9, "attention": 5,
+                "attention_varlen": 6}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -91,11 +130,15 @@ def test_custom_op_equals_kernel(case: str, device: str) -> None:
     attention ops return (out, lse), lse empty unless asked for)."""
     op, make_args = CASES[case]
     args = make_args(device)
-    expected = getattr(K, op.__name__.split(".")[-1])(*args)
-    got = op(*args)
-    if op in (OPS.attention, OPS.attention_varlen):
-        got, lse = got
-        assert lse.numel() == 0
+    name = op.__name__.split(".")[-1]
+    seed_at = KERNEL_ARITY.get(name, len(args)) + 1
+    if seed_at < len(args) and args[seed_at] is not None:
+        pytest.skip("dropout: the kernel draws its own seed (tests/test_dropout.py)")
+    with torch.no_grad():
+        expected = getattr(K, name)(*args[: KERNEL_ARITY.get(name, len(args))])
+        got = op(*args)
+    if name in KERNEL_ARITY:
+        got = got[0]
     if op is OPS.attention:
         expected = expected.transpose(1, 2)
     assert got.is_contiguous() and torch.equal(got, expected)
@@ -118,7 +161,7 @@ def test_triton_backend_runs_the_custom_ops(device: str) -> None:
 def test_fake_tensor_checks_reject_bad_shapes() -> None:
     x, w = torch.empty(3, 16, device="meta"), torch.empty(24, 15, device="meta")
     with pytest.raises(ValueError, match="input features"):
-        OPS.linear(x, w, None, None, None)
+        OPS.linear(x, w, None, None, None, False)
 
 
 def _compiled_model_matches_eager(device: str, compiler, **compile_kwargs) -> None:
@@ -198,3 +241,36 @@ def test_layer_ops_capture_in_cuda_graph_gpu() -> None:
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(static_out, expected)
+
+
+def _training_step(x, w, b, gamma, beta, residual, scores, word, pos, types, ids):
+    """A small graph of every differentiable op, dropout included, reduced to one loss."""
+    h = custom_ops.linear(x, w, b, "gelu_tanh", residual)
+    h = custom_ops.layer_norm(h, gamma, beta, 1e-5, residual, dropout_p=0.2)
+    e = custom_ops.embeddings_layer_norm(ids, None, None, word, pos, types, gamma, beta, 1e-12,
+                                         dropout_p=0.1)
+    probs = custom_ops.scaled_masked_softmax(scores, None, 0.5)
+    return (h * h).sum() + (e * e).sum() + (probs * scores).sum()
+
+
+def test_compiled_training_step_matches_eager(device: str) -> None:
+    """torch.compile(fullgraph=True) traces the forward and backward custom ops (with their
+    dropout seeds drawn in the graph) and gives the eager gradients."""
+    leaves = [
+        _randn(2, 3, 16, device=device), _randn(24, 16, device=device, seed=1),
+        _randn(24, device=device, seed=2), _randn(24, device=device, seed=3),
+        _randn(24, device=device, seed=4), _randn(2, 3, 24, device=device, seed=5),
+        _randn(1, 2, 3, 5, device=device, seed=6), _randn(9, 24, device=device, seed=7),
+        _randn(4, 24, device=device, seed=8), _randn(1, 24, device=device, seed=9),
+    ]
+    ids = torch.tensor([[1, 8, 1], [0, 1, 2]], device=device)
+
+    def grads(step) -> list[torch.Tensor]:
+        inputs = [t.detach().clone().requires_grad_() for t in leaves]
+        torch.manual_seed(0)
+        return list(torch.autograd.grad(step(*inputs, ids), inputs))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(_training_step, fullgraph=True, backend="aot_eager")
+    for got, expected in zip(grads(compiled), grads(_training_step)):
+        torch.testing.assert_close(got, expected)

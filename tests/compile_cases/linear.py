@@ -6,6 +6,13 @@ allows only with lighter epilogues, with each epilogue it allows) and every epil
 config its ``keep`` predicate lets through. Configs and the jit function come from the module
 itself, so the cases follow the code. Each case declares its dtype and BLOCK_M for the
 tensor-core instruction check in tests/test_compile.py.
+
+Training: the forward that stores the pre-activation (every config kept for the full epilogue,
+each dtype), and the two backward products with the operands' strides the launcher passes:
+dx = dY' @ weight (A = dY row-major, B = weight read transposed: unit stride along N) and
+dweight = dY'^T @ x (A = dY^T and B = x^T: unit stride along M, strided along K), with the GELU
+derivative prologue and, for dweight, the row sums of dbias, on every config ``keep`` allows
+for each (the plain products on the biggest and smallest only).
 """
 
 from __future__ import annotations
@@ -31,7 +38,14 @@ UNIT_STRIDES = (
 )
 
 
-def _signature(dtype: str, has_bias: bool, has_residual: bool) -> dict[str, str]:
+# The unit strides of the two backward products (the others are runtime integers).
+DX_UNIT_STRIDES = ("stride_x_k", "stride_weight_n", "stride_out_n", "stride_pre_k")
+DW_UNIT_STRIDES = ("stride_x_m", "stride_weight_n", "stride_out_n", "stride_pre_m")
+
+
+def _signature(
+    dtype: str, has_bias: bool, has_residual: bool, has_pre: bool = False, row_sum: bool = False
+) -> dict[str, str]:
     ptr = f"*{dtype}"
     return {
         "x_ptr": ptr,
@@ -39,6 +53,8 @@ def _signature(dtype: str, has_bias: bool, has_residual: bool) -> dict[str, str]
         "bias_ptr": ptr if has_bias else "constexpr",
         "residual_ptr": ptr if has_residual else "constexpr",
         "out_ptr": ptr,
+        "pre_ptr": ptr if has_pre else "constexpr",
+        "row_sum_ptr": "*fp32" if row_sum else "constexpr",
         "M": "i32",
         "N": "i32",
         "K": "i32",
@@ -52,9 +68,14 @@ def _signature(dtype: str, has_bias: bool, has_residual: bool) -> dict[str, str]
         "stride_residual_n": "constexpr",
         "stride_out_m": "i32",
         "stride_out_n": "constexpr",
+        "stride_pre_m": "i32",
+        "stride_pre_k": "i32",
         "HAS_BIAS": "constexpr",
         "ACTIVATION": "constexpr",
         "HAS_RESIDUAL": "constexpr",
+        "STORE_PRE_ACTIVATION": "constexpr",
+        "GRAD_ACTIVATION": "constexpr",
+        "HAS_ROW_SUM": "constexpr",
         "BLOCK_M": "constexpr",
         "BLOCK_N": "constexpr",
         "BLOCK_K": "constexpr",
@@ -62,28 +83,55 @@ def _signature(dtype: str, has_bias: bool, has_residual: bool) -> dict[str, str]
     }
 
 
-def _case(dtype: str, config, has_bias: bool, activation: int, has_residual: bool) -> CompileCase:
+def _case(
+    dtype: str,
+    config,
+    has_bias: bool,
+    activation: int,
+    has_residual: bool,
+    *,
+    store_pre: bool = False,
+    grad: str | None = None,
+    grad_activation: int = 0,
+) -> CompileCase:
+    """A forward case (``store_pre``: the training forward), or with ``grad`` "dx" / "dw" one
+    of the backward products with derivative ``grad_activation``."""
     meta = config.kwargs
+    unit = {None: UNIT_STRIDES, "dx": DX_UNIT_STRIDES, "dw": DW_UNIT_STRIDES}[grad]
+    has_pre = store_pre or grad_activation != 0
+    row_sum = grad == "dw"
     constexprs = {
         "HAS_BIAS": has_bias,
         "ACTIVATION": activation,
         "HAS_RESIDUAL": has_residual,
+        "STORE_PRE_ACTIVATION": store_pre,
+        "GRAD_ACTIVATION": grad_activation,
+        "HAS_ROW_SUM": row_sum,
         **meta,
-        **dict.fromkeys(UNIT_STRIDES, 1),
+        **dict.fromkeys(unit, 1),
     }
     if not has_bias:
         constexprs["bias_ptr"] = None
     if not has_residual:
         constexprs["residual_ptr"] = None
+    if not has_pre:
+        constexprs["pre_ptr"] = None
+    if not row_sum:
+        constexprs["row_sum_ptr"] = None
+    signature = _signature(dtype, has_bias, has_residual, has_pre, row_sum)
+    signature.update(dict.fromkeys(set(UNIT_STRIDES) - set(unit), "i32"))
+    signature.update(dict.fromkeys(unit, "constexpr"))
     tile = "x".join(str(meta[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
-    name = (
-        f"linear[{dtype} {tile} s{config.num_stages} w{config.num_warps} "
-        f"bias={int(has_bias)} act={activation} res={int(has_residual)}]"
-    )
+    if grad is not None:
+        variant = f"{grad} dact={grad_activation}"
+    else:
+        variant = f"bias={int(has_bias)} act={activation} res={int(has_residual)}"
+        variant += " pre=1" if store_pre else ""
+    name = f"linear[{dtype} {tile} s{config.num_stages} w{config.num_warps} {variant}]"
     return CompileCase(
         name=name,
         fn=KERNEL,
-        signature=_signature(dtype, has_bias, has_residual),
+        signature=signature,
         constexprs=constexprs,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
@@ -133,6 +181,35 @@ def _cases() -> list[CompileCase]:
     # bf16 on the big-M tile too, so that its wgmma path on sm_90 is checked like fp16's.
     big = next(c for c in CONFIGS if FULL_EPILOGUE in _kept_epilogues(c, DTYPES["bf16"]))
     cases += _heaviest("bf16", big)
+    return cases + _training_cases()
+
+
+def _kept_for(config, element_size: int, **variant) -> bool:
+    return mod.keep(config, element_size, LARGEST_M_BUCKET, **variant)
+
+
+def _training_cases() -> list[CompileCase]:
+    """The forward storing the pre-activation, and the dx / dweight products, on each config
+    ``keep`` allows for them (the plain products on the biggest and smallest)."""
+    cases = []
+    pre = {"activation": 1, "has_residual": True, "store_pre": True}
+    for dtype, element_size in DTYPES.items():
+        cases += [
+            _case(dtype, c, *FULL_EPILOGUE, store_pre=True)
+            for c in CONFIGS
+            if _kept_for(c, element_size, **pre)
+        ]
+        for g in ("dx", "dw"):
+            variant = {"activation": 0, "has_residual": False, "row_sum": g == "dw"}
+            for act in (1, 2):
+                cases += [
+                    _case(dtype, c, False, 0, False, grad=g, grad_activation=act)
+                    for c in CONFIGS
+                    if _kept_for(c, element_size, **variant, grad_activation=act)
+                    and (dtype == "fp16" or act == 1)
+                ]
+            kept = [c for c in CONFIGS if _kept_for(c, element_size, **variant)]
+            cases += [_case(dtype, c, False, 0, False, grad=g) for c in (kept[0], kept[-1])]
     return cases
 
 

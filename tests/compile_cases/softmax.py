@@ -4,7 +4,8 @@ The row tile BLOCK takes every power of two the launcher can choose (``block_siz
 counts 1 to MAX_KEYS) with the launcher's ``num_warps``; each with and without a mask, in fp16,
 bf16 and fp32. Scores are contiguous (unit stride on S_k, the constexpr 1 the JIT specialises
 it to) and the mask is bool with unit stride; two more cases read strided scores (a transposed
-view) and an int64 mask (Hugging Face's attention_mask dtype).
+view) and an int64 mask (Hugging Face's attention_mask dtype). The backward kernel compiles
+for every row tile and dtype.
 """
 
 from __future__ import annotations
@@ -61,10 +62,31 @@ def _case(
     )
 
 
+def _backward_case(dtype: str, block: int) -> CompileCase:
+    kernel = mod._scaled_masked_softmax_bwd_kernel
+    ptr = f"*{dtype}"
+    signature = {
+        "probs_ptr": ptr,
+        "dprobs_ptr": ptr,
+        "dscores_ptr": ptr,
+        "S_k": "i32",
+        "scale": "fp32",
+        "stride_dprobs_row": "i32",
+        "BLOCK": "constexpr",
+    }
+    return CompileCase(
+        name=f"softmax_bwd[{dtype} BLOCK={block}]",
+        fn=kernel,
+        signature=signature,
+        constexprs={"BLOCK": block},
+        num_warps=mod.num_warps(block),
+    )
+
+
 CASES = [
     _case(dtype, block, has_mask)
     for dtype, block, has_mask in itertools.product(DTYPES, BLOCKS, (False, True))
 ] + [
     _case("fp16", 512, True, mask="*i64"),
     _case("bf16", 128, True, unit_key_stride=False),
-]
+] + [_backward_case(dtype, block) for dtype, block in itertools.product(DTYPES, BLOCKS)]

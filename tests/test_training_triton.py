@@ -1,0 +1,88 @@
+"""Training on the Triton backend end to end (the interpreter on a CPU, CUDA on a GPU): every
+parameter's gradient against Hugging Face's, for each family, dense and padding-free; the
+kernels' dropout in training mode; autocast with float32 master weights.
+
+The ops' own backward tests (tests/test_attention_backward.py, tests/test_ops_backward.py)
+compare each kernel with float64 autograd; these check that the model wires them right.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import fastbert
+from tests.hf_models import hf_model, padded_batch
+from tests.test_optimize import TRITON_CASES, make_inputs, make_model
+from tests.test_training import NO_HEAD_DROPOUT, assert_grads_match, grads, weighted_sum
+
+# fp32 Triton products are exact IEEE (no tf32) and the statistics fp32, as in Hugging Face:
+# the same bound as the torch backend.
+LENGTHS = [9, 4, 6]
+
+
+@pytest.mark.parametrize("padding_free", [False, True], ids=["dense", "padding-free"])
+@pytest.mark.parametrize("family, head", TRITON_CASES, ids=[f"{f}-{h}" for f, h in TRITON_CASES])
+def test_triton_gradients_match_hf(device: str, family: str, head: str,
+                                   padding_free: bool) -> None:
+    model = make_model(family, head, seed=31, **NO_HEAD_DROPOUT).to(device).train()
+    reference = copy.deepcopy(model)
+    inputs, valid = make_inputs(model, head, LENGTHS, seed=31, device=device)
+    weighted_sum(reference(**inputs), valid.cpu()).backward()
+    fastbert.optimize(model, backend="triton", padding_free=padding_free)
+    weighted_sum(model(**inputs), valid.cpu()).backward()
+    assert_grads_match(grads(reference), grads(model))
+
+
+def test_own_model_trains_on_triton(device: str) -> None:
+    """fastbert.BertForPreTraining with labels: loss and gradients as on the torch backend."""
+    hf = hf_model("BertForPreTraining", seed=32)
+    ids, mask, types = (t.to(device) for t in padded_batch(LENGTHS, seed=32))
+    labels = ids.masked_fill(mask == 0, -100)
+    nsp = torch.tensor([0, 1, 0], device=device)
+    results = {}
+    for backend in ("torch", "triton"):
+        model = fastbert.BertForPreTraining.from_pretrained(
+            hf, device=device, dtype=torch.float32, backend=backend).train()
+        loss = model(ids, mask, types, labels=labels, next_sentence_label=nsp).loss
+        loss.backward()
+        results[backend] = (loss.item(), grads(model))
+    assert abs(results["torch"][0] - results["triton"][0]) <= 1e-5
+    assert_grads_match(results["torch"][1], results["triton"][1])
+
+
+def test_triton_dropout_in_training(device: str) -> None:
+    hf = hf_model("BertForSequenceClassification", seed=33, hidden_dropout_prob=0.2,
+                  attention_probs_dropout_prob=0.2)
+    model = fastbert.BertForSequenceClassification.from_pretrained(
+        hf, device=device, dtype=torch.float32, backend="triton")
+    ids, mask, types = (t.to(device) for t in padded_batch(LENGTHS, seed=33))
+    with torch.no_grad():
+        evaluated = model(ids, mask, types).logits
+        model.train()
+        torch.manual_seed(1)
+        first = model(ids, mask, types).logits
+        second = model(ids, mask, types).logits
+        torch.manual_seed(1)
+        again = model(ids, mask, types).logits
+    assert torch.equal(first, again) and not torch.allclose(first, second)
+    assert not torch.allclose(first, evaluated)
+    model(ids, mask, types, labels=torch.tensor([0, 1, 2], device=device)).loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_triton_autocast_bf16_with_float32_master_weights(device: str) -> None:
+    hf = hf_model("BertForSequenceClassification", seed=34)
+    ids, mask, types = (t.to(device) for t in padded_batch(LENGTHS, seed=34))
+    labels = torch.tensor([0, 2, 1], device=device)
+    model = fastbert.BertForSequenceClassification.from_pretrained(
+        hf, device=device, dtype=torch.float32, backend="triton").train()
+    exact = model(ids, mask, types, labels=labels).loss.item()
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+        out = model(ids, mask, types, labels=labels)
+    assert out.logits.dtype == torch.bfloat16  # the ops computed in bf16
+    out.loss.backward()
+    assert abs(out.loss.item() - exact) <= 0.02 * abs(exact)
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
