@@ -545,7 +545,7 @@ def attention(
     dropout_p = _dropout.check_dropout_p(dropout_p)
     out, _ = _attention(
         q, k, v, key_padding_mask, _as_float(scale), dropout_p, _dropout_seed(dropout_p),
-        flash_attention.wants_gradients(q, k, v),
+        needs_grad(q, k, v),
     )
     return out.transpose(1, 2)
 
@@ -567,7 +567,7 @@ def attention_varlen(
     dropout_p = _dropout.check_dropout_p(dropout_p)
     out, _ = _attention_varlen(
         q, k, v, cu_seqlens, max_seqlen, _as_float(scale), dropout_p, _dropout_seed(dropout_p),
-        flash_attention.wants_gradients(q, k, v),
+        needs_grad(q, k, v),
     )
     return out
 

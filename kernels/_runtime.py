@@ -37,17 +37,6 @@ def check_triton_device(name: str, t: torch.Tensor) -> None:
     )
 
 
-def refuse_gradients(op: str, *tensors: torch.Tensor | None) -> None:
-    """The Triton ops have no backward yet: raise, rather than return an output that silently
-    carries no gradient, when one of ``tensors`` requires grad in grad mode."""
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        raise RuntimeError(
-            f"fastbert.kernels.{op} has no backward (inference only), but an input requires "
-            "grad with grad mode on; call it under torch.no_grad() or torch.inference_mode(), "
-            "or pass detached tensors"
-        )
-
-
 def needs_grad(*tensors: torch.Tensor | None) -> bool:
     """True when grad mode is on and one of ``tensors`` (None skipped) requires grad: an op
     then runs through its autograd.Function, otherwise exactly as in inference."""

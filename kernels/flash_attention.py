@@ -75,6 +75,7 @@ from ._runtime import (
     cdiv,
     check_triton_device,
     interpreting,
+    needs_grad,
     next_power_of_2,
     time_config,
     tuned,
@@ -679,11 +680,6 @@ def attention_varlen_forward(
     return out, lse
 
 
-def wants_gradients(*tensors: torch.Tensor | None) -> bool:
-    """True in grad mode when one of ``tensors`` requires grad: the op must be differentiable."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
 class _Attention(torch.autograd.Function):
     """Dense attention with the Triton backward (kernels/flash_attention_backward.py)."""
 
@@ -761,7 +757,7 @@ def attention(
     """
     scale, dropout_p = check_inputs(q, k, v, key_padding_mask, scale, dropout_p)
     seed = draw_seed_for(dropout_p)
-    if wants_gradients(q, k, v):
+    if needs_grad(q, k, v):
         return _Attention.apply(q, k, v, key_padding_mask, scale, dropout_p, seed)
     return attention_forward(q, k, v, key_padding_mask, scale, dropout_p, seed, False)[0]
 
@@ -789,7 +785,7 @@ def attention_varlen(
         q, k, v, cu_seqlens, max_seqlen, scale, dropout_p
     )
     seed = draw_seed_for(dropout_p)
-    if wants_gradients(q, k, v):
+    if needs_grad(q, k, v):
         return _AttentionVarlen.apply(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed)
     return attention_varlen_forward(
         q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, False
