@@ -15,25 +15,77 @@ import torch
 
 import fastbert
 from tests.hf_models import hf_model, padded_batch
-from tests.test_optimize import TRITON_CASES, make_inputs, make_model
-from tests.test_training import NO_HEAD_DROPOUT, assert_grads_match, grads, weighted_sum
+from tests.test_optimize import CASES, TRITON_CASES, make_inputs, make_model
+from tests.test_training import (
+    NO_HEAD_DROPOUT,
+    assert_grads_match,
+    grads,
+    left_padded,
+    weighted_sum,
+)
 
 # fp32 Triton products are exact IEEE (no tf32) and the statistics fp32, as in Hugging Face:
 # the same bound as the torch backend.
 LENGTHS = [9, 4, 6]
+GRAD_LENGTHS = [9, 4, 6, 1]  # an even count: multiple choice pairs the rows
 
 
-@pytest.mark.parametrize("padding_free", [False, True], ids=["dense", "padding-free"])
-@pytest.mark.parametrize("family, head", TRITON_CASES, ids=[f"{f}-{h}" for f, h in TRITON_CASES])
+# Every head of every family runs dense; one head per family runs padding-free too.
+GRADIENT_CASES = [(f, h, False) for f, h in CASES] + [(f, h, True) for f, h in TRITON_CASES]
+
+
+@pytest.mark.parametrize(
+    "family, head, padding_free", GRADIENT_CASES,
+    ids=[f"{f}-{h}-{'padding-free' if p else 'dense'}" for f, h, p in GRADIENT_CASES],
+)
 def test_triton_gradients_match_hf(device: str, family: str, head: str,
                                    padding_free: bool) -> None:
     model = make_model(family, head, seed=31, **NO_HEAD_DROPOUT).to(device).train()
     reference = copy.deepcopy(model)
-    inputs, valid = make_inputs(model, head, LENGTHS, seed=31, device=device)
+    inputs, valid = make_inputs(model, head, GRAD_LENGTHS, seed=31, device=device)
     weighted_sum(reference(**inputs), valid.cpu()).backward()
     fastbert.optimize(model, backend="triton", padding_free=padding_free)
     weighted_sum(model(**inputs), valid.cpu()).backward()
     assert_grads_match(grads(reference), grads(model))
+
+
+@pytest.mark.parametrize("padding_free", [False, True], ids=["dense", "padding-free"])
+def test_triton_left_padded_gradients_match_hf(device: str, padding_free: bool) -> None:
+    model = make_model("roberta", "ForMaskedLM", seed=35).to(device).train()
+    reference = copy.deepcopy(model)
+    inputs, valid = left_padded(*make_inputs(model, "ForMaskedLM", GRAD_LENGTHS, seed=35,
+                                             device=device))
+    weighted_sum(reference(**inputs), valid.cpu(), tokens_only=True).backward()
+    fastbert.optimize(model, backend="triton", padding_free=padding_free)
+    weighted_sum(model(**inputs), valid.cpu(), tokens_only=True).backward()
+    assert_grads_match(grads(reference), grads(model))
+
+
+def test_compiled_training_step_matches_eager(device: str) -> None:
+    """torch.compile(fullgraph=True) of a fastbert model's loss (aot_eager on the CPU, whose
+    custom ops then run the interpreter) traces the custom ops and their backward: the same
+    loss and gradients as eager."""
+    hf = hf_model("BertForSequenceClassification", seed=36)
+    model = fastbert.BertForSequenceClassification.from_pretrained(
+        hf, device=device, dtype=torch.float32, backend="triton", padding_free=False,
+        cuda_graphs=False).train()
+    ids, mask, types = (t.to(device) for t in padded_batch(LENGTHS, seed=36))
+    labels = torch.tensor([0, 1, 2], device=device)
+
+    def loss_of(m):
+        return m(ids, mask, types, labels=labels).loss
+
+    eager_loss = loss_of(model)
+    eager_loss.backward()
+    expected = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    compiled = torch.compile(loss_of, fullgraph=True, backend=backend)
+    loss = compiled(model)
+    loss.backward()
+    torch.testing.assert_close(loss, eager_loss)
+    assert_grads_match(expected, grads(model))
 
 
 def test_own_model_trains_on_triton(device: str) -> None:
