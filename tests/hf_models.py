@@ -71,3 +71,12 @@ def as_pytorch_bin(folder: Path) -> Path:
     torch.save(load_file(safetensors), path)
     safetensors.unlink()
     return path
+
+
+def inference_model(source, **options):
+    """A fastbert BertModel for inference whose parameters do not require grad, so its calls
+    need no torch.no_grad() to be graphed (the graph tests call it from threads, whose grad
+    mode starts on)."""
+    import fastbert
+
+    return fastbert.BertModel.from_pretrained(source, **options).requires_grad_(False)

@@ -18,7 +18,7 @@ from fastbert.kernels import reference
 import fastbert
 from fastbert import graphs
 from tests.graph_doubles import ReplayingGraphs
-from tests.hf_models import hf_model, padded_batch
+from tests.hf_models import hf_model, inference_model, padded_batch
 
 
 def _double(hidden: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -75,8 +75,8 @@ def test_call_counts_age_so_the_kept_set_follows_the_workload() -> None:
 def _graphed(padding_free: bool) -> tuple[fastbert.BertModel, fastbert.BertModel]:
     hf = hf_model("BertModel", seed=21)
     options = dict(dtype=torch.float32, backend="torch", padding_free=False, cuda_graphs=False)
-    eager = fastbert.BertModel.from_pretrained(hf, **options)
-    graphed = fastbert.BertModel.from_pretrained(hf, **options)
+    eager = inference_model(hf, **options)
+    graphed = inference_model(hf, **options)
     graphed._graphs = ReplayingGraphs(True)
     if padding_free:
         # Padding-free calls are graphed with the Triton attention kernel only; the torch ops
@@ -135,7 +135,7 @@ def test_graphs_are_never_replayed_against_other_weights(change) -> None:
     _check_matches_eager(graphed, eager, batch)
     _check_matches_eager(graphed, eager, batch)
     assert graphed._graphs.captures == 1
-    other = fastbert.BertModel.from_pretrained(hf_model("BertModel", seed=22), backend="torch")
+    other = inference_model(hf_model("BertModel", seed=22), backend="torch")
     weight = other.layers[1].ffn_in_weight.detach().clone()
     for model in (graphed, eager):
         if change == "half":
@@ -164,8 +164,8 @@ def test_weights_changed_in_place_replay_without_recapture() -> None:
 def _cuda_models(**options) -> tuple[fastbert.BertModel, fastbert.BertModel]:
     hf = hf_model("BertModel", seed=23)
     common = dict(dtype=torch.float32, device="cuda", padding_free=False)
-    eager = fastbert.BertModel.from_pretrained(hf, cuda_graphs=False, **common, **options)
-    graphed = fastbert.BertModel.from_pretrained(hf, cuda_graphs=True, **common, **options)
+    eager = inference_model(hf, cuda_graphs=False, **common, **options)
+    graphed = inference_model(hf, cuda_graphs=True, **common, **options)
     return eager, graphed
 
 

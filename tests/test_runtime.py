@@ -11,7 +11,7 @@ from torch.overrides import TorchFunctionMode
 import fastbert
 from fastbert import graphs, runtime, validation
 from tests.graph_doubles import ReplayingGraphs
-from tests.hf_models import hf_model, padded_batch
+from tests.hf_models import hf_model, inference_model, padded_batch
 
 BOUND = 1e-4
 
@@ -24,7 +24,7 @@ def _hf_hidden(hf, ids, mask, types):
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_padding_free_matches_hf(device, backend) -> None:
     hf = hf_model("BertModel", seed=11)
-    model = fastbert.BertModel.from_pretrained(
+    model = inference_model(
         hf, dtype=torch.float32, device=device, backend=backend, padding_free=True
     )
     # Rows of different lengths, one fully padded, and one with a hole (left padding too).
@@ -41,7 +41,7 @@ def test_padding_free_matches_hf(device, backend) -> None:
 def test_padding_free_equals_dense(device) -> None:
     """Packing changes which rows run, not what a real token computes."""
     hf = hf_model("BertModel", seed=12)
-    model = fastbert.BertModel.from_pretrained(hf, dtype=torch.float32, device=device)
+    model = inference_model(hf, dtype=torch.float32, device=device)
     ids, mask, types = padded_batch([12, 5, 3], seed=12, device=device)
     model.padding_free = False
     dense = model(ids, mask, types)
@@ -108,9 +108,9 @@ def _attention_calls(monkeypatch) -> list[tuple[str, torch.Tensor | None]]:
     calls = []
     dense, packed = torch_ops.UNCHECKED["attention"], torch_ops.UNCHECKED["attention_varlen"]
 
-    def attention(q, k, v, key_padding_mask=None, scale=None):
+    def attention(q, k, v, key_padding_mask=None, scale=None, dropout_p=0.0):
         calls.append(("dense", key_padding_mask))
-        return dense(q, k, v, key_padding_mask, scale)
+        return dense(q, k, v, key_padding_mask, scale, dropout_p)
 
     def attention_varlen(*args, **kwargs):
         calls.append(("packed", None))
@@ -127,7 +127,7 @@ def _attention_calls(monkeypatch) -> list[tuple[str, torch.Tensor | None]]:
 def test_auto_packs_padded_batches_on_the_torch_backend(monkeypatch) -> None:
     """padding_free="auto" packs a batch with padding on the CPU too (it measured faster)."""
     calls = _attention_calls(monkeypatch)
-    model = fastbert.BertModel.from_pretrained(hf_model(), backend="torch")
+    model = inference_model(hf_model(), backend="torch")
     ids, mask, types = padded_batch([9, 4, 7])  # 30% padding
     model(ids, mask, types)
     assert calls and all(kind == "packed" for kind, _ in calls)
@@ -136,7 +136,7 @@ def test_auto_packs_padded_batches_on_the_torch_backend(monkeypatch) -> None:
 def test_a_batch_without_padding_runs_unmasked(monkeypatch) -> None:
     """An all-ones attention_mask is dropped: no mask copies, SDPA's unmasked kernel."""
     calls = _attention_calls(monkeypatch)
-    model = fastbert.BertModel.from_pretrained(hf_model(), backend="torch")
+    model = inference_model(hf_model(), backend="torch")
     ids, mask, types = padded_batch([6, 6])
     expected = model(ids, None, types).last_hidden_state
     assert torch.equal(model(ids, mask, types).last_hidden_state, expected)
@@ -170,7 +170,7 @@ class HostReads(TorchFunctionMode):
 def test_a_forward_reads_the_device_once(device, backend, padding_free) -> None:
     """One host read per call checks the ids and sizes the packing (each read stalls the
     host until the GPU has caught up, so the launches stop overlapping the GPU's work)."""
-    model = fastbert.BertModel.from_pretrained(
+    model = inference_model(
         hf_model(), device=device, backend=backend, padding_free=padding_free
     )
     ids, mask, types = padded_batch([9, 4, 7], device=device)
@@ -182,7 +182,7 @@ def test_a_forward_reads_the_device_once(device, backend, padding_free) -> None:
 
 def test_out_of_range_ids_raise_on_every_path(device) -> None:
     for padding_free in (True, False):
-        model = fastbert.BertModel.from_pretrained(
+        model = inference_model(
             hf_model(), device=device, padding_free=padding_free
         )
         ids, mask, types = padded_batch([5, 3], device=device)
@@ -198,11 +198,11 @@ def test_out_of_range_ids_raise_on_every_path(device) -> None:
 @pytest.mark.parametrize("value", ["yes", 1, 0, None])
 def test_bad_settings_are_refused(name, value) -> None:
     with pytest.raises(ValueError, match=name):
-        fastbert.BertModel.from_pretrained(hf_model(), device="cpu", **{name: value})
+        inference_model(hf_model(), device="cpu", **{name: value})
 
 
 def test_cuda_graphs_true_needs_cuda() -> None:
-    model = fastbert.BertModel.from_pretrained(
+    model = inference_model(
         hf_model(), device="cpu", backend="torch", cuda_graphs=True
     )
     with pytest.raises(ValueError, match="cuda_graphs=True needs the model on a CUDA device"):
@@ -211,8 +211,8 @@ def test_cuda_graphs_true_needs_cuda() -> None:
 
 def _graphed_model(cuda_graphs) -> tuple[fastbert.BertModel, fastbert.BertModel]:
     hf = hf_model("BertModel", seed=14)
-    eager = fastbert.BertModel.from_pretrained(hf, cuda_graphs=False, padding_free=False)
-    graphed = fastbert.BertModel.from_pretrained(hf, cuda_graphs=False, padding_free=False)
+    eager = inference_model(hf, cuda_graphs=False, padding_free=False)
+    graphed = inference_model(hf, cuda_graphs=False, padding_free=False)
     graphed._graphs = ReplayingGraphs(cuda_graphs)
     return eager, graphed
 
@@ -292,8 +292,8 @@ def test_padding_free_graphs_replay_per_size_bucket(device, backend) -> None:
     options = dict(
         dtype=torch.float32, device=device, backend=backend, padding_free=True, cuda_graphs=False
     )
-    eager = fastbert.BertModel.from_pretrained(hf, **options)
-    graphed = fastbert.BertModel.from_pretrained(hf, **options)
+    eager = inference_model(hf, **options)
+    graphed = inference_model(hf, **options)
     graphed._graphs = ReplayingGraphs(True)
     hf = hf.to(device)
     # 20, 17 and 10 real tokens, longest 9 (bucket 64, max_seqlen 16), with a fully padded
@@ -319,10 +319,10 @@ def test_padding_free_graphs_replay_per_size_bucket(device, backend) -> None:
 @pytest.mark.parametrize("cuda_graphs", [True, "auto"])
 def test_cuda_graphs_match_eager_on_gpu(cuda_graphs) -> None:
     hf = hf_model("BertModel", seed=13)
-    eager = fastbert.BertModel.from_pretrained(
+    eager = inference_model(
         hf, dtype=torch.float16, device="cuda", cuda_graphs=False, padding_free=False
     )
-    graphed = fastbert.BertModel.from_pretrained(
+    graphed = inference_model(
         hf, dtype=torch.float16, device="cuda", cuda_graphs=cuda_graphs, padding_free=False
     )
     valid = None
@@ -343,13 +343,13 @@ def test_padding_free_cuda_graphs_on_gpu(dtype) -> None:
     """Captured for real: padding-free batches replayed from graphs of their size bucket, each
     as accurate against the fp32 model as the eager padding-free model in ``dtype``."""
     hf = hf_model("BertModel", seed=16)
-    reference = fastbert.BertModel.from_pretrained(
+    reference = inference_model(
         hf, dtype=torch.float32, device="cuda", padding_free=True, cuda_graphs=False
     )
-    eager = fastbert.BertModel.from_pretrained(
+    eager = inference_model(
         hf, dtype=dtype, device="cuda", padding_free=True, cuda_graphs=False
     )
-    graphed = fastbert.BertModel.from_pretrained(
+    graphed = inference_model(
         hf, dtype=dtype, device="cuda", padding_free=True, cuda_graphs=True
     )
     calls = [[40, 17, 3], [12, 40, 8], [1, 0, 39], [140, 100, 90]]  # buckets 64, 64, 64, 384
