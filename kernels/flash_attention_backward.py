@@ -94,30 +94,6 @@ def _head_base(ptr, batch, first, head, stride_b, stride_h, stride_s, IS_VARLEN:
 
 
 @triton.jit
-def _sequence_of_program(
-    Mask, CuSeqlens, batch, head, seq_q, seq_k, stride_mask_b, stride_lse_b, stride_lse_h,
-    HAS_MASK: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-):
-    """What both backward kernels need of their (sequence, head): (first token, seq_q, seq_k,
-    mask row pointer, offset into Lse / Delta, dropout origin, dropout row step)."""
-    first = 0
-    if IS_VARLEN:
-        first = tl.load(CuSeqlens + batch).to(tl.int64)
-        seq_q = (tl.load(CuSeqlens + batch + 1) - first).to(tl.int32)
-        seq_k = seq_q
-    lse_offset = first + batch.to(tl.int64) * stride_lse_b + head * stride_lse_h
-    mask_base = Mask
-    if HAS_MASK:
-        mask_base = Mask + batch.to(tl.int64) * stride_mask_b
-    drop_origin, drop_row_step = 0, 0
-    if HAS_DROPOUT:
-        drop_origin, drop_row_step = _dropout_origin(
-            CuSeqlens, batch, head, first, seq_q, seq_k, IS_VARLEN
-        )
-    return first, seq_q, seq_k, mask_base, lse_offset, drop_origin, drop_row_step
-
-
-@triton.jit
 def _real_keys(mask_base, offs_n, stride_mask_s, seq_k, HAS_MASK: tl.constexpr):
     """Bool [BLOCK_N]: which keys ``offs_n`` exist and are not masked."""
     real = offs_n < seq_k
@@ -271,18 +247,26 @@ def _attention_bwd_dkdv_kernel(
 ):
     head = tl.program_id(1)
     batch = tl.program_id(2)
-    first, seq_q, seq_k, mask_base, lse_offset, drop_origin, drop_row_step = (
-        _sequence_of_program(
-            Mask, CuSeqlens, batch, head, seq_q, seq_k, stride_mask_b, stride_lse_b,
-            stride_lse_h, HAS_MASK, IS_VARLEN, HAS_DROPOUT,
-        )
-    )
+    first = 0
+    if IS_VARLEN:
+        first = tl.load(CuSeqlens + batch).to(tl.int64)
+        seq_q = (tl.load(CuSeqlens + batch + 1) - first).to(tl.int32)
+        seq_k = seq_q
     q_base = _head_base(Q, batch, first, head, stride_q_b, stride_q_h, stride_q_s, IS_VARLEN)
     k_base = _head_base(K, batch, first, head, stride_k_b, stride_k_h, stride_k_s, IS_VARLEN)
     v_base = _head_base(V, batch, first, head, stride_v_b, stride_v_h, stride_v_s, IS_VARLEN)
     do_base = _head_base(DO, batch, first, head, stride_do_b, stride_do_h, stride_do_s, IS_VARLEN)
     dk_base = _head_base(DK, batch, first, head, stride_dk_b, stride_dk_h, stride_dk_s, IS_VARLEN)
     dv_base = _head_base(DV, batch, first, head, stride_dv_b, stride_dv_h, stride_dv_s, IS_VARLEN)
+    lse_offset = first + batch.to(tl.int64) * stride_lse_b + head * stride_lse_h
+    mask_base = Mask
+    if HAS_MASK:
+        mask_base = Mask + batch.to(tl.int64) * stride_mask_b
+    drop_origin, drop_row_step = 0, 0
+    if HAS_DROPOUT:
+        drop_origin, drop_row_step = _dropout_origin(
+            CuSeqlens, batch, head, first, seq_q, seq_k, IS_VARLEN
+        )
     # Grid-stride over key blocks (the dense grid covers them all in one step).
     for start_n in range(tl.program_id(0) * BLOCK_N, seq_k, tl.num_programs(0) * BLOCK_N):
         _dkdv_block(
@@ -331,17 +315,25 @@ def _attention_bwd_dq_kernel(
 ):
     head = tl.program_id(1)
     batch = tl.program_id(2)
-    first, seq_q, seq_k, mask_base, lse_offset, drop_origin, drop_row_step = (
-        _sequence_of_program(
-            Mask, CuSeqlens, batch, head, seq_q, seq_k, stride_mask_b, stride_lse_b,
-            stride_lse_h, HAS_MASK, IS_VARLEN, HAS_DROPOUT,
-        )
-    )
+    first = 0
+    if IS_VARLEN:
+        first = tl.load(CuSeqlens + batch).to(tl.int64)
+        seq_q = (tl.load(CuSeqlens + batch + 1) - first).to(tl.int32)
+        seq_k = seq_q
     q_base = _head_base(Q, batch, first, head, stride_q_b, stride_q_h, stride_q_s, IS_VARLEN)
     k_base = _head_base(K, batch, first, head, stride_k_b, stride_k_h, stride_k_s, IS_VARLEN)
     v_base = _head_base(V, batch, first, head, stride_v_b, stride_v_h, stride_v_s, IS_VARLEN)
     do_base = _head_base(DO, batch, first, head, stride_do_b, stride_do_h, stride_do_s, IS_VARLEN)
     dq_base = _head_base(DQ, batch, first, head, stride_dq_b, stride_dq_h, stride_dq_s, IS_VARLEN)
+    lse_offset = first + batch.to(tl.int64) * stride_lse_b + head * stride_lse_h
+    mask_base = Mask
+    if HAS_MASK:
+        mask_base = Mask + batch.to(tl.int64) * stride_mask_b
+    drop_origin, drop_row_step = 0, 0
+    if HAS_DROPOUT:
+        drop_origin, drop_row_step = _dropout_origin(
+            CuSeqlens, batch, head, first, seq_q, seq_k, IS_VARLEN
+        )
     # Grid-stride over query blocks (the dense grid covers them all in one step).
     for start_m in range(tl.program_id(0) * BLOCK_M, seq_q, tl.num_programs(0) * BLOCK_M):
         _dq_block(
