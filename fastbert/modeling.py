@@ -1,10 +1,12 @@
 """The BERT encoder and its heads, running every hot op through one backend's ops.
 
 Parameters are stored in fastbert's own fused layout (one QKV weight per layer); the mapping
-from Hugging Face names lives in fastbert/loading.py. Inference only: parameters are created
-without ``requires_grad``, and a call that would need gradients (grad mode on and a parameter
-or input requiring grad) raises rather than silently returning outputs without them.
-Activations are [batch, seq, hidden] in the model's dtype.
+from Hugging Face names lives in fastbert/loading.py. The models train as PyTorch modules do:
+parameters require grad, every op has a backward, ``model.train()`` turns on the config's
+dropout and ``model.eval()`` (the state ``from_pretrained`` returns) turns it off; the heads
+take ``labels`` and return ``loss`` as Hugging Face's do (fastbert/losses.py). CUDA graphs
+replay only calls that need no gradients and no dropout. Activations are [batch, seq, hidden]
+in the model's dtype.
 """
 
 from __future__ import annotations

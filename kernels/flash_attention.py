@@ -587,7 +587,8 @@ def _launch(
     """Launch the kernel on ``batch`` sequences; ``strides`` lists the 16 stride arguments.
 
     One program per BLOCK_M queries of each (sequence, head): the grid follows the query
-    length alone, since every program streams all keys of its sequence anyway.
+    length alone, since every program streams the keys of its sequence up to the last real
+    one anyway.
     """
     heads, head_dim = q.shape[1], q.shape[-1]  # q is [B, H, S, D] or [T, H, D]
     _check_grid("the number of heads", heads)
