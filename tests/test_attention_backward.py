@@ -15,6 +15,7 @@ from fastbert.kernels import reference as R
 from fastbert import custom_ops
 from fastbert import kernels as K
 from tests.accuracy import assert_within_rule
+from tests.dropout_masks import next_seed
 from tests.op_cases import DOT_DTYPES, padded_mask, randn
 from tests.test_attention import qkv
 
@@ -140,12 +141,6 @@ def test_no_gradient_needed_runs_the_inference_path(device) -> None:
 # Dropout.
 
 
-def _seed_after(manual_seed: int) -> int:
-    """The Philox seed an op draws right after ``torch.manual_seed(manual_seed)``."""
-    torch.manual_seed(manual_seed)
-    return _dropout.draw_seed()
-
-
 @pytest.mark.parametrize("dropout_p", [-0.1, 1.0, "0.1", True])
 def test_bad_dropout_p_raises(device, dropout_p) -> None:
     q, k, v = qkv(1, 1, 4, 4, 32, F32, device, seed=0)
@@ -164,7 +159,7 @@ def test_dropout_zero_is_the_plain_kernel_bit_for_bit(device) -> None:
 
 @pytest.mark.parametrize("dropout_p", [0.1, 0.5])
 def test_keep_rate_is_within_statistical_bounds(device, dropout_p) -> None:
-    keep = _dropout.keep_mask_of((4, 4, 64, 64), _seed_after(0), dropout_p, device)
+    keep = _dropout.keep_mask_of((4, 4, 64, 64), next_seed(0), dropout_p, device)
     n = keep.numel()
     sigma = (dropout_p * (1 - dropout_p) / n) ** 0.5
     assert abs(keep.float().mean().item() - (1 - dropout_p)) < 5 * sigma
@@ -180,7 +175,7 @@ def test_dropout_scales_the_kept_probabilities(device) -> None:
     v = torch.ones(1, 2, seq, 32, device=device)
     torch.manual_seed(4)
     out = K.attention(q, k, v, dropout_p=p)
-    keep = _dropout.keep_mask_of((1, 2, seq, seq), _seed_after(4), p, device)
+    keep = _dropout.keep_mask_of((1, 2, seq, seq), next_seed(4), p, device)
     expected = keep.sum(-1, keepdim=True) / ((1 - p) * seq)
     torch.testing.assert_close(out, expected.expand_as(out), rtol=1e-6, atol=1e-6)
 
@@ -192,7 +187,7 @@ def test_dense_dropout_matches_the_reference_with_the_kernels_mask(device, dtype
     p = 0.3
     q, k, v = qkv(2, 2, 21, 29, 64, dtype, device, seed=11)
     mask = padded_mask([29, 8], 29, device=device)
-    keep = _dropout.keep_mask_of((2, 2, 21, 29), _seed_after(6), p, device)
+    keep = _dropout.keep_mask_of((2, 2, 21, 29), next_seed(6), p, device)
 
     def kernel(*qkv_, **kw):
         torch.manual_seed(6)
@@ -208,7 +203,7 @@ def test_varlen_dropout_matches_the_reference_with_the_kernels_mask(device) -> N
     p = 0.4
     inputs, cu_seqlens = _varlen_inputs(F32, device)
     tokens, heads = inputs[0].shape[:2]
-    keep = _dropout.keep_mask_of((heads, tokens, tokens), _seed_after(7), p, device)
+    keep = _dropout.keep_mask_of((heads, tokens, tokens), next_seed(7), p, device)
 
     def kernel(*args, **kw):
         torch.manual_seed(7)

@@ -9,10 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fastbert.kernels import reference as R
+from fastbert.kernels._dropout import keep_mask_of
 
 from fastbert import kernels as K
 from fastbert import torch_ops
-from tests.dropout_masks import keep_mask_of, next_seed
+from tests.dropout_masks import next_seed
 from tests.test_ops_backward import _as, _embedding_args, _grads, _randn
 
 P = 0.3
@@ -40,19 +41,19 @@ def _masked_embeddings(keep: torch.Tensor):
 
 
 def test_keep_rate(device) -> None:
-    keep = keep_mask_of(next_seed(0), (200, 100), P, device)
+    keep = keep_mask_of((200, 100), next_seed(0), P, device)
     assert abs(keep.float().mean().item() - (1 - P)) < 0.015
 
 
 def test_keep_masks_differ_between_seeds(device) -> None:
-    a, b = (keep_mask_of(seed, (64, 64), P, device) for seed in (1, 2))
+    a, b = (keep_mask_of((64, 64), seed, P, device) for seed in (1, 2))
     assert not torch.equal(a, b)
 
 
 @pytest.mark.parametrize("residual", [False, True])
 def test_layer_norm_applies_the_seeds_mask_with_scaling(device, residual) -> None:
     args = _layer_norm_args(device, residual=residual)
-    keep = keep_mask_of(next_seed(5), (6, 40), P, device)
+    keep = keep_mask_of((6, 40), next_seed(5), P, device)
     torch.manual_seed(5)
     out = K.layer_norm(*args, dropout_p=P)
     expected = _masked_layer_norm(keep.double())(*(_as(args, torch.float64)))
@@ -63,7 +64,7 @@ def test_layer_norm_applies_the_seeds_mask_with_scaling(device, residual) -> Non
 
 def test_embeddings_applies_the_seeds_mask_with_scaling(device) -> None:
     args = _embedding_args(device, torch.float32, True, "shared")
-    keep = keep_mask_of(next_seed(6), (2, 5, 24), P, device)
+    keep = keep_mask_of((2, 5, 24), next_seed(6), P, device)
     torch.manual_seed(6)
     out = K.embeddings_layer_norm(*args, dropout_p=P)
     assert torch.equal(out == 0, ~keep)
@@ -86,7 +87,7 @@ def test_masks_are_reproducible_under_manual_seed(device) -> None:
 def test_layer_norm_backward_uses_the_forwards_mask(device, dtype) -> None:
     args = _as(_layer_norm_args(device, dtype), dtype)
     dout = _randn(6, 40, device=device, seed=9)
-    keep = keep_mask_of(next_seed(11), (6, 40), P, device)
+    keep = keep_mask_of((6, 40), next_seed(11), P, device)
     torch.manual_seed(11)
     got = _grads(lambda *a: K.layer_norm(*a, dropout_p=P), args, dout)
     assert torch.equal(got[0] == 0, ~keep)  # dx is zero exactly where x was dropped
@@ -99,7 +100,7 @@ def test_layer_norm_backward_uses_the_forwards_mask(device, dtype) -> None:
 def test_embeddings_backward_uses_the_forwards_mask(device, dtype) -> None:
     args = _as(_embedding_args(device, dtype, True, "per-row"), dtype)
     dout = _randn(2, 5, 24, device=device, seed=9)
-    keep = keep_mask_of(next_seed(12), (2, 5, 24), P, device)
+    keep = keep_mask_of((2, 5, 24), next_seed(12), P, device)
     torch.manual_seed(12)
     got = _grads(lambda *a: K.embeddings_layer_norm(*a, dropout_p=P), args, dout)
     ref = _grads(_masked_embeddings(keep.double()), _as(args, torch.float64), dout.double())
