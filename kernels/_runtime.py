@@ -84,8 +84,9 @@ def tuned(kept: list[triton.Config]) -> list[triton.Config]:
 
 def time_config(kernel_call, quantiles):
     """The autotuners' timer: ``triton.testing.do_bench`` (Triton's default), except when
-    FASTBERT_AUTOTUNE pins a config: there is nothing to compare then, and some Triton
-    releases time even a lone config, so it returns zeros without running anything."""
-    if pinned_config() is not None:
+    FASTBERT_AUTOTUNE pins a config (there is nothing to compare then, and some Triton
+    releases time even a lone config) or under the interpreter (whose timings say nothing
+    of a GPU): it returns zeros without running anything, so the first config kept runs."""
+    if pinned_config() is not None or interpreting():
         return [0.0 for _ in quantiles] if quantiles else 0.0
     return triton.testing.do_bench(kernel_call, quantiles=quantiles)

@@ -36,20 +36,29 @@ Dtypes: float16, bfloat16 and float32, all tensors alike. The product is accumul
 float32 inputs multiply in IEEE float32 (``input_precision="ieee"``, not TF32). Gradients are
 in their input's dtype; dY' is rounded to it before the product, as PyTorch's autograd does.
 
-Limits: one output tile per program, programs ordered in groups of ``GROUP_M`` row tiles so
-that consecutive programs share the same weight columns in L2. Row offsets are int64 (M * K
-reaches 65536 * 4096 and strides may be larger still). The autotuner keys on N, K, the dtypes,
-a power-of-two bucket of M and the variant (ACTIVATION, HAS_RESIDUAL and the training flags:
-some tiles are kept only for the light variants, see :func:`keep`), so a new batch x sequence
-length does not re-tune. M == 0 or N == 0
-returns an empty output without a launch.
+Programs: one output tile per program, or (the persistent configs, a ``PERSISTENT`` flag on
+the same kernel) a fixed number of programs per SM, each walking output tiles, with its operand
+tiles loaded by TMA through host tensor descriptors. Those run on sm_90 and newer (and the
+interpreter) for 16-bit inputs whose K is the unit-stride dimension of both operands and whose
+bases and row strides are 16-byte aligned (see :func:`descriptors`); the autotuner times them
+beside the one-tile-per-program configs, which run everywhere. Either way tiles are ordered
+in groups of ``GROUP_M`` row tiles so that tiles running together share weight columns in L2.
+
+Limits: row offsets are int64 (M * K reaches 65536 * 4096 and strides may be larger still).
+The autotuner keys on N, K, the dtypes, a power-of-two bucket of M, whether descriptors are
+given, and the variant (ACTIVATION, HAS_RESIDUAL and the training flags: some tiles are kept
+only for the light variants, see :func:`keep`), so a new batch x sequence length does not
+re-tune. M == 0 or N == 0 returns an empty output without a launch.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._checks import check_linear
 from ._runtime import (
@@ -88,9 +97,29 @@ GRAD_ACTIVATION_MAX_BLOCK_K = 32
 TRANSPOSED_MAX_OPERAND_VALUES = 64
 
 
-def _config(block_m: int, block_n: int, block_k: int, stages: int, warps: int) -> triton.Config:
-    meta = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8}
-    return triton.Config(meta, num_stages=stages, num_warps=warps)
+def _set_descriptor_blocks(nargs: dict) -> None:
+    """Autotune pre-hook: give the TMA descriptors (when present) the launch's tile shapes."""
+    if nargs["x_desc"] is not None:
+        nargs["x_desc"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_K"]]
+        nargs["weight_desc"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_K"]]
+
+
+def _config(
+    block_m: int, block_n: int, block_k: int, stages: int, warps: int, persistent: int = 0
+) -> triton.Config:
+    """A tile config; ``persistent``: 0 for one program per output tile, else the programs
+    per SM of a persistent launch (as many as the SM holds at once: the others' main loops
+    overlap one program's epilogue)."""
+    meta = {
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "BLOCK_K": block_k,
+        "GROUP_M": 8,
+        "PERSISTENT": persistent,
+    }
+    return triton.Config(
+        meta, num_stages=stages, num_warps=warps, pre_hook=_set_descriptor_blocks
+    )
 
 
 def gpu_configs() -> list[triton.Config]:
@@ -100,6 +129,12 @@ def gpu_configs() -> list[triton.Config]:
     projections whose epilogue is at most a bias, 128 x 128 tiles every big-M projection
     (M = batch x sequence up to 65536), the narrow ones the small-M calls (one sentence, the
     pooler). The four with BLOCK_K = 32 are also the float32 ones (see :func:`keep`).
+    64 x 128 tiles in three stages fit three CTAs per SM, and make 384 tiles of BERT-base's
+    N = 768 projections at M = 4096 (97% of three waves on 132 SMs, where 128 x 256 makes 96
+    tiles, 73% of one wave), 1152 of its QKV projection (N = 2304).
+
+    The persistent configs (sm_90 only, see :func:`keep`) run one program per SM over the
+    output tiles with TMA loads; the autotuner times them beside the others.
     """
     return [
         _config(128, 256, 64, stages=3, warps=8),
@@ -107,19 +142,29 @@ def gpu_configs() -> list[triton.Config]:
         _config(128, 128, 32, stages=4, warps=8),
         _config(128, 64, 64, stages=4, warps=4),
         _config(64, 128, 64, stages=4, warps=4),
+        _config(64, 128, 64, stages=3, warps=4),
         _config(64, 64, 64, stages=4, warps=4),
         _config(64, 64, 32, stages=4, warps=4),
         _config(32, 64, 32, stages=4, warps=4),
         _config(16, 64, 32, stages=4, warps=4),
+        _config(128, 256, 64, stages=3, warps=8, persistent=1),
+        _config(128, 128, 64, stages=4, warps=8, persistent=1),
+        _config(64, 128, 64, stages=4, warps=4, persistent=2),
     ]
 
 
 def configs() -> list[triton.Config]:
-    """The autotune candidates: :func:`gpu_configs`, or one small config under the interpreter."""
+    """The autotune candidates: :func:`gpu_configs`, or under the interpreter one small config
+    and its persistent twin (the persistent one runs only when pinned, see :func:`keep`)."""
     if interpreting():
-        meta = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4}
-        return [triton.Config(meta, num_stages=1, num_warps=4)]
+        return [
+            _config(32, 32, 32, stages=1, warps=4),
+            _config(32, 32, 32, stages=1, warps=4, persistent=1),
+        ]
     return gpu_configs()
+
+
+PERSISTENT_MIN_BLOCK_M = min(c.kwargs["BLOCK_M"] for c in configs() if c.kwargs["PERSISTENT"])
 
 
 def shared_memory_bytes(config: triton.Config, element_size: int) -> int:
@@ -139,8 +184,13 @@ def keep(
     store_pre: bool = False,
     grad_activation: int = 0,
     row_sum: bool = False,
+    has_descriptors: bool = False,
 ) -> bool:
     """Whether ``config`` is worth timing for inputs of ``element_size`` bytes and M rows.
+
+    A persistent config needs 16-bit inputs and a launch with TMA descriptors
+    (``has_descriptors``: the launcher builds them only where they apply, see
+    :func:`descriptors`).
 
     It must fit the shared memory of both targets, in float32 keep its K tile narrow enough
     for the FMA loop's registers, hold at most ``HEAVY_EPILOGUE_MAX_ACC_VALUES`` accumulator
@@ -152,6 +202,8 @@ def keep(
     row tile taller than M's bucket (those rows would only be masked work).
     """
     meta = config.kwargs
+    if meta["PERSISTENT"] and (element_size == 4 or not has_descriptors):
+        return False
     if shared_memory_bytes(config, element_size) > SHARED_MEMORY_BUDGET:
         return False
     if element_size == 4 and meta["BLOCK_K"] > FP32_MAX_BLOCK_K:
@@ -181,9 +233,11 @@ def _prune(candidates: list[triton.Config], named_args: dict, **kwargs) -> list[
         "store_pre": bool(args["STORE_PRE_ACTIVATION"]),
         "grad_activation": args["GRAD_ACTIVATION"],
         "row_sum": bool(args["HAS_ROW_SUM"]),
+        "has_descriptors": bool(args["HAS_DESCRIPTORS"]),
     }
     kept = [c for c in candidates if keep(c, element_size, args["M_BUCKET"], **epilogue)]
-    return tuned(kept)
+    # The interpreter's one tile is taller than the smallest M buckets: it runs them.
+    return tuned(kept or candidates[:1])
 
 
 def m_bucket(m: int) -> int:
@@ -223,12 +277,79 @@ def _gelu_tanh_grad(y):
     return s + y * s * (1.0 - s) * two_du
 
 
+@triton.jit
+def _tile_position(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of output tile number ``tile`` in grouped order: GROUP_M row
+    tiles sweep the column tiles together, so that tiles running at once share weight columns
+    in L2."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (tile // num_pid_in_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (tile % num_pid_in_group) % group_size_m
+    pid_n = (tile % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _product_from_descriptors(
+    x_desc, weight_desc, off_m, off_n, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """[BLOCK_M, BLOCK_N] float32 tile of x @ weight^T at (off_m, off_n), its operand tiles
+    loaded by TMA through host tensor descriptors (rows, columns and K past the ends read as
+    zeros, so nothing is masked)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        a = x_desc.load([off_m, k])
+        b = weight_desc.load([off_n, k])
+        acc = tl.dot(a, b.T, acc)
+    return acc
+
+
+@triton.jit
+def _epilogue(
+    acc, pid_m, pid_n, M, N, bias_ptr, residual_ptr, out_ptr, pre_ptr, stride_bias_n,
+    stride_residual_m, stride_residual_n, stride_out_m, stride_out_n, stride_pre_m,
+    stride_pre_k, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    STORE_PRE_ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Bias, pre-activation store, activation, residual and the store of one output tile."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n * stride_bias_n, mask=n_mask, other=0.0)
+        acc += bias.to(tl.float32)[None, :]
+    out_rows = offs_m.to(tl.int64)
+    out_cols = offs_n.to(tl.int64)
+    mask = (offs_m < M)[:, None] & n_mask[None, :]
+    if STORE_PRE_ACTIVATION:
+        pre_out = pre_ptr + out_rows[:, None] * stride_pre_m + out_cols[None, :] * stride_pre_k
+        tl.store(pre_out, acc.to(pre_ptr.dtype.element_ty), mask=mask)
+    if ACTIVATION == 1:
+        acc = _gelu_erf(acc)
+    elif ACTIVATION == 2:
+        acc = _gelu_tanh(acc)
+    if HAS_RESIDUAL:
+        r_ptrs = (
+            residual_ptr
+            + out_rows[:, None] * stride_residual_m
+            + out_cols[None, :] * stride_residual_n
+        )
+        acc += tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32)
+    out_ptrs = out_ptr + out_rows[:, None] * stride_out_m + out_cols[None, :] * stride_out_n
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 @triton.autotune(
     configs=configs(),
     key=[
         "N",
         "K",
         "M_BUCKET",
+        "HAS_DESCRIPTORS",
         "ACTIVATION",
         "HAS_RESIDUAL",
         "STORE_PRE_ACTIVATION",
@@ -242,6 +363,8 @@ def _gelu_tanh_grad(y):
 def _linear_fwd_kernel(
     x_ptr,  # [M, K] input rows, any strides
     weight_ptr,  # [N, K] nn.Linear weight, read as its transpose [K, N]
+    x_desc,  # TMA descriptor of x [M, K] (unit stride along K), or None; PERSISTENT reads it
+    weight_desc,  # TMA descriptor of weight [N, K] (unit stride along K), or None
     bias_ptr,  # [N] bias (None unless HAS_BIAS)
     residual_ptr,  # [M, N] added after the activation (None unless HAS_RESIDUAL)
     out_ptr,  # [M, N] output, x's dtype
@@ -251,6 +374,7 @@ def _linear_fwd_kernel(
     N,
     K,
     M_BUCKET,  # autotune key only: power-of-two bucket of M
+    HAS_DESCRIPTORS,  # autotune key only: 1 when x_desc and weight_desc are given
     stride_x_m,
     stride_x_k,
     stride_weight_n,
@@ -272,78 +396,135 @@ def _linear_fwd_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    PERSISTENT: tl.constexpr,  # 0, or programs per SM looping over tiles, operands by TMA
 ):
-    # Grouped ordering: GROUP_M row tiles sweep the column tiles together (L2 reuse of weight).
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_pid_in_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
-    pid_n = (pid % num_pid_in_group) // group_size_m
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    # Rows past M / columns past N re-read valid ones (wrapped) so the loads need no M/N mask.
-    rows = (offs_m % M).to(tl.int64)
-    cols = (offs_n % N).to(tl.int64)
-    x_ptrs = x_ptr + rows[:, None] * stride_x_m + offs_k[None, :] * stride_x_k
-    w_ptrs = weight_ptr + offs_k[:, None] * stride_weight_k + cols[None, :] * stride_weight_n
-    if GRAD_ACTIVATION != 0:
-        pre_ptrs = pre_ptr + rows[:, None] * stride_pre_m + offs_k[None, :] * stride_pre_k
-    if HAS_ROW_SUM:
-        row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k_start in range(0, K, BLOCK_K):
-        k_left = K - k_start
-        a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-        b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+    if PERSISTENT:
+        # A fixed number of programs walk the output tiles. (Flattening the tile and K loops,
+        # so that the next tile's loads overlap this one's epilogue, compiled to 163 to 180 KB
+        # of shared memory and a loop body holding the epilogue; not offered until measured.)
+        num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+        for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+            pid_m, pid_n = _tile_position(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            acc = _product_from_descriptors(
+                x_desc, weight_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K
+            )
+            _epilogue(
+                acc, pid_m, pid_n, M, N, bias_ptr, residual_ptr, out_ptr, pre_ptr, stride_bias_n,
+                stride_residual_m, stride_residual_n, stride_out_m, stride_out_n, stride_pre_m,
+                stride_pre_k, HAS_BIAS, ACTIVATION, HAS_RESIDUAL, STORE_PRE_ACTIVATION, BLOCK_M,
+                BLOCK_N,
+            )
+    else:
+        pid_m, pid_n = _tile_position(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        # Rows past M / columns past N re-read valid ones (wrapped) so the loads need no mask.
+        rows = (offs_m % M).to(tl.int64)
+        cols = (offs_n % N).to(tl.int64)
+        x_ptrs = x_ptr + rows[:, None] * stride_x_m + offs_k[None, :] * stride_x_k
+        w_ptrs = weight_ptr + offs_k[:, None] * stride_weight_k + cols[None, :] * stride_weight_n
         if GRAD_ACTIVATION != 0:
-            pre = tl.load(pre_ptrs, mask=offs_k[None, :] < k_left, other=0.0).to(tl.float32)
-            if GRAD_ACTIVATION == 1:
-                a = (a.to(tl.float32) * _gelu_erf_grad(pre)).to(a.dtype)
-            else:
-                a = (a.to(tl.float32) * _gelu_tanh_grad(pre)).to(a.dtype)
-            pre_ptrs += BLOCK_K * stride_pre_k
+            pre_ptrs = pre_ptr + rows[:, None] * stride_pre_m + offs_k[None, :] * stride_pre_k
         if HAS_ROW_SUM:
-            row_sum += tl.sum(a.to(tl.float32), axis=1)
-        if a.dtype == tl.float32:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
-        x_ptrs += BLOCK_K * stride_x_k
-        w_ptrs += BLOCK_K * stride_weight_k
+            row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
 
-    n_mask = offs_n < N
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + offs_n * stride_bias_n, mask=n_mask, other=0.0)
-        acc += bias.to(tl.float32)[None, :]
-    out_rows = offs_m.to(tl.int64)
-    out_cols = offs_n.to(tl.int64)
-    mask = (offs_m < M)[:, None] & n_mask[None, :]
-    if STORE_PRE_ACTIVATION:
-        pre_out = pre_ptr + out_rows[:, None] * stride_pre_m + out_cols[None, :] * stride_pre_k
-        tl.store(pre_out, acc.to(pre_ptr.dtype.element_ty), mask=mask)
-    if HAS_ROW_SUM:
-        if pid_n == 0:
-            tl.store(row_sum_ptr + out_rows, row_sum, mask=offs_m < M)
-    if ACTIVATION == 1:
-        acc = _gelu_erf(acc)
-    elif ACTIVATION == 2:
-        acc = _gelu_tanh(acc)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k_start in range(0, K, BLOCK_K):
+            k_left = K - k_start
+            a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            if GRAD_ACTIVATION != 0:
+                pre = tl.load(pre_ptrs, mask=offs_k[None, :] < k_left, other=0.0).to(tl.float32)
+                if GRAD_ACTIVATION == 1:
+                    a = (a.to(tl.float32) * _gelu_erf_grad(pre)).to(a.dtype)
+                else:
+                    a = (a.to(tl.float32) * _gelu_tanh_grad(pre)).to(a.dtype)
+                pre_ptrs += BLOCK_K * stride_pre_k
+            if HAS_ROW_SUM:
+                row_sum += tl.sum(a.to(tl.float32), axis=1)
+            if a.dtype == tl.float32:
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc)
+            x_ptrs += BLOCK_K * stride_x_k
+            w_ptrs += BLOCK_K * stride_weight_k
 
-    if HAS_RESIDUAL:
-        r_ptrs = (
-            residual_ptr
-            + out_rows[:, None] * stride_residual_m
-            + out_cols[None, :] * stride_residual_n
+        if HAS_ROW_SUM:
+            if pid_n == 0:
+                tl.store(row_sum_ptr + offs_m.to(tl.int64), row_sum, mask=offs_m < M)
+        _epilogue(
+            acc, pid_m, pid_n, M, N, bias_ptr, residual_ptr, out_ptr, pre_ptr, stride_bias_n,
+            stride_residual_m, stride_residual_n, stride_out_m, stride_out_n, stride_pre_m,
+            stride_pre_k, HAS_BIAS, ACTIVATION, HAS_RESIDUAL, STORE_PRE_ACTIVATION, BLOCK_M,
+            BLOCK_N,
         )
-        acc += tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32)
-    out_ptrs = out_ptr + out_rows[:, None] * stride_out_m + out_cols[None, :] * stride_out_n
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# Programs of a persistent launch under the interpreter: fewer than the tests' tiles, so that
+# each program walks several.
+INTERPRETER_PROGRAMS = 3
+TMA_ALIGNMENT = 16  # bytes: TMA descriptors need a 16-byte-aligned base and row strides
+
+
+@functools.cache
+def _multiprocessors(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def persistent_programs(device: torch.device, per_sm: int) -> int:
+    """Programs of a persistent launch: ``per_sm`` per SM of a CUDA device, or
+    INTERPRETER_PROGRAMS."""
+    if device.type != "cuda":
+        return INTERPRETER_PROGRAMS
+    return per_sm * _multiprocessors(device.index if device.index is not None else 0)
+
+
+def _tma_device(device: torch.device) -> bool:
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device)[0] >= 9
+    return interpreting()
+
+
+def _tma_operand(t: torch.Tensor, rows: int, strides: tuple[int, int]) -> bool:
+    """Whether operand ``t`` read as ``rows`` x K with ``strides`` suits a TMA descriptor."""
+    size = t.element_size()
+    return (
+        strides[1] == 1
+        and (strides[0] * size) % TMA_ALIGNMENT == 0
+        and t.data_ptr() % TMA_ALIGNMENT == 0
+        and rows > 0
+    )
+
+
+def descriptors(
+    a: torch.Tensor,
+    a_strides: tuple[int, int],
+    b: torch.Tensor,
+    b_strides: tuple[int, int],
+    m: int,
+    n: int,
+    k: int,
+) -> tuple[TensorDescriptor, TensorDescriptor] | tuple[None, None]:
+    """Host TMA descriptors of A [M, K] and B [N, K] for the persistent configs, or Nones
+    where those configs do not apply: not sm_90 or newer (or the interpreter), not float16 /
+    bfloat16 (float32 keeps its IEEE FMA product), K not the unit-stride dimension of both
+    operands, a base or row stride not 16-byte aligned, or fewer rows than the smallest
+    persistent row tile. The block shapes are set per config by the autotuner's pre-hook."""
+    if (
+        a.dtype not in (torch.float16, torch.bfloat16)
+        or k == 0
+        or m_bucket(m) < PERSISTENT_MIN_BLOCK_M
+        or not _tma_device(a.device)
+        or not _tma_operand(a, m, a_strides)
+        or not _tma_operand(b, n, b_strides)
+    ):
+        return None, None
+    placeholder = [16, 16]
+    return (
+        TensorDescriptor(a, [m, k], list(a_strides), placeholder),
+        TensorDescriptor(b, [n, k], list(b_strides), placeholder),
+    )
 
 
 def _gemm(
@@ -372,13 +553,22 @@ def _gemm(
     ``row_sum`` is a float32 [M] tensor for the sums of A's rows. bias [N], residual [M, N].
     """
     m, n = out.shape
+    plain_operands = grad_activation == 0 and row_sum is None
+    a_desc, b_desc = (
+        descriptors(a, a_strides, b, b_strides, m, n, k) if plain_operands else (None, None)
+    )
 
     def grid(meta: dict) -> tuple[int]:
-        return (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)
+        tiles = cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"])
+        if meta["PERSISTENT"]:
+            return (min(tiles, persistent_programs(out.device, meta["PERSISTENT"])),)
+        return (tiles,)
 
     _linear_fwd_kernel[grid](
         a,
         b,
+        a_desc,
+        b_desc,
         bias,
         residual,
         out,
@@ -388,6 +578,7 @@ def _gemm(
         n,
         k,
         m_bucket(m),
+        int(a_desc is not None),
         *a_strides,
         *b_strides,
         bias.stride(0) if bias is not None else 0,

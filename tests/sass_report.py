@@ -34,6 +34,10 @@ PEAK_FLOPS = 800e12
 HBM_BYTES_PER_S = 3.0e12
 CLOCK_HZ = 1.755e9
 ISSUE_PER_SM_PER_CLOCK = 4  # four warp schedulers, one warp instruction each per clock
+# Bytes per clock that L2 delivers to the SMs (A100's published L2 read bandwidth; NVIDIA
+# publishes no H100 figure, so the same per clock is assumed).
+L2_BYTES_PER_CLOCK = 5120
+L2_BYTES_PER_S = L2_BYTES_PER_CLOCK * CLOCK_HZ
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ def linear_cases() -> dict[tuple[int, bool], list[CompileCase]]:
         kept = [
             c for c in linear.CONFIGS
             if mod.keep(c, ELEMENT, mod.m_bucket(TOKENS), activation=activation,
-                        has_residual=has_residual)
+                        has_residual=has_residual, has_descriptors=True)
         ]
         out[(activation, has_residual)] = [
             linear._case("fp16", c, True, activation, has_residual) for c in kept
@@ -106,7 +110,7 @@ def compile_all(archs: tuple[int, ...]) -> dict[str, object]:
     """Compile every case of the report for ``archs``: reports keyed like the cases."""
     def run(case: CompileCase) -> dict[int, dict]:
         print(f"compiling {case.name}", file=sys.stderr, flush=True)
-        return {arch: compile_case(case, arch) for arch in archs}
+        return {arch: compile_case(case, arch) for arch in archs if arch in case.archs}
 
     return {
         "linear": {key: [run(c) for c in cases] for key, cases in linear_cases().items()},
@@ -131,11 +135,14 @@ def _spills(report: dict) -> str:
     return f"{s['stl']} STL / {s['ldl']} LDL ({ptxas})"
 
 
-def _config_rows(reports: list[dict], normalise: bool) -> list[str]:
+def _config_rows(reports: list[dict], normalise: bool, gemm: bool = False) -> list[str]:
+    """Compiler facts per config; ``normalise``: attention's per-64x64-tile columns; ``gemm``:
+    the instructions per thread outside the main loop, and per accumulator value."""
     head = (
         "| config | regs | spills (STL/LDL, ptxas bytes) | smem B | CTAs/SM | MMA (whole kernel) "
         "| TMA / cp.async | global loads | main loop instr. |"
         + (" per 64x64 tile | MMA loops per 64x64 tile |" if normalise else "")
+        + (" outside the loop (per acc. value) |" if gemm else "")
     )
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in reports:
@@ -156,6 +163,10 @@ def _config_rows(reports: list[dict], normalise: bool) -> list[str]:
                 for n in r["sass"]["mma_loop_sizes"]
             )
             row += f" {per_tile:.0f} | {' / '.join(f'{n:.0f}' for n in every)} |"
+        if gemm:
+            acc_values = r["block_m"] * r["block_n"] // (32 * r["num_warps"])
+            outside = outside_main_loop(r)
+            row += f" {outside} ({outside / acc_values:.1f}) |"
         rows.append(row)
     return rows
 
@@ -174,7 +185,12 @@ def _mix_rows(reports: list[dict]) -> list[str]:
 
 @dataclass
 class Estimate:
-    """A modelled op: its work, its assumed config and the bounds of the model (seconds)."""
+    """A modelled op: its work, its assumed config and the bounds of the model (seconds).
+
+    ``feed_bytes``: operand bytes L2 delivers to the SMs (the GEMMs' tiles); ``exposed_s``:
+    work that no other resident CTA overlaps (a GEMM's epilogue at one CTA per SM), added to
+    the largest bound rather than bounded by it.
+    """
 
     op: str
     config: str
@@ -183,6 +199,8 @@ class Estimate:
     programs: int
     slots: int  # SMS x CTAs per SM
     issue_s: float = 0.0
+    feed_bytes: float = 0.0
+    exposed_s: float = 0.0
 
     @property
     def waves(self) -> int:
@@ -201,20 +219,28 @@ class Estimate:
         return self.bytes / HBM_BYTES_PER_S
 
     @property
+    def feed_s(self) -> float:
+        return self.feed_bytes / L2_BYTES_PER_S
+
+    @property
+    def bounds(self) -> dict[str, float]:
+        return {
+            "compute": self.compute_s,
+            "memory": self.memory_s,
+            "L2 feed": self.feed_s,
+            "issue": self.issue_s,
+        }
+
+    @property
     def modelled_s(self) -> float:
-        return max(self.compute_s, self.memory_s, self.issue_s)
+        return max(self.bounds.values()) + self.exposed_s
 
 
-# The smallest GEMM tile assumed to feed Hopper's tensor cores at the modelled rate: below it
-# the operand bytes per FLOP (from shared memory and L2) are too many (an assumption).
-MIN_MODELLED_GEMM_TILE = 128 * 128
-
-
-def _assumed(reports: list[dict], model, min_tile: int = 0) -> Estimate:
-    """The config the model assumes the autotuner picks: among the compiled configs whose
-    BLOCK_M x BLOCK_N is at least ``min_tile``, the lowest modelled time, then the lowest issue
-    time, then the largest tile. ``model`` maps a report to its :class:`Estimate`."""
-    ok = [r for r in reports if "error" not in r and r["block_m"] * r["block_n"] >= min_tile]
+def _assumed(reports: list[dict], model) -> Estimate:
+    """The config the model assumes the autotuner picks: of the compiled configs, the lowest
+    modelled time, then the lowest issue time, then the largest tile. ``model`` maps a report
+    to its :class:`Estimate`."""
+    ok = [r for r in reports if "error" not in r]
     ranked = [
         (model(r).modelled_s, model(r).issue_s, -r["block_m"] * r["block_n"], i)
         for i, r in enumerate(ok)
@@ -222,19 +248,40 @@ def _assumed(reports: list[dict], model, min_tile: int = 0) -> Estimate:
     return model(ok[min(ranked)[-1]])
 
 
+def outside_main_loop(report: dict) -> int:
+    """Instructions per thread outside the main loop: address set-up, the epilogue and its
+    stores, run once per output tile (the SASS has no loop there)."""
+    sass = report["sass"]
+    return sass["instructions"] - sass["loop"]["size"]
+
+
 def gemm_estimate(gemm: Gemm, report: dict) -> Estimate:
-    tiles = math.ceil(TOKENS / report["block_m"]) * math.ceil(gemm.n / report["block_n"])
+    """Output tiles as programs; HBM traffic each tensor once; the tiles' operand loads over K
+    from L2; the instructions outside the main loop as the epilogue's issue time, exposed at
+    one CTA per SM, overlapped by the other CTAs' main loops at two or more."""
+    bm, bn = report["block_m"], report["block_n"]
+    tiles = math.ceil(TOKENS / bm) * math.ceil(gemm.n / bn)
     traffic = TOKENS * gemm.k + gemm.n * gemm.k + gemm.n + TOKENS * gemm.n
     if gemm.has_residual:
         traffic += TOKENS * gemm.n
-    return Estimate(
+    slots = SMS * report["ctas_per_sm"]
+    estimate = Estimate(
         op=f"{gemm.name} {TOKENS}x{gemm.n}x{gemm.k}",
         config=report["case"],
         flops=2.0 * TOKENS * gemm.n * gemm.k,
         bytes=traffic * ELEMENT,
         programs=tiles,
-        slots=SMS * report["ctas_per_sm"],
+        slots=slots,
+        feed_bytes=tiles * gemm.k * (bm + bn) * ELEMENT,
     )
+    epilogue_warp_instructions = tiles * outside_main_loop(report) * report["num_warps"]
+    issue_rate = SMS * ISSUE_PER_SM_PER_CLOCK * CLOCK_HZ * estimate.wave_efficiency
+    epilogue_s = epilogue_warp_instructions / issue_rate
+    if report["ctas_per_sm"] == 1:
+        estimate.exposed_s = epilogue_s
+    else:
+        estimate.issue_s = epilogue_s
+    return estimate
 
 
 def attention_estimate(report: dict) -> Estimate:
@@ -273,13 +320,11 @@ def row_estimate(name: str, report: dict, traffic_elements: float, extra_bytes: 
 def estimates(compiled: dict) -> tuple[list[Estimate], Estimate]:
     """The layer's ops (sm_90 reports) and the embeddings, as modelled."""
     layer = []
-    gemm_reports = {key: [c[90] for c in cases] for key, cases in compiled["linear"].items()}
+    gemm_reports = {
+        key: [c[90] for c in cases if 90 in c] for key, cases in compiled["linear"].items()
+    }
     qkv, out_proj, ffn1, ffn2 = (
-        _assumed(
-            gemm_reports[(g.activation, g.has_residual)],
-            lambda r, g=g: gemm_estimate(g, r),
-            MIN_MODELLED_GEMM_TILE,
-        )
+        _assumed(gemm_reports[(g.activation, g.has_residual)], lambda r, g=g: gemm_estimate(g, r))
         for g in GEMMS
     )
     attention = _assumed([c[90] for c in compiled["attention"]], attention_estimate)
@@ -303,17 +348,17 @@ def _us(seconds: float) -> str:
 def _model_rows(layer: list[Estimate], embeddings: Estimate) -> list[str]:
     head = (
         "| op | assumed config | programs | CTA slots (132 x CTAs/SM) | waves | wave eff. | "
-        "GFLOP | MB | compute us | memory us | issue us | modelled us | bound |"
+        "GFLOP | MB | compute us | memory us | L2 feed us | issue us | exposed us | "
+        "modelled us | bound |"
     )
-    rows = [head, "|" + "---|" * 13]
+    rows = [head, "|" + "---|" * 15]
     for e in [*layer, embeddings]:
-        bounds = {"compute": e.compute_s, "memory": e.memory_s, "issue": e.issue_s}
-        bound = max(bounds, key=bounds.get)
+        bound = max(e.bounds, key=e.bounds.get) + (" + exposed" if e.exposed_s else "")
         rows.append(
             f"| {e.op} | {e.config} | {e.programs} | {e.slots} | {e.waves} | "
             f"{e.wave_efficiency:.1%} | {e.flops / 1e9:.2f} | {e.bytes / 1e6:.1f} | "
-            f"{_us(e.compute_s)} | {_us(e.memory_s)} | {_us(e.issue_s)} | "
-            f"{_us(e.modelled_s)} | {bound} |"
+            f"{_us(e.compute_s)} | {_us(e.memory_s)} | {_us(e.feed_s)} | {_us(e.issue_s)} | "
+            f"{_us(e.exposed_s)} | {_us(e.modelled_s)} | {bound} |"
         )
     return rows
 
@@ -342,10 +387,19 @@ Assumptions of the model (each one an assumption, none measured):
   assumed equal to it), {HBM_BYTES_PER_S / 1e12:.1f} TB/s HBM, {CLOCK_HZ / 1e9:.3f} GHz
   sustained clock, {ISSUE_PER_SM_PER_CLOCK} warp instructions issued per SM per clock.
 - The autotuner is assumed to pick, among the configs `keep` lets it time for the launch, the
-  one this model rates fastest (then the fewest issue slots, then the largest tile); for the
-  GEMMs only among tiles of at least 128 x 128, since smaller tiles are assumed not to reach
-  the modelled tensor-core rate (their operand bytes per FLOP are 2x or more those of a
-  128 x 128 tile). The tables below list every kept config, so other choices can be read off.
+  one this model rates fastest (then the fewest issue slots, then the largest tile). The
+  tables below list every kept config, so other choices can be read off.
+- L2 feed (GEMMs): each output tile loads its BLOCK_M x K and BLOCK_N x K operand panels
+  from L2, {L2_BYTES_PER_CLOCK} B per clock for the whole chip ({L2_BYTES_PER_S / 1e12:.1f} TB/s
+  at the assumed clock: A100's published L2 read bandwidth per clock, assumed unchanged on
+  H100, for which NVIDIA publishes none). This is the bound that makes small tiles slow: a
+  64 x 128 tile loads 1.5x the bytes per FLOP of a 128 x 128 one, 2x those of 128 x 256.
+- Epilogue (GEMMs): the SASS instructions outside the main loop (address set-up, bias,
+  activation, residual, stores) run once per output tile, issued at 4 warp instructions per SM
+  per clock. At one CTA per SM nothing overlaps them: their time is added to the op's
+  (`exposed`); at two or more, the other CTAs' main loops run meanwhile, and they are one more
+  bound (`issue`). The persistent configs are modelled the same way (no overlap of a tile's
+  epilogue with the next tile's loads: their tile loop is not flattened).
 - Waves: programs (output tiles, or query blocks x heads x batch) fill 132 SMs x the CTAs per SM
   the compiled registers, shared memory and threads allow (the sm_90 limits: 64K registers,
   228 KB shared memory with 1 KB reserved per CTA, 2048 threads, 32 CTAs). A partial last wave
@@ -363,8 +417,11 @@ Assumptions of the model (each one an assumption, none measured):
   slots per clock at the assumed clock, divided by the wave efficiency. The softmax's MUFU
   and FP32 work sit inside that count.
 - LayerNorm and embeddings are memory-bound row kernels: memory time only.
-- Modelled time of an op = the largest of its bounds; per layer = the sum over its seven
-  launches (launch gaps, which CUDA graphs remove, are not modelled).
+- Modelled time of an op = the largest of its bounds, plus its exposed epilogue; per layer =
+  the sum over its seven launches (launch gaps, which CUDA graphs remove, are not modelled).
+- Not modelled: TMA's saving of address instructions and registers (the GEMM main loop is
+  never the issue bound here), the pipeline's fill at each tile's start, L2 misses on the
+  re-read operands, clusters and TMA multicast (not used).
 
 The compiler facts in the tables below are what tests/test_compile.py checks in CI (HGMMA on
 sm_90 for 16-bit tiles of BLOCK_M >= 64, no spills in 16-bit, the attention main loop within
@@ -420,8 +477,8 @@ def render(compiled: dict) -> str:
         for (activation, _), cases in compiled["linear"].items():
             epilogue = "bias + GELU" if activation else "bias"
             lines += [f"## sm_{arch}: linear, fp16, epilogue {epilogue}, every kept config", ""]
-            reports = [c[arch] for c in cases]
-            lines += _config_rows(reports, normalise=False) + [""]
+            reports = [c[arch] for c in cases if arch in c]
+            lines += _config_rows(reports, normalise=False, gemm=True) + [""]
             lines += ["Main-loop instruction mix (per thread per K step):", ""]
             lines += _mix_rows(reports) + [""]
         lines += [f"## sm_{arch}: LayerNorm and embeddings (hidden {HIDDEN})", ""]

@@ -36,6 +36,7 @@ def test_linear_prune_pins_the_chosen_config(monkeypatch) -> None:
         "x_ptr": torch.empty(1, dtype=torch.float16), "M_BUCKET": 4096,
         "ACTIVATION": fused_linear.ACTIVATION_CODES["gelu"], "HAS_RESIDUAL": False,
         "STORE_PRE_ACTIVATION": False, "GRAD_ACTIVATION": 0, "HAS_ROW_SUM": False,
+        "HAS_DESCRIPTORS": 0,
     }
     monkeypatch.delenv(_runtime.AUTOTUNE_ENV, raising=False)
     kept = fused_linear._prune(candidates, args)
@@ -53,7 +54,7 @@ def test_linear_training_variants_keep_small_tiles(monkeypatch, variant) -> None
     args = {
         "x_ptr": torch.empty(1, dtype=torch.float16), "M_BUCKET": 4096, "ACTIVATION": 0,
         "HAS_RESIDUAL": False, "STORE_PRE_ACTIVATION": False, "GRAD_ACTIVATION": 0,
-        "HAS_ROW_SUM": False, **variant,
+        "HAS_ROW_SUM": False, "HAS_DESCRIPTORS": 1, **variant,
     }
     kept = fused_linear._prune(fused_linear.gpu_configs(), args)
     assert kept

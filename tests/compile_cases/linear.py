@@ -21,10 +21,12 @@ import itertools
 
 from fastbert.kernels import fused_linear as mod
 
-from tests.compile_support import CompileCase
+from tests.compile_support import ARCHS, CompileCase
 
 KERNEL = mod._linear_fwd_kernel.fn
 CONFIGS = mod._linear_fwd_kernel.configs
+POINTER_CONFIGS = [c for c in CONFIGS if not c.kwargs["PERSISTENT"]]
+PERSISTENT_CONFIGS = [c for c in CONFIGS if c.kwargs["PERSISTENT"]]
 DTYPES = {"fp16": 2, "bf16": 2, "fp32": 4}
 EPILOGUES = list(itertools.product((False, True), (0, 1, 2), (False, True)))
 FULL_EPILOGUE = (True, 1, True)  # (HAS_BIAS, ACTIVATION, HAS_RESIDUAL): BERT's heaviest
@@ -44,12 +46,24 @@ DW_UNIT_STRIDES = ("stride_x_m", "stride_weight_n", "stride_out_n", "stride_pre_
 
 
 def _signature(
-    dtype: str, has_bias: bool, has_residual: bool, has_pre: bool = False, row_sum: bool = False
+    dtype: str,
+    has_bias: bool,
+    has_residual: bool,
+    has_pre: bool = False,
+    row_sum: bool = False,
+    meta: dict | None = None,
 ) -> dict[str, str]:
+    """The argument types; with the ``meta`` of a persistent config, its TMA descriptors'."""
     ptr = f"*{dtype}"
+    persistent = meta is not None and meta["PERSISTENT"]
+    if persistent:
+        x_desc = f"tensordesc<{dtype}[{meta['BLOCK_M']},{meta['BLOCK_K']}]>"
+        weight_desc = f"tensordesc<{dtype}[{meta['BLOCK_N']},{meta['BLOCK_K']}]>"
     return {
         "x_ptr": ptr,
         "weight_ptr": ptr,
+        "x_desc": x_desc if persistent else "constexpr",
+        "weight_desc": weight_desc if persistent else "constexpr",
         "bias_ptr": ptr if has_bias else "constexpr",
         "residual_ptr": ptr if has_residual else "constexpr",
         "out_ptr": ptr,
@@ -59,6 +73,7 @@ def _signature(
         "N": "i32",
         "K": "i32",
         "M_BUCKET": "i32",
+        "HAS_DESCRIPTORS": "i32",
         "stride_x_m": "i32",
         "stride_x_k": "constexpr",
         "stride_weight_n": "i32",
@@ -80,6 +95,7 @@ def _signature(
         "BLOCK_N": "constexpr",
         "BLOCK_K": "constexpr",
         "GROUP_M": "constexpr",
+        "PERSISTENT": "constexpr",
     }
 
 
@@ -118,7 +134,9 @@ def _case(
         constexprs["pre_ptr"] = None
     if not row_sum:
         constexprs["row_sum_ptr"] = None
-    signature = _signature(dtype, has_bias, has_residual, has_pre, row_sum)
+    if not meta["PERSISTENT"]:
+        constexprs.update(x_desc=None, weight_desc=None)
+    signature = _signature(dtype, has_bias, has_residual, has_pre, row_sum, meta)
     signature.update(dict.fromkeys(set(UNIT_STRIDES) - set(unit), "i32"))
     signature.update(dict.fromkeys(unit, "constexpr"))
     tile = "x".join(str(meta[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
@@ -127,7 +145,8 @@ def _case(
     else:
         variant = f"bias={int(has_bias)} act={activation} res={int(has_residual)}"
         variant += " pre=1" if store_pre else ""
-    name = f"linear[{dtype} {tile} s{config.num_stages} w{config.num_warps} {variant}]"
+    persistent = f" persistent={meta['PERSISTENT']}" if meta["PERSISTENT"] else ""
+    name = f"linear[{dtype} {tile} s{config.num_stages} w{config.num_warps}{persistent} {variant}]"
     return CompileCase(
         name=name,
         fn=KERNEL,
@@ -136,6 +155,8 @@ def _case(
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         aligned_ints=("N", "K"),
+        # TMA and the persistent configs are for sm_90 (keep() offers them nowhere else).
+        archs=(90,) if meta["PERSISTENT"] else ARCHS,
         dtype=dtype,
         block_m=meta["BLOCK_M"],
         block_n=meta["BLOCK_N"],
@@ -153,6 +174,7 @@ def _kept_epilogues(config, element_size: int) -> list[tuple[bool, int, bool]]:
             LARGEST_M_BUCKET,
             activation=epilogue[1],
             has_residual=epilogue[2],
+            has_descriptors=True,
         )
     ]
 
@@ -168,7 +190,7 @@ def _cases() -> list[CompileCase]:
     """fp16: each config with its heaviest epilogues, then every epilogue on the sweep config."""
     cases = [case for config in CONFIGS for case in _heaviest("fp16", config)]
     for dtype, element_size in DTYPES.items():
-        kept = [c for c in CONFIGS if _kept_epilogues(c, element_size) == EPILOGUES]
+        kept = [c for c in POINTER_CONFIGS if _kept_epilogues(c, element_size) == EPILOGUES]
         sweep = kept[-1]
         cases += [
             _case(dtype, sweep, *epilogue)
@@ -179,8 +201,9 @@ def _cases() -> list[CompileCase]:
             others = [c for c in CONFIGS if c is not sweep]
             cases += [case for config in others for case in _heaviest(dtype, config)]
     # bf16 on the big-M tile too, so that its wgmma path on sm_90 is checked like fp16's.
-    big = next(c for c in CONFIGS if FULL_EPILOGUE in _kept_epilogues(c, DTYPES["bf16"]))
-    cases += _heaviest("bf16", big)
+    for family in (POINTER_CONFIGS, PERSISTENT_CONFIGS):
+        big = next(c for c in family if FULL_EPILOGUE in _kept_epilogues(c, DTYPES["bf16"]))
+        cases += _heaviest("bf16", big)
     return cases + _training_cases()
 
 
@@ -192,7 +215,7 @@ def _training_cases() -> list[CompileCase]:
     """The forward storing the pre-activation, and the dx / dweight products, on each config
     ``keep`` allows for them (the plain products on the biggest and smallest)."""
     cases = []
-    pre = {"activation": 1, "has_residual": True, "store_pre": True}
+    pre = {"activation": 1, "has_residual": True, "store_pre": True, "has_descriptors": True}
     for dtype, element_size in DTYPES.items():
         cases += [
             _case(dtype, c, *FULL_EPILOGUE, store_pre=True)
@@ -200,7 +223,11 @@ def _training_cases() -> list[CompileCase]:
             if _kept_for(c, element_size, **pre)
         ]
         for g in ("dx", "dw"):
-            variant = {"activation": 0, "has_residual": False, "row_sum": g == "dw"}
+            # The backward products read an operand transposed: never through descriptors.
+            variant = {
+                "activation": 0, "has_residual": False, "row_sum": g == "dw",
+                "has_descriptors": False,
+            }
             for act in (1, 2):
                 cases += [
                     _case(dtype, c, False, 0, False, grad=g, grad_activation=act)
