@@ -317,11 +317,23 @@ def row_estimate(name: str, report: dict, traffic_elements: float, extra_bytes: 
     )
 
 
-def estimates(compiled: dict) -> tuple[list[Estimate], Estimate]:
-    """The layer's ops (sm_90 reports) and the embeddings, as modelled."""
-    layer = []
+# The GEMM config families the report compares: every config, or one kind only.
+GEMM_FAMILIES = {
+    "every config": lambda case: True,
+    "one tile per program only": lambda case: "persistent=" not in case,
+    "persistent (TMA) only": lambda case: "persistent=" in case,
+}
+
+
+def estimates(
+    compiled: dict, gemm_family: str = "every config"
+) -> tuple[list[Estimate], Estimate]:
+    """The layer's ops (sm_90 reports) and the embeddings, as modelled, the GEMMs' configs
+    chosen within ``gemm_family`` (a key of :data:`GEMM_FAMILIES`)."""
+    in_family = GEMM_FAMILIES[gemm_family]
     gemm_reports = {
-        key: [c[90] for c in cases if 90 in c] for key, cases in compiled["linear"].items()
+        key: [c[90] for c in cases if 90 in c and in_family(c[90]["case"])]
+        for key, cases in compiled["linear"].items()
     }
     qkv, out_proj, ffn1, ffn2 = (
         _assumed(gemm_reports[(g.activation, g.has_residual)], lambda r, g=g: gemm_estimate(g, r))
@@ -332,7 +344,7 @@ def estimates(compiled: dict) -> tuple[list[Estimate], Estimate]:
     ln_elements = 3 * TOKENS * HIDDEN + 2 * HIDDEN  # x, residual, out; weight, bias
     ln1 = row_estimate("LayerNorm 1 (+ residual)", layer_norm, ln_elements, 0)
     ln2 = row_estimate("LayerNorm 2 (+ residual)", layer_norm, ln_elements, 0)
-    layer = [qkv, attention, out_proj, ln1, ffn1, ffn2, ln2]
+    layer = [qkv, attention, out_proj, ln1, ffn1, ffn2, ln2]  # launch order
     embed_elements = 3 * TOKENS * HIDDEN + TOKENS * HIDDEN + 2 * HIDDEN  # 3 gathers, out, LN
     embeddings = row_estimate(
         "embeddings + LayerNorm", compiled["rows"]["embeddings"][90], embed_elements,
@@ -429,6 +441,19 @@ its instruction budget); the model is not checked.
 """
 
 
+def _family_rows(compiled: dict) -> list[str]:
+    """Modelled per layer with the GEMMs' configs chosen within each family."""
+    rows = ["| GEMM configs the model may choose | QKV | attn. output | FFN1 | FFN2 | per layer |",
+            "|---|---|---|---|---|---|"]
+    for family in GEMM_FAMILIES:
+        layer, _ = estimates(compiled, family)
+        gemms = [layer[i] for i in (0, 2, 4, 5)]
+        cells = " | ".join(f"{_us(e.modelled_s)} us ({e.wave_efficiency:.0%})" for e in gemms)
+        total = sum(e.modelled_s for e in layer)
+        rows.append(f"| {family} | {cells} | {_us(total)} us |")
+    return rows
+
+
 def render(compiled: dict) -> str:
     layer, embeddings = estimates(compiled)
     per_layer = sum(e.modelled_s for e in layer)
@@ -465,6 +490,11 @@ def render(compiled: dict) -> str:
         f"Modelled per layer: **{per_layer * 1e6:.1f} us** ({flops / 1e9:.1f} GFLOP, "
         f"{flops / per_layer / 1e12:.0f} TFLOP/s modelled); 12 layers + embeddings: "
         f"**{(LAYERS * per_layer + embeddings.modelled_s) * 1e3:.3f} ms**.",
+        "",
+        "The same model with the GEMM configs restricted to one kind (modelled us, wave",
+        "efficiency of the chosen tiles):",
+        "",
+        *_family_rows(compiled),
         "",
         ASSUMPTIONS,
     ]

@@ -232,3 +232,18 @@ def test_attention_loops_within_their_instruction_budgets(case: str) -> None:
         f"attention MMA loops: {[round(n) for n in others]} instructions per 64x64 tile, "
         f"budget {ATTENTION_OTHER_LOOP_BUDGET} for the longest"
     )
+
+
+def test_persistent_linear_configs_load_by_tma_on_sm90() -> None:
+    """The persistent configs read their operands through TMA descriptors: UTMALDG in the
+    main loop of every persistent case, no cp.async (LDGSTS) left for the operands."""
+    persistent = [r for r in _compile_reports("linear") if "persistent=" in r["case"]]
+    assert persistent, "no persistent linear case"
+    assert {r["arch"] for r in persistent} == {90}
+    wrong = [
+        f"{r['case']}: {r['sass']['loop']['global_loads']}, {r['sass']['cp_async']} LDGSTS"
+        for r in persistent
+        if not any(op.startswith("UTMALDG") for op in r["sass"]["loop"]["global_loads"])
+        or r["sass"]["cp_async"]
+    ]
+    assert not wrong, "\n".join(wrong)
