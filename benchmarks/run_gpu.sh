@@ -5,7 +5,7 @@
 #
 # For a machine with a CUDA GPU whose Python already holds torch, triton, transformers,
 # sentence-transformers, pytest, pytest-benchmark and matplotlib (no network needed).
-# OUTDIR receives ten files, no subfolders:
+# OUTDIR receives twelve files, no subfolders:
 #   results.json results.md results.png  fastbert bench, BERT-base fp16: 1x128, 32x128, 8x512,
 #                                        64x512, 64x512 padded; HF eager / sdpa / torch.compile
 #                                        (max-autotune at 32x128) / fastbert variants; targets
@@ -13,6 +13,8 @@
 #   e2e-bench.json                       end-to-end suite (BERT-large and MiniLM-L6, fp16)
 #   train-step.json train-step.md        fine-tuning step (benchmarks/train_step.py): BERT-base,
 #                                        bf16 autocast, HF eager / sdpa / compile / fastbert
+#   gemm-configs.json gemm-configs.md    every linear config on BERT-base's four projections
+#                                        (benchmarks/gemm_configs.py), fp16, M = 4096
 #   gpu-tests.log                        pytest -m gpu
 #   bench.log                            everything the benchmark stages printed
 #   extras.tar.gz                        environment.json, fastbert info, nvidia-smi, pip freeze,
@@ -20,9 +22,10 @@
 # The whole run fits in BUDGET_S seconds (default 530): each stage gets at most its cap and
 # what is left, is interrupted (and reports what it measured) when its time is up, and later
 # stages still run. Knobs (environment): BUDGET_S, GPU_TESTS_S (100), BENCH_S (200),
-# KERNELS_S (100), AUTOTUNE_S (150), TRAIN_S (90), E2E_S (what is left), SKIP_MAX_AUTOTUNE=1,
-# GPU_TEST_WORKERS (4, with pytest-xdist), PYTHON (python3). A cap of 0 skips its stage: e.g. GPU_TESTS_S=480 BENCH_S=0 KERNELS_S=0
-# SKIP_MAX_AUTOTUNE=1 E2E_S=0 runs only the GPU tests, in one call of under ten minutes.
+# KERNELS_S (100), AUTOTUNE_S (150), TRAIN_S (90), GEMM_S (90), E2E_S (what is left),
+# SKIP_MAX_AUTOTUNE=1, GPU_TEST_WORKERS (4, with pytest-xdist), PYTHON (python3). A cap of 0
+# skips its stage: e.g. GPU_TESTS_S=480 BENCH_S=0 KERNELS_S=0 SKIP_MAX_AUTOTUNE=1 TRAIN_S=0
+# GEMM_S=0 E2E_S=0 runs only the GPU tests, in one call of under ten minutes.
 set -u
 
 OUT=${1:?usage: benchmarks/run_gpu.sh OUTDIR}
@@ -101,6 +104,12 @@ stage train-step "${TRAIN_S:-90}" "$LOG" bash -c "
     '$PY' -m benchmarks.train_step --out '$AUX/train' --model bert-base \
         --shapes 32x128,32x128p && cp '$AUX/train/results.json' '$OUT/train-step.json' \
         && cp '$AUX/train/results.md' '$OUT/train-step.md'"
+
+# Interrupted, it keeps the projections it finished: copy whatever it wrote.
+stage gemm-configs "${GEMM_S:-90}" "$LOG" "$PY" -m benchmarks.gemm_configs --out "$AUX/gemm"
+for kind in json md; do
+    if [ -f "$AUX/gemm/results.$kind" ]; then cp "$AUX/gemm/results.$kind" "$OUT/gemm-configs.$kind"; fi
+done
 
 stage e2e-suite "${E2E_S:-600}" "$LOG" \
     "$PY" -m pytest benchmarks/test_end_to_end_bench.py -q -p no:cacheprovider \

@@ -235,9 +235,45 @@ def _prune(candidates: list[triton.Config], named_args: dict, **kwargs) -> list[
         "row_sum": bool(args["HAS_ROW_SUM"]),
         "has_descriptors": bool(args["HAS_DESCRIPTORS"]),
     }
-    kept = [c for c in candidates if keep(c, element_size, args["M_BUCKET"], **epilogue)]
+    return tuned(_kept(candidates, element_size, args["M_BUCKET"], **epilogue))
+
+
+def _kept(candidates: list[triton.Config], element_size: int, bucket: int, **variant):
+    """The ``candidates`` that :func:`keep` allows, in order."""
+    kept = [c for c in candidates if keep(c, element_size, bucket, **variant)]
     # The interpreter's one tile is taller than the smallest M buckets: it runs them.
-    return tuned(kept or candidates[:1])
+    return kept or candidates[:1]
+
+
+def config_name(config: triton.Config) -> str:
+    """A config as the reports name it: "128x128x64 s4 w8", plus " persistent=P" for the
+    persistent ones (P programs per SM)."""
+    meta = config.kwargs
+    tile = "x".join(str(meta[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+    persistent = f" persistent={meta['PERSISTENT']}" if meta["PERSISTENT"] else ""
+    return f"{tile} s{config.num_stages} w{config.num_warps}{persistent}"
+
+
+def kept_configs(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+) -> list[triton.Config]:
+    """The configs the autotuner times for the inference launch of :func:`linear` on these
+    inputs, in its order (``FASTBERT_AUTOTUNE=i`` pins the i-th), before any pinning."""
+    n, k = weight.shape
+    m = x.numel() // k if k else 0
+    x2 = x.reshape(m, k)
+    x_desc, _ = descriptors(x2, x2.stride(), weight, weight.stride(), m, n, k)
+    return _kept(
+        _linear_fwd_kernel.configs,
+        x.element_size(),
+        m_bucket(m),
+        activation=ACTIVATION_CODES[activation],
+        has_residual=residual is not None,
+        has_descriptors=x_desc is not None,
+    )
 
 
 def m_bucket(m: int) -> int:

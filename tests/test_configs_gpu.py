@@ -85,16 +85,7 @@ def test_every_linear_config(monkeypatch, dtype, activation, has_residual, m) ->
     bias = randn((n,), dtype, "cuda", 3)
     residual = randn((m, n), dtype, "cuda", 4) if has_residual else None
     kernel = fused_linear._linear_fwd_kernel
-    x_desc, _ = fused_linear.descriptors(x, x.stride(), weight, weight.stride(), m, n, k)
-    kept = [
-        c
-        for c in kernel.configs
-        if fused_linear.keep(
-            c, x.element_size(), fused_linear.m_bucket(m),
-            activation=fused_linear.ACTIVATION_CODES[activation], has_residual=has_residual,
-            has_descriptors=x_desc is not None,
-        )
-    ]
+    kept = fused_linear.kept_configs(x, weight, activation, residual)
     for index, config in _pinned(monkeypatch, kernel, kept):
         check_op(
             K.linear, R.linear, (x, weight),

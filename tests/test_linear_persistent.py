@@ -24,20 +24,7 @@ SIXTEEN_BIT = dtype_params((torch.float16,), (torch.bfloat16,))
 
 
 def _kept(x, weight, residual, activation) -> list:
-    """The configs the autotuner keeps for this launch (as _prune does)."""
-    m, k = x.reshape(-1, x.shape[-1]).shape
-    n = weight.shape[0]
-    x2 = x.reshape(m, k)
-    x_desc, _ = fused_linear.descriptors(x2, x2.stride(), weight, weight.stride(), m, n, k)
-    return [
-        c
-        for c in KERNEL.configs
-        if fused_linear.keep(
-            c, x.element_size(), fused_linear.m_bucket(m),
-            activation=fused_linear.ACTIVATION_CODES[activation],
-            has_residual=residual is not None, has_descriptors=x_desc is not None,
-        )
-    ]
+    return fused_linear.kept_configs(x, weight, activation, residual)
 
 
 def _persistent_indices(kept: list) -> list[int]:

@@ -139,14 +139,12 @@ def _case(
     signature = _signature(dtype, has_bias, has_residual, has_pre, row_sum, meta)
     signature.update(dict.fromkeys(set(UNIT_STRIDES) - set(unit), "i32"))
     signature.update(dict.fromkeys(unit, "constexpr"))
-    tile = "x".join(str(meta[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
     if grad is not None:
         variant = f"{grad} dact={grad_activation}"
     else:
         variant = f"bias={int(has_bias)} act={activation} res={int(has_residual)}"
         variant += " pre=1" if store_pre else ""
-    persistent = f" persistent={meta['PERSISTENT']}" if meta["PERSISTENT"] else ""
-    name = f"linear[{dtype} {tile} s{config.num_stages} w{config.num_warps}{persistent} {variant}]"
+    name = f"linear[{dtype} {mod.config_name(config)} {variant}]"
     return CompileCase(
         name=name,
         fn=KERNEL,
