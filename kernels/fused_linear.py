@@ -58,7 +58,11 @@ import functools
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # a Triton without host tensor descriptors: no persistent configs
+    TensorDescriptor = None
 
 from ._checks import check_linear
 from ._runtime import (
@@ -541,14 +545,16 @@ def descriptors(
     m: int,
     n: int,
     k: int,
-) -> tuple[TensorDescriptor, TensorDescriptor] | tuple[None, None]:
-    """Host TMA descriptors of A [M, K] and B [N, K] for the persistent configs, or Nones
-    where those configs do not apply: not sm_90 or newer (or the interpreter), not float16 /
-    bfloat16 (float32 keeps its IEEE FMA product), K not the unit-stride dimension of both
-    operands, a base or row stride not 16-byte aligned, or fewer rows than the smallest
-    persistent row tile. The block shapes are set per config by the autotuner's pre-hook."""
+) -> tuple[object, object]:
+    """Host TMA descriptors (TensorDescriptor) of A [M, K] and B [N, K] for the persistent
+    configs, or Nones where those configs do not apply: a Triton without host descriptors,
+    not sm_90 or newer (or the interpreter), not float16 / bfloat16 (float32 keeps its IEEE
+    FMA product), K not the unit-stride dimension of both operands, a base or row stride not
+    16-byte aligned, or fewer rows than the smallest persistent row tile. The block shapes
+    are set per config by the autotuner's pre-hook."""
     if (
-        a.dtype not in (torch.float16, torch.bfloat16)
+        TensorDescriptor is None
+        or a.dtype not in (torch.float16, torch.bfloat16)
         or k == 0
         or m_bucket(m) < PERSISTENT_MIN_BLOCK_M
         or not _tma_device(a.device)
