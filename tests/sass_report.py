@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import math
 import os
 import subprocess
@@ -517,14 +518,75 @@ def render(compiled: dict) -> str:
     return "\n".join(lines)
 
 
+def config_of_case(case: str) -> str:
+    """The config name (fused_linear.config_name) inside a forward linear case's name:
+    "128x128x64 s4 w8" from "linear[fp16 128x128x64 s4 w8 bias=1 act=0 res=0]"."""
+    return case.split(" ", 1)[1].rsplit(" bias=", 1)[0]
+
+
+def measured_rows(compiled: dict, measured: dict) -> list[str]:
+    """Each GEMM config's modelled time against its measured median (gemm-configs.json of
+    benchmarks/gemm_configs.py, same shapes), with the model's and the autotuner's picks."""
+    by_projection = {r["projection"]: r for r in measured["results"]}
+    rows = [
+        "| op | config | modelled us | measured us | measured / modelled | picked by |",
+        "|---|---|---|---|---|---|",
+    ]
+    for gemm in GEMMS:
+        result = by_projection.get(gemm.name)
+        if result is None or (result["m"], result["n"], result["k"]) != (TOKENS, gemm.n, gemm.k):
+            continue
+        times = {c["config"]: c["median_ms"] * 1e-3 for c in result["configs"]}
+        reports = [
+            c[90] for c in compiled["linear"][(gemm.activation, gemm.has_residual)]
+            if 90 in c and "error" not in c[90]
+        ]
+        model = lambda r, g=gemm: gemm_estimate(g, r)
+        modelled_pick = config_of_case(_assumed(reports, model).config)
+        for r in reports:
+            config = config_of_case(r["case"])
+            if config not in times:
+                continue
+            modelled, seconds = model(r).modelled_s, times[config]
+            picks = [name for name, pick in (("model", modelled_pick),
+                     ("autotuner", result["autotuner_choice"])) if pick == config]
+            rows.append(
+                f"| {gemm.name} | {config} | {_us(modelled)} | {_us(seconds)} | "
+                f"{seconds / modelled:.2f} | {', '.join(picks)} |"
+            )
+    return rows
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.sass_report", description=__doc__)
     parser.add_argument("--out", type=Path, required=True, help="Markdown file to write")
+    parser.add_argument(
+        "--measured", type=Path,
+        help="gemm-configs.json of benchmarks/gemm_configs.py (fp16, BERT-base, M = 4096) to "
+        "set each GEMM config's measured time beside the model's",
+    )
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         print("the report compiles kernels: run it without TRITON_INTERPRET=1", file=sys.stderr)
         return 2
-    text = render(compile_all((90, 80)))
+    measured = None
+    if args.measured is not None:
+        try:
+            measured = json.loads(args.measured.read_text())
+        except (OSError, ValueError) as exc:
+            parser.error(f"--measured {args.measured}: {exc}")
+    compiled = compile_all((90, 80))
+    text = render(compiled)
+    if measured is not None:
+        device = measured.get("environment", {}).get("gpu", "the GPU")
+        text += "\n".join([
+            "",
+            f"## Measured against modelled: GEMM configs on {device}",
+            "",
+            f"From {args.measured} (benchmarks/gemm_configs.py, {measured.get('dtype')}).",
+            "",
+            *measured_rows(compiled, measured),
+        ])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text + "\n")
     print(f"wrote {args.out}")

@@ -71,3 +71,36 @@ def test_the_assumed_config_is_the_fastest_modelled() -> None:
     chosen = S._assumed(reports, lambda r: S.gemm_estimate(FFN2, r))
     times = {r["case"]: S.gemm_estimate(FFN2, r).modelled_s for r in reports}
     assert chosen.config == min(times, key=times.get)
+
+
+def test_config_of_case_reads_the_config_name() -> None:
+    assert S.config_of_case("linear[fp16 128x128x64 s4 w8 bias=1 act=0 res=0]") == (
+        "128x128x64 s4 w8")
+    assert S.config_of_case("linear[fp16 64x128x64 s4 w4 persistent=2 bias=1 act=1 res=0]") == (
+        "64x128x64 s4 w4 persistent=2")
+
+
+def test_measured_rows_set_each_config_beside_its_model() -> None:
+    def report(bm, bn, ctas, name):
+        r = _report(bm, bn, ctas)
+        r["case"] = f"linear[fp16 {name} bias=1 act=0 res=0]"
+        return {90: r}
+
+    compiled = {"linear": {
+        (0, False): [
+            report(128, 256, 1, "128x256x64 s3 w8"), report(128, 128, 2, "128x128x32 s4 w8"),
+        ],
+        (1, False): [report(128, 128, 2, "128x128x32 s4 w8")],
+    }}
+    measured = {"results": [{
+        "projection": "FFN2", "m": 4096, "n": 768, "k": 3072, "activation": None,
+        "autotuner_choice": "128x256x64 s3 w8",
+        "configs": [{"config": "128x256x64 s3 w8", "median_ms": 0.05},
+                    {"config": "128x128x32 s4 w8", "median_ms": 0.04}],
+    }]}
+    rows = S.measured_rows(compiled, measured)
+    body = [row for row in rows[2:] if row.startswith("| FFN2 |")]
+    assert len(body) == 2 and len(rows) == 4  # QKV / attention output were not measured
+    modelled = S.gemm_estimate(FFN2, compiled["linear"][(0, False)][0][90]).modelled_s
+    assert f"| 50.0 | {50e-6 / modelled:.2f} |" in body[0]
+    assert "autotuner" in body[0] and "autotuner" not in body[1]
