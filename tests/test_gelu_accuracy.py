@@ -7,9 +7,10 @@ around the same jit function, as the interpreter cannot run bfloat16 tl.dot) eve
 bfloat16 input. Oracle: y * Phi(y) in float64 (from erfc), rounded once to the output dtype.
 
 The bounds are the measured errors of the committed coefficients (kernels/fused_linear.py,
-``_normal_tail``) with a small margin; ``0.5 * y * (1 + erf(y / sqrt(2)))``, the formula they
-replaced, fails every one below y = -1 (its 1 + erf cancels: 331 float16 and 197 bfloat16
-outputs off, up to 2 and 13215 units in the last place, float32 errors up to 2^24 ulps).
+``_normal_tail``) with a small margin. ``0.5 * y * (1 + erf(y / sqrt(2)))``, the formula they
+replaced, fails each test: its 1 + erf cancels for y < 0 (331 float16 and 197 bfloat16
+outputs off, by up to 2 and 13215 units in the last place; float32 errors up to 2^24 ulps
+and 4.5e-7 absolute) and it returns NaN for -inf.
 They hold for the interpreter's float32 arithmetic (IEEE rsqrt and exp2); compiled, rsqrt and
 exp2 are the GPU's approximations, within about 2 ulps each, which these tests do not model.
 """
@@ -36,8 +37,8 @@ WIDTH = 32  # columns of the identity weight: inputs go through K.linear as [n /
 # plus about 10% for other libm / numpy exp2 and sqrt roundings.
 FLOAT32_ULP_BOUNDS = ((-1.0, 6.0), (-4.0, 13.5), (-8.0, 50.0), (float("-inf"), 130.0))
 # Largest absolute error: half an ulp of [4, 8), where GELU(y) = y - y * Phi(-y) rounds, and
-# the error of y * Phi(-y) there (below 1e-11; measured 2^-22 + 2.7e-12).
-FLOAT32_ABS_BOUND = 2.0**-22 + 1e-11
+# the error of y * Phi(-y) there (measured 2^-22 + 5.1e-11 over every float32 of [4, 8)).
+FLOAT32_ABS_BOUND = 2.0**-22 + 1e-10
 # Mean signed relative error of the float32 result over each band of negative inputs below:
 # roundings average out, a coefficient off shows (measured at most 3.3e-8 in magnitude; c1
 # two float32 ulps off moves it to 1.2e-7, the fit without K's float32 rounding had 8e-7).
