@@ -155,6 +155,7 @@ def gpu_configs() -> list[triton.Config]:
         _config(16, 64, 32, stages=4, warps=4),
         _config(128, 256, 64, stages=3, warps=8, persistent=1),
         _config(128, 128, 64, stages=4, warps=8, persistent=1),
+        _config(128, 128, 32, stages=3, warps=8, persistent=2),
         _config(64, 128, 64, stages=4, warps=4, persistent=2),
     ]
 
