@@ -56,6 +56,7 @@ re-tune. M == 0 or N == 0 returns an empty output without a launch.
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 import triton
@@ -617,6 +618,12 @@ def descriptors(
     )
 
 
+# Triton's autotuner keeps a launch's arguments on itself (Autotuner.nargs) from the start of
+# the launch to its end, and reads them back to set the descriptors' block shapes (the
+# pre-hook): launches from two threads at once would read each other's, or None. One at a time.
+_LAUNCH_LOCK = threading.Lock()
+
+
 def _gemm(
     a: torch.Tensor,
     a_strides: tuple[int, int],
@@ -654,36 +661,37 @@ def _gemm(
             return (min(tiles, persistent_programs(out.device, meta["PERSISTENT"])),)
         return (tiles,)
 
-    _linear_fwd_kernel[grid](
-        a,
-        b,
-        a_desc,
-        b_desc,
-        bias,
-        residual,
-        out,
-        pre,
-        row_sum,
-        m,
-        n,
-        k,
-        m_bucket(m),
-        int(a_desc is not None),
-        *a_strides,
-        *b_strides,
-        bias.stride(0) if bias is not None else 0,
-        residual.stride(0) if residual is not None else 0,
-        residual.stride(1) if residual is not None else 0,
-        out.stride(0),
-        out.stride(1),
-        *pre_strides,
-        HAS_BIAS=bias is not None,
-        ACTIVATION=activation,
-        HAS_RESIDUAL=residual is not None,
-        STORE_PRE_ACTIVATION=store_pre,
-        GRAD_ACTIVATION=grad_activation,
-        HAS_ROW_SUM=row_sum is not None,
-    )
+    with _LAUNCH_LOCK:
+        _linear_fwd_kernel[grid](
+            a,
+            b,
+            a_desc,
+            b_desc,
+            bias,
+            residual,
+            out,
+            pre,
+            row_sum,
+            m,
+            n,
+            k,
+            m_bucket(m),
+            int(a_desc is not None),
+            *a_strides,
+            *b_strides,
+            bias.stride(0) if bias is not None else 0,
+            residual.stride(0) if residual is not None else 0,
+            residual.stride(1) if residual is not None else 0,
+            out.stride(0),
+            out.stride(1),
+            *pre_strides,
+            HAS_BIAS=bias is not None,
+            ACTIVATION=activation,
+            HAS_RESIDUAL=residual is not None,
+            STORE_PRE_ACTIVATION=store_pre,
+            GRAD_ACTIVATION=grad_activation,
+            HAS_ROW_SUM=row_sum is not None,
+        )
 
 
 def linear_forward(x, weight, bias, activation, residual, save_pre):
