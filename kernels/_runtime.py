@@ -4,6 +4,7 @@ autotune configs they time, and the launchers' host-side integer helpers."""
 from __future__ import annotations
 
 import os
+import threading
 
 import torch
 import triton
@@ -90,3 +91,14 @@ def time_config(kernel_call, quantiles):
     if pinned_config() is not None or interpreting():
         return [0.0 for _ in quantiles] if quantiles else 0.0
     return triton.testing.do_bench(kernel_call, quantiles=quantiles)
+
+
+def launch_lock() -> threading.Lock:
+    """A lock for the launches of one autotuned kernel.
+
+    Triton's autotuner keeps a launch's arguments on itself (``Autotuner.nargs``) from the
+    start of the launch to its end, and reads them back while it tunes (the prune hook, the
+    timed runs) and in config pre-hooks: two threads launching the same kernel at once would
+    read each other's arguments, or None. Each autotuned kernel's launches hold its lock.
+    """
+    return threading.Lock()

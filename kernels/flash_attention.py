@@ -75,6 +75,7 @@ from ._runtime import (
     cdiv,
     check_triton_device,
     interpreting,
+    launch_lock,
     needs_grad,
     next_power_of_2,
     time_config,
@@ -580,6 +581,9 @@ def _check_grid(what: str, n: int) -> None:
         raise ValueError(f"{what} = {n} exceeds the CUDA grid limit of {MAX_GRID_YZ}")
 
 
+_LAUNCH_LOCK = launch_lock()  # one launch at a time across threads (the autotuner's nargs)
+
+
 def _launch(
     q, k, v, out, mask, cu_seqlens, lse, strides, seq_q, seq_k, max_seqlen_q, max_seqlen_k,
     batch, scale, dropout_p, seed,
@@ -594,21 +598,23 @@ def _launch(
     _check_grid("the number of heads", heads)
     _check_grid("the batch size (number of sequences)", batch)
     grid = lambda meta: (max(1, cdiv(max_seqlen_q, meta["BLOCK_M"])), heads, batch)
-    _attention_fwd_kernel[grid](
-        q, k, v, out, mask, cu_seqlens, lse, *strides,
-        seq_q, seq_k,
-        scale * LOG2_E,
-        dropout_p,
-        seed,
-        next_power_of_2(max_seqlen_q),
-        next_power_of_2(max_seqlen_k),
-        HEAD_DIM=head_dim,
-        BLOCK_D=next_power_of_2(head_dim),
-        HAS_MASK=mask is not None,
-        IS_VARLEN=cu_seqlens is not None,
-        HAS_DROPOUT=dropout_p > 0.0,
-        STORE_LSE=lse is not None,
-    )
+    with _LAUNCH_LOCK:
+        _attention_fwd_kernel[grid](
+            q, k, v, out, mask, cu_seqlens, lse, *strides,
+            seq_q, seq_k,
+            scale * LOG2_E,
+            dropout_p,
+            seed,
+            next_power_of_2(max_seqlen_q),
+            next_power_of_2(max_seqlen_k),
+            HEAD_DIM=head_dim,
+            BLOCK_D=next_power_of_2(head_dim),
+            HAS_MASK=mask is not None,
+            IS_VARLEN=cu_seqlens is not None,
+            HAS_DROPOUT=dropout_p > 0.0,
+            STORE_LSE=lse is not None,
+        )
+
 
 
 def attention_forward(

@@ -56,7 +56,6 @@ re-tune. M == 0 or N == 0 returns an empty output without a launch.
 from __future__ import annotations
 
 import functools
-import threading
 
 import torch
 import triton
@@ -72,6 +71,7 @@ from ._runtime import (
     cdiv,
     check_triton_device,
     interpreting,
+    launch_lock,
     needs_grad,
     next_power_of_2,
     time_config,
@@ -618,10 +618,7 @@ def descriptors(
     )
 
 
-# Triton's autotuner keeps a launch's arguments on itself (Autotuner.nargs) from the start of
-# the launch to its end, and reads them back to set the descriptors' block shapes (the
-# pre-hook): launches from two threads at once would read each other's, or None. One at a time.
-_LAUNCH_LOCK = threading.Lock()
+_LAUNCH_LOCK = launch_lock()  # one launch at a time across threads (its pre-hook reads nargs)
 
 
 def _gemm(

@@ -9,8 +9,6 @@ Each test pins the persistent config it checks (FASTBERT_AUTOTUNE) and asserts i
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 from fastbert.kernels import fused_linear
@@ -120,45 +118,3 @@ def test_the_autotune_key_tells_launches_with_and_without_descriptors(
     check_op(K.linear, R.linear, (_misaligned(x), weight), {"bias": bias}, what="misaligned")
     assert not KERNEL.best_config.kwargs["PERSISTENT"]
 
-
-def test_launches_from_two_threads_do_not_read_each_others_arguments(
-    monkeypatch, fresh_autotuner, device
-) -> None:
-    """Triton's autotuner holds a launch's arguments on itself while it tunes and while the
-    pre-hook sets the descriptors' block shapes. Thread A is held inside tuning (a slowed
-    prune) while thread B launches a shape already tuned: B must wait for A, not clear the
-    arguments A is still using (a TypeError) or hand A its own."""
-    monkeypatch.delenv(AUTOTUNE_ENV, raising=False)
-    first = operands(96, 48, 64, torch.float16, device, seed=11)
-    second = operands(64, 32, 32, torch.float16, device, seed=12)
-    K.linear(second[0], second[1], second[2], "gelu")  # tuned: B's launch takes the cached path
-    original = KERNEL.early_config_prune
-    tuning, release = threading.Event(), threading.Event()
-
-    def held_prune(*args, **kwargs):
-        tuning.set()
-        release.wait(timeout=10)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(KERNEL, "early_config_prune", held_prune)
-    outputs, errors = {}, []
-
-    def launch(name, x, weight, bias):
-        try:
-            outputs[name] = K.linear(x, weight, bias, "gelu")
-        except Exception as exc:  # reported below
-            errors.append(exc)
-
-    a = threading.Thread(target=launch, args=("a", *first[:3]))
-    a.start()
-    assert tuning.wait(timeout=30)
-    b = threading.Thread(target=launch, args=("b", *second[:3]))
-    b.start()
-    b.join(timeout=2)  # without the launch lock B finishes here, under A's feet
-    release.set()
-    a.join(timeout=60)
-    b.join(timeout=60)
-    assert not errors, errors
-    for name, (x, weight, bias, _) in (("a", first), ("b", second)):
-        check_op(lambda *args, _out=outputs[name], **kw: _out, R.linear, (x, weight),
-                 {"bias": bias, "activation": "gelu"}, what=f"thread {name}")
