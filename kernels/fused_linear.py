@@ -124,9 +124,7 @@ def _config(
         "GROUP_M": 8,
         "PERSISTENT": persistent,
     }
-    return triton.Config(
-        meta, num_stages=stages, num_warps=warps, pre_hook=_set_descriptor_blocks
-    )
+    return triton.Config(meta, num_stages=stages, num_warps=warps, pre_hook=_set_descriptor_blocks)
 
 
 def gpu_configs() -> list[triton.Config]:
@@ -137,11 +135,11 @@ def gpu_configs() -> list[triton.Config]:
     (M = batch x sequence up to 65536), the narrow ones the small-M calls (one sentence, the
     pooler). The four with BLOCK_K = 32 are also the float32 ones (see :func:`keep`).
     64 x 128 tiles in three stages fit three CTAs per SM, and make 384 tiles of BERT-base's
-    N = 768 projections at M = 4096 (97% of three waves on 132 SMs, where 128 x 256 makes 96
-    tiles, 73% of one wave), 1152 of its QKV projection (N = 2304).
+    N = 768 projections at M = 4096 (97% of the 396 slots of 132 SMs, where 128 x 256 makes 96
+    tiles, 73% of 132), 1152 of its QKV projection (N = 2304).
 
-    The persistent configs (sm_90 only, see :func:`keep`) run one program per SM over the
-    output tiles with TMA loads; the autotuner times them beside the others.
+    The persistent configs (sm_90 and newer, see :func:`keep`) run one or two programs per SM
+    over the output tiles with TMA loads; the autotuner times them beside the others.
     """
     return [
         _config(128, 256, 64, stages=3, warps=8),
@@ -163,7 +161,8 @@ def gpu_configs() -> list[triton.Config]:
 
 def configs() -> list[triton.Config]:
     """The autotune candidates: :func:`gpu_configs`, or under the interpreter one small config
-    and its persistent twin (the persistent one runs only when pinned, see :func:`keep`)."""
+    and its persistent twin (nothing is timed there: the first runs unless FASTBERT_AUTOTUNE
+    pins the other)."""
     if interpreting():
         return [
             _config(32, 32, 32, stages=1, warps=4),
