@@ -13,12 +13,14 @@ c = 1 / (1 - dropout_p) (M = 1, c = 1 without dropout), and the output O = (c M 
 The probabilities are recomputed from q, k and the forward's per-row log2-sum-exp2 (fp32,
 stored by the forward only when gradients are needed), and the dropout mask is regenerated
 from the forward's Philox seed and the same element offsets (``_dropout_origin``), so nothing
-of size S_q x S_k is ever stored. Two kernels, no atomics, deterministic:
+of size S_q x S_k is ever stored. One kernel (``_attention_bwd_kernel``) launched twice, its
+constexpr ``DKDV`` choosing the pass, each with its own autotuner; no atomics, deterministic:
 
-- ``_attention_bwd_dkdv_kernel``: one program per BLOCK_N keys of a (sequence, head) holds
-  their dK and dV accumulators and streams the queries in BLOCK_M blocks. Its products are
-  written key-major (k @ q^T, v @ dO^T) so that every MMA has BLOCK_N rows.
-- ``_attention_bwd_dq_kernel``: one program per BLOCK_M queries holds dQ and streams the keys.
+- dK / dV (``_attention_bwd_dkdv_kernel``): one program per BLOCK_N keys of a (sequence,
+  head) holds their dK and dV accumulators and streams the queries in BLOCK_M blocks. Its
+  products are written key-major (k @ q^T, v @ dO^T) so that every MMA has BLOCK_N rows.
+- dQ (``_attention_bwd_dq_kernel``): one program per BLOCK_M queries holds dQ and streams the
+  keys.
 
 D (the row sums of dO * O) is computed beforehand in fp32 by PyTorch.
 
@@ -208,15 +210,14 @@ def _autotuned(is_dkdv: bool):
     )
 
 
-@_autotuned(is_dkdv=True)
 @triton.jit(do_not_specialize=["seq_q_bucket", "seq_k_bucket"])
-def _attention_bwd_dkdv_kernel(
+def _attention_bwd_kernel(
     Q,  # queries: [B, H, S_q, D] (dense) or [T, H, D] (varlen), unit stride on D
     K,  # keys: [B, H, S_k, D] or [T, H, D], unit stride on D
     V,  # values: like K
     DO,  # gradient of the output: like Q, unit stride on D
-    DK,  # gradient of K (written): like K
-    DV,  # gradient of V (written): like V
+    DX,  # written: the gradient of K (DKDV, like K) or of Q (like Q)
+    DV,  # written: the gradient of V, like V (DKDV only)
     Mask,  # key-padding mask [B, S_k], bool or integer, nonzero = real token (HAS_MASK only)
     CuSeqlens,  # int32 [B + 1] sequence boundaries in the packed tokens (IS_VARLEN only)
     Lse,  # fp32 forward log2-sum-exp2 per query: [B, H, S_q] or [H, T]
@@ -225,7 +226,7 @@ def _attention_bwd_dkdv_kernel(
     stride_k_b, stride_k_h, stride_k_s,
     stride_v_b, stride_v_h, stride_v_s,
     stride_do_b, stride_do_h, stride_do_s,
-    stride_dk_b, stride_dk_h, stride_dk_s,
+    stride_dx_b, stride_dx_h, stride_dx_s,
     stride_dv_b, stride_dv_h, stride_dv_s,
     stride_mask_b, stride_mask_s,
     stride_lse_b, stride_lse_h,
@@ -242,6 +243,7 @@ def _attention_bwd_dkdv_kernel(
     HAS_MASK: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
+    DKDV: tl.constexpr,  # dK and dV, a key block per step; otherwise dQ, a query block per step
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -256,8 +258,7 @@ def _attention_bwd_dkdv_kernel(
     k_base = _head_base(K, batch, first, head, stride_k_b, stride_k_h, stride_k_s, IS_VARLEN)
     v_base = _head_base(V, batch, first, head, stride_v_b, stride_v_h, stride_v_s, IS_VARLEN)
     do_base = _head_base(DO, batch, first, head, stride_do_b, stride_do_h, stride_do_s, IS_VARLEN)
-    dk_base = _head_base(DK, batch, first, head, stride_dk_b, stride_dk_h, stride_dk_s, IS_VARLEN)
-    dv_base = _head_base(DV, batch, first, head, stride_dv_b, stride_dv_h, stride_dv_s, IS_VARLEN)
+    dx_base = _head_base(DX, batch, first, head, stride_dx_b, stride_dx_h, stride_dx_s, IS_VARLEN)
     lse_offset = first + batch.to(tl.int64) * stride_lse_b + head * stride_lse_h
     mask_base = Mask
     if HAS_MASK:
@@ -267,83 +268,33 @@ def _attention_bwd_dkdv_kernel(
         drop_origin, drop_row_step = _dropout_origin(
             CuSeqlens, batch, head, first, seq_q, seq_k, IS_VARLEN
         )
-    # Grid-stride over key blocks (the dense grid covers them all in one step).
-    for start_n in range(tl.program_id(0) * BLOCK_N, seq_k, tl.num_programs(0) * BLOCK_N):
-        _dkdv_block(
-            q_base, k_base, v_base, do_base, dk_base, dv_base, mask_base, Lse + lse_offset,
-            Delta + lse_offset, stride_q_s, stride_k_s, stride_v_s, stride_do_s, stride_dk_s,
-            stride_dv_s, stride_mask_s, start_n, seq_q, seq_k, qk_scale, sm_scale, drop_origin,
-            drop_row_step, dropout_p, seed,
-            HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_MASK, HAS_DROPOUT,
+    # Grid-stride over key (DKDV) or query blocks (the dense grid covers them in one step).
+    if DKDV:
+        dv_base = _head_base(
+            DV, batch, first, head, stride_dv_b, stride_dv_h, stride_dv_s, IS_VARLEN
         )
+        for start_n in range(tl.program_id(0) * BLOCK_N, seq_k, tl.num_programs(0) * BLOCK_N):
+            _dkdv_block(
+                q_base, k_base, v_base, do_base, dx_base, dv_base, mask_base, Lse + lse_offset,
+                Delta + lse_offset, stride_q_s, stride_k_s, stride_v_s, stride_do_s, stride_dx_s,
+                stride_dv_s, stride_mask_s, start_n, seq_q, seq_k, qk_scale, sm_scale,
+                drop_origin, drop_row_step, dropout_p, seed,
+                HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_MASK, HAS_DROPOUT,
+            )
+    else:
+        for start_m in range(tl.program_id(0) * BLOCK_M, seq_q, tl.num_programs(0) * BLOCK_M):
+            _dq_block(
+                q_base, k_base, v_base, do_base, dx_base, mask_base, Lse + lse_offset,
+                Delta + lse_offset, stride_q_s, stride_k_s, stride_v_s, stride_do_s, stride_dx_s,
+                stride_mask_s, start_m, seq_q, seq_k, qk_scale, sm_scale, drop_origin,
+                drop_row_step, dropout_p, seed,
+                HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_MASK, HAS_DROPOUT,
+            )
 
 
-@_autotuned(is_dkdv=False)
-@triton.jit(do_not_specialize=["seq_q_bucket", "seq_k_bucket"])
-def _attention_bwd_dq_kernel(
-    Q,  # queries: [B, H, S_q, D] (dense) or [T, H, D] (varlen), unit stride on D
-    K,  # keys: [B, H, S_k, D] or [T, H, D], unit stride on D
-    V,  # values: like K
-    DO,  # gradient of the output: like Q, unit stride on D
-    DQ,  # gradient of Q (written): like Q
-    Mask,  # key-padding mask [B, S_k], bool or integer, nonzero = real token (HAS_MASK only)
-    CuSeqlens,  # int32 [B + 1] sequence boundaries in the packed tokens (IS_VARLEN only)
-    Lse,  # fp32 forward log2-sum-exp2 per query: [B, H, S_q] or [H, T]
-    Delta,  # fp32 row sums of DO * Out: laid out like Lse
-    stride_q_b, stride_q_h, stride_q_s,
-    stride_k_b, stride_k_h, stride_k_s,
-    stride_v_b, stride_v_h, stride_v_s,
-    stride_do_b, stride_do_h, stride_do_s,
-    stride_dq_b, stride_dq_h, stride_dq_s,
-    stride_mask_b, stride_mask_s,
-    stride_lse_b, stride_lse_h,
-    seq_q,  # dense query length (varlen: read from CuSeqlens)
-    seq_k,  # dense key length (varlen: read from CuSeqlens)
-    qk_scale,  # scale * log2(e)
-    sm_scale,  # scale
-    dropout_p,  # the forward's dropout probability (HAS_DROPOUT only)
-    seed,  # the forward's Philox seed (HAS_DROPOUT only)
-    seq_q_bucket,  # autotune key only
-    seq_k_bucket,  # autotune key only
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    head = tl.program_id(1)
-    batch = tl.program_id(2)
-    first = 0
-    if IS_VARLEN:
-        first = tl.load(CuSeqlens + batch).to(tl.int64)
-        seq_q = (tl.load(CuSeqlens + batch + 1) - first).to(tl.int32)
-        seq_k = seq_q
-    q_base = _head_base(Q, batch, first, head, stride_q_b, stride_q_h, stride_q_s, IS_VARLEN)
-    k_base = _head_base(K, batch, first, head, stride_k_b, stride_k_h, stride_k_s, IS_VARLEN)
-    v_base = _head_base(V, batch, first, head, stride_v_b, stride_v_h, stride_v_s, IS_VARLEN)
-    do_base = _head_base(DO, batch, first, head, stride_do_b, stride_do_h, stride_do_s, IS_VARLEN)
-    dq_base = _head_base(DQ, batch, first, head, stride_dq_b, stride_dq_h, stride_dq_s, IS_VARLEN)
-    lse_offset = first + batch.to(tl.int64) * stride_lse_b + head * stride_lse_h
-    mask_base = Mask
-    if HAS_MASK:
-        mask_base = Mask + batch.to(tl.int64) * stride_mask_b
-    drop_origin, drop_row_step = 0, 0
-    if HAS_DROPOUT:
-        drop_origin, drop_row_step = _dropout_origin(
-            CuSeqlens, batch, head, first, seq_q, seq_k, IS_VARLEN
-        )
-    # Grid-stride over query blocks (the dense grid covers them all in one step).
-    for start_m in range(tl.program_id(0) * BLOCK_M, seq_q, tl.num_programs(0) * BLOCK_M):
-        _dq_block(
-            q_base, k_base, v_base, do_base, dq_base, mask_base, Lse + lse_offset,
-            Delta + lse_offset, stride_q_s, stride_k_s, stride_v_s, stride_do_s, stride_dq_s,
-            stride_mask_s, start_m, seq_q, seq_k, qk_scale, sm_scale, drop_origin,
-            drop_row_step, dropout_p, seed,
-            HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_MASK, HAS_DROPOUT,
-        )
-
+# One kernel, two autotuners: the two passes tune their tiles apart.
+_attention_bwd_dkdv_kernel = _autotuned(is_dkdv=True)(_attention_bwd_kernel)
+_attention_bwd_dq_kernel = _autotuned(is_dkdv=False)(_attention_bwd_kernel)
 
 def _strides(*tensors: torch.Tensor) -> tuple[int, ...]:
     """(batch, head, row) strides of each [B, H, S, D] tensor, or (0, head, row) of [T, H, D]."""
@@ -357,7 +308,7 @@ def _launch_backward(
     q, k, v, grad_out, dq, dk, dv, mask, cu_seqlens, lse, delta, seq_q, seq_k, max_seqlen_q,
     max_seqlen_k, batch, scale, dropout_p, seed,
 ) -> None:
-    """Launch the dK / dV kernel and the dQ kernel on ``batch`` sequences."""
+    """Launch the dK / dV pass and the dQ pass of the backward kernel on ``batch`` sequences."""
     heads, head_dim = q.shape[1], q.shape[-1]  # q is [B, H, S, D] or [T, H, D]
     is_varlen = cu_seqlens is not None
     _check_grid("the number of heads", heads)
@@ -378,12 +329,12 @@ def _launch_backward(
     dkdv_grid = lambda meta: (max(1, cdiv(max_seqlen_k, meta["BLOCK_N"])), heads, batch)
     _attention_bwd_dkdv_kernel[dkdv_grid](
         q, k, v, grad_out, dk, dv, mask, cu_seqlens, lse, delta,
-        *_strides(q, k, v, grad_out, dk, dv), *scalars, **common,
+        *_strides(q, k, v, grad_out, dk, dv), *scalars, DKDV=True, **common,
     )
     dq_grid = lambda meta: (max(1, cdiv(max_seqlen_q, meta["BLOCK_M"])), heads, batch)
     _attention_bwd_dq_kernel[dq_grid](
-        q, k, v, grad_out, dq, mask, cu_seqlens, lse, delta,
-        *_strides(q, k, v, grad_out, dq), *scalars, **common,
+        q, k, v, grad_out, dq, None, mask, cu_seqlens, lse, delta,
+        *_strides(q, k, v, grad_out, dq), 0, 0, 0, *scalars, DKDV=False, **common,
     )
 
 

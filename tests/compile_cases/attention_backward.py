@@ -1,8 +1,8 @@
-"""Compile cases for kernels/flash_attention_backward.py: the dK / dV kernel and the dQ kernel.
+"""Compile cases for kernels/flash_attention_backward.py: its kernel's dK / dV and dQ passes.
 
 Variants are the forward's (dense masked, dense unmasked, padding-free; see
 tests/compile_cases/attention.py) times HAS_DROPOUT, which regenerates the Philox mask inside
-the loop and is the heaviest on registers. The cases, for each of the two kernels:
+the loop and is the heaviest on registers. The cases, for each of the two passes:
 
 - fp16, D=64 and D=128: every autotune config that ``keep`` allows, dense masked with dropout
   (where registers run out first, so this is what the budgets were set against);
@@ -23,10 +23,10 @@ from fastbert.kernels import flash_attention_backward as mod
 
 from tests.compile_support import CompileCase
 
-# (name, autotuned kernel, the gradient pointers it writes, whether it is the dK / dV kernel).
+# (name, the pass's autotuner, whether it is the dK / dV pass (DKDV)).
 KERNELS = (
-    ("attention_bwd_dkdv", mod._attention_bwd_dkdv_kernel, ("DK", "DV"), True),
-    ("attention_bwd_dq", mod._attention_bwd_dq_kernel, ("DQ",), False),
+    ("attention_bwd_dkdv", mod._attention_bwd_dkdv_kernel, True),
+    ("attention_bwd_dq", mod._attention_bwd_dq_kernel, False),
 )
 
 
@@ -39,7 +39,7 @@ ELEMENT_SIZE = {"fp16": 2, "bf16": 2, "fp32": 4}
 
 def _kept(kernel: tuple, dtype: str, head_dim: int) -> list:
     size = ELEMENT_SIZE[dtype]
-    return [c for c in kernel[1].configs if mod.keep(c, _block_d(head_dim), size, kernel[3])]
+    return [c for c in kernel[1].configs if mod.keep(c, _block_d(head_dim), size, kernel[2])]
 
 
 def _heaviest(kernel: tuple, dtype: str, head_dim: int):
@@ -47,7 +47,7 @@ def _heaviest(kernel: tuple, dtype: str, head_dim: int):
 
     def held(c) -> int:
         m, n = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
-        acc = 2 * n * _block_d(head_dim) if kernel[3] else m * _block_d(head_dim)
+        acc = 2 * n * _block_d(head_dim) if kernel[2] else m * _block_d(head_dim)
         return (acc + 2 * m * n) // (32 * c.num_warps)
 
     return max(_kept(kernel, dtype, head_dim), key=held)
@@ -57,8 +57,8 @@ def _case(
     kernel: tuple, dtype: str, head_dim: int, config, has_mask: bool, is_varlen: bool,
     has_dropout: bool,
 ) -> CompileCase:
-    name, jit, grads, is_dkdv = kernel
-    tensors = ("Q", "K", "V", "DO", *grads)
+    name, jit, is_dkdv = kernel
+    tensors = ("Q", "K", "V", "DO", "DX", "DV")
     signature = dict.fromkeys(tensors, f"*{dtype}")
     signature.update(Mask="*i1" if has_mask else "constexpr")
     signature.update(CuSeqlens="*i32" if is_varlen else "constexpr")
@@ -70,8 +70,11 @@ def _case(
     signature.update(seq_q_bucket="i32", seq_k_bucket="i32")
     constexprs: dict[str, object] = dict(
         HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), HAS_MASK=has_mask, IS_VARLEN=is_varlen,
-        HAS_DROPOUT=has_dropout, **config.kwargs,
+        HAS_DROPOUT=has_dropout, DKDV=is_dkdv, **config.kwargs,
     )
+    if not is_dkdv:
+        constexprs["DV"] = None
+        signature["DV"] = "constexpr"
     if has_mask:
         constexprs["stride_mask_s"] = 1  # a contiguous mask: the JIT specialises the 1
     else:
