@@ -423,6 +423,16 @@ def _attend_query_block(
         tl.store(lse_base + offs_m, lse, mask=offs_m < seq_q)
 
 
+@triton.jit
+def _head_base(ptr, batch, first, head, stride_b, stride_h, stride_s, IS_VARLEN: tl.constexpr):
+    """Pointer to row 0, column 0 of one (sequence, head) of a [B, H, S, D] / [T, H, D] tensor
+    (varlen: the sequence's tokens start at packed row ``first``)."""
+    if IS_VARLEN:
+        return ptr + first * stride_s + head * stride_h
+    else:
+        return ptr + batch.to(tl.int64) * stride_b + head * stride_h
+
+
 @triton.autotune(
     configs=configs(),
     key=[
@@ -482,16 +492,10 @@ def _attention_fwd_kernel(
         first = tl.load(CuSeqlens + batch).to(tl.int64)
         seq_q = (tl.load(CuSeqlens + batch + 1) - first).to(tl.int32)
         seq_k = seq_q
-        q_base = Q + first * stride_q_s + head * stride_q_h
-        k_base = K + first * stride_k_s + head * stride_k_h
-        v_base = V + first * stride_v_s + head * stride_v_h
-        o_base = Out + first * stride_o_s + head * stride_o_h
-    else:
-        batch64 = batch.to(tl.int64)
-        q_base = Q + batch64 * stride_q_b + head * stride_q_h
-        k_base = K + batch64 * stride_k_b + head * stride_k_h
-        v_base = V + batch64 * stride_v_b + head * stride_v_h
-        o_base = Out + batch64 * stride_o_b + head * stride_o_h
+    q_base = _head_base(Q, batch, first, head, stride_q_b, stride_q_h, stride_q_s, IS_VARLEN)
+    k_base = _head_base(K, batch, first, head, stride_k_b, stride_k_h, stride_k_s, IS_VARLEN)
+    v_base = _head_base(V, batch, first, head, stride_v_b, stride_v_h, stride_v_s, IS_VARLEN)
+    o_base = _head_base(Out, batch, first, head, stride_o_b, stride_o_h, stride_o_s, IS_VARLEN)
     mask_base = Mask
     if HAS_MASK:
         mask_base = Mask + batch.to(tl.int64) * stride_mask_b

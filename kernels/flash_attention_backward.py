@@ -40,7 +40,7 @@ import triton.language as tl
 
 from . import _dropout
 from ._runtime import cdiv, interpreting, next_power_of_2, time_config, tuned
-from .flash_attention import LOG2_E, _check_grid, _dropout_origin, _load_rows
+from .flash_attention import LOG2_E, _check_grid, _dropout_origin, _head_base, _load_rows
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages). dK / dV: BLOCK_N keys per program (the MMAs' rows);
 # dQ: BLOCK_M queries per program.
@@ -84,15 +84,6 @@ def _pruner(is_dkdv: bool):
         return tuned(kept or configs[:1])
 
     return prune
-
-
-@triton.jit
-def _head_base(ptr, batch, first, head, stride_b, stride_h, stride_s, IS_VARLEN: tl.constexpr):
-    """Pointer to row 0, column 0 of one (sequence, head) of a [B, H, S, D] / [T, H, D] tensor."""
-    if IS_VARLEN:
-        return ptr + first * stride_s + head * stride_h
-    else:
-        return ptr + batch.to(tl.int64) * stride_b + head * stride_h
 
 
 @triton.jit

@@ -568,9 +568,14 @@ def persistent_programs(device: torch.device, per_sm: int) -> int:
     return per_sm * _multiprocessors(device.index if device.index is not None else 0)
 
 
+@functools.cache
+def _tma_capable(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
 def _tma_device(device: torch.device) -> bool:
     if device.type == "cuda":
-        return torch.cuda.get_device_capability(device)[0] >= 9
+        return _tma_capable(device.index if device.index is not None else 0)
     return interpreting()
 
 

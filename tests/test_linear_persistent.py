@@ -23,10 +23,6 @@ KERNEL = fused_linear._linear_fwd_kernel
 SIXTEEN_BIT = dtype_params((torch.float16,), (torch.bfloat16,))
 
 
-def _kept(x, weight, residual, activation) -> list:
-    return fused_linear.kept_configs(x, weight, activation, residual)
-
-
 def _persistent_indices(kept: list) -> list[int]:
     return [i for i, c in enumerate(kept) if c.kwargs["PERSISTENT"]]
 
@@ -51,7 +47,7 @@ def test_every_persistent_config(
     x, weight, bias, residual = operands(200, 100, 72, dtype, device, seed=3)
     bias = bias if has_bias else None
     residual = residual if has_residual else None
-    kept = _kept(x, weight, residual, activation)
+    kept = fused_linear.kept_configs(x, weight, activation, residual)
     persistent = _persistent_indices(kept)
     assert persistent, "no persistent config kept for an aligned 16-bit launch"
     for index in persistent:
@@ -68,7 +64,7 @@ def test_every_persistent_config(
 def test_programs_walk_several_tiles(monkeypatch, fresh_autotuner, device) -> None:
     """With fewer programs than tiles each program walks several, and the output is right."""
     x, weight, _, _ = operands(97, 130, 40, torch.float16, device, seed=5)
-    kept = _kept(x, weight, None, None)
+    kept = fused_linear.kept_configs(x, weight, None, None)
     monkeypatch.setenv(AUTOTUNE_ENV, str(_persistent_indices(kept)[0]))
     config = kept[_persistent_indices(kept)[0]].kwargs
     tiles = -(-97 // config["BLOCK_M"]) * -(-130 // config["BLOCK_N"])
@@ -100,7 +96,7 @@ def test_no_descriptors_where_tma_does_not_apply(fresh_autotuner, device, case) 
         x = _misaligned(x)
     x_desc, w_desc = fused_linear.descriptors(x, x.stride(), weight, weight.stride(), m, n, k)
     assert x_desc is None and w_desc is None
-    assert not _persistent_indices(_kept(x, weight, None, "gelu"))
+    assert not _persistent_indices(fused_linear.kept_configs(x, weight, "gelu", None))
     check_op(K.linear, R.linear, (x, weight), {"bias": bias, "activation": "gelu"}, what=case)
 
 
@@ -110,7 +106,7 @@ def test_the_autotune_key_tells_launches_with_and_without_descriptors(
     """A persistent config chosen for an aligned launch is not reused for a launch of the same
     shape without descriptors (it would have no operands to read)."""
     x, weight, bias, _ = operands(96, 48, 64, torch.float16, device, seed=9)
-    kept = _kept(x, weight, None, None)
+    kept = fused_linear.kept_configs(x, weight, None, None)
     monkeypatch.setenv(AUTOTUNE_ENV, str(_persistent_indices(kept)[0]))
     K.linear(x, weight, bias)
     assert KERNEL.best_config.kwargs["PERSISTENT"]
