@@ -151,7 +151,26 @@ def float32_results() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return y, through_linear(y).double(), gelu64(y)
 
 
+@triton.jit
+def _fma_probe(x_ptr, out_ptr):
+    x = tl.load(x_ptr)
+    tl.store(out_ptr, tl.fma(x, x, -(1.0 + 2.0**-11)))
+
+
+def fma_rounds_once() -> bool:
+    """Whether this Triton's interpreter fuses tl.fma as the GPU does: (1 + 2^-12)^2 - (1 +
+    2^-11) is 2^-24 rounded once, 0 when the product is rounded first (Triton 3.6's
+    interpreter computes x * y + z)."""
+    x = torch.tensor([1.0 + 2.0**-12])
+    out = torch.empty(1)
+    _fma_probe[(1,)](x, out)
+    return out.item() == 2.0**-24
+
+
 def test_float32_sweep(float32_results) -> None:
+    if not fma_rounds_once():
+        pytest.skip("this Triton's interpreter rounds tl.fma twice: the ulp bounds are those "
+                    "of the fused arithmetic the GPU runs")
     y, out, ref = float32_results
     err = (out - ref).abs()
     worst = int(err.argmax())
