@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from fastbert.bench.shapes import Shape, model_config, sequence_lengths
-from fastbert.config import BertConfig
+from fastbert.model.config import BertConfig
 
 Case = tuple[str, Shape, str]
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}

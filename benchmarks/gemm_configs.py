@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 from fastbert.kernels import fused_linear
-from fastbert.kernels._runtime import AUTOTUNE_ENV
+from fastbert.kernels.launch import AUTOTUNE_ENV
 
 from fastbert import kernels as K
 from fastbert.bench import environment, timing

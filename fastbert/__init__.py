@@ -7,22 +7,30 @@
 >>> fastbert.embed(["a text", "another"], model="path/to/model")  # numpy [2, hidden]
 """
 
-from fastbert import hf as _hf
-from fastbert.config import BertConfig
+import importlib
+
+from fastbert.integrations import attention as _hf_attention
 from fastbert.integrations.optimize import optimize
-from fastbert.modeling import (
+from fastbert.model.config import BertConfig
+from fastbert.model.encoder import BertModel
+from fastbert.model.heads import (
     BertForMaskedLM,
     BertForNextSentencePrediction,
     BertForPreTraining,
     BertForSequenceClassification,
-    BertModel,
 )
 
 __version__ = "0.1.0"
 
 # attn_implementation="fastbert" for Hugging Face models: registered with transformers now if it
-# is loaded, else when it loads (fastbert never imports transformers itself; see fastbert.hf).
-_hf.register_on_import()
+# is loaded, else when it loads (fastbert never imports transformers itself; see
+# fastbert.integrations.attention).
+_hf_attention.register_on_import()
+
+
+# Modules that moved into the rooms, still reachable by their old names (fastbert.hf.register(),
+# from fastbert import torch_ops).
+_MOVED = {"hf": "fastbert.integrations.attention", "torch_ops": "fastbert.kernels.torch_ops"}
 
 
 def __getattr__(name: str) -> object:
@@ -32,6 +40,8 @@ def __getattr__(name: str) -> object:
         import fastbert.embed
 
         return fastbert.embed
+    if name in _MOVED:
+        return importlib.import_module(_MOVED[name])
     raise AttributeError(f"module 'fastbert' has no attribute {name!r}")
 
 

@@ -70,8 +70,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _checks, _dropout
-from ._runtime import (
+from . import checks, dropout
+from .launch import (
     cdiv,
     check_triton_device,
     interpreting,
@@ -287,7 +287,7 @@ def _attend_tile(
     alpha = tl.math.exp2(m_i - m_shift)
     l_i = l_i * alpha + tl.sum(p, 1)
     if HAS_DROPOUT:
-        p = _dropout.dropped(p, seed, drop_rows[:, None] + offs_n[None, :], dropout_p)
+        p = dropout.dropped(p, seed, drop_rows[:, None] + offs_n[None, :], dropout_p)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
     return m_new, l_i, acc
 
@@ -552,8 +552,8 @@ def check_inputs(
     dropout_p: float,
 ) -> tuple[float, float]:
     """Validate the dense op's inputs for the kernel; return (scale resolved, dropout_p)."""
-    _checks.check_attention(q, k, v, key_padding_mask, scale)
-    dropout_p = _dropout.check_dropout_p(dropout_p)
+    checks.check_attention(q, k, v, key_padding_mask, scale)
+    dropout_p = dropout.check_dropout_p(dropout_p)
     tensors = {"q": q, "k": k, "v": v, "key_padding_mask": key_padding_mask}
     _check_kernel_inputs(tensors, q.shape[-1])
     return resolve_scale(q, scale), dropout_p
@@ -569,8 +569,8 @@ def check_varlen_inputs(
     dropout_p: float,
 ) -> tuple[float, float]:
     """Validate the padding-free op's inputs for the kernel; return (scale, dropout_p)."""
-    _checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
-    dropout_p = _dropout.check_dropout_p(dropout_p)
+    checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
+    dropout_p = dropout.check_dropout_p(dropout_p)
     _check_kernel_inputs({"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens}, q.shape[-1])
     return resolve_scale(q, scale), dropout_p
 
@@ -741,7 +741,7 @@ class _AttentionVarlen(torch.autograd.Function):
 
 def draw_seed_for(dropout_p: float) -> int:
     """The Philox seed of a call: drawn only when it drops anything (0 otherwise)."""
-    return _dropout.draw_seed() if dropout_p > 0.0 else 0
+    return dropout.draw_seed() if dropout_p > 0.0 else 0
 
 
 def attention(

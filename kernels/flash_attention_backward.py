@@ -38,9 +38,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _dropout
-from ._runtime import cdiv, interpreting, next_power_of_2, time_config, tuned
+from . import dropout
 from .flash_attention import LOG2_E, _check_grid, _dropout_origin, _head_base, _load_rows
+from .launch import cdiv, interpreting, next_power_of_2, time_config, tuned
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages). dK / dV: BLOCK_N keys per program (the MMAs' rows);
 # dQ: BLOCK_M queries per program.
@@ -138,7 +138,7 @@ def _dkdv_block(
         p_used_t = p_t
         if HAS_DROPOUT:
             offsets = drop_origin + offs_m[None, :] * drop_row_step + offs_n[:, None]
-            keep_t = _dropout.keep_mask(seed, offsets, dropout_p)
+            keep_t = dropout.keep_mask(seed, offsets, dropout_p)
             p_used_t = _kept_scaled(p_t, keep_t, dropout_p)
             dp_t = _kept_scaled(dp_t, keep_t, dropout_p)
         dv = tl.dot(p_used_t.to(do.dtype), do, dv, input_precision="ieee")
@@ -183,7 +183,7 @@ def _dq_block(
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")
         if HAS_DROPOUT:
             offsets = drop_origin + offs_m[:, None] * drop_row_step + offs_n[None, :]
-            dp = _kept_scaled(dp, _dropout.keep_mask(seed, offsets, dropout_p), dropout_p)
+            dp = _kept_scaled(dp, dropout.keep_mask(seed, offsets, dropout_p), dropout_p)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision="ieee")
     offs_d = tl.arange(0, BLOCK_D)

@@ -10,7 +10,7 @@ Math, per token (b, s), in float32::
 with the biased variance of the centred values, rounded once to the tables' dtype. Dropout
 (HAS_DROPOUT, BERT's embeddings dropout) keeps an element with probability 1 - p and scales it
 by 1 / (1 - p); its keep mask comes from the call's seed and the element offset
-(b * S + s) * H + c (kernels/_dropout.py) and is regenerated in the backward, never stored.
+(b * S + s) * H + c (kernels/dropout.py) and is regenerated in the backward, never stored.
 
 Backward: the output gradient goes through the dropout mask, then LayerNorm's backward
 (:func:`fused_layer_norm.normalize_row_backward`, from the row statistics the forward saves
@@ -48,9 +48,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import check_embeddings, check_id_ranges
-from ._dropout import check_dropout_p, draw_seed, dropped
-from ._runtime import cdiv, check_triton_device, needs_grad
+from .checks import check_embeddings, check_id_ranges
+from .dropout import check_dropout_p, draw_seed, dropped
 from .fused_layer_norm import (
     block_size,
     check_hidden,
@@ -59,6 +58,7 @@ from .fused_layer_norm import (
     num_warps,
     rows_per_program,
 )
+from .launch import cdiv, check_triton_device, needs_grad
 
 
 def heavy_num_warps(block: int) -> int:

@@ -13,7 +13,7 @@ and rounded once to x's dtype. This is ``torch.nn.functional.layer_norm`` of the
 as :func:`kernels.reference.layer_norm` computes it. Dropout (HAS_DROPOUT, BERT's hidden
 dropout before the residual add) keeps x[r, c] with probability 1 - p and scales it by
 1 / (1 - p); its keep mask comes from the call's seed and the element offset r * N + c
-(kernels/_dropout.py) and is regenerated, never stored.
+(kernels/dropout.py) and is regenerated, never stored.
 
 Backward, per row, with g = dout * weight::
 
@@ -45,9 +45,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import check_layer_norm
-from ._dropout import check_dropout_p, draw_seed, dropped
-from ._runtime import cdiv, check_triton_device, needs_grad, next_power_of_2
+from .checks import check_layer_norm
+from .dropout import check_dropout_p, draw_seed, dropped
+from .launch import cdiv, check_triton_device, needs_grad, next_power_of_2
 
 MAX_HIDDEN = 4096
 MIN_BLOCK = 16

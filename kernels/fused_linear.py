@@ -66,8 +66,8 @@ try:
 except ImportError:  # a Triton without host tensor descriptors: no persistent configs
     TensorDescriptor = None
 
-from ._checks import check_linear
-from ._runtime import (
+from .checks import check_linear
+from .launch import (
     cdiv,
     check_triton_device,
     interpreting,

@@ -36,8 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _checks
-from ._runtime import check_triton_device, needs_grad, next_power_of_2
+from . import checks
+from .launch import check_triton_device, needs_grad, next_power_of_2
 
 MAX_KEYS = 16384
 MIN_BLOCK = 16
@@ -114,7 +114,7 @@ def _scaled_masked_softmax_bwd_kernel(
 
 def check_inputs(scores, key_padding_mask, scale) -> None:
     """Raise as :func:`scaled_masked_softmax` documents, before anything runs."""
-    _checks.check_softmax(scores, key_padding_mask, scale)
+    checks.check_softmax(scores, key_padding_mask, scale)
     check_triton_device("scores", scores)
     seq_k = scores.shape[-1]
     if seq_k > MAX_KEYS:

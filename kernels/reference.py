@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import _checks, _dropout
+from . import checks, dropout
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
@@ -40,7 +40,7 @@ def _drop_probs(
     """dropout(probs): ``dropout_mask`` (bool, True = kept) when given, else a fresh one."""
     if dropout_mask is None:
         return F.dropout(probs, dropout_p) if dropout_p > 0.0 else probs
-    _checks.check_shape("dropout_mask", dropout_mask, tuple(probs.shape))
+    checks.check_shape("dropout_mask", dropout_mask, tuple(probs.shape))
     return torch.where(dropout_mask, probs / (1.0 - dropout_p), 0.0)
 
 
@@ -64,8 +64,8 @@ def attention(
     (the tests pass the Triton kernel's) instead of drawing one. Returns [B, H, S_q, D] in q's
     dtype.
     """
-    _checks.check_attention(q, k, v, key_padding_mask, scale)
-    dropout_p = _dropout.check_dropout_p(dropout_p)
+    checks.check_attention(q, k, v, key_padding_mask, scale)
+    dropout_p = dropout.check_dropout_p(dropout_p)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     scores = _wide(torch.matmul(q, k.transpose(-1, -2))) * scale
     probs = _drop_probs(_mask_logits(scores, key_padding_mask), dropout_p, dropout_mask)
@@ -92,7 +92,7 @@ def attention_varlen(
     :func:`attention`; dropout_mask: bool [H, T, T] indexed by global token positions, True =
     kept. Returns [T, H, D]; tokens outside every sequence get zeros.
     """
-    _checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
+    checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
     out = torch.zeros_like(q)
     bounds = cu_seqlens.tolist()
     for start, end in zip(bounds[:-1], bounds[1:]):
@@ -113,7 +113,7 @@ def scaled_masked_softmax(
     masked keys get exactly 0 (whatever their scores, NaN and Inf included), and rows whose keys
     are all masked are zeros.
     """
-    _checks.check_softmax(scores, key_padding_mask, scale)
+    checks.check_softmax(scores, key_padding_mask, scale)
     return _mask_logits(_wide(scores) * float(scale), key_padding_mask).to(scores.dtype)
 
 
@@ -137,7 +137,7 @@ def linear(
     x: [..., K]; weight: [N, K] (nn.Linear layout); bias: [N]; residual: [..., N];
     activation: None, "gelu" (exact erf) or "gelu_tanh". Returns [..., N] in x's dtype.
     """
-    _checks.check_linear(x, weight, bias, activation, residual)
+    checks.check_linear(x, weight, bias, activation, residual)
     y = _activate(F.linear(x, weight, bias), activation)
     return y if residual is None else y + residual
 
@@ -155,8 +155,8 @@ def layer_norm(
     x, residual: [..., N]; weight, bias: [N]. ``dropout_p``: ``F.dropout`` of x (PyTorch's
     own mask, not the kernels'). Returns x's shape and dtype.
     """
-    _checks.check_layer_norm(x, weight, bias, eps, residual)
-    dropout_p = _dropout.check_dropout_p(dropout_p)
+    checks.check_layer_norm(x, weight, bias, eps, residual)
+    dropout_p = dropout.check_dropout_p(dropout_p)
     if dropout_p > 0.0:
         x = F.dropout(x, dropout_p)
     s = x if residual is None else x + residual
@@ -186,12 +186,12 @@ def embeddings_layer_norm(
     caller has checked them, and this skips the host synchronisation the check costs).
     ``dropout_p``: ``F.dropout`` of the output (PyTorch's own mask, not the kernels').
     """
-    _checks.check_embeddings(
+    checks.check_embeddings(
         input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
     )
-    dropout_p = _dropout.check_dropout_p(dropout_p)
+    dropout_p = dropout.check_dropout_p(dropout_p)
     if check_ids:
-        _checks.check_id_ranges(
+        checks.check_id_ranges(
             input_ids, token_type_ids, position_ids,
             word_emb.shape[0], type_emb.shape[0], pos_emb.shape[0],
         )

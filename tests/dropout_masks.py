@@ -1,10 +1,10 @@
 """Test-only view of the kernels' dropout: the seed an op draws, so that a test can rebuild
-its keep mask (kernels/_dropout.keep_mask_of) and apply it to the float64 reference."""
+its keep mask (kernels/dropout.keep_mask_of) and apply it to the float64 reference."""
 
 from __future__ import annotations
 
 import torch
-from fastbert.kernels._dropout import draw_seed
+from fastbert.kernels.dropout import draw_seed
 
 
 def next_seed(rng_seed: int) -> int:

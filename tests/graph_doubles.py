@@ -1,8 +1,9 @@
-"""A CPU stand-in for CUDA graphs, to test the bookkeeping of fastbert.graphs without a GPU."""
+"""A CPU stand-in for CUDA graphs, to test the bookkeeping of fastbert.execution.graphs without a
+GPU."""
 
 from __future__ import annotations
 
-from fastbert import graphs
+from fastbert.execution import graphs
 
 
 class ReplayingGraphs(graphs.EncoderGraphs):

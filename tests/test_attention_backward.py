@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fastbert.kernels import _dropout
+from fastbert.kernels import dropout
 from fastbert.kernels import reference as R
 
-from fastbert import custom_ops
 from fastbert import kernels as K
+from fastbert.execution import custom_ops
 from tests.accuracy import assert_within_rule
 from tests.dropout_masks import next_seed
 from tests.op_cases import DOT_DTYPES, padded_mask, randn
@@ -159,7 +159,7 @@ def test_dropout_zero_is_the_plain_kernel_bit_for_bit(device) -> None:
 
 @pytest.mark.parametrize("dropout_p", [0.1, 0.5])
 def test_keep_rate_is_within_statistical_bounds(device, dropout_p) -> None:
-    keep = _dropout.keep_mask_of((4, 4, 64, 64), next_seed(0), dropout_p, device)
+    keep = dropout.keep_mask_of((4, 4, 64, 64), next_seed(0), dropout_p, device)
     n = keep.numel()
     sigma = (dropout_p * (1 - dropout_p) / n) ** 0.5
     assert abs(keep.float().mean().item() - (1 - dropout_p)) < 5 * sigma
@@ -175,7 +175,7 @@ def test_dropout_scales_the_kept_probabilities(device) -> None:
     v = torch.ones(1, 2, seq, 32, device=device)
     torch.manual_seed(4)
     out = K.attention(q, k, v, dropout_p=p)
-    keep = _dropout.keep_mask_of((1, 2, seq, seq), next_seed(4), p, device)
+    keep = dropout.keep_mask_of((1, 2, seq, seq), next_seed(4), p, device)
     expected = keep.sum(-1, keepdim=True) / ((1 - p) * seq)
     torch.testing.assert_close(out, expected.expand_as(out), rtol=1e-6, atol=1e-6)
 
@@ -187,7 +187,7 @@ def test_dense_dropout_matches_the_reference_with_the_kernels_mask(device, dtype
     p = 0.3
     q, k, v = qkv(2, 2, 21, 29, 64, dtype, device, seed=11)
     mask = padded_mask([29, 8], 29, device=device)
-    keep = _dropout.keep_mask_of((2, 2, 21, 29), next_seed(6), p, device)
+    keep = dropout.keep_mask_of((2, 2, 21, 29), next_seed(6), p, device)
 
     def kernel(*qkv_, **kw):
         torch.manual_seed(6)
@@ -203,7 +203,7 @@ def test_varlen_dropout_matches_the_reference_with_the_kernels_mask(device) -> N
     p = 0.4
     inputs, cu_seqlens = _varlen_inputs(F32, device)
     tokens, heads = inputs[0].shape[:2]
-    keep = _dropout.keep_mask_of((heads, tokens, tokens), next_seed(7), p, device)
+    keep = dropout.keep_mask_of((heads, tokens, tokens), next_seed(7), p, device)
 
     def kernel(*args, **kw):
         torch.manual_seed(7)
@@ -252,7 +252,7 @@ def test_opcheck_attention_varlen_with_gradients(device) -> None:
 def test_opcheck_backward_ops(device) -> None:
     """The backward ops' schemas and fake implementations (what torch.compile traces)."""
     q, k, v, mask = _op_args(device, requires_grad=False)
-    seed = _dropout.draw_seed_tensor()
+    seed = dropout.draw_seed_tensor()
     out, lse = OPS.attention(q, k, v, mask, None, 0.1, seed, True)
     grad_out = randn(out.shape, F32, "cpu", seed=2).to(device)
     torch.library.opcheck(
@@ -271,10 +271,10 @@ def test_custom_op_gradients_match_the_kernels(device) -> None:
     with dropout too."""
     q, k, v, mask = _op_args(device)
     grad_out = randn(q.shape, F32, "cpu", seed=3).to(device)
-    seed = _dropout.draw_seed_tensor()
+    seed = dropout.draw_seed_tensor()
     out, _ = OPS.attention(q, k, v, mask, None, 0.2, seed, True)
     got = torch.autograd.grad(out.transpose(1, 2), (q, k, v), grad_out)
-    keep = _dropout.keep_mask_of((2, 2, 9, 9), int(seed), 0.2, device)
+    keep = dropout.keep_mask_of((2, 2, 9, 9), int(seed), 0.2, device)
     ref_out = R.attention(q, k, v, mask, dropout_p=0.2, dropout_mask=keep)
     expected = torch.autograd.grad(ref_out, (q, k, v), grad_out)
     for g, e in zip(got, expected):

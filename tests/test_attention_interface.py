@@ -16,7 +16,8 @@ import textwrap
 import pytest
 import torch
 
-from fastbert import custom_ops, hf
+from fastbert.execution import custom_ops
+from fastbert.integrations import attention as hf
 from tests.hf_models import hf_model, padded_batch
 
 BOUND = 1e-5

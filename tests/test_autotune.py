@@ -9,25 +9,25 @@ from __future__ import annotations
 import pytest
 import torch
 import triton
-from fastbert.kernels import _runtime, flash_attention, fused_linear
+from fastbert.kernels import flash_attention, fused_linear, launch
 
 
 def test_all_by_default_and_one_by_index(monkeypatch) -> None:
     kept = ["a", "b", "c"]
-    monkeypatch.delenv(_runtime.AUTOTUNE_ENV, raising=False)
-    assert _runtime.tuned(kept) == kept
+    monkeypatch.delenv(launch.AUTOTUNE_ENV, raising=False)
+    assert launch.tuned(kept) == kept
     for everything in ("all", ""):
-        monkeypatch.setenv(_runtime.AUTOTUNE_ENV, everything)
-        assert _runtime.tuned(kept) == kept
-    monkeypatch.setenv(_runtime.AUTOTUNE_ENV, "2")
-    assert _runtime.tuned(kept) == ["c"]
+        monkeypatch.setenv(launch.AUTOTUNE_ENV, everything)
+        assert launch.tuned(kept) == kept
+    monkeypatch.setenv(launch.AUTOTUNE_ENV, "2")
+    assert launch.tuned(kept) == ["c"]
 
 
 @pytest.mark.parametrize("value", ["3", "-1", "first"])
 def test_a_bad_choice_says_what_is_allowed(monkeypatch, value) -> None:
-    monkeypatch.setenv(_runtime.AUTOTUNE_ENV, value)
+    monkeypatch.setenv(launch.AUTOTUNE_ENV, value)
     with pytest.raises(ValueError, match="FASTBERT_AUTOTUNE"):
-        _runtime.tuned(["a", "b", "c"])
+        launch.tuned(["a", "b", "c"])
 
 
 def test_linear_prune_pins_the_chosen_config(monkeypatch) -> None:
@@ -38,10 +38,10 @@ def test_linear_prune_pins_the_chosen_config(monkeypatch) -> None:
         "STORE_PRE_ACTIVATION": False, "GRAD_ACTIVATION": 0, "HAS_ROW_SUM": False,
         "HAS_DESCRIPTORS": 0,
     }
-    monkeypatch.delenv(_runtime.AUTOTUNE_ENV, raising=False)
+    monkeypatch.delenv(launch.AUTOTUNE_ENV, raising=False)
     kept = fused_linear._prune(candidates, args)
     assert 1 < len(kept) < len(candidates)  # the GELU epilogue drops the widest tile
-    monkeypatch.setenv(_runtime.AUTOTUNE_ENV, "1")
+    monkeypatch.setenv(launch.AUTOTUNE_ENV, "1")
     assert fused_linear._prune(candidates, args) == [kept[1]]
 
 
@@ -50,7 +50,7 @@ def test_linear_training_variants_keep_small_tiles(monkeypatch, variant) -> None
     """Storing the pre-activation or a GELU derivative in the prologue holds more registers:
     only tiles of at most 32 accumulator values per thread (and, for the derivative, K tiles
     of 32) are kept, those that compile without spills (tests/compile_cases/linear.py)."""
-    monkeypatch.delenv(_runtime.AUTOTUNE_ENV, raising=False)
+    monkeypatch.delenv(launch.AUTOTUNE_ENV, raising=False)
     args = {
         "x_ptr": torch.empty(1, dtype=torch.float16), "M_BUCKET": 4096, "ACTIVATION": 0,
         "HAS_RESIDUAL": False, "STORE_PRE_ACTIVATION": False, "GRAD_ACTIVATION": 0,
@@ -71,15 +71,15 @@ def test_attention_prune_pins_the_chosen_config(monkeypatch) -> None:
     ]
     args = {"Q": torch.empty(1, dtype=torch.float16), "IS_VARLEN": False, "HAS_MASK": True,
             "BLOCK_D": 64}
-    monkeypatch.delenv(_runtime.AUTOTUNE_ENV, raising=False)
+    monkeypatch.delenv(launch.AUTOTUNE_ENV, raising=False)
     kept = flash_attention._prune(candidates, args)
     assert len(kept) > 1
-    monkeypatch.setenv(_runtime.AUTOTUNE_ENV, str(len(kept) - 1))
+    monkeypatch.setenv(launch.AUTOTUNE_ENV, str(len(kept) - 1))
     assert flash_attention._prune(candidates, args) == [kept[-1]]
 
 
 def test_a_pinned_config_is_not_timed(monkeypatch) -> None:
     calls = []
-    monkeypatch.setenv(_runtime.AUTOTUNE_ENV, "0")
-    assert _runtime.time_config(lambda: calls.append(1), (0.5, 0.2, 0.8)) == [0.0, 0.0, 0.0]
+    monkeypatch.setenv(launch.AUTOTUNE_ENV, "0")
+    assert launch.time_config(lambda: calls.append(1), (0.5, 0.2, 0.8)) == [0.0, 0.0, 0.0]
     assert calls == []

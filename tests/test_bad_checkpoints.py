@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fastbert
-from fastbert.families import BERT, DISTILBERT, ELECTRA, ROBERTA, XLM_ROBERTA
+from fastbert.model.families import BERT, DISTILBERT, ELECTRA, ROBERTA, XLM_ROBERTA
 from tests.hf_models import as_pytorch_bin, hf_model, padded_batch
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")

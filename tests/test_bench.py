@@ -14,14 +14,15 @@ import time
 import pytest
 import torch
 
+from benchmarks import readme
 from fastbert.bench import (
     analysis,
     ceilings,
     counts,
+    document,
     environment,
     hardware,
     peers,
-    readme,
     report,
     runner,
     shapes,
@@ -30,7 +31,7 @@ from fastbert.bench import (
 )
 from fastbert.bench.models import Reference
 from fastbert.cli import main
-from fastbert.config import BertConfig
+from fastbert.model.config import BertConfig
 
 TINY = BertConfig(vocab_size=50, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
                   intermediate_size=16, max_position_embeddings=16)
@@ -227,7 +228,7 @@ def _document(records, model="bert-base", dtype="float16", device="cuda", gpu="N
     settings = {"model": model, "dtype": dtype, "device": device, "backend": "auto",
                 "warmup": 10, "reps": 100, "seed": 0,
                 "peaks": {"gpu": "H100 SXM", "tflops": 800.0, "tbps": 3.0}, "note": None}
-    return report.new_document(env, settings, records)
+    return document.new_document(env, settings, records)
 
 
 def _target_records() -> list[dict]:

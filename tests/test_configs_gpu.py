@@ -14,7 +14,7 @@ import torch
 import triton
 from fastbert.kernels import flash_attention, fused_linear
 from fastbert.kernels import reference as R
-from fastbert.kernels._runtime import AUTOTUNE_ENV
+from fastbert.kernels.launch import AUTOTUNE_ENV
 
 from fastbert import kernels as K
 from tests.op_cases import check_op, padded_mask, randn

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import fastbert
-from fastbert import custom_ops
 from fastbert import kernels as K
-from fastbert.ops import get_ops
+from fastbert.execution import custom_ops
+from fastbert.execution.backends import get_ops
 from tests.hf_models import hf_model, padded_batch
 
 OPS = torch.ops.fastbert

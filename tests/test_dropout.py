@@ -1,5 +1,5 @@
 """Dropout in layer_norm (on x, before the residual add) and embeddings_layer_norm (on the
-output): the kernels' Philox keep mask (kernels/_dropout.py), its rate and scaling,
+output): the kernels' Philox keep mask (kernels/dropout.py), its rate and scaling,
 reproducibility under torch.manual_seed, gradients through the forward's mask, and the
 reference / torch backends' dropout_p."""
 
@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fastbert.kernels import reference as R
-from fastbert.kernels._dropout import keep_mask_of
+from fastbert.kernels import torch_ops
+from fastbert.kernels.dropout import keep_mask_of
 
 from fastbert import kernels as K
-from fastbert import torch_ops
 from tests.dropout_masks import next_seed
 from tests.test_ops_backward import _as, _embedding_args, _grads, _randn
 

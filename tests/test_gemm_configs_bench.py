@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 from fastbert.kernels import fused_linear
-from fastbert.kernels._runtime import AUTOTUNE_ENV
+from fastbert.kernels.launch import AUTOTUNE_ENV
 
 from benchmarks import gemm_configs
 

@@ -1,4 +1,5 @@
-"""CUDA-graph bookkeeping (fastbert.graphs) on the CPU: when a key is captured, how many keys
+"""CUDA-graph bookkeeping (fastbert.execution.graphs) on the CPU: when a key is captured, how many
+keys
 are remembered, concurrent callers, and weights that change between calls.
 
 The graphs here are tests/graph_doubles.ReplayingGraphs, whose replay re-runs the captured
@@ -16,7 +17,7 @@ import torch
 from fastbert.kernels import reference
 
 import fastbert
-from fastbert import graphs
+from fastbert.execution import graphs
 from tests.graph_doubles import ReplayingGraphs
 from tests.hf_models import hf_model, inference_model, padded_batch
 
@@ -84,7 +85,7 @@ def _graphed(padding_free: bool) -> tuple[fastbert.BertModel, fastbert.BertModel
         # kernel (and unlike the torch backend's), the reference's attention_varlen runs the
         # bucket's filler sequence, longer than max_seqlen.
         as_triton = dataclasses.replace(
-            fastbert.ops.get_ops("torch", "cpu"), name="triton",
+            fastbert.execution.backends.get_ops("torch", "cpu"), name="triton",
             attention_varlen=reference.attention_varlen,
         )
         for model in (eager, graphed):

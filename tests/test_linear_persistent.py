@@ -13,7 +13,7 @@ import pytest
 import torch
 from fastbert.kernels import fused_linear
 from fastbert.kernels import reference as R
-from fastbert.kernels._runtime import AUTOTUNE_ENV
+from fastbert.kernels.launch import AUTOTUNE_ENV
 
 from fastbert import kernels as K
 from tests.op_cases import check_op, dtype_params

@@ -95,7 +95,7 @@ def test_untied_decoder_rejected() -> None:
     state = hf.state_dict()
     state["cls.predictions.decoder.weight"] = state["cls.predictions.decoder.weight"] + 1
     model = fastbert.BertForMaskedLM(fastbert.BertConfig.from_hf(hf.config))
-    from fastbert.loading import load_weights
+    from fastbert.model.loading import load_weights
 
     with pytest.raises(ValueError, match="decoder.weight differs"):
         load_weights(model, state)

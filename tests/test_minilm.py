@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import fastbert
-from fastbert.pooling import mean_pool
+from fastbert.model.pooling import mean_pool
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",

@@ -208,7 +208,7 @@ def test_an_unsupported_head_dim_with_backend_triton_fails_when_built() -> None:
 def test_an_unsupported_head_dim_runs_its_attention_on_the_reference(device) -> None:
     """backend='auto' on a Triton device: the attention alone falls back (one warning), the
     other ops run the kernels, and the model matches Hugging Face."""
-    from fastbert import ops as ops_module
+    from fastbert.execution import backends as ops_module
 
     hf = hf_model(hidden_size=32, num_attention_heads=2, intermediate_size=64)
     model = fastbert.BertModel.from_pretrained(hf, device=device, backend="torch")

@@ -1,4 +1,4 @@
-"""Padding-free execution and the run-mode settings (fastbert.runtime)."""
+"""Padding-free execution and the run-mode settings (fastbert.execution.runtime)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import fastbert
-from fastbert import graphs, runtime, validation
+from fastbert.execution import graphs, runtime, validation
 from tests.graph_doubles import ReplayingGraphs
 from tests.hf_models import hf_model, inference_model, padded_batch
 
@@ -103,7 +103,7 @@ def test_packing_thresholds() -> None:
 
 def _attention_calls(monkeypatch) -> list[tuple[str, torch.Tensor | None]]:
     """Record the torch backend's attention calls: ("dense", its mask) or ("packed", None)."""
-    from fastbert import torch_ops
+    from fastbert.kernels import torch_ops
 
     calls = []
     dense, packed = torch_ops.UNCHECKED["attention"], torch_ops.UNCHECKED["attention_varlen"]
@@ -118,9 +118,10 @@ def _attention_calls(monkeypatch) -> list[tuple[str, torch.Tensor | None]]:
 
     monkeypatch.setitem(torch_ops.UNCHECKED, "attention", attention)
     monkeypatch.setitem(torch_ops.UNCHECKED, "attention_varlen", attention_varlen)
-    # fastbert.ops builds each backend's Ops once: a fresh cache sees the patched ops.
-    fresh = functools.cache(fastbert.ops._ops_for.__wrapped__)
-    monkeypatch.setattr(fastbert.ops, "_ops_for", fresh)
+    # fastbert.execution.backends builds each backend's Ops once: a fresh cache sees the patched
+    # ops.
+    fresh = functools.cache(fastbert.execution.backends._ops_for.__wrapped__)
+    monkeypatch.setattr(fastbert.execution.backends, "_ops_for", fresh)
     return calls
 
 

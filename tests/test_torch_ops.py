@@ -1,4 +1,5 @@
-"""fastbert.torch_ops (the torch backend) against the float64 reference (tests/accuracy.py rule).
+"""fastbert.kernels.torch_ops (the torch backend) against the float64 reference (tests/accuracy.py
+rule).
 
 Every op in fp32, fp16 and bf16 on the CPU, on the hard shapes of tests/op_cases.py: sequence
 lengths 1 to 512, head dims 32 to 128, a fully padded row, Hugging Face's transposed views,
@@ -10,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 from fastbert.kernels import reference as R
+from fastbert.kernels import torch_ops as T
 
-from fastbert import torch_ops as T
 from tests.accuracy import assert_within_rule
 from tests.op_cases import ALL_DTYPES, check_op, dtype_params, lengths_for, padded_mask, randn
 from tests.test_attention import POISON_SHAPES, POISONS, packed_qkv, poisoned, qkv

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import fastbert
-from fastbert.loading import hf_weight_names
+from fastbert.model.loading import hf_weight_names
 from tests.hf_models import hf_model, padded_batch
 from tests.test_optimize import CASES, make_inputs, make_model
 

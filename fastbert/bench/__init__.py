@@ -13,8 +13,8 @@ One job per module:
 - :mod:`~fastbert.bench.runner`: the end-to-end comparison, record by record;
   :mod:`~fastbert.bench.progress`: its progress bar.
 - :mod:`~fastbert.bench.analysis`: derived figures; :mod:`~fastbert.bench.report`: JSON,
-  Markdown and PNG; :mod:`~fastbert.bench.targets`: the goals, met or missed;
-  :mod:`~fastbert.bench.readme`: the README's results section.
+  Markdown and PNG (:mod:`~fastbert.bench.document`: the results file itself);
+  :mod:`~fastbert.bench.targets`: the goals, met or missed.
 
 Importing it queries no device and imports neither transformers nor matplotlib.
 """

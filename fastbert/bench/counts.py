@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
-from fastbert.config import BertConfig
+from fastbert.model.config import BertConfig
 
 MASK_BYTES = 1
 ID_BYTES = 8

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from fastbert.bench.shapes import MODEL_SHAPES, model_config
-from fastbert.config import BertConfig
 from fastbert.integrations import models as hf_models
+from fastbert.model.config import BertConfig
 
 PACKAGED_MINILM = "minilm"
 

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from fastbert.bench import analysis, targets
+from fastbert.bench.document import read_document, write_json
 
-SCHEMA = "fastbert-bench/1"
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 RESULTS_PNG = "results.png"
@@ -32,24 +32,6 @@ COUNTING_NOTE = (
     "variant is than that row. Peak MiB: CUDA memory allocated while the row ran, above what "
     "was allocated before the contender was built."
 )
-
-
-def new_document(environment: dict, settings: dict, records: list[dict],
-                 complete: bool = True) -> dict:
-    return {"schema": SCHEMA, "environment": environment, "settings": settings,
-            "complete": complete, "results": records}
-
-
-def read_document(path: str | Path) -> dict:
-    """A results document; ValueError when the file is not one."""
-    doc = json.loads(Path(path).read_text())
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise ValueError(f"{path} is not a fastbert results file (schema {SCHEMA})")
-    return doc
-
-
-def write_json(doc: dict, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def merge(old: dict, new: dict) -> dict:

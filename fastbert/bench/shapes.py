@@ -13,7 +13,7 @@ import re
 
 import torch
 
-from fastbert.config import BertConfig
+from fastbert.model.config import BertConfig
 
 MODEL_SHAPES = {
     "bert-base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,

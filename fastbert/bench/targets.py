@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fastbert.bench import analysis
+from fastbert.bench.document import read_document
 
 MODEL = "bert-base"
 DTYPE = "float16"
@@ -170,8 +171,6 @@ def markdown(outcomes: list[Outcome]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fastbert.bench.report import read_document
-
     parser = argparse.ArgumentParser(prog="python -m fastbert.bench.targets",
                                      description="evaluate the targets against results")
     parser.add_argument("results", help="a results.json written by fastbert bench")

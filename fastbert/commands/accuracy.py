@@ -15,8 +15,8 @@ from fastbert.commands.options import (
     positive_int,
     resolve_device,
 )
-from fastbert.families import FAMILIES
-from fastbert.kernels import _runtime
+from fastbert.kernels import launch
+from fastbert.model.families import FAMILIES
 
 NAME = "accuracy"
 HELP = "compare fastbert with Hugging Face fp32, layer by layer, in every supported dtype"
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     args.device = str(device)
     on_cpu = device.type == "cpu"
-    if on_cpu and args.backend == "triton" and not _runtime.interpreting():
+    if on_cpu and args.backend == "triton" and not launch.interpreting():
         print("no GPU: running the Triton kernels under the interpreter (TRITON_INTERPRET=1)",
               file=sys.stderr)
         return _rerun_under_interpreter(args)

@@ -153,8 +153,9 @@ def make_plan(args: argparse.Namespace) -> Plan:
 
 
 def _backend_here(requested: str, device: torch.device) -> str | None:
-    """What fastbert's rows run on (fastbert.ops.backend_label); None when they cannot."""
-    from fastbert.ops import backend_label
+    """What fastbert's rows run on (fastbert.execution.backends.backend_label); None when they
+    cannot."""
+    from fastbert.execution.backends import backend_label
 
     try:
         return backend_label(requested, device)
@@ -184,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from fastbert.bench import ceilings, environment, hardware, report, runner
+    from fastbert.bench import ceilings, document, environment, hardware, report, runner
     from fastbert.bench.models import load_reference
     from fastbert.bench.progress import Progress
 
@@ -203,11 +204,11 @@ def _bench(args: argparse.Namespace) -> int:
     env = environment.capture()
     meta = _settings_dict(args, plan, reference, peaks, ceilings.measure(plan.device, plan.dtype))
 
-    def document(records: list[dict], complete: bool) -> dict:
-        doc = report.new_document(env, meta, records, complete)
+    def results(records: list[dict], complete: bool) -> dict:
+        doc = document.new_document(env, meta, records, complete)
         return report.merge(previous, doc) if previous else doc
 
-    document([], True)  # with --append, a mismatch fails now, not after measuring
+    results([], True)  # with --append, a mismatch fails now, not after measuring
     print(f"fastbert bench: {reference.name}, {meta['dtype']}, on "
           f"{hardware.device_name(plan.device)}; shapes "
           f"{', '.join(s.label for s in plan.shapes)}; peers "
@@ -223,11 +224,11 @@ def _bench(args: argparse.Namespace) -> int:
             for record in runner.run(reference, plan.shapes, plan.peers, settings, peaks,
                                      progress):
                 records.append(record)
-                report.write_json(document(records, False), out / report.RESULTS_JSON)
+                report.write_json(results(records, False), out / report.RESULTS_JSON)
     except KeyboardInterrupt:
         complete = False
         print("interrupted: reporting what was measured so far")
-    doc = document(records, complete)
+    doc = results(records, complete)
     _print_summary(doc, report.write_reports(out, doc), out)
     if not complete:
         return 130

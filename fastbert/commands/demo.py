@@ -40,8 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _backend_here(backend: str, device: torch.device) -> str:
-    """What fastbert runs on (see fastbert.ops.backend_label); UsageError when it cannot."""
-    from fastbert.ops import backend_label
+    """What fastbert runs on (see fastbert.execution.backends.backend_label); UsageError when it
+    cannot."""
+    from fastbert.execution.backends import backend_label
 
     try:
         return backend_label(backend, device)
@@ -71,7 +72,7 @@ def encode_fastbert(model: Any, tokenizer: Any, sentences: list[str],
     included, as SentenceTransformer.encode does for all-MiniLM-L6-v2."""
     import torch.nn.functional as F
 
-    from fastbert.pooling import mean_pool
+    from fastbert.model.pooling import mean_pool
 
     batch = tokenizer(sentences, padding=True, return_tensors="pt").to(device)
     out = model(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))

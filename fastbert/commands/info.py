@@ -8,7 +8,7 @@ import platform
 
 import torch
 
-from fastbert.kernels import _runtime
+from fastbert.kernels import launch
 
 NAME = "info"
 HELP = "print versions, devices and which backends can run here"
@@ -30,7 +30,7 @@ def triton_status() -> str:
     """Whether the Triton kernels can run here, and how."""
     if torch.cuda.is_available():
         return "yes, on the CUDA GPU"
-    if _runtime.interpreting():
+    if launch.interpreting():
         return "yes, on the CPU under the Triton interpreter (TRITON_INTERPRET=1; slow)"
     return "no: needs a CUDA GPU (or TRITON_INTERPRET=1 for the CPU interpreter)"
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastbert.pooling import POOLINGS
+from fastbert.model.pooling import POOLINGS
 
 # sentence-transformers' 1_Pooling/config.json keys for the modes fastbert pools with.
 _POOLING_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
@@ -62,8 +62,8 @@ def _read_json(path: Path) -> Any:
 
 def read_config(folder: Path) -> Any:
     """The fastbert BertConfig of a model folder (Hugging Face or sentence-transformers)."""
-    from fastbert.config import BertConfig
     from fastbert.integrations import models
+    from fastbert.model.config import BertConfig
 
     return BertConfig.from_json_file(models.transformer_folder(folder) / "config.json")
 

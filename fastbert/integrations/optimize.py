@@ -5,7 +5,7 @@ The model keeps every module, head and parameter it had. Only its base model (``
 ``model.roberta``, ``model.electra``, ``model.distilbert``, the model itself when it is the
 base model, or a SentenceTransformer's ``auto_model``) gets a new ``forward``: a
 :class:`FastbertForward`, which takes Hugging Face's arguments, runs a fastbert
-:class:`~fastbert.modeling.BertModel` and returns the output class the heads expect.
+:class:`~fastbert.model.encoder.BertModel` and returns the output class the heads expect.
 
 No second copy of the weights: the fastbert encoder's parameters *are* the Hugging Face
 tensors, except the fused [3H, H] QKV weight (and [3H] bias) of each layer, which is built once;
@@ -22,7 +22,7 @@ parameters each get their own: while a call records gradients, each layer reads 
 concatenation instead of the fused tensor), so a Hugging Face ``Trainer`` or a plain PyTorch
 loop trains the optimized model unchanged and ``save_pretrained`` saves what it learned.
 
-The differences between families are data (fastbert.families). transformers is imported only
+The differences between families are data (fastbert.model.families). transformers is imported only
 when ``optimize`` runs (for the output classes), never at ``import fastbert``.
 """
 
@@ -36,13 +36,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from fastbert import runtime, validation
-from fastbert.config import BertConfig
-from fastbert.families import Family, family_of_class, supported_classes
-from fastbert.loading import is_sentence_transformer
-from fastbert.modeling import BertModel
-from fastbert.ops import check_backend, check_head_dim
-from fastbert.weights import registration_generation
+from fastbert.execution import runtime, validation
+from fastbert.execution.backends import check_backend, check_head_dim
+from fastbert.model.config import BertConfig
+from fastbert.model.encoder import BertModel
+from fastbert.model.families import Family, family_of_class, supported_classes
+from fastbert.model.loading import is_sentence_transformer
+from fastbert.model.weights import registration_generation
 
 # Base-model arguments fastbert cannot honour -> why (any value but None / False raises).
 _UNSUPPORTED = {
@@ -69,7 +69,7 @@ def optimize(
     """Swap fastbert's encoder into ``model`` in place and return ``model``.
 
     model: a transformers BERT, RoBERTa, XLM-RoBERTa, ELECTRA or DistilBERT base model or one
-    of their supported heads (:func:`fastbert.families.supported_classes`), or a
+    of their supported heads (:func:`fastbert.model.families.supported_classes`), or a
     sentence-transformers model whose first module is a Transformer holding one.
     dtype: float16, bfloat16 or float32 to cast the whole model to first (None keeps its dtype).
     backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch" or "triton".

@@ -1,10 +1,11 @@
 """The one dispatch point for the hot ops: PyTorch's fastest primitives or the Triton kernels.
 
 ``backend="auto"`` picks the Triton kernels for CUDA tensors and the torch backend
-(fastbert/torch_ops.py: scaled_dot_product_attention, addmm, layer_norm, embedding) elsewhere;
+(kernels/torch_ops.py: scaled_dot_product_attention, addmm, layer_norm, embedding) elsewhere;
 ``"triton"`` on a CPU tensor runs only under the Triton interpreter (TRITON_INTERPRET=1).
 The triton backend calls the kernels through the ``torch.ops.fastbert`` custom ops
-(fastbert/custom_ops.py), so a model running it compiles with ``torch.compile`` without graph
+(fastbert/execution/custom_ops.py), so a model running it compiles with ``torch.compile`` without
+graph
 breaks. The torch backend is plain PyTorch for ``torch.compile`` to trace (its id-range check
 in the embeddings reads values on the host, when the caller has not checked the ids). The
 encoder runs the torch ops without their per-call input checks (torch_ops.UNCHECKED): it
@@ -20,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from fastbert.kernels import _runtime
+from fastbert.kernels import launch
 from fastbert.kernels.flash_attention import SUPPORTED_HEAD_DIMS
 
 BACKENDS = ("auto", "torch", "triton")
@@ -77,7 +78,7 @@ def resolve_backend(backend: str, device: torch.device | str) -> str:
     if backend == "auto":
         return "triton" if device.type == "cuda" else "torch"
     if backend == "triton" and device.type != "cuda" and not (
-        device.type == "cpu" and _runtime.interpreting()
+        device.type == "cpu" and launch.interpreting()
     ):
         raise ValueError(
             f"backend='triton' needs CUDA tensors, got {device}; on a CPU it runs only under "
@@ -101,12 +102,12 @@ def backend_label(backend: str, device: torch.device | str) -> str:
 def _ops_for(backend: str, attention_fallback: bool) -> Ops:
     """The Ops of a concrete backend ("torch" or "triton"), built once. The torch ops come
     without their input checks (see the module docstring)."""
-    from fastbert import torch_ops
+    from fastbert.kernels import torch_ops
 
     unchecked = Ops("torch", **{op: torch_ops.UNCHECKED[op] for op in OP_NAMES})
     if backend == "torch":
         return unchecked
-    from fastbert import custom_ops
+    from fastbert.execution import custom_ops
 
     ops = Ops("triton", **{op: getattr(custom_ops, op) for op in OP_NAMES})
     if not attention_fallback:

@@ -4,7 +4,7 @@ Sources: a local checkpoint folder (config.json + model.safetensors, sharded saf
 pytorch_model.bin; a sentence-transformers folder too), a transformers ``BertModel`` /
 ``BertFor*`` instance, or a sentence-transformers ``SentenceTransformer``. Every tensor is
 mapped explicitly by name (:func:`hf_weight_names`, built on the BERT row of
-fastbert.families); a missing or mis-shaped tensor raises a ValueError naming it, and so does
+fastbert.model.families); a missing or mis-shaped tensor raises a ValueError naming it, and so does
 a malformed file of the folder (config.json, the safetensors index, modules.json, the weights)
 naming the file.
 """
@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from fastbert import validation
-from fastbert.config import BertConfig, read_json_file
-from fastbert.families import BERT
+from fastbert.execution import validation
+from fastbert.model.config import BertConfig, read_json_file
+from fastbert.model.families import BERT
 
 _MASKED_LM_TENSORS = {
     "transform_weight": ("cls.predictions.transform.dense.weight",),
@@ -278,7 +278,7 @@ class PretrainedMixin:
         source: a local checkpoint folder, a transformers BertModel/BertFor* instance or a
         SentenceTransformer. dtype defaults to float16 on CUDA and float32 elsewhere; device to
         CUDA when available. backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch" or
-        "triton". padding_free, cuda_graphs: "auto", True or False (see fastbert.runtime).
+        "triton". padding_free, cuda_graphs: "auto", True or False (see fastbert.execution.runtime).
         Raises TypeError for a dtype other than float16, bfloat16 or float32, and ValueError
         for a CUDA device on a machine without one, before reading anything; ValueError naming
         the file for a malformed config.json, index, modules.json or weights file, and naming

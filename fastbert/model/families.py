@@ -3,7 +3,7 @@
 BERT, RoBERTa, XLM-RoBERTa, ELECTRA and DistilBERT run the same post-LayerNorm encoder; they
 differ only in tensor and config names, the position-id scheme, token types, the pooler and
 (ELECTRA) an embedding projection. Each :class:`Family` records those differences, so the
-loader (fastbert/loading.py) and ``fastbert.optimize`` need no per-model code. No transformers
+loader (fastbert/model/loading.py) and ``fastbert.optimize`` need no per-model code. No transformers
 import here: names are plain strings.
 """
 

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fastbert.families import BERT, Family
-from fastbert.losses import PROBLEM_TYPES
+from fastbert.model.families import BERT, Family
+from fastbert.model.losses import PROBLEM_TYPES
 
 # Hugging Face `hidden_act` names -> the activation the fused GEMM epilogue applies.
 HIDDEN_ACTIVATIONS = {
@@ -43,7 +43,7 @@ class BertConfig:
     and on the attention-output and FFN-output projections, attention_probs_dropout_prob on
     the attention probabilities, classifier_dropout (hidden_dropout_prob when None) before a
     sequence classifier. problem_type: how a sequence classifier's loss reads its labels
-    (fastbert.losses.PROBLEM_TYPES; None infers it from the labels, as Hugging Face does).
+    (fastbert.model.losses.PROBLEM_TYPES; None infers it from the labels, as Hugging Face does).
     initializer_range: the standard deviation of ``init_weights``' normal initialisation.
     """
 
@@ -140,7 +140,7 @@ class BertConfig:
     def from_dict(
         cls, values: Mapping[str, Any], family: Family = BERT, *, source: str | Path | None = None
     ) -> BertConfig:
-        """Build from a config.json-style mapping of ``family`` (fastbert.families); keys
+        """Build from a config.json-style mapping of ``family`` (fastbert.model.families); keys
         fastbert does not use are ignored. ``source``: the file ``values`` came from, named in
         every error.
 

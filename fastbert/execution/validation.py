@@ -11,15 +11,15 @@ import dataclasses
 
 import torch
 
-from fastbert.config import BertConfig
-from fastbert.kernels import _checks
+from fastbert.kernels import checks
+from fastbert.kernels.checks import as_index
 
 
 def check_dtype(dtype: object) -> None:
     """A model's dtype must be torch.float16, torch.bfloat16 or torch.float32: TypeError
     otherwise (a string such as "float16", an integer or float64 dtype)."""
-    if not isinstance(dtype, torch.dtype) or dtype not in _checks.FLOAT_DTYPES:
-        names = ", ".join(str(d) for d in _checks.FLOAT_DTYPES)
+    if not isinstance(dtype, torch.dtype) or dtype not in checks.FLOAT_DTYPES:
+        names = ", ".join(str(d) for d in checks.FLOAT_DTYPES)
         raise TypeError(f"dtype must be one of {names}, got {dtype!r}")
 
 
@@ -49,8 +49,8 @@ def check_device(device: object) -> torch.device:
 
 def batch_and_seq(input_ids: object) -> tuple[int, int]:
     """input_ids must be an integer tensor of shape [batch, seq]; returns (batch, seq)."""
-    _checks.check_tensor("input_ids", input_ids)
-    _checks.check_integer("input_ids", input_ids)
+    checks.check_tensor("input_ids", input_ids)
+    checks.check_integer("input_ids", input_ids)
     if input_ids.dim() != 2:
         raise ValueError(
             f"input_ids must have shape [batch, seq], got {tuple(input_ids.shape)}; "
@@ -59,26 +59,15 @@ def batch_and_seq(input_ids: object) -> tuple[int, int]:
     return input_ids.shape[0], input_ids.shape[1]
 
 
-# Id dtypes every backend indexes with as they are; other integer ids are widened to int64
-# (PyTorch indexing refuses int8 / int16 and takes uint8 as a boolean mask).
-INDEX_DTYPES = (torch.int32, torch.int64)
-
-
-def as_index(ids: torch.Tensor | None) -> torch.Tensor | None:
-    """Integer ids in a dtype every backend indexes with (int32 / int64 kept, others int64)."""
-    if ids is None or ids.dtype in INDEX_DTYPES:
-        return ids
-    return ids.to(torch.int64)
-
-
 def check_model_inputs(
-    config: BertConfig,
+    max_positions: int,
     device: torch.device,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None,
     token_type_ids: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Validate shapes, dtypes and devices (also of an empty batch).
+    """Validate shapes, dtypes and devices (also of an empty batch); ``max_positions`` is the
+    model's ``max_position_embeddings``.
 
     Returns (input_ids, token_type_ids) as :func:`as_index` ids and the key-padding mask
     (bool [B, S], or None).
@@ -86,10 +75,10 @@ def check_model_inputs(
     batch, seq = batch_and_seq(input_ids)
     if seq == 0 and batch > 0:
         raise ValueError("input_ids has sequence length 0; every sequence needs >= 1 token")
-    if seq > config.max_position_embeddings:
+    if seq > max_positions:
         raise ValueError(
             f"sequence length {seq} exceeds max_position_embeddings "
-            f"{config.max_position_embeddings}; truncate the input"
+            f"{max_positions}; truncate the input"
         )
     if input_ids.device != device:
         raise ValueError(f"input_ids is on {input_ids.device} but the model is on {device}")
@@ -101,7 +90,7 @@ def check_model_inputs(
     for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
         if t is None:
             continue
-        _checks.check_tensor(name, t)
+        checks.check_tensor(name, t)
         if tuple(t.shape) != (batch, seq):
             raise ValueError(
                 f"{name} must have the shape of input_ids {(batch, seq)}, got {tuple(t.shape)}"
@@ -109,7 +98,7 @@ def check_model_inputs(
         if t.device != device:
             raise ValueError(f"{name} is on {t.device} but the model is on {device}")
     if token_type_ids is not None:
-        _checks.check_integer("token_type_ids", token_type_ids)
+        checks.check_integer("token_type_ids", token_type_ids)
     ids, types = as_index(input_ids), as_index(token_type_ids)
     if attention_mask is None:
         return ids, types, None
@@ -149,14 +138,14 @@ def read_batch(
     named = [("input_ids", input_ids, vocab_size)]
     if token_type_ids is not None:
         named.append(("token_type_ids", token_type_ids, type_vocab_size))
-    values = [_checks.id_bounds(ids) for _, ids, _ in named]
+    values = [checks.id_bounds(ids) for _, ids, _ in named]
     lengths = None
     if key_padding_mask is not None:
         lengths = key_padding_mask.sum(dim=1, dtype=torch.int32)
         values.append(torch.stack([lengths.sum(), lengths.max()]).to(torch.int64))
     read = torch.stack(values).tolist()  # the host synchronisation
     for (name, _, limit), (lowest, highest) in zip(named, read):
-        _checks.check_id_bounds(name, limit, lowest, highest)
+        checks.check_id_bounds(name, limit, lowest, highest)
     if lengths is None:
         return None
     total, longest = read[-1]

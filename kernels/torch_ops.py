@@ -19,7 +19,7 @@ for speed instead of exactness:
 - embeddings_layer_norm: ``F.embedding`` lookups summed in place (in float32 for half tables,
   as the reference does), then ``F.layer_norm``.
 
-Each public op validates its inputs (fastbert.kernels._checks) as the other backends do;
+Each public op validates its inputs (fastbert.kernels.checks) as the other backends do;
 the public ``attention_varlen`` also reads the longest sequence on the host to check
 ``max_seqlen``. The encoder builds its ops' inputs itself after validating the model's inputs,
 so it runs :data:`UNCHECKED`, the same ops without the per-call checks (microseconds each,
@@ -33,9 +33,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fastbert.kernels import _checks, reference
-from fastbert.kernels._dropout import check_dropout_p
-from fastbert.validation import as_index
+from . import checks, reference
+from .checks import as_index
+from .dropout import check_dropout_p
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -94,7 +94,7 @@ def attention(
     there; a query row with no real key returns zeros. dropout_p: SDPA's attention dropout.
     Returns [B, H, S_q, D] in q's dtype.
     """
-    _checks.check_attention(q, k, v, key_padding_mask, scale)
+    checks.check_attention(q, k, v, key_padding_mask, scale)
     dropout_p = check_dropout_p(dropout_p)
     return _attention(q, k, v, key_padding_mask, scale, dropout_p)
 
@@ -176,7 +176,7 @@ def attention_varlen(
     least the longest sequence (ValueError otherwise); dropout_p: SDPA's attention dropout.
     Returns [T, H, D].
     """
-    _checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
+    checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
     dropout_p = check_dropout_p(dropout_p)
     _check_max_seqlen(cu_seqlens, max_seqlen)
     return _attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p)
@@ -219,7 +219,7 @@ def linear(
     x: [..., K]; weight: [N, K] (nn.Linear layout); bias: [N]; residual: [..., N];
     activation: None, "gelu" (exact erf) or "gelu_tanh". Returns [..., N] in x's dtype.
     """
-    _checks.check_linear(x, weight, bias, activation, residual)
+    checks.check_linear(x, weight, bias, activation, residual)
     return _linear(x, weight, bias, activation, residual)
 
 
@@ -251,7 +251,7 @@ def layer_norm(
     x, residual: [..., N]; weight, bias: [N]; dropout_p: ``F.dropout`` of x, in [0, 1).
     Returns x's shape and dtype.
     """
-    _checks.check_layer_norm(x, weight, bias, eps, residual)
+    checks.check_layer_norm(x, weight, bias, eps, residual)
     return _layer_norm(x, weight, bias, eps, residual, check_dropout_p(dropout_p))
 
 
@@ -272,7 +272,7 @@ def _embeddings_layer_norm(
     position_padding_idx: int | None = None,
 ) -> torch.Tensor:
     if check_ids:
-        _checks.check_id_ranges(
+        checks.check_id_ranges(
             input_ids, token_type_ids, position_ids,
             word_emb.shape[0], type_emb.shape[0], pos_emb.shape[0],
         )
@@ -318,7 +318,7 @@ def embeddings_layer_norm(
     ``position_padding_idx``: the word / position row that gets no gradient, as
     ``nn.Embedding(padding_idx=...)`` (Hugging Face's tables).
     """
-    _checks.check_embeddings(
+    checks.check_embeddings(
         input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
     )
     dropout_p = check_dropout_p(dropout_p)
@@ -330,7 +330,7 @@ def embeddings_layer_norm(
 
 
 # The ops without their input checks, for callers that built valid inputs themselves (the
-# encoder): op name -> function, the names of fastbert.ops.OP_NAMES.
+# encoder): op name -> function, the names of fastbert.execution.backends.OP_NAMES.
 UNCHECKED = {
     "attention": _attention,
     "attention_varlen": _attention_varlen,

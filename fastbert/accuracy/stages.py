@@ -21,7 +21,7 @@ output is the padded [B, S, H] batch; its per-layer outputs are read with forwar
 random one (seeded), the same weights on both sides.
 
 Families: "bert" runs fastbert's own ``BertForMaskedLM``. Another family fastbert supports
-(roberta, xlm-roberta, electra, distilbert: see fastbert.families) runs through
+(roberta, xlm-roberta, electra, distilbert: see fastbert.model.families) runs through
 ``fastbert.optimize`` on a copy of the Hugging Face masked-LM model: fastbert's encoder under
 Hugging Face's head; the per-stage outputs come from hooks on the encoder it installed.
 """
@@ -43,8 +43,8 @@ import torch.nn.functional as F
 import fastbert
 from fastbert.bench.progress import Progress
 from fastbert.integrations import models as hf_models
-from fastbert.kernels import _runtime
-from fastbert.pooling import mean_pool
+from fastbert.kernels import launch
+from fastbert.model.pooling import mean_pool
 
 TEXTS = (
     "The quick brown fox jumps over the lazy dog.",
@@ -302,7 +302,7 @@ def evaluate(
     and Hugging Face in each dtype): a tqdm bar on a terminal, numbered lines otherwise
     (fastbert.bench.progress); None shows none."""
     torch_device = torch.device(device)
-    interpreter = backend == "triton" and torch_device.type == "cpu" and _runtime.interpreting()
+    interpreter = backend == "triton" and torch_device.type == "cpu" and launch.interpreting()
     dtypes = dtypes or supported_dtypes(torch_device, backend)
     stages = 2 + sum(1 if name == "fp32" else 2 for name in dtypes)
     with Progress(stages, "fastbert accuracy", stream=progress or io.StringIO()) as bar:

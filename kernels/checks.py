@@ -253,3 +253,15 @@ def check_id_ranges(
     bounds = torch.stack([id_bounds(t) for _, t, _ in tensors]).tolist()
     for (name, _, limit), (lowest, highest) in zip(tensors, bounds):
         check_id_bounds(name, limit, lowest, highest)
+
+
+# Id dtypes every backend indexes with as they are; other integer ids are widened to int64
+# (PyTorch indexing refuses int8 / int16 and takes uint8 as a boolean mask).
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def as_index(ids: torch.Tensor | None) -> torch.Tensor | None:
+    """Integer ids in a dtype every backend indexes with (int32 / int64 kept, others int64)."""
+    if ids is None or ids.dtype in INDEX_DTYPES:
+        return ids
+    return ids.to(torch.int64)

@@ -1,7 +1,7 @@
 """CUDA graphs of the encoder: which calls replay one, and replaying safely.
 
 A graph is captured per key: the shape and dtype of each input, which optional inputs are
-present, and a host value the capture depends on (see fastbert.runtime for the dense and
+present, and a host value the capture depends on (see fastbert.execution.runtime for the dense and
 padding-free keys). The ``cuda_graphs`` setting of a model chooses when:
 
 - ``False``: never.

@@ -22,7 +22,8 @@ from torch's default generator (a traced random op, so no graph break), and the 
 regenerates the same mask from it.
 
 The public functions here have the signatures of :mod:`fastbert.kernels.reference`; they are
-the ``triton`` backend of :mod:`fastbert.ops`. While torch.compile traces they call the custom
+the ``triton`` backend of :mod:`fastbert.execution.backends`. While torch.compile traces they call
+the custom
 ops; in eager mode they call the launchers directly (the op dispatcher costs about 7 us a call,
 some 0.6 ms per BERT-base forward), which run the same kernels.
 
@@ -49,14 +50,14 @@ import torch
 from torch import Tensor
 
 from fastbert import kernels as K
-from fastbert.kernels import _checks, _dropout, flash_attention
+from fastbert.kernels import checks, dropout, flash_attention
 from fastbert.kernels import flash_attention_backward as attention_bwd
 from fastbert.kernels import fused_embeddings as embeddings_kernels
 from fastbert.kernels import fused_layer_norm as layer_norm_kernels
 from fastbert.kernels import fused_linear as linear_kernels
 from fastbert.kernels import masked_softmax as softmax_kernels
-from fastbert.kernels._dropout import check_dropout_p, draw_seed_tensor
-from fastbert.kernels._runtime import needs_grad
+from fastbert.kernels.dropout import check_dropout_p, draw_seed_tensor
+from fastbert.kernels.launch import needs_grad
 
 # torch.library infers the op schemas from these annotations; it reads typing.Optional.
 MaybeTensor = Optional[Tensor]  # noqa: UP045
@@ -96,7 +97,7 @@ def _attention(
 
 @_attention.register_fake
 def _(q, k, v, key_padding_mask, scale, dropout_p=0.0, seed=None, return_lse=False):
-    _checks.check_attention(q, k, v, key_padding_mask, scale)
+    checks.check_attention(q, k, v, key_padding_mask, scale)
     batch, heads, seq_q, head_dim = q.shape
     lse_shape = (batch, heads, seq_q) if return_lse else (0,)
     return q.new_empty((batch, seq_q, heads, head_dim)), q.new_empty(lse_shape, dtype=torch.float32)
@@ -174,7 +175,7 @@ def _attention_varlen(
 @_attention_varlen.register_fake
 def _(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p=0.0, seed=None, return_lse=False):
     # max_seqlen may be symbolic while tracing; the real op checks its value.
-    _checks.check_attention_varlen(q, k, v, cu_seqlens, 0, scale)
+    checks.check_attention_varlen(q, k, v, cu_seqlens, 0, scale)
     lse_shape = (q.shape[1], q.shape[0]) if return_lse else (0,)
     return q.new_empty(q.shape), q.new_empty(lse_shape, dtype=torch.float32)
 
@@ -242,7 +243,7 @@ def _scaled_masked_softmax(
 
 @_scaled_masked_softmax.register_fake
 def _(scores, key_padding_mask, scale):
-    _checks.check_softmax(scores, key_padding_mask, scale)
+    checks.check_softmax(scores, key_padding_mask, scale)
     return scores.new_empty(scores.shape)
 
 
@@ -297,7 +298,7 @@ def _pre_activation_shape(x, weight, activation, save: bool) -> tuple[int, ...]:
 
 @_linear.register_fake
 def _(x, weight, bias, activation, residual, save_pre_activation):
-    _checks.check_linear(x, weight, bias, activation, residual)
+    checks.check_linear(x, weight, bias, activation, residual)
     out = x.new_empty((*x.shape[:-1], weight.shape[0]))
     return out, x.new_empty(_pre_activation_shape(x, weight, activation, save_pre_activation))
 
@@ -358,7 +359,7 @@ def _layer_norm(
 
 @_layer_norm.register_fake
 def _(x, weight, bias, eps, residual, dropout_p, seed, save_stats):
-    _checks.check_layer_norm(x, weight, bias, eps, residual)
+    checks.check_layer_norm(x, weight, bias, eps, residual)
     rows = x.numel() // x.shape[-1] if save_stats and x.shape[-1] else 0
     stats = [x.new_empty(rows, dtype=torch.float32) for _ in range(2)]
     return x.new_empty(x.shape), *stats
@@ -446,7 +447,7 @@ def _(
     input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps,
     dropout_p, seed, save_stats, padding_idx=None, position_padding_idx=None,
 ):
-    _checks.check_embeddings(
+    checks.check_embeddings(
         input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
     )
     batch, seq = input_ids.shape
@@ -525,7 +526,7 @@ def _compiling() -> bool:
 
 
 def _dropout_seed(dropout_p: float) -> Tensor | None:
-    return _dropout.draw_seed_tensor() if dropout_p > 0.0 else None
+    return dropout.draw_seed_tensor() if dropout_p > 0.0 else None
 
 
 def attention(
@@ -541,8 +542,8 @@ def attention(
     free). Differentiable in q, k and v."""
     if not _compiling():
         return K.attention(q, k, v, key_padding_mask, scale, dropout_p)
-    _checks.check_scale(scale)
-    dropout_p = _dropout.check_dropout_p(dropout_p)
+    checks.check_scale(scale)
+    dropout_p = dropout.check_dropout_p(dropout_p)
     out, _ = _attention(
         q, k, v, key_padding_mask, _as_float(scale), dropout_p, _dropout_seed(dropout_p),
         needs_grad(q, k, v),
@@ -563,8 +564,8 @@ def attention_varlen(
     Differentiable in q, k and v."""
     if not _compiling():
         return K.attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p)
-    _checks.check_scale(scale)
-    dropout_p = _dropout.check_dropout_p(dropout_p)
+    checks.check_scale(scale)
+    dropout_p = dropout.check_dropout_p(dropout_p)
     out, _ = _attention_varlen(
         q, k, v, cu_seqlens, max_seqlen, _as_float(scale), dropout_p, _dropout_seed(dropout_p),
         needs_grad(q, k, v),
@@ -578,7 +579,7 @@ def scaled_masked_softmax(
     """``K.scaled_masked_softmax`` / ``fastbert::scaled_masked_softmax``."""
     if not _compiling():
         return K.scaled_masked_softmax(scores, key_padding_mask, scale)
-    _checks.check_scale(scale)
+    checks.check_scale(scale)
     return _scaled_masked_softmax(scores, key_padding_mask, float(scale))
 
 
@@ -607,7 +608,7 @@ def layer_norm(
     """``K.layer_norm`` / ``fastbert::layer_norm``: LayerNorm(dropout(x) + residual)."""
     if not _compiling():
         return K.layer_norm(x, weight, bias, eps, residual, dropout_p)
-    _checks.check_eps(eps)
+    checks.check_eps(eps)
     dropout_p = check_dropout_p(dropout_p)
     seed = draw_seed_tensor() if dropout_p > 0.0 else None
     save = needs_grad(x, weight, bias, residual)
@@ -640,7 +641,7 @@ def embeddings_layer_norm(
         return K.embeddings_layer_norm(
             *args, eps, check_ids=check_ids, dropout_p=dropout_p, **padding_rows
         )
-    _checks.check_eps(eps)
+    checks.check_eps(eps)
     dropout_p = check_dropout_p(dropout_p)
     seed = draw_seed_tensor() if dropout_p > 0.0 else None
     save = needs_grad(word_emb, pos_emb, type_emb, weight, bias)

@@ -1,10 +1,10 @@
-"""The BERT encoder and its heads, running every hot op through one backend's ops.
+"""The BERT encoder (embeddings, layers, pooler), running every hot op through one backend's ops.
 
 Parameters are stored in fastbert's own fused layout (one QKV weight per layer); the mapping
-from Hugging Face names lives in fastbert/loading.py. The models train as PyTorch modules do:
+from Hugging Face names lives in fastbert/model/loading.py. The models train as PyTorch modules do:
 parameters require grad, every op has a backward, ``model.train()`` turns on the config's
 dropout and ``model.eval()`` (the state ``from_pretrained`` returns) turns it off; the heads
-take ``labels`` and return ``loss`` as Hugging Face's do (fastbert/losses.py). CUDA graphs
+take ``labels`` and return ``loss`` as Hugging Face's do (fastbert/model/losses.py). CUDA graphs
 replay only calls that need no gradients and no dropout. Activations are [batch, seq, hidden]
 in the model's dtype.
 """
@@ -17,16 +17,17 @@ import warnings
 import torch
 from torch import nn
 
-from fastbert import graphs, losses, runtime, validation
-from fastbert.config import BertConfig
-from fastbert.loading import PretrainedMixin
-from fastbert.ops import Ops, check_backend, check_head_dim, get_ops
-from fastbert.outputs import BaseModelOutputWithPooling, LogitsOutput, PreTrainingOutput
-from fastbert.runtime import Attend
-from fastbert.weights import ParameterWatch
+from fastbert.execution import graphs, runtime, validation
+from fastbert.execution.backends import Ops, check_backend, check_head_dim, get_ops
+from fastbert.execution.runtime import Attend
+from fastbert.model.config import BertConfig
+from fastbert.model.loading import PretrainedMixin
+from fastbert.model.outputs import BaseModelOutputWithPooling
+from fastbert.model.weights import ParameterWatch
 
 
-def _param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
+def new_parameter(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
+    """A zero-filled parameter of ``shape`` (loading or :func:`init_weights` fills it)."""
     return nn.Parameter(torch.zeros(shape, dtype=dtype, device=device))
 
 
@@ -59,16 +60,16 @@ class BertEmbeddings(nn.Module):
     def __init__(self, config: BertConfig, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
         e, h = config.embedding_width, config.hidden_size
-        self.word = _param(config.vocab_size, e, dtype=dtype, device=device)
-        self.position = _param(config.max_position_embeddings, e, dtype=dtype, device=device)
+        self.word = new_parameter(config.vocab_size, e, dtype=dtype, device=device)
+        self.position = new_parameter(config.max_position_embeddings, e, dtype=dtype, device=device)
         self.token_type = (
-            _param(config.type_vocab_size, e, dtype=dtype, device=device)
+            new_parameter(config.type_vocab_size, e, dtype=dtype, device=device)
             if config.type_vocab_size else None
         )
-        self.ln_weight = _param(e, dtype=dtype, device=device)
-        self.ln_bias = _param(e, dtype=dtype, device=device)
-        self.project_weight = _param(h, e, dtype=dtype, device=device) if e != h else None
-        self.project_bias = _param(h, dtype=dtype, device=device) if e != h else None
+        self.ln_weight = new_parameter(e, dtype=dtype, device=device)
+        self.ln_bias = new_parameter(e, dtype=dtype, device=device)
+        self.project_weight = new_parameter(h, e, dtype=dtype, device=device) if e != h else None
+        self.project_bias = new_parameter(h, dtype=dtype, device=device) if e != h else None
         self.eps = config.layer_norm_eps
         self.config = config
 
@@ -138,18 +139,18 @@ class BertLayer(nn.Module):
         super().__init__()
         h, i = config.hidden_size, config.intermediate_size
         kw = {"dtype": dtype, "device": device}
-        self.qkv_weight = _param(3 * h, h, **kw)  # rows: query, key, value
-        self.qkv_bias = _param(3 * h, **kw)
-        self.attn_out_weight = _param(h, h, **kw)
-        self.attn_out_bias = _param(h, **kw)
-        self.attn_ln_weight = _param(h, **kw)
-        self.attn_ln_bias = _param(h, **kw)
-        self.ffn_in_weight = _param(i, h, **kw)
-        self.ffn_in_bias = _param(i, **kw)
-        self.ffn_out_weight = _param(h, i, **kw)
-        self.ffn_out_bias = _param(h, **kw)
-        self.ffn_ln_weight = _param(h, **kw)
-        self.ffn_ln_bias = _param(h, **kw)
+        self.qkv_weight = new_parameter(3 * h, h, **kw)  # rows: query, key, value
+        self.qkv_bias = new_parameter(3 * h, **kw)
+        self.attn_out_weight = new_parameter(h, h, **kw)
+        self.attn_out_bias = new_parameter(h, **kw)
+        self.attn_ln_weight = new_parameter(h, **kw)
+        self.attn_ln_bias = new_parameter(h, **kw)
+        self.ffn_in_weight = new_parameter(i, h, **kw)
+        self.ffn_in_bias = new_parameter(i, **kw)
+        self.ffn_out_weight = new_parameter(h, i, **kw)
+        self.ffn_out_bias = new_parameter(h, **kw)
+        self.ffn_ln_weight = new_parameter(h, **kw)
+        self.ffn_ln_bias = new_parameter(h, **kw)
         self.heads = config.num_attention_heads
         self.activation = config.activation
         self.eps = config.layer_norm_eps
@@ -162,7 +163,7 @@ class BertLayer(nn.Module):
         """hidden: tokens [..., H] (a padded [B, S, H] batch or packed [T, H]) -> same shape.
 
         ``attend`` maps the fused QKV projection [..., 3H] to the attention context [..., H]
-        (see fastbert.runtime: dense with a padding mask, or packed sequences).
+        (see fastbert.execution.runtime: dense with a padding mask, or packed sequences).
         ``dropout_p``: the hidden dropout on the two projections that feed a residual.
         """
         qkv = ops.linear(hidden, *self.fused_qkv())
@@ -195,8 +196,8 @@ class BertPooler(nn.Module):
     def __init__(self, config: BertConfig, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
         h = config.hidden_size
-        self.weight = _param(h, h, dtype=dtype, device=device)
-        self.bias = _param(h, dtype=dtype, device=device)
+        self.weight = new_parameter(h, h, dtype=dtype, device=device)
+        self.bias = new_parameter(h, dtype=dtype, device=device)
 
     def forward(self, ops: Ops, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [B, S, H] -> [B, H]."""
@@ -214,8 +215,9 @@ class BertModel(PretrainedMixin, nn.Module):
 
     ``dtype`` is float16, bfloat16 or float32 (TypeError otherwise); ``device`` must exist on
     this machine (ValueError for CUDA without a GPU). ``padding_free`` and ``cuda_graphs``
-    ("auto", True or False) choose how the layers run (see fastbert.runtime and
-    fastbert.graphs); ``backend`` ("auto", "torch", "triton") which ops run them. Each may be
+    ("auto", True or False) choose how the layers run (see fastbert.execution.runtime and
+    fastbert.execution.graphs); ``backend`` ("auto", "torch", "triton") which ops run them. Each
+    may be
     changed on the model between calls, and is validated when set. A head dim the Triton
     attention kernel does not run raises at once with ``backend="triton"``; with ``"auto"``
     the attention alone runs on the torch backend (one warning) and every other op on
@@ -318,7 +320,8 @@ class BertModel(PretrainedMixin, nn.Module):
     ) -> tuple[Ops, torch.Tensor]:
         """Validated inputs -> (ops, last hidden state [B, S, H])."""
         input_ids, token_type_ids, key_padding_mask = validation.check_model_inputs(
-            self.config, self.device, input_ids, attention_mask, token_type_ids
+            self.config.max_position_embeddings, self.device, input_ids, attention_mask,
+            token_type_ids
         )
         ops = self.ops()
         ids_checked, packed, key_padding_mask = self._read_batch(
@@ -407,7 +410,7 @@ class BertModel(PretrainedMixin, nn.Module):
         """The layers on the real tokens only: [B, S] ids -> [B, S, H], zeros at padding.
 
         Replayed from the CUDA graph of the packing's size bucket when ``cuda_graphs`` wants
-        it (see fastbert.runtime); the packing and the scatter run eagerly.
+        it (see fastbert.execution.runtime); the packing and the scatter run eagerly.
         """
         types = packed.gather(token_type_ids) if token_type_ids is not None else None
         positions = self.embeddings.position_ids(input_ids)
@@ -455,7 +458,8 @@ class BertModel(PretrainedMixin, nn.Module):
         batch, seq = validation.batch_and_seq(input_ids)
         if batch == 0:
             validation.check_model_inputs(
-                self.config, self.device, input_ids, attention_mask, token_type_ids
+                self.config.max_position_embeddings, self.device, input_ids, attention_mask,
+                token_type_ids
             )
             return self._empty_output(seq)
         ops, hidden = self.encode(input_ids, attention_mask, token_type_ids)
@@ -467,226 +471,3 @@ class BertModel(PretrainedMixin, nn.Module):
         empty = torch.empty(0, seq, h, dtype=self.dtype, device=self.device)
         pooled = empty.new_empty(0, h) if self.pooler is not None else None
         return BaseModelOutputWithPooling(empty, pooled)
-
-
-class _BertWithHead(PretrainedMixin, nn.Module):
-    """A BertModel (``self.bert``) plus a head; ``forward`` returns ``logits``."""
-
-    add_pooling_layer = True
-
-    def __init__(
-        self,
-        config: BertConfig,
-        *,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-        backend: str = "auto",
-        padding_free: str | bool = "auto",
-        cuda_graphs: str | bool = "auto",
-    ):
-        super().__init__()
-        self.config = config
-        self.bert = BertModel(
-            config, dtype=dtype, device=device, backend=backend,
-            add_pooling_layer=self.add_pooling_layer, padding_free=padding_free,
-            cuda_graphs=cuda_graphs,
-        )
-
-    # The run settings live on the encoder; these read and set (and validate) them there.
-    @property
-    def backend(self) -> str:
-        return self.bert.backend
-
-    @backend.setter
-    def backend(self, value: str) -> None:
-        self.bert.backend = value
-
-    @property
-    def padding_free(self) -> str | bool:
-        return self.bert.padding_free
-
-    @padding_free.setter
-    def padding_free(self, value: str | bool) -> None:
-        self.bert.padding_free = value
-
-    @property
-    def cuda_graphs(self) -> str | bool:
-        return self.bert.cuda_graphs
-
-    @cuda_graphs.setter
-    def cuda_graphs(self, value: str | bool) -> None:
-        self.bert.cuda_graphs = value
-
-    def ops(self) -> Ops:
-        """The hot ops this model runs with (its encoder's)."""
-        return self.bert.ops()
-
-    def init_weights(self):
-        """Initialise every parameter, head included, for training from scratch (see
-        :func:`init_weights`); returns the model."""
-        init_weights(self, self.config)
-        return self
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.bert.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.bert.device
-
-
-class _WithMaskedLMHead(_BertWithHead):
-    """A head model with BERT's masked-LM head: dense + activation + LayerNorm, then the
-    decoder tied to the word embeddings (logits [B, S, vocab_size])."""
-
-    def __init__(self, config: BertConfig, **kwargs):
-        super().__init__(config, **kwargs)
-        h = config.hidden_size
-        dtype, device = self.bert.dtype, self.bert.device
-        self.transform_weight = _param(h, h, dtype=dtype, device=device)
-        self.transform_bias = _param(h, dtype=dtype, device=device)
-        self.transform_ln_weight = _param(h, dtype=dtype, device=device)
-        self.transform_ln_bias = _param(h, dtype=dtype, device=device)
-        self.decoder_bias = _param(config.vocab_size, dtype=dtype, device=device)
-
-    def masked_lm_logits(self, ops: Ops, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [B, S, H] -> [B, S, vocab_size]."""
-        hidden = ops.linear(
-            hidden, self.transform_weight, self.transform_bias, self.config.activation
-        )
-        hidden = ops.layer_norm(
-            hidden, self.transform_ln_weight, self.transform_ln_bias, self.config.layer_norm_eps
-        )
-        return ops.linear(hidden, self.bert.embeddings.word, self.decoder_bias)
-
-
-class BertForMaskedLM(_WithMaskedLMHead):
-    """Masked-LM head: logits [B, S, vocab_size]; with ``labels`` ([B, S] token ids, -100 =
-    not predicted), ``loss`` is their cross-entropy."""
-
-    add_pooling_layer = False
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-    ) -> LogitsOutput:
-        batch, seq = validation.batch_and_seq(input_ids)
-        if batch == 0:
-            validation.check_model_inputs(
-                self.config, self.device, input_ids, attention_mask, token_type_ids
-            )
-            vocab = self.config.vocab_size
-            logits = torch.empty(0, seq, vocab, dtype=self.dtype, device=self.device)
-        else:
-            ops, hidden = self.bert.encode(input_ids, attention_mask, token_type_ids)
-            logits = self.masked_lm_logits(ops, hidden)
-        loss = None if labels is None else losses.masked_lm_loss(logits, labels)
-        return LogitsOutput(logits, loss)
-
-
-class BertForPreTraining(_WithMaskedLMHead):
-    """BERT's pre-training heads: masked-LM logits [B, S, vocab_size] and next-sentence
-    logits [B, 2] (index 0 = "B follows A") from the pooled [CLS] output. With ``labels``
-    ([B, S], -100 = not predicted) and ``next_sentence_label`` ([B]), ``loss`` is the sum of
-    the two cross-entropies, as in Hugging Face (None unless both are given)."""
-
-    def __init__(self, config: BertConfig, **kwargs):
-        super().__init__(config, **kwargs)
-        dtype, device = self.bert.dtype, self.bert.device
-        self.seq_relationship_weight = _param(2, config.hidden_size, dtype=dtype, device=device)
-        self.seq_relationship_bias = _param(2, dtype=dtype, device=device)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        next_sentence_label: torch.Tensor | None = None,
-    ) -> PreTrainingOutput:
-        out = self.bert(input_ids, attention_mask, token_type_ids)
-        ops = self.bert.ops()
-        hidden, pooled = out.last_hidden_state, out.pooler_output
-        if hidden.shape[0] == 0:
-            vocab = self.config.vocab_size
-            prediction = hidden.new_empty(0, hidden.shape[1], vocab)
-            relationship = pooled.new_empty(0, 2)
-        else:
-            prediction = self.masked_lm_logits(ops, hidden)
-            relationship = ops.linear(
-                pooled, self.seq_relationship_weight, self.seq_relationship_bias
-            )
-        loss = None
-        if labels is not None and next_sentence_label is not None:
-            loss = losses.masked_lm_loss(prediction, labels) + losses.next_sentence_loss(
-                relationship, next_sentence_label
-            )
-        return PreTrainingOutput(prediction, relationship, loss)
-
-
-class _BertForPooledClassification(_BertWithHead):
-    """A linear classifier over the pooled [CLS] output: logits [B, num_outputs]."""
-
-    def __init__(self, config: BertConfig, num_outputs: int, **kwargs):
-        super().__init__(config, **kwargs)
-        n = num_outputs
-        dtype, device = self.bert.dtype, self.bert.device
-        self.classifier_weight = _param(n, config.hidden_size, dtype=dtype, device=device)
-        self.classifier_bias = _param(n, dtype=dtype, device=device)
-
-    # Whether training-mode dropout falls on the pooled output (sequence classification).
-    pooled_dropout = False
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-    ) -> LogitsOutput:
-        out = self.bert(input_ids, attention_mask, token_type_ids)
-        ops = self.bert.ops()
-        pooled = out.pooler_output
-        if pooled.shape[0] == 0:
-            logits = pooled.new_empty(0, self.classifier_bias.shape[0])
-        else:
-            if self.pooled_dropout and self.training:
-                pooled = torch.nn.functional.dropout(pooled, self._classifier_dropout_p())
-            logits = ops.linear(pooled, self.classifier_weight, self.classifier_bias)
-        loss = None if labels is None else self.loss(logits, labels)
-        return LogitsOutput(logits, loss)
-
-    def _classifier_dropout_p(self) -> float:
-        config = self.config
-        p = config.classifier_dropout
-        return config.hidden_dropout_prob if p is None else p
-
-
-class BertForNextSentencePrediction(_BertForPooledClassification):
-    """Next-sentence prediction: logits [B, 2] (index 0 = "B follows A"); with ``labels``
-    ([B]), ``loss`` is their cross-entropy."""
-
-    def __init__(self, config: BertConfig, **kwargs):
-        super().__init__(config, 2, **kwargs)
-
-    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return losses.next_sentence_loss(logits, labels)
-
-
-class BertForSequenceClassification(_BertForPooledClassification):
-    """Sequence classification: logits [B, num_labels], with dropout (``classifier_dropout``,
-    else ``hidden_dropout_prob``) on the pooled output in training mode. With ``labels``,
-    ``loss`` as Hugging Face computes it (fastbert.losses.sequence_classification_loss:
-    regression, single- or multi-label by ``config.problem_type`` or the labels)."""
-
-    pooled_dropout = True
-
-    def __init__(self, config: BertConfig, **kwargs):
-        super().__init__(config, config.num_labels, **kwargs)
-
-    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return losses.sequence_classification_loss(logits, labels, self.config.problem_type)

@@ -21,7 +21,7 @@ Two entries are registered under the name "fastbert":
 
 Where the kernel runs: CUDA tensors use the Triton kernel (as ``torch.ops.fastbert.attention``
 under torch.compile, so a compiled model has no graph break); CPU tensors use it under the
-Triton interpreter (``TRITON_INTERPRET=1``) and the torch backend (fastbert.torch_ops)
+Triton interpreter (``TRITON_INTERPRET=1``) and the torch backend (fastbert.kernels.torch_ops)
 otherwise. Head dims the kernel does not support (it runs 32, 64, 80, 96, 128), float64 and
 inputs without unit stride on the head dim use the torch backend too. Attention weights are
 never returned (None), as with sdpa.
@@ -47,9 +47,9 @@ from typing import Any
 
 import torch
 
-from fastbert import custom_ops, torch_ops
-from fastbert.kernels import _runtime
-from fastbert.kernels._checks import FLOAT_DTYPES
+from fastbert.execution import custom_ops
+from fastbert.kernels import launch, torch_ops
+from fastbert.kernels.checks import FLOAT_DTYPES
 from fastbert.kernels.flash_attention import SUPPORTED_HEAD_DIMS
 
 NAME = "fastbert"
@@ -118,7 +118,7 @@ def _needs_sdpa(
 def _kernel_runs(*tensors: torch.Tensor) -> bool:
     """Whether the Triton attention kernel can take these q, k, v (else: the torch backend)."""
     q = tensors[0]
-    on_device = q.device.type == "cuda" or (q.device.type == "cpu" and _runtime.interpreting())
+    on_device = q.device.type == "cuda" or (q.device.type == "cpu" and launch.interpreting())
     return (
         on_device
         and q.dtype in FLOAT_DTYPES

@@ -7,7 +7,7 @@
   torch backend unpacks each layer's Q, K, V to [B, longest] for one masked SDPA call), and the
   result is scattered back to [B, S, H] with zeros at padded positions. The number of real
   tokens sizes the packed tensors: it comes from the one host read a forward makes
-  (fastbert.validation.read_batch), together with the id-range check.
+  (fastbert.execution.validation.read_batch), together with the id-range check.
 - CUDA graphs: the encoder (embeddings and layers) is captured once per key and replayed,
   which removes the per-kernel launch cost (85 launches for BERT-base). A dense call's
   key is its (batch, seq, optional inputs); a padding-free call's is its size bucket: the T
@@ -22,7 +22,8 @@ Each is chosen per call by the model's ``padding_free`` and ``cuda_graphs`` sett
   roughly by their padding fraction, while dense and packed measured alike within the
   noise below 10% padding (benchmarks/results/cpu-*); True packs whenever a mask has padding;
   False never. A batch without padding always runs dense, and unmasked.
-- ``cuda_graphs`` chooses when a call replays a graph of its key (fastbert.graphs holds the
+- ``cuda_graphs`` chooses when a call replays a graph of its key (fastbert.execution.graphs holds
+the
   rule, the bounds and the thread and weight safety). For a padding-free call, the key is its
   size bucket and its tokens the bucket's rows.
 """
@@ -35,9 +36,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from fastbert.kernels._runtime import cdiv, next_power_of_2
-from fastbert.ops import Ops
-from fastbert.validation import RowLengths
+from fastbert.execution.backends import Ops
+from fastbert.execution.validation import RowLengths
+from fastbert.kernels.launch import cdiv, next_power_of_2
 
 SETTINGS = ("auto", True, False)
 # "auto" packs when at least this fraction of the batch is padding: below it, the gather and
@@ -149,7 +150,8 @@ def pack(
 ) -> PackedBatch | None:
     """The packing of a bool [B, S] mask (True = real token), or None if too little padding.
 
-    ``rows`` are the mask's row lengths (:func:`fastbert.validation.read_batch`), already on
+    ``rows`` are the mask's row lengths (:func:`fastbert.execution.validation.read_batch`), already
+    on
     the host, so packing does not synchronise. None when the padding fraction is below
     ``min_padding`` (0: pack any padded batch; a batch without padding is never packed).
     """
