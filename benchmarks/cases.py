@@ -16,8 +16,15 @@ DEVICE = "cuda"
 def info(case: Case, op: str, impl: str) -> dict:
     """The identification filed with a measurement (read by fastbert.bench.targets)."""
     model, shape, dtype = case
-    return {"op": op, "impl": impl, "model": model, "dtype": dtype, "batch": shape.batch,
-            "seq": shape.seq, "padded": shape.padded}
+    return {
+        "op": op,
+        "impl": impl,
+        "model": model,
+        "dtype": dtype,
+        "batch": shape.batch,
+        "seq": shape.seq,
+        "padded": shape.padded,
+    }
 
 
 def config_and_dtype(case: Case) -> tuple[BertConfig, torch.dtype]:

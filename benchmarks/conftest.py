@@ -37,8 +37,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--bench-shapes", default=",".join(GRID) + ",64x512p")
     group.addoption("--bench-warmup", type=int, default=10)
     group.addoption("--bench-reps", type=int, default=100)
-    group.addoption("--bench-compile", action="store_true",
-                    help="also time torch.compile peers (slow: a compilation per shape)")
+    group.addoption(
+        "--bench-compile",
+        action="store_true",
+        help="also time torch.compile peers (slow: a compilation per shape)",
+    )
 
 
 def _split(text: str) -> list[str]:
@@ -95,8 +98,12 @@ def record(request: pytest.FixtureRequest, benchmark):
         result = timing.time_cuda(fn, warmup, reps)
         seconds = result.median_ms * 1e-3
         benchmark.extra_info.update(
-            info, **result.to_dict(), flops=work.flops, bytes=work.bytes,
-            tflops=work.flops / seconds / 1e12, tbps=work.bytes / seconds / 1e12,
+            info,
+            **result.to_dict(),
+            flops=work.flops,
+            bytes=work.bytes,
+            tflops=work.flops / seconds / 1e12,
+            tbps=work.bytes / seconds / 1e12,
         )
 
         def synchronized() -> None:
@@ -106,4 +113,3 @@ def record(request: pytest.FixtureRequest, benchmark):
         benchmark.pedantic(synchronized, rounds=max(10, reps // 5), warmup_rounds=2)
 
     return run
-

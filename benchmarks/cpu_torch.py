@@ -96,8 +96,13 @@ def build(peer: str, reference) -> Callable[[Batch], torch.Tensor]:
         model = hf_models.model_like(
             reference.hf_model, peer.removeprefix("hf-"), torch.float32, torch.device("cpu")
         )
-        return lambda b: model(input_ids=b.input_ids, attention_mask=b.attention_mask,
-                               token_type_ids=b.token_type_ids).last_hidden_state
+        return lambda b: (
+            model(
+                input_ids=b.input_ids,
+                attention_mask=b.attention_mask,
+                token_type_ids=b.token_type_ids,
+            ).last_hidden_state
+        )
     model = fastbert.BertModel.from_pretrained(
         reference.hf_model, backend="torch", padding_free=FASTBERT_SETTINGS[peer]
     )
@@ -113,7 +118,7 @@ def round_robin(calls: dict[str, Callable[[], object]], warmup: int, reps: int) 
             calls[name]()
     samples: dict[str, list[float]] = {name: [] for name in names}
     for rep in range(reps):
-        for name in names[rep % len(names):] + names[: rep % len(names)]:
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
             start = time.perf_counter()
             calls[name]()
             samples[name].append((time.perf_counter() - start) * 1e3)
@@ -137,17 +142,26 @@ def measure_model(name: str, texts: list[str], warmup: int, reps: int, seed: int
     for label, batch in batches(token_lengths, reference.config.vocab_size, seed).items():
         with torch.inference_mode():
             expected = forwards["hf-sdpa"](batch)
-            diffs = {peer: max_diff(forward(batch), expected, batch)
-                     for peer, forward in forwards.items() if peer.startswith("fastbert")}
+            diffs = {
+                peer: max_diff(forward(batch), expected, batch)
+                for peer, forward in forwards.items()
+                if peer.startswith("fastbert")
+            }
             timings = round_robin(
                 {peer: (lambda f=forward, b=batch: f(b)) for peer, forward in forwards.items()},
-                warmup, reps,
+                warmup,
+                reps,
             )
         shape = tuple(batch.input_ids.shape)
-        record = {"model": reference.name, "batch": label, "shape": list(shape),
-                  "real_tokens": batch.real_tokens,
-                  "padding": round(1 - batch.real_tokens / (shape[0] * shape[1]), 3),
-                  "timings": timings, "max_abs_diff_vs_hf_sdpa": diffs}
+        record = {
+            "model": reference.name,
+            "batch": label,
+            "shape": list(shape),
+            "real_tokens": batch.real_tokens,
+            "padding": round(1 - batch.real_tokens / (shape[0] * shape[1]), 3),
+            "timings": timings,
+            "max_abs_diff_vs_hf_sdpa": diffs,
+        }
         print(format_record(record), flush=True)
         records.append(record)
     return records
@@ -160,20 +174,28 @@ def measure_encode(texts: list[str], batch_size: int, warmup: int, reps: int) ->
         fast = fastbert.optimize(hf_models.packaged_minilm("cpu"))
     encoders = {
         "st.encode": lambda: st.encode(texts, batch_size=batch_size, convert_to_tensor=True),
-        "fastbert.optimize(st).encode":
-            lambda: fast.encode(texts, batch_size=batch_size, convert_to_tensor=True),
+        "fastbert.optimize(st).encode": lambda: fast.encode(
+            texts, batch_size=batch_size, convert_to_tensor=True
+        ),
     }
     expected, got = (encode() for encode in encoders.values())
     cosine = torch.nn.functional.cosine_similarity(got, expected, dim=-1)
     timings = round_robin(encoders, warmup, reps)
-    record = {"texts": len(texts), "batch_size": batch_size,
-              "words_mean": sum(len(t.split()) for t in texts) / len(texts),
-              "timings": timings, "min_cosine": cosine.min().item(),
-              "speedup": timings["st.encode"]["median_ms"]
-              / timings["fastbert.optimize(st).encode"]["median_ms"]}
-    print(f"encode {len(texts)} texts: st {timings['st.encode']['median_ms']:.0f} ms, fastbert "
-          f"{timings['fastbert.optimize(st).encode']['median_ms']:.0f} ms "
-          f"(x{record['speedup']:.2f}), min cosine {record['min_cosine']:.7f}", flush=True)
+    record = {
+        "texts": len(texts),
+        "batch_size": batch_size,
+        "words_mean": sum(len(t.split()) for t in texts) / len(texts),
+        "timings": timings,
+        "min_cosine": cosine.min().item(),
+        "speedup": timings["st.encode"]["median_ms"]
+        / timings["fastbert.optimize(st).encode"]["median_ms"],
+    }
+    print(
+        f"encode {len(texts)} texts: st {timings['st.encode']['median_ms']:.0f} ms, fastbert "
+        f"{timings['fastbert.optimize(st).encode']['median_ms']:.0f} ms "
+        f"(x{record['speedup']:.2f}), min cosine {record['min_cosine']:.7f}",
+        flush=True,
+    )
     return record
 
 
@@ -185,8 +207,10 @@ def speedup(record: dict, peer: str, over: str) -> float:
 def format_record(record: dict) -> str:
     t = record["timings"]
     times = ", ".join(f"{peer} {t[peer]['median_ms']:.1f}" for peer in PEERS)
-    return (f"{record['model']} {record['batch']} {record['shape']} pad {record['padding']:.0%}:"
-            f" {times} ms; auto x{speedup(record, 'fastbert-auto', 'hf-sdpa'):.2f} over sdpa")
+    return (
+        f"{record['model']} {record['batch']} {record['shape']} pad {record['padding']:.0%}:"
+        f" {times} ms; auto x{speedup(record, 'fastbert-auto', 'hf-sdpa'):.2f} over sdpa"
+    )
 
 
 def markdown(doc: dict) -> str:
@@ -201,17 +225,23 @@ def markdown(doc: dict) -> str:
         "repetitions (p20-p80 in results.json); speed-ups are over the Hugging Face "
         "median.",
         "",
-        "| model | batch | shape | padding | " + " | ".join(PEERS)
+        "| model | batch | shape | padding | "
+        + " | ".join(PEERS)
         + " | dense / sdpa | auto / sdpa | auto / eager |",
         "|---" * (len(PEERS) + 7) + "|",
     ]
     for r in doc["records"]:
         t = r["timings"]
-        cells = [r["model"], r["batch"], "x".join(map(str, r["shape"])), f"{r['padding']:.0%}",
-                 *(f"{t[p]['median_ms']:.1f}" for p in PEERS),
-                 f"{speedup(r, 'fastbert-dense', 'hf-sdpa'):.2f}x",
-                 f"{speedup(r, 'fastbert-auto', 'hf-sdpa'):.2f}x",
-                 f"{speedup(r, 'fastbert-auto', 'hf-eager'):.2f}x"]
+        cells = [
+            r["model"],
+            r["batch"],
+            "x".join(map(str, r["shape"])),
+            f"{r['padding']:.0%}",
+            *(f"{t[p]['median_ms']:.1f}" for p in PEERS),
+            f"{speedup(r, 'fastbert-dense', 'hf-sdpa'):.2f}x",
+            f"{speedup(r, 'fastbert-auto', 'hf-sdpa'):.2f}x",
+            f"{speedup(r, 'fastbert-auto', 'hf-eager'):.2f}x",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     e = doc["encode"]
     te = e["timings"]
@@ -232,8 +262,11 @@ def markdown(doc: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench-cpu", help="folder for results.json / .md")
-    parser.add_argument("--models", default=",".join(MODELS),
-                        help="comma-separated: bert-mini, minilm (the packaged weights), ...")
+    parser.add_argument(
+        "--models",
+        default=",".join(MODELS),
+        help="comma-separated: bert-mini, minilm (the packaged weights), ...",
+    )
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--texts", type=int, default=512, help="sentences to encode")
@@ -246,10 +279,18 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models.split(","):
         records += measure_model(name.strip(), texts, args.warmup, args.reps, args.seed)
     encode = measure_encode(texts, 32, 1, args.encode_reps)
-    doc = {"environment": env,
-           "settings": {"warmup": args.warmup, "reps": args.reps, "seed": args.seed,
-                        "dtype": "float32", "backend": "torch"},
-           "records": records, "encode": encode}
+    doc = {
+        "environment": env,
+        "settings": {
+            "warmup": args.warmup,
+            "reps": args.reps,
+            "seed": args.seed,
+            "dtype": "float32",
+            "backend": "torch",
+        },
+        "records": records,
+        "encode": encode,
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")

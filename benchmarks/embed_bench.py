@@ -41,8 +41,9 @@ def corpus(docs: int) -> list[str]:
     length spread is the text's), one line each."""
     from pydoc_data.topics import topics
 
-    paragraphs = [" ".join(p.split()) for name in sorted(topics)
-                  for p in topics[name].split("\n\n")]
+    paragraphs = [
+        " ".join(p.split()) for name in sorted(topics) for p in topics[name].split("\n\n")
+    ]
     paragraphs = [p for p in paragraphs if p]
     if docs > len(paragraphs):
         raise SystemExit(f"--docs: the corpus has {len(paragraphs)} paragraphs")
@@ -50,8 +51,9 @@ def corpus(docs: int) -> list[str]:
     return [paragraphs[int(i * step)] for i in range(docs)]
 
 
-def contenders(texts: list[str], device: str, batch_tokens: int | None,
-               workdir: Path) -> dict[str, Callable[[list[str]], np.ndarray]]:
+def contenders(
+    texts: list[str], device: str, batch_tokens: int | None, workdir: Path
+) -> dict[str, Callable[[list[str]], np.ndarray]]:
     """name -> function(texts) -> embeddings [n, dim] (float32 numpy)."""
     import fastbert
     from fastbert.embed import pipeline, readers
@@ -60,8 +62,7 @@ def contenders(texts: list[str], device: str, batch_tokens: int | None,
     from fastbert.integrations import models
 
     folder = str(models.packaged_minilm_path())
-    options = EmbedOptions(model=folder, device=device, batch_tokens=batch_tokens,
-                           progress=False)
+    options = EmbedOptions(model=folder, device=device, batch_tokens=batch_tokens, progress=False)
     loaded = pipeline.load(options)
     st = models.packaged_minilm(device)
     swapped = fastbert.optimize(models.packaged_minilm(device))
@@ -71,8 +72,9 @@ def contenders(texts: list[str], device: str, batch_tokens: int | None,
         if not source.exists():
             source.write_text("".join(json.dumps({"text": t}) + "\n" for t in batch))
         output = Path(tempfile.mkdtemp(dir=workdir))
-        writer = ShardWriter(output, loaded.options.rows_per_shard, loaded.encoder.dimensions,
-                             np.float32)
+        writer = ShardWriter(
+            output, loaded.options.rows_per_shard, loaded.encoder.dimensions, np.float32
+        )
         pipeline.run_rows(readers.read_rows([source], "text", None), loaded, writer, 0)
         return read_shards(output)
 
@@ -94,8 +96,9 @@ def read_shards(folder: Path) -> np.ndarray:
     import pyarrow.parquet as pq
 
     tables = [pq.read_table(p) for p in sorted(folder.glob("part-*.parquet"))]
-    return np.concatenate([np.stack(t.column("embedding").to_numpy(zero_copy_only=False))
-                           for t in tables])
+    return np.concatenate(
+        [np.stack(t.column("embedding").to_numpy(zero_copy_only=False)) for t in tables]
+    )
 
 
 def count_tokens(texts: list[str], max_length: int) -> int:
@@ -108,8 +111,9 @@ def count_tokens(texts: list[str], max_length: int) -> int:
     return sum(len(i) for i in ids)
 
 
-def measure(fn: Callable[[list[str]], np.ndarray], texts: list[str],
-            reps: int) -> tuple[list[float], np.ndarray]:
+def measure(
+    fn: Callable[[list[str]], np.ndarray], texts: list[str], reps: int
+) -> tuple[list[float], np.ndarray]:
     fn(texts[: max(1, len(texts) // 10)])  # warm-up
     seconds, result = [], None
     for _ in range(reps):
@@ -128,8 +132,7 @@ def cosine_min(a: np.ndarray, b: np.ndarray) -> float:
 def markdown(report: dict) -> str:
     env, rows = report["environment"], report["results"]
     lines = [
-        f"# Corpus embedding, {report['device']}: {report['docs']} docs, "
-        f"{report['tokens']} tokens",
+        f"# Corpus embedding, {report['device']}: {report['docs']} docs, {report['tokens']} tokens",
         "",
         f"all-MiniLM-L6-v2 (packaged), fp32, max_length {report['max_length']}; corpus: "
         f"paragraphs of pydoc_data.topics (words per doc: median {report['words_median']}, "
@@ -180,15 +183,30 @@ def main(argv: list[str] | None = None) -> int:
             seconds, embedded = measure(runs[name], texts, args.reps)
             reference = embedded if reference is None else reference
             median = statistics.median(seconds)
-            results.append({"name": name, "seconds": seconds, "median_s": median,
-                            "docs_per_s": len(texts) / median, "tokens_per_s": tokens / median,
-                            "cosine_min": cosine_min(embedded, reference)})
+            results.append(
+                {
+                    "name": name,
+                    "seconds": seconds,
+                    "median_s": median,
+                    "docs_per_s": len(texts) / median,
+                    "tokens_per_s": tokens / median,
+                    "cosine_min": cosine_min(embedded, reference),
+                }
+            )
             print(f"{name}: {median:.2f} s, {len(texts) / median:.1f} docs/s", file=sys.stderr)
-    report = {"device": args.device, "docs": len(texts), "tokens": tokens, "reps": args.reps,
-              "max_length": max_length, "words_median": statistics.median(words),
-              "words_max": max(words), "load_average": load_average,
-              "batch_tokens": args.batch_tokens, "environment": environment.capture(),
-              "results": results}
+    report = {
+        "device": args.device,
+        "docs": len(texts),
+        "tokens": tokens,
+        "reps": args.reps,
+        "max_length": max_length,
+        "words_median": statistics.median(words),
+        "words_max": max(words),
+        "load_average": load_average,
+        "batch_tokens": args.batch_tokens,
+        "environment": environment.capture(),
+        "results": results,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "embed-bench.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "embed-bench.md").write_text(markdown(report))

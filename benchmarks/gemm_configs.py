@@ -80,11 +80,13 @@ def measure(
             os.environ[AUTOTUNE_ENV] = str(index)
             kernel.cache.clear()
             result = timing.time_fn(run, device, warmup, reps)
-            rows.append({
-                "config": fused_linear.config_name(config),
-                **result.to_dict(),
-                "tflops": flops / (result.median_ms * 1e-3) / 1e12,
-            })
+            rows.append(
+                {
+                    "config": fused_linear.config_name(config),
+                    **result.to_dict(),
+                    "tflops": flops / (result.median_ms * 1e-3) / 1e12,
+                }
+            )
         os.environ[AUTOTUNE_ENV] = "all"
         kernel.cache.clear()
         run()
@@ -145,8 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        print("no CUDA GPU: set TRITON_INTERPRET=1 to run the kernels under the Triton "
-              "interpreter (a check of the command, not a measurement)", file=sys.stderr)
+        print(
+            "no CUDA GPU: set TRITON_INTERPRET=1 to run the kernels under the Triton "
+            "interpreter (a check of the command, not a measurement)",
+            file=sys.stderr,
+        )
         return 2
     dtype = DTYPES[args.dtype]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -162,14 +167,15 @@ def main(argv: list[str] | None = None) -> int:
         bar.step(p.name)
         results.append(measure(p, args.tokens, dtype, device, args.warmup, args.reps))
         bar.advance()
-        document = {"environment": environment.capture(), "dtype": args.dtype,
-                    "results": results}
+        document = {"environment": environment.capture(), "dtype": args.dtype, "results": results}
         (args.out / "results.json").write_text(json.dumps(document, indent=1) + "\n")
         (args.out / "results.md").write_text(markdown(results, header) + "\n")
     for r in results:
         best = min(r["configs"], key=lambda c: c["median_ms"])
-        print(f"{r['projection']}: fastest {best['config']} {best['median_ms']:.4f} ms "
-              f"({best['tflops']:.1f} TFLOP/s); autotuner chose {r['autotuner_choice']}")
+        print(
+            f"{r['projection']}: fastest {best['config']} {best['median_ms']:.4f} ms "
+            f"({best['tflops']:.1f} TFLOP/s); autotuner chose {r['autotuner_choice']}"
+        )
     print(f"wrote {args.out / 'results.json'} and {args.out / 'results.md'}")
     return 0
 

@@ -60,11 +60,20 @@ def subsection(folder: Path, doc: dict, base: Path) -> str:
         report.roofline_line(doc),
     ]
     if (folder / report.RESULTS_PNG).exists():
-        lines += ["", f"![{settings['model']} on {env.get('gpu')}]"
-                      f"({_link(folder / report.RESULTS_PNG, base)})"]
+        lines += [
+            "",
+            f"![{settings['model']} on {env.get('gpu')}]"
+            f"({_link(folder / report.RESULTS_PNG, base)})",
+        ]
     outcomes = targets.evaluate(doc, report.read_kernels(folder))
-    lines += ["", "Targets:", "", targets.markdown(outcomes), "",
-              f"Files: `{_link(folder, base)}/`."]
+    lines += [
+        "",
+        "Targets:",
+        "",
+        targets.markdown(outcomes),
+        "",
+        f"Files: `{_link(folder, base)}/`.",
+    ]
     return "\n".join(lines)
 
 
@@ -96,12 +105,14 @@ def update(readme: Path, results_dir: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.readme",
-                                     description="regenerate the README's results section")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.readme", description="regenerate the README's results section"
+    )
     parser.add_argument("--readme", type=Path, default=REPO / "README.md")
     parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results")
-    parser.add_argument("--check", action="store_true",
-                        help="change nothing; exit 1 if the section is out of date")
+    parser.add_argument(
+        "--check", action="store_true", help="change nothing; exit 1 if the section is out of date"
+    )
     args = parser.parse_args(argv)
     if args.check:
         text = args.readme.read_text()

@@ -38,8 +38,12 @@ def test_forward(case, peer_name, benchmark, request) -> None:
     config, dtype = config_and_dtype(case)
     reference = _reference(model)
     batch = make_batch(shape, config.vocab_size, device)
-    settings = runner.Settings(dtype, device, warmup=request.config.getoption("--bench-warmup"),
-                               reps=request.config.getoption("--bench-reps"))
+    settings = runner.Settings(
+        dtype,
+        device,
+        warmup=request.config.getoption("--bench-warmup"),
+        reps=request.config.getoption("--bench-reps"),
+    )
     torch._dynamo.reset()
     memory.release(device)
     base_mib = memory.allocated_mib(device)

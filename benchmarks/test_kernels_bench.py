@@ -28,8 +28,12 @@ def _sdpa(backend_name: str):
     """F.scaled_dot_product_attention restricted to one backend."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-               "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[backend_name]
+    backend = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "math": SDPBackend.MATH,
+    }[backend_name]
 
     def attend(q, k, v, mask):
         with sdpa_kernel([backend]):

@@ -52,7 +52,8 @@ def classifier(reference, attn_implementation: str, device: torch.device):
     config = transformers.BertConfig(**values, num_labels=NUM_LABELS)
     torch.manual_seed(0)
     model = transformers.AutoModelForSequenceClassification.from_config(
-        config, attn_implementation=attn_implementation)
+        config, attn_implementation=attn_implementation
+    )
     model.bert.load_state_dict(reference.hf_model.state_dict())
     return model.to(device).train()
 
@@ -74,8 +75,12 @@ def build(name: str, reference, device: torch.device) -> torch.nn.Module:
 def step_fn(model, batch, labels, amp: torch.dtype | None, device: torch.device) -> Callable:
     """One training step of ``model`` on ``batch`` (a fresh AdamW for each contender)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
-              "token_type_ids": batch.token_type_ids, "labels": labels}
+    inputs = {
+        "input_ids": batch.input_ids,
+        "attention_mask": batch.attention_mask,
+        "token_type_ids": batch.token_type_ids,
+        "labels": labels,
+    }
 
     def step() -> float:
         optimizer.zero_grad(set_to_none=True)
@@ -88,8 +93,9 @@ def step_fn(model, batch, labels, amp: torch.dtype | None, device: torch.device)
     return step
 
 
-def measure(names: list[str], steps: dict[str, Callable], device: torch.device,
-            warmup: int, reps: int) -> dict[str, dict]:
+def measure(
+    names: list[str], steps: dict[str, Callable], device: torch.device, warmup: int, reps: int
+) -> dict[str, dict]:
     """name -> {"timing": ms summary, "peak_mib": peak CUDA memory or None}."""
     results = {}
     if device.type == "cuda":
@@ -108,8 +114,10 @@ def measure(names: list[str], steps: dict[str, Callable], device: torch.device,
             start = time.perf_counter()
             steps[name]()
             samples[name].append((time.perf_counter() - start) * 1e3)
-    return {name: {"timing": timing.summarize(samples[name]).to_dict(), "peak_mib": None}
-            for name in names}
+    return {
+        name: {"timing": timing.summarize(samples[name]).to_dict(), "peak_mib": None}
+        for name in names
+    }
 
 
 def render(env: dict, args: argparse.Namespace, rows: list[dict]) -> str:
@@ -124,14 +132,19 @@ def render(env: dict, args: argparse.Namespace, rows: list[dict]) -> str:
         f"per step (forward + backward + optimizer step) of {args.reps} steps; speed-ups over "
         "Hugging Face sdpa.",
         "",
-        "| shape | " + " | ".join(args.contenders) + " | fastbert / sdpa | peak MiB "
-        + " / ".join(args.contenders) + " |",
+        "| shape | "
+        + " | ".join(args.contenders)
+        + " | fastbert / sdpa | peak MiB "
+        + " / ".join(args.contenders)
+        + " |",
         "|---|" + "---|" * (len(args.contenders) + 2),
     ]
     for row in rows:
         medians = {n: row["results"][n]["timing"]["median_ms"] for n in row["results"]}
-        cells = [f"{medians[n]:.1f}" if n in medians else row["errors"].get(n, "-")
-                 for n in args.contenders]
+        cells = [
+            f"{medians[n]:.1f}" if n in medians else row["errors"].get(n, "-")
+            for n in args.contenders
+        ]
         ratio = "-"
         if "fastbert" in medians and "hf-sdpa" in medians:
             ratio = f"{medians['hf-sdpa'] / medians['fastbert']:.2f}x"
@@ -180,8 +193,11 @@ def main(argv: list[str] | None = None) -> int:
                 steps.pop(name, None)
         results = measure(list(steps), steps, device, args.warmup, args.reps)
         rows.append({"shape": shape.label, "results": results, "errors": errors})
-        print(f"{shape.label}: " + ", ".join(
-            f"{n} {r['timing']['median_ms']:.1f} ms" for n, r in results.items()), flush=True)
+        print(
+            f"{shape.label}: "
+            + ", ".join(f"{n} {r['timing']['median_ms']:.1f} ms" for n, r in results.items()),
+            flush=True,
+        )
     env = environment.capture()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

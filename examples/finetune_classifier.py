@@ -24,8 +24,24 @@ import fastbert
 
 POSITIVE = ["good", "great", "lovely", "excellent", "fun", "moving", "superb", "charming"]
 NEGATIVE = ["bad", "awful", "boring", "dull", "poor", "terrible", "weak", "tedious"]
-FILLER = ["the", "film", "was", "plot", "acting", "really", "quite", "and", "a", "story",
-          "this", "music", "ending", "very", "it", "is"]
+FILLER = [
+    "the",
+    "film",
+    "was",
+    "plot",
+    "acting",
+    "really",
+    "quite",
+    "and",
+    "a",
+    "story",
+    "this",
+    "music",
+    "ending",
+    "very",
+    "it",
+    "is",
+]
 VOCAB = ["[PAD]", "[CLS]", "[SEP]", *POSITIVE, *NEGATIVE, *FILLER]
 MAX_LENGTH = 16
 
@@ -41,8 +57,13 @@ def make_reviews(count: int, seed: int) -> list[dict[str, torch.Tensor]]:
         ids = [VOCAB.index("[CLS]"), *(VOCAB.index(w) for w in words), VOCAB.index("[SEP]")]
         mask = [1] * len(ids) + [0] * (MAX_LENGTH - len(ids))
         ids += [0] * (MAX_LENGTH - len(ids))
-        rows.append({"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask),
-                     "labels": torch.tensor(int(label))})
+        rows.append(
+            {
+                "input_ids": torch.tensor(ids),
+                "attention_mask": torch.tensor(mask),
+                "labels": torch.tensor(int(label)),
+            }
+        )
     return rows
 
 
@@ -69,18 +90,30 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
 
     torch.manual_seed(args.seed)
-    config = BertConfig(vocab_size=len(VOCAB), hidden_size=64, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=128,
-                        max_position_embeddings=MAX_LENGTH, num_labels=2)
+    config = BertConfig(
+        vocab_size=len(VOCAB),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=MAX_LENGTH,
+        num_labels=2,
+    )
     model = fastbert.optimize(BertForSequenceClassification(config), backend=args.backend)
     train, test = make_reviews(args.train_size, args.seed), make_reviews(200, args.seed + 1)
     before = accuracy(model, test)
     trainer = Trainer(
-        model=model, train_dataset=train,
+        model=model,
+        train_dataset=train,
         args=TrainingArguments(
-            output_dir=args.output_dir or "finetune-output", num_train_epochs=args.epochs,
-            per_device_train_batch_size=32, learning_rate=2e-3, logging_steps=10,
-            save_strategy="no", report_to=[], seed=args.seed,
+            output_dir=args.output_dir or "finetune-output",
+            num_train_epochs=args.epochs,
+            per_device_train_batch_size=32,
+            learning_rate=2e-3,
+            logging_steps=10,
+            save_strategy="no",
+            report_to=[],
+            seed=args.seed,
             use_cpu=not torch.cuda.is_available(),
         ),
     )
@@ -88,9 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     after = accuracy(model, test)
     if args.output_dir:
         model.save_pretrained(args.output_dir)
-    print(f"trained {result.global_step} steps, final train loss {result.training_loss:.3f}; "
-          f"test accuracy {before:.1%} before, {after:.1%} after"
-          + (f"; saved to {args.output_dir}" if args.output_dir else ""))
+    print(
+        f"trained {result.global_step} steps, final train loss {result.training_loss:.3f}; "
+        f"test accuracy {before:.1%} before, {after:.1%} after"
+        + (f"; saved to {args.output_dir}" if args.output_dir else "")
+    )
     return 0
 
 

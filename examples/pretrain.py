@@ -54,9 +54,13 @@ def make_batch(size: int, rng: random.Random) -> dict[str, torch.Tensor]:
         return torch.tensor([p[column] + [fill] * (MAX_LENGTH - len(p[column])) for p in pairs])
 
     ids = padded(0, PAD)
-    return {"input_ids": ids, "attention_mask": (ids != PAD).long(),
-            "token_type_ids": padded(1, 0), "labels": padded(2, -100),
-            "next_sentence_label": torch.tensor([p[3] for p in pairs])}
+    return {
+        "input_ids": ids,
+        "attention_mask": (ids != PAD).long(),
+        "token_type_ids": padded(1, 0),
+        "labels": padded(2, -100),
+        "next_sentence_label": torch.tensor([p[3] for p in pairs]),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,15 +77,23 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     config = fastbert.BertConfig(
-        vocab_size=len(SPECIAL) + WORDS, hidden_size=64, num_hidden_layers=2,
-        num_attention_heads=2, intermediate_size=128, max_position_embeddings=MAX_LENGTH,
+        vocab_size=len(SPECIAL) + WORDS,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=MAX_LENGTH,
     )
-    model = fastbert.BertForPreTraining(
-        config, device=device, backend=args.backend).init_weights().train()
+    model = (
+        fastbert.BertForPreTraining(config, device=device, backend=args.backend)
+        .init_weights()
+        .train()
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     rng = random.Random(args.seed)
     try:
         from tqdm import tqdm
+
         steps = tqdm(range(args.steps), desc="pre-training", unit="step")
     except ImportError:
         steps = range(args.steps)
@@ -102,9 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     mlm = (out.prediction_logits.argmax(-1)[masked] == held_out["labels"][masked]).float().mean()
     nsp = (out.seq_relationship_logits.argmax(-1) == held_out["next_sentence_label"]).float()
     window = max(1, min(10, len(losses) // 2))
-    print(f"{args.steps} steps: loss {sum(losses[:window]) / window:.3f} -> "
-          f"{sum(losses[-window:]) / window:.3f}; held-out masked-word accuracy {mlm:.1%}, "
-          f"next-sentence accuracy {nsp.mean():.1%}")
+    print(
+        f"{args.steps} steps: loss {sum(losses[:window]) / window:.3f} -> "
+        f"{sum(losses[-window:]) / window:.3f}; held-out masked-word accuracy {mlm:.1%}, "
+        f"next-sentence accuracy {nsp.mean():.1%}"
+    )
     return 0
 
 

@@ -206,15 +206,19 @@ def check_embeddings(
         word_emb=word_emb, pos_emb=pos_emb, type_emb=type_emb, weight=weight, bias=bias
     )
     check_same_device(
-        input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids,
-        word_emb=word_emb, pos_emb=pos_emb, type_emb=type_emb, weight=weight, bias=bias,
+        input_ids=input_ids,
+        token_type_ids=token_type_ids,
+        position_ids=position_ids,
+        word_emb=word_emb,
+        pos_emb=pos_emb,
+        type_emb=type_emb,
+        weight=weight,
+        bias=bias,
     )
     hidden = word_emb.shape[1]
     for name, t in (("pos_emb", pos_emb), ("type_emb", type_emb)):
         if t.shape[1] != hidden:
-            raise ValueError(
-                f"{name} has width {t.shape[1]} but word_emb has width {hidden}"
-            )
+            raise ValueError(f"{name} has width {t.shape[1]} but word_emb has width {hidden}")
     check_shape("weight", weight, (hidden,))
     check_shape("bias", bias, (hidden,))
     check_eps(eps)

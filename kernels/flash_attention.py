@@ -144,9 +144,7 @@ def configs() -> list[triton.Config]:
     ]
 
 
-def _prune(
-    configs: list[triton.Config], named_args: dict, **kwargs: object
-) -> list[triton.Config]:
+def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
     """Autotuner hook: the configs ``keep`` allows for this launch's BLOCK_D, dtype, variant
     (only one of them when FASTBERT_AUTOTUNE names it)."""
     args = {**named_args, **kwargs}
@@ -334,30 +332,102 @@ def _attend_rows(
         # dropout 52 B on sm_80).
         for start_n in range(0, end, BLOCK_N):
             m_i, l_i, acc = _attend_tile(
-                q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, start_n,
-                end, qk_scale, m_i, l_i, acc, drop_rows, dropout_p, seed, HEAD_DIM, BLOCK_D,
-                BLOCK_N, MASKED if HAS_MASK else BOUNDED, HAS_DROPOUT,
+                q,
+                k_base,
+                v_base,
+                mask_base,
+                stride_k_s,
+                stride_v_s,
+                stride_mask_s,
+                start_n,
+                end,
+                qk_scale,
+                m_i,
+                l_i,
+                acc,
+                drop_rows,
+                dropout_p,
+                seed,
+                HEAD_DIM,
+                BLOCK_D,
+                BLOCK_N,
+                MASKED if HAS_MASK else BOUNDED,
+                HAS_DROPOUT,
             )
     else:
         for start_n in range(0, full_end, BLOCK_N):
             m_i, l_i, acc = _attend_tile(
-                q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, start_n, end,
-                qk_scale, m_i, l_i, acc, drop_rows, dropout_p, seed, HEAD_DIM, BLOCK_D, BLOCK_N,
-                ALL_REAL, HAS_DROPOUT,
+                q,
+                k_base,
+                v_base,
+                mask_base,
+                stride_k_s,
+                stride_v_s,
+                stride_mask_s,
+                start_n,
+                end,
+                qk_scale,
+                m_i,
+                l_i,
+                acc,
+                drop_rows,
+                dropout_p,
+                seed,
+                HEAD_DIM,
+                BLOCK_D,
+                BLOCK_N,
+                ALL_REAL,
+                HAS_DROPOUT,
             )
         # At most one tile: pipelining it would only hold registers (it spilled on sm_80).
         for start_n in tl.range(full_end, bounded_end, BLOCK_N, num_stages=1):
             m_i, l_i, acc = _attend_tile(
-                q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, start_n, end,
-                qk_scale, m_i, l_i, acc, drop_rows, dropout_p, seed, HEAD_DIM, BLOCK_D, BLOCK_N,
-                BOUNDED, HAS_DROPOUT,
+                q,
+                k_base,
+                v_base,
+                mask_base,
+                stride_k_s,
+                stride_v_s,
+                stride_mask_s,
+                start_n,
+                end,
+                qk_scale,
+                m_i,
+                l_i,
+                acc,
+                drop_rows,
+                dropout_p,
+                seed,
+                HEAD_DIM,
+                BLOCK_D,
+                BLOCK_N,
+                BOUNDED,
+                HAS_DROPOUT,
             )
         if HAS_MASK:
             for start_n in tl.range(bounded_end, end, BLOCK_N, num_stages=1):
                 m_i, l_i, acc = _attend_tile(
-                    q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, start_n,
-                    end, qk_scale, m_i, l_i, acc, drop_rows, dropout_p, seed, HEAD_DIM, BLOCK_D,
-                    BLOCK_N, MASKED, HAS_DROPOUT,
+                    q,
+                    k_base,
+                    v_base,
+                    mask_base,
+                    stride_k_s,
+                    stride_v_s,
+                    stride_mask_s,
+                    start_n,
+                    end,
+                    qk_scale,
+                    m_i,
+                    l_i,
+                    acc,
+                    drop_rows,
+                    dropout_p,
+                    seed,
+                    HEAD_DIM,
+                    BLOCK_D,
+                    BLOCK_N,
+                    MASKED,
+                    HAS_DROPOUT,
                 )
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     return acc / l_safe[:, None], tl.where(l_i == 0.0, float("inf"), m_i + tl.math.log2(l_safe))
@@ -411,9 +481,24 @@ def _attend_query_block(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     q = _load_rows(q_base, offs_m, stride_q_s, offs_m < seq_q, HEAD_DIM, BLOCK_D)
     out, lse = _attend_rows(
-        q, k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s, seq_k, qk_scale,
-        drop_origin + offs_m * drop_row_step, dropout_p, seed,
-        HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_MASK, HAS_DROPOUT,
+        q,
+        k_base,
+        v_base,
+        mask_base,
+        stride_k_s,
+        stride_v_s,
+        stride_mask_s,
+        seq_k,
+        qk_scale,
+        drop_origin + offs_m * drop_row_step,
+        dropout_p,
+        seed,
+        HEAD_DIM,
+        BLOCK_D,
+        BLOCK_M,
+        BLOCK_N,
+        HAS_MASK,
+        HAS_DROPOUT,
     )
     offs_d = tl.arange(0, BLOCK_D)
     o_ptrs = o_base + offs_m[:, None] * stride_o_s + offs_d[None, :]
@@ -436,7 +521,12 @@ def _head_base(ptr, batch, first, head, stride_b, stride_h, stride_s, IS_VARLEN:
 @triton.autotune(
     configs=configs(),
     key=[
-        "seq_q_bucket", "seq_k_bucket", "HEAD_DIM", "HAS_MASK", "IS_VARLEN", "HAS_DROPOUT",
+        "seq_q_bucket",
+        "seq_k_bucket",
+        "HEAD_DIM",
+        "HAS_MASK",
+        "IS_VARLEN",
+        "HAS_DROPOUT",
         "STORE_LSE",
     ],
     prune_configs_by={"early_config_prune": _prune},
@@ -511,17 +601,61 @@ def _attention_fwd_kernel(
         # Grid-stride over query blocks: correct whatever max_seqlen sized the grid to.
         for start_m in range(tl.program_id(0) * BLOCK_M, seq_q, tl.num_programs(0) * BLOCK_M):
             _attend_query_block(
-                q_base, k_base, v_base, o_base, mask_base, lse_base, stride_q_s, stride_k_s,
-                stride_v_s, stride_o_s, stride_mask_s, start_m, seq_q, seq_k, qk_scale,
-                drop_origin, drop_row_step, dropout_p, seed,
-                HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_MASK, HAS_DROPOUT, STORE_LSE,
+                q_base,
+                k_base,
+                v_base,
+                o_base,
+                mask_base,
+                lse_base,
+                stride_q_s,
+                stride_k_s,
+                stride_v_s,
+                stride_o_s,
+                stride_mask_s,
+                start_m,
+                seq_q,
+                seq_k,
+                qk_scale,
+                drop_origin,
+                drop_row_step,
+                dropout_p,
+                seed,
+                HEAD_DIM,
+                BLOCK_D,
+                BLOCK_M,
+                BLOCK_N,
+                HAS_MASK,
+                HAS_DROPOUT,
+                STORE_LSE,
             )
     else:
         _attend_query_block(
-            q_base, k_base, v_base, o_base, mask_base, lse_base, stride_q_s, stride_k_s,
-            stride_v_s, stride_o_s, stride_mask_s, tl.program_id(0) * BLOCK_M, seq_q, seq_k,
-            qk_scale, drop_origin, drop_row_step, dropout_p, seed,
-            HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_MASK, HAS_DROPOUT, STORE_LSE,
+            q_base,
+            k_base,
+            v_base,
+            o_base,
+            mask_base,
+            lse_base,
+            stride_q_s,
+            stride_k_s,
+            stride_v_s,
+            stride_o_s,
+            stride_mask_s,
+            tl.program_id(0) * BLOCK_M,
+            seq_q,
+            seq_k,
+            qk_scale,
+            drop_origin,
+            drop_row_step,
+            dropout_p,
+            seed,
+            HEAD_DIM,
+            BLOCK_D,
+            BLOCK_M,
+            BLOCK_N,
+            HAS_MASK,
+            HAS_DROPOUT,
+            STORE_LSE,
         )
 
 
@@ -589,8 +723,22 @@ _LAUNCH_LOCK = launch_lock()  # one launch at a time across threads (the autotun
 
 
 def _launch(
-    q, k, v, out, mask, cu_seqlens, lse, strides, seq_q, seq_k, max_seqlen_q, max_seqlen_k,
-    batch, scale, dropout_p, seed,
+    q,
+    k,
+    v,
+    out,
+    mask,
+    cu_seqlens,
+    lse,
+    strides,
+    seq_q,
+    seq_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    batch,
+    scale,
+    dropout_p,
+    seed,
 ) -> None:
     """Launch the kernel on ``batch`` sequences; ``strides`` lists the 16 stride arguments.
 
@@ -604,8 +752,16 @@ def _launch(
     grid = lambda meta: (max(1, cdiv(max_seqlen_q, meta["BLOCK_M"])), heads, batch)
     with _LAUNCH_LOCK:
         _attention_fwd_kernel[grid](
-            q, k, v, out, mask, cu_seqlens, lse, *strides,
-            seq_q, seq_k,
+            q,
+            k,
+            v,
+            out,
+            mask,
+            cu_seqlens,
+            lse,
+            *strides,
+            seq_q,
+            seq_k,
             scale * LOG2_E,
             dropout_p,
             seed,
@@ -618,7 +774,6 @@ def _launch(
             HAS_DROPOUT=dropout_p > 0.0,
             STORE_LSE=lse is not None,
         )
-
 
 
 def attention_forward(
@@ -647,12 +802,30 @@ def attention_forward(
     mask_strides = (0, 0) if mask is None else (mask.stride(0), mask.stride(1))
     lse_strides = (0, 0) if lse is None else (lse.stride(0), lse.stride(1))
     strides = (
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *mask_strides,
+        *q.stride()[:3],
+        *k.stride()[:3],
+        *v.stride()[:3],
+        *out.stride()[:3],
+        *mask_strides,
         *lse_strides,
     )
     _launch(
-        q, k, v, out, mask, None, lse, strides, seq_q, seq_k, seq_q, seq_k, batch, scale,
-        dropout_p, seed,
+        q,
+        k,
+        v,
+        out,
+        mask,
+        None,
+        lse,
+        strides,
+        seq_q,
+        seq_k,
+        seq_q,
+        seq_k,
+        batch,
+        scale,
+        dropout_p,
+        seed,
     )
     return out, lse
 
@@ -679,16 +852,40 @@ def attention_varlen_forward(
     if out.numel() == 0 or batch == 0:
         return out, lse
     strides = (
-        0, q.stride(1), q.stride(0),
-        0, k.stride(1), k.stride(0),
-        0, v.stride(1), v.stride(0),
-        0, out.stride(1), out.stride(0),
-        0, 0,
-        0, 0 if lse is None else lse.stride(0),
+        0,
+        q.stride(1),
+        q.stride(0),
+        0,
+        k.stride(1),
+        k.stride(0),
+        0,
+        v.stride(1),
+        v.stride(0),
+        0,
+        out.stride(1),
+        out.stride(0),
+        0,
+        0,
+        0,
+        0 if lse is None else lse.stride(0),
     )
     _launch(
-        q, k, v, out, None, cu_seqlens, lse, strides, 0, 0, max_seqlen, max_seqlen, batch,
-        scale, dropout_p, seed,
+        q,
+        k,
+        v,
+        out,
+        None,
+        cu_seqlens,
+        lse,
+        strides,
+        0,
+        0,
+        max_seqlen,
+        max_seqlen,
+        batch,
+        scale,
+        dropout_p,
+        seed,
     )
     return out, lse
 
@@ -733,7 +930,16 @@ class _AttentionVarlen(torch.autograd.Function):
 
         q, k, v, out, lse, cu_seqlens = ctx.saved_tensors
         grads = attention_varlen_backward(
-            grad_out, q, k, v, out, lse, cu_seqlens, ctx.max_seqlen, ctx.scale, ctx.dropout_p,
+            grad_out,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            cu_seqlens,
+            ctx.max_seqlen,
+            ctx.scale,
+            ctx.dropout_p,
             ctx.seed,
         )
         return (*grads, None, None, None, None, None)
@@ -794,15 +1000,13 @@ def attention_varlen(
     dropout_p: attention-probability dropout, as in :func:`attention`. Differentiable in q, k
     and v as :func:`attention` is. Returns a contiguous [T, H, D] tensor in q's dtype.
     """
-    scale, dropout_p = check_varlen_inputs(
-        q, k, v, cu_seqlens, max_seqlen, scale, dropout_p
-    )
+    scale, dropout_p = check_varlen_inputs(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p)
     seed = draw_seed_for(dropout_p)
     if needs_grad(q, k, v):
         return _AttentionVarlen.apply(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed)
-    return attention_varlen_forward(
-        q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, False
-    )[0]
+    return attention_varlen_forward(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, False)[
+        0
+    ]
 
 
 __all__ = ["SUPPORTED_HEAD_DIMS", "attention", "attention_varlen", "configs", "keep"]

@@ -104,9 +104,31 @@ def _kept_scaled(x, keep, dropout_p):
 
 @triton.jit
 def _dkdv_block(
-    q_base, k_base, v_base, do_base, dk_base, dv_base, mask_base, lse_base, delta_base,
-    stride_q_s, stride_k_s, stride_v_s, stride_do_s, stride_dk_s, stride_dv_s, stride_mask_s,
-    start_n, seq_q, seq_k, qk_scale, sm_scale, drop_origin, drop_row_step, dropout_p, seed,
+    q_base,
+    k_base,
+    v_base,
+    do_base,
+    dk_base,
+    dv_base,
+    mask_base,
+    lse_base,
+    delta_base,
+    stride_q_s,
+    stride_k_s,
+    stride_v_s,
+    stride_do_s,
+    stride_dk_s,
+    stride_dv_s,
+    stride_mask_s,
+    start_n,
+    seq_q,
+    seq_k,
+    qk_scale,
+    sm_scale,
+    drop_origin,
+    drop_row_step,
+    dropout_p,
+    seed,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -154,9 +176,29 @@ def _dkdv_block(
 
 @triton.jit
 def _dq_block(
-    q_base, k_base, v_base, do_base, dq_base, mask_base, lse_base, delta_base,
-    stride_q_s, stride_k_s, stride_v_s, stride_do_s, stride_dq_s, stride_mask_s,
-    start_m, seq_q, seq_k, qk_scale, sm_scale, drop_origin, drop_row_step, dropout_p, seed,
+    q_base,
+    k_base,
+    v_base,
+    do_base,
+    dq_base,
+    mask_base,
+    lse_base,
+    delta_base,
+    stride_q_s,
+    stride_k_s,
+    stride_v_s,
+    stride_do_s,
+    stride_dq_s,
+    stride_mask_s,
+    start_m,
+    seq_q,
+    seq_k,
+    qk_scale,
+    sm_scale,
+    drop_origin,
+    drop_row_step,
+    dropout_p,
+    seed,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -213,14 +255,28 @@ def _attention_bwd_kernel(
     CuSeqlens,  # int32 [B + 1] sequence boundaries in the packed tokens (IS_VARLEN only)
     Lse,  # fp32 forward log2-sum-exp2 per query: [B, H, S_q] or [H, T]
     Delta,  # fp32 row sums of DO * Out: laid out like Lse
-    stride_q_b, stride_q_h, stride_q_s,
-    stride_k_b, stride_k_h, stride_k_s,
-    stride_v_b, stride_v_h, stride_v_s,
-    stride_do_b, stride_do_h, stride_do_s,
-    stride_dx_b, stride_dx_h, stride_dx_s,
-    stride_dv_b, stride_dv_h, stride_dv_s,
-    stride_mask_b, stride_mask_s,
-    stride_lse_b, stride_lse_h,
+    stride_q_b,
+    stride_q_h,
+    stride_q_s,
+    stride_k_b,
+    stride_k_h,
+    stride_k_s,
+    stride_v_b,
+    stride_v_h,
+    stride_v_s,
+    stride_do_b,
+    stride_do_h,
+    stride_do_s,
+    stride_dx_b,
+    stride_dx_h,
+    stride_dx_s,
+    stride_dv_b,
+    stride_dv_h,
+    stride_dv_s,
+    stride_mask_b,
+    stride_mask_s,
+    stride_lse_b,
+    stride_lse_h,
     seq_q,  # dense query length (varlen: read from CuSeqlens)
     seq_k,  # dense key length (varlen: read from CuSeqlens)
     qk_scale,  # scale * log2(e)
@@ -266,26 +322,77 @@ def _attention_bwd_kernel(
         )
         for start_n in range(tl.program_id(0) * BLOCK_N, seq_k, tl.num_programs(0) * BLOCK_N):
             _dkdv_block(
-                q_base, k_base, v_base, do_base, dx_base, dv_base, mask_base, Lse + lse_offset,
-                Delta + lse_offset, stride_q_s, stride_k_s, stride_v_s, stride_do_s, stride_dx_s,
-                stride_dv_s, stride_mask_s, start_n, seq_q, seq_k, qk_scale, sm_scale,
-                drop_origin, drop_row_step, dropout_p, seed,
-                HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_MASK, HAS_DROPOUT,
+                q_base,
+                k_base,
+                v_base,
+                do_base,
+                dx_base,
+                dv_base,
+                mask_base,
+                Lse + lse_offset,
+                Delta + lse_offset,
+                stride_q_s,
+                stride_k_s,
+                stride_v_s,
+                stride_do_s,
+                stride_dx_s,
+                stride_dv_s,
+                stride_mask_s,
+                start_n,
+                seq_q,
+                seq_k,
+                qk_scale,
+                sm_scale,
+                drop_origin,
+                drop_row_step,
+                dropout_p,
+                seed,
+                HEAD_DIM,
+                BLOCK_D,
+                BLOCK_M,
+                BLOCK_N,
+                HAS_MASK,
+                HAS_DROPOUT,
             )
     else:
         for start_m in range(tl.program_id(0) * BLOCK_M, seq_q, tl.num_programs(0) * BLOCK_M):
             _dq_block(
-                q_base, k_base, v_base, do_base, dx_base, mask_base, Lse + lse_offset,
-                Delta + lse_offset, stride_q_s, stride_k_s, stride_v_s, stride_do_s, stride_dx_s,
-                stride_mask_s, start_m, seq_q, seq_k, qk_scale, sm_scale, drop_origin,
-                drop_row_step, dropout_p, seed,
-                HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_MASK, HAS_DROPOUT,
+                q_base,
+                k_base,
+                v_base,
+                do_base,
+                dx_base,
+                mask_base,
+                Lse + lse_offset,
+                Delta + lse_offset,
+                stride_q_s,
+                stride_k_s,
+                stride_v_s,
+                stride_do_s,
+                stride_dx_s,
+                stride_mask_s,
+                start_m,
+                seq_q,
+                seq_k,
+                qk_scale,
+                sm_scale,
+                drop_origin,
+                drop_row_step,
+                dropout_p,
+                seed,
+                HEAD_DIM,
+                BLOCK_D,
+                BLOCK_M,
+                BLOCK_N,
+                HAS_MASK,
+                HAS_DROPOUT,
             )
 
 
 # One kernel, two autotuners: the two passes tune their tiles apart.
 _attention_bwd_dkdv_kernel = _autotuned(is_dkdv=True)(_attention_bwd_kernel)
 _attention_bwd_dq_kernel = _autotuned(is_dkdv=False)(_attention_bwd_kernel)
+
 
 def _strides(*tensors: torch.Tensor) -> tuple[int, ...]:
     """(batch, head, row) strides of each [B, H, S, D] tensor, or (0, head, row) of [T, H, D]."""
@@ -296,8 +403,25 @@ def _strides(*tensors: torch.Tensor) -> tuple[int, ...]:
 
 
 def _launch_backward(
-    q, k, v, grad_out, dq, dk, dv, mask, cu_seqlens, lse, delta, seq_q, seq_k, max_seqlen_q,
-    max_seqlen_k, batch, scale, dropout_p, seed,
+    q,
+    k,
+    v,
+    grad_out,
+    dq,
+    dk,
+    dv,
+    mask,
+    cu_seqlens,
+    lse,
+    delta,
+    seq_q,
+    seq_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    batch,
+    scale,
+    dropout_p,
+    seed,
 ) -> None:
     """Launch the dK / dV pass and the dQ pass of the backward kernel on ``batch`` sequences."""
     heads, head_dim = q.shape[1], q.shape[-1]  # q is [B, H, S, D] or [T, H, D]
@@ -314,18 +438,53 @@ def _launch_backward(
         HAS_DROPOUT=dropout_p > 0.0,
     )
     scalars = (
-        *mask_strides, *lse_strides, seq_q, seq_k, scale * LOG2_E, scale, dropout_p, seed,
-        next_power_of_2(max_seqlen_q), next_power_of_2(max_seqlen_k),
+        *mask_strides,
+        *lse_strides,
+        seq_q,
+        seq_k,
+        scale * LOG2_E,
+        scale,
+        dropout_p,
+        seed,
+        next_power_of_2(max_seqlen_q),
+        next_power_of_2(max_seqlen_k),
     )
     dkdv_grid = lambda meta: (max(1, cdiv(max_seqlen_k, meta["BLOCK_N"])), heads, batch)
     _attention_bwd_dkdv_kernel[dkdv_grid](
-        q, k, v, grad_out, dk, dv, mask, cu_seqlens, lse, delta,
-        *_strides(q, k, v, grad_out, dk, dv), *scalars, DKDV=True, **common,
+        q,
+        k,
+        v,
+        grad_out,
+        dk,
+        dv,
+        mask,
+        cu_seqlens,
+        lse,
+        delta,
+        *_strides(q, k, v, grad_out, dk, dv),
+        *scalars,
+        DKDV=True,
+        **common,
     )
     dq_grid = lambda meta: (max(1, cdiv(max_seqlen_q, meta["BLOCK_M"])), heads, batch)
     _attention_bwd_dq_kernel[dq_grid](
-        q, k, v, grad_out, dq, None, mask, cu_seqlens, lse, delta,
-        *_strides(q, k, v, grad_out, dq), 0, 0, 0, *scalars, DKDV=False, **common,
+        q,
+        k,
+        v,
+        grad_out,
+        dq,
+        None,
+        mask,
+        cu_seqlens,
+        lse,
+        delta,
+        *_strides(q, k, v, grad_out, dq),
+        0,
+        0,
+        0,
+        *scalars,
+        DKDV=False,
+        **common,
     )
 
 
@@ -363,8 +522,23 @@ def attention_backward(
     grad_out = _unit_stride_on_d(grad_out)
     delta = (grad_out.float() * out.float()).sum(-1)
     _launch_backward(
-        q, k, v, grad_out, *grads, key_padding_mask, None, lse, delta, seq_q, seq_k, seq_q,
-        seq_k, batch, scale, dropout_p, seed,
+        q,
+        k,
+        v,
+        grad_out,
+        *grads,
+        key_padding_mask,
+        None,
+        lse,
+        delta,
+        seq_q,
+        seq_k,
+        seq_q,
+        seq_k,
+        batch,
+        scale,
+        dropout_p,
+        seed,
     )
     return tuple(grads)
 
@@ -394,8 +568,23 @@ def attention_varlen_backward(
     grad_out = _unit_stride_on_d(grad_out)
     delta = (grad_out.float() * out.float()).sum(-1).transpose(0, 1).contiguous()
     _launch_backward(
-        q, k, v, grad_out, *grads, None, cu_seqlens, lse, delta, 0, 0, max_seqlen,
-        max_seqlen, batch, scale, dropout_p, seed,
+        q,
+        k,
+        v,
+        grad_out,
+        *grads,
+        None,
+        cu_seqlens,
+        lse,
+        delta,
+        0,
+        0,
+        max_seqlen,
+        max_seqlen,
+        batch,
+        scale,
+        dropout_p,
+        seed,
     )
     return grads
 

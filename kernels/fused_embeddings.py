@@ -77,10 +77,19 @@ def _table_row(table_ptr, index, stride_row, stride_col, cols, mask):
 
 @triton.jit
 def _token_ids(
-    token, S, input_ids_ptr, token_type_ids_ptr, position_ids_ptr,
-    stride_input_ids_b, stride_input_ids_s, stride_token_type_ids_b, stride_token_type_ids_s,
-    stride_position_ids_b, stride_position_ids_s,
-    HAS_TOKEN_TYPES: tl.constexpr, HAS_POSITION_IDS: tl.constexpr,
+    token,
+    S,
+    input_ids_ptr,
+    token_type_ids_ptr,
+    position_ids_ptr,
+    stride_input_ids_b,
+    stride_input_ids_s,
+    stride_token_type_ids_b,
+    stride_token_type_ids_s,
+    stride_position_ids_b,
+    stride_position_ids_s,
+    HAS_TOKEN_TYPES: tl.constexpr,
+    HAS_POSITION_IDS: tl.constexpr,
 ):
     """The int64 (word, position, token type) ids of token number ``token`` = b * S + s."""
     b = token // S
@@ -146,9 +155,19 @@ def _embeddings_layer_norm_fwd_kernel(
     cols = tl.arange(0, BLOCK)
     mask = cols < H
     word, pos, kind = _token_ids(
-        token, S, input_ids_ptr, token_type_ids_ptr, position_ids_ptr,
-        stride_input_ids_b, stride_input_ids_s, stride_token_type_ids_b, stride_token_type_ids_s,
-        stride_position_ids_b, stride_position_ids_s, HAS_TOKEN_TYPES, HAS_POSITION_IDS,
+        token,
+        S,
+        input_ids_ptr,
+        token_type_ids_ptr,
+        position_ids_ptr,
+        stride_input_ids_b,
+        stride_input_ids_s,
+        stride_token_type_ids_b,
+        stride_token_type_ids_s,
+        stride_position_ids_b,
+        stride_position_ids_s,
+        HAS_TOKEN_TYPES,
+        HAS_POSITION_IDS,
     )
     e = _table_row(word_emb_ptr, word, stride_word_emb_row, stride_word_emb_col, cols, mask)
     e += _table_row(pos_emb_ptr, pos, stride_pos_emb_row, stride_pos_emb_col, cols, mask)
@@ -217,10 +236,19 @@ def _embeddings_layer_norm_bwd_kernel(
     last = tl.minimum(first + rows_per_program, tokens)
     for token in range(first, last):
         word, pos, kind = _token_ids(
-            token, S, input_ids_ptr, token_type_ids_ptr, position_ids_ptr,
-            stride_input_ids_b, stride_input_ids_s, stride_token_type_ids_b,
-            stride_token_type_ids_s, stride_position_ids_b, stride_position_ids_s,
-            HAS_TOKEN_TYPES, HAS_POSITION_IDS,
+            token,
+            S,
+            input_ids_ptr,
+            token_type_ids_ptr,
+            position_ids_ptr,
+            stride_input_ids_b,
+            stride_input_ids_s,
+            stride_token_type_ids_b,
+            stride_token_type_ids_s,
+            stride_position_ids_b,
+            stride_position_ids_s,
+            HAS_TOKEN_TYPES,
+            HAS_POSITION_IDS,
         )
         e = _table_row(word_emb_ptr, word, stride_word_emb_row, stride_word_emb_col, cols, mask)
         e += _table_row(pos_emb_ptr, pos, stride_pos_emb_row, stride_pos_emb_col, cols, mask)
@@ -259,9 +287,7 @@ def _table_strides(*tables: torch.Tensor) -> tuple[int, ...]:
     return tuple(stride for t in tables for stride in (t.stride(0), t.stride(1)))
 
 
-def embeddings_layer_norm_forward(
-    ids, tables, weight, bias, eps, dropout_p, seed, save_stats
-):
+def embeddings_layer_norm_forward(ids, tables, weight, bias, eps, dropout_p, seed, save_stats):
     """Launch the forward: (out [B, S, H], mean, rstd); the float32 [B * S] statistics only when
     ``save_stats``. ``ids`` = (input_ids, token_type_ids, position_ids), ``tables`` = (word,
     position, token type); checked by the caller."""
@@ -357,8 +383,18 @@ def embeddings_layer_norm_backward(
 
 
 def check_inputs(
-    input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps,
-    *, check_ids: bool, dropout_p: object,
+    input_ids,
+    token_type_ids,
+    position_ids,
+    word_emb,
+    pos_emb,
+    type_emb,
+    weight,
+    bias,
+    eps,
+    *,
+    check_ids: bool,
+    dropout_p: object,
 ) -> float:
     """Raise as :func:`embeddings_layer_norm` documents, before anything runs (the id ranges
     only when ``check_ids``); returns dropout_p as a float."""
@@ -460,8 +496,17 @@ def embeddings_layer_norm(
             and not the CPU under TRITON_INTERPRET=1).
     """
     dropout_p = check_inputs(
-        input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps,
-        check_ids=check_ids, dropout_p=dropout_p,
+        input_ids,
+        token_type_ids,
+        position_ids,
+        word_emb,
+        pos_emb,
+        type_emb,
+        weight,
+        bias,
+        eps,
+        check_ids=check_ids,
+        dropout_p=dropout_p,
     )
     ids = (input_ids, token_type_ids, position_ids)
     tables = (word_emb, pos_emb, type_emb)

@@ -110,9 +110,20 @@ def normalize_row_backward(dy, s, mask, N, mean, rstd, w):
 
 @triton.jit
 def _layer_norm_input(
-    x_ptr, residual_ptr, row, cols, mask, N, seed, dropout_p,
-    stride_x_row, stride_x_col, stride_residual_row, stride_residual_col,
-    HAS_RESIDUAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    x_ptr,
+    residual_ptr,
+    row,
+    cols,
+    mask,
+    N,
+    seed,
+    dropout_p,
+    stride_x_row,
+    stride_x_col,
+    stride_residual_row,
+    stride_residual_col,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
 ):
     """Row ``row`` of dropout(x) + residual in float32, zero past N."""
     s = tl.load(x_ptr + row * stride_x_row + cols * stride_x_col, mask=mask, other=0.0)
@@ -155,9 +166,20 @@ def _layer_norm_fwd_kernel(
     cols = tl.arange(0, BLOCK)
     mask = cols < N
     s = _layer_norm_input(
-        x_ptr, residual_ptr, row, cols, mask, N, seed, dropout_p,
-        stride_x_row, stride_x_col, stride_residual_row, stride_residual_col,
-        HAS_RESIDUAL, HAS_DROPOUT,
+        x_ptr,
+        residual_ptr,
+        row,
+        cols,
+        mask,
+        N,
+        seed,
+        dropout_p,
+        stride_x_row,
+        stride_x_col,
+        stride_residual_row,
+        stride_residual_col,
+        HAS_RESIDUAL,
+        HAS_DROPOUT,
     )
     y, mean, rstd = normalize_row(
         s, mask, cols, N, eps, weight_ptr, bias_ptr, stride_weight, stride_bias
@@ -205,9 +227,20 @@ def _layer_norm_bwd_kernel(
     last = tl.minimum(first + rows_per_program, rows)
     for row in range(first, last):
         s = _layer_norm_input(
-            x_ptr, residual_ptr, row, cols, mask, N, seed, dropout_p,
-            stride_x_row, stride_x_col, stride_residual_row, stride_residual_col,
-            HAS_RESIDUAL, HAS_DROPOUT,
+            x_ptr,
+            residual_ptr,
+            row,
+            cols,
+            mask,
+            N,
+            seed,
+            dropout_p,
+            stride_x_row,
+            stride_x_col,
+            stride_residual_row,
+            stride_residual_col,
+            HAS_RESIDUAL,
+            HAS_DROPOUT,
         )
         dy = tl.load(dout_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
         ds, xhat = normalize_row_backward(

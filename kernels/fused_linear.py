@@ -382,7 +382,13 @@ def _tile_position(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GRO
 
 @triton.jit
 def _product_from_descriptors(
-    x_desc, weight_desc, off_m, off_n, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    x_desc,
+    weight_desc,
+    off_m,
+    off_n,
+    K,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     """[BLOCK_M, BLOCK_N] float32 tile of x @ weight^T at (off_m, off_n), its operand tiles
@@ -398,10 +404,28 @@ def _product_from_descriptors(
 
 @triton.jit
 def _epilogue(
-    acc, pid_m, pid_n, M, N, bias_ptr, residual_ptr, out_ptr, pre_ptr, stride_bias_n,
-    stride_residual_m, stride_residual_n, stride_out_m, stride_out_n, stride_pre_m,
-    stride_pre_k, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    STORE_PRE_ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    acc,
+    pid_m,
+    pid_n,
+    M,
+    N,
+    bias_ptr,
+    residual_ptr,
+    out_ptr,
+    pre_ptr,
+    stride_bias_n,
+    stride_residual_m,
+    stride_residual_n,
+    stride_out_m,
+    stride_out_n,
+    stride_pre_m,
+    stride_pre_k,
+    HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    STORE_PRE_ACTIVATION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """Bias, pre-activation store, activation, residual and the store of one output tile."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -497,9 +521,27 @@ def _linear_fwd_kernel(
                 x_desc, weight_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K
             )
             _epilogue(
-                acc, pid_m, pid_n, M, N, bias_ptr, residual_ptr, out_ptr, pre_ptr, stride_bias_n,
-                stride_residual_m, stride_residual_n, stride_out_m, stride_out_n, stride_pre_m,
-                stride_pre_k, HAS_BIAS, ACTIVATION, HAS_RESIDUAL, STORE_PRE_ACTIVATION, BLOCK_M,
+                acc,
+                pid_m,
+                pid_n,
+                M,
+                N,
+                bias_ptr,
+                residual_ptr,
+                out_ptr,
+                pre_ptr,
+                stride_bias_n,
+                stride_residual_m,
+                stride_residual_n,
+                stride_out_m,
+                stride_out_n,
+                stride_pre_m,
+                stride_pre_k,
+                HAS_BIAS,
+                ACTIVATION,
+                HAS_RESIDUAL,
+                STORE_PRE_ACTIVATION,
+                BLOCK_M,
                 BLOCK_N,
             )
     else:
@@ -542,9 +584,27 @@ def _linear_fwd_kernel(
             if pid_n == 0:
                 tl.store(row_sum_ptr + offs_m.to(tl.int64), row_sum, mask=offs_m < M)
         _epilogue(
-            acc, pid_m, pid_n, M, N, bias_ptr, residual_ptr, out_ptr, pre_ptr, stride_bias_n,
-            stride_residual_m, stride_residual_n, stride_out_m, stride_out_n, stride_pre_m,
-            stride_pre_k, HAS_BIAS, ACTIVATION, HAS_RESIDUAL, STORE_PRE_ACTIVATION, BLOCK_M,
+            acc,
+            pid_m,
+            pid_n,
+            M,
+            N,
+            bias_ptr,
+            residual_ptr,
+            out_ptr,
+            pre_ptr,
+            stride_bias_n,
+            stride_residual_m,
+            stride_residual_n,
+            stride_out_m,
+            stride_out_n,
+            stride_pre_m,
+            stride_pre_k,
+            HAS_BIAS,
+            ACTIVATION,
+            HAS_RESIDUAL,
+            STORE_PRE_ACTIVATION,
+            BLOCK_M,
             BLOCK_N,
         )
 

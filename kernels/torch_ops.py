@@ -139,8 +139,9 @@ def _attention_varlen(
     # Padded slots hold their own sequence's values (masked out; a NaN there is one the
     # sequence's real tokens carry too): no zeroing copies. An empty sequence's row is
     # garbage, and never gathered back.
-    q, k, v = (t[gather].view(batch, max_seqlen, heads, head_dim).transpose(1, 2)
-               for t in (q, k, v))
+    q, k, v = (
+        t[gather].view(batch, max_seqlen, heads, head_dim).transpose(1, 2) for t in (q, k, v)
+    )
     scale = None if scale is None else float(scale)
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=keep[:, None, None, :], dropout_p=dropout_p, scale=scale
@@ -273,8 +274,12 @@ def _embeddings_layer_norm(
 ) -> torch.Tensor:
     if check_ids:
         checks.check_id_ranges(
-            input_ids, token_type_ids, position_ids,
-            word_emb.shape[0], type_emb.shape[0], pos_emb.shape[0],
+            input_ids,
+            token_type_ids,
+            position_ids,
+            word_emb.shape[0],
+            type_emb.shape[0],
+            pos_emb.shape[0],
         )
     wide = torch.float32 if word_emb.dtype in HALF_DTYPES else word_emb.dtype
     summed = F.embedding(as_index(input_ids), word_emb, padding_idx).to(wide)
@@ -323,8 +328,18 @@ def embeddings_layer_norm(
     )
     dropout_p = check_dropout_p(dropout_p)
     return _embeddings_layer_norm(
-        input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps,
-        check_ids=check_ids, dropout_p=check_dropout_p(dropout_p), padding_idx=padding_idx,
+        input_ids,
+        token_type_ids,
+        position_ids,
+        word_emb,
+        pos_emb,
+        type_emb,
+        weight,
+        bias,
+        eps,
+        check_ids=check_ids,
+        dropout_p=check_dropout_p(dropout_p),
+        padding_idx=padding_idx,
         position_padding_idx=position_padding_idx,
     )
 

@@ -27,17 +27,60 @@ CLASSES = {
     "fp32 FFMA/FMUL/FADD/FMNMX": ("FFMA", "FMUL", "FADD", "FMNMX", "FCHK"),
     "MUFU": ("MUFU",),
     "int/address": (
-        "ISETP", "IADD3", "IADD", "IMAD", "LOP3", "LEA", "SHF", "IABS", "IMNMX", "VIMNMX",
-        "SGXT", "PLOP3", "POPC", "FLO", "BMSK", "IMUL", "VIADD", "PRMT",
+        "ISETP",
+        "IADD3",
+        "IADD",
+        "IMAD",
+        "LOP3",
+        "LEA",
+        "SHF",
+        "IABS",
+        "IMNMX",
+        "VIMNMX",
+        "SGXT",
+        "PLOP3",
+        "POPC",
+        "FLO",
+        "BMSK",
+        "IMUL",
+        "VIADD",
+        "PRMT",
     ),
     "compare/select": ("FSETP", "FSEL", "SEL", "HSETP2"),
     "load/store": (
-        "LDG", "STG", "LDS", "STS", "LDSM", "STSM", "LDGSTS", "UTMALDG", "UTMASTG", "LD", "ST",
-        "LDL", "STL", "ATOM", "ATOMS", "RED",
+        "LDG",
+        "STG",
+        "LDS",
+        "STS",
+        "LDSM",
+        "STSM",
+        "LDGSTS",
+        "UTMALDG",
+        "UTMASTG",
+        "LD",
+        "ST",
+        "LDL",
+        "STL",
+        "ATOM",
+        "ATOMS",
+        "RED",
     ),
     "barrier/sync": (
-        "BAR", "BSYNC", "BSSY", "DEPBAR", "LDGDEPBAR", "WARPGROUP", "MEMBAR", "SYNCS", "WARPSYNC",
-        "FENCE", "ERRBAR", "CCTL", "ARRIVES", "VOTE", "VOTEU",
+        "BAR",
+        "BSYNC",
+        "BSSY",
+        "DEPBAR",
+        "LDGDEPBAR",
+        "WARPGROUP",
+        "MEMBAR",
+        "SYNCS",
+        "WARPSYNC",
+        "FENCE",
+        "ERRBAR",
+        "CCTL",
+        "ARRIVES",
+        "VOTE",
+        "VOTEU",
     ),
 }
 OTHER = "other"
@@ -127,9 +170,7 @@ def parse(sass: str) -> list[Instruction]:
     for line in sass.splitlines():
         match = _LINE.match(line)
         if match:
-            found.append(
-                Instruction(int(match["addr"], 16), match["op"], match["args"].strip())
-            )
+            found.append(Instruction(int(match["addr"], 16), match["op"], match["args"].strip()))
     return found
 
 
@@ -159,12 +200,11 @@ def main_loop(instructions: list[Instruction]) -> Loop | None:
 def mma_loops(instructions: list[Instruction]) -> list[Loop]:
     """Every innermost loop holding MMAs (none of the others nested in it), in address order:
     e.g. one per key-tile path of the attention kernel (whole tiles, bounded, masked)."""
-    holding = [
-        loop for loop in loops(instructions) if any(i.klass == "mma" for i in loop.body)
-    ]
+    holding = [loop for loop in loops(instructions) if any(i.klass == "mma" for i in loop.body)]
     return sorted(
         (
-            loop for loop in holding
+            loop
+            for loop in holding
             if not any(
                 other is not loop and loop.start <= other.start and other.end <= loop.end
                 for other in holding
@@ -175,9 +215,9 @@ def mma_loops(instructions: list[Instruction]) -> list[Loop]:
 
 
 def _opcode_counts(instructions: list[Instruction], stems: tuple[str, ...]) -> dict[str, int]:
-    return dict(sorted(collections.Counter(
-        i.opcode for i in instructions if i.stem in stems
-    ).items()))
+    return dict(
+        sorted(collections.Counter(i.opcode for i in instructions if i.stem in stems).items())
+    )
 
 
 GLOBAL_LOADS = ("LDG", "LDGSTS", "UTMALDG")
@@ -204,7 +244,9 @@ def summary(instructions: list[Instruction]) -> dict[str, object]:
         "ldl": stems["LDL"],
         "instructions": len(instructions),
         "mma_loop_sizes": [loop.size for loop in mma_loops(instructions)],
-        "loop": None if loop is None else {
+        "loop": None
+        if loop is None
+        else {
             "start": loop.start,
             "end": loop.end,
             "size": loop.size,

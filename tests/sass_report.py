@@ -70,9 +70,16 @@ def linear_cases() -> dict[tuple[int, bool], list[CompileCase]]:
     out = {}
     for activation, has_residual in sorted({(g.activation, g.has_residual) for g in GEMMS}):
         kept = [
-            c for c in linear.CONFIGS
-            if mod.keep(c, ELEMENT, mod.m_bucket(TOKENS), activation=activation,
-                        has_residual=has_residual, has_descriptors=True)
+            c
+            for c in linear.CONFIGS
+            if mod.keep(
+                c,
+                ELEMENT,
+                mod.m_bucket(TOKENS),
+                activation=activation,
+                has_residual=has_residual,
+                has_descriptors=True,
+            )
         ]
         out[(activation, has_residual)] = [
             linear._case("fp16", c, True, activation, has_residual) for c in kept
@@ -109,6 +116,7 @@ def _with_dtype(case: CompileCase) -> CompileCase:
 
 def compile_all(archs: tuple[int, ...]) -> dict[str, object]:
     """Compile every case of the report for ``archs``: reports keyed like the cases."""
+
     def run(case: CompileCase) -> dict[int, dict]:
         print(f"compiling {case.name}", file=sys.stderr, flush=True)
         return {arch: compile_case(case, arch) for arch in archs if arch in case.archs}
@@ -326,9 +334,7 @@ GEMM_FAMILIES = {
 }
 
 
-def estimates(
-    compiled: dict, gemm_family: str = "every config"
-) -> tuple[list[Estimate], Estimate]:
+def estimates(compiled: dict, gemm_family: str = "every config") -> tuple[list[Estimate], Estimate]:
     """The layer's ops (sm_90 reports) and the embeddings, as modelled, the GEMMs' configs
     chosen within ``gemm_family`` (a key of :data:`GEMM_FAMILIES`)."""
     in_family = GEMM_FAMILIES[gemm_family]
@@ -348,7 +354,9 @@ def estimates(
     layer = [qkv, attention, out_proj, ln1, ffn1, ffn2, ln2]  # launch order
     embed_elements = 3 * TOKENS * HIDDEN + TOKENS * HIDDEN + 2 * HIDDEN  # 3 gathers, out, LN
     embeddings = row_estimate(
-        "embeddings + LayerNorm", compiled["rows"]["embeddings"][90], embed_elements,
+        "embeddings + LayerNorm",
+        compiled["rows"]["embeddings"][90],
+        embed_elements,
         2 * TOKENS * 8,  # int64 input and token-type ids
     )
     return layer, embeddings
@@ -444,8 +452,10 @@ its instruction budget); the model is not checked.
 
 def _family_rows(compiled: dict) -> list[str]:
     """Modelled per layer with the GEMMs' configs chosen within each family."""
-    rows = ["| GEMM configs the model may choose | QKV | attn. output | FFN1 | FFN2 | per layer |",
-            "|---|---|---|---|---|---|"]
+    rows = [
+        "| GEMM configs the model may choose | QKV | attn. output | FFN1 | FFN2 | per layer |",
+        "|---|---|---|---|---|---|",
+    ]
     for family in GEMM_FAMILIES:
         layer, _ = estimates(compiled, family)
         gemms = [layer[i] for i in (0, 2, 4, 5)]
@@ -538,7 +548,8 @@ def measured_rows(compiled: dict, measured: dict) -> list[str]:
             continue
         times = {c["config"]: c["median_ms"] * 1e-3 for c in result["configs"]}
         reports = [
-            c[90] for c in compiled["linear"][(gemm.activation, gemm.has_residual)]
+            c[90]
+            for c in compiled["linear"][(gemm.activation, gemm.has_residual)]
             if 90 in c and "error" not in c[90]
         ]
         model = lambda r, g=gemm: gemm_estimate(g, r)
@@ -548,8 +559,14 @@ def measured_rows(compiled: dict, measured: dict) -> list[str]:
             if config not in times:
                 continue
             modelled, seconds = model(r).modelled_s, times[config]
-            picks = [name for name, pick in (("model", modelled_pick),
-                     ("autotuner", result["autotuner_choice"])) if pick == config]
+            picks = [
+                name
+                for name, pick in (
+                    ("model", modelled_pick),
+                    ("autotuner", result["autotuner_choice"]),
+                )
+                if pick == config
+            ]
             rows.append(
                 f"| {gemm.name} | {config} | {_us(modelled)} | {_us(seconds)} | "
                 f"{seconds / modelled:.2f} | {', '.join(picks)} |"
@@ -561,7 +578,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.sass_report", description=__doc__)
     parser.add_argument("--out", type=Path, required=True, help="Markdown file to write")
     parser.add_argument(
-        "--measured", type=Path,
+        "--measured",
+        type=Path,
         help="gemm-configs.json of benchmarks/gemm_configs.py (fp16, BERT-base, M = 4096) to "
         "set each GEMM config's measured time beside the model's",
     )
@@ -579,14 +597,16 @@ def main(argv: list[str]) -> int:
     text = render(compiled)
     if measured is not None:
         device = measured.get("environment", {}).get("gpu", "the GPU")
-        text += "\n".join([
-            "",
-            f"## Measured against modelled: GEMM configs on {device}",
-            "",
-            f"From {args.measured} (benchmarks/gemm_configs.py, {measured.get('dtype')}).",
-            "",
-            *measured_rows(compiled, measured),
-        ])
+        text += "\n".join(
+            [
+                "",
+                f"## Measured against modelled: GEMM configs on {device}",
+                "",
+                f"From {args.measured} (benchmarks/gemm_configs.py, {measured.get('dtype')}).",
+                "",
+                *measured_rows(compiled, measured),
+            ]
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text + "\n")
     print(f"wrote {args.out}")

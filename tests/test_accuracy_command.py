@@ -86,22 +86,51 @@ def test_other_family_through_optimize(family: str) -> None:
 
 
 def test_forwarded_command_line_round_trips() -> None:
-    argv = ["accuracy", "--model", "random", "--device", "cpu", "--dtypes", "fp16",
-            "--texts", "3", "--json"]
+    argv = [
+        "accuracy",
+        "--model",
+        "random",
+        "--device",
+        "cpu",
+        "--dtypes",
+        "fp16",
+        "--texts",
+        "3",
+        "--json",
+    ]
     args = build_parser().parse_args(argv)
     again = build_parser().parse_args(_forwarded_argv(args))
     assert vars(again) == vars(args)
 
 
 def test_progress_on_stderr_json_alone_on_stdout(capsys) -> None:
-    argv = ["accuracy", "--model", "random", "--device", "cpu", "--backend", "torch",
-            "--dtypes", "fp32,fp16", "--texts", "1", "--max-length", "8", "--json"]
+    argv = [
+        "accuracy",
+        "--model",
+        "random",
+        "--device",
+        "cpu",
+        "--backend",
+        "torch",
+        "--dtypes",
+        "fp32,fp16",
+        "--texts",
+        "1",
+        "--max-length",
+        "8",
+        "--json",
+    ]
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert [r["dtype"] for r in json.loads(captured.out)["results"]] == ["fp32", "fp16"]
     steps = re.findall(r"^\[(\d)/5\] (.+)$", captured.err, re.M)
-    assert steps == [("1", "loading random"), ("2", "Hugging Face fp32"), ("3", "fastbert fp32"),
-                     ("4", "fastbert fp16"), ("5", "Hugging Face fp16")], captured.err
+    assert steps == [
+        ("1", "loading random"),
+        ("2", "Hugging Face fp32"),
+        ("3", "fastbert fp32"),
+        ("4", "fastbert fp16"),
+        ("5", "Hugging Face fp16"),
+    ], captured.err
 
 
 def test_unknown_dtype_is_a_usage_error(capsys) -> None:

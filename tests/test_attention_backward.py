@@ -147,8 +147,14 @@ def test_bad_dropout_p_raises(device, dropout_p) -> None:
     with pytest.raises(ValueError, match="dropout_p"):
         K.attention(q, k, v, dropout_p=dropout_p)
     with pytest.raises(ValueError, match="dropout_p"):
-        K.attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
-                           torch.tensor([0, 4], dtype=torch.int32), 4, dropout_p=dropout_p)
+        K.attention_varlen(
+            q[0].transpose(0, 1),
+            k[0].transpose(0, 1),
+            v[0].transpose(0, 1),
+            torch.tensor([0, 4], dtype=torch.int32),
+            4,
+            dropout_p=dropout_p,
+        )
 
 
 def test_dropout_zero_is_the_plain_kernel_bit_for_bit(device) -> None:

@@ -169,7 +169,9 @@ def test_attention_dropout_in_training_runs_and_trains() -> None:
 
 def _run_python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
         env={**os.environ, "TRITON_INTERPRET": "1", "HF_HUB_OFFLINE": "1"},
     )
 

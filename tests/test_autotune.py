@@ -33,9 +33,13 @@ def test_a_bad_choice_says_what_is_allowed(monkeypatch, value) -> None:
 def test_linear_prune_pins_the_chosen_config(monkeypatch) -> None:
     candidates = fused_linear.gpu_configs()
     args = {
-        "x_ptr": torch.empty(1, dtype=torch.float16), "M_BUCKET": 4096,
-        "ACTIVATION": fused_linear.ACTIVATION_CODES["gelu"], "HAS_RESIDUAL": False,
-        "STORE_PRE_ACTIVATION": False, "GRAD_ACTIVATION": 0, "HAS_ROW_SUM": False,
+        "x_ptr": torch.empty(1, dtype=torch.float16),
+        "M_BUCKET": 4096,
+        "ACTIVATION": fused_linear.ACTIVATION_CODES["gelu"],
+        "HAS_RESIDUAL": False,
+        "STORE_PRE_ACTIVATION": False,
+        "GRAD_ACTIVATION": 0,
+        "HAS_ROW_SUM": False,
         "HAS_DESCRIPTORS": 0,
     }
     monkeypatch.delenv(launch.AUTOTUNE_ENV, raising=False)
@@ -52,9 +56,15 @@ def test_linear_training_variants_keep_small_tiles(monkeypatch, variant) -> None
     of 32) are kept, those that compile without spills (tests/compile_cases/linear.py)."""
     monkeypatch.delenv(launch.AUTOTUNE_ENV, raising=False)
     args = {
-        "x_ptr": torch.empty(1, dtype=torch.float16), "M_BUCKET": 4096, "ACTIVATION": 0,
-        "HAS_RESIDUAL": False, "STORE_PRE_ACTIVATION": False, "GRAD_ACTIVATION": 0,
-        "HAS_ROW_SUM": False, "HAS_DESCRIPTORS": 1, **variant,
+        "x_ptr": torch.empty(1, dtype=torch.float16),
+        "M_BUCKET": 4096,
+        "ACTIVATION": 0,
+        "HAS_RESIDUAL": False,
+        "STORE_PRE_ACTIVATION": False,
+        "GRAD_ACTIVATION": 0,
+        "HAS_ROW_SUM": False,
+        "HAS_DESCRIPTORS": 1,
+        **variant,
     }
     kept = fused_linear._prune(fused_linear.gpu_configs(), args)
     assert kept
@@ -69,8 +79,12 @@ def test_attention_prune_pins_the_chosen_config(monkeypatch) -> None:
         triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
         for m, n, w, s in flash_attention._TUNE_SPACE
     ]
-    args = {"Q": torch.empty(1, dtype=torch.float16), "IS_VARLEN": False, "HAS_MASK": True,
-            "BLOCK_D": 64}
+    args = {
+        "Q": torch.empty(1, dtype=torch.float16),
+        "IS_VARLEN": False,
+        "HAS_MASK": True,
+        "BLOCK_D": 64,
+    }
     monkeypatch.delenv(launch.AUTOTUNE_ENV, raising=False)
     kept = flash_attention._prune(candidates, args)
     assert len(kept) > 1

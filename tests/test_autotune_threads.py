@@ -30,8 +30,10 @@ def _linear_case(device):
     second = operands(64, 32, 32, torch.float16, device, seed=12)
     return (
         fused_linear._linear_fwd_kernel,
-        [(K.linear, R.linear, (x, w), {"bias": b, "activation": "gelu"})
-         for x, w, b, _ in (first, second)],
+        [
+            (K.linear, R.linear, (x, w), {"bias": b, "activation": "gelu"})
+            for x, w, b, _ in (first, second)
+        ],
     )
 
 
@@ -50,8 +52,12 @@ def test_a_launch_waits_for_another_threads_tuning(monkeypatch, device, case) ->
     monkeypatch.delenv(AUTOTUNE_ENV, raising=False)
     if len(kernel.configs) == 1:
         (only,) = kernel.configs
-        twin = triton.Config(dict(only.kwargs), num_warps=only.num_warps,
-                             num_stages=only.num_stages, pre_hook=only.pre_hook)
+        twin = triton.Config(
+            dict(only.kwargs),
+            num_warps=only.num_warps,
+            num_stages=only.num_stages,
+            pre_hook=only.pre_hook,
+        )
         monkeypatch.setattr(kernel, "configs", [only, twin])
     kernel.cache.clear()
     op_b(*args_b, **kw_b)  # tuned: B's launch below takes the cached path

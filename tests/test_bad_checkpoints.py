@@ -115,8 +115,10 @@ def test_families_with_token_types_need_a_type_table(family) -> None:
     [
         ({"pad_token_id": None}, "pad_token_id must be an integer >= 0 for padding_offset"),
         ({"pad_token_id": -1}, "pad_token_id must be an integer >= 0 for padding_offset"),
-        ({"pad_token_id": 1, "max_position_embeddings": 2},
-         "max_position_embeddings 2 leaves no position after the 2 reserved by pad_token_id 1"),
+        (
+            {"pad_token_id": 1, "max_position_embeddings": 2},
+            "max_position_embeddings 2 leaves no position after the 2 reserved by pad_token_id 1",
+        ),
     ],
     ids=["null", "negative", "no-room"],
 )
@@ -196,11 +198,19 @@ def test_sharded_checkpoint_loads_like_instance(tmp_path) -> None:
         ('{"weight_map": ["model-00001-of-00002.safetensors"]}', "with a weight_map object"),
         ('[{"weight_map": {}}]', "must be a JSON object with a weight_map object"),
         ('{"weight_map": {"embeddings.word_embeddings.weight": 1}}', "must be a shard file name"),
-        ('{"weight_map": {"embeddings.word_embeddings.weight": "gone.safetensors"}}',
-         "names the shard 'gone.safetensors', which does not exist"),
+        (
+            '{"weight_map": {"embeddings.word_embeddings.weight": "gone.safetensors"}}',
+            "names the shard 'gone.safetensors', which does not exist",
+        ),
     ],
-    ids=["invalid-json", "no-weight-map", "weight-map-list", "index-list", "shard-not-string",
-         "missing-shard"],
+    ids=[
+        "invalid-json",
+        "no-weight-map",
+        "weight-map-list",
+        "index-list",
+        "shard-not-string",
+        "missing-shard",
+    ],
 )
 def test_malformed_index_names_it(tmp_path, contents: str, problem: str) -> None:
     index = _sharded(tmp_path)
@@ -249,8 +259,10 @@ def test_corrupt_bin_names_it(tmp_path, how: str) -> None:
     [
         ([torch.ones(2)], "holds a list, not a state dict"),
         (torch.ones(2), "holds a Tensor, not a state dict"),
-        ({"embeddings.word_embeddings.weight": 3}, "'embeddings.word_embeddings.weight' holds "
-         "a int, not a tensor"),
+        (
+            {"embeddings.word_embeddings.weight": 3},
+            "'embeddings.word_embeddings.weight' holds a int, not a tensor",
+        ),
         ({1: torch.ones(2)}, "its key 1 is not a string"),
     ],
     ids=["list", "tensor", "non-tensor-value", "non-string-key"],
@@ -269,10 +281,18 @@ def _sentence_transformers_folder(folder: Path) -> Path:
     """A sentence-transformers layout: modules.json at the top, the checkpoint in 0_Transformer."""
     hf_model("BertModel", seed=10).save_pretrained(folder / "0_Transformer")
     modules = [
-        {"idx": 0, "name": "0", "path": "0_Transformer",
-         "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling",
-         "type": "sentence_transformers.models.Pooling"},
+        {
+            "idx": 0,
+            "name": "0",
+            "path": "0_Transformer",
+            "type": "sentence_transformers.models.Transformer",
+        },
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
     ]
     (folder / "modules.json").write_text(json.dumps(modules))
     return folder / "modules.json"
@@ -292,8 +312,10 @@ def test_sentence_transformers_folder_loads(tmp_path) -> None:
         ('{"0": {"path": "0_Transformer"}}', "must be a JSON list of module objects"),
         ('["0_Transformer"]', "must be a JSON list of module objects"),
         ('[{"path": "0_Transformer", "type": 3}]', "type and path must be strings"),
-        ('[{"path": null, "type": "sentence_transformers.models.Transformer"}]',
-         "type and path must be strings"),
+        (
+            '[{"path": null, "type": "sentence_transformers.models.Transformer"}]',
+            "type and path must be strings",
+        ),
     ],
     ids=["invalid-json", "object", "list-of-strings", "type-not-string", "path-null"],
 )
@@ -321,10 +343,18 @@ def test_from_pretrained_rejects_dtype_before_reading(tmp_path, dtype) -> None:
 
 @pytest.mark.parametrize("dtype", BAD_DTYPES, ids=BAD_DTYPE_IDS)
 def test_model_constructors_reject_dtype(dtype) -> None:
-    config = fastbert.BertConfig(vocab_size=10, hidden_size=8, num_attention_heads=2,
-                                 intermediate_size=16, num_hidden_layers=1)
-    for cls in (fastbert.BertModel, fastbert.BertForMaskedLM,
-                fastbert.BertForSequenceClassification):
+    config = fastbert.BertConfig(
+        vocab_size=10,
+        hidden_size=8,
+        num_attention_heads=2,
+        intermediate_size=16,
+        num_hidden_layers=1,
+    )
+    for cls in (
+        fastbert.BertModel,
+        fastbert.BertForMaskedLM,
+        fastbert.BertForSequenceClassification,
+    ):
         with pytest.raises(TypeError, match=re.escape(f"dtype must be one of {_ALLOWED}")):
             cls(config, dtype=dtype)
 
@@ -335,8 +365,13 @@ def test_cuda_without_cuda_is_a_clear_error(tmp_path, device) -> None:
     _checkpoint(tmp_path)
     with pytest.raises(ValueError, match="CUDA is not available"):
         fastbert.BertModel.from_pretrained(tmp_path, device=device)
-    config = fastbert.BertConfig(vocab_size=10, hidden_size=8, num_attention_heads=2,
-                                 intermediate_size=16, num_hidden_layers=1)
+    config = fastbert.BertConfig(
+        vocab_size=10,
+        hidden_size=8,
+        num_attention_heads=2,
+        intermediate_size=16,
+        num_hidden_layers=1,
+    )
     with pytest.raises(ValueError, match="CUDA is not available"):
         fastbert.BertModel(config, device=device)
 
@@ -359,4 +394,3 @@ def test_unparseable_device_names_it(device: str) -> None:
 def test_device_of_another_kind_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="device must be a torch.device or a string, got 1.5"):
         fastbert.BertModel.from_pretrained(hf_model("BertModel"), device=1.5)
-

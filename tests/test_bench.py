@@ -33,16 +33,24 @@ from fastbert.bench.models import Reference
 from fastbert.cli import main
 from fastbert.model.config import BertConfig
 
-TINY = BertConfig(vocab_size=50, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
-                  intermediate_size=16, max_position_embeddings=16)
+TINY = BertConfig(
+    vocab_size=50,
+    hidden_size=8,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=16,
+    max_position_embeddings=16,
+)
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
 # --- counts -------------------------------------------------------------------------------
 
+
 def test_op_counts_match_hand_formulas() -> None:
-    assert counts.linear(3, 5, 7, 2) == counts.OpCount("linear", 2 * 3 * 5 * 7,
-                                                       2 * (3 * 7 + 5 * 7 + 3 * 5 + 5))
+    assert counts.linear(3, 5, 7, 2) == counts.OpCount(
+        "linear", 2 * 3 * 5 * 7, 2 * (3 * 7 + 5 * 7 + 3 * 5 + 5)
+    )
     assert counts.linear(3, 5, 7, 2, bias=False, residual=True).bytes == 2 * (21 + 35 + 15 + 15)
     att = counts.attention(2, 3, 4, 5, 8, 2)
     assert att.flops == 4 * 2 * 3 * 4 * 5 * 8
@@ -92,6 +100,7 @@ def test_bert_base_roofline_is_about_a_millisecond_at_32x128() -> None:
 
 # --- timing -------------------------------------------------------------------------------
 
+
 def test_time_cpu_statistics_on_a_fake_clock() -> None:
     durations = iter([0.005, 0.001, 0.002, 0.003, 0.004])
     now = [0.0]
@@ -130,11 +139,19 @@ def test_time_fn_on_cpu_uses_the_wall_clock() -> None:
 
 # --- hardware, environment, shapes, peers -------------------------------------------------
 
-@pytest.mark.parametrize("name, gpu", [
-    ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA H200", "H200"),
-    ("NVIDIA H100 PCIe", None), ("NVIDIA H100 NVL", None), ("NVIDIA GH200 480GB", None),
-    ("NVIDIA A100-SXM4-80GB", None), (None, None),
-])
+
+@pytest.mark.parametrize(
+    "name, gpu",
+    [
+        ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA H100 PCIe", None),
+        ("NVIDIA H100 NVL", None),
+        ("NVIDIA GH200 480GB", None),
+        ("NVIDIA A100-SXM4-80GB", None),
+        (None, None),
+    ],
+)
 def test_peaks_known_gpus_only(name, gpu) -> None:
     peaks = hardware.peaks_for(name)
     assert (peaks.gpu if peaks else None) == gpu
@@ -149,8 +166,10 @@ def test_environment_names_versions_commit_and_date() -> None:
 
 
 def test_shapes_parse_and_batches() -> None:
-    assert shapes.parse_shapes("1x128, 64x512p") == [shapes.Shape(1, 128),
-                                                       shapes.Shape(64, 512, True)]
+    assert shapes.parse_shapes("1x128, 64x512p") == [
+        shapes.Shape(1, 128),
+        shapes.Shape(64, 512, True),
+    ]
     assert shapes.parse_shape("2x8", padded=True).label == "2x8 padded"
     with pytest.raises(ValueError, match="BATCHxSEQ"):
         shapes.parse_shape("32-128")
@@ -177,6 +196,7 @@ def test_peer_selection_and_availability(monkeypatch) -> None:
 
 # --- runner -------------------------------------------------------------------------------
 
+
 def _fake_peer(name: str, build) -> peers.Peer:
     return peers.Peer(name, f"fake {name}", build)
 
@@ -190,11 +210,15 @@ def test_runner_records_failures_and_goes_on() -> None:
             if batch.input_ids.shape[1] > 4:
                 raise RuntimeError("too long")
             return batch.input_ids.sum()
+
         return forward
 
     reference = Reference("tiny", None, TINY)
-    contenders = [_fake_peer("broken", broken_build), _fake_peer("fastbert", fails_on_long),
-                  _fake_peer("fastbert-graphs", fails_on_long)]
+    contenders = [
+        _fake_peer("broken", broken_build),
+        _fake_peer("fastbert", fails_on_long),
+        _fake_peer("fastbert-graphs", fails_on_long),
+    ]
     grid = [shapes.Shape(2, 4), shapes.Shape(2, 8), shapes.Shape(1, 4)]
     settings = runner.Settings(torch.float32, torch.device("cpu"), warmup=1, reps=2)
     records = list(runner.run(reference, grid, contenders, settings, peaks=None))
@@ -210,30 +234,62 @@ def test_runner_records_failures_and_goes_on() -> None:
 
 # --- report -------------------------------------------------------------------------------
 
+
 def _record(peer: str, shape: str, ms: float, **extra) -> dict:
     batch, seq = (int(x) for x in shape.split()[0].split("x"))
-    return {"peer": peer, "description": peer, "shape": shape, "batch": batch, "seq": seq,
-            "padded": "padded" in shape, "real_tokens": batch * seq, "status": "ok",
-            "median_ms": ms, "p20_ms": 0.9 * ms, "p80_ms": 1.1 * ms, "reps": 100,
-            "first_call_s": 0.1, "peak_mib": extra.pop("peak_mib", 100.0),
-            "flops": extra.pop("flops", 1e12), "bytes": 1e9,
-            "roofline_ms": extra.pop("roofline_ms", 1.0), **extra}
+    return {
+        "peer": peer,
+        "description": peer,
+        "shape": shape,
+        "batch": batch,
+        "seq": seq,
+        "padded": "padded" in shape,
+        "real_tokens": batch * seq,
+        "status": "ok",
+        "median_ms": ms,
+        "p20_ms": 0.9 * ms,
+        "p80_ms": 1.1 * ms,
+        "reps": 100,
+        "first_call_s": 0.1,
+        "peak_mib": extra.pop("peak_mib", 100.0),
+        "flops": extra.pop("flops", 1e12),
+        "bytes": 1e9,
+        "roofline_ms": extra.pop("roofline_ms", 1.0),
+        **extra,
+    }
 
 
 def _document(records, model="bert-base", dtype="float16", device="cuda", gpu="NVIDIA H100"):
-    env = {"gpu": gpu if device == "cuda" else None, "driver": "999.1", "cuda": "12.8",
-           "torch": "2.11.0", "triton": "3.6.0", "transformers": "5.0.0",
-           "commit": "0123456789abcdef", "date": "2026-01-01T00:00:00+00:00",
-           "cpu": "some cpu", "cpu_threads": 2}
-    settings = {"model": model, "dtype": dtype, "device": device, "backend": "auto",
-                "warmup": 10, "reps": 100, "seed": 0,
-                "peaks": {"gpu": "H100 SXM", "tflops": 800.0, "tbps": 3.0}, "note": None}
+    env = {
+        "gpu": gpu if device == "cuda" else None,
+        "driver": "999.1",
+        "cuda": "12.8",
+        "torch": "2.11.0",
+        "triton": "3.6.0",
+        "transformers": "5.0.0",
+        "commit": "0123456789abcdef",
+        "date": "2026-01-01T00:00:00+00:00",
+        "cpu": "some cpu",
+        "cpu_threads": 2,
+    }
+    settings = {
+        "model": model,
+        "dtype": dtype,
+        "device": device,
+        "backend": "auto",
+        "warmup": 10,
+        "reps": 100,
+        "seed": 0,
+        "peaks": {"gpu": "H100 SXM", "tflops": 800.0, "tbps": 3.0},
+        "note": None,
+    }
     return document.new_document(env, settings, records)
 
 
 def _target_records() -> list[dict]:
     return [
-        _record("hf-eager", "32x128", 4.0), _record("hf-compile-max", "32x128", 1.2),
+        _record("hf-eager", "32x128", 4.0),
+        _record("hf-compile-max", "32x128", 1.2),
         _record("hf-sdpa", "32x128", 2.0, peak_mib=120.0),
         _record("fastbert", "32x128", 1.0, roofline_ms=0.8),
         _record("hf-sdpa", "1x128", 0.5, peak_mib=10.0),
@@ -241,8 +297,16 @@ def _target_records() -> list[dict]:
         _record("hf-sdpa", "64x512 padded", 20.0),
         _record("fastbert", "64x512 padded", 12.0, peak_mib=90.0),
         _record("fastbert-padfree", "64x512 padded", 10.0, peak_mib=80.0),
-        {"peer": "hf-compile", "shape": "32x128", "batch": 32, "seq": 128, "padded": False,
-         "real_tokens": 4096, "status": "skipped", "reason": "could not be built: boom"},
+        {
+            "peer": "hf-compile",
+            "shape": "32x128",
+            "batch": 32,
+            "seq": 128,
+            "padded": False,
+            "real_tokens": 4096,
+            "status": "skipped",
+            "reason": "could not be built: boom",
+        },
     ]
 
 
@@ -287,7 +351,10 @@ def test_measured_ceilings_arithmetic_and_report_line(monkeypatch) -> None:
     doc = _document([])
     assert "Measured" not in report.roofline_line(doc)
     doc["settings"]["measured_ceilings"] = {
-        "copy_tbps": 2.91, "gemm_tflops": 702.4, "copy_bytes": 1 << 30, "gemm_size": 8192,
+        "copy_tbps": 2.91,
+        "gemm_tflops": 702.4,
+        "copy_bytes": 1 << 30,
+        "gemm_size": 8192,
         "dtype": "float16",
     }
     line = report.roofline_line(doc)
@@ -314,37 +381,53 @@ def test_plot_says_so_without_matplotlib(tmp_path, monkeypatch) -> None:
 
 # --- targets ------------------------------------------------------------------------------
 
+
 def _kernel_json() -> dict:
     def bench(op, impl, batch, seq, ms, tbps=1.0, padded=False):
-        return {"extra_info": {"op": op, "impl": impl, "model": "bert-base",
-                               "dtype": "float16", "batch": batch, "seq": seq,
-                               "padded": padded, "median_ms": ms, "tbps": tbps}}
-    return {"benchmarks": [
-        bench("attention", "fastbert", 8, 512, 1.0), bench("attention", "sdpa-efficient", 8, 512,
-                                                           1.1),
-        bench("attention", "sdpa-math", 8, 512, 3.0),
-        bench("attention", "fastbert", 64, 512, 8.0), bench("attention", "sdpa-cudnn", 64, 512,
-                                                            7.2),
-        bench("attention", "fastbert", 64, 512, 1.0, padded=True),
-        bench("layer_norm", "fastbert", 1, 128, 0.01, tbps=0.5),
-        bench("layer_norm", "fastbert", 64, 512, 0.1, tbps=2.6),
-        bench("linear_gelu", "fastbert", 32, 128, 1.0), bench("linear_gelu", "eager", 32, 128,
-                                                              1.1),
-        bench("linear_gelu", "fastbert", 1, 128, 1.0), bench("linear_gelu", "eager", 1, 128, 9.0),
-    ]}
+        return {
+            "extra_info": {
+                "op": op,
+                "impl": impl,
+                "model": "bert-base",
+                "dtype": "float16",
+                "batch": batch,
+                "seq": seq,
+                "padded": padded,
+                "median_ms": ms,
+                "tbps": tbps,
+            }
+        }
+
+    return {
+        "benchmarks": [
+            bench("attention", "fastbert", 8, 512, 1.0),
+            bench("attention", "sdpa-efficient", 8, 512, 1.1),
+            bench("attention", "sdpa-math", 8, 512, 3.0),
+            bench("attention", "fastbert", 64, 512, 8.0),
+            bench("attention", "sdpa-cudnn", 64, 512, 7.2),
+            bench("attention", "fastbert", 64, 512, 1.0, padded=True),
+            bench("layer_norm", "fastbert", 1, 128, 0.01, tbps=0.5),
+            bench("layer_norm", "fastbert", 64, 512, 0.1, tbps=2.6),
+            bench("linear_gelu", "fastbert", 32, 128, 1.0),
+            bench("linear_gelu", "eager", 32, 128, 1.1),
+            bench("linear_gelu", "fastbert", 1, 128, 1.0),
+            bench("linear_gelu", "eager", 1, 128, 9.0),
+        ]
+    }
 
 
 def test_targets_met_missed_and_by_how_much() -> None:
-    outcomes = {o.target: o for o in targets.evaluate(_document(_target_records()),
-                                                      _kernel_json())}
+    outcomes = {o.target: o for o in targets.evaluate(_document(_target_records()), _kernel_json())}
     status = {t: o.status for t, o in outcomes.items()}
     assert status["32x128: fastbert >= 1.3x faster than hf-compile-max"] == "missed by 8% (short)"
     assert status["32x128: fastbert >= 3.0x faster than hf-eager"] == "met"
     assert status["32x128: fastbert >= 70% of the roofline"] == "met"
     assert status["1x128: fastbert <= 0.2 ms"] == "missed by 25% (over)"
     assert status["64x512 padded: fastbert >= 1.8x faster than hf-sdpa"] == "met"
-    assert "fastbert-padfree" in outcomes["64x512 padded: fastbert >= 1.8x faster than "
-                                          "hf-sdpa"].measured
+    assert (
+        "fastbert-padfree"
+        in outcomes["64x512 padded: fastbert >= 1.8x faster than hf-sdpa"].measured
+    )
     assert status["peak memory <= hf-sdpa's (every shape)"] == "missed by 20% (over)"
     assert status["attention, seq 512: >= torch's best sdpa"] == "missed by 10% (short)"
     assert "64x512, vs sdpa-cudnn" in outcomes["attention, seq 512: >= torch's best sdpa"].measured
@@ -381,8 +464,9 @@ def test_readme_section_without_results_says_so(tmp_path) -> None:
     path.write_text(README)
     cpu_run = tmp_path / "results" / "cpu-run"  # CPU figures are not GPU measurements
     cpu_run.mkdir(parents=True)
-    report.write_json(_document([_record("fastbert", "2x32", 1.0)], device="cpu"),
-                      cpu_run / "results.json")
+    report.write_json(
+        _document([_record("fastbert", "2x32", 1.0)], device="cpu"), cpu_run / "results.json"
+    )
     assert readme.update(path, tmp_path / "results")
     text = path.read_text()
     assert readme.NO_RESULTS in text and "old generated text" not in text
@@ -397,8 +481,9 @@ def test_readme_section_from_a_gpu_results_file(tmp_path) -> None:
     run.mkdir(parents=True)
     report.write_json(_document(_target_records()), run / "results.json")
     (run / "kernels-bench.json").write_text(json.dumps(_kernel_json()))
-    assert readme.main(["--readme", str(path), "--results", str(tmp_path / "results"),
-                        "--check"]) == 1
+    assert (
+        readme.main(["--readme", str(path), "--results", str(tmp_path / "results"), "--check"]) == 1
+    )
     assert readme.main(["--readme", str(path), "--results", str(tmp_path / "results")]) == 0
     text = path.read_text()
     assert "#### NVIDIA H100: bert-base, float16" in text
@@ -406,8 +491,9 @@ def test_readme_section_from_a_gpu_results_file(tmp_path) -> None:
     assert "layer_norm (x + r): >= 2.5 TB/s | met" in text
     assert "results/h100-2026-01-01/" in text
     assert text.endswith("## After\nkept\n") and readme.NO_RESULTS not in text
-    assert readme.main(["--readme", str(path), "--results", str(tmp_path / "results"),
-                        "--check"]) == 0
+    assert (
+        readme.main(["--readme", str(path), "--results", str(tmp_path / "results"), "--check"]) == 0
+    )
 
 
 def test_readme_without_markers_is_an_error(tmp_path) -> None:
@@ -416,6 +502,7 @@ def test_readme_without_markers_is_an_error(tmp_path) -> None:
 
 
 # --- the command --------------------------------------------------------------------------
+
 
 def test_bench_quick_on_cpu_writes_its_files(tmp_path, capsys) -> None:
     if torch.cuda.is_available():
@@ -433,13 +520,16 @@ def test_bench_quick_on_cpu_writes_its_files(tmp_path, capsys) -> None:
     assert (tmp_path / "out" / "results.png").exists() == HAS_MATPLOTLIB
 
 
-@pytest.mark.parametrize("options, message", [
-    (["--peers", "nope"], "unknown peer 'nope'"),
-    (["--batch", "2", "--shapes", "2x8"], "either --batch/--seq or --shapes"),
-    (["--shapes", "2-8"], "BATCHxSEQ"),
-    (["--model", "no-such-model"], "neither an embedded shape"),
-    (["--seq", "1024"], "exceed the model's 512 positions"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--peers", "nope"], "unknown peer 'nope'"),
+        (["--batch", "2", "--shapes", "2x8"], "either --batch/--seq or --shapes"),
+        (["--shapes", "2-8"], "BATCHxSEQ"),
+        (["--model", "no-such-model"], "neither an embedded shape"),
+        (["--seq", "1024"], "exceed the model's 512 positions"),
+    ],
+)
 def test_bench_rejects_bad_options(tmp_path, capsys, options, message) -> None:
     assert main(["bench", "--quick", "--out", str(tmp_path / "out"), *options]) == 2
     assert message in capsys.readouterr().err
@@ -466,13 +556,26 @@ def test_bench_fails_when_no_fastbert_row_was_measured(tmp_path, capsys, monkeyp
         pytest.skip("the CPU without the interpreter")
     monkeypatch.delenv("TRITON_INTERPRET")
     out = tmp_path / "out"
-    argv = ["bench", "--quick", "--backend", "triton", "--peers", "hf-eager,fastbert",
-            "--shapes", "1x8", "--reps", "1", "--out", str(out)]
+    argv = [
+        "bench",
+        "--quick",
+        "--backend",
+        "triton",
+        "--peers",
+        "hf-eager,fastbert",
+        "--shapes",
+        "1x8",
+        "--reps",
+        "1",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert err.splitlines()[-1].startswith(
         "fastbert bench: error: no fastbert contender was measured: ValueError: "
-        "backend='triton' needs CUDA tensors"), err
+        "backend='triton' needs CUDA tensors"
+    ), err
     doc = report.read_document(out / "results.json")
     assert doc["settings"]["backend"] is None and doc["settings"]["backend_requested"] == "triton"
     assert [r["status"] for r in doc["results"]] == ["ok", "skipped"]
@@ -485,8 +588,27 @@ def test_bench_names_the_interpreter_backend(tmp_path, capsys) -> None:
     if torch.cuda.is_available():
         pytest.skip("the CPU interpreter")
     out = tmp_path / "out"
-    assert main(["bench", "--quick", "--backend", "triton", "--peers", "fastbert", "--shapes",
-                 "1x8", "--warmup", "0", "--reps", "1", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--quick",
+                "--backend",
+                "triton",
+                "--peers",
+                "fastbert",
+                "--shapes",
+                "1x8",
+                "--warmup",
+                "0",
+                "--reps",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "fastbert's Triton kernels emulated by the Triton interpreter" in printed
     assert "pure-PyTorch" not in printed
@@ -501,8 +623,23 @@ def test_bench_auto_on_a_cpu_names_the_torch_backend(tmp_path, capsys) -> None:
     if torch.cuda.is_available():
         pytest.skip("the CPU path of fastbert bench")
     out = tmp_path / "out"
-    assert main(["bench", "--quick", "--peers", "fastbert", "--shapes", "1x8", "--reps", "1",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--quick",
+                "--peers",
+                "fastbert",
+                "--shapes",
+                "1x8",
+                "--reps",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "fastbert's pure-PyTorch backend" in printed
     assert "| 1x8 | fastbert on torch |" in printed

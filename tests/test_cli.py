@@ -47,21 +47,26 @@ def test_version(capsys) -> None:
     assert capsys.readouterr().out.strip() == f"fastbert {fastbert.__version__}"
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["bench", "--reps", "0"], "argument --reps: must be a positive integer, got '0'"),
-    (["bench", "--batch", "0"], "argument --batch: must be a positive integer"),
-    (["bench", "--seq", "-1"], "argument --seq: must be a positive integer"),
-    (["bench", "--warmup", "-1"], "argument --warmup: must be zero or a positive integer"),
-    (["bench", "--device", "tpu"], "argument --device: must be cpu, cuda or cuda:N"),
-    (["demo", "--device", "tpu"], "argument --device: must be cpu, cuda or cuda:N"),
-    (["accuracy", "--device", "tpu"], "argument --device: must be cpu, cuda or cuda:N"),
-    (["accuracy", "--texts", "0"], "argument --texts: must be a positive integer"),
-    (["accuracy", "--max-length", "x"], "argument --max-length: must be an integer, got 'x'"),
-    (["accuracy", "--family", "gpt2"],
-     "argument --family: invalid choice: 'gpt2' (choose from bert, roberta, xlm-roberta, "
-     "electra, distilbert)"),
-    (["info", "--nope"], "unrecognized arguments: --nope"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["bench", "--reps", "0"], "argument --reps: must be a positive integer, got '0'"),
+        (["bench", "--batch", "0"], "argument --batch: must be a positive integer"),
+        (["bench", "--seq", "-1"], "argument --seq: must be a positive integer"),
+        (["bench", "--warmup", "-1"], "argument --warmup: must be zero or a positive integer"),
+        (["bench", "--device", "tpu"], "argument --device: must be cpu, cuda or cuda:N"),
+        (["demo", "--device", "tpu"], "argument --device: must be cpu, cuda or cuda:N"),
+        (["accuracy", "--device", "tpu"], "argument --device: must be cpu, cuda or cuda:N"),
+        (["accuracy", "--texts", "0"], "argument --texts: must be a positive integer"),
+        (["accuracy", "--max-length", "x"], "argument --max-length: must be an integer, got 'x'"),
+        (
+            ["accuracy", "--family", "gpt2"],
+            "argument --family: invalid choice: 'gpt2' (choose from bert, roberta, xlm-roberta, "
+            "electra, distilbert)",
+        ),
+        (["info", "--nope"], "unrecognized arguments: --nope"),
+    ],
+)
 def test_bad_values_are_usage_errors(capsys, argv: list[str], message: str) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
@@ -75,8 +80,9 @@ def _run_cli(*argv: str, interpret: bool) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     if interpret:
         env["TRITON_INTERPRET"] = "1"
-    return subprocess.run([sys.executable, "-m", "fastbert.cli", *argv], capture_output=True,
-                          text=True, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "fastbert.cli", *argv], capture_output=True, text=True, env=env
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU without the interpreter")
@@ -113,8 +119,11 @@ def test_demo_times_tokenisation_on_both_sides(capsys, monkeypatch) -> None:
         st = load(device)
         cls = type(st.tokenizer)
         call = cls.__call__
-        monkeypatch.setattr(cls, "__call__", lambda self, *a, **k: (
-            tokenised.append("call"), call(self, *a, **k))[1])
+        monkeypatch.setattr(
+            cls,
+            "__call__",
+            lambda self, *a, **k: (tokenised.append("call"), call(self, *a, **k))[1],
+        )
         return st
 
     timed_calls: list[int] = []

@@ -214,9 +214,7 @@ def test_sixteen_bit_row_kernels_do_not_spill(op: str) -> None:
 
 @pytest.mark.parametrize("case", ATTENTION_BUDGET_CASES)
 def test_attention_loops_within_their_instruction_budgets(case: str) -> None:
-    (report,) = [
-        r for r in _compile_reports("attention") if r["case"] == case and r["arch"] == 90
-    ]
+    (report,) = [r for r in _compile_reports("attention") if r["case"] == case and r["arch"] == 90]
     loop = report["sass"]["loop"]
     assert loop is not None, f"{case}: no main loop found in the SASS"
     tile = (report["block_m"], report["block_n"], report["num_warps"])

@@ -40,8 +40,9 @@ def _attention_kept(head_dim: int, dtype: torch.dtype, is_varlen: bool, has_mask
     kernel = flash_attention._attention_fwd_kernel
     size = torch.tensor([], dtype=dtype).element_size()
     block_d = triton.next_power_of_2(head_dim)
-    kept = [c for c in kernel.configs
-            if flash_attention.keep(c, block_d, size, is_varlen, has_mask)]
+    kept = [
+        c for c in kernel.configs if flash_attention.keep(c, block_d, size, is_varlen, has_mask)
+    ]
     return kept or kernel.configs[:1]
 
 
@@ -54,7 +55,10 @@ def test_every_attention_config(monkeypatch, dtype, head_dim, masked) -> None:
     kept = _attention_kept(head_dim, dtype, is_varlen=False, has_mask=masked)
     for index, config in _pinned(monkeypatch, flash_attention._attention_fwd_kernel, kept):
         check_op(
-            K.attention, R.attention, (q, k, v), {"key_padding_mask": mask},
+            K.attention,
+            R.attention,
+            (q, k, v),
+            {"key_padding_mask": mask},
             what=f"attention config {index} {config}",
         )
 
@@ -68,7 +72,9 @@ def test_every_attention_varlen_config(monkeypatch, dtype) -> None:
     kept = _attention_kept(head_dim, dtype, is_varlen=True, has_mask=False)
     for index, config in _pinned(monkeypatch, flash_attention._attention_fwd_kernel, kept):
         check_op(
-            K.attention_varlen, R.attention_varlen, (q, k, v, cu_seqlens, max(lengths)),
+            K.attention_varlen,
+            R.attention_varlen,
+            (q, k, v, cu_seqlens, max(lengths)),
             what=f"attention_varlen config {index} {config}",
         )
 
@@ -88,7 +94,9 @@ def test_every_linear_config(monkeypatch, dtype, activation, has_residual, m) ->
     kept = fused_linear.kept_configs(x, weight, activation, residual)
     for index, config in _pinned(monkeypatch, kernel, kept):
         check_op(
-            K.linear, R.linear, (x, weight),
+            K.linear,
+            R.linear,
+            (x, weight),
             {"bias": bias, "activation": activation, "residual": residual},
             what=f"linear config {index} {config}",
         )

@@ -103,19 +103,30 @@ CASES = {
     "linear-full-grad": (OPS.linear, lambda d: _linear_args(d, True, grad=True)),
     "linear-bare-grad": (OPS.linear, lambda d: _linear_args(d, False, grad=True)),
     "layer_norm-residual-dropout-grad": (
-        OPS.layer_norm, lambda d: _layer_norm_args(d, True, dropout_p=0.25, grad=True)),
+        OPS.layer_norm,
+        lambda d: _layer_norm_args(d, True, dropout_p=0.25, grad=True),
+    ),
     "layer_norm-grad": (OPS.layer_norm, lambda d: _layer_norm_args(d, False, grad=True)),
     "embeddings-all-ids-dropout-grad": (
-        OPS.embeddings_layer_norm, lambda d: _embeddings_args(d, True, dropout_p=0.25, grad=True)),
+        OPS.embeddings_layer_norm,
+        lambda d: _embeddings_args(d, True, dropout_p=0.25, grad=True),
+    ),
     "embeddings-ids-only-grad": (
-        OPS.embeddings_layer_norm, lambda d: _embeddings_args(d, False, grad=True)),
+        OPS.embeddings_layer_norm,
+        lambda d: _embeddings_args(d, False, grad=True),
+    ),
 }
 # The ops whose kernel call takes the custom op's leading arguments only (no dropout seed or
 # saved-for-backward flag), and returns the op's first output.
 # The Triton launcher's positional arguments of each op whose custom op takes more (dropout
 # seed, save flags) and returns more (saved tensors for the backward).
-KERNEL_ARITY = {"linear": 5, "layer_norm": 5, "embeddings_layer_norm": 9, "attention": 5,
-                "attention_varlen": 6}
+KERNEL_ARITY = {
+    "linear": 5,
+    "layer_norm": 5,
+    "embeddings_layer_norm": 9,
+    "attention": 5,
+    "attention_varlen": 6,
+}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -153,8 +164,14 @@ def test_public_attention_is_the_transposed_view(device: str) -> None:
 
 def test_triton_backend_runs_the_custom_ops(device: str) -> None:
     ops = get_ops("triton", device)
-    for name in ("attention", "attention_varlen", "scaled_masked_softmax", "linear",
-                 "layer_norm", "embeddings_layer_norm"):
+    for name in (
+        "attention",
+        "attention_varlen",
+        "scaled_masked_softmax",
+        "linear",
+        "layer_norm",
+        "embeddings_layer_norm",
+    ):
         assert getattr(ops, name) is getattr(custom_ops, name)
 
 
@@ -167,7 +184,11 @@ def test_fake_tensor_checks_reject_bad_shapes() -> None:
 def _compiled_model_matches_eager(device: str, compiler, **compile_kwargs) -> None:
     hf = hf_model("BertModel", seed=3)
     model = fastbert.BertModel.from_pretrained(
-        hf, dtype=torch.float32, device=device, backend="triton", padding_free=False,
+        hf,
+        dtype=torch.float32,
+        device=device,
+        backend="triton",
+        padding_free=False,
         cuda_graphs=False,
     )
     ids, mask, types = padded_batch([7, 3, 5], seed=3, device=device)
@@ -247,8 +268,9 @@ def _training_step(x, w, b, gamma, beta, residual, scores, word, pos, types, ids
     """A small graph of every differentiable op, dropout included, reduced to one loss."""
     h = custom_ops.linear(x, w, b, "gelu_tanh", residual)
     h = custom_ops.layer_norm(h, gamma, beta, 1e-5, residual, dropout_p=0.2)
-    e = custom_ops.embeddings_layer_norm(ids, None, None, word, pos, types, gamma, beta, 1e-12,
-                                         dropout_p=0.1)
+    e = custom_ops.embeddings_layer_norm(
+        ids, None, None, word, pos, types, gamma, beta, 1e-12, dropout_p=0.1
+    )
     probs = custom_ops.scaled_masked_softmax(scores, None, 0.5)
     return (h * h).sum() + (e * e).sum() + (probs * scores).sum()
 
@@ -257,11 +279,16 @@ def test_compiled_training_step_matches_eager(device: str) -> None:
     """torch.compile(fullgraph=True) traces the forward and backward custom ops (with their
     dropout seeds drawn in the graph) and gives the eager gradients."""
     leaves = [
-        _randn(2, 3, 16, device=device), _randn(24, 16, device=device, seed=1),
-        _randn(24, device=device, seed=2), _randn(24, device=device, seed=3),
-        _randn(24, device=device, seed=4), _randn(2, 3, 24, device=device, seed=5),
-        _randn(1, 2, 3, 5, device=device, seed=6), _randn(9, 24, device=device, seed=7),
-        _randn(4, 24, device=device, seed=8), _randn(1, 24, device=device, seed=9),
+        _randn(2, 3, 16, device=device),
+        _randn(24, 16, device=device, seed=1),
+        _randn(24, device=device, seed=2),
+        _randn(24, device=device, seed=3),
+        _randn(24, device=device, seed=4),
+        _randn(2, 3, 24, device=device, seed=5),
+        _randn(1, 2, 3, 5, device=device, seed=6),
+        _randn(9, 24, device=device, seed=7),
+        _randn(4, 24, device=device, seed=8),
+        _randn(1, 24, device=device, seed=9),
     ]
     ids = torch.tensor([[1, 8, 1], [0, 1, 2]], device=device)
 

@@ -29,14 +29,17 @@ def _layer_norm_args(device: str, dtype=torch.float32, residual: bool = True) ->
 
 def _masked_layer_norm(keep: torch.Tensor):
     """The float64 oracle of layer_norm with the kernel's keep mask applied to x."""
+
     def fn(x, weight, bias, eps, residual):
         return R.layer_norm(x * keep / (1 - P), weight, bias, eps, residual)
+
     return fn
 
 
 def _masked_embeddings(keep: torch.Tensor):
     def fn(*args):
         return R.embeddings_layer_norm(*args) * keep / (1 - P)
+
     return fn
 
 
@@ -133,13 +136,23 @@ def test_zero_dropout_draws_no_seed(device) -> None:
 
 @pytest.mark.parametrize("bad", [1.0, -0.1, 1.5, "0.1", True, None])
 @pytest.mark.parametrize(
-    "op", [K.layer_norm, R.layer_norm, torch_ops.layer_norm, K.embeddings_layer_norm,
-           R.embeddings_layer_norm, torch_ops.embeddings_layer_norm],
+    "op",
+    [
+        K.layer_norm,
+        R.layer_norm,
+        torch_ops.layer_norm,
+        K.embeddings_layer_norm,
+        R.embeddings_layer_norm,
+        torch_ops.embeddings_layer_norm,
+    ],
 )
 def test_bad_dropout_p_raises(device, op, bad) -> None:
     embeddings = op.__name__ == "embeddings_layer_norm"
-    args = (_embedding_args(device, torch.float32, False, None) if embeddings
-            else _layer_norm_args(device))
+    args = (
+        _embedding_args(device, torch.float32, False, None)
+        if embeddings
+        else _layer_norm_args(device)
+    )
     with pytest.raises(ValueError, match="dropout_p"):
         op(*args, dropout_p=bad)
 

@@ -34,10 +34,11 @@ def corpus(count: int, offset: int = 0, max_words: int = 40) -> list[str]:
     length (up to ``max_words`` words), one line each."""
     from pydoc_data.topics import topics
 
-    paragraphs = [" ".join(p.split()) for name in sorted(topics)
-                  for p in topics[name].split("\n\n")]
+    paragraphs = [
+        " ".join(p.split()) for name in sorted(topics) for p in topics[name].split("\n\n")
+    ]
     paragraphs = [p for p in paragraphs if p and len(p.split()) <= max_words]
-    return paragraphs[offset: offset + count]
+    return paragraphs[offset : offset + count]
 
 
 TEXTS = corpus(13, offset=40, max_words=30)  # 2 to 30 words
@@ -97,8 +98,20 @@ def cli(*argv: str) -> int:
 def test_every_format_matches_sentence_transformers(fmt, tmp_path, model_path, expected) -> None:
     source = write_corpus(tmp_path / f"corpus.{fmt}", TEXTS)
     out = tmp_path / "out"
-    assert cli(str(source), "--model", model_path, "--output", str(out),
-               "--rows-per-shard", "10", "--batch-tokens", "1024") == 0
+    assert (
+        cli(
+            str(source),
+            "--model",
+            model_path,
+            "--output",
+            str(out),
+            "--rows-per-shard",
+            "10",
+            "--batch-tokens",
+            "1024",
+        )
+        == 0
+    )
     ids, vectors = read_output(out)
     assert ids == list(range(len(TEXTS)))
     assert vectors.dtype == np.float32 and vectors.shape == expected.shape
@@ -109,15 +122,20 @@ def test_every_format_matches_sentence_transformers(fmt, tmp_path, model_path, e
 def test_manifest_and_shards(tmp_path, model_path) -> None:
     source = write_corpus(tmp_path / "corpus.jsonl", TEXTS)
     out = tmp_path / "out"
-    assert cli(str(source), "--model", model_path, "--output", str(out),
-               "--rows-per-shard", "5") == 0
+    assert (
+        cli(str(source), "--model", model_path, "--output", str(out), "--rows-per-shard", "5") == 0
+    )
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["complete"] is True
     assert manifest["fastbert_version"] == fastbert.__version__
     assert Path(manifest["model"]) == Path(model_path).resolve()
     assert manifest["inputs"] == [str(source.resolve())]
-    assert (manifest["pooling"], manifest["normalize"], manifest["dimensions"],
-            manifest["max_length"]) == ("mean", True, 384, 256)
+    assert (
+        manifest["pooling"],
+        manifest["normalize"],
+        manifest["dimensions"],
+        manifest["max_length"],
+    ) == ("mean", True, 384, 256)
     assert [s["rows"] for s in manifest["shards"]] == [5, 5, 3]
     assert [s["first_row"] for s in manifest["shards"]] == [0, 5, 10]
     for shard in manifest["shards"]:
@@ -125,7 +143,8 @@ def test_manifest_and_shards(tmp_path, model_path) -> None:
         assert table.num_rows == shard["rows"]
         assert table.schema.field("embedding").type == pa.list_(pa.float32(), 384)
         assert table.column("id").to_pylist() == list(
-            range(shard["first_row"], shard["first_row"] + shard["rows"]))
+            range(shard["first_row"], shard["first_row"] + shard["rows"])
+        )
     assert manifest["rows"] == len(TEXTS) and manifest["skipped"] == 0
 
 
@@ -137,8 +156,9 @@ def test_folder_of_inputs_and_id_field(tmp_path, model_path, expected) -> None:
     write_corpus(folder / "a.jsonl", TEXTS[:7], names[:7])
     (folder / "notes.md").write_text("not an input")
     out = tmp_path / "out"
-    assert cli(str(folder), "--model", model_path, "--output", str(out),
-               "--id-field", "doc_id") == 0
+    assert (
+        cli(str(folder), "--model", model_path, "--output", str(out), "--id-field", "doc_id") == 0
+    )
     ids, vectors = read_output(out)
     assert ids == names
     assert cosines(vectors, expected).min() >= COSINE
@@ -147,8 +167,7 @@ def test_folder_of_inputs_and_id_field(tmp_path, model_path, expected) -> None:
 def test_truncation_counted_and_matches(tmp_path, model_path, st_model, capsys) -> None:
     source = write_corpus(tmp_path / "corpus.txt", TEXTS)
     out = tmp_path / "out"
-    assert cli(str(source), "--model", model_path, "--output", str(out),
-               "--max-length", "16") == 0
+    assert cli(str(source), "--model", model_path, "--output", str(out), "--max-length", "16") == 0
     lengths = [len(ids) for ids in st_model.tokenizer(TEXTS)["input_ids"]]
     longer = sum(n > 16 for n in lengths)
     assert 0 < longer < len(TEXTS)
@@ -170,16 +189,16 @@ def test_default_truncation_is_the_folders(model_path, st_model) -> None:
 
 
 def test_python_api_in_memory(model_path, expected) -> None:
-    got = fastbert.embed(TEXTS, model=model_path, device="cpu", batch_tokens=64,
-                         progress=False)
+    got = fastbert.embed(TEXTS, model=model_path, device="cpu", batch_tokens=64, progress=False)
     assert isinstance(got, np.ndarray) and got.shape == (len(TEXTS), 384)
     assert cosines(got, expected).min() >= COSINE
 
 
 def test_python_api_to_files(tmp_path, model_path, expected) -> None:
     source = write_corpus(tmp_path / "corpus.txt", TEXTS)
-    summary = fastbert.embed(source, model=model_path, output=tmp_path / "out", device="cpu",
-                             progress=False)
+    summary = fastbert.embed(
+        source, model=model_path, output=tmp_path / "out", device="cpu", progress=False
+    )
     assert (summary.docs, summary.skipped) == (len(TEXTS), 0)
     assert summary.tokens == summary.manifest["tokens"] > len(TEXTS)
     assert summary.manifest["complete"] and summary.output == tmp_path / "out"
@@ -195,36 +214,57 @@ def test_cls_pooling_without_normalisation(tmp_path, model_path) -> None:
     with torch.no_grad():
         batch = tokenizer(TEXTS[:8], padding=True, return_tensors="pt")
         reference = hf(**batch).last_hidden_state[:, 0].numpy()
-    got = fastbert.embed(TEXTS[:8], model=model_path, device="cpu", pooling="cls",
-                         normalize=False, progress=False)
+    got = fastbert.embed(
+        TEXTS[:8], model=model_path, device="cpu", pooling="cls", normalize=False, progress=False
+    )
     assert cosines(got, reference).min() >= COSINE
-    np.testing.assert_allclose(np.linalg.norm(got, axis=-1), np.linalg.norm(reference, axis=-1),
-                               rtol=1e-4)
+    np.testing.assert_allclose(
+        np.linalg.norm(got, axis=-1), np.linalg.norm(reference, axis=-1), rtol=1e-4
+    )
 
 
 def test_float16_storage_needs_float16_compute(tmp_path, model_path, capsys) -> None:
     source = write_corpus(tmp_path / "corpus.txt", TEXTS[:3])
-    assert cli(str(source), "--model", model_path, "--output", str(tmp_path / "out"),
-               "--store-dtype", "float16") == 2
+    assert (
+        cli(
+            str(source),
+            "--model",
+            model_path,
+            "--output",
+            str(tmp_path / "out"),
+            "--store-dtype",
+            "float16",
+        )
+        == 2
+    )
     assert "store_dtype float16 needs dtype float16" in capsys.readouterr().err
 
 
 def test_importing_fastbert_loads_no_heavy_packages() -> None:
-    code = ("import sys, fastbert; heavy = {'pyarrow', 'transformers', 'ray'} & "
-            "set(sys.modules); assert not heavy, heavy; "
-            "assert callable(fastbert.embed); assert 'pyarrow' not in sys.modules")
+    code = (
+        "import sys, fastbert; heavy = {'pyarrow', 'transformers', 'ray'} & "
+        "set(sys.modules); assert not heavy, heavy; "
+        "assert callable(fastbert.embed); assert 'pyarrow' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 # Bad input: an error naming the file and row (exit 1), or skipped and counted.
 
 
-@pytest.mark.parametrize("name, content, message", [
-    ("bad.jsonl", b'{"text": "fine"}\n{"body": "no text field"}\n', "bad.jsonl, row 2: no 'text'"),
-    ("bad.txt", b"fine\n\xff\xfe broken\n", "bad.txt, row 2: not UTF-8"),
-    ("bad.jsonl", b'{"text": "fine"}\n{"text": "  "}\n', "bad.jsonl, row 2: empty text"),
-    ("bad.csv", b"text\nfine\n\n", None),  # csv skips blank lines: no bad row
-])
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        (
+            "bad.jsonl",
+            b'{"text": "fine"}\n{"body": "no text field"}\n',
+            "bad.jsonl, row 2: no 'text'",
+        ),
+        ("bad.txt", b"fine\n\xff\xfe broken\n", "bad.txt, row 2: not UTF-8"),
+        ("bad.jsonl", b'{"text": "fine"}\n{"text": "  "}\n', "bad.jsonl, row 2: empty text"),
+        ("bad.csv", b"text\nfine\n\n", None),  # csv skips blank lines: no bad row
+    ],
+)
 def test_bad_rows_are_errors(tmp_path, model_path, capsys, name, content, message) -> None:
     source = tmp_path / name
     source.write_bytes(content)
@@ -240,13 +280,30 @@ def test_bad_rows_are_errors(tmp_path, model_path, capsys, name, content, messag
 def test_skip_bad_counts(tmp_path, model_path, expected, capsys) -> None:
     good = TEXTS[:4]
     source = tmp_path / "mixed.jsonl"
-    lines = [json.dumps({"text": good[0]}), json.dumps({"other": 1}), json.dumps({"text": ""}),
-             json.dumps({"text": good[1]}), "not json", json.dumps({"text": good[2]}),
-             json.dumps({"text": good[3]})]
+    lines = [
+        json.dumps({"text": good[0]}),
+        json.dumps({"other": 1}),
+        json.dumps({"text": ""}),
+        json.dumps({"text": good[1]}),
+        "not json",
+        json.dumps({"text": good[2]}),
+        json.dumps({"text": good[3]}),
+    ]
     source.write_bytes("\n".join(lines).encode() + b"\n\xff\n")
     out = tmp_path / "out"
-    assert cli(str(source), "--model", model_path, "--output", str(out), "--skip-bad",
-               "--rows-per-shard", "3") == 0
+    assert (
+        cli(
+            str(source),
+            "--model",
+            model_path,
+            "--output",
+            str(out),
+            "--skip-bad",
+            "--rows-per-shard",
+            "3",
+        )
+        == 0
+    )
     assert "4 skipped" in capsys.readouterr().err
     ids, vectors = read_output(out)
     assert ids == [0, 3, 5, 6]
@@ -292,13 +349,24 @@ def killed_run(tmp_path, model_path: str) -> tuple[list[str], list[str], int]:
     texts = corpus(200, offset=300, max_words=8)
     source = write_corpus(tmp_path / "corpus.txt", texts)
     out = tmp_path / "out"
-    args = [str(source), "--model", model_path, "--output", str(out), "--device", "cpu",
-            "--rows-per-shard", "5", "--no-progress"]
+    args = [
+        str(source),
+        "--model",
+        model_path,
+        "--output",
+        str(out),
+        "--device",
+        "cpu",
+        "--rows-per-shard",
+        "5",
+        "--no-progress",
+    ]
     # One row per forward pass: slow enough to be killed mid-way. The window and the token
     # budget decide only how rows are batched, not the job, so the resumed run may batch more.
     slow = ["--window-rows", "1", "--batch-tokens", "16"]
-    proc = subprocess.Popen([sys.executable, "-m", "fastbert.cli", "embed", *args, *slow],
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fastbert.cli", "embed", *args, *slow], stderr=subprocess.PIPE
+    )
     deadline = time.monotonic() + 60
     while not (out / "part-00000.parquet").exists() and proc.poll() is None:
         assert time.monotonic() < deadline, "no shard written in 60 s"
@@ -334,21 +402,42 @@ def test_resume_after_kill(tmp_path, model_path, capsys) -> None:
 
 
 def test_help_lists_the_options() -> None:
-    proc = subprocess.run([sys.executable, "-m", "fastbert.cli", "embed", "--help"],
-                          capture_output=True, text=True, env={**os.environ})
+    proc = subprocess.run(
+        [sys.executable, "-m", "fastbert.cli", "embed", "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ},
+    )
     assert proc.returncode == 0
-    for option in ("--model", "--output", "--text-field", "--id-field", "--batch-tokens",
-                   "--max-length", "--pooling", "--normalize", "--dtype", "--device",
-                   "--backend", "--skip-bad", "--overwrite", "--rows-per-shard", "--ray"):
+    for option in (
+        "--model",
+        "--output",
+        "--text-field",
+        "--id-field",
+        "--batch-tokens",
+        "--max-length",
+        "--pooling",
+        "--normalize",
+        "--dtype",
+        "--device",
+        "--backend",
+        "--skip-bad",
+        "--overwrite",
+        "--rows-per-shard",
+        "--ray",
+    ):
         assert option in proc.stdout
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--batch-tokens", "0"], "argument --batch-tokens: must be a positive integer"),
-    (["--pooling", "max"], "argument --pooling: invalid choice"),
-    (["--rows-per-shard", "x"], "argument --rows-per-shard: must be an integer, got 'x'"),
-    (["--max-length", "600"], "max_length 600 exceeds the model's 512 positions"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--batch-tokens", "0"], "argument --batch-tokens: must be a positive integer"),
+        (["--pooling", "max"], "argument --pooling: invalid choice"),
+        (["--rows-per-shard", "x"], "argument --rows-per-shard: must be an integer, got 'x'"),
+        (["--max-length", "600"], "max_length 600 exceeds the model's 512 positions"),
+    ],
+)
 def test_usage_errors_exit_2(tmp_path, model_path, capsys, extra, message) -> None:
     source = write_corpus(tmp_path / "corpus.txt", TEXTS[:2])
     argv = ["embed", str(source), "--model", model_path, "--output", str(tmp_path / "o"), *extra]

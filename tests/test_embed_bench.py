@@ -25,8 +25,12 @@ def test_embed_bench_reports_every_contender(tmp_path) -> None:
     assert embed_bench.main(["--out", str(tmp_path), "--docs", "6", "--reps", "1"]) == 0
     report = json.loads((tmp_path / "embed-bench.json").read_text())
     names = [r["name"] for r in report["results"]]
-    assert names == ["st.encode", "fastbert embed", "fastbert.embed(texts)",
-                     "fastbert.optimize(st).encode"]
+    assert names == [
+        "st.encode",
+        "fastbert embed",
+        "fastbert.embed(texts)",
+        "fastbert.optimize(st).encode",
+    ]
     assert all(r["cosine_min"] >= 0.99999 and r["docs_per_s"] > 0 for r in report["results"])
     assert report["environment"]["torch"] and report["tokens"] > 6
     assert "| fastbert embed |" in (tmp_path / "embed-bench.md").read_text()

@@ -32,7 +32,8 @@ def ids(high, shape, device, seed, dtype=torch.int64):
 
 def check_embeddings(input_ids, token_type_ids, position_ids, params, eps=1e-12):
     out = check_op(
-        K.embeddings_layer_norm, R.embeddings_layer_norm,
+        K.embeddings_layer_norm,
+        R.embeddings_layer_norm,
         (input_ids, token_type_ids, position_ids, *params, eps),
     )
     assert out.is_contiguous()
@@ -64,8 +65,11 @@ def test_id_dtypes(device, id_dtype) -> None:
     input_ids, types, positions = ids(50, (2, 9), device, 5), ids(2, (2, 9), device, 6), None
     expected = check_embeddings(input_ids, types, positions, params)
     got = K.embeddings_layer_norm(
-        input_ids.to(id_dtype), types.to(id_dtype), torch.arange(9, device=device).to(id_dtype),
-        *params, 1e-12,
+        input_ids.to(id_dtype),
+        types.to(id_dtype),
+        torch.arange(9, device=device).to(id_dtype),
+        *params,
+        1e-12,
     )
     assert torch.equal(got, expected)
 
@@ -104,7 +108,11 @@ def _bad_args(device, **change):
         "input_ids": ids(10, (2, 4), device, 0),
         "token_type_ids": ids(2, (2, 4), device, 1),
         "position_ids": ids(8, (2, 4), device, 2),
-        "word_emb": word, "pos_emb": pos, "type_emb": typ, "weight": weight, "bias": bias,
+        "word_emb": word,
+        "pos_emb": pos,
+        "type_emb": typ,
+        "weight": weight,
+        "bias": bias,
         "eps": 1e-12,
     }
     args.update({name: make(args) for name, make in change.items()})
@@ -140,8 +148,11 @@ BAD = {
         r"position_ids must lie in \[0, 7\]",
     ),
     "sequence longer than pos_emb": (
-        dict(input_ids=lambda a: a["input_ids"].new_zeros(2, 9), token_type_ids=lambda a: None,
-             position_ids=lambda a: None),
+        dict(
+            input_ids=lambda a: a["input_ids"].new_zeros(2, 9),
+            token_type_ids=lambda a: None,
+            position_ids=lambda a: None,
+        ),
         ValueError,
         "sequence length 9 is longer than the 8 rows of pos_emb",
     ),
@@ -164,8 +175,10 @@ BAD = {
     ),
     "mixed table dtypes": (dict(pos_emb=lambda a: a["pos_emb"].half()), TypeError, "dtype mism"),
     "float64 tables": (
-        {n: (lambda a, n=n: a[n].double()) for n in ("word_emb", "pos_emb", "type_emb",
-                                                      "weight", "bias")},
+        {
+            n: (lambda a, n=n: a[n].double())
+            for n in ("word_emb", "pos_emb", "type_emb", "weight", "bias")
+        },
         TypeError,
         "float64",
     ),

@@ -19,8 +19,9 @@ def _load(name: str):
 
 
 def test_pretrain_example_learns(capsys) -> None:
-    assert _load("pretrain").main(["--steps", "40", "--batch-size", "16", "--backend",
-                                   "torch"]) == 0
+    assert (
+        _load("pretrain").main(["--steps", "40", "--batch-size", "16", "--backend", "torch"]) == 0
+    )
     summary = capsys.readouterr().out.strip().splitlines()[-1]
     first, last = map(float, re.search(r"loss ([\d.]+) -> ([\d.]+)", summary).groups())
     assert last < first
@@ -29,15 +30,19 @@ def test_pretrain_example_learns(capsys) -> None:
 def test_finetune_example_trains_and_saves(tmp_path, capsys) -> None:
     pytest.importorskip("accelerate")
     out = tmp_path / "model"
-    assert _load("finetune_classifier").main(
-        ["--epochs", "1", "--train-size", "64", "--backend", "torch", "--output-dir", str(out)]
-    ) == 0
+    assert (
+        _load("finetune_classifier").main(
+            ["--epochs", "1", "--train-size", "64", "--backend", "torch", "--output-dir", str(out)]
+        )
+        == 0
+    )
     assert re.search(r"trained 2 steps.*saved to", capsys.readouterr().out)
     assert (out / "config.json").exists() and (out / "model.safetensors").exists()
 
 
-@pytest.mark.parametrize("name, bad", [("pretrain", ["--steps", "0"]),
-                                       ("finetune_classifier", ["--epochs", "0"])])
+@pytest.mark.parametrize(
+    "name, bad", [("pretrain", ["--steps", "0"]), ("finetune_classifier", ["--epochs", "0"])]
+)
 def test_examples_reject_bad_arguments_with_usage_errors(name, bad) -> None:
     with pytest.raises(SystemExit) as exit_info:
         _load(name).main(bad)

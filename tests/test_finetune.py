@@ -57,7 +57,8 @@ def test_fine_tuning_follows_hf_loss_curve(how: str) -> None:
     else:
         padding_free = how.endswith("padding-free")
         ours = fastbert.BertForSequenceClassification.from_pretrained(
-            hf, backend="torch", padding_free=padding_free)
+            hf, backend="torch", padding_free=padding_free
+        )
         got = _train(ours, STEPS, _own_loss)
     assert expected[-1] < 0.5 * expected[0]  # the run learns: a curve worth following
     worst = max(abs(a - b) for a, b in zip(expected, got))
@@ -70,18 +71,31 @@ def test_hf_trainer_trains_an_optimized_model_and_saves_it(tmp_path) -> None:
 
     model = fastbert.optimize(hf_model("BertForSequenceClassification", seed=2), backend="torch")
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
+
     def row(t: torch.Tensor) -> torch.Tensor:  # every row padded to 12 tokens
         return torch.nn.functional.pad(t, (0, 12 - t.shape[-1]))
 
     rows = [
-        {"input_ids": row(ids[i]), "attention_mask": row(mask[i]),
-         "token_type_ids": row(types[i]), "labels": labels[i]}
-        for ids, mask, types, labels in _batches(12, seed=2) for i in range(len(labels))
+        {
+            "input_ids": row(ids[i]),
+            "attention_mask": row(mask[i]),
+            "token_type_ids": row(types[i]),
+            "labels": labels[i],
+        }
+        for ids, mask, types, labels in _batches(12, seed=2)
+        for i in range(len(labels))
     ]
     args = TrainingArguments(
-        output_dir=str(tmp_path / "run"), per_device_train_batch_size=8, num_train_epochs=3,
-        learning_rate=2e-3, logging_steps=6, save_strategy="no", report_to=[],
-        use_cpu=True, seed=0, disable_tqdm=True,
+        output_dir=str(tmp_path / "run"),
+        per_device_train_batch_size=8,
+        num_train_epochs=3,
+        learning_rate=2e-3,
+        logging_steps=6,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
     )
     trainer = Trainer(model=model, args=args, train_dataset=rows)
     result = trainer.train()
@@ -100,8 +114,12 @@ def test_hf_trainer_trains_an_optimized_model_and_saves_it(tmp_path) -> None:
 
 
 def _dropout_model(**kwargs) -> fastbert.BertForSequenceClassification:
-    hf = hf_model("BertForSequenceClassification", seed=3, hidden_dropout_prob=0.3,
-                  attention_probs_dropout_prob=0.3)
+    hf = hf_model(
+        "BertForSequenceClassification",
+        seed=3,
+        hidden_dropout_prob=0.3,
+        attention_probs_dropout_prob=0.3,
+    )
     return fastbert.BertForSequenceClassification.from_pretrained(hf, backend="torch", **kwargs)
 
 
@@ -136,8 +154,9 @@ def test_optimized_model_dropout_follows_train_and_eval() -> None:
 
 
 def test_graphs_replay_only_calls_without_gradients_or_dropout() -> None:
-    model = fastbert.BertModel.from_pretrained(hf_model("BertModel"), backend="torch",
-                                               cuda_graphs=True)
+    model = fastbert.BertModel.from_pretrained(
+        hf_model("BertModel"), backend="torch", cuda_graphs=True
+    )
     device = torch.device("cuda")  # wants() is asked only, nothing runs on it
     model._graphs.wants = lambda device, tokens: True
     assert not model._graphable(device, 64)  # eval mode, but grad mode on: params need grad
@@ -157,8 +176,9 @@ def test_autocast_mixed_precision_keeps_float32_master_gradients() -> None:
     ids, mask, types = padded_batch([9, 4, 7], seed=5)
     labels = torch.tensor([0, 2, 1])
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        want = hf.train()(input_ids=ids, attention_mask=mask, token_type_ids=types,
-                          labels=labels).loss
+        want = hf.train()(
+            input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels
+        ).loss
         have = ours(ids, mask, types, labels=labels).loss
     have.backward()
     assert abs(have.item() - want.item()) <= 0.02 * abs(want.item())  # bf16 rounding

@@ -33,14 +33,23 @@ VOCAB = 100
 MAX_SEQ = 40
 FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert")
 _PREFIX = {
-    "bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "electra": "Electra",
+    "bert": "Bert",
+    "roberta": "Roberta",
+    "xlm-roberta": "XLMRoberta",
+    "electra": "Electra",
     "distilbert": "DistilBert",
 }
 ROW_LAYOUTS = ("full", "right", "left", "holes", "empty")
 # Hugging Face takes a mask of any dtype (nonzero = real token). None (no mask) comes last: it
 # is the least interesting case, and shrinking moves towards the first.
 MASK_DTYPES = (
-    torch.int64, torch.bool, torch.int32, torch.float32, torch.uint8, torch.int8, torch.float16,
+    torch.int64,
+    torch.bool,
+    torch.int32,
+    torch.float32,
+    torch.uint8,
+    torch.int8,
+    torch.float16,
     None,
 )
 
@@ -53,7 +62,9 @@ def _settings(max_examples: int) -> settings:
         database=None,
         # The device fixture is a constant string: sharing it between examples is safe.
         suppress_health_check=[
-            HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.function_scoped_fixture,
         ],
     )
 
@@ -107,18 +118,34 @@ def model_spec(
     hidden = head_dim * heads
     if family == "distilbert":
         values = dict(
-            vocab_size=VOCAB, dim=hidden, n_layers=layers, n_heads=heads,
-            hidden_dim=intermediate, activation=activation, max_position_embeddings=MAX_SEQ,
-            pad_token_id=pad, dropout=0.0, attention_dropout=0.0, sinusoidal_pos_embds=sinusoidal,
+            vocab_size=VOCAB,
+            dim=hidden,
+            n_layers=layers,
+            n_heads=heads,
+            hidden_dim=intermediate,
+            activation=activation,
+            max_position_embeddings=MAX_SEQ,
+            pad_token_id=pad,
+            dropout=0.0,
+            attention_dropout=0.0,
+            sinusoidal_pos_embds=sinusoidal,
         )
         return ModelSpec(family, values, seed)
     # RoBERTa-style positions run from pad + 1 to pad + S.
     offset = pad + 1 if family in ("roberta", "xlm-roberta") else 0
     values = dict(
-        vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers,
-        num_attention_heads=heads, intermediate_size=intermediate, hidden_act=activation,
-        max_position_embeddings=MAX_SEQ + offset, type_vocab_size=type_vocab, pad_token_id=pad,
-        layer_norm_eps=eps, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=intermediate,
+        hidden_act=activation,
+        max_position_embeddings=MAX_SEQ + offset,
+        type_vocab_size=type_vocab,
+        pad_token_id=pad,
+        layer_norm_eps=eps,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
     )
     if family == "electra":
         values["embedding_size"] = embedding_size or hidden
@@ -244,8 +271,10 @@ def _mixed(spec: ModelSpec, padding_free: bool, **batch_options) -> Case:
 OPTIMIZE_EXAMPLES = [
     _mixed(model_spec("roberta", pad=1), True),
     _mixed(
-        model_spec("xlm-roberta", head_dim=32, heads=3, pad=3, activation="gelu_new"), False,
-        id_dtype=torch.int32, mask_dtype=torch.bool,
+        model_spec("xlm-roberta", head_dim=32, heads=3, pad=3, activation="gelu_new"),
+        False,
+        id_dtype=torch.int32,
+        mask_dtype=torch.bool,
     ),
     _mixed(model_spec("electra", head_dim=32, embedding_size=48, activation="gelu_new"), True),
     _mixed(model_spec("distilbert", heads=1, pad=0), False, mask_dtype=torch.float32),

@@ -169,8 +169,10 @@ def fma_rounds_once() -> bool:
 
 def test_float32_sweep(float32_results) -> None:
     if not fma_rounds_once():
-        pytest.skip("this Triton's interpreter rounds tl.fma twice: the ulp bounds are those "
-                    "of the fused arithmetic the GPU runs")
+        pytest.skip(
+            "this Triton's interpreter rounds tl.fma twice: the ulp bounds are those "
+            "of the fused arithmetic the GPU runs"
+        )
     y, out, ref = float32_results
     err = (out - ref).abs()
     worst = int(err.argmax())

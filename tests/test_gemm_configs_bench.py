@@ -13,8 +13,7 @@ from fastbert.kernels.launch import AUTOTUNE_ENV
 
 from benchmarks import gemm_configs
 
-SMALL = ["--tokens", "40", "--hidden", "32", "--intermediate", "64", "--warmup", "0",
-         "--reps", "1"]
+SMALL = ["--tokens", "40", "--hidden", "32", "--intermediate", "64", "--warmup", "0", "--reps", "1"]
 
 
 def test_every_kept_config_of_every_projection_is_timed(tmp_path) -> None:
@@ -24,13 +23,19 @@ def test_every_kept_config_of_every_projection_is_timed(tmp_path) -> None:
     payload = json.loads((tmp_path / "results.json").read_text())
     results = payload["results"]
     assert [r["projection"] for r in results] == [
-        "QKV projection", "attention output", "FFN1 + GELU", "FFN2"]
+        "QKV projection",
+        "attention output",
+        "FFN1 + GELU",
+        "FFN2",
+    ]
     assert [(r["n"], r["k"]) for r in results] == [(96, 32), (32, 32), (64, 32), (32, 64)]
     for r in results:
         x = torch.empty(r["m"], r["k"], dtype=torch.float16)
         weight = torch.empty(r["n"], r["k"], dtype=torch.float16)
-        expected = [fused_linear.config_name(c)
-                    for c in fused_linear.kept_configs(x, weight, r["activation"])]
+        expected = [
+            fused_linear.config_name(c)
+            for c in fused_linear.kept_configs(x, weight, r["activation"])
+        ]
         assert [c["config"] for c in r["configs"]] == expected
         assert any("persistent=" in name for name in expected)
         assert all(c["median_ms"] > 0 and c["tflops"] > 0 for c in r["configs"])

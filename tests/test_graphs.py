@@ -85,7 +85,8 @@ def _graphed(padding_free: bool) -> tuple[fastbert.BertModel, fastbert.BertModel
         # kernel (and unlike the torch backend's), the reference's attention_varlen runs the
         # bucket's filler sequence, longer than max_seqlen.
         as_triton = dataclasses.replace(
-            fastbert.execution.backends.get_ops("torch", "cpu"), name="triton",
+            fastbert.execution.backends.get_ops("torch", "cpu"),
+            name="triton",
             attention_varlen=reference.attention_varlen,
         )
         for model in (eager, graphed):
@@ -174,8 +175,9 @@ def _cuda_models(**options) -> tuple[fastbert.BertModel, fastbert.BertModel]:
 def test_concurrent_calls_replay_real_graphs_each_for_its_caller_gpu() -> None:
     eager, graphed = _cuda_models()
     calls = 64
-    batches = [padded_batch([24, 24 - i % 7, 20, 1 + i % 23], seed=i, device="cuda")
-               for i in range(calls)]
+    batches = [
+        padded_batch([24, 24 - i % 7, 20, 1 + i % 23], seed=i, device="cuda") for i in range(calls)
+    ]
     expected = [eager(*batch).last_hidden_state for batch in batches]
     wrong = []
 

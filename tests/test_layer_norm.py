@@ -27,7 +27,10 @@ def operands(shape, dtype, device, seed=0, offset=0.0):
 
 def check_layer_norm(x, weight, bias, eps, residual=None) -> torch.Tensor:
     out = check_op(
-        K.layer_norm, R.layer_norm, (x, weight, bias, eps), {"residual": residual},
+        K.layer_norm,
+        R.layer_norm,
+        (x, weight, bias, eps),
+        {"residual": residual},
         what=f"layer_norm res={residual is not None}",
     )
     assert out.is_contiguous() and out.shape == x.shape

@@ -33,7 +33,9 @@ def operands(m, n, k, dtype, device, seed=0, lead=None):
 
 def check_linear(x, weight, bias=None, activation=None, residual=None) -> torch.Tensor:
     out = check_op(
-        K.linear, R.linear, (x, weight),
+        K.linear,
+        R.linear,
+        (x, weight),
         {"bias": bias, "activation": activation, "residual": residual},
         what=f"linear act={activation} bias={bias is not None} res={residual is not None}",
     )

@@ -54,7 +54,9 @@ def test_every_persistent_config(
         monkeypatch.setenv(AUTOTUNE_ENV, str(index))
         KERNEL.cache.clear()
         check_op(
-            K.linear, R.linear, (x, weight),
+            K.linear,
+            R.linear,
+            (x, weight),
             {"bias": bias, "activation": activation, "residual": residual},
             what=f"persistent linear config {index} {kept[index]}",
         )
@@ -113,4 +115,3 @@ def test_the_autotune_key_tells_launches_with_and_without_descriptors(
     monkeypatch.delenv(AUTOTUNE_ENV)
     check_op(K.linear, R.linear, (_misaligned(x), weight), {"bias": bias}, what="misaligned")
     assert not KERNEL.best_config.kwargs["PERSISTENT"]
-

@@ -141,12 +141,18 @@ def test_small_integer_ids_in_the_reference_op() -> None:
     "inputs, error, message",
     [
         (lambda ids: (ids, torch.ones(1, 7)), ValueError, "attention_mask must have the shape"),
-        (lambda ids: (ids, None, torch.ones(0, 5, dtype=torch.long)), ValueError,
-         "token_type_ids must have the shape"),
+        (
+            lambda ids: (ids, None, torch.ones(0, 5, dtype=torch.long)),
+            ValueError,
+            "token_type_ids must have the shape",
+        ),
         (lambda ids: (ids, None, torch.ones(0, 7)), TypeError, "token_type_ids must hold integer"),
         (lambda ids: (ids.to("meta"),), ValueError, "meta"),
-        (lambda ids: (ids, torch.ones(0, 7, device="meta")), ValueError,
-         "attention_mask is on meta"),
+        (
+            lambda ids: (ids, torch.ones(0, 7, device="meta")),
+            ValueError,
+            "attention_mask is on meta",
+        ),
     ],
 )
 def test_an_empty_batch_still_validates_its_other_inputs(model, inputs, error, message) -> None:
@@ -155,15 +161,26 @@ def test_an_empty_batch_still_validates_its_other_inputs(model, inputs, error, m
 
 
 def test_meta_tensors_are_rejected() -> None:
-    meta_model = fastbert.BertModel(fastbert.BertConfig(vocab_size=10, hidden_size=8,
-                                                        num_attention_heads=2, intermediate_size=8,
-                                                        num_hidden_layers=1), device="meta")
+    meta_model = fastbert.BertModel(
+        fastbert.BertConfig(
+            vocab_size=10,
+            hidden_size=8,
+            num_attention_heads=2,
+            intermediate_size=8,
+            num_hidden_layers=1,
+        ),
+        device="meta",
+    )
     with pytest.raises(ValueError, match="meta device"):
         meta_model(torch.ones(1, 3, dtype=torch.long, device="meta"))
 
 
-HEAD_CLASSES = ["BertModel", "BertForMaskedLM", "BertForSequenceClassification",
-                "BertForNextSentencePrediction"]
+HEAD_CLASSES = [
+    "BertModel",
+    "BertForMaskedLM",
+    "BertForSequenceClassification",
+    "BertForNextSentencePrediction",
+]
 
 
 @pytest.mark.parametrize("cls_name", HEAD_CLASSES)
@@ -184,14 +201,17 @@ def test_run_settings_are_readable_settable_and_validated_on_every_model(cls_nam
     model.padding_free = True  # takes effect: the torch backend then packs padded batches
     ids, mask, types = padded_batch([6, 2])
     hidden_zeroed = model.bert(ids, mask, types) if cls_name != "BertModel" else model(ids, mask)
-    assert torch.equal(hidden_zeroed.last_hidden_state[1, 2:],
-                       torch.zeros_like(hidden_zeroed.last_hidden_state[1, 2:]))
+    assert torch.equal(
+        hidden_zeroed.last_hidden_state[1, 2:],
+        torch.zeros_like(hidden_zeroed.last_hidden_state[1, 2:]),
+    )
 
 
 def _odd_head_model(**options) -> fastbert.BertModel:
     """A model with head dim 16 (hidden 32, 2 heads), which the Triton kernel does not run."""
     return fastbert.BertModel.from_pretrained(
-        hf_model(hidden_size=32, num_attention_heads=2, intermediate_size=64), device="cpu",
+        hf_model(hidden_size=32, num_attention_heads=2, intermediate_size=64),
+        device="cpu",
         **options,
     )
 

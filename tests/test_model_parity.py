@@ -61,9 +61,7 @@ def test_masked_lm_matches_hf(seq: int) -> None:
     assert torch.equal(got.argmax(-1)[valid], expected.argmax(-1)[valid])
 
 
-@pytest.mark.parametrize(
-    "name", ["BertForSequenceClassification", "BertForNextSentencePrediction"]
-)
+@pytest.mark.parametrize("name", ["BertForSequenceClassification", "BertForNextSentencePrediction"])
 def test_sentence_heads_match_hf(name: str) -> None:
     hf = hf_model(name, seed=5)
     ours = getattr(fastbert, name).from_pretrained(hf, device="cpu", backend="torch")

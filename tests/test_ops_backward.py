@@ -31,8 +31,9 @@ def _floats(args: tuple) -> list[torch.Tensor]:
 def _as(args: tuple, dtype: torch.dtype) -> tuple:
     """``args`` with the floating tensors in ``dtype``, fresh leaves requiring grad."""
     return tuple(
-        a.detach().to(dtype).requires_grad_() if isinstance(a, torch.Tensor)
-        and a.is_floating_point() else a
+        a.detach().to(dtype).requires_grad_()
+        if isinstance(a, torch.Tensor) and a.is_floating_point()
+        else a
         for a in args
     )
 
@@ -53,7 +54,10 @@ def check_gradients(kernel_fn, reference_fn, args: tuple, dout: torch.Tensor) ->
         if dtype == torch.float32:
             scale = max(1.0, r.abs().max().item()) if r.numel() else 1.0
             torch.testing.assert_close(
-                g.double().cpu(), r.cpu(), rtol=FP32_RTOL, atol=FP32_RTOL * scale,
+                g.double().cpu(),
+                r.cpu(),
+                rtol=FP32_RTOL,
+                atol=FP32_RTOL * scale,
                 msg=lambda m, i=i: f"gradient {i}: {m}",
             )
         else:
@@ -78,8 +82,12 @@ def test_layer_norm_gradients(device, dtype, residual) -> None:
 def test_layer_norm_gradients_of_strided_input(device) -> None:
     x = _randn(40, 6, device=device).t()  # [6, 40], column stride 6
     weight, bias = _randn(40, device=device, seed=1), _randn(40, device=device, seed=2)
-    check_gradients(K.layer_norm, R.layer_norm, (x, weight, bias, 1e-5, None),
-                    _randn(6, 40, device=device, seed=4))
+    check_gradients(
+        K.layer_norm,
+        R.layer_norm,
+        (x, weight, bias, 1e-5, None),
+        _randn(6, 40, device=device, seed=4),
+    )
 
 
 def test_layer_norm_backward_reduces_many_rows_per_program(device, monkeypatch) -> None:
@@ -90,8 +98,12 @@ def test_layer_norm_backward_reduces_many_rows_per_program(device, monkeypatch) 
     monkeypatch.setattr(fused_layer_norm, "MAX_PARTIALS", 3)
     x = _randn(11, 24, device=device)
     weight, bias = _randn(24, device=device, seed=1), _randn(24, device=device, seed=2)
-    check_gradients(K.layer_norm, R.layer_norm, (x, weight, bias, 1e-5, x.flip(0)),
-                    _randn(11, 24, device=device, seed=4))
+    check_gradients(
+        K.layer_norm,
+        R.layer_norm,
+        (x, weight, bias, 1e-5, x.flip(0)),
+        _randn(11, 24, device=device, seed=4),
+    )
 
 
 # ---------------------------------------------------------------- linear
@@ -160,13 +172,15 @@ def _embedding_args(device, dtype, types: bool, positions: str | None):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(
-    "types, positions", [(False, None), (True, "shared"), (True, "per-row")]
-)
+@pytest.mark.parametrize("types, positions", [(False, None), (True, "shared"), (True, "per-row")])
 def test_embeddings_gradients(device, dtype, types, positions) -> None:
     args = _embedding_args(device, dtype, types, positions)
-    check_gradients(K.embeddings_layer_norm, R.embeddings_layer_norm, args,
-                    _randn(2, 5, 24, device=device, seed=4))
+    check_gradients(
+        K.embeddings_layer_norm,
+        R.embeddings_layer_norm,
+        args,
+        _randn(2, 5, 24, device=device, seed=4),
+    )
 
 
 def test_embeddings_gradient_rows_of_unused_ids_are_zero(device) -> None:
@@ -212,15 +226,24 @@ def test_softmax_gradient_of_non_contiguous_output_gradient(device) -> None:
 
 
 CALLS = {
-    "layer_norm": lambda g, d: K.layer_norm(g(_randn(2, 8, device=d)), _randn(8, device=d),
-                                            _randn(8, device=d), 1e-5),
-    "linear": lambda g, d: K.linear(_randn(2, 8, device=d), g(_randn(4, 8, device=d)),
-                                    _randn(4, device=d), "gelu"),
+    "layer_norm": lambda g, d: K.layer_norm(
+        g(_randn(2, 8, device=d)), _randn(8, device=d), _randn(8, device=d), 1e-5
+    ),
+    "linear": lambda g, d: K.linear(
+        _randn(2, 8, device=d), g(_randn(4, 8, device=d)), _randn(4, device=d), "gelu"
+    ),
     "scaled_masked_softmax": lambda g, d: K.scaled_masked_softmax(g(_randn(1, 1, 2, 4, device=d))),
     "embeddings_layer_norm": lambda g, d: K.embeddings_layer_norm(
-        torch.tensor([[1, 2, 3]], device=d), None, None, g(_randn(5, 8, device=d)),
-        _randn(4, 8, device=d), _randn(1, 8, device=d), _randn(8, device=d),
-        _randn(8, device=d), 1e-12),
+        torch.tensor([[1, 2, 3]], device=d),
+        None,
+        None,
+        g(_randn(5, 8, device=d)),
+        _randn(4, 8, device=d),
+        _randn(1, 8, device=d),
+        _randn(8, device=d),
+        _randn(8, device=d),
+        1e-12,
+    ),
 }
 
 
@@ -259,5 +282,6 @@ def test_linear_gradients_without_input_features(device, activation) -> None:
     x = torch.zeros(3, 0, device=device)
     weight = torch.zeros(5, 0, device=device)
     bias = _randn(5, device=device, seed=2)
-    check_gradients(K.linear, R.linear, (x, weight, bias, activation, None),
-                    _randn(3, 5, device=device, seed=4))
+    check_gradients(
+        K.linear, R.linear, (x, weight, bias, activation, None), _randn(3, 5, device=device, seed=4)
+    )

@@ -15,27 +15,56 @@ from tests.hf_models import padded_batch, randomize
 BOUND = 1e-4
 VOCAB = 97
 _SHAPE = dict(
-    vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-    intermediate_size=128, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    vocab_size=VOCAB,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=128,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
 )
 # family -> (transformers class prefix, config class, config values). RoBERTa-style position
 # ids start after pad_token_id, so their table has pad_token_id + 1 extra rows.
 FAMILIES = {
     "bert": ("Bert", "BertConfig", dict(_SHAPE, max_position_embeddings=64)),
-    "roberta": ("Roberta", "RobertaConfig", dict(
-        _SHAPE, max_position_embeddings=66, pad_token_id=1, type_vocab_size=1)),
-    "xlm-roberta": ("XLMRoberta", "XLMRobertaConfig", dict(
-        _SHAPE, max_position_embeddings=69, pad_token_id=4, type_vocab_size=2)),
-    "electra": ("Electra", "ElectraConfig", dict(
-        _SHAPE, embedding_size=32, max_position_embeddings=64, hidden_act="gelu_new")),
-    "distilbert": ("DistilBert", "DistilBertConfig", dict(
-        vocab_size=VOCAB, dim=64, n_layers=2, n_heads=2, hidden_dim=128,
-        max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
-        sinusoidal_pos_embds=True)),
+    "roberta": (
+        "Roberta",
+        "RobertaConfig",
+        dict(_SHAPE, max_position_embeddings=66, pad_token_id=1, type_vocab_size=1),
+    ),
+    "xlm-roberta": (
+        "XLMRoberta",
+        "XLMRobertaConfig",
+        dict(_SHAPE, max_position_embeddings=69, pad_token_id=4, type_vocab_size=2),
+    ),
+    "electra": (
+        "Electra",
+        "ElectraConfig",
+        dict(_SHAPE, embedding_size=32, max_position_embeddings=64, hidden_act="gelu_new"),
+    ),
+    "distilbert": (
+        "DistilBert",
+        "DistilBertConfig",
+        dict(
+            vocab_size=VOCAB,
+            dim=64,
+            n_layers=2,
+            n_heads=2,
+            hidden_dim=128,
+            max_position_embeddings=64,
+            dropout=0.0,
+            attention_dropout=0.0,
+            sinusoidal_pos_embds=True,
+        ),
+    ),
 }
 _COMMON_HEADS = [
-    "Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification",
-    "ForQuestionAnswering", "ForMultipleChoice",
+    "Model",
+    "ForMaskedLM",
+    "ForSequenceClassification",
+    "ForTokenClassification",
+    "ForQuestionAnswering",
+    "ForMultipleChoice",
 ]
 HEADS = {
     "bert": _COMMON_HEADS + ["ForPreTraining", "ForNextSentencePrediction"],
@@ -54,8 +83,10 @@ QKV_NAMES = dict.fromkeys(FAMILIES, ("query", "key", "value")) | {
 CASES = [(family, head) for family, heads in HEADS.items() for head in heads]
 # One model per family for the triton backend (the interpreter on a CPU): a mix of heads.
 TRITON_CASES = [
-    ("bert", "ForPreTraining"), ("roberta", "ForTokenClassification"),
-    ("xlm-roberta", "ForSequenceClassification"), ("electra", "ForMaskedLM"),
+    ("bert", "ForPreTraining"),
+    ("roberta", "ForTokenClassification"),
+    ("xlm-roberta", "ForSequenceClassification"),
+    ("electra", "ForMaskedLM"),
     ("distilbert", "ForQuestionAnswering"),
 ]
 
@@ -278,8 +309,9 @@ def test_an_assigning_load_after_optimize_is_followed() -> None:
     with torch.no_grad():
         model(**inputs)
         model.load_state_dict(other.state_dict(), assign=True)
-        torch.testing.assert_close(model(**inputs).logits, other(**inputs).logits,
-                                   atol=BOUND, rtol=0)
+        torch.testing.assert_close(
+            model(**inputs).logits, other(**inputs).logits, atol=BOUND, rtol=0
+        )
 
 
 def test_sentence_transformer_encode_unchanged() -> None:
@@ -323,13 +355,22 @@ def test_cross_encoder_scores_unchanged() -> None:
         (lambda m, x: m(**x, output_hidden_states=True), "output_hidden_states=True"),
         (lambda m, x: m(inputs_embeds=torch.zeros(2, 5, 64)), "inputs_embeds="),
         (lambda m, x: m(**x, position_ids=torch.arange(5)[None]), "position_ids="),
-        (lambda m, x: m(**x, encoder_hidden_states=torch.zeros(2, 5, 64)),
-         "encoder_hidden_states="),
+        (
+            lambda m, x: m(**x, encoder_hidden_states=torch.zeros(2, 5, 64)),
+            "encoder_hidden_states=",
+        ),
         (lambda m, x: m(**x, head_mask=torch.ones(2, 2)), "head_mask="),
         (lambda m, x: m(**x, some_new_argument=3), "some_new_argument=3"),
     ],
-    ids=["attentions", "hidden_states", "inputs_embeds", "position_ids", "cross", "head_mask",
-         "unknown"],
+    ids=[
+        "attentions",
+        "hidden_states",
+        "inputs_embeds",
+        "position_ids",
+        "cross",
+        "head_mask",
+        "unknown",
+    ],
 )
 def test_unsupported_arguments_raise(call, message: str) -> None:
     model = fastbert.optimize(make_model("bert", "Model"), backend="torch")
@@ -376,10 +417,16 @@ def _decoder():
         (lambda: torch.nn.Linear(2, 2), TypeError, "Supported classes: BERT: BertModel"),
         (_decoder, TypeError, "got BertLMHeadModel"),
         (lambda: make_model("bert", "Model", is_decoder=True), ValueError, "decoder"),
-        (lambda: make_model("bert", "Model", position_embedding_type="relative_key"),
-         ValueError, "position_embedding_type 'relative_key'"),
-        (lambda: make_model("electra", "Model", hidden_act="relu"), ValueError,
-         "hidden_act 'relu' is not supported"),
+        (
+            lambda: make_model("bert", "Model", position_embedding_type="relative_key"),
+            ValueError,
+            "position_embedding_type 'relative_key'",
+        ),
+        (
+            lambda: make_model("electra", "Model", hidden_act="relu"),
+            ValueError,
+            "hidden_act 'relu' is not supported",
+        ),
     ],
     ids=["not-a-model", "decoder-class", "decoder-config", "relative-positions", "relu"],
 )

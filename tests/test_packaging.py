@@ -91,8 +91,9 @@ def _bench_third_party_imports() -> set[str]:
     )
 
 
-def _third_party_imports(files: list[Path], roots: tuple[str, ...],
-                         skip: tuple[str, ...] = ()) -> set[str]:
+def _third_party_imports(
+    files: list[Path], roots: tuple[str, ...], skip: tuple[str, ...] = ()
+) -> set[str]:
     """Top-level third-party modules imported by ``files``, following the fastbert modules
     they import whose names start with one of ``roots`` (and not with one of ``skip``)."""
     seen: set[str] = set()
@@ -106,8 +107,11 @@ def _third_party_imports(files: list[Path], roots: tuple[str, ...],
         for name in _imported_modules(_module_file(module)):
             top = name.split(".")[0]
             if top == "fastbert":
-                if (name.startswith(roots) and not (skip and name.startswith(skip))
-                        and _module_file(name) is not None):
+                if (
+                    name.startswith(roots)
+                    and not (skip and name.startswith(skip))
+                    and _module_file(name) is not None
+                ):
                     todo.append(name.removesuffix(".__init__"))
             elif top not in sys.stdlib_module_names and top != "__future__":
                 third_party.add(top)
@@ -116,8 +120,10 @@ def _third_party_imports(files: list[Path], roots: tuple[str, ...],
 
 def _requirement_names(requirements: list[str]) -> set[str]:
     """Normalised distribution names (PEP 503) of requirement strings."""
-    return {re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9_.-]+", r).group()).lower()
-            for r in requirements}
+    return {
+        re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9_.-]+", r).group()).lower()
+        for r in requirements
+    }
 
 
 def test_bench_extra_installs_what_fastbert_bench_imports() -> None:
@@ -150,8 +156,10 @@ def test_embed_extras_install_what_fastbert_embed_imports(extra) -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
     installed = _requirement_names(project["dependencies"]) | _requirement_names(extras[extra])
-    files = [ROOT / "fastbert" / "commands" / "embed.py",
-             *(ROOT / "fastbert" / "embed").glob("*.py")]
+    files = [
+        ROOT / "fastbert" / "commands" / "embed.py",
+        *(ROOT / "fastbert" / "embed").glob("*.py"),
+    ]
     skip = ("fastbert.embed.ray_driver",) if extra == "embed" else ()
     if skip:
         files = [f for f in files if f.name != "ray_driver.py"]

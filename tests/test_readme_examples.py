@@ -26,8 +26,10 @@ BLOCK = re.compile(r"(?:(<!-- not-run:[^\n]*-->)\n)?```python\n(.*?)```", re.S)
 def python_blocks() -> list[tuple[int, str, bool]]:
     """(line number, code, runs) of each ```python block of the README."""
     text = README.read_text()
-    return [(text.count("\n", 0, m.start(2)), m.group(2), m.group(1) is None)
-            for m in BLOCK.finditer(text)]
+    return [
+        (text.count("\n", 0, m.start(2)), m.group(2), m.group(1) is None)
+        for m in BLOCK.finditer(text)
+    ]
 
 
 def test_the_readme_has_examples_and_few_exceptions() -> None:
@@ -67,6 +69,12 @@ def test_readme_examples_run_on_a_cpu(tmp_path) -> None:
     (tmp_path / "examples.json").write_text(json.dumps(examples))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-c", RUNNER, str(tmp_path / "examples.json")],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", RUNNER, str(tmp_path / "examples.json")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -147,8 +147,17 @@ def test_a_batch_without_padding_runs_unmasked(monkeypatch) -> None:
 class HostReads(TorchFunctionMode):
     """Records every call that reads a device value on the host (a synchronisation on CUDA)."""
 
-    READS = {"item", "tolist", "nonzero", "masked_select", "unique", "__bool__", "__int__",
-             "__float__", "__index__"}
+    READS = {
+        "item",
+        "tolist",
+        "nonzero",
+        "masked_select",
+        "unique",
+        "__bool__",
+        "__int__",
+        "__float__",
+        "__index__",
+    }
 
     def __init__(self) -> None:
         super().__init__()
@@ -171,9 +180,7 @@ class HostReads(TorchFunctionMode):
 def test_a_forward_reads_the_device_once(device, backend, padding_free) -> None:
     """One host read per call checks the ids and sizes the packing (each read stalls the
     host until the GPU has caught up, so the launches stop overlapping the GPU's work)."""
-    model = inference_model(
-        hf_model(), device=device, backend=backend, padding_free=padding_free
-    )
+    model = inference_model(hf_model(), device=device, backend=backend, padding_free=padding_free)
     ids, mask, types = padded_batch([9, 4, 7], device=device)
     for args in ((ids, mask, types), (ids, mask), (ids,)):
         with HostReads() as mode:
@@ -183,9 +190,7 @@ def test_a_forward_reads_the_device_once(device, backend, padding_free) -> None:
 
 def test_out_of_range_ids_raise_on_every_path(device) -> None:
     for padding_free in (True, False):
-        model = inference_model(
-            hf_model(), device=device, padding_free=padding_free
-        )
+        model = inference_model(hf_model(), device=device, padding_free=padding_free)
         ids, mask, types = padded_batch([5, 3], device=device)
         bad_ids = ids.clone()
         bad_ids[1, 0] = 97
@@ -203,9 +208,7 @@ def test_bad_settings_are_refused(name, value) -> None:
 
 
 def test_cuda_graphs_true_needs_cuda() -> None:
-    model = inference_model(
-        hf_model(), device="cpu", backend="torch", cuda_graphs=True
-    )
+    model = inference_model(hf_model(), device="cpu", backend="torch", cuda_graphs=True)
     with pytest.raises(ValueError, match="cuda_graphs=True needs the model on a CUDA device"):
         model(torch.tensor([[1, 2, 3]]))
 
@@ -347,12 +350,8 @@ def test_padding_free_cuda_graphs_on_gpu(dtype) -> None:
     reference = inference_model(
         hf, dtype=torch.float32, device="cuda", padding_free=True, cuda_graphs=False
     )
-    eager = inference_model(
-        hf, dtype=dtype, device="cuda", padding_free=True, cuda_graphs=False
-    )
-    graphed = inference_model(
-        hf, dtype=dtype, device="cuda", padding_free=True, cuda_graphs=True
-    )
+    eager = inference_model(hf, dtype=dtype, device="cuda", padding_free=True, cuda_graphs=False)
+    graphed = inference_model(hf, dtype=dtype, device="cuda", padding_free=True, cuda_graphs=True)
     calls = [[40, 17, 3], [12, 40, 8], [1, 0, 39], [140, 100, 90]]  # buckets 64, 64, 64, 384
     for ids, mask, types in _padded_batches(calls, seq=140):
         ids, mask, types = ids.cuda(), mask.cuda(), types.cuda()

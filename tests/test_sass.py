@@ -88,7 +88,8 @@ def test_mma_loops_are_the_innermost_loops_holding_mmas() -> None:
     listing = LISTING.replace("        /*0120*/                   EXIT ;\n", second)
     found = sass.mma_loops(sass.parse(listing))
     assert [(loop.start, loop.end, loop.size) for loop in found] == [
-        (0x30, 0xE0, 11), (0x140, 0x160, 3)
+        (0x30, 0xE0, 11),
+        (0x140, 0x160, 3),
     ]
 
 

@@ -47,8 +47,10 @@ def test_l2_feed_counts_each_tiles_operand_panels() -> None:
         assert e.feed_bytes == tiles * 3072 * (bm + bn) * 2
         assert e.feed_s == pytest.approx(e.feed_bytes / (S.L2_BYTES_PER_CLOCK * S.CLOCK_HZ))
     # Same FLOPs, smaller tiles: more bytes from L2 per FLOP.
-    feeds = [S.gemm_estimate(FFN2, _report(bm, bn, 1)).feed_bytes
-             for bm, bn in ((128, 256), (128, 128), (64, 128))]
+    feeds = [
+        S.gemm_estimate(FFN2, _report(bm, bn, 1)).feed_bytes
+        for bm, bn in ((128, 256), (128, 128), (64, 128))
+    ]
     assert feeds == sorted(feeds)
     assert feeds[2] / feeds[1] == pytest.approx(1.5)
 
@@ -75,9 +77,11 @@ def test_the_assumed_config_is_the_fastest_modelled() -> None:
 
 def test_config_of_case_reads_the_config_name() -> None:
     assert S.config_of_case("linear[fp16 128x128x64 s4 w8 bias=1 act=0 res=0]") == (
-        "128x128x64 s4 w8")
+        "128x128x64 s4 w8"
+    )
     assert S.config_of_case("linear[fp16 64x128x64 s4 w4 persistent=2 bias=1 act=1 res=0]") == (
-        "64x128x64 s4 w4 persistent=2")
+        "64x128x64 s4 w4 persistent=2"
+    )
 
 
 def test_measured_rows_set_each_config_beside_its_model() -> None:
@@ -86,18 +90,31 @@ def test_measured_rows_set_each_config_beside_its_model() -> None:
         r["case"] = f"linear[fp16 {name} bias=1 act=0 res=0]"
         return {90: r}
 
-    compiled = {"linear": {
-        (0, False): [
-            report(128, 256, 1, "128x256x64 s3 w8"), report(128, 128, 2, "128x128x32 s4 w8"),
-        ],
-        (1, False): [report(128, 128, 2, "128x128x32 s4 w8")],
-    }}
-    measured = {"results": [{
-        "projection": "FFN2", "m": 4096, "n": 768, "k": 3072, "activation": None,
-        "autotuner_choice": "128x256x64 s3 w8",
-        "configs": [{"config": "128x256x64 s3 w8", "median_ms": 0.05},
-                    {"config": "128x128x32 s4 w8", "median_ms": 0.04}],
-    }]}
+    compiled = {
+        "linear": {
+            (0, False): [
+                report(128, 256, 1, "128x256x64 s3 w8"),
+                report(128, 128, 2, "128x128x32 s4 w8"),
+            ],
+            (1, False): [report(128, 128, 2, "128x128x32 s4 w8")],
+        }
+    }
+    measured = {
+        "results": [
+            {
+                "projection": "FFN2",
+                "m": 4096,
+                "n": 768,
+                "k": 3072,
+                "activation": None,
+                "autotuner_choice": "128x256x64 s3 w8",
+                "configs": [
+                    {"config": "128x256x64 s3 w8", "median_ms": 0.05},
+                    {"config": "128x128x32 s4 w8", "median_ms": 0.04},
+                ],
+            }
+        ]
+    }
     rows = S.measured_rows(compiled, measured)
     body = [row for row in rows[2:] if row.startswith("| FFN2 |")]
     assert len(body) == 2 and len(rows) == 4  # QKV / attention output were not measured

@@ -25,7 +25,9 @@ from tests.op_cases import (
 
 def check_softmax(scores, mask=None, scale=1.0) -> torch.Tensor:
     out = check_op(
-        K.scaled_masked_softmax, R.scaled_masked_softmax, (scores,),
+        K.scaled_masked_softmax,
+        R.scaled_masked_softmax,
+        (scores,),
         {"key_padding_mask": mask, "scale": scale},
     )
     assert out.is_contiguous()

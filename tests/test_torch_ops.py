@@ -22,8 +22,8 @@ DTYPES = dtype_params(ALL_DTYPES)
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
-    "batch, heads, seq", [(2, 2, 1), (2, 2, 7), (3, 2, 33), (2, 2, 127), (2, 2, 129), (1, 1, 511),
-                          (1, 1, 512)],
+    "batch, heads, seq",
+    [(2, 2, 1), (2, 2, 7), (3, 2, 33), (2, 2, 127), (2, 2, 129), (1, 1, 511), (1, 1, 512)],
 )
 def test_attention_sequence_lengths(dtype, batch, heads, seq) -> None:
     q, k, v = qkv(batch, heads, seq, seq, 64, dtype, "cpu", seed=seq)
@@ -180,8 +180,11 @@ def test_embeddings_layer_norm(dtype, inputs) -> None:
     tables = [randn((rows, hidden), dtype, "cpu", seed=rows) for rows in (50, 40, 2)]
     weight = randn((hidden,), dtype, "cpu", seed=5)
     bias = randn((hidden,), dtype, "cpu", seed=6)
-    check_op(T.embeddings_layer_norm, R.embeddings_layer_norm,
-             (ids, types, positions, *tables, weight, bias, 1e-12))
+    check_op(
+        T.embeddings_layer_norm,
+        R.embeddings_layer_norm,
+        (ids, types, positions, *tables, weight, bias, 1e-12),
+    )
     with pytest.raises(ValueError, match="input_ids must lie in"):
         T.embeddings_layer_norm(ids + 50, types, positions, *tables, weight, bias, 1e-12)
 
@@ -192,8 +195,9 @@ def test_unchecked_ops_compute_the_public_ops() -> None:
     mask = padded_mask([9, 4], 9)
     assert torch.equal(T.UNCHECKED["attention"](q, k, v, mask), T.attention(q, k, v, mask))
     pq, pk, pv, cu = packed_qkv([4, 9], 2, 32, torch.float32, "cpu")
-    assert torch.equal(T.UNCHECKED["attention_varlen"](pq, pk, pv, cu, 9),
-                       T.attention_varlen(pq, pk, pv, cu, 9))
+    assert torch.equal(
+        T.UNCHECKED["attention_varlen"](pq, pk, pv, cu, 9), T.attention_varlen(pq, pk, pv, cu, 9)
+    )
     x, w = randn((4, 8), torch.float32, "cpu", 0), randn((6, 8), torch.float32, "cpu", 1)
     assert torch.equal(T.UNCHECKED["linear"](x, w, None, "gelu"), T.linear(x, w, None, "gelu"))
 
@@ -201,22 +205,36 @@ def test_unchecked_ops_compute_the_public_ops() -> None:
 @pytest.mark.parametrize(
     ("call", "error", "match"),
     [
-        (lambda: T.attention(torch.zeros(1, 1, 4, 8), torch.zeros(1, 1, 4, 8),
-                             torch.zeros(1, 1, 4, 7)), ValueError, "v must have shape"),
-        (lambda: T.attention_varlen(*packed_qkv([3], 1, 8, torch.float32, "cpu")[:3],
-                                    torch.tensor([0, 3]), 3),
-         TypeError, "cu_seqlens must be int32"),
+        (
+            lambda: T.attention(
+                torch.zeros(1, 1, 4, 8), torch.zeros(1, 1, 4, 8), torch.zeros(1, 1, 4, 7)
+            ),
+            ValueError,
+            "v must have shape",
+        ),
+        (
+            lambda: T.attention_varlen(
+                *packed_qkv([3], 1, 8, torch.float32, "cpu")[:3], torch.tensor([0, 3]), 3
+            ),
+            TypeError,
+            "cu_seqlens must be int32",
+        ),
         (lambda: T.linear(torch.zeros(2, 3), torch.zeros(4, 5)), ValueError, "input features"),
-        (lambda: T.layer_norm(torch.zeros(2, 3), torch.zeros(3), torch.zeros(4), 1e-5),
-         ValueError, "bias must have shape"),
-        (lambda: T.scaled_masked_softmax(torch.zeros(1, 1, 2, 2), torch.zeros(1, 2), 1.0),
-         TypeError, "additive float masks"),
+        (
+            lambda: T.layer_norm(torch.zeros(2, 3), torch.zeros(3), torch.zeros(4), 1e-5),
+            ValueError,
+            "bias must have shape",
+        ),
+        (
+            lambda: T.scaled_masked_softmax(torch.zeros(1, 1, 2, 2), torch.zeros(1, 2), 1.0),
+            TypeError,
+            "additive float masks",
+        ),
     ],
 )
 def test_public_ops_validate(call, error, match) -> None:
     with pytest.raises(error, match=match):
         call()
-
 
 
 @pytest.mark.parametrize("op", ["attention", "attention_varlen"])

@@ -11,10 +11,25 @@ from benchmarks import train_step
 
 def test_train_step_benchmark_writes_results(tmp_path) -> None:
     out = tmp_path / "train"
-    assert train_step.main([
-        "--out", str(out), "--model", "bert-tiny", "--shapes", "2x16p",
-        "--contenders", "hf-sdpa,fastbert", "--warmup", "0", "--reps", "1",
-    ]) == 0
+    assert (
+        train_step.main(
+            [
+                "--out",
+                str(out),
+                "--model",
+                "bert-tiny",
+                "--shapes",
+                "2x16p",
+                "--contenders",
+                "hf-sdpa,fastbert",
+                "--warmup",
+                "0",
+                "--reps",
+                "1",
+            ]
+        )
+        == 0
+    )
     payload = json.loads((out / "results.json").read_text())
     (row,) = payload["rows"]
     assert row["errors"] == {} and set(row["results"]) == {"hf-sdpa", "fastbert"}
@@ -22,8 +37,9 @@ def test_train_step_benchmark_writes_results(tmp_path) -> None:
     assert "| 2x16 padded |" in (out / "results.md").read_text()
 
 
-@pytest.mark.parametrize("bad", [["--contenders", "hf-magic"], ["--reps", "0"],
-                                 ["--shapes", "0x16"]])
+@pytest.mark.parametrize(
+    "bad", [["--contenders", "hf-magic"], ["--reps", "0"], ["--shapes", "0x16"]]
+)
 def test_train_step_benchmark_usage_errors_exit_2(tmp_path, bad) -> None:
     with pytest.raises(SystemExit) as exit_info:
         train_step.main(["--out", str(tmp_path), "--model", "bert-tiny", *bad])

@@ -135,9 +135,11 @@ def _fused_hf_grads(hf: torch.nn.Module, ours: torch.nn.Module) -> dict:
 @pytest.mark.parametrize("cls_name", sorted(_OWN_HEADS))
 def test_own_heads_loss_and_gradients_match_hf(cls_name: str, padding_free: bool) -> None:
     hf = hf_model(cls_name, seed=11).train()
-    ours = getattr(fastbert, cls_name).from_pretrained(
-        hf, device="cpu", backend="torch", padding_free=padding_free
-    ).train()
+    ours = (
+        getattr(fastbert, cls_name)
+        .from_pretrained(hf, device="cpu", backend="torch", padding_free=padding_free)
+        .train()
+    )
     ids, mask, types = padded_batch(LENGTHS, seed=11)
     labels = _OWN_HEADS[cls_name](ids, mask.bool())
     want = hf(input_ids=ids, attention_mask=mask, token_type_ids=types, **labels)
@@ -148,11 +150,14 @@ def test_own_heads_loss_and_gradients_match_hf(cls_name: str, padding_free: bool
     assert_grads_match(_fused_hf_grads(hf, ours), grads(ours))
 
 
-@pytest.mark.parametrize("num_labels, labels, problem", [
-    (1, torch.tensor([0.5, -1.0]), "regression"),
-    (3, torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]]), "multi_label_classification"),
-    (3, torch.tensor([2, 0]), "single_label_classification"),
-])
+@pytest.mark.parametrize(
+    "num_labels, labels, problem",
+    [
+        (1, torch.tensor([0.5, -1.0]), "regression"),
+        (3, torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]]), "multi_label_classification"),
+        (3, torch.tensor([2, 0]), "single_label_classification"),
+    ],
+)
 def test_sequence_classification_losses_match_hf(num_labels, labels, problem) -> None:
     hf = hf_model("BertForSequenceClassification", seed=12, num_labels=num_labels)
     ours = fastbert.BertForSequenceClassification.from_pretrained(hf, backend="torch")
@@ -165,7 +170,8 @@ def test_sequence_classification_losses_match_hf(num_labels, labels, problem) ->
 
 def test_loss_comes_first_like_hf() -> None:
     ours = fastbert.BertForSequenceClassification.from_pretrained(
-        hf_model("BertForSequenceClassification"), backend="torch")
+        hf_model("BertForSequenceClassification"), backend="torch"
+    )
     ids, mask, types = padded_batch([4, 2])
     loss, logits = ours(ids, mask, types, labels=torch.tensor([0, 1]))
     assert loss.dim() == 0 and logits.shape == (2, 3)
@@ -173,12 +179,21 @@ def test_loss_comes_first_like_hf() -> None:
     assert logits_only.shape == (2, 3)
 
 
-@pytest.mark.parametrize("cls_name, labels, message", [
-    ("BertForMaskedLM", torch.zeros(2, 3, dtype=torch.long),
-     r"masked-LM labels must have shape \[2, 4\]"),
-    ("BertForSequenceClassification", torch.zeros(3, dtype=torch.long),
-     r"single-label classification labels must have shape \[2\]"),
-])
+@pytest.mark.parametrize(
+    "cls_name, labels, message",
+    [
+        (
+            "BertForMaskedLM",
+            torch.zeros(2, 3, dtype=torch.long),
+            r"masked-LM labels must have shape \[2, 4\]",
+        ),
+        (
+            "BertForSequenceClassification",
+            torch.zeros(3, dtype=torch.long),
+            r"single-label classification labels must have shape \[2\]",
+        ),
+    ],
+)
 def test_labels_of_the_wrong_shape_raise(cls_name, labels, message) -> None:
     ours = getattr(fastbert, cls_name).from_pretrained(hf_model(cls_name), backend="torch")
     ids, mask, types = padded_batch([4, 2])
@@ -187,8 +202,9 @@ def test_labels_of_the_wrong_shape_raise(cls_name, labels, message) -> None:
 
 
 def test_every_parameter_gets_a_gradient_and_requires_grad_by_default() -> None:
-    model = fastbert.BertForPreTraining.from_pretrained(hf_model("BertForPreTraining"),
-                                                        backend="torch")
+    model = fastbert.BertForPreTraining.from_pretrained(
+        hf_model("BertForPreTraining"), backend="torch"
+    )
     assert all(p.requires_grad for p in model.parameters())
     assert not model.training  # from_pretrained returns eval mode, as Hugging Face does
     ids, mask, types = padded_batch([6, 4], seed=3)

@@ -35,11 +35,11 @@ GRADIENT_CASES = [(f, h, False) for f, h in CASES] + [(f, h, True) for f, h in T
 
 
 @pytest.mark.parametrize(
-    "family, head, padding_free", GRADIENT_CASES,
+    "family, head, padding_free",
+    GRADIENT_CASES,
     ids=[f"{f}-{h}-{'padding-free' if p else 'dense'}" for f, h, p in GRADIENT_CASES],
 )
-def test_triton_gradients_match_hf(device: str, family: str, head: str,
-                                   padding_free: bool) -> None:
+def test_triton_gradients_match_hf(device: str, family: str, head: str, padding_free: bool) -> None:
     model = make_model(family, head, seed=31, **NO_HEAD_DROPOUT).to(device).train()
     reference = copy.deepcopy(model)
     inputs, valid = make_inputs(model, head, GRAD_LENGTHS, seed=31, device=device)
@@ -53,8 +53,9 @@ def test_triton_gradients_match_hf(device: str, family: str, head: str,
 def test_triton_left_padded_gradients_match_hf(device: str, padding_free: bool) -> None:
     model = make_model("roberta", "ForMaskedLM", seed=35).to(device).train()
     reference = copy.deepcopy(model)
-    inputs, valid = left_padded(*make_inputs(model, "ForMaskedLM", GRAD_LENGTHS, seed=35,
-                                             device=device))
+    inputs, valid = left_padded(
+        *make_inputs(model, "ForMaskedLM", GRAD_LENGTHS, seed=35, device=device)
+    )
     weighted_sum(reference(**inputs), valid.cpu(), tokens_only=True).backward()
     fastbert.optimize(model, backend="triton", padding_free=padding_free)
     weighted_sum(model(**inputs), valid.cpu(), tokens_only=True).backward()
@@ -67,8 +68,13 @@ def test_compiled_training_step_matches_eager(device: str) -> None:
     loss and gradients as eager."""
     hf = hf_model("BertForSequenceClassification", seed=36)
     model = fastbert.BertForSequenceClassification.from_pretrained(
-        hf, device=device, dtype=torch.float32, backend="triton", padding_free=False,
-        cuda_graphs=False).train()
+        hf,
+        device=device,
+        dtype=torch.float32,
+        backend="triton",
+        padding_free=False,
+        cuda_graphs=False,
+    ).train()
     ids, mask, types = (t.to(device) for t in padded_batch(LENGTHS, seed=36))
     labels = torch.tensor([0, 1, 2], device=device)
 
@@ -97,7 +103,8 @@ def test_own_model_trains_on_triton(device: str) -> None:
     results = {}
     for backend in ("torch", "triton"):
         model = fastbert.BertForPreTraining.from_pretrained(
-            hf, device=device, dtype=torch.float32, backend=backend).train()
+            hf, device=device, dtype=torch.float32, backend=backend
+        ).train()
         loss = model(ids, mask, types, labels=labels, next_sentence_label=nsp).loss
         loss.backward()
         results[backend] = (loss.item(), grads(model))
@@ -106,10 +113,15 @@ def test_own_model_trains_on_triton(device: str) -> None:
 
 
 def test_triton_dropout_in_training(device: str) -> None:
-    hf = hf_model("BertForSequenceClassification", seed=33, hidden_dropout_prob=0.2,
-                  attention_probs_dropout_prob=0.2)
+    hf = hf_model(
+        "BertForSequenceClassification",
+        seed=33,
+        hidden_dropout_prob=0.2,
+        attention_probs_dropout_prob=0.2,
+    )
     model = fastbert.BertForSequenceClassification.from_pretrained(
-        hf, device=device, dtype=torch.float32, backend="triton")
+        hf, device=device, dtype=torch.float32, backend="triton"
+    )
     ids, mask, types = (t.to(device) for t in padded_batch(LENGTHS, seed=33))
     with torch.no_grad():
         evaluated = model(ids, mask, types).logits
@@ -134,7 +146,8 @@ def test_triton_autocast_with_float32_master_weights(device: str) -> None:
     ids, mask, types = (t.to(device) for t in padded_batch(LENGTHS, seed=34))
     labels = torch.tensor([0, 2, 1], device=device)
     model = fastbert.BertForSequenceClassification.from_pretrained(
-        hf, device=device, dtype=torch.float32, backend="triton").train()
+        hf, device=device, dtype=torch.float32, backend="triton"
+    ).train()
     exact = model(ids, mask, types, labels=labels).loss.item()
     with torch.autocast(torch.device(device).type, dtype=half):
         out = model(ids, mask, types, labels=labels)

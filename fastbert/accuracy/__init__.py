@@ -15,5 +15,12 @@ from fastbert.accuracy.stages import (
     top_k_agreement,
 )
 
-__all__ = ["DTYPE_NAMES", "TEXTS", "Report", "compare", "evaluate", "supported_dtypes",
-           "top_k_agreement"]
+__all__ = [
+    "DTYPE_NAMES",
+    "TEXTS",
+    "Report",
+    "compare",
+    "evaluate",
+    "supported_dtypes",
+    "top_k_agreement",
+]

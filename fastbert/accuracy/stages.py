@@ -132,9 +132,7 @@ def supported_dtypes(device: torch.device, backend: str) -> list[str]:
     return ["fp32", "fp16", "bf16"]
 
 
-def compare(
-    got: torch.Tensor, ref: torch.Tensor, valid: torch.Tensor | None, name: str
-) -> Entry:
+def compare(got: torch.Tensor, ref: torch.Tensor, valid: torch.Tensor | None, name: str) -> Entry:
     """got, ref: [..., C] (any dtype); valid: bool mask over the leading dims, or None (all)."""
     got, ref = got.float(), ref.float()
     if valid is not None:
@@ -190,7 +188,10 @@ def make_inputs(
     """
     if tokenizer is not None:
         batch = tokenizer(
-            list(texts), padding=True, truncation=True, max_length=max_length,
+            list(texts),
+            padding=True,
+            truncation=True,
+            max_length=max_length,
             return_tensors="pt",
         )
         ids, mask = batch["input_ids"], batch["attention_mask"]
@@ -240,7 +241,11 @@ def run_fastbert_bert(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "no pooler": the masked-LM model has none
         model = cls.from_pretrained(
-            hf, dtype=dtype, device=device, backend=backend, padding_free=False,
+            hf,
+            dtype=dtype,
+            device=device,
+            backend=backend,
+            padding_free=False,
             cuda_graphs=False,
         )
     encoder = model.bert if fastbert_head else model
@@ -306,12 +311,22 @@ def evaluate(
     dtypes = dtypes or supported_dtypes(torch_device, backend)
     stages = 2 + sum(1 if name == "fp32" else 2 for name in dtypes)
     with Progress(stages, "fastbert accuracy", stream=progress or io.StringIO()) as bar:
-        return _evaluate(model, family, device, backend, dtypes, texts, max_length,
-                         interpreter, bar)
+        return _evaluate(
+            model, family, device, backend, dtypes, texts, max_length, interpreter, bar
+        )
 
 
-def _evaluate(model: str, family: str, device: str, backend: str, dtypes: list[str],
-              texts: int, max_length: int, interpreter: bool, bar: Progress) -> Report:
+def _evaluate(
+    model: str,
+    family: str,
+    device: str,
+    backend: str,
+    dtypes: list[str],
+    texts: int,
+    max_length: int,
+    interpreter: bool,
+    bar: Progress,
+) -> Report:
     torch_device = torch.device(device)
     bar.step(f"loading {model}")
     hf, tokenizer, label, notes = load_reference(model, family)
@@ -351,7 +366,15 @@ def _evaluate(model: str, family: str, device: str, backend: str, dtypes: list[s
             bar.advance()
         results.append(compare_runs(got, ref, low, mask, name))
     return Report(
-        model=label, family=family, device=str(torch_device), backend=backend,
-        interpreter=interpreter, texts=ids.shape[0], tokens=int(mask.sum()),
-        max_length=ids.shape[1], head=head, results=results, notes=notes,
+        model=label,
+        family=family,
+        device=str(torch_device),
+        backend=backend,
+        interpreter=interpreter,
+        texts=ids.shape[0],
+        tokens=int(mask.sum()),
+        max_length=ids.shape[1],
+        head=head,
+        results=results,
+        notes=notes,
     )

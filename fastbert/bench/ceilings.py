@@ -20,8 +20,14 @@ COPY_BYTES = 1 << 30  # 1 GiB each way: far beyond any L2 cache
 GEMM_SIZE = 8192
 
 
-def measure(device: torch.device | str, dtype: torch.dtype, *, copy_bytes: int = COPY_BYTES,
-            gemm_size: int = GEMM_SIZE, reps: int = 20) -> dict | None:
+def measure(
+    device: torch.device | str,
+    dtype: torch.dtype,
+    *,
+    copy_bytes: int = COPY_BYTES,
+    gemm_size: int = GEMM_SIZE,
+    reps: int = 20,
+) -> dict | None:
     """{"copy_tbps", "gemm_tflops", "copy_bytes", "gemm_size", "dtype"} for a CUDA ``device``;
     None off CUDA (a CPU's figures would mean nothing next to a GPU roofline)."""
     device = torch.device(device)
@@ -52,8 +58,9 @@ def gemm_tflops(device: torch.device, dtype: torch.dtype, size: int, reps: int) 
     return 2 * size**3 / (median_ms * 1e-3) / 1e12
 
 
-def _random(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-            seed: int = 0) -> torch.Tensor:
+def _random(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, seed: int = 0
+) -> torch.Tensor:
     """Random values (never zeros: they can run faster than real data)."""
     generator = torch.Generator(device).manual_seed(seed)
     return torch.randn(shape, device=device, generator=generator).to(dtype)

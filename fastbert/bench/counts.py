@@ -38,15 +38,24 @@ class OpCount:
     bytes: float
 
 
-def linear(m: int, n: int, k: int, elem: int, *, bias: bool = True, residual: bool = False,
-           name: str = "linear") -> OpCount:
+def linear(
+    m: int,
+    n: int,
+    k: int,
+    elem: int,
+    *,
+    bias: bool = True,
+    residual: bool = False,
+    name: str = "linear",
+) -> OpCount:
     """x [m, k] @ W^T [k, n] (+ bias [n]) (+ residual [m, n]) -> [m, n]."""
     elements = m * k + n * k + m * n + (n if bias else 0) + (m * n if residual else 0)
     return OpCount(name, 2.0 * m * n * k, float(elements * elem))
 
 
-def attention(batch: int, heads: int, seq_q: int, seq_k: int, head_dim: int, elem: int, *,
-              masked: bool = True) -> OpCount:
+def attention(
+    batch: int, heads: int, seq_q: int, seq_k: int, head_dim: int, elem: int, *, masked: bool = True
+) -> OpCount:
     """q [B, H, S_q, D], k and v [B, H, S_k, D], a [B, S_k] key-padding mask -> [B, H, S_q, D]."""
     flops = 4.0 * batch * heads * seq_q * seq_k * head_dim
     elements = batch * heads * head_dim * (2 * seq_q + 2 * seq_k)
@@ -103,8 +112,9 @@ def bert_layer(config: BertConfig, tokens: int, attention_op: OpCount, elem: int
     ]
 
 
-def bert_forward(config: BertConfig, batch: int, seq: int, elem: int,
-                 lengths: Sequence[int] | None = None) -> list[OpCount]:
+def bert_forward(
+    config: BertConfig, batch: int, seq: int, elem: int, lengths: Sequence[int] | None = None
+) -> list[OpCount]:
     """Every op of one BertModel forward (pooler included).
 
     Dense (``lengths`` None): all ``batch * seq`` positions. Padding-free: ``lengths`` (one per
@@ -136,6 +146,6 @@ def total_bytes(ops: Iterable[OpCount]) -> float:
 
 def roofline_ms(ops: Iterable[OpCount], peak_tflops: float, peak_tbps: float) -> float:
     """The least time (ms) the ops can take: each op bound by compute or by memory, summed."""
-    return sum(
-        max(op.flops / (peak_tflops * 1e12), op.bytes / (peak_tbps * 1e12)) for op in ops
-    ) * 1e3
+    return (
+        sum(max(op.flops / (peak_tflops * 1e12), op.bytes / (peak_tbps * 1e12)) for op in ops) * 1e3
+    )

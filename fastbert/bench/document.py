@@ -14,10 +14,16 @@ from pathlib import Path
 SCHEMA = "fastbert-bench/1"
 
 
-def new_document(environment: dict, settings: dict, records: list[dict],
-                 complete: bool = True) -> dict:
-    return {"schema": SCHEMA, "environment": environment, "settings": settings,
-            "complete": complete, "results": records}
+def new_document(
+    environment: dict, settings: dict, records: list[dict], complete: bool = True
+) -> dict:
+    return {
+        "schema": SCHEMA,
+        "environment": environment,
+        "settings": settings,
+        "complete": complete,
+        "results": records,
+    }
 
 
 def read_document(path: str | Path) -> dict:

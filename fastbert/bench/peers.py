@@ -50,8 +50,9 @@ def fastbert_keywords() -> frozenset[str]:
     return frozenset(inspect.signature(fastbert.BertModel.from_pretrained).parameters)
 
 
-def hf_model(reference: Reference, attn_implementation: str, dtype: torch.dtype,
-             device: torch.device) -> Any:
+def hf_model(
+    reference: Reference, attn_implementation: str, dtype: torch.dtype, device: torch.device
+) -> Any:
     """A Hugging Face BertModel with the reference weights, on ``device`` in ``dtype``."""
     return hf_models.model_like(reference.hf_model, attn_implementation, dtype, device)
 
@@ -62,26 +63,40 @@ def _hf_forward(model: Any) -> Forward:
     )
 
 
-def _build_hf(attn_implementation: str, reference: Reference, dtype: torch.dtype,
-              device: torch.device, backend: str) -> Forward:
+def _build_hf(
+    attn_implementation: str,
+    reference: Reference,
+    dtype: torch.dtype,
+    device: torch.device,
+    backend: str,
+) -> Forward:
     return _hf_forward(hf_model(reference, attn_implementation, dtype, device))
 
 
-def _build_hf_compiled(mode: str, reference: Reference, dtype: torch.dtype,
-                       device: torch.device, backend: str) -> Forward:
+def _build_hf_compiled(
+    mode: str, reference: Reference, dtype: torch.dtype, device: torch.device, backend: str
+) -> Forward:
     """torch.compile of the HF sdpa model, static shapes (one graph per input shape)."""
     model = hf_model(reference, "sdpa", dtype, device)
     return _hf_forward(torch.compile(model, mode=mode, dynamic=False))
 
 
-def _build_fastbert(options: dict[str, Any], reference: Reference, dtype: torch.dtype,
-                    device: torch.device, backend: str) -> Forward:
+def _build_fastbert(
+    options: dict[str, Any],
+    reference: Reference,
+    dtype: torch.dtype,
+    device: torch.device,
+    backend: str,
+) -> Forward:
     """fastbert with ``options`` given to from_pretrained where it takes them."""
     import fastbert
 
     keywords = fastbert_keywords()
     model = fastbert.BertModel.from_pretrained(
-        reference.hf_model, dtype=dtype, device=device, backend=backend,
+        reference.hf_model,
+        dtype=dtype,
+        device=device,
+        backend=backend,
         **{k: v for k, v in options.items() if k in keywords},
     )
     return lambda b: model(b.input_ids, b.attention_mask, b.token_type_ids)
@@ -91,32 +106,66 @@ _DENSE = {"padding_free": False, "cuda_graphs": False}
 PEERS = {
     peer.name: peer
     for peer in (
-        Peer("hf-eager", "Hugging Face BertModel, eager attention",
-             functools.partial(_build_hf, "eager")),
-        Peer("hf-sdpa", "Hugging Face BertModel, scaled_dot_product_attention",
-             functools.partial(_build_hf, "sdpa")),
-        Peer("hf-compile", "torch.compile of HF sdpa (default mode)",
-             functools.partial(_build_hf_compiled, "default")),
-        Peer("hf-compile-max", "torch.compile of HF sdpa (mode max-autotune)",
-             functools.partial(_build_hf_compiled, "max-autotune")),
-        Peer("fastbert", "fastbert, dense (padded batch as is)",
-             functools.partial(_build_fastbert, _DENSE)),
-        Peer("fastbert-padfree", "fastbert, padding-free (real tokens only)",
-             functools.partial(_build_fastbert, {**_DENSE, "padding_free": True}),
-             packs=True, keyword="padding_free"),
-        Peer("fastbert-graphs", "fastbert, dense, replayed from CUDA graphs",
-             functools.partial(_build_fastbert, {**_DENSE, "cuda_graphs": True}),
-             needs_cuda=True, keyword="cuda_graphs"),
-        Peer("fastbert-padfree-graphs",
-             "fastbert, padding-free, replayed from CUDA graphs of its size bucket",
-             functools.partial(_build_fastbert, {"padding_free": True, "cuda_graphs": True}),
-             packs=True, needs_cuda=True, keyword="cuda_graphs"),
+        Peer(
+            "hf-eager",
+            "Hugging Face BertModel, eager attention",
+            functools.partial(_build_hf, "eager"),
+        ),
+        Peer(
+            "hf-sdpa",
+            "Hugging Face BertModel, scaled_dot_product_attention",
+            functools.partial(_build_hf, "sdpa"),
+        ),
+        Peer(
+            "hf-compile",
+            "torch.compile of HF sdpa (default mode)",
+            functools.partial(_build_hf_compiled, "default"),
+        ),
+        Peer(
+            "hf-compile-max",
+            "torch.compile of HF sdpa (mode max-autotune)",
+            functools.partial(_build_hf_compiled, "max-autotune"),
+        ),
+        Peer(
+            "fastbert",
+            "fastbert, dense (padded batch as is)",
+            functools.partial(_build_fastbert, _DENSE),
+        ),
+        Peer(
+            "fastbert-padfree",
+            "fastbert, padding-free (real tokens only)",
+            functools.partial(_build_fastbert, {**_DENSE, "padding_free": True}),
+            packs=True,
+            keyword="padding_free",
+        ),
+        Peer(
+            "fastbert-graphs",
+            "fastbert, dense, replayed from CUDA graphs",
+            functools.partial(_build_fastbert, {**_DENSE, "cuda_graphs": True}),
+            needs_cuda=True,
+            keyword="cuda_graphs",
+        ),
+        Peer(
+            "fastbert-padfree-graphs",
+            "fastbert, padding-free, replayed from CUDA graphs of its size bucket",
+            functools.partial(_build_fastbert, {"padding_free": True, "cuda_graphs": True}),
+            packs=True,
+            needs_cuda=True,
+            keyword="cuda_graphs",
+        ),
     )
 }
 # torch.compile on a CPU needs a C++ compiler and minutes; max-autotune takes minutes per shape
 # on a GPU too: both run only when asked for.
-DEFAULT_GPU_PEERS = ("hf-eager", "hf-sdpa", "hf-compile", "fastbert", "fastbert-padfree",
-                     "fastbert-graphs", "fastbert-padfree-graphs")
+DEFAULT_GPU_PEERS = (
+    "hf-eager",
+    "hf-sdpa",
+    "hf-compile",
+    "fastbert",
+    "fastbert-padfree",
+    "fastbert-graphs",
+    "fastbert-padfree-graphs",
+)
 DEFAULT_CPU_PEERS = ("hf-eager", "hf-sdpa", "fastbert", "fastbert-padfree")
 
 

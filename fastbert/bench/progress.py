@@ -10,8 +10,9 @@ from typing import TextIO
 class Progress:
     """``total`` steps; :meth:`step` names the one starting, :meth:`advance` ends it."""
 
-    def __init__(self, total: int, description: str = "", stream: TextIO | None = None,
-                 use_tqdm: bool = True):
+    def __init__(
+        self, total: int, description: str = "", stream: TextIO | None = None, use_tqdm: bool = True
+    ):
         self.total = total
         self.done = 0
         self.stream = stream if stream is not None else sys.stderr
@@ -22,8 +23,9 @@ class Progress:
             except ImportError:
                 tqdm = None
             if tqdm is not None:
-                self._bar = tqdm(total=total, desc=description, file=self.stream,
-                                 dynamic_ncols=True, leave=True)
+                self._bar = tqdm(
+                    total=total, desc=description, file=self.stream, dynamic_ncols=True, leave=True
+                )
         if self._bar is None and description:
             print(description, file=self.stream, flush=True)
 

@@ -28,7 +28,7 @@ COUNTING_NOTE = (
     "Times are medians over the timed repetitions (CUDA events on a GPU, wall clock on a "
     "CPU), p20-p80 the spread. tokens/s counts real tokens. TFLOP/s and % roofline count "
     "the work each contender does: all batch x seq positions for dense ones, the real tokens "
-    "for padding-free ones. \"fastbert x\" is how many times faster the fastest fastbert "
+    'for padding-free ones. "fastbert x" is how many times faster the fastest fastbert '
     "variant is than that row. Peak MiB: CUDA memory allocated while the row ran, above what "
     "was allocated before the contender was built."
 )
@@ -87,8 +87,17 @@ def _row(record: dict, best: dict | None, backend: str | None) -> list[str]:
 def markdown_table(records: list[dict], backend: str | None = None) -> str:
     """One Markdown table of all records, grouped by shape; ``backend`` (what fastbert ran
     on: "torch", "triton", "triton (interpreter)") is named in fastbert's rows."""
-    header = ["shape", "contender", "median ms", "p20-p80 ms", "fastbert x", "tokens/s",
-              "TFLOP/s", "% roofline", "peak MiB"]
+    header = [
+        "shape",
+        "contender",
+        "median ms",
+        "p20-p80 ms",
+        "fastbert x",
+        "tokens/s",
+        "TFLOP/s",
+        "% roofline",
+        "peak MiB",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for shape, rows in analysis.by_shape(records).items():
         best = analysis.best_fastbert(rows)
@@ -102,12 +111,17 @@ def conditions(doc: dict) -> str:
     env, settings = doc["environment"], doc["settings"]
     device = env.get("gpu") or f"CPU ({env.get('cpu')}, {env.get('cpu_threads')} threads)"
     parts = [
-        f"model {settings['model']}", f"dtype {settings['dtype']}", device,
+        f"model {settings['model']}",
+        f"dtype {settings['dtype']}",
+        device,
         f"driver {env.get('driver')}" if env.get("gpu") else None,
         f"CUDA {env.get('cuda')}" if env.get("gpu") else None,
-        f"torch {env.get('torch')}", f"triton {env.get('triton')}",
-        f"transformers {env.get('transformers')}", f"fastbert backend {backend_text(settings)}",
-        f"commit {str(env.get('commit'))[:12]}", f"{env.get('date')}",
+        f"torch {env.get('torch')}",
+        f"triton {env.get('triton')}",
+        f"transformers {env.get('transformers')}",
+        f"fastbert backend {backend_text(settings)}",
+        f"commit {str(env.get('commit'))[:12]}",
+        f"{env.get('date')}",
         f"{settings['warmup']} warm-up / {settings['reps']} timed repetitions",
     ]
     return ", ".join(p for p in parts if p)
@@ -115,14 +129,19 @@ def conditions(doc: dict) -> str:
 
 def roofline_line(doc: dict) -> str:
     peaks = doc["settings"].get("peaks")
-    line = (f"Roofline: {peaks['gpu']}, {peaks['tflops']:.0f} TFLOP/s (fp16/bf16 dense, as "
-            f"cuBLAS achieves) and {peaks['tbps']:.1f} TB/s." if peaks
-            else "Roofline: none (no known peaks for this device).")
+    line = (
+        f"Roofline: {peaks['gpu']}, {peaks['tflops']:.0f} TFLOP/s (fp16/bf16 dense, as "
+        f"cuBLAS achieves) and {peaks['tbps']:.1f} TB/s."
+        if peaks
+        else "Roofline: none (no known peaks for this device)."
+    )
     measured = doc["settings"].get("measured_ceilings")
     if measured:
-        line += (f" Measured on this GPU: {measured['copy_tbps']:.2f} TB/s (device-to-device "
-                 f"copy, {measured['copy_bytes'] >> 20} MiB) and {measured['gemm_tflops']:.0f} "
-                 f"TFLOP/s ({measured['dtype']} torch.matmul, n = {measured['gemm_size']}).")
+        line += (
+            f" Measured on this GPU: {measured['copy_tbps']:.2f} TB/s (device-to-device "
+            f"copy, {measured['copy_bytes'] >> 20} MiB) and {measured['gemm_tflops']:.0f} "
+            f"TFLOP/s ({measured['dtype']} torch.matmul, n = {measured['gemm_size']})."
+        )
     return line
 
 
@@ -178,9 +197,12 @@ def plot(doc: dict, path: str | Path) -> str | None:
     axes.set_yscale("log")
     axes.set_ylabel("median time per forward (ms, log scale)")
     env = doc["environment"]
-    axes.set_title(f"{doc['settings']['model']} {doc['settings']['dtype']} on "
-                   f"{env.get('gpu') or 'CPU'}: lower is better\n"
-                   f"fastbert backend: {backend_text(doc['settings'])}", fontsize=10)
+    axes.set_title(
+        f"{doc['settings']['model']} {doc['settings']['dtype']} on "
+        f"{env.get('gpu') or 'CPU'}: lower is better\n"
+        f"fastbert backend: {backend_text(doc['settings'])}",
+        fontsize=10,
+    )
     axes.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)

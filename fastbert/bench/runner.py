@@ -52,8 +52,12 @@ def describe_error(exc: BaseException) -> str:
 
 def base_record(peer: Peer, shape: Shape, batch: Batch) -> dict:
     return {
-        "peer": peer.name, "description": peer.description, "shape": shape.label,
-        "batch": shape.batch, "seq": shape.seq, "padded": shape.padded,
+        "peer": peer.name,
+        "description": peer.description,
+        "shape": shape.label,
+        "batch": shape.batch,
+        "seq": shape.seq,
+        "padded": shape.padded,
         "real_tokens": batch.real_tokens,
     }
 
@@ -62,15 +66,24 @@ def skipped(peer: Peer, shape: Shape, batch: Batch, reason: str) -> dict:
     return {**base_record(peer, shape, batch), "status": "skipped", "reason": reason}
 
 
-def work(reference: Reference, peer: Peer, shape: Shape, batch: Batch, dtype: torch.dtype,
-         peaks: Peaks | None) -> dict:
+def work(
+    reference: Reference,
+    peer: Peer,
+    shape: Shape,
+    batch: Batch,
+    dtype: torch.dtype,
+    peaks: Peaks | None,
+) -> dict:
     """FLOPs, bytes and roofline time of one forward of ``peer`` on ``batch``."""
     lengths = batch.lengths if peer.packs else None
     elem = torch.empty((), dtype=dtype).element_size()
     ops = counts.bert_forward(reference.config, shape.batch, shape.seq, elem, lengths)
     roofline = counts.roofline_ms(ops, peaks.tflops, peaks.tbps) if peaks else None
-    return {"flops": counts.total_flops(ops), "bytes": counts.total_bytes(ops),
-            "roofline_ms": roofline}
+    return {
+        "flops": counts.total_flops(ops),
+        "bytes": counts.total_bytes(ops),
+        "roofline_ms": roofline,
+    }
 
 
 def measure(forward: Forward, batch: Batch, settings: Settings, base_mib: float | None) -> dict:
@@ -86,7 +99,9 @@ def measure(forward: Forward, batch: Batch, settings: Settings, base_mib: float 
         )
     peak = memory.peak_mib(settings.device)
     return {
-        "status": "ok", **result.to_dict(), "first_call_s": first_call_s,
+        "status": "ok",
+        **result.to_dict(),
+        "first_call_s": first_call_s,
         "peak_mib": None if peak is None or base_mib is None else peak - base_mib,
     }
 
@@ -98,13 +113,23 @@ def _release_compiled(device: torch.device) -> None:
     memory.release(device)
 
 
-def run(reference: Reference, shapes: Sequence[Shape], peers: Sequence[Peer],
-        settings: Settings, peaks: Peaks | None, progress: Progress | None = None
-        ) -> Iterator[dict]:
+def run(
+    reference: Reference,
+    shapes: Sequence[Shape],
+    peers: Sequence[Peer],
+    settings: Settings,
+    peaks: Peaks | None,
+    progress: Progress | None = None,
+) -> Iterator[dict]:
     """Yield one record per (peer, shape), peer by peer."""
     batches = {
-        shape: make_batch(shape, reference.config.vocab_size, settings.device, settings.seed,
-                          reference.config.pad_token_id)
+        shape: make_batch(
+            shape,
+            reference.config.vocab_size,
+            settings.device,
+            settings.seed,
+            reference.config.pad_token_id,
+        )
         for shape in shapes
     }
     for peer in peers:
@@ -124,9 +149,11 @@ def run(reference: Reference, shapes: Sequence[Shape], peers: Sequence[Peer],
                 record = skipped(peer, shape, batch, reason)
             else:
                 try:
-                    record = {**base_record(peer, shape, batch),
-                              **measure(forward, batch, settings, base_mib),
-                              **work(reference, peer, shape, batch, settings.dtype, peaks)}
+                    record = {
+                        **base_record(peer, shape, batch),
+                        **measure(forward, batch, settings, base_mib),
+                        **work(reference, peer, shape, batch, settings.dtype, peaks),
+                    }
                 except Exception as exc:  # one failing peer never aborts the run
                     record = skipped(peer, shape, batch, describe_error(exc))
                     reason = f"not run: failed at {shape.label}"

@@ -16,16 +16,36 @@ import torch
 from fastbert.model.config import BertConfig
 
 MODEL_SHAPES = {
-    "bert-base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
-                  "intermediate_size": 3072},
-    "bert-large": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
-                   "intermediate_size": 4096},
-    "minilm-l6": {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12,
-                  "intermediate_size": 1536},
-    "bert-mini": {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
-                  "intermediate_size": 1024},
-    "bert-tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
-                  "intermediate_size": 512},
+    "bert-base": {
+        "hidden_size": 768,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "intermediate_size": 3072,
+    },
+    "bert-large": {
+        "hidden_size": 1024,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "intermediate_size": 4096,
+    },
+    "minilm-l6": {
+        "hidden_size": 384,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 12,
+        "intermediate_size": 1536,
+    },
+    "bert-mini": {
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "intermediate_size": 1024,
+    },
+    "bert-tiny": {
+        "hidden_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 512,
+    },
 }
 # The grid of the benchmark method; the target shapes of the README.
 GRID = ("1x128", "32x128", "8x512", "64x512")
@@ -94,8 +114,9 @@ def sequence_lengths(shape: Shape, seed: int = 0) -> tuple[int, ...]:
     return tuple(lengths.tolist())
 
 
-def make_batch(shape: Shape, vocab_size: int, device: torch.device | str, seed: int = 0,
-               pad_token_id: int = 0) -> Batch:
+def make_batch(
+    shape: Shape, vocab_size: int, device: torch.device | str, seed: int = 0, pad_token_id: int = 0
+) -> Batch:
     """A random batch of ``shape`` (ids in [1, vocab), padding set to ``pad_token_id``)."""
     lengths = sequence_lengths(shape, seed)
     generator = torch.Generator().manual_seed(seed + 1)

@@ -35,8 +35,9 @@ class Outcome:
     measured: str
 
 
-def _compare(target: str, value: float, goal: float, at_least: bool, fmt: str,
-             where: str) -> Outcome:
+def _compare(
+    target: str, value: float, goal: float, at_least: bool, fmt: str, where: str
+) -> Outcome:
     """Met when value >= goal (``at_least``) or value <= goal; else missed by a percentage."""
     met = value >= goal if at_least else value <= goal
     measured = f"{format(value, fmt)} ({where})"
@@ -92,8 +93,10 @@ def _memory_target(doc: dict) -> Outcome:
     if not ratios:
         return Outcome(target, NOT_MEASURED, "needs fastbert and hf-sdpa peaks on a GPU")
     ratio, shape, ours, theirs = max(ratios, key=lambda item: item[0])
-    where = (f"worst at {shape}: {ours['peer']} {ours['peak_mib']:.0f} MiB vs "
-             f"{theirs['peak_mib']:.0f} MiB; ratio")
+    where = (
+        f"worst at {shape}: {ours['peer']} {ours['peak_mib']:.0f} MiB vs "
+        f"{theirs['peak_mib']:.0f} MiB; ratio"
+    )
     return _compare(target, ratio, 1.0, False, ".2f", where)
 
 
@@ -102,16 +105,28 @@ def _kernel_rows(kernels: dict | None, op: str) -> list[dict]:
     if not kernels:
         return []
     infos = [b.get("extra_info", {}) for b in kernels.get("benchmarks", [])]
-    return [i for i in infos if i.get("op") == op and i.get("model") == MODEL
-            and i.get("dtype") == DTYPE and "median_ms" in i]
+    return [
+        i
+        for i in infos
+        if i.get("op") == op
+        and i.get("model") == MODEL
+        and i.get("dtype") == DTYPE
+        and "median_ms" in i
+    ]
 
 
 def _case(info: dict) -> str:
     return f"{info['batch']}x{info['seq']}" + (" padded" if info.get("padded") else "")
 
 
-def _kernel_speedup(kernels: dict | None, op: str, goal: float, target: str,
-                    baseline: Callable[[str], bool], cases: Callable[[dict], bool]) -> Outcome:
+def _kernel_speedup(
+    kernels: dict | None,
+    op: str,
+    goal: float,
+    target: str,
+    baseline: Callable[[str], bool],
+    cases: Callable[[dict], bool],
+) -> Outcome:
     """Worst ratio (best baseline impl time / fastbert time) over the selected cases."""
     rows = [i for i in _kernel_rows(kernels, op) if cases(i)]
     worst = None
@@ -134,8 +149,7 @@ def _bandwidth_target(kernels: dict | None, op: str, goal_tbps: float, target: s
     if not rows:
         return Outcome(target, NOT_MEASURED, "needs the kernel suite's results")
     largest = max(rows, key=lambda i: i["batch"] * i["seq"])
-    return _compare(target, largest["tbps"], goal_tbps, True, ".2f",
-                    f"at {_case(largest)}, TB/s")
+    return _compare(target, largest["tbps"], goal_tbps, True, ".2f", f"at {_case(largest)}, TB/s")
 
 
 def evaluate(doc: dict, kernels: dict | None = None) -> list[Outcome]:
@@ -151,16 +165,29 @@ def evaluate(doc: dict, kernels: dict | None = None) -> list[Outcome]:
             _memory_target(doc),
         ]
     else:
-        why = f"end-to-end targets are for {MODEL} {DTYPE}; this run is " \
-              f"{settings.get('model')} {settings.get('dtype')}"
+        why = (
+            f"end-to-end targets are for {MODEL} {DTYPE}; this run is "
+            f"{settings.get('model')} {settings.get('dtype')}"
+        )
         outcomes = [Outcome("end-to-end targets", NOT_MEASURED, why)]
     return outcomes + [
-        _kernel_speedup(kernels, "attention", 1.0, "attention, seq 512: >= torch's best sdpa",
-                        lambda impl: impl.startswith("sdpa"), lambda i: i["seq"] == 512),
+        _kernel_speedup(
+            kernels,
+            "attention",
+            1.0,
+            "attention, seq 512: >= torch's best sdpa",
+            lambda impl: impl.startswith("sdpa"),
+            lambda i: i["seq"] == 512,
+        ),
         _bandwidth_target(kernels, "layer_norm", 2.5, "layer_norm (x + r): >= 2.5 TB/s"),
-        _kernel_speedup(kernels, "linear_gelu", 1.15,
-                        "linear+GELU: >= 1.15x nn.Linear + F.gelu",
-                        lambda impl: impl == "eager", lambda i: i["batch"] * i["seq"] >= 4096),
+        _kernel_speedup(
+            kernels,
+            "linear_gelu",
+            1.15,
+            "linear+GELU: >= 1.15x nn.Linear + F.gelu",
+            lambda impl: impl == "eager",
+            lambda i: i["batch"] * i["seq"] >= 4096,
+        ),
     ]
 
 
@@ -171,8 +198,9 @@ def markdown(outcomes: list[Outcome]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fastbert.bench.targets",
-                                     description="evaluate the targets against results")
+    parser = argparse.ArgumentParser(
+        prog="python -m fastbert.bench.targets", description="evaluate the targets against results"
+    )
     parser.add_argument("results", help="a results.json written by fastbert bench")
     parser.add_argument("--kernels", help="the kernel suite's pytest-benchmark JSON")
     args = parser.parse_args(argv)

@@ -95,9 +95,7 @@ def time_cuda(fn: Callable[[], object], warmup: int = 10, reps: int = 100) -> Ti
     return summarize([start.elapsed_time(end) for start, end in zip(starts, ends)])
 
 
-def time_fn(
-    fn: Callable[[], object], device: torch.device | str, warmup: int, reps: int
-) -> Timing:
+def time_fn(fn: Callable[[], object], device: torch.device | str, warmup: int, reps: int) -> Timing:
     """CUDA-event timing for a CUDA ``device``, wall-clock timing otherwise."""
     if torch.device(device).type == "cuda":
         return time_cuda(fn, warmup, reps)

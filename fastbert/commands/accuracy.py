@@ -27,37 +27,55 @@ CPU_TEXTS, CPU_MAX_LENGTH = 2, 16
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", default="minilm",
+        "--model",
+        default="minilm",
         help="'minilm' (the packaged all-MiniLM-L6-v2, default), 'random' (a random config of "
         "--family) or a local checkpoint folder",
     )
     parser.add_argument(
-        "--family", default="bert", choices=[f.model_type for f in FAMILIES],
+        "--family",
+        default="bert",
+        choices=[f.model_type for f in FAMILIES],
         help="model_type of the random config (default bert; the others run through "
         "fastbert.optimize)",
     )
     add_device_argument(parser)
     parser.add_argument(
-        "--backend", default="triton", choices=("triton", "torch"),
+        "--backend",
+        default="triton",
+        choices=("triton", "torch"),
         help="fastbert backend (default triton; on a CPU under the Triton interpreter)",
     )
     parser.add_argument(
-        "--dtypes", default=None,
+        "--dtypes",
+        default=None,
         help="comma-separated subset of fp32,fp16,bf16 (default: all the device supports)",
     )
-    parser.add_argument("--texts", type=positive_int, default=None,
-                        help="how many built-in texts")
-    parser.add_argument("--max-length", type=positive_int, default=None,
-                        help="tokens per text, at most")
+    parser.add_argument("--texts", type=positive_int, default=None, help="how many built-in texts")
+    parser.add_argument(
+        "--max-length", type=positive_int, default=None, help="tokens per text, at most"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def _forwarded_argv(args: argparse.Namespace) -> list[str]:
     """The command line that re-runs this command with ``args``."""
-    argv = [NAME, "--model", args.model, "--family", args.family, "--device", args.device,
-            "--backend", args.backend]
-    for flag, value in (("--dtypes", args.dtypes), ("--texts", args.texts),
-                        ("--max-length", args.max_length)):
+    argv = [
+        NAME,
+        "--model",
+        args.model,
+        "--family",
+        args.family,
+        "--device",
+        args.device,
+        "--backend",
+        args.backend,
+    ]
+    for flag, value in (
+        ("--dtypes", args.dtypes),
+        ("--texts", args.texts),
+        ("--max-length", args.max_length),
+    ):
         if value is not None:
             argv += [flag, str(value)]
     return argv + (["--json"] if args.json else [])
@@ -79,21 +97,27 @@ def _print_report(report) -> None:
     if report.interpreter:
         where += " under the Triton interpreter (TRITON_INTERPRET=1; a small input, slow)"
     print(f"fastbert accuracy: {report.model} ({report.family}) on {where}")
-    print(f"reference: Hugging Face fp32; {report.texts} texts, {report.tokens} real tokens, "
-          f"padded to {report.max_length}; fastbert dense; errors at real tokens only")
+    print(
+        f"reference: Hugging Face fp32; {report.texts} texts, {report.tokens} real tokens, "
+        f"padded to {report.max_length}; fastbert dense; errors at real tokens only"
+    )
     print(f"head: {report.head}")
     for note in report.notes:
         print(f"note: {note}")
-    header = (f"  {'stage':<20}{'max|err|':>10}{'mean|err|':>11}{'cos min':>10}{'cos mean':>10}"
-              f"{'HF max|err|':>13}{'argmax':>8}{'top-5':>7}")
+    header = (
+        f"  {'stage':<20}{'max|err|':>10}{'mean|err|':>11}{'cos min':>10}{'cos mean':>10}"
+        f"{'HF max|err|':>13}{'argmax':>8}{'top-5':>7}"
+    )
     for result in report.results:
         print(f"\n{result.dtype}  (HF max|err|: Hugging Face itself in {result.dtype})")
         print(header)
         for entry in [*result.layers, *result.outputs]:
-            print(f"  {entry.name:<20}{entry.max_abs_err:>10.2e}{entry.mean_abs_err:>11.2e}"
-                  f"{entry.cosine_min:>10.6f}{entry.cosine_mean:>10.6f}"
-                  f"{_fmt(entry.hf_max_abs_err, '.2e'):>13}"
-                  f"{_fmt(entry.argmax_agreement, '.4f'):>8}{_fmt(entry.top5_agreement, '.3f'):>7}")
+            print(
+                f"  {entry.name:<20}{entry.max_abs_err:>10.2e}{entry.mean_abs_err:>11.2e}"
+                f"{entry.cosine_min:>10.6f}{entry.cosine_mean:>10.6f}"
+                f"{_fmt(entry.hf_max_abs_err, '.2e'):>13}"
+                f"{_fmt(entry.argmax_agreement, '.4f'):>8}{_fmt(entry.top5_agreement, '.3f'):>7}"
+            )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -101,23 +125,32 @@ def run(args: argparse.Namespace) -> int:
     args.device = str(device)
     on_cpu = device.type == "cpu"
     if on_cpu and args.backend == "triton" and not launch.interpreting():
-        print("no GPU: running the Triton kernels under the interpreter (TRITON_INTERPRET=1)",
-              file=sys.stderr)
+        print(
+            "no GPU: running the Triton kernels under the interpreter (TRITON_INTERPRET=1)",
+            file=sys.stderr,
+        )
         return _rerun_under_interpreter(args)
     from fastbert import accuracy
 
     dtypes = args.dtypes.split(",") if args.dtypes else None
     unknown = [d for d in dtypes or () if d not in accuracy.DTYPE_NAMES]
     if unknown:
-        raise UsageError(f"--dtypes: unknown {', '.join(unknown)}; choose from "
-                         f"{', '.join(accuracy.DTYPE_NAMES)}")
+        raise UsageError(
+            f"--dtypes: unknown {', '.join(unknown)}; choose from {', '.join(accuracy.DTYPE_NAMES)}"
+        )
     small = on_cpu and args.backend == "triton"
     texts = args.texts or (CPU_TEXTS if small else len(accuracy.TEXTS))
     max_length = args.max_length or (CPU_MAX_LENGTH if small else 128)
     try:
         report = accuracy.evaluate(
-            model=args.model, family=args.family, device=args.device, backend=args.backend,
-            dtypes=dtypes, texts=texts, max_length=max_length, progress=sys.stderr,
+            model=args.model,
+            family=args.family,
+            device=args.device,
+            backend=args.backend,
+            dtypes=dtypes,
+            texts=texts,
+            max_length=max_length,
+            progress=sys.stderr,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc

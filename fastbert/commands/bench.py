@@ -26,13 +26,19 @@ from fastbert.commands.options import (
 
 NAME = "bench"
 HELP = "compare fastbert with Hugging Face and torch.compile end to end on this device"
-DTYPES = {"float16": torch.float16, "fp16": torch.float16, "bfloat16": torch.bfloat16,
-          "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
+DTYPES = {
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+}
 # What fastbert's rows measured on a CPU, by the backend that ran them.
 CPU_RUNS = {
     "torch": "fastbert's pure-PyTorch backend",
     "triton (interpreter)": "fastbert's Triton kernels emulated by the Triton interpreter "
-                            "(TRITON_INTERPRET=1, orders of magnitude slower than compiled)",
+    "(TRITON_INTERPRET=1, orders of magnitude slower than compiled)",
 }
 CPU_NOTE = (
     "No CUDA GPU here: these are CPU figures of {what} against Hugging Face, a check that "
@@ -65,44 +71,67 @@ DEFAULTS = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", default=None,
+        "--model",
+        default=None,
         help="bert-base (default on a GPU; random weights), bert-large, minilm-l6, bert-mini "
-             "(default on a CPU), bert-tiny, 'minilm' (the packaged all-MiniLM-L6-v2 weights) "
-             "or a local checkpoint folder")
-    parser.add_argument("--batch", type=positive_int, default=None,
-                        help="batch size of one shape")
-    parser.add_argument("--seq", type=positive_int, default=None,
-                        help="sequence length of one shape")
+        "(default on a CPU), bert-tiny, 'minilm' (the packaged all-MiniLM-L6-v2 weights) "
+        "or a local checkpoint folder",
+    )
+    parser.add_argument("--batch", type=positive_int, default=None, help="batch size of one shape")
     parser.add_argument(
-        "--shapes", default=None,
+        "--seq", type=positive_int, default=None, help="sequence length of one shape"
+    )
+    parser.add_argument(
+        "--shapes",
+        default=None,
         help="comma-separated BATCHxSEQ shapes, a trailing p pads one (e.g. 32x128,64x512p); "
-             "default on a GPU: 1x128,32x128,8x512,64x512,64x512p")
-    parser.add_argument("--padded", action="store_true",
-                        help="pad every shape: lengths uniform in [16, seq]")
-    parser.add_argument("--dtype", default=None, choices=sorted(DTYPES),
-                        help="default float16 on a GPU, float32 on a CPU")
+        "default on a GPU: 1x128,32x128,8x512,64x512,64x512p",
+    )
     parser.add_argument(
-        "--peers", default=None,
+        "--padded", action="store_true", help="pad every shape: lengths uniform in [16, seq]"
+    )
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        choices=sorted(DTYPES),
+        help="default float16 on a GPU, float32 on a CPU",
+    )
+    parser.add_argument(
+        "--peers",
+        default=None,
         help="comma-separated contenders, or 'all': hf-eager, hf-sdpa, hf-compile, "
-             "hf-compile-max (slow: minutes per shape), fastbert, fastbert-padfree, "
-             "fastbert-graphs, fastbert-padfree-graphs (default: all but hf-compile-max on a "
-             "GPU; hf-eager, hf-sdpa, fastbert and fastbert-padfree on a CPU)")
-    parser.add_argument("--out", default="bench-out",
-                        help="folder for results.json, results.md, results.png (bench-out)")
-    parser.add_argument("--append", action="store_true",
-                        help="add to the results already in --out (same model, dtype, device and "
-                             "fastbert backend)")
-    parser.add_argument("--warmup", type=nonnegative_int, default=None,
-                        help="untimed calls per shape")
-    parser.add_argument("--reps", type=positive_int, default=None,
-                        help="timed calls per shape")
-    parser.add_argument("--quick", action="store_true",
-                        help="a fast smoke run: few shapes, few reps, no torch.compile (unless "
-                             "--peers asks for it), a small model on a CPU")
+        "hf-compile-max (slow: minutes per shape), fastbert, fastbert-padfree, "
+        "fastbert-graphs, fastbert-padfree-graphs (default: all but hf-compile-max on a "
+        "GPU; hf-eager, hf-sdpa, fastbert and fastbert-padfree on a CPU)",
+    )
+    parser.add_argument(
+        "--out",
+        default="bench-out",
+        help="folder for results.json, results.md, results.png (bench-out)",
+    )
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help="add to the results already in --out (same model, dtype, device and fastbert backend)",
+    )
+    parser.add_argument(
+        "--warmup", type=nonnegative_int, default=None, help="untimed calls per shape"
+    )
+    parser.add_argument("--reps", type=positive_int, default=None, help="timed calls per shape")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a fast smoke run: few shapes, few reps, no torch.compile (unless "
+        "--peers asks for it), a small model on a CPU",
+    )
     add_device_argument(parser)
-    parser.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"),
-                        help="fastbert's backend (auto: Triton on CUDA, PyTorch elsewhere; "
-                             "triton on a CPU needs TRITON_INTERPRET=1)")
+    parser.add_argument(
+        "--backend",
+        default="auto",
+        choices=("auto", "torch", "triton"),
+        help="fastbert's backend (auto: Triton on CUDA, PyTorch elsewhere; "
+        "triton on a CPU needs TRITON_INTERPRET=1)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and inputs")
 
 
@@ -145,8 +174,11 @@ def make_plan(args: argparse.Namespace) -> Plan:
         dtype=DTYPES[args.dtype] if args.dtype else default_dtype,
         model=args.model or defaults.model,
         shapes=_shapes(args, defaults),
-        peers=[p for p in peers.select(args.peers, device)
-               if args.peers or not (args.quick and p.name.startswith("hf-compile"))],
+        peers=[
+            p
+            for p in peers.select(args.peers, device)
+            if args.peers or not (args.quick and p.name.startswith("hf-compile"))
+        ],
         warmup=defaults.warmup if args.warmup is None else args.warmup,
         reps=defaults.reps if args.reps is None else args.reps,
     )
@@ -163,12 +195,18 @@ def _backend_here(requested: str, device: torch.device) -> str | None:
         return None
 
 
-def _settings_dict(args: argparse.Namespace, plan: Plan, reference, peaks,
-                   ceilings: dict | None) -> dict:
+def _settings_dict(
+    args: argparse.Namespace, plan: Plan, reference, peaks, ceilings: dict | None
+) -> dict:
     return {
-        "model": reference.name, "dtype": str(plan.dtype).removeprefix("torch."),
-        "device": plan.device.type, "backend": plan.backend, "backend_requested": args.backend,
-        "warmup": plan.warmup, "reps": plan.reps, "seed": args.seed,
+        "model": reference.name,
+        "dtype": str(plan.dtype).removeprefix("torch."),
+        "device": plan.device.type,
+        "backend": plan.backend,
+        "backend_requested": args.backend,
+        "warmup": plan.warmup,
+        "reps": plan.reps,
+        "seed": args.seed,
         "peaks": dataclasses.asdict(peaks) if peaks else None,
         "measured_ceilings": ceilings,
         "note": cpu_note(plan.backend) if plan.device.type != "cuda" else None,
@@ -199,8 +237,11 @@ def _bench(args: argparse.Namespace) -> int:
         raise ValueError(f"shapes {', '.join(too_long)} exceed the model's {positions} positions")
     peaks = hardware.peaks_here(plan.device)
     out = Path(args.out)
-    previous = (report.read_document(out / report.RESULTS_JSON)
-                if args.append and (out / report.RESULTS_JSON).exists() else None)
+    previous = (
+        report.read_document(out / report.RESULTS_JSON)
+        if args.append and (out / report.RESULTS_JSON).exists()
+        else None
+    )
     env = environment.capture()
     meta = _settings_dict(args, plan, reference, peaks, ceilings.measure(plan.device, plan.dtype))
 
@@ -209,20 +250,22 @@ def _bench(args: argparse.Namespace) -> int:
         return report.merge(previous, doc) if previous else doc
 
     results([], True)  # with --append, a mismatch fails now, not after measuring
-    print(f"fastbert bench: {reference.name}, {meta['dtype']}, on "
-          f"{hardware.device_name(plan.device)}; shapes "
-          f"{', '.join(s.label for s in plan.shapes)}; peers "
-          f"{', '.join(p.name for p in plan.peers)}; fastbert backend {report.backend_text(meta)}; "
-          f"{plan.warmup} warm-up, {plan.reps} timed")
-    settings = runner.Settings(plan.dtype, plan.device, args.backend, plan.warmup, plan.reps,
-                               args.seed)
+    print(
+        f"fastbert bench: {reference.name}, {meta['dtype']}, on "
+        f"{hardware.device_name(plan.device)}; shapes "
+        f"{', '.join(s.label for s in plan.shapes)}; peers "
+        f"{', '.join(p.name for p in plan.peers)}; fastbert backend {report.backend_text(meta)}; "
+        f"{plan.warmup} warm-up, {plan.reps} timed"
+    )
+    settings = runner.Settings(
+        plan.dtype, plan.device, args.backend, plan.warmup, plan.reps, args.seed
+    )
     records: list[dict] = []
     complete = True
     out.mkdir(parents=True, exist_ok=True)
     try:
         with Progress(len(plan.peers) * len(plan.shapes), "measuring") as progress:
-            for record in runner.run(reference, plan.shapes, plan.peers, settings, peaks,
-                                     progress):
+            for record in runner.run(reference, plan.shapes, plan.peers, settings, peaks, progress):
                 records.append(record)
                 report.write_json(results(records, False), out / report.RESULTS_JSON)
     except KeyboardInterrupt:

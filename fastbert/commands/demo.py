@@ -34,9 +34,13 @@ SENTENCES = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sentences", nargs="*", help="sentences to encode (default: a few)")
     add_device_argument(parser)
-    parser.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"),
-                        help="fastbert's backend (auto: Triton on CUDA, PyTorch elsewhere; "
-                             "triton on a CPU needs TRITON_INTERPRET=1)")
+    parser.add_argument(
+        "--backend",
+        default="auto",
+        choices=("auto", "torch", "triton"),
+        help="fastbert's backend (auto: Triton on CUDA, PyTorch elsewhere; "
+        "triton on a CPU needs TRITON_INTERPRET=1)",
+    )
 
 
 def _backend_here(backend: str, device: torch.device) -> str:
@@ -66,8 +70,9 @@ def _timed(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[torch.
     return result, (time.perf_counter() - start) * 1e3
 
 
-def encode_fastbert(model: Any, tokenizer: Any, sentences: list[str],
-                    device: torch.device) -> torch.Tensor:
+def encode_fastbert(
+    model: Any, tokenizer: Any, sentences: list[str], device: torch.device
+) -> torch.Tensor:
     """Sentences -> normalised mean-pooled embeddings [n, hidden] (float32), tokenisation
     included, as SentenceTransformer.encode does for all-MiniLM-L6-v2."""
     import torch.nn.functional as F
@@ -99,8 +104,10 @@ def run(args: argparse.Namespace) -> int:
     for c, s in zip(cosine.tolist(), sentences):
         print(f"{c:9.6f}  {s[:70]}")
     print(f"max |difference| of embeddings: {(got - expected).abs().max().item():.2e}")
-    print(f"one call each, first run, tokenisation included: sentence-transformers "
-          f"{st_ms:.1f} ms, fastbert {fb_ms:.1f} ms (for timings use fastbert bench)")
+    print(
+        f"one call each, first run, tokenisation included: sentence-transformers "
+        f"{st_ms:.1f} ms, fastbert {fb_ms:.1f} ms (for timings use fastbert bench)"
+    )
     similarity = got @ got.T
     print("fastbert similarity matrix:")
     for row in similarity.tolist():

@@ -18,52 +18,120 @@ HELP = "embed a corpus into Parquet shards (resumable; on one machine or on Ray)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("inputs", nargs="+", metavar="INPUT",
-                        help=".jsonl, .parquet, .csv or .txt (one text per line) files, or "
-                             "folders of them (read in sorted order)")
-    parser.add_argument("--model", required=True, metavar="PATH",
-                        help="a Hugging Face or sentence-transformers model folder")
-    parser.add_argument("--output", required=True, metavar="DIR",
-                        help="folder for the Parquet shards and manifest.json")
-    parser.add_argument("--text-field", default="text", metavar="NAME",
-                        help="field holding the text (default: text; not used for .txt)")
-    parser.add_argument("--id-field", default=None, metavar="NAME",
-                        help="field holding each row's id (default: the row number across "
-                             "all inputs, from 0)")
-    parser.add_argument("--batch-tokens", type=positive_int, default=None, metavar="N",
-                        help="padded tokens per forward pass (default: 16384 on CUDA, 4096 "
-                             "on the CPU)")
-    parser.add_argument("--max-length", type=positive_int, default=None, metavar="N",
-                        help="truncate texts to N tokens (default: the model's limit, or a "
-                             "sentence-transformers folder's max_seq_length)")
-    parser.add_argument("--pooling", choices=("mean", "cls"), default=None,
-                        help="default: the sentence-transformers folder's, else mean")
-    parser.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
-                        help="L2-normalise the embeddings (default: when the "
-                             "sentence-transformers folder has a Normalize module)")
-    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
-                        help="compute dtype (default: float16 on CUDA, float32 on the CPU)")
-    parser.add_argument("--store-dtype", choices=("float32", "float16"), default="float32",
-                        help="dtype of the stored embeddings (float16 needs --dtype float16)")
+    parser.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help=".jsonl, .parquet, .csv or .txt (one text per line) files, or "
+        "folders of them (read in sorted order)",
+    )
+    parser.add_argument(
+        "--model",
+        required=True,
+        metavar="PATH",
+        help="a Hugging Face or sentence-transformers model folder",
+    )
+    parser.add_argument(
+        "--output",
+        required=True,
+        metavar="DIR",
+        help="folder for the Parquet shards and manifest.json",
+    )
+    parser.add_argument(
+        "--text-field",
+        default="text",
+        metavar="NAME",
+        help="field holding the text (default: text; not used for .txt)",
+    )
+    parser.add_argument(
+        "--id-field",
+        default=None,
+        metavar="NAME",
+        help="field holding each row's id (default: the row number across all inputs, from 0)",
+    )
+    parser.add_argument(
+        "--batch-tokens",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="padded tokens per forward pass (default: 16384 on CUDA, 4096 on the CPU)",
+    )
+    parser.add_argument(
+        "--max-length",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="truncate texts to N tokens (default: the model's limit, or a "
+        "sentence-transformers folder's max_seq_length)",
+    )
+    parser.add_argument(
+        "--pooling",
+        choices=("mean", "cls"),
+        default=None,
+        help="default: the sentence-transformers folder's, else mean",
+    )
+    parser.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="L2-normalise the embeddings (default: when the "
+        "sentence-transformers folder has a Normalize module)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "float16", "bfloat16"),
+        default=None,
+        help="compute dtype (default: float16 on CUDA, float32 on the CPU)",
+    )
+    parser.add_argument(
+        "--store-dtype",
+        choices=("float32", "float16"),
+        default="float32",
+        help="dtype of the stored embeddings (float16 needs --dtype float16)",
+    )
     add_device_argument(parser)
-    parser.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"),
-                        help="fastbert's backend (auto: Triton on CUDA, PyTorch elsewhere)")
-    parser.add_argument("--skip-bad", action="store_true",
-                        help="skip bad rows (no text field, empty, not UTF-8) and count them, "
-                             "instead of stopping at the first")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace a finished (or different) run in DIR")
-    parser.add_argument("--rows-per-shard", type=positive_int, default=50_000, metavar="N",
-                        help="input rows per Parquet shard (default: 50000)")
-    parser.add_argument("--window-rows", type=positive_int, default=10_000, metavar="N",
-                        help="rows sorted by length together before batching (bounds memory; "
-                             "default: 10000)")
-    parser.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
-                        help="run on Ray Data: on the cluster at ADDRESS, or on a local Ray "
-                             "instance when no address is given (then put --ray after the "
-                             "inputs, or it reads the next one as the address)")
-    parser.add_argument("--no-progress", dest="progress", action="store_false",
-                        help="no progress bar")
+    parser.add_argument(
+        "--backend",
+        default="auto",
+        choices=("auto", "torch", "triton"),
+        help="fastbert's backend (auto: Triton on CUDA, PyTorch elsewhere)",
+    )
+    parser.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="skip bad rows (no text field, empty, not UTF-8) and count them, "
+        "instead of stopping at the first",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace a finished (or different) run in DIR"
+    )
+    parser.add_argument(
+        "--rows-per-shard",
+        type=positive_int,
+        default=50_000,
+        metavar="N",
+        help="input rows per Parquet shard (default: 50000)",
+    )
+    parser.add_argument(
+        "--window-rows",
+        type=positive_int,
+        default=10_000,
+        metavar="N",
+        help="rows sorted by length together before batching (bounds memory; default: 10000)",
+    )
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="ADDRESS",
+        help="run on Ray Data: on the cluster at ADDRESS, or on a local Ray "
+        "instance when no address is given (then put --ray after the "
+        "inputs, or it reads the next one as the address)",
+    )
+    parser.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="no progress bar"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,21 +139,39 @@ def run(args: argparse.Namespace) -> int:
     from fastbert.embed.manifest import OutputError
     from fastbert.embed.readers import InputError
 
-    options = {key: getattr(args, key) for key in (
-        "text_field", "id_field", "batch_tokens", "max_length", "pooling", "normalize", "dtype",
-        "store_dtype", "device", "backend", "skip_bad", "overwrite", "rows_per_shard",
-        "window_rows", "progress")}
+    options = {
+        key: getattr(args, key)
+        for key in (
+            "text_field",
+            "id_field",
+            "batch_tokens",
+            "max_length",
+            "pooling",
+            "normalize",
+            "dtype",
+            "store_dtype",
+            "device",
+            "backend",
+            "skip_bad",
+            "overwrite",
+            "rows_per_shard",
+            "window_rows",
+            "progress",
+        )
+    }
     try:
-        summary = api.embed(args.inputs, args.model, output=args.output, ray=args.ray,
-                            **options)
+        summary = api.embed(args.inputs, args.model, output=args.output, ray=args.ray, **options)
     except (InputError, OutputError, OSError) as exc:
         raise CommandError(str(exc)) from exc
     except ImportError as exc:
-        raise CommandError(f"{exc} (pip install 'fastbert[embed]', or 'fastbert[ray]' for "
-                           "--ray)") from exc
+        raise CommandError(
+            f"{exc} (pip install 'fastbert[embed]', or 'fastbert[ray]' for --ray)"
+        ) from exc
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     print(summary.line(), file=sys.stderr)
-    print(f"wrote {summary.manifest['rows']} rows in {len(summary.manifest['shards'])} shards "
-          f"to {summary.output}")
+    print(
+        f"wrote {summary.manifest['rows']} rows in {len(summary.manifest['shards'])} shards "
+        f"to {summary.output}"
+    )
     return 0

@@ -55,8 +55,9 @@ def device(text: str) -> str:
 
 
 def add_device_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", type=device, default=None,
-                        help="cpu, cuda or cuda:N (default: cuda if present)")
+    parser.add_argument(
+        "--device", type=device, default=None, help="cpu, cuda or cuda:N (default: cuda if present)"
+    )
 
 
 def resolve_device(name: str | None) -> torch.device:

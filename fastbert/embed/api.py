@@ -7,9 +7,14 @@ from pathlib import Path
 from typing import Any
 
 
-def embed(texts_or_paths: Sequence[str] | str | Path | Sequence[str | Path], model: str | Path,
-          *, output: str | Path | None = None, ray: str | bool | None = None,
-          **options: Any) -> Any:
+def embed(
+    texts_or_paths: Sequence[str] | str | Path | Sequence[str | Path],
+    model: str | Path,
+    *,
+    output: str | Path | None = None,
+    ray: str | bool | None = None,
+    **options: Any,
+) -> Any:
     """Embed texts with a BERT-family model folder (Hugging Face or sentence-transformers).
 
     Without ``output``: ``texts_or_paths`` is a list of strings; returns their embeddings, a
@@ -41,15 +46,18 @@ def embed(texts_or_paths: Sequence[str] | str | Path | Sequence[str | Path], mod
     if ray:
         from fastbert.embed import ray_driver
 
-        return ray_driver.embed_files(paths, output, settings,
-                                      address=None if ray is True else str(ray))
+        return ray_driver.embed_files(
+            paths, output, settings, address=None if ray is True else str(ray)
+        )
     return pipeline.embed_files(paths, output, settings)
 
 
 def _texts(texts: Any) -> list[str]:
     if isinstance(texts, str | Path) or not isinstance(texts, Sequence):
-        raise TypeError("texts_or_paths: without output= give a list of strings to embed "
-                        f"(got {type(texts).__name__}); to embed files, give output= too")
+        raise TypeError(
+            "texts_or_paths: without output= give a list of strings to embed "
+            f"(got {type(texts).__name__}); to embed files, give output= too"
+        )
     return list(texts)
 
 

@@ -36,8 +36,10 @@ def start_output(output: Path, job: dict[str, Any], overwrite: bool) -> int:
     if manifest is not None and not overwrite:
         _check_resumable(output, manifest, job)
     if manifest is None and not overwrite and any(output.glob("part-*.parquet")):
-        raise OutputError(f"{output} holds shards but no {MANIFEST}: not a run to resume "
-                          "(pass --overwrite / overwrite=True to replace them)")
+        raise OutputError(
+            f"{output} holds shards but no {MANIFEST}: not a run to resume "
+            "(pass --overwrite / overwrite=True to replace them)"
+        )
     if manifest is not None and overwrite:
         _remove_job_files(output)
         manifest = None
@@ -54,10 +56,15 @@ def start_output(output: Path, job: dict[str, Any], overwrite: bool) -> int:
 
 def _check_resumable(output: Path, manifest: dict, job: dict) -> None:
     if manifest.get("complete"):
-        raise OutputError(f"{output} already holds a complete run "
-                          "(pass --overwrite / overwrite=True to replace it)")
-    differing = [k for k in sorted(set(job) | set(manifest))
-                 if k not in ("complete", "fastbert_version") and manifest.get(k) != job.get(k)]
+        raise OutputError(
+            f"{output} already holds a complete run "
+            "(pass --overwrite / overwrite=True to replace it)"
+        )
+    differing = [
+        k
+        for k in sorted(set(job) | set(manifest))
+        if k not in ("complete", "fastbert_version") and manifest.get(k) != job.get(k)
+    ]
     if differing:
         key = differing[0]
         raise OutputError(
@@ -81,8 +88,10 @@ def complete_shards(output: Path) -> int:
 def finish_output(output: Path, job: dict[str, Any]) -> dict[str, Any]:
     """Record the job complete, with every shard's stats and the totals; return the manifest."""
     shards = [read_stats(shard_path(output, i)) for i in range(complete_shards(output))]
-    totals = {key: sum(getattr(s, key) for s in shards)
-              for key in ("rows", "tokens", "truncated", "skipped")}
+    totals = {
+        key: sum(getattr(s, key) for s in shards)
+        for key in ("rows", "tokens", "truncated", "skipped")
+    }
     manifest = {**job, "complete": True, **totals, "shards": [asdict(s) for s in shards]}
     write_manifest(output, manifest)
     return manifest
@@ -106,10 +115,17 @@ def write_manifest(output: Path, manifest: dict[str, Any]) -> None:
 
 
 def _remove_job_files(output: Path) -> None:
-    for path in [*output.glob("part-*.parquet"), *output.glob(".part-*.tmp"),
-                 output / MANIFEST]:
+    for path in [*output.glob("part-*.parquet"), *output.glob(".part-*.tmp"), output / MANIFEST]:
         path.unlink(missing_ok=True)
 
 
-__all__ = ["MANIFEST", "OutputError", "ShardStats", "complete_shards", "finish_output",
-           "read_manifest", "start_output", "write_manifest"]
+__all__ = [
+    "MANIFEST",
+    "OutputError",
+    "ShardStats",
+    "complete_shards",
+    "finish_output",
+    "read_manifest",
+    "start_output",
+    "write_manifest",
+]

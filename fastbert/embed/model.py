@@ -40,11 +40,16 @@ def folder_settings(folder: Path) -> FolderSettings:
     if "Pooling" in kinds:
         config = _read_json(folder / kinds["Pooling"].get("path", "") / "config.json")
         modes = [mode for key, mode in _POOLING_KEYS.items() if config.get(key)]
-        others = [k for k, v in config.items() if k.startswith("pooling_mode") and v
-                  and k not in _POOLING_KEYS]
+        others = [
+            k
+            for k, v in config.items()
+            if k.startswith("pooling_mode") and v and k not in _POOLING_KEYS
+        ]
         if others or len(modes) != 1:
-            raise ValueError(f"{folder}: pooling {others + modes} is not one fastbert runs "
-                             "(mean or cls); choose one with pooling=")
+            raise ValueError(
+                f"{folder}: pooling {others + modes} is not one fastbert runs "
+                "(mean or cls); choose one with pooling="
+            )
         pooling = modes[0]
     max_length = None
     st_config = folder / "sentence_bert_config.json"
@@ -93,8 +98,9 @@ class Encoder:
     ``model``: a fastbert.BertModel; ``pad_id``: the tokenizer's padding id.
     """
 
-    def __init__(self, model: Any, pad_id: int, pooling: str, normalize: bool,
-                 store_dtype: np.dtype):
+    def __init__(
+        self, model: Any, pad_id: int, pooling: str, normalize: bool, store_dtype: np.dtype
+    ):
         self.model = model
         self.pad_id = pad_id
         self.pool = POOLINGS[pooling]

@@ -52,8 +52,10 @@ class EmbedOptions:
         _check_choice("store_dtype", self.store_dtype, STORE_DTYPES)
         _check_choice("backend", self.backend, BACKENDS)
         if self.store_dtype == "float16" and self.dtype in (None, "float32", "bfloat16"):
-            raise ValueError("store_dtype float16 needs dtype float16 (embeddings are stored "
-                             "in the precision they were computed in, or float32)")
+            raise ValueError(
+                "store_dtype float16 needs dtype float16 (embeddings are stored "
+                "in the precision they were computed in, or float32)"
+            )
         if not self.text_field:
             raise ValueError("text_field must be a field name")
         if self.device is not None:

@@ -38,8 +38,10 @@ class Summary:
 
     def line(self) -> str:
         rate = self.docs / self.seconds if self.seconds > 0 else 0.0
-        return (f"embedded {self.docs} docs ({self.tokens} tokens, {self.truncated} truncated, "
-                f"{self.skipped} skipped) in {self.seconds:.1f} s: {rate:.1f} docs/s")
+        return (
+            f"embedded {self.docs} docs ({self.tokens} tokens, {self.truncated} truncated, "
+            f"{self.skipped} skipped) in {self.seconds:.1f} s: {rate:.1f} docs/s"
+        )
 
 
 @dataclass
@@ -52,8 +54,9 @@ class Loaded:
     options: EmbedOptions
 
 
-def resolve(options: EmbedOptions, tokenizer: Any,
-            device: torch.device | None = None) -> tuple[EmbedOptions, int]:
+def resolve(
+    options: EmbedOptions, tokenizer: Any, device: torch.device | None = None
+) -> tuple[EmbedOptions, int]:
     """(``options`` with every default resolved from the device (``device``, else this
     machine's) and the model folder: device, dtype, batch_tokens, max_length, pooling,
     normalize; the embedding width). Reads the folder's configs only. ValueError for settings
@@ -65,11 +68,16 @@ def resolve(options: EmbedOptions, tokenizer: Any,
     limit = model.model_max_length(config, tokenizer)
     max_length = options.max_length or min(settings.max_length or limit, limit)
     if max_length > config.max_sequence_length:
-        raise ValueError(f"max_length {max_length} exceeds the model's "
-                         f"{config.max_sequence_length} positions")
+        raise ValueError(
+            f"max_length {max_length} exceeds the model's {config.max_sequence_length} positions"
+        )
     normalize = options.normalize if options.normalize is not None else bool(settings.normalize)
-    resolved = replace(options, max_length=max_length, normalize=normalize,
-                       pooling=options.pooling or settings.pooling or "mean")
+    resolved = replace(
+        options,
+        max_length=max_length,
+        normalize=normalize,
+        pooling=options.pooling or settings.pooling or "mean",
+    )
     return resolved, config.hidden_size
 
 
@@ -80,13 +88,21 @@ def load(options: EmbedOptions, tokenizer: Any = None) -> Loaded:
     options, _ = resolve(options, tokenizer)
     device = options.resolved_device()
     encoder_model = fastbert.BertModel.from_pretrained(
-        options.model, dtype=DTYPES[options.dtype], device=device, backend=options.backend,
+        options.model,
+        dtype=DTYPES[options.dtype],
+        device=device,
+        backend=options.backend,
         # On CUDA the packed path skips the padding; on the CPU the length-sorted batches hold
         # little padding and the dense path is the faster one.
         padding_free=True if device.type == "cuda" else "auto",
     )
-    encoder = model.Encoder(encoder_model, tokenizer.pad_token_id or 0, options.pooling,
-                            options.normalize, np.dtype(options.store_dtype))
+    encoder = model.Encoder(
+        encoder_model,
+        tokenizer.pad_token_id or 0,
+        options.pooling,
+        options.normalize,
+        np.dtype(options.store_dtype),
+    )
     return Loaded(encoder, Tokenise(tokenizer, options.max_length), options)
 
 
@@ -94,8 +110,14 @@ class Sink(Protocol):
     """Where embedded rows go (a ShardWriter, an ArraySink): rows added or skipped, then told
     that every row before ``end`` is in (``advance``) and that the input ended (``finish``)."""
 
-    def add(self, rows: list[int], ids: list[Any], vectors: np.ndarray, tokens: list[int],
-            truncated: list[bool]) -> None: ...
+    def add(
+        self,
+        rows: list[int],
+        ids: list[Any],
+        vectors: np.ndarray,
+        tokens: list[int],
+        truncated: list[bool],
+    ) -> None: ...
     def skip(self, rows: list[int]) -> None: ...
     def advance(self, end: int) -> None: ...
     def finish(self, end: int) -> None: ...
@@ -104,18 +126,24 @@ class Sink(Protocol):
 def job_record(inputs: Sequence[Path], options: EmbedOptions, dimensions: int) -> dict:
     """The manifest's description of a job: what decides its embeddings and shard layout."""
     return {
-        "format": manifest.FORMAT, "fastbert_version": fastbert.__version__,
-        "model": str(Path(options.model).resolve()), "inputs": [str(p.resolve()) for p in inputs],
-        "text_field": options.text_field, "id_field": options.id_field,
-        "pooling": options.pooling, "normalize": options.normalize,
-        "max_length": options.max_length, "dimensions": dimensions, "dtype": options.dtype,
-        "store_dtype": options.store_dtype, "rows_per_shard": options.rows_per_shard,
+        "format": manifest.FORMAT,
+        "fastbert_version": fastbert.__version__,
+        "model": str(Path(options.model).resolve()),
+        "inputs": [str(p.resolve()) for p in inputs],
+        "text_field": options.text_field,
+        "id_field": options.id_field,
+        "pooling": options.pooling,
+        "normalize": options.normalize,
+        "max_length": options.max_length,
+        "dimensions": dimensions,
+        "dtype": options.dtype,
+        "store_dtype": options.store_dtype,
+        "rows_per_shard": options.rows_per_shard,
         "skip_bad": options.skip_bad,
     }
 
 
-def embed_files(inputs: Sequence[str | Path], output: str | Path,
-                options: EmbedOptions) -> Summary:
+def embed_files(inputs: Sequence[str | Path], output: str | Path, options: EmbedOptions) -> Summary:
     """Embed the rows of ``inputs`` (files or folders) into Parquet shards in ``output``,
     continuing an unfinished run of the same job. Raises readers.InputError for unreadable input
     or a bad row (without skip_bad), manifest.OutputError for an output it must not write."""
@@ -126,11 +154,15 @@ def embed_files(inputs: Sequence[str | Path], output: str | Path,
     job = job_record(files, options, dimensions)
     start = manifest.start_output(output, job, options.overwrite)  # before the model loads
     loaded = load(options, tokenizer)
-    writer = ShardWriter(output, options.rows_per_shard, dimensions,
-                         np.dtype(options.store_dtype), start)
+    writer = ShardWriter(
+        output, options.rows_per_shard, dimensions, np.dtype(options.store_dtype), start
+    )
     first_row = start * options.rows_per_shard
-    rows = (r for r in readers.read_rows(files, options.text_field, options.id_field)
-            if r.index >= first_row)
+    rows = (
+        r
+        for r in readers.read_rows(files, options.text_field, options.id_field)
+        if r.index >= first_row
+    )
     summary = run_rows(rows, loaded, writer, first_row)
     summary.output = output
     summary.manifest = manifest.finish_output(output, job)
@@ -143,8 +175,10 @@ def embed_texts(texts: Sequence[str], options: EmbedOptions) -> np.ndarray:
     if options.skip_bad:
         raise ValueError("skip_bad applies to files; an array needs a row for every text")
     loaded = load(replace(options, progress=options.progress and len(texts) > 1000))
-    rows = (readers.Row(i, i, t, readers.LIST_SOURCE, i, readers.text_problem(t, "text"))
-            for i, t in enumerate(texts))
+    rows = (
+        readers.Row(i, i, t, readers.LIST_SOURCE, i, readers.text_problem(t, "text"))
+        for i, t in enumerate(texts)
+    )
     sink = ArraySink(len(texts), loaded.encoder.dimensions, np.dtype(loaded.options.store_dtype))
     run_rows(rows, loaded, sink, 0)
     return sink.array
@@ -156,8 +190,14 @@ class ArraySink:
     def __init__(self, rows: int, dimensions: int, dtype: np.dtype):
         self.array = np.zeros((rows, dimensions), dtype)
 
-    def add(self, rows: list[int], ids: list[Any], vectors: np.ndarray, tokens: list[int],
-            truncated: list[bool]) -> None:
+    def add(
+        self,
+        rows: list[int],
+        ids: list[Any],
+        vectors: np.ndarray,
+        tokens: list[int],
+        truncated: list[bool],
+    ) -> None:
         self.array[rows] = vectors
 
     def skip(self, rows: list[int]) -> None:
@@ -201,8 +241,9 @@ def _check_bad(window: Window, skip_bad: bool) -> None:
         raise readers.InputError(f"{row.where()}: {row.problem} (skip bad rows with --skip-bad)")
 
 
-def embed_sorted(encoder: model.Encoder, tokens: list[list[int]],
-                 batch_tokens: int) -> Iterator[tuple[list[int], np.ndarray]]:
+def embed_sorted(
+    encoder: model.Encoder, tokens: list[list[int]], batch_tokens: int
+) -> Iterator[tuple[list[int], np.ndarray]]:
     """Token ids of n rows -> (positions into ``tokens``, their embeddings [len, dim]) per
     forward pass, rows sorted by length into batches of at most ``batch_tokens`` tokens."""
     lengths = [len(t) for t in tokens]
@@ -210,14 +251,18 @@ def embed_sorted(encoder: model.Encoder, tokens: list[list[int]],
         yield batch, encoder([tokens[i] for i in batch])
 
 
-def _embed_window(window: Window, loaded: Loaded, sink: Sink, summary: Summary, bar: Any,
-                  start: float) -> None:
-    for batch, vectors in embed_sorted(loaded.encoder, window.tokens,
-                                       loaded.options.batch_tokens):
+def _embed_window(
+    window: Window, loaded: Loaded, sink: Sink, summary: Summary, bar: Any, start: float
+) -> None:
+    for batch, vectors in embed_sorted(loaded.encoder, window.tokens, loaded.options.batch_tokens):
         tokens = [len(window.tokens[i]) for i in batch]
-        sink.add([window.rows[i].index for i in batch],
-                 [_row_id(window.rows[i]) for i in batch], vectors, tokens,
-                 [window.cut[i] for i in batch])
+        sink.add(
+            [window.rows[i].index for i in batch],
+            [_row_id(window.rows[i]) for i in batch],
+            vectors,
+            tokens,
+            [window.cut[i] for i in batch],
+        )
         summary.docs += len(batch)
         summary.tokens += sum(tokens)
         bar.update(len(batch))
@@ -233,5 +278,6 @@ def _row_id(row: readers.Row) -> Any:
 def progress_bar(enabled: bool) -> Any:
     from tqdm import tqdm
 
-    return tqdm(unit=" docs", file=sys.stderr, disable=not enabled, dynamic_ncols=True,
-                desc="embed")
+    return tqdm(
+        unit=" docs", file=sys.stderr, disable=not enabled, dynamic_ncols=True, desc="embed"
+    )

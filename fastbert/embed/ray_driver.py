@@ -32,8 +32,12 @@ READ_ROWS = 1024  # rows per block out of a read task
 TOKENISE_ROWS = 256  # rows per tokenise task call
 
 
-def embed_files(inputs: Sequence[str | Path], output: str | Path, options: EmbedOptions,
-                address: str | None = None) -> pipeline.Summary:
+def embed_files(
+    inputs: Sequence[str | Path],
+    output: str | Path,
+    options: EmbedOptions,
+    address: str | None = None,
+) -> pipeline.Summary:
     """Embed ``inputs`` into Parquet shards in ``output`` on Ray: the cluster at ``address``,
     else the Ray instance this process has started (ray.init), else a new local one. Same
     arguments, output and errors as :func:`fastbert.embed.pipeline.embed_files`."""
@@ -49,8 +53,9 @@ def embed_files(inputs: Sequence[str | Path], output: str | Path, options: Embed
         output = Path(output)
         job = pipeline.job_record(files, options, dimensions)
         start = manifest.start_output(output, job, options.overwrite)
-        writer = ShardWriter(output, options.rows_per_shard, dimensions,
-                             np.dtype(options.store_dtype), start)
+        writer = ShardWriter(
+            output, options.rows_per_shard, dimensions, np.dtype(options.store_dtype), start
+        )
         first_row = start * options.rows_per_shard
         dataset = _dataset(ray, files, counts, first_row, options, gpus, cpus)
         summary = _drain(dataset, writer, options, first_row, sum(counts))
@@ -90,16 +95,26 @@ def _worker_device(options: EmbedOptions, gpus: int) -> torch.device:
     return torch.device(device.type)
 
 
-def _dataset(ray: Any, files: list[Path], counts: list[int], first_row: int,
-             options: EmbedOptions, gpus: int, cpus: float) -> Any:
+def _dataset(
+    ray: Any,
+    files: list[Path],
+    counts: list[int],
+    first_row: int,
+    options: EmbedOptions,
+    gpus: int,
+    cpus: float,
+) -> Any:
     """The Ray dataset of embedded rows (pandas batches, in input order) from row
     ``first_row`` on."""
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True
     context.enable_progress_bars = False  # the driver shows its own
     offsets = np.cumsum([0, *counts[:-1]]).tolist()
-    items = [{"file": str(f), "offset": o} for f, o, n in zip(files, offsets, counts)
-             if o + n > first_row]
+    items = [
+        {"file": str(f), "offset": o}
+        for f, o, n in zip(files, offsets, counts)
+        if o + n > first_row
+    ]
     if not items:
         return None
     on_gpu = options.device.startswith("cuda")
@@ -108,23 +123,32 @@ def _dataset(ray: Any, files: list[Path], counts: list[int], first_row: int,
     task_cpus = 0.5 if cpus >= 1 else cpus / 2
     actor_cpus = 0 if on_gpu else min(1.0, max(cpus - task_cpus, 0.5) / actors)
     threads = max(1, int(cpus) // actors)
-    read = functools.partial(_read_file, text_field=options.text_field,
-                             id_field=options.id_field, first_row=first_row)
+    read = functools.partial(
+        _read_file, text_field=options.text_field, id_field=options.id_field, first_row=first_row
+    )
     return (
         ray.data.from_items(items, override_num_blocks=len(items))
         .map_batches(read, batch_size=1, batch_format="pandas", num_cpus=task_cpus)
-        .map_batches(_tokenise, fn_kwargs={"folder": options.model,
-                                           "max_length": options.max_length},
-                     batch_size=TOKENISE_ROWS, batch_format="pandas", num_cpus=task_cpus)
-        .map_batches(EmbedActor, fn_constructor_kwargs={"options": options, "threads": threads},
-                     batch_size=options.window_rows, batch_format="pandas",
-                     compute=ray.data.ActorPoolStrategy(size=actors),
-                     num_gpus=1 if on_gpu else 0, num_cpus=actor_cpus)
+        .map_batches(
+            _tokenise,
+            fn_kwargs={"folder": options.model, "max_length": options.max_length},
+            batch_size=TOKENISE_ROWS,
+            batch_format="pandas",
+            num_cpus=task_cpus,
+        )
+        .map_batches(
+            EmbedActor,
+            fn_constructor_kwargs={"options": options, "threads": threads},
+            batch_size=options.window_rows,
+            batch_format="pandas",
+            compute=ray.data.ActorPoolStrategy(size=actors),
+            num_gpus=1 if on_gpu else 0,
+            num_cpus=actor_cpus,
+        )
     )
 
 
-def _read_file(batch: Any, text_field: str, id_field: str | None,
-               first_row: int) -> Iterator[Any]:
+def _read_file(batch: Any, text_field: str, id_field: str | None, first_row: int) -> Iterator[Any]:
     """A one-row batch naming a file and its first row's index -> its rows from ``first_row``
     on, as pandas batches with index, id, text, problem and where."""
     import pandas as pd
@@ -134,8 +158,15 @@ def _read_file(batch: Any, text_field: str, id_field: str | None,
     for row in readers.read_rows([path], text_field, id_field, first_index=offset):
         if row.index < first_row:
             continue
-        rows.append({"index": row.index, "id": row.index if row.id is None else row.id,
-                     "text": row.text, "problem": row.problem, "where": row.where()})
+        rows.append(
+            {
+                "index": row.index,
+                "id": row.index if row.id is None else row.id,
+                "text": row.text,
+                "problem": row.problem,
+                "where": row.where(),
+            }
+        )
         if len(rows) == READ_ROWS:
             yield pd.DataFrame(rows)
             rows = []
@@ -177,16 +208,18 @@ class EmbedActor:
         good = np.flatnonzero(batch["problem"].isna().to_numpy())
         tokens = [list(batch["input_ids"].iloc[i]) for i in good]
         vectors: list[Any] = [None] * len(batch)
-        for positions, embedded in pipeline.embed_sorted(self.loaded.encoder, tokens,
-                                                         self.loaded.options.batch_tokens):
+        for positions, embedded in pipeline.embed_sorted(
+            self.loaded.encoder, tokens, self.loaded.options.batch_tokens
+        ):
             for position, vector in zip(positions, embedded):
                 vectors[good[position]] = vector
         counts = [len(ids) if ids is not None else 0 for ids in batch["input_ids"]]
         return batch.drop(columns=["input_ids"]).assign(embedding=vectors, tokens=counts)
 
 
-def _drain(dataset: Any, writer: ShardWriter, options: EmbedOptions, first_row: int,
-           end: int) -> pipeline.Summary:
+def _drain(
+    dataset: Any, writer: ShardWriter, options: EmbedOptions, first_row: int, end: int
+) -> pipeline.Summary:
     """Feed the dataset's rows, in order, to the shard writer; the run's summary."""
     summary = pipeline.Summary()
     start = time.perf_counter()
@@ -196,14 +229,19 @@ def _drain(dataset: Any, writer: ShardWriter, options: EmbedOptions, first_row: 
             bad = batch[batch["problem"].notna()]
             if len(bad) and not options.skip_bad:
                 row = bad.iloc[0]
-                raise readers.InputError(f"{row['where']}: {row['problem']} "
-                                         "(skip bad rows with --skip-bad)")
+                raise readers.InputError(
+                    f"{row['where']}: {row['problem']} (skip bad rows with --skip-bad)"
+                )
             writer.skip(bad["index"].tolist())
             good = batch[batch["problem"].isna()]
             if len(good):
-                writer.add(good["index"].tolist(), good["id"].tolist(),
-                           np.stack(good["embedding"].tolist()), good["tokens"].tolist(),
-                           good["cut"].tolist())
+                writer.add(
+                    good["index"].tolist(),
+                    good["id"].tolist(),
+                    np.stack(good["embedding"].tolist()),
+                    good["tokens"].tolist(),
+                    good["cut"].tolist(),
+                )
             writer.advance(int(batch["index"].iloc[-1]) + 1)
             summary.docs += len(good)
             summary.tokens += int(good["tokens"].sum())

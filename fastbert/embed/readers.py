@@ -62,8 +62,9 @@ def list_inputs(inputs: Sequence[str | Path]) -> list[Path]:
         elif not path.exists():
             raise InputError(f"{path}: no such file or folder")
         elif path.suffix not in FORMATS:
-            raise InputError(f"{path}: unknown input type {path.suffix!r} "
-                             f"(expected one of {', '.join(FORMATS)})")
+            raise InputError(
+                f"{path}: unknown input type {path.suffix!r} (expected one of {', '.join(FORMATS)})"
+            )
         else:
             files.append(path)
     for path in files:
@@ -96,16 +97,19 @@ def count_rows(path: Path) -> int:
     return count + (last != b"\n")
 
 
-def read_rows(files: Sequence[Path], text_field: str, id_field: str | None,
-              first_index: int = 0) -> Iterator[Row]:
+def read_rows(
+    files: Sequence[Path], text_field: str, id_field: str | None, first_index: int = 0
+) -> Iterator[Row]:
     """The rows of ``files`` in order, indexed across them from ``first_index``. In a .txt
     file every line is a text (``text_field`` does not apply, and ``id_field`` must be
     None)."""
     if id_field is not None:
         for path in files:
             if path.suffix == ".txt":
-                raise InputError(f"{path}: a .txt file has no fields, so no id field "
-                                 f"{id_field!r} (leave the id field out to number the rows)")
+                raise InputError(
+                    f"{path}: a .txt file has no fields, so no id field "
+                    f"{id_field!r} (leave the id field out to number the rows)"
+                )
     index = first_index
     for path in files:
         for line, text, row_id, problem in _READERS[path.suffix](path, text_field, id_field):
@@ -193,5 +197,4 @@ def _field(record: dict, name: str | None) -> Any:
     return None if name is None else record.get(name)
 
 
-_READERS = {".txt": _read_txt, ".jsonl": _read_jsonl, ".csv": _read_csv,
-            ".parquet": _read_parquet}
+_READERS = {".txt": _read_txt, ".jsonl": _read_jsonl, ".csv": _read_csv, ".parquet": _read_parquet}

@@ -49,8 +49,14 @@ class ShardWriter:
     ``store_dtype``: numpy float32 or float16.
     """
 
-    def __init__(self, output: Path, rows_per_shard: int, dimensions: int,
-                 store_dtype: np.dtype, start: int = 0):
+    def __init__(
+        self,
+        output: Path,
+        rows_per_shard: int,
+        dimensions: int,
+        store_dtype: np.dtype,
+        start: int = 0,
+    ):
         self.output = output
         self.rows_per_shard = rows_per_shard
         self.dimensions = dimensions
@@ -64,8 +70,14 @@ class ShardWriter:
         self._truncated: set[int] = set()
         self._skipped: list[int] = []
 
-    def add(self, rows: list[int], ids: list[Any], vectors: np.ndarray, tokens: list[int],
-            truncated: list[bool]) -> None:
+    def add(
+        self,
+        rows: list[int],
+        ids: list[Any],
+        vectors: np.ndarray,
+        tokens: list[int],
+        truncated: list[bool],
+    ) -> None:
         """Embedded rows: input row indices, ids, embeddings [n, dim], token counts, cut flags."""
         self._rows += rows
         self._ids += ids
@@ -95,14 +107,19 @@ class ShardWriter:
         taken = [i for i, r in enumerate(self._rows) if r < last]
         taken.sort(key=self._rows.__getitem__)
         stats = ShardStats(
-            file=SHARD_PATTERN.format(self.next_shard), first_row=first, rows=len(taken),
+            file=SHARD_PATTERN.format(self.next_shard),
+            first_row=first,
+            rows=len(taken),
             tokens=sum(self._tokens.pop(self._rows[i]) for i in taken),
             truncated=sum(self._rows[i] in self._truncated for i in taken),
             skipped=sum(r < last for r in self._skipped),
         )
         ids = [self._ids[i] for i in taken]
-        vectors = (np.stack([self._vectors[i] for i in taken]) if taken
-                   else np.zeros((0, self.dimensions), self.store_dtype))
+        vectors = (
+            np.stack([self._vectors[i] for i in taken])
+            if taken
+            else np.zeros((0, self.dimensions), self.store_dtype)
+        )
         write_shard(shard_path(self.output, self.next_shard), ids, vectors, stats)
         keep = [i for i, r in enumerate(self._rows) if r >= last]
         self._rows = [self._rows[i] for i in keep]

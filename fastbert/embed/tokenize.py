@@ -40,8 +40,13 @@ class Tokenise:
         self.max_length = max_length
 
     def __call__(self, texts: list[str]) -> tuple[list[list[int]], list[bool]]:
-        batch = self.tokenizer(texts, truncation=True, max_length=self.max_length,
-                               return_token_type_ids=False, return_attention_mask=False)
+        batch = self.tokenizer(
+            texts,
+            truncation=True,
+            max_length=self.max_length,
+            return_token_type_ids=False,
+            return_attention_mask=False,
+        )
         if batch.encodings is not None:  # a fast tokenizer keeps what truncation cut off
             cut = [bool(e.overflowing) for e in batch.encodings]
         else:
@@ -50,8 +55,12 @@ class Tokenise:
         return batch["input_ids"], cut
 
 
-def tokenise_ahead(rows: Iterable[Row], tokenise: Callable[[list[str]], tuple[list, list[bool]]],
-                   chunk_rows: int = 256, depth: int = 8) -> Iterator[Chunk]:
+def tokenise_ahead(
+    rows: Iterable[Row],
+    tokenise: Callable[[list[str]], tuple[list, list[bool]]],
+    chunk_rows: int = 256,
+    depth: int = 8,
+) -> Iterator[Chunk]:
     """The chunks of ``rows`` (``chunk_rows`` rows each), tokenised in a background thread.
 
     An exception in the thread (a reader's InputError) is raised here, in the caller's thread.

@@ -51,8 +51,14 @@ class Ops:
 
 
 # The op fields of Ops, computed once here: torch.compile does not trace dataclasses.fields.
-OP_NAMES = ("attention", "attention_varlen", "scaled_masked_softmax", "linear", "layer_norm",
-            "embeddings_layer_norm")
+OP_NAMES = (
+    "attention",
+    "attention_varlen",
+    "scaled_masked_softmax",
+    "linear",
+    "layer_norm",
+    "embeddings_layer_norm",
+)
 
 
 def check_backend(backend: str) -> None:
@@ -77,8 +83,10 @@ def resolve_backend(backend: str, device: torch.device | str) -> str:
     device = torch.device(device)
     if backend == "auto":
         return "triton" if device.type == "cuda" else "torch"
-    if backend == "triton" and device.type != "cuda" and not (
-        device.type == "cpu" and launch.interpreting()
+    if (
+        backend == "triton"
+        and device.type != "cuda"
+        and not (device.type == "cpu" and launch.interpreting())
     ):
         raise ValueError(
             f"backend='triton' needs CUDA tensors, got {device}; on a CPU it runs only under "
@@ -113,7 +121,9 @@ def _ops_for(backend: str, attention_fallback: bool) -> Ops:
     if not attention_fallback:
         return ops
     return dataclasses.replace(
-        ops, attention=unchecked.attention, attention_varlen=unchecked.attention_varlen,
+        ops,
+        attention=unchecked.attention,
+        attention_varlen=unchecked.attention_varlen,
         attention_fallback=True,
     )
 
@@ -147,8 +157,8 @@ def get_ops(backend: str, device: torch.device | str, head_dim: int | None = Non
     backend are the torch backend's. Under ``torch.autocast`` for the device, the triton
     backend's ops compute in autocast's dtype (:func:`autocast_ops`)."""
     resolved = resolve_backend(backend, device)
-    fallback = resolved == "triton" and head_dim is not None and (
-        head_dim not in SUPPORTED_HEAD_DIMS
+    fallback = (
+        resolved == "triton" and head_dim is not None and (head_dim not in SUPPORTED_HEAD_DIMS)
     )
     ops = _ops_for(resolved, fallback)
     device_type = torch.device(device).type

@@ -86,9 +86,7 @@ def _attention(
 ) -> tuple[Tensor, Tensor]:
     """q: [B, H, S_q, D]; k, v: [B, H, S_k, D]; mask: [B, S_k] -> (contiguous [B, S_q, H, D],
     fp32 [B, H, S_q] log-sum-exp if return_lse else an empty tensor)."""
-    scale, dropout_p = flash_attention.check_inputs(
-        q, k, v, key_padding_mask, scale, dropout_p
-    )
+    scale, dropout_p = flash_attention.check_inputs(q, k, v, key_padding_mask, scale, dropout_p)
     out, lse = flash_attention.attention_forward(
         q, k, v, key_padding_mask, scale, dropout_p, _seed_value(seed), return_lse
     )
@@ -119,8 +117,16 @@ def _attention_backward(
     """grad_out, out: [B, S_q, H, D] (the forward op's layout); lse: fp32 [B, H, S_q] ->
     (dq, dk, dv), contiguous [B, S, H, D] buffers in q's dtype."""
     grads = attention_bwd.attention_backward(
-        grad_out.transpose(1, 2), q, k, v, out.transpose(1, 2), lse, key_padding_mask, scale,
-        dropout_p, _seed_value(seed),
+        grad_out.transpose(1, 2),
+        q,
+        k,
+        v,
+        out.transpose(1, 2),
+        lse,
+        key_padding_mask,
+        scale,
+        dropout_p,
+        _seed_value(seed),
     )
     return tuple(g.transpose(1, 2) for g in grads)
 
@@ -233,9 +239,7 @@ def _check_lse_saved(lse: Tensor) -> None:
 
 
 @torch.library.custom_op("fastbert::scaled_masked_softmax", mutates_args=())
-def _scaled_masked_softmax(
-    scores: Tensor, key_padding_mask: MaybeTensor, scale: float
-) -> Tensor:
+def _scaled_masked_softmax(scores: Tensor, key_padding_mask: MaybeTensor, scale: float) -> Tensor:
     """scores: [B, H, S_q, S_k]; mask: [B, S_k] -> contiguous probabilities, scores' dtype."""
     softmax_kernels.check_inputs(scores, key_padding_mask, scale)
     return softmax_kernels.scaled_masked_softmax_forward(scores, key_padding_mask, scale)
@@ -408,9 +412,7 @@ def _layer_norm_grad(ctx, dout, _dmean, _drstd):
 _layer_norm.register_autograd(_layer_norm_grad, setup_context=_layer_norm_setup)
 
 
-@torch.library.custom_op(
-    "fastbert::embeddings_layer_norm", mutates_args=(), tags=_HOST_SYNC_TAGS
-)
+@torch.library.custom_op("fastbert::embeddings_layer_norm", mutates_args=(), tags=_HOST_SYNC_TAGS)
 def _embeddings_layer_norm(
     input_ids: Tensor,
     token_type_ids: MaybeTensor,
@@ -432,20 +434,47 @@ def _embeddings_layer_norm(
     checked against the tables first (a host synchronisation). The padding rows get no
     gradient in the backward."""
     embeddings_kernels.check_inputs(
-        input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps,
-        check_ids=True, dropout_p=dropout_p,
+        input_ids,
+        token_type_ids,
+        position_ids,
+        word_emb,
+        pos_emb,
+        type_emb,
+        weight,
+        bias,
+        eps,
+        check_ids=True,
+        dropout_p=dropout_p,
     )
     out, mean, rstd = embeddings_kernels.embeddings_layer_norm_forward(
-        (input_ids, token_type_ids, position_ids), (word_emb, pos_emb, type_emb),
-        weight, bias, eps, dropout_p, _seed(seed), save_stats,
+        (input_ids, token_type_ids, position_ids),
+        (word_emb, pos_emb, type_emb),
+        weight,
+        bias,
+        eps,
+        dropout_p,
+        _seed(seed),
+        save_stats,
     )
     return out, *_stats_or_empty(mean, rstd, word_emb)
 
 
 @_embeddings_layer_norm.register_fake
 def _(
-    input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps,
-    dropout_p, seed, save_stats, padding_idx=None, position_padding_idx=None,
+    input_ids,
+    token_type_ids,
+    position_ids,
+    word_emb,
+    pos_emb,
+    type_emb,
+    weight,
+    bias,
+    eps,
+    dropout_p,
+    seed,
+    save_stats,
+    padding_idx=None,
+    position_padding_idx=None,
 ):
     checks.check_embeddings(
         input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
@@ -476,15 +505,34 @@ def _embeddings_layer_norm_backward(
     """(dword_emb, dpos_emb, dtype_emb, dweight, dbias) of the embeddings LayerNorm; the
     padding rows of the word and position tables get zeros."""
     return embeddings_kernels.embeddings_layer_norm_backward(
-        dout, (input_ids, token_type_ids, position_ids), (word_emb, pos_emb, type_emb),
-        weight, mean, rstd, dropout_p, _seed(seed), (padding_idx, position_padding_idx),
+        dout,
+        (input_ids, token_type_ids, position_ids),
+        (word_emb, pos_emb, type_emb),
+        weight,
+        mean,
+        rstd,
+        dropout_p,
+        _seed(seed),
+        (padding_idx, position_padding_idx),
     )
 
 
 @_embeddings_layer_norm_backward.register_fake
 def _(
-    dout, input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, mean,
-    rstd, dropout_p, seed, padding_idx=None, position_padding_idx=None,
+    dout,
+    input_ids,
+    token_type_ids,
+    position_ids,
+    word_emb,
+    pos_emb,
+    type_emb,
+    weight,
+    mean,
+    rstd,
+    dropout_p,
+    seed,
+    padding_idx=None,
+    position_padding_idx=None,
 ):
     tables = (word_emb, pos_emb, type_emb, weight, weight)
     return tuple(t.new_empty(t.shape) for t in tables)
@@ -545,7 +593,13 @@ def attention(
     checks.check_scale(scale)
     dropout_p = dropout.check_dropout_p(dropout_p)
     out, _ = _attention(
-        q, k, v, key_padding_mask, _as_float(scale), dropout_p, _dropout_seed(dropout_p),
+        q,
+        k,
+        v,
+        key_padding_mask,
+        _as_float(scale),
+        dropout_p,
+        _dropout_seed(dropout_p),
         needs_grad(q, k, v),
     )
     return out.transpose(1, 2)
@@ -567,7 +621,14 @@ def attention_varlen(
     checks.check_scale(scale)
     dropout_p = dropout.check_dropout_p(dropout_p)
     out, _ = _attention_varlen(
-        q, k, v, cu_seqlens, max_seqlen, _as_float(scale), dropout_p, _dropout_seed(dropout_p),
+        q,
+        k,
+        v,
+        cu_seqlens,
+        max_seqlen,
+        _as_float(scale),
+        dropout_p,
+        _dropout_seed(dropout_p),
         needs_grad(q, k, v),
     )
     return out

@@ -141,8 +141,10 @@ class EncoderGraphs:
         weights: Hashable = None,
         finish: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        key = (*(None if t is None else (tuple(t.shape), t.dtype, t.device) for t in inputs),
-               host_key)
+        key = (
+            *(None if t is None else (tuple(t.shape), t.dtype, t.device) for t in inputs),
+            host_key,
+        )
         with self._lock:
             if weights != self.weights:
                 self.graphs.clear()  # captured against storage that may be gone

@@ -167,9 +167,7 @@ def pack(
     return PackedBatch(indices, cu_seqlens, rows.longest, batch, seq)
 
 
-def packing_threshold(
-    setting: str | bool, key_padding_mask: torch.Tensor | None
-) -> float | None:
+def packing_threshold(setting: str | bool, key_padding_mask: torch.Tensor | None) -> float | None:
     """The least padding fraction at which a call under ``padding_free=setting`` packs, or
     None when it runs dense whatever its padding."""
     if setting is False or key_padding_mask is None:

@@ -41,8 +41,7 @@ def check_device(device: object) -> torch.device:
             )
         if parsed.index is not None and parsed.index >= torch.cuda.device_count():
             raise ValueError(
-                f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA "
-                "device(s)"
+                f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
             )
     return parsed
 

@@ -183,9 +183,7 @@ def padding_mask(
 
 # transformers module -> how to register fastbert in it once it is loaded.
 _REGISTRARS: dict[str, Callable[[ModuleType], None]] = {
-    "transformers.modeling_utils": lambda m: m.AttentionInterface.register(
-        NAME, attention_forward
-    ),
+    "transformers.modeling_utils": lambda m: m.AttentionInterface.register(NAME, attention_forward),
     "transformers.masking_utils": lambda m: m.AttentionMaskInterface.register(NAME, padding_mask),
 }
 

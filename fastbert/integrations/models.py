@@ -41,8 +41,9 @@ def load_checkpoint(folder: Path) -> Any:
     return model.float().eval()
 
 
-def model_like(model: Any, attn_implementation: str, dtype: torch.dtype,
-               device: torch.device) -> Any:
+def model_like(
+    model: Any, attn_implementation: str, dtype: torch.dtype, device: torch.device
+) -> Any:
     """A new model of ``model``'s config and weights, with ``attn_implementation``, on
     ``device`` in ``dtype`` (eval)."""
     with torch.device(device):

@@ -213,8 +213,9 @@ class FastbertForward:
         self.encoder = bind_encoder(self.base, self.family, self.config, **self.settings)
         with_pooler = self.encoder.pooler is not None
         with_projection = self.config.embedding_width != self.config.hidden_size
-        names = self.family.weight_names(self.config.num_hidden_layers, with_pooler,
-                                         with_projection)
+        names = self.family.weight_names(
+            self.config.num_hidden_layers, with_pooler, with_projection
+        )
         self._source_names = [t for theirs in names.values() for t in theirs]
         self._sources = [self.base.get_parameter(t) for t in self._source_names]
         self._views = _fused_views(self.base, self.encoder, names)

@@ -27,8 +27,14 @@ POSITION_SCHEMES = ("sequential", "padding_offset")
 # Integer fields and the least value each may take (0 layers: the embeddings alone, as in
 # Hugging Face; 0 token types: the family has none, e.g. DistilBERT).
 _INT_MINIMUMS = {
-    "vocab_size": 1, "hidden_size": 1, "num_hidden_layers": 0, "num_attention_heads": 1,
-    "intermediate_size": 1, "max_position_embeddings": 1, "type_vocab_size": 0, "num_labels": 1,
+    "vocab_size": 1,
+    "hidden_size": 1,
+    "num_hidden_layers": 0,
+    "num_attention_heads": 1,
+    "intermediate_size": 1,
+    "max_position_embeddings": 1,
+    "type_vocab_size": 0,
+    "num_labels": 1,
 }
 
 
@@ -165,8 +171,7 @@ class BertConfig:
         model_type = values.get("model_type", family.model_type)
         if model_type != family.model_type:
             raise ValueError(
-                f"model_type {model_type!r} is not supported here; this loads "
-                f"{family.model_type!r}"
+                f"model_type {model_type!r} is not supported here; this loads {family.model_type!r}"
             )
         position_type = values.get("position_embedding_type")
         if position_type is None:  # absent or null: the default, as in Hugging Face
@@ -183,9 +188,7 @@ class BertConfig:
             kwargs["num_labels"] = len(values["id2label"])
         config = cls(**kwargs)
         if family.has_token_types and config.type_vocab_size == 0:
-            raise ValueError(
-                f"type_vocab_size must be >= 1: {family.name} models have token types"
-            )
+            raise ValueError(f"type_vocab_size must be >= 1: {family.name} models have token types")
         return config
 
     @classmethod

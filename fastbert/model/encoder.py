@@ -64,7 +64,8 @@ class BertEmbeddings(nn.Module):
         self.position = new_parameter(config.max_position_embeddings, e, dtype=dtype, device=device)
         self.token_type = (
             new_parameter(config.type_vocab_size, e, dtype=dtype, device=device)
-            if config.type_vocab_size else None
+            if config.type_vocab_size
+            else None
         )
         self.ln_weight = new_parameter(e, dtype=dtype, device=device)
         self.ln_bias = new_parameter(e, dtype=dtype, device=device)
@@ -119,12 +120,23 @@ class BertEmbeddings(nn.Module):
         """
         if position_ids is None:
             position_ids = self.position_ids(input_ids)
-        token_type = self.token_type if self.token_type is not None else self.word.new_zeros(
-            1, self.word.shape[1]
+        token_type = (
+            self.token_type
+            if self.token_type is not None
+            else self.word.new_zeros(1, self.word.shape[1])
         )
         hidden = ops.embeddings_layer_norm(
-            input_ids, token_type_ids, position_ids, self.word, self.position, token_type,
-            self.ln_weight, self.ln_bias, self.eps, check_ids=check_ids, dropout_p=dropout_p,
+            input_ids,
+            token_type_ids,
+            position_ids,
+            self.word,
+            self.position,
+            token_type,
+            self.ln_weight,
+            self.ln_bias,
+            self.eps,
+            check_ids=check_ids,
+            dropout_p=dropout_p,
             **self.padding_rows(),
         )
         if self.project_weight is not None:
@@ -183,8 +195,10 @@ class BertLayer(nn.Module):
         fastbert.optimize) and one of them needs a gradient, their concatenation, through
         which autograd gives each its own gradient."""
         parts = self.qkv_parts
-        if parts is not None and torch.is_grad_enabled() and any(
-            p.requires_grad for p in parts[0] + parts[1]
+        if (
+            parts is not None
+            and torch.is_grad_enabled()
+            and any(p.requires_grad for p in parts[0] + parts[1])
         ):
             return torch.cat(parts[0]), torch.cat(parts[1])
         return self.qkv_weight, self.qkv_bias
@@ -320,8 +334,11 @@ class BertModel(PretrainedMixin, nn.Module):
     ) -> tuple[Ops, torch.Tensor]:
         """Validated inputs -> (ops, last hidden state [B, S, H])."""
         input_ids, token_type_ids, key_padding_mask = validation.check_model_inputs(
-            self.config.max_position_embeddings, self.device, input_ids, attention_mask,
-            token_type_ids
+            self.config.max_position_embeddings,
+            self.device,
+            input_ids,
+            attention_mask,
+            token_type_ids,
         )
         ops = self.ops()
         ids_checked, packed, key_padding_mask = self._read_batch(
@@ -335,8 +352,7 @@ class BertModel(PretrainedMixin, nn.Module):
         def encode_dense(
             ids: torch.Tensor, types: torch.Tensor | None, mask: torch.Tensor | None
         ) -> torch.Tensor:
-            hidden = self.embeddings(ops, ids, types, check_ids=not ids_checked,
-                                     dropout_p=hidden_p)
+            hidden = self.embeddings(ops, ids, types, check_ids=not ids_checked, dropout_p=hidden_p)
             attend = runtime.dense_attention(
                 ops, self.config.num_attention_heads, mask, attention_p
             )
@@ -363,8 +379,12 @@ class BertModel(PretrainedMixin, nn.Module):
             return False
         if self._watch.first_requiring_grad() is not None:
             return True
-        return any(p.requires_grad for layer in self.layers if layer.qkv_parts is not None
-                   for p in layer.qkv_parts[0] + layer.qkv_parts[1])
+        return any(
+            p.requires_grad
+            for layer in self.layers
+            if layer.qkv_parts is not None
+            for p in layer.qkv_parts[0] + layer.qkv_parts[1]
+        )
 
     def _graphable(self, device: torch.device, tokens: int) -> bool:
         """Whether this call replays a CUDA graph: its settings want one, and the call needs
@@ -428,8 +448,9 @@ class BertModel(PretrainedMixin, nn.Module):
         ) -> torch.Tensor:
             """[T] ids, token types, positions and int32 [B + 1] cu_seqlens -> [T, H]."""
             types = types[None] if types is not None else None
-            hidden = self.embeddings(ops, ids[None], types, positions[None], check_ids=False,
-                                     dropout_p=hidden_p)[0]
+            hidden = self.embeddings(
+                ops, ids[None], types, positions[None], check_ids=False, dropout_p=hidden_p
+            )[0]
             attend = runtime.packed_attention(ops, heads, cu_seqlens, max_seqlen, attention_p)
             for layer in self.layers:
                 hidden = layer(ops, hidden, attend, hidden_p)
@@ -442,8 +463,11 @@ class BertModel(PretrainedMixin, nn.Module):
         if tokens and graphable and self._graphable(ids.device, runtime.token_bucket(tokens)):
             bucketed, cu_seqlens, max_seqlen = packed.bucketed(ids, types, positions)
             return self._graphs.run(
-                functools.partial(encode_packed, max_seqlen), *bucketed, cu_seqlens,
-                host_key=max_seqlen, weights=self._watch.storage_key(),
+                functools.partial(encode_packed, max_seqlen),
+                *bucketed,
+                cu_seqlens,
+                host_key=max_seqlen,
+                weights=self._watch.storage_key(),
                 finish=lambda hidden: packed.scatter(hidden[:tokens]),  # the scatter copies
             )
         hidden = encode_packed(packed.max_seqlen, ids, types, positions, packed.cu_seqlens)
@@ -458,8 +482,11 @@ class BertModel(PretrainedMixin, nn.Module):
         batch, seq = validation.batch_and_seq(input_ids)
         if batch == 0:
             validation.check_model_inputs(
-                self.config.max_position_embeddings, self.device, input_ids, attention_mask,
-                token_type_ids
+                self.config.max_position_embeddings,
+                self.device,
+                input_ids,
+                attention_mask,
+                token_type_ids,
             )
             return self._empty_output(seq)
         ops, hidden = self.encode(input_ids, attention_mask, token_type_ids)

@@ -17,10 +17,22 @@ from typing import Any
 _BERT_CONFIG_NAMES = {
     name: name
     for name in (
-        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-        "intermediate_size", "hidden_act", "max_position_embeddings", "type_vocab_size",
-        "layer_norm_eps", "pad_token_id", "num_labels", "hidden_dropout_prob",
-        "attention_probs_dropout_prob", "classifier_dropout", "problem_type", "initializer_range",
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "hidden_act",
+        "max_position_embeddings",
+        "type_vocab_size",
+        "layer_norm_eps",
+        "pad_token_id",
+        "num_labels",
+        "hidden_dropout_prob",
+        "attention_probs_dropout_prob",
+        "classifier_dropout",
+        "problem_type",
+        "initializer_range",
     )
 }
 # fastbert parameter name -> Hugging Face names under the base model (several = concatenated).
@@ -48,8 +60,11 @@ _BERT_LAYER = {
 }
 _BERT_POOLER = {"pooler.weight": ("pooler.dense.weight",), "pooler.bias": ("pooler.dense.bias",)}
 _ENCODER_HEADS = (
-    "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification",
-    "ForQuestionAnswering", "ForMultipleChoice",
+    "ForMaskedLM",
+    "ForSequenceClassification",
+    "ForTokenClassification",
+    "ForQuestionAnswering",
+    "ForMultipleChoice",
 )
 
 
@@ -100,8 +115,9 @@ class Family:
 
     def config_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """fastbert BertConfig keyword arguments from a Hugging Face config dict."""
-        kwargs = {ours: values[theirs] for ours, theirs in self.config_names.items()
-                  if theirs in values}
+        kwargs = {
+            ours: values[theirs] for ours, theirs in self.config_names.items() if theirs in values
+        }
         kwargs.update(self.config_constants)
         return kwargs
 
@@ -123,18 +139,31 @@ class Family:
 _WITH_POOLER = "BaseModelOutputWithPoolingAndCrossAttentions"
 
 BERT = Family(
-    "BERT", "bert", "Bert", "bert",
-    ("ForPreTraining", "ForNextSentencePrediction") + _ENCODER_HEADS, _WITH_POOLER,
+    "BERT",
+    "bert",
+    "Bert",
+    "bert",
+    ("ForPreTraining", "ForNextSentencePrediction") + _ENCODER_HEADS,
+    _WITH_POOLER,
 )
 ROBERTA = Family(
-    "RoBERTa", "roberta", "Roberta", "roberta", _ENCODER_HEADS, _WITH_POOLER,
+    "RoBERTa",
+    "roberta",
+    "Roberta",
+    "roberta",
+    _ENCODER_HEADS,
+    _WITH_POOLER,
     config_constants={"position_scheme": "padding_offset"},
 )
 XLM_ROBERTA = dataclasses.replace(
     ROBERTA, name="XLM-RoBERTa", model_type="xlm-roberta", prefix="XLMRoberta"
 )
 ELECTRA = Family(
-    "ELECTRA", "electra", "Electra", "electra", ("ForPreTraining",) + _ENCODER_HEADS,
+    "ELECTRA",
+    "electra",
+    "Electra",
+    "electra",
+    ("ForPreTraining",) + _ENCODER_HEADS,
     "BaseModelOutputWithPastAndCrossAttentions",
     config_names={**_BERT_CONFIG_NAMES, "embedding_size": "embedding_size"},
     projection={
@@ -144,14 +173,26 @@ ELECTRA = Family(
     pooler={},
 )
 DISTILBERT = Family(
-    "DistilBERT", "distilbert", "DistilBert", "distilbert", _ENCODER_HEADS, "BaseModelOutput",
+    "DistilBERT",
+    "distilbert",
+    "DistilBert",
+    "distilbert",
+    _ENCODER_HEADS,
+    "BaseModelOutput",
     config_names={
-        "vocab_size": "vocab_size", "hidden_size": "dim", "num_hidden_layers": "n_layers",
-        "num_attention_heads": "n_heads", "intermediate_size": "hidden_dim",
-        "hidden_act": "activation", "max_position_embeddings": "max_position_embeddings",
-        "pad_token_id": "pad_token_id", "num_labels": "num_labels",
-        "hidden_dropout_prob": "dropout", "attention_probs_dropout_prob": "attention_dropout",
-        "classifier_dropout": "seq_classif_dropout", "problem_type": "problem_type",
+        "vocab_size": "vocab_size",
+        "hidden_size": "dim",
+        "num_hidden_layers": "n_layers",
+        "num_attention_heads": "n_heads",
+        "intermediate_size": "hidden_dim",
+        "hidden_act": "activation",
+        "max_position_embeddings": "max_position_embeddings",
+        "pad_token_id": "pad_token_id",
+        "num_labels": "num_labels",
+        "hidden_dropout_prob": "dropout",
+        "attention_probs_dropout_prob": "attention_dropout",
+        "classifier_dropout": "seq_classif_dropout",
+        "problem_type": "problem_type",
     },
     # No token types; every DistilBERT LayerNorm is built with eps=1e-12.
     config_constants={"type_vocab_size": 0, "layer_norm_eps": 1e-12},

@@ -36,8 +36,12 @@ class _BertWithHead(PretrainedMixin, nn.Module):
         super().__init__()
         self.config = config
         self.bert = BertModel(
-            config, dtype=dtype, device=device, backend=backend,
-            add_pooling_layer=self.add_pooling_layer, padding_free=padding_free,
+            config,
+            dtype=dtype,
+            device=device,
+            backend=backend,
+            add_pooling_layer=self.add_pooling_layer,
+            padding_free=padding_free,
             cuda_graphs=cuda_graphs,
         )
 
@@ -126,8 +130,11 @@ class BertForMaskedLM(_WithMaskedLMHead):
         batch, seq = validation.batch_and_seq(input_ids)
         if batch == 0:
             validation.check_model_inputs(
-                self.config.max_position_embeddings, self.device, input_ids, attention_mask,
-                token_type_ids
+                self.config.max_position_embeddings,
+                self.device,
+                input_ids,
+                attention_mask,
+                token_type_ids,
             )
             vocab = self.config.vocab_size
             logits = torch.empty(0, seq, vocab, dtype=self.dtype, device=self.device)

@@ -80,10 +80,12 @@ def _normalize_prefix(state: Mapping[str, torch.Tensor], model_class: str) -> di
     """Give encoder tensors the prefix ``model_class`` expects (``bert.`` for head models)."""
     has_prefix = any(k.startswith("bert.") for k in state)
     if model_class == "BertModel" and has_prefix:
-        return {k[len("bert."):]: v for k, v in state.items() if k.startswith("bert.")}
+        return {k[len("bert.") :]: v for k, v in state.items() if k.startswith("bert.")}
     if model_class != "BertModel" and not has_prefix:
-        return {(k if k.startswith(("cls.", "classifier.")) else f"bert.{k}"): v
-                for k, v in state.items()}
+        return {
+            (k if k.startswith(("cls.", "classifier.")) else f"bert.{k}"): v
+            for k, v in state.items()
+        }
     return dict(state)
 
 
@@ -91,8 +93,10 @@ def check_tied_decoder(state: Mapping[str, torch.Tensor]) -> None:
     """fastbert's masked-LM decoder is the word-embedding matrix; refuse an untied one."""
     decoder = state.get("cls.predictions.decoder.weight")
     word = _lookup(state, "bert.embeddings.word_embeddings.weight")
-    if decoder is not None and word is not None and not (
-        decoder.data_ptr() == word.data_ptr() or torch.equal(decoder, word)
+    if (
+        decoder is not None
+        and word is not None
+        and not (decoder.data_ptr() == word.data_ptr() or torch.equal(decoder, word))
     ):
         raise ValueError(
             "cls.predictions.decoder.weight differs from the word embeddings; fastbert's "
@@ -221,8 +225,7 @@ def _read_bin(path: Path) -> dict[str, torch.Tensor]:
             raise ValueError(f"{path} is not a state dict: its key {name!r} is not a string")
         if not isinstance(value, torch.Tensor):
             raise ValueError(
-                f"{path} is not a state dict: {name!r} holds a {type(value).__name__}, "
-                "not a tensor"
+                f"{path} is not a state dict: {name!r} holds a {type(value).__name__}, not a tensor"
             )
     return dict(state)
 
@@ -291,8 +294,11 @@ class PretrainedMixin:
             dtype = torch.float16 if device.type == "cuda" else torch.float32
         config, _, state = read_source(source)
         kwargs: dict[str, Any] = {
-            "dtype": dtype, "device": device, "backend": backend,
-            "padding_free": padding_free, "cuda_graphs": cuda_graphs,
+            "dtype": dtype,
+            "device": device,
+            "backend": backend,
+            "padding_free": padding_free,
+            "cuda_graphs": cuda_graphs,
         }
         if cls.__name__ == "BertModel":
             normalized = _normalize_prefix(state, "BertModel")

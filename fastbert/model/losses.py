@@ -27,7 +27,8 @@ def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     -100 are skipped."""
     _check_shape("masked-LM", labels, tuple(logits.shape[:-1]))
     return F.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).long(),
+        logits.float().reshape(-1, logits.shape[-1]),
+        labels.reshape(-1).long(),
         ignore_index=IGNORE_INDEX,
     )
 

@@ -79,8 +79,13 @@ def _case(
     ptr = f"*{dtype}"
     signature = {"Q": ptr, "K": ptr, "V": ptr, "Out": ptr}
     constexprs: dict[str, object] = dict(
-        HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), HAS_MASK=has_mask, IS_VARLEN=is_varlen,
-        HAS_DROPOUT=has_dropout, STORE_LSE=store_lse, **config.kwargs,
+        HEAD_DIM=head_dim,
+        BLOCK_D=_block_d(head_dim),
+        HAS_MASK=has_mask,
+        IS_VARLEN=is_varlen,
+        HAS_DROPOUT=has_dropout,
+        STORE_LSE=store_lse,
+        **config.kwargs,
     )
     _optional_inputs(signature, constexprs, has_mask, is_varlen, mask)
     signature.update(Lse="*fp32" if store_lse else "constexpr")
@@ -144,8 +149,13 @@ TRAINING = (
 def _training_cases() -> list[CompileCase]:
     return [
         _case(
-            dtype, d, _heaviest(_kept(d, DTYPES[dtype], varlen, mask), d), mask, varlen,
-            has_dropout=dropout, store_lse=True,
+            dtype,
+            d,
+            _heaviest(_kept(d, DTYPES[dtype], varlen, mask), d),
+            mask,
+            varlen,
+            has_dropout=dropout,
+            store_lse=True,
         )
         for dtype, d, mask, varlen, dropout in TRAINING
     ]

@@ -54,7 +54,12 @@ def _heaviest(kernel: tuple, dtype: str, head_dim: int):
 
 
 def _case(
-    kernel: tuple, dtype: str, head_dim: int, config, has_mask: bool, is_varlen: bool,
+    kernel: tuple,
+    dtype: str,
+    head_dim: int,
+    config,
+    has_mask: bool,
+    is_varlen: bool,
     has_dropout: bool,
 ) -> CompileCase:
     name, jit, is_dkdv = kernel
@@ -69,8 +74,13 @@ def _case(
     signature.update(qk_scale="fp32", sm_scale="fp32", dropout_p="fp32", seed="i32")
     signature.update(seq_q_bucket="i32", seq_k_bucket="i32")
     constexprs: dict[str, object] = dict(
-        HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), HAS_MASK=has_mask, IS_VARLEN=is_varlen,
-        HAS_DROPOUT=has_dropout, DKDV=is_dkdv, **config.kwargs,
+        HEAD_DIM=head_dim,
+        BLOCK_D=_block_d(head_dim),
+        HAS_MASK=has_mask,
+        IS_VARLEN=is_varlen,
+        HAS_DROPOUT=has_dropout,
+        DKDV=is_dkdv,
+        **config.kwargs,
     )
     if not is_dkdv:
         constexprs["DV"] = None

@@ -57,7 +57,9 @@ def _case(
     for name in fp32:
         signature[f"{name}_ptr"] = "*fp32"
     constexprs: dict[str, object] = dict(
-        HAS_TOKEN_TYPES=has_types, HAS_POSITION_IDS=has_positions, HAS_DROPOUT=dropout,
+        HAS_TOKEN_TYPES=has_types,
+        HAS_POSITION_IDS=has_positions,
+        HAS_DROPOUT=dropout,
         BLOCK=block,
     )
     unit_strides = [u for u in UNIT_STRIDES if u in kernel.arg_names]

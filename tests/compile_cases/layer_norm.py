@@ -81,8 +81,12 @@ def _backward_case(dtype: str, block: int, has_residual: bool, dropout: bool) ->
         signature[f"{name}_ptr"] = "*fp32"
     signature["dropout_p"] = "fp32"
     constexprs: dict[str, object] = dict(
-        HAS_RESIDUAL=has_residual, HAS_DROPOUT=dropout, BLOCK=block,
-        stride_x_col=1, stride_residual_col=1, stride_weight=1,
+        HAS_RESIDUAL=has_residual,
+        HAS_DROPOUT=dropout,
+        BLOCK=block,
+        stride_x_col=1,
+        stride_residual_col=1,
+        stride_weight=1,
     )
     if has_residual:
         signature["residual_ptr"] = signature["dresidual_ptr"] = f"*{dtype}"

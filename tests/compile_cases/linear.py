@@ -223,7 +223,9 @@ def _training_cases() -> list[CompileCase]:
         for g in ("dx", "dw"):
             # The backward products read an operand transposed: never through descriptors.
             variant = {
-                "activation": 0, "has_residual": False, "row_sum": g == "dw",
+                "activation": 0,
+                "has_residual": False,
+                "row_sum": g == "dw",
                 "has_descriptors": False,
             }
             for act in (1, 2):

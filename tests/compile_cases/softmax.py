@@ -83,10 +83,14 @@ def _backward_case(dtype: str, block: int) -> CompileCase:
     )
 
 
-CASES = [
-    _case(dtype, block, has_mask)
-    for dtype, block, has_mask in itertools.product(DTYPES, BLOCKS, (False, True))
-] + [
-    _case("fp16", 512, True, mask="*i64"),
-    _case("bf16", 128, True, unit_key_stride=False),
-] + [_backward_case(dtype, block) for dtype, block in itertools.product(DTYPES, BLOCKS)]
+CASES = (
+    [
+        _case(dtype, block, has_mask)
+        for dtype, block, has_mask in itertools.product(DTYPES, BLOCKS, (False, True))
+    ]
+    + [
+        _case("fp16", 512, True, mask="*i64"),
+        _case("bf16", 128, True, unit_key_stride=False),
+    ]
+    + [_backward_case(dtype, block) for dtype, block in itertools.product(DTYPES, BLOCKS)]
+)
