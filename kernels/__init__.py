@@ -1,23 +1,53 @@
-"""fastbert.kernels: Triton kernels for BERT's hot ops, and their pure-PyTorch references.
+"""fastbert.kernels: BERT's hot ops, each declared once, on Triton kernels and on PyTorch.
 
-The public ops have the signatures of :mod:`fastbert.kernels.reference` (the pure-PyTorch
-backend and test oracle); each runs on CUDA tensors, or on CPU tensors under the Triton
-interpreter (``TRITON_INTERPRET=1`` set before import).
+Each op is one :class:`~fastbert.kernels.op.Op` declaration (at the end of its kernel's
+module) holding its semantics (:mod:`fastbert.kernels.reference`, the float64 oracle), its
+torch backend (:mod:`fastbert.kernels.torch_ops`), its Triton forward and backward launchers
+with their fake implementations, and its autograd formula; kernels/op.py wires every op into a
+``torch.ops.fastbert`` custom op, an autograd Function and the public call. :data:`OPS` lists
+them by name; fastbert.execution.backends dispatches through it.
+
+The public functions below have the signatures of :mod:`fastbert.kernels.reference`; each runs
+on CUDA tensors, or on CPU tensors under the Triton interpreter (``TRITON_INTERPRET=1`` set
+before import). Shared helpers are public modules too: :mod:`~fastbert.kernels.checks` (input
+validation), :mod:`~fastbert.kernels.dropout` (the kernels' dropout masks) and
+:mod:`~fastbert.kernels.launch` (where kernels run, autotuning, launch helpers).
 """
 
-from . import reference
-from .flash_attention import attention, attention_varlen
-from .fused_embeddings import embeddings_layer_norm
-from .fused_layer_norm import layer_norm
-from .fused_linear import linear
-from .masked_softmax import scaled_masked_softmax
+from . import checks, dropout, launch, reference, torch_ops
+from .flash_attention import ATTENTION, ATTENTION_VARLEN, attention, attention_varlen
+from .fused_embeddings import EMBEDDINGS_LAYER_NORM, embeddings_layer_norm
+from .fused_layer_norm import LAYER_NORM, layer_norm
+from .fused_linear import LINEAR, linear
+from .masked_softmax import SCALED_MASKED_SOFTMAX, scaled_masked_softmax
+from .op import Kernel, Op
+
+# Every op, by name: what the backends dispatch over.
+OPS: dict[str, Op] = {
+    op.name: op
+    for op in (
+        ATTENTION,
+        ATTENTION_VARLEN,
+        SCALED_MASKED_SOFTMAX,
+        LINEAR,
+        LAYER_NORM,
+        EMBEDDINGS_LAYER_NORM,
+    )
+}
 
 __all__ = [
+    "OPS",
+    "Kernel",
+    "Op",
     "attention",
     "attention_varlen",
+    "checks",
+    "dropout",
     "embeddings_layer_norm",
+    "launch",
     "layer_norm",
     "linear",
     "reference",
     "scaled_masked_softmax",
+    "torch_ops",
 ]

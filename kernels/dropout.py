@@ -1,7 +1,8 @@
 """Dropout inside the kernels: a keep mask regenerated from a seed and each element's index.
 
-The mask is never stored. A forward draws one seed per call (:func:`draw_seed`) and keeps it
-for its backward, which regenerates the same keep decisions from (seed, element index) with
+The mask is never stored. A forward draws one seed per call (:func:`draw_seed_tensor`, an
+int64 CPU scalar tensor; :func:`seed_value` is the int the kernels take) and keeps it for its
+backward, which regenerates the same keep decisions from (seed, element index) with
 Triton's Philox generator (``tl.rand``). An element is kept with probability 1 - p and the
 kept ones are scaled by 1 / (1 - p), as ``torch.nn.functional.dropout`` does.
 """
@@ -31,6 +32,11 @@ def draw_seed_tensor() -> torch.Tensor:
     """The Philox seed of one dropout call as an int64 CPU scalar tensor, from PyTorch's default
     CPU generator (what torch.compile traces: reading it on the host happens inside an op)."""
     return torch.randint(0, _SEED_BOUND, (), dtype=torch.int64)
+
+
+def seed_value(seed: torch.Tensor | None) -> int:
+    """The int a kernel takes of a seed tensor of :func:`draw_seed_tensor` (0 without one)."""
+    return 0 if seed is None else int(seed)
 
 
 def draw_seed() -> int:

@@ -21,7 +21,8 @@ requires grad. HAS_DROPOUT drops each probability with probability p after it en
 running sum l (the normaliser counts every key) and scales the kept ones by 1 / (1 - p):
 out = dropout(softmax) @ v. The keep mask comes from ``tl.rand(seed, offset)`` with the
 element's flat index in a [B, H, S_q, S_k] array (dense) or an [H, T, T] array of global token
-indices (varlen) as its 64-bit offset (``_dropout_origin``), so the backward regenerates it.
+indices (varlen) as its 64-bit offset (``dropout_origin``, kernels/attention_tiles.py), so the
+backward regenerates it.
 
 Masked keys have no influence whatever K and V hold there, NaN and Inf included (the semantics
 of FlashAttention and xformers): their scores are replaced by -inf after the product, and their
@@ -64,27 +65,26 @@ holds for sequences below 2**31 / row stride (e.g. 349k tokens at a 6144-element
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
-from . import checks, dropout
+from . import checks, dropout, reference, torch_ops
+from .attention_tiles import LOG2_E, check_grid, dropout_origin, head_base, load_rows
+from .dropout import seed_value
+from .flash_attention_backward import attention_backward, attention_varlen_backward
 from .launch import (
     cdiv,
     check_triton_device,
     interpreting,
     launch_lock,
-    needs_grad,
     next_power_of_2,
     time_config,
     tuned,
 )
+from .op import Kernel, Op, dropout_seed, placeholder
 
 SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 128)
-MAX_GRID_YZ = 65535
-LOG2_E = math.log2(math.e)
 # Mask entries each step of the scan for whole tiles of real keys reads (see _key_ranges).
 MASK_SCAN_BLOCK = tl.constexpr(256)
 # What one key tile of _attend_tile checks: nothing (every key real), the bound ``end`` (keys
@@ -154,25 +154,6 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> 
 
 
 @triton.jit
-def _load_rows(
-    base,  # pointer to element (row 0, column 0) of a [rows, HEAD_DIM] tile source
-    offs_row,
-    stride_row,
-    row_ok,  # bool [len(offs_row)]: which rows to read; the others load as zeros
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    """Rows ``offs_row`` of a row-major tile where ``row_ok``, zeros elsewhere and past
-    HEAD_DIM (zero-padded to BLOCK_D)."""
-    offs_d = tl.arange(0, BLOCK_D)
-    ptrs = base + offs_row[:, None] * stride_row + offs_d[None, :]
-    if HEAD_DIM == BLOCK_D:
-        return tl.load(ptrs, mask=row_ok[:, None], other=0.0)
-    else:
-        return tl.load(ptrs, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-
-
-@triton.jit
 def _load_all_rows(
     base,  # pointer to element (row 0, column 0) of a [rows, HEAD_DIM] tile source
     offs_row,
@@ -181,7 +162,7 @@ def _load_all_rows(
     BLOCK_D: tl.constexpr,
 ):
     """Rows ``offs_row`` of a row-major tile, all of them in bounds (zero-padded past
-    HEAD_DIM to BLOCK_D): ``_load_rows`` without the per-row predicate."""
+    HEAD_DIM to BLOCK_D): ``load_rows`` without the per-row predicate."""
     offs_d = tl.arange(0, BLOCK_D)
     ptrs = base + offs_row[:, None] * stride_row + offs_d[None, :]
     if HEAD_DIM == BLOCK_D:
@@ -261,13 +242,13 @@ def _attend_tile(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if KEYS != ALL_REAL:
         real = offs_n < end
-        k = _load_rows(k_base, offs_n, stride_k_s, real, HEAD_DIM, BLOCK_D)
+        k = load_rows(k_base, offs_n, stride_k_s, real, HEAD_DIM, BLOCK_D)
         if KEYS == MASKED:
             token = tl.load(mask_base + offs_n * stride_mask_s, mask=real, other=0)
             real = real & (token != 0)
         # Masked keys' scores are replaced below, whatever K holds there; their values are
         # loaded as zeros, since p = 0 times a NaN or Inf in V would still be NaN.
-        v = _load_rows(v_base, offs_n, stride_v_s, real, HEAD_DIM, BLOCK_D)
+        v = load_rows(v_base, offs_n, stride_v_s, real, HEAD_DIM, BLOCK_D)
         qk = tl.dot(q, tl.trans(k), input_precision="ieee")
         qk = tl.where(real[None, :], qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -434,20 +415,6 @@ def _attend_rows(
 
 
 @triton.jit
-def _dropout_origin(CuSeqlens, batch, head, first, seq_q, seq_k, IS_VARLEN: tl.constexpr):
-    """(offset of query 0 / key 0 of this (sequence, head), offset step of one query row): the
-    dropout offset of each element is its flat index in a [B, H, S_q, S_k] array (dense) or in
-    an [H, T, T] array of global token indices (varlen, T = cu_seqlens[-1]), so no two elements
-    of a call share one. The grid's axis 1 runs over heads and axis 2 over the sequences."""
-    if IS_VARLEN:
-        total = tl.load(CuSeqlens + tl.num_programs(2)).to(tl.int64)
-        return (head * total + first) * total + first, total
-    else:
-        row_step = seq_k.to(tl.int64)
-        return (batch.to(tl.int64) * tl.num_programs(1) + head) * seq_q * row_step, row_step
-
-
-@triton.jit
 def _attend_query_block(
     q_base,  # pointer to query 0, column 0 of this (batch, head)
     k_base,  # pointer to key 0, column 0 of this (batch, head)
@@ -479,7 +446,7 @@ def _attend_query_block(
     """Attention output of queries start_m .. start_m + BLOCK_M - 1 (those < seq_q), and with
     STORE_LSE their log2-sum-exp2 (fp32) for the backward."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    q = _load_rows(q_base, offs_m, stride_q_s, offs_m < seq_q, HEAD_DIM, BLOCK_D)
+    q = load_rows(q_base, offs_m, stride_q_s, offs_m < seq_q, HEAD_DIM, BLOCK_D)
     out, lse = _attend_rows(
         q,
         k_base,
@@ -506,16 +473,6 @@ def _attend_query_block(
     tl.store(o_ptrs, out.to(o_base.dtype.element_ty), mask=inside)
     if STORE_LSE:
         tl.store(lse_base + offs_m, lse, mask=offs_m < seq_q)
-
-
-@triton.jit
-def _head_base(ptr, batch, first, head, stride_b, stride_h, stride_s, IS_VARLEN: tl.constexpr):
-    """Pointer to row 0, column 0 of one (sequence, head) of a [B, H, S, D] / [T, H, D] tensor
-    (varlen: the sequence's tokens start at packed row ``first``)."""
-    if IS_VARLEN:
-        return ptr + first * stride_s + head * stride_h
-    else:
-        return ptr + batch.to(tl.int64) * stride_b + head * stride_h
 
 
 @triton.autotune(
@@ -582,10 +539,10 @@ def _attention_fwd_kernel(
         first = tl.load(CuSeqlens + batch).to(tl.int64)
         seq_q = (tl.load(CuSeqlens + batch + 1) - first).to(tl.int32)
         seq_k = seq_q
-    q_base = _head_base(Q, batch, first, head, stride_q_b, stride_q_h, stride_q_s, IS_VARLEN)
-    k_base = _head_base(K, batch, first, head, stride_k_b, stride_k_h, stride_k_s, IS_VARLEN)
-    v_base = _head_base(V, batch, first, head, stride_v_b, stride_v_h, stride_v_s, IS_VARLEN)
-    o_base = _head_base(Out, batch, first, head, stride_o_b, stride_o_h, stride_o_s, IS_VARLEN)
+    q_base = head_base(Q, batch, first, head, stride_q_b, stride_q_h, stride_q_s, IS_VARLEN)
+    k_base = head_base(K, batch, first, head, stride_k_b, stride_k_h, stride_k_s, IS_VARLEN)
+    v_base = head_base(V, batch, first, head, stride_v_b, stride_v_h, stride_v_s, IS_VARLEN)
+    o_base = head_base(Out, batch, first, head, stride_o_b, stride_o_h, stride_o_s, IS_VARLEN)
     mask_base = Mask
     if HAS_MASK:
         mask_base = Mask + batch.to(tl.int64) * stride_mask_b
@@ -594,7 +551,7 @@ def _attention_fwd_kernel(
         lse_base = Lse + first + batch.to(tl.int64) * stride_lse_b + head * stride_lse_h
     drop_origin, drop_row_step = 0, 0
     if HAS_DROPOUT:
-        drop_origin, drop_row_step = _dropout_origin(
+        drop_origin, drop_row_step = dropout_origin(
             CuSeqlens, batch, head, first, seq_q, seq_k, IS_VARLEN
         )
     if IS_VARLEN:
@@ -677,46 +634,28 @@ def _check_kernel_inputs(tensors: dict[str, torch.Tensor | None], head_dim: int)
             )
 
 
-def check_inputs(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    key_padding_mask: torch.Tensor | None,
-    scale: float | None,
-    dropout_p: float,
-) -> tuple[float, float]:
-    """Validate the dense op's inputs for the kernel; return (scale resolved, dropout_p)."""
+def _prepare(q, k, v, key_padding_mask=None, scale=None, dropout_p=0.0) -> tuple:
+    """Validate the dense op's inputs for the kernel; the forward's arguments (scale resolved,
+    the dropout seed drawn)."""
     checks.check_attention(q, k, v, key_padding_mask, scale)
     dropout_p = dropout.check_dropout_p(dropout_p)
     tensors = {"q": q, "k": k, "v": v, "key_padding_mask": key_padding_mask}
     _check_kernel_inputs(tensors, q.shape[-1])
-    return resolve_scale(q, scale), dropout_p
+    return q, k, v, key_padding_mask, resolve_scale(q, scale), dropout_p, dropout_seed(dropout_p)
 
 
-def check_varlen_inputs(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    max_seqlen: int,
-    scale: float | None,
-    dropout_p: float,
-) -> tuple[float, float]:
-    """Validate the padding-free op's inputs for the kernel; return (scale, dropout_p)."""
+def _prepare_varlen(q, k, v, cu_seqlens, max_seqlen, scale=None, dropout_p=0.0) -> tuple:
+    """Validate the padding-free op's inputs for the kernel; the forward's arguments."""
     checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
     dropout_p = dropout.check_dropout_p(dropout_p)
     _check_kernel_inputs({"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens}, q.shape[-1])
-    return resolve_scale(q, scale), dropout_p
+    scale = resolve_scale(q, scale)
+    return q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, dropout_seed(dropout_p)
 
 
 def resolve_scale(q: torch.Tensor, scale: float | None) -> float:
     """The softmax scale: ``scale``, or D**-0.5 when it is None."""
     return q.shape[-1] ** -0.5 if scale is None else float(scale)
-
-
-def _check_grid(what: str, n: int) -> None:
-    if n > MAX_GRID_YZ:
-        raise ValueError(f"{what} = {n} exceeds the CUDA grid limit of {MAX_GRID_YZ}")
 
 
 _LAUNCH_LOCK = launch_lock()  # one launch at a time across threads (the autotuner's nargs)
@@ -747,8 +686,8 @@ def _launch(
     one anyway.
     """
     heads, head_dim = q.shape[1], q.shape[-1]  # q is [B, H, S, D] or [T, H, D]
-    _check_grid("the number of heads", heads)
-    _check_grid("the batch size (number of sequences)", batch)
+    check_grid("the number of heads", heads)
+    check_grid("the batch size (number of sequences)", batch)
     grid = lambda meta: (max(1, cdiv(max_seqlen_q, meta["BLOCK_M"])), heads, batch)
     with _LAUNCH_LOCK:
         _attention_fwd_kernel[grid](
@@ -783,21 +722,21 @@ def attention_forward(
     key_padding_mask: torch.Tensor | None,
     scale: float,
     dropout_p: float,
-    seed: int,
-    store_lse: bool,
+    seed: torch.Tensor | None,
+    save: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The dense kernel on checked inputs: (out [B, H, S_q, D], the ``.transpose(1, 2)`` view
-    of a contiguous [B, S_q, H, D] buffer; with ``store_lse`` the fp32 [B, H, S_q] log2-sum-exp2
-    of the scaled scores that the backward needs, else None)."""
+    """The dense kernel on checked inputs: (the contiguous [B, S_q, H, D] output, whose
+    ``.transpose(1, 2)`` is the op's [B, H, S_q, D] result; with ``save`` the fp32 [B, H, S_q]
+    log2-sum-exp2 of the scaled scores that the backward needs, else None)."""
     batch, heads, seq_q, head_dim = q.shape
     seq_k = k.shape[2]
-    out = torch.empty((batch, seq_q, heads, head_dim), dtype=q.dtype, device=q.device)
-    out = out.transpose(1, 2)
+    buffer = torch.empty((batch, seq_q, heads, head_dim), dtype=q.dtype, device=q.device)
+    out = buffer.transpose(1, 2)
     lse = None
-    if store_lse:
+    if save:
         lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
-        return out, lse
+        return buffer, lse
     mask = key_padding_mask
     mask_strides = (0, 0) if mask is None else (mask.stride(0), mask.stride(1))
     lse_strides = (0, 0) if lse is None else (lse.stride(0), lse.stride(1))
@@ -825,9 +764,9 @@ def attention_forward(
         batch,
         scale,
         dropout_p,
-        seed,
+        seed_value(seed),
     )
-    return out, lse
+    return buffer, lse
 
 
 def attention_varlen_forward(
@@ -838,15 +777,15 @@ def attention_varlen_forward(
     max_seqlen: int,
     scale: float,
     dropout_p: float,
-    seed: int,
-    store_lse: bool,
+    seed: torch.Tensor | None,
+    save: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The padding-free kernel on checked inputs: (out, contiguous [T, H, D]; with
-    ``store_lse`` the fp32 [H, T] log2-sum-exp2 of the scaled scores, else None)."""
+    ``save`` the fp32 [H, T] log2-sum-exp2 of the scaled scores, else None)."""
     tokens, heads, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = None
-    if store_lse:
+    if save:
         lse = torch.empty((heads, tokens), dtype=torch.float32, device=q.device)
     batch = cu_seqlens.numel() - 1
     if out.numel() == 0 or batch == 0:
@@ -885,69 +824,105 @@ def attention_varlen_forward(
         batch,
         scale,
         dropout_p,
-        seed,
+        seed_value(seed),
     )
     return out, lse
 
 
-class _Attention(torch.autograd.Function):
-    """Dense attention with the Triton backward (kernels/flash_attention_backward.py)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, key_padding_mask, scale, dropout_p, seed):
-        out, lse = attention_forward(q, k, v, key_padding_mask, scale, dropout_p, seed, True)
-        ctx.save_for_backward(q, k, v, out, lse, key_padding_mask)
-        ctx.scale, ctx.dropout_p, ctx.seed = scale, dropout_p, seed
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        # Imported here: the backward module builds on this module's helpers.
-        from .flash_attention_backward import attention_backward
-
-        q, k, v, out, lse, mask = ctx.saved_tensors
-        grads = attention_backward(
-            grad_out, q, k, v, out, lse, mask, ctx.scale, ctx.dropout_p, ctx.seed
-        )
-        return (*grads, None, None, None, None)
+def _forward_fake(q, k, v, key_padding_mask, scale, dropout_p, seed, save):
+    checks.check_attention(q, k, v, key_padding_mask, scale)
+    batch, heads, seq_q, head_dim = q.shape
+    lse = q.new_empty((batch, heads, seq_q), dtype=torch.float32) if save else placeholder(q)
+    return q.new_empty((batch, seq_q, heads, head_dim)), lse
 
 
-class _AttentionVarlen(torch.autograd.Function):
-    """Padding-free attention with the Triton backward (kernels/flash_attention_backward.py)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed):
-        out, lse = attention_varlen_forward(
-            q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, True
-        )
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens)
-        ctx.max_seqlen, ctx.scale, ctx.dropout_p, ctx.seed = max_seqlen, scale, dropout_p, seed
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        from .flash_attention_backward import attention_varlen_backward
-
-        q, k, v, out, lse, cu_seqlens = ctx.saved_tensors
-        grads = attention_varlen_backward(
-            grad_out,
-            q,
-            k,
-            v,
-            out,
-            lse,
-            cu_seqlens,
-            ctx.max_seqlen,
-            ctx.scale,
-            ctx.dropout_p,
-            ctx.seed,
-        )
-        return (*grads, None, None, None, None, None)
+def _backward_fake(grad_out, q, k, v, out, lse, key_padding_mask, scale, dropout_p, seed):
+    return tuple(t.new_empty(t.transpose(1, 2).shape) for t in (q, k, v))
 
 
-def draw_seed_for(dropout_p: float) -> int:
-    """The Philox seed of a call: drawn only when it drops anything (0 otherwise)."""
-    return dropout.draw_seed() if dropout_p > 0.0 else 0
+def _save(ctx, inputs, outputs) -> None:
+    q, k, v, key_padding_mask, scale, dropout_p, seed, _ = inputs
+    ctx.save_for_backward(q, k, v, outputs[0], outputs[1], key_padding_mask, seed)
+    ctx.scale, ctx.dropout_p = scale, dropout_p
+
+
+def _gradients(ctx, backward, grad_out, _grad_lse):
+    q, k, v, out, lse, key_padding_mask, seed = ctx.saved_tensors
+    grads = backward(grad_out, q, k, v, out, lse, key_padding_mask, ctx.scale, ctx.dropout_p, seed)
+    return (*(g.transpose(1, 2) for g in grads), None, None, None, None)
+
+
+ATTENTION = Op(
+    name="attention",
+    reference=reference.attention,
+    torch=torch_ops.attention_unchecked,
+    prepare=_prepare,
+    forward=Kernel(
+        attention_forward,
+        "(Tensor q, Tensor k, Tensor v, Tensor? key_padding_mask, float scale, float dropout_p,"
+        " Tensor? seed, bool save) -> (Tensor, Tensor)",
+        _forward_fake,
+    ),
+    backward=Kernel(
+        attention_backward,
+        "(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,"
+        " Tensor? key_padding_mask, float scale, float dropout_p, Tensor? seed)"
+        " -> (Tensor, Tensor, Tensor)",
+        _backward_fake,
+    ),
+    save=_save,
+    gradients=_gradients,
+    # The kernel writes [B, S_q, H, D] memory: the [B, H, S_q, D] result is its transpose.
+    finish=lambda outputs: outputs[0].transpose(1, 2),
+)
+
+
+def _varlen_forward_fake(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, save):
+    # max_seqlen may be symbolic while tracing; the forward's caller checked its value.
+    checks.check_attention_varlen(q, k, v, cu_seqlens, 0, scale)
+    lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32) if save else placeholder(q)
+    return q.new_empty(q.shape), lse
+
+
+def _varlen_backward_fake(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen, *rest):
+    return tuple(t.new_empty(t.shape) for t in (q, k, v))
+
+
+def _varlen_save(ctx, inputs, outputs) -> None:
+    q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, _ = inputs
+    ctx.save_for_backward(q, k, v, outputs[0], outputs[1], cu_seqlens, seed)
+    ctx.max_seqlen, ctx.scale, ctx.dropout_p = max_seqlen, scale, dropout_p
+
+
+def _varlen_gradients(ctx, backward, grad_out, _grad_lse):
+    q, k, v, out, lse, cu_seqlens, seed = ctx.saved_tensors
+    grads = backward(
+        grad_out, q, k, v, out, lse, cu_seqlens, ctx.max_seqlen, ctx.scale, ctx.dropout_p, seed
+    )
+    return (*grads, None, None, None, None, None)
+
+
+ATTENTION_VARLEN = Op(
+    name="attention_varlen",
+    reference=reference.attention_varlen,
+    torch=torch_ops.attention_varlen_unchecked,
+    prepare=_prepare_varlen,
+    forward=Kernel(
+        attention_varlen_forward,
+        "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, SymInt max_seqlen, float scale,"
+        " float dropout_p, Tensor? seed, bool save) -> (Tensor, Tensor)",
+        _varlen_forward_fake,
+    ),
+    backward=Kernel(
+        attention_varlen_backward,
+        "(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,"
+        " Tensor cu_seqlens, SymInt max_seqlen, float scale, float dropout_p, Tensor? seed)"
+        " -> (Tensor, Tensor, Tensor)",
+        _varlen_backward_fake,
+    ),
+    save=_varlen_save,
+    gradients=_varlen_gradients,
+)
 
 
 def attention(
@@ -958,7 +933,8 @@ def attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """softmax(scale * q @ k^T, masked keys excluded) @ v, in one fused Triton kernel.
+    """softmax(scale * q @ k^T, masked keys excluded) @ v, in one fused Triton kernel
+    (:func:`fastbert.kernels.reference.attention`).
 
     q: [B, H, S_q, D]; k, v: [B, H, S_k, D]; fp16, bf16 or fp32, any strides with unit stride
     on D (transposed Hugging Face views and slices of a fused QKV buffer are read in place).
@@ -974,11 +950,7 @@ def attention(
     Returns [B, H, S_q, D] in q's dtype: the ``.transpose(1, 2)`` view of a contiguous
     [B, S_q, H, D] buffer, so ``out.transpose(1, 2).reshape(B, S_q, H * D)`` costs nothing.
     """
-    scale, dropout_p = check_inputs(q, k, v, key_padding_mask, scale, dropout_p)
-    seed = draw_seed_for(dropout_p)
-    if needs_grad(q, k, v):
-        return _Attention.apply(q, k, v, key_padding_mask, scale, dropout_p, seed)
-    return attention_forward(q, k, v, key_padding_mask, scale, dropout_p, seed, False)[0]
+    return ATTENTION(q, k, v, key_padding_mask, scale, dropout_p)
 
 
 def attention_varlen(
@@ -990,7 +962,8 @@ def attention_varlen(
     scale: float | None = None,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """Attention over packed sequences (padding-free), in one fused Triton kernel.
+    """Attention over packed sequences (padding-free), in one fused Triton kernel
+    (:func:`fastbert.kernels.reference.attention_varlen`).
 
     q, k, v: [T, H, D] packed tokens (fp16, bf16 or fp32, unit stride on D, other strides
     free); cu_seqlens: int32 [B + 1] prefix sums of the sequence lengths, on q's device; tokens
@@ -1000,13 +973,7 @@ def attention_varlen(
     dropout_p: attention-probability dropout, as in :func:`attention`. Differentiable in q, k
     and v as :func:`attention` is. Returns a contiguous [T, H, D] tensor in q's dtype.
     """
-    scale, dropout_p = check_varlen_inputs(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p)
-    seed = draw_seed_for(dropout_p)
-    if needs_grad(q, k, v):
-        return _AttentionVarlen.apply(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed)
-    return attention_varlen_forward(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, False)[
-        0
-    ]
+    return ATTENTION_VARLEN(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p)
 
 
 __all__ = ["SUPPORTED_HEAD_DIMS", "attention", "attention_varlen", "configs", "keep"]

@@ -12,7 +12,7 @@ c = 1 / (1 - dropout_p) (M = 1, c = 1 without dropout), and the output O = (c M 
 
 The probabilities are recomputed from q, k and the forward's per-row log2-sum-exp2 (fp32,
 stored by the forward only when gradients are needed), and the dropout mask is regenerated
-from the forward's Philox seed and the same element offsets (``_dropout_origin``), so nothing
+from the forward's Philox seed and the same element offsets (``dropout_origin``), so nothing
 of size S_q x S_k is ever stored. One kernel (``_attention_bwd_kernel``) launched twice, its
 constexpr ``DKDV`` choosing the pass, each with its own autotuner; no atomics, deterministic:
 
@@ -39,7 +39,8 @@ import triton
 import triton.language as tl
 
 from . import dropout
-from .flash_attention import LOG2_E, _check_grid, _dropout_origin, _head_base, _load_rows
+from .attention_tiles import LOG2_E, check_grid, dropout_origin, head_base, load_rows
+from .dropout import seed_value
 from .launch import cdiv, interpreting, next_power_of_2, time_config, tuned
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages). dK / dV: BLOCK_N keys per program (the MMAs' rows);
@@ -140,15 +141,15 @@ def _dkdv_block(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     real = _real_keys(mask_base, offs_n, stride_mask_s, seq_k, HAS_MASK)
     # Zeros at masked keys: their scores are replaced below, but 0 * NaN would still be NaN.
-    k = _load_rows(k_base, offs_n, stride_k_s, real, HEAD_DIM, BLOCK_D)
-    v = _load_rows(v_base, offs_n, stride_v_s, real, HEAD_DIM, BLOCK_D)
+    k = load_rows(k_base, offs_n, stride_k_s, real, HEAD_DIM, BLOCK_D)
+    v = load_rows(v_base, offs_n, stride_v_s, real, HEAD_DIM, BLOCK_D)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     for start_m in range(0, seq_q, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         rows = offs_m < seq_q
-        q = _load_rows(q_base, offs_m, stride_q_s, rows, HEAD_DIM, BLOCK_D)
-        do = _load_rows(do_base, offs_m, stride_do_s, rows, HEAD_DIM, BLOCK_D)
+        q = load_rows(q_base, offs_m, stride_q_s, rows, HEAD_DIM, BLOCK_D)
+        do = load_rows(do_base, offs_m, stride_do_s, rows, HEAD_DIM, BLOCK_D)
         # Rows past the sequence get lse = +inf: probability 0.
         lse = tl.load(lse_base + offs_m, mask=rows, other=float("inf"))
         delta = tl.load(delta_base + offs_m, mask=rows, other=0.0)
@@ -209,16 +210,16 @@ def _dq_block(
     """dQ of queries start_m .. start_m + BLOCK_M - 1 (those < seq_q), over all keys."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     rows = offs_m < seq_q
-    q = _load_rows(q_base, offs_m, stride_q_s, rows, HEAD_DIM, BLOCK_D)
-    do = _load_rows(do_base, offs_m, stride_do_s, rows, HEAD_DIM, BLOCK_D)
+    q = load_rows(q_base, offs_m, stride_q_s, rows, HEAD_DIM, BLOCK_D)
+    do = load_rows(do_base, offs_m, stride_do_s, rows, HEAD_DIM, BLOCK_D)
     lse = tl.load(lse_base + offs_m, mask=rows, other=float("inf"))
     delta = tl.load(delta_base + offs_m, mask=rows, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start_n in range(0, seq_k, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         real = _real_keys(mask_base, offs_n, stride_mask_s, seq_k, HAS_MASK)
-        k = _load_rows(k_base, offs_n, stride_k_s, real, HEAD_DIM, BLOCK_D)
-        v = _load_rows(v_base, offs_n, stride_v_s, real, HEAD_DIM, BLOCK_D)
+        k = load_rows(k_base, offs_n, stride_k_s, real, HEAD_DIM, BLOCK_D)
+        v = load_rows(v_base, offs_n, stride_v_s, real, HEAD_DIM, BLOCK_D)
         qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
         qk = tl.where(real[None, :], qk, float("-inf"))
         p = tl.math.exp2(qk - lse[:, None])
@@ -301,23 +302,23 @@ def _attention_bwd_kernel(
         first = tl.load(CuSeqlens + batch).to(tl.int64)
         seq_q = (tl.load(CuSeqlens + batch + 1) - first).to(tl.int32)
         seq_k = seq_q
-    q_base = _head_base(Q, batch, first, head, stride_q_b, stride_q_h, stride_q_s, IS_VARLEN)
-    k_base = _head_base(K, batch, first, head, stride_k_b, stride_k_h, stride_k_s, IS_VARLEN)
-    v_base = _head_base(V, batch, first, head, stride_v_b, stride_v_h, stride_v_s, IS_VARLEN)
-    do_base = _head_base(DO, batch, first, head, stride_do_b, stride_do_h, stride_do_s, IS_VARLEN)
-    dx_base = _head_base(DX, batch, first, head, stride_dx_b, stride_dx_h, stride_dx_s, IS_VARLEN)
+    q_base = head_base(Q, batch, first, head, stride_q_b, stride_q_h, stride_q_s, IS_VARLEN)
+    k_base = head_base(K, batch, first, head, stride_k_b, stride_k_h, stride_k_s, IS_VARLEN)
+    v_base = head_base(V, batch, first, head, stride_v_b, stride_v_h, stride_v_s, IS_VARLEN)
+    do_base = head_base(DO, batch, first, head, stride_do_b, stride_do_h, stride_do_s, IS_VARLEN)
+    dx_base = head_base(DX, batch, first, head, stride_dx_b, stride_dx_h, stride_dx_s, IS_VARLEN)
     lse_offset = first + batch.to(tl.int64) * stride_lse_b + head * stride_lse_h
     mask_base = Mask
     if HAS_MASK:
         mask_base = Mask + batch.to(tl.int64) * stride_mask_b
     drop_origin, drop_row_step = 0, 0
     if HAS_DROPOUT:
-        drop_origin, drop_row_step = _dropout_origin(
+        drop_origin, drop_row_step = dropout_origin(
             CuSeqlens, batch, head, first, seq_q, seq_k, IS_VARLEN
         )
     # Grid-stride over key (DKDV) or query blocks (the dense grid covers them in one step).
     if DKDV:
-        dv_base = _head_base(
+        dv_base = head_base(
             DV, batch, first, head, stride_dv_b, stride_dv_h, stride_dv_s, IS_VARLEN
         )
         for start_n in range(tl.program_id(0) * BLOCK_N, seq_k, tl.num_programs(0) * BLOCK_N):
@@ -426,8 +427,8 @@ def _launch_backward(
     """Launch the dK / dV pass and the dQ pass of the backward kernel on ``batch`` sequences."""
     heads, head_dim = q.shape[1], q.shape[-1]  # q is [B, H, S, D] or [T, H, D]
     is_varlen = cu_seqlens is not None
-    _check_grid("the number of heads", heads)
-    _check_grid("the batch size (number of sequences)", batch)
+    check_grid("the number of heads", heads)
+    check_grid("the batch size (number of sequences)", batch)
     mask_strides = (0, 0) if mask is None else (mask.stride(0), mask.stride(1))
     lse_strides = (0, lse.stride(0)) if is_varlen else (lse.stride(0), lse.stride(1))
     common = dict(
@@ -503,22 +504,25 @@ def attention_backward(
     key_padding_mask: torch.Tensor | None,
     scale: float,
     dropout_p: float,
-    seed: int,
+    seed: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of the dense attention, each [B, H, S, D] in q's dtype (the
-    ``.transpose(1, 2)`` views of contiguous [B, S, H, D] buffers).
+    """(dq, dk, dv) of the dense attention: contiguous [B, S, H, D] buffers in q's dtype,
+    whose ``.transpose(1, 2)`` are the [B, H, S, D] gradients.
 
-    grad_out and out: [B, H, S_q, D]; lse: the forward's fp32 [B, H, S_q]; the other arguments
-    are the forward's (scale resolved, dropout_p and seed as the forward used them).
+    grad_out and out: [B, S_q, H, D] (the forward's layout, any strides); lse: the forward's
+    fp32 [B, H, S_q]; the other arguments are the forward's (scale resolved, dropout_p and
+    seed as the forward used them).
     """
     batch, heads, seq_q, head_dim = q.shape
     seq_k = k.shape[2]
-    grads = [
-        torch.empty((batch, s, heads, head_dim), dtype=q.dtype, device=q.device).transpose(1, 2)
+    buffers = [
+        torch.empty((batch, s, heads, head_dim), dtype=q.dtype, device=q.device)
         for s in (seq_q, seq_k, seq_k)
     ]
+    grads = [b.transpose(1, 2) for b in buffers]
     if q.numel() == 0 or k.numel() == 0:
-        return tuple(g.zero_() for g in grads)
+        return tuple(b.zero_() for b in buffers)
+    grad_out, out = grad_out.transpose(1, 2), out.transpose(1, 2)
     grad_out = _unit_stride_on_d(grad_out)
     delta = (grad_out.float() * out.float()).sum(-1)
     _launch_backward(
@@ -538,9 +542,9 @@ def attention_backward(
         batch,
         scale,
         dropout_p,
-        seed,
+        seed_value(seed),
     )
-    return tuple(grads)
+    return tuple(buffers)
 
 
 def attention_varlen_backward(
@@ -554,7 +558,7 @@ def attention_varlen_backward(
     max_seqlen: int,
     scale: float,
     dropout_p: float,
-    seed: int,
+    seed: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of the padding-free attention, each a contiguous [T, H, D] in q's dtype.
 
@@ -584,7 +588,7 @@ def attention_varlen_backward(
         batch,
         scale,
         dropout_p,
-        seed,
+        seed_value(seed),
     )
     return grads
 

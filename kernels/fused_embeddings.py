@@ -48,8 +48,9 @@ import torch
 import triton
 import triton.language as tl
 
+from . import reference, torch_ops
 from .checks import check_embeddings, check_id_ranges
-from .dropout import check_dropout_p, draw_seed, dropped
+from .dropout import check_dropout_p, dropped, seed_value
 from .fused_layer_norm import (
     block_size,
     check_hidden,
@@ -58,7 +59,8 @@ from .fused_layer_norm import (
     num_warps,
     rows_per_program,
 )
-from .launch import cdiv, check_triton_device, needs_grad
+from .launch import cdiv, check_triton_device
+from .op import Kernel, Op, dropout_seed, placeholder
 
 
 def heavy_num_warps(block: int) -> int:
@@ -287,17 +289,46 @@ def _table_strides(*tables: torch.Tensor) -> tuple[int, ...]:
     return tuple(stride for t in tables for stride in (t.stride(0), t.stride(1)))
 
 
-def embeddings_layer_norm_forward(ids, tables, weight, bias, eps, dropout_p, seed, save_stats):
+def embeddings_layer_norm_forward(
+    input_ids,
+    token_type_ids,
+    position_ids,
+    word_emb,
+    pos_emb,
+    type_emb,
+    weight,
+    bias,
+    eps,
+    check_ids,
+    dropout_p,
+    seed,
+    padding_idx,
+    position_padding_idx,
+    save,
+):
     """Launch the forward: (out [B, S, H], mean, rstd); the float32 [B * S] statistics only when
-    ``save_stats``. ``ids`` = (input_ids, token_type_ids, position_ids), ``tables`` = (word,
-    position, token type); checked by the caller."""
-    input_ids, token_type_ids, position_ids = ids
-    word_emb = tables[0]
+    ``save``. With ``check_ids``, the ids are checked against their tables first (one host
+    synchronisation); the rest is checked by the caller. The padding rows matter only to the
+    backward."""
+    if check_ids:
+        check_id_ranges(
+            input_ids,
+            token_type_ids,
+            position_ids,
+            word_emb.shape[0],
+            type_emb.shape[0],
+            pos_emb.shape[0],
+        )
+    ids = (input_ids, token_type_ids, position_ids)
+    tables = (word_emb, pos_emb, type_emb)
     batch, seq = input_ids.shape
     hidden = word_emb.shape[1]
     out = torch.empty((batch, seq, hidden), dtype=word_emb.dtype, device=word_emb.device)
-    stats = [torch.empty(batch * seq, dtype=torch.float32, device=out.device) for _ in range(2)]
-    mean, rstd = stats if save_stats else (None, None)
+    mean = rstd = None
+    if save:
+        mean, rstd = (
+            torch.empty(batch * seq, dtype=torch.float32, device=out.device) for _ in range(2)
+        )
     if out.numel() == 0:
         return out, mean, rstd
     block = block_size(hidden)
@@ -312,7 +343,7 @@ def embeddings_layer_norm_forward(ids, tables, weight, bias, eps, dropout_p, see
         seq,
         hidden,
         float(eps),
-        seed,
+        seed_value(seed),
         dropout_p,
         *_id_strides(*ids),
         *_table_strides(*tables),
@@ -324,7 +355,7 @@ def embeddings_layer_norm_forward(ids, tables, weight, bias, eps, dropout_p, see
         HAS_TOKEN_TYPES=token_type_ids is not None,
         HAS_POSITION_IDS=position_ids is not None,
         HAS_DROPOUT=dropout_p > 0.0,
-        SAVE_STATS=save_stats,
+        SAVE_STATS=save,
         BLOCK=block,
         num_warps=heavy_num_warps(block) if dropout_p > 0.0 else num_warps(block),
     )
@@ -332,13 +363,27 @@ def embeddings_layer_norm_forward(ids, tables, weight, bias, eps, dropout_p, see
 
 
 def embeddings_layer_norm_backward(
-    dout, ids, tables, weight, mean, rstd, dropout_p, seed, padding_rows=(None, None)
+    dout,
+    input_ids,
+    token_type_ids,
+    position_ids,
+    word_emb,
+    pos_emb,
+    type_emb,
+    weight,
+    mean,
+    rstd,
+    dropout_p,
+    seed,
+    padding_idx,
+    position_padding_idx,
 ):
     """Launch the backward: (dword, dpos, dtype, dweight, dbias), each in its input's dtype.
 
-    ``padding_rows``: (word row, position row) whose gradient is zero, as an
-    ``nn.Embedding(padding_idx=...)``'s (None: none)."""
-    input_ids, token_type_ids, position_ids = ids
+    ``padding_idx`` / ``position_padding_idx``: the word / position row whose gradient is
+    zero, as an ``nn.Embedding(padding_idx=...)``'s (None: none)."""
+    ids = (input_ids, token_type_ids, position_ids)
+    tables = (word_emb, pos_emb, type_emb)
     batch, seq = input_ids.shape
     hidden = weight.shape[0]
     tokens = batch * seq
@@ -362,7 +407,7 @@ def embeddings_layer_norm_backward(
             seq,
             hidden,
             per_program,
-            seed,
+            seed_value(seed),
             dropout_p,
             *_id_strides(*ids),
             *_table_strides(*tables),
@@ -373,7 +418,7 @@ def embeddings_layer_norm_backward(
             BLOCK=block,
             num_warps=heavy_num_warps(block),
         )
-    for grad, row in zip(grads, padding_rows):
+    for grad, row in zip(grads, (padding_idx, position_padding_idx)):
         if row is not None:
             grad[row] = 0.0
     # Two separate sums: the gradients must not share storage.
@@ -382,7 +427,7 @@ def embeddings_layer_norm_backward(
     return (*dtables, dweight, dbias)
 
 
-def check_inputs(
+def _prepare(
     input_ids,
     token_type_ids,
     position_ids,
@@ -393,58 +438,105 @@ def check_inputs(
     bias,
     eps,
     *,
-    check_ids: bool,
-    dropout_p: object,
-) -> float:
-    """Raise as :func:`embeddings_layer_norm` documents, before anything runs (the id ranges
-    only when ``check_ids``); returns dropout_p as a float."""
+    check_ids=True,
+    dropout_p=0.0,
+    padding_idx=None,
+    position_padding_idx=None,
+) -> tuple:
+    """Raise as :func:`embeddings_layer_norm` documents, before anything runs (the id ranges in
+    the forward, when ``check_ids``); the forward's arguments. While torch.compile traces, the
+    ids are always checked: the custom op carries the ``cudagraph_unsafe`` tag for it."""
     check_embeddings(
         input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
     )
     dropout_p = check_dropout_p(dropout_p)
     check_triton_device("word_emb", word_emb)
-    hidden = word_emb.shape[1]
-    check_hidden(hidden)
+    check_hidden(word_emb.shape[1])
     seq = input_ids.shape[1]
     if position_ids is None and seq > pos_emb.shape[0]:
         raise ValueError(
             f"sequence length {seq} is longer than the {pos_emb.shape[0]} rows of pos_emb"
         )
-    if check_ids:
-        check_id_ranges(
-            input_ids,
-            token_type_ids,
-            position_ids,
-            word_emb.shape[0],
-            type_emb.shape[0],
-            pos_emb.shape[0],
-        )
-    return dropout_p
+    check_ids = bool(check_ids) or torch.compiler.is_compiling()
+    seed = dropout_seed(dropout_p)
+    tensors = (input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias)
+    return (*tensors, float(eps), check_ids, dropout_p, seed, padding_idx, position_padding_idx)
 
 
-class _EmbeddingsLayerNormFunction(torch.autograd.Function):
-    """dropout(LayerNorm(word + position + type)) with the Triton backward above."""
+def _forward_fake(
+    input_ids,
+    token_type_ids,
+    position_ids,
+    word_emb,
+    pos_emb,
+    type_emb,
+    weight,
+    bias,
+    eps,
+    check_ids,
+    dropout_p,
+    seed,
+    padding_idx,
+    position_padding_idx,
+    save,
+):
+    check_embeddings(
+        input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
+    )
+    batch, seq = input_ids.shape
+    out = word_emb.new_empty((batch, seq, word_emb.shape[1]))
+    if not save:
+        return out, placeholder(out), placeholder(out)
+    return out, *(word_emb.new_empty(batch * seq, dtype=torch.float32) for _ in range(2))
 
-    @staticmethod
-    def forward(
-        ctx, ids, word_emb, pos_emb, type_emb, weight, bias, eps, dropout_p, seed, padding_rows
-    ):
-        tables = (word_emb, pos_emb, type_emb)
-        out, mean, rstd = embeddings_layer_norm_forward(
-            ids, tables, weight, bias, eps, dropout_p, seed, True
-        )
-        ctx.save_for_backward(*tables, weight, mean, rstd)
-        ctx.ids, ctx.dropout_p, ctx.seed, ctx.padding_rows = ids, dropout_p, seed, padding_rows
-        return out
 
-    @staticmethod
-    def backward(ctx, dout):
-        word_emb, pos_emb, type_emb, weight, mean, rstd = ctx.saved_tensors
-        tables = (word_emb, pos_emb, type_emb)
-        grads = embeddings_layer_norm_backward(
-            dout, ctx.ids, tables, weight, mean, rstd, ctx.dropout_p, ctx.seed, ctx.padding_rows
-        )
-        return (None, *grads, None, None, None, None)
+def _backward_fake(dout, input_ids, token_type_ids, position_ids, *tables_and_rest):
+    word_emb, pos_emb, type_emb, weight = tables_and_rest[:4]
+    return tuple(t.new_empty(t.shape) for t in (word_emb, pos_emb, type_emb, weight, weight))
+
+
+def _save(ctx, inputs, outputs) -> None:
+    ids_and_tables = inputs[:7]
+    dropout_p, seed, padding_idx, position_padding_idx = inputs[10:14]
+    ctx.save_for_backward(*ids_and_tables, outputs[1], outputs[2], seed)
+    ctx.dropout_p, ctx.padding_rows = dropout_p, (padding_idx, position_padding_idx)
+
+
+def _gradients(ctx, backward, dout, _dmean, _drstd):
+    *saved, seed = ctx.saved_tensors
+    grads = backward(dout, *saved, ctx.dropout_p, seed, *ctx.padding_rows)
+    return (None, None, None, *grads, None, None, None, None, None, None)
+
+
+# A forward that checks the ids synchronises with the host: CUDA-graph capture (Inductor's
+# mode="reduce-overhead") partitions around it. The tag is absent from older torch releases.
+_HOST_SYNC_TAGS = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
+
+EMBEDDINGS_LAYER_NORM = Op(
+    name="embeddings_layer_norm",
+    reference=reference.embeddings_layer_norm,
+    torch=torch_ops.embeddings_layer_norm_unchecked,
+    prepare=_prepare,
+    forward=Kernel(
+        embeddings_layer_norm_forward,
+        "(Tensor input_ids, Tensor? token_type_ids, Tensor? position_ids, Tensor word_emb,"
+        " Tensor pos_emb, Tensor type_emb, Tensor weight, Tensor bias, float eps, bool check_ids,"
+        " float dropout_p, Tensor? seed, int? padding_idx, int? position_padding_idx, bool save)"
+        " -> (Tensor, Tensor, Tensor)",
+        _forward_fake,
+        tags=_HOST_SYNC_TAGS,
+    ),
+    backward=Kernel(
+        embeddings_layer_norm_backward,
+        "(Tensor dout, Tensor input_ids, Tensor? token_type_ids, Tensor? position_ids,"
+        " Tensor word_emb, Tensor pos_emb, Tensor type_emb, Tensor weight, Tensor mean,"
+        " Tensor rstd, float dropout_p, Tensor? seed, int? padding_idx,"
+        " int? position_padding_idx) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+        _backward_fake,
+    ),
+    save=_save,
+    gradients=_gradients,
+)
 
 
 def embeddings_layer_norm(
@@ -464,7 +556,7 @@ def embeddings_layer_norm(
     position_padding_idx: int | None = None,
 ) -> torch.Tensor:
     """``dropout(LayerNorm(word_emb[ids] + pos_emb[positions] + type_emb[types]))`` in one
-    Triton pass.
+    Triton pass (:func:`fastbert.kernels.reference.embeddings_layer_norm`).
 
     Args:
         input_ids: [B, S] word ids, any integer dtype.
@@ -495,7 +587,7 @@ def embeddings_layer_norm(
             dropout_p outside [0, 1), or tensors the Triton kernels cannot reach (not CUDA,
             and not the CPU under TRITON_INTERPRET=1).
     """
-    dropout_p = check_inputs(
+    return EMBEDDINGS_LAYER_NORM(
         input_ids,
         token_type_ids,
         position_ids,
@@ -507,12 +599,6 @@ def embeddings_layer_norm(
         eps,
         check_ids=check_ids,
         dropout_p=dropout_p,
+        padding_idx=padding_idx,
+        position_padding_idx=position_padding_idx,
     )
-    ids = (input_ids, token_type_ids, position_ids)
-    tables = (word_emb, pos_emb, type_emb)
-    seed = draw_seed() if dropout_p > 0.0 else 0
-    if needs_grad(*tables, weight, bias):
-        return _EmbeddingsLayerNormFunction.apply(
-            ids, *tables, weight, bias, eps, dropout_p, seed, (padding_idx, position_padding_idx)
-        )
-    return embeddings_layer_norm_forward(ids, tables, weight, bias, eps, dropout_p, seed, False)[0]

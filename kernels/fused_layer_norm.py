@@ -41,13 +41,17 @@ Row offsets are int64; dropout element offsets are int32, so a dropout call hold
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
 
+from . import reference, torch_ops
 from .checks import check_layer_norm
-from .dropout import check_dropout_p, draw_seed, dropped
-from .launch import cdiv, check_triton_device, needs_grad, next_power_of_2
+from .dropout import check_dropout_p, dropped, seed_value
+from .launch import cdiv, check_triton_device, next_power_of_2
+from .op import Kernel, Op, dropout_seed, placeholder
 
 MAX_HIDDEN = 4096
 MIN_BLOCK = 16
@@ -264,17 +268,19 @@ def layer_norm_forward(
     eps: float,
     residual: torch.Tensor | None,
     dropout_p: float,
-    seed: int,
-    save_stats: bool,
+    seed: torch.Tensor | None,
+    save: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Launch the forward: (out, mean, rstd); the float32 [rows] statistics only when
-    ``save_stats``. Inputs are checked by the caller."""
+    ``save``. ``seed``: the dropout's (see kernels/dropout.py). Inputs are checked by the
+    caller."""
     hidden = x.shape[-1]
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     x2 = x.reshape(-1, hidden)
     rows = x2.shape[0]
-    stats = [torch.empty(rows, dtype=torch.float32, device=x.device) for _ in range(2)]
-    mean, rstd = stats if save_stats else (None, None)
+    mean = rstd = None
+    if save:
+        mean, rstd = (torch.empty(rows, dtype=torch.float32, device=x.device) for _ in range(2))
     if out.numel() == 0:
         return out, mean, rstd
     out2 = out.view(-1, hidden)
@@ -290,7 +296,7 @@ def layer_norm_forward(
         rstd,
         hidden,
         float(eps),
-        seed,
+        seed_value(seed),
         dropout_p,
         x2.stride(0),
         x2.stride(1),
@@ -302,7 +308,7 @@ def layer_norm_forward(
         out2.stride(1),
         HAS_RESIDUAL=residual is not None,
         HAS_DROPOUT=dropout_p > 0.0,
-        SAVE_STATS=save_stats,
+        SAVE_STATS=save,
         BLOCK=block,
         num_warps=num_warps(block, heavy=dropout_p > 0.0),
     )
@@ -317,9 +323,10 @@ def layer_norm_backward(
     mean: torch.Tensor,
     rstd: torch.Tensor,
     dropout_p: float,
-    seed: int,
+    seed: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Launch the backward: (dx, dweight, dbias, dresidual), each in its input's dtype."""
+    seed = seed_value(seed)
     hidden = x.shape[-1]
     x2 = x.reshape(-1, hidden)
     rows = x2.shape[0]
@@ -363,33 +370,66 @@ def layer_norm_backward(
     return dx, dweight, dbias, dres
 
 
-def check_inputs(x, weight, bias, eps, residual, dropout_p) -> float:
-    """Raise as :func:`layer_norm` documents, before anything runs; returns dropout_p as a
-    float."""
+def _prepare(x, weight, bias, eps, residual=None, dropout_p=0.0) -> tuple:
+    """Raise as :func:`layer_norm` documents, before anything runs; the forward's arguments."""
     check_layer_norm(x, weight, bias, eps, residual)
     dropout_p = check_dropout_p(dropout_p)
     check_triton_device("x", x)
     check_hidden(x.shape[-1])
-    return dropout_p
+    return x, weight, bias, float(eps), residual, dropout_p, dropout_seed(dropout_p)
 
 
-class _LayerNormFunction(torch.autograd.Function):
-    """LayerNorm(dropout(x) + residual) with the Triton backward above."""
+def _forward_fake(x, weight, bias, eps, residual, dropout_p, seed, save):
+    check_layer_norm(x, weight, bias, eps, residual)
+    if not save:
+        return x.new_empty(x.shape), placeholder(x), placeholder(x)
+    rows = math.prod(x.shape[:-1])
+    stats = (x.new_empty(rows, dtype=torch.float32) for _ in range(2))
+    return x.new_empty(x.shape), *stats
 
-    @staticmethod
-    def forward(ctx, x, weight, bias, eps, residual, dropout_p, seed):
-        out, mean, rstd = layer_norm_forward(x, weight, bias, eps, residual, dropout_p, seed, True)
-        ctx.save_for_backward(x, weight, residual, mean, rstd)
-        ctx.dropout_p, ctx.seed = dropout_p, seed
-        return out
 
-    @staticmethod
-    def backward(ctx, dout):
-        x, weight, residual, mean, rstd = ctx.saved_tensors
-        dx, dweight, dbias, dres = layer_norm_backward(
-            dout, x, weight, residual, mean, rstd, ctx.dropout_p, ctx.seed
-        )
-        return dx, dweight, dbias, None, dres, None, None
+def _backward_fake(dout, x, weight, residual, mean, rstd, dropout_p, seed):
+    dres = x.new_empty(x.shape) if residual is not None else placeholder(x)
+    return (
+        x.new_empty(x.shape),
+        weight.new_empty(weight.shape),
+        weight.new_empty(weight.shape),
+        dres,
+    )
+
+
+def _save(ctx, inputs, outputs) -> None:
+    x, weight, _, _, residual, dropout_p, seed, _ = inputs
+    ctx.save_for_backward(x, weight, residual, outputs[1], outputs[2], seed)
+    ctx.dropout_p = dropout_p
+
+
+def _gradients(ctx, backward, dout, _dmean, _drstd):
+    x, weight, residual, mean, rstd, seed = ctx.saved_tensors
+    dx, dweight, dbias, dres = backward(dout, x, weight, residual, mean, rstd, ctx.dropout_p, seed)
+    return dx, dweight, dbias, None, dres if residual is not None else None, None, None
+
+
+LAYER_NORM = Op(
+    name="layer_norm",
+    reference=reference.layer_norm,
+    torch=torch_ops.layer_norm_unchecked,
+    prepare=_prepare,
+    forward=Kernel(
+        layer_norm_forward,
+        "(Tensor x, Tensor weight, Tensor bias, float eps, Tensor? residual, float dropout_p,"
+        " Tensor? seed, bool save) -> (Tensor, Tensor, Tensor)",
+        _forward_fake,
+    ),
+    backward=Kernel(
+        layer_norm_backward,
+        "(Tensor dout, Tensor x, Tensor weight, Tensor? residual, Tensor mean, Tensor rstd,"
+        " float dropout_p, Tensor? seed) -> (Tensor, Tensor, Tensor, Tensor)",
+        _backward_fake,
+    ),
+    save=_save,
+    gradients=_gradients,
+)
 
 
 def layer_norm(
@@ -400,7 +440,8 @@ def layer_norm(
     residual: torch.Tensor | None = None,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """``LayerNorm(dropout(x) + residual)`` over the last dimension in one Triton pass per row.
+    """``LayerNorm(dropout(x) + residual)`` over the last dimension in one Triton pass per row
+    (:func:`fastbert.kernels.reference.layer_norm`).
 
     Args:
         x: [..., N] input, float16 / bfloat16 / float32, any strides; N <= 4096.
@@ -422,8 +463,4 @@ def layer_norm(
             [0, 1), or tensors the Triton kernels cannot reach (not CUDA, and not the CPU
             under TRITON_INTERPRET=1).
     """
-    dropout_p = check_inputs(x, weight, bias, eps, residual, dropout_p)
-    seed = draw_seed() if dropout_p > 0.0 else 0
-    if needs_grad(x, weight, bias, residual):
-        return _LayerNormFunction.apply(x, weight, bias, eps, residual, dropout_p, seed)
-    return layer_norm_forward(x, weight, bias, eps, residual, dropout_p, seed, False)[0]
+    return LAYER_NORM(x, weight, bias, eps, residual, dropout_p)

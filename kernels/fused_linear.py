@@ -56,6 +56,7 @@ re-tune. M == 0 or N == 0 returns an empty output without a launch.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import triton
@@ -66,17 +67,18 @@ try:
 except ImportError:  # a Triton without host tensor descriptors: no persistent configs
     TensorDescriptor = None
 
+from . import reference, torch_ops
 from .checks import check_linear
 from .launch import (
     cdiv,
     check_triton_device,
     interpreting,
     launch_lock,
-    needs_grad,
     next_power_of_2,
     time_config,
     tuned,
 )
+from .op import Kernel, Op, placeholder
 
 ACTIVATION_CODES = {None: 0, "gelu": 1, "gelu_tanh": 2}
 
@@ -755,14 +757,14 @@ def _gemm(
         )
 
 
-def linear_forward(x, weight, bias, activation, residual, save_pre):
+def linear_forward(x, weight, bias, activation, residual, save):
     """Launch the forward: (out [..., N], pre-activation [M, N] or None); the pre-activation is
-    stored only when ``save_pre`` and there is an activation. Inputs are checked by the caller."""
+    stored only when ``save`` and there is an activation. Inputs are checked by the caller."""
     n, k = weight.shape
     out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
     m = out.numel() // n if n else 0
     code = ACTIVATION_CODES[activation]
-    pre = torch.empty((m, n), dtype=x.dtype, device=x.device) if save_pre and code else None
+    pre = torch.empty((m, n), dtype=x.dtype, device=x.device) if save and code else None
     if m == 0 or n == 0:
         return out, pre
     x2 = x.reshape(m, k)
@@ -786,11 +788,13 @@ def linear_forward(x, weight, bias, activation, residual, save_pre):
 
 def linear_backward(dout, x, weight, pre, activation, needs):
     """Launch the backward: (dx, dweight, dbias) for the ``needs`` flags (x, weight, bias)
-    (None where not needed); dY' = dout * act'(pre) is formed in the GEMMs' prologue."""
+    (None where not needed); dY' = dout * act'(pre) is formed in the GEMMs' prologue (``pre``
+    is read only with an activation)."""
     n, k = weight.shape
     m = dout.numel() // n if n else 0
     dy = dout.reshape(m, n)
     code = ACTIVATION_CODES[activation]
+    pre = pre if code else None
     x2 = x.reshape(m, k)
     dx = dweight = dbias = None
     # The GEMMs write every element; only an empty product (n == 0 or m == 0) leaves zeros.
@@ -832,31 +836,69 @@ def linear_backward(dout, x, weight, pre, activation, needs):
     return dx, dweight, dbias
 
 
-def check_inputs(x, weight, bias, activation, residual) -> None:
-    """Raise as :func:`linear` documents, before anything runs."""
+def _prepare(x, weight, bias=None, activation=None, residual=None) -> tuple:
+    """Raise as :func:`linear` documents, before anything runs; the forward's arguments."""
     check_linear(x, weight, bias, activation, residual)
     check_triton_device("x", x)
+    return x, weight, bias, activation, residual
 
 
-class _LinearFunction(torch.autograd.Function):
-    """act(x @ weight^T + bias) + residual with the Triton backward GEMMs above."""
+def _forward_fake(x, weight, bias, activation, residual, save):
+    check_linear(x, weight, bias, activation, residual)
+    out = x.new_empty((*x.shape[:-1], weight.shape[0]))
+    if not (save and activation is not None):
+        return out, placeholder(x)
+    return out, x.new_empty((math.prod(x.shape[:-1]), weight.shape[0]))
 
-    @staticmethod
-    def forward(ctx, x, weight, bias, activation, residual):
-        out, pre = linear_forward(x, weight, bias, activation, residual, True)
-        ctx.save_for_backward(x, weight, pre)
-        ctx.activation = activation
-        return out
 
-    @staticmethod
-    def backward(ctx, dout):
-        x, weight, pre = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        dx, dweight, dbias = linear_backward(
-            dout, x, weight, pre, ctx.activation, (needs[0], needs[1], needs[2])
-        )
-        dresidual = dout if needs[4] else None
-        return dx, dweight, dbias, None, dresidual
+def _backward_fake(dout, x, weight, pre, activation, needs):
+    grads = (
+        x.new_empty(x.shape),
+        weight.new_empty(weight.shape),
+        weight.new_empty(weight.shape[0]),
+    )
+    return tuple(g if need else placeholder(x) for g, need in zip(grads, needs))
+
+
+def _save(ctx, inputs, outputs) -> None:
+    x, weight, bias, activation, residual, _ = inputs
+    ctx.save_for_backward(x, weight, outputs[1])
+    ctx.activation = activation
+
+
+def _gradients(ctx, backward, dout, _dpre):
+    x, weight, pre = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    dx, dweight, dbias = backward(dout, x, weight, pre, ctx.activation, list(needs[:3]))
+    return (
+        dx if needs[0] else None,
+        dweight if needs[1] else None,
+        dbias if needs[2] else None,
+        None,
+        dout if needs[4] else None,
+    )
+
+
+LINEAR = Op(
+    name="linear",
+    reference=reference.linear,
+    torch=torch_ops.linear_unchecked,
+    prepare=_prepare,
+    forward=Kernel(
+        linear_forward,
+        "(Tensor x, Tensor weight, Tensor? bias, str? activation, Tensor? residual, bool save)"
+        " -> (Tensor, Tensor)",
+        _forward_fake,
+    ),
+    backward=Kernel(
+        linear_backward,
+        "(Tensor dout, Tensor x, Tensor weight, Tensor pre, str? activation, bool[] needs)"
+        " -> (Tensor, Tensor, Tensor)",
+        _backward_fake,
+    ),
+    save=_save,
+    gradients=_gradients,
+)
 
 
 def linear(
@@ -866,7 +908,8 @@ def linear(
     activation: str | None = None,
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``act(x @ weight.T + bias) + residual`` in one Triton GEMM with a fused epilogue.
+    """``act(x @ weight.T + bias) + residual`` in one Triton GEMM with a fused epilogue
+    (:func:`fastbert.kernels.reference.linear`).
 
     Args:
         x: [..., K] input, float16 / bfloat16 / float32, any strides.
@@ -885,7 +928,4 @@ def linear(
         ValueError: mismatched shapes or devices, an unknown activation, or tensors the Triton
             kernels cannot reach (not CUDA, and not the CPU under TRITON_INTERPRET=1).
     """
-    check_inputs(x, weight, bias, activation, residual)
-    if needs_grad(x, weight, bias, residual):
-        return _LinearFunction.apply(x, weight, bias, activation, residual)
-    return linear_forward(x, weight, bias, activation, residual, False)[0]
+    return LINEAR(x, weight, bias, activation, residual)

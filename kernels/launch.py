@@ -38,12 +38,6 @@ def check_triton_device(name: str, t: torch.Tensor) -> None:
     )
 
 
-def needs_grad(*tensors: torch.Tensor | None) -> bool:
-    """True when grad mode is on and one of ``tensors`` (None skipped) requires grad: an op
-    then runs through its autograd.Function, otherwise exactly as in inference."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for host integers, b > 0.
 

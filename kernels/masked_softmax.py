@@ -36,8 +36,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import checks
-from .launch import check_triton_device, needs_grad, next_power_of_2
+from . import checks, reference, torch_ops
+from .launch import check_triton_device, next_power_of_2
+from .op import Kernel, Op
 
 MAX_KEYS = 16384
 MIN_BLOCK = 16
@@ -112,22 +113,11 @@ def _scaled_masked_softmax_bwd_kernel(
     tl.store(dscores_ptr + row * S_k + cols, ds.to(dscores_ptr.dtype.element_ty), mask=mask)
 
 
-def check_inputs(scores, key_padding_mask, scale) -> None:
-    """Raise as :func:`scaled_masked_softmax` documents, before anything runs."""
-    checks.check_softmax(scores, key_padding_mask, scale)
-    check_triton_device("scores", scores)
-    seq_k = scores.shape[-1]
-    if seq_k > MAX_KEYS:
-        raise ValueError(
-            f"scores have {seq_k} keys per row, more than the {MAX_KEYS} the fused softmax "
-            "kernel holds (one row per program); use backend='torch' for longer rows"
-        )
-
-
 def scaled_masked_softmax_forward(
-    scores: torch.Tensor, key_padding_mask: torch.Tensor | None, scale: float
+    scores: torch.Tensor, key_padding_mask: torch.Tensor | None, scale: float, save: bool
 ) -> torch.Tensor:
-    """Launch the forward: contiguous probabilities. Inputs are checked by the caller."""
+    """Launch the forward: contiguous probabilities (all the backward needs, so ``save``
+    changes nothing). Inputs are checked by the caller."""
     batch, heads, seq_q, seq_k = scores.shape
     out = torch.empty(scores.shape, dtype=scores.dtype, device=scores.device)
     if out.numel() == 0:
@@ -178,26 +168,65 @@ def scaled_masked_softmax_backward(
     return dscores
 
 
-class _ScaledMaskedSoftmaxFunction(torch.autograd.Function):
-    """softmax(scale * scores, masked keys excluded) with the Triton backward above."""
+def _prepare(scores, key_padding_mask=None, scale=1.0) -> tuple:
+    """Raise as :func:`scaled_masked_softmax` documents, before anything runs; the forward's
+    arguments."""
+    checks.check_softmax(scores, key_padding_mask, scale)
+    check_triton_device("scores", scores)
+    seq_k = scores.shape[-1]
+    if seq_k > MAX_KEYS:
+        raise ValueError(
+            f"scores have {seq_k} keys per row, more than the {MAX_KEYS} the fused softmax "
+            "kernel holds (one row per program); use backend='torch' for longer rows"
+        )
+    return scores, key_padding_mask, float(scale)
 
-    @staticmethod
-    def forward(ctx, scores, key_padding_mask, scale):
-        probs = scaled_masked_softmax_forward(scores, key_padding_mask, scale)
-        ctx.save_for_backward(probs)
-        ctx.scale = scale
-        return probs
 
-    @staticmethod
-    def backward(ctx, dprobs):
-        (probs,) = ctx.saved_tensors
-        return scaled_masked_softmax_backward(probs, dprobs, ctx.scale), None, None
+def _forward_fake(scores, key_padding_mask, scale, save):
+    checks.check_softmax(scores, key_padding_mask, scale)
+    return scores.new_empty(scores.shape)
+
+
+def _backward_fake(probs, dprobs, scale):
+    return probs.new_empty(probs.shape)
+
+
+def _save(ctx, inputs, outputs) -> None:
+    ctx.save_for_backward(outputs[0])
+    ctx.scale = inputs[2]
+
+
+def _gradients(ctx, backward, dprobs):
+    (probs,) = ctx.saved_tensors
+    (dscores,) = backward(probs, dprobs, ctx.scale)
+    return dscores, None, None
+
+
+SCALED_MASKED_SOFTMAX = Op(
+    name="scaled_masked_softmax",
+    reference=reference.scaled_masked_softmax,
+    torch=torch_ops.scaled_masked_softmax,
+    prepare=_prepare,
+    forward=Kernel(
+        scaled_masked_softmax_forward,
+        "(Tensor scores, Tensor? key_padding_mask, float scale, bool save) -> Tensor",
+        _forward_fake,
+    ),
+    backward=Kernel(
+        scaled_masked_softmax_backward,
+        "(Tensor probs, Tensor dprobs, float scale) -> Tensor",
+        _backward_fake,
+    ),
+    save=_save,
+    gradients=_gradients,
+)
 
 
 def scaled_masked_softmax(
     scores: torch.Tensor, key_padding_mask: torch.Tensor | None = None, scale: float = 1.0
 ) -> torch.Tensor:
-    """``softmax(scale * scores)`` over the last dim with masked keys excluded, in one pass.
+    """``softmax(scale * scores)`` over the last dim with masked keys excluded, in one pass
+    (:func:`fastbert.kernels.reference.scaled_masked_softmax`).
 
     Args:
         scores: [B, H, S_q, S_k], float16 / bfloat16 / float32, any strides; S_k <= 16384.
@@ -215,7 +244,4 @@ def scaled_masked_softmax(
         ValueError: mismatched shapes or devices, S_k > 16384, or tensors the Triton kernels
             cannot reach (not CUDA, and not the CPU under TRITON_INTERPRET=1).
     """
-    check_inputs(scores, key_padding_mask, scale)
-    if needs_grad(scores):
-        return _ScaledMaskedSoftmaxFunction.apply(scores, key_padding_mask, float(scale))
-    return scaled_masked_softmax_forward(scores, key_padding_mask, scale)
+    return SCALED_MASKED_SOFTMAX(scores, key_padding_mask, scale)

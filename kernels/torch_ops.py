@@ -22,10 +22,10 @@ for speed instead of exactness:
 Each public op validates its inputs (fastbert.kernels.checks) as the other backends do;
 the public ``attention_varlen`` also reads the longest sequence on the host to check
 ``max_seqlen``. The encoder builds its ops' inputs itself after validating the model's inputs,
-so it runs :data:`UNCHECKED`, the same ops without the per-call checks (microseconds each,
-dozens of calls a forward). Unchecked, no op reads a value on the host (but the embeddings'
-id-range check when asked for), so a forward keeps to its one host read and the ops trace
-under ``torch.compile`` and capture into CUDA graphs.
+so it runs the ``*_unchecked`` functions (each op's ``Op.torch``), the same ops without the
+per-call checks (microseconds each, dozens of calls a forward). Unchecked, no op reads a value
+on the host (but the embeddings' id-range check when asked for), so a forward keeps to its one
+host read and the ops trace under ``torch.compile`` and capture into CUDA graphs.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def _sdpa_masked(
     )
 
 
-def _attention(
+def attention_unchecked(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -96,7 +96,7 @@ def attention(
     """
     checks.check_attention(q, k, v, key_padding_mask, scale)
     dropout_p = check_dropout_p(dropout_p)
-    return _attention(q, k, v, key_padding_mask, scale, dropout_p)
+    return attention_unchecked(q, k, v, key_padding_mask, scale, dropout_p)
 
 
 def _unpack_index(
@@ -122,7 +122,7 @@ def _unpack_index(
     return gather, keep, scatter
 
 
-def _attention_varlen(
+def attention_varlen_unchecked(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -180,7 +180,7 @@ def attention_varlen(
     checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
     dropout_p = check_dropout_p(dropout_p)
     _check_max_seqlen(cu_seqlens, max_seqlen)
-    return _attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p)
+    return attention_varlen_unchecked(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p)
 
 
 # Not on the encoder's path: the reference's softmax (fp32 statistics, masked keys excluded
@@ -188,7 +188,7 @@ def attention_varlen(
 scaled_masked_softmax = reference.scaled_masked_softmax
 
 
-def _linear(
+def linear_unchecked(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
@@ -221,10 +221,10 @@ def linear(
     activation: None, "gelu" (exact erf) or "gelu_tanh". Returns [..., N] in x's dtype.
     """
     checks.check_linear(x, weight, bias, activation, residual)
-    return _linear(x, weight, bias, activation, residual)
+    return linear_unchecked(x, weight, bias, activation, residual)
 
 
-def _layer_norm(
+def layer_norm_unchecked(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor,
@@ -253,10 +253,10 @@ def layer_norm(
     Returns x's shape and dtype.
     """
     checks.check_layer_norm(x, weight, bias, eps, residual)
-    return _layer_norm(x, weight, bias, eps, residual, check_dropout_p(dropout_p))
+    return layer_norm_unchecked(x, weight, bias, eps, residual, check_dropout_p(dropout_p))
 
 
-def _embeddings_layer_norm(
+def embeddings_layer_norm_unchecked(
     input_ids: torch.Tensor,
     token_type_ids: torch.Tensor | None,
     position_ids: torch.Tensor | None,
@@ -327,7 +327,7 @@ def embeddings_layer_norm(
         input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
     )
     dropout_p = check_dropout_p(dropout_p)
-    return _embeddings_layer_norm(
+    return embeddings_layer_norm_unchecked(
         input_ids,
         token_type_ids,
         position_ids,
@@ -342,15 +342,3 @@ def embeddings_layer_norm(
         padding_idx=padding_idx,
         position_padding_idx=position_padding_idx,
     )
-
-
-# The ops without their input checks, for callers that built valid inputs themselves (the
-# encoder): op name -> function, the names of fastbert.execution.backends.OP_NAMES.
-UNCHECKED = {
-    "attention": _attention,
-    "attention_varlen": _attention_varlen,
-    "scaled_masked_softmax": scaled_masked_softmax,
-    "linear": _linear,
-    "layer_norm": _layer_norm,
-    "embeddings_layer_norm": _embeddings_layer_norm,
-}

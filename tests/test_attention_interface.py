@@ -16,7 +16,7 @@ import textwrap
 import pytest
 import torch
 
-from fastbert.execution import custom_ops
+from fastbert import kernels
 from fastbert.integrations import attention as hf
 from tests.hf_models import hf_model, padded_batch
 
@@ -35,15 +35,15 @@ def _pair(cls_name: str = "BertModel", **overrides) -> tuple[torch.nn.Module, to
 
 @pytest.fixture
 def kernel_calls(monkeypatch) -> list[tuple]:
-    """Records the mask each call of the Triton custom op received (None or its shape)."""
+    """Records the mask each call of the Triton kernel received (None or its shape)."""
     calls: list[tuple] = []
-    real = custom_ops.attention
+    real = kernels.attention
 
     def spy(q, k, v, key_padding_mask=None, scale=None, dropout_p=0.0):
         calls.append(None if key_padding_mask is None else tuple(key_padding_mask.shape))
         return real(q, k, v, key_padding_mask, scale, dropout_p)
 
-    monkeypatch.setattr(custom_ops, "attention", spy)
+    monkeypatch.setattr(kernels, "attention", spy)
     return calls
 
 

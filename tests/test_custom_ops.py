@@ -1,7 +1,8 @@
-"""The torch.ops.fastbert custom ops: torch.library.opcheck (schema, fake tensors, AOT
-dispatch), the triton backend running through them, and torch.compile(fullgraph=True) over a
-model that uses them (CPU: the Triton interpreter under the eager / aot_eager compilers; GPU:
-Inductor, and CUDA-graph capture via mode="reduce-overhead")."""
+"""The torch.ops.fastbert custom ops that kernels/op.py registers from each op's declaration:
+torch.library.opcheck (schema, fake tensors, AOT dispatch, autograd registration), the triton
+backend running the declarations, and torch.compile(fullgraph=True) over a model that uses them
+(CPU: the Triton interpreter under the eager / aot_eager compilers; GPU: Inductor, and
+CUDA-graph capture via mode="reduce-overhead")."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import torch
 
 import fastbert
 from fastbert import kernels as K
-from fastbert.execution import custom_ops
 from fastbert.execution.backends import get_ops
 from tests.hf_models import hf_model, padded_batch
 
@@ -26,20 +26,22 @@ def _mask(lengths: list[int], seq: int, device: str) -> torch.Tensor:
     return (torch.arange(seq)[None, :] < torch.tensor(lengths)[:, None]).to(device)
 
 
-def _attention_args(device: str, with_mask: bool, scale: float | None):
+def _attention_args(device: str, with_mask: bool, scale: float):
     # Hugging Face's layout: [B, S, H, D] tensors viewed as [B, H, S, D].
     q, k, v = (_randn(2, 9, 2, 32, device=device, seed=i).transpose(1, 2) for i in range(3))
-    return q, k, v, _mask([9, 4], 9, device) if with_mask else None, scale
+    mask = _mask([9, 4], 9, device) if with_mask else None
+    return q, k, v, mask, scale, 0.0, None, False
 
 
 def _varlen_args(device: str):
     q, k, v = (_randn(12, 2, 32, device=device, seed=i) for i in range(3))
     cu_seqlens = torch.tensor([0, 5, 5, 12], dtype=torch.int32, device=device)
-    return q, k, v, cu_seqlens, 7, None
+    return q, k, v, cu_seqlens, 7, 32**-0.5, 0.0, None, False
 
 
-def _softmax_args(device: str, with_mask: bool):
-    return _randn(2, 2, 3, 9, device=device), _mask([9, 2], 9, device) if with_mask else None, 0.5
+def _softmax_args(device: str, with_mask: bool, grad: bool = False):
+    scores = _requiring_grad((_randn(2, 2, 3, 9, device=device),), grad)[0]
+    return scores, _mask([9, 2], 9, device) if with_mask else None, 0.5, grad
 
 
 def _linear_args(device: str, full: bool, grad: bool = False):
@@ -79,16 +81,23 @@ def _embeddings_args(device: str, optional_ids: bool, dropout_p: float = 0.0, gr
     tables = [_randn(rows, 32, device=device, seed=rows) for rows in (11, 8, 2)]
     weight, bias = _randn(32, device=device, seed=1), _randn(32, device=device, seed=2)
     floats = _requiring_grad((*tables, weight, bias), grad)
-    return ids, types, positions, *floats, 1e-12, dropout_p, _seed_tensor(dropout_p), grad
-
-
-def _softmax_grad_args(device: str):
-    scores, mask, scale = _softmax_args(device, True)
-    return scores.requires_grad_(), mask, scale
+    padding_rows = (1, 0) if optional_ids else (None, None)
+    return (
+        ids,
+        types,
+        positions,
+        *floats,
+        1e-12,
+        True,
+        dropout_p,
+        _seed_tensor(dropout_p),
+        *padding_rows,
+        grad,
+    )
 
 
 CASES = {
-    "attention-mask": (OPS.attention, lambda d: _attention_args(d, True, None)),
+    "attention-mask": (OPS.attention, lambda d: _attention_args(d, True, 32**-0.5)),
     "attention-nomask-scale": (OPS.attention, lambda d: _attention_args(d, False, 0.3)),
     "attention_varlen": (OPS.attention_varlen, _varlen_args),
     "softmax-mask": (OPS.scaled_masked_softmax, lambda d: _softmax_args(d, True)),
@@ -99,7 +108,7 @@ CASES = {
     "layer_norm": (OPS.layer_norm, lambda d: _layer_norm_args(d, False)),
     "embeddings-all-ids": (OPS.embeddings_layer_norm, lambda d: _embeddings_args(d, True)),
     "embeddings-ids-only": (OPS.embeddings_layer_norm, lambda d: _embeddings_args(d, False)),
-    "softmax-grad": (OPS.scaled_masked_softmax, _softmax_grad_args),
+    "softmax-grad": (OPS.scaled_masked_softmax, lambda d: _softmax_args(d, True, grad=True)),
     "linear-full-grad": (OPS.linear, lambda d: _linear_args(d, True, grad=True)),
     "linear-bare-grad": (OPS.linear, lambda d: _linear_args(d, False, grad=True)),
     "layer_norm-residual-dropout-grad": (
@@ -116,17 +125,17 @@ CASES = {
         lambda d: _embeddings_args(d, False, grad=True),
     ),
 }
-# The ops whose kernel call takes the custom op's leading arguments only (no dropout seed or
-# saved-for-backward flag), and returns the op's first output.
-# The Triton launcher's positional arguments of each op whose custom op takes more (dropout
-# seed, save flags) and returns more (saved tensors for the backward).
-KERNEL_ARITY = {
+# How many leading arguments of each custom op the public function takes, and where the
+# dropout seed sits (the public function draws its own).
+PUBLIC_ARITY = {
+    "attention": 5,
+    "attention_varlen": 6,
+    "scaled_masked_softmax": 3,
     "linear": 5,
     "layer_norm": 5,
     "embeddings_layer_norm": 9,
-    "attention": 5,
-    "attention_varlen": 6,
 }
+SEED_AT = {"attention": 6, "attention_varlen": 7, "layer_norm": 6, "embeddings_layer_norm": 11}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -136,19 +145,19 @@ def test_opcheck(case: str, device: str) -> None:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_custom_op_equals_kernel(case: str, device: str) -> None:
-    """The op returns exactly what the Triton launcher returns (attention: its transpose; the
-    attention ops return (out, lse), lse empty unless asked for)."""
+def test_custom_op_equals_public_function(case: str, device: str) -> None:
+    """The op returns exactly what the public function (the launcher, in eager mode) returns:
+    attention its transpose; ops with a backward return (out, saved...), placeholders unless
+    asked for."""
     op, make_args = CASES[case]
     args = make_args(device)
     name = op.__name__.split(".")[-1]
-    seed_at = KERNEL_ARITY.get(name, len(args)) + 1
-    if seed_at < len(args) and args[seed_at] is not None:
-        pytest.skip("dropout: the kernel draws its own seed (tests/test_dropout.py)")
+    if name in SEED_AT and args[SEED_AT[name]] is not None:
+        pytest.skip("dropout: the public function draws its own seed (tests/test_dropout.py)")
     with torch.no_grad():
-        expected = getattr(K, name)(*args[: KERNEL_ARITY.get(name, len(args))])
+        expected = getattr(K, name)(*args[: PUBLIC_ARITY[name]])
         got = op(*args)
-    if name in KERNEL_ARITY:
+    if isinstance(got, tuple):
         got = got[0]
     if op is OPS.attention:
         expected = expected.transpose(1, 2)
@@ -156,23 +165,29 @@ def test_custom_op_equals_kernel(case: str, device: str) -> None:
 
 
 def test_public_attention_is_the_transposed_view(device: str) -> None:
-    args = _attention_args(device, True, None)
-    out = custom_ops.attention(*args)
-    assert out.shape == args[0].shape and out.transpose(1, 2).is_contiguous()
-    assert torch.equal(out, K.attention(*args))
+    q, k, v, mask = _attention_args(device, True, 0.25)[:4]
+    out = K.attention(q, k, v, mask)
+    assert out.shape == q.shape and out.transpose(1, 2).is_contiguous()
 
 
-def test_triton_backend_runs_the_custom_ops(device: str) -> None:
+def test_triton_backend_runs_the_declarations(device: str) -> None:
     ops = get_ops("triton", device)
-    for name in (
-        "attention",
-        "attention_varlen",
-        "scaled_masked_softmax",
-        "linear",
-        "layer_norm",
-        "embeddings_layer_norm",
-    ):
-        assert getattr(ops, name) is getattr(custom_ops, name)
+    assert (
+        set(ops.names)
+        == set(K.OPS)
+        == {
+            "attention",
+            "attention_varlen",
+            "scaled_masked_softmax",
+            "linear",
+            "layer_norm",
+            "embeddings_layer_norm",
+        }
+    )
+    for name, op in K.OPS.items():
+        assert getattr(ops, name) is op
+        assert getattr(OPS, name).default.name() == f"fastbert::{name}"
+        assert getattr(OPS, f"{name}_backward").default.name() == f"fastbert::{name}_backward"
 
 
 def test_fake_tensor_checks_reject_bad_shapes() -> None:
@@ -241,14 +256,14 @@ def test_layers_capture_in_cuda_graph_under_compile_gpu() -> None:
 @pytest.mark.gpu
 def test_layer_ops_capture_in_cuda_graph_gpu() -> None:
     """Attention, linear and layer-norm ops record into a torch.cuda.CUDAGraph and replay."""
-    q, k, v, mask, _ = _attention_args("cuda", True, None)
+    q, k, v, mask = _attention_args("cuda", True, 0.25)[:4]
     x = _randn(2, 9, 64, device="cuda")
     w, b = _randn(64, 64, device="cuda", seed=1), _randn(64, device="cuda", seed=2)
 
     def step():
-        ctx = custom_ops.attention(q, k, v, mask).transpose(1, 2).reshape(2, 9, 64)
-        y = custom_ops.linear(ctx, w, b, "gelu", x)
-        return custom_ops.layer_norm(y, b, b, 1e-12, x)
+        ctx = K.attention(q, k, v, mask).transpose(1, 2).reshape(2, 9, 64)
+        y = K.linear(ctx, w, b, "gelu", x)
+        return K.layer_norm(y, b, b, 1e-12, x)
 
     expected = step()
     stream = torch.cuda.Stream()
@@ -266,12 +281,12 @@ def test_layer_ops_capture_in_cuda_graph_gpu() -> None:
 
 def _training_step(x, w, b, gamma, beta, residual, scores, word, pos, types, ids):
     """A small graph of every differentiable op, dropout included, reduced to one loss."""
-    h = custom_ops.linear(x, w, b, "gelu_tanh", residual)
-    h = custom_ops.layer_norm(h, gamma, beta, 1e-5, residual, dropout_p=0.2)
-    e = custom_ops.embeddings_layer_norm(
+    h = K.linear(x, w, b, "gelu_tanh", residual)
+    h = K.layer_norm(h, gamma, beta, 1e-5, residual, dropout_p=0.2)
+    e = K.embeddings_layer_norm(
         ids, None, None, word, pos, types, gamma, beta, 1e-12, dropout_p=0.1
     )
-    probs = custom_ops.scaled_masked_softmax(scores, None, 0.5)
+    probs = K.scaled_masked_softmax(scores, None, 0.5)
     return (h * h).sum() + (e * e).sum() + (probs * scores).sum()
 
 

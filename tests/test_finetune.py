@@ -158,14 +158,18 @@ def test_graphs_replay_only_calls_without_gradients_or_dropout() -> None:
         hf_model("BertModel"), backend="torch", cuda_graphs=True
     )
     device = torch.device("cuda")  # wants() is asked only, nothing runs on it
-    model._graphs.wants = lambda device, tokens: True
-    assert not model._graphable(device, 64)  # eval mode, but grad mode on: params need grad
+    model.runner.graphs.wants = lambda device, tokens: True
+
+    def graphable() -> bool:
+        return model.runner.graphable(model.call(), device, 64)
+
+    assert not graphable()  # eval mode, but grad mode on: params need grad
     with torch.no_grad():
-        assert model._graphable(device, 64)
+        assert graphable()
         model.train()
-        assert not model._graphable(device, 64)
+        assert not graphable()
     model.eval()
-    assert not model._graphable(device, 64)
+    assert not graphable()
 
 
 def test_autocast_mixed_precision_keeps_float32_master_gradients() -> None:

@@ -8,7 +8,6 @@ call on the CPU and refuses to run against weights other than those it was captu
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import threading
 
@@ -17,7 +16,7 @@ import torch
 from fastbert.kernels import reference
 
 import fastbert
-from fastbert.execution import graphs
+from fastbert.execution import backends, graphs
 from tests.graph_doubles import ReplayingGraphs
 from tests.hf_models import hf_model, inference_model, padded_batch
 
@@ -78,16 +77,15 @@ def _graphed(padding_free: bool) -> tuple[fastbert.BertModel, fastbert.BertModel
     options = dict(dtype=torch.float32, backend="torch", padding_free=False, cuda_graphs=False)
     eager = inference_model(hf, **options)
     graphed = inference_model(hf, **options)
-    graphed._graphs = ReplayingGraphs(True)
+    graphed.runner.graphs = ReplayingGraphs(True)
     if padding_free:
         # Padding-free calls are graphed with the Triton attention kernel only; the torch ops
         # under that name keep the bookkeeping the same at the speed of PyTorch. Like the
         # kernel (and unlike the torch backend's), the reference's attention_varlen runs the
         # bucket's filler sequence, longer than max_seqlen.
-        as_triton = dataclasses.replace(
-            fastbert.execution.backends.get_ops("torch", "cpu"),
-            name="triton",
-            attention_varlen=reference.attention_varlen,
+        torch_ops = backends.get_ops("torch", "cpu").by_name()
+        as_triton = backends.Ops(
+            "triton", {**torch_ops, "attention_varlen": reference.attention_varlen}
         )
         for model in (eager, graphed):
             model.ops = lambda: as_triton
@@ -119,7 +117,7 @@ def test_concurrent_calls_each_get_their_own_result(padding_free) -> None:
     for t in threads:
         t.join()
     assert not wrong, f"{len(wrong)} of {calls} calls got another call's output"
-    assert graphed._graphs.replays >= calls - 8
+    assert graphed.runner.graphs.replays >= calls - 8
 
 
 def _check_matches_eager(graphed, eager, batch) -> None:
@@ -136,7 +134,7 @@ def test_graphs_are_never_replayed_against_other_weights(change) -> None:
     batch = padded_batch([6, 4, 6], seed=3)
     _check_matches_eager(graphed, eager, batch)
     _check_matches_eager(graphed, eager, batch)
-    assert graphed._graphs.captures == 1
+    assert graphed.runner.graphs.captures == 1
     other = inference_model(hf_model("BertModel", seed=22), backend="torch")
     weight = other.layers[1].ffn_in_weight.detach().clone()
     for model in (graphed, eager):
@@ -149,7 +147,7 @@ def test_graphs_are_never_replayed_against_other_weights(change) -> None:
         else:
             model.layers[1].ffn_in_weight = torch.nn.Parameter(weight.clone(), False)
     _check_matches_eager(graphed, eager, batch)
-    assert graphed._graphs.captures == 2, "a new graph for the new weights"
+    assert graphed.runner.graphs.captures == 2, "a new graph for the new weights"
 
 
 def test_weights_changed_in_place_replay_without_recapture() -> None:
@@ -160,7 +158,7 @@ def test_weights_changed_in_place_replay_without_recapture() -> None:
         for model in (graphed, eager):
             model.layers[0].attn_out_weight.mul_(1.5)
     _check_matches_eager(graphed, eager, batch)
-    assert (graphed._graphs.captures, graphed._graphs.replays) == (1, 2)
+    assert (graphed.runner.graphs.captures, graphed.runner.graphs.replays) == (1, 2)
 
 
 def _cuda_models(**options) -> tuple[fastbert.BertModel, fastbert.BertModel]:
@@ -195,7 +193,7 @@ def test_concurrent_calls_replay_real_graphs_each_for_its_caller_gpu() -> None:
         t.join()
     torch.cuda.synchronize()
     assert not wrong, f"{len(wrong)} of {calls} calls got another call's output"
-    assert graphed._graphs.captures == 1 and not graphed._graphs.failed
+    assert graphed.runner.graphs.captures == 1 and not graphed.runner.graphs.failed
 
 
 @pytest.mark.gpu
@@ -203,11 +201,11 @@ def test_a_cast_after_capture_drops_the_real_graphs_gpu() -> None:
     eager, graphed = _cuda_models()
     batch = padded_batch([12, 7], seed=5, device="cuda")
     graphed(*batch)
-    assert graphed._graphs.captures == 1
+    assert graphed.runner.graphs.captures == 1
     for model in (graphed, eager):
         model.half()
     got = graphed(*batch).last_hidden_state
     valid = batch[1].bool()
     assert got.dtype == torch.float16
     assert torch.equal(got[valid], eager(*batch).last_hidden_state[valid])
-    assert graphed._graphs.captures == 2 and not graphed._graphs.failed
+    assert graphed.runner.graphs.captures == 2 and not graphed.runner.graphs.failed

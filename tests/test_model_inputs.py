@@ -232,7 +232,7 @@ def test_an_unsupported_head_dim_runs_its_attention_on_the_reference(device) -> 
 
     hf = hf_model(hidden_size=32, num_attention_heads=2, intermediate_size=64)
     model = fastbert.BertModel.from_pretrained(hf, device=device, backend="torch")
-    model._backend = "triton"  # what "auto" resolves to on CUDA (here: the interpreter)
+    model.runner._backend = "triton"  # what "auto" resolves to on CUDA (here: the interpreter)
     with pytest.warns(UserWarning, match="head dim 16"):
         ops = model.ops()
     assert ops.attention is ops_module.get_ops("torch", "cpu").attention

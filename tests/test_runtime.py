@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
@@ -103,10 +101,11 @@ def test_packing_thresholds() -> None:
 
 def _attention_calls(monkeypatch) -> list[tuple[str, torch.Tensor | None]]:
     """Record the torch backend's attention calls: ("dense", its mask) or ("packed", None)."""
-    from fastbert.kernels import torch_ops
+    from fastbert.execution import backends
 
     calls = []
-    dense, packed = torch_ops.UNCHECKED["attention"], torch_ops.UNCHECKED["attention_varlen"]
+    torch_ops = backends.get_ops("torch", "cpu").by_name()
+    dense, packed = torch_ops["attention"], torch_ops["attention_varlen"]
 
     def attention(q, k, v, key_padding_mask=None, scale=None, dropout_p=0.0):
         calls.append(("dense", key_padding_mask))
@@ -116,12 +115,9 @@ def _attention_calls(monkeypatch) -> list[tuple[str, torch.Tensor | None]]:
         calls.append(("packed", None))
         return packed(*args, **kwargs)
 
-    monkeypatch.setitem(torch_ops.UNCHECKED, "attention", attention)
-    monkeypatch.setitem(torch_ops.UNCHECKED, "attention_varlen", attention_varlen)
-    # fastbert.execution.backends builds each backend's Ops once: a fresh cache sees the patched
-    # ops.
-    fresh = functools.cache(fastbert.execution.backends._ops_for.__wrapped__)
-    monkeypatch.setattr(fastbert.execution.backends, "_ops_for", fresh)
+    spied = {**torch_ops, "attention": attention, "attention_varlen": attention_varlen}
+    spying = backends.Ops("torch", spied)
+    monkeypatch.setattr(backends, "_ops_for", lambda backend, attention_fallback: spying)
     return calls
 
 
@@ -217,7 +213,7 @@ def _graphed_model(cuda_graphs) -> tuple[fastbert.BertModel, fastbert.BertModel]
     hf = hf_model("BertModel", seed=14)
     eager = inference_model(hf, cuda_graphs=False, padding_free=False)
     graphed = inference_model(hf, cuda_graphs=False, padding_free=False)
-    graphed._graphs = ReplayingGraphs(cuda_graphs)
+    graphed.runner.graphs = ReplayingGraphs(cuda_graphs)
     return eager, graphed
 
 
@@ -232,7 +228,7 @@ def test_graph_replays_read_each_call_s_inputs_and_return_copies() -> None:
         got = graphed(ids, mask, types).last_hidden_state
         torch.testing.assert_close(got, eager(ids, mask, types).last_hidden_state)
         outputs.append((got, got.clone()))
-    assert (graphed._graphs.captures, graphed._graphs.replays) == (1, 3)
+    assert (graphed.runner.graphs.captures, graphed.runner.graphs.replays) == (1, 3)
     for returned, at_return in outputs:  # a later replay must not overwrite a returned output
         assert torch.equal(returned, at_return)
     ids, mask, _ = padded_batch([8, 8, 5], seed=9)
@@ -240,12 +236,12 @@ def test_graph_replays_read_each_call_s_inputs_and_return_copies() -> None:
     torch.testing.assert_close(
         graphed(ids, mask).last_hidden_state, eager(ids, mask).last_hidden_state
     )
-    assert graphed._graphs.captures == 3, "each set of optional inputs needs its own graph"
+    assert graphed.runner.graphs.captures == 3, "each set of optional inputs needs its own graph"
 
 
 def test_auto_graphs_a_shape_on_its_second_sight_and_not_large_batches() -> None:
     _, graphed = _graphed_model("auto")
-    held = graphed._graphs
+    held = graphed.runner.graphs
     ids, mask, types = padded_batch([5, 4])
     graphed(ids, mask, types)
     assert (held.captures, held.replays) == (0, 0)
@@ -298,7 +294,7 @@ def test_padding_free_graphs_replay_per_size_bucket(device, backend) -> None:
     )
     eager = inference_model(hf, **options)
     graphed = inference_model(hf, **options)
-    graphed._graphs = ReplayingGraphs(True)
+    graphed.runner.graphs = ReplayingGraphs(True)
     hf = hf.to(device)
     # 20, 17 and 10 real tokens, longest 9 (bucket 64, max_seqlen 16), with a fully padded
     # row; then 70 tokens, longest 30 (bucket 128, max_seqlen 32).
@@ -312,10 +308,10 @@ def test_padding_free_graphs_replay_per_size_bucket(device, backend) -> None:
         assert (got - _hf_hidden(hf, ids, mask, types))[valid].abs().max() <= BOUND
         assert torch.equal(got[~valid], torch.zeros_like(got[~valid])), "padding is not zero"
     if backend == "torch":
-        assert (graphed._graphs.captures, graphed._graphs.replays) == (0, 0)
+        assert (graphed.runner.graphs.captures, graphed.runner.graphs.replays) == (0, 0)
         return
-    assert (graphed._graphs.captures, graphed._graphs.replays) == (2, 4)
-    host_keys = [key[-1] for key in graphed._graphs.graphs]
+    assert (graphed.runner.graphs.captures, graphed.runner.graphs.replays) == (2, 4)
+    host_keys = [key[-1] for key in graphed.runner.graphs.graphs]
     assert host_keys == [16, 32], "max_seqlen, a power of two, is part of the key"
 
 
@@ -336,7 +332,7 @@ def test_cuda_graphs_match_eager_on_gpu(cuda_graphs) -> None:
         got = graphed(ids, mask, types).last_hidden_state
         valid = mask.bool()
         assert torch.equal(got[valid], expected[valid])
-    assert len(graphed._graphs.graphs) == 1 and not graphed._graphs.failed
+    assert len(graphed.runner.graphs.graphs) == 1 and not graphed.runner.graphs.failed
     without_mask = graphed(ids).last_hidden_state
     assert torch.equal(without_mask, eager(ids).last_hidden_state)
 
@@ -360,4 +356,4 @@ def test_padding_free_cuda_graphs_on_gpu(dtype) -> None:
         err = (graphed(ids, mask, types).last_hidden_state.float() - ref)[valid].abs().max()
         eager_err = (eager(ids, mask, types).last_hidden_state.float() - ref)[valid].abs().max()
         assert err <= 2 * eager_err + 1e-3, f"graphed {err:.3g} vs eager {eager_err:.3g}"
-    assert len(graphed._graphs.graphs) == 2 and not graphed._graphs.failed
+    assert len(graphed.runner.graphs.graphs) == 2 and not graphed.runner.graphs.failed

@@ -13,6 +13,7 @@ import torch
 from fastbert.kernels import reference as R
 from fastbert.kernels import torch_ops as T
 
+from fastbert import kernels as K
 from tests.accuracy import assert_within_rule
 from tests.op_cases import ALL_DTYPES, check_op, dtype_params, lengths_for, padded_mask, randn
 from tests.test_attention import POISON_SHAPES, POISONS, packed_qkv, poisoned, qkv
@@ -193,13 +194,13 @@ def test_unchecked_ops_compute_the_public_ops() -> None:
     """The encoder's unchecked ops give the public ops' outputs bit for bit."""
     q, k, v = qkv(2, 2, 9, 9, 32, torch.float32, "cpu", layout="fused")
     mask = padded_mask([9, 4], 9)
-    assert torch.equal(T.UNCHECKED["attention"](q, k, v, mask), T.attention(q, k, v, mask))
+    assert torch.equal(K.OPS["attention"].torch(q, k, v, mask), T.attention(q, k, v, mask))
     pq, pk, pv, cu = packed_qkv([4, 9], 2, 32, torch.float32, "cpu")
     assert torch.equal(
-        T.UNCHECKED["attention_varlen"](pq, pk, pv, cu, 9), T.attention_varlen(pq, pk, pv, cu, 9)
+        K.OPS["attention_varlen"].torch(pq, pk, pv, cu, 9), T.attention_varlen(pq, pk, pv, cu, 9)
     )
     x, w = randn((4, 8), torch.float32, "cpu", 0), randn((6, 8), torch.float32, "cpu", 1)
-    assert torch.equal(T.UNCHECKED["linear"](x, w, None, "gelu"), T.linear(x, w, None, "gelu"))
+    assert torch.equal(K.OPS["linear"].torch(x, w, None, "gelu"), T.linear(x, w, None, "gelu"))
 
 
 @pytest.mark.parametrize(
@@ -247,5 +248,5 @@ def test_unchecked_attention_traces_as_one_graph(op) -> None:
     else:
         args = (*packed_qkv([4, 0, 9], 2, 32, torch.float32, "cpu"), 9)
     torch._dynamo.reset()
-    compiled = torch.compile(T.UNCHECKED[op], fullgraph=True, backend="eager")
-    torch.testing.assert_close(compiled(*args), T.UNCHECKED[op](*args), rtol=0, atol=0)
+    compiled = torch.compile(K.OPS[op].torch, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(*args), K.OPS[op].torch(*args), rtol=0, atol=0)

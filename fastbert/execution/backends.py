@@ -3,62 +3,61 @@
 ``backend="auto"`` picks the Triton kernels for CUDA tensors and the torch backend
 (kernels/torch_ops.py: scaled_dot_product_attention, addmm, layer_norm, embedding) elsewhere;
 ``"triton"`` on a CPU tensor runs only under the Triton interpreter (TRITON_INTERPRET=1).
-The triton backend calls the kernels through the ``torch.ops.fastbert`` custom ops
-(fastbert/execution/custom_ops.py), so a model running it compiles with ``torch.compile`` without
-graph
-breaks. The torch backend is plain PyTorch for ``torch.compile`` to trace (its id-range check
-in the embeddings reads values on the host, when the caller has not checked the ids). The
-encoder runs the torch ops without their per-call input checks (torch_ops.UNCHECKED): it
-builds their inputs itself from inputs it has validated. fastbert.kernels.reference, the
-float64-exact oracle of the tests, is no backend.
+
+The backends are read from the ops' declarations (:data:`fastbert.kernels.OPS`): the triton
+backend of an op is the declaration itself (its public call: under ``torch.compile`` the
+``torch.ops.fastbert`` custom op, so a model running it compiles without graph breaks; in eager
+mode its launchers), the torch backend its ``torch`` implementation, which skips the per-call
+input checks: the encoder builds the ops' inputs itself from inputs it has validated. The
+torch backend is plain PyTorch for ``torch.compile`` to trace (its id-range check in the
+embeddings reads values on the host, when the caller has not checked the ids).
+fastbert.kernels.reference, the float64-exact oracle of the tests, is no backend.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
-from fastbert.kernels import launch
+from fastbert.kernels import OPS, launch
 from fastbert.kernels.flash_attention import SUPPORTED_HEAD_DIMS
 
 BACKENDS = ("auto", "torch", "triton")
+ATTENTION_OPS = ("attention", "attention_varlen")
 
 
-@dataclasses.dataclass(frozen=True)
 class Ops:
-    """The hot ops of one backend, with the signatures of fastbert.kernels.reference.
+    """The hot ops of one backend, as attributes named as in fastbert.kernels.OPS
+    (``ops.linear(...)``), with the signatures of fastbert.kernels.reference.
 
-    ``attention_fallback``: the two attention ops are the torch backend's although the others
-    are ``name``'s (a triton model whose head dim the kernel does not run).
+    ``name``: "torch" or "triton". ``attention_fallback``: the attention ops are the torch
+    backend's although the others are ``name``'s (a triton model whose head dim the kernel
+    does not run).
     """
 
-    name: str
-    attention: Callable[..., torch.Tensor]
-    attention_varlen: Callable[..., torch.Tensor]
-    scaled_masked_softmax: Callable[..., torch.Tensor]
-    linear: Callable[..., torch.Tensor]
-    layer_norm: Callable[..., torch.Tensor]
-    embeddings_layer_norm: Callable[..., torch.Tensor]
-    attention_fallback: bool = False
+    def __init__(
+        self, name: str, ops: Mapping[str, Callable[..., torch.Tensor]], attention_fallback=False
+    ):
+        self.name = name
+        self.attention_fallback = attention_fallback
+        self.names = tuple(ops)
+        for op_name, op in ops.items():
+            setattr(self, op_name, op)
 
     @property
     def attention_backend(self) -> str:
         """Where the attention ops run: "torch" or "triton"."""
         return "torch" if self.attention_fallback else self.name
 
+    def by_name(self) -> dict[str, Callable[..., torch.Tensor]]:
+        """Each op of this backend, by name."""
+        return {name: getattr(self, name) for name in self.names}
 
-# The op fields of Ops, computed once here: torch.compile does not trace dataclasses.fields.
-OP_NAMES = (
-    "attention",
-    "attention_varlen",
-    "scaled_masked_softmax",
-    "linear",
-    "layer_norm",
-    "embeddings_layer_norm",
-)
+    def __repr__(self) -> str:
+        fallback = ", attention on torch" if self.attention_fallback else ""
+        return f"Ops({self.name!r}{fallback})"
 
 
 def check_backend(backend: str) -> None:
@@ -108,24 +107,14 @@ def backend_label(backend: str, device: torch.device | str) -> str:
 
 @functools.cache
 def _ops_for(backend: str, attention_fallback: bool) -> Ops:
-    """The Ops of a concrete backend ("torch" or "triton"), built once. The torch ops come
-    without their input checks (see the module docstring)."""
-    from fastbert.kernels import torch_ops
-
-    unchecked = Ops("torch", **{op: torch_ops.UNCHECKED[op] for op in OP_NAMES})
+    """The Ops of a concrete backend ("torch" or "triton"), built once from the declarations.
+    The torch ops come without their input checks (see the module docstring)."""
     if backend == "torch":
-        return unchecked
-    from fastbert.execution import custom_ops
-
-    ops = Ops("triton", **{op: getattr(custom_ops, op) for op in OP_NAMES})
-    if not attention_fallback:
-        return ops
-    return dataclasses.replace(
-        ops,
-        attention=unchecked.attention,
-        attention_varlen=unchecked.attention_varlen,
-        attention_fallback=True,
-    )
+        return Ops("torch", {name: op.torch for name, op in OPS.items()})
+    ops = dict(OPS)
+    if attention_fallback:
+        ops.update({name: OPS[name].torch for name in ATTENTION_OPS})
+    return Ops("triton", ops, attention_fallback)
 
 
 @functools.cache
@@ -142,13 +131,13 @@ def autocast_ops(ops: Ops, dtype: torch.dtype) -> Ops:
         return value
 
     def casting(op: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-        @functools.wraps(op)
         def run(*args: object, **kwargs: object) -> torch.Tensor:
             return op(*map(cast, args), **{k: cast(v) for k, v in kwargs.items()})
 
         return run
 
-    return dataclasses.replace(ops, **{op: casting(getattr(ops, op)) for op in OP_NAMES})
+    casts = {name: casting(op) for name, op in ops.by_name().items()}
+    return Ops(ops.name, casts, ops.attention_fallback)
 
 
 def get_ops(backend: str, device: torch.device | str, head_dim: int | None = None) -> Ops:

@@ -1,4 +1,8 @@
-"""How the encoder runs its layers: dense, padding-free, or replayed from a CUDA graph.
+"""How an encoder runs a call: dense, padding-free, or replayed from a CUDA graph.
+
+:class:`Runner` holds a model's run settings (``backend``, ``padding_free``, ``cuda_graphs``)
+and its graphs, and runs each call of the model's :class:`Stack` (its embeddings and layers,
+which the model defines) as follows:
 
 - Dense: every op runs on the padded [B, S, H] batch; attention excludes padded keys through
   the key-padding mask. Padded positions cost as much as real ones.
@@ -31,12 +35,16 @@ the
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import functools
+import warnings
+from collections.abc import Callable, Hashable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-from fastbert.execution.backends import Ops
+from fastbert.execution import graphs, validation
+from fastbert.execution.backends import Ops, check_backend, check_head_dim, get_ops
 from fastbert.execution.validation import RowLengths
 from fastbert.kernels.launch import cdiv, next_power_of_2
 
@@ -175,3 +183,230 @@ def packing_threshold(setting: str | bool, key_padding_mask: torch.Tensor | None
     if setting is True:
         return 0.0
     return PACK_MIN_PADDING
+
+
+class Stack(Protocol):
+    """What the runtime runs of an encoder: its embeddings and its layers (the model defines
+    them; fastbert.model.encoder.BertModel is one).
+
+    ``heads``: attention heads per layer. ``table_rows()``: (word rows, token-type rows), the
+    ranges the ids must lie in. ``position_ids(input_ids)``: [B, S] -> int64 [B, S] positions,
+    or None for 0..S-1 in every row. ``embed(ops, ids, types, positions, check_ids,
+    dropout_p)``: [B, S] ids -> [B, S, H]. ``run_layers(ops, hidden, attend, dropout_p)``: the
+    layers on [..., H] tokens, attending through ``attend``.
+    """
+
+    heads: int
+
+    def table_rows(self) -> tuple[int, int]: ...
+
+    def position_ids(self, input_ids: torch.Tensor) -> torch.Tensor | None: ...
+
+    def embed(
+        self,
+        ops: Ops,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        check_ids: bool,
+        dropout_p: float,
+    ) -> torch.Tensor: ...
+
+    def run_layers(
+        self, ops: Ops, hidden: torch.Tensor, attend: Attend, dropout_p: float
+    ) -> torch.Tensor: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """What a call of the model asks of the runtime beyond its inputs.
+
+    ``hidden_dropout`` / ``attention_dropout``: the call's dropout probabilities (zeros in
+    eval mode). ``records_grad``: the call records gradients or applies dropout, so it never
+    replays a graph (a graph records no autograd, and would replay its capture's dropout
+    masks). ``weights``: the key of the parameters' storage, read when a graph may replay (a
+    graph reads the addresses it was captured with).
+    """
+
+    hidden_dropout: float
+    attention_dropout: float
+    records_grad: bool
+    weights: Callable[[], Hashable]
+
+
+class Runner:
+    """One model's run settings and CUDA graphs; runs its calls (see the module docstring).
+
+    ``backend`` ("auto", "torch", "triton"), ``padding_free`` and ``cuda_graphs`` ("auto",
+    True or False) may be changed between calls, and are validated when set: ``backend=
+    "triton"`` raises at once for a ``head_dim`` the Triton attention kernel does not run
+    (with "auto", that model's attention runs on the torch backend, with one warning).
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        backend: str = "auto",
+        padding_free: str | bool = "auto",
+        cuda_graphs: str | bool = "auto",
+    ):
+        self.head_dim = head_dim
+        self.backend = backend
+        self.padding_free = padding_free
+        self.cuda_graphs = cuda_graphs
+        self.warned_head_dim = False
+
+    @property
+    def backend(self) -> str:
+        return self._backend
+
+    @backend.setter
+    def backend(self, value: str) -> None:
+        check_backend(value)
+        if value == "triton":
+            check_head_dim(self.head_dim)
+        self._backend = value
+
+    @property
+    def padding_free(self) -> str | bool:
+        return self._padding_free
+
+    @padding_free.setter
+    def padding_free(self, value: str | bool) -> None:
+        check_setting("padding_free", value)
+        self._padding_free = value
+
+    @property
+    def cuda_graphs(self) -> str | bool:
+        return self.graphs.setting
+
+    @cuda_graphs.setter
+    def cuda_graphs(self, value: str | bool) -> None:
+        check_setting("cuda_graphs", value)
+        self.graphs = graphs.EncoderGraphs(value)
+
+    def ops(self, device: torch.device) -> Ops:
+        """The hot ops for tensors on ``device``, given the backend and the head dim."""
+        ops = get_ops(self.backend, device, self.head_dim)
+        if ops.attention_fallback and not self.warned_head_dim:
+            self.warned_head_dim = True
+            warnings.warn(
+                f"head dim {self.head_dim} is not one the Triton attention kernel runs; "
+                "this model's attention runs on the torch backend, its other ops on Triton",
+                stacklevel=4,
+            )
+        return ops
+
+    def encode(
+        self,
+        stack: Stack,
+        ops: Ops,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        key_padding_mask: torch.Tensor | None,
+        call: Call,
+    ) -> torch.Tensor:
+        """Validated [B, S] inputs (fastbert.execution.validation.check_model_inputs) -> the
+        last hidden state [B, S, H]: packed when the batch's padding and ``padding_free`` say
+        so, else dense; replayed from a CUDA graph when ``cuda_graphs`` wants it."""
+        ids_checked, packed, key_padding_mask = self.read_batch(
+            stack, input_ids, token_type_ids, key_padding_mask
+        )
+        if packed is not None:
+            return self._encode_packed(stack, ops, packed, input_ids, token_type_ids, call)
+
+        def encode_dense(
+            ids: torch.Tensor, types: torch.Tensor | None, mask: torch.Tensor | None
+        ) -> torch.Tensor:
+            hidden = stack.embed(ops, ids, types, None, not ids_checked, call.hidden_dropout)
+            attend = dense_attention(ops, stack.heads, mask, call.attention_dropout)
+            return stack.run_layers(ops, hidden, attend, call.hidden_dropout)
+
+        inputs = (input_ids, token_type_ids, key_padding_mask)
+        if ids_checked and self.graphable(call, input_ids.device, input_ids.numel()):
+            return self.graphs.run(encode_dense, *inputs, weights=call.weights())
+        return encode_dense(*inputs)
+
+    def graphable(self, call: Call, device: torch.device, tokens: int) -> bool:
+        """Whether ``call`` replays a CUDA graph of ``tokens`` rows: the settings want one and
+        the call records no gradients and applies no dropout."""
+        return not call.records_grad and self.graphs.wants(device, tokens)
+
+    def read_batch(
+        self,
+        stack: Stack,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        key_padding_mask: torch.Tensor | None,
+    ) -> tuple[bool, PackedBatch | None, torch.Tensor | None]:
+        """The call's one host read: (whether it checked the ids, the packing or None, the
+        key-padding mask the dense layers need: None when the batch has no padding).
+
+        It checks the ids and measures the mask's rows (to pack them, and to run a batch
+        without padding unmasked). Under torch.compile a call that cannot pack skips it (the
+        embeddings op then checks the ids inside the graph), so a dense model compiles
+        without a graph break.
+        """
+        min_padding = packing_threshold(self.padding_free, key_padding_mask)
+        if min_padding is None and torch.compiler.is_compiling():
+            return False, None, key_padding_mask
+        rows = validation.read_batch(
+            input_ids, token_type_ids, key_padding_mask, *stack.table_rows()
+        )
+        if rows is None or rows.total == key_padding_mask.numel():
+            return True, None, None
+        packed = None if min_padding is None else pack(key_padding_mask, rows, min_padding)
+        return True, packed, key_padding_mask
+
+    def _encode_packed(
+        self,
+        stack: Stack,
+        ops: Ops,
+        packed: PackedBatch,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        call: Call,
+    ) -> torch.Tensor:
+        """The layers on the real tokens only: [B, S] ids -> [B, S, H], zeros at padding.
+
+        Replayed from the CUDA graph of the packing's size bucket when ``cuda_graphs`` wants
+        it; the packing and the scatter run eagerly.
+        """
+        types = packed.gather(token_type_ids) if token_type_ids is not None else None
+        positions = stack.position_ids(input_ids)
+        positions = packed.positions() if positions is None else packed.gather(positions)
+        ids = packed.gather(input_ids)
+
+        def encode_packed(
+            max_seqlen: int,
+            ids: torch.Tensor,
+            types: torch.Tensor | None,
+            positions: torch.Tensor,
+            cu_seqlens: torch.Tensor,
+        ) -> torch.Tensor:
+            """[T] ids, token types, positions and int32 [B + 1] cu_seqlens -> [T, H]."""
+            types = types[None] if types is not None else None
+            hidden = stack.embed(
+                ops, ids[None], types, positions[None], False, call.hidden_dropout
+            )[0]
+            attend = packed_attention(
+                ops, stack.heads, cu_seqlens, max_seqlen, call.attention_dropout
+            )
+            return stack.run_layers(ops, hidden, attend, call.hidden_dropout)
+
+        tokens = ids.numel()
+        # Only the Triton attention_varlen runs the bucket's filler sequence (longer than
+        # max_seqlen); the torch backend's sizes its dense batch by max_seqlen.
+        graphable = ops.attention_backend == "triton"
+        if tokens and graphable and self.graphable(call, ids.device, token_bucket(tokens)):
+            bucketed, cu_seqlens, max_seqlen = packed.bucketed(ids, types, positions)
+            return self.graphs.run(
+                functools.partial(encode_packed, max_seqlen),
+                *bucketed,
+                cu_seqlens,
+                host_key=max_seqlen,
+                weights=call.weights(),
+                finish=lambda hidden: packed.scatter(hidden[:tokens]),  # the scatter copies
+            )
+        hidden = encode_packed(packed.max_seqlen, ids, types, positions, packed.cu_seqlens)
+        return packed.scatter(hidden)

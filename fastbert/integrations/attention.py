@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from fastbert.execution import custom_ops
+from fastbert import kernels
 from fastbert.kernels import launch, torch_ops
 from fastbert.kernels.checks import FLOAT_DTYPES
 from fastbert.kernels.flash_attention import SUPPORTED_HEAD_DIMS
@@ -137,8 +137,8 @@ def _attend(
 ) -> torch.Tensor:
     """[B, H, S, D] q, k, v and a [B, S_k] mask -> contiguous [B, S_q, H, D]."""
     if _kernel_runs(query, key, value):
-        # The custom op returns the kernel's contiguous [B, S_q, H, D] buffer itself.
-        out = custom_ops.attention(query, key, value, key_padding_mask, scale, dropout_p)
+        # The kernel's [B, H, S_q, D] result is the transpose of a contiguous [B, S_q, H, D].
+        out = kernels.attention(query, key, value, key_padding_mask, scale, dropout_p)
         return out.transpose(1, 2)
     out = torch_ops.attention(query, key, value, key_padding_mask, scale, dropout_p)
     return out.transpose(1, 2).contiguous()

@@ -11,14 +11,11 @@ in the model's dtype.
 
 from __future__ import annotations
 
-import functools
-import warnings
-
 import torch
 from torch import nn
 
-from fastbert.execution import graphs, runtime, validation
-from fastbert.execution.backends import Ops, check_backend, check_head_dim, get_ops
+from fastbert.execution import runtime, validation
+from fastbert.execution.backends import Ops
 from fastbert.execution.runtime import Attend
 from fastbert.model.config import BertConfig
 from fastbert.model.loading import PretrainedMixin
@@ -229,13 +226,12 @@ class BertModel(PretrainedMixin, nn.Module):
 
     ``dtype`` is float16, bfloat16 or float32 (TypeError otherwise); ``device`` must exist on
     this machine (ValueError for CUDA without a GPU). ``padding_free`` and ``cuda_graphs``
-    ("auto", True or False) choose how the layers run (see fastbert.execution.runtime and
-    fastbert.execution.graphs); ``backend`` ("auto", "torch", "triton") which ops run them. Each
-    may be
-    changed on the model between calls, and is validated when set. A head dim the Triton
-    attention kernel does not run raises at once with ``backend="triton"``; with ``"auto"``
-    the attention alone runs on the torch backend (one warning) and every other op on
-    Triton.
+    ("auto", True or False) choose how the layers run, ``backend`` ("auto", "torch",
+    "triton") which ops run them: the model's :class:`~fastbert.execution.runtime.Runner`
+    (``model.runner``) holds them and runs each call. Each may be changed on the model between
+    calls, and is validated when set. A head dim the Triton attention kernel does not run
+    raises at once with ``backend="triton"``; with ``"auto"`` the attention alone runs on the
+    torch backend (one warning) and every other op on Triton.
     """
 
     def __init__(
@@ -253,46 +249,39 @@ class BertModel(PretrainedMixin, nn.Module):
         validation.check_dtype(dtype)
         device = validation.check_device(device)
         self.config = config
-        self.backend = backend
-        self.padding_free = padding_free
-        self.cuda_graphs = cuda_graphs
+        self.runner = runtime.Runner(config.head_dim, backend, padding_free, cuda_graphs)
         self.embeddings = BertEmbeddings(config, dtype, device)
         self.layers = nn.ModuleList(
             BertLayer(config, dtype, device) for _ in range(config.num_hidden_layers)
         )
         self.pooler = BertPooler(config, dtype, device) if add_pooling_layer else None
         self._watch = ParameterWatch(self)
-        self._warned_head_dim = False
         self.resolve_ops_early()
 
+    # The run settings live on the runner; these read and set (and validate) them there.
     @property
     def backend(self) -> str:
-        return self._backend
+        return self.runner.backend
 
     @backend.setter
     def backend(self, value: str) -> None:
-        check_backend(value)
-        if value == "triton":
-            check_head_dim(self.config.head_dim)
-        self._backend = value
+        self.runner.backend = value
 
     @property
     def padding_free(self) -> str | bool:
-        return self._padding_free
+        return self.runner.padding_free
 
     @padding_free.setter
     def padding_free(self, value: str | bool) -> None:
-        runtime.check_setting("padding_free", value)
-        self._padding_free = value
+        self.runner.padding_free = value
 
     @property
     def cuda_graphs(self) -> str | bool:
-        return self._graphs.setting
+        return self.runner.cuda_graphs
 
     @cuda_graphs.setter
     def cuda_graphs(self, value: str | bool) -> None:
-        runtime.check_setting("cuda_graphs", value)
-        self._graphs = graphs.EncoderGraphs(value)
+        self.runner.cuda_graphs = value
 
     @property
     def dtype(self) -> torch.dtype:
@@ -304,15 +293,7 @@ class BertModel(PretrainedMixin, nn.Module):
 
     def ops(self) -> Ops:
         """The hot ops this model runs with, given its backend, device and head dim."""
-        ops = get_ops(self.backend, self.device, self.config.head_dim)
-        if ops.attention_fallback and not self._warned_head_dim:
-            self._warned_head_dim = True
-            warnings.warn(
-                f"head dim {self.config.head_dim} is not one the Triton attention kernel runs; "
-                "this model's attention runs on the torch backend, its other ops on Triton",
-                stacklevel=3,
-            )
-        return ops
+        return self.runner.ops(self.device)
 
     def init_weights(self) -> BertModel:
         """Initialise every parameter for training from scratch (see :func:`init_weights`);
@@ -325,6 +306,35 @@ class BertModel(PretrainedMixin, nn.Module):
         built or bound, not at its first call."""
         if self.device.type == "cuda":
             self.ops()
+
+    # What the runtime runs (fastbert.execution.runtime.Stack): the embeddings and the layers.
+    @property
+    def heads(self) -> int:
+        return self.config.num_attention_heads
+
+    def table_rows(self) -> tuple[int, int]:
+        return self.embeddings.table_rows()
+
+    def position_ids(self, input_ids: torch.Tensor) -> torch.Tensor | None:
+        return self.embeddings.position_ids(input_ids)
+
+    def embed(
+        self,
+        ops: Ops,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        check_ids: bool,
+        dropout_p: float,
+    ) -> torch.Tensor:
+        return self.embeddings(ops, input_ids, token_type_ids, position_ids, check_ids, dropout_p)
+
+    def run_layers(
+        self, ops: Ops, hidden: torch.Tensor, attend: Attend, dropout_p: float
+    ) -> torch.Tensor:
+        for layer in self.layers:
+            hidden = layer(ops, hidden, attend, dropout_p)
+        return hidden
 
     def encode(
         self,
@@ -341,36 +351,20 @@ class BertModel(PretrainedMixin, nn.Module):
             token_type_ids,
         )
         ops = self.ops()
-        ids_checked, packed, key_padding_mask = self._read_batch(
-            ops, input_ids, token_type_ids, key_padding_mask
+        hidden = self.runner.encode(
+            self, ops, input_ids, token_type_ids, key_padding_mask, self.call()
         )
-        if packed is not None:
-            return ops, self._encode_packed(ops, packed, input_ids, token_type_ids)
+        return ops, hidden
 
-        hidden_p, attention_p = self.dropout_probabilities()
-
-        def encode_dense(
-            ids: torch.Tensor, types: torch.Tensor | None, mask: torch.Tensor | None
-        ) -> torch.Tensor:
-            hidden = self.embeddings(ops, ids, types, check_ids=not ids_checked, dropout_p=hidden_p)
-            attend = runtime.dense_attention(
-                ops, self.config.num_attention_heads, mask, attention_p
-            )
-            for layer in self.layers:
-                hidden = layer(ops, hidden, attend, hidden_p)
-            return hidden
-
-        inputs = (input_ids, token_type_ids, key_padding_mask)
-        if ids_checked and self._graphable(input_ids.device, input_ids.numel()):
-            return ops, self._graphs.run(encode_dense, *inputs, weights=self._watch.storage_key())
-        return ops, encode_dense(*inputs)
-
-    def dropout_probabilities(self) -> tuple[float, float]:
-        """(hidden, attention-probability) dropout of a call: the config's in training mode,
-        zeros in eval mode."""
-        if not self.training:
-            return 0.0, 0.0
-        return self.config.hidden_dropout_prob, self.config.attention_probs_dropout_prob
+    def call(self) -> runtime.Call:
+        """What a call made now asks of the runtime: its dropout (the config's in training
+        mode, none in eval mode), whether it records gradients, and the weights' key."""
+        hidden_p, attention_p = (0.0, 0.0)
+        if self.training:
+            hidden_p = self.config.hidden_dropout_prob
+            attention_p = self.config.attention_probs_dropout_prob
+        records = self.training or self.needs_grad()
+        return runtime.Call(hidden_p, attention_p, records, self._watch.storage_key)
 
     def needs_grad(self) -> bool:
         """Whether a call now records gradients: grad mode on and a parameter requiring grad
@@ -385,93 +379,6 @@ class BertModel(PretrainedMixin, nn.Module):
             if layer.qkv_parts is not None
             for p in layer.qkv_parts[0] + layer.qkv_parts[1]
         )
-
-    def _graphable(self, device: torch.device, tokens: int) -> bool:
-        """Whether this call replays a CUDA graph: its settings want one, and the call needs
-        no gradients (a graph records no autograd) and no dropout (a graph would replay the
-        masks of its capture)."""
-        if self.training or self.needs_grad():
-            return False
-        return self._graphs.wants(device, tokens)
-
-    def _read_batch(
-        self,
-        ops: Ops,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None,
-        key_padding_mask: torch.Tensor | None,
-    ) -> tuple[bool, runtime.PackedBatch | None, torch.Tensor | None]:
-        """The call's one host read: (whether it checked the ids, the packing or None, the
-        key-padding mask the dense layers need: None when the batch has no padding).
-
-        It checks the ids and measures the mask's rows (to pack them, and to run a batch
-        without padding unmasked). Under torch.compile a call that cannot pack skips it (the
-        embeddings op then checks the ids inside the graph), so a dense model compiles
-        without a graph break.
-        """
-        min_padding = runtime.packing_threshold(self.padding_free, key_padding_mask)
-        if min_padding is None and torch.compiler.is_compiling():
-            return False, None, key_padding_mask
-        rows = validation.read_batch(
-            input_ids, token_type_ids, key_padding_mask, *self.embeddings.table_rows()
-        )
-        if rows is None or rows.total == key_padding_mask.numel():
-            return True, None, None
-        packed = None if min_padding is None else runtime.pack(key_padding_mask, rows, min_padding)
-        return True, packed, key_padding_mask
-
-    def _encode_packed(
-        self,
-        ops: Ops,
-        packed: runtime.PackedBatch,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """The layers on the real tokens only: [B, S] ids -> [B, S, H], zeros at padding.
-
-        Replayed from the CUDA graph of the packing's size bucket when ``cuda_graphs`` wants
-        it (see fastbert.execution.runtime); the packing and the scatter run eagerly.
-        """
-        types = packed.gather(token_type_ids) if token_type_ids is not None else None
-        positions = self.embeddings.position_ids(input_ids)
-        positions = packed.positions() if positions is None else packed.gather(positions)
-        ids = packed.gather(input_ids)
-        heads = self.config.num_attention_heads
-        hidden_p, attention_p = self.dropout_probabilities()
-
-        def encode_packed(
-            max_seqlen: int,
-            ids: torch.Tensor,
-            types: torch.Tensor | None,
-            positions: torch.Tensor,
-            cu_seqlens: torch.Tensor,
-        ) -> torch.Tensor:
-            """[T] ids, token types, positions and int32 [B + 1] cu_seqlens -> [T, H]."""
-            types = types[None] if types is not None else None
-            hidden = self.embeddings(
-                ops, ids[None], types, positions[None], check_ids=False, dropout_p=hidden_p
-            )[0]
-            attend = runtime.packed_attention(ops, heads, cu_seqlens, max_seqlen, attention_p)
-            for layer in self.layers:
-                hidden = layer(ops, hidden, attend, hidden_p)
-            return hidden
-
-        tokens = ids.numel()
-        # Only the Triton attention_varlen runs the bucket's filler sequence (longer than
-        # max_seqlen); the torch backend's sizes its dense batch by max_seqlen.
-        graphable = ops.attention_backend == "triton"
-        if tokens and graphable and self._graphable(ids.device, runtime.token_bucket(tokens)):
-            bucketed, cu_seqlens, max_seqlen = packed.bucketed(ids, types, positions)
-            return self._graphs.run(
-                functools.partial(encode_packed, max_seqlen),
-                *bucketed,
-                cu_seqlens,
-                host_key=max_seqlen,
-                weights=self._watch.storage_key(),
-                finish=lambda hidden: packed.scatter(hidden[:tokens]),  # the scatter copies
-            )
-        hidden = encode_packed(packed.max_seqlen, ids, types, positions, packed.cu_seqlens)
-        return packed.scatter(hidden)
 
     def forward(
         self,
