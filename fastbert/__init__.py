@@ -19,8 +19,7 @@ from fastbert.model.heads import (
     BertForPreTraining,
     BertForSequenceClassification,
 )
-
-__version__ = "0.1.0"
+from fastbert.version import __version__
 
 # attn_implementation="fastbert" for Hugging Face models: registered with transformers now if it
 # is loaded, else when it loads (fastbert never imports transformers itself; see
