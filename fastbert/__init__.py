@@ -5,6 +5,37 @@
 >>> out = model(input_ids, attention_mask)  # .last_hidden_state, .pooler_output
 >>> fastbert.optimize(hf_or_sentence_transformers_model)  # in place; returns the model
 >>> fastbert.embed(["a text", "another"], model="path/to/model")  # numpy [2, hidden]
+
+The package is built in rooms, one per package folder (fastbert.kernels is the kernels/ folder
+at the repository root; this module is the façade). Besides its own modules, a room imports
+only the rooms on its line below, at any depth, inside functions too: imports point down the
+layers, or sideways among the jobs of layer 4.
+
+    layer  room          modules                          may import
+    5      commands      fastbert.commands, fastbert.cli  façade, accuracy, bench, embed,
+                                                          integrations, model, execution,
+                                                          kernels, version
+    5      façade        fastbert                         integrations, model, execution,
+                                                          kernels, version; accuracy, bench,
+                                                          embed only inside functions
+    4      accuracy      fastbert.accuracy                bench, embed, integrations, model,
+                                                          execution, kernels, version
+    4      bench         fastbert.bench                   accuracy, embed, integrations, model,
+                                                          execution, kernels, version
+    4      embed         fastbert.embed                   accuracy, bench, integrations, model,
+                                                          execution, kernels, version
+    3      integrations  fastbert.integrations            model, execution, kernels, version
+    2      model         fastbert.model                   execution, kernels, version
+    1      execution     fastbert.execution               kernels, version
+    0      kernels       fastbert.kernels                 only torch, triton, numpy and the
+                                                          standard library
+    0      version       fastbert.version                 nothing
+
+A module imports a name from the room that defines it (``from fastbert.model.encoder import
+BertModel``, ``from fastbert.version import __version__``), not from this façade, which only
+the commands and the cli import; it imports no private name (``_name``) from another room; and
+no modules import each other, directly or round a cycle. tests/test_architecture.py holds this
+table as data, checks every import in the package against it, and checks this picture too.
 """
 
 import importlib
@@ -19,8 +50,7 @@ from fastbert.model.heads import (
     BertForPreTraining,
     BertForSequenceClassification,
 )
-
-__version__ = "0.1.0"
+from fastbert.version import __version__
 
 # attn_implementation="fastbert" for Hugging Face models: registered with transformers now if it
 # is loaded, else when it loads (fastbert never imports transformers itself; see

@@ -40,10 +40,12 @@ from typing import Any, TextIO
 import torch
 import torch.nn.functional as F
 
-import fastbert
 from fastbert.bench.progress import Progress
 from fastbert.integrations import models as hf_models
+from fastbert.integrations.optimize import optimize
 from fastbert.kernels import launch
+from fastbert.model.encoder import BertModel
+from fastbert.model.heads import BertForMaskedLM
 from fastbert.model.pooling import mean_pool
 
 TEXTS = (
@@ -237,7 +239,7 @@ def run_fastbert_bert(
     hf: Any, dtype: torch.dtype, device: str, backend: str, fastbert_head: bool, inputs: dict
 ) -> Run:
     """fastbert's BERT encoder (and masked-LM head, or Hugging Face's fp32 head) in ``dtype``."""
-    cls = fastbert.BertForMaskedLM if fastbert_head else fastbert.BertModel
+    cls = BertForMaskedLM if fastbert_head else BertModel
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "no pooler": the masked-LM model has none
         model = cls.from_pretrained(
@@ -261,7 +263,7 @@ def run_fastbert_optimized(
 ) -> Run:
     """Another family: ``fastbert.optimize`` on a copy of the Hugging Face model in ``dtype``
     (its own head in ``dtype``); per-stage outputs from the fastbert encoder it installed."""
-    model = fastbert.optimize(
+    model = optimize(
         copy.deepcopy(hf), dtype=dtype, backend=backend, padding_free=False, cuda_graphs=False
     )
     encoder = next(m.forward.encoder for m in model.modules() if hasattr(m.forward, "encoder"))

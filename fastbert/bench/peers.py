@@ -45,9 +45,9 @@ class Peer:
 
 def fastbert_keywords() -> frozenset[str]:
     """The keyword arguments this fastbert's ``BertModel.from_pretrained`` accepts."""
-    import fastbert
+    from fastbert.model.encoder import BertModel
 
-    return frozenset(inspect.signature(fastbert.BertModel.from_pretrained).parameters)
+    return frozenset(inspect.signature(BertModel.from_pretrained).parameters)
 
 
 def hf_model(
@@ -89,10 +89,10 @@ def _build_fastbert(
     backend: str,
 ) -> Forward:
     """fastbert with ``options`` given to from_pretrained where it takes them."""
-    import fastbert
+    from fastbert.model.encoder import BertModel
 
     keywords = fastbert_keywords()
-    model = fastbert.BertModel.from_pretrained(
+    model = BertModel.from_pretrained(
         reference.hf_model,
         dtype=dtype,
         device=device,

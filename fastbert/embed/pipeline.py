@@ -14,12 +14,13 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-import fastbert
 from fastbert.embed import manifest, model, readers
 from fastbert.embed.batching import Window, token_batches, windows
 from fastbert.embed.options import DTYPES, EmbedOptions
 from fastbert.embed.shards import ShardWriter
 from fastbert.embed.tokenize import Tokenise, tokenise_ahead
+from fastbert.model.encoder import BertModel
+from fastbert.version import __version__
 
 
 @dataclass
@@ -87,7 +88,7 @@ def load(options: EmbedOptions, tokenizer: Any = None) -> Loaded:
     tokenizer = tokenizer or model.load_tokenizer(Path(options.model))
     options, _ = resolve(options, tokenizer)
     device = options.resolved_device()
-    encoder_model = fastbert.BertModel.from_pretrained(
+    encoder_model = BertModel.from_pretrained(
         options.model,
         dtype=DTYPES[options.dtype],
         device=device,
@@ -127,7 +128,7 @@ def job_record(inputs: Sequence[Path], options: EmbedOptions, dimensions: int) -
     """The manifest's description of a job: what decides its embeddings and shard layout."""
     return {
         "format": manifest.FORMAT,
-        "fastbert_version": fastbert.__version__,
+        "fastbert_version": __version__,
         "model": str(Path(options.model).resolve()),
         "inputs": [str(p.resolve()) for p in inputs],
         "text_field": options.text_field,
