@@ -463,26 +463,11 @@ def _prepare(
     return (*tensors, float(eps), check_ids, dropout_p, seed, padding_idx, position_padding_idx)
 
 
-def _forward_fake(
-    input_ids,
-    token_type_ids,
-    position_ids,
-    word_emb,
-    pos_emb,
-    type_emb,
-    weight,
-    bias,
-    eps,
-    check_ids,
-    dropout_p,
-    seed,
-    padding_idx,
-    position_padding_idx,
-    save,
-):
-    check_embeddings(
-        input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
-    )
+def _forward_fake(*args):
+    """The forward on fake tensors. ``args`` are the forward's: the ids and tables checked
+    here (the first nine), check_ids, dropout_p, seed, the padding rows, and save."""
+    check_embeddings(*args[:9])
+    input_ids, word_emb, save = args[0], args[3], args[-1]
     batch, seq = input_ids.shape
     out = word_emb.new_empty((batch, seq, word_emb.shape[1]))
     if not save:
@@ -490,8 +475,10 @@ def _forward_fake(
     return out, *(word_emb.new_empty(batch * seq, dtype=torch.float32) for _ in range(2))
 
 
-def _backward_fake(dout, input_ids, token_type_ids, position_ids, *tables_and_rest):
-    word_emb, pos_emb, type_emb, weight = tables_and_rest[:4]
+def _backward_fake(*args):
+    """The backward on fake tensors: gradients shaped as the three tables, the weight and the
+    bias (``args``: dout, the three ids, the three tables, the weight, ...)."""
+    word_emb, pos_emb, type_emb, weight = args[4:8]
     return tuple(t.new_empty(t.shape) for t in (word_emb, pos_emb, type_emb, weight, weight))
 
 
