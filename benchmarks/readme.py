@@ -13,6 +13,7 @@ page. In each file only the text between its two marker comments is replaced.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -45,10 +46,8 @@ def gpu_documents(results_dir: Path) -> list[tuple[Path, dict]]:
 
 
 def _link(path: Path, base: Path) -> str:
-    try:
-        return path.resolve().relative_to(base.resolve()).as_posix()
-    except ValueError:
-        return path.as_posix()
+    """``path`` relative to the folder ``base`` (``../`` where it lies outside), with slashes."""
+    return Path(os.path.relpath(path.resolve(), base.resolve())).as_posix()
 
 
 def subsection(folder: Path, doc: dict, base: Path) -> str:

@@ -504,6 +504,7 @@ def test_results_sections_from_a_gpu_results_file(tmp_path) -> None:
     run.mkdir(parents=True)
     report.write_json(_document(_target_records()), run / "results.json")
     (run / "kernels-bench.json").write_text(json.dumps(_kernel_json()))
+    (run / "results.png").write_bytes(b"png")
     args = ["--page", str(page), "--readme", str(front), "--results", str(tmp_path / "results")]
     assert readme.main([*args, "--check"]) == 1
     assert readme.main(args) == 0
@@ -511,7 +512,10 @@ def test_results_sections_from_a_gpu_results_file(tmp_path) -> None:
     assert "#### NVIDIA H100: bert-base, float16" in text
     assert "| 32x128 | hf-eager | 4.000 |" in text
     assert "layer_norm (x + r): >= 2.5 TB/s | met" in text
-    assert "results/h100-2026-01-01/" in text
+    # The page lives in docs/: its links reach the results folder with ../ and resolve.
+    assert "![bert-base on NVIDIA H100](../results/h100-2026-01-01/results.png)" in text
+    assert (page.parent / "../results/h100-2026-01-01/results.png").exists()
+    assert "`../results/h100-2026-01-01/`" in text
     assert text.endswith("## After\nkept\n") and readme.NO_RESULTS not in text
     headline = front.read_text()
     assert "- NVIDIA H100, bert-base float16 (commit " in headline
