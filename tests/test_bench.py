@@ -1,6 +1,7 @@
 """The benchmark library and ``fastbert bench`` on the CPU: FLOP/byte counts against hand
-formulas, timing statistics on a fake clock, reports, targets, the README generator (on
-files in a temporary folder) and a quick end-to-end run of the command. Nothing here asserts
+formulas, timing statistics on a fake clock, reports, targets, the generator of the results
+sections of docs/results.md and README.md (on files in a temporary folder, and a check of the
+committed ones) and a quick end-to-end run of the command. Nothing here asserts
 a speed."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 import math
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -442,13 +444,13 @@ def test_targets_not_measured_says_why() -> None:
     assert "| target | status | measured |" in targets.markdown(outcomes)
 
 
-# --- README generator ---------------------------------------------------------------------
+# --- results sections generator (docs/results.md and the README's headline) ---------------
 
-README = f"""# project
+PAGE = f"""# results
 
 intro text
 
-## Results
+## GPU
 
 {readme.START}
 old generated text
@@ -457,48 +459,84 @@ old generated text
 ## After
 kept
 """
+README = f"""# project
+
+## Results
+
+{readme.HEADLINE_START}
+old headline
+{readme.HEADLINE_END}
+
+## After
+kept
+"""
 
 
-def test_readme_section_without_results_says_so(tmp_path) -> None:
-    path = tmp_path / "README.md"
-    path.write_text(README)
+def _files(tmp_path) -> tuple[Path, Path]:
+    (tmp_path / "docs").mkdir()
+    page, front = tmp_path / "docs" / "results.md", tmp_path / "README.md"
+    page.write_text(PAGE)
+    front.write_text(README)
+    return page, front
+
+
+def test_results_sections_without_results_say_so(tmp_path) -> None:
+    page, front = _files(tmp_path)
     cpu_run = tmp_path / "results" / "cpu-run"  # CPU figures are not GPU measurements
     cpu_run.mkdir(parents=True)
     report.write_json(
         _document([_record("fastbert", "2x32", 1.0)], device="cpu"), cpu_run / "results.json"
     )
-    assert readme.update(path, tmp_path / "results")
-    text = path.read_text()
+    assert readme.update(page, tmp_path / "results", front) == [page, front]
+    text = page.read_text()
     assert readme.NO_RESULTS in text and "old generated text" not in text
-    assert text.startswith("# project\n\nintro text") and text.endswith("## After\nkept\n")
-    assert not readme.update(path, tmp_path / "results")
+    assert text.startswith("# results\n\nintro text") and text.endswith("## After\nkept\n")
+    headline = front.read_text()
+    assert "No GPU measurements have been committed yet" in headline
+    assert "(docs/results.md#gpu)" in headline and "old headline" not in headline
+    assert headline.endswith("## After\nkept\n")
+    assert not readme.update(page, tmp_path / "results", front)
 
 
-def test_readme_section_from_a_gpu_results_file(tmp_path) -> None:
-    path = tmp_path / "README.md"
-    path.write_text(README)
+def test_results_sections_from_a_gpu_results_file(tmp_path) -> None:
+    page, front = _files(tmp_path)
     run = tmp_path / "results" / "h100-2026-01-01"
     run.mkdir(parents=True)
     report.write_json(_document(_target_records()), run / "results.json")
     (run / "kernels-bench.json").write_text(json.dumps(_kernel_json()))
-    assert (
-        readme.main(["--readme", str(path), "--results", str(tmp_path / "results"), "--check"]) == 1
-    )
-    assert readme.main(["--readme", str(path), "--results", str(tmp_path / "results")]) == 0
-    text = path.read_text()
+    (run / "results.png").write_bytes(b"png")
+    args = ["--page", str(page), "--readme", str(front), "--results", str(tmp_path / "results")]
+    assert readme.main([*args, "--check"]) == 1
+    assert readme.main(args) == 0
+    text = page.read_text()
     assert "#### NVIDIA H100: bert-base, float16" in text
     assert "| 32x128 | hf-eager | 4.000 |" in text
     assert "layer_norm (x + r): >= 2.5 TB/s | met" in text
-    assert "results/h100-2026-01-01/" in text
+    # The page lives in docs/: its links reach the results folder with ../ and resolve.
+    assert "![bert-base on NVIDIA H100](../results/h100-2026-01-01/results.png)" in text
+    assert (page.parent / "../results/h100-2026-01-01/results.png").exists()
+    assert "`../results/h100-2026-01-01/`" in text
     assert text.endswith("## After\nkept\n") and readme.NO_RESULTS not in text
-    assert (
-        readme.main(["--readme", str(path), "--results", str(tmp_path / "results"), "--check"]) == 0
-    )
+    headline = front.read_text()
+    assert "- NVIDIA H100, bert-base float16 (commit " in headline
+    assert " targets met; [table, plot and conditions](docs/results.md#gpu)" in headline
+    assert "results/h100-2026-01-01/" in headline
+    assert readme.main([*args, "--check"]) == 0
+    front.write_text(README)  # a stale headline alone fails the check
+    assert readme.main([*args, "--check"]) == 1
 
 
-def test_readme_without_markers_is_an_error(tmp_path) -> None:
+def test_results_file_without_markers_is_an_error(tmp_path) -> None:
     with pytest.raises(ValueError, match="markers"):
         readme.replace_section("# no markers\n", "x")
+    page, front = _files(tmp_path)
+    front.write_text("# no headline markers\n")
+    with pytest.raises(ValueError, match="fastbert-headline"):
+        readme.update(page, tmp_path / "results", front)
+
+
+def test_the_committed_results_sections_are_up_to_date() -> None:
+    assert readme.main(["--check"]) == 0
 
 
 # --- the command --------------------------------------------------------------------------

