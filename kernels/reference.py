@@ -1,14 +1,16 @@
-"""Pure-PyTorch reference of every fastbert op, with the same signatures as the Triton ops.
+"""Pure-PyTorch reference of every fastbert op: each op's semantics, the ``reference`` of its
+declaration (kernels/op.py), whose signature and docstring the op's other implementations
+share.
 
-This module is both the ``torch`` backend (it runs on any device and dtype) and the oracle of
-the tests (called with float32 or float64 inputs). It follows what eager PyTorch / Hugging Face
-do in the input dtype: matrix products in the input dtype, softmax and LayerNorm statistics in
-float32 (in float64 for float64 inputs, so that the float64 oracle is float64 throughout). Masked
-keys are excluded from the softmax; a query row whose keys are all masked gets zeros, never NaN.
-Masked keys have no influence whatever K, V or the scores hold there, NaN and Inf included (the
-semantics of FlashAttention and xformers): their scores are replaced before the softmax and their
-values zeroed before the product with the probabilities. In ``attention_varlen`` a sequence never
-sees another's tokens.
+It is the oracle of the tests (called with float32 or float64 inputs; it runs on any device and
+dtype), not a backend: the torch backend is kernels/torch_ops.py. It follows what eager PyTorch
+/ Hugging Face do in the input dtype: matrix products in the input dtype, softmax and LayerNorm
+statistics in float32 (in float64 for float64 inputs, so that the float64 oracle is float64
+throughout). Masked keys are excluded from the softmax; a query row whose keys are all masked
+gets zeros, never NaN. Masked keys have no influence whatever K, V or the scores hold there, NaN
+and Inf included (the semantics of FlashAttention and xformers): their scores are replaced
+before the softmax and their values zeroed before the product with the probabilities. In
+``attention_varlen`` a sequence never sees another's tokens.
 """
 
 from __future__ import annotations
