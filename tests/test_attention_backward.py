@@ -230,7 +230,9 @@ def test_dropout_is_reproducible_under_manual_seed(device) -> None:
     assert not torch.equal(runs[0], runs[2])
 
 
-# Custom ops: autograd registration, opcheck, torch.compile.
+# Custom ops: autograd registration, opcheck, torch.compile. The ops take the scale resolved
+# (the public functions resolve None to D**-0.5 before calling them).
+SCALE = 32**-0.5
 
 
 def _op_args(device, requires_grad=True):
@@ -243,7 +245,7 @@ def _op_args(device, requires_grad=True):
 
 def test_opcheck_attention_with_gradients(device) -> None:
     q, k, v, mask = _op_args(device)
-    torch.library.opcheck(OPS.attention.default, (q, k, v, mask, None, 0.0, None, True))
+    torch.library.opcheck(OPS.attention.default, (q, k, v, mask, SCALE, 0.0, None, True))
 
 
 def test_opcheck_attention_varlen_with_gradients(device) -> None:
@@ -258,13 +260,13 @@ def test_opcheck_backward_ops(device) -> None:
     """The backward ops' schemas and fake implementations (what torch.compile traces)."""
     q, k, v, mask = _op_args(device, requires_grad=False)
     seed = dropout.draw_seed_tensor()
-    out, lse = OPS.attention(q, k, v, mask, None, 0.1, seed, True)
+    out, lse = OPS.attention(q, k, v, mask, SCALE, 0.1, seed, True)
     grad_out = randn(out.shape, F32, "cpu", seed=2).to(device)
     torch.library.opcheck(
         OPS.attention_backward.default, (grad_out, q, k, v, out, lse, mask, 0.4, 0.1, seed)
     )
     inputs, cu_seqlens = _varlen_inputs(F32, device, head_dim=32)
-    out, lse = OPS.attention_varlen(*inputs, cu_seqlens, 21, None, 0.0, None, True)
+    out, lse = OPS.attention_varlen(*inputs, cu_seqlens, 21, SCALE, 0.0, None, True)
     torch.library.opcheck(
         OPS.attention_varlen_backward.default,
         (torch.ones_like(out), *inputs, out, lse, cu_seqlens, 21, 0.2, 0.0, None),
@@ -272,12 +274,12 @@ def test_opcheck_backward_ops(device) -> None:
 
 
 def test_custom_op_gradients_match_the_kernels(device) -> None:
-    """The registered autograd (backward custom op) gives the autograd.Function's gradients,
-    with dropout too."""
+    """The custom op's registered autograd (the backward custom op) gives the reference's
+    gradients, with dropout too (the kernel's keep mask applied to the reference)."""
     q, k, v, mask = _op_args(device)
     grad_out = randn(q.shape, F32, "cpu", seed=3).to(device)
     seed = dropout.draw_seed_tensor()
-    out, _ = OPS.attention(q, k, v, mask, None, 0.2, seed, True)
+    out, _ = OPS.attention(q, k, v, mask, SCALE, 0.2, seed, True)
     got = torch.autograd.grad(out.transpose(1, 2), (q, k, v), grad_out)
     keep = dropout.keep_mask_of((2, 2, 9, 9), int(seed), 0.2, device)
     ref_out = R.attention(q, k, v, mask, dropout_p=0.2, dropout_mask=keep)
