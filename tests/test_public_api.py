@@ -1,0 +1,65 @@
+"""The names users import keep working as the package's rooms change: the façade's names, the
+kernels' public ops, and the old module names kept as aliases (fastbert.hf, fastbert.torch_ops)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+import fastbert
+from fastbert import kernels as K
+
+FACADE = (
+    "BertConfig",
+    "BertForMaskedLM",
+    "BertForNextSentencePrediction",
+    "BertForPreTraining",
+    "BertForSequenceClassification",
+    "BertModel",
+    "embed",
+    "optimize",
+)
+KERNEL_OPS = (
+    "attention",
+    "attention_varlen",
+    "scaled_masked_softmax",
+    "linear",
+    "layer_norm",
+    "embeddings_layer_norm",
+)
+
+
+@pytest.mark.parametrize("name", FACADE)
+def test_the_facade_names(name: str) -> None:
+    assert name in fastbert.__all__
+    assert callable(getattr(fastbert, name))
+
+
+def test_version() -> None:
+    from fastbert.version import __version__
+
+    assert fastbert.__version__ == __version__
+
+
+@pytest.mark.parametrize("name", KERNEL_OPS)
+def test_kernel_ops_have_the_reference_signature(name: str) -> None:
+    """K.<op>, the torch backend's public <op> and the reference take the same leading
+    arguments (the reference adds only keyword-only test hooks such as dropout_mask)."""
+    public = inspect.signature(getattr(K, name)).parameters
+    reference = inspect.signature(getattr(K.reference, name)).parameters
+    torch_op = inspect.signature(getattr(K.torch_ops, name)).parameters
+    positional = [p for p, v in reference.items() if v.kind is not v.KEYWORD_ONLY]
+    assert list(public)[: len(positional)] == positional
+    assert list(torch_op)[: len(positional)] == positional
+    assert K.OPS[name].reference is getattr(K.reference, name)
+
+
+def test_old_module_names_still_resolve() -> None:
+    assert fastbert.hf is __import__("fastbert.integrations.attention", fromlist=["x"])
+    assert callable(fastbert.hf.register)
+    from fastbert import torch_ops
+
+    assert torch_ops is K.torch_ops
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        fastbert.nope  # noqa: B018
