@@ -14,26 +14,31 @@ validation), :mod:`~fastbert.kernels.dropout` (the kernels' dropout masks) and
 :mod:`~fastbert.kernels.launch` (where kernels run, autotuning, launch helpers).
 """
 
-from . import checks, dropout, launch, reference, torch_ops
-from .flash_attention import ATTENTION, ATTENTION_VARLEN, attention, attention_varlen
-from .fused_embeddings import EMBEDDINGS_LAYER_NORM, embeddings_layer_norm
-from .fused_layer_norm import LAYER_NORM, layer_norm
-from .fused_linear import LINEAR, linear
-from .masked_softmax import SCALED_MASKED_SOFTMAX, scaled_masked_softmax
-from .op import Kernel, Op
+# This folder is installed as fastbert.kernels. Imported as a top-level package "kernels" (the
+# repository root on sys.path, when transformers probes for Hugging Face's kernels package), it
+# defines nothing: a second copy of the modules would register the torch.ops.fastbert custom
+# ops again, replacing the registrations the first copy's ops hold.
+if __name__ == "fastbert.kernels":
+    from . import checks, dropout, launch, reference, torch_ops
+    from .flash_attention import ATTENTION, ATTENTION_VARLEN, attention, attention_varlen
+    from .fused_embeddings import EMBEDDINGS_LAYER_NORM, embeddings_layer_norm
+    from .fused_layer_norm import LAYER_NORM, layer_norm
+    from .fused_linear import LINEAR, linear
+    from .masked_softmax import SCALED_MASKED_SOFTMAX, scaled_masked_softmax
+    from .op import Kernel, Op
 
-# Every op, by name: what the backends dispatch over.
-OPS: dict[str, Op] = {
-    op.name: op
-    for op in (
-        ATTENTION,
-        ATTENTION_VARLEN,
-        SCALED_MASKED_SOFTMAX,
-        LINEAR,
-        LAYER_NORM,
-        EMBEDDINGS_LAYER_NORM,
-    )
-}
+    # Every op, by name: what the backends dispatch over.
+    OPS: dict[str, Op] = {
+        op.name: op
+        for op in (
+            ATTENTION,
+            ATTENTION_VARLEN,
+            SCALED_MASKED_SOFTMAX,
+            LINEAR,
+            LAYER_NORM,
+            EMBEDDINGS_LAYER_NORM,
+        )
+    }
 
 __all__ = [
     "OPS",

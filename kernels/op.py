@@ -201,7 +201,15 @@ def _launcher(kernel: Kernel) -> Callable[..., tuple]:
 
 
 def _custom_op(name: str, kernel: Kernel) -> Any:
-    """``torch.ops.fastbert.<name>``: ``kernel.run`` behind ``kernel.schema``, with its fake."""
+    """``torch.ops.fastbert.<name>``: ``kernel.run`` behind ``kernel.schema``, with its fake.
+
+    RuntimeError if the op is registered already: torch.library would replace the first
+    registration, and the objects holding it would then call freed memory."""
+    if hasattr(getattr(torch.ops, NAMESPACE), name):
+        raise RuntimeError(
+            f"{NAMESPACE}::{name} is registered already: fastbert's kernels were imported twice "
+            "(as fastbert.kernels and under another name?)"
+        )
 
     def real(*args: Any) -> Any:
         outputs = kernel.run(*args)

@@ -1,9 +1,14 @@
 """The names users import keep working as the package's rooms change: the façade's names, the
-kernels' public ops, and the old module names kept as aliases (fastbert.hf, fastbert.torch_ops)."""
+kernels' public ops, and the old module names kept as aliases (fastbert.hf, fastbert.torch_ops);
+and fastbert.kernels is loaded, and its custom ops registered, once."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -63,3 +68,29 @@ def test_old_module_names_still_resolve() -> None:
     assert torch_ops is K.torch_ops
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         fastbert.nope  # noqa: B018
+
+
+def test_the_kernels_folder_imported_as_a_top_level_package_defines_nothing() -> None:
+    """transformers probes for Hugging Face's ``kernels`` package by importing ``kernels``;
+    with the repository root on sys.path that finds this repository's kernels/ folder. That
+    import must load no second copy of the ops: registering the custom ops again would replace
+    the registrations fastbert.kernels' ops hold (a crash, or corrupt memory, later)."""
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import fastbert, importlib; "
+        "shadow = importlib.import_module('kernels'); "
+        "assert not hasattr(shadow, 'OPS'), sorted(vars(shadow)); "
+        "print(sorted(m for m in sys.modules if m.startswith('kernels.')))"
+    )
+    root = str(Path(__file__).resolve().parent.parent)
+    result = subprocess.run(
+        [sys.executable, "-c", code, root], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_an_op_registers_once() -> None:
+    """A second declaration of an op's name raises instead of replacing the registered custom
+    op under the first declaration's feet."""
+    with pytest.raises(RuntimeError, match="fastbert::linear is registered already"):
+        dataclasses.replace(K.LINEAR)
