@@ -13,6 +13,7 @@ from fastbert.kernels import reference as R
 
 from fastbert import kernels as K
 from tests.accuracy import assert_within_rule
+from tests.bad_inputs import bad_input_test, float64_case
 from tests.op_cases import DOT_DTYPES, check_op, dtype_params, lengths_for, padded_mask, randn
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
@@ -332,21 +333,15 @@ def test_varlen_empty(device) -> None:
     assert K.attention_varlen(q, q, q, cu, 0).shape == (0, 2, 32)
 
 
-def _bad_dense(device, **change):
-    """Valid fp32 dense inputs (B=2, H=2, S=8, D=32) with the ``change``d ones replaced."""
+def _dense_args(device) -> dict:
+    """Valid fp32 dense inputs (B=2, H=2, S=8, D=32): the keyword arguments of K.attention."""
     q, k, v = qkv(2, 2, 8, 8, 32, F32, device)
-    args = {"q": q, "k": k, "v": v, "key_padding_mask": padded_mask([8, 3], 8, device=device)}
-    args.update({name: make(args) for name, make in change.items()})
-    return args
+    return {"q": q, "k": k, "v": v, "key_padding_mask": padded_mask([8, 3], 8, device=device)}
 
 
 BAD_DENSE = {
     "mixed dtypes": (dict(k=lambda a: a["k"].half()), TypeError, "dtype mismatch"),
-    "float64": (
-        dict(q=lambda a: a["q"].double(), k=lambda a: a["k"].double(), v=lambda a: a["v"].double()),
-        TypeError,
-        "float64",
-    ),
+    "float64": float64_case("q", "k", "v"),
     "k shape": (dict(k=lambda a: a["k"][:, :, :, :16]), ValueError, "k must have shape"),
     "v shape": (dict(v=lambda a: a["v"][:, :1]), ValueError, "v must have shape"),
     "3-d q": (dict(q=lambda a: a["q"][0]), ValueError, "q must have 4 dimensions"),
@@ -379,18 +374,10 @@ BAD_DENSE = {
 }
 
 
-@pytest.mark.parametrize("case", BAD_DENSE, ids=list(BAD_DENSE))
-def test_bad_input_raises(device, case) -> None:
-    change, exc, match = BAD_DENSE[case]
-    args = _bad_dense(device, **change)
-    with pytest.raises(exc, match=match):
-        K.attention(**args)
+test_bad_input_raises = bad_input_test(K.attention, _dense_args, BAD_DENSE)
 
 
-def test_cpu_without_interpreter_says_so(monkeypatch) -> None:
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is present")
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+def test_cpu_without_interpreter_says_so(interpreter_off) -> None:
     q, k, v = qkv(1, 1, 4, 4, 32, F32, "cpu")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         K.attention(q, k, v)
@@ -405,17 +392,28 @@ def test_bad_scale_raises(device) -> None:
         K.attention(q, k, v, scale=torch.tensor(0.5))
 
 
+def _varlen_args(device) -> dict:
+    """Valid fp32 packed inputs (lengths 3 and 7, H=2, D=32): the keyword arguments of
+    K.attention_varlen."""
+    q, k, v, cu_seqlens = packed_qkv([3, 7], 2, 32, F32, device)
+    return {"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens, "max_seqlen": 7}
+
+
 BAD_VARLEN = {
-    "cu_seqlens int64": (dict(cu=lambda a: a["cu"].long()), TypeError, "cu_seqlens must be int32"),
-    "cu_seqlens on meta": (dict(cu=lambda a: a["cu"].to("meta")), ValueError, "device mismatch"),
+    "cu_seqlens int64": (
+        dict(cu_seqlens=lambda a: a["cu_seqlens"].long()),
+        TypeError,
+        "cu_seqlens must be int32",
+    ),
+    "cu_seqlens on meta": (
+        dict(cu_seqlens=lambda a: a["cu_seqlens"].to("meta")),
+        ValueError,
+        "device mismatch",
+    ),
     "negative max_seqlen": (dict(max_seqlen=lambda a: -1), ValueError, "max_seqlen must be"),
     "float max_seqlen": (dict(max_seqlen=lambda a: 7.0), ValueError, "max_seqlen must be"),
     "mixed dtypes": (dict(v=lambda a: a["v"].half()), TypeError, "dtype mismatch"),
-    "float64": (
-        dict(q=lambda a: a["q"].double(), k=lambda a: a["k"].double(), v=lambda a: a["v"].double()),
-        TypeError,
-        "float64",
-    ),
+    "float64": float64_case("q", "k", "v"),
     "k shape": (dict(k=lambda a: a["k"][:5]), ValueError, "k must have shape"),
     "head dim 48": (
         {n: (lambda a: a["q"].new_zeros(10, 2, 48)) for n in "qkv"},
@@ -430,14 +428,7 @@ BAD_VARLEN = {
 }
 
 
-@pytest.mark.parametrize("case", BAD_VARLEN, ids=list(BAD_VARLEN))
-def test_bad_varlen_input_raises(device, case) -> None:
-    change, exc, match = BAD_VARLEN[case]
-    q, k, v, cu = packed_qkv([3, 7], 2, 32, F32, device)
-    a = {"q": q, "k": k, "v": v, "cu": cu, "max_seqlen": 7}
-    a.update({name: make(a) for name, make in change.items()})
-    with pytest.raises(exc, match=match):
-        K.attention_varlen(a["q"], a["k"], a["v"], a["cu"], a["max_seqlen"])
+test_bad_varlen_input_raises = bad_input_test(K.attention_varlen, _varlen_args, BAD_VARLEN)
 
 
 # --- GPU: the full grid, bf16 included, long sequences, BERT shapes -------------------------
