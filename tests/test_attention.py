@@ -109,18 +109,22 @@ def test_fully_padded_row_is_zero(device, dtype) -> None:
     assert torch.equal(out[1], torch.zeros_like(out[1]))
 
 
-@pytest.mark.parametrize("dtype", DOT_DTYPES)
-def test_padded_keys_have_no_influence(device, dtype) -> None:
-    """Large finite K and V at masked keys leave every output bit unchanged."""
-    lengths = [70, 33, 1]
-    q, k, v = qkv(3, 2, 70, 70, 64, dtype, device, seed=4)
-    mask = padded_mask(lengths, 70, device=device)
+def assert_large_masked_keys_change_nothing(q, k, v, mask) -> None:
+    """Large finite K and V at masked keys (1e4 in fp16, 1e30 otherwise; -big for V) leave
+    every output bit of K.attention unchanged."""
     out = K.attention(q, k, v, mask)
     pad = ~mask[:, None, :, None]
-    big = 1e4 if dtype == F16 else 1e30
+    big = 1e4 if q.dtype == F16 else 1e30
     k2 = torch.where(pad, torch.full_like(k, big), k)
     v2 = torch.where(pad, torch.full_like(v, -big), v)
     assert torch.equal(K.attention(q, k2, v2, mask), out)
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+def test_padded_keys_have_no_influence(device, dtype) -> None:
+    """Large finite K and V at masked keys leave every output bit unchanged."""
+    q, k, v = qkv(3, 2, 70, 70, 64, dtype, device, seed=4)
+    assert_large_masked_keys_change_nothing(q, k, v, padded_mask([70, 33, 1], 70, device=device))
 
 
 # Non-finite values at masked keys: (value at masked K rows, value at masked V rows).
@@ -502,12 +506,6 @@ def test_gpu_nonfinite_masked_keys_have_no_influence(dtype, poison) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
 def test_gpu_padded_keys_have_no_influence(dtype) -> None:
-    lengths = [512, 300, 1, 0]
     q, k, v = qkv(4, 12, 512, 512, 64, dtype, "cuda", seed=11, layout="fused")
-    mask = padded_mask(lengths, 512, device="cuda")
-    out = K.attention(q, k, v, mask)
-    pad = ~mask[:, None, :, None]
-    big = 1e4 if dtype == F16 else 1e30
-    k2 = torch.where(pad, torch.full_like(k, big), k)
-    v2 = torch.where(pad, torch.full_like(v, -big), v)
-    assert torch.equal(K.attention(q, k2, v2, mask), out)
+    mask = padded_mask([512, 300, 1, 0], 512, device="cuda")
+    assert_large_masked_keys_change_nothing(q, k, v, mask)
