@@ -143,30 +143,58 @@ def job_record(inputs: Sequence[Path], options: EmbedOptions, dimensions: int) -
     }
 
 
+@dataclass
+class Job:
+    """A job writing Parquet shards, started: its resolved options, output folder and manifest
+    record; the shard writer, which starts after the shards an earlier run finished; and the
+    first input row still to embed."""
+
+    options: EmbedOptions
+    output: Path
+    record: dict
+    writer: ShardWriter
+    first_row: int
+
+    def finish(self, summary: Summary) -> Summary:
+        """``summary`` of the run, with the output folder and the final manifest written."""
+        summary.output = self.output
+        summary.manifest = manifest.finish_output(self.output, self.record)
+        return summary
+
+
+def start_job(
+    files: Sequence[Path],
+    output: str | Path,
+    options: EmbedOptions,
+    tokenizer: Any,
+    device: torch.device | None = None,
+) -> Job:
+    """Resolve ``options`` (see :func:`resolve`) and start the job's output in ``output``, or
+    continue an unfinished run of the same job there. Called before the model loads, so that
+    an output it must not write (manifest.OutputError) costs nothing."""
+    options, dimensions = resolve(options, tokenizer, device)
+    output = Path(output)
+    record = job_record(files, options, dimensions)
+    start = manifest.start_output(output, record, options.overwrite)
+    store_dtype = np.dtype(options.store_dtype)
+    writer = ShardWriter(output, options.rows_per_shard, dimensions, store_dtype, start)
+    return Job(options, output, record, writer, start * options.rows_per_shard)
+
+
 def embed_files(inputs: Sequence[str | Path], output: str | Path, options: EmbedOptions) -> Summary:
     """Embed the rows of ``inputs`` (files or folders) into Parquet shards in ``output``,
     continuing an unfinished run of the same job. Raises readers.InputError for unreadable input
     or a bad row (without skip_bad), manifest.OutputError for an output it must not write."""
     files = readers.list_inputs(inputs)
     tokenizer = model.load_tokenizer(Path(options.model))
-    options, dimensions = resolve(options, tokenizer)
-    output = Path(output)
-    job = job_record(files, options, dimensions)
-    start = manifest.start_output(output, job, options.overwrite)  # before the model loads
-    loaded = load(options, tokenizer)
-    writer = ShardWriter(
-        output, options.rows_per_shard, dimensions, np.dtype(options.store_dtype), start
-    )
-    first_row = start * options.rows_per_shard
+    job = start_job(files, output, options, tokenizer)
+    loaded = load(job.options, tokenizer)
     rows = (
         r
-        for r in readers.read_rows(files, options.text_field, options.id_field)
-        if r.index >= first_row
+        for r in readers.read_rows(files, job.options.text_field, job.options.id_field)
+        if r.index >= job.first_row
     )
-    summary = run_rows(rows, loaded, writer, first_row)
-    summary.output = output
-    summary.manifest = manifest.finish_output(output, job)
-    return summary
+    return job.finish(run_rows(rows, loaded, job.writer, job.first_row))
 
 
 def embed_texts(texts: Sequence[str], options: EmbedOptions) -> np.ndarray:
@@ -238,7 +266,12 @@ def run_rows(rows: Iterable[readers.Row], loaded: Loaded, sink: Sink, first_row:
 def _check_bad(window: Window, skip_bad: bool) -> None:
     if window.bad and not skip_bad:
         row = window.bad[0]
-        raise readers.InputError(f"{row.where()}: {row.problem} (skip bad rows with --skip-bad)")
+        raise bad_row_error(row.where(), row.problem)
+
+
+def bad_row_error(where: str, problem: str) -> readers.InputError:
+    """The error that stops a job at a bad row (without skip_bad): where, what, how to skip."""
+    return readers.InputError(f"{where}: {problem} (skip bad rows with --skip-bad)")
 
 
 def embed_sorted(

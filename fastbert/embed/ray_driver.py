@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastbert.embed import manifest, model, pipeline, readers
+from fastbert.embed import model, pipeline, readers
 from fastbert.embed.options import EmbedOptions
 from fastbert.embed.shards import ShardWriter
 
@@ -49,22 +49,14 @@ def embed_files(
     try:
         gpus = int(ray.cluster_resources().get("GPU", 0))
         cpus = ray.cluster_resources().get("CPU", 1)
-        options, dimensions = pipeline.resolve(options, tokenizer, _worker_device(options, gpus))
-        output = Path(output)
-        job = pipeline.job_record(files, options, dimensions)
-        start = manifest.start_output(output, job, options.overwrite)
-        writer = ShardWriter(
-            output, options.rows_per_shard, dimensions, np.dtype(options.store_dtype), start
-        )
-        first_row = start * options.rows_per_shard
-        dataset = _dataset(ray, files, counts, first_row, options, gpus, cpus)
-        summary = _drain(dataset, writer, options, first_row, sum(counts))
+        device = _worker_device(options, gpus)
+        job = pipeline.start_job(files, output, options, tokenizer, device)
+        dataset = _dataset(ray, files, counts, job.first_row, job.options, gpus, cpus)
+        summary = _drain(dataset, job.writer, job.options, job.first_row, sum(counts))
     finally:
         if started:
             ray.shutdown()
-    summary.output = output
-    summary.manifest = manifest.finish_output(output, job)
-    return summary
+    return job.finish(summary)
 
 
 def _import_ray() -> Any:
@@ -229,9 +221,7 @@ def _drain(
             bad = batch[batch["problem"].notna()]
             if len(bad) and not options.skip_bad:
                 row = bad.iloc[0]
-                raise readers.InputError(
-                    f"{row['where']}: {row['problem']} (skip bad rows with --skip-bad)"
-                )
+                raise pipeline.bad_row_error(row["where"], row["problem"])
             writer.skip(bad["index"].tolist())
             good = batch[batch["problem"].isna()]
             if len(good):
