@@ -18,7 +18,7 @@ import fastbert
 from fastbert.embed import manifest, model, readers
 from fastbert.embed.batching import Window, token_batches, windows
 from fastbert.embed.options import DTYPES, EmbedOptions
-from fastbert.embed.shards import ShardWriter
+from fastbert.embed.shards import EmbeddedRows, ShardWriter
 from fastbert.embed.tokenize import Tokenise, tokenise_ahead
 
 
@@ -110,14 +110,7 @@ class Sink(Protocol):
     """Where embedded rows go (a ShardWriter, an ArraySink): rows added or skipped, then told
     that every row before ``end`` is in (``advance``) and that the input ended (``finish``)."""
 
-    def add(
-        self,
-        rows: list[int],
-        ids: list[Any],
-        vectors: np.ndarray,
-        tokens: list[int],
-        truncated: list[bool],
-    ) -> None: ...
+    def add(self, embedded: EmbeddedRows) -> None: ...
     def skip(self, rows: list[int]) -> None: ...
     def advance(self, end: int) -> None: ...
     def finish(self, end: int) -> None: ...
@@ -218,15 +211,8 @@ class ArraySink:
     def __init__(self, rows: int, dimensions: int, dtype: np.dtype):
         self.array = np.zeros((rows, dimensions), dtype)
 
-    def add(
-        self,
-        rows: list[int],
-        ids: list[Any],
-        vectors: np.ndarray,
-        tokens: list[int],
-        truncated: list[bool],
-    ) -> None:
-        self.array[rows] = vectors
+    def add(self, embedded: EmbeddedRows) -> None:
+        self.array[embedded.rows] = embedded.vectors
 
     def skip(self, rows: list[int]) -> None:
         raise AssertionError("in-memory texts are never skipped")
@@ -289,12 +275,15 @@ def _embed_window(
 ) -> None:
     for batch, vectors in embed_sorted(loaded.encoder, window.tokens, loaded.options.batch_tokens):
         tokens = [len(window.tokens[i]) for i in batch]
+        rows = [window.rows[i] for i in batch]
         sink.add(
-            [window.rows[i].index for i in batch],
-            [_row_id(window.rows[i]) for i in batch],
-            vectors,
-            tokens,
-            [window.cut[i] for i in batch],
+            EmbeddedRows(
+                rows=[row.index for row in rows],
+                ids=[row.output_id() for row in rows],
+                vectors=vectors,
+                tokens=tokens,
+                truncated=[window.cut[i] for i in batch],
+            )
         )
         summary.docs += len(batch)
         summary.tokens += sum(tokens)
@@ -302,10 +291,6 @@ def _embed_window(
         elapsed = time.perf_counter() - start
         if elapsed > 0:
             bar.set_postfix_str(f"{summary.tokens / elapsed:,.0f} tokens/s", refresh=False)
-
-
-def _row_id(row: readers.Row) -> Any:
-    return row.index if row.id is None else row.id
 
 
 def progress_bar(enabled: bool) -> Any:

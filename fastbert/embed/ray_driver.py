@@ -26,7 +26,7 @@ import torch
 
 from fastbert.embed import model, pipeline, readers
 from fastbert.embed.options import EmbedOptions
-from fastbert.embed.shards import ShardWriter
+from fastbert.embed.shards import EmbeddedRows, ShardWriter
 
 READ_ROWS = 1024  # rows per block out of a read task
 TOKENISE_ROWS = 256  # rows per tokenise task call
@@ -153,7 +153,7 @@ def _read_file(batch: Any, text_field: str, id_field: str | None, first_row: int
         rows.append(
             {
                 "index": row.index,
-                "id": row.index if row.id is None else row.id,
+                "id": row.output_id(),
                 "text": row.text,
                 "problem": row.problem,
                 "where": row.where(),
@@ -226,11 +226,13 @@ def _drain(
             good = batch[batch["problem"].isna()]
             if len(good):
                 writer.add(
-                    good["index"].tolist(),
-                    good["id"].tolist(),
-                    np.stack(good["embedding"].tolist()),
-                    good["tokens"].tolist(),
-                    good["cut"].tolist(),
+                    EmbeddedRows(
+                        rows=good["index"].tolist(),
+                        ids=good["id"].tolist(),
+                        vectors=np.stack(good["embedding"].tolist()),
+                        tokens=good["tokens"].tolist(),
+                        truncated=good["cut"].tolist(),
+                    )
                 )
             writer.advance(int(batch["index"].iloc[-1]) + 1)
             summary.docs += len(good)
