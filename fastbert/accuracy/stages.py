@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 import fastbert
 from fastbert.bench.progress import Progress
+from fastbert.bench.shapes import MODEL_SHAPES
 from fastbert.integrations import models as hf_models
 from fastbert.kernels import launch
 from fastbert.model.pooling import mean_pool
@@ -64,15 +65,9 @@ RANDOM = "random"
 # this many columns the masked-LM head is Hugging Face's fp32 head on fastbert's last hidden
 # state instead of fastbert's own head.
 INTERPRETER_MAX_VOCAB = 4096
-# The random configs: small enough for the interpreter, head dim 64 (the kernels' common case).
-RANDOM_CONFIG = dict(
-    vocab_size=1000,
-    hidden_size=256,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    intermediate_size=1024,
-    max_position_embeddings=512,
-)
+# The random configs: the benchmarks' bert-mini shape (small enough for the interpreter, head
+# dim 64: the kernels' common case) with a vocabulary of 1000.
+RANDOM_CONFIG = dict(MODEL_SHAPES["bert-mini"], vocab_size=1000, max_position_embeddings=512)
 
 
 @dataclasses.dataclass
