@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 import fastbert
 from fastbert.bench.progress import Progress
-from fastbert.bench.shapes import MODEL_SHAPES
+from fastbert.bench.shapes import MODEL_SHAPES, padded_batch
 from fastbert.integrations import models as hf_models
 from fastbert.kernels import launch
 from fastbert.model.pooling import mean_pool
@@ -192,12 +192,9 @@ def make_inputs(
         ids, mask = batch["input_ids"], batch["attention_mask"]
         types = batch.get("token_type_ids", torch.zeros_like(ids))
         return ids.to(device), mask.to(device), types.to(device)
-    lengths = torch.tensor([min(max_length, len(t.split()) + 2) for t in texts])
-    seq = int(lengths.max())
-    gen = torch.Generator().manual_seed(0)
-    mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
-    ids = torch.randint(1, vocab_size, (len(texts), seq), generator=gen) * mask
-    return ids.to(device), mask.to(device), torch.zeros_like(ids).to(device)
+    lengths = [min(max_length, len(t.split()) + 2) for t in texts]
+    batch = padded_batch(lengths, max(lengths), vocab_size, device, seed=0)
+    return batch.input_ids, batch.attention_mask, batch.token_type_ids
 
 
 def model_inputs(hf: Any, ids, mask, types) -> dict[str, torch.Tensor]:
