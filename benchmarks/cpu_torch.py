@@ -35,7 +35,7 @@ import torch
 import fastbert
 from fastbert.bench import environment, timing
 from fastbert.bench.models import load_reference
-from fastbert.bench.shapes import Batch, Shape, make_batch
+from fastbert.bench.shapes import Batch, Shape, make_batch, padded_batch
 from fastbert.integrations import models as hf_models
 
 MODELS = ("bert-mini", "minilm")
@@ -67,15 +67,6 @@ def corpus(count: int, seed: int = 0) -> list[str]:
     return sentences[:count]
 
 
-def sentence_batch(lengths: list[int], vocab_size: int, seed: int) -> Batch:
-    """A batch of the given token lengths, padded on the right to the longest."""
-    seq = max(lengths)
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, vocab_size, (len(lengths), seq), generator=generator)
-    mask = (torch.arange(seq)[None, :] < torch.tensor(lengths)[:, None]).long()
-    return Batch(ids * mask, mask, torch.zeros_like(ids), tuple(lengths))
-
-
 def batches(token_lengths: list[int], vocab_size: int, seed: int) -> dict[str, Batch]:
     """label -> the batches every model runs (see the module docstring)."""
     out = {}
@@ -86,7 +77,7 @@ def batches(token_lengths: list[int], vocab_size: int, seed: int) -> dict[str, B
     capped = [min(n, PADDED_LIMIT) for n in token_lengths]
     for size in SENTENCE_BATCHES:
         lengths = random.Random(seed + size).sample(capped, size)
-        out[f"{size} sentences"] = sentence_batch(lengths, vocab_size, seed)
+        out[f"{size} sentences"] = padded_batch(lengths, max(lengths), vocab_size, "cpu", seed)
     return out
 
 

@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tests import sass
@@ -30,6 +31,9 @@ from tests import sass
 ARCHS = (80, 90)
 # Largest dynamic shared memory per block (bytes): A100 (sm_80) and H100 (sm_90).
 SHARED_MEMORY_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
+# The element types the cases compile, with their sizes in bytes (what ``keep`` predicates take).
+ELEMENT_SIZES = {"fp16": 2, "bf16": 2, "fp32": 4}
+DTYPES = tuple(ELEMENT_SIZES)
 
 
 @dataclass
@@ -51,6 +55,30 @@ class CompileCase:
     block_m: int | None = None
     # The column tile of the main loop's iteration (attention: BLOCK_N keys), for the report.
     block_n: int | None = None
+
+    @classmethod
+    def tuned(
+        cls,
+        config: object,
+        name: str,
+        fn: object,
+        signature: dict[str, str],
+        constexprs: dict[str, object],
+        dtype: str,
+        **fields: object,
+    ) -> CompileCase:
+        """A case of an autotuned matrix kernel in ``config`` (a triton.Config): launched with
+        its warps and stages, its BLOCK_M and BLOCK_N the case's row and column tiles unless
+        ``fields`` set them otherwise."""
+        tiles = {"block_m": config.kwargs["BLOCK_M"], "block_n": config.kwargs["BLOCK_N"]}
+        launch = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+        return cls(name, fn, signature, constexprs, dtype=dtype, **launch, **{**tiles, **fields})
+
+
+def row_tiles(block_size: Callable[[int], int], largest: int) -> list[int]:
+    """Every row tile a row-wise launcher can choose: ``block_size`` of each power of two up to
+    ``largest`` (the launcher's MAX_HIDDEN or MAX_KEYS), ascending."""
+    return sorted({block_size(2**i) for i in range(largest.bit_length())})
 
 
 # wgmma.mma_async only (not wgmma.fence / commit_group / wait_group); mma.sync as a whole word.

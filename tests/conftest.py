@@ -39,3 +39,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def device() -> str:
     """Where the kernels under test run: the GPU when there is one, else the interpreter."""
     return "cuda" if HAS_CUDA else "cpu"
+
+
+@pytest.fixture
+def interpreter_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Triton interpreter switched off, for the tests that a CPU launch without it says how
+    to switch it on. Skips where a GPU is present (the kernels then run there)."""
+    if HAS_CUDA:
+        pytest.skip("a GPU is present")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")

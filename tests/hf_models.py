@@ -61,6 +61,24 @@ def padded_batch(
     return ids.to(device), mask.to(device), types.to(device)
 
 
+def dropout_logits(
+    model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The logits of ``model(*inputs)`` (no grad) in eval mode, then switched to train mode
+    (where the model stays): right after ``torch.manual_seed(seed)``, on the next call, and
+    after the same seed again. (evaluated, first, second, again): with dropout working, first
+    == again, first != second and first != evaluated."""
+    with torch.no_grad():
+        evaluated = model(*inputs).logits
+        model.train()
+        torch.manual_seed(seed)
+        first = model(*inputs).logits
+        second = model(*inputs).logits
+        torch.manual_seed(seed)
+        again = model(*inputs).logits
+    return evaluated, first, second, again
+
+
 def as_pytorch_bin(folder: Path) -> Path:
     """Turn the model.safetensors of a save_pretrained folder into pytorch_model.bin (the
     legacy format, which transformers 5 no longer writes); returns the new file."""

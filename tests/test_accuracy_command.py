@@ -14,6 +14,9 @@ from fastbert import accuracy
 from fastbert.cli import build_parser, main
 from fastbert.commands.accuracy import _forwarded_argv, _print_report
 
+# The command on a random model on the CPU, to which a test adds its options.
+RANDOM_ON_CPU = ["accuracy", "--model", "random", "--device", "cpu"]
+
 
 def _run_json(capsys, *argv: str) -> dict:
     assert main(["accuracy", *argv, "--json"]) == 0
@@ -86,41 +89,15 @@ def test_other_family_through_optimize(family: str) -> None:
 
 
 def test_forwarded_command_line_round_trips() -> None:
-    argv = [
-        "accuracy",
-        "--model",
-        "random",
-        "--device",
-        "cpu",
-        "--dtypes",
-        "fp16",
-        "--texts",
-        "3",
-        "--json",
-    ]
+    argv = [*RANDOM_ON_CPU, "--dtypes", "fp16", "--texts", "3", "--json"]
     args = build_parser().parse_args(argv)
     again = build_parser().parse_args(_forwarded_argv(args))
     assert vars(again) == vars(args)
 
 
 def test_progress_on_stderr_json_alone_on_stdout(capsys) -> None:
-    argv = [
-        "accuracy",
-        "--model",
-        "random",
-        "--device",
-        "cpu",
-        "--backend",
-        "torch",
-        "--dtypes",
-        "fp32,fp16",
-        "--texts",
-        "1",
-        "--max-length",
-        "8",
-        "--json",
-    ]
-    assert main(argv) == 0
+    options = ["--backend", "torch", "--dtypes", "fp32,fp16", "--texts", "1", "--max-length", "8"]
+    assert main([*RANDOM_ON_CPU, *options, "--json"]) == 0
     captured = capsys.readouterr()
     assert [r["dtype"] for r in json.loads(captured.out)["results"]] == ["fp32", "fp16"]
     steps = re.findall(r"^\[(\d)/5\] (.+)$", captured.err, re.M)

@@ -13,6 +13,7 @@ from fastbert.kernels import reference as R
 
 from fastbert import kernels as K
 from tests.accuracy import assert_within_rule
+from tests.bad_inputs import bad_input_test, float64_case
 from tests.op_cases import DOT_DTYPES, check_op, dtype_params, lengths_for, padded_mask, randn
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
@@ -108,18 +109,22 @@ def test_fully_padded_row_is_zero(device, dtype) -> None:
     assert torch.equal(out[1], torch.zeros_like(out[1]))
 
 
-@pytest.mark.parametrize("dtype", DOT_DTYPES)
-def test_padded_keys_have_no_influence(device, dtype) -> None:
-    """Large finite K and V at masked keys leave every output bit unchanged."""
-    lengths = [70, 33, 1]
-    q, k, v = qkv(3, 2, 70, 70, 64, dtype, device, seed=4)
-    mask = padded_mask(lengths, 70, device=device)
+def assert_large_masked_keys_change_nothing(q, k, v, mask) -> None:
+    """Large finite K and V at masked keys (1e4 in fp16, 1e30 otherwise; -big for V) leave
+    every output bit of K.attention unchanged."""
     out = K.attention(q, k, v, mask)
     pad = ~mask[:, None, :, None]
-    big = 1e4 if dtype == F16 else 1e30
+    big = 1e4 if q.dtype == F16 else 1e30
     k2 = torch.where(pad, torch.full_like(k, big), k)
     v2 = torch.where(pad, torch.full_like(v, -big), v)
     assert torch.equal(K.attention(q, k2, v2, mask), out)
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+def test_padded_keys_have_no_influence(device, dtype) -> None:
+    """Large finite K and V at masked keys leave every output bit unchanged."""
+    q, k, v = qkv(3, 2, 70, 70, 64, dtype, device, seed=4)
+    assert_large_masked_keys_change_nothing(q, k, v, padded_mask([70, 33, 1], 70, device=device))
 
 
 # Non-finite values at masked keys: (value at masked K rows, value at masked V rows).
@@ -332,21 +337,15 @@ def test_varlen_empty(device) -> None:
     assert K.attention_varlen(q, q, q, cu, 0).shape == (0, 2, 32)
 
 
-def _bad_dense(device, **change):
-    """Valid fp32 dense inputs (B=2, H=2, S=8, D=32) with the ``change``d ones replaced."""
+def _dense_args(device) -> dict:
+    """Valid fp32 dense inputs (B=2, H=2, S=8, D=32): the keyword arguments of K.attention."""
     q, k, v = qkv(2, 2, 8, 8, 32, F32, device)
-    args = {"q": q, "k": k, "v": v, "key_padding_mask": padded_mask([8, 3], 8, device=device)}
-    args.update({name: make(args) for name, make in change.items()})
-    return args
+    return {"q": q, "k": k, "v": v, "key_padding_mask": padded_mask([8, 3], 8, device=device)}
 
 
 BAD_DENSE = {
     "mixed dtypes": (dict(k=lambda a: a["k"].half()), TypeError, "dtype mismatch"),
-    "float64": (
-        dict(q=lambda a: a["q"].double(), k=lambda a: a["k"].double(), v=lambda a: a["v"].double()),
-        TypeError,
-        "float64",
-    ),
+    "float64": float64_case("q", "k", "v"),
     "k shape": (dict(k=lambda a: a["k"][:, :, :, :16]), ValueError, "k must have shape"),
     "v shape": (dict(v=lambda a: a["v"][:, :1]), ValueError, "v must have shape"),
     "3-d q": (dict(q=lambda a: a["q"][0]), ValueError, "q must have 4 dimensions"),
@@ -379,18 +378,10 @@ BAD_DENSE = {
 }
 
 
-@pytest.mark.parametrize("case", BAD_DENSE, ids=list(BAD_DENSE))
-def test_bad_input_raises(device, case) -> None:
-    change, exc, match = BAD_DENSE[case]
-    args = _bad_dense(device, **change)
-    with pytest.raises(exc, match=match):
-        K.attention(**args)
+test_bad_input_raises = bad_input_test(K.attention, _dense_args, BAD_DENSE)
 
 
-def test_cpu_without_interpreter_says_so(monkeypatch) -> None:
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is present")
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+def test_cpu_without_interpreter_says_so(interpreter_off) -> None:
     q, k, v = qkv(1, 1, 4, 4, 32, F32, "cpu")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         K.attention(q, k, v)
@@ -405,17 +396,28 @@ def test_bad_scale_raises(device) -> None:
         K.attention(q, k, v, scale=torch.tensor(0.5))
 
 
+def _varlen_args(device) -> dict:
+    """Valid fp32 packed inputs (lengths 3 and 7, H=2, D=32): the keyword arguments of
+    K.attention_varlen."""
+    q, k, v, cu_seqlens = packed_qkv([3, 7], 2, 32, F32, device)
+    return {"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens, "max_seqlen": 7}
+
+
 BAD_VARLEN = {
-    "cu_seqlens int64": (dict(cu=lambda a: a["cu"].long()), TypeError, "cu_seqlens must be int32"),
-    "cu_seqlens on meta": (dict(cu=lambda a: a["cu"].to("meta")), ValueError, "device mismatch"),
+    "cu_seqlens int64": (
+        dict(cu_seqlens=lambda a: a["cu_seqlens"].long()),
+        TypeError,
+        "cu_seqlens must be int32",
+    ),
+    "cu_seqlens on meta": (
+        dict(cu_seqlens=lambda a: a["cu_seqlens"].to("meta")),
+        ValueError,
+        "device mismatch",
+    ),
     "negative max_seqlen": (dict(max_seqlen=lambda a: -1), ValueError, "max_seqlen must be"),
     "float max_seqlen": (dict(max_seqlen=lambda a: 7.0), ValueError, "max_seqlen must be"),
     "mixed dtypes": (dict(v=lambda a: a["v"].half()), TypeError, "dtype mismatch"),
-    "float64": (
-        dict(q=lambda a: a["q"].double(), k=lambda a: a["k"].double(), v=lambda a: a["v"].double()),
-        TypeError,
-        "float64",
-    ),
+    "float64": float64_case("q", "k", "v"),
     "k shape": (dict(k=lambda a: a["k"][:5]), ValueError, "k must have shape"),
     "head dim 48": (
         {n: (lambda a: a["q"].new_zeros(10, 2, 48)) for n in "qkv"},
@@ -430,14 +432,7 @@ BAD_VARLEN = {
 }
 
 
-@pytest.mark.parametrize("case", BAD_VARLEN, ids=list(BAD_VARLEN))
-def test_bad_varlen_input_raises(device, case) -> None:
-    change, exc, match = BAD_VARLEN[case]
-    q, k, v, cu = packed_qkv([3, 7], 2, 32, F32, device)
-    a = {"q": q, "k": k, "v": v, "cu": cu, "max_seqlen": 7}
-    a.update({name: make(a) for name, make in change.items()})
-    with pytest.raises(exc, match=match):
-        K.attention_varlen(a["q"], a["k"], a["v"], a["cu"], a["max_seqlen"])
+test_bad_varlen_input_raises = bad_input_test(K.attention_varlen, _varlen_args, BAD_VARLEN)
 
 
 # --- GPU: the full grid, bf16 included, long sequences, BERT shapes -------------------------
@@ -511,12 +506,6 @@ def test_gpu_nonfinite_masked_keys_have_no_influence(dtype, poison) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
 def test_gpu_padded_keys_have_no_influence(dtype) -> None:
-    lengths = [512, 300, 1, 0]
     q, k, v = qkv(4, 12, 512, 512, 64, dtype, "cuda", seed=11, layout="fused")
-    mask = padded_mask(lengths, 512, device="cuda")
-    out = K.attention(q, k, v, mask)
-    pad = ~mask[:, None, :, None]
-    big = 1e4 if dtype == F16 else 1e30
-    k2 = torch.where(pad, torch.full_like(k, big), k)
-    v2 = torch.where(pad, torch.full_like(v, -big), v)
-    assert torch.equal(K.attention(q, k2, v2, mask), out)
+    mask = padded_mask([512, 300, 1, 0], 512, device="cuda")
+    assert_large_masked_keys_change_nothing(q, k, v, mask)

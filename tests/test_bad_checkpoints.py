@@ -37,6 +37,17 @@ def _load(folder: Path, **kwargs):
     return fastbert.BertModel.from_pretrained(folder, device="cpu", **kwargs)
 
 
+def _tiny_config() -> fastbert.BertConfig:
+    """A valid one-layer config, for the model constructors' own argument checks."""
+    return fastbert.BertConfig(
+        vocab_size=10,
+        hidden_size=8,
+        num_attention_heads=2,
+        intermediate_size=16,
+        num_hidden_layers=1,
+    )
+
+
 def _names(path: Path, problem: str) -> str:
     """A pattern for a message that names ``path`` and then (a regex) ``problem``."""
     return re.escape(str(path)) + ".*" + problem
@@ -343,13 +354,7 @@ def test_from_pretrained_rejects_dtype_before_reading(tmp_path, dtype) -> None:
 
 @pytest.mark.parametrize("dtype", BAD_DTYPES, ids=BAD_DTYPE_IDS)
 def test_model_constructors_reject_dtype(dtype) -> None:
-    config = fastbert.BertConfig(
-        vocab_size=10,
-        hidden_size=8,
-        num_attention_heads=2,
-        intermediate_size=16,
-        num_hidden_layers=1,
-    )
+    config = _tiny_config()
     for cls in (
         fastbert.BertModel,
         fastbert.BertForMaskedLM,
@@ -365,13 +370,7 @@ def test_cuda_without_cuda_is_a_clear_error(tmp_path, device) -> None:
     _checkpoint(tmp_path)
     with pytest.raises(ValueError, match="CUDA is not available"):
         fastbert.BertModel.from_pretrained(tmp_path, device=device)
-    config = fastbert.BertConfig(
-        vocab_size=10,
-        hidden_size=8,
-        num_attention_heads=2,
-        intermediate_size=16,
-        num_hidden_layers=1,
-    )
+    config = _tiny_config()
     with pytest.raises(ValueError, match="CUDA is not available"):
         fastbert.BertModel(config, device=device)
 

@@ -542,10 +542,15 @@ def test_the_committed_results_sections_are_up_to_date() -> None:
 # --- the command --------------------------------------------------------------------------
 
 
+def bench_quick(out, *options: str) -> int:
+    """The exit code of ``fastbert bench --quick --out OUT OPTIONS``."""
+    return main(["bench", "--quick", "--out", str(out), *options])
+
+
 def test_bench_quick_on_cpu_writes_its_files(tmp_path, capsys) -> None:
     if torch.cuda.is_available():
         pytest.skip("the CPU path of fastbert bench")
-    assert main(["bench", "--quick", "--out", str(tmp_path / "out")]) == 0
+    assert bench_quick(tmp_path / "out") == 0
     out = capsys.readouterr().out
     assert "No CUDA GPU here" in out and "Triton kernels need a CUDA GPU" in out
     doc = report.read_document(tmp_path / "out" / "results.json")
@@ -569,22 +574,22 @@ def test_bench_quick_on_cpu_writes_its_files(tmp_path, capsys) -> None:
     ],
 )
 def test_bench_rejects_bad_options(tmp_path, capsys, options, message) -> None:
-    assert main(["bench", "--quick", "--out", str(tmp_path / "out"), *options]) == 2
+    assert bench_quick(tmp_path / "out", *options) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
 def test_bench_append_adds_to_the_results(tmp_path, capsys) -> None:
     out = tmp_path / "out"
-    base = ["bench", "--quick", "--peers", "fastbert", "--reps", "1", "--out", str(out)]
-    assert main(base + ["--shapes", "1x8"]) == 0
-    assert main(base + ["--shapes", "2x8", "--append"]) == 0
+    base = ["--peers", "fastbert", "--reps", "1"]
+    assert bench_quick(out, *base, "--shapes", "1x8") == 0
+    assert bench_quick(out, *base, "--shapes", "2x8", "--append") == 0
     doc = report.read_document(out / "results.json")
     assert [r["shape"] for r in doc["results"]] == ["1x8", "2x8"] and doc["complete"]
-    assert main(base + ["--shapes", "2x8", "--append", "--dtype", "bfloat16"]) == 2
+    assert bench_quick(out, *base, "--shapes", "2x8", "--append", "--dtype", "bfloat16") == 2
     assert "same model, dtype, device and fastbert backend" in capsys.readouterr().err
     if not torch.cuda.is_available():
-        assert main(base + ["--device", "cuda"]) == 2
+        assert bench_quick(out, *base, "--device", "cuda") == 2
 
 
 def test_bench_fails_when_no_fastbert_row_was_measured(tmp_path, capsys, monkeypatch) -> None:
@@ -594,21 +599,8 @@ def test_bench_fails_when_no_fastbert_row_was_measured(tmp_path, capsys, monkeyp
         pytest.skip("the CPU without the interpreter")
     monkeypatch.delenv("TRITON_INTERPRET")
     out = tmp_path / "out"
-    argv = [
-        "bench",
-        "--quick",
-        "--backend",
-        "triton",
-        "--peers",
-        "hf-eager,fastbert",
-        "--shapes",
-        "1x8",
-        "--reps",
-        "1",
-        "--out",
-        str(out),
-    ]
-    assert main(argv) == 1
+    options = ["--backend", "triton", "--peers", "hf-eager,fastbert", "--shapes", "1x8"]
+    assert bench_quick(out, *options, "--reps", "1") == 1
     err = capsys.readouterr().err
     assert err.splitlines()[-1].startswith(
         "fastbert bench: error: no fastbert contender was measured: ValueError: "
@@ -626,27 +618,8 @@ def test_bench_names_the_interpreter_backend(tmp_path, capsys) -> None:
     if torch.cuda.is_available():
         pytest.skip("the CPU interpreter")
     out = tmp_path / "out"
-    assert (
-        main(
-            [
-                "bench",
-                "--quick",
-                "--backend",
-                "triton",
-                "--peers",
-                "fastbert",
-                "--shapes",
-                "1x8",
-                "--warmup",
-                "0",
-                "--reps",
-                "1",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    options = ["--backend", "triton", "--peers", "fastbert", "--shapes", "1x8"]
+    assert bench_quick(out, *options, "--warmup", "0", "--reps", "1") == 0
     printed = capsys.readouterr().out
     assert "fastbert's Triton kernels emulated by the Triton interpreter" in printed
     assert "pure-PyTorch" not in printed
@@ -661,23 +634,7 @@ def test_bench_auto_on_a_cpu_names_the_torch_backend(tmp_path, capsys) -> None:
     if torch.cuda.is_available():
         pytest.skip("the CPU path of fastbert bench")
     out = tmp_path / "out"
-    assert (
-        main(
-            [
-                "bench",
-                "--quick",
-                "--peers",
-                "fastbert",
-                "--shapes",
-                "1x8",
-                "--reps",
-                "1",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    assert bench_quick(out, "--peers", "fastbert", "--shapes", "1x8", "--reps", "1") == 0
     printed = capsys.readouterr().out
     assert "fastbert's pure-PyTorch backend" in printed
     assert "| 1x8 | fastbert on torch |" in printed

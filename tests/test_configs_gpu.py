@@ -18,6 +18,7 @@ from fastbert.kernels.launch import AUTOTUNE_ENV
 
 from fastbert import kernels as K
 from tests.op_cases import check_op, padded_mask, randn
+from tests.test_linear import linear_within_rule
 
 pytestmark = pytest.mark.gpu
 
@@ -93,10 +94,4 @@ def test_every_linear_config(monkeypatch, dtype, activation, has_residual, m) ->
     kernel = fused_linear._linear_fwd_kernel
     kept = fused_linear.kept_configs(x, weight, activation, residual)
     for index, config in _pinned(monkeypatch, kernel, kept):
-        check_op(
-            K.linear,
-            R.linear,
-            (x, weight),
-            {"bias": bias, "activation": activation, "residual": residual},
-            what=f"linear config {index} {config}",
-        )
+        linear_within_rule(x, weight, bias, activation, residual, f"linear config {index} {config}")

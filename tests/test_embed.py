@@ -91,7 +91,14 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def cli(*argv: str) -> int:
+    """The exit code of ``fastbert embed ARGV`` on the CPU, without a progress bar."""
     return main(["embed", *argv, "--device", "cpu", "--no-progress"])
+
+
+def embed_file(source: Path, model: str, output: Path, *options: str) -> int:
+    """The exit code of ``fastbert embed SOURCE --model MODEL --output OUTPUT OPTIONS`` (see
+    :func:`cli`)."""
+    return cli(str(source), "--model", model, "--output", str(output), *options)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -99,18 +106,7 @@ def test_every_format_matches_sentence_transformers(fmt, tmp_path, model_path, e
     source = write_corpus(tmp_path / f"corpus.{fmt}", TEXTS)
     out = tmp_path / "out"
     assert (
-        cli(
-            str(source),
-            "--model",
-            model_path,
-            "--output",
-            str(out),
-            "--rows-per-shard",
-            "10",
-            "--batch-tokens",
-            "1024",
-        )
-        == 0
+        embed_file(source, model_path, out, "--rows-per-shard", "10", "--batch-tokens", "1024") == 0
     )
     ids, vectors = read_output(out)
     assert ids == list(range(len(TEXTS)))
@@ -122,9 +118,7 @@ def test_every_format_matches_sentence_transformers(fmt, tmp_path, model_path, e
 def test_manifest_and_shards(tmp_path, model_path) -> None:
     source = write_corpus(tmp_path / "corpus.jsonl", TEXTS)
     out = tmp_path / "out"
-    assert (
-        cli(str(source), "--model", model_path, "--output", str(out), "--rows-per-shard", "5") == 0
-    )
+    assert embed_file(source, model_path, out, "--rows-per-shard", "5") == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["complete"] is True
     assert manifest["fastbert_version"] == fastbert.__version__
@@ -156,9 +150,7 @@ def test_folder_of_inputs_and_id_field(tmp_path, model_path, expected) -> None:
     write_corpus(folder / "a.jsonl", TEXTS[:7], names[:7])
     (folder / "notes.md").write_text("not an input")
     out = tmp_path / "out"
-    assert (
-        cli(str(folder), "--model", model_path, "--output", str(out), "--id-field", "doc_id") == 0
-    )
+    assert embed_file(folder, model_path, out, "--id-field", "doc_id") == 0
     ids, vectors = read_output(out)
     assert ids == names
     assert cosines(vectors, expected).min() >= COSINE
@@ -167,7 +159,7 @@ def test_folder_of_inputs_and_id_field(tmp_path, model_path, expected) -> None:
 def test_truncation_counted_and_matches(tmp_path, model_path, st_model, capsys) -> None:
     source = write_corpus(tmp_path / "corpus.txt", TEXTS)
     out = tmp_path / "out"
-    assert cli(str(source), "--model", model_path, "--output", str(out), "--max-length", "16") == 0
+    assert embed_file(source, model_path, out, "--max-length", "16") == 0
     lengths = [len(ids) for ids in st_model.tokenizer(TEXTS)["input_ids"]]
     longer = sum(n > 16 for n in lengths)
     assert 0 < longer < len(TEXTS)
@@ -225,18 +217,7 @@ def test_cls_pooling_without_normalisation(tmp_path, model_path) -> None:
 
 def test_float16_storage_needs_float16_compute(tmp_path, model_path, capsys) -> None:
     source = write_corpus(tmp_path / "corpus.txt", TEXTS[:3])
-    assert (
-        cli(
-            str(source),
-            "--model",
-            model_path,
-            "--output",
-            str(tmp_path / "out"),
-            "--store-dtype",
-            "float16",
-        )
-        == 2
-    )
+    assert embed_file(source, model_path, tmp_path / "out", "--store-dtype", "float16") == 2
     assert "store_dtype float16 needs dtype float16" in capsys.readouterr().err
 
 
@@ -268,7 +249,7 @@ def test_importing_fastbert_loads_no_heavy_packages() -> None:
 def test_bad_rows_are_errors(tmp_path, model_path, capsys, name, content, message) -> None:
     source = tmp_path / name
     source.write_bytes(content)
-    code = cli(str(source), "--model", model_path, "--output", str(tmp_path / "out"))
+    code = embed_file(source, model_path, tmp_path / "out")
     err = capsys.readouterr().err
     if message is None:
         assert code == 0, err
@@ -291,19 +272,7 @@ def test_skip_bad_counts(tmp_path, model_path, expected, capsys) -> None:
     ]
     source.write_bytes("\n".join(lines).encode() + b"\n\xff\n")
     out = tmp_path / "out"
-    assert (
-        cli(
-            str(source),
-            "--model",
-            model_path,
-            "--output",
-            str(out),
-            "--skip-bad",
-            "--rows-per-shard",
-            "3",
-        )
-        == 0
-    )
+    assert embed_file(source, model_path, out, "--skip-bad", "--rows-per-shard", "3") == 0
     assert "4 skipped" in capsys.readouterr().err
     ids, vectors = read_output(out)
     assert ids == [0, 3, 5, 6]
@@ -315,7 +284,7 @@ def test_skip_bad_counts(tmp_path, model_path, expected, capsys) -> None:
 
 def test_missing_input_is_an_error(tmp_path, model_path, capsys) -> None:
     missing = tmp_path / "nowhere.jsonl"
-    assert cli(str(missing), "--model", model_path, "--output", str(tmp_path / "out")) == 1
+    assert embed_file(missing, model_path, tmp_path / "out") == 1
     assert f"{missing}: no such file" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -332,15 +301,15 @@ def test_in_memory_bad_text_named(model_path) -> None:
 
 def test_finished_output_is_not_overwritten(tmp_path, model_path, capsys) -> None:
     source = write_corpus(tmp_path / "corpus.txt", TEXTS[:5])
-    args = [str(source), "--model", model_path, "--output", str(tmp_path / "out")]
-    assert cli(*args) == 0
-    before = (tmp_path / "out" / "part-00000.parquet").stat().st_mtime_ns
+    out = tmp_path / "out"
+    assert embed_file(source, model_path, out) == 0
+    before = (out / "part-00000.parquet").stat().st_mtime_ns
     capsys.readouterr()
-    assert cli(*args) == 1
+    assert embed_file(source, model_path, out) == 1
     assert "already holds a complete run" in capsys.readouterr().err
-    assert (tmp_path / "out" / "part-00000.parquet").stat().st_mtime_ns == before
-    assert cli(*args, "--overwrite", "--pooling", "cls") == 0
-    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["pooling"] == "cls"
+    assert (out / "part-00000.parquet").stat().st_mtime_ns == before
+    assert embed_file(source, model_path, out, "--overwrite", "--pooling", "cls") == 0
+    assert json.loads((out / "manifest.json").read_text())["pooling"] == "cls"
 
 
 def killed_run(tmp_path, model_path: str) -> tuple[list[str], list[str], int]:

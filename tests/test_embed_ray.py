@@ -16,6 +16,7 @@ from fastbert.cli import main  # noqa: E402
 from tests.test_embed import (  # noqa: E402
     COSINE,
     TEXTS,
+    cli,
     cosines,
     killed_run,
     read_output,
@@ -35,10 +36,6 @@ def local_ray():
         ray.shutdown()
 
 
-def embed(*argv: str) -> int:
-    return main(["embed", *argv, "--device", "cpu", "--no-progress"])
-
-
 def test_ray_matches_one_process_and_sentence_transformers(tmp_path, local_ray) -> None:
     from fastbert.integrations import models
 
@@ -46,8 +43,8 @@ def test_ray_matches_one_process_and_sentence_transformers(tmp_path, local_ray) 
     first = write_corpus(tmp_path / "a.jsonl", TEXTS[:6])
     second = write_corpus(tmp_path / "b.txt", TEXTS[6:])
     common = [str(first), str(second), "--model", model_path, "--rows-per-shard", "4"]
-    assert embed(*common, "--output", str(tmp_path / "ray"), "--ray") == 0
-    assert embed(*common, "--output", str(tmp_path / "one")) == 0
+    assert cli(*common, "--output", str(tmp_path / "ray"), "--ray") == 0
+    assert cli(*common, "--output", str(tmp_path / "one")) == 0
 
     ids, vectors = read_output(tmp_path / "ray")
     one_ids, one_vectors = read_output(tmp_path / "one")
@@ -67,9 +64,9 @@ def test_ray_names_a_bad_row(tmp_path, local_ray, capsys) -> None:
     source = tmp_path / "bad.jsonl"
     source.write_text('{"text": "fine"}\n{"text": "also fine"}\n{"body": "no text"}\n')
     args = [str(source), "--model", str(models.packaged_minilm_path()), "--ray"]
-    assert embed(*args, "--output", str(tmp_path / "out")) == 1
+    assert cli(*args, "--output", str(tmp_path / "out")) == 1
     assert "bad.jsonl, row 3: no 'text' field" in capsys.readouterr().err
-    assert embed(*args, "--output", str(tmp_path / "skip"), "--skip-bad") == 0
+    assert cli(*args, "--output", str(tmp_path / "skip"), "--skip-bad") == 0
     ids, vectors = read_output(tmp_path / "skip")
     assert ids == [0, 1] and np.isfinite(vectors).all()
     assert json.loads((tmp_path / "skip" / "manifest.json").read_text())["skipped"] == 1

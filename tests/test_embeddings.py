@@ -11,6 +11,7 @@ import torch
 from fastbert.kernels import reference as R
 
 from fastbert import kernels as K
+from tests.bad_inputs import bad_input_test, float64_case
 from tests.op_cases import ALL_DTYPES, ELEMENTWISE_DTYPES, check_op, dtype_params, randn
 
 
@@ -101,10 +102,11 @@ def test_empty_batch(device) -> None:
     assert K.embeddings_layer_norm(input_ids, None, None, *params, 1e-12).shape == (0, 5, 32)
 
 
-def _bad_args(device, **change):
-    """Valid fp32 inputs (vocab 10, 8 positions, 2 types, H 16; ids [2, 4])."""
+def _valid_args(device) -> dict:
+    """Valid fp32 inputs (vocab 10, 8 positions, 2 types, H 16; ids [2, 4]): the keyword
+    arguments of K.embeddings_layer_norm."""
     word, pos, typ, weight, bias = tables(10, 8, 2, 16, torch.float32, device)
-    args = {
+    return {
         "input_ids": ids(10, (2, 4), device, 0),
         "token_type_ids": ids(2, (2, 4), device, 1),
         "position_ids": ids(8, (2, 4), device, 2),
@@ -115,8 +117,6 @@ def _bad_args(device, **change):
         "bias": bias,
         "eps": 1e-12,
     }
-    args.update({name: make(args) for name, make in change.items()})
-    return args
 
 
 def _set(name, index, value):
@@ -174,14 +174,7 @@ BAD = {
         r"position_ids must have shape \(2, 4\) or \(4,\)",
     ),
     "mixed table dtypes": (dict(pos_emb=lambda a: a["pos_emb"].half()), TypeError, "dtype mism"),
-    "float64 tables": (
-        {
-            n: (lambda a, n=n: a[n].double())
-            for n in ("word_emb", "pos_emb", "type_emb", "weight", "bias")
-        },
-        TypeError,
-        "float64",
-    ),
+    "float64 tables": float64_case("word_emb", "pos_emb", "type_emb", "weight", "bias"),
     "table width": (
         dict(type_emb=lambda a: a["type_emb"][:, :8]),
         ValueError,
@@ -194,19 +187,11 @@ BAD = {
 }
 
 
-@pytest.mark.parametrize("case", BAD, ids=list(BAD))
-def test_bad_input_raises(device, case) -> None:
-    change, exc, match = BAD[case]
-    args = _bad_args(device, **change)
-    with pytest.raises(exc, match=match):
-        K.embeddings_layer_norm(**args)
+test_bad_input_raises = bad_input_test(K.embeddings_layer_norm, _valid_args, BAD)
 
 
-def test_cpu_without_interpreter_says_so(monkeypatch) -> None:
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is present")
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    args = _bad_args("cpu")
+def test_cpu_without_interpreter_says_so(interpreter_off) -> None:
+    args = _valid_args("cpu")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         K.embeddings_layer_norm(**args)
 

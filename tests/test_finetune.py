@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fastbert
-from tests.hf_models import hf_model, padded_batch
+from tests.hf_models import dropout_logits, hf_model, padded_batch
 
 STEPS = 100
 LOSS_BOUND = 1e-3
@@ -126,15 +126,10 @@ def _dropout_model(**kwargs) -> fastbert.BertForSequenceClassification:
 @pytest.mark.parametrize("padding_free", [False, True])
 def test_dropout_in_train_mode_only(padding_free: bool) -> None:
     model = _dropout_model(padding_free=padding_free)
-    ids, mask, types = padded_batch([7, 4, 6], seed=3)
+    inputs = padded_batch([7, 4, 6], seed=3)
     with torch.no_grad():
-        eval_a, eval_b = (model(ids, mask, types).logits for _ in range(2))
-        model.train()
-        torch.manual_seed(0)
-        train_a = model(ids, mask, types).logits
-        train_b = model(ids, mask, types).logits
-        torch.manual_seed(0)
-        train_again = model(ids, mask, types).logits
+        eval_b = model(*inputs).logits
+    eval_a, train_a, train_b, train_again = dropout_logits(model, inputs, seed=0)
     assert torch.equal(eval_a, eval_b)
     assert not torch.allclose(train_a, train_b)  # fresh masks each call
     assert torch.equal(train_a, train_again)  # ... reproducible from the seed

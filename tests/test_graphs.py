@@ -93,6 +93,28 @@ def _graphed(padding_free: bool) -> tuple[fastbert.BertModel, fastbert.BertModel
     return eager, graphed
 
 
+def _wrong_calls_from_four_threads(graphed, batches, is_right, start_together: bool) -> list:
+    """Call ``graphed(*batch)`` for every batch, the calls dealt round-robin to four threads
+    (``start_together``: held at a barrier until all four run); the indices of the calls
+    whose last hidden state ``is_right(i, got)`` rejects, each checked in its own thread."""
+    wrong = []
+    barrier = threading.Barrier(4)
+
+    def work(thread: int) -> None:
+        if start_together:
+            barrier.wait()
+        for i in range(thread, len(batches), 4):
+            if not is_right(i, graphed(*batches[i]).last_hidden_state):
+                wrong.append(i)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return wrong
+
+
 @pytest.mark.parametrize("padding_free", [False, True], ids=["dense", "padding-free"])
 def test_concurrent_calls_each_get_their_own_result(padding_free) -> None:
     """4 threads x 25 calls at one [4, 24] shape, each with its own inputs: every caller gets
@@ -101,21 +123,11 @@ def test_concurrent_calls_each_get_their_own_result(padding_free) -> None:
     calls = 100
     batches = [padded_batch([24, 24 - i % 7, 20, 1 + i % 23], seed=i) for i in range(calls)]
     expected = [eager(*batch).last_hidden_state for batch in batches]
-    wrong = []
-    barrier = threading.Barrier(4)
 
-    def work(thread: int) -> None:
-        barrier.wait()
-        for i in range(thread, calls, 4):
-            got = graphed(*batches[i]).last_hidden_state
-            if not torch.allclose(got, expected[i], atol=1e-5, rtol=0):
-                wrong.append(i)
+    def is_right(i: int, got: torch.Tensor) -> bool:
+        return torch.allclose(got, expected[i], atol=1e-5, rtol=0)
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    wrong = _wrong_calls_from_four_threads(graphed, batches, is_right, start_together=True)
     assert not wrong, f"{len(wrong)} of {calls} calls got another call's output"
     assert graphed.runner.graphs.replays >= calls - 8
 
@@ -177,20 +189,12 @@ def test_concurrent_calls_replay_real_graphs_each_for_its_caller_gpu() -> None:
         padded_batch([24, 24 - i % 7, 20, 1 + i % 23], seed=i, device="cuda") for i in range(calls)
     ]
     expected = [eager(*batch).last_hidden_state for batch in batches]
-    wrong = []
 
-    def work(thread: int) -> None:
-        for i in range(thread, calls, 4):
-            got = graphed(*batches[i]).last_hidden_state
-            valid = batches[i][1].bool()
-            if not torch.equal(got[valid], expected[i][valid]):
-                wrong.append(i)
+    def is_right(i: int, got: torch.Tensor) -> bool:
+        valid = batches[i][1].bool()
+        return torch.equal(got[valid], expected[i][valid])
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    wrong = _wrong_calls_from_four_threads(graphed, batches, is_right, start_together=False)
     torch.cuda.synchronize()
     assert not wrong, f"{len(wrong)} of {calls} calls got another call's output"
     assert graphed.runner.graphs.captures == 1 and not graphed.runner.graphs.failed

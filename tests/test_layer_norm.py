@@ -12,6 +12,7 @@ from fastbert.kernels import reference as R
 from fastbert.kernels.fused_layer_norm import MAX_HIDDEN
 
 from fastbert import kernels as K
+from tests.bad_inputs import bad_input_test, float64_case
 from tests.op_cases import ALL_DTYPES, ELEMENTWISE_DTYPES, check_op, dtype_params, randn
 
 
@@ -87,22 +88,16 @@ def test_empty_rows(device) -> None:
     assert K.layer_norm(x, weight, bias, 1e-5, residual).shape == (0, 32)
 
 
-def _bad_args(device, **change):
-    """Valid fp32 operands ([4, 16]) with the ``change``d ones replaced."""
+def _valid_args(device) -> dict:
+    """Valid fp32 operands ([4, 16]): the keyword arguments of K.layer_norm."""
     x, residual, weight, bias = operands((4, 16), torch.float32, device)
-    args = {"x": x, "weight": weight, "bias": bias, "eps": 1e-5, "residual": residual}
-    args.update({name: make(args) for name, make in change.items()})
-    return args
+    return {"x": x, "weight": weight, "bias": bias, "eps": 1e-5, "residual": residual}
 
 
 BAD = {
     "mixed dtypes": (dict(weight=lambda a: a["weight"].half()), TypeError, "dtype mismatch"),
     "residual dtype": (dict(residual=lambda a: a["residual"].bfloat16()), TypeError, "dtype"),
-    "float64": (
-        {n: (lambda a, n=n: a[n].double()) for n in ("x", "weight", "bias", "residual")},
-        TypeError,
-        "float64",
-    ),
+    "float64": float64_case("x", "weight", "bias", "residual"),
     "weight shape": (dict(weight=lambda a: a["weight"][:8]), ValueError, r"weight must have sha"),
     "bias 2-d": (dict(bias=lambda a: a["bias"][None]), ValueError, "bias must have 1 dim"),
     "residual shape": (
@@ -126,18 +121,10 @@ BAD = {
 }
 
 
-@pytest.mark.parametrize("case", BAD, ids=list(BAD))
-def test_bad_input_raises(device, case) -> None:
-    change, exc, match = BAD[case]
-    args = _bad_args(device, **change)
-    with pytest.raises(exc, match=match):
-        K.layer_norm(**args)
+test_bad_input_raises = bad_input_test(K.layer_norm, _valid_args, BAD)
 
 
-def test_cpu_without_interpreter_says_so(monkeypatch) -> None:
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is present")
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+def test_cpu_without_interpreter_says_so(interpreter_off) -> None:
     x, residual, weight, bias = operands((2, 16), torch.float32, "cpu")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         K.layer_norm(x, weight, bias, 1e-5)

@@ -13,6 +13,7 @@ import torch
 from fastbert.kernels import reference as R
 
 from fastbert import kernels as K
+from tests.bad_inputs import bad_input_test, float64_case
 from tests.op_cases import ALL_DTYPES, DOT_DTYPES, check_op, dtype_params, randn
 
 ACTIVATIONS = (None, "gelu", "gelu_tanh")
@@ -31,14 +32,16 @@ def operands(m, n, k, dtype, device, seed=0, lead=None):
     return x, weight, bias, residual
 
 
+def linear_within_rule(x, weight, bias, activation, residual, what: str) -> torch.Tensor:
+    """K.linear's output, held to the rule against the reference linear (``what`` names it in
+    a failure). Shared with the tests that pin one config at a time."""
+    kwargs = {"bias": bias, "activation": activation, "residual": residual}
+    return check_op(K.linear, R.linear, (x, weight), kwargs, what=what)
+
+
 def check_linear(x, weight, bias=None, activation=None, residual=None) -> torch.Tensor:
-    out = check_op(
-        K.linear,
-        R.linear,
-        (x, weight),
-        {"bias": bias, "activation": activation, "residual": residual},
-        what=f"linear act={activation} bias={bias is not None} res={residual is not None}",
-    )
+    what = f"linear act={activation} bias={bias is not None} res={residual is not None}"
+    out = linear_within_rule(x, weight, bias, activation, residual, what)
     assert out.is_contiguous()
     return out
 
@@ -108,22 +111,16 @@ def test_empty_dimensions(device, m, n, k) -> None:
     assert out.shape == (m, n)
 
 
-def _bad_args(device, **change):
-    """Valid fp32 operands (M=4, N=6, K=8) with the ``change``d ones replaced."""
+def _valid_args(device) -> dict:
+    """Valid fp32 operands (M=4, N=6, K=8): the keyword arguments of K.linear."""
     x, weight, bias, residual = operands(4, 6, 8, torch.float32, device)
-    args = {"x": x, "weight": weight, "bias": bias, "activation": "gelu", "residual": residual}
-    args.update({name: make(args) for name, make in change.items()})
-    return args
+    return {"x": x, "weight": weight, "bias": bias, "activation": "gelu", "residual": residual}
 
 
 BAD = {
     "mixed dtypes": (dict(weight=lambda a: a["weight"].half()), TypeError, "dtype mismatch"),
     "bias dtype": (dict(bias=lambda a: a["bias"].bfloat16()), TypeError, "dtype mismatch"),
-    "float64": (
-        {n: (lambda a, n=n: a[n].double()) for n in ("x", "weight", "bias", "residual")},
-        TypeError,
-        "float64",
-    ),
+    "float64": float64_case("x", "weight", "bias", "residual"),
     "int x": (dict(x=lambda a: a["x"].int()), TypeError, "x must be float16"),
     "K mismatch": (dict(weight=lambda a: a["weight"][:, :5]), ValueError, "input features"),
     "3-d weight": (dict(weight=lambda a: a["weight"][None]), ValueError, "weight must have 2"),
@@ -139,18 +136,10 @@ BAD = {
 }
 
 
-@pytest.mark.parametrize("case", BAD, ids=list(BAD))
-def test_bad_input_raises(device, case) -> None:
-    change, exc, match = BAD[case]
-    args = _bad_args(device, **change)
-    with pytest.raises(exc, match=match):
-        K.linear(**args)
+test_bad_input_raises = bad_input_test(K.linear, _valid_args, BAD)
 
 
-def test_cpu_without_interpreter_says_so(monkeypatch) -> None:
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is present")
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+def test_cpu_without_interpreter_says_so(interpreter_off) -> None:
     x, weight, bias, residual = operands(2, 3, 4, torch.float32, "cpu")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         K.linear(x, weight, bias)

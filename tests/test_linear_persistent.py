@@ -17,7 +17,7 @@ from fastbert.kernels.launch import AUTOTUNE_ENV
 
 from fastbert import kernels as K
 from tests.op_cases import check_op, dtype_params
-from tests.test_linear import operands
+from tests.test_linear import linear_within_rule, operands
 
 KERNEL = fused_linear._linear_fwd_kernel
 SIXTEEN_BIT = dtype_params((torch.float16,), (torch.bfloat16,))
@@ -53,13 +53,8 @@ def test_every_persistent_config(
     for index in persistent:
         monkeypatch.setenv(AUTOTUNE_ENV, str(index))
         KERNEL.cache.clear()
-        check_op(
-            K.linear,
-            R.linear,
-            (x, weight),
-            {"bias": bias, "activation": activation, "residual": residual},
-            what=f"persistent linear config {index} {kept[index]}",
-        )
+        what = f"persistent linear config {index} {kept[index]}"
+        linear_within_rule(x, weight, bias, activation, residual, what)
         assert KERNEL.best_config.kwargs["PERSISTENT"], "the persistent config did not run"
 
 

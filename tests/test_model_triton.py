@@ -41,10 +41,7 @@ def test_triton_masked_lm_matches_hf_fp32(device) -> None:
     assert torch.equal(got.argmax(-1)[valid], expected.argmax(-1)[valid])
 
 
-def test_triton_backend_without_interpreter_or_gpu_says_so(monkeypatch) -> None:
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is present")
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+def test_triton_backend_without_interpreter_or_gpu_says_so(interpreter_off) -> None:
     model = fastbert.BertModel.from_pretrained(hf_model(), device="cpu", backend="triton")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         model(torch.tensor([[1, 2, 3]]))

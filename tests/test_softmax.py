@@ -170,10 +170,7 @@ def test_bad_input_raises(device, case) -> None:
         K.scaled_masked_softmax(scores, mask)
 
 
-def test_cpu_without_interpreter_says_so(monkeypatch) -> None:
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is present")
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+def test_cpu_without_interpreter_says_so(interpreter_off) -> None:
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         K.scaled_masked_softmax(torch.zeros(1, 1, 2, 4))
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fastbert
-from tests.hf_models import hf_model, padded_batch
+from tests.hf_models import dropout_logits, hf_model, padded_batch
 from tests.test_optimize import CASES, TRITON_CASES, make_inputs, make_model
 from tests.test_training import (
     NO_HEAD_DROPOUT,
@@ -123,14 +123,7 @@ def test_triton_dropout_in_training(device: str) -> None:
         hf, device=device, dtype=torch.float32, backend="triton"
     )
     ids, mask, types = (t.to(device) for t in padded_batch(LENGTHS, seed=33))
-    with torch.no_grad():
-        evaluated = model(ids, mask, types).logits
-        model.train()
-        torch.manual_seed(1)
-        first = model(ids, mask, types).logits
-        second = model(ids, mask, types).logits
-        torch.manual_seed(1)
-        again = model(ids, mask, types).logits
+    evaluated, first, second, again = dropout_logits(model, (ids, mask, types), seed=1)
     assert torch.equal(first, again) and not torch.allclose(first, second)
     assert not torch.allclose(first, evaluated)
     model(ids, mask, types, labels=torch.tensor([0, 1, 2], device=device)).loss.backward()

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from fastbert.bench.progress import Progress
+from fastbert.bench.shapes import MODEL_SHAPES, padded_batch
 from fastbert.integrations import models as hf_models
 from fastbert.integrations.optimize import optimize
 from fastbert.kernels import launch
@@ -66,15 +67,9 @@ RANDOM = "random"
 # this many columns the masked-LM head is Hugging Face's fp32 head on fastbert's last hidden
 # state instead of fastbert's own head.
 INTERPRETER_MAX_VOCAB = 4096
-# The random configs: small enough for the interpreter, head dim 64 (the kernels' common case).
-RANDOM_CONFIG = dict(
-    vocab_size=1000,
-    hidden_size=256,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    intermediate_size=1024,
-    max_position_embeddings=512,
-)
+# The random configs: the benchmarks' bert-mini shape (small enough for the interpreter, head
+# dim 64: the kernels' common case) with a vocabulary of 1000.
+RANDOM_CONFIG = dict(MODEL_SHAPES["bert-mini"], vocab_size=1000, max_position_embeddings=512)
 
 
 @dataclasses.dataclass
@@ -199,12 +194,9 @@ def make_inputs(
         ids, mask = batch["input_ids"], batch["attention_mask"]
         types = batch.get("token_type_ids", torch.zeros_like(ids))
         return ids.to(device), mask.to(device), types.to(device)
-    lengths = torch.tensor([min(max_length, len(t.split()) + 2) for t in texts])
-    seq = int(lengths.max())
-    gen = torch.Generator().manual_seed(0)
-    mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
-    ids = torch.randint(1, vocab_size, (len(texts), seq), generator=gen) * mask
-    return ids.to(device), mask.to(device), torch.zeros_like(ids).to(device)
+    lengths = [min(max_length, len(t.split()) + 2) for t in texts]
+    batch = padded_batch(lengths, max(lengths), vocab_size, device, seed=0)
+    return batch.input_ids, batch.attention_mask, batch.token_type_ids
 
 
 def model_inputs(hf: Any, ids, mask, types) -> dict[str, torch.Tensor]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 
 import torch
 
@@ -119,8 +120,21 @@ def make_batch(
 ) -> Batch:
     """A random batch of ``shape`` (ids in [1, vocab), padding set to ``pad_token_id``)."""
     lengths = sequence_lengths(shape, seed)
-    generator = torch.Generator().manual_seed(seed + 1)
-    ids = torch.randint(1, vocab_size, (shape.batch, shape.seq), generator=generator)
-    mask = (torch.arange(shape.seq)[None, :] < torch.tensor(lengths)[:, None]).long()
+    return padded_batch(lengths, shape.seq, vocab_size, device, seed + 1, pad_token_id)
+
+
+def padded_batch(
+    lengths: Sequence[int],
+    seq: int,
+    vocab_size: int,
+    device: torch.device | str,
+    seed: int,
+    pad_token_id: int = 0,
+) -> Batch:
+    """Sequences of ``lengths`` tokens right-padded to ``seq``: ids drawn in [1, vocab) with
+    ``seed``, padding set to ``pad_token_id``, token types 0."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab_size, (len(lengths), seq), generator=generator)
+    mask = (torch.arange(seq)[None, :] < torch.tensor(lengths)[:, None]).long()
     ids = ids.masked_fill(mask == 0, pad_token_id)
-    return Batch(ids.to(device), mask.to(device), torch.zeros_like(ids).to(device), lengths)
+    return Batch(ids.to(device), mask.to(device), torch.zeros_like(ids).to(device), tuple(lengths))

@@ -18,6 +18,7 @@ import torch
 from fastbert.commands.options import (
     CommandError,
     UsageError,
+    add_backend_argument,
     add_device_argument,
     nonnegative_int,
     positive_int,
@@ -125,13 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--peers asks for it), a small model on a CPU",
     )
     add_device_argument(parser)
-    parser.add_argument(
-        "--backend",
-        default="auto",
-        choices=("auto", "torch", "triton"),
-        help="fastbert's backend (auto: Triton on CUDA, PyTorch elsewhere; "
-        "triton on a CPU needs TRITON_INTERPRET=1)",
-    )
+    add_backend_argument(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and inputs")
 
 

@@ -16,6 +16,7 @@ import torch
 from fastbert.commands.options import (
     CommandError,
     UsageError,
+    add_backend_argument,
     add_device_argument,
     resolve_device,
 )
@@ -34,13 +35,7 @@ SENTENCES = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sentences", nargs="*", help="sentences to encode (default: a few)")
     add_device_argument(parser)
-    parser.add_argument(
-        "--backend",
-        default="auto",
-        choices=("auto", "torch", "triton"),
-        help="fastbert's backend (auto: Triton on CUDA, PyTorch elsewhere; "
-        "triton on a CPU needs TRITON_INTERPRET=1)",
-    )
+    add_backend_argument(parser)
 
 
 def _backend_here(backend: str, device: torch.device) -> str:

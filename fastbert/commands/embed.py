@@ -9,6 +9,7 @@ import sys
 from fastbert.commands.options import (
     CommandError,
     UsageError,
+    add_backend_argument,
     add_device_argument,
     positive_int,
 )
@@ -90,12 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="dtype of the stored embeddings (float16 needs --dtype float16)",
     )
     add_device_argument(parser)
-    parser.add_argument(
-        "--backend",
-        default="auto",
-        choices=("auto", "torch", "triton"),
-        help="fastbert's backend (auto: Triton on CUDA, PyTorch elsewhere)",
-    )
+    add_backend_argument(parser)
     parser.add_argument(
         "--skip-bad",
         action="store_true",

@@ -1,5 +1,6 @@
 """What the subcommands share: argument types that validate as argparse parses, the device
-choice, and the two ways a command fails (see fastbert/cli.py for the exit codes)."""
+and backend options, and the two ways a command fails (see fastbert/cli.py for the exit
+codes)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,17 @@ def device(text: str) -> str:
 def add_device_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device", type=device, default=None, help="cpu, cuda or cuda:N (default: cuda if present)"
+    )
+
+
+def add_backend_argument(parser: argparse.ArgumentParser) -> None:
+    """--backend of the commands that run fastbert's model on the device's default backend."""
+    parser.add_argument(
+        "--backend",
+        default="auto",
+        choices=("auto", "torch", "triton"),
+        help="fastbert's backend (auto: Triton on CUDA, PyTorch elsewhere; "
+        "triton on a CPU needs TRITON_INTERPRET=1)",
     )
 
 

@@ -17,7 +17,7 @@ import torch
 from fastbert.embed import manifest, model, readers
 from fastbert.embed.batching import Window, token_batches, windows
 from fastbert.embed.options import DTYPES, EmbedOptions
-from fastbert.embed.shards import ShardWriter
+from fastbert.embed.shards import EmbeddedRows, ShardWriter
 from fastbert.embed.tokenize import Tokenise, tokenise_ahead
 from fastbert.model.encoder import BertModel
 from fastbert.version import __version__
@@ -111,14 +111,7 @@ class Sink(Protocol):
     """Where embedded rows go (a ShardWriter, an ArraySink): rows added or skipped, then told
     that every row before ``end`` is in (``advance``) and that the input ended (``finish``)."""
 
-    def add(
-        self,
-        rows: list[int],
-        ids: list[Any],
-        vectors: np.ndarray,
-        tokens: list[int],
-        truncated: list[bool],
-    ) -> None: ...
+    def add(self, embedded: EmbeddedRows) -> None: ...
     def skip(self, rows: list[int]) -> None: ...
     def advance(self, end: int) -> None: ...
     def finish(self, end: int) -> None: ...
@@ -144,30 +137,58 @@ def job_record(inputs: Sequence[Path], options: EmbedOptions, dimensions: int) -
     }
 
 
+@dataclass
+class Job:
+    """A job writing Parquet shards, started: its resolved options, output folder and manifest
+    record; the shard writer, which starts after the shards an earlier run finished; and the
+    first input row still to embed."""
+
+    options: EmbedOptions
+    output: Path
+    record: dict
+    writer: ShardWriter
+    first_row: int
+
+    def finish(self, summary: Summary) -> Summary:
+        """``summary`` of the run, with the output folder and the final manifest written."""
+        summary.output = self.output
+        summary.manifest = manifest.finish_output(self.output, self.record)
+        return summary
+
+
+def start_job(
+    files: Sequence[Path],
+    output: str | Path,
+    options: EmbedOptions,
+    tokenizer: Any,
+    device: torch.device | None = None,
+) -> Job:
+    """Resolve ``options`` (see :func:`resolve`) and start the job's output in ``output``, or
+    continue an unfinished run of the same job there. Called before the model loads, so that
+    an output it must not write (manifest.OutputError) costs nothing."""
+    options, dimensions = resolve(options, tokenizer, device)
+    output = Path(output)
+    record = job_record(files, options, dimensions)
+    start = manifest.start_output(output, record, options.overwrite)
+    store_dtype = np.dtype(options.store_dtype)
+    writer = ShardWriter(output, options.rows_per_shard, dimensions, store_dtype, start)
+    return Job(options, output, record, writer, start * options.rows_per_shard)
+
+
 def embed_files(inputs: Sequence[str | Path], output: str | Path, options: EmbedOptions) -> Summary:
     """Embed the rows of ``inputs`` (files or folders) into Parquet shards in ``output``,
     continuing an unfinished run of the same job. Raises readers.InputError for unreadable input
     or a bad row (without skip_bad), manifest.OutputError for an output it must not write."""
     files = readers.list_inputs(inputs)
     tokenizer = model.load_tokenizer(Path(options.model))
-    options, dimensions = resolve(options, tokenizer)
-    output = Path(output)
-    job = job_record(files, options, dimensions)
-    start = manifest.start_output(output, job, options.overwrite)  # before the model loads
-    loaded = load(options, tokenizer)
-    writer = ShardWriter(
-        output, options.rows_per_shard, dimensions, np.dtype(options.store_dtype), start
-    )
-    first_row = start * options.rows_per_shard
+    job = start_job(files, output, options, tokenizer)
+    loaded = load(job.options, tokenizer)
     rows = (
         r
-        for r in readers.read_rows(files, options.text_field, options.id_field)
-        if r.index >= first_row
+        for r in readers.read_rows(files, job.options.text_field, job.options.id_field)
+        if r.index >= job.first_row
     )
-    summary = run_rows(rows, loaded, writer, first_row)
-    summary.output = output
-    summary.manifest = manifest.finish_output(output, job)
-    return summary
+    return job.finish(run_rows(rows, loaded, job.writer, job.first_row))
 
 
 def embed_texts(texts: Sequence[str], options: EmbedOptions) -> np.ndarray:
@@ -191,15 +212,8 @@ class ArraySink:
     def __init__(self, rows: int, dimensions: int, dtype: np.dtype):
         self.array = np.zeros((rows, dimensions), dtype)
 
-    def add(
-        self,
-        rows: list[int],
-        ids: list[Any],
-        vectors: np.ndarray,
-        tokens: list[int],
-        truncated: list[bool],
-    ) -> None:
-        self.array[rows] = vectors
+    def add(self, embedded: EmbeddedRows) -> None:
+        self.array[embedded.rows] = embedded.vectors
 
     def skip(self, rows: list[int]) -> None:
         raise AssertionError("in-memory texts are never skipped")
@@ -239,7 +253,12 @@ def run_rows(rows: Iterable[readers.Row], loaded: Loaded, sink: Sink, first_row:
 def _check_bad(window: Window, skip_bad: bool) -> None:
     if window.bad and not skip_bad:
         row = window.bad[0]
-        raise readers.InputError(f"{row.where()}: {row.problem} (skip bad rows with --skip-bad)")
+        raise bad_row_error(row.where(), row.problem)
+
+
+def bad_row_error(where: str, problem: str) -> readers.InputError:
+    """The error that stops a job at a bad row (without skip_bad): where, what, how to skip."""
+    return readers.InputError(f"{where}: {problem} (skip bad rows with --skip-bad)")
 
 
 def embed_sorted(
@@ -257,12 +276,15 @@ def _embed_window(
 ) -> None:
     for batch, vectors in embed_sorted(loaded.encoder, window.tokens, loaded.options.batch_tokens):
         tokens = [len(window.tokens[i]) for i in batch]
+        rows = [window.rows[i] for i in batch]
         sink.add(
-            [window.rows[i].index for i in batch],
-            [_row_id(window.rows[i]) for i in batch],
-            vectors,
-            tokens,
-            [window.cut[i] for i in batch],
+            EmbeddedRows(
+                rows=[row.index for row in rows],
+                ids=[row.output_id() for row in rows],
+                vectors=vectors,
+                tokens=tokens,
+                truncated=[window.cut[i] for i in batch],
+            )
         )
         summary.docs += len(batch)
         summary.tokens += sum(tokens)
@@ -270,10 +292,6 @@ def _embed_window(
         elapsed = time.perf_counter() - start
         if elapsed > 0:
             bar.set_postfix_str(f"{summary.tokens / elapsed:,.0f} tokens/s", refresh=False)
-
-
-def _row_id(row: readers.Row) -> Any:
-    return row.index if row.id is None else row.id
 
 
 def progress_bar(enabled: bool) -> Any:

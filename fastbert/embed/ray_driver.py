@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastbert.embed import manifest, model, pipeline, readers
+from fastbert.embed import model, pipeline, readers
 from fastbert.embed.options import EmbedOptions
-from fastbert.embed.shards import ShardWriter
+from fastbert.embed.shards import EmbeddedRows, ShardWriter
 
 READ_ROWS = 1024  # rows per block out of a read task
 TOKENISE_ROWS = 256  # rows per tokenise task call
@@ -49,22 +49,14 @@ def embed_files(
     try:
         gpus = int(ray.cluster_resources().get("GPU", 0))
         cpus = ray.cluster_resources().get("CPU", 1)
-        options, dimensions = pipeline.resolve(options, tokenizer, _worker_device(options, gpus))
-        output = Path(output)
-        job = pipeline.job_record(files, options, dimensions)
-        start = manifest.start_output(output, job, options.overwrite)
-        writer = ShardWriter(
-            output, options.rows_per_shard, dimensions, np.dtype(options.store_dtype), start
-        )
-        first_row = start * options.rows_per_shard
-        dataset = _dataset(ray, files, counts, first_row, options, gpus, cpus)
-        summary = _drain(dataset, writer, options, first_row, sum(counts))
+        device = _worker_device(options, gpus)
+        job = pipeline.start_job(files, output, options, tokenizer, device)
+        dataset = _dataset(ray, files, counts, job.first_row, job.options, gpus, cpus)
+        summary = _drain(dataset, job.writer, job.options, job.first_row, sum(counts))
     finally:
         if started:
             ray.shutdown()
-    summary.output = output
-    summary.manifest = manifest.finish_output(output, job)
-    return summary
+    return job.finish(summary)
 
 
 def _import_ray() -> Any:
@@ -161,7 +153,7 @@ def _read_file(batch: Any, text_field: str, id_field: str | None, first_row: int
         rows.append(
             {
                 "index": row.index,
-                "id": row.index if row.id is None else row.id,
+                "id": row.output_id(),
                 "text": row.text,
                 "problem": row.problem,
                 "where": row.where(),
@@ -229,18 +221,18 @@ def _drain(
             bad = batch[batch["problem"].notna()]
             if len(bad) and not options.skip_bad:
                 row = bad.iloc[0]
-                raise readers.InputError(
-                    f"{row['where']}: {row['problem']} (skip bad rows with --skip-bad)"
-                )
+                raise pipeline.bad_row_error(row["where"], row["problem"])
             writer.skip(bad["index"].tolist())
             good = batch[batch["problem"].isna()]
             if len(good):
                 writer.add(
-                    good["index"].tolist(),
-                    good["id"].tolist(),
-                    np.stack(good["embedding"].tolist()),
-                    good["tokens"].tolist(),
-                    good["cut"].tolist(),
+                    EmbeddedRows(
+                        rows=good["index"].tolist(),
+                        ids=good["id"].tolist(),
+                        vectors=np.stack(good["embedding"].tolist()),
+                        tokens=good["tokens"].tolist(),
+                        truncated=good["cut"].tolist(),
+                    )
                 )
             writer.advance(int(batch["index"].iloc[-1]) + 1)
             summary.docs += len(good)

@@ -39,6 +39,10 @@ class Row:
     line: int
     problem: str | None = None
 
+    def output_id(self) -> Any:
+        """The id the output holds for this row: its id field's value, else its row number."""
+        return self.index if self.id is None else self.id
+
     def where(self) -> str:
         if self.source == LIST_SOURCE:
             return f"texts[{self.line}]"

@@ -30,6 +30,18 @@ class ShardStats:
     skipped: int = 0
 
 
+@dataclass
+class EmbeddedRows:
+    """Rows embedded in one go, in parallel lists: their input row indices, ids, embeddings
+    [n, dim], token counts and whether each was truncated."""
+
+    rows: list[int]
+    ids: list[Any]
+    vectors: np.ndarray
+    tokens: list[int]
+    truncated: list[bool]
+
+
 def shard_path(output: Path, number: int) -> Path:
     return output / SHARD_PATTERN.format(number)
 
@@ -70,20 +82,14 @@ class ShardWriter:
         self._truncated: set[int] = set()
         self._skipped: list[int] = []
 
-    def add(
-        self,
-        rows: list[int],
-        ids: list[Any],
-        vectors: np.ndarray,
-        tokens: list[int],
-        truncated: list[bool],
-    ) -> None:
-        """Embedded rows: input row indices, ids, embeddings [n, dim], token counts, cut flags."""
+    def add(self, embedded: EmbeddedRows) -> None:
+        """Rows embedded, to be written with their shards."""
+        rows = embedded.rows
         self._rows += rows
-        self._ids += ids
-        self._vectors += list(vectors)
-        self._tokens.update(zip(rows, tokens))
-        self._truncated.update(r for r, cut in zip(rows, truncated) if cut)
+        self._ids += embedded.ids
+        self._vectors += list(embedded.vectors)
+        self._tokens.update(zip(rows, embedded.tokens))
+        self._truncated.update(r for r, cut in zip(rows, embedded.truncated) if cut)
 
     def skip(self, rows: list[int]) -> None:
         """Input rows left out (bad rows, with skip_bad)."""

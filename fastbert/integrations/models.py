@@ -8,7 +8,6 @@ transformers and sentence-transformers are imported inside the functions, offlin
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import warnings
 from collections.abc import Iterator
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from fastbert.model import loading
 
 
 def import_transformers() -> Any:
@@ -130,10 +131,6 @@ def load_tokenizer(path: str) -> Any:
 
 
 def transformer_folder(folder: Path) -> Path:
-    """The Hugging Face folder inside a sentence-transformers folder (or ``folder`` itself)."""
-    modules = folder / "modules.json"
-    if not (folder / "config.json").exists() and modules.exists():
-        for module in json.loads(modules.read_text()):
-            if module.get("type", "").endswith("Transformer"):
-                return folder / module.get("path", "")
-    return folder
+    """The Hugging Face folder inside a sentence-transformers folder (or ``folder`` itself),
+    found as fastbert's from_pretrained finds it (ValueError naming a malformed modules.json)."""
+    return loading._transformer_folder(folder)

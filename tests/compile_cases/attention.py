@@ -27,29 +27,25 @@ from __future__ import annotations
 
 # The package re-exports same-named functions, so import the module itself.
 from fastbert.kernels import flash_attention as mod
+from fastbert.kernels.launch import next_power_of_2
 
-from tests.compile_support import CompileCase
+from tests.compile_support import ELEMENT_SIZES, CompileCase
 
 KERNEL = mod._attention_fwd_kernel.fn
 CONFIGS = mod._attention_fwd_kernel.configs
-DTYPES = {"fp16": 2, "bf16": 2, "fp32": 4}
 VARIANTS = ((True, False), (False, False), (False, True))  # (HAS_MASK, IS_VARLEN)
 STRIDES = [f"stride_{t}_{d}" for t in ("q", "k", "v", "o") for d in ("b", "h", "s")]
 
 
-def _block_d(head_dim: int) -> int:
-    return 1 << (head_dim - 1).bit_length()
-
-
 def _kept(head_dim: int, element_size: int, is_varlen: bool, has_mask: bool) -> list:
-    block_d = _block_d(head_dim)
+    block_d = next_power_of_2(head_dim)
     return [c for c in CONFIGS if mod.keep(c, block_d, element_size, is_varlen, has_mask)]
 
 
 def _values_per_thread(config, head_dim: int) -> int:
     """fp32 values per thread for the accumulator and the score tile (``keep``'s measure)."""
     m, n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
-    return m * (_block_d(head_dim) + n) // (32 * config.num_warps)
+    return m * (next_power_of_2(head_dim) + n) // (32 * config.num_warps)
 
 
 def _optional_inputs(
@@ -80,7 +76,7 @@ def _case(
     signature = {"Q": ptr, "K": ptr, "V": ptr, "Out": ptr}
     constexprs: dict[str, object] = dict(
         HEAD_DIM=head_dim,
-        BLOCK_D=_block_d(head_dim),
+        BLOCK_D=next_power_of_2(head_dim),
         HAS_MASK=has_mask,
         IS_VARLEN=is_varlen,
         HAS_DROPOUT=has_dropout,
@@ -104,17 +100,7 @@ def _case(
         f"s{config.num_stages} w{config.num_warps} mask={int(has_mask)}"
         f"{'' if mask == '*i1' or not has_mask else mask[1:]} varlen={int(is_varlen)}{training}]"
     )
-    return CompileCase(
-        name=name,
-        fn=KERNEL,
-        signature=signature,
-        constexprs=constexprs,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-        dtype=dtype,
-        block_m=meta["BLOCK_M"],
-        block_n=meta["BLOCK_N"],
-    )
+    return CompileCase.tuned(config, name, KERNEL, signature, constexprs, dtype)
 
 
 def _heaviest(configs: list, head_dim: int):
@@ -123,7 +109,7 @@ def _heaviest(configs: list, head_dim: int):
 
 def _cases() -> list[CompileCase]:
     cases = []
-    for dtype, element_size in DTYPES.items():
+    for dtype, element_size in ELEMENT_SIZES.items():
         for head_dim in mod.SUPPORTED_HEAD_DIMS:
             for has_mask, is_varlen in VARIANTS:
                 kept = _kept(head_dim, element_size, is_varlen, has_mask)
@@ -151,7 +137,7 @@ def _training_cases() -> list[CompileCase]:
         _case(
             dtype,
             d,
-            _heaviest(_kept(d, DTYPES[dtype], varlen, mask), d),
+            _heaviest(_kept(d, ELEMENT_SIZES[dtype], varlen, mask), d),
             mask,
             varlen,
             has_dropout=dropout,

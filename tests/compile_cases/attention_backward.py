@@ -20,8 +20,9 @@ tile its loop steps over); a dQ case declares BLOCK_M and BLOCK_N.
 from __future__ import annotations
 
 from fastbert.kernels import flash_attention_backward as mod
+from fastbert.kernels.launch import next_power_of_2
 
-from tests.compile_support import CompileCase
+from tests.compile_support import ELEMENT_SIZES, CompileCase
 
 # (name, the pass's autotuner, whether it is the dK / dV pass (DKDV)).
 KERNELS = (
@@ -30,16 +31,9 @@ KERNELS = (
 )
 
 
-def _block_d(head_dim: int) -> int:
-    return 1 << (head_dim - 1).bit_length()
-
-
-ELEMENT_SIZE = {"fp16": 2, "bf16": 2, "fp32": 4}
-
-
 def _kept(kernel: tuple, dtype: str, head_dim: int) -> list:
-    size = ELEMENT_SIZE[dtype]
-    return [c for c in kernel[1].configs if mod.keep(c, _block_d(head_dim), size, kernel[2])]
+    size, block_d = ELEMENT_SIZES[dtype], next_power_of_2(head_dim)
+    return [c for c in kernel[1].configs if mod.keep(c, block_d, size, kernel[2])]
 
 
 def _heaviest(kernel: tuple, dtype: str, head_dim: int):
@@ -47,7 +41,8 @@ def _heaviest(kernel: tuple, dtype: str, head_dim: int):
 
     def held(c) -> int:
         m, n = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
-        acc = 2 * n * _block_d(head_dim) if kernel[2] else m * _block_d(head_dim)
+        block_d = next_power_of_2(head_dim)
+        acc = 2 * n * block_d if kernel[2] else m * block_d
         return (acc + 2 * m * n) // (32 * c.num_warps)
 
     return max(_kept(kernel, dtype, head_dim), key=held)
@@ -75,7 +70,7 @@ def _case(
     signature.update(seq_q_bucket="i32", seq_k_bucket="i32")
     constexprs: dict[str, object] = dict(
         HEAD_DIM=head_dim,
-        BLOCK_D=_block_d(head_dim),
+        BLOCK_D=next_power_of_2(head_dim),
         HAS_MASK=has_mask,
         IS_VARLEN=is_varlen,
         HAS_DROPOUT=has_dropout,
@@ -93,20 +88,13 @@ def _case(
         constexprs["CuSeqlens"] = None
     signature.update({n: "constexpr" for n in constexprs if n not in signature})
     m, n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
-    return CompileCase(
-        name=(
-            f"{name}[{dtype} D={head_dim} {m}x{n} s{config.num_stages} w{config.num_warps} "
-            f"mask={int(has_mask)} varlen={int(is_varlen)} dropout={int(has_dropout)}]"
-        ),
-        fn=jit.fn,
-        signature=signature,
-        constexprs=constexprs,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-        dtype=dtype,
-        block_m=n if is_dkdv else m,
-        block_n=m if is_dkdv else n,
+    case_name = (
+        f"{name}[{dtype} D={head_dim} {m}x{n} s{config.num_stages} w{config.num_warps} "
+        f"mask={int(has_mask)} varlen={int(is_varlen)} dropout={int(has_dropout)}]"
     )
+    # A dK / dV case's MMAs have BLOCK_N rows; its loop steps over BLOCK_M (module docstring).
+    tiles = {"block_m": n, "block_n": m} if is_dkdv else {}
+    return CompileCase.tuned(config, case_name, jit.fn, signature, constexprs, dtype, **tiles)
 
 
 # (dtype, head dim, HAS_MASK, IS_VARLEN, HAS_DROPOUT) compiled in the heaviest kept config.

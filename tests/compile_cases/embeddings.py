@@ -15,11 +15,10 @@ import itertools
 from fastbert.kernels import fused_embeddings as mod
 from fastbert.kernels import fused_layer_norm as layer_norm
 
-from tests.compile_support import CompileCase
+from tests.compile_support import DTYPES, CompileCase, row_tiles
 
 KERNEL = mod._embeddings_layer_norm_fwd_kernel
-DTYPES = ("fp16", "bf16", "fp32")
-BLOCKS = sorted({layer_norm.block_size(2**i) for i in range(layer_norm.MAX_HIDDEN.bit_length())})
+BLOCKS = row_tiles(layer_norm.block_size, layer_norm.MAX_HIDDEN)
 FLAGS = list(itertools.product((False, True), (False, True)))
 UNIT_STRIDES = (
     "stride_word_emb_col",

@@ -13,11 +13,10 @@ import itertools
 
 from fastbert.kernels import fused_layer_norm as mod
 
-from tests.compile_support import CompileCase
+from tests.compile_support import DTYPES, CompileCase, row_tiles
 
 KERNEL = mod._layer_norm_fwd_kernel
-DTYPES = ("fp16", "bf16", "fp32")
-BLOCKS = sorted({mod.block_size(2**i) for i in range(mod.MAX_HIDDEN.bit_length())})
+BLOCKS = row_tiles(mod.block_size, mod.MAX_HIDDEN)
 UNIT_STRIDES = (
     "stride_x_col",
     "stride_residual_col",

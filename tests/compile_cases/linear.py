@@ -21,13 +21,12 @@ import itertools
 
 from fastbert.kernels import fused_linear as mod
 
-from tests.compile_support import ARCHS, CompileCase
+from tests.compile_support import ARCHS, ELEMENT_SIZES, CompileCase
 
 KERNEL = mod._linear_fwd_kernel.fn
 CONFIGS = mod._linear_fwd_kernel.configs
 POINTER_CONFIGS = [c for c in CONFIGS if not c.kwargs["PERSISTENT"]]
 PERSISTENT_CONFIGS = [c for c in CONFIGS if c.kwargs["PERSISTENT"]]
-DTYPES = {"fp16": 2, "bf16": 2, "fp32": 4}
 EPILOGUES = list(itertools.product((False, True), (0, 1, 2), (False, True)))
 FULL_EPILOGUE = (True, 1, True)  # (HAS_BIAS, ACTIVATION, HAS_RESIDUAL): BERT's heaviest
 LARGEST_M_BUCKET = 65536
@@ -145,20 +144,10 @@ def _case(
         variant = f"bias={int(has_bias)} act={activation} res={int(has_residual)}"
         variant += " pre=1" if store_pre else ""
     name = f"linear[{dtype} {mod.config_name(config)} {variant}]"
-    return CompileCase(
-        name=name,
-        fn=KERNEL,
-        signature=signature,
-        constexprs=constexprs,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-        aligned_ints=("N", "K"),
-        # TMA and the persistent configs are for sm_90 (keep() offers them nowhere else).
-        archs=(90,) if meta["PERSISTENT"] else ARCHS,
-        dtype=dtype,
-        block_m=meta["BLOCK_M"],
-        block_n=meta["BLOCK_N"],
-    )
+    # N and K are multiples of 16 in BERT's launches; TMA and the persistent configs are for
+    # sm_90 (keep() offers them nowhere else).
+    where = {"aligned_ints": ("N", "K"), "archs": (90,) if meta["PERSISTENT"] else ARCHS}
+    return CompileCase.tuned(config, name, KERNEL, signature, constexprs, dtype, **where)
 
 
 def _kept_epilogues(config, element_size: int) -> list[tuple[bool, int, bool]]:
@@ -179,7 +168,7 @@ def _kept_epilogues(config, element_size: int) -> list[tuple[bool, int, bool]]:
 
 def _heaviest(dtype: str, config) -> list[CompileCase]:
     """``config`` with the full epilogue if kept for it, else with every epilogue it is kept for."""
-    kept = _kept_epilogues(config, DTYPES[dtype])
+    kept = _kept_epilogues(config, ELEMENT_SIZES[dtype])
     chosen = [FULL_EPILOGUE] if FULL_EPILOGUE in kept else kept
     return [_case(dtype, config, *epilogue) for epilogue in chosen]
 
@@ -187,7 +176,7 @@ def _heaviest(dtype: str, config) -> list[CompileCase]:
 def _cases() -> list[CompileCase]:
     """fp16: each config with its heaviest epilogues, then every epilogue on the sweep config."""
     cases = [case for config in CONFIGS for case in _heaviest("fp16", config)]
-    for dtype, element_size in DTYPES.items():
+    for dtype, element_size in ELEMENT_SIZES.items():
         kept = [c for c in POINTER_CONFIGS if _kept_epilogues(c, element_size) == EPILOGUES]
         sweep = kept[-1]
         cases += [
@@ -200,7 +189,7 @@ def _cases() -> list[CompileCase]:
             cases += [case for config in others for case in _heaviest(dtype, config)]
     # bf16 on the big-M tile too, so that its wgmma path on sm_90 is checked like fp16's.
     for family in (POINTER_CONFIGS, PERSISTENT_CONFIGS):
-        big = next(c for c in family if FULL_EPILOGUE in _kept_epilogues(c, DTYPES["bf16"]))
+        big = next(c for c in family if FULL_EPILOGUE in _kept_epilogues(c, ELEMENT_SIZES["bf16"]))
         cases += _heaviest("bf16", big)
     return cases + _training_cases()
 
@@ -214,7 +203,7 @@ def _training_cases() -> list[CompileCase]:
     ``keep`` allows for them (the plain products on the biggest and smallest)."""
     cases = []
     pre = {"activation": 1, "has_residual": True, "store_pre": True, "has_descriptors": True}
-    for dtype, element_size in DTYPES.items():
+    for dtype, element_size in ELEMENT_SIZES.items():
         cases += [
             _case(dtype, c, *FULL_EPILOGUE, store_pre=True)
             for c in CONFIGS

@@ -15,11 +15,10 @@ import itertools
 # The package re-exports same-named functions, so import the module itself.
 from fastbert.kernels import masked_softmax as mod
 
-from tests.compile_support import CompileCase
+from tests.compile_support import DTYPES, CompileCase, row_tiles
 
 KERNEL = mod._scaled_masked_softmax_fwd_kernel
-DTYPES = ("fp16", "bf16", "fp32")
-BLOCKS = sorted({mod.block_size(2**i) for i in range(mod.MAX_KEYS.bit_length())})
+BLOCKS = row_tiles(mod.block_size, mod.MAX_KEYS)
 
 
 def _case(
