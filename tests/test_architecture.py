@@ -121,6 +121,7 @@ class Import:
     module: str  # absolute, relative imports resolved
     name: str | None  # ``from module import name``; None for ``import module``
     lazy: bool  # inside a function
+    bound: str | None = None  # the local name it binds to a module it names (``as`` or not)
 
     @property
     def where(self) -> str:
@@ -174,7 +175,7 @@ def imports_of(source: Source) -> Iterator[Import]:
     for node, lazy in _statements(tree.body, lazy=False):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield Import(source.path, node.lineno, alias.name, None, lazy)
+                yield Import(source.path, node.lineno, alias.name, None, lazy, alias.asname)
             continue
         module = node.module or ""
         if node.level:
@@ -184,7 +185,8 @@ def imports_of(source: Source) -> Iterator[Import]:
             package = package[: len(package) - (node.level - 1)]
             module = ".".join(package + ([module] if module else []))
         for alias in node.names:
-            yield Import(source.path, node.lineno, module, alias.name, lazy)
+            bound = alias.asname or alias.name
+            yield Import(source.path, node.lineno, module, alias.name, lazy, bound)
 
 
 # --- the rule ----------------------------------------------------------------------------
@@ -279,8 +281,30 @@ def check(sources: dict[str, Source], rooms: tuple[Room, ...] = ROOMS) -> list[s
                     f"{what}: private name {', '.join(private)} imported from another room "
                     f"({other.name})"
                 )
+        failures.extend(_private_attributes(source, room, known, rooms))
     failures.extend(_cycles(edges))
     return failures
+
+
+def _private_attributes(
+    source: Source, room: Room, known: set[str], rooms: tuple[Room, ...]
+) -> list[str]:
+    """Uses of a private name of another room's module through the module
+    (``from fastbert.model import loading`` then ``loading._helper``)."""
+    modules = {}
+    for imp in imports_of(source):
+        module = f"{imp.module}.{imp.name}" if imp.name is not None else imp.module
+        if imp.bound is not None and module in known and room_of(module, rooms) is not room:
+            modules[imp.bound] = module
+    return [
+        f"{source.path}:{node.lineno}: uses {modules[node.value.id]} ({node.attr}): private name "
+        f"{node.attr} of another room ({room_of(modules[node.value.id], rooms).name})"
+        for node in ast.walk(ast.parse(source.text, source.path))
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in modules
+        and _private(node.attr)
+    ]
 
 
 def _importers(target: Room, rooms: tuple[Room, ...]) -> str:
@@ -466,6 +490,25 @@ def test_checker_reports_a_private_name_from_another_room() -> None:
     _one(failures, "runtime.py:3", "fastbert.kernels._grid", "private name _grid")
     _one(failures, "runtime.py:4", "fastbert.kernels._grid", "private name _grid")
     assert len(failures) == 4, failures  # and the cycle launch <-> _grid
+
+
+def test_checker_reports_a_private_name_used_through_a_module() -> None:
+    failures = check(
+        fake(
+            {
+                "fastbert.kernels.__init__": "",
+                "fastbert.kernels.launch": "def _tuned(): pass\ndef cdiv(): pass",
+                "fastbert.execution.runtime": """
+                    from fastbert.kernels import launch
+                    import fastbert.kernels.launch as L
+                    launch.cdiv(); launch._tuned(); L._tuned(); launch.__name__
+                """,
+            }
+        )
+    )
+    # launch._tuned and L._tuned; launch.cdiv and a dunder are fine.
+    assert len(failures) == 2, failures
+    assert all("runtime.py:4: uses fastbert.kernels.launch (_tuned)" in f for f in failures)
 
 
 def test_checker_reports_a_cycle() -> None:

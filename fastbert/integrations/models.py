@@ -133,4 +133,4 @@ def load_tokenizer(path: str) -> Any:
 def transformer_folder(folder: Path) -> Path:
     """The Hugging Face folder inside a sentence-transformers folder (or ``folder`` itself),
     found as fastbert's from_pretrained finds it (ValueError naming a malformed modules.json)."""
-    return loading._transformer_folder(folder)
+    return loading.transformer_folder(folder)

@@ -130,7 +130,7 @@ def load_weights(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> N
 def _read_checkpoint_folder(folder: Path) -> tuple[BertConfig, dict, dict[str, torch.Tensor]]:
     """(config, config dict, state dict) from a local Hugging Face or sentence-transformers
     folder. The config is checked before any weights are read; every error names its file."""
-    folder = _transformer_folder(folder)
+    folder = transformer_folder(folder)
     config_path = folder / "config.json"
     if not config_path.exists():
         raise ValueError(f"{folder} has no config.json: not a Hugging Face checkpoint folder")
@@ -139,7 +139,7 @@ def _read_checkpoint_folder(folder: Path) -> tuple[BertConfig, dict, dict[str, t
     return config, raw, _read_state(folder)
 
 
-def _transformer_folder(folder: Path) -> Path:
+def transformer_folder(folder: Path) -> Path:
     """The folder holding the transformers checkpoint: ``folder`` itself, or for a
     sentence-transformers folder without a config.json, its Transformer module's folder."""
     modules_path = folder / "modules.json"
