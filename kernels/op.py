@@ -45,6 +45,7 @@ the registry :data:`fastbert.kernels.OPS`.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -107,6 +108,24 @@ class Kernel:
     fake: Callable[..., Any]
     tags: tuple[torch.Tag, ...] = ()
 
+    def check_arity(self, op_name: str) -> None:
+        """TypeError unless ``run`` and ``fake`` take as many positional arguments as the
+        schema names (a function taking ``*args`` is not checked)."""
+        arguments = self.schema[self.schema.index("(") + 1 : self.schema.index(")")]
+        count = len([a for a in arguments.split(",") if a.strip()])
+        for function in (self.run, self.fake):
+            parameters = inspect.signature(function).parameters.values()
+            if any(p.kind is p.VAR_POSITIONAL for p in parameters):
+                continue
+            positional = [
+                p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            ]
+            if len(positional) != count:
+                raise TypeError(
+                    f"op {op_name}: {function.__qualname__} takes {len(positional)} positional "
+                    f"arguments, its schema {count}: {self.schema}"
+                )
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Op:
@@ -130,6 +149,9 @@ class Op:
             self.gradients is None
         ):
             raise ValueError(f"op {self.name}: backward, save and gradients go together")
+        for kernel in (self.forward, self.backward):
+            if kernel is not None:
+                kernel.check_arity(self.name)
         forward_op = _custom_op(f"{self.name}", self.forward)
         backward_op = None
         function = None

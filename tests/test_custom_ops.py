@@ -6,6 +6,8 @@ CUDA-graph capture via mode="reduce-overhead")."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -125,17 +127,19 @@ CASES = {
         lambda d: _embeddings_args(d, False, grad=True),
     ),
 }
-# How many leading arguments of each custom op the public function takes, and where the
-# dropout seed sits (the public function draws its own).
-PUBLIC_ARITY = {
-    "attention": 5,
-    "attention_varlen": 6,
-    "scaled_masked_softmax": 3,
-    "linear": 5,
-    "layer_norm": 5,
-    "embeddings_layer_norm": 9,
-}
-SEED_AT = {"attention": 6, "attention_varlen": 7, "layer_norm": 6, "embeddings_layer_norm": 11}
+
+
+def _public_arity(name: str) -> int:
+    """How many leading arguments of the custom op the public function takes: the reference's
+    positional parameters (the op's public signature)."""
+    parameters = inspect.signature(K.OPS[name].reference).parameters.values()
+    return sum(p.kind is not p.KEYWORD_ONLY for p in parameters)
+
+
+def _seed_at(op) -> int | None:
+    """Where the custom op takes its dropout seed, if it has one."""
+    names = [argument.name for argument in op.default._schema.arguments]
+    return names.index("seed") if "seed" in names else None
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -152,10 +156,11 @@ def test_custom_op_equals_public_function(case: str, device: str) -> None:
     op, make_args = CASES[case]
     args = make_args(device)
     name = op.__name__.split(".")[-1]
-    if name in SEED_AT and args[SEED_AT[name]] is not None:
+    seed_at = _seed_at(op)
+    if seed_at is not None and args[seed_at] is not None:
         pytest.skip("dropout: the public function draws its own seed (tests/test_dropout.py)")
     with torch.no_grad():
-        expected = getattr(K, name)(*args[: PUBLIC_ARITY[name]])
+        expected = getattr(K, name)(*args[: _public_arity(name)])
         got = op(*args)
     if isinstance(got, tuple):
         got = got[0]
@@ -316,3 +321,18 @@ def test_compiled_training_step_matches_eager(device: str) -> None:
     compiled = torch.compile(_training_step, fullgraph=True, backend="aot_eager")
     for got, expected in zip(grads(compiled), grads(_training_step)):
         torch.testing.assert_close(got, expected)
+
+
+def test_a_declaration_whose_launcher_does_not_fit_its_schema_is_refused() -> None:
+    """Op checks each launcher and fake against its schema before registering anything."""
+
+    def launcher(x, save):
+        return x, None
+
+    def fake(x, y, save):
+        return x.new_empty(x.shape), x.new_empty(0)
+
+    kernel = K.Kernel(launcher, "(Tensor x, Tensor y, bool save) -> (Tensor, Tensor)", fake)
+    with pytest.raises(TypeError, match="launcher takes 2 positional arguments, its schema 3"):
+        K.Op("not_registered", reference=fake, torch=fake, prepare=fake, forward=kernel)
+    assert not hasattr(OPS, "not_registered")

@@ -31,6 +31,10 @@ from fastbert.kernels.launch import next_power_of_2
 
 from tests.compile_support import ELEMENT_SIZES, CompileCase
 
+# Whether the kernels multiply tiles with tl.dot (tests/test_compile.py checks their MMA
+# instructions; the cases declare dtype and block_m), or work row by row.
+MATRIX = True
+
 KERNEL = mod._attention_fwd_kernel.fn
 CONFIGS = mod._attention_fwd_kernel.configs
 VARIANTS = ((True, False), (False, False), (False, True))  # (HAS_MASK, IS_VARLEN)

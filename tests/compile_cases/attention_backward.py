@@ -24,6 +24,10 @@ from fastbert.kernels.launch import next_power_of_2
 
 from tests.compile_support import ELEMENT_SIZES, CompileCase
 
+# Whether the kernels multiply tiles with tl.dot (tests/test_compile.py checks their MMA
+# instructions; the cases declare dtype and block_m), or work row by row.
+MATRIX = True
+
 # (name, the pass's autotuner, whether it is the dK / dV pass (DKDV)).
 KERNELS = (
     ("attention_bwd_dkdv", mod._attention_bwd_dkdv_kernel, True),

@@ -17,6 +17,10 @@ from fastbert.kernels import fused_layer_norm as layer_norm
 
 from tests.compile_support import DTYPES, CompileCase, row_tiles
 
+# Whether the kernels multiply tiles with tl.dot (tests/test_compile.py checks their MMA
+# instructions; the cases declare dtype and block_m), or work row by row.
+MATRIX = False
+
 KERNEL = mod._embeddings_layer_norm_fwd_kernel
 BLOCKS = row_tiles(layer_norm.block_size, layer_norm.MAX_HIDDEN)
 FLAGS = list(itertools.product((False, True), (False, True)))

@@ -15,6 +15,10 @@ from fastbert.kernels import fused_layer_norm as mod
 
 from tests.compile_support import DTYPES, CompileCase, row_tiles
 
+# Whether the kernels multiply tiles with tl.dot (tests/test_compile.py checks their MMA
+# instructions; the cases declare dtype and block_m), or work row by row.
+MATRIX = False
+
 KERNEL = mod._layer_norm_fwd_kernel
 BLOCKS = row_tiles(mod.block_size, mod.MAX_HIDDEN)
 UNIT_STRIDES = (

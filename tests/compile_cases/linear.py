@@ -23,6 +23,10 @@ from fastbert.kernels import fused_linear as mod
 
 from tests.compile_support import ARCHS, ELEMENT_SIZES, CompileCase
 
+# Whether the kernels multiply tiles with tl.dot (tests/test_compile.py checks their MMA
+# instructions; the cases declare dtype and block_m), or work row by row.
+MATRIX = True
+
 KERNEL = mod._linear_fwd_kernel.fn
 CONFIGS = mod._linear_fwd_kernel.configs
 POINTER_CONFIGS = [c for c in CONFIGS if not c.kwargs["PERSISTENT"]]

@@ -17,6 +17,10 @@ from fastbert.kernels import masked_softmax as mod
 
 from tests.compile_support import DTYPES, CompileCase, row_tiles
 
+# Whether the kernels multiply tiles with tl.dot (tests/test_compile.py checks their MMA
+# instructions; the cases declare dtype and block_m), or work row by row.
+MATRIX = False
+
 KERNEL = mod._scaled_masked_softmax_fwd_kernel
 BLOCKS = row_tiles(mod.block_size, mod.MAX_KEYS)
 
