@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from fastbert.kernels import fused_linear
-from fastbert.kernels.launch import AUTOTUNE_ENV
 
 from fastbert import kernels as K
 from fastbert.bench import environment, timing
 from fastbert.bench.progress import Progress
+from fastbert.kernels import fused_linear
+from fastbert.kernels.launch import AUTOTUNE_ENV
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from fastbert.kernels import reference
 
 from benchmarks.cases import config_and_dtype, info, key_padding_mask, randn
 from fastbert import kernels as K
 from fastbert.bench import counts
+from fastbert.kernels import reference
 
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
 

@@ -4,6 +4,7 @@ its keep mask (kernels/dropout.keep_mask_of) and apply it to the float64 referen
 from __future__ import annotations
 
 import torch
+
 from fastbert.kernels.dropout import draw_seed
 
 

@@ -64,7 +64,6 @@ def linear_cases() -> dict[tuple[int, bool], list[CompileCase]]:
     """fp16 cases of every config the autotuner may time for each epilogue BERT launches
     (bias, bias + GELU), keyed by (ACTIVATION, HAS_RESIDUAL); largest tile first."""
     from fastbert.kernels import fused_linear as mod
-
     from tests.compile_cases import linear
 
     out = {}
@@ -98,7 +97,6 @@ def attention_cases() -> list[CompileCase]:
 def row_cases() -> dict[str, CompileCase]:
     """The fp16 LayerNorm (with residual) and embeddings + LayerNorm kernels at hidden 768."""
     from fastbert.kernels import fused_layer_norm
-
     from tests.compile_cases import embeddings, layer_norm
 
     block = fused_layer_norm.block_size(HIDDEN)

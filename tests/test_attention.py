@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fastbert.kernels import flash_attention
-from fastbert.kernels import reference as R
 
 from fastbert import kernels as K
+from fastbert.kernels import flash_attention
+from fastbert.kernels import reference as R
 from tests.accuracy import assert_within_rule
 from tests.bad_inputs import bad_input_test, float64_case
 from tests.op_cases import DOT_DTYPES, check_op, dtype_params, lengths_for, padded_mask, randn

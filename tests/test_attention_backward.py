@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fastbert.kernels import dropout
-from fastbert.kernels import reference as R
 
 from fastbert import kernels as K
+from fastbert.kernels import dropout
+from fastbert.kernels import reference as R
 from tests.accuracy import assert_within_rule
 from tests.dropout_masks import next_seed
 from tests.op_cases import DOT_DTYPES, padded_mask, randn

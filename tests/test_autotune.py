@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import triton
+
 from fastbert.kernels import flash_attention, fused_linear, launch
 
 

@@ -16,11 +16,11 @@ import threading
 import pytest
 import torch
 import triton
+
+from fastbert import kernels as K
 from fastbert.kernels import flash_attention, fused_linear
 from fastbert.kernels import reference as R
 from fastbert.kernels.launch import AUTOTUNE_ENV
-
-from fastbert import kernels as K
 from tests.op_cases import check_op, padded_mask, randn
 from tests.test_linear import operands
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
+from fastbert import kernels as K
 from fastbert.kernels import reference as R
 from fastbert.kernels import torch_ops
 from fastbert.kernels.dropout import keep_mask_of
-
-from fastbert import kernels as K
 from tests.dropout_masks import next_seed
 from tests.test_ops_backward import _as, _embedding_args, _grads, _randn
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fastbert.kernels import reference as R
 
 from fastbert import kernels as K
+from fastbert.kernels import reference as R
 from tests.bad_inputs import bad_input_test, float64_case
 from tests.op_cases import ALL_DTYPES, ELEMENTWISE_DTYPES, check_op, dtype_params, randn
 

@@ -21,9 +21,9 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from fastbert.kernels import fused_linear
 
 from fastbert import kernels as K
+from fastbert.kernels import fused_linear
 
 pytestmark = pytest.mark.skipif(
     torch.cuda.is_available(), reason="bounds measured for the interpreter's arithmetic"

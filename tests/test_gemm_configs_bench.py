@@ -8,10 +8,10 @@ import os
 
 import pytest
 import torch
-from fastbert.kernels import fused_linear
-from fastbert.kernels.launch import AUTOTUNE_ENV
 
 from benchmarks import gemm_configs
+from fastbert.kernels import fused_linear
+from fastbert.kernels.launch import AUTOTUNE_ENV
 
 SMALL = ["--tokens", "40", "--hidden", "32", "--intermediate", "64", "--warmup", "0", "--reps", "1"]
 

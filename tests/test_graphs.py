@@ -13,10 +13,10 @@ import threading
 
 import pytest
 import torch
-from fastbert.kernels import reference
 
 import fastbert
 from fastbert.execution import backends, graphs
+from fastbert.kernels import reference
 from tests.graph_doubles import ReplayingGraphs
 from tests.hf_models import hf_model, inference_model, padded_batch
 

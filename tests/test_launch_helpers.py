@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import triton
+
 from fastbert.kernels import launch
 
 

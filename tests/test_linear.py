@@ -10,9 +10,9 @@ import itertools
 
 import pytest
 import torch
-from fastbert.kernels import reference as R
 
 from fastbert import kernels as K
+from fastbert.kernels import reference as R
 from tests.bad_inputs import bad_input_test, float64_case
 from tests.op_cases import ALL_DTYPES, DOT_DTYPES, check_op, dtype_params, randn
 

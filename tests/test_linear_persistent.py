@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from fastbert import kernels as K
 from fastbert.kernels import fused_linear
 from fastbert.kernels import reference as R
 from fastbert.kernels.launch import AUTOTUNE_ENV
-
-from fastbert import kernels as K
 from tests.op_cases import check_op, dtype_params
 from tests.test_linear import linear_within_rule, operands
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fastbert.kernels import reference as R
 
 from fastbert import kernels as K
+from fastbert.kernels import reference as R
 from tests.accuracy import assert_within_rule
 
 DTYPES = [torch.float32, torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)]

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fastbert.kernels import reference as R
-from fastbert.kernels.masked_softmax import MAX_KEYS
 
 from fastbert import kernels as K
+from fastbert.kernels import reference as R
+from fastbert.kernels.masked_softmax import MAX_KEYS
 from tests.op_cases import (
     ALL_DTYPES,
     ELEMENTWISE_DTYPES,

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fastbert.kernels import reference as R
-from fastbert.kernels import torch_ops as T
 
 from fastbert import kernels as K
+from fastbert.kernels import reference as R
+from fastbert.kernels import torch_ops as T
 from tests.accuracy import assert_within_rule
 from tests.op_cases import ALL_DTYPES, check_op, dtype_params, lengths_for, padded_mask, randn
 from tests.test_attention import POISON_SHAPES, POISONS, packed_qkv, poisoned, qkv

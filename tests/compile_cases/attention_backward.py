@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from fastbert.kernels import flash_attention_backward as mod
 from fastbert.kernels.launch import next_power_of_2
-
 from tests.compile_support import ELEMENT_SIZES, CompileCase
 
 # Whether the kernels multiply tiles with tl.dot (tests/test_compile.py checks their MMA

@@ -14,7 +14,6 @@ import itertools
 
 from fastbert.kernels import fused_embeddings as mod
 from fastbert.kernels import fused_layer_norm as layer_norm
-
 from tests.compile_support import DTYPES, CompileCase, row_tiles
 
 # Whether the kernels multiply tiles with tl.dot (tests/test_compile.py checks their MMA

@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 
 from fastbert.kernels import fused_layer_norm as mod
-
 from tests.compile_support import DTYPES, CompileCase, row_tiles
 
 # Whether the kernels multiply tiles with tl.dot (tests/test_compile.py checks their MMA

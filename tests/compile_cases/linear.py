@@ -20,7 +20,6 @@ from __future__ import annotations
 import itertools
 
 from fastbert.kernels import fused_linear as mod
-
 from tests.compile_support import ARCHS, ELEMENT_SIZES, CompileCase
 
 # Whether the kernels multiply tiles with tl.dot (tests/test_compile.py checks their MMA

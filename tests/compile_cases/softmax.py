@@ -14,7 +14,6 @@ import itertools
 
 # The package re-exports same-named functions, so import the module itself.
 from fastbert.kernels import masked_softmax as mod
-
 from tests.compile_support import DTYPES, CompileCase, row_tiles
 
 # Whether the kernels multiply tiles with tl.dot (tests/test_compile.py checks their MMA
