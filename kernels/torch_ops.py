@@ -87,13 +87,8 @@ def attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """dropout(softmax(scale * q @ k^T, masked keys excluded)) @ v.
-
-    q: [B, H, S_q, D]; k, v: [B, H, S_k, D]; key_padding_mask: [B, S_k] bool or 0/1 int
-    (True/1 = real token). Masked keys have no influence, even when K or V hold NaN or Inf
-    there; a query row with no real key returns zeros. dropout_p: SDPA's attention dropout.
-    Returns [B, H, S_q, D] in q's dtype.
-    """
+    """:func:`fastbert.kernels.reference.attention` on ``F.scaled_dot_product_attention``
+    (its own attention dropout), inputs checked."""
     checks.check_attention(q, k, v, key_padding_mask, scale)
     dropout_p = check_dropout_p(dropout_p)
     return attention_unchecked(q, k, v, key_padding_mask, scale, dropout_p)
@@ -171,12 +166,9 @@ def attention_varlen(
     scale: float | None = None,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """Attention over packed sequences: tokens cu_seqlens[i]:cu_seqlens[i+1] attend each other.
-
-    q, k, v: [T, H, D]; cu_seqlens: int32 [B + 1] prefix sums of the lengths; max_seqlen: at
-    least the longest sequence (ValueError otherwise); dropout_p: SDPA's attention dropout.
-    Returns [T, H, D].
-    """
+    """:func:`fastbert.kernels.reference.attention_varlen` as one masked SDPA call over a
+    dense [B, max_seqlen] batch, inputs checked; ``max_seqlen`` must be at least the longest
+    sequence (read on the host: ValueError otherwise)."""
     checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
     dropout_p = check_dropout_p(dropout_p)
     _check_max_seqlen(cu_seqlens, max_seqlen)
@@ -215,11 +207,8 @@ def linear(
     activation: str | None = None,
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """act(x @ weight^T + bias) + residual.
-
-    x: [..., K]; weight: [N, K] (nn.Linear layout); bias: [N]; residual: [..., N];
-    activation: None, "gelu" (exact erf) or "gelu_tanh". Returns [..., N] in x's dtype.
-    """
+    """:func:`fastbert.kernels.reference.linear` on ``F.linear``, GELU and the residual added
+    in place, inputs checked."""
     checks.check_linear(x, weight, bias, activation, residual)
     return linear_unchecked(x, weight, bias, activation, residual)
 
@@ -246,12 +235,8 @@ def layer_norm(
     residual: torch.Tensor | None = None,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """LayerNorm(dropout(x) + residual) over the last dim (statistics in float32 for half
-    inputs).
-
-    x, residual: [..., N]; weight, bias: [N]; dropout_p: ``F.dropout`` of x, in [0, 1).
-    Returns x's shape and dtype.
-    """
+    """:func:`fastbert.kernels.reference.layer_norm` on ``F.layer_norm`` in the input dtype
+    (PyTorch keeps half inputs' statistics in float32), inputs checked."""
     checks.check_layer_norm(x, weight, bias, eps, residual)
     return layer_norm_unchecked(x, weight, bias, eps, residual, check_dropout_p(dropout_p))
 
@@ -313,20 +298,13 @@ def embeddings_layer_norm(
     padding_idx: int | None = None,
     position_padding_idx: int | None = None,
 ) -> torch.Tensor:
-    """dropout(LayerNorm(word_emb[ids] + pos_emb[position_ids] + type_emb[token_type_ids])).
-
-    input_ids, token_type_ids: [B, S] integers (token types default to 0); position_ids:
-    [B, S] or [S] (default 0..S-1); tables: [rows, H]; weight, bias: [H]. Returns [B, S, H]
-    in the tables' dtype. Ids outside their table raise ValueError (``check_ids=False``: the
-    caller has checked them, and this skips the host synchronisation the check costs).
-    ``dropout_p``: ``F.dropout`` of the output, in [0, 1). ``padding_idx`` /
-    ``position_padding_idx``: the word / position row that gets no gradient, as
-    ``nn.Embedding(padding_idx=...)`` (Hugging Face's tables).
-    """
+    """:func:`fastbert.kernels.reference.embeddings_layer_norm` on ``F.embedding`` lookups and
+    ``F.layer_norm``, inputs checked (the id ranges unless ``check_ids=False``: one host
+    synchronisation). ``padding_idx`` / ``position_padding_idx``: the word / position row that
+    gets no gradient, as ``nn.Embedding(padding_idx=...)`` (Hugging Face's tables)."""
     checks.check_embeddings(
         input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
     )
-    dropout_p = check_dropout_p(dropout_p)
     return embeddings_layer_norm_unchecked(
         input_ids,
         token_type_ids,

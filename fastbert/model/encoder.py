@@ -215,6 +215,23 @@ class BertPooler(nn.Module):
         return torch.tanh(ops.linear(hidden[:, 0], self.weight, self.bias))
 
 
+class RunSetting:
+    """A model's run setting (``backend``, ``padding_free``, ``cuda_graphs``) as an attribute
+    read and set on the object that holds it: the encoder's runner, or a head's encoder."""
+
+    def __init__(self, holder: str):
+        self.holder = holder
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, model: object, owner: type | None = None) -> object:
+        return self if model is None else getattr(getattr(model, self.holder), self.name)
+
+    def __set__(self, model: object, value: object) -> None:
+        setattr(getattr(model, self.holder), self.name, value)
+
+
 class BertModel(PretrainedMixin, nn.Module):
     """The BERT encoder: embeddings, ``num_hidden_layers`` layers and (optionally) the pooler.
 
@@ -258,30 +275,10 @@ class BertModel(PretrainedMixin, nn.Module):
         self._watch = ParameterWatch(self)
         self.resolve_ops_early()
 
-    # The run settings live on the runner; these read and set (and validate) them there.
-    @property
-    def backend(self) -> str:
-        return self.runner.backend
-
-    @backend.setter
-    def backend(self, value: str) -> None:
-        self.runner.backend = value
-
-    @property
-    def padding_free(self) -> str | bool:
-        return self.runner.padding_free
-
-    @padding_free.setter
-    def padding_free(self, value: str | bool) -> None:
-        self.runner.padding_free = value
-
-    @property
-    def cuda_graphs(self) -> str | bool:
-        return self.runner.cuda_graphs
-
-    @cuda_graphs.setter
-    def cuda_graphs(self, value: str | bool) -> None:
-        self.runner.cuda_graphs = value
+    # The run settings live on the runner, which validates them when set.
+    backend = RunSetting("runner")
+    padding_free = RunSetting("runner")
+    cuda_graphs = RunSetting("runner")
 
     @property
     def dtype(self) -> torch.dtype:

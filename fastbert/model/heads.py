@@ -13,7 +13,7 @@ from fastbert.execution import validation
 from fastbert.execution.backends import Ops
 from fastbert.model import losses
 from fastbert.model.config import BertConfig
-from fastbert.model.encoder import BertModel, init_weights, new_parameter
+from fastbert.model.encoder import BertModel, RunSetting, init_weights, new_parameter
 from fastbert.model.loading import PretrainedMixin
 from fastbert.model.outputs import LogitsOutput, PreTrainingOutput
 
@@ -45,30 +45,10 @@ class _BertWithHead(PretrainedMixin, nn.Module):
             cuda_graphs=cuda_graphs,
         )
 
-    # The run settings live on the encoder; these read and set (and validate) them there.
-    @property
-    def backend(self) -> str:
-        return self.bert.backend
-
-    @backend.setter
-    def backend(self, value: str) -> None:
-        self.bert.backend = value
-
-    @property
-    def padding_free(self) -> str | bool:
-        return self.bert.padding_free
-
-    @padding_free.setter
-    def padding_free(self, value: str | bool) -> None:
-        self.bert.padding_free = value
-
-    @property
-    def cuda_graphs(self) -> str | bool:
-        return self.bert.cuda_graphs
-
-    @cuda_graphs.setter
-    def cuda_graphs(self, value: str | bool) -> None:
-        self.bert.cuda_graphs = value
+    # The run settings live on the encoder (its runner validates them when set).
+    backend = RunSetting("bert")
+    padding_free = RunSetting("bert")
+    cuda_graphs = RunSetting("bert")
 
     def ops(self) -> Ops:
         """The hot ops this model runs with (its encoder's)."""
