@@ -1,6 +1,5 @@
-"""CUDA-graph bookkeeping (fastbert.execution.graphs) on the CPU: when a key is captured, how many
-keys
-are remembered, concurrent callers, and weights that change between calls.
+"""CUDA-graph bookkeeping (fastbert.execution.graphs) on the CPU: when a key is captured, how
+many keys are remembered, concurrent callers, and weights that change between calls.
 
 The graphs here are tests/graph_doubles.ReplayingGraphs, whose replay re-runs the captured
 call on the CPU and refuses to run against weights other than those it was captured with.

@@ -1,5 +1,5 @@
-"""fastbert.kernels.torch_ops (the torch backend) against the float64 reference (tests/accuracy.py
-rule).
+"""fastbert.kernels.torch_ops (the torch backend) against the float64 reference (the rule of
+tests/accuracy.py).
 
 Every op in fp32, fp16 and bf16 on the CPU, on the hard shapes of tests/op_cases.py: sequence
 lengths 1 to 512, head dims 32 to 128, a fully padded row, Hugging Face's transposed views,

@@ -180,8 +180,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
 
 
 def _backend_here(requested: str, device: torch.device) -> str | None:
-    """What fastbert's rows run on (fastbert.execution.backends.backend_label); None when they
-    cannot."""
+    """What fastbert's rows run on (``backend_label``); None when they cannot."""
     from fastbert.execution.backends import backend_label
 
     try:

@@ -39,8 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _backend_here(backend: str, device: torch.device) -> str:
-    """What fastbert runs on (see fastbert.execution.backends.backend_label); UsageError when it
-    cannot."""
+    """What fastbert runs on (``backend_label``); UsageError when it cannot."""
     from fastbert.execution.backends import backend_label
 
     try:

@@ -26,10 +26,9 @@ Each is chosen per call by the model's ``padding_free`` and ``cuda_graphs`` sett
   roughly by their padding fraction, while dense and packed measured alike within the
   noise below 10% padding (benchmarks/results/cpu-*); True packs whenever a mask has padding;
   False never. A batch without padding always runs dense, and unmasked.
-- ``cuda_graphs`` chooses when a call replays a graph of its key (fastbert.execution.graphs holds
-the
-  rule, the bounds and the thread and weight safety). For a padding-free call, the key is its
-  size bucket and its tokens the bucket's rows.
+- ``cuda_graphs`` chooses when a call replays a graph of its key (fastbert.execution.graphs
+  holds the rule, the bounds and the thread and weight safety). For a padding-free call, the
+  key is its size bucket and its tokens the bucket's rows.
 """
 
 from __future__ import annotations
@@ -158,9 +157,8 @@ def pack(
 ) -> PackedBatch | None:
     """The packing of a bool [B, S] mask (True = real token), or None if too little padding.
 
-    ``rows`` are the mask's row lengths (:func:`fastbert.execution.validation.read_batch`), already
-    on
-    the host, so packing does not synchronise. None when the padding fraction is below
+    ``rows`` are the mask's row lengths (:func:`fastbert.execution.validation.read_batch`),
+    already on the host, so packing does not synchronise. None when the padding fraction is below
     ``min_padding`` (0: pack any padded batch; a batch without padding is never packed).
     """
     batch, seq = key_padding_mask.shape
