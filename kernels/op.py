@@ -141,7 +141,6 @@ class Op:
     gradients: Callable[..., tuple] | None = None
     finish: Callable[[tuple], torch.Tensor] = first
     custom_op: Any = dataclasses.field(init=False, repr=False)
-    backward_op: Any = dataclasses.field(init=False, repr=False)
     function: type[torch.autograd.Function] | None = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -152,17 +151,15 @@ class Op:
         for kernel in (self.forward, self.backward):
             if kernel is not None:
                 kernel.check_arity(self.name)
-        forward_op = _custom_op(f"{self.name}", self.forward)
-        backward_op = None
+        forward_op = _custom_op(self.name, self.forward)
         function = None
         if self.backward is not None:
             backward_op = _custom_op(f"{self.name}_backward", self.backward)
             forward_op.register_autograd(
-                self._formula(backward_op), setup_context=self._setup_context
+                self._formula(_tupled(backward_op)), setup_context=self._setup_context
             )
-            function = self._autograd_function()
+            function = self._autograd_function(_tupled(self.backward.run))
         object.__setattr__(self, "custom_op", forward_op)
-        object.__setattr__(self, "backward_op", backward_op)
         object.__setattr__(self, "function", function)
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -181,21 +178,19 @@ class Op:
         # torch.library passes ``output`` by keyword.
         self.save(ctx, inputs, _as_tuple(output))
 
-    def _formula(self, backward_op: Any) -> Callable[..., tuple]:
-        """The custom op's backward: ``gradients`` calling the backward custom op (the graph
-        torch.compile traces holds it), and no gradient for ``save``."""
-
-        def backward(*args: Any) -> tuple:
-            return _as_tuple(backward_op(*args))
+    def _formula(self, backward: Callable[..., tuple]) -> Callable[..., tuple]:
+        """``gradients`` calling ``backward``, and no gradient for ``save``."""
 
         def formula(ctx: Any, *grad_outputs: torch.Tensor | None) -> tuple:
             return (*self.gradients(ctx, backward, *grad_outputs), None)
 
         return formula
 
-    def _autograd_function(self) -> type[torch.autograd.Function]:
-        """The eager autograd Function: the same formula, calling the launchers directly."""
+    def _autograd_function(self, backward: Callable[..., tuple]) -> type[torch.autograd.Function]:
+        """The eager autograd Function: the custom op's formula, with ``backward`` the
+        backward launcher itself instead of the backward custom op."""
         op = self
+        formula = self._formula(backward)
 
         class Function(torch.autograd.Function):
             @staticmethod
@@ -209,15 +204,18 @@ class Op:
 
             @staticmethod
             def backward(ctx: Any, *grad_outputs: torch.Tensor | None) -> tuple:
-                return (*op.gradients(ctx, _launcher(op.backward), *grad_outputs), None)
+                return formula(ctx, *grad_outputs)
 
         Function.__name__ = Function.__qualname__ = f"{_camel(self.name)}Function"
         return Function
 
 
-def _launcher(kernel: Kernel) -> Callable[..., tuple]:
+def _tupled(function: Callable[..., Any]) -> Callable[..., tuple]:
+    """``function`` returning a tuple also when it returns one tensor (a backward's callers
+    unpack its gradients)."""
+
     def run(*args: Any) -> tuple:
-        return _as_tuple(kernel.run(*args))
+        return _as_tuple(function(*args))
 
     return run
 

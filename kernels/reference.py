@@ -206,10 +206,8 @@ def embeddings_layer_norm(
         position_ids = torch.arange(seq, device=input_ids.device)
     if token_type_ids is None:
         token_type_ids = torch.zeros_like(input_ids)
-    # Indexing refuses int8 / int16 ids and takes uint8 ones as a boolean mask.
-    input_ids, token_type_ids, position_ids = (
-        t if t.dtype in (torch.int32, torch.int64) else t.long()
-        for t in (input_ids, token_type_ids, position_ids)
+    input_ids, token_type_ids, position_ids = map(
+        checks.as_index, (input_ids, token_type_ids, position_ids)
     )
     summed = (
         _wide(word_emb[input_ids]) + _wide(pos_emb[position_ids]) + _wide(type_emb[token_type_ids])

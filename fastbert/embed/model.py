@@ -67,10 +67,10 @@ def _read_json(path: Path) -> Any:
 
 def read_config(folder: Path) -> Any:
     """The fastbert BertConfig of a model folder (Hugging Face or sentence-transformers)."""
-    from fastbert.integrations import models
     from fastbert.model.config import BertConfig
+    from fastbert.model.loading import transformer_folder
 
-    return BertConfig.from_json_file(models.transformer_folder(folder) / "config.json")
+    return BertConfig.from_json_file(transformer_folder(folder) / "config.json")
 
 
 def model_max_length(config: Any, tokenizer: Any) -> int:
@@ -85,10 +85,11 @@ def load_tokenizer(folder: Path) -> Any:
     """The tokenizer of a Hugging Face folder, or of the transformer inside a
     sentence-transformers folder."""
     from fastbert.integrations import models
+    from fastbert.model.loading import transformer_folder
 
     with models.quiet():
         return models.import_transformers().AutoTokenizer.from_pretrained(
-            str(models.transformer_folder(folder))
+            str(transformer_folder(folder))
         )
 
 

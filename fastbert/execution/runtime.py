@@ -220,15 +220,16 @@ class Call:
     """What a call of the model asks of the runtime beyond its inputs.
 
     ``hidden_dropout`` / ``attention_dropout``: the call's dropout probabilities (zeros in
-    eval mode). ``records_grad``: the call records gradients or applies dropout, so it never
-    replays a graph (a graph records no autograd, and would replay its capture's dropout
-    masks). ``weights``: the key of the parameters' storage, read when a graph may replay (a
-    graph reads the addresses it was captured with).
+    eval mode). ``records_grad()``: whether the call records gradients or applies dropout, so
+    that it never replays a graph (a graph records no autograd, and would replay its capture's
+    dropout masks); asked only when a graph could replay. ``weights()``: the key of the
+    parameters' storage, read when a graph may replay (a graph reads the addresses it was
+    captured with).
     """
 
     hidden_dropout: float
     attention_dropout: float
-    records_grad: bool
+    records_grad: Callable[[], bool]
     weights: Callable[[], Hashable]
 
 
@@ -328,7 +329,7 @@ class Runner:
     def graphable(self, call: Call, device: torch.device, tokens: int) -> bool:
         """Whether ``call`` replays a CUDA graph of ``tokens`` rows: the settings want one and
         the call records no gradients and applies no dropout."""
-        return not call.records_grad and self.graphs.wants(device, tokens)
+        return not call.records_grad() and self.graphs.wants(device, tokens)
 
     def read_batch(
         self,

@@ -38,7 +38,7 @@ def random_bert(shape: dict[str, Any], seed: int = 0) -> Any:
 def load_checkpoint(folder: Path) -> Any:
     """The base model of a local Hugging Face (or sentence-transformers) checkpoint folder,
     CPU, fp32, eval."""
-    model = import_transformers().AutoModel.from_pretrained(str(transformer_folder(folder)))
+    model = import_transformers().AutoModel.from_pretrained(str(loading.transformer_folder(folder)))
     return model.float().eval()
 
 
@@ -128,9 +128,3 @@ def load_tokenizer(path: str) -> Any:
             return transformers.AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError):
         return None
-
-
-def transformer_folder(folder: Path) -> Path:
-    """The Hugging Face folder inside a sentence-transformers folder (or ``folder`` itself),
-    found as fastbert's from_pretrained finds it (ValueError naming a malformed modules.json)."""
-    return loading.transformer_folder(folder)

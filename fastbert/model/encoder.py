@@ -360,8 +360,10 @@ class BertModel(PretrainedMixin, nn.Module):
         if self.training:
             hidden_p = self.config.hidden_dropout_prob
             attention_p = self.config.attention_probs_dropout_prob
-        records = self.training or self.needs_grad()
-        return runtime.Call(hidden_p, attention_p, records, self._watch.storage_key)
+        return runtime.Call(hidden_p, attention_p, self._records_grad, self._watch.storage_key)
+
+    def _records_grad(self) -> bool:
+        return self.training or self.needs_grad()
 
     def needs_grad(self) -> bool:
         """Whether a call now records gradients: grad mode on and a parameter requiring grad
