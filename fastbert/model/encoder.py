@@ -340,18 +340,31 @@ class BertModel(PretrainedMixin, nn.Module):
         token_type_ids: torch.Tensor | None = None,
     ) -> tuple[Ops, torch.Tensor]:
         """Validated inputs -> (ops, last hidden state [B, S, H])."""
-        input_ids, token_type_ids, key_padding_mask = validation.check_model_inputs(
-            self.config.max_position_embeddings,
-            self.device,
-            input_ids,
-            attention_mask,
-            token_type_ids,
+        input_ids, token_type_ids, key_padding_mask = self.check_inputs(
+            input_ids, attention_mask, token_type_ids
         )
         ops = self.ops()
         hidden = self.runner.encode(
             self, ops, input_ids, token_type_ids, key_padding_mask, self.call()
         )
         return ops, hidden
+
+    def check_inputs(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        token_type_ids: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The inputs' shapes, dtypes and devices checked against this model (an empty batch's
+        too): (input ids, token types, bool key-padding mask or None), as
+        :func:`fastbert.execution.validation.check_model_inputs` returns them."""
+        return validation.check_model_inputs(
+            self.config.max_position_embeddings,
+            self.device,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+        )
 
     def call(self) -> runtime.Call:
         """What a call made now asks of the runtime: its dropout (the config's in training
@@ -387,13 +400,7 @@ class BertModel(PretrainedMixin, nn.Module):
     ) -> BaseModelOutputWithPooling:
         batch, seq = validation.batch_and_seq(input_ids)
         if batch == 0:
-            validation.check_model_inputs(
-                self.config.max_position_embeddings,
-                self.device,
-                input_ids,
-                attention_mask,
-                token_type_ids,
-            )
+            self.check_inputs(input_ids, attention_mask, token_type_ids)
             return self._empty_output(seq)
         ops, hidden = self.encode(input_ids, attention_mask, token_type_ids)
         pooled = self.pooler(ops, hidden) if self.pooler is not None else None

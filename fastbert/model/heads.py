@@ -109,13 +109,7 @@ class BertForMaskedLM(_WithMaskedLMHead):
     ) -> LogitsOutput:
         batch, seq = validation.batch_and_seq(input_ids)
         if batch == 0:
-            validation.check_model_inputs(
-                self.config.max_position_embeddings,
-                self.device,
-                input_ids,
-                attention_mask,
-                token_type_ids,
-            )
+            self.bert.check_inputs(input_ids, attention_mask, token_type_ids)
             vocab = self.config.vocab_size
             logits = torch.empty(0, seq, vocab, dtype=self.dtype, device=self.device)
         else:
