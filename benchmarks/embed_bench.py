@@ -56,14 +56,15 @@ def contenders(
 ) -> dict[str, Callable[[list[str]], np.ndarray]]:
     """name -> function(texts) -> embeddings [n, dim] (float32 numpy)."""
     import fastbert
-    from fastbert.embed import pipeline, readers
+    from fastbert.embed import readers, run
     from fastbert.embed.options import EmbedOptions
     from fastbert.embed.shards import ShardWriter
+    from fastbert.embed.text_model import load_options
     from fastbert.integrations import models
 
     folder = str(models.packaged_minilm_path())
     options = EmbedOptions(model=folder, device=device, batch_tokens=batch_tokens, progress=False)
-    loaded = pipeline.load(options)
+    loaded = load_options(options)
     st = models.packaged_minilm(device)
     swapped = fastbert.optimize(models.packaged_minilm(device))
 
@@ -75,13 +76,13 @@ def contenders(
         writer = ShardWriter(
             output, loaded.options.rows_per_shard, loaded.encoder.dimensions, np.float32
         )
-        pipeline.run_rows(readers.read_rows([source], "text", None), loaded, writer, 0)
+        run.run_rows(readers.read_rows([source], "text", None), loaded, writer, 0)
         return read_shards(output)
 
     def embed_list(batch: list[str]) -> np.ndarray:
-        sink = pipeline.ArraySink(len(batch), loaded.encoder.dimensions, np.float32)
+        sink = run.ArraySink(len(batch), loaded.encoder.dimensions, np.float32)
         rows = (readers.Row(i, i, t, readers.LIST_SOURCE, i) for i, t in enumerate(batch))
-        pipeline.run_rows(rows, loaded, sink, 0)
+        run.run_rows(rows, loaded, sink, 0)
         return sink.array
 
     return {

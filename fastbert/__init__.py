@@ -5,6 +5,7 @@
 >>> out = model(input_ids, attention_mask)  # .last_hidden_state, .pooler_output
 >>> fastbert.optimize(hf_or_sentence_transformers_model)  # in place; returns the model
 >>> fastbert.embed(["a text", "another"], model="path/to/model")  # numpy [2, hidden]
+>>> model = fastbert.load("path/to/model")  # loaded once: model.embed(texts), thread-safe
 
 The package is built in rooms, one per package folder (fastbert.kernels is the kernels/ folder
 at the repository root; this module is the façade). Besides its own modules, a room imports
@@ -60,6 +61,8 @@ _hf_attention.register_on_import()
 
 # Modules that moved into the rooms, still reachable by their old names (fastbert.hf.register(),
 # from fastbert import torch_ops).
+# fastbert.load and the TextModel it returns live in the embed job, loaded on first use too.
+_LOADING = ("load", "TextModel")
 _MOVED = {"hf": "fastbert.integrations.attention", "torch_ops": "fastbert.kernels.torch_ops"}
 
 
@@ -70,6 +73,10 @@ def __getattr__(name: str) -> object:
         import fastbert.embed
 
         return fastbert.embed
+    if name in _LOADING:
+        from fastbert.embed import text_model
+
+        return getattr(text_model, name)
     if name in _MOVED:
         return importlib.import_module(_MOVED[name])
     raise AttributeError(f"module 'fastbert' has no attribute {name!r}")
@@ -82,7 +89,9 @@ __all__ = [
     "BertForPreTraining",
     "BertForSequenceClassification",
     "BertModel",
+    "TextModel",
     "__version__",
     "embed",
+    "load",
     "optimize",
 ]

@@ -1,21 +1,38 @@
-"""``fastbert.embed``: the Python entry point of the embedding job."""
+"""``fastbert.embed`` and ``fastbert.load``: the Python entry points of the embedding job."""
 
 from __future__ import annotations
 
+import os
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fastbert.embed.options import EmbedOptions
+from fastbert.embed.text_model import TextModel, load, load_options
+
+# Options that change how a loaded model is used, not what is loaded.
+_CALL_OPTIONS = ("normalize", "progress")
+# How many models fastbert.embed keeps loaded between calls (by folder and options).
+_CACHE_SIZE = 2
+
 
 def embed(
     texts_or_paths: Sequence[str] | str | Path | Sequence[str | Path],
-    model: str | Path,
+    model: str | Path | TextModel,
     *,
     output: str | Path | None = None,
     ray: str | bool | None = None,
     **options: Any,
 ) -> Any:
     """Embed texts with a BERT-family model folder (Hugging Face or sentence-transformers).
+
+    ``model``: a model folder, or a model loaded with :func:`fastbert.load` (then only
+    ``normalize`` and ``progress`` may be given: the other options were fixed when it loaded).
+    A folder is loaded on the first call and kept loaded (the last two folder-and-options pairs),
+    so calling ``fastbert.embed`` in a loop pays for the forward passes only; a folder whose
+    weights or configs change on disk is loaded again.
 
     Without ``output``: ``texts_or_paths`` is a list of strings; returns their embeddings, a
     numpy array [len(texts), dim] (float32, or float16 with ``dtype="float16",
@@ -24,7 +41,7 @@ def embed(
     With ``output``: ``texts_or_paths`` is a file or folder (or a list of them) of .jsonl,
     .parquet, .csv or .txt; the embeddings are written as Parquet shards with a manifest.json
     in the ``output`` folder (an unfinished run of the same job is continued), and the
-    :class:`~fastbert.embed.pipeline.Summary` is returned. ``ray``: run the job on Ray Data
+    :class:`~fastbert.embed.run.Summary` is returned. ``ray``: run the job on Ray Data
     (True for a local Ray instance, or a cluster address).
 
     ``options``: text_field, id_field, batch_tokens, max_length, pooling ("mean" | "cls"),
@@ -35,13 +52,18 @@ def embed(
     file and row.
     """
     from fastbert.embed import pipeline
-    from fastbert.embed.options import EmbedOptions
 
+    if isinstance(model, TextModel):
+        return _embed_loaded(texts_or_paths, model, output, ray, options)
     settings = EmbedOptions(model=str(model), **options)
     if output is None:
         if ray:
             raise ValueError("ray runs write shards: give output=")
-        return pipeline.embed_texts(_texts(texts_or_paths), settings)
+        if settings.skip_bad:
+            raise ValueError("skip_bad applies to files; an array needs a row for every text")
+        texts = _texts(texts_or_paths)
+        loaded = _cached(settings)
+        return loaded.embed(texts, progress=settings.progress and len(texts) > 1000)
     paths = [texts_or_paths] if isinstance(texts_or_paths, str | Path) else list(texts_or_paths)
     if ray:
         from fastbert.embed import ray_driver
@@ -50,6 +72,58 @@ def embed(
             paths, output, settings, address=None if ray is True else str(ray)
         )
     return pipeline.embed_files(paths, output, settings)
+
+
+def _embed_loaded(
+    texts: Any, model: TextModel, output: Any, ray: Any, options: dict[str, Any]
+) -> Any:
+    if output is not None or ray:
+        raise ValueError(
+            "a loaded model embeds lists of texts; to write shards, give the model's folder"
+        )
+    fixed = sorted(set(options) - set(_CALL_OPTIONS))
+    if fixed:
+        raise TypeError(
+            f"{', '.join(fixed)}: set when the model loads (fastbert.load); with a loaded model "
+            f"only {' and '.join(_CALL_OPTIONS)} may be given"
+        )
+    texts = _texts(texts)
+    progress = options.get("progress", True) and len(texts) > 1000
+    return model.embed(texts, normalize=options.get("normalize"), progress=progress)
+
+
+_cache: OrderedDict[tuple, TextModel] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def _cached(options: EmbedOptions) -> TextModel:
+    """The model ``options`` load, loaded once and kept while its folder's files are unchanged
+    (the most recently used :data:`_CACHE_SIZE` of them)."""
+    from dataclasses import replace
+
+    key = (replace(options, progress=False), _fingerprint(Path(options.model)))
+    with _cache_lock:
+        if key in _cache:
+            _cache.move_to_end(key)
+            return _cache[key]
+    loaded = load_options(key[0])
+    with _cache_lock:
+        _cache[key] = loaded
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return loaded
+
+
+def _fingerprint(folder: Path) -> tuple:
+    """The names, sizes and modification times of the files a model loads from ``folder``
+    (at any depth: a sentence-transformers folder keeps its weights in a subfolder)."""
+    found = []
+    for root, _, files in os.walk(folder):
+        for name in files:
+            if name.endswith((".json", ".safetensors", ".bin", ".txt", ".model")):
+                stat = os.stat(os.path.join(root, name))
+                found.append((os.path.join(root, name), stat.st_size, stat.st_mtime_ns))
+    return tuple(sorted(found))
 
 
 def _texts(texts: Any) -> list[str]:
@@ -61,4 +135,4 @@ def _texts(texts: Any) -> list[str]:
     return list(texts)
 
 
-__all__ = ["embed"]
+__all__ = ["embed", "load"]

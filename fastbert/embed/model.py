@@ -113,23 +113,57 @@ class Encoder:
         return self.model.config.hidden_size
 
     def __call__(self, tokens: list[list[int]]) -> np.ndarray:
-        """token ids of n rows (any lengths) -> float embeddings [n, hidden]."""
-        input_ids, mask = self.pad(tokens)
+        """token ids of n rows (any lengths) -> embeddings [n, hidden], normalised when the
+        folder (or the options) say so, in ``store_dtype``."""
         with torch.inference_mode():
-            hidden = self.model(input_ids, attention_mask=mask).last_hidden_state
-            pooled = self.pool(hidden, mask)
+            pooled = self.pooled(tokens)
             if self.normalize:
                 pooled = torch.nn.functional.normalize(pooled, dim=-1)
         return pooled.cpu().numpy().astype(self.store_dtype, copy=False)
 
-    def pad(self, tokens: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Right-padded int64 input ids and 0/1 attention mask [n, longest], on the model's
-        device."""
-        longest = max(len(t) for t in tokens)
-        ids = torch.full((len(tokens), longest), self.pad_id, dtype=torch.int64)
-        mask = torch.zeros((len(tokens), longest), dtype=torch.int64)
-        for i, row in enumerate(tokens):
-            ids[i, : len(row)] = torch.tensor(row, dtype=torch.int64)
-            mask[i, : len(row)] = 1
-        device = self.model.device
-        return ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)
+    def pooled(self, tokens: list[list[int]]) -> torch.Tensor:
+        """token ids of n rows -> pooled, unnormalised embeddings [n, hidden] (the model's
+        dtype and device). Call under torch.inference_mode()."""
+        input_ids, mask, _ = pad(tokens, None, self.pad_id, self.model.device)
+        hidden = self.model(input_ids, attention_mask=mask).last_hidden_state
+        return self.pool(hidden, mask)
+
+
+class Classifier:
+    """Batches of token ids (a text or a text pair each) -> logits (numpy float32
+    [n, num_labels]).
+
+    ``model``: a Hugging Face ``*ForSequenceClassification`` model with fastbert's encoder
+    swapped in (fastbert.optimize); ``pad_id``: the tokenizer's padding id.
+    """
+
+    def __init__(self, model: Any, pad_id: int):
+        self.model = model
+        self.pad_id = pad_id
+        self.device = next(model.parameters()).device
+
+    def __call__(self, tokens: list[list[int]], type_ids: list[list[int]] | None) -> np.ndarray:
+        input_ids, mask, token_types = pad(tokens, type_ids, self.pad_id, self.device)
+        with torch.inference_mode():
+            logits = self.model(
+                input_ids=input_ids, attention_mask=mask, token_type_ids=token_types
+            ).logits
+        return logits.float().cpu().numpy()
+
+
+def pad(
+    tokens: list[list[int]], type_ids: list[list[int]] | None, pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Right-padded int64 input ids, 0/1 attention mask and (when ``type_ids`` is given) token
+    type ids, each [n, longest], on ``device``."""
+    longest = max(len(t) for t in tokens)
+    ids = torch.full((len(tokens), longest), pad_id, dtype=torch.int64)
+    mask = torch.zeros((len(tokens), longest), dtype=torch.int64)
+    types = None if type_ids is None else torch.zeros((len(tokens), longest), dtype=torch.int64)
+    for i, row in enumerate(tokens):
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.int64)
+        mask[i, : len(row)] = 1
+        if types is not None:
+            types[i, : len(row)] = torch.tensor(type_ids[i], dtype=torch.int64)
+    moved = [t.to(device, non_blocking=True) if t is not None else None for t in (ids, mask, types)]
+    return moved[0], moved[1], moved[2]

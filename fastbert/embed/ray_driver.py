@@ -24,9 +24,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastbert.embed import model, pipeline, readers
+from fastbert.embed import model, pipeline, readers, run
 from fastbert.embed.options import EmbedOptions
 from fastbert.embed.shards import EmbeddedRows, ShardWriter
+from fastbert.embed.text_model import load_options
 
 READ_ROWS = 1024  # rows per block out of a read task
 TOKENISE_ROWS = 256  # rows per tokenise task call
@@ -37,7 +38,7 @@ def embed_files(
     output: str | Path,
     options: EmbedOptions,
     address: str | None = None,
-) -> pipeline.Summary:
+) -> run.Summary:
     """Embed ``inputs`` into Parquet shards in ``output`` on Ray: the cluster at ``address``,
     else the Ray instance this process has started (ray.init), else a new local one. Same
     arguments, output and errors as :func:`fastbert.embed.pipeline.embed_files`."""
@@ -194,13 +195,13 @@ class EmbedActor:
             torch.set_num_threads(threads)
         else:  # the GPU Ray gave this actor
             options = replace(options, device="cuda")
-        self.loaded = pipeline.load(options, _tokenizer(options.model))
+        self.loaded = load_options(options, _tokenizer(options.model))
 
     def __call__(self, batch: Any) -> Any:
         good = np.flatnonzero(batch["problem"].isna().to_numpy())
         tokens = [list(batch["input_ids"].iloc[i]) for i in good]
         vectors: list[Any] = [None] * len(batch)
-        for positions, embedded in pipeline.embed_sorted(
+        for positions, embedded in run.embed_sorted(
             self.loaded.encoder, tokens, self.loaded.options.batch_tokens
         ):
             for position, vector in zip(positions, embedded):
@@ -211,17 +212,17 @@ class EmbedActor:
 
 def _drain(
     dataset: Any, writer: ShardWriter, options: EmbedOptions, first_row: int, end: int
-) -> pipeline.Summary:
+) -> run.Summary:
     """Feed the dataset's rows, in order, to the shard writer; the run's summary."""
-    summary = pipeline.Summary()
+    summary = run.Summary()
     start = time.perf_counter()
-    bar = pipeline.progress_bar(options.progress)
+    bar = run.progress_bar(options.progress)
     try:
         for batch in _batches(dataset):
             bad = batch[batch["problem"].notna()]
             if len(bad) and not options.skip_bad:
                 row = bad.iloc[0]
-                raise pipeline.bad_row_error(row["where"], row["problem"])
+                raise run.bad_row_error(row["where"], row["problem"])
             writer.skip(bad["index"].tolist())
             good = batch[batch["problem"].isna()]
             if len(good):

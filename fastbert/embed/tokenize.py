@@ -4,6 +4,8 @@ overlaps the forward passes, and no more than ``depth`` chunks wait in memory.""
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -27,32 +29,90 @@ class Chunk:
     end: int = 0
 
 
-class Tokenise:
-    """texts -> (token ids per text, whether each was truncated), with the tokenizer's own
-    ``truncation=True, max_length=max_length`` (special tokens included, as
-    sentence-transformers tokenises).
+@dataclass
+class Tokens:
+    """Tokenised inputs: ``ids`` (special tokens included), ``type_ids`` (for text pairs, else
+    None) and ``cut`` (whether each input was truncated), one entry per input."""
 
-    ``tokenizer``: a transformers tokenizer; ``max_length``: the most tokens per text.
+    ids: list[list[int]]
+    type_ids: list[list[int]] | None
+    cut: list[bool]
+
+
+class Tokenise:
+    """texts (or text pairs) -> token ids, with the tokenizer's own ``truncation=True,
+    max_length=max_length`` (special tokens included, as sentence-transformers tokenises).
+
+    ``tokenizer``: a transformers tokenizer; ``max_length``: the most tokens per input. Safe to
+    call from several threads at once: each call borrows a copy of the tokenizer that no other
+    call is using (made when none is free; as many exist as calls ever overlapped), since a Rust
+    tokenizer refuses a call while another changes its truncation settings.
     """
 
     def __init__(self, tokenizer: Any, max_length: int):
         self.tokenizer = tokenizer
         self.max_length = max_length
+        self._lock = threading.Lock()
+        self._free: dict[str, list[Any]] = {"right": [], "left": []}
 
     def __call__(self, texts: list[str]) -> tuple[list[list[int]], list[bool]]:
-        batch = self.tokenizer(
+        tokens = self.encode(texts)
+        return tokens.ids, tokens.cut
+
+    def encode(
+        self,
+        texts: list[str],
+        pairs: list[str] | None = None,
+        *,
+        truncate: bool = True,
+        side: str = "right",
+    ) -> Tokens:
+        """Token ids of ``texts`` (with ``pairs``: of the pairs (texts[i], pairs[i]), with
+        token types). ``truncate``: cut each input to ``max_length`` tokens from ``side``
+        ("right" or "left"); without it, inputs keep every token (the caller checks the
+        limit)."""
+        with self._borrowed(side) as tokenizer:
+            return self._encode(tokenizer, texts, pairs, truncate)
+
+    def _encode(
+        self, tokenizer: Any, texts: list[str], pairs: list[str] | None, truncate: bool
+    ) -> Tokens:
+        batch = tokenizer(
             texts,
-            truncation=True,
-            max_length=self.max_length,
-            return_token_type_ids=False,
+            pairs,
+            truncation=truncate,
+            max_length=self.max_length if truncate else None,
+            return_token_type_ids=pairs is not None,
             return_attention_mask=False,
+            verbose=False,
         )
-        if batch.encodings is not None:  # a fast tokenizer keeps what truncation cut off
+        ids = batch["input_ids"]
+        type_ids = batch["token_type_ids"] if pairs is not None else None
+        if not truncate:
+            cut = [False] * len(ids)
+        elif batch.encodings is not None:  # a fast tokenizer keeps what truncation cut off
             cut = [bool(e.overflowing) for e in batch.encodings]
         else:
-            full = self.tokenizer(texts, truncation=False, verbose=False)["input_ids"]
-            cut = [len(ids) > self.max_length for ids in full]
-        return batch["input_ids"], cut
+            full = tokenizer(texts, pairs, truncation=False, verbose=False)["input_ids"]
+            cut = [len(row) > self.max_length for row in full]
+        return Tokens(ids, type_ids, cut)
+
+    @contextlib.contextmanager
+    def _borrowed(self, side: str) -> Iterator[Any]:
+        """A copy of the tokenizer truncating from ``side`` that no other call is using."""
+        if side not in self._free:
+            raise ValueError(f"truncation side must be 'right' or 'left', got {side!r}")
+        with self._lock:
+            free = self._free[side]
+            tokenizer = free.pop() if free else None
+        if tokenizer is None:
+            tokenizer = copy.deepcopy(self.tokenizer)
+            tokenizer.truncation_side = side
+        try:
+            yield tokenizer
+        finally:
+            with self._lock:
+                self._free[side].append(tokenizer)
 
 
 def tokenise_ahead(

@@ -1,0 +1,158 @@
+"""The embedding loop: rows -> tokenised ahead in a thread -> length-sorted windows ->
+token-budget batches -> the model -> a sink (Parquet shards, an array), with a progress bar and
+a summary. Shared by the one-process job, ``fastbert.embed`` of a list and
+:meth:`~fastbert.embed.text_model.TextModel.embed`."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from fastbert.embed import model, readers
+from fastbert.embed.batching import Window, token_batches, windows
+from fastbert.embed.options import EmbedOptions
+from fastbert.embed.shards import EmbeddedRows
+from fastbert.embed.tokenize import Tokenise, tokenise_ahead
+
+
+@dataclass
+class Summary:
+    """What a job did. ``docs``, ``tokens``, ``truncated``, ``skipped``: counts of this run;
+    ``seconds``: its wall-clock time; ``output``/``manifest``: where it wrote and the final
+    manifest (totals over every run of the job, a resumed one included)."""
+
+    docs: int = 0
+    tokens: int = 0
+    truncated: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+    output: Path | None = None
+    manifest: dict | None = None
+
+    def line(self) -> str:
+        rate = self.docs / self.seconds if self.seconds > 0 else 0.0
+        return (
+            f"embedded {self.docs} docs ({self.tokens} tokens, {self.truncated} truncated, "
+            f"{self.skipped} skipped) in {self.seconds:.1f} s: {rate:.1f} docs/s"
+        )
+
+
+class Loaded(Protocol):
+    """What the loop runs: a model's encoder and tokeniser, and the resolved options
+    (a :class:`~fastbert.embed.text_model.TextModel` is one)."""
+
+    encoder: model.Encoder
+    tokenise: Tokenise
+    options: EmbedOptions
+
+
+class Sink(Protocol):
+    """Where embedded rows go (a ShardWriter, an ArraySink): rows added or skipped, then told
+    that every row before ``end`` is in (``advance``) and that the input ended (``finish``)."""
+
+    def add(self, embedded: EmbeddedRows) -> None: ...
+    def skip(self, rows: list[int]) -> None: ...
+    def advance(self, end: int) -> None: ...
+    def finish(self, end: int) -> None: ...
+
+
+class ArraySink:
+    """A sink that fills an array [n, dim] by row index."""
+
+    def __init__(self, rows: int, dimensions: int, dtype: np.dtype):
+        self.array = np.zeros((rows, dimensions), dtype)
+
+    def add(self, embedded: EmbeddedRows) -> None:
+        self.array[embedded.rows] = embedded.vectors
+
+    def skip(self, rows: list[int]) -> None:
+        raise AssertionError("in-memory texts are never skipped")
+
+    def advance(self, end: int) -> None:
+        pass
+
+    def finish(self, end: int) -> None:
+        pass
+
+
+def run_rows(rows: Iterable[readers.Row], loaded: Loaded, sink: Sink, first_row: int) -> Summary:
+    """Embed ``rows`` (input indices from ``first_row``) into ``sink``; the summary of the run."""
+    options = loaded.options
+    summary = Summary()
+    start = time.perf_counter()
+    end = first_row
+    bar = progress_bar(options.progress)
+    try:
+        chunks = tokenise_ahead(rows, loaded.tokenise)
+        for window in windows(chunks, options.window_rows):
+            _check_bad(window, options.skip_bad)
+            if window.bad:
+                sink.skip([r.index for r in window.bad])
+            summary.skipped += len(window.bad)
+            summary.truncated += sum(window.cut)
+            _embed_window(window, loaded, sink, summary, bar, start)
+            end = window.end
+            sink.advance(end)
+        sink.finish(end)
+    finally:
+        bar.close()
+    summary.seconds = time.perf_counter() - start
+    return summary
+
+
+def _check_bad(window: Window, skip_bad: bool) -> None:
+    if window.bad and not skip_bad:
+        row = window.bad[0]
+        raise bad_row_error(row.where(), row.problem)
+
+
+def bad_row_error(where: str, problem: str) -> readers.InputError:
+    """The error that stops a job at a bad row (without skip_bad): where, what, how to skip."""
+    return readers.InputError(f"{where}: {problem} (skip bad rows with --skip-bad)")
+
+
+def embed_sorted(
+    encoder: model.Encoder, tokens: list[list[int]], batch_tokens: int
+) -> Iterator[tuple[list[int], np.ndarray]]:
+    """Token ids of n rows -> (positions into ``tokens``, their embeddings [len, dim]) per
+    forward pass, rows sorted by length into batches of at most ``batch_tokens`` tokens."""
+    lengths = [len(t) for t in tokens]
+    for batch in token_batches(lengths, batch_tokens):
+        yield batch, encoder([tokens[i] for i in batch])
+
+
+def _embed_window(
+    window: Window, loaded: Loaded, sink: Sink, summary: Summary, bar: Any, start: float
+) -> None:
+    for batch, vectors in embed_sorted(loaded.encoder, window.tokens, loaded.options.batch_tokens):
+        tokens = [len(window.tokens[i]) for i in batch]
+        rows = [window.rows[i] for i in batch]
+        sink.add(
+            EmbeddedRows(
+                rows=[row.index for row in rows],
+                ids=[row.output_id() for row in rows],
+                vectors=vectors,
+                tokens=tokens,
+                truncated=[window.cut[i] for i in batch],
+            )
+        )
+        summary.docs += len(batch)
+        summary.tokens += sum(tokens)
+        bar.update(len(batch))
+        elapsed = time.perf_counter() - start
+        if elapsed > 0:
+            bar.set_postfix_str(f"{summary.tokens / elapsed:,.0f} tokens/s", refresh=False)
+
+
+def progress_bar(enabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(
+        unit=" docs", file=sys.stderr, disable=not enabled, dynamic_ncols=True, desc="embed"
+    )
