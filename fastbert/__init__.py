@@ -13,18 +13,20 @@ only the rooms on its line below, at any depth, inside functions too: imports po
 layers, or sideways among the jobs of layer 4.
 
     layer  room          modules                          may import
-    5      commands      fastbert.commands, fastbert.cli  façade, accuracy, bench, embed,
+    5      commands      fastbert.commands, fastbert.cli  façade, accuracy, bench, embed, serve,
                                                           integrations, model, execution,
                                                           kernels, version
     5      façade        fastbert                         integrations, model, execution,
                                                           kernels, version; accuracy, bench,
                                                           embed only inside functions
-    4      accuracy      fastbert.accuracy                bench, embed, integrations, model,
-                                                          execution, kernels, version
-    4      bench         fastbert.bench                   accuracy, embed, integrations, model,
-                                                          execution, kernels, version
-    4      embed         fastbert.embed                   accuracy, bench, integrations, model,
-                                                          execution, kernels, version
+    4      accuracy      fastbert.accuracy                bench, embed, serve, integrations,
+                                                          model, execution, kernels, version
+    4      bench         fastbert.bench                   accuracy, embed, serve, integrations,
+                                                          model, execution, kernels, version
+    4      embed         fastbert.embed                   accuracy, bench, serve, integrations,
+                                                          model, execution, kernels, version
+    4      serve         fastbert.serve                   accuracy, bench, embed, integrations,
+                                                          model, execution, kernels, version
     3      integrations  fastbert.integrations            model, execution, kernels, version
     2      model         fastbert.model                   execution, kernels, version
     1      execution     fastbert.execution               kernels, version

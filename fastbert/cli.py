@@ -15,7 +15,7 @@ import sys
 import fastbert
 from fastbert.commands.options import CommandError, UsageError
 
-COMMANDS = ("info", "demo", "bench", "accuracy", "embed")
+COMMANDS = ("info", "demo", "bench", "accuracy", "embed", "serve")
 
 
 def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:

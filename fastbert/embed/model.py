@@ -4,6 +4,7 @@ ids -> pooled embeddings."""
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,13 +142,19 @@ class Classifier:
         self.model = model
         self.pad_id = pad_id
         self.device = next(model.parameters()).device
+        # DistilBERT has no token types: its forward takes no token_type_ids.
+        self.takes_token_types = "token_type_ids" in inspect.signature(model.forward).parameters
 
     def __call__(self, tokens: list[list[int]], type_ids: list[list[int]] | None) -> np.ndarray:
+        """token ids (and token types, or None) of n inputs -> logits [n, num_labels]."""
+        if not self.takes_token_types:
+            type_ids = None
         input_ids, mask, token_types = pad(tokens, type_ids, self.pad_id, self.device)
+        arguments = {"input_ids": input_ids, "attention_mask": mask}
+        if token_types is not None:
+            arguments["token_type_ids"] = token_types
         with torch.inference_mode():
-            logits = self.model(
-                input_ids=input_ids, attention_mask=mask, token_type_ids=token_types
-            ).logits
+            logits = self.model(**arguments).logits
         return logits.float().cpu().numpy()
 
 

@@ -84,6 +84,13 @@ class TextModel:
         return self.options.max_length
 
     @property
+    def vocab_size(self) -> int:
+        """The number of token ids the model knows (ids are 0 .. vocab_size - 1)."""
+        if self.encoder is not None:
+            return self.encoder.model.config.vocab_size
+        return self.classifier.model.config.vocab_size
+
+    @property
     def dimensions(self) -> int | None:
         """The width of an embedding (None for a classifier)."""
         return self.encoder.dimensions if self.encoder is not None else None

@@ -97,6 +97,38 @@ class Tokenise:
             cut = [len(row) > self.max_length for row in full]
         return Tokens(ids, type_ids, cut)
 
+    def details(self, texts: list[str], add_special_tokens: bool = True) -> list[list[dict]]:
+        """Every token of each text, untruncated: ``{id, text, special, start, stop}`` (start
+        and stop: character offsets into the text; None for special tokens)."""
+        with self._borrowed("right") as tokenizer:
+            batch = tokenizer(
+                texts,
+                add_special_tokens=add_special_tokens,
+                return_offsets_mapping=tokenizer.is_fast,
+                return_special_tokens_mask=True,
+                return_attention_mask=False,
+                return_token_type_ids=False,
+                verbose=False,
+            )
+            names = [tokenizer.convert_ids_to_tokens(ids) for ids in batch["input_ids"]]
+        out = []
+        for row, ids in enumerate(batch["input_ids"]):
+            special = batch["special_tokens_mask"][row]
+            offsets = batch["offset_mapping"][row] if "offset_mapping" in batch else None
+            out.append(
+                [
+                    {
+                        "id": token_id,
+                        "text": names[row][i],
+                        "special": bool(special[i]),
+                        "start": None if special[i] or offsets is None else offsets[i][0],
+                        "stop": None if special[i] or offsets is None else offsets[i][1],
+                    }
+                    for i, token_id in enumerate(ids)
+                ]
+            )
+        return out
+
     @contextlib.contextmanager
     def _borrowed(self, side: str) -> Iterator[Any]:
         """A copy of the tokenizer truncating from ``side`` that no other call is using."""

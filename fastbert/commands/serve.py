@@ -1,0 +1,208 @@
+"""fastbert serve: serve a model folder over HTTP (Hugging Face text-embeddings-inference's and
+OpenAI's routes), on one machine or as a Ray Serve deployment."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from fastbert.commands.options import (
+    CommandError,
+    UsageError,
+    add_backend_argument,
+    add_device_argument,
+    positive_int,
+)
+
+NAME = "serve"
+HELP = "serve embeddings, rerank scores and classifications over HTTP (TEI- and OpenAI-compatible)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from fastbert.serve.options import API_KEY_VARIABLE, LOG_LEVELS, default_tokenize_workers
+
+    parser.add_argument(
+        "--model",
+        required=True,
+        metavar="PATH",
+        help="a sentence-transformers or Hugging Face model folder (an encoder: /embed and "
+        "/v1/embeddings; a *ForSequenceClassification: /rerank, /v1/rerank and /predict)",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--port", type=_port, default=8080, help="port (default: 8080; 0: any free)"
+    )
+    add_device_argument(parser)
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "float16", "bfloat16"),
+        default=None,
+        help="compute dtype (default: float16 on CUDA, float32 on the CPU)",
+    )
+    add_backend_argument(parser)
+    parser.add_argument(
+        "--max-batch-tokens",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="padded tokens per forward pass (default: 16384 on CUDA, 4096 on the CPU)",
+    )
+    parser.add_argument(
+        "--max-client-batch-size",
+        type=positive_int,
+        default=32,
+        metavar="N",
+        help="inputs per request (default: 32)",
+    )
+    parser.add_argument(
+        "--max-concurrent-requests",
+        type=positive_int,
+        default=512,
+        metavar="N",
+        help="inputs admitted and not yet answered, across requests; past it a request gets "
+        "429 (default: 512)",
+    )
+    parser.add_argument(
+        "--max-queued-tokens",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="tokens of those inputs (default: --max-concurrent-requests x --max-input-length)",
+    )
+    parser.add_argument(
+        "--max-input-length",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="most tokens per input (default: the model's)",
+    )
+    parser.add_argument(
+        "--auto-truncate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="cut inputs over --max-input-length (default); with --no-auto-truncate they get 422 "
+        "unless the request asks to truncate",
+    )
+    parser.add_argument(
+        "--payload-limit",
+        type=positive_int,
+        default=2_000_000,
+        metavar="BYTES",
+        help="most bytes in a request body (default: 2000000)",
+    )
+    parser.add_argument(
+        "--served-model-name",
+        default=None,
+        metavar="NAME",
+        help="the model name the OpenAI routes answer with (default: the folder's name)",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help=f"bearer token every route but /health and /metrics asks for (default: "
+        f"${API_KEY_VARIABLE}; prefer the variable on a shared host: a command line is "
+        "visible to every user)",
+    )
+    parser.add_argument(
+        "--workers-tokenize",
+        type=positive_int,
+        default=default_tokenize_workers(),
+        metavar="N",
+        help="tokenizer threads (default: half the cores, 1 to 4)",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default="info",
+        help="info: one startup line; debug: a line per request (default: info)",
+    )
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="ADDRESS",
+        help="run as a Ray Serve deployment (a local Ray instance, or the cluster at ADDRESS)",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="Ray Serve replicas (default: one per GPU, or per two CPUs)",
+    )
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 65535, got {text!r}")
+    return value
+
+
+def options_from(args: argparse.Namespace):
+    """The ServeOptions of parsed arguments; UsageError for a bad combination."""
+    from fastbert.embed.options import EmbedOptions
+    from fastbert.serve.options import API_KEY_VARIABLE, ServeOptions
+
+    if args.replicas is not None and args.ray is None:
+        raise UsageError("--replicas needs --ray")
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE)
+    try:
+        model = EmbedOptions(
+            model=args.model,
+            device=args.device,
+            dtype=args.dtype,
+            backend=args.backend,
+            batch_tokens=args.max_batch_tokens,
+            max_length=args.max_input_length,
+            progress=False,
+        )
+        return ServeOptions(
+            model=model,
+            host=args.host,
+            port=args.port,
+            served_model_name=args.served_model_name,
+            max_client_batch_size=args.max_client_batch_size,
+            max_concurrent_requests=args.max_concurrent_requests,
+            max_queued_tokens=args.max_queued_tokens,
+            auto_truncate=args.auto_truncate,
+            payload_limit=args.payload_limit,
+            api_key=api_key or None,
+            tokenize_workers=args.workers_tokenize,
+            log_level=args.log_level,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def run(args: argparse.Namespace) -> int:
+    options = options_from(args)
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise CommandError(
+            f"fastbert serve needs {exc.name}: pip install 'fastbert[serve]'"
+        ) from exc
+    if args.ray is not None:
+        from fastbert.serve import ray_serve
+
+        ray_serve.serve(
+            options, address=None if args.ray == "auto" else args.ray, replicas=args.replicas
+        )
+        return 0
+    from fastbert.serve.server import serve
+
+    try:
+        serve(options)
+    except ValueError as exc:  # a model the folder cannot load, a setting it cannot run
+        raise CommandError(str(exc)) from exc
+    return 0

@@ -1,0 +1,145 @@
+"""A request's inputs -> the token ids the model runs: texts tokenised (in the tokenizer
+threads), token-id inputs checked against the vocabulary, every input held to the model's
+limit (cut when truncating, else a 422), and the request held to its size limit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fastbert.embed.text_model import InputTooLong, TextModel
+from fastbert.embed.tokenize import Tokens
+from fastbert.serve.errors import EmptyInput, ValidationFailed
+
+
+@dataclass(frozen=True)
+class Limits:
+    """``max_inputs``: inputs per request; ``truncate``: the server's default for cutting
+    inputs over the model's limit."""
+
+    max_inputs: int
+    truncate: bool
+
+
+def as_list(inputs: object) -> list:
+    """TEI's and OpenAI's ``inputs``: a text or one list of token ids is one input; any other
+    list is a list of inputs."""
+    if isinstance(inputs, str):
+        return [inputs]
+    if isinstance(inputs, list) and inputs and all(isinstance(i, int) for i in inputs):
+        return [inputs]
+    return list(inputs)
+
+
+def check_count(items: Sequence, limits: Limits, field: str) -> None:
+    """EmptyInput for no inputs or an empty one; ValidationFailed for too many."""
+    if not items:
+        raise EmptyInput(f"{field} is empty: give at least one input", param=field)
+    for i, item in enumerate(items):
+        if (isinstance(item, str) and not item.strip()) or (isinstance(item, list) and not item):
+            raise EmptyInput(f"{field}[{i}] is empty", param=field)
+    if len(items) > limits.max_inputs:
+        raise ValidationFailed(
+            f"{field} has {len(items)} inputs, more than this server's limit of "
+            f"{limits.max_inputs} per request (--max-client-batch-size)",
+            param=field,
+        )
+
+
+def side(direction: str) -> str:
+    return direction.lower()
+
+
+def tokenize(
+    model: TextModel,
+    items: list[str | list[int]],
+    truncate: bool,
+    direction: str,
+    field: str,
+) -> list[list[int]]:
+    """Token ids of each input: texts tokenised as the model tokenises; token-id inputs
+    checked (every id within the vocabulary) and cut to the model's limit from ``direction``
+    when truncating. ValidationFailed naming the input over the limit (without truncation)
+    or holding an unknown id."""
+    texts = [(i, item) for i, item in enumerate(items) if isinstance(item, str)]
+    ids: list[list[int]] = [[] for _ in items]
+    if texts:
+        tokens = _tokenize_texts(model, [t for _, t in texts], None, truncate, direction, field)
+        for (i, _), row in zip(texts, tokens.ids):
+            ids[i] = row
+    for i, item in enumerate(items):
+        if isinstance(item, list):
+            ids[i] = _checked_ids(model, item, truncate, direction, f"{field}[{i}]")
+    return ids
+
+
+def tokenize_pairs(
+    model: TextModel,
+    firsts: list[str],
+    seconds: list[str | None],
+    truncate: bool,
+    direction: str,
+    field: str,
+) -> tuple[list[list[int]], list[list[int]]]:
+    """(token ids, token types) of texts (``seconds[i]`` None) and text pairs, in order."""
+    ids: list[list[int]] = [[] for _ in firsts]
+    types: list[list[int]] = [[] for _ in firsts]
+    singles = [i for i, s in enumerate(seconds) if s is None]
+    pairs = [i for i, s in enumerate(seconds) if s is not None]
+    if singles:
+        tokens = _tokenize_texts(
+            model, [firsts[i] for i in singles], None, truncate, direction, field
+        )
+        for i, row in zip(singles, tokens.ids):
+            ids[i], types[i] = row, [0] * len(row)
+    if pairs:
+        tokens = _tokenize_texts(
+            model,
+            [firsts[i] for i in pairs],
+            [seconds[i] for i in pairs],
+            truncate,
+            direction,
+            field,
+        )
+        for i, row, row_types in zip(pairs, tokens.ids, tokens.type_ids):
+            ids[i], types[i] = row, row_types
+    return ids, types
+
+
+def _tokenize_texts(
+    model: TextModel,
+    texts: list[str],
+    pairs: list[str] | None,
+    truncate: bool,
+    direction: str,
+    field: str,
+) -> Tokens:
+    try:
+        return model.tokenize(texts, pairs, truncate=truncate, side=side(direction))
+    except InputTooLong as exc:
+        raise ValidationFailed(
+            f"{field}: an input has {exc.length} tokens, more than the model's limit of "
+            f"{exc.limit}; send truncate=true to cut it",
+            param=field,
+        ) from exc
+
+
+def _checked_ids(
+    model: TextModel, ids: list[int], truncate: bool, direction: str, field: str
+) -> list[int]:
+    vocab = model.vocab_size
+    bad = next((i for i in ids if not 0 <= i < vocab), None)
+    if bad is not None:
+        raise ValidationFailed(
+            f"{field}: token id {bad} is outside the vocabulary (0 .. {vocab - 1})", param=field
+        )
+    limit = model.max_length
+    if len(ids) <= limit:
+        return ids
+    if not truncate:
+        raise ValidationFailed(
+            f"{field}: {len(ids)} tokens, more than the model's limit of {limit}; send "
+            "truncate=true to cut it",
+            param=field,
+        )
+    return ids[-limit:] if side(direction) == "left" else ids[:limit]

@@ -1,0 +1,72 @@
+"""The settings of a server: what to load (the embed job's options) and the limits it keeps,
+validated once for the command, the Python API and Ray Serve."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from fastbert.embed.options import EmbedOptions
+
+API_KEY_VARIABLE = "FASTBERT_API_KEY"
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def default_tokenize_workers() -> int:
+    """Tokenizer threads by default: half the cores (the model's forward uses the rest on a
+    CPU), between 1 and 4."""
+    return max(1, min(4, (os.cpu_count() or 2) // 2))
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """How to serve a model folder.
+
+    ``model``: what to load and how (folder, device, dtype, backend, max_length; its
+    ``batch_tokens`` is the token budget of one forward pass, ``--max-batch-tokens``).
+    ``max_client_batch_size``: inputs per request; ``max_concurrent_requests``: inputs admitted
+    and not yet answered, across requests (past it a request gets 429); ``max_queued_tokens``:
+    their tokens (None: ``max_concurrent_requests`` x the model's ``max_length``);
+    ``auto_truncate``: cut inputs over ``max_length`` (else 422); ``payload_limit``: the most
+    bytes a request body may have (else 413); ``api_key``: the bearer token every route but
+    health and metrics asks for (None: open); ``tokenize_workers``: tokenizer threads.
+    """
+
+    model: EmbedOptions
+    host: str = "127.0.0.1"
+    port: int = 8080
+    served_model_name: str | None = None
+    max_client_batch_size: int = 32
+    max_concurrent_requests: int = 512
+    max_queued_tokens: int | None = None
+    auto_truncate: bool = True
+    payload_limit: int = 2_000_000
+    api_key: str | None = field(default=None, repr=False)
+    tokenize_workers: int = field(default_factory=default_tokenize_workers)
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_client_batch_size",
+            "max_concurrent_requests",
+            "payload_limit",
+            "tokenize_workers",
+        ):
+            _check_positive(name, getattr(self, name))
+        if self.max_queued_tokens is not None:
+            _check_positive("max_queued_tokens", self.max_queued_tokens)
+        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be between 0 and 65535, got {self.port!r}")
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api_key must not be blank")
+
+    def model_name(self) -> str:
+        """The name the OpenAI routes answer with: ``served_model_name``, else the folder's."""
+        return self.served_model_name or os.path.basename(os.path.normpath(self.model.model))
+
+
+def _check_positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")

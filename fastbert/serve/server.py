@@ -1,0 +1,85 @@
+"""Running the app: load the model, log one line, serve on uvicorn until SIGTERM or Ctrl-C,
+then stop accepting, finish the requests already admitted and return."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from typing import Any
+
+from fastbert.embed.text_model import TextModel, load_options
+from fastbert.serve.app import create_app
+from fastbert.serve.options import ServeOptions
+
+log = logging.getLogger("fastbert.serve")
+
+
+def startup_line(model: TextModel, options: ServeOptions, address: str) -> str:
+    o = model.options
+    return (
+        f"fastbert serve: {o.model} ({model.kind}) on {o.device}, backend {o.backend}, "
+        f"{o.dtype}, max {model.max_length} tokens per input, {o.batch_tokens} per batch, "
+        f"at {address}"
+    )
+
+
+def serve(options: ServeOptions, model: TextModel | None = None) -> None:
+    """Serve ``model`` (default: load ``options.model``) until SIGTERM or Ctrl-C; returns
+    after the admitted requests are answered."""
+    import uvicorn
+
+    _configure_logging(options.log_level)
+    model = model or load_options(options.model)
+    app = create_app(model, options)
+    config = uvicorn.Config(
+        app,
+        host=options.host,
+        port=options.port,
+        log_level="warning" if options.log_level != "debug" else "debug",
+        access_log=options.log_level == "debug",
+        timeout_graceful_shutdown=None,
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    _announce(server, model, options)
+    with _quiet_signals():
+        server.run()
+
+
+def _announce(server: Any, model: TextModel, options: ServeOptions) -> None:
+    """Log the startup line once the socket listens (with the real port when it was 0)."""
+    started = server.startup
+
+    async def startup(sockets: Any = None) -> None:
+        await started(sockets=sockets)
+        port = options.port
+        for listener in getattr(server, "servers", []):
+            for sock in listener.sockets:
+                port = sock.getsockname()[1]
+        log.info(startup_line(model, options, f"http://{options.host}:{port}"))
+
+    server.startup = startup
+
+
+class _quiet_signals:
+    """uvicorn shuts down gracefully on SIGTERM / SIGINT, then raises the signal again for the
+    handler that was there before it. With this no-op handler there, the process exits 0 after
+    a graceful shutdown instead of dying of the signal."""
+
+    def __enter__(self) -> None:
+        self.saved = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, handler in self.saved.items():
+            signal.signal(s, handler)
+
+
+def _configure_logging(level: str) -> None:
+    logger = logging.getLogger("fastbert.serve")
+    logger.setLevel(level.upper())
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False

