@@ -4,12 +4,16 @@ off and no GPU visible.
 
 The examples name local checkpoint folders with placeholders; PLACEHOLDERS resolves each to the
 packaged all-MiniLM-L6-v2 folder (a BERT checkpoint that is also a sentence-transformers
-folder; a token-classification model loaded from it gets a fresh head). A block preceded by an
-HTML comment starting ``<!-- not-run:`` (a signature listing) is not run.
+folder; a token-classification model loaded from it gets a fresh head), and CROSS_ENCODER to a
+small random BERT sequence classifier the test saves. Examples that call a server at
+SERVER_URL call a real ``fastbert serve`` of the packaged model, started for them. A block
+preceded by an HTML comment starting ``<!-- not-run:`` (a signature listing, a call that
+serves forever) is not run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -22,6 +26,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 PLACEHOLDERS = ("path/to/bert", "path/to/all-MiniLM-L6-v2", "path/to/ner")
+CROSS_ENCODER = "path/to/a-cross-encoder"
+SERVER_URL = "http://127.0.0.1:8080"
 BLOCK = re.compile(r"(?:(<!-- not-run:[^\n]*-->)\n)?```python\n(.*?)```", re.S)
 
 
@@ -86,8 +92,23 @@ def test_readme_and_docs_examples_run_on_a_cpu(tmp_path) -> None:
             continue
         for placeholder in PLACEHOLDERS:
             code = code.replace(placeholder, folder)
+        code = code.replace(CROSS_ENCODER, str(tmp_path / "cross-encoder"))
         assert "path/to/" not in code, f"{name}:{line}: a placeholder this test does not know"
         examples.append((name, line, code))
+    if any(CROSS_ENCODER in code for _, _, code, _ in all_blocks()):
+        from tests.test_text_model import save_classifier
+
+        save_classifier(tmp_path / "cross-encoder")
+    with contextlib.ExitStack() as stack:
+        if any(SERVER_URL in code for _, _, code in examples):
+            from tests.serve_process import serving
+
+            served = stack.enter_context(serving(folder, tmp_path=tmp_path))
+            examples = [(n, line, c.replace(SERVER_URL, served.url)) for n, line, c in examples]
+        _run_examples(examples, tmp_path)
+
+
+def _run_examples(examples: list[tuple[str, int, str]], tmp_path: Path) -> None:
     (tmp_path / "examples.json").write_text(json.dumps(examples))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
