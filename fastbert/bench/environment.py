@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from fastbert.execution import cpu
+
 PACKAGES = ("fastbert", "torch", "triton", "transformers", "sentence-transformers")
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,6 +76,7 @@ def capture() -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu": cpu_name(),
+        "cpu_flags": " ".join(cpu.relevant_flags()),
         "cpu_threads": torch.get_num_threads(),
     }
     env.update({package: _version(package) for package in PACKAGES})

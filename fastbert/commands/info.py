@@ -8,6 +8,7 @@ import platform
 
 import torch
 
+from fastbert.execution import cpu
 from fastbert.kernels import launch
 
 NAME = "info"
@@ -49,7 +50,23 @@ def report() -> list[tuple[str, str]]:
     rows.append(("backend triton", triton_status()))
     default = "triton" if torch.cuda.is_available() else "torch"
     rows.append(("backend auto", f"-> {default} here"))
+    rows.append(("cpu flags", ", ".join(cpu.relevant_flags()) or "none of note"))
+    rows.append(("cpu bfloat16", cpu_bf16_advice()))
     return rows
+
+
+def cpu_bf16_advice() -> str:
+    """Whether bfloat16 is native on this CPU, and what to run."""
+    flag = cpu.native_bf16()
+    if flag is None:
+        return (
+            "not native here (no avx512_bf16 / amx_bf16): keep float32, the default "
+            "(bfloat16 keeps its accuracy but runs emulated)"
+        )
+    return (
+        f"native ({flag}): float32 (the default) is exact; dtype bfloat16 is faster and "
+        "lossy (accuracy in docs/cpu.md)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
