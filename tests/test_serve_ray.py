@@ -1,7 +1,8 @@
 """fastbert serve --ray: the server's app as a Ray Serve deployment of two replicas on a local
 Ray instance (on the CPU), started as a real process and called with real clients (httpx, the
 ``openai`` package): the answers equal sentence-transformers' encode, errors have the same
-shapes, requests spread over both replicas, and SIGTERM stops it with exit status 0."""
+shapes, requests spread over both replicas, and SIGTERM stops it with exit status 0. Also how
+many replicas a cluster gets, and what each asks for."""
 
 from __future__ import annotations
 
@@ -21,11 +22,11 @@ pytest.importorskip("ray.serve")
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
+from fastbert.cli import main  # noqa: E402
 from fastbert.integrations import models  # noqa: E402
+from fastbert.serve.ray_serve import Plan, plan  # noqa: E402
 from tests.serve_process import Served, serving  # noqa: E402
 from tests.test_serve import COSINE, TEXTS, cosines  # noqa: E402
-
-pytestmark = pytest.mark.slow
 
 # Ray's footprint in CI: no dashboard (fastbert starts Ray without it), a small object store
 # (Ray Serve passes little through it), no usage reporting.
@@ -69,6 +70,29 @@ def replicas_of(ray_dir: Path, request_ids: list[str]) -> dict[str, str]:
     return answered
 
 
+@pytest.mark.parametrize(
+    ("on_gpu", "gpus", "cpus", "replicas", "expected"),
+    [
+        (True, 4, 32, None, Plan(4, num_cpus=1, num_gpus=1, threads=1)),  # one per GPU
+        (True, 2, 32, 4, Plan(4, num_cpus=1, num_gpus=0.5, threads=1)),  # sharing GPUs
+        (False, 0, 16, None, Plan(8, num_cpus=2, num_gpus=0, threads=2)),  # one per two CPUs
+        (False, 0, 3, None, Plan(1, num_cpus=2, num_gpus=0, threads=2)),
+        (False, 0, 16, 3, Plan(3, num_cpus=2, num_gpus=0, threads=2)),
+        (False, 0, 2, 2, Plan(2, num_cpus=1, num_gpus=0, threads=1)),  # a share of too few
+        (False, 0, 1, 3, Plan(3, num_cpus=0.33, num_gpus=0, threads=1)),
+    ],
+)
+def test_replicas_per_gpu_or_two_cpus(on_gpu, gpus, cpus, replicas, expected):
+    assert plan(on_gpu, gpus, cpus, replicas) == expected
+
+
+def test_port_0_is_refused(capsys):
+    folder = str(models.packaged_minilm_path())
+    assert main(["serve", "--model", folder, "--ray", "--port", "0"]) == 1
+    assert "--ray needs a --port" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_two_replicas_serve_the_app(tmp_path, ray_dir):
     folder = models.packaged_minilm_path()
     expected = models.packaged_minilm("cpu").encode(TEXTS[:8], convert_to_numpy=True)
