@@ -212,3 +212,5 @@ def _serve_on_ray(options, args: argparse.Namespace) -> None:
         ray_serve.serve(options, address=address, replicas=args.replicas)
     except ImportError as exc:  # Ray Serve is not installed (its message names the extra)
         raise CommandError(str(exc)) from exc
+    except ConnectionError as exc:  # no Ray cluster at ADDRESS
+        raise CommandError(str(exc)) from exc
