@@ -192,17 +192,25 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(
             f"fastbert serve needs {exc.name}: pip install 'fastbert[serve]'"
         ) from exc
-    if args.ray is not None:
-        from fastbert.serve import ray_serve
-
-        ray_serve.serve(
-            options, address=None if args.ray == "auto" else args.ray, replicas=args.replicas
-        )
-        return 0
-    from fastbert.serve.server import serve
-
     try:
-        serve(options)
+        if args.ray is not None:
+            _serve_on_ray(options, args)
+        else:
+            from fastbert.serve.server import serve
+
+            serve(options)
     except ValueError as exc:  # a model the folder cannot load, a setting it cannot run
         raise CommandError(str(exc)) from exc
     return 0
+
+
+def _serve_on_ray(options, args: argparse.Namespace) -> None:
+    from fastbert.serve import ray_serve
+
+    address = None if args.ray == "auto" else args.ray
+    try:
+        ray_serve.serve(options, address=address, replicas=args.replicas)
+    except ImportError as exc:  # Ray Serve is not installed (its message names the extra)
+        raise CommandError(str(exc)) from exc
+    except ConnectionError as exc:  # no Ray cluster at ADDRESS
+        raise CommandError(str(exc)) from exc

@@ -6,7 +6,7 @@ One job per module, importing downward: :mod:`~fastbert.embed.readers` (input fi
 :mod:`~fastbert.embed.model` (folder settings, loading, pooling),
 :mod:`~fastbert.embed.shards` and :mod:`~fastbert.embed.manifest` (Parquet output, resuming),
 :mod:`~fastbert.embed.options`, :mod:`~fastbert.embed.pipeline` (the one-process job),
-:mod:`~fastbert.embed.ray_driver` (the Ray Data job; the only module that imports ray) and
+:mod:`~fastbert.embed.ray_driver` (the Ray Data job; the only module here that imports ray) and
 :mod:`~fastbert.embed.api` (the entry point).
 
 This package is itself callable: ``fastbert.embed(texts, model=...)`` is

@@ -9,7 +9,8 @@ row is named by file and row, as in one process. The input paths must be readabl
 workers (a shared file system); the output is written by the driver. The order of rows is
 preserved, so the driver completes shards as rows arrive.
 
-This is the only module of fastbert that imports ray (inside its functions).
+This is the only module of fastbert.embed that imports ray (inside its functions);
+fastbert.serve.ray_serve, the other, shares :func:`connect` and :func:`worker_device`.
 """
 
 from __future__ import annotations
@@ -46,11 +47,11 @@ def embed_files(
     files = readers.list_inputs(inputs)
     counts = [readers.count_rows(f) for f in files]
     tokenizer = model.load_tokenizer(Path(options.model))
-    started = _connect(ray, address)
+    started = connect(ray, address)
     try:
         gpus = int(ray.cluster_resources().get("GPU", 0))
         cpus = ray.cluster_resources().get("CPU", 1)
-        device = _worker_device(options, gpus)
+        device = worker_device(options, gpus)
         job = pipeline.start_job(files, output, options, tokenizer, device)
         dataset = _dataset(ray, files, counts, job.first_row, job.options, gpus, cpus)
         summary = _drain(dataset, job.writer, job.options, job.first_row, sum(counts))
@@ -69,17 +70,18 @@ def _import_ray() -> Any:
     return ray
 
 
-def _connect(ray: Any, address: str | None) -> bool:
-    """Connect to Ray; True when this call started it (and must shut it down)."""
+def connect(ray: Any, address: str | None) -> bool:
+    """Connect to Ray: the cluster at ``address``, else the instance this process started,
+    else a new local one. True when this call started it (and must shut it down)."""
     if ray.is_initialized():
         return False
     ray.init(address=address, include_dashboard=False, log_to_driver=False)
     return True
 
 
-def _worker_device(options: EmbedOptions, gpus: int) -> torch.device:
-    """The device the actors run on: ``options.device``'s type, else CUDA when the cluster
-    has GPUs. ValueError for CUDA on a cluster without."""
+def worker_device(options: EmbedOptions, gpus: int) -> torch.device:
+    """The device the actors (or Ray Serve replicas) run on: ``options.device``'s type, else
+    CUDA when the cluster has GPUs. ValueError for CUDA on a cluster without."""
     if options.device is None:
         return torch.device("cuda" if gpus else "cpu")
     device = torch.device(options.device)

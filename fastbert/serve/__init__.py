@@ -11,5 +11,5 @@ One job per module, importing downward: :mod:`~fastbert.serve.options` (the limi
 :class:`~fastbert.embed.text_model.TextModel`, as ``fastbert.embed`` runs it.
 
 Importing this package imports neither FastAPI, uvicorn nor ray: they load when a server
-starts (the ``fastbert[serve]`` extra).
+starts (the ``fastbert[serve]`` extra; Ray Serve is ``fastbert[ray]``'s).
 """

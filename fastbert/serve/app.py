@@ -137,7 +137,8 @@ class Server:
     ) -> np.ndarray:
         """The model's rows for ``tokens``, batched with whatever else waits. Raises
         Overloaded (429) at once when the queue is full, ModelFailed when the forward fails,
-        and ClientGone when the client disconnects first (its inputs are dropped)."""
+        and ClientGone when the client disconnects first (its inputs are dropped, as they are
+        when the server cancels the request: Ray Serve does when its client goes away)."""
         work = self.batcher.submit(tokens, type_ids)
         timing.tokens = work.token_count
         for row in tokens:
@@ -146,6 +147,10 @@ class Server:
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait({work.future, gone}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            self.batcher.cancel(work)
+            work.future.cancel()
+            raise
         finally:
             gone.cancel()
             self.metrics.set_queue(self.batcher.admitted)
