@@ -50,6 +50,18 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_flags() -> list[str]:
+    """The CPU's feature flags from /proc/cpuinfo (avx2, avx512f, amx_tile...); empty where
+    there is no such file."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line.split(":", 1)[1].split()
+    except OSError:
+        pass
+    return []
+
+
 def gpu_info() -> dict:
     """Name, compute capability, memory and driver of CUDA device 0; empty without CUDA."""
     if not torch.cuda.is_available():
