@@ -9,7 +9,8 @@ serve_contenders.py); the load generator is another process (benchmarks/serve_lo
 + httpx, one connection pool). For each request mix the generator runs
 
 - closed loops at each ``--concurrency`` (N workers, each sending its next request when its
-  previous one answers), ``--seconds`` each after ``--warmup`` seconds not counted;
+  previous one answers), ``--seconds`` each after ``--warmup`` seconds not counted (and at
+  least until every worker has had an answer);
 - then open loops at ``--open`` multiples of the contender's saturating rate (the most
   requests/s it answered in the closed loops of that mix): Poisson arrivals, latency from the
   intended send time.
@@ -106,7 +107,8 @@ class Texts:
 
     def _exact(self, text: str, tokens: int) -> str:
         """The start of ``text`` that the tokenizer makes exactly ``tokens`` tokens of."""
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = self.tokenizer(text, add_special_tokens=False, truncation=True, max_length=2 * tokens)
+        ids = ids["input_ids"]
         cut = tokens - 2  # [CLS] and [SEP]
         while True:
             piece = self.tokenizer.decode(ids[:cut])
@@ -299,14 +301,15 @@ def find(cells: list[dict], contender: str, mix: str, mode: str, key) -> dict | 
 
 
 def ratios(cells: list[dict], names: list[str], concurrency: list[int]) -> list[dict]:
-    """requests/s of each contender over each other's, per mix and closed-loop concurrency."""
+    """requests/s of each contender over each other's, per mix and closed-loop concurrency
+    (where both answered in the window)."""
     out = []
     pairs = [(a, b) for a in names for b in names if names.index(a) < names.index(b)]
     for mix in MIXES:
         for c in concurrency:
             for a, b in pairs:
                 ca, cb = find(cells, a, mix, "closed", c), find(cells, b, mix, "closed", c)
-                if ca and cb and cb["requests_per_s"] > 0:
+                if ca and cb and ca["requests_per_s"] > 0 and cb["requests_per_s"] > 0:
                     out.append(
                         {
                             "mix": mix,
@@ -484,6 +487,7 @@ def environment_info(infinity_python: Path | None) -> dict:
     env["cpu_flags"] = " ".join(flags)
     env["cpu_simd"] = " ".join(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c")))
     env["load_average"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+    env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS")  # the servers inherit it
     for package in ("uvicorn", "starlette", "httpx"):
         try:
             env[package] = importlib.metadata.version(package)

@@ -63,7 +63,7 @@ class Plan:
     concurrency: int = 1  # closed loop
     rate: float = 0.0  # open loop: mean arrivals per second
     seconds: float = 15.0  # the measured window
-    warmup: float = 3.0  # sent before the window, not counted
+    warmup: float = 3.0  # sent before the window, not counted (closed loop: at least)
     seed: int = 0
     timeout: float = 120.0  # per request
     drain: float | None = None  # open loop: wait this long for answers after the last send
@@ -183,25 +183,36 @@ def _client(plan: Plan, connections: int):
 
 async def closed_loop(plan: Plan) -> Result:
     """``plan.concurrency`` workers, each sending its next call when the previous answers; the
-    calls taken in turn (worker i starts at call i)."""
+    calls taken in turn (worker i starts at call i). The warm-up lasts ``plan.warmup`` seconds
+    and at least until every worker has had one answer (so that the window starts in the
+    steady state even where one round of requests takes longer than the warm-up)."""
     records: list[Record] = []
+    window = [math.inf, math.inf]
+    answered_once: set[int] = set()
+    everyone = asyncio.Event()
     async with _client(plan, plan.concurrency) as client:
-        t0 = time.perf_counter()
-        window_start = t0 + plan.warmup
-        window_end = window_start + plan.seconds
 
         async def worker(i: int) -> None:
             k = i
-            while time.perf_counter() < window_end:
+            while time.perf_counter() < window[1]:
                 call = plan.calls[k % len(plan.calls)]
                 k += plan.concurrency
                 start = time.perf_counter()
                 outcome = await _send(client, call)
                 end = time.perf_counter()
                 records.append(Record(start, start, end, outcome, call.inputs, call.tokens))
+                answered_once.add(i)
+                if len(answered_once) == plan.concurrency:
+                    everyone.set()
 
-        await asyncio.gather(*(worker(i) for i in range(plan.concurrency)))
-    return _result(plan, records, (window_start, window_end))
+        async def clock() -> None:
+            await asyncio.sleep(plan.warmup)
+            await everyone.wait()
+            window[0] = time.perf_counter()
+            window[1] = window[0] + plan.seconds
+
+        await asyncio.gather(clock(), *(worker(i) for i in range(plan.concurrency)))
+    return _result(plan, records, (window[0], window[1]))
 
 
 async def open_loop(plan: Plan) -> Result:
