@@ -4,7 +4,8 @@ a process of its own (:class:`Generator`) so that the client's work is not the s
 Two ways to send, over a fixed window after a warm-up:
 
 - closed loop (:func:`closed_loop`): ``concurrency`` workers, each sending its next request when
-  its previous one has answered. A request counts in the window when its answer arrives in it;
+  its previous one has answered (after a 429, when its Retry-After has passed, as a client
+  that backs off would). A request counts in the window when its answer arrives in it;
   latency is from the send to the end of the answer.
 - open loop (:func:`open_loop`): requests sent at a fixed mean arrival rate, whatever the
   answers; the gaps between intended send times are exponential (a Poisson process, seeded),
@@ -40,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 SHAPE_LIST = "list"  # TEI: the body is the list ([[float]] or [{"index", "score"}])
 SHAPE_DATA = "data"  # OpenAI embeddings: {"data": [...]}
 SHAPE_RESULTS = "results"  # infinity-emb's (Cohere's) rerank: {"results": [...]}
+MAX_RETRY_AFTER = 5.0  # seconds: a closed-loop worker waits at most this long after a 429
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,9 @@ def _check(body: bytes, call: Call) -> bool:
     return isinstance(value, list) and len(value) == call.inputs
 
 
-async def _send(client, call: Call) -> str:
+async def _send(client, call: Call) -> tuple[str, float]:
+    """The outcome of one request, and the seconds a 429 asks to wait (Retry-After; 0.1 when
+    it names none), else 0."""
     import httpx
 
     try:
@@ -163,14 +167,20 @@ async def _send(client, call: Call) -> str:
             call.path, content=call.body, headers={"content-type": "application/json"}
         )
     except httpx.TimeoutException:
-        return "timeout"
+        return "timeout", 0.0
     except httpx.ConnectError:
-        return "connect"
+        return "connect", 0.0
     except httpx.HTTPError as exc:
-        return type(exc).__name__
+        return type(exc).__name__, 0.0
+    if response.status_code == 429:
+        try:
+            wait = float(response.headers.get("retry-after", ""))
+        except ValueError:
+            wait = 0.1
+        return "429", min(max(wait, 0.0), MAX_RETRY_AFTER)
     if response.status_code != 200:
-        return str(response.status_code)
-    return "ok" if _check(response.content, call) else "bad-response"
+        return str(response.status_code), 0.0
+    return ("ok" if _check(response.content, call) else "bad-response"), 0.0
 
 
 def _client(plan: Plan, connections: int):
@@ -198,12 +208,14 @@ async def closed_loop(plan: Plan) -> Result:
                 call = plan.calls[k % len(plan.calls)]
                 k += plan.concurrency
                 start = time.perf_counter()
-                outcome = await _send(client, call)
+                outcome, retry_after = await _send(client, call)
                 end = time.perf_counter()
                 records.append(Record(start, start, end, outcome, call.inputs, call.tokens))
                 answered_once.add(i)
                 if len(answered_once) == plan.concurrency:
                     everyone.set()
+                if retry_after:  # a client told to come back later does
+                    await asyncio.sleep(retry_after)
 
         async def clock() -> None:
             await asyncio.sleep(plan.warmup)
@@ -229,7 +241,7 @@ async def open_loop(plan: Plan) -> Result:
             # Recorded before sending: a request cancelled after the drain stays "unfinished".
             record = Record(intended, time.perf_counter(), math.nan, "unfinished", call.inputs, 0)
             records.append(record)
-            outcome = await _send(client, call)
+            outcome, _ = await _send(client, call)
             record.end, record.outcome, record.tokens = time.perf_counter(), outcome, call.tokens
 
         t0 = time.perf_counter()
