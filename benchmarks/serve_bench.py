@@ -9,8 +9,8 @@ serve_contenders.py); the load generator is another process (benchmarks/serve_lo
 + httpx, one connection pool). For each request mix the generator runs
 
 - closed loops at each ``--concurrency`` (N workers, each sending its next request when its
-  previous one answers), ``--seconds`` each after ``--warmup`` seconds not counted (and at
-  least until every worker has had an answer);
+  previous one answers), ``--seconds`` each after ``--warmup`` seconds not counted (the
+  warm-up at least until every worker has had an answer, the window at least three rounds);
 - then open loops at ``--open`` multiples of the contender's saturating rate (the most
   requests/s it answered in the closed loops of that mix): Poisson arrivals, latency from the
   intended send time.
@@ -38,6 +38,7 @@ import json
 import os
 import random
 import re
+import signal
 import statistics
 import sys
 import tempfile
@@ -588,6 +589,21 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(exc))
     if not (args.model / "config.json").exists():
         parser.error(f"--model: no config.json in {args.model}")
+
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt
+
+    # SIGTERM as Ctrl-C: the servers are stopped on the way out either way.
+    signal.signal(signal.SIGTERM, interrupted)
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print("interrupted: the servers were stopped, nothing was written", file=sys.stderr)
+        return 130
+
+
+def run(args: argparse.Namespace) -> int:
+    """The whole benchmark, with parsed options."""
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

@@ -33,6 +33,7 @@ import json
 import math
 import multiprocessing
 import random
+import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -66,6 +67,7 @@ class Plan:
     rate: float = 0.0  # open loop: mean arrivals per second
     seconds: float = 15.0  # the measured window
     warmup: float = 3.0  # sent before the window, not counted (closed loop: at least)
+    min_rounds: float = 3.0  # closed loop: the window lasts at least this many median latencies
     seed: int = 0
     timeout: float = 120.0  # per request
     drain: float | None = None  # open loop: wait this long for answers after the last send
@@ -195,7 +197,9 @@ async def closed_loop(plan: Plan) -> Result:
     """``plan.concurrency`` workers, each sending its next call when the previous answers; the
     calls taken in turn (worker i starts at call i). The warm-up lasts ``plan.warmup`` seconds
     and at least until every worker has had one answer (so that the window starts in the
-    steady state even where one round of requests takes longer than the warm-up)."""
+    steady state even where one round of requests takes longer than the warm-up); the window
+    lasts ``plan.seconds`` and at least ``plan.min_rounds`` times the warm-up's median latency
+    (one round of requests)."""
     records: list[Record] = []
     window = [math.inf, math.inf]
     answered_once: set[int] = set()
@@ -220,8 +224,11 @@ async def closed_loop(plan: Plan) -> Result:
         async def clock() -> None:
             await asyncio.sleep(plan.warmup)
             await everyone.wait()
+            # Answers of a batching server come in bursts a round apart: a window of a few
+            # rounds at least counts whole bursts, not the luck of where the window falls.
+            rounds = plan.min_rounds * statistics.median(r.end - r.start for r in records)
             window[0] = time.perf_counter()
-            window[1] = window[0] + plan.seconds
+            window[1] = window[0] + max(plan.seconds, rounds)
 
         await asyncio.gather(clock(), *(worker(i) for i in range(plan.concurrency)))
     return _result(plan, records, (window[0], window[1]))
@@ -288,7 +295,7 @@ def _result(plan: Plan, records: list[Record], window: tuple[float, float]) -> R
             errors[r.outcome] = errors.get(r.outcome, 0) + 1
     return Result(
         mode=plan.mode,
-        window_s=plan.seconds,
+        window_s=end - start,
         window=window,
         sent_total=len(records),
         counted=len(counted),

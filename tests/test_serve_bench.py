@@ -87,7 +87,8 @@ def test_closed_loop_counts_agree_with_the_server_and_the_records(st_server, tex
     assert result.errors == {} and result.ok == result.counted > 0
     # The window's counts are the records' own: answers arriving in the window.
     start, end = result.window
-    assert end - start == pytest.approx(2.0)
+    # 2 s, or longer where three rounds of requests take longer (a busy machine).
+    assert end - start == result.window_s and result.window_s >= 2.0 - 1e-6
     in_window = [r for r in result.samples if start <= r.end < end]
     assert result.answered == result.counted == len(in_window)
     assert result.inputs == sum(r.inputs for r in in_window)
@@ -95,9 +96,10 @@ def test_closed_loop_counts_agree_with_the_server_and_the_records(st_server, tex
     assert {r.inputs for r in in_window} == {1, 3}  # both calls went, each counted as itself
     assert sorted(r.end - r.start for r in in_window) == result.latencies
     cell = summary(result)
-    assert cell["requests_per_s"] * 2.0 == pytest.approx(len(in_window))
-    assert cell["inputs_per_s"] * 2.0 == pytest.approx(result.inputs)
-    assert cell["tokens_per_s"] * 2.0 == pytest.approx(result.tokens)
+    window = result.window_s
+    assert cell["requests_per_s"] * window == pytest.approx(len(in_window))
+    assert cell["inputs_per_s"] * window == pytest.approx(result.inputs)
+    assert cell["tokens_per_s"] * window == pytest.approx(result.tokens)
     assert 0 < cell["p50_ms"] <= cell["p90_ms"] <= cell["p99_ms"] <= cell["max_ms"]
     # Two workers: never more than two requests in flight at once.
     events = sorted([(r.start, 1) for r in result.samples] + [(r.end, -1) for r in result.samples])
