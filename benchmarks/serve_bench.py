@@ -353,17 +353,26 @@ def targets(cells: list[dict], inproc: dict | None) -> list[dict]:
             "met": None if gap is None else gap <= 2.0,
         }
     )
-    over = find(cells, "fastbert", "short", "open", 2.0) or find(
-        cells, "fastbert", "batch32", "open", 2.0
-    )
-    out.append(
-        {
-            "target": "at 2x the saturating rate: only 429s beyond capacity, no other error "
-            "(p99 of admitted requests reported)",
-            "value": None if over is None else over["p99_ms"],
-            "met": None if over is None else over["other_errors"] == 0,
-        }
-    )
+    for mix in MIXES:
+        over = find(cells, "fastbert", mix, "open", 2.0)
+        if over is None:
+            continue
+        out.append(
+            {
+                "target": f"{mix} at 2x the saturating rate: only 429s beyond capacity, no other "
+                "error (value: p99 ms of the admitted requests)",
+                "value": over["p99_ms"],
+                "met": over["other_errors"] == 0,
+            }
+        )
+    if not any("2x the saturating" in t["target"] for t in out):
+        out.append(
+            {
+                "target": "at 2x the saturating rate: only 429s beyond capacity, no other error",
+                "value": None,
+                "met": None,
+            }
+        )
     return out
 
 
@@ -649,7 +658,7 @@ def run(args: argparse.Namespace) -> int:
                 )
                 cells += got
         logs = {p.name: sc.tail(p, 40) for p in sorted((workdir / "logs").glob("*.log"))}
-    ran = [c.name for c in contenders if any(x["contender"] == c.name for x in cells)]
+    ran = [n for n in sc.NAMES if any(x["contender"] == n for x in cells)]
     report = {
         "settings": {
             "contenders": args.contenders,

@@ -232,3 +232,49 @@ def test_infinity_answers_in_its_own_shapes(model, texts, tmp_path):
     # may hold none of them on a busy machine).
     assert result.samples and all(r.outcome == "ok" for r in result.samples)
     assert result.errors == {} and result.inputs == 3 * result.answered
+
+
+def fake_cell(contender, mix, mode, key, rps, p50, errors=None):
+    errors = errors or {}
+    return {
+        "contender": contender,
+        "mix": mix,
+        "mode": mode,
+        "concurrency": key if mode == "closed" else None,
+        "rate_multiple": key if mode == "open" else None,
+        "rate": None if mode == "closed" else 10.0 * key,
+        "requests_per_s": rps,
+        "inputs_per_s": 32 * rps,
+        "tokens_per_s": 1000 * rps,
+        "p50_ms": p50,
+        "p90_ms": p50,
+        "p99_ms": 2 * p50,
+        "errors": errors,
+        "rejected_429": errors.get("429", 0),
+        "other_errors": sum(n for k, n in errors.items() if k != "429"),
+    }
+
+
+def test_ratios_and_targets_read_the_cells():
+    cells = [
+        fake_cell("fastbert", "batch32", "closed", 16, 20.0, 100.0),
+        fake_cell("infinity", "batch32", "closed", 16, 10.0, 200.0),
+        fake_cell("fastbert", "batch32", "closed", 64, 20.0, 400.0),
+        fake_cell("infinity", "batch32", "closed", 64, 12.0, 500.0),
+        fake_cell("fastbert", "short", "closed", 1, 100.0, 6.0),
+        fake_cell("fastbert", "short", "open", 2.0, 100.0, 50.0, {"429": 30}),
+        fake_cell("fastbert", "batch32", "open", 2.0, 20.0, 900.0, {"429": 3, "500": 1}),
+    ]
+    (r16, r64) = serve_bench.ratios(cells, ["fastbert", "infinity"], [16, 64])
+    assert (r16["throughput_ratio"], r16["p50_ratio"]) == (2.0, 0.5)
+    assert r64["throughput_ratio"] == pytest.approx(20 / 12)
+    inproc = {"st.encode": 9.0, "fastbert.load().embed": 5.0, "calls": 10}
+    met = {
+        t["target"].split(":")[0]: (t["value"], t["met"])
+        for t in serve_bench.targets(cells, inproc)
+    }
+    assert met["batch32 at concurrency 16"] == (2.0, True)
+    assert met["batch32 at concurrency 64"][1] is False  # 1.67x
+    assert met["short at concurrency 1"] == (1.0, True)  # 6 ms against 5 ms in-process
+    assert met["short at 2x the saturating rate"] == (100.0, True)  # 429s only
+    assert met["batch32 at 2x the saturating rate"] == (1800.0, False)  # a 500
