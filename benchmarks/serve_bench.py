@@ -425,8 +425,8 @@ def markdown(report: dict) -> str:
             f"## {MIX_TEXT[mix]}",
             "",
             "| load | contender | req/s | inputs/s | tokens/s | p50 ms | p90 ms | p99 ms | "
-            "429 | other errors |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+            "429 | other errors | send lag p99 ms |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
         ]
         closed = sorted({c["concurrency"] for c in rows if c["mode"] == "closed"})
         multiples = sorted({c["rate_multiple"] for c in rows if c["mode"] == "open"})
@@ -441,7 +441,7 @@ def markdown(report: dict) -> str:
                     f"| {load} | {name} | {c['requests_per_s']:,.1f} | "
                     f"{c['inputs_per_s']:,.0f} | {c['tokens_per_s']:,.0f} | {_ms(c['p50_ms'])} | "
                     f"{_ms(c['p90_ms'])} | {_ms(c['p99_ms'])} | {c['rejected_429']} | "
-                    f"{_errors({'errors': other})} |"
+                    f"{_errors({'errors': other})} | {_ms(c.get('send_lag_p99_ms'))} |"
                 )
         lines.append("")
     if report["ratios"]:

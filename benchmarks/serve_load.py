@@ -103,6 +103,7 @@ class Result:
     tokens: int = 0
     latencies: list[float] = field(default_factory=list)  # of the ok counted, sorted
     service: list[float] = field(default_factory=list)  # open loop: from the actual send
+    send_lag: list[float] = field(default_factory=list)  # open loop: actual - intended send
     offered_rate: float | None = None  # open loop: requests meant to go per second
     samples: list[Record] | None = None
 
@@ -145,6 +146,9 @@ def summary(result: Result) -> dict:
         for q in (50, 99):
             value = percentile(result.service, q)
             out[f"service_p{q}_ms"] = None if value is None else value * 1e3
+        # How late the generator itself sent (a client that cannot keep up inflates latency).
+        value = percentile(result.send_lag, 99)
+        out["send_lag_p99_ms"] = None if value is None else value * 1e3
     return out
 
 
@@ -306,6 +310,7 @@ def _result(plan: Plan, records: list[Record], window: tuple[float, float]) -> R
         tokens=sum(r.tokens for r in answered),
         latencies=sorted(r.end - r.intended for r in ok),
         service=sorted(r.end - r.start for r in ok) if plan.mode == "open" else [],
+        send_lag=sorted(r.start - r.intended for r in counted) if plan.mode == "open" else [],
         offered_rate=len(counted) / plan.seconds if plan.mode == "open" else None,
         samples=list(records) if plan.keep_samples else None,
     )

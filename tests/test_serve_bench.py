@@ -126,6 +126,8 @@ def test_open_loop_latency_is_from_the_intended_send_time(st_server, texts):
     cell = summary(result)
     assert cell["p50_ms"] >= cell["service_p50_ms"] and cell["p99_ms"] >= cell["service_p99_ms"]
     assert cell["p50_ms"] <= cell["p90_ms"] <= cell["p99_ms"]
+    assert result.send_lag == sorted(r.start - r.intended for r in counted)
+    assert 0 <= cell["send_lag_p99_ms"] <= cell["p99_ms"]
     # Poisson arrivals: consecutive gaps vary (not a fixed tick).
     times = sorted(r.intended for r in result.samples)
     gaps = {round(b - a, 6) for a, b in zip(times, times[1:])}
