@@ -228,33 +228,39 @@ def run_mix(
     calls: tuple[Call, ...],
     args: argparse.Namespace,
     progress,
-) -> list[dict]:
-    cells = []
-    common = dict(seconds=args.seconds, warmup=args.warmup, seed=args.seed, timeout=args.timeout)
+    cells: list[dict],
+) -> None:
+    """The closed loops, then the open loops, of one mix on one server; each cell is added to
+    ``cells`` as soon as it is measured."""
+    common = dict(
+        seconds=args.seconds,
+        warmup=args.warmup,
+        seed=args.seed,
+        timeout=args.timeout,
+        min_rounds=args.min_rounds,
+    )
+    name = dict(contender=contender, mix=mix)
+    closed = []
     for concurrency in args.concurrency:
         plan = Plan(server.base_url, calls, "closed", concurrency=concurrency, **common)
-        cell = summary(generator.run(plan)) | {"concurrency": concurrency, "rate": None}
+        cell = summary(generator.run(plan)) | name | {"concurrency": concurrency, "rate": None}
+        closed.append(cell)
         cells.append(cell)
         progress(cell_line(contender, mix, cell))
-    saturating = max((c["requests_per_s"] for c in cells), default=0.0)
+    saturating = max((c["requests_per_s"] for c in closed), default=0.0)
     for multiple in args.open:
         if saturating <= 0:
             progress(f"[{contender}] {mix} open x{multiple}: skipped (no closed-loop throughput)")
             continue
         rate = multiple * saturating
         plan = Plan(server.base_url, calls, "open", rate=rate, **common)
-        cell = summary(generator.run(plan)) | {
-            "concurrency": None,
-            "rate": rate,
-            "rate_multiple": multiple,
-            "saturating_rate": saturating,
-        }
+        cell = summary(generator.run(plan)) | name
+        cell |= dict(
+            concurrency=None, rate=rate, rate_multiple=multiple, saturating_rate=saturating
+        )
         cells.append(cell)
         progress(cell_line(contender, mix, cell))
         server.settle(calls[0])  # what the server still queues is not the next cell's
-    for cell in cells:
-        cell.update(contender=contender, mix=mix)
-    return cells
 
 
 def run_contender(
@@ -265,9 +271,11 @@ def run_contender(
     workdir: Path,
     args: argparse.Namespace,
     progress,
-) -> tuple[list[dict], dict]:
-    """Every mix on one contender: one server for the embedding mixes, one for rerank."""
-    cells, info = [], {"status": "ran", "startup_s": {}, "skipped_mixes": {}}
+    cells: list[dict],
+) -> dict:
+    """Every mix on one contender: one server for the embedding mixes, one for rerank. Cells
+    are added to ``cells`` as they are measured (an interrupted run keeps those)."""
+    info = {"status": "ran", "startup_s": {}, "skipped_mixes": {}}
     groups = [
         ("embed", [m for m in args.mixes if m != "rerank"]),
         ("rerank", [m for m in args.mixes if m == "rerank"]),
@@ -281,12 +289,12 @@ def run_contender(
                 info["startup_s"][kind] = round(time.perf_counter() - start, 1)
                 for mix in mixes:
                     calls = texts.calls(mix, contender.api)
-                    cells += run_mix(generator, server, contender.name, mix, calls, args, progress)
+                    run_mix(generator, server, contender.name, mix, calls, args, progress, cells)
         except sc.Unavailable as exc:
             progress(f"[{contender.name}] {kind} server: {exc}")
             for mix in mixes:
                 info["skipped_mixes"][mix] = str(exc).splitlines()[0]
-    return cells, info
+    return info
 
 
 # --- ratios, targets and the report ---------------------------------------------------------
@@ -392,7 +400,8 @@ def markdown(report: dict) -> str:
     lines = [
         f"# Serving under load, CPU: {', '.join(report['ran']) or 'no contender ran'}",
         "",
-        f"Model: {report['models']['embed_name']} (fp32); rerank: {report['models']['rerank']}.",
+        f"Model: {report['models']['embed_name']} (fp32)"
+        + (f"; rerank: {report['models']['rerank']}." if "rerank" in settings["mixes"] else "."),
         f"Closed loops at concurrency {settings['concurrency']} and open loops (Poisson "
         f"arrivals, latency from the intended send time) at {settings['open']} x the "
         f"contender's saturating rate; {settings['seconds']} s measured per cell after "
@@ -403,15 +412,23 @@ def markdown(report: dict) -> str:
         f"at start, {report.get('load_average_end')} at end.",
         f"fastbert {env['fastbert']}, torch {env['torch']}, transformers "
         f"{env['transformers']}, sentence-transformers {env['sentence-transformers']}, "
-        f"uvicorn {env['uvicorn']}, httpx {env['httpx']}; infinity-emb "
-        f"{inf.get('infinity-emb')} (its own environment: torch {inf.get('torch')}, "
-        f"transformers {inf.get('transformers')}, sentence-transformers "
-        f"{inf.get('sentence-transformers')}, numpy {inf.get('numpy')}); commit "
-        f"{env['commit']}; {env['date']}.",
+        f"uvicorn {env['uvicorn']}, httpx {env['httpx']}"
+        + (
+            f"; infinity-emb {inf.get('infinity-emb')} (its own environment: torch "
+            f"{inf.get('torch')}, transformers {inf.get('transformers')}, "
+            f"sentence-transformers {inf.get('sentence-transformers')}, numpy {inf.get('numpy')})"
+            if inf
+            else ""
+        )
+        + f"; commit {env['commit']}; {env['date']}.",
         "",
     ]
+    if settings.get("quick"):
+        lines += ["A smoke run (`--quick`): short windows, not a measurement.", ""]
+    if settings.get("interrupted"):
+        lines += ["Interrupted: only the cells below were measured.", ""]
     for name, info in report["contenders"].items():
-        if info["status"] != "ran":
+        if info["status"] == "skipped":
             lines.append(f"- {name}: skipped ({info['reason']})")
         for mix, why in info.get("skipped_mixes", {}).items():
             lines.append(f"- {name}, {mix}: skipped ({why})")
@@ -557,7 +574,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seconds", type=float, default=15.0, help="measured seconds per cell")
     parser.add_argument("--warmup", type=float, default=3.0, help="warm-up seconds per cell")
     parser.add_argument(
-        "--quick", action="store_true", help="a smoke run: 2 s per cell after 0.5 s of warm-up"
+        "--min-rounds",
+        type=float,
+        default=3.0,
+        help="a closed loop's window lasts at least this many median latencies",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: 2 s per cell (at least one round) after 0.5 s of warm-up",
     )
     parser.add_argument(
         "--output", type=Path, default=Path(f"benchmarks/results/serve-cpu-{today}")
@@ -585,10 +610,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.quick:
-        args.seconds, args.warmup = 2.0, 0.5
+        args.seconds, args.warmup, args.min_rounds = 2.0, 0.5, 1.0
         args.in_process_calls = min(args.in_process_calls, 50)
-    if args.seconds <= 0 or args.warmup < 0 or args.in_process_calls < 1 or args.timeout <= 0:
-        parser.error("--seconds and --timeout must be > 0, --warmup >= 0, --in-process-calls >= 1")
+    if (
+        min(args.seconds, args.timeout, args.in_process_calls) <= 0
+        or min(args.warmup, args.min_rounds) < 0
+    ):
+        parser.error(
+            "--seconds, --timeout and --in-process-calls must be > 0, --warmup and "
+            "--min-rounds >= 0"
+        )
     if args.model is None:
         from fastbert.integrations.models import packaged_minilm_path
 
@@ -606,8 +637,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, interrupted)
     try:
         return run(args)
-    except KeyboardInterrupt:
-        print("interrupted: the servers were stopped, nothing was written", file=sys.stderr)
+    except KeyboardInterrupt:  # before the load runs (the run itself writes what it measured)
+        print("interrupted before any cell was measured", file=sys.stderr)
         return 130
 
 
@@ -639,6 +670,7 @@ def run(args: argparse.Namespace) -> int:
     env = environment_info(infinity.infinity_python if infinity else None)
 
     cells: list[dict] = []
+    interrupted = False
     info: dict = {name: {"status": "skipped", "reason": why} for name, why in skipped.items()}
     with tempfile.TemporaryDirectory(prefix="serve-bench-") as tmp:
         workdir = Path(tmp)
@@ -651,12 +683,16 @@ def run(args: argparse.Namespace) -> int:
             progress("in-process reference: timing the loaded model on the short sentence")
             inproc = reference(args.model, texts.short, args.in_process_calls)
             progress(f"in-process reference: {inproc}")
-        with Generator() as generator:
-            for contender in contenders:
-                got, info[contender.name] = run_contender(
-                    contender, models, texts, generator, workdir, args, progress
-                )
-                cells += got
+        try:
+            with Generator() as generator:
+                for contender in contenders:
+                    info[contender.name] = {"status": "interrupted"}
+                    info[contender.name] = run_contender(
+                        contender, models, texts, generator, workdir, args, progress, cells
+                    )
+        except KeyboardInterrupt:
+            interrupted = True
+            progress("interrupted: the servers are stopped; writing what was measured")
         logs = {p.name: sc.tail(p, 40) for p in sorted((workdir / "logs").glob("*.log"))}
     ran = [n for n in sc.NAMES if any(x["contender"] == n for x in cells)]
     report = {
@@ -669,6 +705,8 @@ def run(args: argparse.Namespace) -> int:
             "seconds": args.seconds,
             "warmup": args.warmup,
             "quick": args.quick,
+            "min_rounds": args.min_rounds,
+            "interrupted": interrupted,
             "max_batch_tokens": args.max_batch_tokens,
             "seed": args.seed,
             "timeout_s": args.timeout,
@@ -697,6 +735,8 @@ def run(args: argparse.Namespace) -> int:
     (args.output / "serve-bench.md").write_text(markdown(report))
     print(markdown(report))
     progress(f"wrote {args.output / 'serve-bench.json'} and serve-bench.md")
+    if interrupted:
+        return 130
     return 0 if ran else 1
 
 

@@ -132,16 +132,24 @@ class Server:
                 return
 
     def stop(self, grace: float = 15.0) -> None:
+        """SIGTERM to the server's process group, SIGKILL after ``grace`` seconds (or at once
+        when interrupted while waiting)."""
         if self.process.poll() is not None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
+        self._signal(signal.SIGTERM)
         try:
             self.process.wait(grace)
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
+            self._signal(signal.SIGKILL)
             self.process.wait()
+        except KeyboardInterrupt:
+            self._signal(signal.SIGKILL)
+            self.process.wait()
+            raise
+
+    def _signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signum)
 
 
 def tail(path: Path, lines: int = 15) -> str:

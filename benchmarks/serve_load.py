@@ -29,13 +29,13 @@ standard library and httpx.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import multiprocessing
 import random
 import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 # The shapes of an answer the generator checks: where the list of results is.
@@ -322,24 +322,54 @@ def run(plan: Plan) -> Result:
     return asyncio.run(loop(plan))
 
 
+def _serve(conn) -> None:
+    """The generator process: run each plan received, send back its result."""
+    while True:
+        plan = conn.recv()
+        if plan is None:
+            return
+        try:
+            conn.send(("ok", run(plan)))
+        except Exception:  # noqa: BLE001 - reported to the caller, which raises it
+            import traceback
+
+            conn.send(("error", traceback.format_exc()))
+
+
 class Generator:
     """A process of its own (spawned: no state shared with the caller) that runs plans one at
-    a time; ``with Generator() as g: g.run(plan)``."""
+    a time; ``with Generator() as g: g.run(plan)``. Leaving the block on an exception (Ctrl-C)
+    ends the process at once, whatever it was sending."""
 
     def __init__(self) -> None:
-        self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(target=_serve, args=(child,), daemon=True)
+        self._process.start()
+        child.close()
 
     def run(self, plan: Plan) -> Result:
-        return self._pool.submit(run, plan).result()
+        self._conn.send(plan)
+        status, value = self._conn.recv()
+        if status != "ok":
+            raise RuntimeError(f"the load generator failed:\n{value}")
+        return value
 
-    def close(self) -> None:
-        self._pool.shutdown()
+    def close(self, wait: bool = True) -> None:
+        if wait and self._process.is_alive():
+            with contextlib.suppress(OSError):
+                self._conn.send(None)
+            self._process.join(30)
+        if self._process.is_alive():
+            self._process.terminate()
+            self._process.join()
+        self._conn.close()
 
     def __enter__(self) -> Generator:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc: object) -> None:
+        self.close(wait=exc_type is None)
 
 
 def as_dict(result: Result) -> dict:
