@@ -107,16 +107,21 @@ class Texts:
         return sum(len(i) for i in ids["input_ids"])
 
     def _exact(self, text: str, tokens: int) -> str:
-        """The start of ``text`` that the tokenizer makes exactly ``tokens`` tokens of."""
+        """The start of ``text`` that the tokenizer makes ``tokens`` tokens of, special tokens
+        included (or the longest start under that, where decoding and re-encoding never land
+        on it exactly)."""
         ids = self.tokenizer(text, add_special_tokens=False, truncation=True, max_length=2 * tokens)
         ids = ids["input_ids"]
-        cut = tokens - 2  # [CLS] and [SEP]
-        while True:
+        best, cut = "", tokens - 2  # [CLS] and [SEP]
+        for _ in range(20):
             piece = self.tokenizer.decode(ids[:cut])
-            got = self.tokens([piece])
-            if got == tokens or cut <= 1:
+            got = len(self.tokenizer(piece)["input_ids"])  # not truncated: the true count
+            if got == tokens:
                 return piece
-            cut += tokens - got
+            if got < tokens and len(piece) > len(best):
+                best = piece
+            cut += -1 if got > tokens else 1
+        return best
 
     def batch(self, i: int) -> list[str]:
         start = (i * BATCH) % len(self.pool)
