@@ -587,7 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="a smoke run: 2 s per cell (at least one round) after 0.5 s of warm-up",
+        help="a smoke run: 2 s per cell (at least two rounds) after 0.5 s of warm-up",
     )
     parser.add_argument(
         "--output", type=Path, default=Path(f"benchmarks/results/serve-cpu-{today}")
@@ -615,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.quick:
-        args.seconds, args.warmup, args.min_rounds = 2.0, 0.5, 1.0
+        args.seconds, args.warmup, args.min_rounds = 2.0, 0.5, 2.0
         args.in_process_calls = min(args.in_process_calls, 50)
     if (
         min(args.seconds, args.timeout, args.in_process_calls) <= 0
