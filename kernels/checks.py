@@ -154,9 +154,9 @@ def check_linear(x, weight, bias, activation, residual) -> None:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
-def check_linear_int8(x, weight, weight_scale, bias, activation, residual) -> None:
+def check_linear_int8(x, weight, weight_scale, bias, activation, residual, input_scale) -> None:
     """x: [..., K] float; weight: int8 [N, K]; weight_scale: float32 [N]; bias: [N] and
-    residual: [..., N] in x's dtype."""
+    residual: [..., N] in x's dtype; input_scale: float32 [K]."""
     check_tensor("x", x, min_ndim=1)
     check_tensor("weight", weight, ndim=2)
     check_tensor("weight_scale", weight_scale, ndim=1)
@@ -166,14 +166,24 @@ def check_linear_int8(x, weight, weight_scale, bias, activation, residual) -> No
             f"weight must be int8 (quantised per output channel, see quantize_weight), got "
             f"{weight.dtype}"
         )
-    if weight_scale.dtype != torch.float32:
-        raise TypeError(f"weight_scale must be float32, got {weight_scale.dtype}")
+    for name, scale in (("weight_scale", weight_scale), ("input_scale", input_scale)):
+        if scale is not None:
+            check_tensor(name, scale, ndim=1)
+            if scale.dtype != torch.float32:
+                raise TypeError(f"{name} must be float32, got {scale.dtype}")
     if bias is not None:
         check_tensor("bias", bias, ndim=1)
     if residual is not None:
         check_tensor("residual", residual)
     check_same_dtype(x=x, bias=bias, residual=residual)
-    check_same_device(x=x, weight=weight, weight_scale=weight_scale, bias=bias, residual=residual)
+    check_same_device(
+        x=x,
+        weight=weight,
+        weight_scale=weight_scale,
+        bias=bias,
+        residual=residual,
+        input_scale=input_scale,
+    )
     n, k = weight.shape
     if x.shape[-1] != k:
         raise ValueError(
@@ -181,6 +191,8 @@ def check_linear_int8(x, weight, weight_scale, bias, activation, residual) -> No
             f"(expects [out_features, {x.shape[-1]}])"
         )
     check_shape("weight_scale", weight_scale, (n,))
+    if input_scale is not None:
+        check_shape("input_scale", input_scale, (k,))
     if bias is not None:
         check_shape("bias", bias, (n,))
     if residual is not None:

@@ -38,6 +38,16 @@ Dtypes: float16, bfloat16 and float32, all tensors alike. The product is accumul
 float32 inputs multiply in IEEE float32 (``input_precision="ieee"``, not TF32). Gradients are
 in their input's dtype; dY' is rounded to it before the product, as PyTorch's autograd does.
 
+int8 (:func:`linear_int8`, inference only): the ``INT8`` flag on the same kernel takes int8
+x and weight, multiplies their tiles into an int32 accumulator (``tl.dot`` on int8: IMMA on
+sm_80, the integer warpgroup MMA IGMMA on sm_90) and starts the epilogue by dequantising,
+``acc * (x_scale[m] * weight_scale[n])`` in float32, before the bias, activation, residual and
+the store in the output's dtype. The weight is quantised per output channel once, by the
+caller; x per token at run time by :func:`quantize_rows`, a row-wise kernel of its own (its
+absolute maximum needs the whole row before any element can be rounded: fused into the GEMM,
+every column tile would read its rows twice, and fusing it into the LayerNorm before is left
+for later). Its float32 arithmetic is the reference's, so both quantise to the same bits.
+
 Programs: one output tile per program, or (the persistent configs, a ``PERSISTENT`` flag on
 the same kernel) a fixed number of programs per SM, each walking output tiles, with its operand
 tiles loaded by TMA through host tensor descriptors. Those run on sm_90 and newer (and the
@@ -100,6 +110,10 @@ HEAVY_EPILOGUE_MAX_ACC_VALUES = 64
 # BLOCK_K of 32 compile without spills.
 TRAINING_MAX_ACC_VALUES = 32
 GRAD_ACTIVATION_MAX_BLOCK_K = 32
+# int8 operands (INT8): the 128 int32 accumulator values per thread of a 128 x 256 tile over 8
+# warps spill 708 bytes on sm_80 even under the bias epilogue alone (the int8 fragments of the
+# IMMA operands take more registers than 16-bit ones); 64 compile without spills on both targets.
+INT8_MAX_ACC_VALUES = 64
 # The dweight product (HAS_ROW_SUM) reads both operands transposed: more than 64 operand
 # values per thread per K step ((BLOCK_M + BLOCK_N) x BLOCK_K / threads) spill, 284 to 6888
 # bytes (128 x 256 x 64 over 8 warps, 128 x 64 x 64 over 4).
@@ -204,7 +218,8 @@ def keep(
     It must fit the shared memory of both targets, in float32 keep its K tile narrow enough
     for the FMA loop's registers, hold at most ``HEAVY_EPILOGUE_MAX_ACC_VALUES`` accumulator
     values per thread when the epilogue has an ``activation`` (a code of
-    :data:`ACTIVATION_CODES`) or a residual, at most ``TRAINING_MAX_ACC_VALUES`` when it
+    :data:`ACTIVATION_CODES`) or a residual (and int8 operands, ``element_size`` 1, at most
+    ``INT8_MAX_ACC_VALUES`` whatever the epilogue), at most ``TRAINING_MAX_ACC_VALUES`` when it
     stores the pre-activation or the prologue applies a ``grad_activation`` (which also needs
     BLOCK_K <= GRAD_ACTIVATION_MAX_BLOCK_K), at most ``TRANSPOSED_MAX_OPERAND_VALUES``
     operand values per thread per K step for the dweight product (``row_sum``), and not have a
@@ -219,6 +234,8 @@ def keep(
         return False
     acc_values = meta["BLOCK_M"] * meta["BLOCK_N"] // (32 * config.num_warps)
     if (activation or has_residual) and acc_values > HEAVY_EPILOGUE_MAX_ACC_VALUES:
+        return False
+    if element_size == 1 and acc_values > INT8_MAX_ACC_VALUES:
         return False
     if (store_pre or grad_activation) and acc_values > TRAINING_MAX_ACC_VALUES:
         return False
@@ -870,14 +887,17 @@ QUANTIZE_MAX_BLOCK_K = 1024
 @triton.jit
 def _quantize_rows_kernel(
     x_ptr,  # [M, K] float rows, any strides
+    input_scale_ptr,  # [K] float32 multipliers of x's columns (None unless HAS_INPUT_SCALE)
     q_ptr,  # [M, K] int8 output, contiguous
     scale_ptr,  # [M] float32 output: max |row| / 127
     K,
     stride_x_m,
     stride_x_k,
+    HAS_INPUT_SCALE: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """One row per program: its absolute maximum a (a first pass over K), then
+    """One row per program (times the input scale, HAS_INPUT_SCALE): its absolute maximum a
+    (a first pass over K), then
     q = round(x * (127 / a)) half to even (a second pass), 0 for a row of zeros; the float32
     operations of fastbert.kernels.reference.quantize_rows, bit for bit."""
     row = tl.program_id(0).to(tl.int64)
@@ -887,6 +907,8 @@ def _quantize_rows_kernel(
     for k_start in range(0, K, BLOCK_K):
         cols = k_start + offs_k
         x = tl.load(x_row + cols * stride_x_k, mask=cols < K, other=0.0).to(tl.float32)
+        if HAS_INPUT_SCALE:
+            x *= tl.load(input_scale_ptr + cols, mask=cols < K, other=0.0)
         absmax = tl.maximum(absmax, tl.abs(x))
     a = tl.max(absmax, axis=0)
     # IEEE divisions (a plain / compiles to an approximate one), as PyTorch divides.
@@ -895,6 +917,8 @@ def _quantize_rows_kernel(
     for k_start in range(0, K, BLOCK_K):
         cols = k_start + offs_k
         x = tl.load(x_row + cols * stride_x_k, mask=cols < K, other=0.0).to(tl.float32)
+        if HAS_INPUT_SCALE:
+            x *= tl.load(input_scale_ptr + cols, mask=cols < K, other=0.0)
         # Adding and removing 1.5 * 2**23 rounds |y| <= 127 to the nearest integer, ties to
         # even (float32's own rounding), as torch.round does.
         y = x * inv
@@ -902,7 +926,9 @@ def _quantize_rows_kernel(
         tl.store(q_ptr + row * K + cols, y.to(tl.int8), mask=cols < K)
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(
+    x: torch.Tensor, input_scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`fastbert.kernels.reference.quantize_rows` of [M, K] float ``x`` on a Triton
     kernel (one program per row): (int8 [M, K] contiguous, float32 [M])."""
     m, k = x.shape
@@ -912,11 +938,21 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q.zero_()
         return q, scale
     block_k = min(next_power_of_2(k), QUANTIZE_MAX_BLOCK_K)
-    _quantize_rows_kernel[(m,)](x, q, scale, k, x.stride(0), x.stride(1), BLOCK_K=block_k)
+    _quantize_rows_kernel[(m,)](
+        x,
+        input_scale,
+        q,
+        scale,
+        k,
+        x.stride(0),
+        x.stride(1),
+        HAS_INPUT_SCALE=input_scale is not None,
+        BLOCK_K=block_k,
+    )
     return q, scale
 
 
-def linear_int8_forward(x, weight, weight_scale, bias, activation, residual, save):
+def linear_int8_forward(x, weight, weight_scale, bias, activation, residual, input_scale, save):
     """Launch the int8 forward: x's rows quantised (:func:`quantize_rows`), then the GEMM's
     INT8 variant; out [..., N] in x's dtype. Inputs are checked by the caller; ``save`` is
     the wiring's (there is no backward)."""
@@ -925,7 +961,7 @@ def linear_int8_forward(x, weight, weight_scale, bias, activation, residual, sav
     m = out.numel() // n if n else 0
     if m == 0 or n == 0:
         return out
-    x_q, x_scale = quantize_rows(x.reshape(m, k))
+    x_q, x_scale = quantize_rows(x.reshape(m, k), input_scale)
     res2 = residual.reshape(m, n) if residual is not None else None
     _gemm(
         x_q,
@@ -942,17 +978,19 @@ def linear_int8_forward(x, weight, weight_scale, bias, activation, residual, sav
     return out
 
 
-def _prepare_int8(x, weight, weight_scale, bias=None, activation=None, residual=None) -> tuple:
+def _prepare_int8(
+    x, weight, weight_scale, bias=None, activation=None, residual=None, input_scale=None
+) -> tuple:
     """Raise as :func:`linear_int8` documents, before anything runs; the forward's
     arguments."""
-    check_linear_int8(x, weight, weight_scale, bias, activation, residual)
-    refuse_gradients("linear_int8", x, weight_scale, bias, residual)
+    check_linear_int8(x, weight, weight_scale, bias, activation, residual, input_scale)
+    refuse_gradients("linear_int8", x, weight_scale, bias, residual, input_scale)
     check_triton_device("x", x)
-    return x, weight, weight_scale, bias, activation, residual
+    return x, weight, weight_scale, bias, activation, residual, input_scale
 
 
-def _int8_forward_fake(x, weight, weight_scale, bias, activation, residual, save):
-    check_linear_int8(x, weight, weight_scale, bias, activation, residual)
+def _int8_forward_fake(x, weight, weight_scale, bias, activation, residual, input_scale, save):
+    check_linear_int8(x, weight, weight_scale, bias, activation, residual, input_scale)
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
@@ -1059,7 +1097,7 @@ LINEAR_INT8 = Op(
     forward=Kernel(
         linear_int8_forward,
         "(Tensor x, Tensor weight, Tensor weight_scale, Tensor? bias, str? activation, "
-        "Tensor? residual, bool save) -> Tensor",
+        "Tensor? residual, Tensor? input_scale, bool save) -> Tensor",
         _int8_forward_fake,
     ),
 )
@@ -1072,6 +1110,7 @@ def linear_int8(
     bias: torch.Tensor | None = None,
     activation: str | None = None,
     residual: torch.Tensor | None = None,
+    input_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``act(x @ weight.T + bias) + residual`` with int8 operands: x quantised per token at
     run time (one Triton kernel), then one Triton GEMM multiplying int8 tiles into int32
@@ -1086,6 +1125,8 @@ def linear_int8(
         bias: optional [N], x's dtype.
         activation: None, "gelu" (exact erf GELU, BERT's) or "gelu_tanh".
         residual: optional [..., N] (x's leading shape), x's dtype, added after the activation.
+        input_scale: optional float32 [K] multiplying x's columns before the quantisation
+            (SmoothQuant; the weight was quantised with its columns divided by it).
 
     Returns:
         A new contiguous [..., N] tensor in x's dtype. Inference only.
@@ -1096,4 +1137,4 @@ def linear_int8(
             kernels cannot reach (not CUDA, and not the CPU under TRITON_INTERPRET=1).
         RuntimeError: grad mode is on and an input requires grad (there is no backward).
     """
-    return LINEAR_INT8(x, weight, weight_scale, bias, activation, residual)
+    return LINEAR_INT8(x, weight, weight_scale, bias, activation, residual, input_scale)

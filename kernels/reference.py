@@ -147,10 +147,13 @@ def linear(
 INT8_MAX = 127
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(
+    x: torch.Tensor, input_scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 quantisation of each row (the last dim) of ``x``, in float32.
 
-    With a = max |row| (in float32) and inv = 127 / a (0 for a row of zeros)::
+    ``input_scale`` (float32 [K], optional) multiplies x's columns first (row = x * input_scale,
+    one float32 product). With a = max |row| and inv = 127 / a (0 for a row of zeros)::
 
         q = round(row * inv)   (half to even; |q| <= 127)      scale = a / 127
 
@@ -162,6 +165,8 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     checks.check_tensor("x", x, min_ndim=1)
     checks.check_float("x", x)
     x32 = x.float()
+    if input_scale is not None:
+        x32 = x32 * input_scale
     if x32.shape[-1] == 0:
         absmax = x32.new_zeros(x32.shape[:-1])
     else:
@@ -187,20 +192,25 @@ def linear_int8(
     bias: torch.Tensor | None = None,
     activation: str | None = None,
     residual: torch.Tensor | None = None,
+    input_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """act(dequantised int8 product + bias) + residual: :func:`linear` with int8 operands.
 
     x: [..., K] float, quantised per token (:func:`quantize_rows`: int8 q_x, float32 s_x);
     weight: int8 [N, K] and weight_scale: float32 [N], one scale per output channel (from
-    :func:`quantize_weight`); bias: [N] and residual: [..., N] in x's dtype. Per element::
+    :func:`quantize_weight`); bias: [N] and residual: [..., N] in x's dtype; input_scale:
+    optional float32 [K] multiplying x's columns before the quantisation (SmoothQuant's
+    migration of activation outliers into the weight, whose columns were divided by it before
+    :func:`quantize_weight`: the product is unchanged, its activations easier to quantise).
+    Per element::
 
         acc[m, n] = sum_k q_x[m, k] * weight[n, k]               (exact integers)
         out[m, n] = act(acc[m, n] * (s_x[m] * weight_scale[n]) + bias[n]) + residual[m, n]
 
     computed here in float64 from the int8 operands; returns x's dtype. Inference only.
     """
-    checks.check_linear_int8(x, weight, weight_scale, bias, activation, residual)
-    q, scale = quantize_rows(x)
+    checks.check_linear_int8(x, weight, weight_scale, bias, activation, residual, input_scale)
+    q, scale = quantize_rows(x, input_scale)
     acc = torch.matmul(q.double(), weight.double().T)  # integers below 2**53: exact
     y = acc * (scale.double()[..., None] * weight_scale.double())
     if bias is not None:

@@ -224,10 +224,12 @@ def _int_product(q: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.matmul(q.double(), weight.double().t()).to(torch.int32)
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(
+    x: torch.Tensor, input_scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`fastbert.kernels.reference.quantize_rows` of [M, K] float ``x`` in fewer passes
     (one min/max pass, one product rounded in place), with the same bits."""
-    x32 = x.float()
+    x32 = x.float() if input_scale is None else x.float() * input_scale
     if x32.shape[-1] == 0:
         zeros = x32.new_zeros(x32.shape[:-1])
         return torch.zeros(x32.shape, dtype=torch.int8, device=x.device), zeros
@@ -245,6 +247,7 @@ def linear_int8_unchecked(
     bias: torch.Tensor | None = None,
     activation: str | None = None,
     residual: torch.Tensor | None = None,
+    input_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     n, k = weight.shape
     lead = x.shape[:-1]
@@ -253,7 +256,7 @@ def linear_int8_unchecked(
         acc = torch.zeros((m, n), dtype=torch.int32, device=x.device)
         scale = torch.zeros(m, dtype=torch.float32, device=x.device)
     else:
-        q, scale = quantize_rows(x.reshape(m, k))
+        q, scale = quantize_rows(x.reshape(m, k), input_scale)
         acc = _int_product(q, weight)
     y = acc.to(torch.float32)
     y.mul_(scale[:, None]).mul_(weight_scale)
@@ -273,13 +276,14 @@ def linear_int8(
     bias: torch.Tensor | None = None,
     activation: str | None = None,
     residual: torch.Tensor | None = None,
+    input_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`fastbert.kernels.reference.linear_int8` on ``torch._int_mm`` (int8 x int8 ->
     int32), x quantised per token, the dequantisation, bias, GELU and residual applied in
     place in float32; inputs checked, gradients refused."""
-    checks.check_linear_int8(x, weight, weight_scale, bias, activation, residual)
-    checks.refuse_gradients("linear_int8", x, weight_scale, bias, residual)
-    return linear_int8_unchecked(x, weight, weight_scale, bias, activation, residual)
+    checks.check_linear_int8(x, weight, weight_scale, bias, activation, residual, input_scale)
+    checks.refuse_gradients("linear_int8", x, weight_scale, bias, residual, input_scale)
+    return linear_int8_unchecked(x, weight, weight_scale, bias, activation, residual, input_scale)
 
 
 def layer_norm_unchecked(

@@ -40,10 +40,10 @@ def operands(m, n, k, dtype=torch.float32, device="cpu", seed=0, lead=None):
     return x, weight_q, weight_scale, bias, residual
 
 
-def bound(x, weight_q, weight_scale, bias, residual) -> torch.Tensor:
+def bound(x, weight_q, weight_scale, bias, residual, input_scale=None) -> torch.Tensor:
     """Per element: 8 float32 ulps of |dequantised product| + |bias| + |residual| (+ the
     output's own magnitude, for the activation's rounding)."""
-    q, scale = R.quantize_rows(x)
+    q, scale = R.quantize_rows(x, input_scale)
     product = (q.double() @ weight_q.double().T).abs() * (scale.double()[..., None] * weight_scale)
     terms = product
     if bias is not None:
@@ -53,20 +53,23 @@ def bound(x, weight_q, weight_scale, bias, residual) -> torch.Tensor:
     return EPILOGUE_ULPS * terms
 
 
-def check(op, x, weight_q, weight_scale, bias=None, activation=None, residual=None):
-    out = op(x, weight_q, weight_scale, bias, activation, residual)
+def check(op, x, weight_q, weight_scale, bias=None, activation=None, residual=None, smooth=None):
+    out = op(x, weight_q, weight_scale, bias, activation, residual, smooth)
     wide = (lambda t: None if t is None else t.double()) if x.dtype == torch.float32 else None
     if wide is None:  # float16: the reference's output rounded to float16 once, as the op's
-        ref = R.linear_int8(x, weight_q, weight_scale, bias, activation, residual)
+        ref = R.linear_int8(x, weight_q, weight_scale, bias, activation, residual, smooth)
         assert out.dtype == x.dtype and out.shape == ref.shape
         ulp = torch.finfo(x.dtype).eps * ref.double().abs().clamp(min=2.0**-14)
         err = (out.double() - ref.double()).abs()
-        assert (err <= ulp + bound(x, weight_q, weight_scale, bias, residual)).all(), err.max()
+        limit = ulp + bound(x, weight_q, weight_scale, bias, residual, smooth)
+        assert (err <= limit).all(), err.max()
         return out
-    ref = R.linear_int8(x.double(), weight_q, weight_scale, wide(bias), activation, wide(residual))
+    ref = R.linear_int8(
+        x.double(), weight_q, weight_scale, wide(bias), activation, wide(residual), smooth
+    )
     assert out.dtype == x.dtype and out.shape == ref.shape and out.is_contiguous()
     err = (out.double() - ref).abs()
-    limit = bound(x, weight_q, weight_scale, bias, residual) + EPILOGUE_ULPS * ref.abs()
+    limit = bound(x, weight_q, weight_scale, bias, residual, smooth) + EPILOGUE_ULPS * ref.abs()
     assert (err <= limit).all(), f"max error {err.max():.3g}, at most {limit.max():.3g} allowed"
     return out
 
@@ -108,6 +111,23 @@ def test_3d_and_strided_input(device, op) -> None:
     check(op, xt, wq, ws, bias)
 
 
+def test_input_scale(device, op) -> None:
+    """SmoothQuant's input scale: x's columns multiplied before the quantisation; with the
+    weight's columns divided by it, the product tracks the float linear, and an outlier column
+    costs the other columns less precision than without it."""
+    x, _, _, bias, residual = operands(17, 24, 40, device=device, seed=4)
+    x[:, 3] *= 40.0  # an outlier channel, as LayerNorm outputs have
+    weight = randn((24, 40), torch.float32, device, 9, scale=40**-0.5)
+    smooth = torch.ones(40, device=device)
+    smooth[3] = 1 / 16
+    wq, ws = R.quantize_weight(weight / smooth)
+    out = check(op, x, wq, ws, bias, "gelu", residual, smooth)
+    exact = R.linear(x.double(), weight.double(), bias.double(), "gelu", residual.double())
+    plain_q, plain_s = R.quantize_weight(weight)
+    plain = op(x, plain_q, plain_s, bias, "gelu", residual)
+    assert (out.double() - exact).norm() < 0.5 * (plain.double() - exact).norm()
+
+
 def test_a_row_of_zeros_gets_the_bias(device, op) -> None:
     x, wq, ws, bias, _ = operands(5, 24, 40, device=device, seed=3)
     x[2] = 0.0
@@ -120,6 +140,7 @@ def test_row_quantisation_is_the_reference_bit_for_bit(device, k) -> None:
     """The Triton kernel (several K tiles past QUANTIZE_MAX_BLOCK_K), the torch backend's and
     the reference's quantisation agree exactly, ties rounded to even included."""
     x = randn((6, k), torch.float32, device, k) * 3.0
+    smooth = randn((k,), torch.float32, device, k + 1).abs() + 0.5
     x[1] = 0.0
     # Values whose product with 127 / max lands on a half: rounded to even.
     x[3, : min(k, 4)] = torch.tensor([127.0, 0.5, 1.5, -2.5][: min(k, 4)])
@@ -127,6 +148,9 @@ def test_row_quantisation_is_the_reference_bit_for_bit(device, k) -> None:
     for q, scale in (quantize_rows(x), T.quantize_rows(x)):
         assert q.dtype == torch.int8 and scale.dtype == torch.float32
         assert torch.equal(q, expected_q) and torch.equal(scale, expected_scale)
+    smoothed = R.quantize_rows(x, smooth)
+    for q, scale in (quantize_rows(x, smooth), T.quantize_rows(x, smooth)):
+        assert torch.equal(q, smoothed[0]) and torch.equal(scale, smoothed[1])
     if k >= 4:
         assert expected_q[3, :4].tolist() == [127, 0, 2, -2]
     assert expected_q.abs().max() <= 127 and torch.all(expected_q[1] == 0)
@@ -169,6 +193,7 @@ def _valid(device):
         "bias": bias,
         "activation": "gelu",
         "residual": residual,
+        "input_scale": torch.rand(16, device=device) + 0.5,
     }
 
 
@@ -181,6 +206,8 @@ BAD_CASES = {
     "bias-dtype": ({"bias": lambda a: a["bias"].half()}, TypeError, "dtype mismatch"),
     "residual-shape": ({"residual": lambda a: a["residual"][:4]}, ValueError, "residual"),
     "activation": ({"activation": lambda a: "relu"}, ValueError, "activation must be"),
+    "input-scale-shape": ({"input_scale": lambda a: a["input_scale"][:9]}, ValueError, r"\(16,\)"),
+    "input-scale-dtype": ({"input_scale": lambda a: a["input_scale"].half()}, TypeError, "float32"),
 }
 
 test_bad_inputs_triton = bad_input_test(K.linear_int8, _valid, BAD_CASES)
