@@ -93,6 +93,7 @@ def load(options: EmbedOptions, tokenizer: Any = None) -> Loaded:
         dtype=DTYPES[options.dtype],
         device=device,
         backend=options.backend,
+        quantize=options.quantize,
         # On CUDA the packed path skips the padding; on the CPU the length-sorted batches hold
         # little padding and the dense path is the faster one.
         padding_free=True if device.type == "cuda" else "auto",
@@ -118,8 +119,9 @@ class Sink(Protocol):
 
 
 def job_record(inputs: Sequence[Path], options: EmbedOptions, dimensions: int) -> dict:
-    """The manifest's description of a job: what decides its embeddings and shard layout."""
-    return {
+    """The manifest's description of a job: what decides its embeddings and shard layout
+    (``quantize`` only when set, so that the records of earlier exact runs still match)."""
+    record = {
         "format": manifest.FORMAT,
         "fastbert_version": __version__,
         "model": str(Path(options.model).resolve()),
@@ -135,6 +137,9 @@ def job_record(inputs: Sequence[Path], options: EmbedOptions, dimensions: int) -
         "rows_per_shard": options.rows_per_shard,
         "skip_bad": options.skip_bad,
     }
+    if options.quantize is not None:
+        record["quantize"] = options.quantize
+    return record
 
 
 @dataclass
