@@ -23,7 +23,7 @@ if __name__ == "fastbert.kernels":
     from .flash_attention import ATTENTION, ATTENTION_VARLEN, attention, attention_varlen
     from .fused_embeddings import EMBEDDINGS_LAYER_NORM, embeddings_layer_norm
     from .fused_layer_norm import LAYER_NORM, layer_norm
-    from .fused_linear import LINEAR, linear
+    from .fused_linear import LINEAR, LINEAR_INT8, linear, linear_int8
     from .masked_softmax import SCALED_MASKED_SOFTMAX, scaled_masked_softmax
     from .op import Kernel, Op
 
@@ -35,6 +35,7 @@ if __name__ == "fastbert.kernels":
             ATTENTION_VARLEN,
             SCALED_MASKED_SOFTMAX,
             LINEAR,
+            LINEAR_INT8,
             LAYER_NORM,
             EMBEDDINGS_LAYER_NORM,
         )
@@ -52,6 +53,7 @@ __all__ = [
     "launch",
     "layer_norm",
     "linear",
+    "linear_int8",
     "reference",
     "scaled_masked_softmax",
     "torch_ops",

@@ -154,6 +154,64 @@ def check_linear(x, weight, bias, activation, residual) -> None:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
+def check_linear_int8(x, weight, weight_scale, bias, activation, residual, input_scale) -> None:
+    """x: [..., K] float; weight: int8 [N, K]; weight_scale: float32 [N]; bias: [N] and
+    residual: [..., N] in x's dtype; input_scale: float32 [K]."""
+    check_tensor("x", x, min_ndim=1)
+    check_tensor("weight", weight, ndim=2)
+    check_tensor("weight_scale", weight_scale, ndim=1)
+    check_float("x", x)
+    if weight.dtype != torch.int8:
+        raise TypeError(
+            f"weight must be int8 (quantised per output channel, see quantize_weight), got "
+            f"{weight.dtype}"
+        )
+    for name, scale in (("weight_scale", weight_scale), ("input_scale", input_scale)):
+        if scale is not None:
+            check_tensor(name, scale, ndim=1)
+            if scale.dtype != torch.float32:
+                raise TypeError(f"{name} must be float32, got {scale.dtype}")
+    if bias is not None:
+        check_tensor("bias", bias, ndim=1)
+    if residual is not None:
+        check_tensor("residual", residual)
+    check_same_dtype(x=x, bias=bias, residual=residual)
+    check_same_device(
+        x=x,
+        weight=weight,
+        weight_scale=weight_scale,
+        bias=bias,
+        residual=residual,
+        input_scale=input_scale,
+    )
+    n, k = weight.shape
+    if x.shape[-1] != k:
+        raise ValueError(
+            f"x has {x.shape[-1]} input features but weight has shape {tuple(weight.shape)} "
+            f"(expects [out_features, {x.shape[-1]}])"
+        )
+    check_shape("weight_scale", weight_scale, (n,))
+    if input_scale is not None:
+        check_shape("input_scale", input_scale, (k,))
+    if bias is not None:
+        check_shape("bias", bias, (n,))
+    if residual is not None:
+        check_shape("residual", residual, (*x.shape[:-1], n))
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
+def refuse_gradients(op: str, *tensors: torch.Tensor | None) -> None:
+    """RuntimeError when grad mode is on and one of ``tensors`` requires grad: ``op`` runs
+    inference only (its quantised product has no useful gradient)."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        raise RuntimeError(
+            f"{op} runs inference only and has no gradient: call it under torch.no_grad() / "
+            "torch.inference_mode(), on tensors that do not require grad (train in "
+            "float32, float16 or bfloat16 and quantise afterwards)"
+        )
+
+
 def check_layer_norm(x, weight, bias, eps, residual) -> None:
     """x: [..., N]; weight, bias: [N]; residual: like x."""
     check_tensor("x", x, min_ndim=1)

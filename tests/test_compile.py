@@ -48,6 +48,8 @@ def _matrix(op: str) -> bool:
 MMA_OPS = tuple(op for op in OPS if _matrix(op))
 ROW_OPS = tuple(op for op in OPS if op not in MMA_OPS)
 SIXTEEN_BIT = ("fp16", "bf16")
+# Operand types that run on tensor cores: the 16-bit floats and int8 (linear_int8).
+TENSOR_CORE_DTYPES = (*SIXTEEN_BIT, "int8")
 # wgmma runs on a warpgroup (4 warps) with an M of 64 per warpgroup.
 WGMMA_MIN_BLOCK_M = 64
 WARPGROUP = 4
@@ -108,13 +110,14 @@ def test_every_variant_compiles_for_sm80_and_sm90(op: str) -> None:
 
 
 def expected_mma(report: dict) -> tuple[str, ...] | None:
-    """The instruction families a 16-bit case may use on its target; None: not checked.
+    """The instruction families a 16-bit or int8 case may use on its target; None: not
+    checked.
 
     sm_80: mma.sync. sm_90: wgmma when BLOCK_M >= 64 and num_warps is a multiple of 4 (a
     warpgroup per 64 rows); smaller tiles may only take mma.sync (or wgmma), never no MMA.
     float32 (IEEE products as an FMA loop, or tf32 mma) is recorded, not checked.
     """
-    if report["dtype"] not in SIXTEEN_BIT:
+    if report["dtype"] not in TENSOR_CORE_DTYPES:
         return None
     if report["arch"] == 80:
         return ("mma.sync",)
@@ -134,7 +137,7 @@ def test_matrix_kernels_use_each_targets_tensor_cores(op: str) -> None:
         print(f"  sm_{arch} {dtype} {mma}: {n}")
     checked = [(r, expected_mma(r)) for r in reports if expected_mma(r) is not None]
     assert any(allowed == ("wgmma",) for _, allowed in checked), f"{op}: no wgmma-sized case"
-    assert any(r["arch"] == 80 for r, _ in checked), f"{op}: no 16-bit sm_80 case"
+    assert any(r["arch"] == 80 for r, _ in checked), f"{op}: no tensor-core sm_80 case"
     wrong = [
         f"{r['case']} sm_{r['arch']}: {r.get('mma', r.get('error'))}, expected {' or '.join(ok)}"
         for r, ok in checked
@@ -157,20 +160,36 @@ def test_mma_instruction_reads_ptx() -> None:
 
 
 def _sixteen_bit_mma_reports(op: str) -> list[dict]:
-    reports = [r for r in _compile_reports(op) if r.get("dtype") in SIXTEEN_BIT]
+    """The tensor-core cases (16-bit, or int8) of ``op``, each with its SASS read out."""
+    reports = [r for r in _compile_reports(op) if r.get("dtype") in TENSOR_CORE_DTYPES]
     assert reports and all("sass" in r for r in reports), f"{op}: no SASS read out"
     return reports
 
 
+# The MMA opcodes each operand type's cases must show: (sm_90 warpgroup, sm_80 warp).
+SASS_MMA = {"fp16": ("HGMMA", "HMMA"), "bf16": ("HGMMA", "HMMA"), "int8": ("IGMMA", "IMMA")}
+
+
 @pytest.mark.parametrize("op", MMA_OPS)
 def test_sixteen_bit_wgmma_sized_tiles_run_hgmma_on_sm90(op: str) -> None:
+    """fp16 / bf16: HGMMA on sm_90 (wgmma-sized tiles), HMMA on sm_80; int8: IGMMA and IMMA
+    (the integer tensor cores: ``IGMMA.64x128x32.S8.S8``, ``IMMA.16832.S8.S8.SAT``)."""
     reports = [r for r in _sixteen_bit_mma_reports(op) if expected_mma(r) == ("wgmma",)]
     sm90 = [r for r in reports if r["arch"] == 90]
     assert sm90, f"{op}: no 16-bit sm_90 case with BLOCK_M >= {WGMMA_MIN_BLOCK_M}"
-    lost = [r["case"] for r in sm90 if not any(k.startswith("HGMMA") for k in r["sass"]["mma"])]
-    assert not lost, f"no HGMMA in the SASS of: {lost}"
-    ampere = [r["case"] for r in reports if r["arch"] == 80 and not r["sass"]["mma"]]
-    assert not ampere, f"no HMMA in the sm_80 SASS of: {ampere}"
+    lost = [
+        r["case"]
+        for r in sm90
+        if not any(k.startswith(SASS_MMA[r["dtype"]][0] + ".") for k in r["sass"]["mma"])
+    ]
+    assert not lost, f"no warpgroup MMA (HGMMA / IGMMA) in the SASS of: {lost}"
+    ampere = [
+        r["case"]
+        for r in reports
+        if r["arch"] == 80
+        and not any(k.startswith(SASS_MMA[r["dtype"]][1] + ".") for k in r["sass"]["mma"])
+    ]
+    assert not ampere, f"no HMMA / IMMA in the sm_80 SASS of: {ampere}"
 
 
 # 16-bit cases that spill today, on sm_80 only: (case, arch) -> ptxas spill-store bytes. They

@@ -182,7 +182,9 @@ def test_triton_backend_runs_the_declarations(device: str) -> None:
     for name, op in K.OPS.items():
         assert getattr(ops, name) is op
         assert getattr(OPS, name).default.name() == f"fastbert::{name}"
-        assert getattr(OPS, f"{name}_backward").default.name() == f"fastbert::{name}_backward"
+        if op.backward is not None:  # linear_int8 runs inference only
+            backward = getattr(OPS, f"{name}_backward").default.name()
+            assert backward == f"fastbert::{name}_backward"
 
 
 def test_fake_tensor_checks_reject_bad_shapes() -> None:

@@ -19,7 +19,7 @@ from fastbert import kernels as K
 FACADE = "BertConfig BertModel BertForMaskedLM BertForNextSentencePrediction BertForPreTraining"
 FACADE = (*FACADE.split(), "BertForSequenceClassification", "embed", "optimize")
 KERNEL_OPS = "attention attention_varlen scaled_masked_softmax linear layer_norm".split()
-KERNEL_OPS = (*KERNEL_OPS, "embeddings_layer_norm")
+KERNEL_OPS = (*KERNEL_OPS, "embeddings_layer_norm", "linear_int8")
 
 
 @pytest.mark.parametrize("name", FACADE)

@@ -121,3 +121,11 @@ def test_measured_rows_set_each_config_beside_its_model() -> None:
     modelled = S.gemm_estimate(FFN2, compiled["linear"][(0, False)][0][90]).modelled_s
     assert f"| 50.0 | {50e-6 / modelled:.2f} |" in body[0]
     assert "autotuner" in body[0] and "autotuner" not in body[1]
+
+
+def test_the_report_holds_int8_linears_of_each_bert_epilogue() -> None:
+    cases = S.int8_linear_cases()
+    assert set(cases) == {(g.activation, g.has_residual) for g in S.GEMMS}
+    for kept in cases.values():
+        assert kept and all(c.dtype == "int8" and c.constexprs["INT8"] for c in kept)
+        assert all(not c.constexprs["PERSISTENT"] for c in kept)

@@ -7,6 +7,7 @@ embedding (see its docstring for what is measured).
 
 from fastbert.accuracy.stages import (
     DTYPE_NAMES,
+    PRECISION_NAMES,
     TEXTS,
     Report,
     compare,
@@ -17,6 +18,7 @@ from fastbert.accuracy.stages import (
 
 __all__ = [
     "DTYPE_NAMES",
+    "PRECISION_NAMES",
     "TEXTS",
     "Report",
     "compare",

@@ -61,6 +61,23 @@ TEXTS = (
     "Photosynthesis converts light energy into chemical energy stored in glucose.",
 )
 DTYPE_NAMES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# Every precision the comparison runs, when asked for by name: the dtypes, and "int8"
+# (quantize="int8" in float32 on a CPU, in float16 on CUDA; never run unless asked).
+PRECISION_NAMES = (*DTYPE_NAMES, "int8")
+
+
+def compute_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The floating dtype precision ``name`` computes in on ``device``."""
+    if name in DTYPE_NAMES:
+        return DTYPE_NAMES[name]
+    return torch.float16 if device.type == "cuda" else torch.float32
+
+
+def quantization(name: str) -> str | None:
+    """The ``quantize`` argument of precision ``name`` (None for a plain dtype)."""
+    return None if name in DTYPE_NAMES else name
+
+
 MINILM = "minilm"
 RANDOM = "random"
 # Under the Triton interpreter a vocab-wide GEMM takes about a minute (30522 columns): above
@@ -228,9 +245,16 @@ def _run_with_stage_outputs(encoder: torch.nn.Module, call: Callable[[], Any]) -
 
 
 def run_fastbert_bert(
-    hf: Any, dtype: torch.dtype, device: str, backend: str, fastbert_head: bool, inputs: dict
+    hf: Any,
+    dtype: torch.dtype,
+    device: str,
+    backend: str,
+    fastbert_head: bool,
+    inputs: dict,
+    quantize: str | None = None,
 ) -> Run:
-    """fastbert's BERT encoder (and masked-LM head, or Hugging Face's fp32 head) in ``dtype``."""
+    """fastbert's BERT encoder (and masked-LM head, or Hugging Face's fp32 head) in ``dtype``
+    (and ``quantize``)."""
     cls = BertForMaskedLM if fastbert_head else BertModel
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "no pooler": the masked-LM model has none
@@ -241,6 +265,7 @@ def run_fastbert_bert(
             backend=backend,
             padding_free=False,
             cuda_graphs=False,
+            quantize=quantize,
         )
     encoder = model.bert if fastbert_head else model
     hidden, out = _run_with_stage_outputs(encoder, lambda: model(**inputs))
@@ -251,12 +276,22 @@ def run_fastbert_bert(
 
 
 def run_fastbert_optimized(
-    hf: Any, dtype: torch.dtype, device: str, backend: str, inputs: dict
+    hf: Any,
+    dtype: torch.dtype,
+    device: str,
+    backend: str,
+    inputs: dict,
+    quantize: str | None = None,
 ) -> Run:
     """Another family: ``fastbert.optimize`` on a copy of the Hugging Face model in ``dtype``
     (its own head in ``dtype``); per-stage outputs from the fastbert encoder it installed."""
     model = optimize(
-        copy.deepcopy(hf), dtype=dtype, backend=backend, padding_free=False, cuda_graphs=False
+        copy.deepcopy(hf),
+        dtype=dtype,
+        backend=backend,
+        padding_free=False,
+        cuda_graphs=False,
+        quantize=quantize,
     )
     encoder = next(m.forward.encoder for m in model.modules() if hasattr(m.forward, "encoder"))
     with torch.no_grad():
@@ -303,7 +338,9 @@ def evaluate(
     torch_device = torch.device(device)
     interpreter = backend == "triton" and torch_device.type == "cpu" and launch.interpreting()
     dtypes = dtypes or supported_dtypes(torch_device, backend)
-    stages = 2 + sum(1 if name == "fp32" else 2 for name in dtypes)
+    stages = 2 + sum(
+        1 if compute_dtype(name, torch_device) == torch.float32 else 2 for name in dtypes
+    )
     with Progress(stages, "fastbert accuracy", stream=progress or io.StringIO()) as bar:
         return _evaluate(
             model, family, device, backend, dtypes, texts, max_length, interpreter, bar
@@ -346,16 +383,17 @@ def _evaluate(
     bar.advance()
     results = []
     for name in dtypes:
-        dtype = DTYPE_NAMES[name]
+        dtype, quantize = compute_dtype(name, torch_device), quantization(name)
         bar.step(f"fastbert {name}")
         if family == "bert":
-            got = run_fastbert_bert(hf, dtype, device, backend, fastbert_head, inputs)
+            got = run_fastbert_bert(hf, dtype, device, backend, fastbert_head, inputs, quantize)
         else:
-            got = run_fastbert_optimized(hf, dtype, device, backend, inputs)
+            got = run_fastbert_optimized(hf, dtype, device, backend, inputs, quantize)
         bar.advance()
         low = None
         if dtype != torch.float32:
-            bar.step(f"Hugging Face {name}")
+            hf_name = name if quantize is None else str(dtype).removeprefix("torch.")
+            bar.step(f"Hugging Face {hf_name}")
             low = run_hf(copy.deepcopy(hf).to(dtype), inputs)
             bar.advance()
         results.append(compare_runs(got, ref, low, mask, name))

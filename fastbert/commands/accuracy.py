@@ -49,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtypes",
         default=None,
-        help="comma-separated subset of fp32,fp16,bf16 (default: all the device supports)",
+        help="comma-separated subset of fp32,fp16,bf16 (default: all the device supports), "
+        "or int8 (quantize='int8': float32 on a CPU, float16 on CUDA; only when named)",
     )
     parser.add_argument("--texts", type=positive_int, default=None, help="how many built-in texts")
     parser.add_argument(
@@ -133,10 +134,11 @@ def run(args: argparse.Namespace) -> int:
     from fastbert import accuracy
 
     dtypes = args.dtypes.split(",") if args.dtypes else None
-    unknown = [d for d in dtypes or () if d not in accuracy.DTYPE_NAMES]
+    unknown = [d for d in dtypes or () if d not in accuracy.PRECISION_NAMES]
     if unknown:
         raise UsageError(
-            f"--dtypes: unknown {', '.join(unknown)}; choose from {', '.join(accuracy.DTYPE_NAMES)}"
+            f"--dtypes: unknown {', '.join(unknown)}; choose from "
+            f"{', '.join(accuracy.PRECISION_NAMES)}"
         )
     small = on_cpu and args.backend == "triton"
     texts = args.texts or (CPU_TEXTS if small else len(accuracy.TEXTS))

@@ -45,8 +45,9 @@ def embed(
     (True for a local Ray instance, or a cluster address).
 
     ``options``: text_field, id_field, batch_tokens, max_length, pooling ("mean" | "cls"),
-    normalize, dtype, store_dtype, device, backend, skip_bad, overwrite, rows_per_shard,
-    window_rows, progress (see :class:`~fastbert.embed.options.EmbedOptions`).
+    normalize, dtype, store_dtype, device, backend, quantize (None or "int8"), skip_bad,
+    overwrite, rows_per_shard, window_rows, progress (see
+    :class:`~fastbert.embed.options.EmbedOptions`).
 
     Raises ValueError (or its subclasses InputError / OutputError) naming the bad argument,
     file and row.

@@ -12,6 +12,7 @@ POOLINGS = ("mean", "cls")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 STORE_DTYPES = ("float32", "float16")
 BACKENDS = ("auto", "torch", "triton")
+QUANTIZATIONS = ("int8",)
 BATCH_TOKENS = {"cuda": 16384, "cpu": 4096}
 
 
@@ -21,7 +22,9 @@ class EmbedOptions:
     and ``max_length`` what the model folder says (sentence-transformers' config; else mean
     pooling, no normalisation, the model's limit); for ``device`` CUDA when present; for
     ``dtype`` float16 on CUDA, float32 on the CPU; for ``batch_tokens`` 16384 on CUDA, 4096 on
-    the CPU; for ``id_field`` the row number across all inputs."""
+    the CPU; for ``id_field`` the row number across all inputs. ``quantize``: None (exact) or
+    "int8" (the encoder's linears on int8 weights and activations; on the CPU with dtype
+    float32, on CUDA on sm_80 or newer: see fastbert.model.quantization)."""
 
     model: str
     text_field: str = "text"
@@ -34,6 +37,7 @@ class EmbedOptions:
     store_dtype: str = "float32"
     device: str | None = None
     backend: str = "auto"
+    quantize: str | None = None
     skip_bad: bool = False
     overwrite: bool = False
     rows_per_shard: int = 50_000
@@ -51,6 +55,7 @@ class EmbedOptions:
         _check_choice("dtype", self.dtype, tuple(DTYPES), none_ok=True)
         _check_choice("store_dtype", self.store_dtype, STORE_DTYPES)
         _check_choice("backend", self.backend, BACKENDS)
+        _check_choice("quantize", self.quantize, QUANTIZATIONS, none_ok=True)
         if self.store_dtype == "float16" and self.dtype in (None, "float32", "bfloat16"):
             raise ValueError(
                 "store_dtype float16 needs dtype float16 (embeddings are stored "

@@ -21,8 +21,9 @@ from fastbert.version import __version__
 
 
 def job_record(inputs: Sequence[Path], options: EmbedOptions, dimensions: int) -> dict:
-    """The manifest's description of a job: what decides its embeddings and shard layout."""
-    return {
+    """The manifest's description of a job: what decides its embeddings and shard layout
+    (``quantize`` only when set, so that the records of earlier exact runs still match)."""
+    record = {
         "format": manifest.FORMAT,
         "fastbert_version": __version__,
         "model": str(Path(options.model).resolve()),
@@ -38,6 +39,9 @@ def job_record(inputs: Sequence[Path], options: EmbedOptions, dimensions: int) -
         "rows_per_shard": options.rows_per_shard,
         "skip_bad": options.skip_bad,
     }
+    if options.quantize is not None:
+        record["quantize"] = options.quantize
+    return record
 
 
 @dataclass

@@ -283,6 +283,7 @@ def load_options(options: EmbedOptions, tokenizer: Any = None) -> TextModel:
         dtype=DTYPES[options.dtype],
         device=device,
         backend=options.backend,
+        quantize=options.quantize,
         # On CUDA the packed path skips the padding; on the CPU the length-sorted batches hold
         # little padding and the dense path is the faster one.
         padding_free=True if device.type == "cuda" else "auto",
@@ -311,6 +312,7 @@ def _load_classifier(
         dtype=DTYPES[options.dtype],
         backend=options.backend,
         padding_free=True if device.type == "cuda" else "auto",
+        quantize=options.quantize,
     )
     id2label = network.config.id2label or {}
     labels = [str(id2label.get(i, f"LABEL_{i}")) for i in range(network.config.num_labels)]
@@ -328,6 +330,7 @@ def load(
     normalize: bool | None = None,
     batch_tokens: int | None = None,
     store_dtype: str = "float32",
+    quantize: str | None = None,
 ) -> TextModel:
     """Load a model folder once, to embed (or classify) texts many times.
 
@@ -337,7 +340,9 @@ def load(
     torch dtype; default float16 on CUDA, float32 on the CPU); ``backend``: "auto", "torch" or
     "triton"; ``max_length``, ``pooling`` ("mean" | "cls"), ``normalize``: None for what the
     folder says; ``batch_tokens``: the token budget of one forward pass (default 16384 on CUDA,
-    4096 on the CPU). ValueError naming a bad setting, before anything loads.
+    4096 on the CPU); ``quantize``: None (exact) or "int8" (see
+    :class:`~fastbert.embed.options.EmbedOptions`). ValueError naming a bad setting, before
+    anything loads.
 
     >>> model = fastbert.load("path/to/all-MiniLM-L6-v2")
     >>> model.embed(["a text", "another"])  # numpy [2, 384]
@@ -357,6 +362,7 @@ def load(
         normalize=normalize,
         batch_tokens=batch_tokens,
         store_dtype=store_dtype,
+        quantize=quantize,
         progress=False,
     )
     return load_options(options)

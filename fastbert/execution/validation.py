@@ -23,6 +23,38 @@ def check_dtype(dtype: object) -> None:
         raise TypeError(f"dtype must be one of {names}, got {dtype!r}")
 
 
+QUANTIZATIONS = (None, "int8")
+# Triton's int8 tl.dot runs on the integer tensor cores of sm_80 (Ampere) and newer.
+INT8_MIN_CAPABILITY = (8, 0)
+
+
+def check_quantize(
+    quantize: object, dtype: torch.dtype | None = None, device: torch.device | None = None
+) -> None:
+    """``quantize`` must be None or "int8" (ValueError naming the choices); with "int8", a
+    ``dtype`` other than float32 on a CPU (the int8 products dequantise into float32 there) and
+    a GPU older than sm_80 are refused, each with what can run instead."""
+    if quantize is not None and (not isinstance(quantize, str) or quantize not in QUANTIZATIONS):
+        raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
+    if quantize is None or device is None:
+        return
+    if device.type == "cpu" and dtype not in (None, torch.float32):
+        raise TypeError(
+            f"quantize='int8' on the CPU runs with float32 activations (LayerNorm, attention and "
+            f"the dequantised products in float32), got dtype={dtype}; use dtype=torch.float32 "
+            "with quantize='int8', or this dtype without quantize"
+        )
+    if device.type == "cuda":
+        capability = torch.cuda.get_device_capability(device)
+        if capability < INT8_MIN_CAPABILITY:
+            name = torch.cuda.get_device_name(device)
+            raise ValueError(
+                f"quantize='int8' needs the integer tensor cores of sm_80 or newer; {name} is "
+                f"sm_{capability[0]}{capability[1]}, which runs quantize=None in float32, "
+                "float16 or bfloat16"
+            )
+
+
 def check_device(device: object) -> torch.device:
     """``device`` (a torch.device, a string such as "cuda:0", or a CUDA index) as a
     torch.device. Raises TypeError for another kind of value and ValueError for a string

@@ -65,6 +65,7 @@ def optimize(
     backend: str = "auto",
     padding_free: str | bool = "auto",
     cuda_graphs: str | bool = "auto",
+    quantize: str | None = None,
 ) -> Any:
     """Swap fastbert's encoder into ``model`` in place and return ``model``.
 
@@ -74,28 +75,43 @@ def optimize(
     dtype: float16, bfloat16 or float32 to cast the whole model to first (None keeps its dtype).
     backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch" or "triton".
     padding_free, cuda_graphs: "auto", True or False, as for fastbert.BertModel.
+    quantize: None (exact) or "int8": the encoder layers' linears on int8 weights (per output
+    channel) and activations (per token), for inference only (fastbert.model.quantization):
+    the encoder's parameters are frozen (``requires_grad=False``) and a call in training mode
+    or recording gradients raises. The model's float weights stay its parameters
+    (``state_dict`` and ``save_pretrained`` unchanged); the int8 copies follow their changes.
+    On the CPU it needs float32, on CUDA sm_80 or newer.
 
     The model runs inference and training (see the module docstring); any argument fastbert
     cannot honour raises
     (inputs_embeds, position_ids, head_mask, output_attentions, output_hidden_states, caches,
     cross-attention inputs), each with a message naming it.
     Raises TypeError for an unsupported model class or a dtype other than float16, bfloat16 or
-    float32, and ValueError for an unsupported config (relative position embeddings, a decoder,
-    an unknown activation), before changing anything.
+    float32 (float32 only with int8 on the CPU), and ValueError for an unsupported config
+    (relative position embeddings, a decoder, an unknown activation) or quantize value, before
+    changing anything.
     """
     check_backend(backend)
     runtime.check_setting("padding_free", padding_free)
     runtime.check_setting("cuda_graphs", cuda_graphs)
     if dtype is not None:
         validation.check_dtype(dtype)
+    validation.check_quantize(quantize)
     hf_model = _transformers_model(model)
     family, base = _base_model(hf_model)
     config = BertConfig.from_hf(hf_model.config, family)
     if backend == "triton":
         check_head_dim(config.head_dim)
-    if dtype is not None and dtype != next(base.parameters()).dtype:
+    first = next(base.parameters())
+    validation.check_quantize(quantize, dtype or first.dtype, first.device)
+    if dtype is not None and dtype != first.dtype:
         model.to(dtype)
-    settings = {"backend": backend, "padding_free": padding_free, "cuda_graphs": cuda_graphs}
+    settings = {
+        "backend": backend,
+        "padding_free": padding_free,
+        "cuda_graphs": cuda_graphs,
+        "quantize": quantize,
+    }
     base.forward = FastbertForward(base, family, config, settings)
     return model
 
@@ -169,6 +185,9 @@ def bind_encoder(base: nn.Module, family: Family, config: BertConfig, **kwargs: 
             tuple(params[t] for t in names[f"layers.{i}.{ours}"])
             for ours in ("qkv_weight", "qkv_bias")
         )
+    if encoder.quantize is not None:
+        base.requires_grad_(False)  # the separate query / key / value parameters too
+        encoder.quantize = encoder.quantize  # quantises the bound tensors
     encoder.resolve_ops_early()
     return encoder.train(base.training)
 

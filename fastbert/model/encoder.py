@@ -20,6 +20,7 @@ from fastbert.execution.runtime import Attend
 from fastbert.model.config import BertConfig
 from fastbert.model.loading import PretrainedMixin
 from fastbert.model.outputs import BaseModelOutputWithPooling
+from fastbert.model.quantization import Int8Weights, calibration_ids, parameters_key
 from fastbert.model.weights import ParameterWatch
 
 
@@ -165,6 +166,10 @@ class BertLayer(nn.Module):
         self.eps = config.layer_norm_eps
         # (query, key, value weights), (their biases): see fused_qkv.
         self.qkv_parts: tuple[tuple[nn.Parameter, ...], tuple[nn.Parameter, ...]] | None = None
+        # The int8 copies of the linear weights when the model runs quantize="int8".
+        self.int8: Int8Weights | None = None
+        # While the model calibrates: each linear's input maxima per channel, by weight name.
+        self.recording: dict[str, torch.Tensor] | None = None
 
     def forward(
         self, ops: Ops, hidden: torch.Tensor, attend: Attend, dropout_p: float = 0.0
@@ -175,16 +180,38 @@ class BertLayer(nn.Module):
         (see fastbert.execution.runtime: dense with a padding mask, or packed sequences).
         ``dropout_p``: the hidden dropout on the two projections that feed a residual.
         """
-        qkv = ops.linear(hidden, *self.fused_qkv())
-        attn = ops.linear(attend(qkv), self.attn_out_weight, self.attn_out_bias)
+        qkv = self.project(ops, "qkv_weight", hidden, *self.fused_qkv())
+        attn = self.project(
+            ops, "attn_out_weight", attend(qkv), self.attn_out_weight, self.attn_out_bias
+        )
         hidden = ops.layer_norm(
             attn, self.attn_ln_weight, self.attn_ln_bias, self.eps, hidden, dropout_p=dropout_p
         )
-        inner = ops.linear(hidden, self.ffn_in_weight, self.ffn_in_bias, self.activation)
-        out = ops.linear(inner, self.ffn_out_weight, self.ffn_out_bias)
+        inner = self.project(
+            ops, "ffn_in_weight", hidden, self.ffn_in_weight, self.ffn_in_bias, self.activation
+        )
+        out = self.project(ops, "ffn_out_weight", inner, self.ffn_out_weight, self.ffn_out_bias)
         return ops.layer_norm(
             out, self.ffn_ln_weight, self.ffn_ln_bias, self.eps, hidden, dropout_p=dropout_p
         )
+
+    def project(
+        self,
+        ops: Ops,
+        name: str,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor,
+        activation: str | None = None,
+    ) -> torch.Tensor:
+        """The linear whose weight is ``name``: on ``weight``, or on its int8 copy when the
+        layer runs int8 (recording the input's maxima per channel while calibrating)."""
+        if self.recording is not None:
+            self.recording[name] = x.detach().reshape(-1, x.shape[-1]).abs().amax(dim=0).float()
+        if self.int8 is None or self.recording is not None:
+            return ops.linear(x, weight, bias, activation)
+        q, scale, input_scale = self.int8[name]
+        return ops.linear_int8(x, q, scale, bias, activation, None, input_scale)
 
     def fused_qkv(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The [3H, H] QKV weight and [3H] bias the layer reads: its fused parameters, or,
@@ -261,10 +288,12 @@ class BertModel(PretrainedMixin, nn.Module):
         add_pooling_layer: bool = True,
         padding_free: str | bool = "auto",
         cuda_graphs: str | bool = "auto",
+        quantize: str | None = None,
     ):
         super().__init__()
         validation.check_dtype(dtype)
         device = validation.check_device(device)
+        validation.check_quantize(quantize, dtype, device)
         self.config = config
         self.runner = runtime.Runner(config.head_dim, backend, padding_free, cuda_graphs)
         self.embeddings = BertEmbeddings(config, dtype, device)
@@ -273,12 +302,86 @@ class BertModel(PretrainedMixin, nn.Module):
         )
         self.pooler = BertPooler(config, dtype, device) if add_pooling_layer else None
         self._watch = ParameterWatch(self)
+        self._quantize: str | None = None
+        self._quantized_key: tuple | None = None
+        self.quantize = quantize
         self.resolve_ops_early()
 
     # The run settings live on the runner, which validates them when set.
     backend = RunSetting("runner")
     padding_free = RunSetting("runner")
     cuda_graphs = RunSetting("runner")
+
+    @property
+    def quantize(self) -> str | None:
+        """None (the exact floating-point linears) or "int8" (see
+        fastbert.model.quantization). Setting "int8" quantises the layers' weights and freezes
+        every parameter (int8 runs inference only); setting None drops the int8 copies (the
+        parameters stay frozen until you ``requires_grad_()`` them)."""
+        return self._quantize
+
+    @quantize.setter
+    def quantize(self, value: str | None) -> None:
+        validation.check_quantize(value, self.dtype, self.device)
+        self._quantize = value
+        self._quantized_key = None
+        for layer in self.layers:
+            layer.int8 = None
+        if value is not None:
+            self.requires_grad_(False)
+            self.refresh_quantized()
+
+    def refresh_quantized(self) -> None:
+        """Calibrate and quantise again when a parameter changed since the model was
+        quantised (see fastbert.model.quantization; a no-op for a model that runs
+        quantize=None, or whose weights are not bound yet)."""
+        if self._quantize is None or self.device.type == "meta":
+            return
+        key = parameters_key(self)
+        if key == self._quantized_key:
+            return
+        maxima = self.activation_maxima()
+        for layer, activation_max in zip(self.layers, maxima):
+            if layer.int8 is None:
+                layer.int8 = Int8Weights()
+            layer.int8.quantize(layer, activation_max)
+        self._quantized_key = key
+
+    @torch.no_grad()
+    def activation_maxima(self) -> list[dict[str, torch.Tensor]]:
+        """Each layer's linear inputs' maxima per channel (float32 [K] by weight name), from a
+        float forward of the seeded calibration ids
+        (:func:`fastbert.model.quantization.calibration_ids`)."""
+        config = self.config
+        ids = calibration_ids(config.vocab_size, config.max_sequence_length, self.device)
+        maxima = [{} for _ in self.layers]
+        for layer, record in zip(self.layers, maxima):
+            layer.recording = record
+        try:
+            ops = self.ops()
+            hidden = self.embed(ops, ids, None, None, True, 0.0)
+            self.run_layers(ops, hidden, runtime.dense_attention(ops, self.heads, None), 0.0)
+        finally:
+            for layer in self.layers:
+                layer.recording = None
+        return maxima
+
+    def check_quantized_call(self) -> None:
+        """RuntimeError when a call of an int8 model would record gradients or run in
+        training mode: int8 runs inference only."""
+        if self._quantize is None:
+            return
+        if self.training:
+            reason = "the model is in training mode"
+        elif self.needs_grad():
+            reason = f"grad mode is on and {self._watch.first_requiring_grad()} requires grad"
+        else:
+            return
+        raise RuntimeError(
+            f"quantize={self._quantize!r} runs inference only, but {reason}: call model.eval() "
+            "and keep the parameters frozen (or run under torch.no_grad()), or train with "
+            "quantize=None and quantise afterwards"
+        )
 
     @property
     def dtype(self) -> torch.dtype:
@@ -343,6 +446,8 @@ class BertModel(PretrainedMixin, nn.Module):
         input_ids, token_type_ids, key_padding_mask = self.check_inputs(
             input_ids, attention_mask, token_type_ids
         )
+        self.check_quantized_call()
+        self.refresh_quantized()
         ops = self.ops()
         hidden = self.runner.encode(
             self, ops, input_ids, token_type_ids, key_padding_mask, self.call()

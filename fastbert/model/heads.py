@@ -32,6 +32,7 @@ class _BertWithHead(PretrainedMixin, nn.Module):
         backend: str = "auto",
         padding_free: str | bool = "auto",
         cuda_graphs: str | bool = "auto",
+        quantize: str | None = None,
     ):
         super().__init__()
         self.config = config
@@ -43,12 +44,14 @@ class _BertWithHead(PretrainedMixin, nn.Module):
             add_pooling_layer=self.add_pooling_layer,
             padding_free=padding_free,
             cuda_graphs=cuda_graphs,
+            quantize=quantize,
         )
 
     # The run settings live on the encoder (its runner validates them when set).
     backend = RunSetting("bert")
     padding_free = RunSetting("bert")
     cuda_graphs = RunSetting("bert")
+    quantize = RunSetting("bert")
 
     def ops(self) -> Ops:
         """The hot ops this model runs with (its encoder's)."""

@@ -275,6 +275,7 @@ class PretrainedMixin:
         backend: str = "auto",
         padding_free: str | bool = "auto",
         cuda_graphs: str | bool = "auto",
+        quantize: str | None = None,
     ):
         """Load Hugging Face BERT weights into a new fastbert model.
 
@@ -282,8 +283,12 @@ class PretrainedMixin:
         SentenceTransformer. dtype defaults to float16 on CUDA and float32 elsewhere; device to
         CUDA when available. backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch" or
         "triton". padding_free, cuda_graphs: "auto", True or False (see fastbert.execution.runtime).
-        Raises TypeError for a dtype other than float16, bfloat16 or float32, and ValueError
-        for a CUDA device on a machine without one, before reading anything; ValueError naming
+        quantize: None (exact floating point) or "int8": the encoder layers' linears on int8
+        weights (per output channel) and activations (per token), for inference (see
+        fastbert.model.quantization); on the CPU with dtype float32, on CUDA on sm_80 or newer.
+        Raises TypeError for a dtype other than float16, bfloat16 or float32 (or not float32 with
+        int8 on the CPU), and ValueError for a CUDA device on a machine without one or an
+        unknown quantize, before reading anything; ValueError naming
         the file for a malformed config.json, index, modules.json or weights file, and naming
         any missing or mis-shaped tensor.
         """
@@ -292,6 +297,7 @@ class PretrainedMixin:
         device = validation.check_device(device if device is not None else default_device())
         if dtype is None:
             dtype = torch.float16 if device.type == "cuda" else torch.float32
+        validation.check_quantize(quantize, dtype, device)
         config, _, state = read_source(source)
         kwargs: dict[str, Any] = {
             "dtype": dtype,
@@ -309,4 +315,8 @@ class PretrainedMixin:
                 kwargs["add_pooling_layer"] = False
         model = cls(config, **kwargs)
         load_weights(model, state)
+        if quantize is not None:
+            # Quantised from the loaded weights (the constructor's were zeros); frozen.
+            model.requires_grad_(False)
+            getattr(model, "bert", model).quantize = quantize
         return model.eval()

@@ -1,0 +1,80 @@
+"""Compile cases for the INT8 variant of kernels/fused_linear.py's GEMM: int8 x and weight,
+int32 accumulation, the dequantise / bias / GELU / residual epilogue, on every one-tile-per-
+program config ``keep`` allows for one-byte operands with that epilogue (the persistent configs
+take TMA descriptors of 16-bit operands only), with float16 outputs (a CUDA model's dtype) and
+on one config with float32 outputs; and every epilogue variant on the sweep config.
+
+The cases declare dtype "int8" and their BLOCK_M for tests/test_compile.py, which checks the
+integer tensor-core instructions: IMMA on sm_80, the integer warpgroup MMA (IGMMA) on sm_90.
+"""
+
+from __future__ import annotations
+
+from fastbert.kernels import fused_linear as mod
+from tests.compile_cases import linear
+from tests.compile_support import ARCHS, CompileCase
+
+MATRIX = True
+
+INT8_SIZE = 1
+OUTPUT_DTYPES = ("fp16", "fp32")
+
+
+def _case(out_dtype: str, config, has_bias: bool, activation: int, has_residual: bool):
+    meta = config.kwargs
+    signature = linear._signature(out_dtype, has_bias, has_residual, meta=meta)
+    signature.update(x_ptr="*i8", weight_ptr="*i8", x_scale_ptr="*fp32", weight_scale_ptr="*fp32")
+    constexprs = {
+        "HAS_BIAS": has_bias,
+        "ACTIVATION": activation,
+        "HAS_RESIDUAL": has_residual,
+        "STORE_PRE_ACTIVATION": False,
+        "GRAD_ACTIVATION": 0,
+        "HAS_ROW_SUM": False,
+        "INT8": True,
+        "pre_ptr": None,
+        "row_sum_ptr": None,
+        "x_desc": None,
+        "weight_desc": None,
+        **meta,
+        **dict.fromkeys(linear.UNIT_STRIDES, 1),
+    }
+    if not has_bias:
+        constexprs["bias_ptr"] = None
+    if not has_residual:
+        constexprs["residual_ptr"] = None
+    variant = f"bias={int(has_bias)} act={activation} res={int(has_residual)}"
+    name = f"linear_int8[{out_dtype} out {mod.config_name(config)} {variant}]"
+    where = {"aligned_ints": ("N", "K"), "archs": ARCHS}
+    return CompileCase.tuned(config, name, linear.KERNEL, signature, constexprs, "int8", **where)
+
+
+def _kept(config, epilogue) -> bool:
+    return mod.keep(
+        config,
+        INT8_SIZE,
+        linear.LARGEST_M_BUCKET,
+        activation=epilogue[1],
+        has_residual=epilogue[2],
+        has_descriptors=False,
+    )
+
+
+def _cases() -> list[CompileCase]:
+    cases = []
+    for config in linear.POINTER_CONFIGS:
+        kept = [e for e in linear.EPILOGUES if _kept(config, e)]
+        chosen = [linear.FULL_EPILOGUE] if linear.FULL_EPILOGUE in kept else kept[-1:]
+        cases += [_case("fp16", config, *epilogue) for epilogue in chosen]
+    full = [c for c in linear.POINTER_CONFIGS if _kept(c, linear.FULL_EPILOGUE)]
+    sweep = full[-1]
+    cases += [
+        _case("fp16", sweep, *epilogue)
+        for epilogue in linear.EPILOGUES
+        if epilogue != linear.FULL_EPILOGUE
+    ]
+    cases.append(_case("fp32", full[0], *linear.FULL_EPILOGUE))
+    return cases
+
+
+CASES = _cases()

