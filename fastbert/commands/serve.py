@@ -43,6 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_backend_argument(parser)
     parser.add_argument(
+        "--quantize",
+        choices=("int8",),
+        default=None,
+        help="int8: the encoder's linears on int8 weights (per channel) and activations (per "
+        "token), for speed at a small accuracy cost (default: exact, unquantised)",
+    )
+    parser.add_argument(
         "--max-batch-tokens",
         type=positive_int,
         default=None,
@@ -160,6 +167,7 @@ def options_from(args: argparse.Namespace):
             device=args.device,
             dtype=args.dtype,
             backend=args.backend,
+            quantize=args.quantize,
             batch_tokens=args.max_batch_tokens,
             max_length=args.max_input_length,
             progress=False,

@@ -483,6 +483,7 @@ def create_app(model: TextModel, options: ServeOptions) -> Any:
             "model_kind": model.kind,
             "routes": list(ROUTES[model.kind]),
             "dtype": o.dtype,
+            "quantize": o.quantize,
             "device": o.device,
             "backend": o.backend,
             "max_input_length": model.max_length,

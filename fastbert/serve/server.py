@@ -17,9 +17,10 @@ log = logging.getLogger("fastbert.serve")
 
 def startup_line(model: TextModel, options: ServeOptions, address: str) -> str:
     o = model.options
+    precision = o.dtype if o.quantize is None else f"{o.dtype} with {o.quantize} linears"
     return (
         f"fastbert serve: {o.model} ({model.kind}) on {o.device}, backend {o.backend}, "
-        f"{o.dtype}, max {model.max_length} tokens per input, {o.batch_tokens} per batch, "
+        f"{precision}, max {model.max_length} tokens per input, {o.batch_tokens} per batch, "
         f"at {address}"
     )
 
