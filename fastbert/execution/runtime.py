@@ -56,7 +56,8 @@ PACK_MIN_PADDING = 0.1
 # T / 8 or 64 extra rows, and eight buckets per doubling of T).
 TOKEN_BUCKET_MIN_STEP = 64
 
-Attend = Callable[[torch.Tensor], torch.Tensor]
+# Fused QKV -> attention context; takes ``relative_bias=`` (an [H, 32] table) too.
+Attend = Callable[..., torch.Tensor]
 
 
 def check_setting(name: str, value: object) -> None:
@@ -69,14 +70,17 @@ def dense_attention(
     ops: Ops, heads: int, key_padding_mask: torch.Tensor | None, dropout_p: float = 0.0
 ) -> Attend:
     """Attention over a padded batch: fused QKV [B, S, 3H] -> context [B, S, H], with
-    ``dropout_p`` dropout on the attention probabilities."""
+    ``dropout_p`` dropout on the attention probabilities and an optional [H, 32] relative
+    position bias table."""
 
-    def attend(qkv: torch.Tensor) -> torch.Tensor:
+    def attend(qkv: torch.Tensor, relative_bias: torch.Tensor | None = None) -> torch.Tensor:
         batch, seq, three_width = qkv.shape
         width = three_width // 3
         # [B, S, 3, heads, D] viewed as three [B, heads, S, D] tensors: strides, no copies.
         q, k, v = qkv.view(batch, seq, 3, heads, width // heads).permute(2, 0, 3, 1, 4)
-        context = ops.attention(q, k, v, key_padding_mask, dropout_p=dropout_p)
+        context = ops.attention(
+            q, k, v, key_padding_mask, dropout_p=dropout_p, relative_bias=relative_bias
+        )
         # The Triton kernel writes [B, S, heads, D] memory, so this reshape is a free view.
         return context.transpose(1, 2).reshape(batch, seq, width)
 
@@ -87,13 +91,16 @@ def packed_attention(
     ops: Ops, heads: int, cu_seqlens: torch.Tensor, max_seqlen: int, dropout_p: float = 0.0
 ) -> Attend:
     """Attention over packed sequences: fused QKV [T, 3H] -> context [T, H], with
-    ``dropout_p`` dropout on the attention probabilities."""
+    ``dropout_p`` dropout on the attention probabilities and an optional [H, 32] relative
+    position bias table (distances between a sequence's own tokens)."""
 
-    def attend(qkv: torch.Tensor) -> torch.Tensor:
+    def attend(qkv: torch.Tensor, relative_bias: torch.Tensor | None = None) -> torch.Tensor:
         tokens, three_width = qkv.shape
         width = three_width // 3
         q, k, v = qkv.view(tokens, 3, heads, width // heads).unbind(1)
-        context = ops.attention_varlen(q, k, v, cu_seqlens, max_seqlen, dropout_p=dropout_p)
+        context = ops.attention_varlen(
+            q, k, v, cu_seqlens, max_seqlen, dropout_p=dropout_p, relative_bias=relative_bias
+        )
         return context.reshape(tokens, width)
 
     return attend
