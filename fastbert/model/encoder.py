@@ -320,6 +320,10 @@ class BertModel(PretrainedMixin, nn.Module):
     def heads(self) -> int:
         return self.config.num_attention_heads
 
+    @property
+    def relative_positions(self) -> bool:
+        return self.relative_bias is not None
+
     def table_rows(self) -> tuple[int, int]:
         return self.embeddings.table_rows()
 
