@@ -252,6 +252,11 @@ MPNET = Family(
 FAMILIES = (BERT, ROBERTA, XLM_ROBERTA, ELECTRA, DISTILBERT, MPNET)
 
 
+def family_of_model_type(model_type: str) -> Family | None:
+    """The family whose ``config.model_type`` is ``model_type``, or None."""
+    return next((f for f in FAMILIES if f.model_type == model_type), None)
+
+
 def family_of_class(class_names: list[str]) -> tuple[Family, str] | None:
     """(family, matched class name) for the first supported name in ``class_names`` (an MRO)."""
     for name in class_names:
