@@ -10,7 +10,8 @@
 #                                        64x512, 64x512 padded; HF eager / sdpa / torch.compile
 #                                        (max-autotune at 32x128) / fastbert variants; targets
 #   kernels-bench.json                   kernel suite (BERT-base, fp16 and bf16)
-#   e2e-bench.json                       end-to-end suite (BERT-large and MiniLM-L6, fp16)
+#   e2e-bench.json                       end-to-end suite (BERT-large, MiniLM-L6, MPNet-base;
+#                                        fp16)
 #   train-step.json train-step.md        fine-tuning step (benchmarks/train_step.py): BERT-base,
 #                                        bf16 autocast, HF eager / sdpa / compile / fastbert
 #   gemm-configs.json gemm-configs.md    every linear config on BERT-base's four projections
@@ -120,7 +121,7 @@ stage embed-mpnet "${EMBED_S:-60}" "$LOG" bash -c "
 
 stage e2e-suite "${E2E_S:-600}" "$LOG" \
     "$PY" -m pytest benchmarks/test_end_to_end_bench.py -q -p no:cacheprovider \
-    --bench-models bert-large,minilm-l6 --bench-dtypes float16 --bench-reps 30 \
+    --bench-models bert-large,minilm-l6,mpnet-base --bench-dtypes float16 --bench-reps 30 \
     --benchmark-json "$OUT/e2e-bench.json"
 
 # Targets need the kernel suite's results: re-render results.md (and the plot) with them.

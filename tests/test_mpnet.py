@@ -313,3 +313,22 @@ def test_bert_model_from_pretrained_loads_the_encoder(source: str, tmp_path) -> 
 def test_heads_refuse_other_families() -> None:
     with pytest.raises(ValueError, match="loads BERT checkpoints; run MPNet heads through"):
         fastbert.BertForMaskedLM.from_pretrained(hf_mpnet("ForMaskedLM"), device="cpu")
+
+
+def test_bench_shape_mpnet_base_is_an_mpnet_config() -> None:
+    """The benchmarks' embedded mpnet-base shape reads as MPNet (relative bias, positions after
+    the padding index, no token types), at all-mpnet-base-v2's size."""
+    from fastbert.bench import shapes
+
+    config = shapes.model_config("mpnet-base")
+    assert config.relative_attention_num_buckets == 32
+    assert (config.position_scheme, config.pad_token_id, config.type_vocab_size) == (
+        "padding_offset",
+        1,
+        0,
+    )
+    assert (config.hidden_size, config.num_hidden_layers, config.max_sequence_length) == (
+        768,
+        12,
+        512,
+    )

@@ -12,7 +12,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from fastbert.bench.shapes import MODEL_SHAPES, model_config
+from fastbert.bench.shapes import MODEL_SHAPES, MODEL_TYPES, model_config
 from fastbert.integrations import models as hf_models
 from fastbert.model.config import BertConfig
 from fastbert.model.loading import read_source
@@ -32,7 +32,11 @@ class Reference:
 
 def random_reference(name: str, seed: int = 0) -> Reference:
     """An embedded model shape (see shapes.MODEL_SHAPES) with seeded random weights."""
-    return Reference(name, hf_models.random_bert(MODEL_SHAPES[name], seed), model_config(name))
+    if name in MODEL_TYPES:
+        hf_model = hf_models.random_model(MODEL_TYPES[name], MODEL_SHAPES[name], seed)
+    else:
+        hf_model = hf_models.random_bert(MODEL_SHAPES[name], seed)
+    return Reference(name, hf_model, model_config(name))
 
 
 def checkpoint_reference(folder: str | Path) -> Reference:

@@ -35,6 +35,16 @@ def random_bert(shape: dict[str, Any], seed: int = 0) -> Any:
     return transformers.BertModel(transformers.BertConfig(**shape)).float().eval()
 
 
+def random_model(model_type: str, shape: dict[str, Any], seed: int = 0) -> Any:
+    """A Hugging Face base model of ``model_type`` with config ``shape`` (over transformers'
+    defaults) and seeded random weights (CPU, fp32, eval)."""
+    transformers = import_transformers()
+    torch.manual_seed(seed)
+    with quiet():
+        config = transformers.AutoConfig.for_model(model_type, **shape)
+        return transformers.AutoModel.from_config(config).float().eval()
+
+
 def load_checkpoint(folder: Path) -> Any:
     """The base model of a local Hugging Face (or sentence-transformers) checkpoint folder,
     CPU, fp32, eval."""
