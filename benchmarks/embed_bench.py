@@ -1,9 +1,11 @@
 """Corpus-embedding throughput: docs/s and tokens/s of the fastbert embed pipeline,
 ``fastbert.optimize(st).encode`` and sentence-transformers' ``st.encode``, on the packaged
-all-MiniLM-L6-v2 and a corpus of real English shipped with Python (the paragraphs of
+all-MiniLM-L6-v2 (or, ``--model mpnet``, all-mpnet-base-v2: BERT-base size with MPNet's
+relative position bias) and a corpus of real English shipped with Python (the paragraphs of
 ``pydoc_data.topics``, the help texts of the language reference: 2 to ~800 words each).
 
     python benchmarks/embed_bench.py --out benchmarks/results/cpu-embed-<date> [--docs 1000]
+        [--model minilm|mpnet]
 
 Contenders (each from a list of texts already in memory, or a .jsonl file for the pipeline,
 to embeddings; the model loaded beforehand and not timed):
@@ -16,7 +18,8 @@ to embeddings; the model loaded beforehand and not timed):
 
 Each runs ``--reps`` times after a warm-up on a slice of the corpus; the median is reported with
 the min and max. Every contender's embeddings are compared with ``st.encode``'s (the least
-cosine is reported). Writes embed-bench.json (with the environment) and embed-bench.md.
+cosine is reported). Writes embed-bench.json (with the environment) and embed-bench.md
+(embed-bench-mpnet.* for all-mpnet-base-v2).
 """
 
 from __future__ import annotations
@@ -51,22 +54,37 @@ def corpus(docs: int) -> list[str]:
     return [paragraphs[int(i * step)] for i in range(docs)]
 
 
+# --model -> (the model's name, the function giving its packaged folder's path).
+MODELS = {
+    "minilm": ("all-MiniLM-L6-v2", "packaged_minilm_path"),
+    "mpnet": ("all-mpnet-base-v2", "packaged_mpnet_path"),
+}
+
+
+def model_folder(model: str) -> Path:
+    """The packaged folder of ``model`` (a key of MODELS)."""
+    from fastbert.integrations import models
+
+    return Path(getattr(models, MODELS[model][1])())
+
+
 def contenders(
-    texts: list[str], device: str, batch_tokens: int | None, workdir: Path
+    texts: list[str], device: str, batch_tokens: int | None, workdir: Path, model: str = "minilm"
 ) -> dict[str, Callable[[list[str]], np.ndarray]]:
     """name -> function(texts) -> embeddings [n, dim] (float32 numpy)."""
+    from sentence_transformers import SentenceTransformer
+
     import fastbert
     from fastbert.embed import readers, run
     from fastbert.embed.options import EmbedOptions
     from fastbert.embed.shards import ShardWriter
     from fastbert.embed.text_model import load_options
-    from fastbert.integrations import models
 
-    folder = str(models.packaged_minilm_path())
+    folder = str(model_folder(model))
     options = EmbedOptions(model=folder, device=device, batch_tokens=batch_tokens, progress=False)
     loaded = load_options(options)
-    st = models.packaged_minilm(device)
-    swapped = fastbert.optimize(models.packaged_minilm(device))
+    st = SentenceTransformer(folder, device=device)
+    swapped = fastbert.optimize(SentenceTransformer(folder, device=device))
 
     def embed_command(batch: list[str]) -> np.ndarray:
         source = workdir / f"corpus-{len(batch)}.jsonl"
@@ -102,12 +120,11 @@ def read_shards(folder: Path) -> np.ndarray:
     )
 
 
-def count_tokens(texts: list[str], max_length: int) -> int:
+def count_tokens(texts: list[str], max_length: int, model: str = "minilm") -> int:
     """Tokens the model sees (special tokens included, truncated to ``max_length``)."""
     from fastbert.embed.model import load_tokenizer
-    from fastbert.integrations import models
 
-    tokenizer = load_tokenizer(models.packaged_minilm_path())
+    tokenizer = load_tokenizer(model_folder(model))
     ids = tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
     return sum(len(i) for i in ids)
 
@@ -135,7 +152,8 @@ def markdown(report: dict) -> str:
     lines = [
         f"# Corpus embedding, {report['device']}: {report['docs']} docs, {report['tokens']} tokens",
         "",
-        f"all-MiniLM-L6-v2 (packaged), fp32, max_length {report['max_length']}; corpus: "
+        f"{report.get('model', 'all-MiniLM-L6-v2')} (packaged), fp32, max_length "
+        f"{report['max_length']}; corpus: "
         f"paragraphs of pydoc_data.topics (words per doc: median {report['words_median']}, "
         f"max {report['words_max']}); median of {report['reps']} runs after a warm-up; model "
         "loading not timed.",
@@ -165,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch-tokens", type=int, default=None)
+    parser.add_argument("--model", choices=sorted(MODELS), default="minilm")
     args = parser.parse_args(argv)
 
     import torch
@@ -173,12 +192,17 @@ def main(argv: list[str] | None = None) -> int:
 
     texts = corpus(args.docs)
     words = [len(t.split()) for t in texts]
-    max_length = 256  # the packaged folder's max_seq_length, which every contender uses
-    tokens = count_tokens(texts, max_length)
+    try:
+        folder = model_folder(args.model)
+    except ValueError as error:
+        raise SystemExit(f"--model {args.model}: {error}") from error
+    # The folder's max_seq_length (256 for MiniLM, 384 for MPNet), which every contender uses.
+    max_length = json.loads((folder / "sentence_bert_config.json").read_text())["max_seq_length"]
+    tokens = count_tokens(texts, max_length, args.model)
     load_average = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     results = []
     with tempfile.TemporaryDirectory() as workdir, torch.inference_mode():
-        runs = contenders(texts, args.device, args.batch_tokens, Path(workdir))
+        runs = contenders(texts, args.device, args.batch_tokens, Path(workdir), args.model)
         reference = None
         for name in ("st.encode", *[n for n in runs if n != "st.encode"]):
             seconds, embedded = measure(runs[name], texts, args.reps)
@@ -196,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"{name}: {median:.2f} s, {len(texts) / median:.1f} docs/s", file=sys.stderr)
     report = {
+        "model": MODELS[args.model][0],
         "device": args.device,
         "docs": len(texts),
         "tokens": tokens,
@@ -209,8 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "embed-bench.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "embed-bench.md").write_text(markdown(report))
+    stem = "embed-bench" if args.model == "minilm" else f"embed-bench-{args.model}"
+    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / f"{stem}.md").write_text(markdown(report))
     print(markdown(report))
     return 0
 

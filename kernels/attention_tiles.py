@@ -1,17 +1,68 @@
 """Helpers shared by the attention forward (flash_attention.py) and backward
 (flash_attention_backward.py) kernels: where a (sequence, head) starts, loading its rows,
-numbering its elements for dropout, and the grid limits."""
+numbering its elements for dropout, the relative position bias of a tile, and the grid
+limits."""
 
 from __future__ import annotations
 
 import math
 
+import torch
 import triton
 import triton.language as tl
+
+from .checks import RELATIVE_BUCKETS
+from .reference import relative_position_bucket
 
 # CUDA's limit on grid axes 1 and 2 (heads, and batch or sequences).
 MAX_GRID_YZ = 65535
 LOG2_E = math.log2(math.e)
+
+
+def bucket_edges() -> tuple[int, ...]:
+    """The least distance |j - i| of each log-spaced bucket of one direction (buckets
+    RELATIVE_BUCKETS / 4 .. RELATIVE_BUCKETS / 2 - 1), read off the reference's float math, so
+    the kernels compare integers and land exactly where Hugging Face's float logs do."""
+    distance = torch.arange(4 * RELATIVE_BUCKETS * RELATIVE_BUCKETS)
+    bucket = relative_position_bucket(-distance)  # key before the query: the lower half
+    first = RELATIVE_BUCKETS // 4
+    return tuple(int(distance[bucket == b][0]) for b in range(first, RELATIVE_BUCKETS // 2))
+
+
+# Buckets per direction, the distances with a bucket each, and the edges of the other seven.
+HALF_BUCKETS = tl.constexpr(RELATIVE_BUCKETS // 2)
+MAX_EXACT = tl.constexpr(RELATIVE_BUCKETS // 4)
+_EDGES = bucket_edges()
+assert len(_EDGES) == 8 and _EDGES[0] == RELATIVE_BUCKETS // 4, _EDGES
+EDGE_1, EDGE_2, EDGE_3, EDGE_4, EDGE_5, EDGE_6, EDGE_7 = (tl.constexpr(e) for e in _EDGES[1:])
+
+
+@triton.jit
+def relative_bucket(distance):
+    """The bucket of each key - query ``distance`` (int32 tile), as
+    reference.relative_position_bucket computes it: keys after the query in the upper half;
+    distances below MAX_EXACT one bucket each, then the log-spaced buckets by integer
+    comparison with their edges (the last one open-ended)."""
+    n = tl.abs(distance)
+    large = (
+        MAX_EXACT
+        + (n >= EDGE_1).to(tl.int32)
+        + (n >= EDGE_2).to(tl.int32)
+        + (n >= EDGE_3).to(tl.int32)
+        + (n >= EDGE_4).to(tl.int32)
+        + (n >= EDGE_5).to(tl.int32)
+        + (n >= EDGE_6).to(tl.int32)
+        + (n >= EDGE_7).to(tl.int32)
+    )
+    return tl.where(distance > 0, HALF_BUCKETS, 0) + tl.where(n < MAX_EXACT, n, large)
+
+
+@triton.jit
+def bias_tile(bias_base, offs_m, offs_n):
+    """fp32 [len(offs_m), len(offs_n)]: the bias of queries ``offs_m`` and keys ``offs_n`` (their
+    positions in the sequence) from one head's row ``bias_base`` of the table."""
+    bucket = relative_bucket(offs_n[None, :] - offs_m[:, None])
+    return tl.load(bias_base + bucket)
 
 
 @triton.jit

@@ -15,6 +15,10 @@ REFERENCE_DTYPES = (*FLOAT_DTYPES, torch.float64)
 ACTIVATIONS = (None, "gelu", "gelu_tanh")
 
 
+# The buckets of a relative position bias table (Hugging Face MPNet's 32: 16 per direction).
+RELATIVE_BUCKETS = 32
+
+
 def check_tensor(
     name: str, t: object, ndim: int | None = None, min_ndim: int | None = None
 ) -> None:
@@ -98,6 +102,18 @@ def check_attention(q, k, v, key_padding_mask, scale) -> None:
     check_shape("v", v, (batch, heads, seq_k, head_dim))
     check_key_padding_mask(key_padding_mask, batch, seq_k)
     check_scale(scale)
+
+
+def check_relative_bias(relative_bias, q) -> None:
+    """relative_bias: None or a float [H, RELATIVE_BUCKETS] table on q's device (q: [B, H, S,
+    D] or [T, H, D])."""
+    if relative_bias is None:
+        return
+    check_tensor("relative_bias", relative_bias, ndim=2)
+    check_float("relative_bias", relative_bias)
+    check_same_device(q=q, relative_bias=relative_bias)
+    heads = q.shape[1]
+    check_shape("relative_bias", relative_bias, (heads, RELATIVE_BUCKETS))
 
 
 def check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale) -> None:

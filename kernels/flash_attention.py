@@ -24,6 +24,15 @@ element's flat index in a [B, H, S_q, S_k] array (dense) or an [H, T, T] array o
 indices (varlen) as its 64-bit offset (``dropout_origin``, kernels/attention_tiles.py), so the
 backward regenerates it.
 
+Relative position bias (HAS_BIAS, MPNet): s_ij gains bias[h, bucket(j - i)], with i and j
+the positions inside the sequence (the packed sequence's own, padding-free) and ``bucket`` the
+T5 / Hugging Face MPNet bucketing of the key - query distance (32 buckets, log-spaced up to
+128), computed in the tile by integer comparisons with the bucket edges
+(``attention_tiles.relative_bucket``; the edges are read off the reference's float math at
+import, so they match Hugging Face's float logs exactly). The [H, 32] table is read as fp32
+times log2(e) (``scaled_bias_table``); no [B, H, S, S] bias is ever formed. With the bias the
+unmasked tiles add it after the scale instead of folding the scale into the FFMA.
+
 Masked keys have no influence whatever K and V hold there, NaN and Inf included (the semantics
 of FlashAttention and xformers): their scores are replaced by -inf after the product, and their
 V rows are loaded as zeros, since a zero weight times a NaN or Inf value would still be NaN.
@@ -70,9 +79,13 @@ import triton
 import triton.language as tl
 
 from . import checks, dropout, reference, torch_ops
-from .attention_tiles import LOG2_E, check_grid, dropout_origin, head_base, load_rows
+from .attention_tiles import LOG2_E, bias_tile, check_grid, dropout_origin, head_base, load_rows
 from .dropout import seed_value
-from .flash_attention_backward import attention_backward, attention_varlen_backward
+from .flash_attention_backward import (
+    attention_backward,
+    attention_varlen_backward,
+    scaled_bias_table,
+)
 from .launch import (
     cdiv,
     check_triton_device,
@@ -113,6 +126,7 @@ def keep(
     elem_bytes: int,
     is_varlen: bool = False,
     has_mask: bool = False,
+    has_bias: bool = False,
 ) -> bool:
     """Whether ``config`` suits a BLOCK_D-wide head in a dtype of ``elem_bytes`` bytes.
 
@@ -124,12 +138,16 @@ def keep(
     padding-free variant, whose grid-stride loop over query blocks keeps more values live (at
     32 to 40 it spills 80 to 280 bytes per thread). Within these budgets every config compiles
     for sm_80 and sm_90 without register spills, or with at most a few dozen bytes
-    (tests/compile_cases/attention.py reports them).
+    (tests/compile_cases/attention.py reports them). With a relative position bias the score
+    tile counts twice (the bias tile and its buckets are live beside it) and 16-bit gets 80, 64
+    padding-free: above, sm_80 spilled (40 bytes per thread at 64x64 D=64, kilobytes at
+    128x128 D=32; padding-free, 8 to 28 bytes at 64x32 D=128).
     """
     block_m, block_n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
-    values_per_thread = block_m * (block_d + block_n) // (32 * config.num_warps)
+    scores = 2 * block_n if has_bias else block_n
+    values_per_thread = block_m * (block_d + scores) // (32 * config.num_warps)
     if elem_bytes != 4:
-        return values_per_thread <= 80
+        return values_per_thread <= (64 if has_bias and is_varlen else 80)
     if is_varlen:
         return values_per_thread <= 24
     return values_per_thread <= (32 if has_mask else 40)
@@ -149,7 +167,8 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> 
     (only one of them when FASTBERT_AUTOTUNE names it)."""
     args = {**named_args, **kwargs}
     size, is_varlen, has_mask = args["Q"].element_size(), args["IS_VARLEN"], args["HAS_MASK"]
-    kept = [c for c in configs if keep(c, args["BLOCK_D"], size, bool(is_varlen), bool(has_mask))]
+    variant = (bool(is_varlen), bool(has_mask), bool(args["HAS_BIAS"]))
+    kept = [c for c in configs if keep(c, args["BLOCK_D"], size, *variant)]
     return tuned(kept or configs[:1])
 
 
@@ -228,17 +247,21 @@ def _attend_tile(
     drop_rows,  # int64 [BLOCK_M]: dropout offset of each query row's key 0 (HAS_DROPOUT only)
     dropout_p,
     seed,
+    bias_base,  # pointer to this head's row of the log2(e)-scaled bias table (HAS_BIAS only)
+    offs_m,  # int32 [BLOCK_M]: the query rows' positions in their sequence (HAS_BIAS only)
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     KEYS: tl.constexpr,  # ALL_REAL, BOUNDED or MASKED: what the tile's keys need checked
     HAS_DROPOUT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
     """One online-softmax step over keys start_n .. start_n + BLOCK_N - 1: the updated
     (m_i, l_i, acc). ALL_REAL: nothing is masked and the scale folds into one FFMA with the
     running maximum (scale >= 0: max(s x) = s max(x)); BOUNDED: keys from ``end`` on are
     masked; MASKED: so are the keys the key-padding mask marks. With HAS_DROPOUT the
-    probabilities are dropped after the row sum took them all."""
+    probabilities are dropped after the row sum took them all. HAS_BIAS adds each score's
+    relative position bias after the scale (the scale then never folds into the FFMA)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if KEYS != ALL_REAL:
         real = offs_n < end
@@ -249,8 +272,10 @@ def _attend_tile(
         # Masked keys' scores are replaced below, whatever K holds there; their values are
         # loaded as zeros, since p = 0 times a NaN or Inf in V would still be NaN.
         v = load_rows(v_base, offs_n, stride_v_s, real, HEAD_DIM, BLOCK_D)
-        qk = tl.dot(q, tl.trans(k), input_precision="ieee")
-        qk = tl.where(real[None, :], qk * qk_scale, float("-inf"))
+        qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+        if HAS_BIAS:
+            qk += bias_tile(bias_base, offs_m, offs_n)
+        qk = tl.where(real[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         # Rows with no real key so far keep m = -inf; shift them by 0 so exp2 gives 0, not NaN.
         m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -260,9 +285,15 @@ def _attend_tile(
         v = _load_all_rows(v_base, offs_n, stride_v_s, HEAD_DIM, BLOCK_D)
         qk = tl.dot(q, tl.trans(k), input_precision="ieee")
         # Finite after any real key (m_i = -inf only before the first tile).
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        m_shift = m_new
-        p = tl.math.exp2(tl.fma(qk, qk_scale, -m_shift[:, None]))
+        if HAS_BIAS:
+            qk = qk * qk_scale + bias_tile(bias_base, offs_m, offs_n)
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_shift = m_new
+            p = tl.math.exp2(qk - m_shift[:, None])
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            m_shift = m_new
+            p = tl.math.exp2(tl.fma(qk, qk_scale, -m_shift[:, None]))
     alpha = tl.math.exp2(m_i - m_shift)
     l_i = l_i * alpha + tl.sum(p, 1)
     if HAS_DROPOUT:
@@ -285,12 +316,15 @@ def _attend_rows(
     drop_rows,  # int64 [BLOCK_M]: dropout offset of each query row's key 0 (HAS_DROPOUT only)
     dropout_p,
     seed,
+    bias_base,  # pointer to this head's row of the log2(e)-scaled bias table (HAS_BIAS only)
+    offs_m,  # int32 [BLOCK_M]: the query rows' positions in their sequence
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HAS_MASK: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
     """Online softmax over all keys for one block of queries: the normalised [BLOCK_M, BLOCK_D]
     output and each row's log2-sum-exp2 of its scaled scores (+inf for a row with no real key).
@@ -329,11 +363,14 @@ def _attend_rows(
                 drop_rows,
                 dropout_p,
                 seed,
+                bias_base,
+                offs_m,
                 HEAD_DIM,
                 BLOCK_D,
                 BLOCK_N,
                 MASKED if HAS_MASK else BOUNDED,
                 HAS_DROPOUT,
+                HAS_BIAS,
             )
     else:
         for start_n in range(0, full_end, BLOCK_N):
@@ -354,11 +391,14 @@ def _attend_rows(
                 drop_rows,
                 dropout_p,
                 seed,
+                bias_base,
+                offs_m,
                 HEAD_DIM,
                 BLOCK_D,
                 BLOCK_N,
                 ALL_REAL,
                 HAS_DROPOUT,
+                HAS_BIAS,
             )
         # At most one tile: pipelining it would only hold registers (it spilled on sm_80).
         for start_n in tl.range(full_end, bounded_end, BLOCK_N, num_stages=1):
@@ -379,11 +419,14 @@ def _attend_rows(
                 drop_rows,
                 dropout_p,
                 seed,
+                bias_base,
+                offs_m,
                 HEAD_DIM,
                 BLOCK_D,
                 BLOCK_N,
                 BOUNDED,
                 HAS_DROPOUT,
+                HAS_BIAS,
             )
         if HAS_MASK:
             for start_n in tl.range(bounded_end, end, BLOCK_N, num_stages=1):
@@ -404,11 +447,14 @@ def _attend_rows(
                     drop_rows,
                     dropout_p,
                     seed,
+                    bias_base,
+                    offs_m,
                     HEAD_DIM,
                     BLOCK_D,
                     BLOCK_N,
                     MASKED,
                     HAS_DROPOUT,
+                    HAS_BIAS,
                 )
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     return acc / l_safe[:, None], tl.where(l_i == 0.0, float("inf"), m_i + tl.math.log2(l_safe))
@@ -435,6 +481,7 @@ def _attend_query_block(
     drop_row_step,  # dropout offset step of one query row (HAS_DROPOUT only)
     dropout_p,
     seed,
+    bias_base,  # pointer to this head's row of the log2(e)-scaled bias table (HAS_BIAS only)
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -442,6 +489,7 @@ def _attend_query_block(
     HAS_MASK: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
     STORE_LSE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
     """Attention output of queries start_m .. start_m + BLOCK_M - 1 (those < seq_q), and with
     STORE_LSE their log2-sum-exp2 (fp32) for the backward."""
@@ -460,12 +508,15 @@ def _attend_query_block(
         drop_origin + offs_m * drop_row_step,
         dropout_p,
         seed,
+        bias_base,
+        offs_m,
         HEAD_DIM,
         BLOCK_D,
         BLOCK_M,
         BLOCK_N,
         HAS_MASK,
         HAS_DROPOUT,
+        HAS_BIAS,
     )
     offs_d = tl.arange(0, BLOCK_D)
     o_ptrs = o_base + offs_m[:, None] * stride_o_s + offs_d[None, :]
@@ -485,6 +536,7 @@ def _attend_query_block(
         "IS_VARLEN",
         "HAS_DROPOUT",
         "STORE_LSE",
+        "HAS_BIAS",
     ],
     prune_configs_by={"early_config_prune": _prune},
     do_bench=time_config,
@@ -500,6 +552,7 @@ def _attention_fwd_kernel(
     Mask,  # key-padding mask [B, S_k], bool or integer, nonzero = real token (HAS_MASK only)
     CuSeqlens,  # int32 [B + 1] sequence boundaries in the packed tokens (IS_VARLEN only)
     Lse,  # fp32 log2-sum-exp2 per query: [B, H, S_q] or [H, T] (STORE_LSE only)
+    Bias,  # fp32 [H, RELATIVE_BUCKETS] relative position bias times log2(e) (HAS_BIAS only)
     stride_q_b,
     stride_q_h,
     stride_q_s,
@@ -516,6 +569,7 @@ def _attention_fwd_kernel(
     stride_mask_s,
     stride_lse_b,
     stride_lse_h,
+    stride_bias_h,
     seq_q,  # dense query length (varlen: read from CuSeqlens)
     seq_k,  # dense key length (varlen: read from CuSeqlens)
     qk_scale,  # scale * log2(e)
@@ -529,6 +583,7 @@ def _attention_fwd_kernel(
     IS_VARLEN: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
     STORE_LSE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -546,6 +601,9 @@ def _attention_fwd_kernel(
     mask_base = Mask
     if HAS_MASK:
         mask_base = Mask + batch.to(tl.int64) * stride_mask_b
+    bias_base = Bias
+    if HAS_BIAS:
+        bias_base = Bias + head * stride_bias_h
     lse_base = Lse
     if STORE_LSE:
         lse_base = Lse + first + batch.to(tl.int64) * stride_lse_b + head * stride_lse_h
@@ -577,6 +635,7 @@ def _attention_fwd_kernel(
                 drop_row_step,
                 dropout_p,
                 seed,
+                bias_base,
                 HEAD_DIM,
                 BLOCK_D,
                 BLOCK_M,
@@ -584,6 +643,7 @@ def _attention_fwd_kernel(
                 HAS_MASK,
                 HAS_DROPOUT,
                 STORE_LSE,
+                HAS_BIAS,
             )
     else:
         _attend_query_block(
@@ -606,6 +666,7 @@ def _attention_fwd_kernel(
             drop_row_step,
             dropout_p,
             seed,
+            bias_base,
             HEAD_DIM,
             BLOCK_D,
             BLOCK_M,
@@ -613,6 +674,7 @@ def _attention_fwd_kernel(
             HAS_MASK,
             HAS_DROPOUT,
             STORE_LSE,
+            HAS_BIAS,
         )
 
 
@@ -634,23 +696,31 @@ def _check_kernel_inputs(tensors: dict[str, torch.Tensor | None], head_dim: int)
             )
 
 
-def _prepare(q, k, v, key_padding_mask=None, scale=None, dropout_p=0.0) -> tuple:
+def _prepare(
+    q, k, v, key_padding_mask=None, scale=None, dropout_p=0.0, relative_bias=None
+) -> tuple:
     """Validate the dense op's inputs for the kernel; the forward's arguments (scale resolved,
     the dropout seed drawn)."""
     checks.check_attention(q, k, v, key_padding_mask, scale)
+    checks.check_relative_bias(relative_bias, q)
     dropout_p = dropout.check_dropout_p(dropout_p)
     tensors = {"q": q, "k": k, "v": v, "key_padding_mask": key_padding_mask}
     _check_kernel_inputs(tensors, q.shape[-1])
-    return q, k, v, key_padding_mask, resolve_scale(q, scale), dropout_p, dropout_seed(dropout_p)
+    seed = dropout_seed(dropout_p)
+    return q, k, v, key_padding_mask, resolve_scale(q, scale), dropout_p, relative_bias, seed
 
 
-def _prepare_varlen(q, k, v, cu_seqlens, max_seqlen, scale=None, dropout_p=0.0) -> tuple:
+def _prepare_varlen(
+    q, k, v, cu_seqlens, max_seqlen, scale=None, dropout_p=0.0, relative_bias=None
+) -> tuple:
     """Validate the padding-free op's inputs for the kernel; the forward's arguments."""
     checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
+    checks.check_relative_bias(relative_bias, q)
     dropout_p = dropout.check_dropout_p(dropout_p)
     _check_kernel_inputs({"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens}, q.shape[-1])
     scale = resolve_scale(q, scale)
-    return q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, dropout_seed(dropout_p)
+    seed = dropout_seed(dropout_p)
+    return q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias, seed
 
 
 def resolve_scale(q: torch.Tensor, scale: float | None) -> float:
@@ -669,6 +739,7 @@ def _launch(
     mask,
     cu_seqlens,
     lse,
+    bias,
     strides,
     seq_q,
     seq_k,
@@ -679,7 +750,9 @@ def _launch(
     dropout_p,
     seed,
 ) -> None:
-    """Launch the kernel on ``batch`` sequences; ``strides`` lists the 16 stride arguments.
+    """Launch the kernel on ``batch`` sequences; ``strides`` lists the 16 stride arguments of
+    q, k, v, out, the mask and the log-sum-exp; ``bias``: None or the [H, RELATIVE_BUCKETS]
+    relative position bias table (any float dtype).
 
     One program per BLOCK_M queries of each (sequence, head): the grid follows the query
     length alone, since every program streams the keys of its sequence up to the last real
@@ -689,6 +762,7 @@ def _launch(
     check_grid("the number of heads", heads)
     check_grid("the batch size (number of sequences)", batch)
     grid = lambda meta: (max(1, cdiv(max_seqlen_q, meta["BLOCK_M"])), heads, batch)
+    table = scaled_bias_table(bias)
     with _LAUNCH_LOCK:
         _attention_fwd_kernel[grid](
             q,
@@ -698,7 +772,9 @@ def _launch(
             mask,
             cu_seqlens,
             lse,
+            table,
             *strides,
+            0 if table is None else table.stride(0),
             seq_q,
             seq_k,
             scale * LOG2_E,
@@ -712,6 +788,7 @@ def _launch(
             IS_VARLEN=cu_seqlens is not None,
             HAS_DROPOUT=dropout_p > 0.0,
             STORE_LSE=lse is not None,
+            HAS_BIAS=table is not None,
         )
 
 
@@ -722,6 +799,7 @@ def attention_forward(
     key_padding_mask: torch.Tensor | None,
     scale: float,
     dropout_p: float,
+    relative_bias: torch.Tensor | None,
     seed: torch.Tensor | None,
     save: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -756,6 +834,7 @@ def attention_forward(
         mask,
         None,
         lse,
+        relative_bias,
         strides,
         seq_q,
         seq_k,
@@ -777,6 +856,7 @@ def attention_varlen_forward(
     max_seqlen: int,
     scale: float,
     dropout_p: float,
+    relative_bias: torch.Tensor | None,
     seed: torch.Tensor | None,
     save: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -816,6 +896,7 @@ def attention_varlen_forward(
         None,
         cu_seqlens,
         lse,
+        relative_bias,
         strides,
         0,
         0,
@@ -829,27 +910,54 @@ def attention_varlen_forward(
     return out, lse
 
 
-def _forward_fake(q, k, v, key_padding_mask, scale, dropout_p, seed, save):
+def _forward_fake(q, k, v, key_padding_mask, scale, dropout_p, relative_bias, seed, save):
     checks.check_attention(q, k, v, key_padding_mask, scale)
+    checks.check_relative_bias(relative_bias, q)
     batch, heads, seq_q, head_dim = q.shape
     lse = q.new_empty((batch, heads, seq_q), dtype=torch.float32) if save else placeholder(q)
     return q.new_empty((batch, seq_q, heads, head_dim)), lse
 
 
-def _backward_fake(grad_out, q, k, v, out, lse, key_padding_mask, scale, dropout_p, seed):
-    return tuple(t.new_empty(t.transpose(1, 2).shape) for t in (q, k, v))
+def _bias_grad_fake(q, relative_bias) -> torch.Tensor:
+    return placeholder(q) if relative_bias is None else relative_bias.new_empty(relative_bias.shape)
+
+
+def _backward_fake(
+    grad_out, q, k, v, out, lse, key_padding_mask, scale, dropout_p, seed, relative_bias
+):
+    grads = tuple(t.new_empty(t.transpose(1, 2).shape) for t in (q, k, v))
+    return (*grads, _bias_grad_fake(q, relative_bias))
 
 
 def _save(ctx, inputs, outputs) -> None:
-    q, k, v, key_padding_mask, scale, dropout_p, seed, _ = inputs
-    ctx.save_for_backward(q, k, v, outputs[0], outputs[1], key_padding_mask, seed)
+    q, k, v, key_padding_mask, scale, dropout_p, relative_bias, seed, _ = inputs
+    saved = (q, k, v, outputs[0], outputs[1], key_padding_mask, seed, relative_bias)
+    ctx.save_for_backward(*saved)
     ctx.scale, ctx.dropout_p = scale, dropout_p
 
 
+def _bias_grad(relative_bias, grad) -> torch.Tensor | None:
+    """The table's gradient as autograd takes it: None without a table."""
+    return None if relative_bias is None else grad
+
+
 def _gradients(ctx, backward, grad_out, _grad_lse):
-    q, k, v, out, lse, key_padding_mask, seed = ctx.saved_tensors
-    grads = backward(grad_out, q, k, v, out, lse, key_padding_mask, ctx.scale, ctx.dropout_p, seed)
-    return (*(g.transpose(1, 2) for g in grads), None, None, None, None)
+    q, k, v, out, lse, key_padding_mask, seed, relative_bias = ctx.saved_tensors
+    *grads, grad_bias = backward(
+        grad_out,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        key_padding_mask,
+        ctx.scale,
+        ctx.dropout_p,
+        seed,
+        relative_bias,
+    )
+    grads = (g.transpose(1, 2) for g in grads)
+    return (*grads, None, None, None, _bias_grad(relative_bias, grad_bias), None)
 
 
 ATTENTION = Op(
@@ -860,14 +968,14 @@ ATTENTION = Op(
     forward=Kernel(
         attention_forward,
         "(Tensor q, Tensor k, Tensor v, Tensor? key_padding_mask, float scale, float dropout_p,"
-        " Tensor? seed, bool save) -> (Tensor, Tensor)",
+        " Tensor? relative_bias, Tensor? seed, bool save) -> (Tensor, Tensor)",
         _forward_fake,
     ),
     backward=Kernel(
         attention_backward,
         "(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,"
-        " Tensor? key_padding_mask, float scale, float dropout_p, Tensor? seed)"
-        " -> (Tensor, Tensor, Tensor)",
+        " Tensor? key_padding_mask, float scale, float dropout_p, Tensor? seed,"
+        " Tensor? relative_bias) -> (Tensor, Tensor, Tensor, Tensor)",
         _backward_fake,
     ),
     save=_save,
@@ -877,29 +985,44 @@ ATTENTION = Op(
 )
 
 
-def _varlen_forward_fake(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, save):
+def _varlen_forward_fake(
+    q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias, seed, save
+):
     # max_seqlen may be symbolic while tracing; the forward's caller checked its value.
     checks.check_attention_varlen(q, k, v, cu_seqlens, 0, scale)
+    checks.check_relative_bias(relative_bias, q)
     lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32) if save else placeholder(q)
     return q.new_empty(q.shape), lse
 
 
 def _varlen_backward_fake(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen, *rest):
-    return tuple(t.new_empty(t.shape) for t in (q, k, v))
+    relative_bias = rest[-1]
+    return (*(t.new_empty(t.shape) for t in (q, k, v)), _bias_grad_fake(q, relative_bias))
 
 
 def _varlen_save(ctx, inputs, outputs) -> None:
-    q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, seed, _ = inputs
-    ctx.save_for_backward(q, k, v, outputs[0], outputs[1], cu_seqlens, seed)
+    q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias, seed, _ = inputs
+    ctx.save_for_backward(q, k, v, outputs[0], outputs[1], cu_seqlens, seed, relative_bias)
     ctx.max_seqlen, ctx.scale, ctx.dropout_p = max_seqlen, scale, dropout_p
 
 
 def _varlen_gradients(ctx, backward, grad_out, _grad_lse):
-    q, k, v, out, lse, cu_seqlens, seed = ctx.saved_tensors
-    grads = backward(
-        grad_out, q, k, v, out, lse, cu_seqlens, ctx.max_seqlen, ctx.scale, ctx.dropout_p, seed
+    q, k, v, out, lse, cu_seqlens, seed, relative_bias = ctx.saved_tensors
+    *grads, grad_bias = backward(
+        grad_out,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        cu_seqlens,
+        ctx.max_seqlen,
+        ctx.scale,
+        ctx.dropout_p,
+        seed,
+        relative_bias,
     )
-    return (*grads, None, None, None, None, None)
+    return (*grads, None, None, None, None, _bias_grad(relative_bias, grad_bias), None)
 
 
 ATTENTION_VARLEN = Op(
@@ -910,14 +1033,14 @@ ATTENTION_VARLEN = Op(
     forward=Kernel(
         attention_varlen_forward,
         "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, SymInt max_seqlen, float scale,"
-        " float dropout_p, Tensor? seed, bool save) -> (Tensor, Tensor)",
+        " float dropout_p, Tensor? relative_bias, Tensor? seed, bool save) -> (Tensor, Tensor)",
         _varlen_forward_fake,
     ),
     backward=Kernel(
         attention_varlen_backward,
         "(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,"
-        " Tensor cu_seqlens, SymInt max_seqlen, float scale, float dropout_p, Tensor? seed)"
-        " -> (Tensor, Tensor, Tensor)",
+        " Tensor cu_seqlens, SymInt max_seqlen, float scale, float dropout_p, Tensor? seed,"
+        " Tensor? relative_bias) -> (Tensor, Tensor, Tensor, Tensor)",
         _varlen_backward_fake,
     ),
     save=_varlen_save,
@@ -932,8 +1055,9 @@ def attention(
     key_padding_mask: torch.Tensor | None = None,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    relative_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """softmax(scale * q @ k^T, masked keys excluded) @ v, in one fused Triton kernel
+    """softmax(scale * q @ k^T + bias, masked keys excluded) @ v, in one fused Triton kernel
     (:func:`fastbert.kernels.reference.attention`).
 
     q: [B, H, S_q, D]; k, v: [B, H, S_k, D]; fp16, bf16 or fp32, any strides with unit stride
@@ -943,14 +1067,17 @@ def attention(
     row with no real key returns zeros. scale defaults to D**-0.5. dropout_p: each attention
     probability is dropped with this probability and the kept ones scaled by 1 / (1 - p)
     (dropout(softmax) @ v; the Philox seed comes from torch's default generator).
+    relative_bias: None or a float [H, 32] table (MPNet's relative position bias): each score
+    gains relative_bias[h, bucket(j - i)], the bucket computed in the kernel's tile (no
+    [B, H, S, S] tensor is formed).
 
-    Differentiable in q, k and v (Triton backward kernels) when grad mode is on and one of them
-    requires grad; otherwise nothing is saved.
+    Differentiable in q, k, v and relative_bias (Triton backward kernels) when grad mode is on
+    and one of them requires grad; otherwise nothing is saved.
 
     Returns [B, H, S_q, D] in q's dtype: the ``.transpose(1, 2)`` view of a contiguous
     [B, S_q, H, D] buffer, so ``out.transpose(1, 2).reshape(B, S_q, H * D)`` costs nothing.
     """
-    return ATTENTION(q, k, v, key_padding_mask, scale, dropout_p)
+    return ATTENTION(q, k, v, key_padding_mask, scale, dropout_p, relative_bias)
 
 
 def attention_varlen(
@@ -961,6 +1088,7 @@ def attention_varlen(
     max_seqlen: int,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    relative_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention over packed sequences (padding-free), in one fused Triton kernel
     (:func:`fastbert.kernels.reference.attention_varlen`).
@@ -970,10 +1098,11 @@ def attention_varlen(
     cu_seqlens[b]:cu_seqlens[b + 1] attend each other, and never read other sequences'
     tokens (a NaN in one sequence stays there). max_seqlen: the longest sequence; it
     sizes the grid (a smaller value is still correct, only slower). scale defaults to D**-0.5.
-    dropout_p: attention-probability dropout, as in :func:`attention`. Differentiable in q, k
-    and v as :func:`attention` is. Returns a contiguous [T, H, D] tensor in q's dtype.
+    dropout_p: attention-probability dropout, as in :func:`attention`. relative_bias: as in
+    :func:`attention`, over the distances between a sequence's own tokens. Differentiable as
+    :func:`attention` is. Returns a contiguous [T, H, D] tensor in q's dtype.
     """
-    return ATTENTION_VARLEN(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p)
+    return ATTENTION_VARLEN(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias)
 
 
 __all__ = ["SUPPORTED_HEAD_DIMS", "attention", "attention_varlen", "configs", "keep"]

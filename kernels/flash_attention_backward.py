@@ -24,6 +24,15 @@ constexpr ``DKDV`` choosing the pass, each with its own autotuner; no atomics, d
 
 D (the row sums of dO * O) is computed beforehand in fp32 by PyTorch.
 
+With a relative position bias (HAS_BIAS) both passes add it to the recomputed scores, and the
+dQ pass also sums dS per bucket: d bias[h, b] = sum of dS_ij over the (i, j) of head h whose
+key - query distance falls in bucket b. Each dQ program keeps 32 fp32 running sums (one masked
+reduction of the tile per bucket the tile touches: one far from the diagonal, more near it)
+and writes them to its own row of a [B, H, programs, 32] buffer, which PyTorch then sums in a
+fixed order. Partial sums instead of ``tl.atomic_add``: atomics on 32 x H addresses from every
+program would contend, and their order (so the fp32 result) would change from run to run; this
+way the table's gradient is deterministic, like dQ, dK and dV.
+
 Masked keys (and keys past the sequence) are loaded as zeros in K and V and their scores
 replaced by -inf, so they get dK = dV = 0 and send nothing to dQ, whatever K and V hold there,
 NaN and Inf included. A query row with no real key has lse = +inf: its probabilities are 0 and
@@ -39,7 +48,15 @@ import triton
 import triton.language as tl
 
 from . import dropout
-from .attention_tiles import LOG2_E, check_grid, dropout_origin, head_base, load_rows
+from .attention_tiles import (
+    LOG2_E,
+    check_grid,
+    dropout_origin,
+    head_base,
+    load_rows,
+    relative_bucket,
+)
+from .checks import RELATIVE_BUCKETS
 from .dropout import seed_value
 from .launch import cdiv, interpreting, next_power_of_2, time_config, tuned
 
@@ -49,7 +66,9 @@ _DKDV_TUNE_SPACE = ((16, 64, 8, 2), (32, 64, 8, 1), (32, 64, 4, 2), (16, 128, 8,
 _DQ_TUNE_SPACE = ((64, 32, 4, 2), (128, 64, 8, 2), (32, 32, 4, 2))
 
 
-def keep(config: triton.Config, block_d: int, elem_bytes: int, is_dkdv: bool) -> bool:
+def keep(
+    config: triton.Config, block_d: int, elem_bytes: int, is_dkdv: bool, has_bias: bool = False
+) -> bool:
     """Whether ``config`` suits a BLOCK_D-wide head in a dtype of ``elem_bytes`` bytes.
 
     The measure is the fp32 values each thread holds for the program's accumulators (dK and
@@ -58,10 +77,20 @@ def keep(config: triton.Config, block_d: int, elem_bytes: int, is_dkdv: bool) ->
     (tests/compile_cases/attention_backward.py); fp32, whose exact IEEE products hold both
     operands in registers, gets 40 and 48 (it may still spill a little; the compile report
     lists it).
+
+    A relative position bias adds score-sized tiles: the bias (one more in the dK / dV pass)
+    and, in the dQ pass, the buckets and the per-bucket sums of dS (two more), and the dQ pass
+    keeps 64-row tiles (with 32 rows it held loop state on the stack on sm_90). Within these
+    budgets the bias variants of head dims 32 and 64 (MPNet's) compile without spills; wider
+    heads find no config and run the first one, which spills on sm_80 (8 bytes per thread in
+    dK / dV, 76 in dQ at D=128) and keeps a few words on the stack on sm_90.
     """
     block_m, block_n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
     held = 2 * block_n * block_d if is_dkdv else block_m * block_d
-    values_per_thread = (held + 2 * block_m * block_n) // (32 * config.num_warps)
+    tiles = 2 + (1 if is_dkdv else 2) * has_bias
+    if has_bias and not is_dkdv and block_m < 64:
+        return False
+    values_per_thread = (held + tiles * block_m * block_n) // (32 * config.num_warps)
     if elem_bytes == 4:
         return values_per_thread <= (40 if is_dkdv else 48)
     return values_per_thread <= (72 if is_dkdv else 96)
@@ -80,8 +109,8 @@ def configs(is_dkdv: bool) -> list[triton.Config]:
 def _pruner(is_dkdv: bool):
     def prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list:
         args = {**named_args, **kwargs}
-        size = args["Q"].element_size()
-        kept = [c for c in configs if keep(c, args["BLOCK_D"], size, is_dkdv)]
+        size, has_bias = args["Q"].element_size(), bool(args["HAS_BIAS"])
+        kept = [c for c in configs if keep(c, args["BLOCK_D"], size, is_dkdv, has_bias)]
         return tuned(kept or configs[:1])
 
     return prune
@@ -130,12 +159,14 @@ def _dkdv_block(
     drop_row_step,
     dropout_p,
     seed,
+    bias_base,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HAS_MASK: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
     """dK and dV of keys start_n .. start_n + BLOCK_N - 1 (those < seq_k), over all queries."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -155,6 +186,8 @@ def _dkdv_block(
         delta = tl.load(delta_base + offs_m, mask=rows, other=0.0)
         # Key-major [BLOCK_N, BLOCK_M] tiles: P^T, dP^T, dS^T.
         qk_t = tl.dot(k, tl.trans(q), input_precision="ieee") * qk_scale
+        if HAS_BIAS:
+            qk_t += tl.load(bias_base + relative_bucket(offs_n[:, None] - offs_m[None, :]))
         qk_t = tl.where(real[:, None], qk_t, float("-inf"))
         p_t = tl.math.exp2(qk_t - lse[None, :])
         dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")
@@ -200,14 +233,18 @@ def _dq_block(
     drop_row_step,
     dropout_p,
     seed,
+    bias_base,
+    dbias,  # fp32 [RELATIVE_BUCKETS]: this program's running sums of dS per bucket (HAS_BIAS)
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HAS_MASK: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
-    """dQ of queries start_m .. start_m + BLOCK_M - 1 (those < seq_q), over all keys."""
+    """dQ of queries start_m .. start_m + BLOCK_M - 1 (those < seq_q), over all keys; returns
+    ``dbias`` plus, per bucket, the sum of dS over these queries' scores (HAS_BIAS)."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     rows = offs_m < seq_q
     q = load_rows(q_base, offs_m, stride_q_s, rows, HEAD_DIM, BLOCK_D)
@@ -221,6 +258,10 @@ def _dq_block(
         k = load_rows(k_base, offs_n, stride_k_s, real, HEAD_DIM, BLOCK_D)
         v = load_rows(v_base, offs_n, stride_v_s, real, HEAD_DIM, BLOCK_D)
         qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+        bucket = offs_n[None, :] - offs_m[:, None]  # the buckets (HAS_BIAS only)
+        if HAS_BIAS:
+            bucket = relative_bucket(bucket)
+            qk += tl.load(bias_base + bucket)
         qk = tl.where(real[None, :], qk, float("-inf"))
         p = tl.math.exp2(qk - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")
@@ -229,16 +270,42 @@ def _dq_block(
             dp = _kept_scaled(dp, dropout.keep_mask(seed, offsets, dropout_p), dropout_p)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision="ieee")
+        if HAS_BIAS:
+            dbias = _bucket_sums(dbias, ds, bucket)
     offs_d = tl.arange(0, BLOCK_D)
     inside = rows[:, None] & (offs_d[None, :] < HEAD_DIM)
     dq_ptrs = dq_base + offs_m[:, None] * stride_dq_s + offs_d[None, :]
     tl.store(dq_ptrs, (dq * sm_scale).to(dq_base.dtype.element_ty), mask=inside)
+    return dbias
+
+
+@triton.jit
+def _bucket_sums(dbias, ds, bucket):
+    """``dbias`` (fp32 [RELATIVE_BUCKETS]) plus the sum of the ``ds`` tile's entries in each
+    of their buckets (``bucket``, the tile's): one masked reduction per bucket present in the
+    tile (one far from the diagonal, up to all of them near it)."""
+    buckets = tl.arange(0, BUCKETS)
+    for b in range(tl.min(tl.min(bucket, 1), 0), tl.max(tl.max(bucket, 1), 0) + 1):
+        part = tl.sum(tl.sum(tl.where(bucket == b, ds, 0.0), 1), 0)
+        dbias = tl.where(buckets == b, dbias + part, dbias)
+    return dbias
+
+
+BUCKETS = tl.constexpr(RELATIVE_BUCKETS)
 
 
 def _autotuned(is_dkdv: bool):
     return triton.autotune(
         configs=configs(is_dkdv),
-        key=["seq_q_bucket", "seq_k_bucket", "HEAD_DIM", "HAS_MASK", "IS_VARLEN", "HAS_DROPOUT"],
+        key=[
+            "seq_q_bucket",
+            "seq_k_bucket",
+            "HEAD_DIM",
+            "HAS_MASK",
+            "IS_VARLEN",
+            "HAS_DROPOUT",
+            "HAS_BIAS",
+        ],
         prune_configs_by={"early_config_prune": _pruner(is_dkdv)},
         do_bench=time_config,
     )
@@ -256,6 +323,8 @@ def _attention_bwd_kernel(
     CuSeqlens,  # int32 [B + 1] sequence boundaries in the packed tokens (IS_VARLEN only)
     Lse,  # fp32 forward log2-sum-exp2 per query: [B, H, S_q] or [H, T]
     Delta,  # fp32 row sums of DO * Out: laid out like Lse
+    Bias,  # fp32 [H, RELATIVE_BUCKETS] relative position bias times log2(e) (HAS_BIAS only)
+    DBias,  # written (dQ pass): fp32 [B, H, programs, RELATIVE_BUCKETS] partial sums of dS
     stride_q_b,
     stride_q_h,
     stride_q_s,
@@ -278,6 +347,8 @@ def _attention_bwd_kernel(
     stride_mask_s,
     stride_lse_b,
     stride_lse_h,
+    stride_bias_h,
+    dbias_programs,  # DBias' third dim: at least the dQ grid's axis 0
     seq_q,  # dense query length (varlen: read from CuSeqlens)
     seq_k,  # dense key length (varlen: read from CuSeqlens)
     qk_scale,  # scale * log2(e)
@@ -291,6 +362,7 @@ def _attention_bwd_kernel(
     HAS_MASK: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     DKDV: tl.constexpr,  # dK and dV, a key block per step; otherwise dQ, a query block per step
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -311,6 +383,9 @@ def _attention_bwd_kernel(
     mask_base = Mask
     if HAS_MASK:
         mask_base = Mask + batch.to(tl.int64) * stride_mask_b
+    bias_base = Bias
+    if HAS_BIAS:
+        bias_base = Bias + head * stride_bias_h
     drop_origin, drop_row_step = 0, 0
     if HAS_DROPOUT:
         drop_origin, drop_row_step = dropout_origin(
@@ -348,16 +423,19 @@ def _attention_bwd_kernel(
                 drop_row_step,
                 dropout_p,
                 seed,
+                bias_base,
                 HEAD_DIM,
                 BLOCK_D,
                 BLOCK_M,
                 BLOCK_N,
                 HAS_MASK,
                 HAS_DROPOUT,
+                HAS_BIAS,
             )
     else:
+        dbias = tl.zeros([BUCKETS], tl.float32)
         for start_m in range(tl.program_id(0) * BLOCK_M, seq_q, tl.num_programs(0) * BLOCK_M):
-            _dq_block(
+            dbias = _dq_block(
                 q_base,
                 k_base,
                 v_base,
@@ -381,13 +459,20 @@ def _attention_bwd_kernel(
                 drop_row_step,
                 dropout_p,
                 seed,
+                bias_base,
+                dbias,
                 HEAD_DIM,
                 BLOCK_D,
                 BLOCK_M,
                 BLOCK_N,
                 HAS_MASK,
                 HAS_DROPOUT,
+                HAS_BIAS,
             )
+        if HAS_BIAS:
+            row = (batch.to(tl.int64) * tl.num_programs(1) + head) * dbias_programs
+            offs_b = tl.arange(0, BUCKETS)
+            tl.store(DBias + (row + tl.program_id(0)) * BUCKETS + offs_b, dbias)
 
 
 # One kernel, two autotuners: the two passes tune their tiles apart.
@@ -415,6 +500,7 @@ def _launch_backward(
     cu_seqlens,
     lse,
     delta,
+    bias,
     seq_q,
     seq_k,
     max_seqlen_q,
@@ -423,8 +509,10 @@ def _launch_backward(
     scale,
     dropout_p,
     seed,
-) -> None:
-    """Launch the dK / dV pass and the dQ pass of the backward kernel on ``batch`` sequences."""
+) -> torch.Tensor | None:
+    """Launch the dK / dV pass and the dQ pass of the backward kernel on ``batch`` sequences;
+    with a bias table (fp32, log2 units: ``scaled_bias_table``), return its fp32 [H, buckets]
+    gradient: the dQ programs' partial sums, reduced here in a fixed order."""
     heads, head_dim = q.shape[1], q.shape[-1]  # q is [B, H, S, D] or [T, H, D]
     is_varlen = cu_seqlens is not None
     check_grid("the number of heads", heads)
@@ -437,10 +525,20 @@ def _launch_backward(
         HAS_MASK=mask is not None,
         IS_VARLEN=is_varlen,
         HAS_DROPOUT=dropout_p > 0.0,
+        HAS_BIAS=bias is not None,
     )
+    partials, programs = None, 0
+    if bias is not None:
+        # One row of partial sums per dQ program: enough for the smallest BLOCK_M tried.
+        programs = max(1, cdiv(max_seqlen_q, min(c.kwargs["BLOCK_M"] for c in configs(False))))
+        partials = torch.zeros(
+            (batch, heads, programs, bias.shape[1]), dtype=torch.float32, device=q.device
+        )
     scalars = (
         *mask_strides,
         *lse_strides,
+        0 if bias is None else bias.stride(0),
+        programs,
         seq_q,
         seq_k,
         scale * LOG2_E,
@@ -462,6 +560,8 @@ def _launch_backward(
         cu_seqlens,
         lse,
         delta,
+        bias,
+        partials,
         *_strides(q, k, v, grad_out, dk, dv),
         *scalars,
         DKDV=True,
@@ -479,6 +579,8 @@ def _launch_backward(
         cu_seqlens,
         lse,
         delta,
+        bias,
+        partials,
         *_strides(q, k, v, grad_out, dq),
         0,
         0,
@@ -487,6 +589,7 @@ def _launch_backward(
         DKDV=False,
         **common,
     )
+    return None if partials is None else partials.sum((0, 2))
 
 
 def _unit_stride_on_d(grad_out: torch.Tensor) -> torch.Tensor:
@@ -505,9 +608,11 @@ def attention_backward(
     scale: float,
     dropout_p: float,
     seed: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of the dense attention: contiguous [B, S, H, D] buffers in q's dtype,
-    whose ``.transpose(1, 2)`` are the [B, H, S, D] gradients.
+    relative_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(dq, dk, dv, d relative_bias) of the dense attention: contiguous [B, S, H, D] buffers
+    in q's dtype, whose ``.transpose(1, 2)`` are the [B, H, S, D] gradients, and the table's
+    gradient in its dtype (None without a table).
 
     grad_out and out: [B, S_q, H, D] (the forward's layout, any strides); lse: the forward's
     fp32 [B, H, S_q]; the other arguments are the forward's (scale resolved, dropout_p and
@@ -521,11 +626,11 @@ def attention_backward(
     ]
     grads = [b.transpose(1, 2) for b in buffers]
     if q.numel() == 0 or k.numel() == 0:
-        return tuple(b.zero_() for b in buffers)
+        return (*(b.zero_() for b in buffers), _zero_bias_grad(relative_bias))
     grad_out, out = grad_out.transpose(1, 2), out.transpose(1, 2)
     grad_out = _unit_stride_on_d(grad_out)
     delta = (grad_out.float() * out.float()).sum(-1)
-    _launch_backward(
+    grad_bias = _launch_backward(
         q,
         k,
         v,
@@ -535,6 +640,7 @@ def attention_backward(
         None,
         lse,
         delta,
+        scaled_bias_table(relative_bias),
         seq_q,
         seq_k,
         seq_q,
@@ -544,7 +650,7 @@ def attention_backward(
         dropout_p,
         seed_value(seed),
     )
-    return tuple(buffers)
+    return (*buffers, _bias_grad_as(relative_bias, grad_bias))
 
 
 def attention_varlen_backward(
@@ -559,8 +665,10 @@ def attention_varlen_backward(
     scale: float,
     dropout_p: float,
     seed: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of the padding-free attention, each a contiguous [T, H, D] in q's dtype.
+    relative_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(dq, dk, dv, d relative_bias) of the padding-free attention: each of the first three a
+    contiguous [T, H, D] in q's dtype, the table's gradient in its dtype (None without one).
 
     grad_out and out: [T, H, D]; lse: the forward's fp32 [H, T]. Tokens outside every sequence
     (past cu_seqlens[-1]) get zero gradients.
@@ -568,10 +676,10 @@ def attention_varlen_backward(
     grads = tuple(torch.zeros_like(q, memory_format=torch.contiguous_format) for _ in range(3))
     batch = cu_seqlens.numel() - 1
     if q.numel() == 0 or batch == 0:
-        return grads
+        return (*grads, _zero_bias_grad(relative_bias))
     grad_out = _unit_stride_on_d(grad_out)
     delta = (grad_out.float() * out.float()).sum(-1).transpose(0, 1).contiguous()
-    _launch_backward(
+    grad_bias = _launch_backward(
         q,
         k,
         v,
@@ -581,6 +689,7 @@ def attention_varlen_backward(
         cu_seqlens,
         lse,
         delta,
+        scaled_bias_table(relative_bias),
         0,
         0,
         max_seqlen,
@@ -590,7 +699,30 @@ def attention_varlen_backward(
         dropout_p,
         seed_value(seed),
     )
-    return grads
+    return (*grads, _bias_grad_as(relative_bias, grad_bias))
 
 
-__all__ = ["attention_backward", "attention_varlen_backward", "configs", "keep"]
+def scaled_bias_table(bias: torch.Tensor | None) -> torch.Tensor | None:
+    """The relative position bias table as the kernels read it: fp32, contiguous, times
+    log2(e) (the kernels' scores are in log2 units)."""
+    return None if bias is None else (bias.float() * LOG2_E).contiguous()
+
+
+def _zero_bias_grad(relative_bias: torch.Tensor | None) -> torch.Tensor | None:
+    return None if relative_bias is None else torch.zeros_like(relative_bias)
+
+
+def _bias_grad_as(
+    relative_bias: torch.Tensor | None, grad: torch.Tensor | None
+) -> torch.Tensor | None:
+    """The table's gradient in the table's dtype (it is computed in fp32)."""
+    return None if relative_bias is None else grad.to(relative_bias.dtype)
+
+
+__all__ = [
+    "attention_backward",
+    "attention_varlen_backward",
+    "configs",
+    "keep",
+    "scaled_bias_table",
+]

@@ -11,14 +11,62 @@ gets zeros, never NaN. Masked keys have no influence whatever K, V or the scores
 and Inf included (the semantics of FlashAttention and xformers): their scores are replaced
 before the softmax and their values zeroed before the product with the probabilities. In
 ``attention_varlen`` a sequence never sees another's tokens.
+
+Relative position bias (MPNet): ``relative_bias`` is a per-head table [H, RELATIVE_BUCKETS];
+the score of query i and key j gains ``relative_bias[h, relative_position_bucket(j - i)]``
+after scaling, before the softmax (T5-style log-spaced buckets of the key - query distance,
+computed with Hugging Face MPNet's float math, :func:`relative_position_bucket`). Positions are
+counted inside each sequence (0..S-1 of the dense batch; a packed sequence's own tokens).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 
 from . import checks, dropout
+from .checks import RELATIVE_BUCKETS
+
+# Hugging Face MPNet's bucketing: log-spaced up to this distance, the last bucket beyond.
+RELATIVE_MAX_DISTANCE = 128
+
+
+def relative_position_bucket(
+    relative_position: torch.Tensor,
+    num_buckets: int = RELATIVE_BUCKETS,
+    max_distance: int = RELATIVE_MAX_DISTANCE,
+) -> torch.Tensor:
+    """The bucket (int64, same shape) of each key - query distance, bidirectional and
+    log-spaced as in T5 / Hugging Face MPNet, with its float32 rounding: half the buckets for
+    keys after the query; inside a half, distances below a quarter of the buckets get one each,
+    the rest share log-spaced buckets up to ``max_distance`` and the last bucket beyond."""
+    n = -relative_position.long()
+    half = num_buckets // 2
+    bucket = (n < 0).long() * half
+    n = n.abs()
+    max_exact = half // 2
+    is_small = n < max_exact
+    large = (
+        max_exact
+        + (
+            torch.log(n.float() / max_exact)
+            / math.log(max_distance / max_exact)
+            * (half - max_exact)
+        ).long()
+    )
+    large = torch.clamp(large, max=half - 1)
+    return bucket + torch.where(is_small, n, large)
+
+
+def relative_position_bias(table: torch.Tensor, seq_q: int, seq_k: int) -> torch.Tensor:
+    """The [H, S_q, S_k] bias of a [H, RELATIVE_BUCKETS] table: table[h, bucket(j - i)]."""
+    device = table.device
+    distance = (
+        torch.arange(seq_k, device=device)[None, :] - torch.arange(seq_q, device=device)[:, None]
+    )
+    return table[:, relative_position_bucket(distance)]
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
@@ -53,23 +101,28 @@ def attention(
     key_padding_mask: torch.Tensor | None = None,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    relative_bias: torch.Tensor | None = None,
     *,
     dropout_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """dropout(softmax(scale * q @ k^T, masked keys excluded)) @ v.
+    """dropout(softmax(scale * q @ k^T + bias, masked keys excluded)) @ v.
 
     q: [B, H, S_q, D]; k, v: [B, H, S_k, D]; key_padding_mask: [B, S_k] bool or 0/1 int
     (True/1 = real token). Masked keys have no influence, even when K or V hold NaN or Inf
     there; a query row with no real key returns zeros. dropout_p: each probability is dropped
     with this probability, the kept ones scaled by 1 / (1 - p) (the softmax normaliser is taken
     before dropout). dropout_mask: bool [B, H, S_q, S_k], True = kept, to apply a given mask
-    (the tests pass the Triton kernel's) instead of drawing one. Returns [B, H, S_q, D] in q's
-    dtype.
+    (the tests pass the Triton kernel's) instead of drawing one. relative_bias: [H,
+    RELATIVE_BUCKETS] float table; bias_ij = relative_bias[h, relative_position_bucket(j - i)]
+    (none when None). Returns [B, H, S_q, D] in q's dtype.
     """
     checks.check_attention(q, k, v, key_padding_mask, scale)
+    checks.check_relative_bias(relative_bias, q)
     dropout_p = dropout.check_dropout_p(dropout_p)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     scores = _wide(torch.matmul(q, k.transpose(-1, -2))) * scale
+    if relative_bias is not None:
+        scores = scores + _wide(relative_position_bias(relative_bias, q.shape[2], k.shape[2]))
     probs = _drop_probs(_mask_logits(scores, key_padding_mask), dropout_p, dropout_mask)
     if key_padding_mask is not None:
         # Masked keys have probability 0, but 0 times a NaN or Inf in V would still be NaN.
@@ -85,23 +138,32 @@ def attention_varlen(
     max_seqlen: int,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    relative_bias: torch.Tensor | None = None,
     *,
     dropout_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention over packed sequences: tokens cu_seqlens[i]:cu_seqlens[i+1] attend each other.
 
-    q, k, v: [T, H, D]; cu_seqlens: int32 [B + 1] prefix sums of the lengths; dropout_p as in
-    :func:`attention`; dropout_mask: bool [H, T, T] indexed by global token positions, True =
-    kept. Returns [T, H, D]; tokens outside every sequence get zeros.
+    q, k, v: [T, H, D]; cu_seqlens: int32 [B + 1] prefix sums of the lengths; dropout_p and
+    relative_bias as in :func:`attention` (distances between a sequence's own tokens);
+    dropout_mask: bool [H, T, T] indexed by global token positions, True = kept. Returns
+    [T, H, D]; tokens outside every sequence get zeros.
     """
     checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
+    checks.check_relative_bias(relative_bias, q)
     out = torch.zeros_like(q)
     bounds = cu_seqlens.tolist()
     for start, end in zip(bounds[:-1], bounds[1:]):
         if end > start:
             seq = [t[start:end].transpose(0, 1).unsqueeze(0) for t in (q, k, v)]
             mask = None if dropout_mask is None else dropout_mask[None, :, start:end, start:end]
-            attended = attention(*seq, scale=scale, dropout_p=dropout_p, dropout_mask=mask)
+            attended = attention(
+                *seq,
+                scale=scale,
+                dropout_p=dropout_p,
+                relative_bias=relative_bias,
+                dropout_mask=mask,
+            )
             out[start:end] = attended[0].transpose(0, 1)
     return out
 

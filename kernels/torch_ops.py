@@ -4,9 +4,12 @@ Same signatures and semantics as fastbert.kernels.reference (the tests' float64 
 for speed instead of exactness:
 
 - attention: ``F.scaled_dot_product_attention`` (PyTorch's flash kernels on CPU and CUDA) with
-  the key-padding mask broadcast as a boolean [B, 1, 1, S_k] mask. Masked keys have no
-  influence, NaN and Inf included: with a mask, K and V are zeroed there first (SDPA would
-  otherwise compute 0 * NaN), so pass no mask for a batch without padding (the encoder does).
+  the key-padding mask broadcast as a boolean [B, 1, 1, S_k] mask. A relative position bias
+  (MPNet) is expanded to its [H, S_q, S_k] float tensor and passed as SDPA's additive mask,
+  -inf at masked keys (the simple way: this backend is not the fast path for it). Masked keys
+  have no influence, NaN and Inf included: with a mask, K and V are zeroed there first (SDPA
+  would otherwise compute 0 * NaN), so pass no mask for a batch without padding (the encoder
+  does).
   A query row whose keys are all masked returns zeros.
 - attention_varlen: the packed tokens are gathered into a dense [B, max_seqlen] batch by index
   tensors (no loop over the sequences, no host read; a padded slot repeats a token of its own
@@ -59,6 +62,18 @@ def _sdpa_masked(
     )
 
 
+def _bias_mask(
+    relative_bias: torch.Tensor, attend: torch.Tensor | None, seq_q: int, seq_k: int, dtype
+) -> torch.Tensor:
+    """SDPA's additive float mask: the [H, S_q, S_k] relative position bias in ``dtype``, and
+    with ``attend`` (bool [B, S_k], True = a key to attend) -inf at the other keys
+    ([B, H, S_q, S_k])."""
+    bias = reference.relative_position_bias(relative_bias, seq_q, seq_k).to(dtype)
+    if attend is None:
+        return bias
+    return bias.masked_fill(attend.logical_not()[:, None, None, :], float("-inf"))
+
+
 def attention_unchecked(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -66,8 +81,28 @@ def attention_unchecked(
     key_padding_mask: torch.Tensor | None = None,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    relative_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     scale = None if scale is None else float(scale)
+    if relative_bias is not None:
+        seq_q, seq_k = q.shape[2], k.shape[2]
+        if key_padding_mask is None:
+            bias = _bias_mask(relative_bias, None, seq_q, seq_k, q.dtype)
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale
+            )
+        keep = key_padding_mask if key_padding_mask.dtype == torch.bool else key_padding_mask != 0
+        dropped = keep.logical_not()[:, None, :, None]
+        # A row without a real key attends to all of its (zeroed) values: zeros, as below.
+        attend = keep | keep.any(1, keepdim=True).logical_not()
+        return F.scaled_dot_product_attention(
+            q,
+            k.masked_fill(dropped, 0.0),
+            v.masked_fill(dropped, 0.0),
+            attn_mask=_bias_mask(relative_bias, attend, seq_q, seq_k, q.dtype),
+            dropout_p=dropout_p,
+            scale=scale,
+        )
     if key_padding_mask is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
     keep = key_padding_mask if key_padding_mask.dtype == torch.bool else key_padding_mask != 0
@@ -86,12 +121,14 @@ def attention(
     key_padding_mask: torch.Tensor | None = None,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    relative_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`fastbert.kernels.reference.attention` on ``F.scaled_dot_product_attention``
     (its own attention dropout), inputs checked."""
     checks.check_attention(q, k, v, key_padding_mask, scale)
+    checks.check_relative_bias(relative_bias, q)
     dropout_p = check_dropout_p(dropout_p)
-    return attention_unchecked(q, k, v, key_padding_mask, scale, dropout_p)
+    return attention_unchecked(q, k, v, key_padding_mask, scale, dropout_p, relative_bias)
 
 
 def _unpack_index(
@@ -125,6 +162,7 @@ def attention_varlen_unchecked(
     max_seqlen: int,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    relative_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     tokens, heads, head_dim = q.shape
     if tokens == 0 or max_seqlen == 0:
@@ -138,9 +176,11 @@ def attention_varlen_unchecked(
         t[gather].view(batch, max_seqlen, heads, head_dim).transpose(1, 2) for t in (q, k, v)
     )
     scale = None if scale is None else float(scale)
-    out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=keep[:, None, None, :], dropout_p=dropout_p, scale=scale
-    )
+    mask = keep[:, None, None, :]
+    if relative_bias is not None:
+        # Slot positions are each sequence's own token positions.
+        mask = _bias_mask(relative_bias, keep, max_seqlen, max_seqlen, q.dtype)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
     return out.transpose(1, 2).reshape(batch * max_seqlen, heads, head_dim)[scatter]
 
 
@@ -165,14 +205,18 @@ def attention_varlen(
     max_seqlen: int,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    relative_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`fastbert.kernels.reference.attention_varlen` as one masked SDPA call over a
     dense [B, max_seqlen] batch, inputs checked; ``max_seqlen`` must be at least the longest
     sequence (read on the host: ValueError otherwise)."""
     checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
+    checks.check_relative_bias(relative_bias, q)
     dropout_p = check_dropout_p(dropout_p)
     _check_max_seqlen(cu_seqlens, max_seqlen)
-    return attention_varlen_unchecked(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p)
+    return attention_varlen_unchecked(
+        q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias
+    )
 
 
 # Not on the encoder's path: the reference's softmax (fp32 statistics, masked keys excluded

@@ -84,6 +84,7 @@ def test_attention_prune_pins_the_chosen_config(monkeypatch) -> None:
         "Q": torch.empty(1, dtype=torch.float16),
         "IS_VARLEN": False,
         "HAS_MASK": True,
+        "HAS_BIAS": False,
         "BLOCK_D": 64,
     }
     monkeypatch.delenv(launch.AUTOTUNE_ENV, raising=False)

@@ -28,17 +28,25 @@ def _mask(lengths: list[int], seq: int, device: str) -> torch.Tensor:
     return (torch.arange(seq)[None, :] < torch.tensor(lengths)[:, None]).to(device)
 
 
-def _attention_args(device: str, with_mask: bool, scale: float):
+def _attention_args(device: str, with_mask: bool, scale: float, bias: bool = False):
     # Hugging Face's layout: [B, S, H, D] tensors viewed as [B, H, S, D].
     q, k, v = (_randn(2, 9, 2, 32, device=device, seed=i).transpose(1, 2) for i in range(3))
     mask = _mask([9, 4], 9, device) if with_mask else None
-    return q, k, v, mask, scale, 0.0, None, False
+    table = _relative_bias(device, bias)
+    return (*_requiring_grad((q, k, v), bias), mask, scale, 0.0, table, None, bias)
 
 
-def _varlen_args(device: str):
+def _relative_bias(device: str, bias: bool) -> torch.Tensor | None:
+    """A [2, 32] relative position bias table requiring grad, or None."""
+    return _randn(2, 32, device=device, seed=7).requires_grad_() if bias else None
+
+
+def _varlen_args(device: str, bias: bool = False):
     q, k, v = (_randn(12, 2, 32, device=device, seed=i) for i in range(3))
     cu_seqlens = torch.tensor([0, 5, 5, 12], dtype=torch.int32, device=device)
-    return q, k, v, cu_seqlens, 7, 32**-0.5, 0.0, None, False
+    table = _relative_bias(device, bias)
+    q, k, v = _requiring_grad((q, k, v), bias)
+    return q, k, v, cu_seqlens, 7, 32**-0.5, 0.0, table, None, bias
 
 
 def _softmax_args(device: str, with_mask: bool, grad: bool = False):
@@ -102,6 +110,8 @@ CASES = {
     "attention-mask": (OPS.attention, lambda d: _attention_args(d, True, 32**-0.5)),
     "attention-nomask-scale": (OPS.attention, lambda d: _attention_args(d, False, 0.3)),
     "attention_varlen": (OPS.attention_varlen, _varlen_args),
+    "attention-bias-grad": (OPS.attention, lambda d: _attention_args(d, True, 0.3, bias=True)),
+    "attention_varlen-bias-grad": (OPS.attention_varlen, lambda d: _varlen_args(d, bias=True)),
     "softmax-mask": (OPS.scaled_masked_softmax, lambda d: _softmax_args(d, True)),
     "softmax-nomask": (OPS.scaled_masked_softmax, lambda d: _softmax_args(d, False)),
     "linear-full": (OPS.linear, lambda d: _linear_args(d, True)),

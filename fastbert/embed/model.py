@@ -68,10 +68,9 @@ def _read_json(path: Path) -> Any:
 
 def read_config(folder: Path) -> Any:
     """The fastbert BertConfig of a model folder (Hugging Face or sentence-transformers)."""
-    from fastbert.model.config import BertConfig
-    from fastbert.model.loading import transformer_folder
+    from fastbert.model.loading import read_checkpoint_config, transformer_folder
 
-    return BertConfig.from_json_file(transformer_folder(folder) / "config.json")
+    return read_checkpoint_config(transformer_folder(folder))[0]
 
 
 def model_max_length(config: Any, tokenizer: Any) -> int:

@@ -56,7 +56,8 @@ PACK_MIN_PADDING = 0.1
 # T / 8 or 64 extra rows, and eight buckets per doubling of T).
 TOKEN_BUCKET_MIN_STEP = 64
 
-Attend = Callable[[torch.Tensor], torch.Tensor]
+# Fused QKV -> attention context; takes ``relative_bias=`` (an [H, 32] table) too.
+Attend = Callable[..., torch.Tensor]
 
 
 def check_setting(name: str, value: object) -> None:
@@ -65,18 +66,26 @@ def check_setting(name: str, value: object) -> None:
         raise ValueError(f"{name} must be 'auto', True or False, got {value!r}")
 
 
+def bias(relative_bias: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The attention ops' keyword for a relative position bias table: none without one."""
+    return {} if relative_bias is None else {"relative_bias": relative_bias}
+
+
 def dense_attention(
     ops: Ops, heads: int, key_padding_mask: torch.Tensor | None, dropout_p: float = 0.0
 ) -> Attend:
     """Attention over a padded batch: fused QKV [B, S, 3H] -> context [B, S, H], with
-    ``dropout_p`` dropout on the attention probabilities."""
+    ``dropout_p`` dropout on the attention probabilities and an optional [H, 32] relative
+    position bias table."""
 
-    def attend(qkv: torch.Tensor) -> torch.Tensor:
+    def attend(qkv: torch.Tensor, relative_bias: torch.Tensor | None = None) -> torch.Tensor:
         batch, seq, three_width = qkv.shape
         width = three_width // 3
         # [B, S, 3, heads, D] viewed as three [B, heads, S, D] tensors: strides, no copies.
         q, k, v = qkv.view(batch, seq, 3, heads, width // heads).permute(2, 0, 3, 1, 4)
-        context = ops.attention(q, k, v, key_padding_mask, dropout_p=dropout_p)
+        context = ops.attention(
+            q, k, v, key_padding_mask, dropout_p=dropout_p, **bias(relative_bias)
+        )
         # The Triton kernel writes [B, S, heads, D] memory, so this reshape is a free view.
         return context.transpose(1, 2).reshape(batch, seq, width)
 
@@ -87,13 +96,16 @@ def packed_attention(
     ops: Ops, heads: int, cu_seqlens: torch.Tensor, max_seqlen: int, dropout_p: float = 0.0
 ) -> Attend:
     """Attention over packed sequences: fused QKV [T, 3H] -> context [T, H], with
-    ``dropout_p`` dropout on the attention probabilities."""
+    ``dropout_p`` dropout on the attention probabilities and an optional [H, 32] relative
+    position bias table (distances between a sequence's own tokens)."""
 
-    def attend(qkv: torch.Tensor) -> torch.Tensor:
+    def attend(qkv: torch.Tensor, relative_bias: torch.Tensor | None = None) -> torch.Tensor:
         tokens, three_width = qkv.shape
         width = three_width // 3
         q, k, v = qkv.view(tokens, 3, heads, width // heads).unbind(1)
-        context = ops.attention_varlen(q, k, v, cu_seqlens, max_seqlen, dropout_p=dropout_p)
+        context = ops.attention_varlen(
+            q, k, v, cu_seqlens, max_seqlen, dropout_p=dropout_p, **bias(relative_bias)
+        )
         return context.reshape(tokens, width)
 
     return attend
@@ -187,7 +199,10 @@ class Stack(Protocol):
     """What the runtime runs of an encoder: its embeddings and its layers (the model defines
     them; fastbert.model.encoder.BertModel is one).
 
-    ``heads``: attention heads per layer. ``table_rows()``: (word rows, token-type rows), the
+    ``heads``: attention heads per layer. ``relative_positions``: whether the attention
+    depends on the distance between tokens (a relative position bias): a batch with padding
+    amid a row's real tokens then runs dense, where the distances are the padded batch's (as
+    in Hugging Face), not the packed ones. ``table_rows()``: (word rows, token-type rows), the
     ranges the ids must lie in. ``position_ids(input_ids)``: [B, S] -> int64 [B, S] positions,
     or None for 0..S-1 in every row. ``embed(ops, ids, types, positions, check_ids,
     dropout_p)``: [B, S] ids -> [B, S, H]. ``run_layers(ops, hidden, attend, dropout_p)``: the
@@ -195,6 +210,7 @@ class Stack(Protocol):
     """
 
     heads: int
+    relative_positions: bool
 
     def table_rows(self) -> tuple[int, int]: ...
 
@@ -349,11 +365,14 @@ class Runner:
         min_padding = packing_threshold(self.padding_free, key_padding_mask)
         if min_padding is None and torch.compiler.is_compiling():
             return False, None, key_padding_mask
+        count_holes = min_padding is not None and stack.relative_positions
         rows = validation.read_batch(
-            input_ids, token_type_ids, key_padding_mask, *stack.table_rows()
+            input_ids, token_type_ids, key_padding_mask, *stack.table_rows(), count_holes
         )
         if rows is None or rows.total == key_padding_mask.numel():
             return True, None, None
+        if rows.holes:
+            min_padding = None  # packing would change the distances between tokens
         packed = None if min_padding is None else pack(key_padding_mask, rows, min_padding)
         return True, packed, key_padding_mask
 

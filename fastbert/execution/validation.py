@@ -144,12 +144,14 @@ def check_model_inputs(
 class RowLengths:
     """The real tokens of each row of a padded [B, S] batch.
 
-    lengths: int32 [B] on the batch's device; total and longest: read on the host.
+    lengths: int32 [B] on the batch's device; total and longest: read on the host; holes: the
+    rows whose real tokens are not contiguous (padding amid them), when counted, else 0.
     """
 
     lengths: torch.Tensor
     total: int
     longest: int
+    holes: int = 0
 
 
 def read_batch(
@@ -158,13 +160,15 @@ def read_batch(
     key_padding_mask: torch.Tensor | None,
     vocab_size: int,
     type_vocab_size: int,
+    count_holes: bool = False,
 ) -> RowLengths | None:
     """Check the ids against their tables and measure the mask's rows, in one host read.
 
     input_ids, token_type_ids: non-empty [B, S] integers; key_padding_mask: bool [B, S]
     (True = real token), or None when the row lengths are not wanted. Raises ValueError for
     an id outside its table (``vocab_size`` / ``type_vocab_size`` rows); returns the row
-    lengths, or None without a mask.
+    lengths, or None without a mask. ``count_holes``: count the rows with padding amid their
+    real tokens too (``RowLengths.holes``).
     """
     named = [("input_ids", input_ids, vocab_size)]
     if token_type_ids is not None:
@@ -174,10 +178,23 @@ def read_batch(
     if key_padding_mask is not None:
         lengths = key_padding_mask.sum(dim=1, dtype=torch.int32)
         values.append(torch.stack([lengths.sum(), lengths.max()]).to(torch.int64))
+        if count_holes:
+            values.append(torch.stack([_rows_with_holes(key_padding_mask, lengths)] * 2))
     read = torch.stack(values).tolist()  # the host synchronisation
     for (name, _, limit), (lowest, highest) in zip(named, read):
         checks.check_id_bounds(name, limit, lowest, highest)
     if lengths is None:
         return None
+    holes = read.pop()[0] if count_holes else 0
     total, longest = read[-1]
-    return RowLengths(lengths, total, longest)
+    return RowLengths(lengths, total, longest, holes)
+
+
+def _rows_with_holes(key_padding_mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """int64 scalar: the rows of a bool [B, S] mask whose real tokens do not form one span."""
+    seq = key_padding_mask.shape[1]
+    mask = key_padding_mask.to(torch.int8)
+    first = mask.argmax(dim=1)
+    last = seq - 1 - mask.flip(1).argmax(dim=1)
+    spread = (last - first + 1) != lengths
+    return (spread & (lengths > 0)).sum().to(torch.int64)

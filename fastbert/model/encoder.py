@@ -11,12 +11,15 @@ in the model's dtype.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
 from fastbert.execution import runtime, validation
 from fastbert.execution.backends import Ops
 from fastbert.execution.runtime import Attend
+from fastbert.kernels.checks import RELATIVE_BUCKETS
 from fastbert.model.config import BertConfig
 from fastbert.model.loading import PretrainedMixin
 from fastbert.model.outputs import BaseModelOutputWithPooling
@@ -38,7 +41,7 @@ def init_weights(model: nn.Module, config: BertConfig) -> None:
         leaf = name.rpartition(".")[2]
         if leaf.endswith("ln_weight"):
             p.fill_(1.0)
-        elif leaf.endswith("bias"):
+        elif leaf.endswith("bias") and leaf != "relative_bias":  # the table is an embedding
             p.zero_()
         else:
             p.normal_(0.0, config.initializer_range)
@@ -301,6 +304,14 @@ class BertModel(PretrainedMixin, nn.Module):
             BertLayer(config, dtype, device) for _ in range(config.num_hidden_layers)
         )
         self.pooler = BertPooler(config, dtype, device) if add_pooling_layer else None
+        # MPNet: one [buckets, heads] relative position bias table read by every layer (Hugging
+        # Face's nn.Embedding layout).
+        buckets = config.relative_attention_num_buckets
+        self.relative_bias = (
+            new_parameter(buckets, config.num_attention_heads, dtype=dtype, device=device)
+            if buckets
+            else None
+        )
         self._watch = ParameterWatch(self)
         self._quantize: str | None = None
         self._quantized_key: tuple | None = None
@@ -412,6 +423,10 @@ class BertModel(PretrainedMixin, nn.Module):
     def heads(self) -> int:
         return self.config.num_attention_heads
 
+    @property
+    def relative_positions(self) -> bool:
+        return self.relative_bias is not None
+
     def table_rows(self) -> tuple[int, int]:
         return self.embeddings.table_rows()
 
@@ -432,6 +447,11 @@ class BertModel(PretrainedMixin, nn.Module):
     def run_layers(
         self, ops: Ops, hidden: torch.Tensor, attend: Attend, dropout_p: float
     ) -> torch.Tensor:
+        if self.relative_bias is not None:
+            # The attention ops take the table per head: [H, RELATIVE_BUCKETS], a view.
+            attend = functools.partial(
+                attend, relative_bias=self.relative_bias[:RELATIVE_BUCKETS].t()
+            )
         for layer in self.layers:
             hidden = layer(ops, hidden, attend, dropout_p)
         return hidden

@@ -1,10 +1,11 @@
 """The BERT family as data: how each Hugging Face architecture maps onto fastbert's encoder.
 
-BERT, RoBERTa, XLM-RoBERTa, ELECTRA and DistilBERT run the same post-LayerNorm encoder; they
-differ only in tensor and config names, the position-id scheme, token types, the pooler and
-(ELECTRA) an embedding projection. Each :class:`Family` records those differences, so the
-loader (fastbert/model/loading.py) and ``fastbert.optimize`` need no per-model code. No transformers
-import here: names are plain strings.
+BERT, RoBERTa, XLM-RoBERTa, ELECTRA, DistilBERT and MPNet run the same post-LayerNorm encoder;
+they differ only in tensor and config names, the position-id scheme, token types, the pooler,
+(ELECTRA) an embedding projection and (MPNet) a relative position bias shared by every layer.
+Each :class:`Family` records those differences, so the loader (fastbert/model/loading.py) and
+``fastbert.optimize`` need no per-model code. No transformers import here: names are plain
+strings.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class Family:
     attribute; config_constants: BertConfig fields fixed by the architecture; embeddings,
     projection, layer, pooler: fastbert parameter name -> HF tensor names (under the base
     model; ``layer`` under ``f"{layer_prefix}.{i}."``; several names are concatenated by rows);
+    shared: the same for tensors every layer reads (MPNet's relative position bias table);
     output_class: the transformers.modeling_outputs class the base model returns.
     """
 
@@ -102,6 +104,7 @@ class Family:
     pooler: Mapping[str, tuple[str, ...]] = dataclasses.field(
         default_factory=lambda: dict(_BERT_POOLER)
     )
+    shared: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -126,6 +129,7 @@ class Family:
     ) -> dict[str, tuple[str, ...]]:
         """fastbert BertModel parameter name -> HF base-model tensor names."""
         names = dict(self.embeddings)
+        names.update(self.shared)
         if with_projection:
             names.update(self.projection)
         for i in range(num_layers):
@@ -214,7 +218,43 @@ DISTILBERT = Family(
     },
     pooler={},
 )
-FAMILIES = (BERT, ROBERTA, XLM_ROBERTA, ELECTRA, DISTILBERT)
+MPNET = Family(
+    "MPNet",
+    "mpnet",
+    "MPNet",
+    "mpnet",
+    _ENCODER_HEADS,
+    "BaseModelOutputWithPooling",
+    config_names={
+        **_BERT_CONFIG_NAMES,
+        "relative_attention_num_buckets": "relative_attention_num_buckets",
+    },
+    # No token types; positions count from padding index 1 (Hugging Face's MPNetEmbeddings
+    # fixes it at 1, whatever the config's pad_token_id).
+    config_constants={"type_vocab_size": 0, "position_scheme": "padding_offset", "pad_token_id": 1},
+    embeddings={k: v for k, v in _BERT_EMBEDDINGS.items() if k != "embeddings.token_type"},
+    layer={
+        "qkv_weight": tuple(f"attention.attn.{n}.weight" for n in "qkv"),
+        "qkv_bias": tuple(f"attention.attn.{n}.bias" for n in "qkv"),
+        "attn_out_weight": ("attention.attn.o.weight",),
+        "attn_out_bias": ("attention.attn.o.bias",),
+        "attn_ln_weight": ("attention.LayerNorm.weight",),
+        "attn_ln_bias": ("attention.LayerNorm.bias",),
+        "ffn_in_weight": ("intermediate.dense.weight",),
+        "ffn_in_bias": ("intermediate.dense.bias",),
+        "ffn_out_weight": ("output.dense.weight",),
+        "ffn_out_bias": ("output.dense.bias",),
+        "ffn_ln_weight": ("output.LayerNorm.weight",),
+        "ffn_ln_bias": ("output.LayerNorm.bias",),
+    },
+    shared={"relative_bias": ("encoder.relative_attention_bias.weight",)},
+)
+FAMILIES = (BERT, ROBERTA, XLM_ROBERTA, ELECTRA, DISTILBERT, MPNET)
+
+
+def family_of_model_type(model_type: str) -> Family | None:
+    """The family whose ``config.model_type`` is ``model_type``, or None."""
+    return next((f for f in FAMILIES if f.model_type == model_type), None)
 
 
 def family_of_class(class_names: list[str]) -> tuple[Family, str] | None:

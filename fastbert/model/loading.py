@@ -4,9 +4,9 @@ Sources: a local checkpoint folder (config.json + model.safetensors, sharded saf
 pytorch_model.bin; a sentence-transformers folder too), a transformers ``BertModel`` /
 ``BertFor*`` instance, or a sentence-transformers ``SentenceTransformer``. Every tensor is
 mapped explicitly by name (:func:`hf_weight_names`, built on the BERT row of
-fastbert.model.families); a missing or mis-shaped tensor raises a ValueError naming it, and so does
-a malformed file of the folder (config.json, the safetensors index, modules.json, the weights)
-naming the file.
+fastbert.model.families; the encoder of another family through its row); a missing or
+mis-shaped tensor raises a ValueError naming it, and so does a malformed file of the folder
+(config.json, the safetensors index, modules.json, the weights) naming the file.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 
 from fastbert.execution import validation
 from fastbert.model.config import BertConfig, read_json_file
-from fastbert.model.families import BERT
+from fastbert.model.families import BERT, Family, family_of_class, family_of_model_type
 
 _MASKED_LM_TENSORS = {
     "transform_weight": ("cls.predictions.transform.dense.weight",),
@@ -76,11 +76,18 @@ def _lookup(state: Mapping[str, torch.Tensor], name: str) -> torch.Tensor | None
     return None
 
 
-def _normalize_prefix(state: Mapping[str, torch.Tensor], model_class: str) -> dict:
-    """Give encoder tensors the prefix ``model_class`` expects (``bert.`` for head models)."""
+def _normalize_prefix(
+    state: Mapping[str, torch.Tensor], model_class: str, family: Family = BERT
+) -> dict:
+    """Give encoder tensors the prefix ``model_class`` expects (``bert.`` for head models; none
+    for the encoder, whose tensors a head checkpoint of ``family`` holds under its base
+    attribute)."""
+    if model_class == "BertModel":
+        prefix = f"{family.base_attr}."
+        if any(k.startswith(prefix) for k in state):
+            return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+        return dict(state)
     has_prefix = any(k.startswith("bert.") for k in state)
-    if model_class == "BertModel" and has_prefix:
-        return {k[len("bert.") :]: v for k, v in state.items() if k.startswith("bert.")}
     if model_class != "BertModel" and not has_prefix:
         return {
             (k if k.startswith(("cls.", "classifier.")) else f"bert.{k}"): v
@@ -104,15 +111,28 @@ def check_tied_decoder(state: Mapping[str, torch.Tensor]) -> None:
         )
 
 
-def load_weights(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
-    """Copy Hugging Face tensors from ``state`` into ``model``'s parameters (cast, moved)."""
+def load_weights(
+    model: torch.nn.Module, state: Mapping[str, torch.Tensor], family: Family = BERT
+) -> None:
+    """Copy Hugging Face tensors of ``family`` from ``state`` into ``model``'s parameters
+    (cast, moved). fastbert's heads load BERT tensors; its encoder (BertModel) those of every
+    family."""
     model_class = type(model).__name__
-    state = _normalize_prefix(state, model_class)
+    if family is not BERT and model_class != "BertModel":
+        raise ValueError(
+            f"fastbert.{model_class} loads BERT checkpoints; run {family.name} heads through "
+            f"fastbert.optimize, or load the encoder alone with fastbert.BertModel"
+        )
+    state = _normalize_prefix(state, model_class, family)
     if model_class in ("BertForMaskedLM", "BertForPreTraining"):
         check_tied_decoder(state)
     params = dict(model.named_parameters())
     with_pooler = "pooler.weight" in params or "bert.pooler.weight" in params
-    for ours, theirs in hf_weight_names(model_class, model.config, with_pooler).items():
+    if family is BERT:
+        names = hf_weight_names(model_class, model.config, with_pooler)
+    else:
+        names = family.weight_names(model.config.num_hidden_layers, with_pooler)
+    for ours, theirs in names.items():
         found = [_lookup(state, t) for t in theirs]
         missing = [t for t, f in zip(theirs, found) if f is None]
         if missing:
@@ -127,16 +147,29 @@ def load_weights(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> N
         target.data.copy_(source.detach())
 
 
-def _read_checkpoint_folder(folder: Path) -> tuple[BertConfig, dict, dict[str, torch.Tensor]]:
-    """(config, config dict, state dict) from a local Hugging Face or sentence-transformers
-    folder. The config is checked before any weights are read; every error names its file."""
+def _read_checkpoint_folder(
+    folder: Path,
+) -> tuple[BertConfig, dict, dict[str, torch.Tensor], Family]:
+    """(config, config dict, state dict, family) from a local Hugging Face or
+    sentence-transformers folder. The config is checked before any weights are read; every
+    error names its file."""
     folder = transformer_folder(folder)
+    config, raw, family = read_checkpoint_config(folder)
+    return config, raw, _read_state(folder), family
+
+
+def read_checkpoint_config(folder: Path) -> tuple[BertConfig, dict, Family]:
+    """(config, config dict, family) of the config.json of a Hugging Face checkpoint
+    ``folder``, read as its ``model_type``'s family (BERT when it names none fastbert runs, so
+    that the error names the model_type); errors name the file."""
     config_path = folder / "config.json"
     if not config_path.exists():
         raise ValueError(f"{folder} has no config.json: not a Hugging Face checkpoint folder")
     raw = read_json_file(config_path)
-    config = BertConfig.from_dict(raw, source=config_path)
-    return config, raw, _read_state(folder)
+    family = BERT
+    if isinstance(raw, Mapping) and isinstance(raw.get("model_type"), str):
+        family = family_of_model_type(raw["model_type"]) or BERT
+    return BertConfig.from_dict(raw, family, source=config_path), raw, family
 
 
 def transformer_folder(folder: Path) -> Path:
@@ -236,8 +269,8 @@ def is_sentence_transformer(source: Any) -> bool:
     )
 
 
-def read_source(source: Any) -> tuple[BertConfig, dict, Mapping[str, torch.Tensor]]:
-    """(config, raw config dict, state dict) from any supported ``source``."""
+def read_source(source: Any) -> tuple[BertConfig, dict, Mapping[str, torch.Tensor], Family]:
+    """(config, raw config dict, state dict, family) from any supported ``source``."""
     if isinstance(source, (str, Path)):
         folder = Path(source)
         if not folder.is_dir():
@@ -251,7 +284,9 @@ def read_source(source: Any) -> tuple[BertConfig, dict, Mapping[str, torch.Tenso
         source = source[0].auto_model
     if hasattr(source, "config") and hasattr(source, "state_dict"):
         raw = source.config.to_dict()
-        return BertConfig.from_hf(source.config), raw, source.state_dict()
+        found = family_of_class([c.__name__ for c in type(source).__mro__])
+        family = found[0] if found is not None else BERT
+        return BertConfig.from_hf(source.config, family), raw, source.state_dict(), family
     raise TypeError(
         "from_pretrained takes a checkpoint folder, a transformers BERT model or a "
         f"SentenceTransformer, got {type(source).__name__}"
@@ -280,9 +315,11 @@ class PretrainedMixin:
         """Load Hugging Face BERT weights into a new fastbert model.
 
         source: a local checkpoint folder, a transformers BertModel/BertFor* instance or a
-        SentenceTransformer. dtype defaults to float16 on CUDA and float32 elsewhere; device to
-        CUDA when available. backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch" or
-        "triton". padding_free, cuda_graphs: "auto", True or False (see fastbert.execution.runtime).
+        SentenceTransformer; fastbert.BertModel also loads the encoder of the other families
+        (fastbert.model.families: RoBERTa, MPNet, ...) from their folders and instances.
+        dtype defaults to float16 on CUDA and float32 elsewhere; device to CUDA when available.
+        backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch" or "triton". padding_free,
+        cuda_graphs: "auto", True or False (see fastbert.execution.runtime).
         quantize: None (exact floating point) or "int8": the encoder layers' linears on int8
         weights (per output channel) and activations (per token), for inference (see
         fastbert.model.quantization); on the CPU with dtype float32, on CUDA on sm_80 or newer.
@@ -298,7 +335,7 @@ class PretrainedMixin:
         if dtype is None:
             dtype = torch.float16 if device.type == "cuda" else torch.float32
         validation.check_quantize(quantize, dtype, device)
-        config, _, state = read_source(source)
+        config, _, state, family = read_source(source)
         kwargs: dict[str, Any] = {
             "dtype": dtype,
             "device": device,
@@ -307,14 +344,14 @@ class PretrainedMixin:
             "cuda_graphs": cuda_graphs,
         }
         if cls.__name__ == "BertModel":
-            normalized = _normalize_prefix(state, "BertModel")
+            normalized = _normalize_prefix(state, "BertModel", family)
             if "pooler.dense.weight" not in normalized:
                 warnings.warn(
                     "the checkpoint has no pooler; pooler_output will be None", stacklevel=2
                 )
                 kwargs["add_pooling_layer"] = False
         model = cls(config, **kwargs)
-        load_weights(model, state)
+        load_weights(model, state, family)
         if quantize is not None:
             # Quantised from the loaded weights (the constructor's were zeros); frozen.
             model.requires_grad_(False)

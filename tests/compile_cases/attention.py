@@ -18,6 +18,11 @@ probabilities) compile in the heaviest kept config: fp16 D=64 and D=128 dense ma
 dropout, D=64 dense masked without, D=64 padding-free with dropout; bf16 D=128 dense masked with
 dropout. (The backward kernels: tests/compile_cases/attention_backward.py.)
 
+The relative position bias (HAS_BIAS=1, MPNet) compiles in every kept fp16 config of D=64 (the
+head dim of MPNet-base) dense masked, the heaviest kept config of each other head dim and of
+the dense unmasked and padding-free variants, bf16 and fp32 D=64 dense masked, and the training
+variant (fp16 D=64 dense masked, log-sum-exp stored, with and without dropout).
+
 Configs and the jit function come from the module itself, so the cases follow the code. A
 contiguous mask has unit stride on S_k, which the JIT specialises to the constexpr 1. Each case
 declares its dtype and BLOCK_M for the tensor-core instruction check in tests/test_compile.py.
@@ -40,15 +45,17 @@ VARIANTS = ((True, False), (False, False), (False, True))  # (HAS_MASK, IS_VARLE
 STRIDES = [f"stride_{t}_{d}" for t in ("q", "k", "v", "o") for d in ("b", "h", "s")]
 
 
-def _kept(head_dim: int, element_size: int, is_varlen: bool, has_mask: bool) -> list:
+def _kept(
+    head_dim: int, element_size: int, is_varlen: bool, has_mask: bool, has_bias: bool = False
+) -> list:
     block_d = next_power_of_2(head_dim)
-    return [c for c in CONFIGS if mod.keep(c, block_d, element_size, is_varlen, has_mask)]
+    return [c for c in CONFIGS if mod.keep(c, block_d, element_size, is_varlen, has_mask, has_bias)]
 
 
-def _values_per_thread(config, head_dim: int) -> int:
+def _values_per_thread(config, head_dim: int, has_bias: bool = False) -> int:
     """fp32 values per thread for the accumulator and the score tile (``keep``'s measure)."""
     m, n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
-    return m * (next_power_of_2(head_dim) + n) // (32 * config.num_warps)
+    return m * (next_power_of_2(head_dim) + (2 * n if has_bias else n)) // (32 * config.num_warps)
 
 
 def _optional_inputs(
@@ -74,6 +81,7 @@ def _case(
     mask: str = "*i1",
     has_dropout: bool = False,
     store_lse: bool = False,
+    has_bias: bool = False,
 ) -> CompileCase:
     ptr = f"*{dtype}"
     signature = {"Q": ptr, "K": ptr, "V": ptr, "Out": ptr}
@@ -84,24 +92,30 @@ def _case(
         IS_VARLEN=is_varlen,
         HAS_DROPOUT=has_dropout,
         STORE_LSE=store_lse,
+        HAS_BIAS=has_bias,
         **config.kwargs,
     )
     _optional_inputs(signature, constexprs, has_mask, is_varlen, mask)
     signature.update(Lse="*fp32" if store_lse else "constexpr")
     if not store_lse:
         constexprs["Lse"] = None
+    signature.update(Bias="*fp32" if has_bias else "constexpr")
+    if not has_bias:
+        constexprs["Bias"] = None
     signature.update(dict.fromkeys(STRIDES, "i32"))
     signature.update(stride_mask_b="i32", stride_mask_s="constexpr" if has_mask else "i32")
-    signature.update(stride_lse_b="i32", stride_lse_h="i32")
+    signature.update(stride_lse_b="i32", stride_lse_h="i32", stride_bias_h="i32")
     signature.update(seq_q="i32", seq_k="i32", qk_scale="fp32", dropout_p="fp32", seed="i32")
     signature.update(seq_q_bucket="i32", seq_k_bucket="i32")
     signature.update({name: "constexpr" for name in constexprs if name not in signature})
     meta = config.kwargs
     training = f" lse=1 dropout={int(has_dropout)}" if store_lse else ""
+    bias = " bias=1" if has_bias else ""
     name = (
         f"attention[{dtype} D={head_dim} {meta['BLOCK_M']}x{meta['BLOCK_N']} "
         f"s{config.num_stages} w{config.num_warps} mask={int(has_mask)}"
-        f"{'' if mask == '*i1' or not has_mask else mask[1:]} varlen={int(is_varlen)}{training}]"
+        f"{'' if mask == '*i1' or not has_mask else mask[1:]} varlen={int(is_varlen)}"
+        f"{training}{bias}]"
     )
     return CompileCase.tuned(config, name, KERNEL, signature, constexprs, dtype)
 
@@ -122,7 +136,7 @@ def _cases() -> list[CompileCase]:
                     chosen = [_heaviest(kept, head_dim)]
                 cases += [_case(dtype, head_dim, c, has_mask, is_varlen) for c in chosen]
     cases.append(_case("fp16", 64, _kept(64, 2, False, True)[0], True, False, mask="*i64"))
-    return cases + _training_cases()
+    return cases + _training_cases() + _bias_cases()
 
 
 # (dtype, head dim, HAS_MASK, IS_VARLEN, HAS_DROPOUT) of the training variants compiled.
@@ -148,6 +162,34 @@ def _training_cases() -> list[CompileCase]:
         )
         for dtype, d, mask, varlen, dropout in TRAINING
     ]
+
+
+def _heaviest_with_bias(dtype: str, head_dim: int, is_varlen: bool, has_mask: bool):
+    kept = _kept(head_dim, ELEMENT_SIZES[dtype], is_varlen, has_mask, has_bias=True)
+    return max(kept, key=lambda c: _values_per_thread(c, head_dim, has_bias=True))
+
+
+def _bias_cases() -> list[CompileCase]:
+    """The relative position bias variants (module docstring)."""
+    kept = _kept(64, 2, False, True, has_bias=True)
+    cases = [_case("fp16", 64, c, True, False, has_bias=True) for c in kept]
+    for head_dim in mod.SUPPORTED_HEAD_DIMS:
+        for has_mask, is_varlen in VARIANTS:
+            if head_dim == 64 and has_mask:
+                continue
+            config = _heaviest_with_bias("fp16", head_dim, is_varlen, has_mask)
+            cases.append(_case("fp16", head_dim, config, has_mask, is_varlen, has_bias=True))
+    for dtype in ("bf16", "fp32"):
+        config = _heaviest_with_bias(dtype, 64, False, True)
+        cases.append(_case(dtype, 64, config, True, False, has_bias=True))
+    config = _heaviest_with_bias("fp16", 64, False, True)
+    for dropout in (False, True):
+        cases.append(
+            _case(
+                "fp16", 64, config, True, False, has_dropout=dropout, store_lse=True, has_bias=True
+            )
+        )
+    return cases
 
 
 CASES = _cases()

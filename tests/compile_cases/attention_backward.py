@@ -12,6 +12,12 @@ the loop and is the heaviest on registers. The cases, for each of the two passes
 - fp32, the heaviest kept config: D=64 dense masked with dropout and padding-free without
   (fp32 runs its exact IEEE products on the FMA units; its spills are reported, not checked).
 
+The relative position bias (HAS_BIAS=1, MPNet: both passes add it, the dQ pass also sums dS
+per bucket) compiles, for each pass, in every kept fp16 config of D=64 dense masked with
+dropout, and in the heaviest kept config of fp16 D=64 dense masked without dropout, fp16 D=64
+padding-free, fp16 D=32 dense masked and bf16 D=64 dense masked: the head dims of MPNet models
+(wider heads with a bias spill; see ``keep``).
+
 A dK / dV case declares BLOCK_N, the row tile of its MMAs (k @ q^T, p^T @ dO, ds^T @ q), as its
 block_m for the tensor-core checks of tests/test_compile.py, and BLOCK_M as its block_n (the
 tile its loop steps over); a dQ case declares BLOCK_M and BLOCK_N.
@@ -34,21 +40,22 @@ KERNELS = (
 )
 
 
-def _kept(kernel: tuple, dtype: str, head_dim: int) -> list:
+def _kept(kernel: tuple, dtype: str, head_dim: int, has_bias: bool = False) -> list:
     size, block_d = ELEMENT_SIZES[dtype], next_power_of_2(head_dim)
-    return [c for c in kernel[1].configs if mod.keep(c, block_d, size, kernel[2])]
+    return [c for c in kernel[1].configs if mod.keep(c, block_d, size, kernel[2], has_bias)]
 
 
-def _heaviest(kernel: tuple, dtype: str, head_dim: int):
+def _heaviest(kernel: tuple, dtype: str, head_dim: int, has_bias: bool = False):
     """The kept config with the most values per thread (``keep``'s measure)."""
 
     def held(c) -> int:
         m, n = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
         block_d = next_power_of_2(head_dim)
         acc = 2 * n * block_d if kernel[2] else m * block_d
-        return (acc + 2 * m * n) // (32 * c.num_warps)
+        tiles = 2 + (1 if kernel[2] else 2) * has_bias
+        return (acc + tiles * m * n) // (32 * c.num_warps)
 
-    return max(_kept(kernel, dtype, head_dim), key=held)
+    return max(_kept(kernel, dtype, head_dim, has_bias), key=held)
 
 
 def _case(
@@ -59,6 +66,7 @@ def _case(
     has_mask: bool,
     is_varlen: bool,
     has_dropout: bool,
+    has_bias: bool = False,
 ) -> CompileCase:
     name, jit, is_dkdv = kernel
     tensors = ("Q", "K", "V", "DO", "DX", "DV")
@@ -66,9 +74,12 @@ def _case(
     signature.update(Mask="*i1" if has_mask else "constexpr")
     signature.update(CuSeqlens="*i32" if is_varlen else "constexpr")
     signature.update(Lse="*fp32", Delta="*fp32")
+    signature.update(Bias="*fp32" if has_bias else "constexpr")
+    signature.update(DBias="*fp32" if has_bias and not is_dkdv else "constexpr")
     signature.update({f"stride_{t.lower()}_{d}": "i32" for t in tensors for d in ("b", "h", "s")})
     signature.update(stride_mask_b="i32", stride_mask_s="constexpr" if has_mask else "i32")
     signature.update(stride_lse_b="i32", stride_lse_h="i32", seq_q="i32", seq_k="i32")
+    signature.update(stride_bias_h="i32", dbias_programs="i32")
     signature.update(qk_scale="fp32", sm_scale="fp32", dropout_p="fp32", seed="i32")
     signature.update(seq_q_bucket="i32", seq_k_bucket="i32")
     constexprs: dict[str, object] = dict(
@@ -77,9 +88,14 @@ def _case(
         HAS_MASK=has_mask,
         IS_VARLEN=is_varlen,
         HAS_DROPOUT=has_dropout,
+        HAS_BIAS=has_bias,
         DKDV=is_dkdv,
         **config.kwargs,
     )
+    if not has_bias:
+        constexprs["Bias"] = None
+    if not has_bias or is_dkdv:
+        constexprs["DBias"] = None
     if not is_dkdv:
         constexprs["DV"] = None
         signature["DV"] = "constexpr"
@@ -93,7 +109,8 @@ def _case(
     m, n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
     case_name = (
         f"{name}[{dtype} D={head_dim} {m}x{n} s{config.num_stages} w{config.num_warps} "
-        f"mask={int(has_mask)} varlen={int(is_varlen)} dropout={int(has_dropout)}]"
+        f"mask={int(has_mask)} varlen={int(is_varlen)} dropout={int(has_dropout)}"
+        f"{' bias=1' if has_bias else ''}]"
     )
     # A dK / dV case's MMAs have BLOCK_N rows; its loop steps over BLOCK_M (module docstring).
     tiles = {"block_m": n, "block_n": m} if is_dkdv else {}
@@ -114,6 +131,15 @@ HEAVIEST = (
 )
 
 
+# The same for the relative position bias variants.
+HEAVIEST_BIAS = (
+    ("fp16", 64, True, False, False),
+    ("fp16", 64, False, True, True),
+    ("fp16", 32, True, False, True),
+    ("bf16", 64, True, False, True),
+)
+
+
 def _cases() -> list[CompileCase]:
     cases = []
     for kernel in KERNELS:
@@ -125,6 +151,14 @@ def _cases() -> list[CompileCase]:
         cases += [
             _case(kernel, dtype, d, _heaviest(kernel, dtype, d), mask, varlen, dropout)
             for dtype, d, mask, varlen, dropout in HEAVIEST
+        ]
+        cases += [
+            _case(kernel, "fp16", 64, c, True, False, True, has_bias=True)
+            for c in _kept(kernel, "fp16", 64, has_bias=True)
+        ]
+        cases += [
+            _case(kernel, dtype, d, _heaviest(kernel, dtype, d, True), mask, varlen, dropout, True)
+            for dtype, d, mask, varlen, dropout in HEAVIEST_BIAS
         ]
     return cases
 
