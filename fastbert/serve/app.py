@@ -33,7 +33,7 @@ from starlette.exceptions import HTTPException
 
 from fastbert.embed.text_model import CLASSIFICATION, EMBEDDING, TextModel, finish_embeddings
 from fastbert.serve import errors, inputs, schemas
-from fastbert.serve.batcher import Batcher, Stats
+from fastbert.serve.batcher import Batcher, Reservation, Stats
 from fastbert.serve.metrics import Metrics
 from fastbert.serve.options import ServeOptions
 from fastbert.version import __version__
@@ -128,18 +128,33 @@ class Server:
             timing.tokenization = time.perf_counter() - start
             self.metrics.tokenize_seconds.observe(timing.tokenization)
 
+    async def tokenize_and_run(
+        self, request: Any, timing: Timing, count: int, function: Callable, *args: Any
+    ) -> np.ndarray:
+        """Admit ``count`` inputs (429 at once past the bound, before any work), tokenise them
+        with ``function(*args)`` -> token ids (or (token ids, token types)), and run them."""
+        reservation = self.batcher.reserve(count)
+        try:
+            tokens = await self.tokenize(timing, function, *args)
+        except BaseException:
+            self.batcher.release(reservation)
+            raise
+        ids, types = tokens if isinstance(tokens, tuple) else (tokens, None)
+        return await self.run(request, timing, ids, types, reservation)
+
     async def run(
         self,
         request: Any,
         timing: Timing,
         tokens: list[list[int]],
         type_ids: list[list[int]] | None = None,
+        reservation: Reservation | None = None,
     ) -> np.ndarray:
         """The model's rows for ``tokens``, batched with whatever else waits. Raises
         Overloaded (429) at once when the queue is full, ModelFailed when the forward fails,
         and ClientGone when the client disconnects first (its inputs are dropped, as they are
         when the server cancels the request: Ray Serve does when its client goes away)."""
-        work = self.batcher.submit(tokens, type_ids)
+        work = self.batcher.submit(tokens, type_ids, reservation)
         timing.tokens = work.token_count
         for row in tokens:
             self.metrics.input_tokens.observe(len(row))
@@ -275,10 +290,17 @@ def create_app(model: TextModel, options: ServeOptions) -> Any:
                 f"dimensions {dimensions} is more than the model's {model.dimensions}",
                 param="dimensions",
             )
-        tokens = await server.tokenize(
-            timing, inputs.tokenize, model, items, truncating(truncate), direction, field
+        return await server.tokenize_and_run(
+            request,
+            timing,
+            len(items),
+            inputs.tokenize,
+            model,
+            items,
+            truncating(truncate),
+            direction,
+            field,
         )
-        return await server.run(request, timing, tokens)
 
     @app.post("/embed", dependencies=posted, tags=["TEI"], response_model=list[list[float]])
     async def embed(body: schemas.EmbedRequest, request: Request) -> Response:
@@ -336,8 +358,10 @@ def create_app(model: TextModel, options: ServeOptions) -> Any:
         field: str,
     ) -> np.ndarray:
         """Raw logits [n, labels] of texts / text pairs."""
-        tokens, types = await server.tokenize(
+        return await server.tokenize_and_run(
+            request,
             timing,
+            len(firsts),
             inputs.tokenize_pairs,
             model,
             firsts,
@@ -346,7 +370,6 @@ def create_app(model: TextModel, options: ServeOptions) -> Any:
             direction,
             field,
         )
-        return await server.run(request, timing, tokens, types)
 
     def rerank_logits(logits: np.ndarray) -> np.ndarray:
         if logits.shape[1] != 1:

@@ -1,9 +1,11 @@
 """Dynamic batching: one model thread turns the inputs of every waiting request into
 token-budget batches and resolves each request with its own rows.
 
-The event loop admits a request (:meth:`Batcher.submit`) only while the inputs and tokens
-admitted and not yet answered stay within their bounds; past them it raises
-:class:`~fastbert.serve.errors.Overloaded` at once, so memory stays bounded under any load.
+The event loop admits a request only while the inputs and tokens admitted and not yet answered
+stay within their bounds: its inputs reserve room before they are tokenised
+(:meth:`Batcher.reserve`), its tokens when it is queued (:meth:`Batcher.submit`); past either
+bound it gets :class:`~fastbert.serve.errors.Overloaded` at once, so memory, and the work a
+request costs before it is refused, stay bounded under any load.
 The model thread takes, each time it is free, the batch of waiting inputs that holds the
 oldest one: waiting inputs sorted by length and packed so that rows x longest row stays within
 ``batch_tokens`` (length-sorted batches hold little padding; taking the oldest input's batch
@@ -57,6 +59,14 @@ class Work:
     @property
     def token_count(self) -> int:
         return sum(len(t) for t in self.tokens)
+
+
+@dataclass
+class Reservation:
+    """Room for ``count`` inputs in the admission bound, taken before tokenisation."""
+
+    count: int
+    used: bool = False
 
 
 @dataclass
@@ -126,28 +136,61 @@ class Batcher:
         with self._condition:
             return self._admitted_inputs, self._admitted_tokens
 
-    def submit(self, tokens: list[list[int]], type_ids: list[list[int]] | None = None) -> Work:
-        """Admit one request's inputs (called on the event loop); Overloaded when the bounds
-        would be passed, ShuttingDown after :meth:`stop`."""
-        loop = asyncio.get_running_loop()
-        work = Work(tokens, type_ids, loop.create_future(), loop)
-        count, token_count = len(tokens), work.token_count
+    def reserve(self, count: int) -> Reservation:
+        """Room for a request's ``count`` inputs, taken before they are tokenised (called on
+        the event loop), so that a request past the bound costs no tokenisation: Overloaded
+        when the input bound would be passed (a request that alone passes it is let in when
+        nothing else waits), ShuttingDown after :meth:`stop`. Hand it to :meth:`submit`, or
+        give it back with :meth:`release`."""
         with self._condition:
             if self._stopping:
                 raise ShuttingDown("the server is shutting down")
-            inputs_full = self._admitted_inputs + count > self.max_inputs
-            tokens_full = self._admitted_tokens + token_count > self.max_tokens
-            if (inputs_full or tokens_full) and self._admitted_inputs > 0:
-                raise Overloaded(
-                    f"the server is busy: {self._admitted_inputs} inputs "
-                    f"({self._admitted_tokens} tokens) are waiting; try again later",
-                    headers={"Retry-After": str(self._retry_after())},
-                )
+            if self._admitted_inputs + count > self.max_inputs and self._admitted_inputs > 0:
+                raise self._overloaded()
             self._admitted_inputs += count
-            self._admitted_tokens += token_count
-            self._waiting.extend(_Input(work, row) for row in range(count))
+        return Reservation(count)
+
+    def release(self, reservation: Reservation) -> None:
+        """Give back a reservation that will not be submitted (its request failed first)."""
+        with self._condition:
+            if not reservation.used:
+                reservation.used = True
+                self._admitted_inputs -= reservation.count
+
+    def submit(
+        self,
+        tokens: list[list[int]],
+        type_ids: list[list[int]] | None = None,
+        reservation: Reservation | None = None,
+    ) -> Work:
+        """Queue one request's inputs (called on the event loop), within ``reservation`` (made
+        here when None); Overloaded when the token bound would be passed (the reservation is
+        given back), ShuttingDown after :meth:`stop`."""
+        reservation = reservation or self.reserve(len(tokens))
+        loop = asyncio.get_running_loop()
+        work = Work(tokens, type_ids, loop.create_future(), loop)
+        with self._condition:
+            if reservation.used or reservation.count != len(tokens):
+                raise ValueError("a reservation is for one submit of its own inputs")
+            tokens_full = self._admitted_tokens + work.token_count > self.max_tokens
+            if (self._stopping or tokens_full) and self._admitted_tokens > 0:
+                reservation.used = True
+                self._admitted_inputs -= reservation.count
+                if self._stopping:
+                    raise ShuttingDown("the server is shutting down")
+                raise self._overloaded()
+            reservation.used = True
+            self._admitted_tokens += work.token_count
+            self._waiting.extend(_Input(work, row) for row in range(len(tokens)))
             self._condition.notify()
         return work
+
+    def _overloaded(self) -> Overloaded:
+        return Overloaded(
+            f"the server is busy: {self._admitted_inputs} inputs "
+            f"({self._admitted_tokens} tokens) are waiting; try again later",
+            headers={"Retry-After": str(self._retry_after())},
+        )
 
     def cancel(self, work: Work) -> None:
         """Drop a request's inputs that no batch has taken yet (its client went away)."""

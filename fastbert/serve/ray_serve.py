@@ -29,7 +29,7 @@ from fastbert.embed.ray_driver import connect, worker_device
 from fastbert.embed.text_model import load_options
 from fastbert.serve.app import create_app
 from fastbert.serve.options import ServeOptions
-from fastbert.serve.server import _configure_logging, startup_line
+from fastbert.serve.server import configure_logging, startup_line
 
 log = logging.getLogger("fastbert.serve")
 
@@ -79,7 +79,7 @@ class Replica:
     and runs its lifespan; :meth:`check_health` is its health check."""
 
     def __init__(self, options: ServeOptions, device: str, threads: int):
-        _configure_logging(options.log_level)
+        configure_logging(options.log_level)
         if device == "cpu":
             torch.set_num_threads(threads)
         # On CUDA, "cuda" is the GPU Ray gave this replica (CUDA_VISIBLE_DEVICES).
@@ -124,7 +124,7 @@ def serve(options: ServeOptions, address: str | None = None, replicas: int | Non
     remove it (Ray Serve too when nothing else runs on it, and Ray where this call started it)
     and return. ValueError for settings the cluster cannot run."""
     ray, ray_serve = _import_ray()
-    _configure_logging(options.log_level)
+    configure_logging(options.log_level)
     if options.port == 0:
         raise ValueError("--ray needs a --port: Ray Serve's proxies cannot pick a free one")
     started = connect(ray, address)

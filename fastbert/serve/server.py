@@ -30,7 +30,7 @@ def serve(options: ServeOptions, model: TextModel | None = None) -> None:
     after the admitted requests are answered."""
     import uvicorn
 
-    _configure_logging(options.log_level)
+    configure_logging(options.log_level)
     model = model or load_options(options.model)
     app = create_app(model, options)
     config = uvicorn.Config(
@@ -76,7 +76,7 @@ class _quiet_signals:
             signal.signal(s, handler)
 
 
-def _configure_logging(level: str) -> None:
+def configure_logging(level: str) -> None:
     logger = logging.getLogger("fastbert.serve")
     logger.setLevel(level.upper())
     if not logger.handlers:
