@@ -235,7 +235,7 @@ def create_app(model: TextModel, options: ServeOptions) -> Any:
     )
     app.state.server = server
 
-    def check_key(request: Request) -> None:
+    async def check_key(request: Request) -> None:
         if options.api_key is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
@@ -247,7 +247,7 @@ def create_app(model: TextModel, options: ServeOptions) -> Any:
                 headers={"WWW-Authenticate": "Bearer"},
             )
 
-    def check_json(request: Request) -> None:
+    async def check_json(request: Request) -> None:
         content_type = request.headers.get("content-type")
         if content_type is None:
             return
