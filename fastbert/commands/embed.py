@@ -11,6 +11,7 @@ from fastbert.commands.options import (
     UsageError,
     add_backend_argument,
     add_device_argument,
+    add_quantize_argument,
     positive_int,
 )
 
@@ -92,13 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_device_argument(parser)
     add_backend_argument(parser)
-    parser.add_argument(
-        "--quantize",
-        choices=("int8",),
-        default=None,
-        help="int8: the encoder's linears on int8 weights (per channel) and activations (per "
-        "token), for speed at a small accuracy cost (default: exact, unquantised)",
-    )
+    add_quantize_argument(parser)
     parser.add_argument(
         "--skip-bad",
         action="store_true",

@@ -81,3 +81,14 @@ def resolve_device(name: str | None) -> torch.device:
     if chosen.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {name}, but CUDA is not available here")
     return chosen
+
+
+def add_quantize_argument(parser: argparse.ArgumentParser) -> None:
+    """--quantize of the commands that load a model for inference (embed, serve)."""
+    parser.add_argument(
+        "--quantize",
+        choices=("int8",),
+        default=None,
+        help="int8: the encoder's linears on int8 weights (per channel) and activations (per "
+        "token), for speed at a small accuracy cost (default: exact, unquantised)",
+    )

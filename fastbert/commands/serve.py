@@ -11,6 +11,7 @@ from fastbert.commands.options import (
     UsageError,
     add_backend_argument,
     add_device_argument,
+    add_quantize_argument,
     positive_int,
 )
 
@@ -42,13 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="compute dtype (default: float16 on CUDA, float32 on the CPU)",
     )
     add_backend_argument(parser)
-    parser.add_argument(
-        "--quantize",
-        choices=("int8",),
-        default=None,
-        help="int8: the encoder's linears on int8 weights (per channel) and activations (per "
-        "token), for speed at a small accuracy cost (default: exact, unquantised)",
-    )
+    add_quantize_argument(parser)
     parser.add_argument(
         "--max-batch-tokens",
         type=positive_int,

@@ -132,10 +132,7 @@ class TextModel:
         options = replace(self.options, progress=progress)
         loaded = _Loop(self._raw, self.tokenise, options)
         sink = run.ArraySink(len(texts), self.encoder.dimensions, np.dtype(np.float32))
-        rows = (
-            readers.Row(i, i, t, readers.LIST_SOURCE, i, readers.text_problem(t, "text"))
-            for i, t in enumerate(texts)
-        )
+        rows = (readers.Row(i, i, t, readers.LIST_SOURCE, i) for i, t in enumerate(texts))
         run.run_rows(rows, loaded, sink, 0)
         return finish_embeddings(
             sink.array,

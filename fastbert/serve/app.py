@@ -33,7 +33,7 @@ from starlette.exceptions import HTTPException
 
 from fastbert.embed.text_model import CLASSIFICATION, EMBEDDING, TextModel, finish_embeddings
 from fastbert.serve import errors, inputs, schemas
-from fastbert.serve.batcher import Batcher, Reservation, Stats
+from fastbert.serve.batcher import Batcher, Reservation
 from fastbert.serve.metrics import Metrics
 from fastbert.serve.options import ServeOptions
 from fastbert.version import __version__
@@ -88,7 +88,7 @@ class Server:
             model.options.batch_tokens,
             options.max_concurrent_requests,
             max_tokens,
-            Stats(self.metrics.on_batch),
+            self.metrics.on_batch,
         )
         self.pool = ThreadPoolExecutor(options.tokenize_workers, "fastbert-tokenize")
         self.probe = model.tokenize(["health"]).ids
@@ -350,7 +350,6 @@ def create_app(model: TextModel, options: ServeOptions) -> Any:
     async def pair_scores(
         request: Request,
         timing: Timing,
-        route: str,
         firsts: list[str],
         seconds: list[str | None],
         truncate: bool | None,
@@ -371,14 +370,6 @@ def create_app(model: TextModel, options: ServeOptions) -> Any:
             field,
         )
 
-    def rerank_logits(logits: np.ndarray) -> np.ndarray:
-        if logits.shape[1] != 1:
-            raise errors.ModelFailed(
-                f"reranking needs a model with one output (a cross-encoder); {server.name} has "
-                f"{logits.shape[1]} labels: use /predict"
-            )
-        return logits[:, 0]
-
     async def rerank_scores(
         request: Request,
         timing: Timing,
@@ -390,13 +381,18 @@ def create_app(model: TextModel, options: ServeOptions) -> Any:
         field: str,
     ) -> np.ndarray:
         server.require(route)
+        if len(model.labels) != 1:  # refused before any work
+            raise errors.ModelFailed(
+                f"reranking needs a model with one output (a cross-encoder); {server.name} has "
+                f"{len(model.labels)} labels: use /predict"
+            )
         if not query.strip():
             raise errors.EmptyInput("query is empty", param="query")
         inputs.check_count(texts, server.limits, field)
         logits = await pair_scores(
-            request, timing, route, [query] * len(texts), list(texts), truncate, direction, field
+            request, timing, [query] * len(texts), list(texts), truncate, direction, field
         )
-        return rerank_logits(logits)
+        return logits[:, 0]
 
     @app.post("/rerank", dependencies=posted, tags=["TEI"])
     async def rerank(body: schemas.RerankRequest, request: Request) -> Response:
@@ -457,7 +453,6 @@ def create_app(model: TextModel, options: ServeOptions) -> Any:
         logits = await pair_scores(
             request,
             timing,
-            "/predict",
             [s[0] for s in sequences],
             [s[1] if len(s) == 2 else None for s in sequences],
             body.truncate,

@@ -79,14 +79,6 @@ class _Input:
         return len(self.work.tokens[self.row])
 
 
-@dataclass
-class Stats:
-    """What the model thread did, for the metrics: per batch, its inputs and padded tokens and
-    its time."""
-
-    on_batch: Callable[[int, int, float], None] = lambda inputs, tokens, seconds: None
-
-
 class Batcher:
     """The model thread and its queue.
 
@@ -102,13 +94,13 @@ class Batcher:
         batch_tokens: int,
         max_inputs: int,
         max_tokens: int,
-        stats: Stats | None = None,
+        on_batch: Callable[[int, int, float], None] | None = None,
     ):
         self.forward = forward
         self.batch_tokens = batch_tokens
         self.max_inputs = max_inputs
         self.max_tokens = max_tokens
-        self.stats = stats or Stats()
+        self.on_batch = on_batch or (lambda inputs, tokens, seconds: None)
         self.healthy = True
         self._waiting: deque[_Input] = deque()
         self._admitted_inputs = 0
@@ -251,7 +243,7 @@ class Batcher:
             rows, error = None, exc
         seconds = time.perf_counter() - start
         padded = len(batch) * max(len(t) for t in tokens)
-        self.stats.on_batch(len(batch), padded, seconds)
+        self.on_batch(len(batch), padded, seconds)
         with self._condition:
             self.healthy = error is None
             if error is None and seconds > 0:
