@@ -75,6 +75,17 @@ def test_attention_varlen(dtype, head_dim, lengths) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lengths", [[5, 0, 70, 1, 17], [33, 33, 2, 2, 2]], ids=str)
+def test_attention_varlen_gathered(dtype, lengths) -> None:
+    """The path CUDA and torch.compile take (a CPU runs one SDPA call per run of equal
+    lengths instead): traced by Dynamo, it gathers the packed tokens into one masked batch."""
+    q, k, v, cu = packed_qkv(lengths, 2, 32, dtype, "cpu", seed=len(lengths))
+    torch._dynamo.reset()
+    gathered = torch.compile(K.OPS["attention_varlen"].torch, fullgraph=True, backend="eager")
+    check_op(gathered, R.attention_varlen, (q, k, v, cu, max(lengths) + 3))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("poison", ["nan", "inf"])
 def test_varlen_other_sequences_never_leak(dtype, poison) -> None:
     """NaN / Inf in every token of one sequence: the others' outputs stay finite and exact."""
@@ -145,6 +156,9 @@ def test_linear(dtype, activation, rows) -> None:
     residual = randn((rows, 96), dtype, "cpu", seed=3)
     check_op(T.linear, R.linear, (x, weight, bias, activation, residual))
     check_op(T.linear, R.linear, (x[None], weight, None, activation))
+    # A call autograd records takes F.linear (oneDNN's inference op has no derivative).
+    recorded = check_op(T.linear, R.linear, (x.requires_grad_(), weight, bias, activation))
+    assert recorded.grad_fn is not None
 
 
 def test_linear_keeps_gradients() -> None:

@@ -46,7 +46,12 @@ def report() -> list[tuple[str, str]]:
             rows.append((f"gpu {i}", f"{torch.cuda.get_device_name(i)} (sm_{major}{minor})"))
     else:
         rows.append(("gpu", "none (CUDA not available)"))
-    rows.append(("backend torch", "yes (PyTorch primitives: SDPA, addmm, layer_norm; any device)"))
+    rows.append(
+        (
+            "backend torch",
+            "yes (PyTorch primitives: SDPA, oneDNN / addmm GEMMs, layer_norm; any device)",
+        )
+    )
     rows.append(("backend triton", triton_status()))
     default = "triton" if torch.cuda.is_available() else "torch"
     rows.append(("backend auto", f"-> {default} here"))

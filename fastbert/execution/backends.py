@@ -1,8 +1,9 @@
 """The one dispatch point for the hot ops: PyTorch's fastest primitives or the Triton kernels.
 
 ``backend="auto"`` picks the Triton kernels for CUDA tensors and the torch backend
-(kernels/torch_ops.py: scaled_dot_product_attention, addmm, layer_norm, embedding) elsewhere;
-``"triton"`` on a CPU tensor runs only under the Triton interpreter (TRITON_INTERPRET=1).
+(kernels/torch_ops.py: scaled_dot_product_attention, oneDNN / addmm, layer_norm, embedding)
+elsewhere; ``"triton"`` on a CPU tensor runs only under the Triton interpreter
+(TRITON_INTERPRET=1).
 
 The backends are read from the ops' declarations (:data:`fastbert.kernels.OPS`): the triton
 backend of an op is the declaration itself (its public call: under ``torch.compile`` the

@@ -8,7 +8,8 @@ which the model defines) as follows:
   the key-padding mask. Padded positions cost as much as real ones.
 - Padding-free: the real tokens of the batch are packed into [T, H] (T = number of real
   tokens), every op runs on them only, attention runs per sequence over cu_seqlens (the
-  torch backend unpacks each layer's Q, K, V to [B, longest] for one masked SDPA call), and the
+  torch backend runs one SDPA call per run of equal-length sequences on a CPU, and elsewhere
+  unpacks each layer's Q, K, V to [B, longest] for one masked SDPA call), and the
   result is scattered back to [B, S, H] with zeros at padded positions. The number of real
   tokens sizes the packed tensors: it comes from the one host read a forward makes
   (fastbert.execution.validation.read_batch), together with the id-range check.
@@ -21,11 +22,12 @@ which the model defines) as follows:
 Each is chosen per call by the model's ``padding_free`` and ``cuda_graphs`` settings, each
 "auto", True or False:
 
-- ``padding_free="auto"`` packs when at least PACK_MIN_PADDING of the batch is padding, on
-  every backend: on a CPU with the torch backend, packing cut the time of padded batches
-  roughly by their padding fraction, while dense and packed measured alike within the
-  noise below 10% padding (benchmarks/results/cpu-*); True packs whenever a mask has padding;
-  False never. A batch without padding always runs dense, and unmasked.
+- ``padding_free="auto"`` packs when at least PACK_MIN_PADDING of the batch is padding
+  (PACK_MIN_PADDING_CPU on a CPU): on a CPU the torch backend's packed attention runs each
+  sequence's keys only, on views of the packed tensors, and a packed MiniLM batch ran faster
+  than the dense one from about 4% padding, level at 2% (1 thread, 32-256 tokens a row);
+  True packs whenever a mask has padding; False never. A batch without padding always runs
+  dense, and unmasked.
 - ``cuda_graphs`` chooses when a call replays a graph of its key (fastbert.execution.graphs
   holds the rule, the bounds and the thread and weight safety). For a padding-free call, the
   key is its size bucket and its tokens the bucket's rows.
@@ -51,6 +53,7 @@ SETTINGS = ("auto", True, False)
 # "auto" packs when at least this fraction of the batch is padding: below it, the gather and
 # scatter cost more than the padded rows they save.
 PACK_MIN_PADDING = 0.1
+PACK_MIN_PADDING_CPU = 0.03
 # A graphed padding-free call runs token_bucket(T) rows: T rounded up to a multiple of an
 # eighth of the power of two at or below T, and of at least this many rows (so fewer than
 # T / 8 or 64 extra rows, and eight buckets per doubling of T).
@@ -192,7 +195,7 @@ def packing_threshold(setting: str | bool, key_padding_mask: torch.Tensor | None
         return None
     if setting is True:
         return 0.0
-    return PACK_MIN_PADDING
+    return PACK_MIN_PADDING_CPU if key_padding_mask.device.type == "cpu" else PACK_MIN_PADDING
 
 
 class Stack(Protocol):
