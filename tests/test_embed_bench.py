@@ -51,11 +51,17 @@ def test_embed_bench_reports_every_contender(tmp_path) -> None:
 PEER_KEYS = ["ort-fp32", "ort-int8", "openvino-fp32", "openvino-bf16"]
 
 
-@pytest.mark.slow
-def test_the_peers_agree_with_sentence_transformers(tmp_path, monkeypatch) -> None:
+@pytest.fixture(scope="module")
+def peer_cache(tmp_path_factory) -> Path:
+    """An empty cache folder for the exported graphs, shared by this module's tests."""
     for package in embed_peers.PACKAGES:
         pytest.importorskip(package)
-    monkeypatch.setenv("FASTBERT_CACHE", str(tmp_path / "cache"))  # exported afresh
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.mark.slow
+def test_the_peers_agree_with_sentence_transformers(tmp_path, monkeypatch, peer_cache) -> None:
+    monkeypatch.setenv("FASTBERT_CACHE", str(peer_cache))  # exported afresh
     out = tmp_path / "out"
     argv = ["--out", str(out), "--docs", "8", "--reps", "1", "--gemm-seconds", "0.05"]
     assert embed_bench.main([*argv, "--contenders", ",".join(PEER_KEYS)]) == 0
@@ -87,7 +93,7 @@ def test_the_peers_agree_with_sentence_transformers(tmp_path, monkeypatch) -> No
     markdown = (out / "embed-bench.md").read_text()
     assert "| onnxruntime int8 (dynamic, per channel) | int8 |" in markdown
     assert f"onnxruntime {env['onnxruntime']}, openvino {env['openvino']}" in markdown
-    files = list((tmp_path / "cache" / "peers").iterdir())
+    files = list((peer_cache / "peers").iterdir())
     assert [f.name.split("-")[:4] for f in files] == [["all", "MiniLM", "L6", "v2"]]
     assert {p.name for p in files[0].iterdir()} >= {
         embed_peers.EXPORTED,
@@ -95,6 +101,31 @@ def test_the_peers_agree_with_sentence_transformers(tmp_path, monkeypatch) -> No
         embed_peers.INT8,
         "export.json",
     }
+
+
+@pytest.mark.slow
+def test_a_peer_gets_the_batches_fastbert_gets(tmp_path, monkeypatch, peer_cache) -> None:
+    from fastbert.embed import run
+
+    monkeypatch.setenv("FASTBERT_CACHE", str(peer_cache))
+    seen: dict[str, list[list[list[int]]]] = {}
+    embed_sorted = run.embed_sorted
+
+    def recording(encoder, tokens, batch_tokens):
+        for batch, vectors in embed_sorted(encoder, tokens, batch_tokens):
+            seen.setdefault(type(encoder).__name__, []).append([tokens[i] for i in batch])
+            yield batch, vectors
+
+    monkeypatch.setattr(run, "embed_sorted", recording)
+    texts = embed_bench.corpus(24)
+    runs = embed_bench.contenders(
+        texts, "cpu", 256, tmp_path, "minilm", ["st", "fastbert-list", "ort-fp32"]
+    )
+    fastbert_vectors, peer_vectors = runs["fastbert-list"](texts), runs["ort-fp32"](texts)
+    assert set(seen) == {"Encoder", "PeerEncoder"}
+    assert len(seen["Encoder"]) > 3  # a budget of 256 tokens splits the corpus
+    assert seen["PeerEncoder"] == seen["Encoder"]
+    assert embed_bench.cosine_min(peer_vectors, fastbert_vectors) >= 0.9999
 
 
 def test_contenders_are_checked(monkeypatch, capsys) -> None:
