@@ -9,8 +9,9 @@ recognise), then
   the model's own head count and width: Attention, EmbedLayerNormalization,
   SkipLayerNormalization and BiasGelu nodes), run by ONNX Runtime in float32;
 - ``ort-int8``: that fused graph through ``onnxruntime.quantization.quantize_dynamic``,
-  per output channel, int8 weights (U8S8, what ONNX Runtime recommends on x86-64; activations
-  are quantised per tensor at run time, as dynamic quantisation does);
+  int8 weights per output channel, uint8 activations quantised per tensor at run time (U8S8,
+  the quantiser's default; ONNX Runtime's guide asks for 7-bit reduce_range only on x86-64
+  CPUs without VNNI, against saturation);
 - ``openvino-fp32``, ``openvino-bf16``: the exported (unfused) graph compiled by OpenVINO for
   the CPU with the inference precision hint f32 or bf16 (a CPU without native bf16 runs what
   OpenVINO chooses instead; the compiled model's own precision is what is recorded).
