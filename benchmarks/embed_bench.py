@@ -1,11 +1,12 @@
 """Corpus-embedding throughput: docs/s and tokens/s of the fastbert embed pipeline,
-``fastbert.optimize(st).encode`` and sentence-transformers' ``st.encode``, on the packaged
-all-MiniLM-L6-v2 (or, ``--model mpnet``, all-mpnet-base-v2: BERT-base size with MPNet's
-relative position bias) and a corpus of real English shipped with Python (the paragraphs of
-``pydoc_data.topics``, the help texts of the language reference: 2 to ~800 words each).
+``fastbert.optimize(st).encode``, sentence-transformers' ``st.encode`` and, where installed,
+ONNX Runtime and OpenVINO, on the packaged all-MiniLM-L6-v2 (or, ``--model mpnet``,
+all-mpnet-base-v2: BERT-base size with MPNet's relative position bias) and a corpus of real
+English shipped with Python (the paragraphs of ``pydoc_data.topics``, the help texts of the
+language reference: 2 to ~800 words each).
 
-    python benchmarks/embed_bench.py --out benchmarks/results/cpu-embed-<date> [--docs 1000]
-        [--model minilm|mpnet]
+    python -m benchmarks.embed_bench --out benchmarks/results/cpu-embed-<date> [--docs 1000]
+        [--model minilm|mpnet] [--contenders all|fastbert|st,fastbert-list,ort-int8,...]
 
 Contenders (each from a list of texts already in memory, or a .jsonl file for the pipeline,
 to embeddings; the model loaded beforehand and not timed):
@@ -15,16 +16,26 @@ to embeddings; the model loaded beforehand and not timed):
 - ``fastbert.embed(texts)``: the same pipeline from a list, into an array.
 - ``fastbert.optimize(st).encode``: sentence-transformers' encode with fastbert swapped in.
 - ``st.encode``: sentence-transformers as shipped (batch_size 32, its default).
+- The peers, when their packages are installed (``pip install 'fastbert[peers]'``; see
+  benchmarks/embed_peers.py): ONNX Runtime on the BERT-fused graph in fp32 and with dynamic
+  int8 weights per channel, OpenVINO in fp32 and bf16, each exported once from the same model
+  and run in the ``fastbert.embed(texts)`` pipeline in place of fastbert's forward: the same
+  tokenisation, the same length-sorted token-budget batches (the same token ids and masks),
+  pooled and normalised as the model folder says.
 
 Each runs ``--reps`` times after a warm-up on a slice of the corpus; the median is reported with
-the min and max. Every contender's embeddings are compared with ``st.encode``'s (the least
-cosine is reported). Writes embed-bench.json (with the environment) and embed-bench.md
-(embed-bench-mpnet.* for all-mpnet-base-v2).
+the min and max, and tokens/s as a percentage of the CPU's GEMM limit in the precision the
+contender computes in (benchmarks/gemm_limit.py, measured in the same run). Every contender's
+embeddings are compared with ``st.encode``'s (fp32): the least cosine is reported beside the
+bound the contender is held to, and the run exits 1 when one falls below it. Writes
+embed-bench.json (with the environment: CPU model and flags, threads, versions) and
+embed-bench.md (embed-bench-mpnet.* for all-mpnet-base-v2).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -33,8 +44,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from benchmarks import embed_peers, gemm_limit
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -68,10 +82,52 @@ def model_folder(model: str) -> Path:
     return Path(getattr(models, MODELS[model][1])())
 
 
+@dataclasses.dataclass(frozen=True)
+class Contender:
+    """A row of the table: its name, the precision it computes in and the least cosine
+    against st.encode it is held to."""
+
+    name: str
+    precision: str = "float32"
+    min_cosine: float = 0.99999
+
+
+# --contenders key -> the row; "st" is the reference and always runs.
+FASTBERT = {
+    "st": Contender("st.encode"),
+    "fastbert-embed": Contender("fastbert embed"),
+    "fastbert-list": Contender("fastbert.embed(texts)"),
+    "fastbert-optimize": Contender("fastbert.optimize(st).encode"),
+}
+CONTENDERS = {
+    **FASTBERT,
+    **{k: Contender(p.name, p.precision, p.min_cosine) for k, p in embed_peers.PEERS.items()},
+}
+
+
+@dataclasses.dataclass
+class Pipeline:
+    """What fastbert's embed loop runs (run.run_rows): fastbert's tokeniser and options with
+    ``encoder``, fastbert's or a peer's."""
+
+    encoder: Any
+    tokenise: Any
+    options: Any
+
+
 def contenders(
-    texts: list[str], device: str, batch_tokens: int | None, workdir: Path, model: str = "minilm"
+    texts: list[str],
+    device: str,
+    batch_tokens: int | None,
+    workdir: Path,
+    model: str = "minilm",
+    chosen: list[str] | None = None,
+    details: dict | None = None,
 ) -> dict[str, Callable[[list[str]], np.ndarray]]:
-    """name -> function(texts) -> embeddings [n, dim] (float32 numpy)."""
+    """key -> function(texts) -> embeddings [n, dim] (float32 numpy), for the keys of
+    CONTENDERS in ``chosen`` (default: all fastbert's and the installed peers). A peer's
+    details (precision that ran, threads, fused nodes, files) go into ``details[key]``."""
+    import torch
     from sentence_transformers import SentenceTransformer
 
     import fastbert
@@ -80,11 +136,12 @@ def contenders(
     from fastbert.embed.shards import ShardWriter
     from fastbert.embed.text_model import load_options
 
-    folder = str(model_folder(model))
-    options = EmbedOptions(model=folder, device=device, batch_tokens=batch_tokens, progress=False)
+    chosen = chosen or [*FASTBERT, *embed_peers.available()]
+    folder = model_folder(model)
+    options = EmbedOptions(
+        model=str(folder), device=device, batch_tokens=batch_tokens, progress=False
+    )
     loaded = load_options(options)
-    st = SentenceTransformer(folder, device=device)
-    swapped = fastbert.optimize(SentenceTransformer(folder, device=device))
 
     def embed_command(batch: list[str]) -> np.ndarray:
         source = workdir / f"corpus-{len(batch)}.jsonl"
@@ -97,18 +154,33 @@ def contenders(
         run.run_rows(readers.read_rows([source], "text", None), loaded, writer, 0)
         return read_shards(output)
 
-    def embed_list(batch: list[str]) -> np.ndarray:
-        sink = run.ArraySink(len(batch), loaded.encoder.dimensions, np.float32)
-        rows = (readers.Row(i, i, t, readers.LIST_SOURCE, i) for i, t in enumerate(batch))
-        run.run_rows(rows, loaded, sink, 0)
-        return sink.array
+    def embed_list(pipeline: Pipeline) -> Callable[[list[str]], np.ndarray]:
+        def embed(batch: list[str]) -> np.ndarray:
+            sink = run.ArraySink(len(batch), pipeline.encoder.dimensions, np.float32)
+            rows = (readers.Row(i, i, t, readers.LIST_SOURCE, i) for i, t in enumerate(batch))
+            run.run_rows(rows, pipeline, sink, 0)
+            return sink.array
 
-    return {
-        "fastbert embed": embed_command,
-        "fastbert.embed(texts)": embed_list,
-        "fastbert.optimize(st).encode": lambda b: swapped.encode(b, convert_to_numpy=True),
-        "st.encode": lambda b: st.encode(b, convert_to_numpy=True),
-    }
+        return embed
+
+    runs: dict[str, Callable[[list[str]], np.ndarray]] = {}
+    for key in ["st", *[k for k in chosen if k != "st"]]:
+        if key == "st":
+            st = SentenceTransformer(str(folder), device=device)
+            runs[key] = lambda b, st=st: st.encode(b, convert_to_numpy=True)
+        elif key == "fastbert-embed":
+            runs[key] = embed_command
+        elif key == "fastbert-list":
+            runs[key] = embed_list(Pipeline(loaded.encoder, loaded.tokenise, loaded.options))
+        elif key == "fastbert-optimize":
+            swapped = fastbert.optimize(SentenceTransformer(str(folder), device=device))
+            runs[key] = lambda b, m=swapped: m.encode(b, convert_to_numpy=True)
+        else:
+            encoder = embed_peers.build(key, folder, torch.get_num_threads(), name=MODELS[model][0])
+            if details is not None:
+                details[key] = encoder.details
+            runs[key] = embed_list(Pipeline(encoder, loaded.tokenise, loaded.options))
+    return runs
 
 
 def read_shards(folder: Path) -> np.ndarray:
@@ -149,31 +221,74 @@ def cosine_min(a: np.ndarray, b: np.ndarray) -> float:
 
 def markdown(report: dict) -> str:
     env, rows = report["environment"], report["results"]
+    limits = report.get("gemm_limit") or {}
     lines = [
         f"# Corpus embedding, {report['device']}: {report['docs']} docs, {report['tokens']} tokens",
         "",
-        f"{report.get('model', 'all-MiniLM-L6-v2')} (packaged), fp32, max_length "
+        f"{report.get('model', 'all-MiniLM-L6-v2')} (packaged), max_length "
         f"{report['max_length']}; corpus: "
         f"paragraphs of pydoc_data.topics (words per doc: median {report['words_median']}, "
         f"max {report['words_max']}); median of {report['reps']} runs after a warm-up; model "
         "loading not timed.",
-        f"CPU: {env['cpu']} ({env['cpu_threads']} torch threads); load average at start "
+        f"CPU: {env['cpu']} ({env['cpu_threads']} torch threads; flags: "
+        f"{env.get('cpu_flags') or 'none listed'}); load average at start "
         f"{report['load_average']}; torch {env['torch']}, transformers {env['transformers']}, "
-        f"sentence-transformers {env['sentence-transformers']}; commit {env['commit']}; "
-        f"{env['date']}.",
+        f"sentence-transformers {env['sentence-transformers']}, onnxruntime "
+        f"{env.get('onnxruntime')}, openvino {env.get('openvino')}, onnx {env.get('onnx')}; "
+        f"commit {env['commit']}; {env['date']}.",
         "",
-        "| contender | median s | min s | max s | docs/s | tokens/s | vs st.encode | "
-        "min cosine vs st.encode |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| contender | precision | median s | min s | max s | docs/s | tokens/s | "
+        "% GEMM limit | vs st.encode | min cosine vs st.encode | bound |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     baseline = next(r["median_s"] for r in rows if r["name"] == "st.encode")
     for r in rows:
+        percent = r.get("gemm_limit_percent")
         lines.append(
-            f"| {r['name']} | {r['median_s']:.2f} | {min(r['seconds']):.2f} | "
-            f"{max(r['seconds']):.2f} | {r['docs_per_s']:.1f} | {r['tokens_per_s']:,.0f} | "
-            f"{baseline / r['median_s']:.2f}x | {r['cosine_min']:.6f} |"
+            f"| {r['name']} | {r.get('precision', 'float32')} | {r['median_s']:.2f} | "
+            f"{min(r['seconds']):.2f} | {max(r['seconds']):.2f} | {r['docs_per_s']:.1f} | "
+            f"{r['tokens_per_s']:,.0f} | {'' if percent is None else f'{percent:.1f}%'} | "
+            f"{baseline / r['median_s']:.2f}x | {r['cosine_min']:.6f} | "
+            f"{r.get('min_cosine', '')} |"
         )
+    if limits:
+        tokens, hidden, intermediate = limits["shape"]
+        rates = ", ".join(
+            f"{p} {limits[p]['gflops']:.0f} GFLOP/s ({limits[p]['tokens_per_s']:,.0f} tokens/s)"
+            for p in gemm_limit.PRECISIONS
+            if p in limits
+        )
+        lines += [
+            "",
+            f"GEMM limit (benchmarks/gemm_limit.py): [{tokens}, {hidden}] x [{hidden}, "
+            f"{intermediate}] through torch on {limits['threads']} threads: {rates}; "
+            f"{limits['flops_per_token']:,} linear-layer FLOPs per token. A row's percentage "
+            "is of the limit in its precision.",
+        ]
+    for key, detail in (report.get("peers") or {}).items():
+        lines.append(f"\n{CONTENDERS[key].name}: {json.dumps(detail, sort_keys=True)}")
     return "\n".join(lines) + "\n"
+
+
+def parse_contenders(text: str) -> list[str]:
+    """--contenders: "all" (fastbert's and the installed peers), "fastbert" (fastbert's) or
+    comma-separated keys of CONTENDERS (st, the reference, is added when missing). A peer whose
+    packages are missing is refused naming the install command."""
+    if text in ("all", "fastbert"):
+        return [*FASTBERT, *(embed_peers.available() if text == "all" else [])]
+    keys = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in CONTENDERS]
+    if unknown or not keys:
+        raise argparse.ArgumentTypeError(
+            f"unknown contender {', '.join(unknown) or repr(text)}: choose from all, "
+            + ", ".join(CONTENDERS)
+        )
+    missing = [k for k in keys if k in embed_peers.PEERS and not embed_peers.installed(k)]
+    if missing:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(missing)} need packages that are not installed: {embed_peers.INSTALL}"
+        )
+    return ["st", *[k for k in dict.fromkeys(keys) if k != "st"]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,11 +299,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch-tokens", type=int, default=None)
     parser.add_argument("--model", choices=sorted(MODELS), default="minilm")
+    parser.add_argument(
+        "--contenders",
+        type=parse_contenders,
+        default=None,
+        help="comma-separated: " + ", ".join(CONTENDERS) + "; fastbert: fastbert's rows; all "
+        "(the default): fastbert's and, on the CPU, every peer whose packages are installed. "
+        "st.encode, the reference, always runs",
+    )
+    parser.add_argument(
+        "--gemm-seconds",
+        type=float,
+        default=1.0,
+        help="seconds of matrix products per precision for the GEMM limit (0: not measured)",
+    )
     args = parser.parse_args(argv)
+    if args.contenders is None:
+        args.contenders = parse_contenders("all" if args.device == "cpu" else "fastbert")
+    peers_named = [k for k in args.contenders if k in embed_peers.PEERS]
+    if peers_named and args.device != "cpu":
+        parser.error(f"--contenders {','.join(peers_named)}: the peers run on the CPU only")
 
     import torch
 
     from fastbert.bench import environment
+    from fastbert.embed.model import read_config
 
     texts = corpus(args.docs)
     words = [len(t.split()) for t in texts]
@@ -200,25 +335,54 @@ def main(argv: list[str] | None = None) -> int:
     max_length = json.loads((folder / "sentence_bert_config.json").read_text())["max_seq_length"]
     tokens = count_tokens(texts, max_length, args.model)
     load_average = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    results = []
+    env = environment.capture()  # the commit measured, before anything else runs
+    env.update(embed_peers.versions())
+    limits = None
+    if args.gemm_seconds > 0 and args.device == "cpu":
+        config = read_config(folder)
+        precisions = {CONTENDERS[k].precision for k in args.contenders}
+        limits = gemm_limit.measure(
+            config.hidden_size,
+            config.intermediate_size,
+            config.num_hidden_layers,
+            precisions=tuple(p for p in gemm_limit.PRECISIONS if p in precisions),
+            seconds=args.gemm_seconds,
+        )
+    results, details = [], {}
     with tempfile.TemporaryDirectory() as workdir, torch.inference_mode():
-        runs = contenders(texts, args.device, args.batch_tokens, Path(workdir), args.model)
+        runs = contenders(
+            texts,
+            args.device,
+            args.batch_tokens,
+            Path(workdir),
+            args.model,
+            args.contenders,
+            details,
+        )
         reference = None
-        for name in ("st.encode", *[n for n in runs if n != "st.encode"]):
-            seconds, embedded = measure(runs[name], texts, args.reps)
+        for key in runs:
+            row = CONTENDERS[key]
+            seconds, embedded = measure(runs[key], texts, args.reps)
             reference = embedded if reference is None else reference
             median = statistics.median(seconds)
+            limit = (limits or {}).get(row.precision)
             results.append(
                 {
-                    "name": name,
+                    "key": key,
+                    "name": row.name,
+                    "precision": row.precision,
                     "seconds": seconds,
                     "median_s": median,
                     "docs_per_s": len(texts) / median,
                     "tokens_per_s": tokens / median,
+                    "gemm_limit_percent": None
+                    if limit is None
+                    else 100 * tokens / median / limit["tokens_per_s"],
                     "cosine_min": cosine_min(embedded, reference),
+                    "min_cosine": row.min_cosine,
                 }
             )
-            print(f"{name}: {median:.2f} s, {len(texts) / median:.1f} docs/s", file=sys.stderr)
+            print(f"{row.name}: {median:.2f} s, {len(texts) / median:.1f} docs/s", file=sys.stderr)
     report = {
         "model": MODELS[args.model][0],
         "device": args.device,
@@ -230,7 +394,9 @@ def main(argv: list[str] | None = None) -> int:
         "words_max": max(words),
         "load_average": load_average,
         "batch_tokens": args.batch_tokens,
-        "environment": environment.capture(),
+        "environment": env,
+        "gemm_limit": limits,
+        "peers": details,
         "results": results,
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -238,7 +404,13 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / f"{stem}.md").write_text(markdown(report))
     print(markdown(report))
-    return 0
+    below = [r for r in results if r["cosine_min"] < r["min_cosine"]]
+    for r in below:
+        print(
+            f"{r['name']}: least cosine {r['cosine_min']:.6f} is below its bound {r['min_cosine']}",
+            file=sys.stderr,
+        )
+    return 1 if below else 0
 
 
 if __name__ == "__main__":

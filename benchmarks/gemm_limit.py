@@ -1,0 +1,81 @@
+"""The GEMM limit of a CPU for an encoder: the tokens/s at which its linear layers alone would
+run if every product went at the rate this CPU's matrix multiply reaches, measured here.
+
+The rate is that of the model's largest product (the feed-forward up-projection, [tokens,
+hidden] x [hidden, intermediate]) at a batch of ``tokens`` rows, through PyTorch: ``torch.mm``
+in float32 and bfloat16 (MKL / oneDNN), ``torch._int_mm`` for int8 (int32 accumulation). The
+work per token is that of the linear layers, ``2 * layers * (4 hidden^2 + 2 hidden
+intermediate)`` FLOPs (the Q, K, V and output projections, the two feed-forward products);
+attention's own products (a few percent at the lengths of real text) and everything else are
+not counted, so a contender's fraction of this limit is a lower bound of how close to the
+GEMM rate its products run.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+PRECISIONS = ("float32", "bfloat16", "int8")
+
+
+def linear_flops_per_token(hidden: int, intermediate: int, layers: int) -> int:
+    """FLOPs of the linear layers of one token through ``layers`` encoder layers."""
+    return 2 * layers * (4 * hidden * hidden + 2 * hidden * intermediate)
+
+
+def gemm_flops_per_s(
+    precision: str, tokens: int, hidden: int, intermediate: int, seconds: float = 1.0
+) -> float:
+    """FLOP/s (integer operations for int8) of [tokens, hidden] x [hidden, intermediate] in
+    ``precision`` on this CPU's torch threads: the median of repeated products for about
+    ``seconds`` after a warm-up."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r}: one of {', '.join(PRECISIONS)}")
+    generator = torch.Generator().manual_seed(0)
+    if precision == "int8":
+        a = torch.randint(-127, 128, (tokens, hidden), dtype=torch.int8, generator=generator)
+        b = torch.randint(-127, 128, (hidden, intermediate), dtype=torch.int8, generator=generator)
+
+        def product() -> torch.Tensor:
+            return torch._int_mm(a, b)
+    else:
+        dtype = getattr(torch, precision)
+        a = torch.randn(tokens, hidden, generator=generator).to(dtype)
+        b = torch.randn(hidden, intermediate, generator=generator).to(dtype)
+
+        def product() -> torch.Tensor:
+            return torch.mm(a, b)
+
+    product()
+    samples: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while len(samples) < 3 or time.perf_counter() < deadline:
+        start = time.perf_counter()
+        product()
+        samples.append(time.perf_counter() - start)
+    return 2 * tokens * hidden * intermediate / statistics.median(samples)
+
+
+def measure(
+    hidden: int,
+    intermediate: int,
+    layers: int,
+    tokens: int = 4096,
+    precisions: tuple[str, ...] = PRECISIONS,
+    seconds: float = 1.0,
+) -> dict:
+    """The limit of each precision: {"shape", "flops_per_token", "threads", precision:
+    {"gflops", "tokens_per_s"}}."""
+    flops = linear_flops_per_token(hidden, intermediate, layers)
+    limits: dict = {
+        "shape": [tokens, hidden, intermediate],
+        "flops_per_token": flops,
+        "threads": torch.get_num_threads(),
+    }
+    for precision in precisions:
+        rate = gemm_flops_per_s(precision, tokens, hidden, intermediate, seconds)
+        limits[precision] = {"gflops": rate / 1e9, "tokens_per_s": rate / flops}
+    return limits
