@@ -254,7 +254,8 @@ def markdown(report: dict) -> str:
     if limits:
         tokens, hidden, intermediate = limits["shape"]
         rates = ", ".join(
-            f"{p} {limits[p]['gflops']:.0f} GFLOP/s ({limits[p]['tokens_per_s']:,.0f} tokens/s)"
+            f"{p} {limits[p]['gflops']:.0f} GFLOP/s ({limits[p]['tokens_per_s']:,.0f} tokens/s, "
+            f"{limits[p]['kernel']})"
             for p in gemm_limit.PRECISIONS
             if p in limits
         )

