@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     backend = "triton" if args.device.startswith("cuda") else "torch"
+    env = environment.capture()  # before the run: the commit and load it started with
     report = evaluate_precisions(
         device=args.device,
         backend=backend,
@@ -86,7 +87,6 @@ def main(argv: list[str] | None = None) -> int:
         corpus=args.corpus,
         progress=sys.stderr,
     ).to_dict()
-    env = environment.capture()
     command = "python -m benchmarks.precision_accuracy " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
