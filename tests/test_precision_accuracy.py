@@ -229,7 +229,11 @@ def test_text_table(monkeypatch, capsys) -> None:
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--precisions", "fp8"], "unknown precision fp8; choose from fp32, fp16, bf16, int8"),
+        (["--precisions", "fp8"], "--precisions: unknown fp8; choose from fp32, fp16, bf16, int8"),
+        (
+            ["--dtypes", "bf16", "--backend", "triton"],
+            "--dtypes: bf16 cannot run on cpu with backend triton; it runs fp32, fp16, int8",
+        ),
         (["--precisions", "--texts", "3"], "--texts: the stage comparison's options"),
         (["--precisions", "fp32", "--dtypes", "fp32"], "--dtypes: the stage comparison's"),
         (["--queries", "3"], "--queries and --corpus belong to --precisions"),
@@ -242,3 +246,36 @@ def test_usage_errors(capsys, argv: list[str], message: str) -> None:
     assert main([*ON_CPU, *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: fastbert accuracy") and message in err, err
+
+
+def test_benchmark_writes_the_report_as_a_table(minilm_report) -> None:
+    """benchmarks/precision_accuracy.py's Markdown: one row per precision, the report's numbers,
+    the environment and the command."""
+    from benchmarks.precision_accuracy import markdown
+
+    report, _ = minilm_report
+    environment = {
+        "cpu": "a CPU",
+        "cpu_flags": "avx2",
+        "cpu_threads": 2,
+        "gpu": None,
+        "torch": "2.x",
+        "transformers": "5.x",
+        "sentence-transformers": "6.x",
+        "python": "3.x",
+        "commit": "abc",
+        "date": "today",
+    }
+    table = markdown(report, environment, "python -m benchmarks.precision_accuracy --out x")
+    rows = re.findall(r"^\| (fp32|bf16|int8) \| (.+?) \| (\S+) \|", table, re.M)
+    assert [(p, r) for p, r, _ in rows] == [
+        ("fp32", "float32"),
+        ("bf16", "bfloat16"),
+        ("int8", "float32 + int8"),
+    ]
+    assert [float(e) for *_, e in rows] == pytest.approx(
+        [r["hidden_max_abs_err"] for r in report["results"]], rel=1e-2
+    )
+    assert f"{report['queries']} query sentences and {report['corpus']} corpus" in table
+    assert "CPU: a CPU (flags: avx2; 2 torch threads)" in table and "commit abc" in table
+    assert "Command: `python -m benchmarks.precision_accuracy --out x`" in table

@@ -92,9 +92,7 @@ def check_precisions(names: list[str] | None, device: torch.device, backend: str
         return runs
     unknown = [n for n in names if n not in PRECISION_NAMES]
     if unknown:
-        raise ValueError(
-            f"unknown precision {', '.join(unknown)}; choose from {', '.join(PRECISION_NAMES)}"
-        )
+        raise ValueError(f"unknown {', '.join(unknown)}; choose from {', '.join(PRECISION_NAMES)}")
     refused = [n for n in names if n not in runs]
     if refused:
         raise ValueError(
@@ -130,7 +128,7 @@ def encode(model: Any, texts: list[str], batches: list[list[int]]) -> Encoded:
     return Encoded(hidden, torch.stack(sentences))
 
 
-def compare(
+def compare_encoded(
     got: Encoded, ref: Encoded, queries: int, embedding_model: bool
 ) -> dict[str, float | None]:
     """The metrics of ``got`` against ``ref`` (see the module docstring); the first
@@ -209,7 +207,9 @@ def evaluate_precisions(
             swapped = optimize(
                 copy.deepcopy(st), dtype=dtype, backend=backend, quantize=entry.quantize
             )
-            metrics = compare(encode(swapped, texts, batches), ref, queries, embedding_model)
+            metrics = compare_encoded(
+                encode(swapped, texts, batches), ref, queries, embedding_model
+            )
             del swapped
             results.append(
                 PrecisionResult(name, str(dtype).removeprefix("torch."), entry.quantize, **metrics)

@@ -184,6 +184,19 @@ def _print_precision_report(report) -> None:
         )
 
 
+def _checked_precisions(flag: str, value: str | None, device, backend: str) -> list[str] | None:
+    """The precisions a comma-separated ``value`` of ``flag`` names (None when it names none);
+    UsageError for an unknown one or one the device does not run."""
+    if not value:
+        return None
+    from fastbert import accuracy
+
+    try:
+        return accuracy.check_precisions(value.split(","), device, backend)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from exc
+
+
 def _run_precisions(args: argparse.Namespace, device) -> int:
     """The precision report (--precisions)."""
     stage_options = [
@@ -208,7 +221,7 @@ def _run_precisions(args: argparse.Namespace, device) -> int:
         )
     from fastbert import accuracy
 
-    names = args.precisions.split(",") if args.precisions else None
+    names = _checked_precisions("--precisions", args.precisions, device, backend)
     try:
         report = accuracy.evaluate_precisions(
             model=args.model,
@@ -236,6 +249,9 @@ def run(args: argparse.Namespace) -> int:
     if args.queries is not None or args.corpus is not None:
         raise UsageError("--queries and --corpus belong to --precisions")
     args.backend = args.backend or "triton"
+    # Checked here, before a re-run under the interpreter, so a usage error comes from this
+    # process.
+    dtypes = _checked_precisions("--dtypes", args.dtypes, device, args.backend)
     on_cpu = device.type == "cpu"
     if on_cpu and args.backend == "triton" and not launch.interpreting():
         print(
@@ -245,13 +261,6 @@ def run(args: argparse.Namespace) -> int:
         return _rerun_under_interpreter(args)
     from fastbert import accuracy
 
-    dtypes = args.dtypes.split(",") if args.dtypes else None
-    unknown = [d for d in dtypes or () if d not in accuracy.PRECISION_NAMES]
-    if unknown:
-        raise UsageError(
-            f"--dtypes: unknown {', '.join(unknown)}; choose from "
-            f"{', '.join(accuracy.PRECISION_NAMES)}"
-        )
     small = on_cpu and args.backend == "triton"
     texts = args.texts or (CPU_TEXTS if small else len(accuracy.TEXTS))
     max_length = args.max_length or (CPU_MAX_LENGTH if small else 128)
