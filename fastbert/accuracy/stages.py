@@ -40,6 +40,7 @@ from typing import Any, TextIO
 import torch
 import torch.nn.functional as F
 
+from fastbert.accuracy.precisions import PRECISIONS, precision, runnable
 from fastbert.bench.progress import Progress
 from fastbert.bench.shapes import MODEL_SHAPES, padded_batch
 from fastbert.integrations import models as hf_models
@@ -60,22 +61,20 @@ TEXTS = (
     "no no no no no no no no no no",
     "Photosynthesis converts light energy into chemical energy stored in glucose.",
 )
-DTYPE_NAMES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-# Every precision the comparison runs, when asked for by name: the dtypes, and "int8"
-# (quantize="int8" in float32 on a CPU, in float16 on CUDA; never run unless asked).
-PRECISION_NAMES = (*DTYPE_NAMES, "int8")
+# The plain dtypes by name (fp32, fp16, bf16): the precisions without quantize.
+DTYPE_NAMES = {
+    p.name: p.compute_dtype(torch.device("cpu")) for p in PRECISIONS if p.quantize is None
+}
 
 
 def compute_dtype(name: str, device: torch.device) -> torch.dtype:
     """The floating dtype precision ``name`` computes in on ``device``."""
-    if name in DTYPE_NAMES:
-        return DTYPE_NAMES[name]
-    return torch.float16 if device.type == "cuda" else torch.float32
+    return precision(name).compute_dtype(device)
 
 
 def quantization(name: str) -> str | None:
     """The ``quantize`` argument of precision ``name`` (None for a plain dtype)."""
-    return None if name in DTYPE_NAMES else name
+    return precision(name).quantize
 
 
 MINILM = "minilm"
@@ -137,13 +136,9 @@ class Run:
 
 
 def supported_dtypes(device: torch.device, backend: str) -> list[str]:
-    """The dtypes fastbert runs here: bf16 needs a GPU that has it (the interpreter's bf16
-    products are wrong: triton issue 11584)."""
-    if device.type == "cuda":
-        return ["fp32", "fp16"] + (["bf16"] if torch.cuda.is_bf16_supported() else [])
-    if backend == "triton":
-        return ["fp32", "fp16"]
-    return ["fp32", "fp16", "bf16"]
+    """The plain dtypes fastbert runs here (the precisions without ``quantize``: those run
+    only when named): bf16 needs a GPU that has it, or the torch backend on a CPU."""
+    return [name for name in runnable(device, backend) if precision(name).quantize is None]
 
 
 def compare(got: torch.Tensor, ref: torch.Tensor, valid: torch.Tensor | None, name: str) -> Entry:

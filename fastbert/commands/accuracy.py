@@ -1,5 +1,7 @@
 """fastbert accuracy: fastbert against Hugging Face fp32, per layer and at the end, for every
-dtype the device runs (see fastbert/accuracy.py for what is compared)."""
+dtype the device runs (fastbert/accuracy/stages.py); with --precisions, each precision against
+sentence-transformers fp32 on a retrieval sample of real text
+(fastbert/accuracy/precision_report.py)."""
 
 from __future__ import annotations
 
@@ -19,10 +21,16 @@ from fastbert.kernels import launch
 from fastbert.model.families import FAMILIES
 
 NAME = "accuracy"
-HELP = "compare fastbert with Hugging Face fp32, layer by layer, in every supported dtype"
+HELP = (
+    "compare fastbert with Hugging Face fp32, layer by layer, in every supported dtype; "
+    "--precisions: each precision's error, cosine and top-10 overlap on real text"
+)
 # On a CPU the Triton kernels run under the interpreter (MiniLM: about 20 s per dtype for 32
 # tokens, the interpreter's tile height): a small input by default.
 CPU_TEXTS, CPU_MAX_LENGTH = 2, 16
+# --precisions' sample, as fastbert.accuracy.evaluate_precisions takes it by default (kept here
+# so that parsing the command line does not import the accuracy package).
+DEFAULT_QUERIES, DEFAULT_CORPUS = 100, 1000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,9 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_device_argument(parser)
     parser.add_argument(
         "--backend",
-        default="triton",
+        default=None,
         choices=("triton", "torch"),
-        help="fastbert backend (default triton; on a CPU under the Triton interpreter)",
+        help="fastbert backend (default triton, on a CPU under the Triton interpreter; with "
+        "--precisions: triton on CUDA, torch on a CPU)",
     )
     parser.add_argument(
         "--dtypes",
@@ -55,6 +64,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--texts", type=positive_int, default=None, help="how many built-in texts")
     parser.add_argument(
         "--max-length", type=positive_int, default=None, help="tokens per text, at most"
+    )
+    parser.add_argument(
+        "--precisions",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="LIST",
+        help="the precision report instead of the stage comparison: for each precision "
+        "(comma-separated subset of fp32,fp16,bf16,int8; alone: every one the device runs), "
+        "the hidden states' error and the sentence embeddings' cosine and top-10 neighbour "
+        "overlap against sentence-transformers fp32 on real text",
+    )
+    parser.add_argument(
+        "--queries",
+        type=positive_int,
+        default=None,
+        help=f"--precisions: query sentences in the sample (default {DEFAULT_QUERIES})",
+    )
+    parser.add_argument(
+        "--corpus",
+        type=positive_int,
+        default=None,
+        help=f"--precisions: corpus paragraphs in the sample (default {DEFAULT_CORPUS})",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -69,10 +101,9 @@ def _forwarded_argv(args: argparse.Namespace) -> list[str]:
         args.family,
         "--device",
         args.device,
-        "--backend",
-        args.backend,
     ]
     for flag, value in (
+        ("--backend", args.backend),
         ("--dtypes", args.dtypes),
         ("--texts", args.texts),
         ("--max-length", args.max_length),
@@ -121,9 +152,106 @@ def _print_report(report) -> None:
             )
 
 
+def _print_precision_report(report) -> None:
+    print(
+        f"fastbert accuracy --precisions: {report.model} on {report.device}, "
+        f"backend {report.backend}"
+    )
+    print(f"reference: {report.reference}")
+    print(
+        f"sample: {report.queries} queries and {report.corpus} corpus texts, {report.source}; "
+        f"{report.tokens} real tokens; mean |hidden| of the reference {report.hidden_mean_abs:.3f}"
+    )
+    print(
+        "hidden: the last layer's output at real tokens; cos: the sentence embeddings, per "
+        f"text; top-{report.top_k}: each query's {report.top_k} nearest corpus texts, the "
+        "fraction also among the reference's"
+    )
+    for note in report.notes:
+        print(f"note: {note}")
+    top = f"top-{report.top_k}"
+    print(
+        f"\n  {'precision':<11}{'runs in':<16}{'hidden max|err|':>16}{'mean|err|':>11}"
+        f"{'cos least':>11}{'cos mean':>10}{top + ' least':>14}{top + ' mean':>13}"
+    )
+    for r in report.results:
+        runs_in = r.compute_dtype + (f" + {r.quantize}" if r.quantize else "")
+        print(
+            f"  {r.precision:<11}{runs_in:<16}{r.hidden_max_abs_err:>16.2e}"
+            f"{r.hidden_mean_abs_err:>11.2e}{_fmt(r.cosine_least, '.6f'):>11}"
+            f"{_fmt(r.cosine_mean, '.6f'):>10}{_fmt(r.top10_overlap_least, '.2f'):>14}"
+            f"{_fmt(r.top10_overlap_mean, '.3f'):>13}"
+        )
+
+
+def _checked_precisions(flag: str, value: str | None, device, backend: str) -> list[str] | None:
+    """The precisions a comma-separated ``value`` of ``flag`` names (None when it names none);
+    UsageError for an unknown one or one the device does not run."""
+    if not value:
+        return None
+    from fastbert import accuracy
+
+    try:
+        return accuracy.check_precisions(value.split(","), device, backend)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from exc
+
+
+def _run_precisions(args: argparse.Namespace, device) -> int:
+    """The precision report (--precisions)."""
+    stage_options = [
+        flag
+        for flag, value in (
+            ("--dtypes", args.dtypes),
+            ("--texts", args.texts),
+            ("--max-length", args.max_length),
+        )
+        if value is not None
+    ]
+    if stage_options:
+        raise UsageError(
+            f"{', '.join(stage_options)}: the stage comparison's options; --precisions takes "
+            "--queries and --corpus"
+        )
+    backend = args.backend or ("triton" if device.type == "cuda" else "torch")
+    if device.type == "cpu" and backend == "triton":
+        raise UsageError(
+            "--precisions on a CPU runs the torch backend (the Triton interpreter is far too "
+            "slow for a corpus): leave out --backend or use --backend torch"
+        )
+    from fastbert import accuracy
+
+    names = _checked_precisions("--precisions", args.precisions, device, backend)
+    try:
+        report = accuracy.evaluate_precisions(
+            model=args.model,
+            device=args.device,
+            backend=backend,
+            precisions=names,
+            queries=args.queries or DEFAULT_QUERIES,
+            corpus=args.corpus or DEFAULT_CORPUS,
+            progress=sys.stderr,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        _print_precision_report(report)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     args.device = str(device)
+    if args.precisions is not None:
+        return _run_precisions(args, device)
+    if args.queries is not None or args.corpus is not None:
+        raise UsageError("--queries and --corpus belong to --precisions")
+    args.backend = args.backend or "triton"
+    # Checked here, before a re-run under the interpreter, so a usage error comes from this
+    # process.
+    dtypes = _checked_precisions("--dtypes", args.dtypes, device, args.backend)
     on_cpu = device.type == "cpu"
     if on_cpu and args.backend == "triton" and not launch.interpreting():
         print(
@@ -133,13 +261,6 @@ def run(args: argparse.Namespace) -> int:
         return _rerun_under_interpreter(args)
     from fastbert import accuracy
 
-    dtypes = args.dtypes.split(",") if args.dtypes else None
-    unknown = [d for d in dtypes or () if d not in accuracy.PRECISION_NAMES]
-    if unknown:
-        raise UsageError(
-            f"--dtypes: unknown {', '.join(unknown)}; choose from "
-            f"{', '.join(accuracy.PRECISION_NAMES)}"
-        )
     small = on_cpu and args.backend == "triton"
     texts = args.texts or (CPU_TEXTS if small else len(accuracy.TEXTS))
     max_length = args.max_length or (CPU_MAX_LENGTH if small else 128)

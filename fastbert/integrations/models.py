@@ -211,3 +211,15 @@ def load_tokenizer(path: str) -> Any:
             return transformers.AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError):
         return None
+
+
+def load_sentence_transformer(path: str, device: str) -> tuple[Any, bool]:
+    """(a SentenceTransformer of the local folder ``path`` on ``device`` in float32, in eval
+    mode; whether the folder is a sentence-transformers model, i.e. holds modules.json: if not,
+    sentence-transformers wraps the checkpoint with mean pooling of its own)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from sentence_transformers import SentenceTransformer
+
+    with quiet():
+        model = SentenceTransformer(path, device=device)
+    return model.eval(), (Path(path) / "modules.json").is_file()

@@ -1,0 +1,239 @@
+"""fastbert in each precision against sentence-transformers float32, on a retrieval sample of
+real text: the library behind ``fastbert accuracy --precisions``.
+
+The reference is the model as sentence-transformers runs it in float32 (Hugging Face's model
+inside it, unchanged). Each precision is what a user runs: ``fastbert.optimize`` on a copy of
+the same SentenceTransformer with the precision's ``dtype`` and ``quantize`` (padding-free and
+CUDA graphs at their defaults). Both encode the same texts in the same batches (sorted by
+length, as ``encode`` sorts them), and for each precision the report gives:
+
+- hidden states: the last layer's output (the Transformer module's token embeddings) at real
+  tokens, max and mean absolute error against the reference's, in float32;
+- for a sentence-transformers model (a folder with modules.json; the packaged
+  all-MiniLM-L6-v2): the sentence embeddings ``encode`` returns, least and mean cosine
+  similarity to the reference's, per text; and the overlap of each query's top-10 neighbours
+  in the corpus (cosine) with the reference's neighbours, least and mean over the queries
+  (see :mod:`fastbert.accuracy.retrieval` for the sample and the overlap).
+
+The texts are the sample's queries and corpus together; the cosines cover all of them.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import io
+import os
+from typing import Any, TextIO
+
+import torch
+import torch.nn.functional as F
+
+from fastbert.accuracy import retrieval
+from fastbert.accuracy.precisions import PRECISION_NAMES, precision, runnable
+from fastbert.bench.progress import Progress
+from fastbert.integrations import models as hf_models
+from fastbert.integrations.optimize import optimize
+
+MINILM = "minilm"
+REFERENCE = "sentence-transformers float32 (the Hugging Face model inside it)"
+DEFAULT_QUERIES, DEFAULT_CORPUS, BATCH_SIZE = 100, 1000, 32
+
+
+@dataclasses.dataclass
+class PrecisionResult:
+    """One precision against the reference; the sentence-level fields are None for a model
+    that is not a sentence-transformers model."""
+
+    precision: str
+    compute_dtype: str  # the floating dtype it runs in: "float32", "float16", "bfloat16"
+    quantize: str | None
+    hidden_max_abs_err: float
+    hidden_mean_abs_err: float
+    cosine_least: float | None = None
+    cosine_mean: float | None = None
+    top10_overlap_least: float | None = None
+    top10_overlap_mean: float | None = None
+
+
+@dataclasses.dataclass
+class PrecisionReport:
+    model: str
+    device: str
+    backend: str
+    reference: str
+    embedding_model: bool  # sentence embeddings and neighbours reported
+    source: str  # where the text comes from
+    queries: int
+    corpus: int
+    tokens: int  # real tokens over all texts
+    hidden_mean_abs: float  # mean |reference hidden state|: the scale of the errors
+    top_k: int
+    results: list[PrecisionResult]
+    notes: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Encoded:
+    """What one model computed for every text, in the sample's order."""
+
+    hidden: list[torch.Tensor]  # [tokens_i, H] float32 each: the real tokens' hidden states
+    sentences: torch.Tensor  # [texts, D] float32
+
+
+def check_precisions(names: list[str] | None, device: torch.device, backend: str) -> list[str]:
+    """``names`` (None: every precision the device runs) checked: ValueError naming the
+    choices for an unknown one, and naming what the device runs for one it cannot."""
+    runs = runnable(device, backend)
+    if names is None:
+        return runs
+    unknown = [n for n in names if n not in PRECISION_NAMES]
+    if unknown:
+        raise ValueError(f"unknown {', '.join(unknown)}; choose from {', '.join(PRECISION_NAMES)}")
+    refused = [n for n in names if n not in runs]
+    if refused:
+        raise ValueError(
+            f"{', '.join(refused)} cannot run on {device} with backend {backend}; it runs "
+            f"{', '.join(runs)}"
+        )
+    return list(dict.fromkeys(names))
+
+
+def length_batches(texts: list[str], batch_size: int) -> list[list[int]]:
+    """Indices of ``texts`` in batches of ``batch_size``, longest first (as ``encode`` sorts,
+    so a batch pads little)."""
+    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def encode(model: Any, texts: list[str], batches: list[list[int]]) -> Encoded:
+    """Every text's real-token hidden states and sentence embedding from a SentenceTransformer
+    ``model``, batch by batch (``encode`` with ``output_value=None``: all its outputs)."""
+    hidden: list[torch.Tensor | None] = [None] * len(texts)
+    sentences: list[torch.Tensor | None] = [None] * len(texts)
+    for batch in batches:
+        outputs = model.encode(
+            [texts[i] for i in batch],
+            output_value=None,
+            batch_size=len(batch),
+            show_progress_bar=False,
+        )
+        for index, output in zip(batch, outputs):
+            real = output["attention_mask"].bool()
+            hidden[index] = output["token_embeddings"][real].float().cpu()
+            sentences[index] = output["sentence_embedding"].float().cpu()
+    return Encoded(hidden, torch.stack(sentences))
+
+
+def compare_encoded(
+    got: Encoded, ref: Encoded, queries: int, embedding_model: bool
+) -> dict[str, float | None]:
+    """The metrics of ``got`` against ``ref`` (see the module docstring); the first
+    ``queries`` texts are the queries, the rest the corpus."""
+    max_err, err_sum, count = 0.0, 0.0, 0
+    for got_hidden, ref_hidden in zip(got.hidden, ref.hidden):
+        diff = (got_hidden - ref_hidden).abs()
+        max_err = max(max_err, diff.max().item())
+        err_sum += diff.double().sum().item()
+        count += diff.numel()
+    metrics: dict[str, float | None] = {
+        "hidden_max_abs_err": max_err,
+        "hidden_mean_abs_err": err_sum / count,
+    }
+    if embedding_model:
+        cosine = F.cosine_similarity(got.sentences, ref.sentences, dim=-1)
+        got_top = retrieval.neighbours(got.sentences[:queries], got.sentences[queries:])
+        ref_top = retrieval.neighbours(ref.sentences[:queries], ref.sentences[queries:])
+        shared = retrieval.overlap(got_top, ref_top)
+        metrics.update(
+            cosine_least=cosine.min().item(),
+            cosine_mean=cosine.mean().item(),
+            top10_overlap_least=shared.min().item(),
+            top10_overlap_mean=shared.mean().item(),
+        )
+    return metrics
+
+
+def model_path(model: str) -> tuple[str, str]:
+    """(folder, label) of ``model``: "minilm" (the packaged all-MiniLM-L6-v2) or a local
+    folder; ValueError for anything else."""
+    if model == MINILM:
+        return str(hf_models.packaged_minilm_path()), "all-MiniLM-L6-v2"
+    if os.path.isdir(model):
+        return model, model
+    raise ValueError(
+        f"the precision report runs a model and its tokenizer on real text: --model {MINILM!r} "
+        f"or a local folder, got {model!r}"
+    )
+
+
+def evaluate_precisions(
+    model: str = MINILM,
+    device: str = "cpu",
+    backend: str = "torch",
+    precisions: list[str] | None = None,
+    queries: int = DEFAULT_QUERIES,
+    corpus: int = DEFAULT_CORPUS,
+    batch_size: int = BATCH_SIZE,
+    progress: TextIO | None = None,
+) -> PrecisionReport:
+    """Run the comparison; see the module docstring. precisions: names from
+    :data:`~fastbert.accuracy.precisions.PRECISIONS` (None: every one the device runs).
+    Raises ValueError for a bad request, before loading anything.
+
+    progress: where to show progress over the runs (loading, the reference, each precision):
+    a tqdm bar on a terminal, numbered lines otherwise; None shows none."""
+    torch_device = torch.device(device)
+    names = check_precisions(precisions, torch_device, backend)
+    path, label = model_path(model)
+    sample = retrieval.retrieval_sample(queries, corpus)
+    with Progress(2 + len(names), "fastbert accuracy", stream=progress or io.StringIO()) as bar:
+        bar.step(f"loading {model}")
+        st, embedding_model = hf_models.load_sentence_transformer(path, device)
+        texts = sample.queries + sample.corpus
+        batches = length_batches(texts, batch_size)
+        bar.advance()
+        bar.step(f"sentence-transformers fp32, {len(texts)} texts")
+        ref = encode(st, texts, batches)
+        bar.advance()
+        results = []
+        for name in names:
+            bar.step(f"fastbert {name}")
+            entry = precision(name)
+            dtype = entry.compute_dtype(torch_device)
+            swapped = optimize(
+                copy.deepcopy(st), dtype=dtype, backend=backend, quantize=entry.quantize
+            )
+            metrics = compare_encoded(
+                encode(swapped, texts, batches), ref, queries, embedding_model
+            )
+            del swapped
+            results.append(
+                PrecisionResult(name, str(dtype).removeprefix("torch."), entry.quantize, **metrics)
+            )
+            bar.advance()
+    notes = []
+    if not embedding_model:
+        notes.append("not a sentence-transformers folder (no modules.json): hidden states only")
+    tokens = sum(h.shape[0] for h in ref.hidden)
+    hidden_mean_abs = sum(h.abs().double().sum().item() for h in ref.hidden) / (
+        tokens * ref.hidden[0].shape[-1]
+    )
+    return PrecisionReport(
+        model=label,
+        device=str(torch_device),
+        backend=backend,
+        reference=REFERENCE,
+        embedding_model=embedding_model,
+        source=retrieval.SOURCE,
+        queries=len(sample.queries),
+        corpus=len(sample.corpus),
+        tokens=tokens,
+        hidden_mean_abs=hidden_mean_abs,
+        top_k=retrieval.TOP_K,
+        results=results,
+        notes=notes,
+    )

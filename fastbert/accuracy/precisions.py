@@ -1,0 +1,80 @@
+"""The precisions ``fastbert accuracy`` compares, as data: one entry each, with the dtype it
+computes in and whether a device runs it.
+
+A new precision (a ``quantize`` mode, say) is one more :class:`Precision` in
+:data:`PRECISIONS`; the stage comparison, the precision report, their option checking and
+their documentation read this table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+from fastbert.execution import validation
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """One precision: ``name`` as the command line spells it.
+
+    quantize: the ``quantize`` argument of the entry points (None: a plain dtype).
+    compute_dtype: the floating dtype the model runs in on a device (float32 on a CPU and
+    float16 on CUDA for int8: the activations, LayerNorm and attention stay floating).
+    runs_on: whether fastbert runs it on a device with a backend ("torch" or "triton").
+    """
+
+    name: str
+    quantize: str | None
+    compute_dtype: Callable[[torch.device], torch.dtype]
+    runs_on: Callable[[torch.device, str], bool]
+
+
+def _cuda_capability_at_least(device: torch.device, capability: tuple[int, int]) -> bool:
+    return torch.cuda.get_device_capability(device) >= capability
+
+
+def _runs_bf16(device: torch.device, backend: str) -> bool:
+    """A GPU that has it; on a CPU the torch backend (PyTorch's bfloat16 kernels), not the
+    Triton interpreter (its bfloat16 products are wrong: triton issue 11584)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return backend == "torch"
+
+
+def _runs_int8(device: torch.device, backend: str) -> bool:
+    """CUDA: the integer tensor cores of sm_80 or newer; a CPU: torch._int_mm (the torch
+    backend; the interpreter runs it too, slowly)."""
+    if device.type == "cuda":
+        return _cuda_capability_at_least(device, validation.INT8_MIN_CAPABILITY)
+    return True
+
+
+PRECISIONS: tuple[Precision, ...] = (
+    Precision("fp32", None, lambda device: torch.float32, lambda device, backend: True),
+    Precision("fp16", None, lambda device: torch.float16, lambda device, backend: True),
+    Precision("bf16", None, lambda device: torch.bfloat16, _runs_bf16),
+    Precision(
+        "int8",
+        "int8",
+        lambda device: torch.float16 if device.type == "cuda" else torch.float32,
+        _runs_int8,
+    ),
+)
+PRECISION_NAMES: tuple[str, ...] = tuple(p.name for p in PRECISIONS)
+
+
+def precision(name: str) -> Precision:
+    """The entry called ``name``; ValueError naming the choices for another name."""
+    for entry in PRECISIONS:
+        if entry.name == name:
+            return entry
+    raise ValueError(f"unknown precision {name!r}; choose from {', '.join(PRECISION_NAMES)}")
+
+
+def runnable(device: torch.device, backend: str) -> list[str]:
+    """The names of the precisions fastbert runs on ``device`` with ``backend``, in table
+    order."""
+    return [p.name for p in PRECISIONS if p.runs_on(device, backend)]
