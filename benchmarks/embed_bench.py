@@ -15,6 +15,7 @@ to embeddings; the model loaded beforehand and not timed):
   in windows, token-budget batches, write Parquet shards), timed from the file to the shards.
 - ``fastbert.embed(texts)``: the same pipeline from a list, into an array.
 - ``fastbert.optimize(st).encode``: sentence-transformers' encode with fastbert swapped in.
+- ``fastbert.embed(texts)`` in bfloat16 and with dynamic int8 linears (``quantize="int8"``).
 - ``st.encode``: sentence-transformers as shipped (batch_size 32, its default).
 - The peers, when their packages are installed (``pip install 'fastbert[peers]'``; see
   benchmarks/embed_peers.py): ONNX Runtime on the BERT-fused graph in fp32 and with dynamic
@@ -98,7 +99,12 @@ FASTBERT = {
     "fastbert-embed": Contender("fastbert embed"),
     "fastbert-list": Contender("fastbert.embed(texts)"),
     "fastbert-optimize": Contender("fastbert.optimize(st).encode"),
+    # fastbert.embed(texts) in the lossy precisions, bounded as the peers computing alike.
+    "fastbert-bf16": Contender("fastbert.embed(texts) bf16", "bfloat16", 0.999),
+    "fastbert-int8": Contender("fastbert.embed(texts) int8", "int8", 0.99),
 }
+# The EmbedOptions of those rows.
+LOSSY = {"fastbert-bf16": {"dtype": "bfloat16"}, "fastbert-int8": {"quantize": "int8"}}
 CONTENDERS = {
     **FASTBERT,
     **{k: Contender(p.name, p.precision, p.min_cosine) for k, p in embed_peers.PEERS.items()},
@@ -172,6 +178,9 @@ def contenders(
             runs[key] = embed_command
         elif key == "fastbert-list":
             runs[key] = embed_list(Pipeline(loaded.encoder, loaded.tokenise, loaded.options))
+        elif key in LOSSY:
+            lossy = load_options(dataclasses.replace(options, **LOSSY[key]))
+            runs[key] = embed_list(Pipeline(lossy.encoder, lossy.tokenise, lossy.options))
         elif key == "fastbert-optimize":
             swapped = fastbert.optimize(SentenceTransformer(str(folder), device=device))
             runs[key] = lambda b, m=swapped: m.encode(b, convert_to_numpy=True)

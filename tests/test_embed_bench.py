@@ -49,6 +49,19 @@ def test_embed_bench_reports_every_contender(tmp_path) -> None:
     assert "| fastbert embed |" in (tmp_path / "embed-bench.md").read_text()
 
 
+def test_fastbert_lossy_rows_run_their_precision(tmp_path) -> None:
+    """bf16 and int8 rows really compute in their precision: near st.encode, not equal."""
+    argv = ["--out", str(tmp_path), "--docs", "6", "--reps", "1", "--gemm-seconds", "0.05"]
+    assert embed_bench.main([*argv, "--contenders", "fastbert-bf16,fastbert-int8"]) == 0
+    report = json.loads((tmp_path / "embed-bench.json").read_text())
+    rows = {r["name"]: r for r in report["results"]}
+    bf16, int8 = rows["fastbert.embed(texts) bf16"], rows["fastbert.embed(texts) int8"]
+    assert (bf16["precision"], int8["precision"]) == ("bfloat16", "int8")
+    assert 0.999 <= bf16["cosine_min"] < 0.999999
+    assert 0.99 <= int8["cosine_min"] < 0.9999
+    assert {"bfloat16", "int8"} <= set(report["gemm_limit"])
+
+
 PEER_KEYS = ["ort-fp32", "ort-int8", "openvino-fp32", "openvino-bf16"]
 
 

@@ -153,6 +153,20 @@ def test_int8_follows_weight_changes() -> None:
     assert not torch.equal(before, after)
 
 
+def test_int8_model_built_under_inference_mode() -> None:
+    """A model loaded inside torch.inference_mode (its parameters then have no version
+    counter) quantises and runs as one loaded outside it."""
+    hf = hf_model("BertModel", seed=6)
+    ids, mask, types = padded_batch([6, 4], seed=6)
+    outside = fastbert.BertModel.from_pretrained(hf, device="cpu", quantize="int8")
+    with torch.inference_mode():
+        inside = fastbert.BertModel.from_pretrained(hf, device="cpu", quantize="int8")
+        assert inside.layers[0].ffn_in_weight.is_inference()
+        got = inside(ids, mask, types).last_hidden_state
+        expected = outside(ids, mask, types).last_hidden_state
+    assert torch.equal(got, expected)
+
+
 def test_heads_take_quantize() -> None:
     hf = hf_model("BertForSequenceClassification", seed=7)
     model = fastbert.BertForSequenceClassification.from_pretrained(

@@ -53,10 +53,11 @@ SMOOTHING_FLOOR = 1e-5
 
 def parameters_key(module: torch.nn.Module) -> tuple:
     """What identifies the values of ``module``'s parameters: each one's address and version
-    counter, and the device."""
+    counter, and the device. A parameter made under torch.inference_mode has no version
+    counter (and can change only inside it): its address alone."""
     params = list(module.parameters())
     device = params[0].device if params else None
-    return (device, *((p.data_ptr(), p._version) for p in params))
+    return (device, *((p.data_ptr(), None if p.is_inference() else p._version) for p in params))
 
 
 def smoothing_scale(activation_max: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
