@@ -38,8 +38,8 @@ Dtypes: float16, bfloat16 and float32, all tensors alike. The product is accumul
 float32 inputs multiply in IEEE float32 (``input_precision="ieee"``, not TF32). Gradients are
 in their input's dtype; dY' is rounded to it before the product, as PyTorch's autograd does.
 
-int8 (:func:`linear_int8`, inference only): the ``INT8`` flag on the same kernel takes int8
-x and weight, multiplies their tiles into an int32 accumulator (``tl.dot`` on int8: IMMA on
+int8 (:func:`linear_int8`, inference only): the ``QUANT`` flag (1) on the same kernel takes
+int8 x and weight, multiplies their tiles into an int32 accumulator (``tl.dot`` on int8: IMMA on
 sm_80, the integer warpgroup MMA IGMMA on sm_90) and starts the epilogue by dequantising,
 ``acc * (x_scale[m] * weight_scale[n])`` in float32, before the bias, activation, residual and
 the store in the output's dtype. The weight is quantised per output channel once, by the
@@ -47,6 +47,13 @@ caller; x per token at run time by :func:`quantize_rows`, a row-wise kernel of i
 absolute maximum needs the whole row before any element can be rounded: fused into the GEMM,
 every column tile would read its rows twice, and fusing it into the LayerNorm before is left
 for later). Its float32 arithmetic is the reference's, so both quantise to the same bits.
+
+float8 e4m3 (:func:`linear_fp8`, inference only, sm_89 / sm_90 and newer): ``QUANT`` 2 takes
+e4m3 x and weight (scales max / 448, each value rounded to the nearest e4m3 in float32
+arithmetic by :func:`quantize_rows`), multiplies their tiles into float32 (``tl.dot`` on
+e4m3: the FP8 warpgroup MMA QGMMA on sm_90), adding each K tile's partial sum into the float32
+accumulator (``max_num_imprecise_acc``: inside one MMA chain sm_90 adds e4m3 products with a
+narrower adder), and dequantises in the same epilogue.
 
 Programs: one output tile per program, or (the persistent configs, a ``PERSISTENT`` flag on
 the same kernel) a fixed number of programs per SM, each walking output tiles, with its operand
@@ -116,9 +123,10 @@ HEAVY_EPILOGUE_MAX_ACC_VALUES = 64
 # BLOCK_K of 32 compile without spills.
 TRAINING_MAX_ACC_VALUES = 32
 GRAD_ACTIVATION_MAX_BLOCK_K = 32
-# int8 operands (INT8): the 128 int32 accumulator values per thread of a 128 x 256 tile over 8
-# warps spill 708 bytes on sm_80 even under the bias epilogue alone (the int8 fragments of the
+# int8 operands (QUANT 1): the 128 int32 accumulator values per thread of a 128 x 256 tile over
+# 8 warps spill 708 bytes on sm_80 even under the bias epilogue alone (the int8 fragments of the
 # IMMA operands take more registers than 16-bit ones); 64 compile without spills on both targets.
+# keep() applies it to every one-byte operand, float8 e4m3 (QUANT 2) too.
 INT8_MAX_ACC_VALUES = 64
 # The dweight product (HAS_ROW_SUM) reads both operands transposed: more than 64 operand
 # values per thread per K step ((BLOCK_M + BLOCK_N) x BLOCK_K / threads) spill, 284 to 6888
