@@ -23,7 +23,7 @@ if __name__ == "fastbert.kernels":
     from .flash_attention import ATTENTION, ATTENTION_VARLEN, attention, attention_varlen
     from .fused_embeddings import EMBEDDINGS_LAYER_NORM, embeddings_layer_norm
     from .fused_layer_norm import LAYER_NORM, layer_norm
-    from .fused_linear import LINEAR, LINEAR_INT8, linear, linear_int8
+    from .fused_linear import LINEAR, LINEAR_FP8, LINEAR_INT8, linear, linear_fp8, linear_int8
     from .masked_softmax import SCALED_MASKED_SOFTMAX, scaled_masked_softmax
     from .op import Kernel, Op
 
@@ -36,6 +36,7 @@ if __name__ == "fastbert.kernels":
             SCALED_MASKED_SOFTMAX,
             LINEAR,
             LINEAR_INT8,
+            LINEAR_FP8,
             LAYER_NORM,
             EMBEDDINGS_LAYER_NORM,
         )
@@ -53,6 +54,7 @@ __all__ = [
     "launch",
     "layer_norm",
     "linear",
+    "linear_fp8",
     "linear_int8",
     "reference",
     "scaled_masked_softmax",

@@ -173,14 +173,47 @@ def check_linear(x, weight, bias, activation, residual) -> None:
 def check_linear_int8(x, weight, weight_scale, bias, activation, residual, input_scale) -> None:
     """x: [..., K] float; weight: int8 [N, K]; weight_scale: float32 [N]; bias: [N] and
     residual: [..., N] in x's dtype; input_scale: float32 [K]."""
+    _check_linear_quantized(
+        torch.int8, x, weight, weight_scale, bias, activation, residual, input_scale
+    )
+
+
+def check_linear_fp8(x, weight, weight_scale, bias, activation, residual, input_scale) -> None:
+    """As :func:`check_linear_int8`, with a float8_e4m3fn weight."""
+    _check_linear_quantized(
+        torch.float8_e4m3fn, x, weight, weight_scale, bias, activation, residual, input_scale
+    )
+
+
+# The CUDA compute capability of the FP8 tensor cores: sm_89 (Ada) and sm_90 (Hopper) on.
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+def check_fp8_device(name: str, t: torch.Tensor) -> None:
+    """ValueError when ``t`` is on a CUDA device older than sm_89, which has no float8
+    tensor cores."""
+    if t.device.type != "cuda":
+        return
+    capability = torch.cuda.get_device_capability(t.device)
+    if capability < FP8_MIN_CAPABILITY:
+        raise ValueError(
+            f"{name} is on {torch.cuda.get_device_name(t.device)} (sm_{capability[0]}"
+            f"{capability[1]}): float8 e4m3 products need the FP8 tensor cores of sm_89 "
+            "(Ada) or sm_90 (Hopper) and newer; use int8 (sm_80 and newer) or float16 there"
+        )
+
+
+def _check_linear_quantized(
+    weight_dtype, x, weight, weight_scale, bias, activation, residual, input_scale
+) -> None:
     check_tensor("x", x, min_ndim=1)
     check_tensor("weight", weight, ndim=2)
     check_tensor("weight_scale", weight_scale, ndim=1)
     check_float("x", x)
-    if weight.dtype != torch.int8:
+    if weight.dtype != weight_dtype:
         raise TypeError(
-            f"weight must be int8 (quantised per output channel, see quantize_weight), got "
-            f"{weight.dtype}"
+            f"weight must be {str(weight_dtype).removeprefix('torch.')} (quantised per output "
+            f"channel, see quantize_weight), got {weight.dtype}"
         )
     for name, scale in (("weight_scale", weight_scale), ("input_scale", input_scale)):
         if scale is not None:

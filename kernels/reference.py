@@ -207,25 +207,36 @@ def linear(
 
 
 INT8_MAX = 127
+# The largest finite float8 e4m3 value (torch.float8_e4m3fn: no infinities).
+FP8_E4M3_MAX = 448.0
+QUANTIZATIONS = ("int8", "fp8")
 
 
 def quantize_rows(
-    x: torch.Tensor, input_scale: torch.Tensor | None = None
+    x: torch.Tensor, input_scale: torch.Tensor | None = None, quantize: str = "int8"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 quantisation of each row (the last dim) of ``x``, in float32.
+    """Symmetric quantisation of each row (the last dim) of ``x``, in float32: to int8
+    (``quantize="int8"``) or to float8 e4m3 (``"fp8"``, torch.float8_e4m3fn).
 
     ``input_scale`` (float32 [K], optional) multiplies x's columns first (row = x * input_scale,
-    one float32 product). With a = max |row| and inv = 127 / a (0 for a row of zeros)::
+    one float32 product). With a = max |row|, Q = 127 (int8) or 448 (e4m3's largest value) and
+    inv = Q / a (0 for a row of zeros)::
 
-        q = round(row * inv)   (half to even; |q| <= 127)      scale = a / 127
+        int8:  q = round(row * inv)   (half to even; |q| <= 127)         scale = a / 127
+        fp8:   q = e4m3(row * inv)    (nearest e4m3, ties to even;       scale = a / 448
+                                       |q| <= 448, saturating)
 
-    so that row ~= q * scale. Returns (q: int8 [..., K], scale: float32 [...]). The weights
-    (one row per output channel) and the activations (one row per token) of
-    :func:`linear_int8` are quantised so. The Triton kernel computes the same float32
-    operations (IEEE division and products, round half to even) and gets the same bits.
+    so that row ~= q * scale. Returns (q: int8 or float8_e4m3fn [..., K], scale: float32 [...]).
+    The weights (one row per output channel) and the activations (one row per token) of
+    :func:`linear_int8` and :func:`linear_fp8` are quantised so. The Triton kernel computes the
+    same float32 operations (IEEE division and products, round half to even) and gets the same
+    bits; here the e4m3 rounding is PyTorch's own conversion.
     """
     checks.check_tensor("x", x, min_ndim=1)
     checks.check_float("x", x)
+    if quantize not in QUANTIZATIONS:
+        raise ValueError(f"quantize must be one of {QUANTIZATIONS}, got {quantize!r}")
+    q_max = float(INT8_MAX) if quantize == "int8" else FP8_E4M3_MAX
     x32 = x.float()
     if input_scale is not None:
         x32 = x32 * input_scale
@@ -235,16 +246,23 @@ def quantize_rows(
         absmax = x32.abs().amax(dim=-1)
     # A tensor numerator: a Python number over a tensor is a reciprocal and a product (two
     # roundings), not the one IEEE division the kernel makes.
-    inv = torch.where(absmax > 0, absmax.new_tensor(float(INT8_MAX)) / absmax, 0.0)
-    q = torch.round(x32 * inv[..., None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
-    return q, absmax / absmax.new_tensor(float(INT8_MAX))
+    inv = torch.where(absmax > 0, absmax.new_tensor(q_max) / absmax, 0.0)
+    y = x32 * inv[..., None]
+    if quantize == "int8":
+        q = torch.round(y).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    else:
+        q = y.clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    return q, absmax / absmax.new_tensor(q_max)
 
 
-def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """An nn.Linear weight [N, K] -> (int8 [N, K], float32 [N] scales), one scale per output
-    channel (:func:`quantize_rows` of its rows): what :func:`linear_int8` takes."""
+def quantize_weight(
+    weight: torch.Tensor, quantize: str = "int8"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """An nn.Linear weight [N, K] -> (int8 or float8_e4m3fn [N, K], float32 [N] scales), one
+    scale per output channel (:func:`quantize_rows` of its rows): what :func:`linear_int8`
+    (``quantize="int8"``) and :func:`linear_fp8` (``"fp8"``) take."""
     checks.check_tensor("weight", weight, ndim=2)
-    return quantize_rows(weight.detach())
+    return quantize_rows(weight.detach(), quantize=quantize)
 
 
 def linear_int8(
@@ -274,6 +292,40 @@ def linear_int8(
     checks.check_linear_int8(x, weight, weight_scale, bias, activation, residual, input_scale)
     q, scale = quantize_rows(x, input_scale)
     acc = torch.matmul(q.double(), weight.double().T)  # integers below 2**53: exact
+    y = acc * (scale.double()[..., None] * weight_scale.double())
+    if bias is not None:
+        y = y + bias.double()
+    y = _activate(y, activation)
+    if residual is not None:
+        y = y + residual.double()
+    return y.to(x.dtype)
+
+
+def linear_fp8(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+    input_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """act(dequantised e4m3 product + bias) + residual: :func:`linear` with float8 e4m3
+    operands.
+
+    x: [..., K] float, quantised per token (:func:`quantize_rows` with ``quantize="fp8"``:
+    float8_e4m3fn q_x, float32 s_x = max |row| / 448); weight: float8_e4m3fn [N, K] and
+    weight_scale: float32 [N], one scale per output channel (from :func:`quantize_weight`);
+    bias, residual and input_scale as in :func:`linear_int8`. Per element::
+
+        acc[m, n] = sum_k q_x[m, k] * weight[n, k]       (each product exact in float32)
+        out[m, n] = act(acc[m, n] * (s_x[m] * weight_scale[n]) + bias[n]) + residual[m, n]
+
+    computed here in float64 from the e4m3 operands; returns x's dtype. Inference only.
+    """
+    checks.check_linear_fp8(x, weight, weight_scale, bias, activation, residual, input_scale)
+    q, scale = quantize_rows(x, input_scale, "fp8")
+    acc = torch.matmul(q.double(), weight.double().T)
     y = acc * (scale.double()[..., None] * weight_scale.double())
     if bias is not None:
         y = y + bias.double()

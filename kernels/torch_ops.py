@@ -361,20 +361,65 @@ def _int_product(q: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.matmul(q.double(), weight.double().t()).to(torch.int32)
 
 
+def _fp8_product(q: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """float8_e4m3fn [M, K] @ float8_e4m3fn [N, K]^T -> float32 [M, N], an emulation: the e4m3
+    values widened to float32 (exactly) and multiplied by a float32 matmul (each product exact,
+    the sums rounded in float32, as the FP8 tensor cores' float32 accumulator does). It gives
+    the accuracy of the quantisation, not the speed of FP8 hardware."""
+    return torch.matmul(q.float(), weight.float().t())
+
+
 def quantize_rows(
-    x: torch.Tensor, input_scale: torch.Tensor | None = None
+    x: torch.Tensor, input_scale: torch.Tensor | None = None, quantize: str = "int8"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`fastbert.kernels.reference.quantize_rows` of [M, K] float ``x`` with the same
     bits, the product rounded in place (``torch.aminmax`` over rows measured 200 times slower
     than ``abs().amax()`` on a CPU)."""
+    q_dtype = torch.int8 if quantize == "int8" else torch.float8_e4m3fn
+    q_max = 127.0 if quantize == "int8" else reference.FP8_E4M3_MAX
     x32 = x.float() if input_scale is None else x.float() * input_scale
     if x32.shape[-1] == 0:
         zeros = x32.new_zeros(x32.shape[:-1])
-        return torch.zeros(x32.shape, dtype=torch.int8, device=x.device), zeros
+        return torch.zeros(x32.shape, dtype=q_dtype, device=x.device), zeros
     absmax = x32.abs().amax(dim=-1)
-    inv = torch.where(absmax > 0, absmax.new_tensor(127.0) / absmax, 0.0)
+    inv = torch.where(absmax > 0, absmax.new_tensor(q_max) / absmax, 0.0)
     y = torch.mul(x32, inv[:, None])
-    return y.round_().to(torch.int8), absmax.div_(absmax.new_tensor(127.0))
+    y = y.round_() if quantize == "int8" else y.clamp_(-q_max, q_max)
+    return y.to(q_dtype), absmax.div_(absmax.new_tensor(q_max))
+
+
+def _quantized_unchecked(
+    quantize: str,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None,
+    residual: torch.Tensor | None,
+    input_scale: torch.Tensor | None,
+) -> torch.Tensor:
+    n, k = weight.shape
+    lead = x.shape[:-1]
+    m = x.numel() // k if k else int(torch.Size(lead).numel())
+    if m == 0 or n == 0 or k == 0:
+        acc = torch.zeros((m, n), dtype=torch.float32, device=x.device)
+        scale = torch.zeros(m, dtype=torch.float32, device=x.device)
+    else:
+        q, scale = quantize_rows(x.reshape(m, k), input_scale, quantize)
+        acc = _int_product(q, weight) if quantize == "int8" else _fp8_product(q, weight)
+    # Two passes over the [M, N] product: int32 (or float32) times the row scales into a new
+    # float32 tensor, then times the column scales plus the bias in place (on a CPU each pass
+    # over the product costs about what the int8 GEMM itself does).
+    y = torch.mul(acc, scale[:, None])
+    if bias is not None:
+        torch.addcmul(bias.float(), y, weight_scale, out=y)
+    else:
+        y.mul_(weight_scale)
+    if activation is not None:
+        torch._C._nn.gelu_(y, approximate="tanh" if activation == "gelu_tanh" else "none")
+    if residual is not None:
+        y.add_(residual.reshape(m, n))
+    return y.view(*lead, n).to(x.dtype)
 
 
 def linear_int8_unchecked(
@@ -386,28 +431,9 @@ def linear_int8_unchecked(
     residual: torch.Tensor | None = None,
     input_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    n, k = weight.shape
-    lead = x.shape[:-1]
-    m = x.numel() // k if k else int(torch.Size(lead).numel())
-    if m == 0 or n == 0 or k == 0:
-        acc = torch.zeros((m, n), dtype=torch.int32, device=x.device)
-        scale = torch.zeros(m, dtype=torch.float32, device=x.device)
-    else:
-        q, scale = quantize_rows(x.reshape(m, k), input_scale)
-        acc = _int_product(q, weight)
-    # Two passes over the [M, N] product: int32 times the row scales into a new float32
-    # tensor, then times the column scales plus the bias in place (on a CPU each pass over the
-    # product costs about what the int8 GEMM itself does).
-    y = torch.mul(acc, scale[:, None])
-    if bias is not None:
-        torch.addcmul(bias.float(), y, weight_scale, out=y)
-    else:
-        y.mul_(weight_scale)
-    if activation is not None:
-        torch._C._nn.gelu_(y, approximate="tanh" if activation == "gelu_tanh" else "none")
-    if residual is not None:
-        y.add_(residual.reshape(m, n))
-    return y.view(*lead, n).to(x.dtype)
+    return _quantized_unchecked(
+        "int8", x, weight, weight_scale, bias, activation, residual, input_scale
+    )
 
 
 def linear_int8(
@@ -425,6 +451,39 @@ def linear_int8(
     checks.check_linear_int8(x, weight, weight_scale, bias, activation, residual, input_scale)
     checks.refuse_gradients("linear_int8", x, weight_scale, bias, residual, input_scale)
     return linear_int8_unchecked(x, weight, weight_scale, bias, activation, residual, input_scale)
+
+
+def linear_fp8_unchecked(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+    input_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    return _quantized_unchecked(
+        "fp8", x, weight, weight_scale, bias, activation, residual, input_scale
+    )
+
+
+def linear_fp8(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+    input_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`fastbert.kernels.reference.linear_fp8` emulated on any device: x quantised per
+    token to the same e4m3 bits, the e4m3 operands multiplied in float32 (see
+    :func:`_fp8_product`: the quantisation's accuracy, not FP8 hardware's speed), then the
+    dequantisation, bias, GELU and residual in place in float32; inputs checked, gradients
+    refused."""
+    checks.check_linear_fp8(x, weight, weight_scale, bias, activation, residual, input_scale)
+    checks.refuse_gradients("linear_fp8", x, weight_scale, bias, residual, input_scale)
+    return linear_fp8_unchecked(x, weight, weight_scale, bias, activation, residual, input_scale)
 
 
 def layer_norm_unchecked(

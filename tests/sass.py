@@ -23,8 +23,9 @@ from dataclasses import dataclass
 # the uniform-datapath twins, e.g. UIADD3, count with their vector forms). Moves, conversions,
 # shuffles and constant loads are "other".
 CLASSES = {
-    # Half-precision and (IGMMA, IMMA) int8 MMAs: warpgroup (sm_90) and warp (sm_80) forms.
-    "mma": ("HGMMA", "HMMA", "IGMMA", "IMMA"),
+    # Half-precision and (IGMMA, IMMA) int8 MMAs: warpgroup (sm_90) and warp (sm_80) forms;
+    # QGMMA: sm_90's float8 warpgroup MMA.
+    "mma": ("HGMMA", "HMMA", "IGMMA", "IMMA", "QGMMA"),
     "fp32 FFMA/FMUL/FADD/FMNMX": ("FFMA", "FMUL", "FADD", "FMNMX", "FCHK"),
     "MUFU": ("MUFU",),
     "int/address": (

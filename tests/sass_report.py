@@ -29,6 +29,11 @@ from tests.sass import tile_normalised
 BATCH, SEQ, HIDDEN, HEADS, HEAD_DIM, INTERMEDIATE, LAYERS = 32, 128, 768, 12, 64, 3072, 12
 TOKENS = BATCH * SEQ
 ELEMENT = 2  # bytes of an fp16 value
+# The quantised linears the report lists, with their operands and accumulation.
+QUANTIZED_FORMATS = {
+    "int8": "int8 operands, int32 accumulation",
+    "fp8": "float8 e4m3 operands, float32 accumulation",
+}
 # H100 SXM: SMs, achievable dense fp16 tensor throughput, HBM bandwidth, sustained clock.
 SMS = 132
 PEAK_FLOPS = 800e12
@@ -86,9 +91,11 @@ def linear_cases() -> dict[tuple[int, bool], list[CompileCase]]:
     return out
 
 
-def int8_linear_cases() -> dict[tuple[int, bool], list[CompileCase]]:
-    """linear_int8 cases (int8 operands, int32 accumulation, fp16 output) of every config the
-    autotuner may time for each epilogue BERT launches, keyed as :func:`linear_cases`."""
+def quantized_linear_cases(quantize: str = "int8") -> dict[tuple[int, bool], list[CompileCase]]:
+    """linear_int8 (``quantize="int8"``: int8 operands, int32 accumulation) or linear_fp8
+    ("fp8": e4m3 operands, float32 accumulation, sm_90 only) cases with fp16 output, of every
+    config the autotuner may time for each epilogue BERT launches, keyed as
+    :func:`linear_cases`."""
     from fastbert.kernels import fused_linear as mod
     from tests.compile_cases import linear, linear_int8
 
@@ -106,7 +113,7 @@ def int8_linear_cases() -> dict[tuple[int, bool], list[CompileCase]]:
             )
         ]
         out[(activation, has_residual)] = [
-            linear_int8._case("fp16", c, True, activation, has_residual) for c in kept
+            linear_int8._case("fp16", c, True, activation, has_residual, quantize) for c in kept
         ]
     return out
 
@@ -146,7 +153,12 @@ def compile_all(archs: tuple[int, ...]) -> dict[str, object]:
 
     return {
         "linear": {key: [run(c) for c in cases] for key, cases in linear_cases().items()},
-        "linear_int8": {key: [run(c) for c in cases] for key, cases in int8_linear_cases().items()},
+        **{
+            f"linear_{q}": {
+                key: [run(c) for c in cases] for key, cases in quantized_linear_cases(q).items()
+            }
+            for q in QUANTIZED_FORMATS
+        },
         "attention": [run(c) for c in attention_cases()],
         "rows": {name: run(c) for name, c in row_cases().items()},
     }
@@ -510,7 +522,8 @@ def render(compiled: dict) -> str:
         "bytes ptxas reports; shared memory per CTA; resident CTAs per SM from registers, shared",
         "memory and threads; MMA opcodes with their shapes and counts in the whole kernel",
         "(HGMMA = Hopper's warpgroup MMA, HMMA = Ampere's; IGMMA and IMMA their int8 forms,",
-        "the integer tensor cores of linear_int8); UTMALDG (TMA) / LDGSTS (cp.async)",
+        "the integer tensor cores of linear_int8; QGMMA the float8 e4m3 warpgroup MMA of",
+        "linear_fp8); UTMALDG (TMA) / LDGSTS (cp.async)",
         "counts; global load opcodes (the suffix is the width per thread: .128 = 16 bytes); the",
         "main loop's instructions per thread per iteration (the innermost backward branch whose",
         "body holds the MMAs, NOPs left out). For attention, `per 64x64 tile` = main-loop",
@@ -547,17 +560,20 @@ def render(compiled: dict) -> str:
             lines += _config_rows(reports, normalise=False, gemm=True) + [""]
             lines += ["Main-loop instruction mix (per thread per K step):", ""]
             lines += _mix_rows(reports) + [""]
-        for (activation, _), cases in compiled.get("linear_int8", {}).items():
-            epilogue = "bias + GELU" if activation else "bias"
-            lines += [
-                f"## sm_{arch}: linear_int8 (int8 operands, int32 accumulation, fp16 output), "
-                f"epilogue dequantise + {epilogue}, every kept config",
-                "",
-            ]
-            reports = [c[arch] for c in cases if arch in c]
-            lines += _config_rows(reports, normalise=False, gemm=True) + [""]
-            lines += ["Main-loop instruction mix (per thread per K step):", ""]
-            lines += _mix_rows(reports) + [""]
+        for quantize, operands in QUANTIZED_FORMATS.items():
+            for (activation, _), cases in compiled.get(f"linear_{quantize}", {}).items():
+                reports = [c[arch] for c in cases if arch in c]
+                if not reports:
+                    continue
+                epilogue = "bias + GELU" if activation else "bias"
+                lines += [
+                    f"## sm_{arch}: linear_{quantize} ({operands}, fp16 output), "
+                    f"epilogue dequantise + {epilogue}, every kept config",
+                    "",
+                ]
+                lines += _config_rows(reports, normalise=False, gemm=True) + [""]
+                lines += ["Main-loop instruction mix (per thread per K step):", ""]
+                lines += _mix_rows(reports) + [""]
         lines += [f"## sm_{arch}: LayerNorm and embeddings (hidden {HIDDEN})", ""]
         rows = [c[arch] for c in compiled["rows"].values()]
         lines += _config_rows(rows, normalise=False) + [""]

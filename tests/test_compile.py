@@ -48,8 +48,11 @@ def _matrix(op: str) -> bool:
 MMA_OPS = tuple(op for op in OPS if _matrix(op))
 ROW_OPS = tuple(op for op in OPS if op not in MMA_OPS)
 SIXTEEN_BIT = ("fp16", "bf16")
-# Operand types that run on tensor cores: the 16-bit floats and int8 (linear_int8).
-TENSOR_CORE_DTYPES = (*SIXTEEN_BIT, "int8")
+# Operand types that run on tensor cores: the 16-bit floats, int8 (linear_int8) and float8 e4m3
+# (linear_fp8).
+TENSOR_CORE_DTYPES = (*SIXTEEN_BIT, "int8", "fp8")
+# Ops compiled for sm_90 only: float8 e4m3 has no tensor cores on sm_80.
+SM90_ONLY_OPS = ("linear_fp8",)
 # wgmma runs on a warpgroup (4 warps) with an M of 64 per warpgroup.
 WGMMA_MIN_BLOCK_M = 64
 WARPGROUP = 4
@@ -137,7 +140,10 @@ def test_matrix_kernels_use_each_targets_tensor_cores(op: str) -> None:
         print(f"  sm_{arch} {dtype} {mma}: {n}")
     checked = [(r, expected_mma(r)) for r in reports if expected_mma(r) is not None]
     assert any(allowed == ("wgmma",) for _, allowed in checked), f"{op}: no wgmma-sized case"
-    assert any(r["arch"] == 80 for r, _ in checked), f"{op}: no tensor-core sm_80 case"
+    if op in SM90_ONLY_OPS:
+        assert all(r["arch"] == 90 for r in reports), f"{op}: compiled for a target before sm_90"
+    else:
+        assert any(r["arch"] == 80 for r, _ in checked), f"{op}: no tensor-core sm_80 case"
     wrong = [
         f"{r['case']} sm_{r['arch']}: {r.get('mma', r.get('error'))}, expected {' or '.join(ok)}"
         for r, ok in checked
@@ -166,14 +172,21 @@ def _sixteen_bit_mma_reports(op: str) -> list[dict]:
     return reports
 
 
-# The MMA opcodes each operand type's cases must show: (sm_90 warpgroup, sm_80 warp).
-SASS_MMA = {"fp16": ("HGMMA", "HMMA"), "bf16": ("HGMMA", "HMMA"), "int8": ("IGMMA", "IMMA")}
+# The MMA opcodes each operand type's cases must show: (sm_90 warpgroup, sm_80 warp); float8
+# e4m3 is compiled for sm_90 only.
+SASS_MMA = {
+    "fp16": ("HGMMA", "HMMA"),
+    "bf16": ("HGMMA", "HMMA"),
+    "int8": ("IGMMA", "IMMA"),
+    "fp8": ("QGMMA", None),
+}
 
 
 @pytest.mark.parametrize("op", MMA_OPS)
 def test_sixteen_bit_wgmma_sized_tiles_run_hgmma_on_sm90(op: str) -> None:
     """fp16 / bf16: HGMMA on sm_90 (wgmma-sized tiles), HMMA on sm_80; int8: IGMMA and IMMA
-    (the integer tensor cores: ``IGMMA.64x128x32.S8.S8``, ``IMMA.16832.S8.S8.SAT``)."""
+    (the integer tensor cores: ``IGMMA.64x128x32.S8.S8``, ``IMMA.16832.S8.S8.SAT``); float8
+    e4m3: QGMMA on sm_90 (``QGMMA.64x128x32.F32.E4M3.E4M3``)."""
     reports = [r for r in _sixteen_bit_mma_reports(op) if expected_mma(r) == ("wgmma",)]
     sm90 = [r for r in reports if r["arch"] == 90]
     assert sm90, f"{op}: no 16-bit sm_90 case with BLOCK_M >= {WGMMA_MIN_BLOCK_M}"
@@ -182,7 +195,7 @@ def test_sixteen_bit_wgmma_sized_tiles_run_hgmma_on_sm90(op: str) -> None:
         for r in sm90
         if not any(k.startswith(SASS_MMA[r["dtype"]][0] + ".") for k in r["sass"]["mma"])
     ]
-    assert not lost, f"no warpgroup MMA (HGMMA / IGMMA) in the SASS of: {lost}"
+    assert not lost, f"no warpgroup MMA (HGMMA / IGMMA / QGMMA) in the SASS of: {lost}"
     ampere = [
         r["case"]
         for r in reports

@@ -107,7 +107,7 @@ def test_the_float_path_is_unchanged_by_quantising_and_back() -> None:
         again = toggled(ids, mask, types).last_hidden_state
     assert torch.equal(again, expected)
     assert not torch.equal(quantised, expected)
-    assert all(layer.int8 is None for layer in toggled.layers)
+    assert all(layer.quantized is None for layer in toggled.layers)
 
 
 def test_triton_int8_matches_torch_int8(device) -> None:
@@ -140,11 +140,11 @@ def test_int8_follows_weight_changes() -> None:
     ids, mask, types = padded_batch([6, 4], seed=6)
     model = fastbert.BertModel.from_pretrained(hf, device="cpu", quantize="int8")
     before = model(ids, mask, types).last_hidden_state
-    held = model.layers[0].int8.weights["ffn_in_weight"].weight
+    held = model.layers[0].quantized.weights["ffn_in_weight"].weight
     with torch.no_grad():
         model.layers[0].ffn_in_weight.mul_(1.5)
     after = model(ids, mask, types).last_hidden_state
-    assert model.layers[0].int8.weights["ffn_in_weight"].weight is held  # updated in place
+    assert model.layers[0].quantized.weights["ffn_in_weight"].weight is held  # updated in place
     fresh = fastbert.BertModel.from_pretrained(hf, device="cpu")
     with torch.no_grad():
         fresh.layers[0].ffn_in_weight.mul_(1.5)
@@ -182,10 +182,10 @@ def test_heads_take_quantize() -> None:
 
 def test_unknown_quantize_names_the_choices() -> None:
     hf = hf_model("BertModel", seed=1)
-    with pytest.raises(ValueError, match=r"None or 'int8', got 'int4'"):
+    with pytest.raises(ValueError, match=r"None, 'int8' or 'fp8', got 'int4'"):
         fastbert.BertModel.from_pretrained(hf, device="cpu", quantize="int4")
-    with pytest.raises(ValueError, match="None or 'int8'"):
-        fastbert.optimize(hf, quantize="fp8")
+    with pytest.raises(ValueError, match="None, 'int8' or 'fp8'"):
+        fastbert.optimize(hf, quantize="fp4")
 
 
 def test_int8_on_the_cpu_needs_float32() -> None:

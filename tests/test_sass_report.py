@@ -123,9 +123,12 @@ def test_measured_rows_set_each_config_beside_its_model() -> None:
     assert "autotuner" in body[0] and "autotuner" not in body[1]
 
 
-def test_the_report_holds_int8_linears_of_each_bert_epilogue() -> None:
-    cases = S.int8_linear_cases()
+@pytest.mark.parametrize("quantize, code", [("int8", 1), ("fp8", 2)])
+def test_the_report_holds_quantized_linears_of_each_bert_epilogue(quantize, code) -> None:
+    cases = S.quantized_linear_cases(quantize)
     assert set(cases) == {(g.activation, g.has_residual) for g in S.GEMMS}
     for kept in cases.values():
-        assert kept and all(c.dtype == "int8" and c.constexprs["INT8"] for c in kept)
+        assert kept and all(c.dtype == quantize and c.constexprs["QUANT"] == code for c in kept)
         assert all(not c.constexprs["PERSISTENT"] for c in kept)
+    if quantize == "fp8":  # no e4m3 tensor cores before sm_89
+        assert all(c.archs == (90,) for kept in cases.values() for c in kept)

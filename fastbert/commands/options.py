@@ -87,8 +87,10 @@ def add_quantize_argument(parser: argparse.ArgumentParser) -> None:
     """--quantize of the commands that load a model for inference (embed, serve)."""
     parser.add_argument(
         "--quantize",
-        choices=("int8",),
+        choices=("int8", "fp8"),
         default=None,
-        help="int8: the encoder's linears on int8 weights (per channel) and activations (per "
-        "token), for speed at a small accuracy cost (default: exact, unquantised)",
+        help="int8 / fp8: the encoder's linears on int8 / float8 e4m3 weights (per channel) "
+        "and activations (per token), for speed at a small accuracy cost; fp8 needs an sm_89 "
+        "or newer GPU (on a CPU it is an emulation, for accuracy only) (default: exact, "
+        "unquantised)",
     )

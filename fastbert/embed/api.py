@@ -45,7 +45,7 @@ def embed(
     (True for a local Ray instance, or a cluster address).
 
     ``options``: text_field, id_field, batch_tokens, max_length, pooling ("mean" | "cls"),
-    normalize, dtype, store_dtype, device, backend, quantize (None or "int8"), skip_bad,
+    normalize, dtype, store_dtype, device, backend, quantize (None, "int8" or "fp8"), skip_bad,
     overwrite, rows_per_shard, window_rows, progress (see
     :class:`~fastbert.embed.options.EmbedOptions`).
 

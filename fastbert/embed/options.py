@@ -12,7 +12,7 @@ POOLINGS = ("mean", "cls")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 STORE_DTYPES = ("float32", "float16")
 BACKENDS = ("auto", "torch", "triton")
-QUANTIZATIONS = ("int8",)
+QUANTIZATIONS = ("int8", "fp8")
 BATCH_TOKENS = {"cuda": 16384, "cpu": 4096}
 
 
@@ -22,9 +22,10 @@ class EmbedOptions:
     and ``max_length`` what the model folder says (sentence-transformers' config; else mean
     pooling, no normalisation, the model's limit); for ``device`` CUDA when present; for
     ``dtype`` float16 on CUDA, float32 on the CPU; for ``batch_tokens`` 16384 on CUDA, 4096 on
-    the CPU; for ``id_field`` the row number across all inputs. ``quantize``: None (exact) or
-    "int8" (the encoder's linears on int8 weights and activations; on the CPU with dtype
-    float32, on CUDA on sm_80 or newer: see fastbert.model.quantization)."""
+    the CPU; for ``id_field`` the row number across all inputs. ``quantize``: None (exact),
+    "int8" or "fp8" (the encoder's linears on int8 / float8 e4m3 weights and activations; on
+    the CPU with dtype float32, on CUDA on sm_80 (int8) / sm_89 (fp8) or newer: see
+    fastbert.model.quantization)."""
 
     model: str
     text_field: str = "text"

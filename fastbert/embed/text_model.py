@@ -337,7 +337,7 @@ def load(
     torch dtype; default float16 on CUDA, float32 on the CPU); ``backend``: "auto", "torch" or
     "triton"; ``max_length``, ``pooling`` ("mean" | "cls"), ``normalize``: None for what the
     folder says; ``batch_tokens``: the token budget of one forward pass (default 16384 on CUDA,
-    4096 on the CPU); ``quantize``: None (exact) or "int8" (see
+    4096 on the CPU); ``quantize``: None (exact), "int8" or "fp8" (see
     :class:`~fastbert.embed.options.EmbedOptions`). ValueError naming a bad setting, before
     anything loads.
 

@@ -23,35 +23,42 @@ def check_dtype(dtype: object) -> None:
         raise TypeError(f"dtype must be one of {names}, got {dtype!r}")
 
 
-QUANTIZATIONS = (None, "int8")
-# Triton's int8 tl.dot runs on the integer tensor cores of sm_80 (Ampere) and newer.
-INT8_MIN_CAPABILITY = (8, 0)
+QUANTIZATIONS = (None, "int8", "fp8")
+# The tensor cores each quantisation needs on CUDA, by compute capability: Triton's int8 tl.dot
+# runs on sm_80 (Ampere) and newer, float8 e4m3 on sm_89 (Ada) and sm_90 (Hopper) and newer.
+MIN_CAPABILITY = {"int8": (8, 0), "fp8": checks.FP8_MIN_CAPABILITY}
+TENSOR_CORES = {"int8": "the integer tensor cores", "fp8": "the FP8 tensor cores"}
 
 
 def check_quantize(
     quantize: object, dtype: torch.dtype | None = None, device: torch.device | None = None
 ) -> None:
-    """``quantize`` must be None or "int8" (ValueError naming the choices); with "int8", a
-    ``dtype`` other than float32 on a CPU (the int8 products dequantise into float32 there) and
-    a GPU older than sm_80 are refused, each with what can run instead."""
+    """``quantize`` must be None, "int8" or "fp8" (ValueError naming the choices); with either,
+    a ``dtype`` other than float32 on a CPU (the quantised products dequantise into float32
+    there) and a GPU without the tensor cores it needs (int8: sm_80, fp8: sm_89) are refused,
+    each with what can run instead. On the CPU "fp8" is an emulation (the e4m3 operands
+    multiplied in float32: its accuracy, not FP8 hardware's speed)."""
     if quantize is not None and (not isinstance(quantize, str) or quantize not in QUANTIZATIONS):
-        raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
+        raise ValueError(f"quantize must be None, 'int8' or 'fp8', got {quantize!r}")
     if quantize is None or device is None:
         return
     if device.type == "cpu" and dtype not in (None, torch.float32):
         raise TypeError(
-            f"quantize='int8' on the CPU runs with float32 activations (LayerNorm, attention and "
-            f"the dequantised products in float32), got dtype={dtype}; use dtype=torch.float32 "
-            "with quantize='int8', or this dtype without quantize"
+            f"quantize={quantize!r} on the CPU runs with float32 activations (LayerNorm, "
+            f"attention and the dequantised products in float32), got dtype={dtype}; use "
+            f"dtype=torch.float32 with quantize={quantize!r}, or this dtype without quantize"
         )
     if device.type == "cuda":
         capability = torch.cuda.get_device_capability(device)
-        if capability < INT8_MIN_CAPABILITY:
+        needed = MIN_CAPABILITY[quantize]
+        if capability < needed:
             name = torch.cuda.get_device_name(device)
+            others = "quantize='int8' or " if quantize == "fp8" and capability >= (8, 0) else ""
             raise ValueError(
-                f"quantize='int8' needs the integer tensor cores of sm_80 or newer; {name} is "
-                f"sm_{capability[0]}{capability[1]}, which runs quantize=None in float32, "
-                "float16 or bfloat16"
+                f"quantize={quantize!r} needs {TENSOR_CORES[quantize]} of "
+                f"sm_{needed[0]}{needed[1]} or newer; {name} is sm_{capability[0]}"
+                f"{capability[1]}, which runs {others}quantize=None in float32, float16 or "
+                "bfloat16"
             )
 
 

@@ -75,19 +75,20 @@ def optimize(
     dtype: float16, bfloat16 or float32 to cast the whole model to first (None keeps its dtype).
     backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch" or "triton".
     padding_free, cuda_graphs: "auto", True or False, as for fastbert.BertModel.
-    quantize: None (exact) or "int8": the encoder layers' linears on int8 weights (per output
-    channel) and activations (per token), for inference only (fastbert.model.quantization):
-    the encoder's parameters are frozen (``requires_grad=False``) and a call in training mode
-    or recording gradients raises. The model's float weights stay its parameters
-    (``state_dict`` and ``save_pretrained`` unchanged); the int8 copies follow their changes.
-    On the CPU it needs float32, on CUDA sm_80 or newer.
+    quantize: None (exact), "int8" or "fp8": the encoder layers' linears on int8 (or float8
+    e4m3) weights (per output channel) and activations (per token), for inference only
+    (fastbert.model.quantization): the encoder's parameters are frozen
+    (``requires_grad=False``) and a call in training mode or recording gradients raises. The
+    model's float weights stay its parameters (``state_dict`` and ``save_pretrained``
+    unchanged); the quantised copies follow their changes. On the CPU it needs float32 (fp8
+    there is an emulation, for its accuracy), on CUDA sm_80 (int8) or sm_89 (fp8) or newer.
 
     The model runs inference and training (see the module docstring); any argument fastbert
     cannot honour raises
     (inputs_embeds, position_ids, head_mask, output_attentions, output_hidden_states, caches,
     cross-attention inputs), each with a message naming it.
     Raises TypeError for an unsupported model class or a dtype other than float16, bfloat16 or
-    float32 (float32 only with int8 on the CPU), and ValueError for an unsupported config
+    float32 (float32 only with quantize on the CPU), and ValueError for an unsupported config
     (relative position embeddings, a decoder, an unknown activation) or quantize value, before
     changing anything.
     """

@@ -23,7 +23,7 @@ from fastbert.kernels.checks import RELATIVE_BUCKETS
 from fastbert.model.config import BertConfig
 from fastbert.model.loading import PretrainedMixin
 from fastbert.model.outputs import BaseModelOutputWithPooling
-from fastbert.model.quantization import Int8Weights, calibration_ids, parameters_key
+from fastbert.model.quantization import QuantizedWeights, calibration_ids, parameters_key
 from fastbert.model.weights import ParameterWatch
 
 
@@ -169,8 +169,9 @@ class BertLayer(nn.Module):
         self.eps = config.layer_norm_eps
         # (query, key, value weights), (their biases): see fused_qkv.
         self.qkv_parts: tuple[tuple[nn.Parameter, ...], tuple[nn.Parameter, ...]] | None = None
-        # The int8 copies of the linear weights when the model runs quantize="int8".
-        self.int8: Int8Weights | None = None
+        # The quantised copies of the linear weights when the model runs quantize="int8" or
+        # "fp8".
+        self.quantized: QuantizedWeights | None = None
         # While the model calibrates: each linear's input maxima per channel, by weight name.
         self.recording: dict[str, torch.Tensor] | None = None
 
@@ -207,14 +208,16 @@ class BertLayer(nn.Module):
         bias: torch.Tensor,
         activation: str | None = None,
     ) -> torch.Tensor:
-        """The linear whose weight is ``name``: on ``weight``, or on its int8 copy when the
-        layer runs int8 (recording the input's maxima per channel while calibrating)."""
+        """The linear whose weight is ``name``: on ``weight``, or on its int8 / fp8 copy when
+        the layer runs quantised (recording the input's maxima per channel while
+        calibrating)."""
         if self.recording is not None:
             self.recording[name] = x.detach().reshape(-1, x.shape[-1]).abs().amax(dim=0).float()
-        if self.int8 is None or self.recording is not None:
+        if self.quantized is None or self.recording is not None:
             return ops.linear(x, weight, bias, activation)
-        q, scale, input_scale = self.int8[name]
-        return ops.linear_int8(x, q, scale, bias, activation, None, input_scale)
+        q, scale, input_scale = self.quantized[name]
+        linear = ops.linear_int8 if self.quantized.format == "int8" else ops.linear_fp8
+        return linear(x, q, scale, bias, activation, None, input_scale)
 
     def fused_qkv(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The [3H, H] QKV weight and [3H] bias the layer reads: its fused parameters, or,
@@ -325,10 +328,10 @@ class BertModel(PretrainedMixin, nn.Module):
 
     @property
     def quantize(self) -> str | None:
-        """None (the exact floating-point linears) or "int8" (see
-        fastbert.model.quantization). Setting "int8" quantises the layers' weights and freezes
-        every parameter (int8 runs inference only); setting None drops the int8 copies (the
-        parameters stay frozen until you ``requires_grad_()`` them)."""
+        """None (the exact floating-point linears), "int8" or "fp8" (see
+        fastbert.model.quantization). Setting "int8" or "fp8" quantises the layers' weights and
+        freezes every parameter (quantised models run inference only); setting None drops the
+        quantised copies (the parameters stay frozen until you ``requires_grad_()`` them)."""
         return self._quantize
 
     @quantize.setter
@@ -337,7 +340,7 @@ class BertModel(PretrainedMixin, nn.Module):
         self._quantize = value
         self._quantized_key = None
         for layer in self.layers:
-            layer.int8 = None
+            layer.quantized = None
         if value is not None:
             self.requires_grad_(False)
             self.refresh_quantized()
@@ -353,9 +356,9 @@ class BertModel(PretrainedMixin, nn.Module):
             return
         maxima = self.activation_maxima()
         for layer, activation_max in zip(self.layers, maxima):
-            if layer.int8 is None:
-                layer.int8 = Int8Weights()
-            layer.int8.quantize(layer, activation_max)
+            if layer.quantized is None:
+                layer.quantized = QuantizedWeights(self._quantize)
+            layer.quantized.quantize(layer, activation_max)
         self._quantized_key = key
 
     @torch.no_grad()
@@ -378,8 +381,8 @@ class BertModel(PretrainedMixin, nn.Module):
         return maxima
 
     def check_quantized_call(self) -> None:
-        """RuntimeError when a call of an int8 model would record gradients or run in
-        training mode: int8 runs inference only."""
+        """RuntimeError when a call of a quantised model would record gradients or run in
+        training mode: int8 and fp8 run inference only."""
         if self._quantize is None:
             return
         if self.training:

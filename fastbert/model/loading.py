@@ -320,12 +320,14 @@ class PretrainedMixin:
         dtype defaults to float16 on CUDA and float32 elsewhere; device to CUDA when available.
         backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch" or "triton". padding_free,
         cuda_graphs: "auto", True or False (see fastbert.execution.runtime).
-        quantize: None (exact floating point) or "int8": the encoder layers' linears on int8
-        weights (per output channel) and activations (per token), for inference (see
-        fastbert.model.quantization); on the CPU with dtype float32, on CUDA on sm_80 or newer.
-        Raises TypeError for a dtype other than float16, bfloat16 or float32 (or not float32 with
-        int8 on the CPU), and ValueError for a CUDA device on a machine without one or an
-        unknown quantize, before reading anything; ValueError naming
+        quantize: None (exact floating point), "int8" or "fp8": the encoder layers' linears on
+        int8 (or float8 e4m3) weights (per output channel) and activations (per token), for
+        inference (see fastbert.model.quantization); on the CPU with dtype float32 (fp8 there
+        is an emulation, for its accuracy), on CUDA on sm_80 (int8) / sm_89 (fp8) or newer.
+        Raises TypeError for a dtype other than float16, bfloat16 or float32 (or not float32
+        with quantize on the CPU), and ValueError for a CUDA device on a machine without one,
+        an unknown quantize or a GPU without its tensor cores, before reading anything;
+        ValueError naming
         the file for a malformed config.json, index, modules.json or weights file, and naming
         any missing or mis-shaped tensor.
         """

@@ -1,4 +1,4 @@
-"""Dynamic int8: the int8 copies of an encoder layer's linear weights, kept current.
+"""Dynamic int8 and fp8: the quantised copies of an encoder layer's linear weights, kept current.
 
 With ``quantize="int8"`` the four linears of every layer (the fused QKV projection, the
 attention output, the two FFN projections) run on int8 operands: each weight is quantised once
@@ -6,6 +6,8 @@ per output channel (:func:`fastbert.kernels.reference.quantize_weight`: int8 [N,
 float32 [N] scales), the activations per token at run time, the products accumulate in int32
 and are dequantised in the GEMM's epilogue before the bias, GELU and residual. Attention,
 LayerNorm, softmax, the embeddings, the pooler and the heads stay in floating point.
+``quantize="fp8"`` does the same with float8 e4m3 operands (scales max / 448, each value
+rounded to the nearest e4m3) and float32 accumulation.
 
 Outlier channels. The two linears fed by a LayerNorm (QKV and the FFN's first) read
 activations with a few channels 10 to 30 times the others (all-MiniLM-L6-v2: channel 99 up to
@@ -16,7 +18,9 @@ W[:, j] * s_j: the same product). max |x_j| is measured once, when the model is 
 a float forward of CALIBRATION_SHAPE random token ids (seeded: the same factors every time):
 outlier channels are properties of the weights, which any tokens show. On all-MiniLM-L6-v2
 and 400 sentences of real text, smoothing raised the least cosine similarity to the float32
-embeddings from 0.991 to 0.996 and the mean from 0.9973 to 0.9989.
+embeddings from 0.991 to 0.996 and the mean from 0.9973 to 0.9989. fp8 is smoothed the same
+way (e4m3's relative precision is the same at every magnitude, but values below 2^-6 of a
+row's maximum lose it as subnormals: an outlier channel pushes a row's others there).
 
 The float weights stay the model's parameters: ``state_dict``, ``save_pretrained`` and a
 Hugging Face model's own modules see them unchanged, and the int8 copies (plain tensors held by
@@ -25,8 +29,8 @@ each of its parameters is still the tensor it quantised from, at the same addres
 version counter (bumped by every in-place write: ``load_state_dict``, ``copy_`` under
 ``no_grad``, an optimizer step), and calibrates and quantises again when one changed, in place
 where the shapes and device allow (a CUDA graph captured earlier then reads the new values).
-A write through ``weight.data`` bypasses the version counter: set ``model.quantize = "int8"``
-again after one.
+A write through ``weight.data`` bypasses the version counter: set ``model.quantize`` again
+after one.
 """
 
 from __future__ import annotations
@@ -37,8 +41,8 @@ import torch
 
 from fastbert.kernels.reference import quantize_weight
 
-# The linears of a layer that run on int8, by their weight's name.
-INT8_LINEARS = ("qkv_weight", "attn_out_weight", "ffn_in_weight", "ffn_out_weight")
+# The linears of a layer that run quantised, by their weight's name.
+QUANTIZED_LINEARS = ("qkv_weight", "attn_out_weight", "ffn_in_weight", "ffn_out_weight")
 # Those fed by a LayerNorm, whose outlier channels are smoothed into the weight.
 SMOOTHED_LINEARS = ("qkv_weight", "ffn_in_weight")
 SMOOTHING_ALPHA = 0.5
@@ -69,20 +73,22 @@ def smoothing_scale(activation_max: torch.Tensor, weight: torch.Tensor) -> torch
 
 
 @dataclasses.dataclass
-class Int8Weight:
-    """One quantised weight: int8 [N, K], float32 [N] scales, and the float32 [K] input scale
-    (None for a linear that is not smoothed)."""
+class QuantizedWeight:
+    """One quantised weight: int8 or float8_e4m3fn [N, K], float32 [N] scales, and the float32
+    [K] input scale (None for a linear that is not smoothed)."""
 
     weight: torch.Tensor
     scale: torch.Tensor
     input_scale: torch.Tensor | None
 
 
-class Int8Weights:
-    """The int8 copies of one layer's linear weights (:data:`INT8_LINEARS`)."""
+class QuantizedWeights:
+    """The quantised copies of one layer's linear weights (:data:`QUANTIZED_LINEARS`), in
+    ``format`` ("int8" or "fp8")."""
 
-    def __init__(self) -> None:
-        self.weights: dict[str, Int8Weight] = {}
+    def __init__(self, format: str) -> None:
+        self.format = format
+        self.weights: dict[str, QuantizedWeight] = {}
 
     def __getitem__(self, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         entry = self.weights[name]
@@ -93,14 +99,14 @@ class Int8Weights:
         """Quantise ``layer``'s weights, smoothing those of :data:`SMOOTHED_LINEARS` with the
         ``activation_max`` of their inputs (float32 [K] each), into the tensors held already
         where the shapes and device match."""
-        for name in INT8_LINEARS:
+        for name in QUANTIZED_LINEARS:
             weight = getattr(layer, name).detach()
             input_scale = None
             if name in SMOOTHED_LINEARS:
                 input_scale = smoothing_scale(activation_max[name], weight)
                 weight = weight.float() / input_scale
-            q, scale = quantize_weight(weight)
-            new = Int8Weight(q, scale, input_scale)
+            q, scale = quantize_weight(weight, self.format)
+            new = QuantizedWeight(q, scale, input_scale)
             old = self.weights.get(name)
             if old is None or not _same_layout(old, new):
                 self.weights[name] = new
@@ -111,7 +117,7 @@ class Int8Weights:
                 old.input_scale.copy_(input_scale)
 
 
-def _same_layout(a: Int8Weight, b: Int8Weight) -> bool:
+def _same_layout(a: QuantizedWeight, b: QuantizedWeight) -> bool:
     pairs = [(a.weight, b.weight), (a.scale, b.scale)]
     if (a.input_scale is None) != (b.input_scale is None):
         return False

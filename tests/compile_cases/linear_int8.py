@@ -20,10 +20,28 @@ INT8_SIZE = 1
 OUTPUT_DTYPES = ("fp16", "fp32")
 
 
-def _case(out_dtype: str, config, has_bias: bool, activation: int, has_residual: bool):
+# Per quantised format: the operands' Triton type, the case's dtype and the targets with its
+# tensor cores (float8 e4m3 MMAs start with sm_89; the cases compile it for sm_90).
+FORMATS = {
+    "int8": ("*i8", "int8", ARCHS),
+    "fp8": ("*fp8e4nv", "fp8", (90,)),
+}
+
+
+def _case(
+    out_dtype: str,
+    config,
+    has_bias: bool,
+    activation: int,
+    has_residual: bool,
+    quantize: str = "int8",
+):
     meta = config.kwargs
+    operand, dtype, archs = FORMATS[quantize]
     signature = linear._signature(out_dtype, has_bias, has_residual, meta=meta)
-    signature.update(x_ptr="*i8", weight_ptr="*i8", x_scale_ptr="*fp32", weight_scale_ptr="*fp32")
+    signature.update(
+        x_ptr=operand, weight_ptr=operand, x_scale_ptr="*fp32", weight_scale_ptr="*fp32"
+    )
     constexprs = {
         "HAS_BIAS": has_bias,
         "ACTIVATION": activation,
@@ -31,7 +49,7 @@ def _case(out_dtype: str, config, has_bias: bool, activation: int, has_residual:
         "STORE_PRE_ACTIVATION": False,
         "GRAD_ACTIVATION": 0,
         "HAS_ROW_SUM": False,
-        "INT8": True,
+        "QUANT": mod.QUANT_CODES[quantize],
         "pre_ptr": None,
         "row_sum_ptr": None,
         "x_desc": None,
@@ -44,9 +62,9 @@ def _case(out_dtype: str, config, has_bias: bool, activation: int, has_residual:
     if not has_residual:
         constexprs["residual_ptr"] = None
     variant = f"bias={int(has_bias)} act={activation} res={int(has_residual)}"
-    name = f"linear_int8[{out_dtype} out {mod.config_name(config)} {variant}]"
-    where = {"aligned_ints": ("N", "K"), "archs": ARCHS}
-    return CompileCase.tuned(config, name, linear.KERNEL, signature, constexprs, "int8", **where)
+    name = f"linear_{quantize}[{out_dtype} out {mod.config_name(config)} {variant}]"
+    where = {"aligned_ints": ("N", "K"), "archs": archs}
+    return CompileCase.tuned(config, name, linear.KERNEL, signature, constexprs, dtype, **where)
 
 
 def _kept(config, epilogue) -> bool:
@@ -60,21 +78,23 @@ def _kept(config, epilogue) -> bool:
     )
 
 
-def _cases() -> list[CompileCase]:
-    cases = []
+def cases(quantize: str) -> list[CompileCase]:
+    """The cases of one quantised format ("int8", or "fp8" for tests/compile_cases/linear_fp8.py:
+    ``keep`` treats both one-byte formats alike)."""
+    out = []
     for config in linear.POINTER_CONFIGS:
         kept = [e for e in linear.EPILOGUES if _kept(config, e)]
         chosen = [linear.FULL_EPILOGUE] if linear.FULL_EPILOGUE in kept else kept[-1:]
-        cases += [_case("fp16", config, *epilogue) for epilogue in chosen]
+        out += [_case("fp16", config, *epilogue, quantize) for epilogue in chosen]
     full = [c for c in linear.POINTER_CONFIGS if _kept(c, linear.FULL_EPILOGUE)]
     sweep = full[-1]
-    cases += [
-        _case("fp16", sweep, *epilogue)
+    out += [
+        _case("fp16", sweep, *epilogue, quantize)
         for epilogue in linear.EPILOGUES
         if epilogue != linear.FULL_EPILOGUE
     ]
-    cases.append(_case("fp32", full[0], *linear.FULL_EPILOGUE))
-    return cases
+    out.append(_case("fp32", full[0], *linear.FULL_EPILOGUE, quantize))
+    return out
 
 
-CASES = _cases()
+CASES = cases("int8")
