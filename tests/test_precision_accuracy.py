@@ -77,20 +77,32 @@ def test_retrieval_sample_is_real_held_out_text() -> None:
 
 def test_the_table_of_precisions() -> None:
     cpu = torch.device("cpu")
-    assert accuracy.PRECISION_NAMES == ("fp32", "fp16", "bf16", "int8")
-    assert accuracy.runnable(cpu, "torch") == ["fp32", "fp16", "bf16", "int8"]
+    assert accuracy.PRECISION_NAMES == ("fp32", "fp16", "bf16", "int8", "fp8")
+    # fp8 on a CPU is the emulation of its e4m3 math (its accuracy, not its speed).
+    assert accuracy.runnable(cpu, "torch") == ["fp32", "fp16", "bf16", "int8", "fp8"]
     # The interpreter's bfloat16 products are wrong: bf16 is not offered there.
-    assert accuracy.runnable(cpu, "triton") == ["fp32", "fp16", "int8"]
+    assert accuracy.runnable(cpu, "triton") == ["fp32", "fp16", "int8", "fp8"]
     assert accuracy.supported_dtypes(cpu, "torch") == ["fp32", "fp16", "bf16"]
     int8 = accuracy.precisions.precision("int8")
     assert int8.quantize == "int8" and int8.compute_dtype(cpu) == torch.float32
     assert accuracy.precisions.precision("bf16").compute_dtype(cpu) == torch.bfloat16
-    with pytest.raises(ValueError, match="choose from fp32, fp16, bf16, int8"):
-        accuracy.precisions.precision("fp8")
+    with pytest.raises(ValueError, match="choose from fp32, fp16, bf16, int8, fp8"):
+        accuracy.precisions.precision("fp4")
     with pytest.raises(ValueError, match="bf16 cannot run on cpu with backend triton; it runs "):
         accuracy.check_precisions(["fp32", "bf16"], cpu, "triton")
     assert accuracy.check_precisions(["int8", "fp32", "int8"], cpu, "torch") == ["int8", "fp32"]
     assert accuracy.check_precisions(None, cpu, "torch") == accuracy.runnable(cpu, "torch")
+
+
+@pytest.mark.parametrize(
+    ("capability", "quantized"), [((7, 5), []), ((8, 0), ["int8"]), ((9, 0), ["int8", "fp8"])]
+)
+def test_a_gpu_runs_the_precisions_of_its_tensor_cores(monkeypatch, capability, quantized):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: capability >= (8, 0))
+    bf16 = ["bf16"] if capability >= (8, 0) else []
+    expected = ["fp32", "fp16", *bf16, *quantized]
+    assert accuracy.runnable(torch.device("cuda"), "triton") == expected
 
 
 def test_the_command_and_the_library_share_the_sample_size() -> None:
@@ -229,10 +241,13 @@ def test_text_table(monkeypatch, capsys) -> None:
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--precisions", "fp8"], "--precisions: unknown fp8; choose from fp32, fp16, bf16, int8"),
+        (
+            ["--precisions", "fp4"],
+            "--precisions: unknown fp4; choose from fp32, fp16, bf16, int8, fp8",
+        ),
         (
             ["--dtypes", "bf16", "--backend", "triton"],
-            "--dtypes: bf16 cannot run on cpu with backend triton; it runs fp32, fp16, int8",
+            "--dtypes: bf16 cannot run on cpu with backend triton; it runs fp32, fp16, int8, fp8",
         ),
         (["--precisions", "--texts", "3"], "--texts: the stage comparison's options"),
         (["--precisions", "fp32", "--dtypes", "fp32"], "--dtypes: the stage comparison's"),

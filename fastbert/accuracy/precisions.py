@@ -48,7 +48,15 @@ def _runs_int8(device: torch.device, backend: str) -> bool:
     """CUDA: the integer tensor cores of sm_80 or newer; a CPU: torch._int_mm (the torch
     backend; the interpreter runs it too, slowly)."""
     if device.type == "cuda":
-        return _cuda_capability_at_least(device, validation.INT8_MIN_CAPABILITY)
+        return _cuda_capability_at_least(device, validation.MIN_CAPABILITY["int8"])
+    return True
+
+
+def _runs_fp8(device: torch.device, backend: str) -> bool:
+    """CUDA: the FP8 tensor cores of sm_89 or newer; a CPU: the emulation (the same e4m3
+    operands multiplied in float32: fp8's accuracy, not its speed)."""
+    if device.type == "cuda":
+        return _cuda_capability_at_least(device, validation.MIN_CAPABILITY["fp8"])
     return True
 
 
@@ -61,6 +69,12 @@ PRECISIONS: tuple[Precision, ...] = (
         "int8",
         lambda device: torch.float16 if device.type == "cuda" else torch.float32,
         _runs_int8,
+    ),
+    Precision(
+        "fp8",
+        "fp8",
+        lambda device: torch.float16 if device.type == "cuda" else torch.float32,
+        _runs_fp8,
     ),
 )
 PRECISION_NAMES: tuple[str, ...] = tuple(p.name for p in PRECISIONS)

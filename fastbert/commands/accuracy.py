@@ -59,7 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtypes",
         default=None,
         help="comma-separated subset of fp32,fp16,bf16 (default: all the device supports), "
-        "or int8 (quantize='int8': float32 on a CPU, float16 on CUDA; only when named)",
+        "or int8 / fp8 (quantize='int8' / 'fp8': float32 on a CPU, float16 on CUDA; only when "
+        "named; fp8 on a CPU is an emulation of its e4m3 math)",
     )
     parser.add_argument("--texts", type=positive_int, default=None, help="how many built-in texts")
     parser.add_argument(
@@ -72,7 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="LIST",
         help="the precision report instead of the stage comparison: for each precision "
-        "(comma-separated subset of fp32,fp16,bf16,int8; alone: every one the device runs), "
+        "(comma-separated subset of fp32,fp16,bf16,int8,fp8; alone: every one the device runs; "
+        "fp8 on a CPU is an emulation of its e4m3 math), "
         "the hidden states' error and the sentence embeddings' cosine and top-10 neighbour "
         "overlap against sentence-transformers fp32 on real text",
     )
