@@ -74,6 +74,32 @@ def _bias_mask(
     return bias.masked_fill(attend.logical_not()[:, None, None, :], float("-inf"))
 
 
+def _sdpa_windowed(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_padding_mask: torch.Tensor | None,
+    window: int,
+    scale: float | None,
+    dropout_p: float,
+    relative_bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """SDPA with a sliding window: one boolean (or, with a relative bias, additive)
+    [B or 1, 1 or H, S_q, S_k] mask of the keys each query attends. A query row with no real
+    key in its window attends to all of its (zeroed) keys instead: zeros, never NaN."""
+    seq_q, seq_k = q.shape[2], k.shape[2]
+    keep = reference.keep_mask(key_padding_mask, window, seq_q, seq_k, q.device)
+    if key_padding_mask is not None:
+        dropped = key_padding_mask.bool().logical_not()[:, None, :, None]
+        k, v = k.masked_fill(dropped, 0.0), v.masked_fill(dropped, 0.0)
+    attend = keep | keep.any(-1, keepdim=True).logical_not()
+    mask = attend
+    if relative_bias is not None:
+        bias = reference.relative_position_bias(relative_bias, seq_q, seq_k).to(q.dtype)
+        mask = bias.masked_fill(attend.logical_not(), float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+
+
 def attention_unchecked(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -82,8 +108,14 @@ def attention_unchecked(
     scale: float | None = None,
     dropout_p: float = 0.0,
     relative_bias: torch.Tensor | None = None,
+    rotary: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     scale = None if scale is None else float(scale)
+    if rotary is not None:
+        q, k = reference.rotary_positions(q, rotary), reference.rotary_positions(k, rotary)
+    if window is not None:
+        return _sdpa_windowed(q, k, v, key_padding_mask, window, scale, dropout_p, relative_bias)
     if relative_bias is not None:
         seq_q, seq_k = q.shape[2], k.shape[2]
         if key_padding_mask is None:
@@ -122,13 +154,19 @@ def attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
     relative_bias: torch.Tensor | None = None,
+    *,
+    rotary: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """:func:`fastbert.kernels.reference.attention` on ``F.scaled_dot_product_attention``
     (its own attention dropout), inputs checked."""
     checks.check_attention(q, k, v, key_padding_mask, scale)
     checks.check_relative_bias(relative_bias, q)
+    checks.check_rotary(rotary, window, q)
     dropout_p = check_dropout_p(dropout_p)
-    return attention_unchecked(q, k, v, key_padding_mask, scale, dropout_p, relative_bias)
+    return attention_unchecked(
+        q, k, v, key_padding_mask, scale, dropout_p, relative_bias, rotary, window
+    )
 
 
 def _unpack_index(
@@ -163,6 +201,8 @@ def attention_varlen_unchecked(
     scale: float | None = None,
     dropout_p: float = 0.0,
     relative_bias: torch.Tensor | None = None,
+    rotary: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     tokens, heads, head_dim = q.shape
     if tokens == 0 or max_seqlen == 0:
@@ -176,6 +216,11 @@ def attention_varlen_unchecked(
         t[gather].view(batch, max_seqlen, heads, head_dim).transpose(1, 2) for t in (q, k, v)
     )
     scale = None if scale is None else float(scale)
+    if rotary is not None:  # slot positions are each sequence's own token positions
+        q, k = reference.rotary_positions(q, rotary), reference.rotary_positions(k, rotary)
+    if window is not None:
+        out = _sdpa_windowed(q, k, v, keep, window, scale, dropout_p, relative_bias)
+        return out.transpose(1, 2).reshape(batch * max_seqlen, heads, head_dim)[scatter]
     mask = keep[:, None, None, :]
     if relative_bias is not None:
         # Slot positions are each sequence's own token positions.
@@ -206,16 +251,20 @@ def attention_varlen(
     scale: float | None = None,
     dropout_p: float = 0.0,
     relative_bias: torch.Tensor | None = None,
+    *,
+    rotary: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """:func:`fastbert.kernels.reference.attention_varlen` as one masked SDPA call over a
     dense [B, max_seqlen] batch, inputs checked; ``max_seqlen`` must be at least the longest
     sequence (read on the host: ValueError otherwise)."""
     checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
     checks.check_relative_bias(relative_bias, q)
+    checks.check_rotary(rotary, window, q)
     dropout_p = check_dropout_p(dropout_p)
     _check_max_seqlen(cu_seqlens, max_seqlen)
     return attention_varlen_unchecked(
-        q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias
+        q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias, rotary, window
     )
 
 
@@ -230,15 +279,23 @@ def linear_unchecked(
     bias: torch.Tensor | None = None,
     activation: str | None = None,
     residual: torch.Tensor | None = None,
+    gated: bool = False,
 ) -> torch.Tensor:
     y = F.linear(x, weight, bias)
     # In place on the fresh product, unless autograd records it (in-place GELU has no
     # derivative there).
     in_place = not y.requires_grad
+    gate = None
+    if gated:
+        y, gate = y.chunk(2, dim=-1)
+        in_place = False  # y is a view of the product the gate shares
     if activation is not None:
         approximate = "tanh" if activation == "gelu_tanh" else "none"
         gelu = torch._C._nn.gelu_ if in_place else F.gelu
         y = gelu(y, approximate=approximate)
+    if gate is not None:
+        y = y * gate
+        in_place = not y.requires_grad
     if residual is None:
         return y
     return y.add_(residual) if in_place else y + residual
@@ -250,11 +307,13 @@ def linear(
     bias: torch.Tensor | None = None,
     activation: str | None = None,
     residual: torch.Tensor | None = None,
+    *,
+    gated: bool = False,
 ) -> torch.Tensor:
-    """:func:`fastbert.kernels.reference.linear` on ``F.linear``, GELU and the residual added
-    in place, inputs checked."""
-    checks.check_linear(x, weight, bias, activation, residual)
-    return linear_unchecked(x, weight, bias, activation, residual)
+    """:func:`fastbert.kernels.reference.linear` on ``F.linear``, GELU (times the gate when
+    ``gated``) and the residual added in place, inputs checked."""
+    checks.check_linear(x, weight, bias, activation, residual, gated)
+    return linear_unchecked(x, weight, bias, activation, residual, gated)
 
 
 def _int_product(q: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
