@@ -116,6 +116,24 @@ def check_relative_bias(relative_bias, q) -> None:
     check_shape("relative_bias", relative_bias, (heads, RELATIVE_BUCKETS))
 
 
+def check_rotary(rotary, window, q) -> None:
+    """rotary: None or float32 [D / 2] inverse frequencies on q's device (q: [B, H, S, D] or
+    [T, H, D]; D even); window: None or an integer >= 0."""
+    if rotary is not None:
+        check_tensor("rotary", rotary, ndim=1)
+        if rotary.dtype != torch.float32:
+            raise TypeError(f"rotary must be float32 inverse frequencies, got {rotary.dtype}")
+        check_same_device(q=q, rotary=rotary)
+        dim = q.shape[-1]
+        if dim % 2:
+            raise ValueError(f"rotary position embeddings need an even head dim, got {dim}")
+        check_shape("rotary", rotary, (dim // 2,))
+    if window is not None and (
+        not isinstance(window, int) or isinstance(window, bool) or window < 0
+    ):
+        raise ValueError(f"window must be None or an integer >= 0, got {window!r}")
+
+
 def check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale) -> None:
     """q, k, v: [T, H, D] packed tokens; cu_seqlens: int32 [B + 1]."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -145,8 +163,9 @@ def check_softmax(scores, key_padding_mask, scale) -> None:
         raise TypeError(f"scale must be a Python number, got {type(scale).__name__}")
 
 
-def check_linear(x, weight, bias, activation, residual) -> None:
-    """x: [..., K]; weight: [N, K]; bias: [N]; residual: [..., N]."""
+def check_linear(x, weight, bias, activation, residual, gated=False) -> None:
+    """x: [..., K]; weight: [N, K]; bias: [N]; residual: [..., N] (gated: N even, residual
+    [..., N / 2])."""
     check_tensor("x", x, min_ndim=1)
     check_tensor("weight", weight, ndim=2)
     check_float("x", x)
@@ -164,8 +183,12 @@ def check_linear(x, weight, bias, activation, residual) -> None:
         )
     if bias is not None:
         check_shape("bias", bias, (n,))
+    if not isinstance(gated, bool):
+        raise TypeError(f"gated must be a bool, got {gated!r}")
+    if gated and n % 2:
+        raise ValueError(f"gated needs an even number of weight rows (input, gate), got {n}")
     if residual is not None:
-        check_shape("residual", residual, (*x.shape[:-1], n))
+        check_shape("residual", residual, (*x.shape[:-1], n // 2 if gated else n))
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 

@@ -696,13 +696,32 @@ def _check_kernel_inputs(tensors: dict[str, torch.Tensor | None], head_dim: int)
             )
 
 
+def _refuse_rotary(rotary, window, q) -> None:
+    """ValueError for rotary positions or a sliding window: not in the Triton kernel."""
+    checks.check_rotary(rotary, window, q)
+    if rotary is not None or window is not None:
+        raise ValueError(
+            "the Triton attention kernel does not run rotary positions or a sliding window; "
+            "use backend='torch'"
+        )
+
+
 def _prepare(
-    q, k, v, key_padding_mask=None, scale=None, dropout_p=0.0, relative_bias=None
+    q,
+    k,
+    v,
+    key_padding_mask=None,
+    scale=None,
+    dropout_p=0.0,
+    relative_bias=None,
+    rotary=None,
+    window=None,
 ) -> tuple:
     """Validate the dense op's inputs for the kernel; the forward's arguments (scale resolved,
     the dropout seed drawn)."""
     checks.check_attention(q, k, v, key_padding_mask, scale)
     checks.check_relative_bias(relative_bias, q)
+    _refuse_rotary(rotary, window, q)
     dropout_p = dropout.check_dropout_p(dropout_p)
     tensors = {"q": q, "k": k, "v": v, "key_padding_mask": key_padding_mask}
     _check_kernel_inputs(tensors, q.shape[-1])
@@ -711,11 +730,21 @@ def _prepare(
 
 
 def _prepare_varlen(
-    q, k, v, cu_seqlens, max_seqlen, scale=None, dropout_p=0.0, relative_bias=None
+    q,
+    k,
+    v,
+    cu_seqlens,
+    max_seqlen,
+    scale=None,
+    dropout_p=0.0,
+    relative_bias=None,
+    rotary=None,
+    window=None,
 ) -> tuple:
     """Validate the padding-free op's inputs for the kernel; the forward's arguments."""
     checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
     checks.check_relative_bias(relative_bias, q)
+    _refuse_rotary(rotary, window, q)
     dropout_p = dropout.check_dropout_p(dropout_p)
     _check_kernel_inputs({"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens}, q.shape[-1])
     scale = resolve_scale(q, scale)
@@ -1056,6 +1085,9 @@ def attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
     relative_bias: torch.Tensor | None = None,
+    *,
+    rotary: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """softmax(scale * q @ k^T + bias, masked keys excluded) @ v, in one fused Triton kernel
     (:func:`fastbert.kernels.reference.attention`).
@@ -1069,7 +1101,9 @@ def attention(
     (dropout(softmax) @ v; the Philox seed comes from torch's default generator).
     relative_bias: None or a float [H, 32] table (MPNet's relative position bias): each score
     gains relative_bias[h, bucket(j - i)], the bucket computed in the kernel's tile (no
-    [B, H, S, S] tensor is formed).
+    [B, H, S, S] tensor is formed). rotary, window: RoPE and a sliding window
+    (:func:`fastbert.kernels.reference.attention`), which this kernel does not run yet: a
+    ValueError names the torch backend.
 
     Differentiable in q, k, v and relative_bias (Triton backward kernels) when grad mode is on
     and one of them requires grad; otherwise nothing is saved.
@@ -1077,7 +1111,9 @@ def attention(
     Returns [B, H, S_q, D] in q's dtype: the ``.transpose(1, 2)`` view of a contiguous
     [B, S_q, H, D] buffer, so ``out.transpose(1, 2).reshape(B, S_q, H * D)`` costs nothing.
     """
-    return ATTENTION(q, k, v, key_padding_mask, scale, dropout_p, relative_bias)
+    return ATTENTION(
+        q, k, v, key_padding_mask, scale, dropout_p, relative_bias, rotary=rotary, window=window
+    )
 
 
 def attention_varlen(
@@ -1089,6 +1125,9 @@ def attention_varlen(
     scale: float | None = None,
     dropout_p: float = 0.0,
     relative_bias: torch.Tensor | None = None,
+    *,
+    rotary: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention over packed sequences (padding-free), in one fused Triton kernel
     (:func:`fastbert.kernels.reference.attention_varlen`).
@@ -1099,10 +1138,22 @@ def attention_varlen(
     tokens (a NaN in one sequence stays there). max_seqlen: the longest sequence; it
     sizes the grid (a smaller value is still correct, only slower). scale defaults to D**-0.5.
     dropout_p: attention-probability dropout, as in :func:`attention`. relative_bias: as in
-    :func:`attention`, over the distances between a sequence's own tokens. Differentiable as
+    :func:`attention`, over the distances between a sequence's own tokens; rotary and window
+    as in :func:`attention` (not run yet). Differentiable as
     :func:`attention` is. Returns a contiguous [T, H, D] tensor in q's dtype.
     """
-    return ATTENTION_VARLEN(q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias)
+    return ATTENTION_VARLEN(
+        q,
+        k,
+        v,
+        cu_seqlens,
+        max_seqlen,
+        scale,
+        dropout_p,
+        relative_bias,
+        rotary=rotary,
+        window=window,
+    )
 
 
 __all__ = ["SUPPORTED_HEAD_DIMS", "attention", "attention_varlen", "configs", "keep"]

@@ -1080,9 +1080,11 @@ def _fp8_forward_fake(x, weight, weight_scale, bias, activation, residual, input
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-def _prepare(x, weight, bias=None, activation=None, residual=None) -> tuple:
+def _prepare(x, weight, bias=None, activation=None, residual=None, gated=False) -> tuple:
     """Raise as :func:`linear` documents, before anything runs; the forward's arguments."""
-    check_linear(x, weight, bias, activation, residual)
+    check_linear(x, weight, bias, activation, residual, gated)
+    if gated:
+        raise ValueError("the Triton linear kernel does not run gated=True; use backend='torch'")
     check_triton_device("x", x)
     return x, weight, bias, activation, residual
 
@@ -1151,6 +1153,8 @@ def linear(
     bias: torch.Tensor | None = None,
     activation: str | None = None,
     residual: torch.Tensor | None = None,
+    *,
+    gated: bool = False,
 ) -> torch.Tensor:
     """``act(x @ weight.T + bias) + residual`` in one Triton GEMM with a fused epilogue
     (:func:`fastbert.kernels.reference.linear`).
@@ -1161,6 +1165,8 @@ def linear(
         bias: optional [N], x's dtype.
         activation: None, "gelu" (exact erf GELU, BERT's) or "gelu_tanh".
         residual: optional [..., N] (x's leading shape), x's dtype, added after the activation.
+        gated: act(input) * gate (:func:`fastbert.kernels.reference.linear`); not run by this
+            kernel yet (ValueError).
 
     Returns:
         A new contiguous [..., N] tensor in x's dtype (float32 accumulation, one rounding).
@@ -1172,7 +1178,7 @@ def linear(
         ValueError: mismatched shapes or devices, an unknown activation, or tensors the Triton
             kernels cannot reach (not CUDA, and not the CPU under TRITON_INTERPRET=1).
     """
-    return LINEAR(x, weight, bias, activation, residual)
+    return LINEAR(x, weight, bias, activation, residual, gated=gated)
 
 
 LINEAR_INT8 = Op(
@@ -1211,6 +1217,8 @@ def linear_int8(
         bias: optional [N], x's dtype.
         activation: None, "gelu" (exact erf GELU, BERT's) or "gelu_tanh".
         residual: optional [..., N] (x's leading shape), x's dtype, added after the activation.
+        gated: act(input) * gate (:func:`fastbert.kernels.reference.linear`); not run by this
+            kernel yet (ValueError).
         input_scale: optional float32 [K] multiplying x's columns before the quantisation
             (SmoothQuant; the weight was quantised with its columns divided by it).
 

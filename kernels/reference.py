@@ -17,6 +17,15 @@ the score of query i and key j gains ``relative_bias[h, relative_position_bucket
 after scaling, before the softmax (T5-style log-spaced buckets of the key - query distance,
 computed with Hugging Face MPNet's float math, :func:`relative_position_bucket`). Positions are
 counted inside each sequence (0..S-1 of the dense batch; a packed sequence's own tokens).
+
+Rotary position embeddings (RoPE, ModernBERT): ``rotary`` holds the float32 inverse frequencies
+[D / 2]; before the scores, the query and key at position p are rotated as Hugging Face's
+``apply_rotary_pos_emb`` does (the two halves of the head dim form the pairs, "rotate half"):
+``x1' = x1 cos - x2 sin``, ``x2' = x2 cos + x1 sin`` with the angle ``p * rotary[i]`` rounded to
+float32 (Hugging Face's product), cos and sin in the statistics' precision, the rotated values
+cast back to the input dtype. Sliding window (ModernBERT's local layers): with ``window`` w,
+query i attends only to keys j with ``|i - j| <= w`` (Hugging Face's bidirectional sliding
+window, w = local_attention // 2); positions as above.
 """
 
 from __future__ import annotations
@@ -69,17 +78,51 @@ def relative_position_bias(table: torch.Tensor, seq_q: int, seq_k: int) -> torch
     return table[:, relative_position_bucket(distance)]
 
 
+def rotary_positions(
+    x: torch.Tensor, rotary: torch.Tensor, positions: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x: [..., S, D] rotated by RoPE at ``positions`` (int [S], default 0..S-1) with the float32
+    inverse frequencies ``rotary`` [D / 2] (see the module docstring). Returns x's dtype."""
+    seq, dim = x.shape[-2], x.shape[-1]
+    if positions is None:
+        positions = torch.arange(seq, device=x.device)
+    angle = positions.float()[:, None] * rotary.float()[None, :]  # float32, as Hugging Face
+    wide = _wide(x)
+    angle = angle.to(wide.dtype)
+    cos, sin = angle.cos(), angle.sin()
+    x1, x2 = wide[..., : dim // 2], wide[..., dim // 2 :]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def keep_mask(
+    key_padding_mask: torch.Tensor | None, window: int | None, seq_q: int, seq_k: int, device
+) -> torch.Tensor | None:
+    """bool [B or 1, 1, S_q, S_k], True where query i may attend key j (a real key, inside
+    the window when there is one), or None when every key may be attended."""
+    keep = None
+    if key_padding_mask is not None:
+        keep = key_padding_mask.bool()[:, None, None, :]
+    if window is not None:
+        distance = (
+            torch.arange(seq_k, device=device)[None, :]
+            - torch.arange(seq_q, device=device)[:, None]
+        )
+        inside = (distance.abs() <= window)[None, None]
+        keep = inside if keep is None else keep & inside
+    return keep
+
+
 def _wide(t: torch.Tensor) -> torch.Tensor:
     """``t`` in float32, or left in float64: the precision of softmax and LayerNorm statistics."""
     return t if t.dtype == torch.float64 else t.float()
 
 
-def _mask_logits(scores: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
-    """scores: float32 / float64 [B, H, S_q, S_k] -> probabilities (masked keys excluded, empty
-    rows zero). Scores at masked keys are replaced, so a NaN or Inf there changes nothing."""
-    if key_padding_mask is None:
+def _mask_logits(scores: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """scores: float32 / float64 [B, H, S_q, S_k] -> probabilities (keys outside ``keep``, a
+    bool mask broadcasting to the scores, excluded; empty rows zero). Scores at excluded keys
+    are replaced, so a NaN or Inf there changes nothing."""
+    if keep is None:
         return torch.softmax(scores, dim=-1)
-    keep = key_padding_mask.bool()[:, None, None, :]
     probs = torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1)
     return probs.masked_fill(~keep.any(dim=-1, keepdim=True), 0.0)
 
@@ -103,9 +146,11 @@ def attention(
     dropout_p: float = 0.0,
     relative_bias: torch.Tensor | None = None,
     *,
+    rotary: torch.Tensor | None = None,
+    window: int | None = None,
     dropout_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """dropout(softmax(scale * q @ k^T + bias, masked keys excluded)) @ v.
+    """dropout(softmax(scale * rope(q) @ rope(k)^T + bias, masked keys excluded)) @ v.
 
     q: [B, H, S_q, D]; k, v: [B, H, S_k, D]; key_padding_mask: [B, S_k] bool or 0/1 int
     (True/1 = real token). Masked keys have no influence, even when K or V hold NaN or Inf
@@ -114,16 +159,22 @@ def attention(
     before dropout). dropout_mask: bool [B, H, S_q, S_k], True = kept, to apply a given mask
     (the tests pass the Triton kernel's) instead of drawing one. relative_bias: [H,
     RELATIVE_BUCKETS] float table; bias_ij = relative_bias[h, relative_position_bucket(j - i)]
-    (none when None). Returns [B, H, S_q, D] in q's dtype.
+    (none when None). rotary: float32 [D / 2] RoPE inverse frequencies, positions 0..S-1;
+    window: keys farther than ``window`` positions from the query are excluded (see the module
+    docstring). Returns [B, H, S_q, D] in q's dtype.
     """
     checks.check_attention(q, k, v, key_padding_mask, scale)
     checks.check_relative_bias(relative_bias, q)
+    checks.check_rotary(rotary, window, q)
     dropout_p = dropout.check_dropout_p(dropout_p)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    if rotary is not None:
+        q, k = rotary_positions(q, rotary), rotary_positions(k, rotary)
     scores = _wide(torch.matmul(q, k.transpose(-1, -2))) * scale
     if relative_bias is not None:
         scores = scores + _wide(relative_position_bias(relative_bias, q.shape[2], k.shape[2]))
-    probs = _drop_probs(_mask_logits(scores, key_padding_mask), dropout_p, dropout_mask)
+    keep = keep_mask(key_padding_mask, window, q.shape[2], k.shape[2], q.device)
+    probs = _drop_probs(_mask_logits(scores, keep), dropout_p, dropout_mask)
     if key_padding_mask is not None:
         # Masked keys have probability 0, but 0 times a NaN or Inf in V would still be NaN.
         v = v.masked_fill(~key_padding_mask.bool()[:, None, :, None], 0.0)
@@ -140,17 +191,21 @@ def attention_varlen(
     dropout_p: float = 0.0,
     relative_bias: torch.Tensor | None = None,
     *,
+    rotary: torch.Tensor | None = None,
+    window: int | None = None,
     dropout_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention over packed sequences: tokens cu_seqlens[i]:cu_seqlens[i+1] attend each other.
 
-    q, k, v: [T, H, D]; cu_seqlens: int32 [B + 1] prefix sums of the lengths; dropout_p and
-    relative_bias as in :func:`attention` (distances between a sequence's own tokens);
+    q, k, v: [T, H, D]; cu_seqlens: int32 [B + 1] prefix sums of the lengths; dropout_p,
+    relative_bias, rotary and window as in :func:`attention` (positions and distances are a
+    sequence's own: its first token is at position 0);
     dropout_mask: bool [H, T, T] indexed by global token positions, True = kept. Returns
     [T, H, D]; tokens outside every sequence get zeros.
     """
     checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
     checks.check_relative_bias(relative_bias, q)
+    checks.check_rotary(rotary, window, q)
     out = torch.zeros_like(q)
     bounds = cu_seqlens.tolist()
     for start, end in zip(bounds[:-1], bounds[1:]):
@@ -162,6 +217,8 @@ def attention_varlen(
                 scale=scale,
                 dropout_p=dropout_p,
                 relative_bias=relative_bias,
+                rotary=rotary,
+                window=window,
                 dropout_mask=mask,
             )
             out[start:end] = attended[0].transpose(0, 1)
@@ -178,7 +235,8 @@ def scaled_masked_softmax(
     are all masked are zeros.
     """
     checks.check_softmax(scores, key_padding_mask, scale)
-    return _mask_logits(_wide(scores) * float(scale), key_padding_mask).to(scores.dtype)
+    keep = None if key_padding_mask is None else key_padding_mask.bool()[:, None, None, :]
+    return _mask_logits(_wide(scores) * float(scale), keep).to(scores.dtype)
 
 
 def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
@@ -195,14 +253,24 @@ def linear(
     bias: torch.Tensor | None = None,
     activation: str | None = None,
     residual: torch.Tensor | None = None,
+    *,
+    gated: bool = False,
 ) -> torch.Tensor:
-    """act(x @ weight^T + bias) + residual.
+    """act(x @ weight^T + bias) + residual; gated: act(input) * gate + residual (a GLU).
 
-    x: [..., K]; weight: [N, K] (nn.Linear layout); bias: [N]; residual: [..., N];
-    activation: None, "gelu" (exact erf) or "gelu_tanh". Returns [..., N] in x's dtype.
+    x: [..., K]; weight: [N, K] (nn.Linear layout); bias: [N]; residual: [..., N] ([..., N / 2]
+    when gated); activation: None, "gelu" (exact erf) or "gelu_tanh". ``gated``: the product's
+    first N / 2 columns are the input and the last N / 2 the gate, as Hugging Face's
+    ``Wi(x).chunk(2, dim=-1)`` (ModernBERT's GeGLU with activation "gelu"). Returns [..., N]
+    ([..., N / 2] when gated) in x's dtype.
     """
-    checks.check_linear(x, weight, bias, activation, residual)
-    y = _activate(F.linear(x, weight, bias), activation)
+    checks.check_linear(x, weight, bias, activation, residual, gated)
+    y = F.linear(x, weight, bias)
+    if gated:
+        value, gate = y.chunk(2, dim=-1)
+        y = _activate(value, activation) * gate
+    else:
+        y = _activate(y, activation)
     return y if residual is None else y + residual
 
 

@@ -85,6 +85,32 @@ def _bias_mask(
     return bias.masked_fill(attend.logical_not()[:, None, None, :], float("-inf"))
 
 
+def _sdpa_windowed(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_padding_mask: torch.Tensor | None,
+    window: int,
+    scale: float | None,
+    dropout_p: float,
+    relative_bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """SDPA with a sliding window: one boolean (or, with a relative bias, additive)
+    [B or 1, 1 or H, S_q, S_k] mask of the keys each query attends. A query row with no real
+    key in its window attends to all of its (zeroed) keys instead: zeros, never NaN."""
+    seq_q, seq_k = q.shape[2], k.shape[2]
+    keep = reference.keep_mask(key_padding_mask, window, seq_q, seq_k, q.device)
+    if key_padding_mask is not None:
+        dropped = key_padding_mask.bool().logical_not()[:, None, :, None]
+        k, v = k.masked_fill(dropped, 0.0), v.masked_fill(dropped, 0.0)
+    attend = keep | keep.any(-1, keepdim=True).logical_not()
+    mask = attend
+    if relative_bias is not None:
+        bias = reference.relative_position_bias(relative_bias, seq_q, seq_k).to(q.dtype)
+        mask = bias.masked_fill(attend.logical_not(), float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+
+
 def attention_unchecked(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -93,8 +119,14 @@ def attention_unchecked(
     scale: float | None = None,
     dropout_p: float = 0.0,
     relative_bias: torch.Tensor | None = None,
+    rotary: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     scale = None if scale is None else float(scale)
+    if rotary is not None:
+        q, k = reference.rotary_positions(q, rotary), reference.rotary_positions(k, rotary)
+    if window is not None:
+        return _sdpa_windowed(q, k, v, key_padding_mask, window, scale, dropout_p, relative_bias)
     if relative_bias is not None:
         seq_q, seq_k = q.shape[2], k.shape[2]
         if key_padding_mask is None:
@@ -133,13 +165,19 @@ def attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
     relative_bias: torch.Tensor | None = None,
+    *,
+    rotary: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """:func:`fastbert.kernels.reference.attention` on ``F.scaled_dot_product_attention``
     (its own attention dropout), inputs checked."""
     checks.check_attention(q, k, v, key_padding_mask, scale)
     checks.check_relative_bias(relative_bias, q)
+    checks.check_rotary(rotary, window, q)
     dropout_p = check_dropout_p(dropout_p)
-    return attention_unchecked(q, k, v, key_padding_mask, scale, dropout_p, relative_bias)
+    return attention_unchecked(
+        q, k, v, key_padding_mask, scale, dropout_p, relative_bias, rotary, window
+    )
 
 
 def _unpack_index(
@@ -165,6 +203,19 @@ def _unpack_index(
     return gather, keep, scatter
 
 
+def _length_mask(
+    relative_bias: torch.Tensor | None, window: int | None, length: int, dtype, device
+) -> torch.Tensor | None:
+    """SDPA's mask for sequences of ``length`` tokens without padding: None, the window's keys
+    (bool [1, 1, L, L]; a query always sees itself), or the relative bias (float [H, L, L]),
+    -inf outside the window."""
+    keep = reference.keep_mask(None, window, length, length, device)
+    if relative_bias is None:
+        return keep
+    bias = reference.relative_position_bias(relative_bias, length, length).to(dtype)
+    return bias if keep is None else bias.masked_fill(keep.logical_not(), float("-inf"))
+
+
 def _attention_by_length(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -173,14 +224,17 @@ def _attention_by_length(
     scale: float | None,
     dropout_p: float,
     relative_bias: torch.Tensor | None,
+    rotary: torch.Tensor | None,
+    window: int | None,
 ) -> torch.Tensor:
-    """attention_varlen as one unmasked SDPA call per run of consecutive sequences of equal
-    length, each on [n, H, L, D] views of the packed [T, H, D] tensors: no gather, no padding,
-    no mask. Reads ``cu_seqlens`` on the host: for a CPU only, where that costs nothing."""
+    """attention_varlen as one SDPA call per run of consecutive sequences of equal length,
+    each on [n, H, L, D] views of the packed [T, H, D] tensors: no gather, no padding, and a
+    mask only for a relative bias or a window (one per length). Reads ``cu_seqlens`` on the
+    host: for a CPU only, where that costs nothing."""
     bounds = cu_seqlens.tolist()
     tokens, heads, head_dim = q.shape
     context = torch.empty_like(q)
-    biases: dict[int, torch.Tensor] = {}
+    masks: dict[int, torch.Tensor | None] = {}
     first, count = 0, len(bounds) - 1
     while first < count:
         length = bounds[first + 1] - bounds[first]
@@ -191,15 +245,16 @@ def _attention_by_length(
         first = last
         if length == 0:
             continue
-        group = (t[start:end].view(n, length, heads, head_dim).transpose(1, 2) for t in (q, k, v))
-        bias = None
-        if relative_bias is not None:
-            if length not in biases:
-                table = reference.relative_position_bias(relative_bias, length, length)
-                biases[length] = table.to(q.dtype)
-            bias = biases[length]
+        group_q, group_k, group_v = (
+            t[start:end].view(n, length, heads, head_dim).transpose(1, 2) for t in (q, k, v)
+        )
+        if rotary is not None:  # positions 0..L-1: each sequence's own
+            group_q = reference.rotary_positions(group_q, rotary)
+            group_k = reference.rotary_positions(group_k, rotary)
+        if length not in masks:
+            masks[length] = _length_mask(relative_bias, window, length, q.dtype, q.device)
         out = F.scaled_dot_product_attention(
-            *group, attn_mask=bias, dropout_p=dropout_p, scale=scale
+            group_q, group_k, group_v, attn_mask=masks[length], dropout_p=dropout_p, scale=scale
         )
         context[start:end].view(n, length, heads, head_dim).copy_(out.transpose(1, 2))
     return context
@@ -214,13 +269,17 @@ def attention_varlen_unchecked(
     scale: float | None = None,
     dropout_p: float = 0.0,
     relative_bias: torch.Tensor | None = None,
+    rotary: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     tokens, heads, head_dim = q.shape
     if tokens == 0 or max_seqlen == 0:
         return torch.zeros_like(q)
     if q.device.type == "cpu" and not torch.compiler.is_compiling():
         scale = None if scale is None else float(scale)
-        return _attention_by_length(q, k, v, cu_seqlens, scale, dropout_p, relative_bias)
+        return _attention_by_length(
+            q, k, v, cu_seqlens, scale, dropout_p, relative_bias, rotary, window
+        )
     gather, keep, scatter = _unpack_index(cu_seqlens, max_seqlen, tokens)
     batch = keep.shape[0]
     # Padded slots hold their own sequence's values (masked out; a NaN there is one the
@@ -230,6 +289,11 @@ def attention_varlen_unchecked(
         t[gather].view(batch, max_seqlen, heads, head_dim).transpose(1, 2) for t in (q, k, v)
     )
     scale = None if scale is None else float(scale)
+    if rotary is not None:  # slot positions are each sequence's own token positions
+        q, k = reference.rotary_positions(q, rotary), reference.rotary_positions(k, rotary)
+    if window is not None:
+        out = _sdpa_windowed(q, k, v, keep, window, scale, dropout_p, relative_bias)
+        return out.transpose(1, 2).reshape(batch * max_seqlen, heads, head_dim)[scatter]
     mask = keep[:, None, None, :]
     if relative_bias is not None:
         # Slot positions are each sequence's own token positions.
@@ -260,16 +324,20 @@ def attention_varlen(
     scale: float | None = None,
     dropout_p: float = 0.0,
     relative_bias: torch.Tensor | None = None,
+    *,
+    rotary: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """:func:`fastbert.kernels.reference.attention_varlen` as one masked SDPA call over a
     dense [B, max_seqlen] batch, inputs checked; ``max_seqlen`` must be at least the longest
     sequence (read on the host: ValueError otherwise)."""
     checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
     checks.check_relative_bias(relative_bias, q)
+    checks.check_rotary(rotary, window, q)
     dropout_p = check_dropout_p(dropout_p)
     _check_max_seqlen(cu_seqlens, max_seqlen)
     return attention_varlen_unchecked(
-        q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias
+        q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias, rotary, window
     )
 
 
@@ -321,17 +389,28 @@ def linear_unchecked(
     bias: torch.Tensor | None = None,
     activation: str | None = None,
     residual: torch.Tensor | None = None,
+    gated: bool = False,
 ) -> torch.Tensor:
-    if _takes_onednn(x, weight, bias, residual):
+    if not _takes_onednn(x, weight, bias, residual):
+        y = F.linear(x, weight, bias)
+    elif not gated:
         return _onednn_linear(x, weight, bias, activation, residual)
-    y = F.linear(x, weight, bias)
+    else:
+        y = _onednn_linear(x, weight, bias, None, None)
     # In place on the fresh product, unless autograd records it (in-place GELU has no
     # derivative there).
     in_place = not y.requires_grad
+    gate = None
+    if gated:
+        y, gate = y.chunk(2, dim=-1)
+        in_place = False  # y is a view of the product the gate shares
     if activation is not None:
         approximate = "tanh" if activation == "gelu_tanh" else "none"
         gelu = torch._C._nn.gelu_ if in_place else F.gelu
         y = gelu(y, approximate=approximate)
+    if gate is not None:
+        y = y * gate
+        in_place = not y.requires_grad
     if residual is None:
         return y
     return y.add_(residual) if in_place else y + residual
@@ -343,11 +422,13 @@ def linear(
     bias: torch.Tensor | None = None,
     activation: str | None = None,
     residual: torch.Tensor | None = None,
+    *,
+    gated: bool = False,
 ) -> torch.Tensor:
-    """:func:`fastbert.kernels.reference.linear` on ``F.linear``, GELU and the residual added
-    in place, inputs checked."""
-    checks.check_linear(x, weight, bias, activation, residual)
-    return linear_unchecked(x, weight, bias, activation, residual)
+    """:func:`fastbert.kernels.reference.linear` on ``F.linear``, GELU (times the gate when
+    ``gated``) and the residual added in place, inputs checked."""
+    checks.check_linear(x, weight, bias, activation, residual, gated)
+    return linear_unchecked(x, weight, bias, activation, residual, gated)
 
 
 def _int_product(q: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

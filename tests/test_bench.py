@@ -87,6 +87,39 @@ def test_bert_forward_padding_free_counts_real_tokens_only() -> None:
         counts.bert_forward(TINY, batch=2, seq=4, elem=2, lengths=[5, 1])
 
 
+@pytest.mark.parametrize("length", [1, 2, 5, 9, 40])
+@pytest.mark.parametrize("window", [None, 0, 1, 3, 8, 64])
+def test_window_pairs_count_the_pairs_a_window_keeps(length, window) -> None:
+    within = sum(
+        1 for i in range(length) for j in range(length) if window is None or abs(i - j) <= window
+    )
+    assert counts.window_pairs(length, window) == within
+
+
+def test_modernbert_base_counts_its_variants() -> None:
+    """The modernbert-base shape: GeGLU's input projection twice the intermediate width,
+    8 global and 14 sliding-window layers (keys within 64 of a query), no biases, one table,
+    a final LayerNorm, no pooler."""
+    config = shapes.model_config("modernbert-base")
+    assert (config.glu, config.norm_position, config.position_scheme) == (True, "pre", "rotary")
+    types = [config.layer_type(i) for i in range(config.num_hidden_layers)]
+    assert types.count("full_attention") == 8 and types.count("sliding_attention") == 14
+    assert (config.window, config.intermediate_size, config.num_hidden_layers) == (64, 1152, 22)
+    batch, seq, h, i, heads, d = 2, 300, 768, 1152, 12, 64
+    ops = counts.bert_forward(config, batch, seq, 4, pooler=False)
+    tokens = batch * seq
+    gemms = 2 * tokens * (3 * h * h + h * h + h * 2 * i + i * h)
+    local_pairs = seq * 129 - 64 * 65  # each query sees 129 keys, less those past the ends
+    attention = 4 * batch * heads * d * (8 * seq * seq + 14 * local_pairs)
+    norms = 8 * tokens * h * (2 * 22 + 1)  # two per layer and the final one
+    embeddings = 8 * tokens * h
+    assert counts.total_flops(ops) == 22 * gemms + attention + norms + embeddings
+    assert [op.name for op in ops].count("pooler") == 0
+    assert not any(
+        op.name == "qkv" and op.bytes != 4 * (tokens * h + 3 * h * h + tokens * 3 * h) for op in ops
+    )
+
+
 def test_roofline_takes_the_binding_limit_of_each_op() -> None:
     compute = counts.OpCount("gemm", flops=8e12, bytes=1e9)  # 10 ms at 800 TFLOP/s
     memory = counts.OpCount("norm", flops=1e6, bytes=3e9)  # 1 ms at 3 TB/s

@@ -62,7 +62,7 @@ def test_version(capsys) -> None:
         (
             ["accuracy", "--family", "gpt2"],
             "argument --family: invalid choice: 'gpt2' (choose from bert, roberta, xlm-roberta, "
-            "electra, distilbert, mpnet)",
+            "electra, distilbert, mpnet, modernbert)",
         ),
         (["info", "--nope"], "unrecognized arguments: --nope"),
     ],

@@ -12,8 +12,13 @@ Conventions (the ones used by FlashAttention and cuBLAS papers):
   per element; they never decide the roofline.
 - The forward counted is fastbert's: fused QKV GEMM, attention, output GEMM, residual
   LayerNorm, GELU FFN (GELU fused into the first GEMM), residual LayerNorm; embeddings with
-  their LayerNorm first and the pooler last. A dense forward counts every one of the B x S
-  positions; a padding-free forward counts the real tokens only (pass ``lengths``).
+  their LayerNorm first and the pooler last (when the model has one). A dense forward counts
+  every one of the B x S positions; a padding-free forward counts the real tokens only (pass
+  ``lengths``).
+- The config's variants count as they run: a gated FFN (GeGLU) has an input projection of
+  twice the intermediate width; a sliding-window layer's attention counts only the (query,
+  key) pairs within the window; linears without bias read none; a pre-norm model ends with
+  one more LayerNorm; the embeddings gather one row per table the model has.
 """
 
 from __future__ import annotations
@@ -53,19 +58,42 @@ def linear(
     return OpCount(name, 2.0 * m * n * k, float(elements * elem))
 
 
+def window_pairs(length: int, window: int | None) -> int:
+    """(query, key) pairs of a sequence of ``length`` tokens whose keys are at most ``window``
+    positions from their query (None: every pair)."""
+    if window is None or window >= length:
+        return length * length
+    # Each query sees 2 * window + 1 keys, less those past either end of the sequence.
+    cut = window * (window + 1)
+    return length * (2 * window + 1) - cut
+
+
 def attention(
-    batch: int, heads: int, seq_q: int, seq_k: int, head_dim: int, elem: int, *, masked: bool = True
+    batch: int,
+    heads: int,
+    seq_q: int,
+    seq_k: int,
+    head_dim: int,
+    elem: int,
+    *,
+    masked: bool = True,
+    window: int | None = None,
 ) -> OpCount:
-    """q [B, H, S_q, D], k and v [B, H, S_k, D], a [B, S_k] key-padding mask -> [B, H, S_q, D]."""
-    flops = 4.0 * batch * heads * seq_q * seq_k * head_dim
+    """q [B, H, S_q, D], k and v [B, H, S_k, D], a [B, S_k] key-padding mask -> [B, H, S_q, D];
+    ``window``: each query attends to the keys at most that far from it (S_q = S_k)."""
+    pairs = seq_q * seq_k if window is None else window_pairs(seq_q, window)
+    flops = 4.0 * batch * heads * pairs * head_dim
     elements = batch * heads * head_dim * (2 * seq_q + 2 * seq_k)
     mask = batch * seq_k * MASK_BYTES if masked else 0
     return OpCount("attention", flops, float(elements * elem + mask))
 
 
-def attention_varlen(lengths: Sequence[int], heads: int, head_dim: int, elem: int) -> OpCount:
-    """Packed q, k, v [T, H, D] (T = sum of lengths), each sequence attending to itself."""
-    flops = 4.0 * heads * head_dim * sum(n * n for n in lengths)
+def attention_varlen(
+    lengths: Sequence[int], heads: int, head_dim: int, elem: int, window: int | None = None
+) -> OpCount:
+    """Packed q, k, v [T, H, D] (T = sum of lengths), each sequence attending to itself (within
+    ``window`` of each query when given)."""
+    flops = 4.0 * heads * head_dim * sum(window_pairs(n, window) for n in lengths)
     elements = 4 * sum(lengths) * heads * head_dim
     return OpCount("attention", flops, float(elements * elem + 4 * (len(lengths) + 1)))
 
@@ -88,9 +116,10 @@ def layer_norm(rows: int, hidden: int, elem: int, *, residual: bool = True) -> O
     )
 
 
-def embeddings(tokens: int, hidden: int, elem: int) -> OpCount:
-    """Three table rows gathered per token, summed and layer-normed -> [tokens, hidden]."""
-    elements = 4 * tokens * hidden + 2 * hidden
+def embeddings(tokens: int, hidden: int, elem: int, tables: int = 3) -> OpCount:
+    """``tables`` table rows gathered per token (word, position, token type), summed and
+    layer-normed -> [tokens, hidden]."""
+    elements = (tables + 1) * tokens * hidden + 2 * hidden
     return OpCount(
         "embeddings",
         float(LAYER_NORM_FLOPS_PER_ELEMENT * tokens * hidden),
@@ -101,38 +130,51 @@ def embeddings(tokens: int, hidden: int, elem: int) -> OpCount:
 def bert_layer(config: BertConfig, tokens: int, attention_op: OpCount, elem: int) -> list[OpCount]:
     """One encoder layer over ``tokens`` positions; ``attention_op`` is its attention."""
     h, i = config.hidden_size, config.intermediate_size
+    bias = config.linear_bias
     return [
-        linear(tokens, 3 * h, h, elem, name="qkv"),
+        linear(tokens, 3 * h, h, elem, bias=bias, name="qkv"),
         attention_op,
-        linear(tokens, h, h, elem, name="attn_out"),
+        linear(tokens, h, h, elem, bias=bias, name="attn_out"),
         layer_norm(tokens, h, elem),
-        linear(tokens, i, h, elem, name="ffn_in_gelu"),
-        linear(tokens, h, i, elem, name="ffn_out"),
+        linear(tokens, 2 * i if config.glu else i, h, elem, bias=bias, name="ffn_in_gelu"),
+        linear(tokens, h, i, elem, bias=bias, name="ffn_out"),
         layer_norm(tokens, h, elem),
     ]
 
 
 def bert_forward(
-    config: BertConfig, batch: int, seq: int, elem: int, lengths: Sequence[int] | None = None
+    config: BertConfig,
+    batch: int,
+    seq: int,
+    elem: int,
+    lengths: Sequence[int] | None = None,
+    *,
+    pooler: bool = True,
 ) -> list[OpCount]:
-    """Every op of one BertModel forward (pooler included).
+    """Every op of one BertModel forward (the pooler too, with ``pooler``).
 
     Dense (``lengths`` None): all ``batch * seq`` positions. Padding-free: ``lengths`` (one per
     sequence, each <= seq) gives the real tokens, and only they are counted.
     """
     heads, head_dim, h = config.num_attention_heads, config.head_dim, config.hidden_size
-    if lengths is None:
-        tokens = batch * seq
-        attn = attention(batch, heads, seq, seq, head_dim, elem)
-    else:
-        if len(lengths) != batch or any(n < 0 or n > seq for n in lengths):
-            raise ValueError(f"need {batch} lengths in [0, {seq}], got {list(lengths)}")
-        tokens = sum(lengths)
-        attn = attention_varlen(lengths, heads, head_dim, elem)
-    ops = [embeddings(tokens, h, elem)]
-    for _ in range(config.num_hidden_layers):
-        ops += bert_layer(config, tokens, attn, elem)
-    ops.append(linear(batch, h, h, elem, name="pooler"))
+    if lengths is not None and (len(lengths) != batch or any(n < 0 or n > seq for n in lengths)):
+        raise ValueError(f"need {batch} lengths in [0, {seq}], got {list(lengths)}")
+    tokens = batch * seq if lengths is None else sum(lengths)
+
+    def attention_op(window: int | None) -> OpCount:
+        if lengths is None:
+            return attention(batch, heads, seq, seq, head_dim, elem, window=window)
+        return attention_varlen(lengths, heads, head_dim, elem, window)
+
+    tables = 1 + (config.position_scheme != "rotary") + (config.type_vocab_size > 0)
+    ops = [embeddings(tokens, h, elem, tables)]
+    for index in range(config.num_hidden_layers):
+        sliding = config.layer_type(index) == "sliding_attention"
+        ops += bert_layer(config, tokens, attention_op(config.window if sliding else None), elem)
+    if config.norm_position == "pre":
+        ops.append(layer_norm(tokens, h, elem, residual=False))
+    if pooler:
+        ops.append(linear(batch, h, h, elem, name="pooler"))
     return ops
 
 

@@ -77,7 +77,10 @@ def work(
     """FLOPs, bytes and roofline time of one forward of ``peer`` on ``batch``."""
     lengths = batch.lengths if peer.packs else None
     elem = torch.empty((), dtype=dtype).element_size()
-    ops = counts.bert_forward(reference.config, shape.batch, shape.seq, elem, lengths)
+    pooler = getattr(reference.hf_model, "pooler", None) is not None
+    ops = counts.bert_forward(
+        reference.config, shape.batch, shape.seq, elem, lengths, pooler=pooler
+    )
     roofline = counts.roofline_ms(ops, peaks.tflops, peaks.tbps) if peaks else None
     return {
         "flops": counts.total_flops(ops),

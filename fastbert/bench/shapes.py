@@ -1,10 +1,11 @@
 """The models and input batches benchmarks run on.
 
 Model shapes are embedded (random weights, no download): BERT-base, BERT-large, MiniLM-L6,
-MPNet-base (BERT-base's size with MPNet's relative position bias) and two small ones for CPU
-runs. A :class:`Shape` is a batch size and a sequence length, dense
-(every position a real token) or padded (lengths uniform in [16, seq], padding on the right as
-tokenizers do). Written ``32x128`` and ``64x512p`` on the command line.
+MPNet-base (BERT-base's size with MPNet's relative position bias), ModernBERT-base (rotary
+positions, GeGLU, sliding-window layers) and two small ones for CPU runs. A :class:`Shape` is
+a batch size and a sequence length, dense (every position a real token) or padded (lengths
+uniform in [16, seq], padding on the right as tokenizers do). Written ``32x128`` and
+``64x512p`` on the command line.
 """
 
 from __future__ import annotations
@@ -47,6 +48,22 @@ MODEL_SHAPES = {
         "relative_attention_num_buckets": 32,
         "layer_norm_eps": 1e-5,
     },
+    # answerdotai/ModernBERT-base's size and config: 22 pre-norm layers, every third one global
+    # and the others attending 128 tokens around each query, rotary positions, GeGLU.
+    "modernbert-base": {
+        "vocab_size": 50368,
+        "hidden_size": 768,
+        "num_hidden_layers": 22,
+        "num_attention_heads": 12,
+        "intermediate_size": 1152,
+        "max_position_embeddings": 8192,
+        "global_attn_every_n_layers": 3,
+        "local_attention": 128,
+        "global_rope_theta": 160_000.0,
+        "local_rope_theta": 10_000.0,
+        "norm_eps": 1e-5,
+        "pad_token_id": 50283,
+    },
     "bert-mini": {
         "hidden_size": 256,
         "num_hidden_layers": 4,
@@ -61,7 +78,7 @@ MODEL_SHAPES = {
     },
 }
 # The shapes of another family than BERT: name -> Hugging Face model_type.
-MODEL_TYPES = {"mpnet-base": "mpnet"}
+MODEL_TYPES = {"mpnet-base": "mpnet", "modernbert-base": "modernbert"}
 # The grid of the benchmark method; the target shapes of the README.
 GRID = ("1x128", "32x128", "8x512", "64x512")
 MIN_PADDED_LENGTH = 16

@@ -75,6 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model",
         default=None,
         help="bert-base (default on a GPU; random weights), bert-large, minilm-l6, mpnet-base, "
+        "modernbert-base, "
         "bert-mini (default on a CPU), bert-tiny, 'minilm' / 'mpnet' (the packaged "
         "all-MiniLM-L6-v2 / all-mpnet-base-v2 weights) or a local checkpoint folder",
     )

@@ -59,7 +59,8 @@ PACK_MIN_PADDING_CPU = 0.03
 # T / 8 or 64 extra rows, and eight buckets per doubling of T).
 TOKEN_BUCKET_MIN_STEP = 64
 
-# Fused QKV -> attention context; takes ``relative_bias=`` (an [H, 32] table) too.
+# Fused QKV -> attention context; takes the attention ops' position keywords too:
+# ``relative_bias=`` (an [H, 32] table), ``rotary=`` (RoPE's inverse frequencies), ``window=``.
 Attend = Callable[..., torch.Tensor]
 
 
@@ -69,26 +70,19 @@ def check_setting(name: str, value: object) -> None:
         raise ValueError(f"{name} must be 'auto', True or False, got {value!r}")
 
 
-def bias(relative_bias: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """The attention ops' keyword for a relative position bias table: none without one."""
-    return {} if relative_bias is None else {"relative_bias": relative_bias}
-
-
 def dense_attention(
     ops: Ops, heads: int, key_padding_mask: torch.Tensor | None, dropout_p: float = 0.0
 ) -> Attend:
     """Attention over a padded batch: fused QKV [B, S, 3H] -> context [B, S, H], with
-    ``dropout_p`` dropout on the attention probabilities and an optional [H, 32] relative
-    position bias table."""
+    ``dropout_p`` dropout on the attention probabilities and the attention ops' position
+    keywords (a relative position bias table, RoPE frequencies, a sliding window)."""
 
-    def attend(qkv: torch.Tensor, relative_bias: torch.Tensor | None = None) -> torch.Tensor:
+    def attend(qkv: torch.Tensor, **positions: object) -> torch.Tensor:
         batch, seq, three_width = qkv.shape
         width = three_width // 3
         # [B, S, 3, heads, D] viewed as three [B, heads, S, D] tensors: strides, no copies.
         q, k, v = qkv.view(batch, seq, 3, heads, width // heads).permute(2, 0, 3, 1, 4)
-        context = ops.attention(
-            q, k, v, key_padding_mask, dropout_p=dropout_p, **bias(relative_bias)
-        )
+        context = ops.attention(q, k, v, key_padding_mask, dropout_p=dropout_p, **positions)
         # The Triton kernel writes [B, S, heads, D] memory, so this reshape is a free view.
         return context.transpose(1, 2).reshape(batch, seq, width)
 
@@ -99,15 +93,15 @@ def packed_attention(
     ops: Ops, heads: int, cu_seqlens: torch.Tensor, max_seqlen: int, dropout_p: float = 0.0
 ) -> Attend:
     """Attention over packed sequences: fused QKV [T, 3H] -> context [T, H], with
-    ``dropout_p`` dropout on the attention probabilities and an optional [H, 32] relative
-    position bias table (distances between a sequence's own tokens)."""
+    ``dropout_p`` dropout on the attention probabilities and the attention ops' position
+    keywords (positions and distances are a sequence's own tokens')."""
 
-    def attend(qkv: torch.Tensor, relative_bias: torch.Tensor | None = None) -> torch.Tensor:
+    def attend(qkv: torch.Tensor, **positions: object) -> torch.Tensor:
         tokens, three_width = qkv.shape
         width = three_width // 3
         q, k, v = qkv.view(tokens, 3, heads, width // heads).unbind(1)
         context = ops.attention_varlen(
-            q, k, v, cu_seqlens, max_seqlen, dropout_p=dropout_p, **bias(relative_bias)
+            q, k, v, cu_seqlens, max_seqlen, dropout_p=dropout_p, **positions
         )
         return context.reshape(tokens, width)
 
@@ -203,7 +197,8 @@ class Stack(Protocol):
     them; fastbert.model.encoder.BertModel is one).
 
     ``heads``: attention heads per layer. ``relative_positions``: whether the attention
-    depends on the distance between tokens (a relative position bias): a batch with padding
+    depends on the distance between tokens (a relative position bias, rotary positions, a
+    sliding window): a batch with padding
     amid a row's real tokens then runs dense, where the distances are the padded batch's (as
     in Hugging Face), not the packed ones. ``table_rows()``: (word rows, token-type rows), the
     ranges the ids must lie in. ``position_ids(input_ids)``: [B, S] -> int64 [B, S] positions,

@@ -2,7 +2,8 @@
 sentence-transformers model, in place.
 
 The model keeps every module, head and parameter it had. Only its base model (``model.bert``,
-``model.roberta``, ``model.electra``, ``model.distilbert``, the model itself when it is the
+``model.roberta``, ``model.electra``, ``model.distilbert``, ``model.mpnet``, ``model.model``
+(ModernBERT), the model itself when it is the
 base model, or a SentenceTransformer's ``auto_model``) gets a new ``forward``: a
 :class:`FastbertForward`, which takes Hugging Face's arguments, runs a fastbert
 :class:`~fastbert.model.encoder.BertModel` and returns the output class the heads expect.
@@ -69,7 +70,8 @@ def optimize(
 ) -> Any:
     """Swap fastbert's encoder into ``model`` in place and return ``model``.
 
-    model: a transformers BERT, RoBERTa, XLM-RoBERTa, ELECTRA or DistilBERT base model or one
+    model: a transformers BERT, RoBERTa, XLM-RoBERTa, ELECTRA, DistilBERT, MPNet or ModernBERT
+    base model or one
     of their supported heads (:func:`fastbert.model.families.supported_classes`), or a
     sentence-transformers model whose first module is a Transformer holding one.
     dtype: float16, bfloat16 or float32 to cast the whole model to first (None keeps its dtype).
@@ -182,10 +184,11 @@ def bind_encoder(base: nn.Module, family: Family, config: BertConfig, **kwargs: 
     if unbound:
         raise RuntimeError(f"the {family.name} name table maps no tensor to {unbound}")
     for i, layer in enumerate(encoder.layers):
-        layer.qkv_parts = tuple(
-            tuple(params[t] for t in names[f"layers.{i}.{ours}"])
-            for ours in ("qkv_weight", "qkv_bias")
-        )
+        if len(names[f"layers.{i}.qkv_weight"]) > 1:  # separate query, key and value tensors
+            layer.qkv_parts = tuple(
+                tuple(params[t] for t in names.get(f"layers.{i}.{ours}", ()))
+                for ours in ("qkv_weight", "qkv_bias")
+            )
     if encoder.quantize is not None:
         base.requires_grad_(False)  # the separate query / key / value parameters too
         encoder.quantize = encoder.quantize  # quantises the bound tensors

@@ -23,8 +23,16 @@ HIDDEN_ACTIVATIONS = {
 }
 # How position ids follow from input_ids: "sequential" is 0..S-1 in every row (BERT, ELECTRA,
 # DistilBERT); "padding_offset" is pad_token_id + 1 + the count of non-pad ids so far, and
-# pad_token_id at pad ids (RoBERTa, XLM-RoBERTa: create_position_ids_from_input_ids).
-POSITION_SCHEMES = ("sequential", "padding_offset")
+# pad_token_id at pad ids (RoBERTa, XLM-RoBERTa: create_position_ids_from_input_ids);
+# "rotary" has no position table: positions 0..S-1 rotate the queries and keys in the
+# attention (RoPE, ModernBERT).
+POSITION_SCHEMES = ("sequential", "padding_offset", "rotary")
+# Where each layer's LayerNorms sit: "post" after each residual add (BERT); "pre" before the
+# attention and the FFN, with a final norm after the last layer and none before the first
+# layer's attention (its input is the embeddings' norm), as ModernBERT.
+NORM_POSITIONS = ("post", "pre")
+# A layer's attention: over every key, or over a sliding window (ModernBERT's local layers).
+LAYER_TYPES = ("full_attention", "sliding_attention")
 # Integer fields and the least value each may take (0 layers: the embeddings alone, as in
 # Hugging Face; 0 token types: the family has none, e.g. DistilBERT).
 _INT_MINIMUMS = {
@@ -56,6 +64,13 @@ class BertConfig:
     [buckets, heads] relative position bias table shared by every layer (MPNet); the attention
     reads its first RELATIVE_BUCKETS (32) rows, as Hugging Face's MPNet does whatever the
     table's size.
+
+    ModernBERT's switches: norm_position (NORM_POSITIONS); glu: the FFN's input projection
+    gives 2 * intermediate_size columns, act(input) * gate (GeGLU); linear_bias / norm_bias:
+    whether the linears / LayerNorms have biases; position_scheme "rotary" with rope_theta (the
+    global layers' RoPE base) and local_rope_theta (the sliding-window layers'); layer_types:
+    one of LAYER_TYPES per layer (None: all full); local_attention: the sliding window's width,
+    each query attending to the keys at most local_attention // 2 positions away.
     """
 
     vocab_size: int = 30522
@@ -77,6 +92,14 @@ class BertConfig:
     problem_type: str | None = None
     initializer_range: float = 0.02
     relative_attention_num_buckets: int = 0
+    norm_position: str = "post"
+    glu: bool = False
+    linear_bias: bool = True
+    norm_bias: bool = True
+    rope_theta: float = 10000.0
+    local_rope_theta: float = 10000.0
+    layer_types: tuple[str, ...] | None = None
+    local_attention: int = 0
 
     def __post_init__(self) -> None:
         """Raise ValueError naming the first field of the wrong type or out of range."""
@@ -119,6 +142,48 @@ class BertConfig:
             )
         if self.position_scheme == "padding_offset":
             self._check_padding_offset()
+        self._check_modern_switches()
+
+    def _check_modern_switches(self) -> None:
+        """The ModernBERT fields: known values, one layer type per layer, a window for
+        sliding layers, RoPE bases > 0 and an even head dim for rotary positions."""
+        if self.norm_position not in NORM_POSITIONS:
+            raise ValueError(
+                f"norm_position must be one of {NORM_POSITIONS}, got {self.norm_position!r}"
+            )
+        for name in ("glu", "linear_bias", "norm_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        for name in ("rope_theta", "local_rope_theta"):
+            value = getattr(self, name)
+            if not _is_number(value) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        if self.position_scheme == "rotary" and self.head_dim % 2:
+            raise ValueError(f"rotary positions need an even head dim, got {self.head_dim}")
+        _check_int("local_attention", self.local_attention, 0)
+        if self.layer_types is None:
+            return
+        if not isinstance(self.layer_types, tuple) or len(self.layer_types) != (
+            self.num_hidden_layers
+        ):
+            raise ValueError(
+                f"layer_types must be a tuple of one type per layer ({self.num_hidden_layers}), "
+                f"got {self.layer_types!r}"
+            )
+        unknown = [t for t in self.layer_types if t not in LAYER_TYPES]
+        if unknown:
+            raise ValueError(f"layer_types must each be one of {LAYER_TYPES}, got {unknown[0]!r}")
+        if "sliding_attention" in self.layer_types and self.local_attention < 1:
+            raise ValueError("sliding_attention layers need local_attention >= 1 (the window)")
+
+    def layer_type(self, index: int) -> str:
+        """The attention of layer ``index``: one of LAYER_TYPES."""
+        return "full_attention" if self.layer_types is None else self.layer_types[index]
+
+    @property
+    def window(self) -> int:
+        """How far a sliding-window layer's queries see: local_attention // 2 positions."""
+        return self.local_attention // 2
 
     def _check_padding_offset(self) -> None:
         """Positions counted from pad_token_id + 1 need a pad id and room for one position."""
@@ -148,6 +213,12 @@ class BertConfig:
         if self.position_scheme == "padding_offset":
             return self.max_position_embeddings - self.pad_token_id - 1
         return self.max_position_embeddings
+
+    @property
+    def position_rows(self) -> int:
+        """The rows of the position table (none with rotary positions: one zero row stands
+        in)."""
+        return 1 if self.position_scheme == "rotary" else self.max_position_embeddings
 
     @property
     def activation(self) -> str:
@@ -196,6 +267,8 @@ class BertConfig:
         if values.get("is_decoder") or values.get("add_cross_attention"):
             raise ValueError("decoder / cross-attention BERT configs are not supported")
         kwargs = family.config_values(values)
+        if family.derive is not None:
+            kwargs.update(family.derive(values))
         if "num_labels" not in values and values.get("id2label"):
             kwargs["num_labels"] = len(values["id2label"])
         config = cls(**kwargs)

@@ -50,10 +50,24 @@ def init_weights(model: nn.Module, config: BertConfig) -> None:
             module.word[module.padding_rows()["padding_idx"]] = 0.0
 
 
+def norm_bias(bias: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
+    """A LayerNorm's bias, or zeros like its ``weight`` for a LayerNorm without one."""
+    return bias if bias is not None else weight.new_zeros(weight.shape)
+
+
+def rotary_frequencies(theta: float, head_dim: int, device: torch.device) -> torch.Tensor:
+    """RoPE's float32 inverse frequencies [head_dim / 2] for the base ``theta``, computed as
+    Hugging Face's default RoPE does (the same float32 operations, so the same bits)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float, device=device) / head_dim
+    return 1.0 / (theta**exponents)
+
+
 class BertEmbeddings(nn.Module):
     """word + position + token-type embeddings, then LayerNorm (one fused op).
 
-    Without token types (``type_vocab_size`` 0) one zero row stands in for the table. With an
+    Without token types (``type_vocab_size`` 0) one zero row stands in for the table, and so
+    for the position table with rotary positions (ModernBERT: the attention rotates queries and
+    keys instead); without a LayerNorm bias (``norm_bias`` False) zeros stand in for it. With an
     ``embedding_size`` other than ``hidden_size`` (ELECTRA) the tables and LayerNorm have that
     width and a linear projection to ``hidden_size`` follows.
     """
@@ -62,14 +76,18 @@ class BertEmbeddings(nn.Module):
         super().__init__()
         e, h = config.embedding_width, config.hidden_size
         self.word = new_parameter(config.vocab_size, e, dtype=dtype, device=device)
-        self.position = new_parameter(config.max_position_embeddings, e, dtype=dtype, device=device)
+        self.position = (
+            new_parameter(config.max_position_embeddings, e, dtype=dtype, device=device)
+            if config.position_scheme != "rotary"
+            else None
+        )
         self.token_type = (
             new_parameter(config.type_vocab_size, e, dtype=dtype, device=device)
             if config.type_vocab_size
             else None
         )
         self.ln_weight = new_parameter(e, dtype=dtype, device=device)
-        self.ln_bias = new_parameter(e, dtype=dtype, device=device)
+        self.ln_bias = new_parameter(e, dtype=dtype, device=device) if config.norm_bias else None
         self.project_weight = new_parameter(h, e, dtype=dtype, device=device) if e != h else None
         self.project_bias = new_parameter(h, dtype=dtype, device=device) if e != h else None
         self.eps = config.layer_norm_eps
@@ -119,22 +137,22 @@ class BertEmbeddings(nn.Module):
         computed here are in range by construction). ``dropout_p``: dropout on the
         LayerNorm's output (before ELECTRA's projection), as in Hugging Face.
         """
-        if position_ids is None:
+        zero_row = self.word.new_zeros(1, self.word.shape[1])
+        position = self.position
+        if position is None:  # rotary positions: every token reads the one zero row
+            position, position_ids = zero_row, input_ids.new_zeros(input_ids.shape[1])
+        elif position_ids is None:
             position_ids = self.position_ids(input_ids)
-        token_type = (
-            self.token_type
-            if self.token_type is not None
-            else self.word.new_zeros(1, self.word.shape[1])
-        )
+        token_type = self.token_type if self.token_type is not None else zero_row
         hidden = ops.embeddings_layer_norm(
             input_ids,
             token_type_ids,
             position_ids,
             self.word,
-            self.position,
+            position,
             token_type,
             self.ln_weight,
-            self.ln_bias,
+            norm_bias(self.ln_bias, self.ln_weight),
             self.eps,
             check_ids=check_ids,
             dropout_p=dropout_p,
@@ -146,24 +164,47 @@ class BertEmbeddings(nn.Module):
 
 
 class BertLayer(nn.Module):
-    """Self-attention (fused QKV) + residual LayerNorm, then GELU FFN + residual LayerNorm."""
+    """Self-attention (fused QKV) and a GELU FFN, each with a residual and a LayerNorm.
 
-    def __init__(self, config: BertConfig, dtype: torch.dtype, device: torch.device | str):
+    ``config.norm_position`` "post" (BERT): LayerNorm(x + attention(x)), then LayerNorm(h +
+    FFN(h)), the residual added inside the LayerNorm op. "pre" (ModernBERT): x + attention(
+    LayerNorm(x)), then h + FFN(LayerNorm(h)), the residual added in the epilogue of the
+    output projection; the first layer (``first``) has no attention LayerNorm (its input is
+    the embeddings' LayerNorm). ``config.glu``: the FFN's input projection has 2 *
+    intermediate_size rows (input, gate) and the FFN computes act(input) * gate in one gated
+    linear. Without ``linear_bias`` / ``norm_bias`` the biases are None.
+    """
+
+    def __init__(
+        self,
+        config: BertConfig,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        first: bool = False,
+    ):
         super().__init__()
         h, i = config.hidden_size, config.intermediate_size
         kw = {"dtype": dtype, "device": device}
+
+        def bias(n: int, present: bool) -> nn.Parameter | None:
+            return new_parameter(n, **kw) if present else None
+
+        linear_bias, ln_bias = config.linear_bias, config.norm_bias
+        self.pre_norm = config.norm_position == "pre"
+        self.glu = config.glu
         self.qkv_weight = new_parameter(3 * h, h, **kw)  # rows: query, key, value
-        self.qkv_bias = new_parameter(3 * h, **kw)
+        self.qkv_bias = bias(3 * h, linear_bias)
         self.attn_out_weight = new_parameter(h, h, **kw)
-        self.attn_out_bias = new_parameter(h, **kw)
-        self.attn_ln_weight = new_parameter(h, **kw)
-        self.attn_ln_bias = new_parameter(h, **kw)
-        self.ffn_in_weight = new_parameter(i, h, **kw)
-        self.ffn_in_bias = new_parameter(i, **kw)
+        self.attn_out_bias = bias(h, linear_bias)
+        has_attn_ln = not (self.pre_norm and first)
+        self.attn_ln_weight = new_parameter(h, **kw) if has_attn_ln else None
+        self.attn_ln_bias = bias(h, ln_bias and has_attn_ln)
+        self.ffn_in_weight = new_parameter(2 * i if self.glu else i, h, **kw)
+        self.ffn_in_bias = bias(2 * i if self.glu else i, linear_bias)
         self.ffn_out_weight = new_parameter(h, i, **kw)
-        self.ffn_out_bias = new_parameter(h, **kw)
+        self.ffn_out_bias = bias(h, linear_bias)
         self.ffn_ln_weight = new_parameter(h, **kw)
-        self.ffn_ln_bias = new_parameter(h, **kw)
+        self.ffn_ln_bias = bias(h, ln_bias)
         self.heads = config.num_attention_heads
         self.activation = config.activation
         self.eps = config.layer_norm_eps
@@ -184,6 +225,8 @@ class BertLayer(nn.Module):
         (see fastbert.execution.runtime: dense with a padding mask, or packed sequences).
         ``dropout_p``: the hidden dropout on the two projections that feed a residual.
         """
+        if self.pre_norm:
+            return self.forward_pre_norm(ops, hidden, attend)
         qkv = self.project(ops, "qkv_weight", hidden, *self.fused_qkv())
         attn = self.project(
             ops, "attn_out_weight", attend(qkv), self.attn_out_weight, self.attn_out_bias
@@ -199,38 +242,70 @@ class BertLayer(nn.Module):
             out, self.ffn_ln_weight, self.ffn_ln_bias, self.eps, hidden, dropout_p=dropout_p
         )
 
+    def forward_pre_norm(self, ops: Ops, hidden: torch.Tensor, attend: Attend) -> torch.Tensor:
+        """The pre-LayerNorm layer (ModernBERT; no dropout): each residual added in the
+        epilogue of the projection that feeds it."""
+        x = hidden
+        if self.attn_ln_weight is not None:
+            x = ops.layer_norm(
+                hidden,
+                self.attn_ln_weight,
+                norm_bias(self.attn_ln_bias, self.attn_ln_weight),
+                self.eps,
+            )
+        qkv = self.project(ops, "qkv_weight", x, *self.fused_qkv())
+        hidden = self.project(
+            ops,
+            "attn_out_weight",
+            attend(qkv),
+            self.attn_out_weight,
+            self.attn_out_bias,
+            residual=hidden,
+        )
+        x = ops.layer_norm(
+            hidden, self.ffn_ln_weight, norm_bias(self.ffn_ln_bias, self.ffn_ln_weight), self.eps
+        )
+        inner = self.project(
+            ops, "ffn_in_weight", x, self.ffn_in_weight, self.ffn_in_bias, self.activation
+        )
+        return self.project(
+            ops, "ffn_out_weight", inner, self.ffn_out_weight, self.ffn_out_bias, residual=hidden
+        )
+
     def project(
         self,
         ops: Ops,
         name: str,
         x: torch.Tensor,
         weight: torch.Tensor,
-        bias: torch.Tensor,
+        bias: torch.Tensor | None,
         activation: str | None = None,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The linear whose weight is ``name``: on ``weight``, or on its int8 / fp8 copy when
         the layer runs quantised (recording the input's maxima per channel while
-        calibrating)."""
+        calibrating). The FFN's input projection of a GLU layer is gated."""
         if self.recording is not None:
             self.recording[name] = x.detach().reshape(-1, x.shape[-1]).abs().amax(dim=0).float()
         if self.quantized is None or self.recording is not None:
-            return ops.linear(x, weight, bias, activation)
+            gated = self.glu and name == "ffn_in_weight"
+            return ops.linear(x, weight, bias, activation, residual, gated=gated)
         q, scale, input_scale = self.quantized[name]
         linear = ops.linear_int8 if self.quantized.format == "int8" else ops.linear_fp8
-        return linear(x, q, scale, bias, activation, None, input_scale)
+        return linear(x, q, scale, bias, activation, residual, input_scale)
 
-    def fused_qkv(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The [3H, H] QKV weight and [3H] bias the layer reads: its fused parameters, or,
-        when it is bound to separate query, key and value parameters (``qkv_parts``, set by
-        fastbert.optimize) and one of them needs a gradient, their concatenation, through
-        which autograd gives each its own gradient."""
+    def fused_qkv(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The [3H, H] QKV weight and [3H] bias (None without biases) the layer reads: its
+        fused parameters, or, when it is bound to separate query, key and value parameters
+        (``qkv_parts``, set by fastbert.optimize) and one of them needs a gradient, their
+        concatenation, through which autograd gives each its own gradient."""
         parts = self.qkv_parts
         if (
             parts is not None
             and torch.is_grad_enabled()
             and any(p.requires_grad for p in parts[0] + parts[1])
         ):
-            return torch.cat(parts[0]), torch.cat(parts[1])
+            return torch.cat(parts[0]), torch.cat(parts[1]) if parts[1] else None
         return self.qkv_weight, self.qkv_bias
 
 
@@ -304,7 +379,17 @@ class BertModel(PretrainedMixin, nn.Module):
         self.runner = runtime.Runner(config.head_dim, backend, padding_free, cuda_graphs)
         self.embeddings = BertEmbeddings(config, dtype, device)
         self.layers = nn.ModuleList(
-            BertLayer(config, dtype, device) for _ in range(config.num_hidden_layers)
+            BertLayer(config, dtype, device, first=i == 0) for i in range(config.num_hidden_layers)
+        )
+        # Pre-LayerNorm encoders (ModernBERT) end with a LayerNorm.
+        pre_norm = config.norm_position == "pre"
+        self.final_ln_weight = (
+            new_parameter(config.hidden_size, dtype=dtype, device=device) if pre_norm else None
+        )
+        self.final_ln_bias = (
+            new_parameter(config.hidden_size, dtype=dtype, device=device)
+            if pre_norm and config.norm_bias
+            else None
         )
         self.pooler = BertPooler(config, dtype, device) if add_pooling_layer else None
         # MPNet: one [buckets, heads] relative position bias table read by every layer (Hugging
@@ -315,6 +400,7 @@ class BertModel(PretrainedMixin, nn.Module):
             if buckets
             else None
         )
+        self._rotary_cache: dict[tuple[float, torch.device], torch.Tensor] = {}
         self._watch = ParameterWatch(self)
         self._quantize: str | None = None
         self._quantized_key: tuple | None = None
@@ -337,6 +423,8 @@ class BertModel(PretrainedMixin, nn.Module):
     @quantize.setter
     def quantize(self, value: str | None) -> None:
         validation.check_quantize(value, self.dtype, self.device)
+        if value is not None and self.config.glu:
+            raise ValueError(f"quantize={value!r} does not run gated (GeGLU) FFNs; use None")
         self._quantize = value
         self._quantized_key = None
         for layer in self.layers:
@@ -428,7 +516,29 @@ class BertModel(PretrainedMixin, nn.Module):
 
     @property
     def relative_positions(self) -> bool:
-        return self.relative_bias is not None
+        config = self.config
+        return (
+            self.relative_bias is not None
+            or config.position_scheme == "rotary"
+            or config.layer_types is not None
+            and "sliding_attention" in config.layer_types
+        )
+
+    def attention_positions(self, index: int, device: torch.device) -> dict[str, object]:
+        """The attention ops' position keywords of layer ``index``: RoPE's inverse frequencies
+        (the layer type's base) and, for a sliding-window layer, the window."""
+        config = self.config
+        sliding = config.layer_type(index) == "sliding_attention"
+        kwargs: dict[str, object] = {}
+        if config.position_scheme == "rotary":
+            theta = config.local_rope_theta if sliding else config.rope_theta
+            key = (theta, device)
+            if key not in self._rotary_cache:
+                self._rotary_cache[key] = rotary_frequencies(theta, config.head_dim, device)
+            kwargs["rotary"] = self._rotary_cache[key]
+        if sliding:
+            kwargs["window"] = config.window
+        return kwargs
 
     def table_rows(self) -> tuple[int, int]:
         return self.embeddings.table_rows()
@@ -455,8 +565,13 @@ class BertModel(PretrainedMixin, nn.Module):
             attend = functools.partial(
                 attend, relative_bias=self.relative_bias[:RELATIVE_BUCKETS].t()
             )
-        for layer in self.layers:
-            hidden = layer(ops, hidden, attend, dropout_p)
+        for index, layer in enumerate(self.layers):
+            positions = self.attention_positions(index, hidden.device)
+            layer_attend = functools.partial(attend, **positions) if positions else attend
+            hidden = layer(ops, hidden, layer_attend, dropout_p)
+        if self.final_ln_weight is not None:
+            bias = norm_bias(self.final_ln_bias, self.final_ln_weight)
+            hidden = ops.layer_norm(hidden, self.final_ln_weight, bias, self.config.layer_norm_eps)
         return hidden
 
     def encode(

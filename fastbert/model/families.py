@@ -3,6 +3,8 @@
 BERT, RoBERTa, XLM-RoBERTa, ELECTRA, DistilBERT and MPNet run the same post-LayerNorm encoder;
 they differ only in tensor and config names, the position-id scheme, token types, the pooler,
 (ELECTRA) an embedding projection and (MPNet) a relative position bias shared by every layer.
+ModernBERT runs the same encoder with its config switches on (fastbert.model.config):
+pre-LayerNorm without biases, rotary positions, a GeGLU FFN and sliding-window layers.
 Each :class:`Family` records those differences, so the loader (fastbert/model/loading.py) and
 ``fastbert.optimize`` need no per-model code. No transformers import here: names are plain
 strings.
@@ -11,7 +13,7 @@ strings.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 # fastbert BertConfig field -> Hugging Face config attribute (the same name for BERT).
@@ -79,8 +81,12 @@ class Family:
     attribute; config_constants: BertConfig fields fixed by the architecture; embeddings,
     projection, layer, pooler: fastbert parameter name -> HF tensor names (under the base
     model; ``layer`` under ``f"{layer_prefix}.{i}."``; several names are concatenated by rows);
-    shared: the same for tensors every layer reads (MPNet's relative position bias table);
-    output_class: the transformers.modeling_outputs class the base model returns.
+    shared: the same for the base model's tensors outside the embeddings and layers (MPNet's
+    relative position bias table, ModernBERT's final norm); first_layer_skips: ``layer`` names
+    the first layer lacks (ModernBERT's attention norm); derive: config dict -> more BertConfig
+    keyword arguments, for fields that are no plain renaming (it raises ValueError for what
+    fastbert does not run); output_class: the transformers.modeling_outputs class the base
+    model returns.
     """
 
     name: str
@@ -105,6 +111,8 @@ class Family:
         default_factory=lambda: dict(_BERT_POOLER)
     )
     shared: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    first_layer_skips: tuple[str, ...] = ()
+    derive: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -134,6 +142,8 @@ class Family:
             names.update(self.projection)
         for i in range(num_layers):
             for ours, theirs in self.layer.items():
+                if i == 0 and ours in self.first_layer_skips:
+                    continue
                 names[f"layers.{i}.{ours}"] = tuple(f"{self.layer_prefix}.{i}.{t}" for t in theirs)
         if with_pooler:
             names.update(self.pooler)
@@ -249,7 +259,110 @@ MPNET = Family(
     },
     shared={"relative_bias": ("encoder.relative_attention_bias.weight",)},
 )
-FAMILIES = (BERT, ROBERTA, XLM_ROBERTA, ELECTRA, DISTILBERT, MPNET)
+
+
+# Hugging Face ModernBERT's defaults for fields an older config.json may lack.
+_MODERNBERT_DEFAULTS = {"global_rope_theta": 160_000.0, "local_rope_theta": 10_000.0}
+
+
+def _modernbert_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """BertConfig keyword arguments from a ModernBERT config dict: the layer types (listed, or
+    every ``global_attn_every_n_layers``-th layer global), the two RoPE bases (from
+    ``rope_parameters`` or the older ``global_rope_theta`` / ``local_rope_theta``) and the
+    biases. Raises ValueError for what fastbert does not run: scaled RoPE, biases in the
+    linears or LayerNorms, nonzero dropout."""
+    layers = values.get("num_hidden_layers", 22)
+    layer_types = values.get("layer_types")
+    if layer_types is None:
+        every = values.get("global_attn_every_n_layers", 3)
+        layer_types = [
+            "sliding_attention" if i % every else "full_attention" for i in range(layers)
+        ]
+    rope = values.get("rope_parameters") or {}
+    thetas = {}
+    for kind, old_name in (
+        ("full_attention", "global_rope_theta"),
+        ("sliding_attention", "local_rope_theta"),
+    ):
+        params = rope.get(kind) or {}
+        if params.get("rope_type", "default") != "default":
+            raise ValueError(
+                f"rope_type {params['rope_type']!r} ({kind}) is not supported; fastbert runs "
+                "the default RoPE"
+            )
+        thetas[kind] = params.get(
+            "rope_theta", values.get(old_name, _MODERNBERT_DEFAULTS[old_name])
+        )
+    for name in ("attention_bias", "mlp_bias", "norm_bias"):
+        if values.get(name, False):
+            raise ValueError(
+                f"{name}=True is not supported; fastbert runs ModernBERT's linears and "
+                "LayerNorms without biases (as the released checkpoints are configured)"
+            )
+    for name in ("embedding_dropout", "attention_dropout", "mlp_dropout"):
+        if values.get(name, 0.0):
+            raise ValueError(
+                f"{name} {values[name]!r} is not supported; fastbert runs ModernBERT with "
+                "dropout 0 (as the released checkpoints are configured)"
+            )
+    return {
+        "layer_types": tuple(layer_types),
+        "rope_theta": thetas["full_attention"],
+        "local_rope_theta": thetas["sliding_attention"],
+    }
+
+
+MODERNBERT = Family(
+    "ModernBERT",
+    "modernbert",
+    "ModernBert",
+    "model",
+    _ENCODER_HEADS,
+    "BaseModelOutput",
+    config_names={
+        "vocab_size": "vocab_size",
+        "hidden_size": "hidden_size",
+        "num_hidden_layers": "num_hidden_layers",
+        "num_attention_heads": "num_attention_heads",
+        "intermediate_size": "intermediate_size",
+        "hidden_act": "hidden_activation",
+        "max_position_embeddings": "max_position_embeddings",
+        "layer_norm_eps": "norm_eps",
+        "pad_token_id": "pad_token_id",
+        "num_labels": "num_labels",
+        "problem_type": "problem_type",
+        "initializer_range": "initializer_range",
+        "local_attention": "local_attention",
+    },
+    config_constants={
+        "type_vocab_size": 0,
+        "position_scheme": "rotary",
+        "norm_position": "pre",
+        "glu": True,
+        "linear_bias": False,
+        "norm_bias": False,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+    },
+    embeddings={
+        "embeddings.word": ("embeddings.tok_embeddings.weight",),
+        "embeddings.ln_weight": ("embeddings.norm.weight",),
+    },
+    layer_prefix="layers",
+    layer={
+        "qkv_weight": ("attn.Wqkv.weight",),
+        "attn_out_weight": ("attn.Wo.weight",),
+        "attn_ln_weight": ("attn_norm.weight",),
+        "ffn_in_weight": ("mlp.Wi.weight",),
+        "ffn_out_weight": ("mlp.Wo.weight",),
+        "ffn_ln_weight": ("mlp_norm.weight",),
+    },
+    pooler={},
+    shared={"final_ln_weight": ("final_norm.weight",)},
+    first_layer_skips=("attn_ln_weight",),
+    derive=_modernbert_values,
+)
+FAMILIES = (BERT, ROBERTA, XLM_ROBERTA, ELECTRA, DISTILBERT, MPNET, MODERNBERT)
 
 
 def family_of_model_type(model_type: str) -> Family | None:
