@@ -74,15 +74,28 @@ def test_attention_varlen(dtype, head_dim, lengths) -> None:
         assert out.is_contiguous()
 
 
+ROTARY_32 = 1.0 / 10_000 ** (torch.arange(0, 32, 2, dtype=torch.float32) / 32)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("lengths", [[5, 0, 70, 1, 17], [33, 33, 2, 2, 2]], ids=str)
-def test_attention_varlen_gathered(dtype, lengths) -> None:
-    """The path CUDA and torch.compile take (a CPU runs one SDPA call per run of equal
-    lengths instead): traced by Dynamo, it gathers the packed tokens into one masked batch."""
+@pytest.mark.parametrize(
+    "variant",
+    [{}, {"rotary": ROTARY_32, "window": 8}, {"relative_bias": "table"}],
+    ids=["plain", "rotary-window", "relative-bias"],
+)
+def test_attention_varlen_by_path(dtype, lengths, variant) -> None:
+    """Both paths of the packed attention: a CPU runs one SDPA call per run of equal lengths
+    (eager), CUDA and torch.compile gather the packed tokens into one masked batch (traced by
+    Dynamo here); each against the reference, with ModernBERT's and MPNet's variants."""
     q, k, v, cu = packed_qkv(lengths, 2, 32, dtype, "cpu", seed=len(lengths))
+    if "relative_bias" in variant:
+        variant = {"relative_bias": randn((2, 32), torch.float32, "cpu", seed=5)}
+    op = K.OPS["attention_varlen"].torch
     torch._dynamo.reset()
-    gathered = torch.compile(K.OPS["attention_varlen"].torch, fullgraph=True, backend="eager")
-    check_op(gathered, R.attention_varlen, (q, k, v, cu, max(lengths) + 3))
+    gathered = torch.compile(op, fullgraph=True, backend="eager")
+    for path in (op, gathered):
+        check_op(path, R.attention_varlen, (q, k, v, cu, max(lengths) + 3), variant)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
