@@ -1,12 +1,15 @@
 """Corpus-embedding throughput: docs/s and tokens/s of the fastbert embed pipeline,
 ``fastbert.optimize(st).encode``, sentence-transformers' ``st.encode`` and, where installed,
 ONNX Runtime and OpenVINO, on the packaged all-MiniLM-L6-v2 (or, ``--model mpnet``,
-all-mpnet-base-v2: BERT-base size with MPNet's relative position bias) and a corpus of real
+all-mpnet-base-v2: BERT-base size with MPNet's relative position bias; ``--model
+modernbert-base``: ModernBERT-base's architecture and size with random weights, see
+benchmarks/modernbert_folder.py) and a corpus of real
 English shipped with Python (the paragraphs of ``pydoc_data.topics``, the help texts of the
 language reference: 2 to ~800 words each).
 
     python -m benchmarks.embed_bench --out benchmarks/results/cpu-embed-<date> [--docs 1000]
-        [--model minilm|mpnet] [--contenders all|fastbert|st,fastbert-list,ort-int8,...]
+        [--model minilm|mpnet|modernbert-base]
+        [--contenders all|fastbert|st,fastbert-list,ort-int8,...]
 
 Contenders (each from a list of texts already in memory, or a .jsonl file for the pipeline,
 to embeddings; the model loaded beforehand and not timed):
@@ -49,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import embed_peers, gemm_limit
+from benchmarks import embed_peers, gemm_limit, modernbert_folder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -69,15 +72,19 @@ def corpus(docs: int) -> list[str]:
     return [paragraphs[int(i * step)] for i in range(docs)]
 
 
-# --model -> (the model's name, the function giving its packaged folder's path).
+# --model -> (the model's name, the function giving its folder's path).
 MODELS = {
     "minilm": ("all-MiniLM-L6-v2", "packaged_minilm_path"),
     "mpnet": ("all-mpnet-base-v2", "packaged_mpnet_path"),
+    "modernbert-base": ("ModernBERT-base shape (random weights)", "modernbert_folder"),
 }
 
 
 def model_folder(model: str) -> Path:
-    """The packaged folder of ``model`` (a key of MODELS)."""
+    """The folder of ``model`` (a key of MODELS): a packaged model, or the random
+    ModernBERT-base built once (benchmarks/modernbert_folder.py)."""
+    if MODELS[model][1] == "modernbert_folder":
+        return modernbert_folder.folder()
     from fastbert.integrations import models
 
     return Path(getattr(models, MODELS[model][1])())
@@ -234,7 +241,8 @@ def markdown(report: dict) -> str:
     lines = [
         f"# Corpus embedding, {report['device']}: {report['docs']} docs, {report['tokens']} tokens",
         "",
-        f"{report.get('model', 'all-MiniLM-L6-v2')} (packaged), max_length "
+        f"{report.get('model', 'all-MiniLM-L6-v2')}"
+        f"{' (packaged)' if report.get('packaged', True) else ''}, max_length "
         f"{report['max_length']}; corpus: "
         f"paragraphs of pydoc_data.topics (words per doc: median {report['words_median']}, "
         f"max {report['words_max']}); median of {report['reps']} runs after a warm-up; model "
@@ -357,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             config.num_hidden_layers,
             precisions=tuple(p for p in gemm_limit.PRECISIONS if p in precisions),
             seconds=args.gemm_seconds,
+            glu=config.glu,
         )
     results, details = [], {}
     with tempfile.TemporaryDirectory() as workdir, torch.inference_mode():
@@ -395,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{row.name}: {median:.2f} s, {len(texts) / median:.1f} docs/s", file=sys.stderr)
     report = {
         "model": MODELS[args.model][0],
+        "packaged": MODELS[args.model][1] != "modernbert_folder",
         "device": args.device,
         "docs": len(texts),
         "tokens": tokens,

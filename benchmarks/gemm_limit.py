@@ -6,7 +6,8 @@ hidden] x [hidden, intermediate]) at a batch of ``tokens`` rows, through PyTorch
 and bfloat16 the faster of ``torch.mm`` (MKL) and oneDNN's linear (the inference GEMM
 fastbert's torch backend runs on a CPU), ``torch._int_mm`` for int8 (int32 accumulation). The
 work per token is that of the linear layers, ``2 * layers * (4 hidden^2 + 2 hidden
-intermediate)`` FLOPs (the Q, K, V and output projections, the two feed-forward products);
+intermediate)`` FLOPs (the Q, K, V and output projections, the two feed-forward products; a
+gated FFN's input projection is twice as wide, ``3 hidden intermediate``, and the largest);
 attention's own products (a few percent at the lengths of real text) and everything else are
 not counted, so a contender's fraction of this limit is a lower bound of how close to the
 GEMM rate its products run.
@@ -23,9 +24,11 @@ import torch
 PRECISIONS = ("float32", "bfloat16", "int8")
 
 
-def linear_flops_per_token(hidden: int, intermediate: int, layers: int) -> int:
-    """FLOPs of the linear layers of one token through ``layers`` encoder layers."""
-    return 2 * layers * (4 * hidden * hidden + 2 * hidden * intermediate)
+def linear_flops_per_token(hidden: int, intermediate: int, layers: int, glu: bool = False) -> int:
+    """FLOPs of the linear layers of one token through ``layers`` encoder layers (``glu``: the
+    FFN's input projection is twice the intermediate width, GeGLU's gate and input)."""
+    ffn = (3 if glu else 2) * hidden * intermediate
+    return 2 * layers * (4 * hidden * hidden + ffn)
 
 
 def products(
@@ -87,10 +90,13 @@ def measure(
     tokens: int = 4096,
     precisions: tuple[str, ...] = PRECISIONS,
     seconds: float = 1.0,
+    glu: bool = False,
 ) -> dict:
     """The limit of each precision: {"shape", "flops_per_token", "threads", precision:
-    {"gflops", "tokens_per_s"}}."""
-    flops = linear_flops_per_token(hidden, intermediate, layers)
+    {"gflops", "tokens_per_s", "kernel"}}; with ``glu`` the largest product is the gated
+    FFN's [hidden, 2 * intermediate] input projection."""
+    flops = linear_flops_per_token(hidden, intermediate, layers, glu)
+    intermediate = 2 * intermediate if glu else intermediate
     limits: dict = {
         "shape": [tokens, hidden, intermediate],
         "flops_per_token": flops,

@@ -166,6 +166,14 @@ def test_linear_flops_are_the_linear_layers_of_the_model() -> None:
         if module.__class__.__name__ == "Linear"
     )
     assert gemm_limit.linear_flops_per_token(384, 1536, 6) == 2 * weights
+    shape = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3}
+    modernbert = models.random_model("modernbert", {**shape, "num_attention_heads": 2})
+    gated = sum(
+        module.weight.numel()
+        for name, module in modernbert.layers.named_modules()
+        if module.__class__.__name__ == "Linear"
+    )
+    assert gemm_limit.linear_flops_per_token(64, 96, 3, glu=True) == 2 * gated
     with pytest.raises(ValueError, match="float16"):
         gemm_limit.gemm_flops_per_s("float16", 8, 8, 8)
     rate, kernel = gemm_limit.gemm_flops_per_s("int8", 32, 32, 32, seconds=0.01)
