@@ -32,6 +32,7 @@ def _case(out_dtype: str, config, has_bias: bool, activation: int, has_residual:
         "GRAD_ACTIVATION": 0,
         "HAS_ROW_SUM": False,
         "INT8": True,
+        "GATED": False,
         "pre_ptr": None,
         "row_sum_ptr": None,
         "x_desc": None,
