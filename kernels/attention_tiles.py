@@ -138,10 +138,49 @@ def rotate_rows(
 
 
 @triton.jit
+def unrotate_rows(
+    x,  # float32 [len(positions), BLOCK_D]: a gradient with respect to rotated rows
+    row_ok,  # bool [len(positions)]: which rows are real (the others' factors load as zeros)
+    positions,  # int32 [len(positions)]: each row's position in its sequence
+    table,  # float32 [L, HEAD_DIM] cos then sin of each position (rotary_table)
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """The gradient with respect to the unrotated rows: ``x`` turned back by the transposed
+    rotation, x1 cos + x2 sin and x2 cos - x1 sin, in float32. A power-of-two head splits the
+    tile into halves in registers; a padded one (80, 96) gathers its swapped halves along the
+    columns, once per program."""
+    if HEAD_DIM == BLOCK_D:
+        offs_f = tl.arange(0, HEAD_DIM // 2)
+        factors = table + positions[:, None] * HEAD_DIM + offs_f[None, :]
+        cos = tl.load(factors, mask=row_ok[:, None], other=0.0)
+        sin = tl.load(factors + HEAD_DIM // 2, mask=row_ok[:, None], other=0.0)
+        halves = tl.reshape(x, [x.shape[0], 2, HEAD_DIM // 2])
+        x1, x2 = tl.split(tl.permute(halves, (0, 2, 1)))
+        turned = tl.join(x1 * cos + x2 * sin, x2 * cos - x1 * sin)
+        return tl.reshape(tl.permute(turned, (0, 2, 1)), [x.shape[0], HEAD_DIM])
+    else:
+        offs_d = tl.arange(0, BLOCK_D)
+        first_half = offs_d < HEAD_DIM // 2
+        swapped = tl.where(first_half, offs_d + HEAD_DIM // 2, offs_d - HEAD_DIM // 2)
+        index = tl.broadcast_to(swapped[None, :], x.shape)
+        partner = tl.gather(x, tl.minimum(index, BLOCK_D - 1), 1)
+        ok = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+        frequency = tl.where(first_half, offs_d, offs_d - HEAD_DIM // 2)
+        factors = table + positions[:, None] * HEAD_DIM + frequency[None, :]
+        cos = tl.load(factors, mask=ok, other=0.0)
+        sin = tl.load(factors + HEAD_DIM // 2, mask=ok, other=0.0)
+        sin = tl.where(first_half[None, :], sin, -sin)
+        return x * cos + partner * sin
+
+
+@triton.jit
 def window_keys(first_query, window, end, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """[lo, hi): the keys of the BLOCK_N tiles that hold a key within ``window`` positions of a
     query in first_query .. first_query + BLOCK_M - 1 (lo a multiple of BLOCK_N, hi at most
-    ``end``). Tiles outside are never loaded; those inside mask |i - j| > window per score."""
+    ``end``). Tiles outside are never loaded; those inside mask |i - j| > window per score.
+    The window is symmetric: with the roles swapped (a block of keys, tiles of queries) it
+    gives the queries whose window holds one of the keys."""
     lo = tl.maximum(first_query - window, 0)
     return lo - lo % BLOCK_N, tl.minimum(first_query + BLOCK_M + window, end)
 

@@ -120,7 +120,7 @@ from .launch import (
     time_config,
     tuned,
 )
-from .op import Kernel, Op, dropout_seed, needs_grad, placeholder
+from .op import Kernel, Op, dropout_seed, placeholder
 
 SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 128)
 # Mask entries each step of the scan for whole tiles of real keys reads (see _key_ranges).
@@ -796,16 +796,6 @@ def _check_kernel_inputs(tensors: dict[str, torch.Tensor | None], head_dim: int)
             )
 
 
-def _refuse_gradients(rotary, window, *tensors) -> None:
-    """ValueError when gradients are asked of rotary or windowed attention: the backward
-    kernel does not run them yet."""
-    if (rotary is not None or window is not None) and needs_grad(*tensors):
-        raise ValueError(
-            "the Triton attention backward does not run rotary positions or a sliding window "
-            "yet; use backend='torch' for training"
-        )
-
-
 def _prepare(
     q,
     k,
@@ -822,7 +812,6 @@ def _prepare(
     checks.check_attention(q, k, v, key_padding_mask, scale)
     checks.check_relative_bias(relative_bias, q)
     checks.check_rotary(rotary, window, q)
-    _refuse_gradients(rotary, window, q, k, v, relative_bias)
     dropout_p = dropout.check_dropout_p(dropout_p)
     tensors = {"q": q, "k": k, "v": v, "key_padding_mask": key_padding_mask}
     _check_kernel_inputs(tensors, q.shape[-1])
@@ -847,7 +836,6 @@ def _prepare_varlen(
     checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
     checks.check_relative_bias(relative_bias, q)
     checks.check_rotary(rotary, window, q)
-    _refuse_gradients(rotary, window, q, k, v, relative_bias)
     dropout_p = dropout.check_dropout_p(dropout_p)
     _check_kernel_inputs({"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens}, q.shape[-1])
     scale = resolve_scale(q, scale)
@@ -1080,17 +1068,29 @@ def _bias_grad_fake(q, relative_bias) -> torch.Tensor:
 
 
 def _backward_fake(
-    grad_out, q, k, v, out, lse, key_padding_mask, scale, dropout_p, seed, relative_bias
+    grad_out,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    key_padding_mask,
+    scale,
+    dropout_p,
+    seed,
+    relative_bias,
+    rotary,
+    window,
 ):
     grads = tuple(t.new_empty(t.transpose(1, 2).shape) for t in (q, k, v))
     return (*grads, _bias_grad_fake(q, relative_bias))
 
 
 def _save(ctx, inputs, outputs) -> None:
-    q, k, v, key_padding_mask, scale, dropout_p, relative_bias, _rotary, _window, seed, _ = inputs
-    saved = (q, k, v, outputs[0], outputs[1], key_padding_mask, seed, relative_bias)
+    q, k, v, key_padding_mask, scale, dropout_p, relative_bias, rotary, window, seed, _ = inputs
+    saved = (q, k, v, outputs[0], outputs[1], key_padding_mask, seed, relative_bias, rotary)
     ctx.save_for_backward(*saved)
-    ctx.scale, ctx.dropout_p = scale, dropout_p
+    ctx.scale, ctx.dropout_p, ctx.window = scale, dropout_p, window
 
 
 def _bias_grad(relative_bias, grad) -> torch.Tensor | None:
@@ -1099,7 +1099,7 @@ def _bias_grad(relative_bias, grad) -> torch.Tensor | None:
 
 
 def _gradients(ctx, backward, grad_out, _grad_lse):
-    q, k, v, out, lse, key_padding_mask, seed, relative_bias = ctx.saved_tensors
+    q, k, v, out, lse, key_padding_mask, seed, relative_bias, rotary = ctx.saved_tensors
     *grads, grad_bias = backward(
         grad_out,
         q,
@@ -1112,6 +1112,8 @@ def _gradients(ctx, backward, grad_out, _grad_lse):
         ctx.dropout_p,
         seed,
         relative_bias,
+        rotary,
+        ctx.window,
     )
     grads = (g.transpose(1, 2) for g in grads)
     return (*grads, None, None, None, _bias_grad(relative_bias, grad_bias), None, None, None)
@@ -1133,7 +1135,7 @@ ATTENTION = Op(
         attention_backward,
         "(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,"
         " Tensor? key_padding_mask, float scale, float dropout_p, Tensor? seed,"
-        " Tensor? relative_bias) -> (Tensor, Tensor, Tensor, Tensor)",
+        " Tensor? relative_bias, Tensor? rotary, int? window) -> (Tensor, Tensor, Tensor, Tensor)",
         _backward_fake,
     ),
     save=_save,
@@ -1155,20 +1157,21 @@ def _varlen_forward_fake(
 
 
 def _varlen_backward_fake(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen, *rest):
-    relative_bias = rest[-1]
+    relative_bias = rest[-3]
     return (*(t.new_empty(t.shape) for t in (q, k, v)), _bias_grad_fake(q, relative_bias))
 
 
 def _varlen_save(ctx, inputs, outputs) -> None:
-    q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias, _rotary, _window, seed, _ = (
+    q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias, rotary, window, seed, _ = (
         inputs
     )
-    ctx.save_for_backward(q, k, v, outputs[0], outputs[1], cu_seqlens, seed, relative_bias)
-    ctx.max_seqlen, ctx.scale, ctx.dropout_p = max_seqlen, scale, dropout_p
+    saved = (q, k, v, outputs[0], outputs[1], cu_seqlens, seed, relative_bias, rotary)
+    ctx.save_for_backward(*saved)
+    ctx.max_seqlen, ctx.scale, ctx.dropout_p, ctx.window = max_seqlen, scale, dropout_p, window
 
 
 def _varlen_gradients(ctx, backward, grad_out, _grad_lse):
-    q, k, v, out, lse, cu_seqlens, seed, relative_bias = ctx.saved_tensors
+    q, k, v, out, lse, cu_seqlens, seed, relative_bias, rotary = ctx.saved_tensors
     *grads, grad_bias = backward(
         grad_out,
         q,
@@ -1182,6 +1185,8 @@ def _varlen_gradients(ctx, backward, grad_out, _grad_lse):
         ctx.dropout_p,
         seed,
         relative_bias,
+        rotary,
+        ctx.window,
     )
     return (
         *grads,
@@ -1212,7 +1217,7 @@ ATTENTION_VARLEN = Op(
         attention_varlen_backward,
         "(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,"
         " Tensor cu_seqlens, SymInt max_seqlen, float scale, float dropout_p, Tensor? seed,"
-        " Tensor? relative_bias) -> (Tensor, Tensor, Tensor, Tensor)",
+        " Tensor? relative_bias, Tensor? rotary, int? window) -> (Tensor, Tensor, Tensor, Tensor)",
         _varlen_backward_fake,
     ),
     save=_varlen_save,
@@ -1250,9 +1255,8 @@ def attention(
     every query's window are never loaded (:func:`fastbert.kernels.reference.attention`).
 
     Differentiable in q, k, v and relative_bias (Triton backward kernels) when grad mode is on
-    and one of them requires grad; otherwise nothing is saved. With rotary or window the
-    backward is not in the kernels yet: asking for gradients raises a ValueError naming the
-    torch backend.
+    and one of them requires grad (rotary positions and the window included); otherwise
+    nothing is saved.
 
     Returns [B, H, S_q, D] in q's dtype: the ``.transpose(1, 2)`` view of a contiguous
     [B, S_q, H, D] buffer, so ``out.transpose(1, 2).reshape(B, S_q, H * D)`` costs nothing.

@@ -133,6 +133,14 @@ CASES = {
         OPS.attention_varlen,
         lambda d: _varlen_args(d, positions=True),
     ),
+    "attention-bias-rotary-window-grad": (
+        OPS.attention,
+        lambda d: _attention_args(d, True, 0.3, bias=True, positions=True),
+    ),
+    "attention_varlen-bias-rotary-window-grad": (
+        OPS.attention_varlen,
+        lambda d: _varlen_args(d, bias=True, positions=True),
+    ),
     "softmax-mask": (OPS.scaled_masked_softmax, lambda d: _softmax_args(d, True)),
     "softmax-nomask": (OPS.scaled_masked_softmax, lambda d: _softmax_args(d, False)),
     "linear-full": (OPS.linear, lambda d: _linear_args(d, True)),
