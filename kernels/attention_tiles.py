@@ -1,7 +1,7 @@
 """Helpers shared by the attention forward (flash_attention.py) and backward
 (flash_attention_backward.py) kernels: where a (sequence, head) starts, loading its rows,
-numbering its elements for dropout, the relative position bias of a tile, and the grid
-limits."""
+rotating them (RoPE), the keys a sliding window leaves to a query block, numbering its elements
+for dropout, the relative position bias of a tile, and the grid limits."""
 
 from __future__ import annotations
 
@@ -82,6 +82,113 @@ def load_rows(
         return tl.load(ptrs, mask=row_ok[:, None], other=0.0)
     else:
         return tl.load(ptrs, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+
+
+def rotary_table(rotary: torch.Tensor, length: int) -> torch.Tensor:
+    """float32 [length, D]: row p holds cos(p * rotary) then sin(p * rotary) (rotary: float32
+    [D / 2] inverse frequencies), the angle rounded to float32 and cos / sin taken by torch in
+    float32: the reference's arithmetic (reference.rotary_positions), so the kernels' RoPE
+    factors are its bits on the same device."""
+    angle = torch.arange(length, device=rotary.device).float()[:, None] * rotary.float()[None, :]
+    return torch.cat((angle.cos(), angle.sin()), dim=1).contiguous()
+
+
+@triton.jit
+def rotate_rows(
+    x,  # [len(offs_row), BLOCK_D] the rows as load_rows returned them
+    base,  # pointer to element (row 0, column 0) of the rows' source
+    offs_row,
+    stride_row,
+    row_ok,  # bool [len(offs_row)]: which rows were read
+    positions,  # int32 [len(offs_row)]: each row's position in its sequence
+    table,  # float32 [L, HEAD_DIM] cos then sin of each position (rotary_table)
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """``x`` rotated by RoPE as reference.rotary_positions does ("rotate half": column d pairs
+    with d + D / 2): x1 cos - x2 sin and x2 cos + x1 sin in float32, cast back to x's dtype,
+    cos and sin loaded from the table.
+
+    A power-of-two head splits the tile into its halves in registers (one [rows, D / 2] cos
+    and sin load each). A head padded to BLOCK_D (80, 96) cannot be split there: its partner
+    columns are a second load of the rows with the halves swapped (from L1 / L2, the first
+    load brought the lines in) and cos / sin are loaded for every column."""
+    if HEAD_DIM == BLOCK_D:
+        offs_f = tl.arange(0, HEAD_DIM // 2)
+        factors = table + positions[:, None] * HEAD_DIM + offs_f[None, :]
+        cos = tl.load(factors, mask=row_ok[:, None], other=0.0)
+        sin = tl.load(factors + HEAD_DIM // 2, mask=row_ok[:, None], other=0.0)
+        halves = tl.reshape(x.to(tl.float32), [x.shape[0], 2, HEAD_DIM // 2])
+        x1, x2 = tl.split(tl.permute(halves, (0, 2, 1)))
+        rotated = tl.join(x1 * cos - x2 * sin, x2 * cos + x1 * sin)
+        return tl.reshape(tl.permute(rotated, (0, 2, 1)), [x.shape[0], HEAD_DIM]).to(x.dtype)
+    else:
+        offs_d = tl.arange(0, BLOCK_D)
+        first_half = offs_d < HEAD_DIM // 2
+        ok = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+        swapped = tl.where(first_half, offs_d + HEAD_DIM // 2, offs_d - HEAD_DIM // 2)
+        partner_ptrs = base + offs_row[:, None] * stride_row + swapped[None, :]
+        partner = tl.load(partner_ptrs, mask=ok, other=0.0)
+        frequency = tl.where(first_half, offs_d, offs_d - HEAD_DIM // 2)
+        factors = table + positions[:, None] * HEAD_DIM + frequency[None, :]
+        cos = tl.load(factors, mask=ok, other=0.0)
+        sin = tl.load(factors + HEAD_DIM // 2, mask=ok, other=0.0)
+        sin = tl.where(first_half[None, :], -sin, sin)
+        return (x.to(tl.float32) * cos + partner.to(tl.float32) * sin).to(x.dtype)
+
+
+@triton.jit
+def unrotate_rows(
+    x,  # float32 [len(positions), BLOCK_D]: a gradient with respect to rotated rows
+    row_ok,  # bool [len(positions)]: which rows are real (the others' factors load as zeros)
+    positions,  # int32 [len(positions)]: each row's position in its sequence
+    table,  # float32 [L, HEAD_DIM] cos then sin of each position (rotary_table)
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """The gradient with respect to the unrotated rows: ``x`` turned back by the transposed
+    rotation, x1 cos + x2 sin and x2 cos - x1 sin, in float32. A power-of-two head splits the
+    tile into halves in registers; a padded one (80, 96) gathers its swapped halves along the
+    columns, once per program."""
+    if HEAD_DIM == BLOCK_D:
+        offs_f = tl.arange(0, HEAD_DIM // 2)
+        factors = table + positions[:, None] * HEAD_DIM + offs_f[None, :]
+        cos = tl.load(factors, mask=row_ok[:, None], other=0.0)
+        sin = tl.load(factors + HEAD_DIM // 2, mask=row_ok[:, None], other=0.0)
+        halves = tl.reshape(x, [x.shape[0], 2, HEAD_DIM // 2])
+        x1, x2 = tl.split(tl.permute(halves, (0, 2, 1)))
+        turned = tl.join(x1 * cos + x2 * sin, x2 * cos - x1 * sin)
+        return tl.reshape(tl.permute(turned, (0, 2, 1)), [x.shape[0], HEAD_DIM])
+    else:
+        offs_d = tl.arange(0, BLOCK_D)
+        first_half = offs_d < HEAD_DIM // 2
+        swapped = tl.where(first_half, offs_d + HEAD_DIM // 2, offs_d - HEAD_DIM // 2)
+        index = tl.broadcast_to(swapped[None, :], x.shape)
+        partner = tl.gather(x, tl.minimum(index, BLOCK_D - 1), 1)
+        ok = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+        frequency = tl.where(first_half, offs_d, offs_d - HEAD_DIM // 2)
+        factors = table + positions[:, None] * HEAD_DIM + frequency[None, :]
+        cos = tl.load(factors, mask=ok, other=0.0)
+        sin = tl.load(factors + HEAD_DIM // 2, mask=ok, other=0.0)
+        sin = tl.where(first_half[None, :], sin, -sin)
+        return x * cos + partner * sin
+
+
+@triton.jit
+def window_keys(first_query, window, end, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[lo, hi): the keys of the BLOCK_N tiles that hold a key within ``window`` positions of a
+    query in first_query .. first_query + BLOCK_M - 1 (lo a multiple of BLOCK_N, hi at most
+    ``end``). Tiles outside are never loaded; those inside mask |i - j| > window per score.
+    The window is symmetric: with the roles swapped (a block of keys, tiles of queries) it
+    gives the queries whose window holds one of the keys."""
+    lo = tl.maximum(first_query - window, 0)
+    return lo - lo % BLOCK_N, tl.minimum(first_query + BLOCK_M + window, end)
+
+
+def clamp_window(window: int | None, length: int) -> int:
+    """The kernels' window argument: ``window`` capped at ``length`` (a longer one changes
+    nothing, and the cap keeps key bounds within int32); 0 (unused) without a window."""
+    return 0 if window is None else min(window, length)
 
 
 @triton.jit

@@ -33,6 +33,20 @@ import, so they match Hugging Face's float logs exactly). The [H, 32] table is r
 times log2(e) (``scaled_bias_table``); no [B, H, S, S] bias is ever formed. With the bias the
 unmasked tiles add it after the scale instead of folding the scale into the FFMA.
 
+Rotary positions (ROTARY, ModernBERT's RoPE): the query block is rotated once as it is loaded
+and each key tile as it is loaded (``attention_tiles.rotate_rows``): the partner half of each
+row is a second load of the same rows with the halves swapped, and cos / sin come from a
+float32 [L, D] table the launcher builds with torch from the inverse frequencies
+(``rotary_table``), the reference's own float32 arithmetic, rather than from the GPU's
+approximate sin / cos instructions, whose error grows with the angle (up to ~8192 radians
+here). L is max(S_q, S_k), or T padding-free (a sequence's positions are below T whatever
+max_seqlen says).
+
+Sliding window (WINDOW, ModernBERT's local layers): query i attends keys j with |i - j| <= w.
+The key loop of a query block runs over ``attention_tiles.window_keys`` only, the tiles that
+hold a key within w of one of its queries; the others are never loaded. Those tiles take the
+checked path, with the window tested per score.
+
 Masked keys have no influence whatever K and V hold there, NaN and Inf included (the semantics
 of FlashAttention and xformers): their scores are replaced by -inf after the product, and their
 V rows are loaded as zeros, since a zero weight times a NaN or Inf value would still be NaN.
@@ -79,7 +93,18 @@ import triton
 import triton.language as tl
 
 from . import checks, dropout, reference, torch_ops
-from .attention_tiles import LOG2_E, bias_tile, check_grid, dropout_origin, head_base, load_rows
+from .attention_tiles import (
+    LOG2_E,
+    bias_tile,
+    check_grid,
+    clamp_window,
+    dropout_origin,
+    head_base,
+    load_rows,
+    rotary_table,
+    rotate_rows,
+    window_keys,
+)
 from .dropout import seed_value
 from .flash_attention_backward import (
     attention_backward,
@@ -127,6 +152,7 @@ def keep(
     is_varlen: bool = False,
     has_mask: bool = False,
     has_bias: bool = False,
+    has_rotary: bool = False,
 ) -> bool:
     """Whether ``config`` suits a BLOCK_D-wide head in a dtype of ``elem_bytes`` bytes.
 
@@ -141,11 +167,18 @@ def keep(
     (tests/compile_cases/attention.py reports them). With a relative position bias the score
     tile counts twice (the bias tile and its buckets are live beside it) and 16-bit gets 80, 64
     padding-free: above, sm_80 spilled (40 bytes per thread at 64x64 D=64, kilobytes at
-    128x128 D=32; padding-free, 8 to 28 bytes at 64x32 D=128).
+    128x128 D=32; padding-free, 8 to 28 bytes at 64x32 D=128). With rotary positions the key
+    tile is rotated in float32 beside its cos and sin: 2 * BLOCK_N * BLOCK_D more values
+    (above the budget, sm_80 spilled 4 to 224 bytes per thread: 64x64 D=64 in every variant,
+    128x64 D=64, 128x128 D=32, 64x32 D=128; and a 4-stage 64x32 tile of D=80 or 96, whose
+    partner and table loads are pipelined too, needed 192 KB of shared memory).
     """
     block_m, block_n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
     scores = 2 * block_n if has_bias else block_n
-    values_per_thread = block_m * (block_d + scores) // (32 * config.num_warps)
+    threads = 32 * config.num_warps
+    values_per_thread = block_m * (block_d + scores) // threads
+    if has_rotary:
+        values_per_thread += 2 * block_n * block_d // threads
     if elem_bytes != 4:
         return values_per_thread <= (64 if has_bias and is_varlen else 80)
     if is_varlen:
@@ -167,7 +200,7 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> 
     (only one of them when FASTBERT_AUTOTUNE names it)."""
     args = {**named_args, **kwargs}
     size, is_varlen, has_mask = args["Q"].element_size(), args["IS_VARLEN"], args["HAS_MASK"]
-    variant = (bool(is_varlen), bool(has_mask), bool(args["HAS_BIAS"]))
+    variant = (bool(is_varlen), bool(has_mask), bool(args["HAS_BIAS"]), bool(args["ROTARY"]))
     kept = [c for c in configs if keep(c, args["BLOCK_D"], size, *variant)]
     return tuned(kept or configs[:1])
 
@@ -248,24 +281,32 @@ def _attend_tile(
     dropout_p,
     seed,
     bias_base,  # pointer to this head's row of the log2(e)-scaled bias table (HAS_BIAS only)
-    offs_m,  # int32 [BLOCK_M]: the query rows' positions in their sequence (HAS_BIAS only)
+    offs_m,  # int32 [BLOCK_M]: the query rows' positions in their sequence (HAS_BIAS, WINDOW)
+    rotary,  # float32 [L, HEAD_DIM] cos and sin of each position (ROTARY only)
+    window,  # keys farther than this from a query are excluded (WINDOW only)
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     KEYS: tl.constexpr,  # ALL_REAL, BOUNDED or MASKED: what the tile's keys need checked
     HAS_DROPOUT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    ROTARY: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
     """One online-softmax step over keys start_n .. start_n + BLOCK_N - 1: the updated
     (m_i, l_i, acc). ALL_REAL: nothing is masked and the scale folds into one FFMA with the
     running maximum (scale >= 0: max(s x) = s max(x)); BOUNDED: keys from ``end`` on are
     masked; MASKED: so are the keys the key-padding mask marks. With HAS_DROPOUT the
     probabilities are dropped after the row sum took them all. HAS_BIAS adds each score's
-    relative position bias after the scale (the scale then never folds into the FFMA)."""
+    relative position bias after the scale (the scale then never folds into the FFMA). ROTARY
+    rotates the key tile as it is loaded; WINDOW (checked tiles only) excludes the scores of
+    keys farther than ``window`` from their query."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if KEYS != ALL_REAL:
         real = offs_n < end
         k = load_rows(k_base, offs_n, stride_k_s, real, HEAD_DIM, BLOCK_D)
+        if ROTARY:
+            k = rotate_rows(k, k_base, offs_n, stride_k_s, real, offs_n, rotary, HEAD_DIM, BLOCK_D)
         if KEYS == MASKED:
             token = tl.load(mask_base + offs_n * stride_mask_s, mask=real, other=0)
             real = real & (token != 0)
@@ -275,13 +316,19 @@ def _attend_tile(
         qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
         if HAS_BIAS:
             qk += bias_tile(bias_base, offs_m, offs_n)
-        qk = tl.where(real[None, :], qk, float("-inf"))
+        keep = real[None, :]
+        if WINDOW:
+            keep = keep & (tl.abs(offs_n[None, :] - offs_m[:, None]) <= window)
+        qk = tl.where(keep, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         # Rows with no real key so far keep m = -inf; shift them by 0 so exp2 gives 0, not NaN.
         m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.math.exp2(qk - m_shift[:, None])
     else:
         k = _load_all_rows(k_base, offs_n, stride_k_s, HEAD_DIM, BLOCK_D)
+        if ROTARY:
+            every = offs_n >= 0
+            k = rotate_rows(k, k_base, offs_n, stride_k_s, every, offs_n, rotary, HEAD_DIM, BLOCK_D)
         v = _load_all_rows(v_base, offs_n, stride_v_s, HEAD_DIM, BLOCK_D)
         qk = tl.dot(q, tl.trans(k), input_precision="ieee")
         # Finite after any real key (m_i = -inf only before the first tile).
@@ -318,6 +365,8 @@ def _attend_rows(
     seed,
     bias_base,  # pointer to this head's row of the log2(e)-scaled bias table (HAS_BIAS only)
     offs_m,  # int32 [BLOCK_M]: the query rows' positions in their sequence
+    rotary,  # float32 [L, HEAD_DIM] cos and sin of each position (ROTARY only)
+    window,  # keys farther than this from a query are excluded (WINDOW only)
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -325,6 +374,8 @@ def _attend_rows(
     HAS_MASK: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    ROTARY: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
     """Online softmax over all keys for one block of queries: the normalised [BLOCK_M, BLOCK_D]
     output and each row's log2-sum-exp2 of its scaled scores (+inf for a row with no real key).
@@ -334,18 +385,24 @@ def _attend_rows(
     with a bounds check, and any other keys up to the last real one with the mask (see
     ``_key_ranges``). The unmasked path takes the maximum before scaling, which needs
     scale >= 0: with a negative scale every tile runs on the checked paths, which scale first.
+
+    WINDOW: one loop of checked tiles over the keys of ``window_keys`` alone; the tiles wholly
+    outside the window of every query of the block are never loaded.
     """
     full_end, bounded_end, end = _key_ranges(mask_base, stride_mask_s, seq_k, BLOCK_N, HAS_MASK)
     full_end = tl.where(qk_scale < 0, 0, full_end)
+    lo, hi = 0, end
+    if WINDOW:
+        lo, hi = window_keys(tl.min(offs_m, 0), window, end, BLOCK_M, BLOCK_N)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    if q.dtype == tl.float32 or HAS_DROPOUT:
+    if q.dtype == tl.float32 or HAS_DROPOUT or WINDOW:
         # One copy of the loop: for fp32, whose exact products run on the FMA units and
         # dominate the step, and for dropout, whose keep mask holds registers of its own,
         # three copies would only push into register spills (fp32 up to 15 KB; fp16 with
-        # dropout 52 B on sm_80).
-        for start_n in range(0, end, BLOCK_N):
+        # dropout 52 B on sm_80). A window's few tiles all need its per-score check.
+        for start_n in range(lo, hi, BLOCK_N):
             m_i, l_i, acc = _attend_tile(
                 q,
                 k_base,
@@ -365,12 +422,16 @@ def _attend_rows(
                 seed,
                 bias_base,
                 offs_m,
+                rotary,
+                window,
                 HEAD_DIM,
                 BLOCK_D,
                 BLOCK_N,
                 MASKED if HAS_MASK else BOUNDED,
                 HAS_DROPOUT,
                 HAS_BIAS,
+                ROTARY,
+                WINDOW,
             )
     else:
         for start_n in range(0, full_end, BLOCK_N):
@@ -393,12 +454,16 @@ def _attend_rows(
                 seed,
                 bias_base,
                 offs_m,
+                rotary,
+                window,
                 HEAD_DIM,
                 BLOCK_D,
                 BLOCK_N,
                 ALL_REAL,
                 HAS_DROPOUT,
                 HAS_BIAS,
+                ROTARY,
+                WINDOW,
             )
         # At most one tile: pipelining it would only hold registers (it spilled on sm_80).
         for start_n in tl.range(full_end, bounded_end, BLOCK_N, num_stages=1):
@@ -421,12 +486,16 @@ def _attend_rows(
                 seed,
                 bias_base,
                 offs_m,
+                rotary,
+                window,
                 HEAD_DIM,
                 BLOCK_D,
                 BLOCK_N,
                 BOUNDED,
                 HAS_DROPOUT,
                 HAS_BIAS,
+                ROTARY,
+                WINDOW,
             )
         if HAS_MASK:
             for start_n in tl.range(bounded_end, end, BLOCK_N, num_stages=1):
@@ -449,12 +518,16 @@ def _attend_rows(
                     seed,
                     bias_base,
                     offs_m,
+                    rotary,
+                    window,
                     HEAD_DIM,
                     BLOCK_D,
                     BLOCK_N,
                     MASKED,
                     HAS_DROPOUT,
                     HAS_BIAS,
+                    ROTARY,
+                    WINDOW,
                 )
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     return acc / l_safe[:, None], tl.where(l_i == 0.0, float("inf"), m_i + tl.math.log2(l_safe))
@@ -482,6 +555,8 @@ def _attend_query_block(
     dropout_p,
     seed,
     bias_base,  # pointer to this head's row of the log2(e)-scaled bias table (HAS_BIAS only)
+    rotary,  # float32 [L, HEAD_DIM] cos and sin of each position (ROTARY only)
+    window,  # keys farther than this from a query are excluded (WINDOW only)
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -490,11 +565,18 @@ def _attend_query_block(
     HAS_DROPOUT: tl.constexpr,
     STORE_LSE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    ROTARY: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
     """Attention output of queries start_m .. start_m + BLOCK_M - 1 (those < seq_q), and with
-    STORE_LSE their log2-sum-exp2 (fp32) for the backward."""
+    STORE_LSE their log2-sum-exp2 (fp32) for the backward. ROTARY rotates the query block
+    once, as it is loaded."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     q = load_rows(q_base, offs_m, stride_q_s, offs_m < seq_q, HEAD_DIM, BLOCK_D)
+    if ROTARY:
+        q = rotate_rows(
+            q, q_base, offs_m, stride_q_s, offs_m < seq_q, offs_m, rotary, HEAD_DIM, BLOCK_D
+        )
     out, lse = _attend_rows(
         q,
         k_base,
@@ -510,6 +592,8 @@ def _attend_query_block(
         seed,
         bias_base,
         offs_m,
+        rotary,
+        window,
         HEAD_DIM,
         BLOCK_D,
         BLOCK_M,
@@ -517,6 +601,8 @@ def _attend_query_block(
         HAS_MASK,
         HAS_DROPOUT,
         HAS_BIAS,
+        ROTARY,
+        WINDOW,
     )
     offs_d = tl.arange(0, BLOCK_D)
     o_ptrs = o_base + offs_m[:, None] * stride_o_s + offs_d[None, :]
@@ -537,6 +623,8 @@ def _attend_query_block(
         "HAS_DROPOUT",
         "STORE_LSE",
         "HAS_BIAS",
+        "ROTARY",
+        "WINDOW",
     ],
     prune_configs_by={"early_config_prune": _prune},
     do_bench=time_config,
@@ -553,6 +641,7 @@ def _attention_fwd_kernel(
     CuSeqlens,  # int32 [B + 1] sequence boundaries in the packed tokens (IS_VARLEN only)
     Lse,  # fp32 log2-sum-exp2 per query: [B, H, S_q] or [H, T] (STORE_LSE only)
     Bias,  # fp32 [H, RELATIVE_BUCKETS] relative position bias times log2(e) (HAS_BIAS only)
+    Rotary,  # fp32 [L, D]: cos then sin of each position's RoPE angles (ROTARY only)
     stride_q_b,
     stride_q_h,
     stride_q_s,
@@ -575,6 +664,7 @@ def _attention_fwd_kernel(
     qk_scale,  # scale * log2(e)
     dropout_p,  # probability of dropping an attention probability (HAS_DROPOUT only)
     seed,  # Philox seed of the dropout mask (HAS_DROPOUT only)
+    window,  # sliding window: keys farther than this from the query are excluded (WINDOW only)
     seq_q_bucket,  # autotune key only: next power of two of the (longest) query length
     seq_k_bucket,  # autotune key only: next power of two of the (longest) key length
     HEAD_DIM: tl.constexpr,
@@ -584,6 +674,8 @@ def _attention_fwd_kernel(
     HAS_DROPOUT: tl.constexpr,
     STORE_LSE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    ROTARY: tl.constexpr,
+    WINDOW: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -636,6 +728,8 @@ def _attention_fwd_kernel(
                 dropout_p,
                 seed,
                 bias_base,
+                Rotary,
+                window,
                 HEAD_DIM,
                 BLOCK_D,
                 BLOCK_M,
@@ -644,6 +738,8 @@ def _attention_fwd_kernel(
                 HAS_DROPOUT,
                 STORE_LSE,
                 HAS_BIAS,
+                ROTARY,
+                WINDOW,
             )
     else:
         _attend_query_block(
@@ -667,6 +763,8 @@ def _attention_fwd_kernel(
             dropout_p,
             seed,
             bias_base,
+            Rotary,
+            window,
             HEAD_DIM,
             BLOCK_D,
             BLOCK_M,
@@ -675,6 +773,8 @@ def _attention_fwd_kernel(
             HAS_DROPOUT,
             STORE_LSE,
             HAS_BIAS,
+            ROTARY,
+            WINDOW,
         )
 
 
@@ -696,16 +796,6 @@ def _check_kernel_inputs(tensors: dict[str, torch.Tensor | None], head_dim: int)
             )
 
 
-def _refuse_rotary(rotary, window, q) -> None:
-    """ValueError for rotary positions or a sliding window: not in the Triton kernel."""
-    checks.check_rotary(rotary, window, q)
-    if rotary is not None or window is not None:
-        raise ValueError(
-            "the Triton attention kernel does not run rotary positions or a sliding window; "
-            "use backend='torch'"
-        )
-
-
 def _prepare(
     q,
     k,
@@ -721,12 +811,13 @@ def _prepare(
     the dropout seed drawn)."""
     checks.check_attention(q, k, v, key_padding_mask, scale)
     checks.check_relative_bias(relative_bias, q)
-    _refuse_rotary(rotary, window, q)
+    checks.check_rotary(rotary, window, q)
     dropout_p = dropout.check_dropout_p(dropout_p)
     tensors = {"q": q, "k": k, "v": v, "key_padding_mask": key_padding_mask}
     _check_kernel_inputs(tensors, q.shape[-1])
     seed = dropout_seed(dropout_p)
-    return q, k, v, key_padding_mask, resolve_scale(q, scale), dropout_p, relative_bias, seed
+    scale = resolve_scale(q, scale)
+    return q, k, v, key_padding_mask, scale, dropout_p, relative_bias, rotary, window, seed
 
 
 def _prepare_varlen(
@@ -744,12 +835,13 @@ def _prepare_varlen(
     """Validate the padding-free op's inputs for the kernel; the forward's arguments."""
     checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
     checks.check_relative_bias(relative_bias, q)
-    _refuse_rotary(rotary, window, q)
+    checks.check_rotary(rotary, window, q)
     dropout_p = dropout.check_dropout_p(dropout_p)
     _check_kernel_inputs({"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens}, q.shape[-1])
     scale = resolve_scale(q, scale)
     seed = dropout_seed(dropout_p)
-    return q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias, seed
+    rest = (relative_bias, rotary, window, seed)
+    return (q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, *rest)
 
 
 def resolve_scale(q: torch.Tensor, scale: float | None) -> float:
@@ -778,10 +870,15 @@ def _launch(
     scale,
     dropout_p,
     seed,
+    rotary=None,
+    window=None,
+    positions=0,
 ) -> None:
     """Launch the kernel on ``batch`` sequences; ``strides`` lists the 16 stride arguments of
     q, k, v, out, the mask and the log-sum-exp; ``bias``: None or the [H, RELATIVE_BUCKETS]
-    relative position bias table (any float dtype).
+    relative position bias table (any float dtype); ``rotary``: None or the float32 [D / 2]
+    inverse frequencies, ``window``: None or the sliding window; ``positions``: a bound on
+    every position in a sequence (the length of the RoPE table, the window's cap).
 
     One program per BLOCK_M queries of each (sequence, head): the grid follows the query
     length alone, since every program streams the keys of its sequence up to the last real
@@ -792,6 +889,7 @@ def _launch(
     check_grid("the batch size (number of sequences)", batch)
     grid = lambda meta: (max(1, cdiv(max_seqlen_q, meta["BLOCK_M"])), heads, batch)
     table = scaled_bias_table(bias)
+    factors = None if rotary is None else rotary_table(rotary, positions)
     with _LAUNCH_LOCK:
         _attention_fwd_kernel[grid](
             q,
@@ -802,6 +900,7 @@ def _launch(
             cu_seqlens,
             lse,
             table,
+            factors,
             *strides,
             0 if table is None else table.stride(0),
             seq_q,
@@ -809,6 +908,7 @@ def _launch(
             scale * LOG2_E,
             dropout_p,
             seed,
+            clamp_window(window, positions),
             next_power_of_2(max_seqlen_q),
             next_power_of_2(max_seqlen_k),
             HEAD_DIM=head_dim,
@@ -818,6 +918,8 @@ def _launch(
             HAS_DROPOUT=dropout_p > 0.0,
             STORE_LSE=lse is not None,
             HAS_BIAS=table is not None,
+            ROTARY=factors is not None,
+            WINDOW=window is not None,
         )
 
 
@@ -829,6 +931,8 @@ def attention_forward(
     scale: float,
     dropout_p: float,
     relative_bias: torch.Tensor | None,
+    rotary: torch.Tensor | None,
+    window: int | None,
     seed: torch.Tensor | None,
     save: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -873,6 +977,9 @@ def attention_forward(
         scale,
         dropout_p,
         seed_value(seed),
+        rotary,
+        window,
+        max(seq_q, seq_k),
     )
     return buffer, lse
 
@@ -886,11 +993,14 @@ def attention_varlen_forward(
     scale: float,
     dropout_p: float,
     relative_bias: torch.Tensor | None,
+    rotary: torch.Tensor | None,
+    window: int | None,
     seed: torch.Tensor | None,
     save: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The padding-free kernel on checked inputs: (out, contiguous [T, H, D]; with
-    ``save`` the fp32 [H, T] log2-sum-exp2 of the scaled scores, else None)."""
+    ``save`` the fp32 [H, T] log2-sum-exp2 of the scaled scores, else None). A sequence's
+    positions are below T whatever max_seqlen says: the RoPE table has T rows."""
     tokens, heads, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = None
@@ -935,13 +1045,19 @@ def attention_varlen_forward(
         scale,
         dropout_p,
         seed_value(seed),
+        rotary,
+        window,
+        tokens,
     )
     return out, lse
 
 
-def _forward_fake(q, k, v, key_padding_mask, scale, dropout_p, relative_bias, seed, save):
+def _forward_fake(
+    q, k, v, key_padding_mask, scale, dropout_p, relative_bias, rotary, window, seed, save
+):
     checks.check_attention(q, k, v, key_padding_mask, scale)
     checks.check_relative_bias(relative_bias, q)
+    checks.check_rotary(rotary, window, q)
     batch, heads, seq_q, head_dim = q.shape
     lse = q.new_empty((batch, heads, seq_q), dtype=torch.float32) if save else placeholder(q)
     return q.new_empty((batch, seq_q, heads, head_dim)), lse
@@ -952,17 +1068,29 @@ def _bias_grad_fake(q, relative_bias) -> torch.Tensor:
 
 
 def _backward_fake(
-    grad_out, q, k, v, out, lse, key_padding_mask, scale, dropout_p, seed, relative_bias
+    grad_out,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    key_padding_mask,
+    scale,
+    dropout_p,
+    seed,
+    relative_bias,
+    rotary,
+    window,
 ):
     grads = tuple(t.new_empty(t.transpose(1, 2).shape) for t in (q, k, v))
     return (*grads, _bias_grad_fake(q, relative_bias))
 
 
 def _save(ctx, inputs, outputs) -> None:
-    q, k, v, key_padding_mask, scale, dropout_p, relative_bias, seed, _ = inputs
-    saved = (q, k, v, outputs[0], outputs[1], key_padding_mask, seed, relative_bias)
+    q, k, v, key_padding_mask, scale, dropout_p, relative_bias, rotary, window, seed, _ = inputs
+    saved = (q, k, v, outputs[0], outputs[1], key_padding_mask, seed, relative_bias, rotary)
     ctx.save_for_backward(*saved)
-    ctx.scale, ctx.dropout_p = scale, dropout_p
+    ctx.scale, ctx.dropout_p, ctx.window = scale, dropout_p, window
 
 
 def _bias_grad(relative_bias, grad) -> torch.Tensor | None:
@@ -971,7 +1099,7 @@ def _bias_grad(relative_bias, grad) -> torch.Tensor | None:
 
 
 def _gradients(ctx, backward, grad_out, _grad_lse):
-    q, k, v, out, lse, key_padding_mask, seed, relative_bias = ctx.saved_tensors
+    q, k, v, out, lse, key_padding_mask, seed, relative_bias, rotary = ctx.saved_tensors
     *grads, grad_bias = backward(
         grad_out,
         q,
@@ -984,9 +1112,11 @@ def _gradients(ctx, backward, grad_out, _grad_lse):
         ctx.dropout_p,
         seed,
         relative_bias,
+        rotary,
+        ctx.window,
     )
     grads = (g.transpose(1, 2) for g in grads)
-    return (*grads, None, None, None, _bias_grad(relative_bias, grad_bias), None)
+    return (*grads, None, None, None, _bias_grad(relative_bias, grad_bias), None, None, None)
 
 
 ATTENTION = Op(
@@ -997,14 +1127,15 @@ ATTENTION = Op(
     forward=Kernel(
         attention_forward,
         "(Tensor q, Tensor k, Tensor v, Tensor? key_padding_mask, float scale, float dropout_p,"
-        " Tensor? relative_bias, Tensor? seed, bool save) -> (Tensor, Tensor)",
+        " Tensor? relative_bias, Tensor? rotary, int? window, Tensor? seed, bool save)"
+        " -> (Tensor, Tensor)",
         _forward_fake,
     ),
     backward=Kernel(
         attention_backward,
         "(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,"
         " Tensor? key_padding_mask, float scale, float dropout_p, Tensor? seed,"
-        " Tensor? relative_bias) -> (Tensor, Tensor, Tensor, Tensor)",
+        " Tensor? relative_bias, Tensor? rotary, int? window) -> (Tensor, Tensor, Tensor, Tensor)",
         _backward_fake,
     ),
     save=_save,
@@ -1015,28 +1146,32 @@ ATTENTION = Op(
 
 
 def _varlen_forward_fake(
-    q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias, seed, save
+    q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias, rotary, window, seed, save
 ):
     # max_seqlen may be symbolic while tracing; the forward's caller checked its value.
     checks.check_attention_varlen(q, k, v, cu_seqlens, 0, scale)
     checks.check_relative_bias(relative_bias, q)
+    checks.check_rotary(rotary, window, q)
     lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32) if save else placeholder(q)
     return q.new_empty(q.shape), lse
 
 
 def _varlen_backward_fake(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen, *rest):
-    relative_bias = rest[-1]
+    relative_bias = rest[-3]
     return (*(t.new_empty(t.shape) for t in (q, k, v)), _bias_grad_fake(q, relative_bias))
 
 
 def _varlen_save(ctx, inputs, outputs) -> None:
-    q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias, seed, _ = inputs
-    ctx.save_for_backward(q, k, v, outputs[0], outputs[1], cu_seqlens, seed, relative_bias)
-    ctx.max_seqlen, ctx.scale, ctx.dropout_p = max_seqlen, scale, dropout_p
+    q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias, rotary, window, seed, _ = (
+        inputs
+    )
+    saved = (q, k, v, outputs[0], outputs[1], cu_seqlens, seed, relative_bias, rotary)
+    ctx.save_for_backward(*saved)
+    ctx.max_seqlen, ctx.scale, ctx.dropout_p, ctx.window = max_seqlen, scale, dropout_p, window
 
 
 def _varlen_gradients(ctx, backward, grad_out, _grad_lse):
-    q, k, v, out, lse, cu_seqlens, seed, relative_bias = ctx.saved_tensors
+    q, k, v, out, lse, cu_seqlens, seed, relative_bias, rotary = ctx.saved_tensors
     *grads, grad_bias = backward(
         grad_out,
         q,
@@ -1050,8 +1185,20 @@ def _varlen_gradients(ctx, backward, grad_out, _grad_lse):
         ctx.dropout_p,
         seed,
         relative_bias,
+        rotary,
+        ctx.window,
     )
-    return (*grads, None, None, None, None, _bias_grad(relative_bias, grad_bias), None)
+    return (
+        *grads,
+        None,
+        None,
+        None,
+        None,
+        _bias_grad(relative_bias, grad_bias),
+        None,
+        None,
+        None,
+    )
 
 
 ATTENTION_VARLEN = Op(
@@ -1062,14 +1209,15 @@ ATTENTION_VARLEN = Op(
     forward=Kernel(
         attention_varlen_forward,
         "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, SymInt max_seqlen, float scale,"
-        " float dropout_p, Tensor? relative_bias, Tensor? seed, bool save) -> (Tensor, Tensor)",
+        " float dropout_p, Tensor? relative_bias, Tensor? rotary, int? window, Tensor? seed,"
+        " bool save) -> (Tensor, Tensor)",
         _varlen_forward_fake,
     ),
     backward=Kernel(
         attention_varlen_backward,
         "(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,"
         " Tensor cu_seqlens, SymInt max_seqlen, float scale, float dropout_p, Tensor? seed,"
-        " Tensor? relative_bias) -> (Tensor, Tensor, Tensor, Tensor)",
+        " Tensor? relative_bias, Tensor? rotary, int? window) -> (Tensor, Tensor, Tensor, Tensor)",
         _varlen_backward_fake,
     ),
     save=_varlen_save,
@@ -1101,12 +1249,14 @@ def attention(
     (dropout(softmax) @ v; the Philox seed comes from torch's default generator).
     relative_bias: None or a float [H, 32] table (MPNet's relative position bias): each score
     gains relative_bias[h, bucket(j - i)], the bucket computed in the kernel's tile (no
-    [B, H, S, S] tensor is formed). rotary, window: RoPE and a sliding window
-    (:func:`fastbert.kernels.reference.attention`), which this kernel does not run yet: a
-    ValueError names the torch backend.
+    [B, H, S, S] tensor is formed). rotary: None or float32 [D / 2] RoPE inverse frequencies
+    (ModernBERT): q and k are rotated at positions 0.. as their tiles are loaded. window: None
+    or an int w >= 0: query i attends only keys j with |i - j| <= w, and key tiles outside
+    every query's window are never loaded (:func:`fastbert.kernels.reference.attention`).
 
     Differentiable in q, k, v and relative_bias (Triton backward kernels) when grad mode is on
-    and one of them requires grad; otherwise nothing is saved.
+    and one of them requires grad (rotary positions and the window included); otherwise
+    nothing is saved.
 
     Returns [B, H, S_q, D] in q's dtype: the ``.transpose(1, 2)`` view of a contiguous
     [B, S_q, H, D] buffer, so ``out.transpose(1, 2).reshape(B, S_q, H * D)`` costs nothing.
@@ -1139,7 +1289,7 @@ def attention_varlen(
     sizes the grid (a smaller value is still correct, only slower). scale defaults to D**-0.5.
     dropout_p: attention-probability dropout, as in :func:`attention`. relative_bias: as in
     :func:`attention`, over the distances between a sequence's own tokens; rotary and window
-    as in :func:`attention` (not run yet). Differentiable as
+    as in :func:`attention`, at a sequence's own positions. Differentiable as
     :func:`attention` is. Returns a contiguous [T, H, D] tensor in q's dtype.
     """
     return ATTENTION_VARLEN(

@@ -33,6 +33,14 @@ fixed order. Partial sums instead of ``tl.atomic_add``: atomics on 32 x H addres
 program would contend, and their order (so the fp32 result) would change from run to run; this
 way the table's gradient is deterministic, like dQ, dK and dV.
 
+Rotary positions (ROTARY) and the sliding window (WINDOW) as in the forward: the scores are
+recomputed from rotated tiles (``attention_tiles.rotate_rows``, the key block once and each
+query tile in the dK / dV pass, the query block once and each key tile in the dQ pass), which
+gives dQ and dK with respect to the rotated rows; they are turned back by the transposed
+rotation once per program (``unrotate_rows``) before the store. With a window each pass loops
+only over the tiles within it (``window_keys``; the window is symmetric, so a key block's
+query tiles are found the same way) and masks the scores outside it.
+
 Masked keys (and keys past the sequence) are loaded as zeros in K and V and their scores
 replaced by -inf, so they get dK = dV = 0 and send nothing to dQ, whatever K and V hold there,
 NaN and Inf included. A query row with no real key has lse = +inf: its probabilities are 0 and
@@ -51,10 +59,15 @@ from . import dropout
 from .attention_tiles import (
     LOG2_E,
     check_grid,
+    clamp_window,
     dropout_origin,
     head_base,
     load_rows,
     relative_bucket,
+    rotary_table,
+    rotate_rows,
+    unrotate_rows,
+    window_keys,
 )
 from .checks import RELATIVE_BUCKETS
 from .dropout import seed_value
@@ -67,7 +80,12 @@ _DQ_TUNE_SPACE = ((64, 32, 4, 2), (128, 64, 8, 2), (32, 32, 4, 2))
 
 
 def keep(
-    config: triton.Config, block_d: int, elem_bytes: int, is_dkdv: bool, has_bias: bool = False
+    config: triton.Config,
+    block_d: int,
+    elem_bytes: int,
+    is_dkdv: bool,
+    has_bias: bool = False,
+    has_rotary: bool = False,
 ) -> bool:
     """Whether ``config`` suits a BLOCK_D-wide head in a dtype of ``elem_bytes`` bytes.
 
@@ -84,13 +102,19 @@ def keep(
     budgets the bias variants of head dims 32 and 64 (MPNet's) compile without spills; wider
     heads find no config and run the first one, which spills on sm_80 (8 bytes per thread in
     dK / dV, 76 in dQ at D=128) and keeps a few words on the stack on sm_90.
+
+    Rotary positions rotate a tile per step (a query tile in dK / dV, a key tile in dQ): the
+    loaded tile, its rotated halves and their cos and sin count as four tiles of it. Above
+    that, sm_80 spilled 224 to 408 bytes per thread (dK / dV 32x64, dQ 128x64 and 64x32 at
+    D=64); D=128 finds no config and runs the first, which spills 144 bytes on sm_80.
     """
     block_m, block_n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
     held = 2 * block_n * block_d if is_dkdv else block_m * block_d
     tiles = 2 + (1 if is_dkdv else 2) * has_bias
     if has_bias and not is_dkdv and block_m < 64:
         return False
-    values_per_thread = (held + tiles * block_m * block_n) // (32 * config.num_warps)
+    rotated = 4 * (block_m if is_dkdv else block_n) * block_d if has_rotary else 0
+    values_per_thread = (held + tiles * block_m * block_n + rotated) // (32 * config.num_warps)
     if elem_bytes == 4:
         return values_per_thread <= (40 if is_dkdv else 48)
     return values_per_thread <= (72 if is_dkdv else 96)
@@ -110,7 +134,8 @@ def _pruner(is_dkdv: bool):
     def prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list:
         args = {**named_args, **kwargs}
         size, has_bias = args["Q"].element_size(), bool(args["HAS_BIAS"])
-        kept = [c for c in configs if keep(c, args["BLOCK_D"], size, is_dkdv, has_bias)]
+        variant = (is_dkdv, has_bias, bool(args["ROTARY"]))
+        kept = [c for c in configs if keep(c, args["BLOCK_D"], size, *variant)]
         return tuned(kept or configs[:1])
 
     return prune
@@ -160,6 +185,8 @@ def _dkdv_block(
     dropout_p,
     seed,
     bias_base,
+    rotary,  # float32 [L, HEAD_DIM] cos and sin of each position (ROTARY only)
+    window,  # the sliding window (WINDOW only)
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -167,19 +194,31 @@ def _dkdv_block(
     HAS_MASK: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    ROTARY: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
-    """dK and dV of keys start_n .. start_n + BLOCK_N - 1 (those < seq_k), over all queries."""
+    """dK and dV of keys start_n .. start_n + BLOCK_N - 1 (those < seq_k), over all queries
+    (WINDOW: over the query blocks whose window holds one of the keys). ROTARY: the key block
+    and each query block are rotated as they are loaded, and dK, the gradient with respect to
+    the rotated keys, is turned back at the end."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     real = _real_keys(mask_base, offs_n, stride_mask_s, seq_k, HAS_MASK)
     # Zeros at masked keys: their scores are replaced below, but 0 * NaN would still be NaN.
     k = load_rows(k_base, offs_n, stride_k_s, real, HEAD_DIM, BLOCK_D)
+    if ROTARY:
+        k = rotate_rows(k, k_base, offs_n, stride_k_s, real, offs_n, rotary, HEAD_DIM, BLOCK_D)
     v = load_rows(v_base, offs_n, stride_v_s, real, HEAD_DIM, BLOCK_D)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    for start_m in range(0, seq_q, BLOCK_M):
+    lo, hi = 0, seq_q
+    if WINDOW:
+        lo, hi = window_keys(start_n, window, seq_q, BLOCK_N, BLOCK_M)
+    for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         rows = offs_m < seq_q
         q = load_rows(q_base, offs_m, stride_q_s, rows, HEAD_DIM, BLOCK_D)
+        if ROTARY:
+            q = rotate_rows(q, q_base, offs_m, stride_q_s, rows, offs_m, rotary, HEAD_DIM, BLOCK_D)
         do = load_rows(do_base, offs_m, stride_do_s, rows, HEAD_DIM, BLOCK_D)
         # Rows past the sequence get lse = +inf: probability 0.
         lse = tl.load(lse_base + offs_m, mask=rows, other=float("inf"))
@@ -188,18 +227,23 @@ def _dkdv_block(
         qk_t = tl.dot(k, tl.trans(q), input_precision="ieee") * qk_scale
         if HAS_BIAS:
             qk_t += tl.load(bias_base + relative_bucket(offs_n[:, None] - offs_m[None, :]))
-        qk_t = tl.where(real[:, None], qk_t, float("-inf"))
+        keep_t = real[:, None]
+        if WINDOW:
+            keep_t = keep_t & (tl.abs(offs_n[:, None] - offs_m[None, :]) <= window)
+        qk_t = tl.where(keep_t, qk_t, float("-inf"))
         p_t = tl.math.exp2(qk_t - lse[None, :])
         dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")
         p_used_t = p_t
         if HAS_DROPOUT:
             offsets = drop_origin + offs_m[None, :] * drop_row_step + offs_n[:, None]
-            keep_t = dropout.keep_mask(seed, offsets, dropout_p)
-            p_used_t = _kept_scaled(p_t, keep_t, dropout_p)
-            dp_t = _kept_scaled(dp_t, keep_t, dropout_p)
+            kept_t = dropout.keep_mask(seed, offsets, dropout_p)
+            p_used_t = _kept_scaled(p_t, kept_t, dropout_p)
+            dp_t = _kept_scaled(dp_t, kept_t, dropout_p)
         dv = tl.dot(p_used_t.to(do.dtype), do, dv, input_precision="ieee")
         ds_t = p_t * (dp_t - delta[None, :])
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision="ieee")
+    if ROTARY:
+        dk = unrotate_rows(dk, offs_n < seq_k, offs_n, rotary, HEAD_DIM, BLOCK_D)
     offs_d = tl.arange(0, BLOCK_D)
     inside = (offs_n[:, None] < seq_k) & (offs_d[None, :] < HEAD_DIM)
     dk_ptrs = dk_base + offs_n[:, None] * stride_dk_s + offs_d[None, :]
@@ -235,6 +279,8 @@ def _dq_block(
     seed,
     bias_base,
     dbias,  # fp32 [RELATIVE_BUCKETS]: this program's running sums of dS per bucket (HAS_BIAS)
+    rotary,  # float32 [L, HEAD_DIM] cos and sin of each position (ROTARY only)
+    window,  # the sliding window (WINDOW only)
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -242,27 +288,41 @@ def _dq_block(
     HAS_MASK: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    ROTARY: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
-    """dQ of queries start_m .. start_m + BLOCK_M - 1 (those < seq_q), over all keys; returns
-    ``dbias`` plus, per bucket, the sum of dS over these queries' scores (HAS_BIAS)."""
+    """dQ of queries start_m .. start_m + BLOCK_M - 1 (those < seq_q), over all keys (WINDOW:
+    the key tiles within the window); returns ``dbias`` plus, per bucket, the sum of dS over
+    these queries' scores (HAS_BIAS). ROTARY: the query block is rotated once, each key tile as
+    it is loaded, and dQ is turned back at the end."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     rows = offs_m < seq_q
     q = load_rows(q_base, offs_m, stride_q_s, rows, HEAD_DIM, BLOCK_D)
+    if ROTARY:
+        q = rotate_rows(q, q_base, offs_m, stride_q_s, rows, offs_m, rotary, HEAD_DIM, BLOCK_D)
     do = load_rows(do_base, offs_m, stride_do_s, rows, HEAD_DIM, BLOCK_D)
     lse = tl.load(lse_base + offs_m, mask=rows, other=float("inf"))
     delta = tl.load(delta_base + offs_m, mask=rows, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start_n in range(0, seq_k, BLOCK_N):
+    lo, hi = 0, seq_k
+    if WINDOW:
+        lo, hi = window_keys(start_m, window, seq_k, BLOCK_M, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         real = _real_keys(mask_base, offs_n, stride_mask_s, seq_k, HAS_MASK)
         k = load_rows(k_base, offs_n, stride_k_s, real, HEAD_DIM, BLOCK_D)
+        if ROTARY:
+            k = rotate_rows(k, k_base, offs_n, stride_k_s, real, offs_n, rotary, HEAD_DIM, BLOCK_D)
         v = load_rows(v_base, offs_n, stride_v_s, real, HEAD_DIM, BLOCK_D)
         qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
         bucket = offs_n[None, :] - offs_m[:, None]  # the buckets (HAS_BIAS only)
         if HAS_BIAS:
             bucket = relative_bucket(bucket)
             qk += tl.load(bias_base + bucket)
-        qk = tl.where(real[None, :], qk, float("-inf"))
+        keep = real[None, :]
+        if WINDOW:
+            keep = keep & (tl.abs(offs_n[None, :] - offs_m[:, None]) <= window)
+        qk = tl.where(keep, qk, float("-inf"))
         p = tl.math.exp2(qk - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")
         if HAS_DROPOUT:
@@ -272,6 +332,8 @@ def _dq_block(
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision="ieee")
         if HAS_BIAS:
             dbias = _bucket_sums(dbias, ds, bucket)
+    if ROTARY:
+        dq = unrotate_rows(dq, rows, offs_m, rotary, HEAD_DIM, BLOCK_D)
     offs_d = tl.arange(0, BLOCK_D)
     inside = rows[:, None] & (offs_d[None, :] < HEAD_DIM)
     dq_ptrs = dq_base + offs_m[:, None] * stride_dq_s + offs_d[None, :]
@@ -305,6 +367,8 @@ def _autotuned(is_dkdv: bool):
             "IS_VARLEN",
             "HAS_DROPOUT",
             "HAS_BIAS",
+            "ROTARY",
+            "WINDOW",
         ],
         prune_configs_by={"early_config_prune": _pruner(is_dkdv)},
         do_bench=time_config,
@@ -325,6 +389,7 @@ def _attention_bwd_kernel(
     Delta,  # fp32 row sums of DO * Out: laid out like Lse
     Bias,  # fp32 [H, RELATIVE_BUCKETS] relative position bias times log2(e) (HAS_BIAS only)
     DBias,  # written (dQ pass): fp32 [B, H, programs, RELATIVE_BUCKETS] partial sums of dS
+    Rotary,  # fp32 [L, D]: cos then sin of each position's RoPE angles (ROTARY only)
     stride_q_b,
     stride_q_h,
     stride_q_s,
@@ -355,6 +420,7 @@ def _attention_bwd_kernel(
     sm_scale,  # scale
     dropout_p,  # the forward's dropout probability (HAS_DROPOUT only)
     seed,  # the forward's Philox seed (HAS_DROPOUT only)
+    window,  # the sliding window (WINDOW only)
     seq_q_bucket,  # autotune key only
     seq_k_bucket,  # autotune key only
     HEAD_DIM: tl.constexpr,
@@ -363,6 +429,8 @@ def _attention_bwd_kernel(
     IS_VARLEN: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    ROTARY: tl.constexpr,
+    WINDOW: tl.constexpr,
     DKDV: tl.constexpr,  # dK and dV, a key block per step; otherwise dQ, a query block per step
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -424,6 +492,8 @@ def _attention_bwd_kernel(
                 dropout_p,
                 seed,
                 bias_base,
+                Rotary,
+                window,
                 HEAD_DIM,
                 BLOCK_D,
                 BLOCK_M,
@@ -431,6 +501,8 @@ def _attention_bwd_kernel(
                 HAS_MASK,
                 HAS_DROPOUT,
                 HAS_BIAS,
+                ROTARY,
+                WINDOW,
             )
     else:
         dbias = tl.zeros([BUCKETS], tl.float32)
@@ -461,6 +533,8 @@ def _attention_bwd_kernel(
                 seed,
                 bias_base,
                 dbias,
+                Rotary,
+                window,
                 HEAD_DIM,
                 BLOCK_D,
                 BLOCK_M,
@@ -468,6 +542,8 @@ def _attention_bwd_kernel(
                 HAS_MASK,
                 HAS_DROPOUT,
                 HAS_BIAS,
+                ROTARY,
+                WINDOW,
             )
         if HAS_BIAS:
             row = (batch.to(tl.int64) * tl.num_programs(1) + head) * dbias_programs
@@ -509,10 +585,14 @@ def _launch_backward(
     scale,
     dropout_p,
     seed,
+    rotary=None,
+    window=None,
+    positions=0,
 ) -> torch.Tensor | None:
     """Launch the dK / dV pass and the dQ pass of the backward kernel on ``batch`` sequences;
     with a bias table (fp32, log2 units: ``scaled_bias_table``), return its fp32 [H, buckets]
-    gradient: the dQ programs' partial sums, reduced here in a fixed order."""
+    gradient: the dQ programs' partial sums, reduced here in a fixed order. ``rotary``,
+    ``window`` and ``positions``: as the forward's launcher takes them."""
     heads, head_dim = q.shape[1], q.shape[-1]  # q is [B, H, S, D] or [T, H, D]
     is_varlen = cu_seqlens is not None
     check_grid("the number of heads", heads)
@@ -526,7 +606,10 @@ def _launch_backward(
         IS_VARLEN=is_varlen,
         HAS_DROPOUT=dropout_p > 0.0,
         HAS_BIAS=bias is not None,
+        ROTARY=rotary is not None,
+        WINDOW=window is not None,
     )
+    factors = None if rotary is None else rotary_table(rotary, positions)
     partials, programs = None, 0
     if bias is not None:
         # One row of partial sums per dQ program: enough for the smallest BLOCK_M tried.
@@ -545,6 +628,7 @@ def _launch_backward(
         scale,
         dropout_p,
         seed,
+        clamp_window(window, positions),
         next_power_of_2(max_seqlen_q),
         next_power_of_2(max_seqlen_k),
     )
@@ -562,6 +646,7 @@ def _launch_backward(
         delta,
         bias,
         partials,
+        factors,
         *_strides(q, k, v, grad_out, dk, dv),
         *scalars,
         DKDV=True,
@@ -581,6 +666,7 @@ def _launch_backward(
         delta,
         bias,
         partials,
+        factors,
         *_strides(q, k, v, grad_out, dq),
         0,
         0,
@@ -609,6 +695,8 @@ def attention_backward(
     dropout_p: float,
     seed: torch.Tensor | None,
     relative_bias: torch.Tensor | None = None,
+    rotary: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(dq, dk, dv, d relative_bias) of the dense attention: contiguous [B, S, H, D] buffers
     in q's dtype, whose ``.transpose(1, 2)`` are the [B, H, S, D] gradients, and the table's
@@ -649,6 +737,9 @@ def attention_backward(
         scale,
         dropout_p,
         seed_value(seed),
+        rotary,
+        window,
+        max(seq_q, seq_k),
     )
     return (*buffers, _bias_grad_as(relative_bias, grad_bias))
 
@@ -666,6 +757,8 @@ def attention_varlen_backward(
     dropout_p: float,
     seed: torch.Tensor | None,
     relative_bias: torch.Tensor | None = None,
+    rotary: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(dq, dk, dv, d relative_bias) of the padding-free attention: each of the first three a
     contiguous [T, H, D] in q's dtype, the table's gradient in its dtype (None without one).
@@ -698,6 +791,9 @@ def attention_varlen_backward(
         scale,
         dropout_p,
         seed_value(seed),
+        rotary,
+        window,
+        q.shape[0],
     )
     return (*grads, _bias_grad_as(relative_bias, grad_bias))
 

@@ -132,6 +132,10 @@ INT8_MAX_ACC_VALUES = 64
 # values per thread per K step ((BLOCK_M + BLOCK_N) x BLOCK_K / threads) spill, 284 to 6888
 # bytes (128 x 256 x 64 over 8 warps, 128 x 64 x 64 over 4).
 TRANSPOSED_MAX_OPERAND_VALUES = 64
+# The gated product in float32 (two accumulators and two B tiles in the FMA loop's registers):
+# 64 accumulator values per thread spill 648 to 688 bytes (64 x 64 x 32 over 4 warps, both
+# targets).
+GATED_FP32_MAX_ACC_VALUES = 32
 
 
 def _set_descriptor_blocks(nargs: dict) -> None:
@@ -222,6 +226,7 @@ def keep(
     grad_activation: int = 0,
     row_sum: bool = False,
     has_descriptors: bool = False,
+    gated: bool = False,
 ) -> bool:
     """Whether ``config`` is worth timing for inputs of ``element_size`` bytes and M rows.
 
@@ -237,7 +242,8 @@ def keep(
     stores the pre-activation or the prologue applies a ``grad_activation`` (which also needs
     BLOCK_K <= GRAD_ACTIVATION_MAX_BLOCK_K), at most ``TRANSPOSED_MAX_OPERAND_VALUES``
     operand values per thread per K step for the dweight product (``row_sum``), and not have a
-    row tile taller than M's bucket (those rows would only be masked work).
+    row tile taller than M's bucket (those rows would only be masked work). ``gated`` (GATED)
+    holds two accumulators: they count twice.
     """
     meta = config.kwargs
     if meta["PERSISTENT"] and (element_size == 4 or not has_descriptors):
@@ -247,6 +253,9 @@ def keep(
     if element_size == 4 and meta["BLOCK_K"] > FP32_MAX_BLOCK_K:
         return False
     acc_values = meta["BLOCK_M"] * meta["BLOCK_N"] // (32 * config.num_warps)
+    acc_values *= 2 if gated else 1
+    if gated and element_size == 4 and acc_values > GATED_FP32_MAX_ACC_VALUES:
+        return False
     if (activation or has_residual) and acc_values > HEAVY_EPILOGUE_MAX_ACC_VALUES:
         return False
     if element_size == 1 and acc_values > INT8_MAX_ACC_VALUES:
@@ -274,6 +283,7 @@ def _prune(candidates: list[triton.Config], named_args: dict, **kwargs) -> list[
         "grad_activation": args["GRAD_ACTIVATION"],
         "row_sum": bool(args["HAS_ROW_SUM"]),
         "has_descriptors": bool(args["HAS_DESCRIPTORS"]),
+        "gated": bool(args["GATED"]),
     }
     return tuned(_kept(candidates, element_size, args["M_BUCKET"], **epilogue))
 
@@ -438,6 +448,7 @@ def _product_from_descriptors(
 @triton.jit
 def _epilogue(
     acc,
+    gate,  # [BLOCK_M, BLOCK_N] float32 product with the gate rows (GATED only)
     pid_m,
     pid_n,
     M,
@@ -460,11 +471,13 @@ def _epilogue(
     HAS_RESIDUAL: tl.constexpr,
     STORE_PRE_ACTIVATION: tl.constexpr,
     QUANT: tl.constexpr,
+    GATED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Dequantisation (QUANT), bias, pre-activation store, activation, residual and the store
-    of one output tile."""
+    """Dequantisation (QUANT), bias, pre-activation store, activation, the gate (GATED: times
+    ``gate`` + its bias, columns N.. of the bias and of the stored pre-activation), residual
+    and the store of one output tile."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
@@ -477,16 +490,24 @@ def _epilogue(
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n * stride_bias_n, mask=n_mask, other=0.0)
         acc += bias.to(tl.float32)[None, :]
+        if GATED:
+            gate_bias = tl.load(bias_ptr + (offs_n + N) * stride_bias_n, mask=n_mask, other=0.0)
+            gate += gate_bias.to(tl.float32)[None, :]
     out_rows = offs_m.to(tl.int64)
     out_cols = offs_n.to(tl.int64)
     mask = (offs_m < M)[:, None] & n_mask[None, :]
     if STORE_PRE_ACTIVATION:
         pre_out = pre_ptr + out_rows[:, None] * stride_pre_m + out_cols[None, :] * stride_pre_k
         tl.store(pre_out, acc.to(pre_ptr.dtype.element_ty), mask=mask)
+        if GATED:
+            pre_gate = pre_out + N * stride_pre_k
+            tl.store(pre_gate, gate.to(pre_ptr.dtype.element_ty), mask=mask)
     if ACTIVATION == 1:
         acc = _gelu_erf(acc)
     elif ACTIVATION == 2:
         acc = _gelu_tanh(acc)
+    if GATED:
+        acc = acc * gate
     if HAS_RESIDUAL:
         r_ptrs = (
             residual_ptr
@@ -511,6 +532,7 @@ def _epilogue(
         "GRAD_ACTIVATION",
         "HAS_ROW_SUM",
         "QUANT",
+        "GATED",
     ],
     prune_configs_by={"early_config_prune": _prune},
     do_bench=time_config,
@@ -551,6 +573,7 @@ def _linear_fwd_kernel(
     GRAD_ACTIVATION: tl.constexpr,  # 0, or multiply the A tile by act'(pre tile): 1 erf, 2 tanh
     HAS_ROW_SUM: tl.constexpr,  # store the sums of A's rows (after the prologue) to row_sum_ptr
     QUANT: tl.constexpr,  # 0, or quantised x and weight (QUANT_CODES), dequantised in the epilogue
+    GATED: tl.constexpr,  # GLU: out [M, N] = act(x @ W[:N]^T) * (x @ W[N:2N]^T), two accumulators
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -558,6 +581,7 @@ def _linear_fwd_kernel(
     PERSISTENT: tl.constexpr,  # 0, or programs per SM looping over tiles, operands by TMA
 ):
     if PERSISTENT:
+        tl.static_assert(not GATED, "the gated product runs one tile per program")
         # A fixed number of programs walk the output tiles. (Flattening the tile and K loops,
         # so that the next tile's loads overlap this one's epilogue, compiled to 163 to 180 KB
         # of shared memory and a loop body holding the epilogue; not offered until measured.)
@@ -568,6 +592,7 @@ def _linear_fwd_kernel(
                 x_desc, weight_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K
             )
             _epilogue(
+                acc,
                 acc,
                 pid_m,
                 pid_n,
@@ -591,6 +616,7 @@ def _linear_fwd_kernel(
                 HAS_RESIDUAL,
                 STORE_PRE_ACTIVATION,
                 QUANT,
+                                False,
                 BLOCK_M,
                 BLOCK_N,
             )
@@ -604,6 +630,10 @@ def _linear_fwd_kernel(
         cols = (offs_n % N).to(tl.int64)
         x_ptrs = x_ptr + rows[:, None] * stride_x_m + offs_k[None, :] * stride_x_k
         w_ptrs = weight_ptr + offs_k[:, None] * stride_weight_k + cols[None, :] * stride_weight_n
+        if GATED:
+            gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        else:
+            gate = tl.zeros((1, 1), dtype=tl.float32)
         if GRAD_ACTIVATION != 0:
             pre_ptrs = pre_ptr + rows[:, None] * stride_pre_m + offs_k[None, :] * stride_pre_k
         if HAS_ROW_SUM:
@@ -634,6 +664,13 @@ def _linear_fwd_kernel(
                 acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
             else:  # float16 / bfloat16 into float32, or int8 into int32 (QUANT == 1)
                 acc = tl.dot(a, b, acc)
+            if GATED:
+                # The gate rows N.. of the weight: the same A tile, a second B tile.
+                g = tl.load(w_ptrs + N * stride_weight_n, mask=offs_k[:, None] < k_left, other=0.0)
+                if a.dtype == tl.float32:
+                    gate = tl.dot(a, g, gate, input_precision="ieee")
+                else:
+                    gate = tl.dot(a, g, gate)
             x_ptrs += BLOCK_K * stride_x_k
             w_ptrs += BLOCK_K * stride_weight_k
 
@@ -642,6 +679,7 @@ def _linear_fwd_kernel(
                 tl.store(row_sum_ptr + offs_m.to(tl.int64), row_sum, mask=offs_m < M)
         _epilogue(
             acc,
+            gate,
             pid_m,
             pid_n,
             M,
@@ -664,6 +702,7 @@ def _linear_fwd_kernel(
             HAS_RESIDUAL,
             STORE_PRE_ACTIVATION,
             QUANT,
+            GATED,
             BLOCK_M,
             BLOCK_N,
         )
@@ -763,6 +802,7 @@ def _gemm(
     row_sum: torch.Tensor | None = None,
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     quant: int = 0,
+    gated: bool = False,
 ) -> None:
     """Launch the kernel for out [M, N] (contiguous) = A @ B^T, a K-long product, with the
     given variants.
@@ -773,9 +813,10 @@ def _gemm(
     ``row_sum`` is a float32 [M] tensor for the sums of A's rows. bias [N], residual [M, N].
     ``scales``: float32 ([M], [N]) scales of A and B's quantised rows, ``quant`` their format
     (a code of :data:`QUANT_CODES`).
+    ``gated``: B is [2N, K], its rows N.. the gate (GATED; bias [2N], ``pre`` [M, 2N]).
     """
     m, n = out.shape
-    plain_operands = grad_activation == 0 and row_sum is None
+    plain_operands = grad_activation == 0 and row_sum is None and not gated
     a_desc, b_desc = (
         descriptors(a, a_strides, b, b_strides, m, n, k) if plain_operands else (None, None)
     )
@@ -819,17 +860,21 @@ def _gemm(
             GRAD_ACTIVATION=grad_activation,
             HAS_ROW_SUM=row_sum is not None,
             QUANT=quant,
+            GATED=gated,
         )
 
 
-def linear_forward(x, weight, bias, activation, residual, save):
-    """Launch the forward: (out [..., N], pre-activation [M, N] or None); the pre-activation is
-    stored only when ``save`` and there is an activation. Inputs are checked by the caller."""
-    n, k = weight.shape
+def linear_forward(x, weight, bias, activation, residual, gated, save):
+    """Launch the forward: (out [..., N] ([..., N / 2] when ``gated``), pre-activation [M, N]
+    or None); the pre-activation is stored only when ``save`` and there is an activation or a
+    gate (its last N / 2 columns are then the gate's). Inputs are checked by the caller."""
+    rows, k = weight.shape
+    n = rows // 2 if gated else rows
     out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
     m = out.numel() // n if n else 0
     code = ACTIVATION_CODES[activation]
-    pre = torch.empty((m, n), dtype=x.dtype, device=x.device) if save and code else None
+    keep_pre = save and (code or gated)
+    pre = torch.empty((m, rows), dtype=x.dtype, device=x.device) if keep_pre else None
     if m == 0 or n == 0:
         return out, pre
     x2 = x.reshape(m, k)
@@ -845,16 +890,37 @@ def linear_forward(x, weight, bias, activation, residual, save):
         activation=code,
         residual=res2,
         pre=pre,
-        pre_strides=(n, 1) if pre is not None else (0, 0),
+        pre_strides=(rows, 1) if pre is not None else (0, 0),
         store_pre=pre is not None,
+        gated=gated,
     )
     return out, pre
 
 
-def linear_backward(dout, x, weight, pre, activation, needs):
+def gated_output_grad(dout: torch.Tensor, pre: torch.Tensor, activation: str | None):
+    """dY' [M, N] of a gated linear, in pre's dtype, from dout [..., N / 2] and the stored
+    pre-activation [M, N] (input a, then gate g): dout * g * act'(a) for the input's columns,
+    dout * act(a) for the gate's; computed in float32 by PyTorch's own GELU and its
+    derivative."""
+    n = pre.shape[1] // 2
+    dy = dout.reshape(-1, n).float()
+    value, gate = pre[:, :n].float(), pre[:, n:].float()
+    if activation is None:
+        activated, d_value = value, dy * gate
+    else:
+        approximate = "tanh" if activation == "gelu_tanh" else "none"
+        activated = torch.nn.functional.gelu(value, approximate=approximate)
+        d_value = torch.ops.aten.gelu_backward(dy * gate, value, approximate=approximate)
+    return torch.cat((d_value, dy * activated), dim=1).to(pre.dtype)
+
+
+def linear_backward(dout, x, weight, pre, activation, gated, needs):
     """Launch the backward: (dx, dweight, dbias) for the ``needs`` flags (x, weight, bias)
     (None where not needed); dY' = dout * act'(pre) is formed in the GEMMs' prologue (``pre``
-    is read only with an activation)."""
+    is read only with an activation). ``gated``: dY' of both halves is formed first
+    (:func:`gated_output_grad`), then the same two GEMMs run without a prologue."""
+    if gated:
+        dout, pre, activation = gated_output_grad(dout, pre, activation), None, None
     n, k = weight.shape
     m = dout.numel() // n if n else 0
     dy = dout.reshape(m, n)
@@ -1083,21 +1149,20 @@ def _fp8_forward_fake(x, weight, weight_scale, bias, activation, residual, input
 def _prepare(x, weight, bias=None, activation=None, residual=None, gated=False) -> tuple:
     """Raise as :func:`linear` documents, before anything runs; the forward's arguments."""
     check_linear(x, weight, bias, activation, residual, gated)
-    if gated:
-        raise ValueError("the Triton linear kernel does not run gated=True; use backend='torch'")
     check_triton_device("x", x)
-    return x, weight, bias, activation, residual
+    return x, weight, bias, activation, residual, gated
 
 
-def _forward_fake(x, weight, bias, activation, residual, save):
-    check_linear(x, weight, bias, activation, residual)
-    out = x.new_empty((*x.shape[:-1], weight.shape[0]))
-    if not (save and activation is not None):
+def _forward_fake(x, weight, bias, activation, residual, gated, save):
+    check_linear(x, weight, bias, activation, residual, gated)
+    rows = weight.shape[0]
+    out = x.new_empty((*x.shape[:-1], rows // 2 if gated else rows))
+    if not (save and (activation is not None or gated)):
         return out, placeholder(x)
-    return out, x.new_empty((math.prod(x.shape[:-1]), weight.shape[0]))
+    return out, x.new_empty((math.prod(x.shape[:-1]), rows))
 
 
-def _backward_fake(dout, x, weight, pre, activation, needs):
+def _backward_fake(dout, x, weight, pre, activation, gated, needs):
     grads = (
         x.new_empty(x.shape),
         weight.new_empty(weight.shape),
@@ -1107,21 +1172,22 @@ def _backward_fake(dout, x, weight, pre, activation, needs):
 
 
 def _save(ctx, inputs, outputs) -> None:
-    x, weight, bias, activation, residual, _ = inputs
+    x, weight, bias, activation, residual, gated, _ = inputs
     ctx.save_for_backward(x, weight, outputs[1])
-    ctx.activation = activation
+    ctx.activation, ctx.gated = activation, gated
 
 
 def _gradients(ctx, backward, dout, _dpre):
     x, weight, pre = ctx.saved_tensors
     needs = ctx.needs_input_grad
-    dx, dweight, dbias = backward(dout, x, weight, pre, ctx.activation, list(needs[:3]))
+    dx, dweight, dbias = backward(dout, x, weight, pre, ctx.activation, ctx.gated, list(needs[:3]))
     return (
         dx if needs[0] else None,
         dweight if needs[1] else None,
         dbias if needs[2] else None,
         None,
         dout if needs[4] else None,
+        None,
     )
 
 
@@ -1132,14 +1198,14 @@ LINEAR = Op(
     prepare=_prepare,
     forward=Kernel(
         linear_forward,
-        "(Tensor x, Tensor weight, Tensor? bias, str? activation, Tensor? residual, bool save)"
-        " -> (Tensor, Tensor)",
+        "(Tensor x, Tensor weight, Tensor? bias, str? activation, Tensor? residual, bool gated,"
+        " bool save) -> (Tensor, Tensor)",
         _forward_fake,
     ),
     backward=Kernel(
         linear_backward,
-        "(Tensor dout, Tensor x, Tensor weight, Tensor pre, str? activation, bool[] needs)"
-        " -> (Tensor, Tensor, Tensor)",
+        "(Tensor dout, Tensor x, Tensor weight, Tensor pre, str? activation, bool gated,"
+        " bool[] needs) -> (Tensor, Tensor, Tensor)",
         _backward_fake,
     ),
     save=_save,
@@ -1165,8 +1231,9 @@ def linear(
         bias: optional [N], x's dtype.
         activation: None, "gelu" (exact erf GELU, BERT's) or "gelu_tanh".
         residual: optional [..., N] (x's leading shape), x's dtype, added after the activation.
-        gated: act(input) * gate (:func:`fastbert.kernels.reference.linear`); not run by this
-            kernel yet (ValueError).
+        gated: the GLU act(input) * gate (:func:`fastbert.kernels.reference.linear`): weight's
+            rows [:N / 2] give the input and [N / 2:] the gate, two accumulators of one GEMM
+            whose epilogue multiplies them (the output and residual are then [..., N / 2]).
 
     Returns:
         A new contiguous [..., N] tensor in x's dtype (float32 accumulation, one rounding).
@@ -1217,8 +1284,6 @@ def linear_int8(
         bias: optional [N], x's dtype.
         activation: None, "gelu" (exact erf GELU, BERT's) or "gelu_tanh".
         residual: optional [..., N] (x's leading shape), x's dtype, added after the activation.
-        gated: act(input) * gate (:func:`fastbert.kernels.reference.linear`); not run by this
-            kernel yet (ValueError).
         input_scale: optional float32 [K] multiplying x's columns before the quantisation
             (SmoothQuant; the weight was quantised with its columns divided by it).
 

@@ -245,14 +245,17 @@ def _op_args(device, requires_grad=True):
 
 def test_opcheck_attention_with_gradients(device) -> None:
     q, k, v, mask = _op_args(device)
-    torch.library.opcheck(OPS.attention.default, (q, k, v, mask, SCALE, 0.0, None, None, True))
+    torch.library.opcheck(
+        OPS.attention.default, (q, k, v, mask, SCALE, 0.0, None, None, None, None, True)
+    )
 
 
 def test_opcheck_attention_varlen_with_gradients(device) -> None:
     inputs, cu_seqlens = _varlen_inputs(F32, device, head_dim=32)
     inputs = [t.requires_grad_() for t in inputs]
     torch.library.opcheck(
-        OPS.attention_varlen.default, (*inputs, cu_seqlens, 21, 0.5, 0.0, None, None, True)
+        OPS.attention_varlen.default,
+        (*inputs, cu_seqlens, 21, 0.5, 0.0, None, None, None, None, True),
     )
 
 
@@ -260,16 +263,19 @@ def test_opcheck_backward_ops(device) -> None:
     """The backward ops' schemas and fake implementations (what torch.compile traces)."""
     q, k, v, mask = _op_args(device, requires_grad=False)
     seed = dropout.draw_seed_tensor()
-    out, lse = OPS.attention(q, k, v, mask, SCALE, 0.1, None, seed, True)
+    out, lse = OPS.attention(q, k, v, mask, SCALE, 0.1, None, None, None, seed, True)
     grad_out = randn(out.shape, F32, "cpu", seed=2).to(device)
     torch.library.opcheck(
-        OPS.attention_backward.default, (grad_out, q, k, v, out, lse, mask, 0.4, 0.1, seed, None)
+        OPS.attention_backward.default,
+        (grad_out, q, k, v, out, lse, mask, 0.4, 0.1, seed, None, None, None),
     )
     inputs, cu_seqlens = _varlen_inputs(F32, device, head_dim=32)
-    out, lse = OPS.attention_varlen(*inputs, cu_seqlens, 21, SCALE, 0.0, None, None, True)
+    out, lse = OPS.attention_varlen(
+        *inputs, cu_seqlens, 21, SCALE, 0.0, None, None, None, None, True
+    )
     torch.library.opcheck(
         OPS.attention_varlen_backward.default,
-        (torch.ones_like(out), *inputs, out, lse, cu_seqlens, 21, 0.2, 0.0, None, None),
+        (torch.ones_like(out), *inputs, out, lse, cu_seqlens, 21, 0.2, 0.0, None, None, None, None),
     )
 
 
@@ -279,7 +285,7 @@ def test_custom_op_gradients_match_the_kernels(device) -> None:
     q, k, v, mask = _op_args(device)
     grad_out = randn(q.shape, F32, "cpu", seed=3).to(device)
     seed = dropout.draw_seed_tensor()
-    out, _ = OPS.attention(q, k, v, mask, SCALE, 0.2, None, seed, True)
+    out, _ = OPS.attention(q, k, v, mask, SCALE, 0.2, None, None, None, seed, True)
     got = torch.autograd.grad(out.transpose(1, 2), (q, k, v), grad_out)
     keep = dropout.keep_mask_of((2, 2, 9, 9), int(seed), 0.2, device)
     ref_out = R.attention(q, k, v, mask, dropout_p=0.2, dropout_mask=keep)

@@ -28,12 +28,23 @@ def _mask(lengths: list[int], seq: int, device: str) -> torch.Tensor:
     return (torch.arange(seq)[None, :] < torch.tensor(lengths)[:, None]).to(device)
 
 
-def _attention_args(device: str, with_mask: bool, scale: float, bias: bool = False):
+def _attention_args(
+    device: str, with_mask: bool, scale: float, bias: bool = False, positions: bool = False
+):
     # Hugging Face's layout: [B, S, H, D] tensors viewed as [B, H, S, D].
     q, k, v = (_randn(2, 9, 2, 32, device=device, seed=i).transpose(1, 2) for i in range(3))
     mask = _mask([9, 4], 9, device) if with_mask else None
     table = _relative_bias(device, bias)
-    return (*_requiring_grad((q, k, v), bias), mask, scale, 0.0, table, None, bias)
+    rotary, window = _rotary(device, positions)
+    qkv = _requiring_grad((q, k, v), bias)
+    return (*qkv, mask, scale, 0.0, table, rotary, window, None, bias)
+
+
+def _rotary(device: str, positions: bool) -> tuple[torch.Tensor | None, int | None]:
+    """(RoPE inverse frequencies for D = 32, a sliding window of 3), or Nones."""
+    if not positions:
+        return None, None
+    return 1.0 / 1e4 ** (torch.arange(0, 32, 2, device=device).float() / 32), 3
 
 
 def _relative_bias(device: str, bias: bool) -> torch.Tensor | None:
@@ -41,12 +52,13 @@ def _relative_bias(device: str, bias: bool) -> torch.Tensor | None:
     return _randn(2, 32, device=device, seed=7).requires_grad_() if bias else None
 
 
-def _varlen_args(device: str, bias: bool = False):
+def _varlen_args(device: str, bias: bool = False, positions: bool = False):
     q, k, v = (_randn(12, 2, 32, device=device, seed=i) for i in range(3))
     cu_seqlens = torch.tensor([0, 5, 5, 12], dtype=torch.int32, device=device)
     table = _relative_bias(device, bias)
+    rotary, window = _rotary(device, positions)
     q, k, v = _requiring_grad((q, k, v), bias)
-    return q, k, v, cu_seqlens, 7, 32**-0.5, 0.0, table, None, bias
+    return q, k, v, cu_seqlens, 7, 32**-0.5, 0.0, table, rotary, window, None, bias
 
 
 def _softmax_args(device: str, with_mask: bool, grad: bool = False):
@@ -54,12 +66,13 @@ def _softmax_args(device: str, with_mask: bool, grad: bool = False):
     return scores, _mask([9, 2], 9, device) if with_mask else None, 0.5, grad
 
 
-def _linear_args(device: str, full: bool, grad: bool = False):
+def _linear_args(device: str, full: bool, grad: bool = False, gated: bool = False):
     x, w = _randn(3, 5, 16, device=device), _randn(24, 16, device=device, seed=1)
     if not full:
-        return _requiring_grad((x, w, None, None, None), grad) + (grad,)
-    bias, residual = _randn(24, device=device, seed=2), _randn(3, 5, 24, device=device, seed=3)
-    return _requiring_grad((x, w, bias, "gelu", residual), grad) + (grad,)
+        return _requiring_grad((x, w, None, None, None), grad) + (gated, grad)
+    width = 12 if gated else 24
+    bias, residual = _randn(24, device=device, seed=2), _randn(3, 5, width, device=device, seed=3)
+    return _requiring_grad((x, w, bias, "gelu", residual), grad) + (gated, grad)
 
 
 def _requiring_grad(args: tuple, grad: bool) -> tuple:
@@ -112,10 +125,27 @@ CASES = {
     "attention_varlen": (OPS.attention_varlen, _varlen_args),
     "attention-bias-grad": (OPS.attention, lambda d: _attention_args(d, True, 0.3, bias=True)),
     "attention_varlen-bias-grad": (OPS.attention_varlen, lambda d: _varlen_args(d, bias=True)),
+    "attention-rotary-window": (
+        OPS.attention,
+        lambda d: _attention_args(d, True, 0.3, positions=True),
+    ),
+    "attention_varlen-rotary-window": (
+        OPS.attention_varlen,
+        lambda d: _varlen_args(d, positions=True),
+    ),
+    "attention-bias-rotary-window-grad": (
+        OPS.attention,
+        lambda d: _attention_args(d, True, 0.3, bias=True, positions=True),
+    ),
+    "attention_varlen-bias-rotary-window-grad": (
+        OPS.attention_varlen,
+        lambda d: _varlen_args(d, bias=True, positions=True),
+    ),
     "softmax-mask": (OPS.scaled_masked_softmax, lambda d: _softmax_args(d, True)),
     "softmax-nomask": (OPS.scaled_masked_softmax, lambda d: _softmax_args(d, False)),
     "linear-full": (OPS.linear, lambda d: _linear_args(d, True)),
     "linear-bare": (OPS.linear, lambda d: _linear_args(d, False)),
+    "linear-gated": (OPS.linear, lambda d: _linear_args(d, True, gated=True)),
     "layer_norm-residual": (OPS.layer_norm, lambda d: _layer_norm_args(d, True)),
     "layer_norm": (OPS.layer_norm, lambda d: _layer_norm_args(d, False)),
     "embeddings-all-ids": (OPS.embeddings_layer_norm, lambda d: _embeddings_args(d, True)),
@@ -123,6 +153,7 @@ CASES = {
     "softmax-grad": (OPS.scaled_masked_softmax, lambda d: _softmax_args(d, True, grad=True)),
     "linear-full-grad": (OPS.linear, lambda d: _linear_args(d, True, grad=True)),
     "linear-bare-grad": (OPS.linear, lambda d: _linear_args(d, False, grad=True)),
+    "linear-gated-grad": (OPS.linear, lambda d: _linear_args(d, True, grad=True, gated=True)),
     "layer_norm-residual-dropout-grad": (
         OPS.layer_norm,
         lambda d: _layer_norm_args(d, True, dropout_p=0.25, grad=True),
@@ -144,6 +175,18 @@ def _public_arity(name: str) -> int:
     positional parameters (the op's public signature)."""
     parameters = inspect.signature(K.OPS[name].reference).parameters.values()
     return sum(p.kind is not p.KEYWORD_ONLY for p in parameters)
+
+
+def _public_keywords(name: str, op, args: tuple) -> dict[str, object]:
+    """The public function's keyword-only arguments that the custom op takes positionally
+    (attention's rotary and window, linear's gated), read from ``args`` by schema name."""
+    parameters = inspect.signature(K.OPS[name].reference).parameters.values()
+    names = [argument.name for argument in op.default._schema.arguments]
+    return {
+        p.name: args[names.index(p.name)]
+        for p in parameters
+        if p.kind is p.KEYWORD_ONLY and p.name in names
+    }
 
 
 def _seed_at(op) -> int | None:
@@ -170,7 +213,8 @@ def test_custom_op_equals_public_function(case: str, device: str) -> None:
     if seed_at is not None and args[seed_at] is not None:
         pytest.skip("dropout: the public function draws its own seed (tests/test_dropout.py)")
     with torch.no_grad():
-        expected = getattr(K, name)(*args[: _public_arity(name)])
+        keywords = _public_keywords(name, op, args)
+        expected = getattr(K, name)(*args[: _public_arity(name)], **keywords)
         got = op(*args)
     if isinstance(got, tuple):
         got = got[0]
@@ -200,7 +244,7 @@ def test_triton_backend_runs_the_declarations(device: str) -> None:
 def test_fake_tensor_checks_reject_bad_shapes() -> None:
     x, w = torch.empty(3, 16, device="meta"), torch.empty(24, 15, device="meta")
     with pytest.raises(ValueError, match="input features"):
-        OPS.linear(x, w, None, None, None, False)
+        OPS.linear(x, w, None, None, None, False, False)
 
 
 def _compiled_model_matches_eager(device: str, compiler, **compile_kwargs) -> None:

@@ -23,6 +23,12 @@ head dim of MPNet-base) dense masked, the heaviest kept config of each other hea
 the dense unmasked and padding-free variants, bf16 and fp32 D=64 dense masked, and the training
 variant (fp16 D=64 dense masked, log-sum-exp stored, with and without dropout).
 
+Rotary positions and the sliding window (ROTARY=1, WINDOW=1, ModernBERT's local layers; its
+global layers: ROTARY=1 alone) compile in every kept fp16 config of D=64 (ModernBERT-base's
+head dim) dense masked, the heaviest kept config of the dense unmasked and padding-free
+variants and of D=32, 80, 96, 128 (the 128-wide block of 80 and 96 masks the rotated halves),
+RoPE alone on the heaviest config of each variant, and bf16 and fp32 D=64 dense masked.
+
 Configs and the jit function come from the module itself, so the cases follow the code. A
 contiguous mask has unit stride on S_k, which the JIT specialises to the constexpr 1. Each case
 declares its dtype and BLOCK_M for the tensor-core instruction check in tests/test_compile.py.
@@ -46,16 +52,25 @@ STRIDES = [f"stride_{t}_{d}" for t in ("q", "k", "v", "o") for d in ("b", "h", "
 
 
 def _kept(
-    head_dim: int, element_size: int, is_varlen: bool, has_mask: bool, has_bias: bool = False
+    head_dim: int,
+    element_size: int,
+    is_varlen: bool,
+    has_mask: bool,
+    has_bias: bool = False,
+    has_rotary: bool = False,
 ) -> list:
     block_d = next_power_of_2(head_dim)
-    return [c for c in CONFIGS if mod.keep(c, block_d, element_size, is_varlen, has_mask, has_bias)]
+    variant = (is_varlen, has_mask, has_bias, has_rotary)
+    return [c for c in CONFIGS if mod.keep(c, block_d, element_size, *variant)]
 
 
-def _values_per_thread(config, head_dim: int, has_bias: bool = False) -> int:
-    """fp32 values per thread for the accumulator and the score tile (``keep``'s measure)."""
+def _values_per_thread(config, head_dim: int, has_bias: bool = False, rotary: bool = False) -> int:
+    """fp32 values per thread for the accumulator and the score tile, and with ``rotary`` the
+    rotated key tile with its cos and sin (``keep``'s measure)."""
     m, n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
-    return m * (next_power_of_2(head_dim) + (2 * n if has_bias else n)) // (32 * config.num_warps)
+    d, threads = next_power_of_2(head_dim), 32 * config.num_warps
+    rotated = 2 * n * d // threads if rotary else 0
+    return m * (d + (2 * n if has_bias else n)) // threads + rotated
 
 
 def _optional_inputs(
@@ -82,6 +97,8 @@ def _case(
     has_dropout: bool = False,
     store_lse: bool = False,
     has_bias: bool = False,
+    rotary: bool = False,
+    window: bool = False,
 ) -> CompileCase:
     ptr = f"*{dtype}"
     signature = {"Q": ptr, "K": ptr, "V": ptr, "Out": ptr}
@@ -93,6 +110,8 @@ def _case(
         HAS_DROPOUT=has_dropout,
         STORE_LSE=store_lse,
         HAS_BIAS=has_bias,
+        ROTARY=rotary,
+        WINDOW=window,
         **config.kwargs,
     )
     _optional_inputs(signature, constexprs, has_mask, is_varlen, mask)
@@ -102,15 +121,21 @@ def _case(
     signature.update(Bias="*fp32" if has_bias else "constexpr")
     if not has_bias:
         constexprs["Bias"] = None
+    signature.update(Rotary="*fp32" if rotary else "constexpr")
+    if not rotary:
+        constexprs["Rotary"] = None
     signature.update(dict.fromkeys(STRIDES, "i32"))
     signature.update(stride_mask_b="i32", stride_mask_s="constexpr" if has_mask else "i32")
     signature.update(stride_lse_b="i32", stride_lse_h="i32", stride_bias_h="i32")
     signature.update(seq_q="i32", seq_k="i32", qk_scale="fp32", dropout_p="fp32", seed="i32")
+    signature.update(window="i32")
     signature.update(seq_q_bucket="i32", seq_k_bucket="i32")
     signature.update({name: "constexpr" for name in constexprs if name not in signature})
     meta = config.kwargs
     training = f" lse=1 dropout={int(has_dropout)}" if store_lse else ""
     bias = " bias=1" if has_bias else ""
+    bias += " rotary=1" if rotary else ""
+    bias += " window=1" if window else ""
     name = (
         f"attention[{dtype} D={head_dim} {meta['BLOCK_M']}x{meta['BLOCK_N']} "
         f"s{config.num_stages} w{config.num_warps} mask={int(has_mask)}"
@@ -136,7 +161,7 @@ def _cases() -> list[CompileCase]:
                     chosen = [_heaviest(kept, head_dim)]
                 cases += [_case(dtype, head_dim, c, has_mask, is_varlen) for c in chosen]
     cases.append(_case("fp16", 64, _kept(64, 2, False, True)[0], True, False, mask="*i64"))
-    return cases + _training_cases() + _bias_cases()
+    return cases + _training_cases() + _bias_cases() + _rotary_cases()
 
 
 # (dtype, head dim, HAS_MASK, IS_VARLEN, HAS_DROPOUT) of the training variants compiled.
@@ -189,6 +214,33 @@ def _bias_cases() -> list[CompileCase]:
                 "fp16", 64, config, True, False, has_dropout=dropout, store_lse=True, has_bias=True
             )
         )
+    return cases
+
+
+def _heaviest_rotary(dtype: str, head_dim: int, is_varlen: bool, has_mask: bool):
+    kept = _kept(head_dim, ELEMENT_SIZES[dtype], is_varlen, has_mask, has_rotary=True)
+    return max(kept, key=lambda c: _values_per_thread(c, head_dim, rotary=True))
+
+
+def _rotary_cases() -> list[CompileCase]:
+    """The rotary and sliding-window variants (module docstring)."""
+    kept = _kept(64, 2, False, True, has_rotary=True)
+    cases = [_case("fp16", 64, c, True, False, rotary=True, window=True) for c in kept]
+    for head_dim in mod.SUPPORTED_HEAD_DIMS:
+        for has_mask, is_varlen in VARIANTS:
+            config = _heaviest_rotary("fp16", head_dim, is_varlen, has_mask)
+            if head_dim == 64:
+                cases.append(_case("fp16", 64, config, has_mask, is_varlen, rotary=True))
+                if has_mask:
+                    continue
+            elif not has_mask:
+                continue
+            cases.append(
+                _case("fp16", head_dim, config, has_mask, is_varlen, rotary=True, window=True)
+            )
+    for dtype in ("bf16", "fp32"):
+        config = _heaviest_rotary(dtype, 64, False, True)
+        cases.append(_case(dtype, 64, config, True, False, rotary=True, window=True))
     return cases
 
 

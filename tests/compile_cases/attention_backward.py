@@ -18,6 +18,12 @@ dropout, and in the heaviest kept config of fp16 D=64 dense masked without dropo
 padding-free, fp16 D=32 dense masked and bf16 D=64 dense masked: the head dims of MPNet models
 (wider heads with a bias spill; see ``keep``).
 
+Rotary positions with the sliding window (ROTARY=1, WINDOW=1, ModernBERT's local layers;
+both passes rotate the tiles they load and turn dQ / dK back at the end) compile, for each pass,
+in every kept fp16 config of D=64 dense masked without dropout (ModernBERT has none), and in
+the heaviest kept config of fp16 D=64 padding-free, bf16 and fp32 D=64 dense masked, and the
+dK / dV pass of fp16 D=80 dense masked (see HEAVIEST_ROTARY).
+
 A dK / dV case declares BLOCK_N, the row tile of its MMAs (k @ q^T, p^T @ dO, ds^T @ q), as its
 block_m for the tensor-core checks of tests/test_compile.py, and BLOCK_M as its block_n (the
 tile its loop steps over); a dQ case declares BLOCK_M and BLOCK_N.
@@ -40,22 +46,30 @@ KERNELS = (
 )
 
 
-def _kept(kernel: tuple, dtype: str, head_dim: int, has_bias: bool = False) -> list:
+def _kept(
+    kernel: tuple, dtype: str, head_dim: int, has_bias: bool = False, rotary: bool = False
+) -> list:
     size, block_d = ELEMENT_SIZES[dtype], next_power_of_2(head_dim)
-    return [c for c in kernel[1].configs if mod.keep(c, block_d, size, kernel[2], has_bias)]
+    variant = (kernel[2], has_bias, rotary)
+    return [c for c in kernel[1].configs if mod.keep(c, block_d, size, *variant)]
 
 
-def _heaviest(kernel: tuple, dtype: str, head_dim: int, has_bias: bool = False):
-    """The kept config with the most values per thread (``keep``'s measure)."""
+def _heaviest(
+    kernel: tuple, dtype: str, head_dim: int, has_bias: bool = False, rotary: bool = False
+):
+    """The kept config with the most values per thread (``keep``'s measure); the first
+    config, which the pruner then runs, when none is kept."""
 
     def held(c) -> int:
         m, n = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
         block_d = next_power_of_2(head_dim)
         acc = 2 * n * block_d if kernel[2] else m * block_d
         tiles = 2 + (1 if kernel[2] else 2) * has_bias
-        return (acc + tiles * m * n) // (32 * c.num_warps)
+        rotated = 4 * (m if kernel[2] else n) * block_d if rotary else 0
+        return (acc + tiles * m * n + rotated) // (32 * c.num_warps)
 
-    return max(_kept(kernel, dtype, head_dim, has_bias), key=held)
+    kept = _kept(kernel, dtype, head_dim, has_bias, rotary) or kernel[1].configs[:1]
+    return max(kept, key=held)
 
 
 def _case(
@@ -67,6 +81,7 @@ def _case(
     is_varlen: bool,
     has_dropout: bool,
     has_bias: bool = False,
+    rotary: bool = False,
 ) -> CompileCase:
     name, jit, is_dkdv = kernel
     tensors = ("Q", "K", "V", "DO", "DX", "DV")
@@ -76,6 +91,7 @@ def _case(
     signature.update(Lse="*fp32", Delta="*fp32")
     signature.update(Bias="*fp32" if has_bias else "constexpr")
     signature.update(DBias="*fp32" if has_bias and not is_dkdv else "constexpr")
+    signature.update(Rotary="*fp32" if rotary else "constexpr", window="i32")
     signature.update({f"stride_{t.lower()}_{d}": "i32" for t in tensors for d in ("b", "h", "s")})
     signature.update(stride_mask_b="i32", stride_mask_s="constexpr" if has_mask else "i32")
     signature.update(stride_lse_b="i32", stride_lse_h="i32", seq_q="i32", seq_k="i32")
@@ -89,11 +105,15 @@ def _case(
         IS_VARLEN=is_varlen,
         HAS_DROPOUT=has_dropout,
         HAS_BIAS=has_bias,
+        ROTARY=rotary,
+        WINDOW=rotary,
         DKDV=is_dkdv,
         **config.kwargs,
     )
     if not has_bias:
         constexprs["Bias"] = None
+    if not rotary:
+        constexprs["Rotary"] = None
     if not has_bias or is_dkdv:
         constexprs["DBias"] = None
     if not is_dkdv:
@@ -110,7 +130,7 @@ def _case(
     case_name = (
         f"{name}[{dtype} D={head_dim} {m}x{n} s{config.num_stages} w{config.num_warps} "
         f"mask={int(has_mask)} varlen={int(is_varlen)} dropout={int(has_dropout)}"
-        f"{' bias=1' if has_bias else ''}]"
+        f"{' bias=1' if has_bias else ''}{' rotary=1 window=1' if rotary else ''}]"
     )
     # A dK / dV case's MMAs have BLOCK_N rows; its loop steps over BLOCK_M (module docstring).
     tiles = {"block_m": n, "block_n": m} if is_dkdv else {}
@@ -140,6 +160,19 @@ HEAVIEST_BIAS = (
 )
 
 
+# The same for rotary positions with the window: (dtype, head dim, HAS_MASK, IS_VARLEN, the
+# passes compiled (DKDV values)). Wider heads find no config within ``keep``'s budget; the
+# first config, which the pruner then runs, spills in the dQ pass (408 to 744 bytes per thread
+# at D=80 and 128 on sm_80, 440 at D=80 on sm_90) and is not a case; the dK / dV pass of D=80
+# compiles without spills and checks the padded head's turn back (a gather of its halves).
+HEAVIEST_ROTARY = (
+    ("fp16", 64, False, True, (True, False)),
+    ("fp16", 80, True, False, (True,)),
+    ("bf16", 64, True, False, (True, False)),
+    ("fp32", 64, True, False, (True, False)),
+)
+
+
 def _cases() -> list[CompileCase]:
     cases = []
     for kernel in KERNELS:
@@ -160,6 +193,15 @@ def _cases() -> list[CompileCase]:
             _case(kernel, dtype, d, _heaviest(kernel, dtype, d, True), mask, varlen, dropout, True)
             for dtype, d, mask, varlen, dropout in HEAVIEST_BIAS
         ]
+        cases += [
+            _case(kernel, "fp16", 64, c, True, False, False, rotary=True)
+            for c in _kept(kernel, "fp16", 64, rotary=True)
+        ]
+        for dtype, d, mask, varlen, passes in HEAVIEST_ROTARY:
+            if kernel[2] not in passes:
+                continue
+            config = _heaviest(kernel, dtype, d, rotary=True)
+            cases.append(_case(kernel, dtype, d, config, mask, varlen, False, rotary=True))
     return cases
 
 

@@ -13,6 +13,12 @@ dx = dY' @ weight (A = dY row-major, B = weight read transposed: unit stride alo
 dweight = dY'^T @ x (A = dY^T and B = x^T: unit stride along M, strided along K), with the GELU
 derivative prologue and, for dweight, the row sums of dbias, on every config ``keep`` allows
 for each (the plain products on the biggest and smallest only).
+
+Gated (GATED=1, ModernBERT's GeGLU input projection: two accumulators, the GELU of one times
+the other in the epilogue): every one-tile-per-program config ``keep`` allows for it in fp16,
+without bias (ModernBERT's) and with bias and residual, the training forward that stores both
+pre-activations, and bf16 and fp32 on the heaviest kept config. (Its backward runs the plain
+dx / dweight products above on dY' formed beforehand.)
 """
 
 from __future__ import annotations
@@ -96,6 +102,7 @@ def _signature(
         "GRAD_ACTIVATION": "constexpr",
         "HAS_ROW_SUM": "constexpr",
         "QUANT": "constexpr",
+        "GATED": "constexpr",
         "BLOCK_M": "constexpr",
         "BLOCK_N": "constexpr",
         "BLOCK_K": "constexpr",
@@ -114,6 +121,7 @@ def _case(
     store_pre: bool = False,
     grad: str | None = None,
     grad_activation: int = 0,
+    gated: bool = False,
 ) -> CompileCase:
     """A forward case (``store_pre``: the training forward), or with ``grad`` "dx" / "dw" one
     of the backward products with derivative ``grad_activation``."""
@@ -129,6 +137,7 @@ def _case(
         "GRAD_ACTIVATION": grad_activation,
         "HAS_ROW_SUM": row_sum,
         "QUANT": 0,
+        "GATED": gated,
         "x_scale_ptr": None,
         "weight_scale_ptr": None,
         **meta,
@@ -152,6 +161,7 @@ def _case(
     else:
         variant = f"bias={int(has_bias)} act={activation} res={int(has_residual)}"
         variant += " pre=1" if store_pre else ""
+        variant += " gated=1" if gated else ""
     name = f"linear[{dtype} {mod.config_name(config)} {variant}]"
     # N and K are multiples of 16 in BERT's launches; TMA and the persistent configs are for
     # sm_90 (keep() offers them nowhere else).
@@ -200,7 +210,7 @@ def _cases() -> list[CompileCase]:
     for family in (POINTER_CONFIGS, PERSISTENT_CONFIGS):
         big = next(c for c in family if FULL_EPILOGUE in _kept_epilogues(c, ELEMENT_SIZES["bf16"]))
         cases += _heaviest("bf16", big)
-    return cases + _training_cases()
+    return cases + _training_cases() + _gated_cases()
 
 
 def _kept_for(config, element_size: int, **variant) -> bool:
@@ -235,6 +245,23 @@ def _training_cases() -> list[CompileCase]:
                 ]
             kept = [c for c in CONFIGS if _kept_for(c, element_size, **variant)]
             cases += [_case(dtype, c, False, 0, False, grad=g) for c in (kept[0], kept[-1])]
+    return cases
+
+
+def _gated_cases() -> list[CompileCase]:
+    """The gated (GeGLU) variants (module docstring)."""
+    geglu = {"activation": 1, "has_residual": False, "gated": True}
+    cases = []
+    for dtype, element_size in ELEMENT_SIZES.items():
+        kept = [c for c in POINTER_CONFIGS if _kept_for(c, element_size, **geglu)]
+        chosen = kept if dtype == "fp16" else kept[:1]
+        cases += [_case(dtype, c, False, 1, False, gated=True) for c in chosen]
+    full = {"activation": 1, "has_residual": True, "gated": True}
+    config = next(c for c in POINTER_CONFIGS if _kept_for(c, 2, **full))
+    cases.append(_case("fp16", config, *FULL_EPILOGUE, gated=True))
+    training = {**full, "store_pre": True}
+    config = next(c for c in POINTER_CONFIGS if _kept_for(c, 2, **training))
+    cases.append(_case("fp16", config, *FULL_EPILOGUE, store_pre=True, gated=True))
     return cases
 
 

@@ -50,6 +50,7 @@ def _case(
         "GRAD_ACTIVATION": 0,
         "HAS_ROW_SUM": False,
         "QUANT": mod.QUANT_CODES[quantize],
+        "GATED": False,
         "pre_ptr": None,
         "row_sum_ptr": None,
         "x_desc": None,
