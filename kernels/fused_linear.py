@@ -616,7 +616,7 @@ def _linear_fwd_kernel(
                 HAS_RESIDUAL,
                 STORE_PRE_ACTIVATION,
                 QUANT,
-                                False,
+                False,
                 BLOCK_M,
                 BLOCK_N,
             )
