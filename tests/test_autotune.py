@@ -42,6 +42,7 @@ def test_linear_prune_pins_the_chosen_config(monkeypatch) -> None:
         "GRAD_ACTIVATION": 0,
         "HAS_ROW_SUM": False,
         "HAS_DESCRIPTORS": 0,
+        "GATED": False,
     }
     monkeypatch.delenv(launch.AUTOTUNE_ENV, raising=False)
     kept = fused_linear._prune(candidates, args)
@@ -65,6 +66,7 @@ def test_linear_training_variants_keep_small_tiles(monkeypatch, variant) -> None
         "GRAD_ACTIVATION": 0,
         "HAS_ROW_SUM": False,
         "HAS_DESCRIPTORS": 1,
+        "GATED": False,
         **variant,
     }
     kept = fused_linear._prune(fused_linear.gpu_configs(), args)
@@ -85,6 +87,7 @@ def test_attention_prune_pins_the_chosen_config(monkeypatch) -> None:
         "IS_VARLEN": False,
         "HAS_MASK": True,
         "HAS_BIAS": False,
+        "ROTARY": False,
         "BLOCK_D": 64,
     }
     monkeypatch.delenv(launch.AUTOTUNE_ENV, raising=False)
