@@ -275,8 +275,8 @@ def attention_varlen_unchecked(
     tokens, heads, head_dim = q.shape
     if tokens == 0 or max_seqlen == 0:
         return torch.zeros_like(q)
+    scale = None if scale is None else float(scale)
     if q.device.type == "cpu" and not torch.compiler.is_compiling():
-        scale = None if scale is None else float(scale)
         return _attention_by_length(
             q, k, v, cu_seqlens, scale, dropout_p, relative_bias, rotary, window
         )
@@ -288,7 +288,6 @@ def attention_varlen_unchecked(
     q, k, v = (
         t[gather].view(batch, max_seqlen, heads, head_dim).transpose(1, 2) for t in (q, k, v)
     )
-    scale = None if scale is None else float(scale)
     if rotary is not None:  # slot positions are each sequence's own token positions
         q, k = reference.rotary_positions(q, rotary), reference.rotary_positions(k, rotary)
     if window is not None:
