@@ -39,9 +39,9 @@ def kernel_calls(monkeypatch) -> list[tuple]:
     calls: list[tuple] = []
     real = kernels.attention
 
-    def spy(q, k, v, key_padding_mask=None, scale=None, dropout_p=0.0):
+    def spy(q, k, v, key_padding_mask=None, scale=None, dropout_p=0.0, *, window=None):
         calls.append(None if key_padding_mask is None else tuple(key_padding_mask.shape))
-        return real(q, k, v, key_padding_mask, scale, dropout_p)
+        return real(q, k, v, key_padding_mask, scale, dropout_p, window=window)
 
     monkeypatch.setattr(kernels, "attention", spy)
     return calls

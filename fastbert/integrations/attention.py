@@ -10,14 +10,32 @@ Two entries are registered under the name "fastbert":
 
 - ``AttentionMaskInterface``: :func:`padding_mask` hands the attention function the [B, S_k]
   bool key-padding mask itself (True = real token), or None without padding, instead of a
-  [B, 1, S_q, S_k] mask; no host synchronisation. Any other pattern (causal, sliding window,
-  extra mask functions, key offsets) gets Hugging Face's own 4-D sdpa mask.
+  [B, 1, S_q, S_k] mask; no host synchronisation. It does so for bidirectional masks, full or
+  sliding-window (Hugging Face's ``sliding_window_bidirectional_mask_function``, ModernBERT's
+  local layers), as Hugging Face's flash-attention mask does. Any other pattern (causal or
+  causal sliding window, extra mask functions, key offsets) gets Hugging Face's own 4-D sdpa
+  mask.
 - ``AttentionInterface``: :func:`attention_forward` runs the fused kernel on a key-padding
-  mask. It hands the call to Hugging Face's sdpa attention, which computes it correctly, when
-  the call is not plain bidirectional attention over a key-padding mask: a 4-D mask, causal
-  attention without a mask, grouped-query heads, a position bias, softcapping, attention
-  sinks or a paged cache. Attention dropout (a model in training mode) runs inside the
-  kernel, and the attention has a backward, so such a model trains.
+  mask, with the sliding window the model passes as ``sliding_window`` (see below). It hands
+  the call to Hugging Face's sdpa attention, which computes it correctly, when the call is not
+  bidirectional attention over a key-padding mask: a 4-D mask, causal attention without a
+  mask, grouped-query heads, a position bias, softcapping, attention sinks or a paged cache.
+  Attention dropout (a model in training mode) runs inside the kernel, and the attention has
+  a backward, so such a model trains.
+
+Sliding window: Hugging Face's bidirectional sliding-window mask keeps the keys j of query i
+with |i - j| <= ``config.sliding_window`` (ModernBERT: ``local_attention // 2``), and the
+attention modules pass ``sliding_window=config.sliding_window + 1`` to the attention function,
+which its flash-attention path turns into the inclusive window (sliding_window - 1,
+sliding_window - 1). The kernel's ``window`` w keeps |i - j| <= w, so it gets
+``sliding_window - 1``: the same keys as the mask. Rotary positions are applied by Hugging
+Face before the attention function; the kernel gets q and k rotated already.
+
+Which models: those whose attention module calls Hugging Face's ``ALL_ATTENTION_FUNCTIONS``
+(BERT, RoBERTa, XLM-RoBERTa, ELECTRA, DistilBERT, ModernBERT). MPNet's does not:
+``MPNetSelfAttention`` computes its scores, relative position bias included, itself, so there
+``attn_implementation="fastbert"`` is accepted and changes nothing (``fastbert.optimize`` runs
+MPNet's bias inside the kernel).
 
 Where the kernel runs: CUDA tensors use the Triton kernel (as ``torch.ops.fastbert.attention``
 under torch.compile, so a compiled model has no graph break); CPU tensors use it under the
@@ -80,7 +98,26 @@ def attention_forward(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    return _attend(query, key, value, attention_mask, scaling, dropout), None
+    window = _kernel_window(kwargs.get("sliding_window"))
+    return _attend(query, key, value, attention_mask, scaling, dropout, window), None
+
+
+def _kernel_window(sliding_window: Any) -> int | None:
+    """The kernel's window w (keys with |i - j| <= w) for Hugging Face's ``sliding_window``
+    argument, which its flash-attention path applies as the inclusive window
+    (sliding_window - 1, sliding_window - 1); None (no window) stays None."""
+    if sliding_window is None:
+        return None
+    if (
+        not isinstance(sliding_window, int)
+        or isinstance(sliding_window, bool)
+        or sliding_window < 1
+    ):
+        raise ValueError(
+            f"attn_implementation='fastbert' needs sliding_window None or an integer >= 1, "
+            f"got {sliding_window!r}"
+        )
+    return sliding_window - 1
 
 
 def _is_causal(module: torch.nn.Module, query: torch.Tensor, kwargs: dict) -> bool:
@@ -134,13 +171,17 @@ def _attend(
     key_padding_mask: torch.Tensor | None,
     scale: float | None,
     dropout_p: float = 0.0,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """[B, H, S, D] q, k, v and a [B, S_k] mask -> contiguous [B, S_q, H, D]."""
+    """[B, H, S, D] q, k, v and a [B, S_k] mask -> contiguous [B, S_q, H, D]; window: None or
+    the w of a sliding window (query i attends keys j with |i - j| <= w)."""
     if _kernel_runs(query, key, value):
         # The kernel's [B, H, S_q, D] result is the transpose of a contiguous [B, S_q, H, D].
-        out = kernels.attention(query, key, value, key_padding_mask, scale, dropout_p)
+        out = kernels.attention(
+            query, key, value, key_padding_mask, scale, dropout_p, window=window
+        )
         return out.transpose(1, 2)
-    out = torch_ops.attention(query, key, value, key_padding_mask, scale, dropout_p)
+    out = torch_ops.attention(query, key, value, key_padding_mask, scale, dropout_p, window=window)
     return out.transpose(1, 2).contiguous()
 
 
@@ -155,16 +196,17 @@ def padding_mask(
     **kwargs: Any,
 ) -> torch.Tensor | None:
     """Hugging Face mask function: the [B, S_k] bool padding mask (or None) for bidirectional
-    attention; Hugging Face's 4-D sdpa mask for any other pattern.
+    attention, full or sliding-window (the attention function applies the window); Hugging
+    Face's 4-D sdpa mask for any other pattern.
 
     attention_mask: the model's 2-D mask, already bool [B, S_k] (True = real token).
+    local_size (in kwargs): the window of a sliding-window mask, None for a full one.
     """
     from transformers import masking_utils
 
     plain = (
-        mask_function is masking_utils.bidirectional_mask_function
+        _is_bidirectional(mask_function, kwargs.get("local_size"))
         and kv_offset == 0
-        and kwargs.get("local_size") is None
         and (attention_mask is None or attention_mask.shape[-1] == kv_length)
     )
     if plain:
@@ -179,6 +221,51 @@ def padding_mask(
         attention_mask=attention_mask,
         **kwargs,
     )
+
+
+# torch.compile reads no closure cells, so under it the test runs once, while tracing: its
+# answer depends only on which of Hugging Face's mask builders made the function, not on data.
+@torch.compiler.assume_constant_result
+def _is_bidirectional(mask_function: Callable | None, local_size: int | None) -> bool:
+    """Whether ``mask_function`` is Hugging Face's bidirectional mask: the full one without a
+    ``local_size``, else ``sliding_window_bidirectional_mask_function(local_size)``. Hugging
+    Face builds a fresh closure for each sliding-window mask, so that one is recognised by its
+    code and the values it closes over; a mask function combined with any other (a user's
+    ``and_mask_function``, a causal overlay) is not recognised and gets the 4-D mask."""
+    from transformers import masking_utils
+
+    if local_size is None:
+        return mask_function is masking_utils.bidirectional_mask_function
+    expected = masking_utils.sliding_window_bidirectional_mask_function(local_size)
+    return _same_function(mask_function, expected)
+
+
+def _same_function(got: Any, expected: Any) -> bool:
+    """Whether two functions compute the same: one object, or closures of one code object over
+    the same functions, tuples of them and ints (any other closed-over value counts as
+    different)."""
+    if got is expected:
+        return True
+    code = getattr(expected, "__code__", None)
+    if code is None or getattr(got, "__code__", None) is not code:
+        return False
+    got_cells, expected_cells = got.__closure__ or (), expected.__closure__ or ()
+    return len(got_cells) == len(expected_cells) and all(
+        _same_value(g.cell_contents, e.cell_contents)
+        for g, e in zip(got_cells, expected_cells, strict=True)
+    )
+
+
+def _same_value(got: Any, expected: Any) -> bool:
+    if callable(expected):
+        return _same_function(got, expected)
+    if isinstance(expected, tuple):
+        return (
+            isinstance(got, tuple)
+            and len(got) == len(expected)
+            and all(_same_value(g, e) for g, e in zip(got, expected, strict=True))
+        )
+    return type(expected) is int and type(got) is int and got == expected
 
 
 # transformers module -> how to register fastbert in it once it is loaded.
