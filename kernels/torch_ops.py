@@ -453,15 +453,16 @@ def quantize_rows(
     x: torch.Tensor, input_scale: torch.Tensor | None = None, quantize: str = "int8"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`fastbert.kernels.reference.quantize_rows` of [M, K] float ``x`` with the same
-    bits, the product rounded in place (``torch.aminmax`` over rows measured 200 times slower
-    than ``abs().amax()`` on a CPU)."""
+    bits, the product rounded in place. The row's largest magnitude is max(amax, -amin): two
+    reductions that write nothing, measured 1.5-2x faster than ``abs().amax()`` on a CPU
+    (``torch.aminmax`` over rows, 10x slower)."""
     q_dtype = torch.int8 if quantize == "int8" else torch.float8_e4m3fn
     q_max = 127.0 if quantize == "int8" else reference.FP8_E4M3_MAX
     x32 = x.float() if input_scale is None else x.float() * input_scale
     if x32.shape[-1] == 0:
         zeros = x32.new_zeros(x32.shape[:-1])
         return torch.zeros(x32.shape, dtype=q_dtype, device=x.device), zeros
-    absmax = x32.abs().amax(dim=-1)
+    absmax = torch.maximum(x32.amax(dim=-1), x32.amin(dim=-1).neg_())
     inv = torch.where(absmax > 0, absmax.new_tensor(q_max) / absmax, 0.0)
     y = torch.mul(x32, inv[:, None])
     y = y.round_() if quantize == "int8" else y.clamp_(-q_max, q_max)
@@ -487,10 +488,11 @@ def _quantized_unchecked(
     else:
         q, scale = quantize_rows(x.reshape(m, k), input_scale, quantize)
         acc = _int_product(q, weight) if quantize == "int8" else _fp8_product(q, weight)
-    # Two passes over the [M, N] product: int32 (or float32) times the row scales into a new
-    # float32 tensor, then times the column scales plus the bias in place (on a CPU each pass
-    # over the product costs about what the int8 GEMM itself does).
-    y = torch.mul(acc, scale[:, None])
+    # Passes over the [M, N] product: int32 to float32 (a no-op for fp8's float32), times the
+    # row scales in place, then times the column scales plus the bias in place. On a CPU the
+    # mixed-dtype torch.mul(int32, float32) measured 2-6x slower than the conversion and the
+    # float32 product together: a strided, unvectorised loop.
+    y = acc.float().mul_(scale[:, None])
     if bias is not None:
         torch.addcmul(bias.float(), y, weight_scale, out=y)
     else:
