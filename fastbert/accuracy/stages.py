@@ -4,7 +4,9 @@ For one model (the packaged all-MiniLM-L6-v2, a local checkpoint folder, or a ra
 Hugging Face's masked-LM model runs in float32 as the reference; fastbert runs the same weights
 in each dtype. Compared at real-token positions only, per stage:
 
-- ``embeddings`` and ``layer 1..N``: the hidden states [B, S, H] after each stage;
+- ``embeddings`` and ``layer 1..N``: the hidden states [B, S, H] after each stage (in a
+  pre-norm model, ModernBERT, the last one after the final LayerNorm, as Hugging Face reports
+  it: ``layer N + final norm``);
 - ``mlm logits`` [B, S, vocab]: also argmax agreement (fraction of tokens whose top token is
   the same) and top-5 agreement (mean overlap of the two top-5 sets, 0..1);
 - ``sentence embedding`` [B, H]: the mean-pooled last hidden state (what sentence-transformers
@@ -17,11 +19,12 @@ twice it).
 
 fastbert runs dense (``padding_free=False``, ``cuda_graphs=False``) so that each layer's
 output is the padded [B, S, H] batch; its per-layer outputs are read with forward hooks on
-``model.embeddings`` and ``model.layers[i]``. A checkpoint without a masked-LM head gets a
-random one (seeded), the same weights on both sides.
+``model.embeddings`` and ``model.layers[i]``, the last one from ``model.encode``. A checkpoint
+without a masked-LM head gets a random one (seeded), the same weights on both sides.
 
 Families: "bert" runs fastbert's own ``BertForMaskedLM``. Another family fastbert supports
-(roberta, xlm-roberta, electra, distilbert: see fastbert.model.families) runs through
+(roberta, xlm-roberta, electra, distilbert, mpnet, modernbert: see fastbert.model.families;
+:func:`random_config` gives each its random config) runs through
 ``fastbert.optimize`` on a copy of the Hugging Face masked-LM model: fastbert's encoder under
 Hugging Face's head; the per-stage outputs come from hooks on the encoder it installed.
 """
