@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 import io
 import os
 import warnings
@@ -251,14 +250,6 @@ def make_inputs(
     return batch.input_ids, batch.attention_mask, batch.token_type_ids
 
 
-def model_inputs(hf: Any, ids, mask, types) -> dict[str, torch.Tensor]:
-    """The keyword inputs of ``hf``: token types only for a family whose forward takes them."""
-    inputs = {"input_ids": ids, "attention_mask": mask}
-    if "token_type_ids" in inspect.signature(hf.forward).parameters:
-        inputs["token_type_ids"] = types
-    return inputs
-
-
 def run_hf(hf: Any, inputs: dict[str, torch.Tensor]) -> Run:
     """Hugging Face's hidden states after each stage and its masked-LM logits."""
     with torch.no_grad():
@@ -428,7 +419,7 @@ def _evaluate(
             f"Hugging Face's fp32 masked-LM head on fastbert's last hidden state (a "
             f"{hf.config.vocab_size}-column GEMM is too slow for the interpreter)"
         )
-    inputs = model_inputs(hf, ids, mask, types)
+    inputs = hf_models.forward_inputs(hf, ids, mask, types)
     final_norm = family_of_model_type(family).config_constants.get("norm_position") == "pre"
     bar.advance()
     bar.step("Hugging Face fp32")
