@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from fastbert import accuracy
+from fastbert.accuracy import stages
 from fastbert.cli import build_parser, main
 from fastbert.commands.accuracy import _forwarded_argv, _print_report
+from fastbert.model.families import FAMILIES
 
 # The command on a random model on the CPU, to which a test adds its options.
 RANDOM_ON_CPU = ["accuracy", "--model", "random", "--device", "cpu"]
@@ -23,9 +25,12 @@ def _run_json(capsys, *argv: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-def _check_fp32(result: dict, layers: int) -> None:
+def _check_fp32(result: dict, layers: int, final_norm: bool = False) -> None:
     names = [e["name"] for e in result["layers"]]
-    assert names == ["embeddings"] + [f"layer {i}" for i in range(1, layers + 1)]
+    expected = ["embeddings"] + [f"layer {i}" for i in range(1, layers + 1)]
+    if final_norm:
+        expected[-1] += " + final norm"
+    assert names == expected
     for entry in result["layers"] + result["outputs"]:
         assert entry["max_abs_err"] <= 1e-4 and entry["cosine_min"] >= 0.99999, entry
     logits = result["outputs"][0]
@@ -92,14 +97,80 @@ def test_int8_on_request(capsys) -> None:
     assert fp32["outputs"][1]["cosine_min"] >= 0.99999
 
 
-@pytest.mark.parametrize("family", ["roberta", "distilbert"])
-def test_other_family_through_optimize(family: str) -> None:
+@pytest.mark.parametrize(
+    "family, texts, max_length",
+    [
+        ("roberta", 1, 8),
+        ("distilbert", 1, 8),
+        ("mpnet", 1, 8),
+        # A row of 11 tokens: longer than the sliding layers' window.
+        ("modernbert", 1, 16),
+    ],
+)
+def test_other_family_through_optimize(family: str, texts: int, max_length: int) -> None:
+    """The Triton kernels (CPU: under the interpreter) against Hugging Face fp32."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     report = accuracy.evaluate(
-        model="random", family=family, device=device, dtypes=["fp32"], texts=1, max_length=8
+        model="random",
+        family=family,
+        device=device,
+        dtypes=["fp32"],
+        texts=texts,
+        max_length=max_length,
     )
     assert report.family == family
-    _check_fp32(dataclasses.asdict(report.results[0]), layers=4)
+    _check_fp32(dataclasses.asdict(report.results[0]), 4, final_norm=family == "modernbert")
+
+
+@pytest.mark.parametrize("family", [f.model_type for f in FAMILIES])
+def test_every_family_on_the_torch_backend(capsys, family: str) -> None:
+    """--model random --family F for each family of --family's choices: every stage within the
+    fp32 bound of Hugging Face, and the table names each stage (ModernBERT's last one after
+    its final LayerNorm)."""
+    argv = [*RANDOM_ON_CPU, "--family", family, "--backend", "torch", "--dtypes", "fp32"]
+    report = _run_json(capsys, *argv[1:])
+    assert report["family"] == family and report["model"] == f"random {family}"
+    _check_fp32(report["results"][0], 4, final_norm=family == "modernbert")
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert f"random {family} ({family}) on cpu, backend torch" in table
+    last = "layer 4 + final norm" if family == "modernbert" else "layer 4"
+    assert re.search(rf"^  {re.escape(last)} +\d", table, re.M), table
+
+
+def test_random_modernbert_exercises_the_window() -> None:
+    """The random ModernBERT keeps ModernBERT-base's structure scaled down, and its window is
+    shorter than the texts the comparison runs (on the CPU interpreter's input too): Hugging
+    Face's logits move far beyond the fp32 bound when the sliding layers see every key."""
+    from fastbert.integrations import models as hf_models
+
+    config = stages.random_config("modernbert")
+    hf, _, _, _ = stages.load_reference("random", "modernbert")
+    assert hf.config.layer_types == [
+        "full_attention",
+        "sliding_attention",
+        "sliding_attention",
+        "full_attention",
+    ]
+    assert {k: v["rope_theta"] for k, v in hf.config.rope_parameters.items()} == {
+        "full_attention": 160_000.0,
+        "sliding_attention": 10_000.0,
+    }
+    unwindowed = hf_models.random_masked_lm("modernbert", **{**config, "local_attention": 4096})
+    unwindowed.load_state_dict(hf.state_dict())
+    for texts, max_length in ((len(accuracy.TEXTS), 128), (1, 16)):
+        ids, mask, _ = stages.make_inputs(None, 1000, accuracy.TEXTS[:texts], max_length, "cpu")
+        assert mask.sum(1).max() > config["local_attention"]
+        with torch.no_grad():
+            windowed = hf(input_ids=ids, attention_mask=mask).logits
+            full = unwindowed(input_ids=ids, attention_mask=mask).logits
+        assert (windowed - full)[mask.bool()].abs().max() > 1e-3
+
+
+def test_family_of_a_checkpoint_is_a_usage_error(capsys) -> None:
+    argv = ["accuracy", "--device", "cpu", "--backend", "torch", "--family", "mpnet"]
+    assert main(argv) == 2
+    assert "--family picks the family of --model random" in capsys.readouterr().err
 
 
 def test_forwarded_command_line_round_trips() -> None:

@@ -613,6 +613,60 @@ def test_bench_rejects_bad_options(tmp_path, capsys, options, message) -> None:
     assert not (tmp_path / "out").exists()
 
 
+# mpnet-base and modernbert-base at a tiny size: each family's structure kept (MPNet's
+# relative-position buckets; ModernBERT's layer alternation, window, RoPE bases and GeGLU).
+TINY_FAMILY_SHAPES = {
+    "mpnet-base": {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 97,
+    },
+    "modernbert-base": {
+        "hidden_size": 64,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 2,
+        "intermediate_size": 96,
+        "vocab_size": 97,
+        "local_attention": 8,
+        "pad_token_id": 0,
+        "bos_token_id": 1,
+        "cls_token_id": 1,
+        "eos_token_id": 2,
+        "sep_token_id": 2,
+    },
+}
+
+
+@pytest.mark.parametrize("model", sorted(TINY_FAMILY_SHAPES))
+def test_bench_runs_another_family(tmp_path, capsys, monkeypatch, model: str) -> None:
+    """--model mpnet-base / modernbert-base (scaled down): Hugging Face's peers and fastbert's
+    measured on a dense and a padded shape, with the FLOPs of the family's forward (no pooler
+    in ModernBERT); Hugging Face's MPNet has no sdpa, which its row says."""
+    if torch.cuda.is_available():
+        pytest.skip("the CPU path of fastbert bench")
+    monkeypatch.setitem(
+        shapes.MODEL_SHAPES, model, {**shapes.MODEL_SHAPES[model], **TINY_FAMILY_SHAPES[model]}
+    )
+    out = tmp_path / "out"
+    options = ["--model", model, "--shapes", "1x16,2x24p", "--warmup", "0", "--reps", "1"]
+    assert main(["bench", "--out", str(out), "--device", "cpu", *options]) == 0
+    assert "no pooler" not in capsys.readouterr().err
+    doc = report.read_document(out / "results.json")
+    rows = {(r["peer"], r["shape"]): r for r in doc["results"]}
+    measured = {key for key, r in rows.items() if analysis.ok(r)}
+    has_sdpa = model != "mpnet-base"
+    contenders = ("hf-eager", "fastbert", "fastbert-padfree") + (("hf-sdpa",) if has_sdpa else ())
+    assert measured == {(p, s) for p in contenders for s in ("1x16", "2x24 padded")}
+    if not has_sdpa:
+        assert rows["hf-sdpa", "1x16"]["reason"].endswith("MPNetModel has no sdpa")
+    config = shapes.model_config(model)
+    dense = counts.bert_forward(config, 1, 16, 4, pooler=model == "mpnet-base")
+    assert rows["fastbert", "1x16"]["flops"] == counts.total_flops(dense)
+    assert rows["hf-eager", "1x16"]["flops"] == counts.total_flops(dense)
+
+
 def test_bench_append_adds_to_the_results(tmp_path, capsys) -> None:
     out = tmp_path / "out"
     base = ["--peers", "fastbert", "--reps", "1"]

@@ -254,6 +254,11 @@ def test_text_table(monkeypatch, capsys) -> None:
         (["--queries", "3"], "--queries and --corpus belong to --precisions"),
         (["--precisions", "--backend", "triton"], "--precisions on a CPU runs the torch backend"),
         (["--precisions", "--model", "random"], "runs a model and its tokenizer on real text"),
+        (
+            ["--precisions", "--model", "random", "--family", "modernbert"],
+            "--family picks the family of the stage comparison's --model random; --precisions "
+            "runs a real embedding model",
+        ),
         (["--precisions", "--corpus", "10"], "corpus must hold more than 10 texts"),
     ],
 )

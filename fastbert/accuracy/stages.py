@@ -4,7 +4,9 @@ For one model (the packaged all-MiniLM-L6-v2, a local checkpoint folder, or a ra
 Hugging Face's masked-LM model runs in float32 as the reference; fastbert runs the same weights
 in each dtype. Compared at real-token positions only, per stage:
 
-- ``embeddings`` and ``layer 1..N``: the hidden states [B, S, H] after each stage;
+- ``embeddings`` and ``layer 1..N``: the hidden states [B, S, H] after each stage (in a
+  pre-norm model, ModernBERT, the last one after the final LayerNorm, as Hugging Face reports
+  it: ``layer N + final norm``);
 - ``mlm logits`` [B, S, vocab]: also argmax agreement (fraction of tokens whose top token is
   the same) and top-5 agreement (mean overlap of the two top-5 sets, 0..1);
 - ``sentence embedding`` [B, H]: the mean-pooled last hidden state (what sentence-transformers
@@ -17,11 +19,12 @@ twice it).
 
 fastbert runs dense (``padding_free=False``, ``cuda_graphs=False``) so that each layer's
 output is the padded [B, S, H] batch; its per-layer outputs are read with forward hooks on
-``model.embeddings`` and ``model.layers[i]``. A checkpoint without a masked-LM head gets a
-random one (seeded), the same weights on both sides.
+``model.embeddings`` and ``model.layers[i]``, the last one from ``model.encode``. A checkpoint
+without a masked-LM head gets a random one (seeded), the same weights on both sides.
 
 Families: "bert" runs fastbert's own ``BertForMaskedLM``. Another family fastbert supports
-(roberta, xlm-roberta, electra, distilbert: see fastbert.model.families) runs through
+(roberta, xlm-roberta, electra, distilbert, mpnet, modernbert: see fastbert.model.families;
+:func:`random_config` gives each its random config) runs through
 ``fastbert.optimize`` on a copy of the Hugging Face masked-LM model: fastbert's encoder under
 Hugging Face's head; the per-stage outputs come from hooks on the encoder it installed.
 """
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 import io
 import os
 import warnings
@@ -47,6 +49,7 @@ from fastbert.integrations import models as hf_models
 from fastbert.integrations.optimize import optimize
 from fastbert.kernels import launch
 from fastbert.model.encoder import BertModel
+from fastbert.model.families import family_of_model_type
 from fastbert.model.heads import BertForMaskedLM
 from fastbert.model.pooling import mean_pool
 
@@ -86,6 +89,37 @@ INTERPRETER_MAX_VOCAB = 4096
 # The random configs: the benchmarks' bert-mini shape (small enough for the interpreter, head
 # dim 64: the kernels' common case) with a vocabulary of 1000.
 RANDOM_CONFIG = dict(MODEL_SHAPES["bert-mini"], vocab_size=1000, max_position_embeddings=512)
+# ModernBERT's sliding layers attend to this many positions in all (half on each side of the
+# query): fewer than the longer built-in texts have (up to 16 tokens under the interpreter),
+# so the comparison exercises the window.
+RANDOM_LOCAL_ATTENTION = 8
+
+
+def random_config(family: str) -> dict[str, Any]:
+    """The Hugging Face config values of ``--model random`` for ``family`` (a model_type).
+
+    bert-mini's size (RANDOM_CONFIG) in each family's own structure: MPNet keeps
+    mpnet-base's relative-position buckets, LayerNorm eps and position offset; ModernBERT keeps
+    ModernBERT-base's layer alternation (a global layer every third, the others sliding), RoPE
+    bases, LayerNorm eps and GeGLU width ratio (1.5 x hidden), with a window of
+    RANDOM_LOCAL_ATTENTION and its special token ids inside the small vocabulary.
+    """
+    if family == "mpnet":
+        return {**MODEL_SHAPES["mpnet-base"], **RANDOM_CONFIG, "max_position_embeddings": 514}
+    if family == "modernbert":
+        hidden = RANDOM_CONFIG["hidden_size"]
+        return {
+            **MODEL_SHAPES["modernbert-base"],
+            **RANDOM_CONFIG,
+            "intermediate_size": hidden * 3 // 2,
+            "local_attention": RANDOM_LOCAL_ATTENTION,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "cls_token_id": 1,
+            "eos_token_id": 2,
+            "sep_token_id": 2,
+        }
+    return dict(RANDOM_CONFIG)
 
 
 @dataclasses.dataclass
@@ -172,7 +206,12 @@ def load_reference(model: str, family: str, seed: int = 0) -> tuple[Any, Any, st
     notes: list[str] = []
     torch.manual_seed(seed)
     if model == RANDOM:
-        return hf_models.random_masked_lm(family, **RANDOM_CONFIG), None, f"random {family}", notes
+        return (
+            hf_models.random_masked_lm(family, **random_config(family)),
+            None,
+            f"random {family}",
+            notes,
+        )
     if model == MINILM:
         path, label = str(hf_models.packaged_minilm_path()), "all-MiniLM-L6-v2"
     elif os.path.isdir(model):
@@ -211,14 +250,6 @@ def make_inputs(
     return batch.input_ids, batch.attention_mask, batch.token_type_ids
 
 
-def model_inputs(hf: Any, ids, mask, types) -> dict[str, torch.Tensor]:
-    """The keyword inputs of ``hf``: token types only for a family whose forward takes them."""
-    inputs = {"input_ids": ids, "attention_mask": mask}
-    if "token_type_ids" in inspect.signature(hf.forward).parameters:
-        inputs["token_type_ids"] = types
-    return inputs
-
-
 def run_hf(hf: Any, inputs: dict[str, torch.Tensor]) -> Run:
     """Hugging Face's hidden states after each stage and its masked-LM logits."""
     with torch.no_grad():
@@ -226,15 +257,28 @@ def run_hf(hf: Any, inputs: dict[str, torch.Tensor]) -> Run:
     return Run(list(out.hidden_states), out.logits)
 
 
-def _run_with_stage_outputs(encoder: torch.nn.Module, call: Callable[[], Any]) -> tuple:
-    """(outputs of ``encoder.embeddings`` and each of ``encoder.layers``, ``call()``): a
-    fastbert BertModel's per-stage hidden states [B, S, H], read by forward hooks."""
+def _run_with_stage_outputs(encoder: BertModel, call: Callable[[], Any]) -> tuple:
+    """(per-stage hidden states [B, S, H] of a fastbert BertModel, ``call()``): the outputs of
+    ``encoder.embeddings`` and of each layer but the last, read by forward hooks, then the
+    encoder's last hidden state, read from ``encoder.encode`` (which both the encoder and the
+    heads call). In a post-norm encoder that is the last layer's output; a pre-norm encoder
+    (ModernBERT) ends with a LayerNorm after its last layer, and Hugging Face reports its last
+    hidden state after that norm too."""
     outputs: list[torch.Tensor] = []
-    stages = [encoder.embeddings, *encoder.layers]
+    stages = [encoder.embeddings, *encoder.layers][:-1]
     handles = [m.register_forward_hook(lambda _m, _i, out: outputs.append(out)) for m in stages]
+    encode = encoder.encode
+
+    def encode_and_record(*args: Any, **kwargs: Any) -> tuple:
+        ops, hidden = encode(*args, **kwargs)
+        outputs.append(hidden)
+        return ops, hidden
+
+    encoder.encode = encode_and_record  # an instance attribute over the method, deleted below
     try:
         return outputs, call()
     finally:
+        del encoder.encode
         for handle in handles:
             handle.remove()
 
@@ -295,10 +339,12 @@ def run_fastbert_optimized(
 
 
 def compare_runs(
-    got: Run, ref: Run, low: Run | None, mask: torch.Tensor, dtype: str
+    got: Run, ref: Run, low: Run | None, mask: torch.Tensor, dtype: str, final_norm: bool = False
 ) -> DtypeResult:
     """fastbert's run against Hugging Face fp32 ``ref``; ``low``: Hugging Face in the dtype
-    (None for float32). mask: the [B, S] attention mask (1 = real token)."""
+    (None for float32). mask: the [B, S] attention mask (1 = real token). final_norm: the
+    last hidden state is the last layer's output after a final LayerNorm (a pre-norm model),
+    which its stage name says."""
     valid = mask.bool()
 
     def entry(name: str, pick: Callable[[Run], torch.Tensor], where) -> Entry:
@@ -308,6 +354,8 @@ def compare_runs(
         return result
 
     names = ["embeddings"] + [f"layer {i}" for i in range(1, len(ref.hidden_states))]
+    if final_norm:
+        names[-1] += " + final norm"
     layers = [entry(n, lambda r, i=i: r.hidden_states[i], valid) for i, n in enumerate(names)]
     logits = entry("mlm logits", lambda r: r.logits, valid)
     logits.argmax_agreement, logits.top5_agreement = top_k_agreement(got.logits, ref.logits, valid)
@@ -371,7 +419,8 @@ def _evaluate(
             f"Hugging Face's fp32 masked-LM head on fastbert's last hidden state (a "
             f"{hf.config.vocab_size}-column GEMM is too slow for the interpreter)"
         )
-    inputs = model_inputs(hf, ids, mask, types)
+    inputs = hf_models.forward_inputs(hf, ids, mask, types)
+    final_norm = family_of_model_type(family).config_constants.get("norm_position") == "pre"
     bar.advance()
     bar.step("Hugging Face fp32")
     ref = run_hf(hf, inputs)
@@ -391,7 +440,7 @@ def _evaluate(
             bar.step(f"Hugging Face {hf_name}")
             low = run_hf(copy.deepcopy(hf).to(dtype), inputs)
             bar.advance()
-        results.append(compare_runs(got, ref, low, mask, name))
+        results.append(compare_runs(got, ref, low, mask, name, final_norm))
     return Report(
         model=label,
         family=family,

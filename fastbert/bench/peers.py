@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -53,14 +54,26 @@ def fastbert_keywords() -> frozenset[str]:
 def hf_model(
     reference: Reference, attn_implementation: str, dtype: torch.dtype, device: torch.device
 ) -> Any:
-    """A Hugging Face BertModel with the reference weights, on ``device`` in ``dtype``."""
+    """A Hugging Face base model with the reference weights, on ``device`` in ``dtype``.
+
+    Raises ValueError when its architecture has no ``attn_implementation`` (MPNet: no sdpa)."""
+    if attn_implementation == "sdpa" and not has_sdpa(reference):
+        raise ValueError(f"Hugging Face's {type(reference.hf_model).__name__} has no sdpa")
     return hf_models.model_like(reference.hf_model, attn_implementation, dtype, device)
 
 
-def _hf_forward(model: Any) -> Forward:
-    return lambda b: model(
-        input_ids=b.input_ids, attention_mask=b.attention_mask, token_type_ids=b.token_type_ids
-    )
+def has_sdpa(reference: Reference) -> bool:
+    """Whether Hugging Face runs the reference's architecture on scaled_dot_product_attention."""
+    return bool(getattr(reference.hf_model, "_supports_sdpa", False))
+
+
+def _hf_forward(model: Any, takes_token_types: bool) -> Forward:
+    """Hugging Face's forward on a batch: the token types only where its family has them."""
+    if takes_token_types:
+        return lambda b: model(
+            input_ids=b.input_ids, attention_mask=b.attention_mask, token_type_ids=b.token_type_ids
+        )
+    return lambda b: model(input_ids=b.input_ids, attention_mask=b.attention_mask)
 
 
 def _build_hf(
@@ -70,15 +83,18 @@ def _build_hf(
     device: torch.device,
     backend: str,
 ) -> Forward:
-    return _hf_forward(hf_model(reference, attn_implementation, dtype, device))
+    model = hf_model(reference, attn_implementation, dtype, device)
+    return _hf_forward(model, hf_models.takes_token_types(model))
 
 
 def _build_hf_compiled(
     mode: str, reference: Reference, dtype: torch.dtype, device: torch.device, backend: str
 ) -> Forward:
-    """torch.compile of the HF sdpa model, static shapes (one graph per input shape)."""
-    model = hf_model(reference, "sdpa", dtype, device)
-    return _hf_forward(torch.compile(model, mode=mode, dynamic=False))
+    """torch.compile of the HF sdpa model (eager where the architecture has no sdpa), static
+    shapes (one graph per input shape)."""
+    model = hf_model(reference, "sdpa" if has_sdpa(reference) else "eager", dtype, device)
+    takes_token_types = hf_models.takes_token_types(model)
+    return _hf_forward(torch.compile(model, mode=mode, dynamic=False), takes_token_types)
 
 
 def _build_fastbert(
@@ -92,13 +108,18 @@ def _build_fastbert(
     from fastbert.model.encoder import BertModel
 
     keywords = fastbert_keywords()
-    model = BertModel.from_pretrained(
-        reference.hf_model,
-        dtype=dtype,
-        device=device,
-        backend=backend,
-        **{k: v for k, v in options.items() if k in keywords},
-    )
+    with warnings.catch_warnings():
+        # A family without a pooler (ModernBERT, ELECTRA, DistilBERT): its absence is expected.
+        warnings.filterwarnings("ignore", message="the checkpoint has no pooler")
+        model = BertModel.from_pretrained(
+            reference.hf_model,
+            dtype=dtype,
+            device=device,
+            backend=backend,
+            **{k: v for k, v in options.items() if k in keywords},
+        )
+    if reference.config.type_vocab_size == 0:  # no token types: none passed, as users do
+        return lambda b: model(b.input_ids, b.attention_mask)
     return lambda b: model(b.input_ids, b.attention_mask, b.token_type_ids)
 
 
@@ -108,22 +129,22 @@ PEERS = {
     for peer in (
         Peer(
             "hf-eager",
-            "Hugging Face BertModel, eager attention",
+            "Hugging Face model, eager attention",
             functools.partial(_build_hf, "eager"),
         ),
         Peer(
             "hf-sdpa",
-            "Hugging Face BertModel, scaled_dot_product_attention",
+            "Hugging Face model, scaled_dot_product_attention",
             functools.partial(_build_hf, "sdpa"),
         ),
         Peer(
             "hf-compile",
-            "torch.compile of HF sdpa (default mode)",
+            "torch.compile of HF sdpa (eager without sdpa; default mode)",
             functools.partial(_build_hf_compiled, "default"),
         ),
         Peer(
             "hf-compile-max",
-            "torch.compile of HF sdpa (mode max-autotune)",
+            "torch.compile of HF sdpa (eager without sdpa; mode max-autotune)",
             functools.partial(_build_hf_compiled, "max-autotune"),
         ),
         Peer(

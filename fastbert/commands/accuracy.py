@@ -42,10 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--family",
-        default="bert",
+        default=None,
         choices=[f.model_type for f in FAMILIES],
-        help="model_type of the random config (default bert; the others run through "
-        "fastbert.optimize)",
+        help="with --model random: the family of the random config (default bert; the others "
+        "run through fastbert.optimize); a checkpoint's config names its own",
     )
     add_device_argument(parser)
     parser.add_argument(
@@ -95,16 +95,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _forwarded_argv(args: argparse.Namespace) -> list[str]:
     """The command line that re-runs this command with ``args``."""
-    argv = [
-        NAME,
-        "--model",
-        args.model,
-        "--family",
-        args.family,
-        "--device",
-        args.device,
-    ]
+    argv = [NAME, "--model", args.model, "--device", args.device]
     for flag, value in (
+        ("--family", args.family),
         ("--backend", args.backend),
         ("--dtypes", args.dtypes),
         ("--texts", args.texts),
@@ -210,6 +203,12 @@ def _run_precisions(args: argparse.Namespace, device) -> int:
         )
         if value is not None
     ]
+    if args.family is not None:
+        raise UsageError(
+            "--family picks the family of the stage comparison's --model random; --precisions "
+            "runs a real embedding model and its tokenizer (--model minilm or a local folder), "
+            "whose config names its family"
+        )
     if stage_options:
         raise UsageError(
             f"{', '.join(stage_options)}: the stage comparison's options; --precisions takes "
@@ -250,6 +249,11 @@ def run(args: argparse.Namespace) -> int:
         return _run_precisions(args, device)
     if args.queries is not None or args.corpus is not None:
         raise UsageError("--queries and --corpus belong to --precisions")
+    if args.family is not None and args.model != "random":
+        raise UsageError(
+            f"--family picks the family of --model random; --model {args.model!r} names its "
+            "own in its config"
+        )
     args.backend = args.backend or "triton"
     # Checked here, before a re-run under the interpreter, so a usage error comes from this
     # process.
@@ -269,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = accuracy.evaluate(
             model=args.model,
-            family=args.family,
+            family=args.family or "bert",
             device=args.device,
             backend=args.backend,
             dtypes=dtypes,

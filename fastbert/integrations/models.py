@@ -8,6 +8,7 @@ transformers and sentence-transformers are imported inside the functions, offlin
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import warnings
 from collections.abc import Iterator
@@ -43,6 +44,26 @@ def random_model(model_type: str, shape: dict[str, Any], seed: int = 0) -> Any:
     with quiet():
         config = transformers.AutoConfig.for_model(model_type, **shape)
         return transformers.AutoModel.from_config(config).float().eval()
+
+
+def takes_token_types(model: Any) -> bool:
+    """Whether the forward of Hugging Face ``model`` takes ``token_type_ids`` (BERT, RoBERTa,
+    ELECTRA: yes; DistilBERT, MPNet, ModernBERT: no)."""
+    return "token_type_ids" in inspect.signature(model.forward).parameters
+
+
+def forward_inputs(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    token_type_ids: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor | None]:
+    """The keyword inputs of Hugging Face ``model``'s forward for a [B, S] batch: the token
+    types only where its family has them (:func:`takes_token_types`)."""
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if takes_token_types(model):
+        inputs["token_type_ids"] = token_type_ids
+    return inputs
 
 
 def load_checkpoint(folder: Path) -> Any:
