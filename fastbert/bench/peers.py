@@ -57,10 +57,20 @@ def hf_model(
     return hf_models.model_like(reference.hf_model, attn_implementation, dtype, device)
 
 
-def _hf_forward(model: Any) -> Forward:
-    return lambda b: model(
-        input_ids=b.input_ids, attention_mask=b.attention_mask, token_type_ids=b.token_type_ids
-    )
+def takes_token_type_ids(model: Any) -> bool:
+    """Whether the Hugging Face ``model``'s forward names a ``token_type_ids`` argument (BERT
+    does; ModernBERT and MPNet have no token types: depending on the transformers version they
+    reject the keyword or pass it on unread)."""
+    return "token_type_ids" in inspect.signature(model.forward).parameters
+
+
+def _hf_forward(model: Any, token_types: bool) -> Forward:
+    """``model``'s forward on a batch, with its token types when ``token_types``."""
+    if token_types:
+        return lambda b: model(
+            input_ids=b.input_ids, attention_mask=b.attention_mask, token_type_ids=b.token_type_ids
+        )
+    return lambda b: model(input_ids=b.input_ids, attention_mask=b.attention_mask)
 
 
 def _build_hf(
@@ -70,7 +80,8 @@ def _build_hf(
     device: torch.device,
     backend: str,
 ) -> Forward:
-    return _hf_forward(hf_model(reference, attn_implementation, dtype, device))
+    model = hf_model(reference, attn_implementation, dtype, device)
+    return _hf_forward(model, takes_token_type_ids(model))
 
 
 def _build_hf_compiled(
@@ -78,7 +89,7 @@ def _build_hf_compiled(
 ) -> Forward:
     """torch.compile of the HF sdpa model, static shapes (one graph per input shape)."""
     model = hf_model(reference, "sdpa", dtype, device)
-    return _hf_forward(torch.compile(model, mode=mode, dynamic=False))
+    return _hf_forward(torch.compile(model, mode=mode, dynamic=False), takes_token_type_ids(model))
 
 
 def _build_fastbert(
