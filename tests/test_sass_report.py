@@ -175,7 +175,7 @@ def test_window_tiles_of_a_512_sequence_by_hand() -> None:
     # 512 x 129 pairs within 64 of each other less the 2 x (64 + 63 + ... + 1) cut at the ends,
     # over 64 rows x (128 + 6 x 192 + 128) keys computed.
     inside = 512 * 129 - 2 * (64 * 65 // 2)
-    assert tiles.useful() == pytest.approx(inside / (64 * (128 + 6 * 192 + 128)))
+    assert tiles.in_window() == pytest.approx(inside / (64 * (128 + 6 * 192 + 128)))
     # A window wider than the sequence skips nothing.
     assert S.WindowTiles(128, 64, 32, 512).skipped == 0.0
 
