@@ -188,7 +188,7 @@ def modernbert_cases() -> dict[str, list[CompileCase]]:
 
 
 def window_loop_reads(case: CompileCase, ptx: str) -> dict[str, list[bool]]:
-    """For each loop of ``case``'s PTX whose body holds an MMA: whether its exit test has a
+    """For each innermost loop of ``case``'s PTX holding an MMA: whether its exit test has a
     data path from the ``window`` argument, and from the control argument (tests/ptx_flow.py)."""
     from tests import ptx_flow
 
@@ -202,9 +202,9 @@ def window_loop_reads(case: CompileCase, ptx: str) -> dict[str, list[bool]]:
 @dataclass(frozen=True)
 class WindowTiles:
     """The tiles one loop of a sliding-window kernel visits over a sequence of ``seq``
-    positions: ``blocks`` programs of ``block`` rows (query rows in the forward and the dQ
-    pass, key rows in the dK / dV pass), each looping over tiles of ``tile`` positions of the
-    other side, from window_key_range (kernels' window_keys) against all of them."""
+    positions: one program per ``block`` rows (query rows in the forward and the dQ pass, key
+    rows in the dK / dV pass), each looping over tiles of ``tile`` positions of the other side
+    within [lo, hi) of window_key_range (the kernels' window_keys), against all of them."""
 
     seq: int
     block: int
