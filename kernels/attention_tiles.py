@@ -185,6 +185,16 @@ def window_keys(first_query, window, end, BLOCK_M: tl.constexpr, BLOCK_N: tl.con
     return lo - lo % BLOCK_N, tl.minimum(first_query + BLOCK_M + window, end)
 
 
+def window_key_range(
+    first_query: int, window: int, end: int, block_m: int, block_n: int
+) -> tuple[int, int]:
+    """:func:`window_keys` on the host, in the same integer arithmetic: [lo, hi) of the keys
+    the kernels' loop visits for the query block starting at ``first_query`` (for reports and
+    tests; the kernels run the jit function)."""
+    lo = max(first_query - window, 0)
+    return lo - lo % block_n, min(first_query + block_m + window, end)
+
+
 def clamp_window(window: int | None, length: int) -> int:
     """The kernels' window argument: ``window`` capped at ``length`` (a longer one changes
     nothing, and the cap keeps key bounds within int32); 0 (unused) without a window."""

@@ -148,29 +148,36 @@ def alignment_hints(case: CompileCase) -> dict[tuple[int, ...], list]:
     return {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
 
 
-def compile_case(case: CompileCase, arch: int) -> dict[str, object]:
-    """Compile ``case`` for ``arch``; return a report (``error`` set when it failed)."""
+def compile_kernel(case: CompileCase, arch: int) -> object:
+    """``case`` compiled for ``arch`` by ``triton.compile`` (its ``asm`` holds "ptx" and
+    "cubin"); raises what the compiler raises."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    src = ASTSource(
+        fn=case.fn,
+        signature=case.signature,
+        constexprs=case.constexprs,
+        attrs=alignment_hints(case),
+    )
+    return triton.compile(
+        src,
+        target=GPUTarget("cuda", arch, 32),
+        options={"num_warps": case.num_warps, "num_stages": case.num_stages},
+    )
+
+
+def compile_case(case: CompileCase, arch: int, keep_ptx: bool = False) -> dict[str, object]:
+    """Compile ``case`` for ``arch``; return a report (``error`` set when it failed), with
+    the PTX under "ptx" when ``keep_ptx``."""
     report: dict[str, object] = {"case": case.name, "arch": arch}
     if case.dtype is not None:
         report.update(
             dtype=case.dtype, block_m=case.block_m, block_n=case.block_n, num_warps=case.num_warps
         )
     try:
-        src = ASTSource(
-            fn=case.fn,
-            signature=case.signature,
-            constexprs=case.constexprs,
-            attrs=alignment_hints(case),
-        )
-        kernel = triton.compile(
-            src,
-            target=GPUTarget("cuda", arch, 32),
-            options={"num_warps": case.num_warps, "num_stages": case.num_stages},
-        )
+        kernel = compile_kernel(case, arch)
         report["shared"] = int(kernel.metadata.shared)
         report["cubin"] = len(kernel.asm["cubin"]) > 0
         report["mma"] = mma_instruction(kernel.asm["ptx"])
@@ -180,6 +187,8 @@ def compile_case(case: CompileCase, arch: int) -> dict[str, object]:
         )
         if case.dtype is not None:
             report["sass"] = sass.summary(sass.parse(sass.disassemble(kernel.asm["cubin"])))
+        if keep_ptx:
+            report["ptx"] = kernel.asm["ptx"]
     except Exception as exc:  # report every failure, keep compiling the rest
         report["error"] = f"{type(exc).__name__}: {exc}"[:2000]
     return report

@@ -6,8 +6,14 @@ tokens, hidden 768, 12 heads of 64, intermediate 3072), reads their SASS (tests/
 writes a Markdown report: per config the MMA instructions, TMA / cp.async loads, load widths,
 registers, spills, shared memory, CTAs per SM and the main loop's instruction mix; then a
 roofline model with wave quantisation per op and per layer for an H100 SXM. The first part is
-what the compiler produced; the second is an estimate built on it, not a measurement. It must
-run in a process WITHOUT ``TRITON_INTERPRET`` set.
+what the compiler produced; the second is an estimate built on it, not a measurement.
+
+ModernBERT-base's kernel variants (rotary attention with and without the sliding window,
+forward and both backward passes, and the GeGLU input projection) get the same compiler facts
+per target, and the sliding window a section of its own: the tiles each program's loop visits
+under the kernels' bounds (``window_keys``) against the dense loop at 512 to 8192 tokens, and,
+from the PTX (tests/ptx_flow.py), whether the ``window`` argument reaches the loop's exit test.
+It must run in a process WITHOUT ``TRITON_INTERPRET`` set.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from fastbert.kernels.attention_tiles import window_key_range
 from tests.compile_support import CompileCase, compile_case
 from tests.sass import tile_normalised
 
@@ -138,6 +145,108 @@ def row_cases() -> dict[str, CompileCase]:
     }
 
 
+# ModernBERT-base (fastbert.bench.shapes "modernbert-base"), fp16, the same batch x sequence:
+# head dim 64, a GeGLU input projection (GATED, exact GELU, no bias), sliding-window layers.
+MODERNBERT = "modernbert-base"
+GELU = 1  # fused_linear's ACTIVATION code of the exact GELU (ModernBERT's hidden_activation)
+# Sequence lengths of the sliding window's tile count (ModernBERT reads up to 8192 tokens).
+WINDOW_SEQS = (512, 2048, 8192)
+# The argument whose data path to a loop's exit test the report looks for, and a control that
+# only addresses rows (every attention kernel, forward and backward, has it).
+WINDOW_ARG, CONTROL_ARG = "window", "stride_q_s"
+
+
+def modernbert_cases() -> dict[str, list[CompileCase]]:
+    """ModernBERT-base's kernel variants in fp16, D=64, with the key-padding mask: the
+    attention forward and both backward passes with rotary positions alone (the global layers)
+    and with the sliding window (the local ones), every config ``keep`` allows for rotary; the
+    GATED (GeGLU) input projection without bias, every one-tile-per-program config ``keep``
+    allows for it at M = TOKENS."""
+    from fastbert.kernels import fused_linear as mod
+    from tests.compile_cases import attention, linear
+    from tests.compile_cases import attention_backward as backward
+
+    kept = attention._kept(HEAD_DIM, ELEMENT, False, True, has_rotary=True)
+    forward = [
+        attention._case("fp16", HEAD_DIM, c, True, False, rotary=True, window=window)
+        for window in (False, True)
+        for c in kept
+    ]
+    passes = [
+        backward._case(k, "fp16", HEAD_DIM, c, True, False, False, rotary=True, window=window)
+        for k in backward.KERNELS
+        for window in (False, True)
+        for c in backward._kept(k, "fp16", HEAD_DIM, rotary=True)
+    ]
+    geglu = {"activation": GELU, "has_residual": False, "gated": True}
+    gated = [
+        linear._case("fp16", c, False, GELU, False, gated=True)
+        for c in linear.POINTER_CONFIGS
+        if mod.keep(c, ELEMENT, mod.m_bucket(TOKENS), **geglu)
+    ]
+    return {"attention": forward, "attention_backward": passes, "linear_gated": gated}
+
+
+def window_loop_reads(case: CompileCase, ptx: str) -> dict[str, list[bool]]:
+    """For each innermost loop of ``case``'s PTX holding an MMA: whether its exit test has a
+    data path from the ``window`` argument, and from the control argument (tests/ptx_flow.py)."""
+    from tests import ptx_flow
+
+    names = list(case.fn.arg_names)
+    return {
+        arg: ptx_flow.mma_loop_bounds_read(ptx, ptx_flow.param_index(names, case.signature, arg))
+        for arg in (WINDOW_ARG, CONTROL_ARG)
+    }
+
+
+@dataclass(frozen=True)
+class WindowTiles:
+    """The tiles one loop of a sliding-window kernel visits over a sequence of ``seq``
+    positions: one program per ``block`` rows (query rows in the forward and the dQ pass, key
+    rows in the dK / dV pass), each looping over tiles of ``tile`` positions of the other side
+    within [lo, hi) of window_key_range (the kernels' window_keys), against all of them."""
+
+    seq: int
+    block: int
+    tile: int
+    window: int
+
+    def ranges(self) -> list[tuple[int, int]]:
+        """[lo, hi) of each program's loop: window_key_range of its first row."""
+        return [
+            window_key_range(first, self.window, self.seq, self.block, self.tile)
+            for first in range(0, self.seq, self.block)
+        ]
+
+    def per_block(self) -> list[int]:
+        """Tiles each program's loop visits: ceil((hi - lo) / tile) for its (lo, hi)."""
+        return [max(0, -(-(hi - lo) // self.tile)) for lo, hi in self.ranges()]
+
+    @property
+    def dense(self) -> int:
+        """Tiles the loop without a window visits: every tile of the sequence, per program."""
+        return math.ceil(self.seq / self.block) * math.ceil(self.seq / self.tile)
+
+    @property
+    def skipped(self) -> float:
+        return 1.0 - sum(self.per_block()) / self.dense
+
+    def in_window(self) -> float:
+        """Of the (row, position) pairs the visited tiles compute, the fraction within the
+        window (|i - j| <= window, both below seq): the others are masked score by score."""
+        inside = sum(
+            min(i + self.window, self.seq - 1) - max(i - self.window, 0) + 1
+            for i in range(self.seq)
+        )
+        computed = sum(
+            min(self.block, self.seq - first) * min(tiles * self.tile, self.seq - lo)
+            for first, (lo, _), tiles in zip(
+                range(0, self.seq, self.block), self.ranges(), self.per_block()
+            )
+        )
+        return inside / computed
+
+
 def _with_dtype(case: CompileCase) -> CompileCase:
     """``case`` marked fp16 so that compile_case reads its SASS out too."""
     case.dtype = "fp16"
@@ -147,9 +256,17 @@ def _with_dtype(case: CompileCase) -> CompileCase:
 def compile_all(archs: tuple[int, ...]) -> dict[str, object]:
     """Compile every case of the report for ``archs``: reports keyed like the cases."""
 
-    def run(case: CompileCase) -> dict[int, dict]:
+    def run(case: CompileCase, loop_reads: bool = False) -> dict[int, dict]:
+        """``loop_reads``: also read the MMA loops' exit tests off the PTX (window_loop_reads)."""
         print(f"compiling {case.name}", file=sys.stderr, flush=True)
-        return {arch: compile_case(case, arch) for arch in archs if arch in case.archs}
+        reports = {}
+        for arch in (a for a in archs if a in case.archs):
+            report = compile_case(case, arch, keep_ptx=loop_reads)
+            ptx = report.pop("ptx", None)
+            if ptx is not None:
+                report["loop_reads"] = window_loop_reads(case, ptx)
+            reports[arch] = report
+        return reports
 
     return {
         "linear": {key: [run(c) for c in cases] for key, cases in linear_cases().items()},
@@ -161,6 +278,10 @@ def compile_all(archs: tuple[int, ...]) -> dict[str, object]:
         },
         "attention": [run(c) for c in attention_cases()],
         "rows": {name: run(c) for name, c in row_cases().items()},
+        "modernbert": {
+            name: [run(c, loop_reads=name.startswith("attention")) for c in cases]
+            for name, cases in modernbert_cases().items()
+        },
     }
 
 
@@ -501,12 +622,132 @@ def _family_rows(compiled: dict) -> list[str]:
     return rows
 
 
+WINDOW_TEXT = """\
+A local layer attends |i - j| <= {window} (local_attention {width}). Its kernels loop
+`for start in range(lo, hi, TILE)` with `lo, hi = window_keys(first row, window, end, BLOCK,
+TILE)` (kernels/attention_tiles.py; the forward's `_attend_rows` in kernels/flash_attention.py,
+the dK / dV and dQ passes in kernels/flash_attention_backward.py), `window` a runtime int32
+argument. The tiles outside [lo, hi) are never loaded; those inside mask |i - j| > window score
+by score. The counts below are that arithmetic (`window_key_range`, the host twin of
+`window_keys`, checked against it in tests/test_sass_report.py) for every fp16 D=64 config
+`keep` lets the autotuner time, against the dense loop, which visits every tile of the
+sequence (the global layers, no padding). `block`: the rows of one program (queries; keys in
+the dK / dV pass); `tile`: the step of its loop; `in window`: of the scores the visited tiles
+compute, the fraction within the window (the others are masked). Counts of the kernels' own
+bounds, not a timing.
+"""
+
+LOOP_READS_TEXT = f"""\
+That the window bounds the loop in the code that runs: in the PTX of each rotary case (sm_90),
+for each innermost loop holding an MMA (in address order, as `MMA loops` counts them in the
+SASS), whether its exit test has a data path from the `{WINDOW_ARG}` argument and, as a
+control, from `{CONTROL_ARG}` (it only addresses rows). tests/ptx_flow.py follows register data
+flow to a fixed point (not through memory nor branches: a "no" is no proof). The forward's
+window variant has one such loop where the other variants have three (whole tiles, a bounded
+tile, masked tiles); the backward passes nest it in their grid-stride loop over blocks, bounded
+by the sequence length. The global layers' kernels (no window=1) are compiled with the window
+off.
+"""
+
+
+def _is_window(report: dict) -> bool:
+    return "window=1" in report["case"]
+
+
+def _reads(flags: list[bool]) -> str:
+    return " / ".join("yes" if f else "no" for f in flags) or "no MMA loop"
+
+
+def window_section(
+    reports: list[dict], window: int, seqs: tuple[int, ...] = WINDOW_SEQS
+) -> list[str]:
+    """The sliding window's visited tiles per loop config and sequence length, then what the
+    PTX says of each rotary attention case's MMA loops (``reports``: their sm_90 reports,
+    with ``loop_reads``)."""
+    lines = [
+        "## ModernBERT-base's sliding window: tiles the loop visits against the dense loop",
+        "",
+        WINDOW_TEXT.format(window=window, width=2 * window),
+        "| kernel | block x tile | seq | tiles per program (min-max) | visited | dense | "
+        "skipped | in window |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    window_reports = [r for r in reports if _is_window(r) and "error" not in r]
+    seen = set()
+    for r in window_reports:
+        kernel = r["case"].split("[", 1)[0]
+        key = (kernel, r["block_m"], r["block_n"])
+        if key in seen:
+            continue
+        seen.add(key)
+        for seq in seqs:
+            tiles = WindowTiles(seq, r["block_m"], r["block_n"], window)
+            per_block = tiles.per_block()
+            lines.append(
+                f"| {kernel} | {r['block_m']} x {r['block_n']} | {seq} | "
+                f"{min(per_block)}-{max(per_block)} | {sum(per_block)} | {tiles.dense} | "
+                f"{tiles.skipped:.1%} | {tiles.in_window():.1%} |"
+            )
+    lines += [
+        "",
+        LOOP_READS_TEXT,
+        f"| case | MMA loops (SASS) | exit test reads `{WINDOW_ARG}` | exit test reads "
+        f"`{CONTROL_ARG}` |",
+        "|---|---|---|---|",
+    ]
+    for r in reports:
+        if "error" in r or "loop_reads" not in r:
+            continue
+        reads = r["loop_reads"]
+        lines.append(
+            f"| {r['case']} | {len(r['sass']['mma_loop_sizes'])} | {_reads(reads[WINDOW_ARG])} | "
+            f"{_reads(reads[CONTROL_ARG])} |"
+        )
+    return lines
+
+
+def _modernbert_rows(compiled: dict, arch: int) -> list[str]:
+    """ModernBERT-base's kernel variants on ``arch``: compiler facts and main-loop mixes."""
+    sections = (
+        (
+            "attention",
+            "attention (fp16, D=64, key-padding mask, rotary positions: the global layers, and "
+            "with window=1 the local layers' sliding window), every config kept for rotary",
+            {"normalise": True},
+        ),
+        (
+            "attention_backward",
+            "attention backward, dK / dV and dQ passes (fp16, D=64, key-padding mask, no "
+            "dropout, rotary positions, with window=1 the sliding window), every config kept "
+            "for rotary",
+            {"normalise": False},
+        ),
+        (
+            "linear_gated",
+            f"GeGLU input projection (linear GATED, fp16, exact GELU, no bias, M = {TOKENS}), "
+            "every one-tile-per-program config kept for it",
+            {"normalise": False, "gemm": True},
+        ),
+    )
+    lines = []
+    for name, title, columns in sections:
+        reports = [c[arch] for c in compiled.get("modernbert", {}).get(name, []) if arch in c]
+        if not reports:
+            continue
+        lines += [f"## sm_{arch}: ModernBERT-base {title}", ""]
+        lines += _config_rows(reports, **columns) + [""]
+        lines += ["Main-loop instruction mix (per thread per iteration):", ""]
+        lines += _mix_rows(reports) + [""]
+    return lines
+
+
 def render(compiled: dict) -> str:
     layer, embeddings = estimates(compiled)
     per_layer = sum(e.modelled_s for e in layer)
     flops = sum(e.flops for e in layer)
     lines = [
-        "# Static performance report: BERT-base, fp16, batch 32 x sequence 128",
+        "# Static performance report: BERT-base, fp16, batch 32 x sequence 128 (and "
+        "ModernBERT-base's kernel variants)",
         "",
         "**This is compiler output plus a model, not a measurement.** The first part is read from",
         "the SASS that ptxas produced for sm_90 and sm_80 (no GPU was used); the second part is a",
@@ -517,6 +758,12 @@ def render(compiled: dict) -> str:
         "",
         f"Shapes: M = {TOKENS} tokens, hidden {HIDDEN}, {HEADS} heads x {HEAD_DIM}, "
         f"intermediate {INTERMEDIATE}.",
+        "",
+        "ModernBERT-base's kernel variants (attention with rotary positions, alone for the",
+        "global layers and with the sliding window for the local ones, forward and both",
+        "backward passes; the GeGLU input projection) follow each target's BERT tables, with",
+        "the same columns; the sliding window's visited tiles close the sm_90 part. The",
+        "roofline model covers BERT-base only.",
         "",
         "Columns: registers per thread; spills as STL / LDL instructions in the SASS and the",
         "bytes ptxas reports; shared memory per CTA; resident CTAs per SM from registers, shared",
@@ -577,6 +824,17 @@ def render(compiled: dict) -> str:
         lines += [f"## sm_{arch}: LayerNorm and embeddings (hidden {HIDDEN})", ""]
         rows = [c[arch] for c in compiled["rows"].values()]
         lines += _config_rows(rows, normalise=False) + [""]
+        lines += _modernbert_rows(compiled, arch)
+        if arch == 90 and "modernbert" in compiled:
+            from fastbert.bench.shapes import model_config
+
+            attention = [
+                c[90]
+                for name in ("attention", "attention_backward")
+                for c in compiled["modernbert"][name]
+                if 90 in c
+            ]
+            lines += window_section(attention, model_config(MODERNBERT).window) + [""]
     return "\n".join(lines)
 
 

@@ -6,6 +6,7 @@ a speed."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -227,6 +228,71 @@ def test_peer_selection_and_availability(monkeypatch) -> None:
     reason = peers.unavailable_reason(peers.PEERS["fastbert-padfree"], cpu)
     assert "padding_free" in reason
     assert peers.unavailable_reason(peers.PEERS["fastbert"], cpu) is None
+
+
+class _NoTokenTypes(torch.nn.Module):
+    """A model whose forward has no token_type_ids (transformers 4.x's ModernBERT): the
+    keyword would raise TypeError."""
+
+    def forward(self, input_ids, attention_mask):
+        return input_ids + attention_mask
+
+
+class _TokenTypes(torch.nn.Module):
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
+        return input_ids + attention_mask + 10 * token_type_ids
+
+
+def test_hf_peers_pass_token_types_only_to_models_that_name_them() -> None:
+    batch = shapes.make_batch(shapes.Shape(2, 8, padded=True), 50, "cpu")
+    batch = dataclasses.replace(batch, token_type_ids=torch.ones_like(batch.input_ids))
+    plain, typed = _NoTokenTypes(), _TokenTypes()
+    assert not peers.takes_token_type_ids(plain) and peers.takes_token_type_ids(typed)
+    out = peers._hf_forward(plain, peers.takes_token_type_ids(plain))(batch)
+    assert torch.equal(out, batch.input_ids + batch.attention_mask)
+    out = peers._hf_forward(typed, peers.takes_token_type_ids(typed))(batch)
+    assert torch.equal(out, batch.input_ids + batch.attention_mask + 10)
+
+
+def test_hf_peers_run_modernbert_and_mpnet_like_their_models() -> None:
+    """The hf-eager / hf-sdpa peers of the families without token types compute what the
+    Hugging Face model computes from ids and mask; BERT's keep its token types."""
+    from fastbert.integrations import models as hf_models
+
+    tiny = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2}
+    shaped = {
+        "bert": {**tiny, "intermediate_size": 64, "vocab_size": 50},
+        "mpnet": {**tiny, "intermediate_size": 64, "vocab_size": 50},
+        "modernbert": {**tiny, "intermediate_size": 48, "vocab_size": 64, "pad_token_id": 0},
+    }
+    batch = shapes.make_batch(shapes.Shape(2, 12, padded=True), 50, "cpu")
+    for model_type, shape in shaped.items():
+        model = hf_models.random_model(model_type, shape)
+        assert peers.takes_token_type_ids(model) == (model_type == "bert")
+        reference = Reference(model_type, model, None)
+        with torch.inference_mode():
+            expected = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+            # Hugging Face's MPNet has no sdpa attention: its hf-sdpa peer fails to build.
+            for name in ("hf-eager",) if model_type == "mpnet" else ("hf-eager", "hf-sdpa"):
+                forward = peers.PEERS[name].build(reference, torch.float32, torch.device("cpu"), "")
+                got = forward(batch).last_hidden_state
+                real = batch.attention_mask.bool()
+                torch.testing.assert_close(got[real], expected.last_hidden_state[real])
+
+
+def test_model_like_never_compiles_the_models_own_parts() -> None:
+    """transformers 4.x's ModernBERT compiles its MLP on a GPU unless reference_compile is
+    False: the copy sets it, the reference's config is left as it was."""
+    from fastbert.integrations import models as hf_models
+
+    model = hf_models.random_bert(
+        {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 30}
+    )
+    model.config.reference_compile = True
+    copy = hf_models.model_like(model, "eager", torch.float32, torch.device("cpu"))
+    assert copy.config.reference_compile is False and model.config.reference_compile is True
+    for a, b in zip(copy.state_dict().values(), model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
 
 
 # --- runner -------------------------------------------------------------------------------

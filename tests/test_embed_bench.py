@@ -196,3 +196,37 @@ def test_the_peers_extra_installs_what_the_peers_import() -> None:
     imported = set(re.findall(r"^\s+(?:import|from) (onnx\w*|openvino)\b", source, re.M))
     assert imported == {"onnx", "onnxruntime", "openvino"}  # each inside a function only
     assert not re.findall(r"^(?:import|from) (onnx|openvino)", source, re.M)
+
+
+class _Chosen(Exception):
+    """Raised by a stand-in for embed_bench.contenders with the keys it was asked to run."""
+
+
+def test_a_contender_the_model_cannot_run(monkeypatch, capsys, tmp_path) -> None:
+    """fastbert's int8 path has no gated FFN: the fastbert group leaves it out for
+    ModernBERT, saying why; named on its own it is a usage error."""
+    from fastbert.bench.shapes import model_config
+    from fastbert.embed import model as embed_model
+
+    modernbert, bert = model_config("modernbert-base"), model_config("bert-base")
+    assert "GeGLU" in embed_bench.cannot_run("fastbert-int8", modernbert)
+    assert embed_bench.cannot_run("fastbert-bf16", modernbert) is None
+    assert embed_bench.cannot_run("fastbert-int8", bert) is None
+
+    (tmp_path / "sentence_bert_config.json").write_text('{"max_seq_length": 512}')
+    monkeypatch.setattr(embed_bench, "model_folder", lambda model: tmp_path)
+    monkeypatch.setattr(embed_model, "read_config", lambda folder: modernbert)
+    monkeypatch.setattr(embed_bench, "count_tokens", lambda *args: 100)
+
+    def chosen(*args, **kwargs):
+        raise _Chosen(args[5])
+
+    monkeypatch.setattr(embed_bench, "contenders", chosen)
+    argv = ["--out", str(tmp_path), "--docs", "4", "--gemm-seconds", "0"]
+    with pytest.raises(_Chosen) as ran:
+        embed_bench.main([*argv, "--model", "modernbert-base", "--contenders", "fastbert"])
+    assert ran.value.args[0] == [k for k in embed_bench.FASTBERT if k != "fastbert-int8"]
+    assert "int8: not run: fastbert's int8 quantisation" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        embed_bench.main([*argv, "--model", "modernbert-base", "--contenders", "fastbert-int8"])
+    assert exit_.value.code == 2 and "GeGLU" in capsys.readouterr().err

@@ -1,11 +1,23 @@
 """The static report's model (tests/sass_report.py) against hand arithmetic, on made-up
 compiler facts: wave quantisation, the L2 feed bound, and the epilogue exposed at one CTA per
-SM but overlapped at two."""
+SM but overlapped at two; the sliding window's section: the host twin of the kernels'
+window_keys against the jit function, its tile counts by hand, the rendered rows, and the
+ModernBERT-base cases it compiles."""
 
 from __future__ import annotations
 
-import pytest
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from fastbert.kernels.attention_tiles import window_key_range, window_keys
 from tests import sass_report as S
 
 
@@ -132,3 +144,107 @@ def test_the_report_holds_quantized_linears_of_each_bert_epilogue(quantize, code
         assert all(not c.constexprs["PERSISTENT"] for c in kept)
     if quantize == "fp8":  # no e4m3 tensor cores before sm_89
         assert all(c.archs == (90,) for kept in cases.values() for c in kept)
+
+
+@triton.jit
+def _window_bounds(first_ptr, out_ptr, window, end, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Stores (lo, hi) of window_keys for each first query of ``first_ptr``."""
+    i = tl.program_id(0)
+    lo, hi = window_keys(tl.load(first_ptr + i), window, end, BLOCK_M, BLOCK_N)
+    tl.store(out_ptr + 2 * i, lo)
+    tl.store(out_ptr + 2 * i + 1, hi)
+
+
+def test_window_key_range_is_the_kernels_window_keys() -> None:
+    """The host twin against the jit function the kernels call, run by the interpreter."""
+    firsts = torch.arange(0, 600, 16, dtype=torch.int32)
+    for window, end, block_m, block_n in ((64, 512, 64, 32), (64, 300, 128, 32), (5, 80, 16, 64)):
+        out = torch.empty(2 * len(firsts), dtype=torch.int32)
+        _window_bounds[(len(firsts),)](firsts, out, window, end, block_m, block_n)
+        expected = [window_key_range(int(f), window, end, block_m, block_n) for f in firsts]
+        assert [tuple(pair) for pair in out.view(-1, 2).tolist()] == expected
+
+
+def test_window_tiles_of_a_512_sequence_by_hand() -> None:
+    """Window 64, 64-query blocks, 32-key tiles: the first and last blocks visit 4 tiles (keys
+    0..127 and 384..511), the six others 6; the dense loop 8 x 16 = 128."""
+    tiles = S.WindowTiles(512, 64, 32, 64)
+    assert tiles.ranges()[:3] == [(0, 128), (0, 192), (64, 256)]
+    assert tiles.per_block() == [4, 6, 6, 6, 6, 6, 6, 4]
+    assert tiles.dense == 128 and tiles.skipped == pytest.approx(1 - 44 / 128)
+    # 512 x 129 pairs within 64 of each other less the 2 x (64 + 63 + ... + 1) cut at the ends,
+    # over 64 rows x (128 + 6 x 192 + 128) keys computed.
+    inside = 512 * 129 - 2 * (64 * 65 // 2)
+    assert tiles.in_window() == pytest.approx(inside / (64 * (128 + 6 * 192 + 128)))
+    # A window wider than the sequence skips nothing.
+    assert S.WindowTiles(128, 64, 32, 512).skipped == 0.0
+
+
+def _attention_report(case: str, block_m: int, block_n: int, reads: list[bool]) -> dict:
+    return {
+        "case": case,
+        "block_m": block_m,
+        "block_n": block_n,
+        "sass": {"mma_loop_sizes": [100] * len(reads)},
+        "loop_reads": {S.WINDOW_ARG: reads, S.CONTROL_ARG: [False] * len(reads)},
+    }
+
+
+def test_window_section_lists_tiles_and_loop_reads() -> None:
+    reports = [
+        _attention_report("attention[fp16 64x32 rotary=1 window=1]", 64, 32, [True]),
+        _attention_report("attention[fp16 128x32 rotary=1 window=1]", 128, 32, [True]),
+        _attention_report("attention[fp16 64x32 rotary=1]", 64, 32, [False] * 3),
+        _attention_report("attention_bwd_dkdv[fp16 16x64 rotary=1 window=1]", 64, 16, [True]),
+    ]
+    lines = S.window_section(reports, 64, seqs=(512, 8192))
+    text = "\n".join(lines)
+    assert lines[0].startswith("## ModernBERT-base's sliding window")
+    assert "| attention | 64 x 32 | 512 | 4-6 | 44 | 128 | 65.6% | 68.7% |" in lines
+    assert "| attention | 128 x 32 | 512 | 6-8 | 28 | 64 | 56.2% |" in text
+    assert "| attention_bwd_dkdv | 64 x 16 | 8192 | 8-12 | 1528 | 65536 | 97.7% |" in text
+    assert "| attention[fp16 64x32 rotary=1 window=1] | 1 | yes | no |" in lines
+    assert "| attention[fp16 64x32 rotary=1] | 3 | no / no / no | no / no / no |" in lines
+    # Only the window variants get tile rows: 3 kernels x 2 lengths.
+    assert sum(line.count(" | 512 | ") + line.count(" | 8192 | ") for line in lines) == 6
+
+
+# The case modules list autotune configs as compiled (not as the interpreter sees them): read
+# the cases in a process without TRITON_INTERPRET.
+_CASES_SUMMARY = """
+import json
+from tests import sass_report as S
+keys = ("ROTARY", "WINDOW", "HEAD_DIM", "HAS_MASK", "HAS_DROPOUT", "DKDV", "GATED",
+        "ACTIVATION", "HAS_BIAS", "PERSISTENT")
+print(json.dumps({
+    group: [dict(name=c.name, dtype=c.dtype, **{k: c.constexprs[k] for k in keys
+                                                 if k in c.constexprs}) for c in cases]
+    for group, cases in S.modernbert_cases().items()
+}))
+"""
+
+
+def test_modernbert_cases_cover_its_variants() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, "-c", _CASES_SUMMARY], cwd=root, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cases = json.loads(proc.stdout.strip().splitlines()[-1])
+    forward, backward, gated = (
+        cases["attention"],
+        cases["attention_backward"],
+        cases["linear_gated"],
+    )
+    assert forward and backward and gated
+    for group in (forward, backward):
+        assert all(c["ROTARY"] and c["HEAD_DIM"] == 64 for c in group)
+        assert {bool(c["WINDOW"]) for c in group} == {False, True}
+        assert all(c["dtype"] == "fp16" and c["HAS_MASK"] for c in group)
+        assert all(("window=1" in c["name"]) == bool(c["WINDOW"]) for c in group)
+    assert {bool(c["DKDV"]) for c in backward} == {False, True}
+    assert all(not c["HAS_DROPOUT"] for c in backward)
+    for c in gated:
+        assert c["GATED"] and c["ACTIVATION"] == S.GELU
+        assert not c["HAS_BIAS"] and not c["PERSISTENT"]

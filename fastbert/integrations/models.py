@@ -8,6 +8,7 @@ transformers and sentence-transformers are imported inside the functions, offlin
 from __future__ import annotations
 
 import contextlib
+import copy as copy_module
 import inspect
 import os
 import warnings
@@ -77,10 +78,16 @@ def model_like(
     model: Any, attn_implementation: str, dtype: torch.dtype, device: torch.device
 ) -> Any:
     """A new model of ``model``'s config and weights, with ``attn_implementation``, on
-    ``device`` in ``dtype`` (eval)."""
+    ``device`` in ``dtype`` (eval). Its own parts are never compiled: transformers 4.x's
+    ModernBERT compiles its MLP and embeddings on a GPU unless ``reference_compile`` is False,
+    which would make an "eager" contender partly compiled (torch.compile of the whole model is
+    a contender of its own)."""
+    config = copy_module.deepcopy(model.config)
+    if hasattr(config, "reference_compile"):
+        config.reference_compile = False
     with torch.device(device):
         copy = import_transformers().AutoModel.from_config(
-            model.config, attn_implementation=attn_implementation
+            config, attn_implementation=attn_implementation
         )
     copy.load_state_dict(model.state_dict())
     return copy.to(dtype).eval()

@@ -22,7 +22,9 @@ Rotary positions with the sliding window (ROTARY=1, WINDOW=1, ModernBERT's local
 both passes rotate the tiles they load and turn dQ / dK back at the end) compile, for each pass,
 in every kept fp16 config of D=64 dense masked without dropout (ModernBERT has none), and in
 the heaviest kept config of fp16 D=64 padding-free, bf16 and fp32 D=64 dense masked, and the
-dK / dV pass of fp16 D=80 dense masked (see HEAVIEST_ROTARY).
+dK / dV pass of fp16 D=80 dense masked (see HEAVIEST_ROTARY). Rotary positions alone (ROTARY=1,
+WINDOW=0, ModernBERT's global layers) compile in every kept fp16 config of D=64 dense masked
+without dropout, for each pass.
 
 A dK / dV case declares BLOCK_N, the row tile of its MMAs (k @ q^T, p^T @ dO, ds^T @ q), as its
 block_m for the tensor-core checks of tests/test_compile.py, and BLOCK_M as its block_n (the
@@ -82,7 +84,11 @@ def _case(
     has_dropout: bool,
     has_bias: bool = False,
     rotary: bool = False,
+    window: bool | None = None,
 ) -> CompileCase:
+    """``window``: the sliding window (None: with ``rotary``, as ModernBERT's local layers;
+    False with ``rotary``: its global layers)."""
+    window = rotary if window is None else window
     name, jit, is_dkdv = kernel
     tensors = ("Q", "K", "V", "DO", "DX", "DV")
     signature = dict.fromkeys(tensors, f"*{dtype}")
@@ -106,7 +112,7 @@ def _case(
         HAS_DROPOUT=has_dropout,
         HAS_BIAS=has_bias,
         ROTARY=rotary,
-        WINDOW=rotary,
+        WINDOW=window,
         DKDV=is_dkdv,
         **config.kwargs,
     )
@@ -130,7 +136,8 @@ def _case(
     case_name = (
         f"{name}[{dtype} D={head_dim} {m}x{n} s{config.num_stages} w{config.num_warps} "
         f"mask={int(has_mask)} varlen={int(is_varlen)} dropout={int(has_dropout)}"
-        f"{' bias=1' if has_bias else ''}{' rotary=1 window=1' if rotary else ''}]"
+        f"{' bias=1' if has_bias else ''}{' rotary=1' if rotary else ''}"
+        f"{' window=1' if window else ''}]"
     )
     # A dK / dV case's MMAs have BLOCK_N rows; its loop steps over BLOCK_M (module docstring).
     tiles = {"block_m": n, "block_n": m} if is_dkdv else {}
@@ -194,8 +201,9 @@ def _cases() -> list[CompileCase]:
             for dtype, d, mask, varlen, dropout in HEAVIEST_BIAS
         ]
         cases += [
-            _case(kernel, "fp16", 64, c, True, False, False, rotary=True)
+            _case(kernel, "fp16", 64, c, True, False, False, rotary=True, window=window)
             for c in _kept(kernel, "fp16", 64, rotary=True)
+            for window in (True, False)
         ]
         for dtype, d, mask, varlen, passes in HEAVIEST_ROTARY:
             if kernel[2] not in passes:
