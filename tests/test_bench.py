@@ -34,6 +34,7 @@ from fastbert.bench import (
 )
 from fastbert.bench.models import Reference
 from fastbert.cli import main
+from fastbert.integrations import models as hf_models
 from fastbert.model.config import BertConfig
 
 TINY = BertConfig(
@@ -247,17 +248,16 @@ def test_hf_peers_pass_token_types_only_to_models_that_name_them() -> None:
     batch = shapes.make_batch(shapes.Shape(2, 8, padded=True), 50, "cpu")
     batch = dataclasses.replace(batch, token_type_ids=torch.ones_like(batch.input_ids))
     plain, typed = _NoTokenTypes(), _TokenTypes()
-    assert not peers.takes_token_type_ids(plain) and peers.takes_token_type_ids(typed)
-    out = peers._hf_forward(plain, peers.takes_token_type_ids(plain))(batch)
+    assert not hf_models.takes_token_types(plain) and hf_models.takes_token_types(typed)
+    out = peers._hf_forward(plain, hf_models.takes_token_types(plain))(batch)
     assert torch.equal(out, batch.input_ids + batch.attention_mask)
-    out = peers._hf_forward(typed, peers.takes_token_type_ids(typed))(batch)
+    out = peers._hf_forward(typed, hf_models.takes_token_types(typed))(batch)
     assert torch.equal(out, batch.input_ids + batch.attention_mask + 10)
 
 
 def test_hf_peers_run_modernbert_and_mpnet_like_their_models() -> None:
     """The hf-eager / hf-sdpa peers of the families without token types compute what the
     Hugging Face model computes from ids and mask; BERT's keep its token types."""
-    from fastbert.integrations import models as hf_models
 
     tiny = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2}
     shaped = {
@@ -268,7 +268,7 @@ def test_hf_peers_run_modernbert_and_mpnet_like_their_models() -> None:
     batch = shapes.make_batch(shapes.Shape(2, 12, padded=True), 50, "cpu")
     for model_type, shape in shaped.items():
         model = hf_models.random_model(model_type, shape)
-        assert peers.takes_token_type_ids(model) == (model_type == "bert")
+        assert hf_models.takes_token_types(model) == (model_type == "bert")
         reference = Reference(model_type, model, None)
         with torch.inference_mode():
             expected = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
@@ -283,7 +283,6 @@ def test_hf_peers_run_modernbert_and_mpnet_like_their_models() -> None:
 def test_model_like_never_compiles_the_models_own_parts() -> None:
     """transformers 4.x's ModernBERT compiles its MLP on a GPU unless reference_compile is
     False: the copy sets it, the reference's config is left as it was."""
-    from fastbert.integrations import models as hf_models
 
     model = hf_models.random_bert(
         {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 30}
