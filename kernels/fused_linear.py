@@ -29,6 +29,18 @@ gradients are needed, rather than the backward recomputing it: storing costs one
 write in the forward and two reads in the backward, recomputing costs a whole M x N x K GEMM
 (for BERT's FFN, K = 768 or 1024 multiply-adds per element against 2 bytes written and read).
 
+Gated (GATED, a GLU such as ModernBERT's GeGLU): weight is [2N, K], its rows [:N] the input and
+[N:] the gate, ``out = act(x W[:N]^T + b[:N]) * (x W[N:]^T + b[N:])`` from two accumulators of
+one GEMM; the stored pre-activation [M, 2N] holds both halves. The backward runs the same two
+products on dY' [M, 2N], formed in their prologue (GATED_GRAD) rather than in memory: column j
+of dY' reads dY's column j mod N and the input's and gate's pre-activations at j mod N and
+j mod N + N, and is ``dY * gate * act'(input)`` for j < N, ``dY * act(input)`` for j >= N, in
+float32 (act the forward's GELU, act' the plain prologue's derivative; the identity and 1
+without an activation), rounded to the operand's dtype as the plain prologue rounds. j runs
+along A's K in the dx product (K = 2N) and along A's rows in the dweight product (M = 2N),
+whose row sums give dbias of both halves. N need not be a multiple of the tile: a tile holding
+both halves selects each element's.
+
 Shapes and layouts: x is [..., K], flattened to [M, K] rows (a view when the strides allow,
 otherwise a copy); weight is [N, K] in nn.Linear layout and is read transposed through its
 strides, never copied; bias is [N]; residual is [..., N] and is read through its strides. The
@@ -136,6 +148,10 @@ TRANSPOSED_MAX_OPERAND_VALUES = 64
 # 64 accumulator values per thread spill 648 to 688 bytes (64 x 64 x 32 over 4 warps, both
 # targets).
 GATED_FP32_MAX_ACC_VALUES = 32
+# The gated backward's dweight prologue in float32 (dout and both pre-activation tiles read
+# transposed, in float32 registers beside the FMA loop's operands): 32 accumulator values per
+# thread spill 304 bytes on sm_80 (64 x 64 x 32 over 4 warps); 16 compile without spills.
+GATED_DWEIGHT_FP32_MAX_ACC_VALUES = 16
 
 
 def _set_descriptor_blocks(nargs: dict) -> None:
@@ -227,6 +243,7 @@ def keep(
     row_sum: bool = False,
     has_descriptors: bool = False,
     gated: bool = False,
+    gated_grad: int = 0,
 ) -> bool:
     """Whether ``config`` is worth timing for inputs of ``element_size`` bytes and M rows.
 
@@ -243,7 +260,9 @@ def keep(
     BLOCK_K <= GRAD_ACTIVATION_MAX_BLOCK_K), at most ``TRANSPOSED_MAX_OPERAND_VALUES``
     operand values per thread per K step for the dweight product (``row_sum``), and not have a
     row tile taller than M's bucket (those rows would only be masked work). ``gated`` (GATED)
-    holds two accumulators: they count twice.
+    holds two accumulators: they count twice. ``gated_grad`` (GATED_GRAD, the gated backward's
+    prologue, 1 for the dx product and 2 for dweight) counts as a ``grad_activation``, and its
+    float32 dweight product keeps at most ``GATED_DWEIGHT_FP32_MAX_ACC_VALUES``.
     """
     meta = config.kwargs
     if meta["PERSISTENT"] and (element_size == 4 or not has_descriptors):
@@ -256,13 +275,17 @@ def keep(
     acc_values *= 2 if gated else 1
     if gated and element_size == 4 and acc_values > GATED_FP32_MAX_ACC_VALUES:
         return False
+    fp32_gated_dweight = gated_grad == 2 and element_size == 4
+    if fp32_gated_dweight and acc_values > GATED_DWEIGHT_FP32_MAX_ACC_VALUES:
+        return False
     if (activation or has_residual) and acc_values > HEAVY_EPILOGUE_MAX_ACC_VALUES:
         return False
     if element_size == 1 and acc_values > INT8_MAX_ACC_VALUES:
         return False
-    if (store_pre or grad_activation) and acc_values > TRAINING_MAX_ACC_VALUES:
+    prologue = grad_activation or gated_grad
+    if (store_pre or prologue) and acc_values > TRAINING_MAX_ACC_VALUES:
         return False
-    if grad_activation and meta["BLOCK_K"] > GRAD_ACTIVATION_MAX_BLOCK_K:
+    if prologue and meta["BLOCK_K"] > GRAD_ACTIVATION_MAX_BLOCK_K:
         return False
     threads = 32 * config.num_warps
     operand_values = (meta["BLOCK_M"] + meta["BLOCK_N"]) * meta["BLOCK_K"] // threads
@@ -284,6 +307,7 @@ def _prune(candidates: list[triton.Config], named_args: dict, **kwargs) -> list[
         "row_sum": bool(args["HAS_ROW_SUM"]),
         "has_descriptors": bool(args["HAS_DESCRIPTORS"]),
         "gated": bool(args["GATED"]),
+        "gated_grad": args["GATED_GRAD"],
     }
     return tuned(_kept(candidates, element_size, args["M_BUCKET"], **epilogue))
 
@@ -406,6 +430,26 @@ def _gelu_tanh_grad(y):
     s = tl.where(two_u >= 0, 1.0, t) / (1.0 + t)
     two_du = 1.5957691216057308 * (1.0 + 0.134145 * y * y)
     return s + y * s * (1.0 - s) * two_du
+
+
+@triton.jit
+def _gated_output_grad(dout, value, gate, is_value, GRAD_ACTIVATION: tl.constexpr):
+    """float32 tile of dY' of a gated linear: ``dout * gate * act'(value)`` where ``is_value``
+    (the input half's columns), ``dout * act(value)`` elsewhere (the gate half's), from float32
+    tiles of the output gradient and of the stored input and gate pre-activations at the
+    same (folded) positions. act is GRAD_ACTIVATION's GELU (1 erf, 2 tanh; the forward's
+    functions) or, for 0, the identity (a plain GLU product), act' its derivative as the
+    plain prologue computes it."""
+    if GRAD_ACTIVATION == 1:
+        slope = _gelu_erf_grad(value)
+        activated = _gelu_erf(value)
+    elif GRAD_ACTIVATION == 2:
+        slope = _gelu_tanh_grad(value)
+        activated = _gelu_tanh(value)
+    else:
+        slope = 1.0
+        activated = value
+    return dout * tl.where(is_value, gate * slope, activated)
 
 
 @triton.jit
@@ -533,6 +577,7 @@ def _epilogue(
         "HAS_ROW_SUM",
         "QUANT",
         "GATED",
+        "GATED_GRAD",
     ],
     prune_configs_by={"early_config_prune": _prune},
     do_bench=time_config,
@@ -546,7 +591,8 @@ def _linear_fwd_kernel(
     bias_ptr,  # [N] bias (None unless HAS_BIAS)
     residual_ptr,  # [M, N] added after the activation (None unless HAS_RESIDUAL)
     out_ptr,  # [M, N] output, x's dtype
-    pre_ptr,  # [M, N] pre-activation stored (STORE_PRE_ACTIVATION) / [M, K] read (GRAD_ACTIVATION)
+    pre_ptr,  # [M, N] pre-activation stored (STORE_PRE_ACTIVATION) / read as A's (GRAD_ACTIVATION,
+    # GATED_GRAD): [M, K], or with GATED_GRAD its input and gate halves [M, 2N'] (dx) / [2N', K]
     row_sum_ptr,  # [M] float32 sums of A's rows over K (None unless HAS_ROW_SUM)
     x_scale_ptr,  # [M] float32 scales of x's quantised rows (None unless QUANT)
     weight_scale_ptr,  # [N] float32 scales of the quantised weight's rows (None unless QUANT)
@@ -574,6 +620,10 @@ def _linear_fwd_kernel(
     HAS_ROW_SUM: tl.constexpr,  # store the sums of A's rows (after the prologue) to row_sum_ptr
     QUANT: tl.constexpr,  # 0, or quantised x and weight (QUANT_CODES), dequantised in the epilogue
     GATED: tl.constexpr,  # GLU: out [M, N] = act(x @ W[:N]^T) * (x @ W[N:2N]^T), two accumulators
+    # 0, or A is dY' of a gated linear formed in the prologue from x = dout [.., N'] and pre's
+    # two halves (GRAD_ACTIVATION its act): 1 along A's K (dx: K = 2N'), 2 along its rows
+    # (dweight: M = 2N')
+    GATED_GRAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -582,6 +632,7 @@ def _linear_fwd_kernel(
 ):
     if PERSISTENT:
         tl.static_assert(not GATED, "the gated product runs one tile per program")
+        tl.static_assert(GATED_GRAD == 0, "the gated prologue runs one tile per program")
         # A fixed number of programs walk the output tiles. (Flattening the tile and K loops,
         # so that the next tile's loads overlap this one's epilogue, compiled to 163 to 180 KB
         # of shared memory and a loop body holding the epilogue; not offered until measured.)
@@ -634,7 +685,24 @@ def _linear_fwd_kernel(
             gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         else:
             gate = tl.zeros((1, 1), dtype=tl.float32)
-        if GRAD_ACTIVATION != 0:
+        if GATED_GRAD == 1:
+            # dY' [M, 2N'] along K: column j reads dout's column j mod N', the input's
+            # pre-activation there and the gate's N' columns further (one K tile may hold both
+            # halves: j < N' selects per column).
+            half = K // 2
+            gate_offset = half.to(tl.int64) * stride_pre_k
+            x_rows = x_ptr + rows[:, None] * stride_x_m
+            pre_rows = pre_ptr + rows[:, None] * stride_pre_m
+        elif GATED_GRAD == 2:
+            # dY'^T [2N', M] along the rows: row j reads dout^T's row j mod N' (and the input's
+            # and gate's pre-activations there), fixed over the K loop.
+            half = M // 2
+            is_value = (rows < half)[:, None]
+            folded = rows % half
+            gate_offset = half.to(tl.int64) * stride_pre_m
+            x_ptrs = x_ptr + folded[:, None] * stride_x_m + offs_k[None, :] * stride_x_k
+            pre_ptrs = pre_ptr + folded[:, None] * stride_pre_m + offs_k[None, :] * stride_pre_k
+        elif GRAD_ACTIVATION != 0:
             pre_ptrs = pre_ptr + rows[:, None] * stride_pre_m + offs_k[None, :] * stride_pre_k
         if HAS_ROW_SUM:
             row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -645,9 +713,25 @@ def _linear_fwd_kernel(
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k_start in range(0, K, BLOCK_K):
             k_left = K - k_start
-            a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            a_mask = offs_k[None, :] < k_left
+            if GATED_GRAD == 1:
+                columns = k_start + offs_k
+                is_value = (columns < half)[None, :]
+                folded = (columns % half).to(tl.int64)
+                a = tl.load(x_rows + folded[None, :] * stride_x_k, mask=a_mask, other=0.0)
+                pre_ptrs = pre_rows + folded[None, :] * stride_pre_k
+            else:
+                a = tl.load(x_ptrs, mask=a_mask, other=0.0)
             b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-            if GRAD_ACTIVATION != 0:
+            if GATED_GRAD != 0:
+                value = tl.load(pre_ptrs, mask=a_mask, other=0.0).to(tl.float32)
+                gate_pre = tl.load(pre_ptrs + gate_offset, mask=a_mask, other=0.0).to(tl.float32)
+                a = _gated_output_grad(
+                    a.to(tl.float32), value, gate_pre, is_value, GRAD_ACTIVATION
+                ).to(a.dtype)
+                if GATED_GRAD == 2:
+                    pre_ptrs += BLOCK_K * stride_pre_k
+            elif GRAD_ACTIVATION != 0:
                 pre = tl.load(pre_ptrs, mask=offs_k[None, :] < k_left, other=0.0).to(tl.float32)
                 if GRAD_ACTIVATION == 1:
                     a = (a.to(tl.float32) * _gelu_erf_grad(pre)).to(a.dtype)
@@ -671,7 +755,8 @@ def _linear_fwd_kernel(
                     gate = tl.dot(a, g, gate, input_precision="ieee")
                 else:
                     gate = tl.dot(a, g, gate)
-            x_ptrs += BLOCK_K * stride_x_k
+            if GATED_GRAD != 1:
+                x_ptrs += BLOCK_K * stride_x_k
             w_ptrs += BLOCK_K * stride_weight_k
 
         if HAS_ROW_SUM:
@@ -803,6 +888,7 @@ def _gemm(
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     quant: int = 0,
     gated: bool = False,
+    gated_grad: int = 0,
 ) -> None:
     """Launch the kernel for out [M, N] (contiguous) = A @ B^T, a K-long product, with the
     given variants.
@@ -814,9 +900,12 @@ def _gemm(
     ``scales``: float32 ([M], [N]) scales of A and B's quantised rows, ``quant`` their format
     (a code of :data:`QUANT_CODES`).
     ``gated``: B is [2N, K], its rows N.. the gate (GATED; bias [2N], ``pre`` [M, 2N]).
+    ``gated_grad``: A is dY' of a gated linear, formed from ``a`` = dout [M', N'] and ``pre``
+    [M', 2N'] (read with ``pre_strides`` as A's) with ``grad_activation``'s derivative:
+    1 along A's K (the dx product, K = 2N'), 2 along A's rows (the dweight product, M = 2N').
     """
     m, n = out.shape
-    plain_operands = grad_activation == 0 and row_sum is None and not gated
+    plain_operands = grad_activation == 0 and row_sum is None and not gated and not gated_grad
     a_desc, b_desc = (
         descriptors(a, a_strides, b, b_strides, m, n, k) if plain_operands else (None, None)
     )
@@ -861,6 +950,7 @@ def _gemm(
             HAS_ROW_SUM=row_sum is not None,
             QUANT=quant,
             GATED=gated,
+            GATED_GRAD=gated_grad,
         )
 
 
@@ -897,35 +987,18 @@ def linear_forward(x, weight, bias, activation, residual, gated, save):
     return out, pre
 
 
-def gated_output_grad(dout: torch.Tensor, pre: torch.Tensor, activation: str | None):
-    """dY' [M, N] of a gated linear, in pre's dtype, from dout [..., N / 2] and the stored
-    pre-activation [M, N] (input a, then gate g): dout * g * act'(a) for the input's columns,
-    dout * act(a) for the gate's; computed in float32 by PyTorch's own GELU and its
-    derivative."""
-    n = pre.shape[1] // 2
-    dy = dout.reshape(-1, n).float()
-    value, gate = pre[:, :n].float(), pre[:, n:].float()
-    if activation is None:
-        activated, d_value = value, dy * gate
-    else:
-        approximate = "tanh" if activation == "gelu_tanh" else "none"
-        activated = torch.nn.functional.gelu(value, approximate=approximate)
-        d_value = torch.ops.aten.gelu_backward(dy * gate, value, approximate=approximate)
-    return torch.cat((d_value, dy * activated), dim=1).to(pre.dtype)
-
-
 def linear_backward(dout, x, weight, pre, activation, gated, needs):
     """Launch the backward: (dx, dweight, dbias) for the ``needs`` flags (x, weight, bias)
     (None where not needed); dY' = dout * act'(pre) is formed in the GEMMs' prologue (``pre``
-    is read only with an activation). ``gated``: dY' of both halves is formed first
-    (:func:`gated_output_grad`), then the same two GEMMs run without a prologue."""
-    if gated:
-        dout, pre, activation = gated_output_grad(dout, pre, activation), None, None
-    n, k = weight.shape
+    is read only with an activation). ``gated``: the prologue forms dY' [M, 2N'] of both
+    halves from dout [..., N'] and the stored input and gate pre-activations (GATED_GRAD),
+    with or without an activation."""
+    rows, k = weight.shape
+    n = rows // 2 if gated else rows
     m = dout.numel() // n if n else 0
     dy = dout.reshape(m, n)
     code = ACTIVATION_CODES[activation]
-    pre = pre if code else None
+    pre = pre if code or gated else None
     x2 = x.reshape(m, k)
     dx = dweight = dbias = None
     # The GEMMs write every element; only an empty product (n == 0 or m == 0) leaves zeros.
@@ -939,14 +1012,15 @@ def linear_backward(dout, x, weight, pre, activation, gated, needs):
                 weight,
                 (weight.stride(1), weight.stride(0)),
                 dx.view(m, k),
-                n,
+                rows,
                 pre=pre,
                 pre_strides=(pre.stride(0), pre.stride(1)) if pre is not None else (0, 0),
                 grad_activation=code,
+                gated_grad=1 if gated else 0,
             )
     if needs[1] or needs[2]:
         dweight = new(weight.shape, dtype=weight.dtype, device=weight.device)
-        row_sum = torch.zeros(n, dtype=torch.float32, device=x.device)
+        row_sum = torch.zeros(rows, dtype=torch.float32, device=x.device)
         # With no input features, a product with a column of ones still sums dY' for dbias.
         ones = None if k else torch.ones((m, 1), dtype=x.dtype, device=x.device)
         operand = x2 if k else ones
@@ -956,12 +1030,13 @@ def linear_backward(dout, x, weight, pre, activation, gated, needs):
                 (dy.stride(1), dy.stride(0)),
                 operand,
                 (operand.stride(1), operand.stride(0)),
-                dweight if k else torch.empty((n, 1), dtype=x.dtype, device=x.device),
+                dweight if k else torch.empty((rows, 1), dtype=x.dtype, device=x.device),
                 m,
                 pre=pre,
                 pre_strides=(pre.stride(1), pre.stride(0)) if pre is not None else (0, 0),
                 grad_activation=code,
                 row_sum=row_sum,
+                gated_grad=2 if gated else 0,
             )
         dbias = row_sum.to(weight.dtype) if needs[2] else None
     return dx, dweight, dbias
@@ -1238,7 +1313,8 @@ def linear(
     Returns:
         A new contiguous [..., N] tensor in x's dtype (float32 accumulation, one rounding).
         When grad mode is on and a floating input requires grad, it carries gradients to x,
-        weight, bias and residual (Triton GEMMs with the GELU derivative fused).
+        weight, bias and residual (Triton GEMMs with the GELU derivative, and for ``gated``
+        the gradient of both halves, formed in their prologue).
 
     Raises:
         TypeError: a non-tensor argument or an unsupported / mismatched dtype.

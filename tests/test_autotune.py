@@ -43,6 +43,7 @@ def test_linear_prune_pins_the_chosen_config(monkeypatch) -> None:
         "HAS_ROW_SUM": False,
         "HAS_DESCRIPTORS": 0,
         "GATED": False,
+        "GATED_GRAD": 0,
     }
     monkeypatch.delenv(launch.AUTOTUNE_ENV, raising=False)
     kept = fused_linear._prune(candidates, args)
@@ -51,11 +52,21 @@ def test_linear_prune_pins_the_chosen_config(monkeypatch) -> None:
     assert fused_linear._prune(candidates, args) == [kept[1]]
 
 
-@pytest.mark.parametrize("variant", [{"STORE_PRE_ACTIVATION": True}, {"GRAD_ACTIVATION": 1}])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"STORE_PRE_ACTIVATION": True},
+        {"GRAD_ACTIVATION": 1},
+        {"GATED_GRAD": 1, "GRAD_ACTIVATION": 1},
+        {"GATED_GRAD": 2},
+    ],
+    ids=["store-pre", "gelu-prologue", "gated-prologue", "glu-prologue"],
+)
 def test_linear_training_variants_keep_small_tiles(monkeypatch, variant) -> None:
-    """Storing the pre-activation or a GELU derivative in the prologue holds more registers:
-    only tiles of at most 32 accumulator values per thread (and, for the derivative, K tiles
-    of 32) are kept, those that compile without spills (tests/compile_cases/linear.py)."""
+    """Storing the pre-activation or a prologue (a GELU derivative, or a gated linear's dY'
+    with or without one) holds more registers: only tiles of at most 32 accumulator values
+    per thread (and, for a prologue, K tiles of 32) are kept, those that compile without
+    spills (tests/compile_cases/linear.py)."""
     monkeypatch.delenv(launch.AUTOTUNE_ENV, raising=False)
     args = {
         "x_ptr": torch.empty(1, dtype=torch.float16),
@@ -67,6 +78,7 @@ def test_linear_training_variants_keep_small_tiles(monkeypatch, variant) -> None
         "HAS_ROW_SUM": False,
         "HAS_DESCRIPTORS": 1,
         "GATED": False,
+        "GATED_GRAD": 0,
         **variant,
     }
     kept = fused_linear._prune(fused_linear.gpu_configs(), args)
@@ -74,7 +86,8 @@ def test_linear_training_variants_keep_small_tiles(monkeypatch, variant) -> None
     for c in kept:
         meta = c.kwargs
         assert meta["BLOCK_M"] * meta["BLOCK_N"] // (32 * c.num_warps) <= 32
-        assert not variant.get("GRAD_ACTIVATION") or meta["BLOCK_K"] <= 32
+        prologue = variant.get("GRAD_ACTIVATION") or variant.get("GATED_GRAD")
+        assert not prologue or meta["BLOCK_K"] <= 32
 
 
 def test_attention_prune_pins_the_chosen_config(monkeypatch) -> None:

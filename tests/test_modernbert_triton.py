@@ -14,6 +14,7 @@ import functools
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import fastbert
 from fastbert import kernels as K
@@ -224,6 +225,50 @@ def test_gated_linear_gradients(device, dtype, activation) -> None:
 
     for name, g, s, w in zip(("dx", "dweight", "dbias"), got, same, wide):
         assert_within_rule(g, s, w, None, name)
+
+
+def unfused_gated_linear(x, weight, bias, activation):
+    """The gated linear as Hugging Face's ModernBERT writes it: one F.linear chunked into input
+    and gate, F.gelu of the input times the gate (differentiated by autograd's own kernels)."""
+    value, gate = F.linear(x, weight, bias).chunk(2, dim=-1)
+    if activation is not None:
+        value = F.gelu(value, approximate="tanh" if activation == "gelu_tanh" else "none")
+    return value * gate
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize("activation", [None, "gelu", "gelu_tanh"])
+def test_gated_backward_prologue_forms_both_halves(device, dtype, activation) -> None:
+    """The backward GEMMs form dY' of both halves in their prologue (dout * gate * act'(input)
+    for the input's columns, dout * act(input) for the gate's): dx, and the input and gate
+    halves of dweight and dbias each, against autograd of the unfused gated linear in float64
+    by the 2x rule (the same in ``dtype`` the other side). N' = 50 puts the boundary between
+    the halves inside a K tile of the dx product and inside a row tile of the dweight product,
+    M = 37 is no multiple of a tile either; dout is a transposed view."""
+    rows, features, half = 37, 40, 50
+    x = randn((rows, features), dtype, device, seed=11)
+    weight = randn((2 * half, features), dtype, device, seed=12) / 6
+    bias = randn((2 * half,), dtype, device, seed=13)
+    grad = randn((half, rows), dtype, device, seed=14).t()
+
+    def gradients(op, cast):
+        leaves = [cast(t).detach().requires_grad_() for t in (x, weight, bias)]
+        op(*leaves, activation).backward(cast(grad))
+        return [t.grad for t in leaves]
+
+    def kernel(x, weight, bias, activation):
+        return K.linear(x, weight, bias, activation, gated=True)
+
+    got = gradients(kernel, lambda t: t)
+    same = gradients(unfused_gated_linear, lambda t: t)
+    wide = gradients(unfused_gated_linear, torch.Tensor.double)
+    from tests.accuracy import assert_within_rule
+
+    assert_within_rule(got[0], same[0], wide[0], None, "dx")
+    for name, g, s, w in zip(("dweight", "dbias"), got[1:], same[1:], wide[1:]):
+        for part, rows_of_half in (("input", slice(0, half)), ("gate", slice(half, None))):
+            args = (g[rows_of_half], s[rows_of_half], w[rows_of_half])
+            assert_within_rule(*args, None, f"{name} ({part} half)")
 
 
 def test_bad_gated_linear_is_refused(device) -> None:

@@ -17,8 +17,10 @@ for each (the plain products on the biggest and smallest only).
 Gated (GATED=1, ModernBERT's GeGLU input projection: two accumulators, the GELU of one times
 the other in the epilogue): every one-tile-per-program config ``keep`` allows for it in fp16,
 without bias (ModernBERT's) and with bias and residual, the training forward that stores both
-pre-activations, and bf16 and fp32 on the heaviest kept config. (Its backward runs the plain
-dx / dweight products above on dY' formed beforehand.)
+pre-activations, and bf16 and fp32 on the heaviest kept config. Its backward (GATED_GRAD: the
+dx and dweight products forming dY' of both halves in their prologue from dout and the two
+stored pre-activations): every config ``keep`` allows for it with the erf GELU (GeGLU) in each
+dtype, and the plain GLU product and the tanh GELU on the heaviest in fp16 and bf16.
 """
 
 from __future__ import annotations
@@ -103,6 +105,7 @@ def _signature(
         "HAS_ROW_SUM": "constexpr",
         "QUANT": "constexpr",
         "GATED": "constexpr",
+        "GATED_GRAD": "constexpr",
         "BLOCK_M": "constexpr",
         "BLOCK_N": "constexpr",
         "BLOCK_K": "constexpr",
@@ -122,13 +125,16 @@ def _case(
     grad: str | None = None,
     grad_activation: int = 0,
     gated: bool = False,
+    gated_grad: bool = False,
 ) -> CompileCase:
     """A forward case (``store_pre``: the training forward), or with ``grad`` "dx" / "dw" one
-    of the backward products with derivative ``grad_activation``."""
+    of the backward products with derivative ``grad_activation`` (``gated_grad``: of a gated
+    linear, GATED_GRAD 1 for dx, 2 for dw)."""
     meta = config.kwargs
     unit = {None: UNIT_STRIDES, "dx": DX_UNIT_STRIDES, "dw": DW_UNIT_STRIDES}[grad]
-    has_pre = store_pre or grad_activation != 0
+    has_pre = store_pre or grad_activation != 0 or gated_grad
     row_sum = grad == "dw"
+    gated_grad_code = {"dx": 1, "dw": 2}[grad] if gated_grad else 0
     constexprs = {
         "HAS_BIAS": has_bias,
         "ACTIVATION": activation,
@@ -138,6 +144,7 @@ def _case(
         "HAS_ROW_SUM": row_sum,
         "QUANT": 0,
         "GATED": gated,
+        "GATED_GRAD": gated_grad_code,
         "x_scale_ptr": None,
         "weight_scale_ptr": None,
         **meta,
@@ -158,6 +165,7 @@ def _case(
     signature.update(dict.fromkeys(unit, "constexpr"))
     if grad is not None:
         variant = f"{grad} dact={grad_activation}"
+        variant += " gated=1" if gated_grad else ""
     else:
         variant = f"bias={int(has_bias)} act={activation} res={int(has_residual)}"
         variant += " pre=1" if store_pre else ""
@@ -165,7 +173,9 @@ def _case(
     name = f"linear[{dtype} {mod.config_name(config)} {variant}]"
     # N and K are multiples of 16 in BERT's launches; TMA and the persistent configs are for
     # sm_90 (keep() offers them nowhere else).
-    where = {"aligned_ints": ("N", "K"), "archs": (90,) if meta["PERSISTENT"] else ARCHS}
+    # The gated dweight product's M is 2N' (ModernBERT's N' = 1152 and 2624 are multiples of 16).
+    aligned = ("M", "N", "K") if gated_grad and grad == "dw" else ("N", "K")
+    where = {"aligned_ints": aligned, "archs": (90,) if meta["PERSISTENT"] else ARCHS}
     return CompileCase.tuned(config, name, KERNEL, signature, constexprs, dtype, **where)
 
 
@@ -262,6 +272,42 @@ def _gated_cases() -> list[CompileCase]:
     training = {**full, "store_pre": True}
     config = next(c for c in POINTER_CONFIGS if _kept_for(c, 2, **training))
     cases.append(_case("fp16", config, *FULL_EPILOGUE, store_pre=True, gated=True))
+    return cases + _gated_backward_cases()
+
+
+def _gated_backward_cases() -> list[CompileCase]:
+    """The gated backward products (module docstring), with the launcher's strides."""
+    cases = []
+    for dtype, element_size in ELEMENT_SIZES.items():
+        for g in ("dx", "dw"):
+            variant = {
+                "activation": 0,
+                "has_residual": False,
+                "row_sum": g == "dw",
+                "has_descriptors": False,
+                "gated_grad": 1 if g == "dx" else 2,
+            }
+            kept = [c for c in CONFIGS if _kept_for(c, element_size, **variant)]
+            for config in kept:
+                cases.append(
+                    _case(
+                        dtype, config, False, 0, False, grad=g, grad_activation=1, gated_grad=True
+                    )
+                )
+            if dtype != "fp32":
+                cases += [
+                    _case(
+                        dtype,
+                        kept[0],
+                        False,
+                        0,
+                        False,
+                        grad=g,
+                        grad_activation=act,
+                        gated_grad=True,
+                    )
+                    for act in (0, 2)
+                ]
     return cases
 
 
