@@ -6,7 +6,8 @@ sentence-transformers app, on the same model folder and machine, in one run.
 
 Each contender is a server process of its own on a free loopback port (benchmarks/
 serve_contenders.py); the load generator is another process (benchmarks/serve_load.py: asyncio
-+ httpx, one connection pool). For each request mix the generator runs
+and a minimal HTTP/1.1 client, one pool of kept-alive connections). For each request mix the
+generator runs
 
 - closed loops at each ``--concurrency`` (N workers, each sending its next request when its
   previous one answers), ``--seconds`` each after ``--warmup`` seconds not counted (the
@@ -410,14 +411,14 @@ def markdown(report: dict) -> str:
         f"Closed loops at concurrency {settings['concurrency']} and open loops (Poisson "
         f"arrivals, latency from the intended send time) at {settings['open']} x the "
         f"contender's saturating rate; {settings['seconds']} s measured per cell after "
-        f"{settings['warmup']} s of warm-up; load generator in its own process (asyncio + "
-        "httpx).",
+        f"{settings['warmup']} s of warm-up; load generator in its own process (asyncio, "
+        "its own HTTP/1.1 client).",
         f"CPU: {env['cpu']} ({env['cpu_count']} logical CPUs, {env['cpu_threads']} torch "
         f"threads; SIMD: {env['cpu_simd'] or 'unknown'}); load average {env['load_average']} "
         f"at start, {report.get('load_average_end')} at end.",
         f"fastbert {env['fastbert']}, torch {env['torch']}, transformers "
         f"{env['transformers']}, sentence-transformers {env['sentence-transformers']}, "
-        f"uvicorn {env['uvicorn']}, httpx {env['httpx']}"
+        f"uvicorn {env['uvicorn']}"
         + (
             f"; infinity-emb {inf.get('infinity-emb')} (its own environment: torch "
             f"{inf.get('torch')}, transformers {inf.get('transformers')}, "
@@ -520,7 +521,7 @@ def environment_info(infinity_python: Path | None) -> dict:
     env["cpu_simd"] = " ".join(sorted(f for f in cpu.cpu_flags() if f.startswith(simd)))
     env["load_average"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
     env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS")  # the servers inherit it
-    for package in ("uvicorn", "starlette", "httpx"):
+    for package in ("uvicorn", "starlette"):
         try:
             env[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:

@@ -1,5 +1,10 @@
-"""The load generator of benchmarks/serve_bench.py: asyncio + httpx, one connection pool, run in
-a process of its own (:class:`Generator`) so that the client's work is not the server's.
+"""The load generator of benchmarks/serve_bench.py: asyncio and a minimal HTTP/1.1 client of
+its own (:class:`Client`: keep-alive connections, one pool), run in a process of its own
+(:class:`Generator`) so that the client's work is not the server's.
+
+The client is this module's own rather than httpx because the generator shares the CPU with
+the servers it measures: on a 2-core machine httpx's per-request work kept an open loop at a
+few hundred requests/s from sending on time, and the servers lost CPU to it.
 
 Two ways to send, over a fixed window after a warm-up:
 
@@ -23,7 +28,7 @@ A request is ok when the server answers 200 with a body of the expected shape (o
 input); everything else is counted by its status code (``"429"``, ``"500"``...), or as
 ``"bad-response"`` (200 with the wrong shape), ``"timeout"``, ``"connect"`` (no connection) or
 ``"unfinished"`` (open loop: no answer by the end of the drain). This module imports only the
-standard library and httpx.
+standard library.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import random
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from urllib.parse import urlsplit
 
 # The shapes of an answer the generator checks: where the list of results is.
 SHAPE_LIST = "list"  # TEI: the body is the list ([[float]] or [{"index", "score"}])
@@ -163,38 +169,110 @@ def _check(body: bytes, call: Call) -> bool:
     return isinstance(value, list) and len(value) == call.inputs
 
 
-async def _send(client, call: Call) -> tuple[str, float]:
+class Client:
+    """A minimal HTTP/1.1 client for one server: ``post(path, body)`` sends a JSON POST on a
+    kept-alive connection (at most ``connections`` open; a caller past that waits for one, and
+    that wait counts as latency) and returns (status, lower-cased headers, body). A response is
+    read by its Content-Length or chunked; ``timeout`` bounds each request's exchange. A reused
+    connection that the server closed meanwhile (its keep-alive timeout) is replaced once,
+    before any byte of an answer has arrived, as browsers and httpx do."""
+
+    def __init__(self, base_url: str, connections: int, timeout: float) -> None:
+        url = urlsplit(base_url)
+        if url.scheme != "http" or not url.hostname:
+            raise ValueError(f"the load generator speaks plain http://host:port, not {base_url!r}")
+        self.host, self.port = url.hostname, url.port or 80
+        self.timeout = timeout
+        self._slots = asyncio.Semaphore(connections)
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self._head = (
+            f"Host: {self.host}:{self.port}\r\nContent-Type: application/json\r\nContent-Length: "
+        )
+
+    async def post(self, path: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        request = f"POST {path} HTTP/1.1\r\n{self._head}{len(body)}\r\n\r\n".encode() + body
+        async with self._slots:
+            reused = bool(self._idle)
+            try:
+                return await asyncio.wait_for(self._exchange(request), self.timeout)
+            except (ConnectionError, asyncio.IncompleteReadError) as error:
+                stale = reused and getattr(error, "partial", b"") == b""
+                if not stale:
+                    raise
+                return await asyncio.wait_for(self._exchange(request, fresh=True), self.timeout)
+
+    async def _exchange(self, request: bytes, fresh: bool = False):
+        if self._idle and not fresh:
+            reader, writer = self._idle.pop()
+        else:
+            reader, writer = await asyncio.open_connection(self.host, self.port)
+        try:
+            writer.write(request)
+            status, headers, body = await _read_response(reader)
+        except BaseException:
+            writer.close()
+            raise
+        if headers.get("connection", "").lower() == "close":
+            writer.close()
+        else:
+            self._idle.append((reader, writer))
+        return status, headers, body
+
+    async def aclose(self) -> None:
+        for _, writer in self._idle:
+            writer.close()
+        self._idle.clear()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """Status, headers (names lower-cased) and body of one HTTP/1.1 response."""
+    line = await reader.readuntil(b"\r\n")
+    status = int(line.split(b" ", 2)[1])
+    headers: dict[str, str] = {}
+    while (line := await reader.readuntil(b"\r\n")) != b"\r\n":
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        chunks = []
+        while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
+            chunks.append(await reader.readexactly(size))
+            await reader.readexactly(2)
+        while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers
+            pass
+        return status, headers, b"".join(chunks)
+    return status, headers, await reader.readexactly(int(headers.get("content-length", 0)))
+
+
+async def _send(client: Client, call: Call) -> tuple[str, float]:
     """The outcome of one request, and the seconds a 429 asks to wait (Retry-After; 0.1 when
     it names none), else 0."""
-    import httpx
-
     try:
-        response = await client.post(
-            call.path, content=call.body, headers={"content-type": "application/json"}
-        )
-    except httpx.TimeoutException:
+        status, headers, body = await client.post(call.path, call.body)
+    except asyncio.TimeoutError:
         return "timeout", 0.0
-    except httpx.ConnectError:
-        return "connect", 0.0
-    except httpx.HTTPError as exc:
+    except (ConnectionRefusedError, OSError) as exc:
+        return ("connect" if isinstance(exc, ConnectionRefusedError) else type(exc).__name__), 0.0
+    except (asyncio.IncompleteReadError, ValueError) as exc:
         return type(exc).__name__, 0.0
-    if response.status_code == 429:
+    if status == 429:
         try:
-            wait = float(response.headers.get("retry-after", ""))
+            wait = float(headers.get("retry-after", ""))
         except ValueError:
             wait = 0.1
         return "429", min(max(wait, 0.0), MAX_RETRY_AFTER)
-    if response.status_code != 200:
-        return str(response.status_code), 0.0
-    return ("ok" if _check(response.content, call) else "bad-response"), 0.0
+    if status != 200:
+        return str(status), 0.0
+    return ("ok" if _check(body, call) else "bad-response"), 0.0
 
 
-def _client(plan: Plan, connections: int):
-    import httpx
-
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-    timeout = httpx.Timeout(plan.timeout, pool=None)  # waiting for a free connection is latency
-    return httpx.AsyncClient(base_url=plan.base_url, limits=limits, timeout=timeout)
+def _client(plan: Plan, connections: int) -> Client:
+    return Client(plan.base_url, connections, plan.timeout)
 
 
 async def closed_loop(plan: Plan) -> Result:
