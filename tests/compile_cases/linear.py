@@ -227,6 +227,13 @@ def _kept_for(config, element_size: int, **variant) -> bool:
     return mod.keep(config, element_size, LARGEST_M_BUCKET, **variant)
 
 
+def _backward_variant(g: str, **flags: int) -> dict:
+    """``keep``'s arguments for the dx or dw product (``g``). The backward products read an
+    operand transposed: never through descriptors."""
+    variant = {"activation": 0, "has_residual": False, "has_descriptors": False}
+    return {**variant, "row_sum": g == "dw", **flags}
+
+
 def _training_cases() -> list[CompileCase]:
     """The forward storing the pre-activation, and the dx / dweight products, on each config
     ``keep`` allows for them (the plain products on the biggest and smallest)."""
@@ -239,13 +246,7 @@ def _training_cases() -> list[CompileCase]:
             if _kept_for(c, element_size, **pre)
         ]
         for g in ("dx", "dw"):
-            # The backward products read an operand transposed: never through descriptors.
-            variant = {
-                "activation": 0,
-                "has_residual": False,
-                "row_sum": g == "dw",
-                "has_descriptors": False,
-            }
+            variant = _backward_variant(g)
             for act in (1, 2):
                 cases += [
                     _case(dtype, c, False, 0, False, grad=g, grad_activation=act)
@@ -280,13 +281,7 @@ def _gated_backward_cases() -> list[CompileCase]:
     cases = []
     for dtype, element_size in ELEMENT_SIZES.items():
         for g in ("dx", "dw"):
-            variant = {
-                "activation": 0,
-                "has_residual": False,
-                "row_sum": g == "dw",
-                "has_descriptors": False,
-                "gated_grad": 1 if g == "dx" else 2,
-            }
+            variant = _backward_variant(g, gated_grad=1 if g == "dx" else 2)
             kept = [c for c in CONFIGS if _kept_for(c, element_size, **variant)]
             for config in kept:
                 cases.append(
