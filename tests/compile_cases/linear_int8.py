@@ -51,6 +51,7 @@ def _case(
         "HAS_ROW_SUM": False,
         "QUANT": mod.QUANT_CODES[quantize],
         "GATED": False,
+        "GATED_GRAD": 0,
         "pre_ptr": None,
         "row_sum_ptr": None,
         "x_desc": None,
