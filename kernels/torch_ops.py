@@ -15,11 +15,13 @@ for speed instead of exactness:
   equal length, on [n, H, L, D] views of the packed tensors (no gather, no padding, no mask;
   it reads ``cu_seqlens`` on the host, which costs nothing on a CPU: per-sequence calls
   measured 1.5x to 2x faster than one masked call over the gathered batch, even with every
-  length different). Elsewhere, and under ``torch.compile``, the packed tokens are gathered into
-  a dense [B, max_seqlen] batch by index tensors (no loop over the sequences, no host read; a
-  padded slot repeats a token of its own sequence, so no other sequence's values, NaN
-  included, enter a row), run through SDPA with the padding mask, and gathered back to
-  [T, H, D].
+  length different). In bfloat16 a run of up to about a hundred tokens takes a math attention
+  in float32 instead (faster than the CPU flash kernel there, and more accurate: see
+  MATH_ATTENTION_MAX_LENGTH). Elsewhere, and under ``torch.compile``, the packed tokens are
+  gathered into a dense [B, max_seqlen] batch by index tensors (no loop over the sequences,
+  no host read; a padded slot repeats a token of its own sequence, so no other sequence's
+  values, NaN included, enter a row), run through SDPA with the padding mask, and gathered
+  back to [T, H, D].
 - linear: on a CPU in float32 or bfloat16, when autograd does not record the call, one
   oneDNN call (``torch.ops.mkldnn._linear_pointwise``, what ``torch.compile`` emits on a CPU)
   with GELU or the residual add as its post-op: 8-17% faster than MKL's addmm in float32 on
@@ -232,11 +234,12 @@ def _additive_mask(
 
 # The math path on a CPU, per dtype and head dimension: the longest sequence length it takes
 # (one SDPA call above). Measured by benchmarks/cpu_attention.py (1 thread, CPU time; the table
-# in docs/cpu.md): in bfloat16 PyTorch's CPU flash kernel converts and rounds per block, and
-# the math path (float32 throughout) ran 0.65-0.95x its time up to these lengths, more
-# accurately. In float32 the flash kernel was as fast or faster on average at every length
-# (the math path won by 10-20% only at some lengths with many sequences, and lost as much
-# elsewhere), so float32, like float16 and float64, always takes SDPA.
+# in docs/cpu.md): in bfloat16 the math path (float32 throughout, more accurate) took
+# 0.64-0.89x the time of PyTorch's CPU flash kernel at 16 to 44 tokens and about the same
+# (0.85-1.15x) from there to these lengths, where the summed savings peaked. In float32 the
+# flash kernel was as fast or faster on average at every length (the math path won by 10-20%
+# only at some lengths with many sequences, and lost as much elsewhere), so float32, like
+# float16 and float64, always takes SDPA.
 MATH_ATTENTION_MAX_LENGTH: dict[tuple[torch.dtype, int], int] = {
     (torch.bfloat16, 32): 124,
     (torch.bfloat16, 64): 108,
