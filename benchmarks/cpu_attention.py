@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
                     sdpa_s, math_s = best_times((sdpa_path, math_path), views, args.rounds)
                     sdpa_err = relative_error(sdpa_path, *views)
                     math_err = relative_error(math_path, *views)
-                    picks = "math" if torch_ops._takes_math(views[0], length, 0.0) else "SDPA"
+                    picks = "math" if torch_ops._takes_math(views[0], n, length, 0.0) else "SDPA"
                     ratios[length] += math_s / sdpa_s / len(TOKENS_PER_RUN)
                     print(
                         f"| {name} | {head_dim} | {length} | {n} | {sdpa_s * 1e3:.3f} "

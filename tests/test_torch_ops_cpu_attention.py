@@ -94,10 +94,12 @@ def math_lengths(monkeypatch) -> list[int]:
 @pytest.mark.parametrize("head_dim", [32, 64])
 @pytest.mark.parametrize("variant", ["plain", "relative-bias", "rotary-window"])
 def test_attention_varlen_picks_the_math_path_by_length(monkeypatch, head_dim, variant) -> None:
-    """bfloat16: runs up to MATH_ATTENTION_MAX_LENGTH take the math path, longer ones SDPA;
-    every output against the float64 reference."""
+    """bfloat16: runs up to MATH_ATTENTION_MAX_LENGTH take the math path, longer ones SDPA,
+    and so do runs of fewer than MATH_ATTENTION_MIN_SCORES scores per head; every output
+    against the float64 reference."""
     longest = T.MATH_ATTENTION_MAX_LENGTH[(torch.bfloat16, head_dim)]
-    lengths = [3, 3, 17, longest, longest + 1, longest + 1, 150, 2]
+    many = T.MATH_ATTENTION_MIN_SCORES // 36 + 1  # sequences of 6 tokens: just enough scores
+    lengths = [3, 3, *[6] * many, 17, longest, longest + 1, longest + 1, 150, 2]
     q, k, v, cu = packed_qkv(lengths, 2, head_dim, torch.bfloat16, "cpu", seed=head_dim)
     fixed, widened = {}, {}
     if variant == "rotary-window":
@@ -108,25 +110,26 @@ def test_attention_varlen_picks_the_math_path_by_length(monkeypatch, head_dim, v
     seen = math_lengths(monkeypatch)
     op = functools.partial(T.attention_varlen, **fixed)
     check_op(op, functools.partial(R.attention_varlen, **fixed), (q, k, v, cu, 150), widened)
-    assert seen == [3, 17, longest, 2]
+    assert seen == [6, longest]
 
 
 @pytest.mark.parametrize(
-    "dtype, head_dim, dropout_p, grad",
+    "dtype, head_dim, dropout_p, grad, expected",
     [
-        (torch.float32, 32, 0.0, False),
-        (torch.float16, 32, 0.0, False),
-        (torch.bfloat16, 80, 0.0, False),
-        (torch.bfloat16, 32, 0.1, False),
-        (torch.bfloat16, 32, 0.0, True),
+        (torch.bfloat16, 32, 0.0, False, [40, 60]),
+        (torch.float32, 32, 0.0, False, []),
+        (torch.float16, 32, 0.0, False, []),
+        (torch.bfloat16, 80, 0.0, False, []),
+        (torch.bfloat16, 32, 0.1, False, []),
+        (torch.bfloat16, 32, 0.0, True, []),
     ],
-    ids=["float32", "float16", "head-dim-80", "dropout", "autograd"],
+    ids=["bfloat16", "float32", "float16", "head-dim-80", "dropout", "autograd"],
 )
-def test_attention_varlen_keeps_sdpa(monkeypatch, dtype, head_dim, dropout_p, grad) -> None:
+def test_attention_varlen_keeps_sdpa(monkeypatch, dtype, head_dim, dropout_p, grad, expected):
     """SDPA for a dtype or head dimension without a threshold, with dropout (training) and
-    when autograd records the call."""
-    q, k, v, cu = packed_qkv([5, 5, 17], 2, head_dim, dtype, "cpu", seed=2)
+    when autograd records the call; the same runs in plain bfloat16 take the math path."""
+    q, k, v, cu = packed_qkv([40, 40, 60], 2, head_dim, dtype, "cpu", seed=2)
     q.requires_grad_(grad)
     seen = math_lengths(monkeypatch)
-    T.attention_varlen(q, k, v, cu, 17, dropout_p=dropout_p)
-    assert seen == []
+    T.attention_varlen(q, k, v, cu, 60, dropout_p=dropout_p)
+    assert seen == expected
