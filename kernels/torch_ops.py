@@ -15,11 +15,13 @@ for speed instead of exactness:
   equal length, on [n, H, L, D] views of the packed tensors (no gather, no padding, no mask;
   it reads ``cu_seqlens`` on the host, which costs nothing on a CPU: per-sequence calls
   measured 1.5x to 2x faster than one masked call over the gathered batch, even with every
-  length different). Elsewhere, and under ``torch.compile``, the packed tokens are gathered into
-  a dense [B, max_seqlen] batch by index tensors (no loop over the sequences, no host read; a
-  padded slot repeats a token of its own sequence, so no other sequence's values, NaN
-  included, enter a row), run through SDPA with the padding mask, and gathered back to
-  [T, H, D].
+  length different). In bfloat16 a run of up to about a hundred tokens takes a math attention
+  in float32 instead (faster than the CPU flash kernel there, and more accurate: see
+  MATH_ATTENTION_MAX_LENGTH). Elsewhere, and under ``torch.compile``, the packed tokens are
+  gathered into a dense [B, max_seqlen] batch by index tensors (no loop over the sequences,
+  no host read; a padded slot repeats a token of its own sequence, so no other sequence's
+  values, NaN included, enter a row), run through SDPA with the padding mask, and gathered
+  back to [T, H, D].
 - linear: on a CPU in float32 or bfloat16, when autograd does not record the call, one
   oneDNN call (``torch.ops.mkldnn._linear_pointwise``, what ``torch.compile`` emits on a CPU)
   with GELU or the residual add as its post-op: 8-17% faster than MKL's addmm in float32 on
@@ -216,6 +218,87 @@ def _length_mask(
     return bias if keep is None else bias.masked_fill(keep.logical_not(), float("-inf"))
 
 
+def _additive_mask(
+    relative_bias: torch.Tensor | None, window: int | None, length: int, device
+) -> torch.Tensor | None:
+    """The math path's mask for sequences of ``length`` tokens: None, or float32 [L, L] or
+    [H, L, L] added to the scaled scores (the relative bias, kept in float32; -inf outside
+    the window; a query always sees itself, so no row is all -inf)."""
+    mask = _length_mask(relative_bias, window, length, torch.float32, device)
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape[-2:], device=device).masked_fill_(
+        mask.logical_not()[0, 0], float("-inf")
+    )
+
+
+# The math path on a CPU, per dtype and head dimension: the longest sequence length it takes
+# (one SDPA call above). Measured by benchmarks/cpu_attention.py (1 thread, CPU time; the table
+# in docs/cpu.md): in bfloat16 the math path (float32 throughout, more accurate) took
+# 0.64-0.89x the time of PyTorch's CPU flash kernel at 16 to 44 tokens and about the same
+# (0.85-1.15x) from there to these lengths, where the summed savings peaked. In float32 the
+# flash kernel was as fast or faster on average at every length (the math path won by 10-20%
+# only at some lengths with many sequences, and lost as much elsewhere), so float32, like
+# float16 and float64, always takes SDPA.
+MATH_ATTENTION_MAX_LENGTH: dict[tuple[torch.dtype, int], int] = {
+    (torch.bfloat16, 32): 124,
+    (torch.bfloat16, 64): 108,
+}
+
+# Sequences per math-path chunk: as many as keep one chunk's float32 scores within this many
+# bytes. Larger chunks measured slower, some by 2x: the temporaries outgrow the cache, and
+# glibc serves allocations of a few MiB by mmap, each a new set of page faults.
+_MATH_SCORE_BYTES = 1 << 18
+
+
+# The least scores per head (n * L * L) a run needs to take the math path: below it, its
+# half-dozen op calls (about 20 us more than SDPA's one) cost more than it saves. Measured in
+# bfloat16 at head dimension 32: 1.2-1.6x SDPA's time at 100-400 scores (one to four
+# sequences of 10 tokens), level at 800-900, 0.8x from 1600.
+MATH_ATTENTION_MIN_SCORES = 1024
+
+
+def _takes_math(q: torch.Tensor, n: int, length: int, dropout_p: float, *tensors) -> bool:
+    """Whether a run of ``n`` sequences of ``length`` tokens takes the math path: an entry of
+    MATH_ATTENTION_MAX_LENGTH at least ``length``, at least MATH_ATTENTION_MIN_SCORES scores
+    per head, no dropout, and no autograd record (SDPA keeps training's dropout and
+    memory-lean backward)."""
+    longest = MATH_ATTENTION_MAX_LENGTH.get((q.dtype, q.shape[-1]), 0)
+    if length > longest or n * length * length < MATH_ATTENTION_MIN_SCORES or dropout_p:
+        return False
+    recorded = (t is not None and t.requires_grad for t in (q, *tensors))
+    return not (torch.is_grad_enabled() and any(recorded))
+
+
+def _math_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float | None,
+    out: torch.Tensor,
+) -> None:
+    """softmax(scale * q k^T + mask) v for q, k, v [n, H, L, D] (float32 or bfloat16, any
+    strides), written into ``out`` [n, H, L, D] (q's dtype, any strides).
+
+    Every step in float32: q, k, v widened (exactly), the scores and the softmax, P @ V with
+    P unrounded; the result rounded to ``out``'s dtype once. In bfloat16 that is more accurate
+    than SDPA's flash kernel, which rounds P to bfloat16 for its P @ V product. ``scale`` None
+    is 1 / sqrt(D), as SDPA. ``mask``: None or float32 [L, L] or [H, L, L], added to the scaled
+    scores. Sequences go in chunks whose float32 scores fit _MATH_SCORE_BYTES."""
+    n, heads, length, head_dim = q.shape
+    scale = head_dim**-0.5 if scale is None else scale
+    chunk = max(1, _MATH_SCORE_BYTES // (4 * heads * length * length))
+    wide = dict(dtype=torch.float32, memory_format=torch.contiguous_format)
+    for first in range(0, n, chunk):
+        rows = slice(first, first + chunk)
+        scores = torch.matmul(q[rows].to(**wide), k[rows].to(**wide).mT).mul_(scale)
+        if mask is not None:
+            scores.add_(mask)
+        probs = torch.softmax(scores, dim=-1)
+        out[rows].copy_(torch.matmul(probs, v[rows].to(**wide)))
+
+
 def _attention_by_length(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -227,14 +310,15 @@ def _attention_by_length(
     rotary: torch.Tensor | None,
     window: int | None,
 ) -> torch.Tensor:
-    """attention_varlen as one SDPA call per run of consecutive sequences of equal length,
-    each on [n, H, L, D] views of the packed [T, H, D] tensors: no gather, no padding, and a
-    mask only for a relative bias or a window (one per length). Reads ``cu_seqlens`` on the
-    host: for a CPU only, where that costs nothing."""
+    """attention_varlen per run of consecutive sequences of equal length, each on
+    [n, H, L, D] views of the packed [T, H, D] tensors: no gather, no padding, and a mask only
+    for a relative bias or a window (one per length). A run takes the math path
+    (:func:`_math_attention`) where :func:`_takes_math` says so, one SDPA call otherwise.
+    Reads ``cu_seqlens`` on the host: for a CPU only, where that costs nothing."""
     bounds = cu_seqlens.tolist()
     tokens, heads, head_dim = q.shape
     context = torch.empty_like(q)
-    masks: dict[int, torch.Tensor | None] = {}
+    masks: dict[tuple[int, bool], torch.Tensor | None] = {}
     first, count = 0, len(bounds) - 1
     while first < count:
         length = bounds[first + 1] - bounds[first]
@@ -251,12 +335,27 @@ def _attention_by_length(
         if rotary is not None:  # positions 0..L-1: each sequence's own
             group_q = reference.rotary_positions(group_q, rotary)
             group_k = reference.rotary_positions(group_k, rotary)
-        if length not in masks:
-            masks[length] = _length_mask(relative_bias, window, length, q.dtype, q.device)
-        out = F.scaled_dot_product_attention(
-            group_q, group_k, group_v, attn_mask=masks[length], dropout_p=dropout_p, scale=scale
-        )
-        context[start:end].view(n, length, heads, head_dim).copy_(out.transpose(1, 2))
+        out = context[start:end].view(n, length, heads, head_dim).transpose(1, 2)
+        use_math = _takes_math(q, n, length, dropout_p, k, v, relative_bias)
+        if (length, use_math) not in masks:
+            masks[length, use_math] = (
+                _additive_mask(relative_bias, window, length, q.device)
+                if use_math
+                else _length_mask(relative_bias, window, length, q.dtype, q.device)
+            )
+        if use_math:
+            _math_attention(group_q, group_k, group_v, masks[length, True], scale, out)
+        else:
+            out.copy_(
+                F.scaled_dot_product_attention(
+                    group_q,
+                    group_k,
+                    group_v,
+                    attn_mask=masks[length, False],
+                    dropout_p=dropout_p,
+                    scale=scale,
+                )
+            )
     return context
 
 
