@@ -33,7 +33,10 @@ def serve(options: ServeOptions, model: TextModel | None = None) -> None:
     import uvicorn
 
     configure_logging(options.log_level)
-    model = model or load_in_own_thread(options.model)
+    if model is None:
+        model = (
+            load_in_own_thread(options.model) if options.omp_spin else load_options(options.model)
+        )
     app = create_app(model, options)
     config = uvicorn.Config(
         app,
@@ -51,7 +54,8 @@ def serve(options: ServeOptions, model: TextModel | None = None) -> None:
 
 
 def load_in_own_thread(options: EmbedOptions) -> TextModel:
-    """Load the model in a thread that then ends, taking its OpenMP threads with it.
+    """Load the model in a thread that then ends, taking its OpenMP threads with it (with
+    ``omp_spin``).
 
     torch runs CPU ops on a team of OpenMP threads per calling thread; loading runs some. A
     team left on this thread (the event loop's) beside the model thread's would make libgomp
@@ -66,7 +70,7 @@ def load_in_own_thread(options: EmbedOptions) -> TextModel:
         except BaseException as exc:  # re-raised on the caller's thread
             loaded["error"] = exc
 
-    thread = threading.Thread(target=load, name="fastbert-load")
+    thread = threading.Thread(target=load, name="fastbert-load", daemon=True)  # Ctrl-C exits
     thread.start()
     thread.join()
     if "error" in loaded:
