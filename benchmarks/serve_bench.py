@@ -65,6 +65,13 @@ MAX_LENGTH = 256  # all-MiniLM-L6-v2's max_seq_length: longer inputs are cut the
 BATCH = 32
 DOCUMENTS = 16
 DISTINCT_REQUESTS = 64  # batch32 and rerank requests cycle through this many different ones
+# How the servers' OpenMP threads wait (recorded when set: they change CPU timings).
+OPENMP_VARIABLES = (
+    "OMP_NUM_THREADS",
+    "OMP_WAIT_POLICY",
+    "GOMP_SPINCOUNT",
+    "FASTBERT_SERVE_OMP_SPIN",
+)
 
 
 # --- the text -------------------------------------------------------------------------------
@@ -415,7 +422,9 @@ def markdown(report: dict) -> str:
         "its own HTTP/1.1 client).",
         f"CPU: {env['cpu']} ({env['cpu_count']} logical CPUs, {env['cpu_threads']} torch "
         f"threads; SIMD: {env['cpu_simd'] or 'unknown'}); load average {env['load_average']} "
-        f"at start, {report.get('load_average_end')} at end.",
+        f"at start, {report.get('load_average_end')} at end"
+        + "".join(f"; {v}={env[v]}" for v in OPENMP_VARIABLES if env.get(v) is not None)
+        + ".",
         f"fastbert {env['fastbert']}, torch {env['torch']}, transformers "
         f"{env['transformers']}, sentence-transformers {env['sentence-transformers']}, "
         f"uvicorn {env['uvicorn']}"
@@ -520,7 +529,9 @@ def environment_info(infinity_python: Path | None) -> dict:
     simd = ("avx", "amx", "fma", "f16c")
     env["cpu_simd"] = " ".join(sorted(f for f in cpu.cpu_flags() if f.startswith(simd)))
     env["load_average"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
-    env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS")  # the servers inherit it
+    # The servers inherit these; FASTBERT_SERVE_OMP_SPIN is fastbert serve's --omp-spin default.
+    for variable in OPENMP_VARIABLES:
+        env[variable] = os.environ.get(variable)
     for package in ("uvicorn", "starlette"):
         try:
             env[package] = importlib.metadata.version(package)

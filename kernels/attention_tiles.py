@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .checks import RELATIVE_BUCKETS
-from .reference import relative_position_bucket
+from .reference import RELATIVE_MAX_DISTANCE, relative_position_bucket
 
 # CUDA's limit on grid axes 1 and 2 (heads, and batch or sequences).
 MAX_GRID_YZ = 65535
@@ -22,8 +22,13 @@ LOG2_E = math.log2(math.e)
 def bucket_edges() -> tuple[int, ...]:
     """The least distance |j - i| of each log-spaced bucket of one direction (buckets
     RELATIVE_BUCKETS / 4 .. RELATIVE_BUCKETS / 2 - 1), read off the reference's float math, so
-    the kernels compare integers and land exactly where Hugging Face's float logs do."""
-    distance = torch.arange(4 * RELATIVE_BUCKETS * RELATIVE_BUCKETS)
+    the kernels compare integers and land exactly where Hugging Face's float logs do.
+
+    Every edge lies below ``RELATIVE_MAX_DISTANCE`` (where the last bucket starts at the
+    latest). The distances stay few on purpose: on a tensor of a few thousand, torch's log
+    starts an OpenMP thread team on the thread importing fastbert, and with a second team (a
+    server's model thread) libgomp counts more threads than cores and stops spin-waiting."""
+    distance = torch.arange(2 * RELATIVE_MAX_DISTANCE)
     bucket = relative_position_bucket(-distance)  # key before the query: the lower half
     first = RELATIVE_BUCKETS // 4
     return tuple(int(distance[bucket == b][0]) for b in range(first, RELATIVE_BUCKETS // 2))

@@ -20,7 +20,12 @@ HELP = "serve embeddings, rerank scores and classifications over HTTP (TEI- and 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from fastbert.serve.options import API_KEY_VARIABLE, LOG_LEVELS, default_tokenize_workers
+    from fastbert.serve.options import (
+        API_KEY_VARIABLE,
+        LOG_LEVELS,
+        OMP_SPIN_VARIABLE,
+        default_tokenize_workers,
+    )
 
     parser.add_argument(
         "--model",
@@ -116,6 +121,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tokenizer threads (default: half the cores, 1 to 4)",
     )
     parser.add_argument(
+        "--omp-spin",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="CPU: keep the model's OpenMP threads the process's only team, so that they "
+        "spin-wait between parallel regions (OMP_WAIT_POLICY and GOMP_SPINCOUNT tune it); "
+        f"--no-omp-spin: they sleep after ~100 spins (default: ${OMP_SPIN_VARIABLE}, else off)",
+    )
+    parser.add_argument(
         "--log-level",
         choices=LOG_LEVELS,
         default="info",
@@ -180,6 +193,7 @@ def options_from(args: argparse.Namespace):
             api_key=api_key or None,
             tokenize_workers=args.workers_tokenize,
             log_level=args.log_level,
+            **({} if args.omp_spin is None else {"omp_spin": args.omp_spin}),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc

@@ -216,8 +216,11 @@ def create_app(model: TextModel, options: ServeOptions) -> Any:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
-        server.warm_up()
-        server.batcher.start()
+        if options.omp_spin:  # the model thread's OpenMP team stays the only one
+            server.batcher.start(server.warm_up)
+        else:  # a team on this thread too: libgomp then throttles spin-waiting
+            server.warm_up()
+            server.batcher.start()
         try:
             yield
         finally:
@@ -512,6 +515,7 @@ def create_app(model: TextModel, options: ServeOptions) -> Any:
             "auto_truncate": options.auto_truncate,
             "payload_limit": options.payload_limit,
             "tokenization_workers": options.tokenize_workers,
+            "omp_spin": options.omp_spin,
             "version": __version__,
         }
 

