@@ -120,7 +120,7 @@ class Batcher:
         and this returns once it has, raising what ``first`` raised (the thread then ends).
         Every forward pass runs on this one thread: on a CPU, torch gives each calling thread
         a team of OpenMP threads, and with more teams than cores libgomp stops spin-waiting
-        between parallel regions (see docs/serving.md, CPU threads)."""
+        between parallel regions (see docs/serve.md, CPU threads)."""
         self._first = first
         self._thread.start()
         self._ready.wait()

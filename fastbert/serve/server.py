@@ -60,7 +60,7 @@ def load_in_own_thread(options: EmbedOptions) -> TextModel:
     torch runs CPU ops on a team of OpenMP threads per calling thread; loading runs some. A
     team left on this thread (the event loop's) beside the model thread's would make libgomp
     count more threads than cores, and it then stops spin-waiting: every parallel region of a
-    forward pass would put its threads to sleep and wake them (see docs/serving.md, CPU
+    forward pass would put its threads to sleep and wake them (see docs/serve.md, CPU
     threads)."""
     loaded: dict[str, Any] = {}
 
