@@ -27,11 +27,13 @@ to embeddings; the model loaded beforehand and not timed):
   tokenisation, the same length-sorted token-budget batches (the same token ids and masks),
   pooled and normalised as the model folder says.
 
-Each runs ``--reps`` times after a warm-up on a slice of the corpus; the median is reported with
-the min and max, and tokens/s as a percentage of the CPU's GEMM limit in the precision the
-contender computes in (benchmarks/gemm_limit.py, measured in the same run). Every contender's
-embeddings are compared with ``st.encode``'s (fp32): the least cosine is reported beside the
-bound the contender is held to, and the run exits 1 when one falls below it. Writes
+Each contender loads and runs in a fresh process of its own (``--isolation shared``: all in this
+one, where a contender's speed moves with what ran before it), ``--reps`` times after a warm-up
+on a slice of the corpus; the median is reported with the min and max, and tokens/s as a
+percentage of the CPU's GEMM limit in the precision the contender computes in
+(benchmarks/gemm_limit.py, measured in the same run). Every contender's embeddings are compared
+with ``st.encode``'s (fp32): the least cosine is reported beside the bound the contender is
+held to, and the run exits 1 when one falls below it. Writes
 embed-bench.json (with the environment: CPU model and flags, threads, versions) and
 embed-bench.md (embed-bench-mpnet.* for all-mpnet-base-v2).
 """
@@ -148,8 +150,9 @@ def contenders(
     details: dict | None = None,
 ) -> dict[str, Callable[[list[str]], np.ndarray]]:
     """key -> function(texts) -> embeddings [n, dim] (float32 numpy), for the keys of
-    CONTENDERS in ``chosen`` (default: all fastbert's and the installed peers). A peer's
-    details (precision that ran, threads, fused nodes, files) go into ``details[key]``."""
+    CONTENDERS in ``chosen`` (default: all fastbert's and the installed peers), each loaded
+    here (nothing is loaded for a key not chosen). A peer's details (precision that ran,
+    threads, fused nodes, files) go into ``details[key]``."""
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -187,7 +190,7 @@ def contenders(
         return embed
 
     runs: dict[str, Callable[[list[str]], np.ndarray]] = {}
-    for key in ["st", *[k for k in chosen if k != "st"]]:
+    for key in chosen:
         if key == "st":
             st = SentenceTransformer(str(folder), device=device)
             runs[key] = lambda b, st=st: st.encode(b, convert_to_numpy=True)
@@ -239,6 +242,70 @@ def measure(
     return seconds, result
 
 
+@dataclasses.dataclass
+class Measured:
+    """One contender's timed runs (seconds each), its embeddings [n, dim] float32 from the
+    last run, a peer's details, and the id of the process that ran it."""
+
+    seconds: list[float]
+    embeddings: np.ndarray
+    details: dict | None
+    pid: int
+
+
+def run_contender(
+    key: str, texts: list[str], device: str, batch_tokens: int | None, model: str, reps: int
+) -> Measured:
+    """Load contender ``key`` (and nothing else), warm it up and time it ``reps`` times on
+    ``texts``."""
+    import torch
+
+    details: dict = {}
+    with tempfile.TemporaryDirectory() as workdir, torch.inference_mode():
+        embed = contenders(texts, device, batch_tokens, Path(workdir), model, [key], details)
+        seconds, embedded = measure(embed[key], texts, reps)
+    return Measured(seconds, embedded, details.get(key), os.getpid())
+
+
+def in_own_process(function: Callable[..., Measured], *args: Any) -> Measured:
+    """``function(*args)`` in a fresh Python process (spawned, not forked: nothing loaded
+    here is inherited), on as many threads as this one."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(function, *args).result()
+
+
+def measure_contenders(
+    keys: list[str],
+    texts: list[str],
+    device: str,
+    batch_tokens: int | None,
+    model: str,
+    reps: int,
+    isolation: str = "process",
+) -> dict[str, Measured]:
+    """key -> its measurement, one contender after another in the order of ``keys``: each in
+    a process of its own (``isolation="process"``), or all in this one (``"shared"``). In one
+    process a contender's speed moves with what ran before it (the int8 row by up to 20% on a
+    2-thread CPU: docs/results.md), so the comparisons run one process per contender."""
+    measured = {}
+    for key in keys:
+        args = (key, texts, device, batch_tokens, model, reps)
+        measured[key] = (
+            in_own_process(run_contender, *args)
+            if isolation == "process"
+            else (run_contender(*args))
+        )
+        median = statistics.median(measured[key].seconds)
+        print(
+            f"{CONTENDERS[key].name}: {median:.2f} s, {len(texts) / median:.1f} docs/s",
+            file=sys.stderr,
+        )
+    return measured
+
+
 def cosine_min(a: np.ndarray, b: np.ndarray) -> float:
     a, b = a.astype(np.float64), b.astype(np.float64)
     cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
@@ -256,7 +323,12 @@ def markdown(report: dict) -> str:
         f"{report['max_length']}; corpus: "
         f"paragraphs of pydoc_data.topics (words per doc: median {report['words_median']}, "
         f"max {report['words_max']}); median of {report['reps']} runs after a warm-up; model "
-        "loading not timed.",
+        "loading not timed; "
+        + (
+            "each contender in a fresh process of its own."
+            if report.get("isolation", "shared") == "process"
+            else "all contenders in one process, one after another."
+        ),
         f"CPU: {env['cpu']} ({env['cpu_threads']} torch threads; flags: "
         f"{env.get('cpu_flags') or 'none listed'}); load average at start "
         f"{report['load_average']}; torch {env['torch']}, transformers {env['transformers']}, "
@@ -342,6 +414,13 @@ def main(argv: list[str] | None = None) -> int:
         default=1.0,
         help="seconds of matrix products per precision for the GEMM limit (0: not measured)",
     )
+    parser.add_argument(
+        "--isolation",
+        choices=("process", "shared"),
+        default="process",
+        help="process (the default): each contender loads and runs in a fresh process of its "
+        "own, so none is slowed by what ran before it; shared: all in this process",
+    )
     args = parser.parse_args(argv)
     named = args.contenders or ("all" if args.device == "cpu" else "fastbert")
     try:
@@ -351,8 +430,6 @@ def main(argv: list[str] | None = None) -> int:
     peers_named = [k for k in args.contenders if k in embed_peers.PEERS]
     if peers_named and args.device != "cpu":
         parser.error(f"--contenders {','.join(peers_named)}: the peers run on the CPU only")
-
-    import torch
 
     from fastbert.bench import environment
     from fastbert.embed.model import read_config
@@ -390,41 +467,38 @@ def main(argv: list[str] | None = None) -> int:
             seconds=args.gemm_seconds,
             glu=config.glu,
         )
-    results, details = [], {}
-    with tempfile.TemporaryDirectory() as workdir, torch.inference_mode():
-        runs = contenders(
-            texts,
-            args.device,
-            args.batch_tokens,
-            Path(workdir),
-            args.model,
-            args.contenders,
-            details,
+    measured = measure_contenders(
+        args.contenders,
+        texts,
+        args.device,
+        args.batch_tokens,
+        args.model,
+        args.reps,
+        args.isolation,
+    )
+    reference = measured["st"].embeddings
+    results = []
+    for key, run in measured.items():
+        row = CONTENDERS[key]
+        median = statistics.median(run.seconds)
+        limit = (limits or {}).get(row.precision)
+        results.append(
+            {
+                "key": key,
+                "name": row.name,
+                "precision": row.precision,
+                "seconds": run.seconds,
+                "median_s": median,
+                "docs_per_s": len(texts) / median,
+                "tokens_per_s": tokens / median,
+                "gemm_limit_percent": None
+                if limit is None
+                else 100 * tokens / median / limit["tokens_per_s"],
+                "cosine_min": cosine_min(run.embeddings, reference),
+                "min_cosine": row.min_cosine,
+                "pid": run.pid,
+            }
         )
-        reference = None
-        for key in runs:
-            row = CONTENDERS[key]
-            seconds, embedded = measure(runs[key], texts, args.reps)
-            reference = embedded if reference is None else reference
-            median = statistics.median(seconds)
-            limit = (limits or {}).get(row.precision)
-            results.append(
-                {
-                    "key": key,
-                    "name": row.name,
-                    "precision": row.precision,
-                    "seconds": seconds,
-                    "median_s": median,
-                    "docs_per_s": len(texts) / median,
-                    "tokens_per_s": tokens / median,
-                    "gemm_limit_percent": None
-                    if limit is None
-                    else 100 * tokens / median / limit["tokens_per_s"],
-                    "cosine_min": cosine_min(embedded, reference),
-                    "min_cosine": row.min_cosine,
-                }
-            )
-            print(f"{row.name}: {median:.2f} s, {len(texts) / median:.1f} docs/s", file=sys.stderr)
     report = {
         "model": MODELS[args.model][0],
         "packaged": MODELS[args.model][1] != "modernbert_folder",
@@ -439,7 +513,8 @@ def main(argv: list[str] | None = None) -> int:
         "batch_tokens": args.batch_tokens,
         "environment": env,
         "gemm_limit": limits,
-        "peers": details,
+        "isolation": args.isolation,
+        "peers": {k: run.details for k, run in measured.items() if run.details is not None},
         "results": results,
         "not_run": {CONTENDERS[k].name: why for k, why in skipped.items()},
     }

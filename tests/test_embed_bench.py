@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import re
 from pathlib import Path
 
@@ -31,6 +32,7 @@ def test_corpus_spreads_over_the_text() -> None:
 def test_embed_bench_reports_every_contender(tmp_path) -> None:
     fastbert_rows = "st,fastbert-embed,fastbert-list,fastbert-optimize"
     argv = ["--out", str(tmp_path), "--docs", "6", "--reps", "1", "--gemm-seconds", "0.05"]
+    argv += ["--isolation", "shared"]
     assert embed_bench.main([*argv, "--contenders", fastbert_rows]) == 0
     report = json.loads((tmp_path / "embed-bench.json").read_text())
     names = [r["name"] for r in report["results"]]
@@ -49,9 +51,26 @@ def test_embed_bench_reports_every_contender(tmp_path) -> None:
     assert "| fastbert embed |" in (tmp_path / "embed-bench.md").read_text()
 
 
+def test_each_contender_runs_in_a_process_of_its_own(tmp_path) -> None:
+    """The default isolation: every contender is loaded and timed in a fresh process (none
+    of them in the benchmark's own), and its embeddings come back to be compared."""
+    argv = ["--out", str(tmp_path), "--docs", "4", "--reps", "1", "--gemm-seconds", "0"]
+    assert embed_bench.main([*argv, "--contenders", "fastbert-list"]) == 0
+    report = json.loads((tmp_path / "embed-bench.json").read_text())
+    assert report["isolation"] == "process"
+    pids = [r["pid"] for r in report["results"]]
+    assert [r["key"] for r in report["results"]] == ["st", "fastbert-list"]
+    assert len(set(pids)) == 2 and os.getpid() not in pids
+    assert report["results"][1]["cosine_min"] >= 0.99999
+    assert (
+        "each contender in a fresh process of its own" in (tmp_path / "embed-bench.md").read_text()
+    )
+
+
 def test_fastbert_lossy_rows_run_their_precision(tmp_path) -> None:
     """bf16 and int8 rows really compute in their precision: near st.encode, not equal."""
     argv = ["--out", str(tmp_path), "--docs", "6", "--reps", "1", "--gemm-seconds", "0.05"]
+    argv += ["--isolation", "shared"]
     assert embed_bench.main([*argv, "--contenders", "fastbert-bf16,fastbert-int8"]) == 0
     report = json.loads((tmp_path / "embed-bench.json").read_text())
     rows = {r["name"]: r for r in report["results"]}
@@ -78,6 +97,7 @@ def test_the_peers_agree_with_sentence_transformers(tmp_path, monkeypatch, peer_
     monkeypatch.setenv("FASTBERT_CACHE", str(peer_cache))  # exported afresh
     out = tmp_path / "out"
     argv = ["--out", str(out), "--docs", "8", "--reps", "1", "--gemm-seconds", "0.05"]
+    argv += ["--isolation", "shared"]
     assert embed_bench.main([*argv, "--contenders", ",".join(PEER_KEYS)]) == 0
     report = json.loads((out / "embed-bench.json").read_text())
     rows = {r["key"]: r for r in report["results"]}
@@ -199,7 +219,8 @@ def test_the_peers_extra_installs_what_the_peers_import() -> None:
 
 
 class _Chosen(Exception):
-    """Raised by a stand-in for embed_bench.contenders with the keys it was asked to run."""
+    """Raised by a stand-in for embed_bench.measure_contenders with the keys it was asked to
+    run."""
 
 
 def test_a_contender_the_model_cannot_run(monkeypatch, capsys, tmp_path) -> None:
@@ -219,9 +240,9 @@ def test_a_contender_the_model_cannot_run(monkeypatch, capsys, tmp_path) -> None
     monkeypatch.setattr(embed_bench, "count_tokens", lambda *args: 100)
 
     def chosen(*args, **kwargs):
-        raise _Chosen(args[5])
+        raise _Chosen(args[0])
 
-    monkeypatch.setattr(embed_bench, "contenders", chosen)
+    monkeypatch.setattr(embed_bench, "measure_contenders", chosen)
     argv = ["--out", str(tmp_path), "--docs", "4", "--gemm-seconds", "0"]
     with pytest.raises(_Chosen) as ran:
         embed_bench.main([*argv, "--model", "modernbert-base", "--contenders", "fastbert"])
