@@ -27,10 +27,11 @@ to embeddings; the model loaded beforehand and not timed):
   tokenisation, the same length-sorted token-budget batches (the same token ids and masks),
   pooled and normalised as the model folder says.
 
-Each contender loads and runs in a fresh process of its own (``--isolation shared``: all in this
-one, where a contender's speed moves with what ran before it), ``--reps`` times after a warm-up
-on a slice of the corpus; the median is reported with the min and max, and tokens/s as a
-percentage of the CPU's GEMM limit in the precision the contender computes in
+Each contender loads and runs in a fresh process of its own (``--isolation shared``: all in
+this one, where a contender's speed moves with what ran before it) and is warmed up on a slice
+of the corpus; then come ``--reps`` rounds, each running every contender once in turn (so a
+slow spell of a shared machine slows them alike). The median is reported with the min and max,
+and tokens/s as a percentage of the CPU's GEMM limit in the precision the contender computes in
 (benchmarks/gemm_limit.py, measured in the same run). Every contender's embeddings are compared
 with ``st.encode``'s (fp32): the least cosine is reported beside the bound the contender is
 held to, and the run exits 1 when one falls below it. Writes
@@ -43,12 +44,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import multiprocessing
 import os
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -230,22 +233,10 @@ def count_tokens(texts: list[str], max_length: int, model: str = "minilm") -> in
     return sum(len(i) for i in ids)
 
 
-def measure(
-    fn: Callable[[list[str]], np.ndarray], texts: list[str], reps: int
-) -> tuple[list[float], np.ndarray]:
-    fn(texts[: max(1, len(texts) // 10)])  # warm-up
-    seconds, result = [], None
-    for _ in range(reps):
-        start = time.perf_counter()
-        result = fn(texts)
-        seconds.append(time.perf_counter() - start)
-    return seconds, result
-
-
 @dataclasses.dataclass
 class Measured:
-    """One contender's timed runs (seconds each), its embeddings [n, dim] float32 from the
-    last run, a peer's details, and the id of the process that ran it."""
+    """One contender's timed runs (seconds each, in the order they ran), its embeddings [n,
+    dim] float32 from the last run, a peer's details, and the id of the process that ran it."""
 
     seconds: list[float]
     embeddings: np.ndarray
@@ -253,28 +244,54 @@ class Measured:
     pid: int
 
 
-def run_contender(
-    key: str, texts: list[str], device: str, batch_tokens: int | None, model: str, reps: int
-) -> Measured:
-    """Load contender ``key`` (and nothing else), warm it up and time it ``reps`` times on
-    ``texts``."""
+# In the process that runs a contender: key -> its loaded embed function (texts -> [n, dim]).
+_LOADED: dict[str, Callable[[list[str]], np.ndarray]] = {}
+
+
+def load_contender(
+    key: str, texts: list[str], device: str, batch_tokens: int | None, model: str
+) -> tuple[dict | None, int]:
+    """Load contender ``key`` (and nothing else) into this process and warm it up on a tenth
+    of ``texts``; its details (a peer's) and this process's id."""
     import torch
 
     details: dict = {}
-    with tempfile.TemporaryDirectory() as workdir, torch.inference_mode():
-        embed = contenders(texts, device, batch_tokens, Path(workdir), model, [key], details)
-        seconds, embedded = measure(embed[key], texts, reps)
-    return Measured(seconds, embedded, details.get(key), os.getpid())
+    workdir = Path(tempfile.mkdtemp(prefix="embed-bench-"))  # the process's; the OS cleans up
+    embed = contenders(texts, device, batch_tokens, workdir, model, [key], details)[key]
+    with torch.inference_mode():
+        embed(texts[: max(1, len(texts) // 10)])
+    _LOADED[key] = embed
+    return details.get(key), os.getpid()
 
 
-def in_own_process(function: Callable[..., Measured], *args: Any) -> Measured:
-    """``function(*args)`` in a fresh Python process (spawned, not forked: nothing loaded
-    here is inherited), on as many threads as this one."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+def time_contender(key: str, texts: list[str]) -> tuple[float, np.ndarray]:
+    """One timed run of the loaded contender ``key`` on ``texts``: seconds, embeddings."""
+    import torch
 
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(function, *args).result()
+    with torch.inference_mode():
+        start = time.perf_counter()
+        embedded = _LOADED[key](texts)
+        return time.perf_counter() - start, embedded
+
+
+class _InThisProcess:
+    """The executor interface of ProcessPoolExecutor, calling here and now."""
+
+    def submit(self, function: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        future.set_result(function(*args))
+        return future
+
+    def shutdown(self) -> None:
+        _LOADED.clear()
+
+
+def _executor(isolation: str) -> Any:
+    """Where a contender runs: a fresh Python process of its own (spawned, not forked:
+    nothing loaded here is inherited), or this process."""
+    if isolation == "shared":
+        return _InThisProcess()
+    return ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
 
 
 def measure_contenders(
@@ -286,24 +303,37 @@ def measure_contenders(
     reps: int,
     isolation: str = "process",
 ) -> dict[str, Measured]:
-    """key -> its measurement, one contender after another in the order of ``keys``: each in
-    a process of its own (``isolation="process"``), or all in this one (``"shared"``). In one
-    process a contender's speed moves with what ran before it (the int8 row by up to 20% on a
-    2-thread CPU: docs/results.md), so the comparisons run one process per contender."""
-    measured = {}
-    for key in keys:
-        args = (key, texts, device, batch_tokens, model, reps)
-        measured[key] = (
-            in_own_process(run_contender, *args)
-            if isolation == "process"
-            else (run_contender(*args))
-        )
-        median = statistics.median(measured[key].seconds)
-        print(
-            f"{CONTENDERS[key].name}: {median:.2f} s, {len(texts) / median:.1f} docs/s",
-            file=sys.stderr,
-        )
-    return measured
+    """key -> its measurement. Each contender is loaded and warmed up in a process of its own
+    (``isolation="process"``), or all in this one (``"shared"``); then the timed runs go round
+    by round, each round every contender once in the order of ``keys``, so that a machine
+    that slows down for a while (a shared host) slows every contender alike rather than the
+    one that happened to run then. In one process a contender's speed moved with what ran
+    before it (the int8 row by up to 20% on a 2-thread CPU: docs/results.md), hence the
+    processes; only one of them computes at a time."""
+    executors = {key: _executor(isolation) for key in keys}
+    try:
+        loaded = {}
+        for key in keys:
+            loaded[key] = (
+                executors[key]
+                .submit(load_contender, key, texts, device, batch_tokens, model)
+                .result()
+            )
+        seconds: dict[str, list[float]] = {key: [] for key in keys}
+        embedded: dict[str, np.ndarray] = {}
+        for round_ in range(1, reps + 1):
+            for key in keys:
+                took, embedded[key] = executors[key].submit(time_contender, key, texts).result()
+                seconds[key].append(took)
+                print(
+                    f"round {round_}/{reps}: {CONTENDERS[key].name}: {took:.2f} s, "
+                    f"{len(texts) / took:.1f} docs/s",
+                    file=sys.stderr,
+                )
+    finally:
+        for executor in executors.values():
+            executor.shutdown()
+    return {key: Measured(seconds[key], embedded[key], *loaded[key]) for key in keys}
 
 
 def cosine_min(a: np.ndarray, b: np.ndarray) -> float:
@@ -322,12 +352,12 @@ def markdown(report: dict) -> str:
         f"{' (packaged)' if report.get('packaged', True) else ''}, max_length "
         f"{report['max_length']}; corpus: "
         f"paragraphs of pydoc_data.topics (words per doc: median {report['words_median']}, "
-        f"max {report['words_max']}); median of {report['reps']} runs after a warm-up; model "
+        f"max {report['words_max']}); median of {report['reps']} rounds after a warm-up; model "
         "loading not timed; "
         + (
-            "each contender in a fresh process of its own."
+            "each contender in a fresh process of its own, the rounds in turn."
             if report.get("isolation", "shared") == "process"
-            else "all contenders in one process, one after another."
+            else "all contenders in one process."
         ),
         f"CPU: {env['cpu']} ({env['cpu_threads']} torch threads; flags: "
         f"{env.get('cpu_flags') or 'none listed'}); load average at start "

@@ -266,7 +266,14 @@ def run_mix(
             progress(f"[{contender}] {mix} open x{multiple}: skipped (no closed-loop throughput)")
             continue
         rate = multiple * saturating
-        plan = Plan(server.base_url, calls, "open", rate=rate, **common)
+        plan = Plan(
+            server.base_url,
+            calls,
+            "open",
+            rate=rate,
+            max_connections=args.open_connections,
+            **common,
+        )
         cell = summary(generator.run(plan)) | name
         cell |= dict(
             concurrency=None, rate=rate, rate_multiple=multiple, saturating_rate=saturating
@@ -416,8 +423,9 @@ def markdown(report: dict) -> str:
         f"Model: {report['models']['embed_name']} (fp32)"
         + (f"; rerank: {report['models']['rerank']}." if "rerank" in settings["mixes"] else "."),
         f"Closed loops at concurrency {settings['concurrency']} and open loops (Poisson "
-        f"arrivals, latency from the intended send time) at {settings['open']} x the "
-        f"contender's saturating rate; {settings['seconds']} s measured per cell after "
+        f"arrivals, latency from the intended send time, up to "
+        f"{settings.get('open_connections', 512)} connections at once) at {settings['open']} x "
+        f"the contender's saturating rate; {settings['seconds']} s measured per cell after "
         f"{settings['warmup']} s of warm-up; load generator in its own process (asyncio, "
         "its own HTTP/1.1 client).",
         f"CPU: {env['cpu']} ({env['cpu_count']} logical CPUs, {env['cpu_threads']} torch "
@@ -588,6 +596,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=[0.5, 1.0, 2.0],
         help="open-loop rates, as multiples of the saturating rate ('' for none)",
     )
+    parser.add_argument(
+        "--open-connections",
+        type=int,
+        default=Plan.max_connections,
+        help="the open loop's most connections at once: more than a server admits, so the "
+        "excess meets its admission control",
+    )
     parser.add_argument("--seconds", type=float, default=15.0, help="measured seconds per cell")
     parser.add_argument("--warmup", type=float, default=3.0, help="warm-up seconds per cell")
     parser.add_argument(
@@ -630,12 +645,12 @@ def main(argv: list[str] | None = None) -> int:
         args.seconds, args.warmup, args.min_rounds = 2.0, 0.5, 2.0
         args.in_process_calls = min(args.in_process_calls, 50)
     if (
-        min(args.seconds, args.timeout, args.in_process_calls) <= 0
+        min(args.seconds, args.timeout, args.in_process_calls, args.open_connections) <= 0
         or min(args.warmup, args.min_rounds) < 0
     ):
         parser.error(
-            "--seconds, --timeout and --in-process-calls must be > 0, --warmup and "
-            "--min-rounds >= 0"
+            "--seconds, --timeout, --in-process-calls and --open-connections must be > 0, "
+            "--warmup and --min-rounds >= 0"
         )
     if args.model is None:
         from fastbert.integrations.models import packaged_minilm_path
@@ -719,6 +734,7 @@ def run(args: argparse.Namespace) -> int:
             "concurrency": args.concurrency,
             "open": args.open,
             "open_arrivals": "Poisson (exponential gaps, seeded)",
+            "open_connections": args.open_connections,
             "seconds": args.seconds,
             "warmup": args.warmup,
             "quick": args.quick,

@@ -77,7 +77,12 @@ class Plan:
     seed: int = 0
     timeout: float = 120.0  # per request
     drain: float | None = None  # open loop: wait this long for answers after the last send
-    max_connections: int = 512  # open loop's pool (a closed loop uses one per worker)
+    # The open loop's pool (a closed loop uses one connection per worker): larger than what a
+    # server under test admits (512 inputs is TEI's and fastbert's bound), so that requests
+    # past its capacity reach it and meet its admission control, instead of waiting here for
+    # a free connection (a wait that would count as their latency, and keep the server from
+    # ever seeing more than the pool).
+    max_connections: int = 4096
     keep_samples: bool = False  # return each request's record (the tests read them)
 
 
