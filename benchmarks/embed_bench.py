@@ -361,7 +361,9 @@ def markdown(report: dict) -> str:
         ),
         f"CPU: {env['cpu']} ({env['cpu_threads']} torch threads; flags: "
         f"{env.get('cpu_flags') or 'none listed'}); load average at start "
-        f"{report['load_average']}; torch {env['torch']}, transformers {env['transformers']}, "
+        f"{report['load_average']}; fastbert's freed memory: "
+        f"{env.get('cpu_freed_memory', 'returned to the system')}; torch {env['torch']}, "
+        f"transformers {env['transformers']}, "
         f"sentence-transformers {env['sentence-transformers']}, onnxruntime "
         f"{env.get('onnxruntime')}, openvino {env.get('openvino')}, onnx {env.get('onnx')}; "
         f"commit {env['commit']}; {env['date']}.",

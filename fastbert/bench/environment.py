@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from fastbert.execution import cpu
+from fastbert.execution import cpu, cpu_memory
 
 PACKAGES = ("fastbert", "torch", "triton", "transformers", "sentence-transformers")
 REPO = Path(__file__).resolve().parents[2]
@@ -78,6 +78,7 @@ def capture() -> dict:
         "cpu": cpu_name(),
         "cpu_flags": " ".join(cpu.relevant_flags()),
         "cpu_threads": torch.get_num_threads(),
+        "cpu_freed_memory": cpu_memory.status(),
     }
     env.update({package: _version(package) for package in PACKAGES})
     env.update(gpu_info() or {"gpu": None})
