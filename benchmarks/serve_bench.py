@@ -387,16 +387,18 @@ def targets(cells: list[dict], inproc: dict | None) -> list[dict]:
             continue
         out.append(
             {
-                "target": f"{mix} at 2x the saturating rate: only 429s beyond capacity, no other "
+                "target": f"{mix} at 2x the saturating rate: 429s beyond capacity and no other "
                 "error (value: p99 ms of the admitted requests)",
                 "value": over["p99_ms"],
-                "met": over["other_errors"] == 0,
+                # Twice the capacity must meet 429s: none means the excess waited somewhere
+                # (the client's pool, the server's queue) and the latency grew instead.
+                "met": over["other_errors"] == 0 and over["rejected_429"] > 0,
             }
         )
     if not any("2x the saturating" in t["target"] for t in out):
         out.append(
             {
-                "target": "at 2x the saturating rate: only 429s beyond capacity, no other error",
+                "target": "at 2x the saturating rate: 429s beyond capacity and no other error",
                 "value": None,
                 "met": None,
             }

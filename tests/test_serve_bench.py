@@ -266,6 +266,7 @@ def test_ratios_and_targets_read_the_cells():
         fake_cell("fastbert", "short", "closed", 1, 100.0, 6.0),
         fake_cell("fastbert", "short", "open", 2.0, 100.0, 50.0, {"429": 30}),
         fake_cell("fastbert", "batch32", "open", 2.0, 20.0, 900.0, {"429": 3, "500": 1}),
+        fake_cell("fastbert", "long", "open", 2.0, 10.0, 700.0),
     ]
     (r16, r64) = serve_bench.ratios(cells, ["fastbert", "infinity"], [16, 64])
     assert (r16["throughput_ratio"], r16["p50_ratio"]) == (2.0, 0.5)
@@ -280,3 +281,5 @@ def test_ratios_and_targets_read_the_cells():
     assert met["short at concurrency 1"] == (1.0, True)  # 6 ms against 5 ms in-process
     assert met["short at 2x the saturating rate"] == (100.0, True)  # 429s only
     assert met["batch32 at 2x the saturating rate"] == (1800.0, False)  # a 500
+    # No 429 at twice the capacity: the excess waited (client or server) instead.
+    assert met["long at 2x the saturating rate"] == (1400.0, False)
