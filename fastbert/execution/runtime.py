@@ -322,9 +322,9 @@ class Runner:
         """Validated [B, S] inputs (fastbert.execution.validation.check_model_inputs) -> the
         last hidden state [B, S, H]: packed when the batch's padding and ``padding_free`` say
         so, else dense; replayed from a CUDA graph when ``cuda_graphs`` wants it. The first
-        call on a CPU sets this process's malloc to keep the memory calls free
-        (fastbert.execution.cpu_memory)."""
-        if input_ids.device.type == "cpu":
+        eager call on a CPU sets this process's malloc to keep the memory calls free
+        (fastbert.execution.cpu_memory; not traced by ``torch.compile``)."""
+        if input_ids.device.type == "cpu" and not torch.compiler.is_compiling():
             cpu_memory.keep_freed_memory()
         ids_checked, packed, key_padding_mask = self.read_batch(
             stack, input_ids, token_type_ids, key_padding_mask
