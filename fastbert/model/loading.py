@@ -348,9 +348,10 @@ class PretrainedMixin:
         if cls.__name__ == "BertModel":
             normalized = _normalize_prefix(state, "BertModel", family)
             if "pooler.dense.weight" not in normalized:
-                warnings.warn(
-                    "the checkpoint has no pooler; pooler_output will be None", stacklevel=2
-                )
+                if family.pooler:  # a family without one (ModernBERT, DistilBERT): no news
+                    warnings.warn(
+                        "the checkpoint has no pooler; pooler_output will be None", stacklevel=2
+                    )
                 kwargs["add_pooling_layer"] = False
         model = cls(config, **kwargs)
         load_weights(model, state, family)
