@@ -30,6 +30,14 @@ HAS_CUDA = torch.cuda.is_available()
 HAS_PYTEST_BENCHMARK = importlib.util.find_spec("pytest_benchmark") is not None
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist starts its workers
+def pytest_configure(config: pytest.Config) -> None:
+    """The benchmarks time one thing at a time, in this process: never in the parallel worker
+    processes that pyproject.toml's addopts start for the tests."""
+    if config.pluginmanager.hasplugin("xdist"):
+        config.option.dist = "no"
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("fastbert benchmarks")
     group.addoption("--bench-models", default="bert-base,bert-large,minilm-l6")
