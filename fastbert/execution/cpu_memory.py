@@ -5,9 +5,10 @@ A forward allocates and frees tensors of megabytes each (a 4,096-token MiniLM ba
 for an FFN product). glibc's malloc serves a block that large from a fresh ``mmap`` and
 returns it with ``munmap`` when freed (or trims it off the top of its heap), so the next
 forward faults every page in again and the kernel zeroes each one: all-MiniLM-L6-v2 with int8
-linears on 600 documents took ~630,000 page faults and 1.6 s of system time in ~8 s; with the
-freed memory kept, 16,000 faults and 0.13 s. ONNX Runtime and OpenVINO keep their own arenas
-for the same reason, and PyTorch's CPU tuning guide suggests preloading jemalloc or tcmalloc.
+linears on 1,000 documents took 965,000 page faults and 1.9 s of system time in 4.6 s; with
+the freed memory kept, 45,000 faults, 0.1 s and 4.0 s (benchmarks/cpu_memory.py). ONNX
+Runtime and OpenVINO keep their own arenas for the same reason, and PyTorch's CPU tuning
+guide suggests preloading jemalloc or tcmalloc.
 
 :func:`keep_freed_memory` sets glibc's ``M_MMAP_THRESHOLD`` (blocks up to 1 GiB come from the
 heap) and ``M_TRIM_THRESHOLD`` (up to 1 GiB free at the heap's top stays), once per process,
