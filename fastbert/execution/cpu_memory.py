@@ -23,8 +23,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import os
 import platform
+
+from fastbert.execution.env_flags import read_flag
 
 VARIABLE = "FASTBERT_KEEP_CPU_MEMORY"
 KEEP_BYTES = 1 << 30
@@ -35,12 +36,7 @@ _M_MMAP_THRESHOLD = -3
 
 def wanted() -> bool:
     """``$FASTBERT_KEEP_CPU_MEMORY``: 1 (the default) or 0."""
-    value = os.environ.get(VARIABLE, "1").strip().lower()
-    if value in ("1", "true", "on", "yes", ""):
-        return True
-    if value in ("0", "false", "off", "no"):
-        return False
-    raise ValueError(f"${VARIABLE} must be 1 or 0 (on / off), got {value!r}")
+    return read_flag(VARIABLE, default=True)
 
 
 def on_glibc() -> bool:

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 
 from fastbert.embed.options import EmbedOptions
+from fastbert.execution.env_flags import read_flag
 
 API_KEY_VARIABLE = "FASTBERT_API_KEY"
 OMP_SPIN_VARIABLE = "FASTBERT_SERVE_OMP_SPIN"
@@ -22,12 +23,7 @@ def default_tokenize_workers() -> int:
 def default_omp_spin() -> bool:
     """Whether the model's OpenMP threads spin-wait by default: ``$FASTBERT_SERVE_OMP_SPIN``
     (1/true/on or 0/false/off), else off."""
-    value = os.environ.get(OMP_SPIN_VARIABLE, "").strip().lower()
-    if value in ("", "0", "false", "off", "no"):
-        return False
-    if value in ("1", "true", "on", "yes"):
-        return True
-    raise ValueError(f"${OMP_SPIN_VARIABLE} must be 1 or 0 (on / off), got {value!r}")
+    return read_flag(OMP_SPIN_VARIABLE, default=False)
 
 
 @dataclass(frozen=True)
