@@ -103,10 +103,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.out is None:
         parser.error("--out is required")
+    from benchmarks import embed_bench
     from fastbert.bench import environment
 
-    env = environment.capture()
     keys = [k for k in args.contenders.split(",") if k]
+    fastbert_keys = [k for k in embed_bench.FASTBERT if k != "st"]
+    unknown = [k for k in keys if k not in fastbert_keys]
+    if unknown or not keys:
+        parser.error(f"--contenders: {unknown or 'none'}; choose from {fastbert_keys}")
+    env = environment.capture()
     runs = []
     for round_index in range(args.rounds):
         for key in keys:

@@ -40,7 +40,14 @@ def test_the_table_takes_medians_per_setting() -> None:
     assert "| fastbert-int8 | returned | 6.00 | 1,000,000 | 1.00 |  |" in table
 
 
-@pytest.mark.parametrize("argv", [["--docs", "0", "--out", "x"], ["--rounds", "1"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--docs", "0", "--out", "x"],
+        ["--rounds", "1"],
+        ["--out", "x", "--contenders", "ort-int8"],  # not a fastbert contender
+    ],
+)
 def test_usage_errors_exit_2(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         cpu_memory.main(argv)
