@@ -10,8 +10,9 @@ them by name; fastbert.execution.backends dispatches through it.
 The public functions below have the signatures of :mod:`fastbert.kernels.reference`; each runs
 on CUDA tensors, or on CPU tensors under the Triton interpreter (``TRITON_INTERPRET=1`` set
 before import). Shared helpers are public modules too: :mod:`~fastbert.kernels.checks` (input
-validation), :mod:`~fastbert.kernels.dropout` (the kernels' dropout masks) and
-:mod:`~fastbert.kernels.launch` (where kernels run, autotuning, launch helpers).
+validation), :mod:`~fastbert.kernels.dropout` (the kernels' dropout masks),
+:mod:`~fastbert.kernels.launch` (where kernels run, autotuning, launch helpers) and
+:mod:`~fastbert.kernels.packed_weights` (oneDNN's packed copies of the CPU linears' weights).
 """
 
 # This folder is installed as fastbert.kernels. Imported as a top-level package "kernels" (the
@@ -19,7 +20,7 @@ validation), :mod:`~fastbert.kernels.dropout` (the kernels' dropout masks) and
 # defines nothing: a second copy of the modules would register the torch.ops.fastbert custom
 # ops again, replacing the registrations the first copy's ops hold.
 if __name__ == "fastbert.kernels":
-    from . import checks, dropout, launch, reference, torch_ops
+    from . import checks, dropout, launch, packed_weights, reference, torch_ops
     from .flash_attention import ATTENTION, ATTENTION_VARLEN, attention, attention_varlen
     from .fused_embeddings import EMBEDDINGS_LAYER_NORM, embeddings_layer_norm
     from .fused_layer_norm import LAYER_NORM, layer_norm
@@ -56,6 +57,7 @@ __all__ = [
     "linear",
     "linear_fp8",
     "linear_int8",
+    "packed_weights",
     "reference",
     "scaled_masked_softmax",
     "torch_ops",

@@ -26,7 +26,9 @@ for speed instead of exactness:
   oneDNN call (``torch.ops.mkldnn._linear_pointwise``, what ``torch.compile`` emits on a CPU)
   with GELU or the residual add as its post-op: 8-17% faster than MKL's addmm in float32 on
   an AVX-512 CPU (one thread). Otherwise ``F.linear`` (one addmm with the bias), GELU and the
-  residual add in place on its fresh output.
+  residual add in place on its fresh output. Given ``packs``
+  (fastbert.kernels.packed_weights), the oneDNN call reads each weight's copy in oneDNN's
+  blocked layout, made once, instead of reordering the weight on every call.
 - layer_norm: ``F.layer_norm`` on the input dtype (PyTorch accumulates the statistics of half
   inputs in float32 itself).
 - embeddings_layer_norm: ``F.embedding`` lookups summed in place (in float32 for half tables,
@@ -52,6 +54,7 @@ import torch.nn.functional as F
 from . import checks, reference
 from .checks import as_index
 from .dropout import check_dropout_p
+from .packed_weights import PackedWeights
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -488,13 +491,18 @@ def linear_unchecked(
     activation: str | None = None,
     residual: torch.Tensor | None = None,
     gated: bool = False,
+    *,
+    packs: PackedWeights | None = None,
 ) -> torch.Tensor:
+    """``packs``: where the oneDNN call reads its weight's packed copy (see
+    fastbert.kernels.packed_weights); None reads ``weight`` as it is."""
     if not _takes_onednn(x, weight, bias, residual):
         y = F.linear(x, weight, bias)
-    elif not gated:
-        return _onednn_linear(x, weight, bias, activation, residual)
     else:
-        y = _onednn_linear(x, weight, bias, None, None)
+        onednn_weight = weight if packs is None else packs.weight_for(weight)
+        if not gated:
+            return _onednn_linear(x, onednn_weight, bias, activation, residual)
+        y = _onednn_linear(x, onednn_weight, bias, None, None)
     # In place on the fresh product, unless autograd records it (in-place GELU has no
     # derivative there).
     in_place = not y.requires_grad

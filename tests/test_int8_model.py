@@ -153,6 +153,27 @@ def test_int8_follows_weight_changes() -> None:
     assert not torch.equal(before, after)
 
 
+def test_int8_follows_writes_through_optimized_query_key_value() -> None:
+    """fastbert.optimize binds Hugging Face's query, key and value weights as views of one
+    fused tensor: an in-place write through one of them (which bumps its own version counter,
+    not the fused tensor's) still re-quantises."""
+    ids, mask, types = padded_batch([6, 4], seed=8)
+    hf = hf_model("BertModel", seed=8)
+    model = fastbert.optimize(hf, quantize="int8")
+    with torch.no_grad():
+        before = model(input_ids=ids, attention_mask=mask, token_type_ids=types)[0]
+        hf.encoder.layer[0].attention.self.query.weight.mul_(2.0)
+        after = model(input_ids=ids, attention_mask=mask, token_type_ids=types)[0]
+    fresh = hf_model("BertModel", seed=8)
+    with torch.no_grad():
+        fresh.encoder.layer[0].attention.self.query.weight.mul_(2.0)
+    fastbert.optimize(fresh, quantize="int8")
+    with torch.no_grad():
+        expected = fresh(input_ids=ids, attention_mask=mask, token_type_ids=types)[0]
+    assert torch.equal(after, expected)
+    assert not torch.equal(before, after)
+
+
 def test_int8_model_built_under_inference_mode() -> None:
     """A model loaded inside torch.inference_mode (its parameters then have no version
     counter) quantises and runs as one loaded outside it."""

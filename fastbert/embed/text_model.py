@@ -284,6 +284,8 @@ def load_options(options: EmbedOptions, tokenizer: Any = None) -> TextModel:
         # On CUDA the packed path skips the padding; on the CPU the length-sorted batches hold
         # little padding and the dense path is the faster one.
         padding_free=True if device.type == "cuda" else "auto",
+        # This model's weights are only read: the CPU linears may keep packed copies.
+        packed_weights=True,
     )
     encoder = model.Encoder(
         encoder_model, pad_id, options.pooling, options.normalize, np.dtype(options.store_dtype)
@@ -310,6 +312,7 @@ def _load_classifier(
         backend=options.backend,
         padding_free=True if device.type == "cuda" else "auto",
         quantize=options.quantize,
+        packed_weights=True,
     )
     id2label = network.config.id2label or {}
     labels = [str(id2label.get(i, f"LABEL_{i}")) for i in range(network.config.num_labels)]

@@ -48,6 +48,7 @@ from fastbert.execution import cpu_memory, graphs, validation
 from fastbert.execution.backends import Ops, check_backend, check_head_dim, get_ops
 from fastbert.execution.validation import RowLengths
 from fastbert.kernels.launch import cdiv, next_power_of_2
+from fastbert.kernels.packed_weights import PackedWeights
 
 SETTINGS = ("auto", True, False)
 # "auto" packs when at least this fraction of the batch is padding: below it, the gather and
@@ -68,6 +69,12 @@ def check_setting(name: str, value: object) -> None:
     """``value`` must be "auto", True or False (not 0/1: they would pass ``in SETTINGS``)."""
     if not (value is True or value is False or value == "auto"):
         raise ValueError(f"{name} must be 'auto', True or False, got {value!r}")
+
+
+def check_flag(name: str, value: object) -> None:
+    """``value`` must be True or False (not 0/1)."""
+    if not (value is True or value is False):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
 def dense_attention(
@@ -251,9 +258,17 @@ class Runner:
     """One model's run settings and CUDA graphs; runs its calls (see the module docstring).
 
     ``backend`` ("auto", "torch", "triton"), ``padding_free`` and ``cuda_graphs`` ("auto",
-    True or False) may be changed between calls, and are validated when set: ``backend=
-    "triton"`` raises at once for a ``head_dim`` the Triton attention kernel does not run
-    (with "auto", that model's attention runs on the torch backend, with one warning).
+    True or False) and ``packed_weights`` (True or False) may be changed between calls, and
+    are validated when set: ``backend="triton"`` raises at once for a ``head_dim`` the Triton
+    attention kernel does not run (with "auto", that model's attention runs on the torch
+    backend, with one warning).
+
+    ``packed_weights=True``: on a CPU, the torch backend's float32 and bfloat16 linears read
+    a copy of each weight parameter in oneDNN's blocked layout (fastbert.kernels.
+    packed_weights), made at its first use and again after any write that bumps its version
+    counter; the same results, faster, for a second copy of the linear weights in memory. A
+    write through ``weight.data`` is not seen: for models whose weights are not written so
+    (fastbert.load and the commands built on it set it).
     """
 
     def __init__(
@@ -262,11 +277,16 @@ class Runner:
         backend: str = "auto",
         padding_free: str | bool = "auto",
         cuda_graphs: str | bool = "auto",
+        packed_weights: bool = False,
     ):
         self.head_dim = head_dim
         self.backend = backend
         self.padding_free = padding_free
         self.cuda_graphs = cuda_graphs
+        self._packs: PackedWeights | None = None
+        self._packed_ops: tuple[Ops, Ops] | None = None
+        self._packed_key: Hashable = None
+        self.packed_weights = packed_weights
         self.warned_head_dim = False
 
     @property
@@ -298,8 +318,36 @@ class Runner:
         check_setting("cuda_graphs", value)
         self.graphs = graphs.EncoderGraphs(value)
 
+    @property
+    def packed_weights(self) -> bool:
+        return self._packs is not None
+
+    @packed_weights.setter
+    def packed_weights(self, value: bool) -> None:
+        check_flag("packed_weights", value)
+        if value != self.packed_weights:
+            self._packs = PackedWeights() if value else None
+            self._packed_ops = None
+
+    def refresh_packed_weights(
+        self, device: torch.device, weights_key: Callable[[], Hashable]
+    ) -> None:
+        """Before a call on ``device``: drop the packed copies when ``weights_key()`` (the
+        model's parameters' addresses and version counters) changed since the last call, so
+        that a weight written through a view the packed copy's own check cannot see (the
+        separate query, key and value parameters of fastbert.optimize) is packed again."""
+        if self._packs is None or device.type != "cpu" or torch.compiler.is_compiling():
+            return
+        key = weights_key()
+        if key != self._packed_key:
+            self._packs.clear()
+            self._packed_key = key
+
     def ops(self, device: torch.device) -> Ops:
-        """The hot ops for tensors on ``device``, given the backend and the head dim."""
+        """The hot ops for tensors on ``device``, given the backend and the head dim; with
+        ``packed_weights``, the torch backend's linear on a CPU reads the weights' packed
+        copies (not while ``torch.compile`` traces: it packs a frozen model's weights
+        itself)."""
         ops = get_ops(self.backend, device, self.head_dim)
         if ops.attention_fallback and not self.warned_head_dim:
             self.warned_head_dim = True
@@ -308,7 +356,17 @@ class Runner:
                 "this model's attention runs on the torch backend, its other ops on Triton",
                 stacklevel=4,
             )
-        return ops
+        packs = self._packs
+        if packs is None or ops.name != "torch" or torch.device(device).type != "cpu":
+            return ops
+        if torch.compiler.is_compiling():
+            return ops
+        cached = self._packed_ops
+        if cached is None or cached[0] is not ops:
+            linear = functools.partial(ops.linear, packs=packs)
+            cached = (ops, Ops(ops.name, {**ops.by_name(), "linear": linear}))
+            self._packed_ops = cached
+        return cached[1]
 
     def encode(
         self,

@@ -67,6 +67,7 @@ def optimize(
     padding_free: str | bool = "auto",
     cuda_graphs: str | bool = "auto",
     quantize: str | None = None,
+    packed_weights: bool = False,
 ) -> Any:
     """Swap fastbert's encoder into ``model`` in place and return ``model``.
 
@@ -77,6 +78,10 @@ def optimize(
     dtype: float16, bfloat16 or float32 to cast the whole model to first (None keeps its dtype).
     backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch" or "triton".
     padding_free, cuda_graphs: "auto", True or False, as for fastbert.BertModel.
+    packed_weights: True to have the CPU linears read packed copies of the weights (faster,
+    the same results; see fastbert.execution.runtime.Runner). Leave it False when the
+    model's weights may be written through ``.data`` (``p.data.copy_(...)``), which the
+    packed copies do not see.
     quantize: None (exact), "int8" or "fp8": the encoder layers' linears on int8 (or float8
     e4m3) weights (per output channel) and activations (per token), for inference only
     (fastbert.model.quantization): the encoder's parameters are frozen
@@ -97,6 +102,7 @@ def optimize(
     check_backend(backend)
     runtime.check_setting("padding_free", padding_free)
     runtime.check_setting("cuda_graphs", cuda_graphs)
+    runtime.check_flag("packed_weights", packed_weights)
     if dtype is not None:
         validation.check_dtype(dtype)
     validation.check_quantize(quantize)
@@ -114,6 +120,7 @@ def optimize(
         "padding_free": padding_free,
         "cuda_graphs": cuda_graphs,
         "quantize": quantize,
+        "packed_weights": packed_weights,
     }
     base.forward = FastbertForward(base, family, config, settings)
     return model

@@ -324,7 +324,7 @@ class BertPooler(nn.Module):
 
 
 class RunSetting:
-    """A model's run setting (``backend``, ``padding_free``, ``cuda_graphs``) as an attribute
+    """A model's run setting (``backend``, ``padding_free``, ``cuda_graphs``, ...) as an attribute
     read and set on the object that holds it: the encoder's runner, or a head's encoder."""
 
     def __init__(self, holder: str):
@@ -356,7 +356,10 @@ class BertModel(PretrainedMixin, nn.Module):
     (``model.runner``) holds them and runs each call. Each may be changed on the model between
     calls, and is validated when set. A head dim the Triton attention kernel does not run
     raises at once with ``backend="triton"``; with ``"auto"`` the attention alone runs on the
-    torch backend (one warning) and every other op on Triton.
+    torch backend (one warning) and every other op on Triton. ``packed_weights`` (True or
+    False, the default) makes the CPU linears read packed copies of their weights: the same
+    results, faster, for models whose weights are not written through ``.data`` (see the
+    Runner).
     """
 
     def __init__(
@@ -370,13 +373,16 @@ class BertModel(PretrainedMixin, nn.Module):
         padding_free: str | bool = "auto",
         cuda_graphs: str | bool = "auto",
         quantize: str | None = None,
+        packed_weights: bool = False,
     ):
         super().__init__()
         validation.check_dtype(dtype)
         device = validation.check_device(device)
         validation.check_quantize(quantize, dtype, device)
         self.config = config
-        self.runner = runtime.Runner(config.head_dim, backend, padding_free, cuda_graphs)
+        self.runner = runtime.Runner(
+            config.head_dim, backend, padding_free, cuda_graphs, packed_weights
+        )
         self.embeddings = BertEmbeddings(config, dtype, device)
         self.layers = nn.ModuleList(
             BertLayer(config, dtype, device, first=i == 0) for i in range(config.num_hidden_layers)
@@ -411,6 +417,7 @@ class BertModel(PretrainedMixin, nn.Module):
     backend = RunSetting("runner")
     padding_free = RunSetting("runner")
     cuda_graphs = RunSetting("runner")
+    packed_weights = RunSetting("runner")
 
     @property
     def quantize(self) -> str | None:
@@ -439,7 +446,7 @@ class BertModel(PretrainedMixin, nn.Module):
         quantize=None, or whose weights are not bound yet)."""
         if self._quantize is None or self.device.type == "meta":
             return
-        key = parameters_key(self)
+        key = self.weights_key()
         if key == self._quantized_key:
             return
         maxima = self.activation_maxima()
@@ -586,6 +593,7 @@ class BertModel(PretrainedMixin, nn.Module):
         )
         self.check_quantized_call()
         self.refresh_quantized()
+        self.runner.refresh_packed_weights(self.device, self.weights_key)
         ops = self.ops()
         hidden = self.runner.encode(
             self, ops, input_ids, token_type_ids, key_padding_mask, self.call()
@@ -628,12 +636,24 @@ class BertModel(PretrainedMixin, nn.Module):
             return False
         if self._watch.first_requiring_grad() is not None:
             return True
-        return any(
-            p.requires_grad
+        return any(p.requires_grad for p in self.qkv_part_parameters())
+
+    def qkv_part_parameters(self) -> list[nn.Parameter]:
+        """The separate query, key and value parameters (weights and biases) that the layers'
+        fused QKV tensors hold as views (fastbert.optimize; empty otherwise)."""
+        return [
+            p
             for layer in self.layers
             if layer.qkv_parts is not None
             for p in layer.qkv_parts[0] + layer.qkv_parts[1]
-        )
+        ]
+
+    def weights_key(self) -> tuple:
+        """What identifies the values the layers read
+        (:func:`fastbert.model.quantization.parameters_key`): every parameter's address and
+        version counter, the query, key and value parameters of :meth:`qkv_part_parameters`
+        included (a write through one of them bumps its counter, not the fused tensor's)."""
+        return parameters_key(self, self.qkv_part_parameters())
 
     def forward(
         self,

@@ -33,6 +33,7 @@ class _BertWithHead(PretrainedMixin, nn.Module):
         padding_free: str | bool = "auto",
         cuda_graphs: str | bool = "auto",
         quantize: str | None = None,
+        packed_weights: bool = False,
     ):
         super().__init__()
         self.config = config
@@ -45,12 +46,14 @@ class _BertWithHead(PretrainedMixin, nn.Module):
             padding_free=padding_free,
             cuda_graphs=cuda_graphs,
             quantize=quantize,
+            packed_weights=packed_weights,
         )
 
     # The run settings live on the encoder (its runner validates them when set).
     backend = RunSetting("bert")
     padding_free = RunSetting("bert")
     cuda_graphs = RunSetting("bert")
+    packed_weights = RunSetting("bert")
     quantize = RunSetting("bert")
 
     def ops(self) -> Ops:

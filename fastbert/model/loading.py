@@ -311,6 +311,7 @@ class PretrainedMixin:
         padding_free: str | bool = "auto",
         cuda_graphs: str | bool = "auto",
         quantize: str | None = None,
+        packed_weights: bool = False,
     ):
         """Load Hugging Face BERT weights into a new fastbert model.
 
@@ -319,7 +320,8 @@ class PretrainedMixin:
         (fastbert.model.families: RoBERTa, MPNet, ...) from their folders and instances.
         dtype defaults to float16 on CUDA and float32 elsewhere; device to CUDA when available.
         backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch" or "triton". padding_free,
-        cuda_graphs: "auto", True or False (see fastbert.execution.runtime).
+        cuda_graphs: "auto", True or False; packed_weights: True or False (see
+        fastbert.execution.runtime).
         quantize: None (exact floating point), "int8" or "fp8": the encoder layers' linears on
         int8 (or float8 e4m3) weights (per output channel) and activations (per token), for
         inference (see fastbert.model.quantization); on the CPU with dtype float32 (fp8 there
@@ -344,6 +346,7 @@ class PretrainedMixin:
             "backend": backend,
             "padding_free": padding_free,
             "cuda_graphs": cuda_graphs,
+            "packed_weights": packed_weights,
         }
         if cls.__name__ == "BertModel":
             normalized = _normalize_prefix(state, "BertModel", family)

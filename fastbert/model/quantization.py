@@ -26,7 +26,9 @@ The float weights stay the model's parameters: ``state_dict``, ``save_pretrained
 Hugging Face model's own modules see them unchanged, and the int8 copies (plain tensors held by
 the layer, in no ``state_dict``) are derived from them. Before every call the model checks that
 each of its parameters is still the tensor it quantised from, at the same address and PyTorch
-version counter (bumped by every in-place write: ``load_state_dict``, ``copy_`` under
+version counter (and, for a model of fastbert.optimize, the Hugging Face query, key and value
+parameters it reads through its fused QKV tensor: a write through them bumps their counters,
+not the fused tensor's) (bumped by every in-place write: ``load_state_dict``, ``copy_`` under
 ``no_grad``, an optimizer step), and calibrates and quantises again when one changed, in place
 where the shapes and device allow (a CUDA graph captured earlier then reads the new values).
 A write through ``weight.data`` bypasses the version counter: set ``model.quantize`` again
@@ -36,6 +38,7 @@ after one.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 import torch
 
@@ -55,11 +58,12 @@ CALIBRATION_SEED = 0
 SMOOTHING_FLOOR = 1e-5
 
 
-def parameters_key(module: torch.nn.Module) -> tuple:
-    """What identifies the values of ``module``'s parameters: each one's address and version
-    counter, and the device. A parameter made under torch.inference_mode has no version
-    counter (and can change only inside it): its address alone."""
-    params = list(module.parameters())
+def parameters_key(module: torch.nn.Module, extra: Iterable[torch.Tensor] = ()) -> tuple:
+    """What identifies the values of ``module``'s parameters (and of the ``extra`` tensors):
+    each one's address and version counter, and the device. A parameter made under
+    torch.inference_mode has no version counter (and can change only inside it): its address
+    alone."""
+    params = [*module.parameters(), *extra]
     device = params[0].device if params else None
     return (device, *((p.data_ptr(), None if p.is_inference() else p._version) for p in params))
 

