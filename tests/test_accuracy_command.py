@@ -173,6 +173,14 @@ def test_family_of_a_checkpoint_is_a_usage_error(capsys) -> None:
     assert "--family picks the family of --model random" in capsys.readouterr().err
 
 
+def test_quantised_modernbert_is_refused_before_any_stage(capsys) -> None:
+    argv = [*RANDOM_ON_CPU, "--backend", "torch", "--family", "modernbert"]
+    assert main([*argv, "--dtypes", "fp32,int8"]) == 2
+    err = capsys.readouterr().err
+    assert "int8: quantised linears do not run the gated (GeGLU) FFNs of modernbert" in err
+    assert "Hugging Face fp32" not in err  # refused right after loading
+
+
 def test_forwarded_command_line_round_trips() -> None:
     argv = [*RANDOM_ON_CPU, "--dtypes", "fp16", "--texts", "3", "--json"]
     args = build_parser().parse_args(argv)

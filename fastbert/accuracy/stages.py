@@ -122,6 +122,17 @@ def random_config(family: str) -> dict[str, Any]:
     return dict(RANDOM_CONFIG)
 
 
+def _refuse_unrunnable_quantize(dtypes: list[str], family: str, constants: dict) -> None:
+    """ValueError, before any stage runs, for a quantised precision of a family whose gated
+    (GeGLU) FFNs the int8 / fp8 linears do not run."""
+    quantized = [name for name in dtypes if quantization(name) is not None]
+    if quantized and constants.get("glu"):
+        raise ValueError(
+            f"{', '.join(quantized)}: quantised linears do not run the gated (GeGLU) FFNs of "
+            f"{family} models; leave {' and '.join(quantized)} out of the precisions"
+        )
+
+
 @dataclasses.dataclass
 class Entry:
     """One compared stage. Errors are absolute, over real-token positions, in float32."""
@@ -420,7 +431,9 @@ def _evaluate(
             f"{hf.config.vocab_size}-column GEMM is too slow for the interpreter)"
         )
     inputs = hf_models.forward_inputs(hf, ids, mask, types)
-    final_norm = family_of_model_type(family).config_constants.get("norm_position") == "pre"
+    constants = family_of_model_type(family).config_constants
+    _refuse_unrunnable_quantize(dtypes, family, constants)
+    final_norm = constants.get("norm_position") == "pre"
     bar.advance()
     bar.step("Hugging Face fp32")
     ref = run_hf(hf, inputs)
