@@ -346,8 +346,8 @@ class Runner:
     def ops(self, device: torch.device) -> Ops:
         """The hot ops for tensors on ``device``, given the backend and the head dim; with
         ``packed_weights``, the torch backend's linear on a CPU reads the weights' packed
-        copies (not while ``torch.compile`` traces: it packs a frozen model's weights
-        itself)."""
+        copies (not while ``torch.compile`` traces: the copies' lookup does not trace, and
+        with freezing inductor packs the weights itself)."""
         ops = get_ops(self.backend, device, self.head_dim)
         if ops.attention_fallback and not self.warned_head_dim:
             self.warned_head_dim = True
