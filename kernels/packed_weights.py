@@ -4,8 +4,9 @@
 bfloat16) reorders a plain [N, K] weight into oneDNN's blocked layout on every call. A weight
 reordered once (``torch.ops.mkldnn._reorder_linear_weight``, what ``torch.compile`` does to a
 frozen model's weights) skips that pass: the products are the same bits (one oneDNN kernel
-either way, for M > 1), and on a 2-thread AVX-512 CPU a MiniLM-shaped linear measured 3-10%
-faster in float32 and 10-20% faster in bfloat16 at 600-9000 rows, 1.3-1.7x at 16 rows.
+either way, for M > 1), and on a 2-thread AVX-512 CPU MiniLM's linears measured 1.02-1.09x
+faster in float32 and 1.01-1.07x in bfloat16 at 128-3,700 rows, 1.06-1.24x at 16 rows
+(benchmarks/results/packed-weights-2026-11-27).
 
 :class:`PackedWeights` holds one such copy per weight, made at the weight's first use and
 made again whenever the weight's address, dtype, shape or PyTorch version counter changed

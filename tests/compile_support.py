@@ -157,15 +157,10 @@ def alignment_hints(case: CompileCase) -> dict[tuple[int, ...], list]:
     return {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
 
 
-def compile_kernel(case: CompileCase, arch: int) -> object:
+def compile_kernel(case: CompileCase, arch: int) -> tuple[object, str]:
     """``case`` compiled for ``arch`` by ``triton.compile`` (its ``asm`` holds "ptx" and
-    "cubin"); raises what the compiler raises."""
-    return compile_kernel_logged(case, arch)[0]
-
-
-def compile_kernel_logged(case: CompileCase, arch: int) -> tuple[object, str]:
-    """:func:`compile_kernel`, and what ptxas printed with ``-v`` while Triton built the cubin
-    (empty when the kernel came from Triton's cache: no ptxas ran)."""
+    "cubin"), and what ptxas printed with ``-v`` while Triton built the cubin (empty when the
+    kernel came from Triton's cache: no ptxas ran); raises what the compiler raises."""
     import triton
     from triton import knobs
     from triton.backends.compiler import GPUTarget
@@ -199,7 +194,7 @@ def compile_case(case: CompileCase, arch: int, keep_ptx: bool = False) -> dict[s
             dtype=case.dtype, block_m=case.block_m, block_n=case.block_n, num_warps=case.num_warps
         )
     try:
-        kernel, ptxas_log = compile_kernel_logged(case, arch)
+        kernel, ptxas_log = compile_kernel(case, arch)
         report["shared"] = int(kernel.metadata.shared)
         report["cubin"] = len(kernel.asm["cubin"]) > 0
         report["mma"] = mma_instruction(kernel.asm["ptx"])

@@ -85,7 +85,8 @@ def test_only_parameters_outside_inference_mode_are_packed() -> None:
         frozen = nn.Parameter(weight.detach().clone())
         torch_ops.linear_unchecked(x, frozen, bias, packs=packs)
     assert len(packs) == 0  # no version counter to follow
-    assert packs.weight_for(weight.detach().half()) is not None  # other dtypes: as they are
+    half = nn.Parameter(weight.detach().half())
+    assert packs.weight_for(half) is half  # other dtypes: as they are
 
 
 def test_recorded_calls_take_the_plain_weight() -> None:

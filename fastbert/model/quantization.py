@@ -26,10 +26,10 @@ The float weights stay the model's parameters: ``state_dict``, ``save_pretrained
 Hugging Face model's own modules see them unchanged, and the int8 copies (plain tensors held by
 the layer, in no ``state_dict``) are derived from them. Before every call the model checks that
 each of its parameters is still the tensor it quantised from, at the same address and PyTorch
-version counter (and, for a model of fastbert.optimize, the Hugging Face query, key and value
-parameters it reads through its fused QKV tensor: a write through them bumps their counters,
-not the fused tensor's) (bumped by every in-place write: ``load_state_dict``, ``copy_`` under
-``no_grad``, an optimizer step), and calibrates and quantises again when one changed, in place
+version counter (bumped by every in-place write: ``load_state_dict``, ``copy_`` under
+``no_grad``, an optimizer step), the Hugging Face query, key and value parameters of a
+fastbert.optimize model included (views of its fused QKV tensor: a write through one bumps
+its counter, not the fused tensor's), and calibrates and quantises again when one changed, in place
 where the shapes and device allow (a CUDA graph captured earlier then reads the new values).
 A write through ``weight.data`` bypasses the version counter: set ``model.quantize`` again
 after one.
