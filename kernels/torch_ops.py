@@ -51,7 +51,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from . import checks, reference
+from . import checks, cpu_attention, reference
 from .checks import as_index
 from .dropout import check_dropout_p
 from .packed_weights import PackedWeights
@@ -151,9 +151,15 @@ def attention_unchecked(
             dropout_p=dropout_p,
             scale=scale,
         )
-    if key_padding_mask is None:
+    keep = None
+    if key_padding_mask is not None:
+        keep = key_padding_mask if key_padding_mask.dtype == torch.bool else key_padding_mask != 0
+    if not dropout_p and q.numel() and _takes_compiled(q, k, v):
+        out = _compiled_dense(q, k, v, keep, scale)
+        if out is not None:
+            return out
+    if keep is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
-    keep = key_padding_mask if key_padding_mask.dtype == torch.bool else key_padding_mask != 0
     # Zeros at masked keys: SDPA would compute 0 * NaN there. The encoder passes no mask
     # for a batch without padding, which skips these copies.
     dropped = keep.logical_not()[:, None, :, None]
@@ -378,6 +384,9 @@ def attention_varlen_unchecked(
     if tokens == 0 or max_seqlen == 0:
         return torch.zeros_like(q)
     scale = None if scale is None else float(scale)
+    plain = not dropout_p and relative_bias is None and rotary is None and window is None
+    if plain and _takes_compiled(q, k, v):
+        return cpu_attention.attention_varlen(q, k, v, cu_seqlens, scale)
     if q.device.type == "cpu" and not torch.compiler.is_compiling():
         return _attention_by_length(
             q, k, v, cu_seqlens, scale, dropout_p, relative_bias, rotary, window
@@ -401,6 +410,43 @@ def attention_varlen_unchecked(
         mask = _bias_mask(relative_bias, keep, max_seqlen, max_seqlen, q.dtype)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
     return out.transpose(1, 2).reshape(batch * max_seqlen, heads, head_dim)[scatter]
+
+
+def _takes_compiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether an attention without dropout or masks runs fastbert.kernels.cpu_attention
+    (bfloat16 on a CPU with AVX512_BF16; not under torch.compile)."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype == torch.bfloat16
+        and not torch.compiler.is_compiling()
+        and cpu_attention.takes(q, k, v)
+    )
+
+
+def _compiled_dense(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    keep: torch.Tensor | None,
+    scale: float | None,
+) -> torch.Tensor | None:
+    """Attention of q, k, v [B, H, S, D] through fastbert.kernels.cpu_attention, on
+    [B * S, H, D] views (copies where q, k, v are not views of a [B, S, ...] layout), the keys
+    ``keep`` (bool [B, S]) marks, or all; returns [B, H, S, D], a view of [B, S, H, D] memory
+    (zeros on a row without keys). None when ``keep`` is not right padding (each row's real tokens
+    first): SDPA takes that batch. Reads the row lengths on the host (a CPU: no cost)."""
+    batch, heads, seq, head_dim = q.shape
+    if keep is None:
+        lengths = torch.full((batch,), seq, dtype=torch.int64)
+    else:
+        lengths = keep.sum(1)
+        if not torch.equal(keep, torch.arange(seq) < lengths[:, None]):
+            return None
+    q, k, v = (t.transpose(1, 2).reshape(batch * seq, heads, head_dim) for t in (q, k, v))
+    if not cpu_attention.takes(q, k, v):
+        q, k, v = (t.contiguous() for t in (q, k, v))
+    out = cpu_attention.attention_padded(q, k, v, lengths, scale)
+    return out.view(batch, seq, heads, head_dim).transpose(1, 2)
 
 
 def _check_max_seqlen(cu_seqlens: torch.Tensor, max_seqlen: int) -> None:

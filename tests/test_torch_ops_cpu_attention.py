@@ -1,6 +1,7 @@
 """The torch backend's CPU attention per run of equal-length sequences: the math path
 (``torch_ops._math_attention``, float32 throughout) against float64, against SDPA's flash
-kernel's own accuracy in bfloat16, and which runs ``attention_varlen`` sends to it."""
+kernel's own accuracy in bfloat16, and which runs ``attention_varlen`` sends to it where the
+compiled kernel (fastbert.kernels.cpu_attention, tests/test_cpu_attention.py) does not run."""
 
 from __future__ import annotations
 
@@ -17,6 +18,12 @@ from tests.test_attention import packed_qkv
 
 HEADS = 12
 BUCKETS = 32  # reference.RELATIVE_BUCKETS: the relative bias table's columns
+
+
+@pytest.fixture(autouse=True)
+def without_compiled_kernel(monkeypatch) -> None:
+    """The path a CPU without AVX512_BF16 (or a C++ compiler) takes."""
+    monkeypatch.setattr(T, "_takes_compiled", lambda *tensors: False)
 
 
 def group_views(n: int, length: int, head_dim: int, dtype, seed: int):

@@ -9,7 +9,7 @@ import platform
 import torch
 
 from fastbert.execution import cpu, cpu_memory
-from fastbert.kernels import launch
+from fastbert.kernels import cpu_attention, launch
 
 NAME = "info"
 HELP = "print versions, devices and which backends can run here"
@@ -57,6 +57,7 @@ def report() -> list[tuple[str, str]]:
     rows.append(("backend auto", f"-> {default} here"))
     rows.append(("cpu flags", ", ".join(cpu.relevant_flags()) or "none of note"))
     rows.append(("cpu bfloat16", cpu_bf16_advice()))
+    rows.append(("cpu bf16 attention", cpu_attention.status()))
     rows.append(("cpu freed memory", cpu_memory.status()))
     return rows
 

@@ -1,0 +1,218 @@
+// Attention of bfloat16 sequences on a CPU with AVX512_BF16: fastbert.kernels.cpu_attention
+// compiles this file at first use (-O3 -march=native -fopenmp) and calls it through ctypes.
+//
+// For each sequence s and head h: the queries at tokens starts[s] .. + queries[s] - 1 attend
+//   out = softmax(scale * q k^T) v
+// over the keys and values at tokens starts[s] .. + lengths[s] - 1 (lengths[s] <= queries[s]:
+// a right-padded row's real tokens; equal for packed sequences). No other token is read or
+// written; a sequence without keys writes nothing.
+// q, k, v: bfloat16, element (token t, head h, dim d) at t * token_stride + h * head_stride + d,
+// the same strides for all three (views of one fused QKV tensor). out: bfloat16, contiguous
+// [tokens, H, D], token t of a sequence at the same t as its input. The precision is the torch backend's math path's: q k^T from exact bfloat16
+// products summed in float32 (vdpbf16ps), the softmax and P @ V in float32 with P unrounded
+// (V widened exactly), the result rounded to bfloat16 once.
+//
+// Work: one OpenMP task per sequence (its heads in turn), dynamic schedule, a scratch buffer
+// per thread: K transposed into pairs of bfloat16 [D/2][Lp] (Lp: L rounded up to 16), V in
+// float32 [L][D] and a block of score rows [ROWS][Lp]. Queries go ROWS at a time so that each
+// K or V vector loaded serves ROWS rows.
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#ifndef __AVX512BF16__
+#error "cpu_attention.cpp needs AVX512_BF16 (-march=native on a CPU that has it)"
+#endif
+
+typedef float vf __attribute__((vector_size(64)));
+typedef int32_t vi __attribute__((vector_size(64)));
+typedef uint32_t vu __attribute__((vector_size(64)));
+typedef uint16_t vh __attribute__((vector_size(32)));
+typedef float vf_unaligned __attribute__((vector_size(64), aligned(4)));
+typedef uint16_t vh_unaligned __attribute__((vector_size(32), aligned(2)));
+
+enum { W = 16, MAX_ROWS = 8 };
+
+static inline vf load(const float* p) { return *(const vf_unaligned*)p; }
+static inline void store(float* p, vf x) { *(vf_unaligned*)p = x; }
+static inline vf splat(float x) { return vf{} + x; }
+
+// 16 bfloat16 -> float32, exactly.
+static inline vf widen(const uint16_t* p) {
+  vh h = *(const vh_unaligned*)p;
+  return (vf)(__builtin_convertvector(h, vu) << 16);
+}
+
+// float32 -> bfloat16, round to nearest even; a NaN stays a NaN.
+static inline vh narrow(vf x) {
+  vu u = (vu)x;
+  u = (x != x) ? (u | 0x400000u) : u;
+  u = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return __builtin_convertvector(u, vh);
+}
+
+// exp(x) for x <= 0 (scores less their row's max), Cephes' single-precision polynomial
+// (about 1 ulp); x below -87 gives exp(-87), a NaN stays a NaN.
+static inline vf exp_nonpositive(vf x) {
+  const vf in = x;
+  x = x < splat(-87.0f) ? splat(-87.0f) : x;
+  vf fx = x * 1.44269504088896341f + 0.5f;
+  vi n = __builtin_convertvector(fx, vi);
+  n = n + (vi)(__builtin_convertvector(n, vf) > fx);  // floor: truncation rounded up
+  vf nf = __builtin_convertvector(n, vf);
+  x = x - nf * 0.693359375f - nf * -2.12194440e-4f;
+  vf y = splat(1.9875691500e-4f);
+  y = y * x + 1.3981999507e-3f;
+  y = y * x + 8.3334519073e-3f;
+  y = y * x + 4.1665795894e-2f;
+  y = y * x + 1.6666665459e-1f;
+  y = y * x + 5.0000001201e-1f;
+  y = y * x * x + x + 1.0f;
+  y = (vf)((vi)y + (n << 23));
+  return in != in ? in : y;
+}
+
+static inline float lane_max(vf x) {
+  float m = x[0];
+  for (int i = 1; i < W; i++) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+static inline float lane_sum(vf x) {
+  float s = 0.0f;
+  for (int i = 0; i < W; i++) s += x[i];
+  return s;
+}
+
+// One sequence and head, its K and V already in the scratch layout.
+struct Head {
+  const uint16_t* q;
+  int64_t stride;
+  int length, padded;  // L, and L rounded up to W
+  float scale;
+  const uint32_t* k_pairs;  // [D/2][padded]: (k[j][2p], k[j][2p+1]) at p * padded + j
+  const float* v;           // [L][D], float32
+  float* scores;            // [ROWS][padded]
+  vi tail_keep;             // lanes of the last key block that hold keys
+  uint16_t* out;
+  int64_t out_stride;
+};
+
+// Softmax of one row of scores in place (keys past L: probability 0); returns 1 / sum.
+static inline float softmax_row(const Head& a, float* row) {
+  const int last = a.padded - W;
+  store(row + last, a.tail_keep ? load(row + last) : splat(-INFINITY));
+  vf m = load(row);
+  for (int jb = W; jb < a.padded; jb += W) {
+    vf x = load(row + jb);
+    m = x > m ? x : m;
+  }
+  const float row_max = lane_max(m);
+  vf sum = {};
+  for (int jb = 0; jb < a.padded; jb += W) {
+    vf p = exp_nonpositive(load(row + jb) - row_max);
+    if (jb == last) p = a.tail_keep ? p : splat(0.0f);
+    sum += p;
+    store(row + jb, p);
+  }
+  return 1.0f / lane_sum(sum);
+}
+
+// Queries first .. first + ROWS - 1: scores, softmax, P @ V, written to out.
+template <int D, int ROWS>
+static inline void query_rows(const Head& a, int first) {
+  const uint32_t* q_pairs[ROWS];
+  for (int r = 0; r < ROWS; r++) q_pairs[r] = (const uint32_t*)(a.q + (first + r) * a.stride);
+  for (int jb = 0; jb < a.padded; jb += W) {
+    __m512 acc[ROWS];
+    for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
+    for (int p = 0; p < D / 2; p++) {
+      __m512bh keys = (__m512bh)_mm512_loadu_si512(a.k_pairs + p * a.padded + jb);
+      for (int r = 0; r < ROWS; r++)
+        acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(q_pairs[r][p]), keys);
+    }
+    for (int r = 0; r < ROWS; r++) store(a.scores + r * a.padded + jb, (vf)acc[r] * a.scale);
+  }
+  float inverse_sum[ROWS];
+  for (int r = 0; r < ROWS; r++) inverse_sum[r] = softmax_row(a, a.scores + r * a.padded);
+  vf o[ROWS][D / W] = {};
+  for (int j = 0; j < a.length; j++) {
+    for (int b = 0; b < D / W; b++) {
+      vf values = load(a.v + j * D + b * W);
+      for (int r = 0; r < ROWS; r++) o[r][b] += a.scores[r * a.padded + j] * values;
+    }
+  }
+  for (int r = 0; r < ROWS; r++)
+    for (int b = 0; b < D / W; b++)
+      *(vh_unaligned*)(a.out + (int64_t)(first + r) * a.out_stride + b * W) =
+          narrow(o[r][b] * inverse_sum[r]);
+}
+
+template <int D, int ROWS>
+static void attend(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t stride,
+                   int length, int queries, float scale, uint16_t* out, int64_t out_stride,
+                   float* scratch) {
+  const int padded = (length + W - 1) / W * W;
+  uint32_t* k_pairs = (uint32_t*)scratch;
+  float* v_wide = scratch + D / 2 * padded;
+  for (int j = 0; j < length; j++) {
+    const uint32_t* row = (const uint32_t*)(k + j * stride);
+    for (int p = 0; p < D / 2; p++) k_pairs[p * padded + j] = row[p];
+  }
+  for (int p = 0; p < D / 2; p++)
+    for (int j = length; j < padded; j++) k_pairs[p * padded + j] = 0;
+  for (int j = 0; j < length; j++)
+    for (int d = 0; d < D; d += W) store(v_wide + j * D + d, widen(v + j * stride + d));
+  vi lane;
+  for (int i = 0; i < W; i++) lane[i] = i;
+  const Head a{q,      stride,      length, padded, scale, k_pairs, v_wide,
+               v_wide + length * D, lane < (length - (padded - W)), out,  out_stride};
+  int first = 0;
+  for (; first + ROWS <= queries; first += ROWS) query_rows<D, ROWS>(a, first);
+  if (ROWS > 4 && first + 4 <= queries) query_rows<D, 4>(a, first), first += 4;
+  if (first + 2 <= queries) query_rows<D, 2>(a, first), first += 2;
+  if (first < queries) query_rows<D, 1>(a, first);
+}
+
+// Returns 0, or 1 for a head dimension other than 32 or 64, 2 when scratch memory ran out.
+extern "C" int fastbert_attention_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                       int64_t token_stride, int64_t head_stride,
+                                       const int64_t* starts, const int64_t* lengths,
+                                       const int64_t* queries, int64_t sequences, int64_t heads, int64_t head_dim,
+                                       float scale, uint16_t* out, int threads) {
+  if (head_dim != 32 && head_dim != 64) return 1;
+  int64_t longest = 0;
+  for (int64_t s = 0; s < sequences; s++) longest = lengths[s] > longest ? lengths[s] : longest;
+  const int64_t padded = (longest + W - 1) / W * W;
+  const int64_t floats = head_dim / 2 * padded + longest * head_dim + MAX_ROWS * padded;
+  const int64_t out_stride = heads * head_dim;
+  int failed = 0;
+#pragma omp parallel num_threads(threads)
+  {
+    float* scratch = (float*)malloc((size_t)floats * sizeof(float) + 64);
+    if (!scratch) {
+#pragma omp atomic write
+      failed = 2;
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t s = 0; s < sequences; s++) {
+      const int64_t start = starts[s];
+      const int length = (int)lengths[s], rows = (int)queries[s];
+      if (!scratch || length <= 0) continue;
+      for (int64_t h = 0; h < heads; h++) {
+        const int64_t at = start * token_stride + h * head_stride;
+        uint16_t* o = out + start * out_stride + h * head_dim;
+        if (head_dim == 32)
+          attend<32, 8>(q + at, k + at, v + at, token_stride, length, rows, scale, o,
+                        out_stride, scratch);
+        else
+          attend<64, 4>(q + at, k + at, v + at, token_stride, length, rows, scale, o,
+                        out_stride, scratch);
+      }
+    }
+    free(scratch);
+  }
+  return failed;
+}

@@ -1,0 +1,233 @@
+"""A compiled attention for bfloat16 on a CPU with AVX512_BF16 (cpu_attention.cpp).
+
+PyTorch's CPU attention spends most of its time around the arithmetic for the short
+sequences of real text: per call, per run of equal lengths, per conversion. This kernel runs
+all the sequences of a packed batch in one call: one OpenMP task per sequence, q k^T on the
+CPU's bfloat16 dot-product instruction (exact products, float32 sums), the softmax and P @ V
+in float32 with P unrounded, the result rounded to bfloat16 once: the torch backend's math
+path's precision, more accurate than PyTorch's flash kernel, which rounds P to bfloat16.
+
+The source is compiled at first use with the system's C++ compiler (``$CXX``, else ``g++``)
+for this CPU (``-O3 -march=native -fopenmp``, linked to the OpenMP runtime torch already
+loaded) into ``$FASTBERT_CACHE/cpu-kernels`` (default ``~/.cache/fastbert``), keyed by the
+source, the compiler and the CPU, and loaded with ctypes; a call releases the GIL. Where the
+CPU lacks AVX512_BF16, no compiler is found, the build fails, or ``FASTBERT_CPU_ATTENTION=0``,
+:func:`available` is False, :func:`status` says why, and the torch backend keeps its own
+attention. Nothing is compiled at import.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu_attention.cpp")
+ENVIRONMENT_SWITCH = "FASTBERT_CPU_ATTENTION"
+HEAD_DIMS = (32, 64)
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++17")
+_OFF = ("0", "false", "off", "no")
+
+_lock = threading.Lock()
+_library: ctypes.CDLL | None = None
+_status: str | None = None
+
+
+def _cpu_identity() -> str:
+    """The CPU's model name and flags (a build for one CPU must not load on another)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    wanted = [line for line in lines if line.startswith(("model name", "flags"))]
+    return "\n".join(wanted[:2])
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("FASTBERT_CACHE") or Path.home() / ".cache" / "fastbert"
+    return Path(root) / "cpu-kernels"
+
+
+def _build(compiler: str) -> Path:
+    """The compiled library's path, building it when this source, compiler and CPU have none
+    yet (into a temporary file, then renamed, so concurrent builds never load a partial one).
+    Raises RuntimeError with the compiler's message when the build fails."""
+    version = subprocess.run(
+        [compiler, "--version"], capture_output=True, text=True, timeout=60
+    ).stdout
+    key = hashlib.sha256(
+        "\0".join(
+            [SOURCE.read_text(), compiler, version, " ".join(FLAGS), _cpu_identity()]
+        ).encode()
+    ).hexdigest()[:16]
+    target = _cache_dir() / f"cpu_attention-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as work:
+        built = Path(work) / target.name
+        result = subprocess.run(
+            [compiler, *FLAGS, "-o", str(built), str(SOURCE)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(result.stderr.strip().splitlines()[-1] if result.stderr else "")
+        os.replace(built, target)
+    return target
+
+
+def missing_requirement() -> str | None:
+    """Why this machine cannot build the kernel (not Linux on x86-64, no avx512_bf16, no C++
+    compiler), or None."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return f"needs Linux on x86-64, this is {platform.system()} on {platform.machine()}"
+    if "avx512_bf16" not in _cpu_identity().split():
+        return "this CPU has no avx512_bf16"
+    if _compiler() is None:
+        return "no C++ compiler found (set $CXX)"
+    return None
+
+
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    if os.environ.get(ENVIRONMENT_SWITCH, "").strip().lower() in _OFF:
+        return None, f"off (${ENVIRONMENT_SWITCH})"
+    missing = missing_requirement()
+    if missing is not None:
+        return None, f"not built: {missing}"
+    compiler = _compiler()
+    assert compiler is not None
+    try:
+        path = _build(compiler)
+        library = ctypes.CDLL(str(path))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        return None, f"not built: {compiler} failed: {error}"
+    kernel = library.fastbert_attention_bf16
+    kernel.restype = ctypes.c_int
+    kernel.argtypes = [
+        *[ctypes.c_void_p] * 3,  # q, k, v
+        ctypes.c_int64,  # token stride
+        ctypes.c_int64,  # head stride
+        ctypes.c_void_p,  # starts
+        ctypes.c_void_p,  # lengths
+        ctypes.c_void_p,  # queries
+        *[ctypes.c_int64] * 3,  # sequences, heads, head_dim
+        ctypes.c_float,  # scale
+        ctypes.c_void_p,  # out
+        ctypes.c_int,  # threads
+    ]
+    return library, f"ready ({path})"
+
+
+def _ensure_loaded() -> ctypes.CDLL | None:
+    global _library, _status
+    if _status is None:
+        with _lock:
+            if _status is None:
+                _library, _status = _load()
+    return _library
+
+
+def available() -> bool:
+    """Whether the compiled kernel runs here (builds it at the first call)."""
+    return _ensure_loaded() is not None
+
+
+def status() -> str:
+    """ "ready (path)", or why the kernel is not used on this machine."""
+    _ensure_loaded()
+    assert _status is not None
+    return _status
+
+
+def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether q, k, v ([..., T or S, H, D] views) fit the kernel: bfloat16 on the CPU, head
+    dimension 32 or 64, the same strides for all three with D contiguous, even strides and
+    4-byte-aligned data, no autograd record, and the kernel available."""
+    if q.dtype != torch.bfloat16 or q.device.type != "cpu" or q.shape[-1] not in HEAD_DIMS:
+        return False
+    if not (k.dtype == v.dtype == q.dtype and k.shape == v.shape == q.shape):
+        return False
+    if not (q.stride() == k.stride() == v.stride()) or q.stride(-1) != 1:
+        return False
+    if any(stride % 2 for stride in q.stride()[:-1]) or any(t.data_ptr() % 4 for t in (q, k, v)):
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return False
+    return available()
+
+
+def attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """softmax(scale * q k^T) v within each sequence of ``cu_seqlens``, no mask.
+
+    q, k, v: bfloat16 [T, H, D] on the CPU that :func:`takes`; cu_seqlens: int [B + 1]
+    prefix sums (0 first, non-decreasing, T last: the caller's contract, unchecked here).
+    ``scale`` None is 1 / sqrt(D). Returns bfloat16 [T, H, D], contiguous."""
+    bounds = cu_seqlens.long()
+    lengths = bounds[1:] - bounds[:-1]
+    out = torch.empty(q.shape, dtype=q.dtype)
+    return _run(q, k, v, bounds[:-1], lengths, lengths, scale, out)
+
+
+def attention_padded(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lengths: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """The same over a right-padded batch: q, k, v bfloat16 [B * S, H, D] (row b's tokens at
+    b * S ..), row b's first ``lengths[b]`` keys real; every query attends to its row's real
+    keys, padded ones too (as the reference). Returns bfloat16 [B * S, H, D], contiguous,
+    zeros on a row without keys."""
+    batch = lengths.numel()
+    seq = q.shape[0] // max(batch, 1)
+    starts = torch.arange(batch, dtype=torch.int64) * seq
+    queries = torch.full((batch,), seq, dtype=torch.int64)
+    out = torch.zeros(q.shape, dtype=q.dtype)
+    return _run(q, k, v, starts, lengths.long(), queries, scale, out)
+
+
+def _run(q, k, v, starts, lengths, queries, scale, out) -> torch.Tensor:
+    library = _ensure_loaded()
+    assert library is not None, status()
+    _, heads, head_dim = q.shape
+    starts, lengths, queries = (t.contiguous() for t in (starts, lengths, queries))
+    failed = library.fastbert_attention_bf16(
+        q.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
+        q.stride(0),
+        q.stride(1),
+        starts.data_ptr(),
+        lengths.data_ptr(),
+        queries.data_ptr(),
+        starts.numel(),
+        heads,
+        head_dim,
+        head_dim**-0.5 if scale is None else float(scale),
+        out.data_ptr(),
+        torch.get_num_threads(),
+    )
+    if failed:
+        raise MemoryError("cpu_attention: no scratch memory for the longest sequence")
+    return out

@@ -1,0 +1,227 @@
+"""The compiled bfloat16 CPU attention (fastbert.kernels.cpu_attention): against the float64
+reference and the float32 math path, the torch backend's calls that take it and those that do
+not, NaN, threads, and the switch and build failures that leave the torch path in place."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fastbert.kernels import cpu_attention as C
+from fastbert.kernels import reference as R
+from fastbert.kernels import torch_ops as T
+from tests.op_cases import padded_mask, randn
+from tests.test_attention import packed_qkv
+
+needs_kernel = pytest.mark.skipif(not C.available(), reason=f"cpu_attention: {C.status()}")
+HEADS = 12
+LENGTHS = [1, 2, 15, 16, 17, 31, 0, 33, 100, 129, 256, 5]
+
+
+def relative_error(out: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((out.double() - expected).norm() / expected.norm())
+
+
+def sharp_packed(lengths, head_dim, seed):
+    """q, k, v [T, H, D] bfloat16 views of one fused buffer (the encoder's layout), q scaled
+    by 2 for sharper attention, and cu_seqlens."""
+    q, k, v, cu = packed_qkv(lengths, HEADS, head_dim, torch.bfloat16, "cpu", seed=seed)
+    with torch.no_grad():
+        q.mul_(2.0)
+    return q, k, v, cu
+
+
+@pytest.fixture
+def calls(monkeypatch) -> list[int]:
+    """Spy on the kernel: the number of sequences of each call."""
+    seen: list[int] = []
+    real = C._run
+
+    def spy(q, k, v, starts, *args):
+        seen.append(starts.numel())
+        return real(q, k, v, starts, *args)
+
+    monkeypatch.setattr(C, "_run", spy)
+    return seen
+
+
+@needs_kernel
+@pytest.mark.parametrize("head_dim", [32, 64])
+@pytest.mark.parametrize("scale", [None, 0.3])
+def test_varlen_against_float64(head_dim, scale) -> None:
+    """Every sequence against the float64 reference: about bfloat16's one rounding of the
+    result, and no less accurate than PyTorch's flash kernel on the same sequence (which
+    rounds P to bfloat16). A kernel that read another sequence's keys, the wrong scale, or
+    rounded the scores would fail it."""
+    q, k, v, cu = sharp_packed(LENGTHS, head_dim, seed=head_dim)
+    out = C.attention_varlen(q, k, v, cu, scale)
+    assert out.shape == q.shape and out.is_contiguous() and out.dtype == torch.bfloat16
+    bounds = cu.tolist()
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        if start == end:
+            continue
+        one = [t[start:end].transpose(0, 1)[None] for t in (q, k, v)]  # [1, H, L, D]
+        expected = R.attention(*(t.double() for t in one), None, scale)
+        got = out[start:end].transpose(0, 1)[None]
+        flash = F.scaled_dot_product_attention(*one, scale=scale)
+        error = relative_error(got, expected)
+        assert error < 2.5e-3, (end - start, error)
+        assert error <= relative_error(flash, expected), (end - start, error)
+
+
+@needs_kernel
+@pytest.mark.parametrize("head_dim", [32, 64])
+def test_within_one_rounding_of_the_math_path(head_dim) -> None:
+    """The float32 math path (torch_ops._math_attention) computes the same thing in the same
+    precision with other summation orders and PyTorch's exp: the two bfloat16 results may
+    differ by one rounding of the float32 value, plus float32's own error of a sum of terms
+    up to max |v| (which shows where the terms cancel to an output near zero), never more."""
+    q, k, v, cu = sharp_packed([7, 64, 100], head_dim, seed=3)
+    out = C.attention_varlen(q, k, v, cu)
+    bounds = cu.tolist()
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        views = [
+            t[start:end].view(1, end - start, HEADS, head_dim).transpose(1, 2) for t in (q, k, v)
+        ]
+        math = torch.empty(end - start, HEADS, head_dim, dtype=torch.bfloat16)
+        T._math_attention(
+            *views, None, None, math.view(1, end - start, HEADS, head_dim).transpose(1, 2)
+        )
+        gap = (out[start:end].float() - math.float()).abs()
+        float32_error = 2**-16 * float(v[start:end].float().abs().max())
+        assert torch.all(gap <= math.float().abs() * 2**-7 + float32_error), gap.max()
+        assert (gap > 0).float().mean() < 0.01  # mostly the same bits
+
+
+@needs_kernel
+def test_views_and_copies_agree() -> None:
+    """Views of a fused buffer and separate contiguous tensors give the same bits."""
+    q, k, v, cu = sharp_packed([20, 3, 40], 32, seed=4)
+    assert torch.equal(
+        C.attention_varlen(q, k, v, cu),
+        C.attention_varlen(q.contiguous(), k.contiguous(), v.contiguous(), cu),
+    )
+
+
+@needs_kernel
+def test_torch_backend_varlen_takes_it(calls) -> None:
+    """attention_varlen in bfloat16 without dropout or positions: one kernel call for the
+    whole batch, the reference's result."""
+    q, k, v, cu = sharp_packed(LENGTHS, 32, seed=5)
+    out = T.attention_varlen(q, k, v, cu, max(LENGTHS))
+    assert calls == [len(LENGTHS)]
+    expected = R.attention_varlen(q.double(), k.double(), v.double(), cu, max(LENGTHS))
+    assert relative_error(out, expected) < 2.5e-3
+
+
+@needs_kernel
+@pytest.mark.parametrize("lengths", [[37, 37, 37], [37, 20, 1, 0]], ids=["full", "right-padded"])
+def test_torch_backend_dense_takes_it(calls, lengths) -> None:
+    """Dense attention without a mask or with right padding: one call, the reference at every
+    query (padded ones attend to their row's real keys), zeros on a row without keys."""
+    batch, seq = len(lengths), 37
+    qkv = randn((batch, seq, 3, HEADS, 32), torch.bfloat16, "cpu", seed=6)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4)
+    mask = None if min(lengths) == seq else padded_mask(lengths, seq)
+    out = T.attention(q, k, v, mask)
+    assert calls == [batch]
+    expected = R.attention(q.double(), k.double(), v.double(), mask)
+    assert relative_error(out, expected) < 2.5e-3
+    if 0 in lengths:
+        assert torch.equal(out[lengths.index(0)], torch.zeros_like(out[0]))
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    "case",
+    ["left-padded", "float32", "head-dim-80", "dropout", "autograd", "relative-bias", "window"],
+)
+def test_other_calls_keep_the_torch_path(calls, case) -> None:
+    """What the kernel does not compute goes to the torch path, still correct."""
+    dtype = torch.float32 if case == "float32" else torch.bfloat16
+    head_dim = 80 if case == "head-dim-80" else 32
+    q, k, v, cu = packed_qkv([9, 30], 2, head_dim, dtype, "cpu", seed=7)
+    q.requires_grad_(case == "autograd")
+    if case == "left-padded":
+        dense = [
+            t.detach()[:30].view(1, 30, 2, head_dim).transpose(1, 2).repeat(2, 1, 1, 1)
+            for t in (q, k, v)
+        ]
+        mask = torch.arange(30) >= torch.tensor([21, 0])[:, None]
+        T.attention(*dense, mask)
+    else:
+        options = {
+            "dropout": {"dropout_p": 0.1},
+            "relative-bias": {"relative_bias": randn((2, 32), torch.float32, "cpu", seed=8)},
+            "window": {"window": 4},
+        }.get(case, {})
+        T.attention_varlen(q, k, v, cu, 30, **options)
+    assert calls == []
+
+
+@needs_kernel
+def test_nan_stays_in_its_sequence() -> None:
+    """A NaN key makes its own sequence's outputs NaN and no other's."""
+    q, k, v, cu = sharp_packed([10, 12], 32, seed=9)
+    k[3, 0, 5] = float("nan")
+    out = C.attention_varlen(q, k, v, cu)
+    assert torch.isnan(out[:10, 0]).all()
+    assert not torch.isnan(out[:10, 1:]).any() and not torch.isnan(out[10:]).any()
+
+
+@needs_kernel
+def test_threads_share_nothing() -> None:
+    """Calls from several Python threads at once (the serving case) give each its own result."""
+    batches = [sharp_packed([5 + i, 40 - i, 17], 32, seed=10 + i) for i in range(6)]
+    alone = [C.attention_varlen(*b) for b in batches]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda b: C.attention_varlen(*b), batches * 3))
+    for i, out in enumerate(together):
+        assert torch.equal(out, alone[i % len(batches)])
+
+
+def run_fresh(code: str, **env: str) -> str:
+    """``code`` in a new interpreter with ``env`` added; its stdout."""
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return result.stdout
+
+
+CHECK = """
+    import torch
+    from fastbert.kernels import cpu_attention as C, torch_ops as T, reference as R
+    from tests.test_attention import packed_qkv
+    print(C.status())
+    q, k, v, cu = packed_qkv([9, 30], 2, 32, torch.bfloat16, "cpu", seed=1)
+    out = T.attention_varlen(q, k, v, cu, 30)
+    expected = R.attention_varlen(q.double(), k.double(), v.double(), cu, 30)
+    print(float((out.double() - expected).norm() / expected.norm()) < 2.5e-3)
+"""
+
+
+def test_switch_off_keeps_the_torch_path() -> None:
+    """FASTBERT_CPU_ATTENTION=0: not built, status says why, the torch path answers."""
+    status, correct = run_fresh(CHECK, FASTBERT_CPU_ATTENTION="0").split("\n")[:2]
+    assert status == "off ($FASTBERT_CPU_ATTENTION)" and correct == "True"
+
+
+@pytest.mark.skipif(C.missing_requirement() is not None, reason="the kernel is never built here")
+def test_build_failure_keeps_the_torch_path(tmp_path) -> None:
+    """A compiler that fails: status names it, nothing is cached, the torch path answers."""
+    status, correct = run_fresh(CHECK, CXX="false", FASTBERT_CACHE=str(tmp_path)).split("\n")[:2]
+    assert status.startswith("not built: false failed"), status
+    assert correct == "True"
+    assert not list((tmp_path / "cpu-kernels").glob("*.so"))
