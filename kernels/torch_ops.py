@@ -4,7 +4,9 @@ Same signatures and semantics as fastbert.kernels.reference (the tests' float64 
 for speed instead of exactness:
 
 - attention: ``F.scaled_dot_product_attention`` (PyTorch's flash kernels on CPU and CUDA) with
-  the key-padding mask broadcast as a boolean [B, 1, 1, S_k] mask. A relative position bias
+  the key-padding mask broadcast as a boolean [B, 1, 1, S_k] mask; in bfloat16 on a CPU
+  without a mask or with right padding, and without dropout or positions, the compiled
+  fastbert.kernels.cpu_attention where it is built. A relative position bias
   (MPNet) is expanded to its [H, S_q, S_k] float tensor and passed as SDPA's additive mask,
   -inf at masked keys (the simple way: this backend is not the fast path for it). Masked keys
   have no influence, NaN and Inf included: with a mask, K and V are zeroed there first (SDPA
@@ -17,7 +19,9 @@ for speed instead of exactness:
   measured 1.5x to 2x faster than one masked call over the gathered batch, even with every
   length different). In bfloat16 a run of up to about a hundred tokens takes a math attention
   in float32 instead (faster than the CPU flash kernel there, and more accurate: see
-  MATH_ATTENTION_MAX_LENGTH). Elsewhere, and under ``torch.compile``, the packed tokens are
+  MATH_ATTENTION_MAX_LENGTH). Where fastbert.kernels.cpu_attention is built (AVX512_BF16 and a
+  C++ compiler), bfloat16 without dropout or positions takes it instead: one call for the
+  whole batch. Elsewhere, and under ``torch.compile``, the packed tokens are
   gathered into a dense [B, max_seqlen] batch by index tensors (no loop over the sequences,
   no host read; a padded slot repeats a token of its own sequence, so no other sequence's
   values, NaN included, enter a row), run through SDPA with the padding mask, and gathered

@@ -1,0 +1,193 @@
+"""The compiled bfloat16 CPU attention against the torch backend's own, on the corpus's batches.
+
+``python -m benchmarks.cpu_attention_kernel --out benchmarks/results/NAME [--rounds 5]``
+tokenises the corpus of benchmarks/embed_bench.py (its 2,608 paragraphs, all-MiniLM-L6-v2's
+tokenizer, at most 256 tokens), forms ``fastbert.embed``'s length-sorted batches of at most
+4,096 tokens, and times one attention per batch in bfloat16 on random q, k, v (views of one
+fused [T, 3, H, D] buffer, as the encoder passes them), for H = 12 at head dimensions 32
+(MiniLM) and 64 (BERT-base):
+
+- compiled: ``fastbert.kernels.cpu_attention.attention_varlen``, one call per batch;
+- torch: what the torch backend ran before it (and runs where the kernel is not built):
+  one SDPA call or math-path pass per run of equal-length sequences
+  (``torch_ops._attention_by_length``).
+
+Wall time on torch's threads, round-robin (each batch's two paths in turn), the best of
+``--rounds`` kept per batch; the relative RMS error of both against float64
+(``reference.attention_varlen``) on every batch. Writes attention.md and attention.json.
+Speed is measured here, never asserted in a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks import embed_bench
+from fastbert.bench import environment
+from fastbert.embed.batching import token_batches
+from fastbert.kernels import cpu_attention
+from fastbert.kernels import reference as R
+from fastbert.kernels import torch_ops as T
+
+HEADS = 12
+BATCH_TOKENS = 4096
+
+
+def corpus_batches(docs: int) -> list[list[int]]:
+    """The sequence lengths of each batch fastbert.embed forms from the corpus, longest first."""
+    from transformers import AutoTokenizer
+
+    texts = embed_bench.corpus(docs)
+    tokenizer = AutoTokenizer.from_pretrained(str(embed_bench.model_folder("minilm")))
+    ids = tokenizer(texts, truncation=True, max_length=256)["input_ids"]
+    lengths = [len(row) for row in ids]
+    return [
+        sorted((lengths[i] for i in batch), reverse=True)
+        for batch in token_batches(lengths, BATCH_TOKENS)
+    ]
+
+
+def inputs(lengths: list[int], head_dim: int, seed: int):
+    """q, k, v bfloat16 [T, H, D] views of one fused buffer (q scaled by 2, for attention of
+    realistic sharpness) and cu_seqlens."""
+    g = torch.Generator().manual_seed(seed)
+    fused = torch.randn(sum(lengths), 3, HEADS, head_dim, generator=g)
+    fused[:, 0] *= 2.0
+    fused = fused.bfloat16()
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    return fused[:, 0], fused[:, 1], fused[:, 2], cu
+
+
+def compiled_path(q, k, v, cu) -> torch.Tensor:
+    return cpu_attention.attention_varlen(q, k, v, cu)
+
+
+def torch_path(q, k, v, cu) -> torch.Tensor:
+    return T._attention_by_length(q, k, v, cu, None, 0.0, None, None, None)
+
+
+def best_seconds(paths, args, rounds: int) -> list[float]:
+    best = [float("inf")] * len(paths)
+    for path in paths:
+        path(*args)
+    for _ in range(rounds):
+        for i, path in enumerate(paths):
+            start = time.perf_counter()
+            path(*args)
+            best[i] = min(best[i], time.perf_counter() - start)
+    return best
+
+
+def relative_error(out: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((out.double() - expected).norm() / expected.norm())
+
+
+def measure(batches: list[list[int]], head_dim: int, rounds: int) -> list[dict]:
+    rows = []
+    for index, lengths in enumerate(batches):
+        q, k, v, cu = inputs(lengths, head_dim, seed=index)
+        compiled_s, torch_s = best_seconds((compiled_path, torch_path), (q, k, v, cu), rounds)
+        expected = R.attention_varlen(q.double(), k.double(), v.double(), cu, max(lengths))
+        rows.append(
+            {
+                "head_dim": head_dim,
+                "sequences": len(lengths),
+                "tokens": sum(lengths),
+                "longest": max(lengths),
+                "shortest": min(lengths),
+                "compiled_ms": compiled_s * 1e3,
+                "torch_ms": torch_s * 1e3,
+                "compiled_error": relative_error(compiled_path(q, k, v, cu), expected),
+                "torch_error": relative_error(torch_path(q, k, v, cu), expected),
+            }
+        )
+        print(
+            f"D={head_dim} batch {index}: {len(lengths)} x {min(lengths)}-{max(lengths)} "
+            f"compiled {compiled_s * 1e3:.2f} ms, torch {torch_s * 1e3:.2f} ms",
+            flush=True,
+        )
+    return rows
+
+
+def markdown(report: dict) -> str:
+    env = report["environment"]
+    lines = [
+        "# Compiled bfloat16 CPU attention against the torch backend's, on the corpus's batches",
+        "",
+        f"{report['docs']} paragraphs of the corpus benchmark, {report['tokens']:,} tokens in "
+        f"{report['batches']} length-sorted batches of at most {BATCH_TOKENS} tokens; H = {HEADS}; "
+        f"random bfloat16 q, k, v; one attention per batch; best of {report['rounds']} rounds "
+        "per batch, the two paths in turn; wall time.",
+        f"CPU: {env['cpu']} (flags: {env['cpu_flags']}); torch threads: {report['threads']}; "
+        f"torch {env.get('torch')}; kernel: {report['kernel']}; commit {env['commit']}; "
+        f"{env['date']}.",
+        "",
+        "| D | batches' longest | batches | compiled ms | torch ms | torch / compiled "
+        "| compiled error | torch error |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for head_dim in sorted({r["head_dim"] for r in report["rows"]}):
+        rows = [r for r in report["rows"] if r["head_dim"] == head_dim]
+        groups = [("<= 32", 0, 32), ("33-64", 33, 64), ("65-128", 65, 128), ("> 128", 129, 1 << 30)]
+        for label, low, high in [*groups, ("all", 0, 1 << 30)]:
+            chosen = [r for r in rows if low <= r["longest"] <= high]
+            if not chosen:
+                continue
+            compiled = sum(r["compiled_ms"] for r in chosen)
+            torch_ms = sum(r["torch_ms"] for r in chosen)
+            lines.append(
+                f"| {head_dim} | {label} | {len(chosen)} | {compiled:.1f} | {torch_ms:.1f} "
+                f"| {torch_ms / compiled:.2f}x | {max(r['compiled_error'] for r in chosen):.2e} "
+                f"| {max(r['torch_error'] for r in chosen):.2e} |"
+            )
+    lines += [
+        "",
+        "Errors: the largest relative RMS error of a batch against float64. The torch path: one "
+        "SDPA call (PyTorch's flash kernel) or float32 math-path pass per run of equal-length "
+        "sequences (torch_ops._attention_by_length), what the torch backend runs where the "
+        "compiled kernel is not built.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.cpu_attention_kernel",
+        description=__doc__.splitlines()[0],
+    )
+    parser.add_argument("--out", required=True, type=Path, help="folder for the results")
+    parser.add_argument("--docs", type=int, default=2608, help="corpus paragraphs (2608: all)")
+    parser.add_argument("--rounds", type=int, default=5, help="timing rounds per batch")
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[32, 64], choices=[32, 64])
+    args = parser.parse_args(argv)
+    if args.docs < 1 or args.rounds < 1:
+        parser.error("--docs and --rounds must be at least 1")
+    if not cpu_attention.available():
+        parser.exit(1, f"the compiled kernel does not run here: {cpu_attention.status()}\n")
+    batches = corpus_batches(args.docs)
+    rows = [row for d in args.head_dims for row in measure(batches, d, args.rounds)]
+    report = {
+        "docs": args.docs,
+        "tokens": sum(map(sum, batches)),
+        "batches": len(batches),
+        "rounds": args.rounds,
+        "threads": torch.get_num_threads(),
+        "kernel": cpu_attention.status(),
+        "environment": environment.capture(),
+        "rows": rows,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "attention.json").write_text(json.dumps(report, indent=1) + "\n")
+    (args.out / "attention.md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

