@@ -1,11 +1,11 @@
-"""The compiled bfloat16 CPU attention against the torch backend's own, on the corpus's batches.
+"""The compiled CPU attention against the torch backend's own, on the corpus's batches.
 
 ``python -m benchmarks.cpu_attention_kernel --out benchmarks/results/NAME [--rounds 5]``
 tokenises the corpus of benchmarks/embed_bench.py (its 2,608 paragraphs, all-MiniLM-L6-v2's
 tokenizer, at most 256 tokens), forms ``fastbert.embed``'s length-sorted batches of at most
-4,096 tokens, and times one attention per batch in bfloat16 on random q, k, v (views of one
-fused [T, 3, H, D] buffer, as the encoder passes them), for H = 12 at head dimensions 32
-(MiniLM) and 64 (BERT-base):
+4,096 tokens, and times one attention per batch in bfloat16 and float32 on random q, k, v
+(views of one fused [T, 3, H, D] buffer, as the encoder passes them), for H = 12 at head
+dimensions 32 (MiniLM) and 64 (BERT-base):
 
 - compiled: ``fastbert.kernels.cpu_attention.attention_varlen``, one call per batch;
 - torch: what the torch backend ran before it (and runs where the kernel is not built):
@@ -35,6 +35,7 @@ from fastbert.kernels import reference as R
 from fastbert.kernels import torch_ops as T
 
 HEADS = 12
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 BATCH_TOKENS = 4096
 
 
@@ -52,13 +53,13 @@ def corpus_batches(docs: int) -> list[list[int]]:
     ]
 
 
-def inputs(lengths: list[int], head_dim: int, seed: int):
-    """q, k, v bfloat16 [T, H, D] views of one fused buffer (q scaled by 2, for attention of
-    realistic sharpness) and cu_seqlens."""
+def inputs(lengths: list[int], head_dim: int, dtype: torch.dtype, seed: int):
+    """q, k, v [T, H, D] views of one fused buffer in ``dtype`` (q scaled by 2, for attention
+    of realistic sharpness) and cu_seqlens."""
     g = torch.Generator().manual_seed(seed)
     fused = torch.randn(sum(lengths), 3, HEADS, head_dim, generator=g)
     fused[:, 0] *= 2.0
-    fused = fused.bfloat16()
+    fused = fused.to(dtype)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     return fused[:, 0], fused[:, 1], fused[:, 2], cu
 
@@ -87,14 +88,15 @@ def relative_error(out: torch.Tensor, expected: torch.Tensor) -> float:
     return float((out.double() - expected).norm() / expected.norm())
 
 
-def measure(batches: list[list[int]], head_dim: int, rounds: int) -> list[dict]:
+def measure(batches: list[list[int]], dtype: torch.dtype, head_dim: int, rounds: int) -> list[dict]:
     rows = []
     for index, lengths in enumerate(batches):
-        q, k, v, cu = inputs(lengths, head_dim, seed=index)
+        q, k, v, cu = inputs(lengths, head_dim, dtype, seed=index)
         compiled_s, torch_s = best_seconds((compiled_path, torch_path), (q, k, v, cu), rounds)
         expected = R.attention_varlen(q.double(), k.double(), v.double(), cu, max(lengths))
         rows.append(
             {
+                "dtype": str(dtype).removeprefix("torch."),
                 "head_dim": head_dim,
                 "sequences": len(lengths),
                 "tokens": sum(lengths),
@@ -107,7 +109,7 @@ def measure(batches: list[list[int]], head_dim: int, rounds: int) -> list[dict]:
             }
         )
         print(
-            f"D={head_dim} batch {index}: {len(lengths)} x {min(lengths)}-{max(lengths)} "
+            f"{dtype} D={head_dim} batch {index}: {len(lengths)} x {min(lengths)}-{max(lengths)} "
             f"compiled {compiled_s * 1e3:.2f} ms, torch {torch_s * 1e3:.2f} ms",
             flush=True,
         )
@@ -117,22 +119,23 @@ def measure(batches: list[list[int]], head_dim: int, rounds: int) -> list[dict]:
 def markdown(report: dict) -> str:
     env = report["environment"]
     lines = [
-        "# Compiled bfloat16 CPU attention against the torch backend's, on the corpus's batches",
+        "# Compiled CPU attention against the torch backend's, on the corpus's batches",
         "",
         f"{report['docs']} paragraphs of the corpus benchmark, {report['tokens']:,} tokens in "
         f"{report['batches']} length-sorted batches of at most {BATCH_TOKENS} tokens; H = {HEADS}; "
-        f"random bfloat16 q, k, v; one attention per batch; best of {report['rounds']} rounds "
+        f"random q, k, v; one attention per batch; best of {report['rounds']} rounds "
         "per batch, the two paths in turn; wall time.",
         f"CPU: {env['cpu']} (flags: {env['cpu_flags']}); torch threads: {report['threads']}; "
         f"torch {env.get('torch')}; kernel: {report['kernel']}; commit {env['commit']}; "
         f"{env['date']}.",
         "",
-        "| D | batches' longest | batches | compiled ms | torch ms | torch / compiled "
+        "| dtype | D | batches' longest | batches | compiled ms | torch ms | torch / compiled "
         "| compiled error | torch error |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for head_dim in sorted({r["head_dim"] for r in report["rows"]}):
-        rows = [r for r in report["rows"] if r["head_dim"] == head_dim]
+    cases = sorted({(r["dtype"], r["head_dim"]) for r in report["rows"]})
+    for dtype, head_dim in cases:
+        rows = [r for r in report["rows"] if (r["dtype"], r["head_dim"]) == (dtype, head_dim)]
         groups = [("<= 32", 0, 32), ("33-64", 33, 64), ("65-128", 65, 128), ("> 128", 129, 1 << 30)]
         for label, low, high in [*groups, ("all", 0, 1 << 30)]:
             chosen = [r for r in rows if low <= r["longest"] <= high]
@@ -141,7 +144,8 @@ def markdown(report: dict) -> str:
             compiled = sum(r["compiled_ms"] for r in chosen)
             torch_ms = sum(r["torch_ms"] for r in chosen)
             lines.append(
-                f"| {head_dim} | {label} | {len(chosen)} | {compiled:.1f} | {torch_ms:.1f} "
+                f"| {dtype} | {head_dim} | {label} | {len(chosen)} | {compiled:.1f} "
+                f"| {torch_ms:.1f} "
                 f"| {torch_ms / compiled:.2f}x | {max(r['compiled_error'] for r in chosen):.2e} "
                 f"| {max(r['torch_error'] for r in chosen):.2e} |"
             )
@@ -165,13 +169,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--docs", type=int, default=2608, help="corpus paragraphs (2608: all)")
     parser.add_argument("--rounds", type=int, default=5, help="timing rounds per batch")
     parser.add_argument("--head-dims", type=int, nargs="+", default=[32, 64], choices=[32, 64])
+    parser.add_argument(
+        "--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES), help="precisions"
+    )
     args = parser.parse_args(argv)
     if args.docs < 1 or args.rounds < 1:
         parser.error("--docs and --rounds must be at least 1")
     if not cpu_attention.available():
         parser.exit(1, f"the compiled kernel does not run here: {cpu_attention.status()}\n")
     batches = corpus_batches(args.docs)
-    rows = [row for d in args.head_dims for row in measure(batches, d, args.rounds)]
+    rows = [
+        row
+        for name in args.dtypes
+        for d in args.head_dims
+        for row in measure(batches, DTYPES[name], d, args.rounds)
+    ]
     report = {
         "docs": args.docs,
         "tokens": sum(map(sum, batches)),

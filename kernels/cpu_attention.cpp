@@ -1,26 +1,33 @@
-// Attention of bfloat16 sequences on a CPU with AVX512_BF16: fastbert.kernels.cpu_attention
-// compiles this file at first use (-O3 -march=native -fopenmp) and calls it through ctypes.
+// Attention of bfloat16 or float32 sequences on a CPU with AVX512_BF16:
+// fastbert.kernels.cpu_attention compiles this file at first use (-O3 -march=native -fopenmp)
+// and calls it through ctypes.
 //
 // For each sequence s and head h: the queries at tokens starts[s] .. + queries[s] - 1 attend
 //   out = softmax(scale * q k^T) v
 // over the keys and values at tokens starts[s] .. + lengths[s] - 1 (lengths[s] <= queries[s]:
 // a right-padded row's real tokens; equal for packed sequences). No other token is read or
 // written; a sequence without keys writes nothing.
-// q, k, v: bfloat16, element (token t, head h, dim d) at t * token_stride + h * head_stride + d,
-// the same strides for all three (views of one fused QKV tensor). out: bfloat16, contiguous
-// [tokens, H, D], token t of a sequence at the same t as its input. The precision is the torch backend's math path's: q k^T from exact bfloat16
-// products summed in float32 (vdpbf16ps), the softmax and P @ V in float32 with P unrounded
-// (V widened exactly), the result rounded to bfloat16 once.
+// q, k, v: bfloat16 (uint16_t) or float32, element (token t, head h, dim d) at
+// t * token_stride + h * head_stride + d, the same strides for all three (views of one fused
+// QKV tensor). out: the same dtype, contiguous [tokens, H, D], a sequence's token at the same
+// index as its input.
+//
+// bfloat16: q k^T from exact bfloat16 products summed in float32 (vdpbf16ps), the softmax and
+// P @ V in float32 with P unrounded (V widened exactly), the result rounded to bfloat16 once.
+// float32: every step in float32 FMAs, the softmax's exp a Cephes polynomial (about 1 ulp).
 //
 // Work: one OpenMP task per sequence (its heads in turn), dynamic schedule, a scratch buffer
-// per thread: K transposed into pairs of bfloat16 [D/2][Lp] (Lp: L rounded up to 16), V in
-// float32 [L][D] and a block of score rows [ROWS][Lp]. Queries go ROWS at a time so that each
-// K or V vector loaded serves ROWS rows.
+// per thread: K transposed (bfloat16: into pairs [D/2][Lp] of 32 bits; float32: [D][Lp]; Lp is
+// L rounded up to 16), bfloat16 V widened to float32 [L][D] (float32 V is read in place), and
+// a block of score rows [ROWS][Lp]. Queries go ROWS at a time so that each K or V vector
+// loaded serves ROWS rows.
 
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+
+#include <type_traits>
 
 #ifndef __AVX512BF16__
 #error "cpu_attention.cpp needs AVX512_BF16 (-march=native on a CPU that has it)"
@@ -86,22 +93,28 @@ static inline float lane_sum(vf x) {
   return s;
 }
 
-// One sequence and head, its K and V already in the scratch layout.
+// One sequence and head, its K (and, for bfloat16, V) already in the scratch layout.
+template <typename T>
 struct Head {
-  const uint16_t* q;
-  int64_t stride;
+  const T* q;
+  int64_t stride;      // between tokens of q (and of v, for float32)
   int length, padded;  // L, and L rounded up to W
   float scale;
-  const uint32_t* k_pairs;  // [D/2][padded]: (k[j][2p], k[j][2p+1]) at p * padded + j
-  const float* v;           // [L][D], float32
-  float* scores;            // [ROWS][padded]
-  vi tail_keep;             // lanes of the last key block that hold keys
-  uint16_t* out;
+  const uint32_t* k_t;  // bfloat16: [D/2][padded] pairs (k[j][2p], k[j][2p+1]); float32: [D][padded]
+  const float* v;       // [L][v_stride] float32
+  int64_t v_stride;
+  float* scores;  // [ROWS][padded]
+  vi tail_keep;   // lanes of the last key block that hold keys
+  T* out;
   int64_t out_stride;
 };
 
+static constexpr bool is_bf16(const uint16_t*) { return true; }
+static constexpr bool is_bf16(const float*) { return false; }
+
 // Softmax of one row of scores in place (keys past L: probability 0); returns 1 / sum.
-static inline float softmax_row(const Head& a, float* row) {
+template <typename T>
+static inline float softmax_row(const Head<T>& a, float* row) {
   const int last = a.padded - W;
   store(row + last, a.tail_keep ? load(row + last) : splat(-INFINITY));
   vf m = load(row);
@@ -120,73 +133,103 @@ static inline float softmax_row(const Head& a, float* row) {
   return 1.0f / lane_sum(sum);
 }
 
-// Queries first .. first + ROWS - 1: scores, softmax, P @ V, written to out.
+// Scores of ROWS queries against the keys jb .. jb + W - 1, unscaled.
 template <int D, int ROWS>
-static inline void query_rows(const Head& a, int first) {
+static inline void key_block(const Head<uint16_t>& a, int first, int jb, vf* acc) {
   const uint32_t* q_pairs[ROWS];
   for (int r = 0; r < ROWS; r++) q_pairs[r] = (const uint32_t*)(a.q + (first + r) * a.stride);
+  __m512 sums[ROWS];
+  for (int r = 0; r < ROWS; r++) sums[r] = _mm512_setzero_ps();
+  for (int p = 0; p < D / 2; p++) {
+    __m512bh keys = (__m512bh)_mm512_loadu_si512(a.k_t + p * a.padded + jb);
+    for (int r = 0; r < ROWS; r++)
+      sums[r] = _mm512_dpbf16_ps(sums[r], (__m512bh)_mm512_set1_epi32(q_pairs[r][p]), keys);
+  }
+  for (int r = 0; r < ROWS; r++) acc[r] = (vf)sums[r];
+}
+
+template <int D, int ROWS>
+static inline void key_block(const Head<float>& a, int first, int jb, vf* acc) {
+  const float* q_rows[ROWS];
+  for (int r = 0; r < ROWS; r++) q_rows[r] = a.q + (first + r) * a.stride;
+  for (int r = 0; r < ROWS; r++) acc[r] = vf{};
+  const float* k_t = (const float*)a.k_t;
+  for (int d = 0; d < D; d++) {
+    vf keys = load(k_t + d * a.padded + jb);
+    for (int r = 0; r < ROWS; r++) acc[r] += q_rows[r][d] * keys;
+  }
+}
+
+static inline void store_out(uint16_t* p, vf x) { *(vh_unaligned*)p = narrow(x); }
+static inline void store_out(float* p, vf x) { store(p, x); }
+
+// Queries first .. first + ROWS - 1: scores, softmax, P @ V, written to out.
+template <typename T, int D, int ROWS>
+static inline void query_rows(const Head<T>& a, int first) {
   for (int jb = 0; jb < a.padded; jb += W) {
-    __m512 acc[ROWS];
-    for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
-    for (int p = 0; p < D / 2; p++) {
-      __m512bh keys = (__m512bh)_mm512_loadu_si512(a.k_pairs + p * a.padded + jb);
-      for (int r = 0; r < ROWS; r++)
-        acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(q_pairs[r][p]), keys);
-    }
-    for (int r = 0; r < ROWS; r++) store(a.scores + r * a.padded + jb, (vf)acc[r] * a.scale);
+    vf acc[ROWS];
+    key_block<D, ROWS>(a, first, jb, acc);
+    for (int r = 0; r < ROWS; r++) store(a.scores + r * a.padded + jb, acc[r] * a.scale);
   }
   float inverse_sum[ROWS];
   for (int r = 0; r < ROWS; r++) inverse_sum[r] = softmax_row(a, a.scores + r * a.padded);
   vf o[ROWS][D / W] = {};
   for (int j = 0; j < a.length; j++) {
     for (int b = 0; b < D / W; b++) {
-      vf values = load(a.v + j * D + b * W);
+      vf values = load(a.v + j * a.v_stride + b * W);
       for (int r = 0; r < ROWS; r++) o[r][b] += a.scores[r * a.padded + j] * values;
     }
   }
   for (int r = 0; r < ROWS; r++)
     for (int b = 0; b < D / W; b++)
-      *(vh_unaligned*)(a.out + (int64_t)(first + r) * a.out_stride + b * W) =
-          narrow(o[r][b] * inverse_sum[r]);
+      store_out(a.out + (int64_t)(first + r) * a.out_stride + b * W, o[r][b] * inverse_sum[r]);
 }
 
-template <int D, int ROWS>
-static void attend(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t stride,
-                   int length, int queries, float scale, uint16_t* out, int64_t out_stride,
-                   float* scratch) {
+template <typename T, int D, int ROWS>
+static void attend(const T* q, const T* k, const T* v, int64_t stride, int length, int queries,
+                   float scale, T* out, int64_t out_stride, float* scratch) {
   const int padded = (length + W - 1) / W * W;
-  uint32_t* k_pairs = (uint32_t*)scratch;
-  float* v_wide = scratch + D / 2 * padded;
+  constexpr int words = is_bf16((const T*)nullptr) ? D / 2 : D;  // 32-bit words per key
+  uint32_t* k_t = (uint32_t*)scratch;
   for (int j = 0; j < length; j++) {
     const uint32_t* row = (const uint32_t*)(k + j * stride);
-    for (int p = 0; p < D / 2; p++) k_pairs[p * padded + j] = row[p];
+    for (int w = 0; w < words; w++) k_t[w * padded + j] = row[w];
   }
-  for (int p = 0; p < D / 2; p++)
-    for (int j = length; j < padded; j++) k_pairs[p * padded + j] = 0;
-  for (int j = 0; j < length; j++)
-    for (int d = 0; d < D; d += W) store(v_wide + j * D + d, widen(v + j * stride + d));
+  for (int w = 0; w < words; w++)
+    for (int j = length; j < padded; j++) k_t[w * padded + j] = 0;
+  const float* values = (const float*)v;
+  int64_t v_stride = stride;
+  float* rest = scratch + words * padded;
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    for (int j = 0; j < length; j++)
+      for (int d = 0; d < D; d += W) store(rest + j * D + d, widen(v + j * stride + d));
+    values = rest, v_stride = D, rest += length * D;
+  }
   vi lane;
   for (int i = 0; i < W; i++) lane[i] = i;
-  const Head a{q,      stride,      length, padded, scale, k_pairs, v_wide,
-               v_wide + length * D, lane < (length - (padded - W)), out,  out_stride};
+  const Head<T> a{q,      stride,   length, padded,
+                  scale,  k_t,      values, v_stride,
+                  rest,   lane < (length - (padded - W)),
+                  out,    out_stride};
   int first = 0;
-  for (; first + ROWS <= queries; first += ROWS) query_rows<D, ROWS>(a, first);
-  if (ROWS > 4 && first + 4 <= queries) query_rows<D, 4>(a, first), first += 4;
-  if (first + 2 <= queries) query_rows<D, 2>(a, first), first += 2;
-  if (first < queries) query_rows<D, 1>(a, first);
+  for (; first + ROWS <= queries; first += ROWS) query_rows<T, D, ROWS>(a, first);
+  if (ROWS > 4 && first + 4 <= queries) query_rows<T, D, 4>(a, first), first += 4;
+  if (first + 2 <= queries) query_rows<T, D, 2>(a, first), first += 2;
+  if (first < queries) query_rows<T, D, 1>(a, first);
 }
 
 // Returns 0, or 1 for a head dimension other than 32 or 64, 2 when scratch memory ran out.
-extern "C" int fastbert_attention_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                                       int64_t token_stride, int64_t head_stride,
-                                       const int64_t* starts, const int64_t* lengths,
-                                       const int64_t* queries, int64_t sequences, int64_t heads, int64_t head_dim,
-                                       float scale, uint16_t* out, int threads) {
+template <typename T>
+static int attention(const T* q, const T* k, const T* v, int64_t token_stride,
+                     int64_t head_stride, const int64_t* starts, const int64_t* lengths,
+                     const int64_t* queries, int64_t sequences, int64_t heads, int64_t head_dim,
+                     float scale, T* out, int threads) {
   if (head_dim != 32 && head_dim != 64) return 1;
   int64_t longest = 0;
   for (int64_t s = 0; s < sequences; s++) longest = lengths[s] > longest ? lengths[s] : longest;
   const int64_t padded = (longest + W - 1) / W * W;
-  const int64_t floats = head_dim / 2 * padded + longest * head_dim + MAX_ROWS * padded;
+  // K transposed, bfloat16 V widened, and the score rows (all at most float32-sized).
+  const int64_t floats = head_dim * padded + longest * head_dim + MAX_ROWS * padded;
   const int64_t out_stride = heads * head_dim;
   int failed = 0;
 #pragma omp parallel num_threads(threads)
@@ -203,16 +246,35 @@ extern "C" int fastbert_attention_bf16(const uint16_t* q, const uint16_t* k, con
       if (!scratch || length <= 0) continue;
       for (int64_t h = 0; h < heads; h++) {
         const int64_t at = start * token_stride + h * head_stride;
-        uint16_t* o = out + start * out_stride + h * head_dim;
+        T* o = out + start * out_stride + h * head_dim;
         if (head_dim == 32)
-          attend<32, 8>(q + at, k + at, v + at, token_stride, length, rows, scale, o,
-                        out_stride, scratch);
+          attend<T, 32, 8>(q + at, k + at, v + at, token_stride, length, rows, scale, o,
+                           out_stride, scratch);
         else
-          attend<64, 4>(q + at, k + at, v + at, token_stride, length, rows, scale, o,
-                        out_stride, scratch);
+          attend<T, 64, 4>(q + at, k + at, v + at, token_stride, length, rows, scale, o,
+                           out_stride, scratch);
       }
     }
     free(scratch);
   }
   return failed;
+}
+
+extern "C" int fastbert_attention_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                       int64_t token_stride, int64_t head_stride,
+                                       const int64_t* starts, const int64_t* lengths,
+                                       const int64_t* queries, int64_t sequences, int64_t heads,
+                                       int64_t head_dim, float scale, uint16_t* out,
+                                       int threads) {
+  return attention(q, k, v, token_stride, head_stride, starts, lengths, queries, sequences,
+                   heads, head_dim, scale, out, threads);
+}
+
+extern "C" int fastbert_attention_f32(const float* q, const float* k, const float* v,
+                                      int64_t token_stride, int64_t head_stride,
+                                      const int64_t* starts, const int64_t* lengths,
+                                      const int64_t* queries, int64_t sequences, int64_t heads,
+                                      int64_t head_dim, float scale, float* out, int threads) {
+  return attention(q, k, v, token_stride, head_stride, starts, lengths, queries, sequences,
+                   heads, head_dim, scale, out, threads);
 }

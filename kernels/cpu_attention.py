@@ -1,11 +1,12 @@
-"""A compiled attention for bfloat16 on a CPU with AVX512_BF16 (cpu_attention.cpp).
+"""A compiled attention for bfloat16 and float32 on a CPU with AVX512_BF16 (cpu_attention.cpp).
 
 PyTorch's CPU attention spends most of its time around the arithmetic for the short
 sequences of real text: per call, per run of equal lengths, per conversion. This kernel runs
-all the sequences of a packed batch in one call: one OpenMP task per sequence, q k^T on the
-CPU's bfloat16 dot-product instruction (exact products, float32 sums), the softmax and P @ V
-in float32 with P unrounded, the result rounded to bfloat16 once: the torch backend's math
-path's precision, more accurate than PyTorch's flash kernel, which rounds P to bfloat16.
+all the sequences of a batch in one call: one OpenMP task per sequence. In bfloat16, q k^T on
+the CPU's bfloat16 dot-product instruction (exact products, float32 sums), the softmax and
+P @ V in float32 with P unrounded, the result rounded to bfloat16 once: the torch backend's
+math path's precision, more accurate than PyTorch's flash kernel, which rounds P to bfloat16.
+In float32, every step in float32 FMAs: float32's accuracy, as PyTorch's flash kernel.
 
 The source is compiled at first use with the system's C++ compiler (``$CXX``, else ``g++``)
 for this CPU (``-O3 -march=native -fopenmp``, linked to the OpenMP runtime torch already
@@ -33,6 +34,9 @@ import torch
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
 ENVIRONMENT_SWITCH = "FASTBERT_CPU_ATTENTION"
 HEAD_DIMS = (32, 64)
+# The library's function per dtype.
+_ENTRY_POINTS = {torch.bfloat16: "fastbert_attention_bf16", torch.float32: "fastbert_attention_f32"}
+DTYPES = tuple(_ENTRY_POINTS)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++17")
 _OFF = ("0", "false", "off", "no")
 
@@ -115,20 +119,21 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         library = ctypes.CDLL(str(path))
     except (OSError, RuntimeError, subprocess.SubprocessError) as error:
         return None, f"not built: {compiler} failed: {error}"
-    kernel = library.fastbert_attention_bf16
-    kernel.restype = ctypes.c_int
-    kernel.argtypes = [
-        *[ctypes.c_void_p] * 3,  # q, k, v
-        ctypes.c_int64,  # token stride
-        ctypes.c_int64,  # head stride
-        ctypes.c_void_p,  # starts
-        ctypes.c_void_p,  # lengths
-        ctypes.c_void_p,  # queries
-        *[ctypes.c_int64] * 3,  # sequences, heads, head_dim
-        ctypes.c_float,  # scale
-        ctypes.c_void_p,  # out
-        ctypes.c_int,  # threads
-    ]
+    for name in _ENTRY_POINTS.values():
+        kernel = getattr(library, name)
+        kernel.restype = ctypes.c_int
+        kernel.argtypes = [
+            *[ctypes.c_void_p] * 3,  # q, k, v
+            ctypes.c_int64,  # token stride
+            ctypes.c_int64,  # head stride
+            ctypes.c_void_p,  # starts
+            ctypes.c_void_p,  # lengths
+            ctypes.c_void_p,  # queries
+            *[ctypes.c_int64] * 3,  # sequences, heads, head_dim
+            ctypes.c_float,  # scale
+            ctypes.c_void_p,  # out
+            ctypes.c_int,  # threads
+        ]
     return library, f"ready ({path})"
 
 
@@ -154,16 +159,20 @@ def status() -> str:
 
 
 def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether q, k, v ([..., T or S, H, D] views) fit the kernel: bfloat16 on the CPU, head
-    dimension 32 or 64, the same strides for all three with D contiguous, even strides and
-    4-byte-aligned data, no autograd record, and the kernel available."""
-    if q.dtype != torch.bfloat16 or q.device.type != "cpu" or q.shape[-1] not in HEAD_DIMS:
+    """Whether q, k, v ([..., T or S, H, D] views) fit the kernel: bfloat16 or float32 on the
+    CPU, head dimension 32 or 64, the same strides for all three with D contiguous, 4-byte
+    aligned data (bfloat16: even strides, as it reads pairs), no autograd record, and the
+    kernel available."""
+    if q.dtype not in DTYPES or q.device.type != "cpu" or q.shape[-1] not in HEAD_DIMS:
         return False
     if not (k.dtype == v.dtype == q.dtype and k.shape == v.shape == q.shape):
         return False
     if not (q.stride() == k.stride() == v.stride()) or q.stride(-1) != 1:
         return False
-    if any(stride % 2 for stride in q.stride()[:-1]) or any(t.data_ptr() % 4 for t in (q, k, v)):
+    pairs = q.dtype == torch.bfloat16
+    if pairs and any(stride % 2 for stride in q.stride()[:-1]):
+        return False
+    if any(t.data_ptr() % 4 for t in (q, k, v)):
         return False
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         return False
@@ -179,9 +188,9 @@ def attention_varlen(
 ) -> torch.Tensor:
     """softmax(scale * q k^T) v within each sequence of ``cu_seqlens``, no mask.
 
-    q, k, v: bfloat16 [T, H, D] on the CPU that :func:`takes`; cu_seqlens: int [B + 1]
-    prefix sums (0 first, non-decreasing, T last: the caller's contract, unchecked here).
-    ``scale`` None is 1 / sqrt(D). Returns bfloat16 [T, H, D], contiguous."""
+    q, k, v: bfloat16 or float32 [T, H, D] on the CPU that :func:`takes`; cu_seqlens: int
+    [B + 1] prefix sums (0 first, non-decreasing, T last: the caller's contract, unchecked
+    here). ``scale`` None is 1 / sqrt(D). Returns [T, H, D] in q's dtype, contiguous."""
     bounds = cu_seqlens.long()
     lengths = bounds[1:] - bounds[:-1]
     out = torch.empty(q.shape, dtype=q.dtype)
@@ -195,9 +204,9 @@ def attention_padded(
     lengths: torch.Tensor,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """The same over a right-padded batch: q, k, v bfloat16 [B * S, H, D] (row b's tokens at
+    """The same over a right-padded batch: q, k, v [B * S, H, D] (row b's tokens at
     b * S ..), row b's first ``lengths[b]`` keys real; every query attends to its row's real
-    keys, padded ones too (as the reference). Returns bfloat16 [B * S, H, D], contiguous,
+    keys, padded ones too (as the reference). Returns [B * S, H, D] in q's dtype, contiguous,
     zeros on a row without keys."""
     batch = lengths.numel()
     seq = q.shape[0] // max(batch, 1)
@@ -212,7 +221,8 @@ def _run(q, k, v, starts, lengths, queries, scale, out) -> torch.Tensor:
     assert library is not None, status()
     _, heads, head_dim = q.shape
     starts, lengths, queries = (t.contiguous() for t in (starts, lengths, queries))
-    failed = library.fastbert_attention_bf16(
+    kernel = getattr(library, _ENTRY_POINTS[q.dtype])
+    failed = kernel(
         q.data_ptr(),
         k.data_ptr(),
         v.data_ptr(),

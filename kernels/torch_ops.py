@@ -4,8 +4,8 @@ Same signatures and semantics as fastbert.kernels.reference (the tests' float64 
 for speed instead of exactness:
 
 - attention: ``F.scaled_dot_product_attention`` (PyTorch's flash kernels on CPU and CUDA) with
-  the key-padding mask broadcast as a boolean [B, 1, 1, S_k] mask; in bfloat16 on a CPU
-  without a mask or with right padding, and without dropout or positions, the compiled
+  the key-padding mask broadcast as a boolean [B, 1, 1, S_k] mask; in bfloat16 or float32 on
+  a CPU without a mask or with right padding, and without dropout or positions, the compiled
   fastbert.kernels.cpu_attention where it is built. A relative position bias
   (MPNet) is expanded to its [H, S_q, S_k] float tensor and passed as SDPA's additive mask,
   -inf at masked keys (the simple way: this backend is not the fast path for it). Masked keys
@@ -20,8 +20,8 @@ for speed instead of exactness:
   length different). In bfloat16 a run of up to about a hundred tokens takes a math attention
   in float32 instead (faster than the CPU flash kernel there, and more accurate: see
   MATH_ATTENTION_MAX_LENGTH). Where fastbert.kernels.cpu_attention is built (AVX512_BF16 and a
-  C++ compiler), bfloat16 without dropout or positions takes it instead: one call for the
-  whole batch. Elsewhere, and under ``torch.compile``, the packed tokens are
+  C++ compiler), bfloat16 and float32 without dropout or positions take it instead: one call
+  for the whole batch. Elsewhere, and under ``torch.compile``, the packed tokens are
   gathered into a dense [B, max_seqlen] batch by index tensors (no loop over the sequences,
   no host read; a padded slot repeats a token of its own sequence, so no other sequence's
   values, NaN included, enter a row), run through SDPA with the padding mask, and gathered
@@ -418,10 +418,10 @@ def attention_varlen_unchecked(
 
 def _takes_compiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether an attention without dropout or masks runs fastbert.kernels.cpu_attention
-    (bfloat16 on a CPU with AVX512_BF16; not under torch.compile)."""
+    (bfloat16 or float32 on a CPU with AVX512_BF16; not under torch.compile)."""
     return (
         q.device.type == "cpu"
-        and q.dtype == torch.bfloat16
+        and q.dtype in cpu_attention.DTYPES
         and not torch.compiler.is_compiling()
         and cpu_attention.takes(q, k, v)
     )

