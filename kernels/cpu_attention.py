@@ -152,7 +152,7 @@ def available() -> bool:
 
 
 def status() -> str:
-    """ "ready (path)", or why the kernel is not used on this machine."""
+    """The kernel's state here: "ready (path)", or why it is not used."""
     _ensure_loaded()
     assert _status is not None
     return _status

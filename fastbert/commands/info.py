@@ -57,7 +57,7 @@ def report() -> list[tuple[str, str]]:
     rows.append(("backend auto", f"-> {default} here"))
     rows.append(("cpu flags", ", ".join(cpu.relevant_flags()) or "none of note"))
     rows.append(("cpu bfloat16", cpu_bf16_advice()))
-    rows.append(("cpu bf16 attention", cpu_attention.status()))
+    rows.append(("cpu attention kernel", cpu_attention.status()))
     rows.append(("cpu freed memory", cpu_memory.status()))
     return rows
 
