@@ -14,17 +14,26 @@ dimensions 32 (MiniLM) and 64 (BERT-base):
 
 Wall time on torch's threads, round-robin (each batch's two paths in turn), the best of
 ``--rounds`` kept per batch; the relative RMS error of both against float64
-(``reference.attention_varlen``) on every batch. Writes attention.md and attention.json.
-Speed is measured here, never asserted in a test.
+(``reference.attention_varlen``) on every batch.
+
+Then end to end (``--corpus-rounds``, 0 to skip): ``fastbert.load`` of the packaged
+all-MiniLM-L6-v2 in float32, bfloat16 and with ``quantize="int8"`` (whose attention runs in
+float32), warmed up, and ``model.embed`` of the whole corpus with the kernel on and off
+(:func:`fastbert.kernels.cpu_attention.turned_off`) in turn, the medians and the least cosine
+between the two runs' embeddings. Writes attention.md and attention.json. Speed is measured
+here, never asserted in a test.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import statistics
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from benchmarks import embed_bench
@@ -116,6 +125,46 @@ def measure(batches: list[list[int]], dtype: torch.dtype, head_dim: int, rounds:
     return rows
 
 
+# --corpus-precisions -> fastbert.load's options.
+PRECISIONS = {
+    "float32": {},
+    "bfloat16": {"dtype": "bfloat16"},
+    "int8": {"quantize": "int8"},
+}
+
+
+def time_corpus(precision: str, docs: int, rounds: int) -> dict:
+    """``model.embed`` of ``docs`` corpus paragraphs with the kernel on and off in turn."""
+    import fastbert
+
+    texts = embed_bench.corpus(docs)
+    folder = str(embed_bench.model_folder("minilm"))
+    model = fastbert.load(folder, device="cpu", **PRECISIONS[precision])
+    model.embed(texts[:200])
+    seconds: dict[str, list[float]] = {"compiled": [], "torch": []}
+    vectors = {}
+    for _ in range(rounds):
+        for name in seconds:
+            with contextlib.ExitStack() as stack:
+                if name == "torch":
+                    stack.enter_context(cpu_attention.turned_off())
+                start = time.perf_counter()
+                vectors[name] = np.asarray(model.embed(texts), dtype=np.float64)
+                seconds[name].append(time.perf_counter() - start)
+    medians = {name: statistics.median(times) for name, times in seconds.items()}
+    a, b = vectors["compiled"], vectors["torch"]
+    cosine = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    print(f"{precision}: compiled {medians['compiled']:.2f} s, torch {medians['torch']:.2f} s")
+    return {
+        "precision": precision,
+        "seconds": seconds,
+        "median_s": medians,
+        "speed_up": medians["torch"] / medians["compiled"],
+        "rounds_faster": sum(c < t for c, t in zip(seconds["compiled"], seconds["torch"])),
+        "least_cosine": float(cosine.min()),
+    }
+
+
 def markdown(report: dict) -> str:
     env = report["environment"]
     lines = [
@@ -149,6 +198,24 @@ def markdown(report: dict) -> str:
                 f"| {torch_ms / compiled:.2f}x | {max(r['compiled_error'] for r in chosen):.2e} "
                 f"| {max(r['torch_error'] for r in chosen):.2e} |"
             )
+    if report["corpus"]:
+        lines += [
+            "",
+            f"End to end: `model.embed` of the {report['docs']} paragraphs with the packaged "
+            "all-MiniLM-L6-v2, the kernel on and off in turn in one process, "
+            f"{report['corpus_rounds']} rounds each, medians:",
+            "",
+            "| precision | compiled s | torch path s | speed-up | rounds compiled faster "
+            "| least cosine between the two |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for row in report["corpus"]:
+            lines.append(
+                f"| {row['precision']} | {row['median_s']['compiled']:.2f} "
+                f"| {row['median_s']['torch']:.2f} | {row['speed_up']:.2f}x "
+                f"| {row['rounds_faster']} of {report['corpus_rounds']} "
+                f"| {row['least_cosine']:.6f} |"
+            )
     lines += [
         "",
         "Errors: the largest relative RMS error of a batch against float64. The torch path: one "
@@ -172,9 +239,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES), help="precisions"
     )
+    parser.add_argument(
+        "--corpus-rounds", type=int, default=3, help="end-to-end rounds per path (0: skip)"
+    )
+    parser.add_argument(
+        "--corpus-precisions", nargs="+", default=list(PRECISIONS), choices=list(PRECISIONS)
+    )
     args = parser.parse_args(argv)
-    if args.docs < 1 or args.rounds < 1:
-        parser.error("--docs and --rounds must be at least 1")
+    if args.docs < 1 or args.rounds < 1 or args.corpus_rounds < 0:
+        parser.error("--docs and --rounds must be at least 1, --corpus-rounds at least 0")
     if not cpu_attention.available():
         parser.exit(1, f"the compiled kernel does not run here: {cpu_attention.status()}\n")
     batches = corpus_batches(args.docs)
@@ -184,8 +257,13 @@ def main(argv: list[str] | None = None) -> int:
         for d in args.head_dims
         for row in measure(batches, DTYPES[name], d, args.rounds)
     ]
+    corpus = []
+    if args.corpus_rounds:
+        corpus = [time_corpus(p, args.docs, args.corpus_rounds) for p in args.corpus_precisions]
     report = {
         "docs": args.docs,
+        "corpus_rounds": args.corpus_rounds,
+        "corpus": corpus,
         "tokens": sum(map(sum, batches)),
         "batches": len(batches),
         "rounds": args.rounds,

@@ -19,6 +19,7 @@ attention. Nothing is compiled at import.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -27,6 +28,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -43,6 +45,7 @@ _OFF = ("0", "false", "off", "no")
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
 _status: str | None = None
+_turned_off = False
 
 
 def _cpu_identity() -> str:
@@ -158,6 +161,18 @@ def status() -> str:
     return _status
 
 
+@contextlib.contextmanager
+def turned_off() -> Iterator[None]:
+    """Inside the block, every attention in this process takes the torch path (to compare
+    the two, as benchmarks/cpu_attention_kernel.py does); not for use from several threads."""
+    global _turned_off
+    before, _turned_off = _turned_off, True
+    try:
+        yield
+    finally:
+        _turned_off = before
+
+
 def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether q, k, v ([..., T or S, H, D] views) fit the kernel: bfloat16 or float32 on the
     CPU, head dimension 32 or 64, the same strides for all three with D contiguous, 4-byte
@@ -176,7 +191,7 @@ def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         return False
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         return False
-    return available()
+    return not _turned_off and available()
 
 
 def attention_varlen(

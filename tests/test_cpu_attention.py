@@ -235,3 +235,16 @@ def test_build_failure_keeps_the_torch_path(tmp_path) -> None:
     assert status.startswith("not built: false failed"), status
     assert correct == "True"
     assert not list((tmp_path / "cpu-kernels").glob("*.so"))
+
+
+@needs_kernel
+def test_turned_off_takes_the_torch_path(calls) -> None:
+    """Inside turned_off() the torch path answers (the same bits as its own call), after it
+    the kernel again."""
+    q, k, v, cu = sharp_packed([9, 30], 32, seed=11)
+    with C.turned_off():
+        off = T.attention_varlen(q, k, v, cu, 30)
+    assert calls == []
+    assert torch.equal(off, T._attention_by_length(q, k, v, cu, None, 0.0, None, None, None))
+    T.attention_varlen(q, k, v, cu, 30)
+    assert calls == [2]

