@@ -6,7 +6,7 @@
 //   out = softmax(scale * q k^T) v
 // over the keys and values at tokens starts[s] .. + lengths[s] - 1 (lengths[s] <= queries[s]:
 // a right-padded row's real tokens; equal for packed sequences). No other token is read or
-// written; a sequence without keys writes nothing.
+// written; a sequence without keys gets zeros at its queries.
 // q, k, v: bfloat16 (uint16_t) or float32, element (token t, head h, dim d) at
 // t * token_stride + h * head_stride + d, the same strides for all three (views of one fused
 // QKV tensor). out: the same dtype, contiguous [tokens, H, D], a sequence's token at the same
@@ -26,6 +26,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <type_traits>
 
@@ -109,9 +110,6 @@ struct Head {
   int64_t out_stride;
 };
 
-static constexpr bool is_bf16(const uint16_t*) { return true; }
-static constexpr bool is_bf16(const float*) { return false; }
-
 // Softmax of one row of scores in place (keys past L: probability 0); returns 1 / sum.
 template <typename T>
 static inline float softmax_row(const Head<T>& a, float* row) {
@@ -189,7 +187,8 @@ template <typename T, int D, int ROWS>
 static void attend(const T* q, const T* k, const T* v, int64_t stride, int length, int queries,
                    float scale, T* out, int64_t out_stride, float* scratch) {
   const int padded = (length + W - 1) / W * W;
-  constexpr int words = is_bf16((const T*)nullptr) ? D / 2 : D;  // 32-bit words per key
+  constexpr bool bf16 = std::is_same_v<T, uint16_t>;
+  constexpr int words = bf16 ? D / 2 : D;  // 32-bit words per key
   uint32_t* k_t = (uint32_t*)scratch;
   for (int j = 0; j < length; j++) {
     const uint32_t* row = (const uint32_t*)(k + j * stride);
@@ -200,7 +199,7 @@ static void attend(const T* q, const T* k, const T* v, int64_t stride, int lengt
   const float* values = (const float*)v;
   int64_t v_stride = stride;
   float* rest = scratch + words * padded;
-  if constexpr (std::is_same_v<T, uint16_t>) {
+  if constexpr (bf16) {
     for (int j = 0; j < length; j++)
       for (int d = 0; d < D; d += W) store(rest + j * D + d, widen(v + j * stride + d));
     values = rest, v_stride = D, rest += length * D;
@@ -243,7 +242,11 @@ static int attention(const T* q, const T* k, const T* v, int64_t token_stride,
     for (int64_t s = 0; s < sequences; s++) {
       const int64_t start = starts[s];
       const int length = (int)lengths[s], rows = (int)queries[s];
-      if (!scratch || length <= 0) continue;
+      if (!scratch) continue;
+      if (length <= 0) {
+        memset(out + start * out_stride, 0, (size_t)rows * out_stride * sizeof(T));
+        continue;
+      }
       for (int64_t h = 0; h < heads; h++) {
         const int64_t at = start * token_stride + h * head_stride;
         T* o = out + start * out_stride + h * head_dim;

@@ -222,12 +222,12 @@ def attention_padded(
     """The same over a right-padded batch: q, k, v [B * S, H, D] (row b's tokens at
     b * S ..), row b's first ``lengths[b]`` keys real; every query attends to its row's real
     keys, padded ones too (as the reference). Returns [B * S, H, D] in q's dtype, contiguous,
-    zeros on a row without keys."""
+    zeros on a row without keys (the kernel writes them)."""
     batch = lengths.numel()
     seq = q.shape[0] // max(batch, 1)
     starts = torch.arange(batch, dtype=torch.int64) * seq
     queries = torch.full((batch,), seq, dtype=torch.int64)
-    out = torch.zeros(q.shape, dtype=q.dtype)
+    out = torch.empty(q.shape, dtype=q.dtype)
     return _run(q, k, v, starts, lengths.long(), queries, scale, out)
 
 
@@ -253,6 +253,8 @@ def _run(q, k, v, starts, lengths, queries, scale, out) -> torch.Tensor:
         out.data_ptr(),
         torch.get_num_threads(),
     )
-    if failed:
+    if failed == 2:
         raise MemoryError("cpu_attention: no scratch memory for the longest sequence")
+    if failed:
+        raise ValueError(f"cpu_attention: head dimension {head_dim} is not one of {HEAD_DIMS}")
     return out

@@ -418,13 +418,9 @@ def attention_varlen_unchecked(
 
 def _takes_compiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether an attention without dropout or masks runs fastbert.kernels.cpu_attention
-    (bfloat16 or float32 on a CPU with AVX512_BF16; not under torch.compile)."""
-    return (
-        q.device.type == "cpu"
-        and q.dtype in cpu_attention.DTYPES
-        and not torch.compiler.is_compiling()
-        and cpu_attention.takes(q, k, v)
-    )
+    (bfloat16 or float32 on a CPU with AVX512_BF16: :func:`cpu_attention.takes`); never under
+    torch.compile, which cannot trace it."""
+    return not torch.compiler.is_compiling() and cpu_attention.takes(q, k, v)
 
 
 def _compiled_dense(
