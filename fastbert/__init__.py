@@ -42,30 +42,55 @@ table as data, checks every import in the package against it, and checks this pi
 """
 
 import importlib
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-from fastbert.integrations import attention as _hf_attention
-from fastbert.integrations.optimize import optimize
-from fastbert.model.config import BertConfig
-from fastbert.model.encoder import BertModel
-from fastbert.model.heads import (
-    BertForMaskedLM,
-    BertForNextSentencePrediction,
-    BertForPreTraining,
-    BertForSequenceClassification,
-)
+from fastbert.integrations import registration as _registration
 from fastbert.version import __version__
+
+if TYPE_CHECKING:  # what __getattr__ returns, for type checkers and the API reference
+    from fastbert.embed.text_model import TextModel, load
+    from fastbert.integrations.optimize import optimize
+    from fastbert.model.config import BertConfig
+    from fastbert.model.encoder import BertModel
+    from fastbert.model.heads import (
+        BertForMaskedLM,
+        BertForNextSentencePrediction,
+        BertForPreTraining,
+        BertForSequenceClassification,
+    )
+
+# Nothing heavy is imported here: each name loads its module on first use (so that
+# ``fastbert --help`` and ``import fastbert`` import neither torch nor triton).
+_NAMES = {
+    "BertConfig": "fastbert.model.config",
+    "BertModel": "fastbert.model.encoder",
+    "BertForMaskedLM": "fastbert.model.heads",
+    "BertForNextSentencePrediction": "fastbert.model.heads",
+    "BertForPreTraining": "fastbert.model.heads",
+    "BertForSequenceClassification": "fastbert.model.heads",
+    "optimize": "fastbert.integrations.optimize",
+    # fastbert.load and the TextModel it returns live in the embed job.
+    "load": "fastbert.embed.text_model",
+    "TextModel": "fastbert.embed.text_model",
+}
+# The rooms, reachable as attributes as they were when this module imported them eagerly.
+_ROOMS = ("kernels", "execution", "model", "integrations")
+# Modules that moved into the rooms, still reachable by their old names (fastbert.hf.register(),
+# from fastbert import torch_ops).
+_MOVED = {"hf": "fastbert.integrations.attention", "torch_ops": "fastbert.kernels.torch_ops"}
+
+
+def _attention_entries() -> ModuleType:
+    from fastbert.integrations import attention
+
+    return attention
+
 
 # attn_implementation="fastbert" for Hugging Face models: registered with transformers now if it
 # is loaded, else when it loads (fastbert never imports transformers itself; see
-# fastbert.integrations.attention).
-_hf_attention.register_on_import()
-
-
-# Modules that moved into the rooms, still reachable by their old names (fastbert.hf.register(),
-# from fastbert import torch_ops).
-# fastbert.load and the TextModel it returns live in the embed job, loaded on first use too.
-_LOADING = ("load", "TextModel")
-_MOVED = {"hf": "fastbert.integrations.attention", "torch_ops": "fastbert.kernels.torch_ops"}
+# fastbert.integrations.registration).
+_registration.register_on_import(_attention_entries)
 
 
 def __getattr__(name: str) -> object:
@@ -75,13 +100,19 @@ def __getattr__(name: str) -> object:
         import fastbert.embed
 
         return fastbert.embed
-    if name in _LOADING:
-        from fastbert.embed import text_model
-
-        return getattr(text_model, name)
+    if name in _NAMES:
+        value = getattr(importlib.import_module(_NAMES[name]), name)
+        globals()[name] = value
+        return value
+    if name in _ROOMS:
+        return importlib.import_module(f"fastbert.{name}")
     if name in _MOVED:
         return importlib.import_module(_MOVED[name])
     raise AttributeError(f"module 'fastbert' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, *_ROOMS})
 
 
 __all__ = [

@@ -1,5 +1,7 @@
 """The ``fastbert`` command. Each subcommand is a module in fastbert/commands/ with
 ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``; list it in COMMANDS.
+Building the parser imports none of torch, triton, transformers or pyarrow (``--help``
+answers at once): a command module imports them inside ``run``, and tests/test_cli.py checks.
 
 Exit codes: 0 done; 2 a usage error (argparse's own, or a command's
 :class:`~fastbert.commands.options.UsageError`: the usage line and one error line on stderr);
@@ -12,8 +14,8 @@ import argparse
 import importlib
 import sys
 
-import fastbert
 from fastbert.commands.options import CommandError, UsageError
+from fastbert.version import __version__
 
 COMMANDS = ("info", "demo", "bench", "accuracy", "embed", "serve")
 
@@ -23,7 +25,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
     parser = argparse.ArgumentParser(
         prog="fastbert", description="A BERT encoder whose hot paths are Triton kernels."
     )
-    parser.add_argument("--version", action="version", version=f"fastbert {fastbert.__version__}")
+    parser.add_argument("--version", action="version", version=f"fastbert {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     commands = {}
     for name in COMMANDS:

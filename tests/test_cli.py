@@ -40,6 +40,30 @@ def test_console_script_entry_point() -> None:
     assert proc.returncode == 0 and "info" in proc.stdout and "demo" in proc.stdout
 
 
+# What building the parser must not import: each takes from a tenth of a second (pyarrow) to
+# seconds (torch with its compiler stack); the commands import them when they run.
+HEAVY = ("torch", "triton", "transformers", "sentence_transformers", "pyarrow", "numpy")
+WHAT_HELP_IMPORTS = """
+import contextlib, io, sys
+from fastbert.cli import COMMANDS, main
+for argv in ([], *([name] for name in COMMANDS)):
+    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):
+        main([*argv, "--help"])
+    assert out.getvalue().startswith("usage: fastbert"), argv
+print(" ".join(sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[1:]))))
+"""
+
+
+def test_help_imports_nothing_heavy() -> None:
+    """``fastbert --help`` and every subcommand's ``--help`` build their parsers without
+    importing torch, triton, transformers, pyarrow or numpy (counted in a fresh process)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", WHAT_HELP_IMPORTS, *HEAVY], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "", f"--help imported {proc.stdout.strip()}"
+
+
 def test_version(capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])

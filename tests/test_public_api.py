@@ -57,6 +57,28 @@ def test_old_module_names_still_resolve() -> None:
         fastbert.nope  # noqa: B018
 
 
+LAZY_FACADE = """
+import sys
+import fastbert
+assert "torch" not in sys.modules, "import fastbert imported torch"
+import transformers.masking_utils, transformers.modeling_utils
+assert "fastbert" in transformers.modeling_utils.AttentionInterface._global_mapping
+assert "fastbert" in transformers.masking_utils.AttentionMaskInterface._global_mapping
+from fastbert.model.encoder import BertModel
+assert fastbert.BertModel is BertModel and "BertModel" in dir(fastbert)
+assert fastbert.kernels.attention is not None
+"""
+
+
+def test_import_fastbert_is_light_and_still_registers_with_transformers() -> None:
+    """``import fastbert`` imports no torch (its names load on first use), yet registers
+    attn_implementation="fastbert" with transformers when that loads afterwards."""
+    result = subprocess.run(
+        [sys.executable, "-c", LAZY_FACADE], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+
+
 def test_the_kernels_folder_imported_as_a_top_level_package_defines_nothing() -> None:
     """transformers probes for Hugging Face's ``kernels`` package by importing ``kernels``;
     with the repository root on sys.path that finds this repository's kernels/ folder. That

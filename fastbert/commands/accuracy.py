@@ -17,7 +17,6 @@ from fastbert.commands.options import (
     positive_int,
     resolve_device,
 )
-from fastbert.kernels import launch
 from fastbert.model.families import FAMILIES
 
 NAME = "accuracy"
@@ -258,6 +257,8 @@ def run(args: argparse.Namespace) -> int:
     # Checked here, before a re-run under the interpreter, so a usage error comes from this
     # process.
     dtypes = _checked_precisions("--dtypes", args.dtypes, device, args.backend)
+    from fastbert.kernels import launch
+
     on_cpu = device.type == "cpu"
     if on_cpu and args.backend == "triton" and not launch.interpreting():
         print(

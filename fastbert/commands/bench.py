@@ -12,8 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from fastbert.commands.options import (
     CommandError,
@@ -25,15 +24,19 @@ from fastbert.commands.options import (
     resolve_device,
 )
 
+if TYPE_CHECKING:
+    import torch
+
 NAME = "bench"
 HELP = "compare fastbert with Hugging Face and torch.compile end to end on this device"
+# --dtype -> the torch dtype's name (torch is imported when the command runs, not to parse).
 DTYPES = {
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float32": torch.float32,
-    "fp32": torch.float32,
+    "float16": "float16",
+    "fp16": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float32": "float32",
+    "fp32": "float32",
 }
 # What fastbert's rows measured on a CPU, by the backend that ran them.
 CPU_RUNS = {
@@ -159,15 +162,17 @@ class Plan:
 
 def make_plan(args: argparse.Namespace) -> Plan:
     """The options with the defaults of this device; ValueError for a bad option."""
+    import torch
+
     from fastbert.bench import peers
 
     device = resolve_device(args.device)
     defaults = DEFAULTS[("cuda" if device.type == "cuda" else "cpu", args.quick)]
-    default_dtype = torch.float16 if device.type == "cuda" else torch.float32
+    default_dtype = "float16" if device.type == "cuda" else "float32"
     return Plan(
         device=device,
         backend=_backend_here(args.backend, device),
-        dtype=DTYPES[args.dtype] if args.dtype else default_dtype,
+        dtype=getattr(torch, DTYPES[args.dtype] if args.dtype else default_dtype),
         model=args.model or defaults.model,
         shapes=_shapes(args, defaults),
         peers=[

@@ -9,9 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from fastbert.commands.options import (
     CommandError,
@@ -20,7 +18,9 @@ from fastbert.commands.options import (
     add_device_argument,
     resolve_device,
 )
-from fastbert.integrations import models as hf_models
+
+if TYPE_CHECKING:
+    import torch
 
 NAME = "demo"
 HELP = "encode sentences with the packaged MiniLM via sentence-transformers and fastbert"
@@ -49,6 +49,8 @@ def _backend_here(backend: str, device: torch.device) -> str:
 
 
 def _load_sentence_transformer(device: torch.device) -> Any:
+    from fastbert.integrations import models as hf_models
+
     try:
         return hf_models.packaged_minilm(str(device))
     except ValueError as exc:
@@ -60,6 +62,8 @@ def _timed(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[torch.
     start = time.perf_counter()
     result = fn()
     if device.type == "cuda":
+        import torch
+
         torch.cuda.synchronize(device)
     return result, (time.perf_counter() - start) * 1e3
 

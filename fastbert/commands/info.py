@@ -6,11 +6,6 @@ import argparse
 import importlib.metadata
 import platform
 
-import torch
-
-from fastbert.execution import cpu, cpu_memory
-from fastbert.kernels import cpu_attention, launch
-
 NAME = "info"
 HELP = "print versions, devices and which backends can run here"
 PACKAGES = ("fastbert", "torch", "triton", "transformers", "sentence-transformers")
@@ -29,6 +24,10 @@ def _version(package: str) -> str:
 
 def triton_status() -> str:
     """Whether the Triton kernels can run here, and how."""
+    import torch
+
+    from fastbert.kernels import launch
+
     if torch.cuda.is_available():
         return "yes, on the CUDA GPU"
     if launch.interpreting():
@@ -37,6 +36,11 @@ def triton_status() -> str:
 
 
 def report() -> list[tuple[str, str]]:
+    import torch
+
+    from fastbert.execution import cpu, cpu_memory
+    from fastbert.kernels import cpu_attention
+
     rows = [("python", platform.python_version())]
     rows += [(p, _version(p)) for p in PACKAGES]
     if torch.cuda.is_available():
@@ -64,6 +68,8 @@ def report() -> list[tuple[str, str]]:
 
 def cpu_bf16_advice() -> str:
     """Whether bfloat16 is native on this CPU, and what to run."""
+    from fastbert.execution import cpu
+
     flag = cpu.native_bf16()
     if flag is None:
         return (

@@ -5,9 +5,12 @@ codes)."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
+# torch is imported inside the functions that need it: building the parser (--help) must not.
 DEVICE_TYPES = ("cpu", "cuda")
 
 
@@ -46,6 +49,8 @@ def _int(text: str) -> int:
 
 def device(text: str) -> str:
     """argparse type: "cpu", "cuda" or "cuda:N"."""
+    import torch
+
     try:
         parsed = torch.device(text)
     except RuntimeError:
@@ -75,6 +80,8 @@ def add_backend_argument(parser: argparse.ArgumentParser) -> None:
 def resolve_device(name: str | None) -> torch.device:
     """The device of ``--device`` (None: CUDA when present, else the CPU); UsageError when it
     names CUDA and there is none."""
+    import torch
+
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     chosen = torch.device(name)

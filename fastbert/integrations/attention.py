@@ -47,30 +47,30 @@ never returned (None), as with sdpa.
 Loading helpers for ``fastbert accuracy`` (:func:`random_masked_lm`, :func:`load_masked_lm`,
 :func:`load_tokenizer`) live here too, with the rest of fastbert's use of transformers.
 
-Registration: ``import fastbert`` calls :func:`register_on_import`, which registers at once if
-transformers is already imported and otherwise adds an import hook that registers when
-transformers' ``modeling_utils`` / ``masking_utils`` finish loading, so fastbert never
-imports transformers itself. :func:`register` registers explicitly (importing transformers).
+Registration: ``import fastbert`` registers at once if transformers is already imported and
+otherwise adds an import hook that registers when transformers' ``modeling_utils`` /
+``masking_utils`` finish loading, so fastbert never imports transformers itself
+(:mod:`fastbert.integrations.registration`, which loads this module only then).
+:func:`register` registers explicitly (importing transformers).
 This module imports transformers only inside functions.
 """
 
 from __future__ import annotations
 
-import importlib.abc
+import importlib
 import sys
-import warnings
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 import torch
 
 from fastbert import kernels
+from fastbert.integrations.registration import ENTRIES, register_in
+from fastbert.integrations.registration import NAME as NAME  # the name models ask for
 from fastbert.kernels import launch, torch_ops
 from fastbert.kernels.checks import FLOAT_DTYPES
 from fastbert.kernels.flash_attention import SUPPORTED_HEAD_DIMS
 
-NAME = "fastbert"
 # Keyword arguments that change the attention's math; sdpa handles (or rejects) them.
 _SDPA_ONLY_KWARGS = ("position_bias", "softcap", "s_aux", "sinks", "cache")
 
@@ -268,79 +268,7 @@ def _same_value(got: Any, expected: Any) -> bool:
     return type(expected) is int and type(got) is int and got == expected
 
 
-# transformers module -> how to register fastbert in it once it is loaded.
-_REGISTRARS: dict[str, Callable[[ModuleType], None]] = {
-    "transformers.modeling_utils": lambda m: m.AttentionInterface.register(NAME, attention_forward),
-    "transformers.masking_utils": lambda m: m.AttentionMaskInterface.register(NAME, padding_mask),
-}
-
-
 def register() -> None:
     """Register ``attn_implementation="fastbert"`` with transformers now (imports it)."""
-    for name, registrar in _REGISTRARS.items():
-        registrar(importlib.import_module(name))
-
-
-def register_on_import() -> None:
-    """Register with transformers now if it is loaded, else as soon as it is (no import here)."""
-    pending = {}
-    for name, registrar in _REGISTRARS.items():
-        module = sys.modules.get(name)
-        if module is None:
-            pending[name] = registrar
-        else:
-            registrar(module)
-    if pending and not any(isinstance(f, _RegisterOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _RegisterOnImport(pending))
-
-
-class _RegisterOnImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself; wraps the loader of each pending module to register after it."""
-
-    def __init__(self, pending: dict[str, Callable[[ModuleType], None]]):
-        self.pending = pending
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        registrar = self.pending.pop(fullname, None)
-        if registrar is None:
-            return None
-        if not self.pending:
-            sys.meta_path.remove(self)
-        for finder in sys.meta_path:
-            find_spec = getattr(finder, "find_spec", None)
-            if finder is self or find_spec is None:
-                continue
-            spec = find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _RegisteringLoader(spec.loader, registrar)
-                return spec
-        return None
-
-
-class _RegisteringLoader(importlib.abc.Loader):
-    """Runs the real loader, then registers fastbert in the freshly executed module."""
-
-    def __init__(self, loader: Any, registrar: Callable[[ModuleType], None]):
-        self.loader = loader
-        self.registrar = registrar
-
-    def create_module(self, spec: Any) -> ModuleType | None:
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self.loader.exec_module(module)
-        try:
-            self.registrar(module)
-        except Exception as exc:  # a transformers without these interfaces: say so, go on
-            warnings.warn(
-                f"fastbert could not register attn_implementation='fastbert' with "
-                f"{module.__name__}: {exc}",
-                stacklevel=2,
-            )
-
-    def __getattr__(self, name: str) -> Any:
-        # get_source, get_resource_reader, is_package, ...: the real loader's.
-        if name == "loader":
-            raise AttributeError(name)
-        return getattr(self.loader, name)
+    for name in ENTRIES:
+        register_in(importlib.import_module(name), sys.modules[__name__])

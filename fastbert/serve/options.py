@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from fastbert.embed.options import EmbedOptions
 from fastbert.execution.env_flags import read_flag
+
+if TYPE_CHECKING:  # imported only for the annotation: the command's parser reads this module
+    from fastbert.embed.options import EmbedOptions
 
 API_KEY_VARIABLE = "FASTBERT_API_KEY"
 OMP_SPIN_VARIABLE = "FASTBERT_SERVE_OMP_SPIN"
