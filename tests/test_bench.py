@@ -417,8 +417,8 @@ def test_markdown_table_rows_speedups_and_skips() -> None:
     assert lines[0].startswith("| shape | contender | median ms")
     eager = next(line for line in lines if "| hf-eager |" in line)
     cells = [c.strip() for c in eager.strip("|").split("|")]
-    assert cells[:5] == ["32x128", "hf-eager", "4.000", "3.600-4.400", "4.00x"]
-    assert cells[5] == "1,024,000" and cells[6] == "250.0" and cells[7] == "25"
+    assert cells[:6] == ["32x128", "hf-eager", "4.000", "-", "3.600-4.400", "4.00x"]
+    assert cells[6] == "1,024,000" and cells[7] == "250.0" and cells[8] == "25"
     assert "| skipped: could not be built: boom |" in table
     padded = next(line for line in lines if "| 64x512 padded | hf-sdpa |" in line)
     assert "| 2.00x |" in padded  # the fastest fastbert variant (padding-free, 10 ms)

@@ -1,5 +1,6 @@
 """Figures derived from a results document (see report.py): throughput, TFLOP/s, roofline
-fraction and speed-ups, shared by the report, the targets and the README generator."""
+fraction, speed-ups and whether two medians are apart beyond their intervals, shared by the
+report, the targets and the README generator."""
 
 from __future__ import annotations
 
@@ -63,3 +64,23 @@ def best_fastbert(rows: dict[str, dict]) -> dict | None:
 def speedup(record: dict, over: dict) -> float:
     """How many times faster ``record`` is than ``over`` (ratio of median times)."""
     return over["median_ms"] / record["median_ms"]
+
+
+def interval(record: dict) -> tuple[float, float] | None:
+    """The median's 95% interval (ms); None when the record has none (too few repetitions,
+    or results from before intervals were recorded)."""
+    low, high = record.get("ci_low_ms"), record.get("ci_high_ms")
+    return None if low is None or high is None else (low, high)
+
+
+def interval_width(record: dict) -> float | None:
+    """The interval's width over the median (0.05: known to within 5%)."""
+    bounds = interval(record)
+    return None if bounds is None else (bounds[1] - bounds[0]) / record["median_ms"]
+
+
+def overlap(record: dict, other: dict) -> bool:
+    """Whether the two medians' intervals overlap, so that neither is faster beyond the noise;
+    False when either has no interval."""
+    a, b = interval(record), interval(other)
+    return a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]

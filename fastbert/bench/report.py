@@ -17,8 +17,9 @@ import json
 import sys
 from pathlib import Path
 
-from fastbert.bench import analysis, targets
+from fastbert.bench import analysis, noise, targets
 from fastbert.bench.document import read_document, write_json
+from fastbert.bench.stopping import StoppingRule
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
@@ -26,11 +27,18 @@ RESULTS_PNG = "results.png"
 KERNELS_JSON = "kernels-bench.json"
 COUNTING_NOTE = (
     "Times are medians over the timed repetitions (CUDA events on a GPU, wall clock on a "
-    "CPU), p20-p80 the spread. tokens/s counts real tokens. TFLOP/s and % roofline count "
-    "the work each contender does: all batch x seq positions for dense ones, the real tokens "
-    'for padding-free ones. "fastbert x" is how many times faster the fastest fastbert '
-    "variant is than that row. Peak MiB: CUDA memory allocated while the row ran, above what "
-    "was allocated before the contender was built."
+    "CPU), the contenders of a shape timed in turns; the 95% interval is the median's (order "
+    'statistics), "noisy" where it stayed too wide to rank the row, and p20-p80 the spread. '
+    "tokens/s counts real tokens. TFLOP/s and % roofline count the work each contender does: "
+    "all batch x seq positions for dense ones, the real tokens for padding-free ones. "
+    '"fastbert x" is how many times faster the fastest fastbert variant is than that row, '
+    '"~" where the two intervals overlap (not a ranking). Peak MiB: CUDA memory, the '
+    "contender's weights plus the most its calls on the shape allocated."
+)
+# Targets are set for a GPU run; a CPU run says so instead of listing each as not measured.
+CPU_TARGETS = (
+    "The targets are set for BERT-base in float16 on an H100 (fastbert/bench/targets.py, "
+    "docs/benchmarks.md#targets); a CPU run measures none of them."
 )
 
 
@@ -67,16 +75,30 @@ def backend_text(settings: dict) -> str:
     return f"{settings.get('backend_requested')} (cannot run here: nothing ran)"
 
 
+def _interval_cell(record: dict) -> str:
+    bounds = analysis.interval(record)
+    text = "-" if bounds is None else f"{bounds[0]:.3f}-{bounds[1]:.3f}"
+    return f"{text} noisy" if record.get("noisy") else text
+
+
+def _speedup_cell(record: dict, best: dict | None) -> str:
+    if best is None:
+        return "-"
+    text = f"{analysis.speedup(best, record):.2f}x"
+    return f"~{text}" if record is not best and analysis.overlap(best, record) else text
+
+
 def _row(record: dict, best: dict | None, backend: str | None) -> list[str]:
     name = contender(record["peer"], backend)
     if not analysis.ok(record):
-        return [name, f"skipped: {record['reason']}"] + [""] * 6
+        return [name, f"skipped: {record['reason']}"] + [""] * 7
     fraction = analysis.roofline_fraction(record)
     return [
         name,
         f"{record['median_ms']:.3f}",
+        _interval_cell(record),
         f"{record['p20_ms']:.3f}-{record['p80_ms']:.3f}",
-        "-" if best is None else f"{analysis.speedup(best, record):.2f}x",
+        _speedup_cell(record, best),
         f"{analysis.tokens_per_s(record):,.0f}",
         f"{analysis.tflops(record):.1f}",
         _cell(None if fraction is None else 100 * fraction, ".0f"),
@@ -91,6 +113,7 @@ def markdown_table(records: list[dict], backend: str | None = None) -> str:
         "shape",
         "contender",
         "median ms",
+        "95% interval ms",
         "p20-p80 ms",
         "fastbert x",
         "tokens/s",
@@ -122,9 +145,25 @@ def conditions(doc: dict) -> str:
         f"fastbert backend {backend_text(settings)}",
         f"commit {str(env.get('commit'))[:12]}",
         f"{env.get('date')}",
-        f"{settings['warmup']} warm-up / {settings['reps']} timed repetitions",
+        f"{settings['warmup']} warm-up calls",
+        stopping_text(settings),
     ]
     return ", ".join(p for p in parts if p)
+
+
+def stopping_text(settings: dict) -> str:
+    """How the timed repetitions were counted (the stopping rule, or a fixed count in results
+    from before it)."""
+    rule = settings.get("stopping")
+    if rule is None:
+        return f"{settings['reps']} timed repetitions"
+    return StoppingRule(**rule).describe()
+
+
+def caution(doc: dict) -> str | None:
+    """The caution line about noisy cells (noise.py); None when there are none."""
+    rule = doc["settings"].get("stopping") or {}
+    return noise.caution(doc["results"], rule.get("width"))
 
 
 def roofline_line(doc: dict) -> str:
@@ -156,11 +195,17 @@ def markdown(doc: dict, kernels: dict | None = None) -> str:
         "",
         COUNTING_NOTE + " " + roofline_line(doc),
     ]
+    if caution(doc):
+        parts += ["", caution(doc)]
     if doc["settings"].get("note"):
         parts += ["", doc["settings"]["note"]]
     if not doc.get("complete", True):
         parts += ["", "The run was interrupted: some measurements are missing."]
-    parts += ["", "## Targets", "", targets.markdown(targets.evaluate(doc, kernels))]
+    parts += ["", "## Targets", ""]
+    if doc["settings"].get("device") == "cuda":
+        parts.append(targets.markdown(targets.evaluate(doc, kernels)))
+    else:
+        parts.append(CPU_TARGETS)
     return "\n".join(parts) + "\n"
 
 

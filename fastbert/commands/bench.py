@@ -1,9 +1,12 @@
 """fastbert bench: fastbert side by side with Hugging Face (eager, sdpa), torch.compile of it
 and fastbert's own variants, end to end, on the device at hand.
 
-Writes results.json, results.md (the table and the targets) and results.png into --out. With
-no CUDA GPU it runs a small CPU comparison of fastbert (its PyTorch backend, or the Triton
-kernels under the interpreter with TRITON_INTERPRET=1) with Hugging Face. Exits 1 when no
+Writes results.json, results.md (the table and, on a GPU, the targets) and results.png into
+--out. With no CUDA GPU it runs a small CPU comparison of fastbert (its PyTorch backend, or the
+Triton kernels under the interpreter with TRITON_INTERPRET=1) with Hugging Face. The
+contenders of a shape are timed in turns until each median's 95% interval is narrow enough
+or the time per cell is spent (fastbert/bench/stopping.py); cells that stay too noisy to rank
+are named in a caution line with what the machine was measured doing. Exits 1 when no
 fastbert contender could be measured.
 """
 
@@ -19,6 +22,8 @@ from fastbert.commands.options import (
     UsageError,
     add_backend_argument,
     add_device_argument,
+    fraction,
+    nonnegative_float,
     nonnegative_int,
     positive_int,
     resolve_device,
@@ -61,16 +66,18 @@ class Defaults:
     model: str
     shapes: str
     warmup: int
-    reps: int
+    reps: int  # timed repetitions at least
+    max_time: float  # timed seconds per cell at most, to settle its median
 
 
 # (device type, quick) -> what runs when the options leave it open.
 DEFAULTS = {
-    ("cuda", False): Defaults("bert-base", "1x128,32x128,8x512,64x512,64x512p", 10, 100),
-    ("cuda", True): Defaults("bert-base", "32x128,32x128p", 5, 20),
-    ("cpu", False): Defaults("bert-mini", "1x64,8x64,8x64p", 2, 5),
-    ("cpu", True): Defaults("bert-tiny", "2x32,2x32p", 1, 3),
+    ("cuda", False): Defaults("bert-base", "1x128,32x128,8x512,64x512,64x512p", 10, 100, 2.0),
+    ("cuda", True): Defaults("bert-base", "32x128,32x128p", 5, 20, 0.5),
+    ("cpu", False): Defaults("bert-mini", "1x64,8x64,8x64p", 2, 10, 3.0),
+    ("cpu", True): Defaults("bert-tiny", "2x32,2x32p", 1, 6, 0.5),
 }
+CI_WIDTH = 0.05
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -122,7 +129,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--warmup", type=nonnegative_int, default=None, help="untimed calls per shape"
     )
-    parser.add_argument("--reps", type=positive_int, default=None, help="timed calls per shape")
+    parser.add_argument(
+        "--reps",
+        type=positive_int,
+        default=None,
+        help="timed calls per contender and shape, at least (default 100 on a GPU, 10 on a CPU); "
+        "more until the median is settled (--ci-width, --max-time)",
+    )
+    parser.add_argument(
+        "--ci-width",
+        type=fraction,
+        default=CI_WIDTH,
+        metavar="FRACTION",
+        help="a cell is settled when its median's 95%% interval is at most this fraction of "
+        f"the median wide (default {CI_WIDTH})",
+    )
+    parser.add_argument(
+        "--max-time",
+        type=nonnegative_float,
+        default=None,
+        metavar="SECONDS",
+        help="timed seconds per cell at most, after which a cell still unsettled is reported "
+        "as too noisy to rank (default 2 on a GPU, 3 on a CPU, 0.5 with --quick; 0: exactly "
+        "--reps)",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -158,6 +188,7 @@ class Plan:
     peers: list
     warmup: int
     reps: int
+    max_time: float
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
@@ -182,6 +213,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         ],
         warmup=defaults.warmup if args.warmup is None else args.warmup,
         reps=defaults.reps if args.reps is None else args.reps,
+        max_time=defaults.max_time if args.max_time is None else args.max_time,
     )
 
 
@@ -195,6 +227,22 @@ def _backend_here(requested: str, device: torch.device) -> str | None:
         return None
 
 
+def _settings(args: argparse.Namespace, plan: Plan):
+    """The runner's settings of a plan."""
+    from fastbert.bench import runner
+
+    return runner.Settings(
+        plan.dtype,
+        plan.device,
+        args.backend,
+        plan.warmup,
+        plan.reps,
+        args.seed,
+        ci_width=args.ci_width,
+        max_seconds=plan.max_time,
+    )
+
+
 def _settings_dict(
     args: argparse.Namespace, plan: Plan, reference, peaks, ceilings: dict | None
 ) -> dict:
@@ -206,6 +254,7 @@ def _settings_dict(
         "backend_requested": args.backend,
         "warmup": plan.warmup,
         "reps": plan.reps,
+        "stopping": _settings(args, plan).rule().to_dict(),
         "seed": args.seed,
         "peaks": dataclasses.asdict(peaks) if peaks else None,
         "measured_ceilings": ceilings,
@@ -223,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from fastbert.bench import ceilings, document, environment, hardware, report, runner
+    from fastbert.bench import ceilings, document, environment, hardware, machine, report, runner
     from fastbert.bench.models import load_reference
     from fastbert.bench.progress import Progress
 
@@ -254,17 +303,20 @@ def _bench(args: argparse.Namespace) -> int:
         f"fastbert bench: {reference.name}, {meta['dtype']}, on "
         f"{hardware.device_name(plan.device)}; shapes "
         f"{', '.join(s.label for s in plan.shapes)}; peers "
-        f"{', '.join(p.name for p in plan.peers)}; fastbert backend {report.backend_text(meta)}; "
-        f"{plan.warmup} warm-up, {plan.reps} timed"
+        f"{', '.join(p.name for p in plan.peers)}; fastbert backend {report.backend_text(meta)}"
     )
-    settings = runner.Settings(
-        plan.dtype, plan.device, args.backend, plan.warmup, plan.reps, args.seed
+    settings = _settings(args, plan)
+    print(
+        f"timing: {plan.warmup} warm-up calls, then the contenders of each shape in turns, "
+        f"{settings.rule().describe()}"
     )
+    print(f"machine now: {_machine_text(machine)}")
     records: list[dict] = []
     complete = True
     out.mkdir(parents=True, exist_ok=True)
     try:
-        with Progress(len(plan.peers) * len(plan.shapes), "measuring") as progress:
+        steps = (len(plan.peers) + 1) * len(plan.shapes)
+        with Progress(steps, "measuring") as progress:
             for record in runner.run(reference, plan.shapes, plan.peers, settings, peaks, progress):
                 records.append(record)
                 report.write_json(results(records, False), out / report.RESULTS_JSON)
@@ -277,6 +329,17 @@ def _bench(args: argparse.Namespace) -> int:
         return 130
     _check_fastbert_measured(records)
     return 0
+
+
+def _machine_text(machine) -> str:
+    """The load average and CPU clock right now, as far as the system shows them."""
+    now = machine.snapshot()
+    parts = [f"{machine.cores()} cores"]
+    if now.load_average is not None:
+        parts.append(f"load average {now.load_average:.1f}")
+    if now.cpu_mhz:
+        parts.append(f"CPU clock {min(now.cpu_mhz):.0f}-{max(now.cpu_mhz):.0f} MHz")
+    return ", ".join(parts)
 
 
 def _check_fastbert_measured(records: list[dict]) -> None:
@@ -298,6 +361,9 @@ def _print_summary(doc: dict, messages: list[str], out: Path) -> None:
     print(report.markdown_table(doc["results"], doc["settings"]["backend"]))
     print()
     print(report.roofline_line(doc))
+    caution = report.caution(doc)
+    if caution:
+        print(caution)
     for message in messages:
         print(message)
     written = [report.RESULTS_JSON, report.RESULTS_MD] + ([] if messages else [report.RESULTS_PNG])

@@ -40,6 +40,25 @@ def nonnegative_int(text: str) -> int:
     return value
 
 
+def nonnegative_float(text: str) -> float:
+    """argparse type: a number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be zero or a positive number, got {text!r}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """argparse type: a number between 0 and 1, both excluded."""
+    value = nonnegative_float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text!r}")
+    return value
+
+
 def _int(text: str) -> int:
     try:
         return int(text)
