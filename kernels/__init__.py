@@ -20,13 +20,22 @@ validation), :mod:`~fastbert.kernels.dropout` (the kernels' dropout masks),
 # defines nothing: a second copy of the modules would register the torch.ops.fastbert custom
 # ops again, replacing the registrations the first copy's ops hold.
 if __name__ == "fastbert.kernels":
-    from . import checks, dropout, launch, packed_weights, reference, torch_ops
+    from . import (
+        checks,
+        dropout,
+        launch,
+        packed_weights,
+        reference,
+        sparse_head_torch,
+        torch_ops,
+    )
     from .flash_attention import ATTENTION, ATTENTION_VARLEN, attention, attention_varlen
     from .fused_embeddings import EMBEDDINGS_LAYER_NORM, embeddings_layer_norm
     from .fused_layer_norm import LAYER_NORM, layer_norm
     from .fused_linear import LINEAR, LINEAR_FP8, LINEAR_INT8, linear, linear_fp8, linear_int8
     from .masked_softmax import SCALED_MASKED_SOFTMAX, scaled_masked_softmax
     from .op import Kernel, Op
+    from .sparse_head import SPLADE_MAX, splade_max
 
     # Every op, by name: what the backends dispatch over.
     OPS: dict[str, Op] = {
@@ -40,6 +49,7 @@ if __name__ == "fastbert.kernels":
             LINEAR_FP8,
             LAYER_NORM,
             EMBEDDINGS_LAYER_NORM,
+            SPLADE_MAX,
         )
     }
 
@@ -60,5 +70,7 @@ __all__ = [
     "packed_weights",
     "reference",
     "scaled_masked_softmax",
+    "sparse_head_torch",
+    "splade_max",
     "torch_ops",
 ]

@@ -134,6 +134,29 @@ def check_rotary(rotary, window, q) -> None:
         raise ValueError(f"window must be None or an integer >= 0, got {window!r}")
 
 
+def check_cu_seqlens(cu_seqlens) -> None:
+    """cu_seqlens: int32 [B + 1] prefix sums of the sequence lengths (shape and dtype only)."""
+    check_tensor("cu_seqlens", cu_seqlens, ndim=1)
+    if cu_seqlens.dtype != torch.int32:
+        raise TypeError(f"cu_seqlens must be int32, got {cu_seqlens.dtype}")
+    if cu_seqlens.numel() < 1:
+        raise ValueError("cu_seqlens must hold at least one entry (0)")
+
+
+def check_cu_seqlens_values(cu_seqlens: torch.Tensor, tokens: int) -> None:
+    """ValueError unless ``cu_seqlens`` starts at 0, never decreases and ends at ``tokens``.
+    Reads three numbers on the host (one transfer)."""
+    bounds = cu_seqlens.long()
+    falls = (bounds.diff() < 0).sum()
+    first, last, decreasing = torch.stack([bounds[0], bounds[-1], falls]).tolist()
+    if first != 0 or last != tokens or decreasing:
+        raise ValueError(
+            f"cu_seqlens must rise from 0 to the {tokens} rows of x without decreasing (the "
+            f"prefix sums of the sequence lengths), got {first} ... {last}"
+            + (f" with {decreasing} decrease(s)" if decreasing else "")
+        )
+
+
 def check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale) -> None:
     """q, k, v: [T, H, D] packed tokens; cu_seqlens: int32 [B + 1]."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -143,11 +166,7 @@ def check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale) -> None:
     check_same_device(q=q, k=k, v=v, cu_seqlens=cu_seqlens)
     check_shape("k", k, tuple(q.shape))
     check_shape("v", v, tuple(q.shape))
-    check_tensor("cu_seqlens", cu_seqlens, ndim=1)
-    if cu_seqlens.dtype != torch.int32:
-        raise TypeError(f"cu_seqlens must be int32, got {cu_seqlens.dtype}")
-    if cu_seqlens.numel() < 1:
-        raise ValueError("cu_seqlens must hold at least one entry (0)")
+    check_cu_seqlens(cu_seqlens)
     if not isinstance(max_seqlen, int) or max_seqlen < 0:
         raise ValueError(f"max_seqlen must be a non-negative int, got {max_seqlen!r}")
     check_scale(scale)
@@ -282,6 +301,34 @@ def refuse_gradients(op: str, *tensors: torch.Tensor | None) -> None:
             "torch.inference_mode(), on tensors that do not require grad (train in "
             "float32, float16 or bfloat16 and quantise afterwards)"
         )
+
+
+# SPLADE's activations: log1p(relu(z)) ("relu", 1 step) or log1p(log1p(relu(z))) (2 steps).
+SPLADE_LOG_STEPS = (1, 2)
+
+
+def check_splade_max(x, weight, bias, cu_seqlens, log_steps) -> None:
+    """x: [T, K]; weight: [V, K]; bias: [V]; cu_seqlens: int32 [B + 1] (shapes, dtypes and
+    devices; :func:`check_cu_seqlens_values` reads its values); log_steps: 1 or 2."""
+    check_tensor("x", x, ndim=2)
+    check_tensor("weight", weight, ndim=2)
+    check_float("x", x)
+    if bias is not None:
+        check_tensor("bias", bias, ndim=1)
+    if cu_seqlens is not None:
+        check_cu_seqlens(cu_seqlens)
+    check_same_dtype(x=x, weight=weight, bias=bias)
+    check_same_device(x=x, weight=weight, bias=bias, cu_seqlens=cu_seqlens)
+    vocab, k = weight.shape
+    if x.shape[1] != k:
+        raise ValueError(
+            f"x has {x.shape[1]} features but weight has shape {tuple(weight.shape)} "
+            f"(expects [vocabulary, {x.shape[1]}])"
+        )
+    if bias is not None:
+        check_shape("bias", bias, (vocab,))
+    if type(log_steps) is not int or log_steps not in SPLADE_LOG_STEPS:
+        raise ValueError(f"log_steps must be 1 or 2, got {log_steps!r}")
 
 
 def check_layer_norm(x, weight, bias, eps, residual) -> None:

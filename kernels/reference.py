@@ -475,3 +475,47 @@ def embeddings_layer_norm(
     out = F.layer_norm(summed, (hidden,), _wide(weight), _wide(bias), float(eps))
     out = out.to(word_emb.dtype)
     return F.dropout(out, dropout_p) if dropout_p > 0.0 else out
+
+
+def splade_activation(z: torch.Tensor, log_steps: int = 1) -> torch.Tensor:
+    """SPLADE's activation of logits ``z``: ``log1p(relu(z))`` (``log_steps=1``, SPLADE's and
+    sentence-transformers' "relu") or ``log1p(log1p(relu(z)))`` (``log_steps=2``,
+    "log1p_relu"). A new tensor of z's shape and dtype."""
+    out = torch.relu(z)
+    for _ in range(log_steps):
+        out = torch.log1p(out)
+    return out
+
+
+def splade_max(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    log_steps: int = 1,
+) -> torch.Tensor:
+    """SPLADE pooling of the masked-LM decoder: per sequence, the max over its tokens of
+    :func:`splade_activation` of each vocabulary logit, unfused (sentence-transformers' order).
+
+    x: [T, K] packed token rows; weight: [V, K] (nn.Linear layout: the decoder, or the tied
+    word embeddings); bias: [V] or None; cu_seqlens: int32 [B + 1] prefix sums of the sequences'
+    lengths (0 first, T last; None: one sequence of all T rows). The [T, V] logits
+    ``x @ weight^T + bias`` are formed in x's dtype, then activated and reduced in float32
+    (float64 for float64 inputs)::
+
+        out[b, v] = max over t in [cu_seqlens[b], cu_seqlens[b + 1]) of g(logits[t, v])
+
+    with g(z) = log1p(relu(z)) (``log_steps=1``) or log1p(log1p(relu(z))) (``log_steps=2``).
+    An empty sequence gives zeros. Returns [B, V], float32 (float64 for float64 inputs).
+    """
+    checks.check_splade_max(x, weight, bias, cu_seqlens, log_steps)
+    tokens = x.shape[0]
+    if cu_seqlens is not None:
+        checks.check_cu_seqlens_values(cu_seqlens, tokens)
+    bounds = [0, tokens] if cu_seqlens is None else cu_seqlens.tolist()
+    activated = splade_activation(_wide(F.linear(x, weight, bias)), log_steps)
+    out = activated.new_zeros((len(bounds) - 1, weight.shape[0]))
+    for b, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if end > start:
+            out[b] = activated[start:end].amax(dim=0)
+    return out

@@ -29,10 +29,14 @@ for speed instead of exactness:
 - linear: on a CPU in float32 or bfloat16, when autograd does not record the call, one
   oneDNN call (``torch.ops.mkldnn._linear_pointwise``, what ``torch.compile`` emits on a CPU)
   with GELU or the residual add as its post-op: 8-17% faster than MKL's addmm in float32 on
-  an AVX-512 CPU (one thread). Otherwise ``F.linear`` (one addmm with the bias), GELU and the
-  residual add in place on its fresh output. Given ``packs``
+  an AVX-512 CPU (one thread). Otherwise (and while ``torch.compile`` traces, which cannot
+  trace oneDNN's availability check, or with no input features, which oneDNN refuses)
+  ``F.linear`` (one addmm with the bias), GELU and the residual add in place on its fresh
+  output. Given ``packs``
   (fastbert.kernels.packed_weights), the oneDNN call reads each weight's copy in oneDNN's
   blocked layout, made once, instead of reordering the weight on every call.
+- splade_max (the fused SPLADE head): fastbert.kernels.sparse_head_torch, the decoder's
+  logits reduced to a max per sequence one chunk of the vocabulary at a time.
 - layer_norm: ``F.layer_norm`` on the input dtype (PyTorch accumulates the statistics of half
   inputs in float32 itself).
 - embeddings_layer_norm: ``F.embedding`` lookups summed in place (in float32 for half tables,
@@ -523,8 +527,11 @@ def _onednn_linear(
 
 
 def _takes_onednn(x: torch.Tensor, *tensors: torch.Tensor | None) -> bool:
-    """Whether linear runs on oneDNN: a CPU tensor of a dtype it serves, no autograd record."""
-    if x.device.type != "cpu" or x.dtype not in _ONEDNN_DTYPES or not _has_onednn_linear():
+    """Whether linear runs on oneDNN: a CPU tensor of a dtype it serves with input features,
+    no autograd record, not while torch.compile traces."""
+    if x.device.type != "cpu" or x.dtype not in _ONEDNN_DTYPES or x.shape[-1] == 0:
+        return False
+    if torch.compiler.is_compiling() or not _has_onednn_linear():
         return False
     grad = torch.is_grad_enabled()
     return not (grad and any(t is not None and t.requires_grad for t in (x, *tensors)))
