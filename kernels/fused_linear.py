@@ -746,7 +746,11 @@ def _linear_fwd_kernel(
                 # e4m3 into float32, each K tile's partial sum added to the float32 accumulator
                 # (sm_90's FP8 warpgroup MMA otherwise keeps adding in reduced precision).
                 acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
-            else:  # float16 / bfloat16 into float32, or int8 into int32 (QUANT == 1)
+            elif QUANT == 1:
+                # int8 into int32. Named: Triton 3.6 does not take out_dtype from acc (3.9 does)
+                # and asserts that acc's type is out_dtype, float32 by default.
+                acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+            else:  # float16 / bfloat16 into float32
                 acc = tl.dot(a, b, acc)
             if GATED:
                 # The gate rows N.. of the weight: the same A tile, a second B tile.
