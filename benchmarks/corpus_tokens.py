@@ -1,0 +1,224 @@
+"""Corpus embedding throughput from token ids: tokens/s of fastbert's embedding path on a GPU,
+with random weights of a real model's size and no tokenizer (none needs a download).
+
+A corpus is a list of documents' token counts drawn from a distribution; its ids are random.
+It is embedded as ``fastbert.embed`` does after tokenising: longest documents first, in
+batches of at most ``--batch-tokens`` padded tokens (fastbert.embed.batching), each batch
+through the padding-free encoder (only the real tokens are computed), mean-pooled, normalised
+and copied to the host. One untimed pass (it autotunes and
+fills the caches), then ``--reps`` timed passes; the median is reported.
+
+Distributions: ``s512``, every document 512 tokens; ``mixed``, lengths log-normal around a
+median of 96 tokens (sigma 0.9), cut to [8, 512] (real text is mostly short with a long tail).
+
+    python -m benchmarks.corpus_tokens --out DIR [--model bert-base] [--dtypes float16,bfloat16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+DISTRIBUTIONS = ("s512", "mixed")
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+CORPUS_JSON = "corpus.json"
+CORPUS_MD = "corpus.md"
+MIXED_MEDIAN, MIXED_SIGMA, SHORTEST, LONGEST = 96, 0.9, 8, 512
+
+
+def lengths(distribution: str, tokens: int, seed: int = 0) -> list[int]:
+    """Documents' token counts of ``distribution`` adding up to about ``tokens``."""
+    if distribution == "s512":
+        return [LONGEST] * max(1, tokens // LONGEST)
+    if distribution != "mixed":
+        raise ValueError(f"distribution {distribution!r}: one of {', '.join(DISTRIBUTIONS)}")
+    generator = np.random.default_rng(seed)
+    found: list[int] = []
+    while sum(found) < tokens:
+        draw = generator.lognormal(math.log(MIXED_MEDIAN), MIXED_SIGMA, 1024)
+        found += np.clip(np.rint(draw), SHORTEST, LONGEST).astype(int).tolist()
+    total = 0
+    for count, length in enumerate(found):
+        total += length
+        if total >= tokens:
+            return found[: count + 1]
+    return found
+
+
+def corpus(counts: list[int], vocab_size: int, seed: int = 0) -> list[list[int]]:
+    """Random token ids in [1, vocab_size) for documents of ``counts`` tokens."""
+    generator = np.random.default_rng(seed)
+    return [generator.integers(1, vocab_size, n).tolist() for n in counts]
+
+
+class Embedder:
+    """Token ids of a batch of documents -> normalised mean-pooled embeddings on the host, as
+    fastbert.embed computes them after tokenising (right padding, a padding-free model)."""
+
+    def __init__(self, model, pad_id: int):
+        self.model = model
+        self.pad_id = pad_id
+
+    def __call__(self, documents: list[list[int]]) -> np.ndarray:
+        from fastbert.model.pooling import mean_pool
+
+        rows = [torch.tensor(d) for d in documents]
+        ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=self.pad_id)
+        mask = torch.nn.utils.rnn.pad_sequence([torch.ones_like(r) for r in rows], True)
+        device = self.model.device
+        ids, mask = ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)
+        with torch.inference_mode():
+            hidden = self.model(ids, attention_mask=mask).last_hidden_state
+            pooled = torch.nn.functional.normalize(mean_pool(hidden, mask), dim=-1)
+        return pooled.cpu().numpy()
+
+
+def embed_pass(embedder, documents: list[list[int]], batches: list[list[int]]) -> float:
+    """Seconds to embed ``documents`` in ``batches`` (positions into it)."""
+    start = time.perf_counter()
+    for batch in batches:
+        embedder([documents[i] for i in batch])
+    return time.perf_counter() - start
+
+
+def measure(
+    embedder, documents: list[list[int]], batch_tokens: int, reps: int
+) -> dict[str, float | int]:
+    """Tokens/s of ``embedder`` over ``documents``: median of ``reps`` passes after one."""
+    from fastbert.bench import timing
+    from fastbert.embed.batching import token_batches
+
+    batches = token_batches([len(d) for d in documents], batch_tokens)
+    embed_pass(embedder, documents, batches)
+    seconds = [embed_pass(embedder, documents, batches) for _ in range(reps)]
+    tokens = sum(len(d) for d in documents)
+    median = statistics.median(seconds)
+    return {
+        "docs": len(documents),
+        "tokens": tokens,
+        "batches": len(batches),
+        "median_s": median,
+        "p20_s": timing.percentile(seconds, 20),
+        "p80_s": timing.percentile(seconds, 80),
+        "tokens_per_s": tokens / median,
+    }
+
+
+def build_embedder(model: str, dtype: torch.dtype, device: torch.device) -> tuple[Embedder, int]:
+    """fastbert's padding-free encoder of the embedded shape ``model`` (random weights) as an
+    :class:`Embedder`, and its vocabulary size."""
+    import fastbert
+    from fastbert.bench.models import random_reference
+
+    reference = random_reference(model)
+    encoder = fastbert.BertModel.from_pretrained(
+        reference.hf_model, dtype=dtype, device=device, padding_free=True
+    )
+    return Embedder(encoder, reference.config.pad_token_id or 0), reference.config.vocab_size
+
+
+def markdown(report: dict) -> str:
+    settings = report["settings"]
+    lines = [
+        f"# Corpus tokens/s: {settings['model']}, random weights, padding-free, "
+        f"{report['environment'].get('gpu') or settings['device']}",
+        "",
+        f"Batches of at most {settings['batch_tokens']} padded tokens, longest documents first; "
+        f"median of {settings['reps']} passes after one untimed.",
+        "",
+        "| dtype | lengths | documents | tokens | median s | tokens/s |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for row in report["rows"]:
+        lines.append(
+            f"| {row['dtype']} | {row['distribution']} | {row['docs']:,} | {row['tokens']:,} | "
+            f"{row['median_s']:.3f} | {row['tokens_per_s']:,.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write(report: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CORPUS_JSON).write_text(json.dumps(report, indent=1) + "\n")
+    (out / CORPUS_MD).write_text(markdown(report))
+
+
+def _names(choices) -> Callable[[str], list[str]]:
+    def parse(text: str) -> list[str]:
+        names = [name.strip() for name in text.split(",") if name.strip()]
+        unknown = [name for name in names if name not in choices]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"among {', '.join(choices)}, got {text!r}")
+        return names
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.corpus_tokens", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--out", type=Path, required=True, help="folder for corpus.json / .md")
+    parser.add_argument("--model", default="bert-base", help="an embedded model shape")
+    parser.add_argument("--dtypes", type=_names(DTYPES), default=["float16", "bfloat16"])
+    parser.add_argument("--lengths", type=_names(DISTRIBUTIONS), default=list(DISTRIBUTIONS))
+    parser.add_argument("--tokens", type=int, default=1 << 20, help="tokens per corpus (~1M)")
+    parser.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens a batch")
+    parser.add_argument("--reps", type=int, default=3, help="timed passes")
+    parser.add_argument("--device", default="cuda")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if min(args.tokens, args.batch_tokens, args.reps) < 1:
+        parser.error("--tokens, --batch-tokens and --reps must be >= 1")
+    from fastbert.bench import environment
+    from fastbert.bench.shapes import MODEL_SHAPES
+
+    if args.model not in MODEL_SHAPES:
+        parser.error(f"--model: one of {', '.join(MODEL_SHAPES)}")
+    device = torch.device(args.device)
+    report = {
+        "environment": environment.capture(),
+        "settings": {
+            "model": args.model,
+            "device": device.type,
+            "batch_tokens": args.batch_tokens,
+            "reps": args.reps,
+            "tokens": args.tokens,
+            "padding_free": True,
+            "weights": "random (seed 0)",
+        },
+        "rows": [],
+    }
+    try:
+        for name in args.dtypes:
+            embedder, vocab = build_embedder(args.model, DTYPES[name], device)
+            for distribution in args.lengths:
+                documents = corpus(lengths(distribution, args.tokens), vocab)
+                row = measure(embedder, documents, args.batch_tokens, args.reps)
+                report["rows"].append({"dtype": name, "distribution": distribution, **row})
+                write(report, args.out)
+                print(f"{name} {distribution}: {row['tokens_per_s']:,.0f} tokens/s", flush=True)
+    except KeyboardInterrupt:
+        write(report, args.out)
+        print("interrupted: wrote what was measured", file=sys.stderr)
+        return 130
+    write(report, args.out)
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
