@@ -1,0 +1,1 @@
+"""One command that runs fastbert's GPU tests and benchmarks within a time budget."""
