@@ -477,13 +477,16 @@ def embeddings_layer_norm(
     return F.dropout(out, dropout_p) if dropout_p > 0.0 else out
 
 
-def splade_activation(z: torch.Tensor, log_steps: int = 1) -> torch.Tensor:
+def splade_activation(
+    z: torch.Tensor, log_steps: int = 1, *, in_place: bool = False
+) -> torch.Tensor:
     """SPLADE's activation of logits ``z``: ``log1p(relu(z))`` (``log_steps=1``, SPLADE's and
     sentence-transformers' "relu") or ``log1p(log1p(relu(z)))`` (``log_steps=2``,
-    "log1p_relu"). A new tensor of z's shape and dtype."""
-    out = torch.relu(z)
+    "log1p_relu"). A new tensor of z's shape and dtype, or ``z`` itself, overwritten, when
+    ``in_place``."""
+    out = torch.relu_(z) if in_place else torch.relu(z)
     for _ in range(log_steps):
-        out = torch.log1p(out)
+        out = out.log1p_() if in_place else torch.log1p(out)
     return out
 
 

@@ -265,7 +265,7 @@ def splade_max_forward(x, weight, bias, cu_seqlens, log_steps, save):
             bias.stride(0) if bias is not None else 0,
             HAS_BIAS=bias is not None,
         )
-    return reference.splade_activation(out, log_steps)
+    return reference.splade_activation(out, log_steps, in_place=True)
 
 
 def _reads_values(cu_seqlens: torch.Tensor) -> bool:

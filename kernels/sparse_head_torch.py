@@ -89,7 +89,8 @@ def splade_max_unchecked(
         part_bias = None if bias is None else bias[start:end]
         logits = linear_unchecked(x, weight[start:end], part_bias)
         out[:, start:end] = _segment_max(logits, bounds, lengths)
-    return splade_activation(out, log_steps)
+        del logits  # before the next chunk's exist: one chunk's logits at a time
+    return splade_activation(out, log_steps, in_place=not out.requires_grad)
 
 
 def splade_max(
