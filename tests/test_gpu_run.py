@@ -153,6 +153,19 @@ def test_the_core_grid_pairs_every_dtype_with_every_other_value() -> None:
     assert len(grid.core(redundant)) == 1
 
 
+def test_the_core_takes_the_files_in_turn() -> None:
+    items = [
+        types.SimpleNamespace(nodeid=f"tests/test_{f}.py::t[{i}]") for f in "ab" for i in range(6)
+    ]
+    order = [item.nodeid for item in grid.in_turn(items, turn=4)]
+    assert order == [
+        *(f"tests/test_a.py::t[{i}]" for i in range(4)),
+        *(f"tests/test_b.py::t[{i}]" for i in range(4)),
+        *(f"tests/test_a.py::t[{i}]" for i in (4, 5)),
+        *(f"tests/test_b.py::t[{i}]" for i in (4, 5)),
+    ]
+
+
 def test_the_grid_is_the_tests_that_run_on_a_gpu() -> None:
     on_gpu = types.SimpleNamespace(get_closest_marker=lambda name: name == "gpu" or None)
     on_device = _item("test_device")

@@ -14,10 +14,11 @@ import sys
 from pathlib import Path
 
 ENVIRONMENT_JSON = "environment.json"
+# Quickest first: a stage interrupted at its cap keeps what was written.
 COMMANDS = {
-    "fastbert-info.txt": [sys.executable, "-m", "fastbert.cli", "info"],
     "nvidia-smi.txt": ["nvidia-smi"],
     "pip-freeze.txt": [sys.executable, "-m", "pip", "freeze"],
+    "fastbert-info.txt": [sys.executable, "-m", "fastbert.cli", "info"],
 }
 
 

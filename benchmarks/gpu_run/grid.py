@@ -7,16 +7,20 @@ otherwise). ``core`` is a covering subset that fits a short run: of each test fu
 cases that together hold every value of each parameter once, and every pair of a dtype with
 another parameter's value (so every op meets every dtype on every shape it is tested with,
 without every combination of shapes). ``rest`` is what ``core`` leaves out; ``all`` both.
+The core runs the test files in turn, a few tests of each at a time, so that a run cut short
+has tried every file rather than finished the first ones.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import defaultdict
 
 import pytest
 import torch
 
 CHOICES = ("core", "rest", "all")
+TURN = 4  # consecutive tests of one file in the core's order
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -68,13 +72,33 @@ def core(items: list[pytest.Item]) -> list[pytest.Item]:
     return kept
 
 
+def in_turn(items: list[pytest.Item], turn: int = TURN) -> list[pytest.Item]:
+    """``items`` reordered: ``turn`` of the first file's, then of the next file's, and so on
+    round the files until none is left (each file's own order kept)."""
+    by_file: dict[str, list[pytest.Item]] = defaultdict(list)
+    for item in items:
+        by_file[item.nodeid.split("::")[0]].append(item)
+    queues = list(by_file.values())
+    ordered: list[pytest.Item] = []
+    for start in itertools.count(0, turn):
+        batch = [item for queue in queues for item in queue[start : start + turn]]
+        if not batch:
+            return ordered
+        ordered += batch
+    return ordered
+
+
 def select(items: list[pytest.Item], grid: str) -> list[pytest.Item]:
-    """The items of ``grid`` ("core", "rest" or "all"), in collection order."""
+    """The items of ``grid`` ("core", "rest" or "all"): the core in turn (:func:`in_turn`),
+    the others in collection order."""
     pool = [item for item in items if runs_on_gpu(item)]
     if grid == "all":
         return pool
-    chosen = {id(item) for item in core(pool)}
-    return [item for item in pool if (id(item) in chosen) == (grid == "core")]
+    chosen = core(pool)
+    if grid == "core":
+        return in_turn(chosen)
+    kept = {id(item) for item in chosen}
+    return [item for item in pool if id(item) not in kept]
 
 
 @pytest.hookimpl(trylast=True)

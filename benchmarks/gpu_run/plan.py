@@ -167,7 +167,7 @@ def stages(
                 "--model",
                 "bert-base",
                 "--shapes",
-                "32x128,32x128p",
+                "32x128",
                 "--contenders",
                 "hf-eager,hf-sdpa,fastbert",
                 "--warmup",
@@ -176,7 +176,7 @@ def stages(
                 "10",
             ),
             floor_s=20,
-            what="one fine-tuning step, BERT-base, bf16 autocast",
+            what="one fine-tuning step, BERT-base 32x128, bf16 autocast",
         ),
         Stage(
             "serve-model",
