@@ -195,16 +195,26 @@ def test_model_within_twice_hf_error(shape, dtype, padding_free, device="cuda") 
 
 
 @pytest.mark.parametrize("padding_free", [False, True], ids=["dense", "padding-free"])
-def test_bert_base_cuda_graphs_replay_the_eager_result(padding_free, device="cuda") -> None:
+def test_bert_base_replayed_from_cuda_graphs(padding_free, device="cuda") -> None:
+    """Dense, replays give the eager result bit for bit; padding-free, graphed per size bucket
+    (other row counts, so maybe other tiles), as close to float32 as eager (as
+    tests/test_runtime.py holds small models)."""
     reference = random_reference("bert-base", seed=4)
     batch = _batch(reference, device)
-    options = dict(dtype=torch.float16, padding_free=padding_free)
-    eager = _fastbert(reference, device, cuda_graphs=False, **options)
-    graphed = _fastbert(reference, device, cuda_graphs=True, **options)
     valid = batch.attention_mask.bool()
-    expected = eager(batch)[valid]
-    for _ in range(3):  # capture, then replays
-        assert torch.equal(graphed(batch)[valid], expected)
+    options = dict(padding_free=padding_free, cuda_graphs=False)
+    exact = _fastbert(reference, device, dtype=torch.float32, **options)(batch)[valid]
+    eager = _fastbert(reference, device, dtype=torch.float16, **options)(batch)[valid]
+    options["cuda_graphs"] = True
+    graphed = _fastbert(reference, device, dtype=torch.float16, **options)
+    for _ in range(3):  # the capture, then replays
+        got = graphed(batch)[valid]
+        if padding_free:
+            error = (got.float() - exact).abs().max().item()
+            bound = 2 * (eager.float() - exact).abs().max().item() + 1e-3
+            assert error <= bound, f"graphed {error:.3g} > {bound:.3g}"
+        else:
+            assert torch.equal(got, eager)
 
 
 @pytest.mark.parametrize("quantize", ["int8", "fp8"])
