@@ -6,7 +6,7 @@
 #   bash benchmarks/run_gpu.sh --dry-run OUT   # any machine: would every stage start?
 #
 # The stages, in order of value, each with its cap in seconds (benchmarks/gpu_run/plan.py):
-# install 45, environment 15, gpu-tests 150 (the covering core of the GPU test grid), bench 50
+# install 40, environment 20, gpu-tests 150 (the covering core of the GPU test grid), bench 50
 # (fastbert bench, BERT-base fp16, 1x128 32x128 8x512 64x512 64x512p, against HF eager and
 # sdpa), bench-compile 80 (torch.compile max-autotune and default at 32x128), corpus 30
 # (tokens/s, padding-free, fp16 and bf16), limits 15 (bf16 GEMM and copy), kernels 45 (the

@@ -79,7 +79,7 @@ def stages(
     return [
         Stage(
             "install",
-            45,
+            40,
             _python_module(
                 python, "pip", "install", "--no-deps", "--no-build-isolation", "-e", "."
             ),
@@ -87,7 +87,7 @@ def stages(
         ),
         Stage(
             "environment",
-            15,
+            20,
             _python_module(python, "benchmarks.gpu_run.environment", "--out", str(results)),
             what="GPU, driver, versions, commit, fastbert info, nvidia-smi, pip freeze",
         ),
