@@ -72,6 +72,40 @@ _ENCODER_HEADS = (
 
 
 @dataclasses.dataclass(frozen=True)
+class MaskedLMHeadNames:
+    """Where a family's masked-LM head keeps its tensors in a ``*ForMaskedLM`` checkpoint, and
+    how it computes: ``dense`` and ``norm`` are module names (``.weight`` / ``.bias`` follow),
+    ``decoder`` the decoder weight's name (absent when tied to the word embeddings),
+    ``biases`` the decoder bias's names, first found; the transform's activation is
+    ``activation`` when the family fixes it, else the config's ``activation_key``; the
+    LayerNorm's epsilon is the config's ``eps_key`` (or ``eps`` when the family fixes it)."""
+
+    dense: str
+    norm: str
+    decoder: str
+    biases: tuple[str, ...]
+    activation: str | None = None
+    activation_key: str = "hidden_act"
+    eps_key: str | None = "layer_norm_eps"
+    eps: float = 1e-12
+
+
+_BERT_MASKED_LM = MaskedLMHeadNames(
+    "cls.predictions.transform.dense",
+    "cls.predictions.transform.LayerNorm",
+    "cls.predictions.decoder.weight",
+    ("cls.predictions.bias", "cls.predictions.decoder.bias"),
+)
+_ROBERTA_MASKED_LM = MaskedLMHeadNames(
+    "lm_head.dense",
+    "lm_head.layer_norm",
+    "lm_head.decoder.weight",
+    ("lm_head.bias", "lm_head.decoder.bias"),
+    activation="gelu",
+)
+
+
+@dataclasses.dataclass(frozen=True)
 class Family:
     """One Hugging Face architecture, described by names.
 
@@ -81,6 +115,7 @@ class Family:
     attribute; config_constants: BertConfig fields fixed by the architecture; embeddings,
     projection, layer, pooler: fastbert parameter name -> HF tensor names (under the base
     model; ``layer`` under ``f"{layer_prefix}.{i}."``; several names are concatenated by rows);
+    masked_lm_head: where its ``*ForMaskedLM`` checkpoints keep the head (None: not read);
     shared: the same for the base model's tensors outside the embeddings and layers (MPNet's
     relative position bias table, ModernBERT's final norm); first_layer_skips: ``layer`` names
     the first layer lacks (ModernBERT's attention norm); derive: config dict -> more BertConfig
@@ -112,6 +147,7 @@ class Family:
     )
     shared: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     first_layer_skips: tuple[str, ...] = ()
+    masked_lm_head: MaskedLMHeadNames | None = None
     derive: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
 
     @property
@@ -159,6 +195,7 @@ BERT = Family(
     "bert",
     ("ForPreTraining", "ForNextSentencePrediction") + _ENCODER_HEADS,
     _WITH_POOLER,
+    masked_lm_head=_BERT_MASKED_LM,
 )
 ROBERTA = Family(
     "RoBERTa",
@@ -168,6 +205,7 @@ ROBERTA = Family(
     _ENCODER_HEADS,
     _WITH_POOLER,
     config_constants={"position_scheme": "padding_offset"},
+    masked_lm_head=_ROBERTA_MASKED_LM,
 )
 XLM_ROBERTA = dataclasses.replace(
     ROBERTA, name="XLM-RoBERTa", model_type="xlm-roberta", prefix="XLMRoberta"
@@ -185,6 +223,13 @@ ELECTRA = Family(
         "embeddings.project_bias": ("embeddings_project.bias",),
     },
     pooler={},
+    masked_lm_head=MaskedLMHeadNames(
+        "generator_predictions.dense",
+        "generator_predictions.LayerNorm",
+        "generator_lm_head.weight",
+        ("generator_lm_head.bias",),
+        activation="gelu",
+    ),
 )
 DISTILBERT = Family(
     "DistilBERT",
@@ -227,6 +272,14 @@ DISTILBERT = Family(
         "ffn_ln_bias": ("output_layer_norm.bias",),
     },
     pooler={},
+    masked_lm_head=MaskedLMHeadNames(
+        "vocab_transform",
+        "vocab_layer_norm",
+        "vocab_projector.weight",
+        ("vocab_projector.bias",),
+        activation_key="activation",
+        eps_key=None,
+    ),
 )
 MPNET = Family(
     "MPNet",
@@ -258,6 +311,7 @@ MPNET = Family(
         "ffn_ln_bias": ("output.LayerNorm.bias",),
     },
     shared={"relative_bias": ("encoder.relative_attention_bias.weight",)},
+    masked_lm_head=_ROBERTA_MASKED_LM,
 )
 
 
@@ -360,6 +414,15 @@ MODERNBERT = Family(
     pooler={},
     shared={"final_ln_weight": ("final_norm.weight",)},
     first_layer_skips=("attn_ln_weight",),
+    masked_lm_head=MaskedLMHeadNames(
+        "head.dense",
+        "head.norm",
+        "decoder.weight",
+        ("decoder.bias",),
+        activation_key="classifier_activation",
+        eps_key="norm_eps",
+        eps=1e-5,
+    ),
     derive=_modernbert_values,
 )
 FAMILIES = (BERT, ROBERTA, XLM_ROBERTA, ELECTRA, DISTILBERT, MPNET, MODERNBERT)

@@ -155,7 +155,7 @@ def _read_checkpoint_folder(
     error names its file."""
     folder = transformer_folder(folder)
     config, raw, family = read_checkpoint_config(folder)
-    return config, raw, _read_state(folder), family
+    return config, raw, read_checkpoint_state(folder), family
 
 
 def read_checkpoint_config(folder: Path) -> tuple[BertConfig, dict, Family]:
@@ -190,7 +190,7 @@ def transformer_folder(folder: Path) -> Path:
     return folder
 
 
-def _read_state(folder: Path) -> dict[str, torch.Tensor]:
+def read_checkpoint_state(folder: Path) -> dict[str, torch.Tensor]:
     """The state dict of the weights in ``folder``, read on the CPU."""
     index = folder / "model.safetensors.index.json"
     if index.exists():
@@ -206,6 +206,14 @@ def _read_state(folder: Path) -> dict[str, torch.Tensor]:
         f"{folder} holds no weights (model.safetensors, model.safetensors.index.json or "
         "pytorch_model.bin)"
     )
+
+
+def read_weights_file(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of one weights file (``*.safetensors`` or a ``torch.save`` state dict),
+    read on the CPU; ValueError naming ``path`` when it cannot be read."""
+    if path.suffix == ".safetensors":
+        return _read_safetensors(path)
+    return _read_bin(path)
 
 
 def _shards(index: Path) -> list[Path]:

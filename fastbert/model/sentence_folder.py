@@ -1,0 +1,313 @@
+"""What a sentence-transformers model folder declares: its modules in order, its transformer's
+settings, its prompts, and so the kind of output it gives.
+
+Both config formats are read: sentence-transformers 6 (``sentence_transformers.base.modules``
+types, ``Pooling`` with ``pooling_mode``, ``Transformer`` with ``transformer_task``) and the
+older one (``sentence_transformers.models`` types, ``Pooling`` with ``pooling_mode_*_tokens``
+flags, ``MLMTransformer`` for sparse models). A plain Hugging Face folder (no modules.json)
+reads as sentence-transformers reads it: a Transformer, then mean pooling (or, for a
+``*ForSequenceClassification`` checkpoint, a cross-encoder). Nothing here runs a module:
+:mod:`fastbert.model.sentence_modules` does. Every error names the file at fault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastbert.model.config import read_json_file
+
+EMBEDDING = "embedding"
+SPARSE = "sparse"
+MULTI_VECTOR = "multi-vector"
+CLASSIFICATION = "classification"
+KINDS = (EMBEDDING, SPARSE, MULTI_VECTOR, CLASSIFICATION)
+
+# config_sentence_transformers.json's model_type -> the kind of output it gives.
+_MODEL_TYPES = {
+    "SentenceTransformer": EMBEDDING,
+    "SparseEncoder": SPARSE,
+    "MultiVectorEncoder": MULTI_VECTOR,
+    "CrossEncoder": CLASSIFICATION,
+}
+# The Transformer's task (sentence-transformers 6) -> what its output is.
+_TASKS = {
+    "feature-extraction": "hidden states",
+    "fill-mask": "masked-LM logits",
+    "sequence-classification": "classification logits",
+}
+# Input modules: the one that turns texts into features. fastbert runs a Transformer.
+_TRANSFORMERS = ("Transformer", "MLMTransformer")
+
+
+@dataclass(frozen=True)
+class ModuleSpec:
+    """One entry of modules.json: ``name`` (its key), ``class_name`` (the last part of
+    ``type``), ``type`` (the full class path), ``folder`` (where its files are) and ``config``
+    (its config.json, {} when it has none)."""
+
+    name: str
+    type: str
+    folder: Path
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def class_name(self) -> str:
+        return self.type.rsplit(".", 1)[-1]
+
+    def describe(self) -> str:
+        """How an error names the module: ``2_Dense (sentence_transformers...Dense)``."""
+        return f"{self.folder.name or self.name} ({self.type})"
+
+
+@dataclass(frozen=True)
+class TransformerSpec:
+    """The Transformer module: ``folder`` (its Hugging Face checkpoint), ``task``
+    ("feature-extraction", "fill-mask" or "sequence-classification"), ``max_seq_length``,
+    ``do_lower_case`` and, for a multi-vector model, the most tokens of a query and of a
+    document (``query_length``, ``document_length``); None / False where the folder says
+    nothing."""
+
+    folder: Path
+    task: str = "feature-extraction"
+    max_seq_length: int | None = None
+    do_lower_case: bool = False
+    query_length: int | None = None
+    document_length: int | None = None
+
+
+@dataclass(frozen=True)
+class FolderSpec:
+    """A model folder as sentence-transformers would load it.
+
+    ``kind``: "embedding" (dense vectors), "sparse", "multi-vector" or "classification";
+    ``transformer``: the input module; ``modules``: every module after it, in order; ``prompts`` /
+    ``default_prompt_name``: the folder's named prompts and the one applied by default (None:
+    none); ``similarity``: its similarity function's name (None when unset); ``declared``:
+    whether the folder has a modules.json (False: a plain Hugging Face folder); ``matryoshka``:
+    whether its model card (README.md) says it was trained to be cut to fewer dimensions
+    (Matryoshka representation learning)."""
+
+    folder: Path
+    kind: str
+    transformer: TransformerSpec
+    modules: tuple[ModuleSpec, ...] = ()
+    prompts: Mapping[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    similarity: str | None = None
+    declared: bool = True
+    matryoshka: bool = False
+
+    def prompt(self, prompt_name: str | None = None, prompt: str | None = None) -> str:
+        """The text put before every input, as sentence-transformers chooses it: ``prompt``
+        itself, else the prompt named ``prompt_name``, else the default prompt's, else "".
+        ValueError for both given, or for a name the folder does not declare."""
+        if prompt is not None and prompt_name is not None:
+            raise ValueError("give prompt or prompt_name, not both")
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
+            return prompt
+        if prompt_name is not None:
+            if prompt_name not in self.prompts:
+                known = ", ".join(repr(n) for n in self.prompts) or "none"
+                raise ValueError(
+                    f"prompt_name {prompt_name!r} is not one of this model's prompts ({known})"
+                )
+            return self.prompts[prompt_name]
+        if self.default_prompt_name is not None:
+            return self.prompts.get(self.default_prompt_name, "")
+        return ""
+
+
+def read_folder(folder: str | Path) -> FolderSpec:
+    """The :class:`FolderSpec` of a local sentence-transformers or Hugging Face folder.
+
+    ValueError naming the file for a malformed modules.json or module config, a modules.json
+    whose first module is not a Transformer (or that holds a second one), or a Transformer
+    task fastbert does not run."""
+    folder = Path(folder)
+    settings = _read_optional(folder / "config_sentence_transformers.json")
+    modules_path = folder / "modules.json"
+    if not modules_path.exists():
+        return _plain_folder(folder)
+    entries = _module_entries(modules_path)
+    first, rest = entries[0], entries[1:]
+    if first.class_name not in _TRANSFORMERS:
+        raise ValueError(
+            f"{modules_path}: the first module is {first.describe()}; fastbert runs folders "
+            "whose input module is a Transformer"
+        )
+    for module in rest:
+        if module.class_name in _TRANSFORMERS:
+            raise ValueError(f"{modules_path}: a second Transformer module, {module.describe()}")
+    transformer = _transformer(first)
+    if _read_optional(transformer.folder / "config.json").get("output_hidden_states"):
+        users = ", ".join(m.describe() for m in rest) or "none"
+        raise ValueError(
+            f"{transformer.folder / 'config.json'} asks for every layer's hidden states "
+            f"(output_hidden_states) for its modules ({users}); fastbert's encoder gives the "
+            "last layer's only"
+        )
+    prompts = settings.get("prompts") or {}
+    if not isinstance(prompts, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()
+    ):
+        raise ValueError(
+            f"{folder / 'config_sentence_transformers.json'}: prompts must map names to strings"
+        )
+    default = settings.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise ValueError(
+            f"{folder / 'config_sentence_transformers.json'}: default_prompt_name {default!r} "
+            "is not one of its prompts"
+        )
+    return FolderSpec(
+        folder=folder,
+        kind=_kind(settings.get("model_type"), transformer, rest, folder),
+        transformer=transformer,
+        modules=tuple(rest),
+        prompts=dict(prompts),
+        default_prompt_name=default,
+        similarity=settings.get("similarity_fn_name"),
+        matryoshka=_card_says_matryoshka(folder),
+    )
+
+
+def _plain_folder(folder: Path) -> FolderSpec:
+    """A Hugging Face folder: a cross-encoder when its architectures say
+    ``*ForSequenceClassification``, else an encoder read with mean pooling."""
+    config = _read_optional(folder / "config.json")
+    architectures = config.get("architectures") or ()
+    if any(str(a).endswith("ForSequenceClassification") for a in architectures):
+        transformer = TransformerSpec(folder, "sequence-classification")
+        return FolderSpec(folder, CLASSIFICATION, transformer, declared=False)
+    pooling = ModuleSpec("pooling", "Pooling", folder, {"pooling_mode": "mean"})
+    return FolderSpec(
+        folder,
+        EMBEDDING,
+        TransformerSpec(folder),
+        (pooling,),
+        declared=False,
+        matryoshka=_card_says_matryoshka(folder),
+    )
+
+
+def _card_says_matryoshka(folder: Path) -> bool:
+    """Whether the folder's model card names Matryoshka training (sentence-transformers' cards
+    list their loss, MatryoshkaLoss, in the tags and the training details)."""
+    try:
+        card = (folder / "README.md").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return "matryoshka" in card.lower()
+
+
+def _module_entries(path: Path) -> list[ModuleSpec]:
+    raw = read_json_file(path)
+    if not isinstance(raw, list) or not raw or not all(isinstance(m, Mapping) for m in raw):
+        raise ValueError(f"{path} must be a non-empty JSON list of module objects")
+    if any(isinstance(m.get("idx"), int) for m in raw):
+        raw = sorted(raw, key=lambda m: m.get("idx", 0))
+    entries = []
+    for module in raw:
+        kind, sub, name = module.get("type"), module.get("path", ""), module.get("name", "")
+        if not isinstance(kind, str) or not kind or not isinstance(sub, str):
+            raise ValueError(f"{path}: a module's type and path must be strings")
+        if Path(sub).is_absolute() or ".." in Path(sub).parts:
+            raise ValueError(f"{path}: module path {sub!r} leaves the model folder")
+        module_folder = path.parent / sub
+        config = _read_optional(module_folder / "config.json") if sub else {}
+        entries.append(ModuleSpec(str(name), kind, module_folder, config))
+    return entries
+
+
+def _transformer(module: ModuleSpec) -> TransformerSpec:
+    """The Transformer's settings from its sentence_bert_config.json (either format)."""
+    settings_path = module.folder / "sentence_bert_config.json"
+    settings = _read_optional(settings_path)
+    task = settings.get("transformer_task")
+    if task is None:
+        task = "fill-mask" if module.class_name == "MLMTransformer" else "feature-extraction"
+    if task not in _TASKS:
+        raise ValueError(
+            f"{settings_path}: transformer_task {task!r} is not one fastbert runs "
+            f"({', '.join(_TASKS)})"
+        )
+    for unsupported in ("query_expansion", "processing_kwargs"):
+        if settings.get(unsupported):
+            raise ValueError(
+                f"{settings_path}: {unsupported} {settings[unsupported]!r} is not run by fastbert"
+            )
+    lengths = {}
+    for name in ("max_seq_length", "query_length", "document_length"):
+        value = settings.get(name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ValueError(f"{settings_path}: {name} must be a positive integer")
+        lengths[name] = value
+    return TransformerSpec(
+        module.folder,
+        task,
+        lengths["max_seq_length"],
+        bool(settings.get("do_lower_case", False)),
+        lengths["query_length"],
+        lengths["document_length"],
+    )
+
+
+def _kind(
+    model_type: object, transformer: TransformerSpec, modules: list[ModuleSpec], folder: Path
+) -> str:
+    """The folder's kind: its model_type when it declares one, else what its modules give."""
+    if model_type is not None:
+        if model_type not in _MODEL_TYPES:
+            raise ValueError(
+                f"{folder / 'config_sentence_transformers.json'}: model_type {model_type!r} is "
+                f"not one fastbert runs ({', '.join(_MODEL_TYPES)})"
+            )
+        kind = _MODEL_TYPES[model_type]
+    elif transformer.task == "sequence-classification":
+        kind = CLASSIFICATION
+    elif transformer.task == "fill-mask":
+        kind = SPARSE
+    else:
+        kind = EMBEDDING
+    needs = {SPARSE: "fill-mask", CLASSIFICATION: "sequence-classification"}.get(kind)
+    if needs is not None and transformer.task != needs:
+        raise ValueError(
+            f"{folder}: a {kind} model needs a {needs} Transformer; its Transformer gives "
+            f"{_TASKS[transformer.task]}"
+        )
+    if kind in (EMBEDDING, MULTI_VECTOR) and transformer.task != "feature-extraction":
+        raise ValueError(
+            f"{folder}: a {kind} model needs a feature-extraction Transformer; its Transformer "
+            f"gives {_TASKS[transformer.task]}"
+        )
+    return kind
+
+
+def _read_optional(path: Path) -> dict[str, Any]:
+    """A JSON object file's contents, {} when the file does not exist."""
+    if not path.exists():
+        return {}
+    value = read_json_file(path)
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{path} must hold a JSON object")
+    return dict(value)
+
+
+__all__ = [
+    "CLASSIFICATION",
+    "EMBEDDING",
+    "KINDS",
+    "MULTI_VECTOR",
+    "SPARSE",
+    "FolderSpec",
+    "ModuleSpec",
+    "TransformerSpec",
+    "read_folder",
+]
