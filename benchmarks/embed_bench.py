@@ -178,9 +178,9 @@ def contenders(
             source.write_text("".join(json.dumps({"text": t}) + "\n" for t in batch))
         output = Path(tempfile.mkdtemp(dir=workdir))
         writer = ShardWriter(
-            output, loaded.options.rows_per_shard, loaded.encoder.dimensions, np.float32
+            output, loaded.options.rows_per_shard, loaded.kind, loaded.dimensions, np.float32
         )
-        run.run_rows(readers.read_rows([source], "text", None), loaded, writer, 0)
+        run.run_rows(readers.read_rows([source], "text", None), loaded.job(False), writer, 0)
         return read_shards(output)
 
     def embed_list(pipeline: Pipeline) -> Callable[[list[str]], np.ndarray]:
@@ -200,10 +200,10 @@ def contenders(
         elif key == "fastbert-embed":
             runs[key] = embed_command
         elif key == "fastbert-list":
-            runs[key] = embed_list(Pipeline(loaded.encoder, loaded.tokenise, loaded.options))
+            runs[key] = embed_list(loaded.job(False))
         elif key in LOSSY:
             lossy = load_options(dataclasses.replace(options, **LOSSY[key]))
-            runs[key] = embed_list(Pipeline(lossy.encoder, lossy.tokenise, lossy.options))
+            runs[key] = embed_list(lossy.job(False))
         elif key == "fastbert-optimize":
             swapped = fastbert.optimize(SentenceTransformer(str(folder), device=device))
             runs[key] = lambda b, m=swapped: m.encode(b, convert_to_numpy=True)

@@ -21,9 +21,10 @@ The files are cached under ``$FASTBERT_CACHE`` (default ``~/.cache/fastbert``) i
 torch, transformers, onnx and onnxruntime, so a new version of any of them exports again;
 the fused and int8 graphs are made there when first needed.
 
-Every contender pools (mean or CLS) and normalises as the model folder says
-(fastbert.embed.model.folder_settings). The packages are imported here only, when a peer is
-built: install them with ``pip install 'fastbert[peers]'``.
+Every contender pools and normalises as the model folder says (its Pooling and Normalize
+modules, fastbert.model.sentence_folder); folders with other modules are not run here. The
+packages are imported here only, when a peer is built: install them with
+``pip install 'fastbert[peers]'``.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import torch
 from fastbert.embed import model as embed_model
 from fastbert.model.loading import transformer_folder
 from fastbert.model.pooling import POOLINGS
+from fastbert.model.sentence_folder import read_folder
 
 INSTALL = "pip install 'fastbert[peers]'"
 ONNX_OPSET = 17
@@ -169,17 +171,24 @@ def build(
         details["nodes"] = nodes
     else:
         forward, inputs, details = _openvino(files / EXPORTED, threads, PEERS[key].precision)
-    settings = embed_model.folder_settings(folder)
+    pooling, normalize = _pooling(folder)
     details.update(files=str(files), opset=ONNX_OPSET)
     return PeerEncoder(
-        forward,
-        inputs,
-        config["pad_token_id"],
-        settings.pooling or "mean",
-        bool(settings.normalize),
-        config["hidden_size"],
-        details,
+        forward, inputs, config["pad_token_id"], pooling, normalize, config["hidden_size"], details
     )
+
+
+def _pooling(folder: Path) -> tuple[str, bool]:
+    """(the folder's pooling mode, whether it normalises) for a folder of a Transformer, one
+    Pooling mode and an optional Normalize; ValueError for any other folder."""
+    spec = read_folder(folder)
+    names = [m.class_name for m in spec.modules]
+    if names not in (["Pooling"], ["Pooling", "Normalize"]):
+        raise ValueError(f"{folder}: the peers run a Pooling and a Normalize module, not {names}")
+    mode = embed_model.pooling_name(spec)
+    if mode not in POOLINGS:
+        raise ValueError(f"{folder}: the peers pool with one mode, not {mode}")
+    return mode, embed_model.ends_with_normalize(spec)
 
 
 def _onnxruntime(path: Path, threads: int) -> tuple[Callable, list[str], dict]:

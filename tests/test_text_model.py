@@ -5,6 +5,7 @@ all-MiniLM-L6-v2) and Hugging Face (a random BERT sequence classifier's logits).
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -54,14 +55,28 @@ def test_load_embeds_as_sentence_transformers(loaded, expected):
 
 def test_dimensions_keep_the_first_values_then_normalise(loaded):
     full = loaded.embed(TEXTS[:3], normalize=False)
-    cut = loaded.embed(TEXTS[:3], dimensions=32)
+    cut = loaded.embed(TEXTS[:3], dimensions=32, force_dimensions=True)
     want = full[:, :32] / np.linalg.norm(full[:, :32], axis=1, keepdims=True)
     np.testing.assert_allclose(cut, want, atol=1e-6)
-    raw = loaded.embed(TEXTS[:3], normalize=False, dimensions=32)
+    raw = loaded.embed(TEXTS[:3], normalize=False, dimensions=32, force_dimensions=True)
     np.testing.assert_array_equal(raw, full[:, :32])
     for bad in (0, 385, 2.5, True):
         with pytest.raises(ValueError, match="dimensions"):
-            loaded.embed(TEXTS[:1], dimensions=bad)
+            loaded.embed(TEXTS[:1], dimensions=bad, force_dimensions=True)
+
+
+def test_dimensions_need_a_matryoshka_model_or_force(loaded, folder, tmp_path):
+    # all-MiniLM-L6-v2's card does not name Matryoshka training: a cut is refused unless
+    # forced; the full width always passes.
+    assert not loaded.spec.matryoshka
+    with pytest.raises(ValueError, match="Matryoshka.*force_dimensions=True"):
+        loaded.embed(TEXTS[:1], dimensions=32)
+    assert loaded.embed(TEXTS[:1], dimensions=384).shape == (1, 384)
+    card = tmp_path / "matryoshka"
+    shutil.copytree(folder, card)
+    (card / "README.md").write_text("tags:\n- loss:MatryoshkaLoss\n")
+    model = fastbert.load(card, device="cpu")
+    assert model.spec.matryoshka and model.embed(TEXTS[:1], dimensions=32).shape == (1, 32)
 
 
 def test_bad_texts_are_named(loaded):

@@ -68,9 +68,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--pooling",
-        choices=("mean", "cls"),
         default=None,
-        help="default: the sentence-transformers folder's, else mean",
+        metavar="MODE",
+        help="replace the folder's pooling with a sentence-transformers pooling mode: mean, "
+        "cls, max, mean_sqrt_len_tokens, weightedmean or lasttoken (default: the folder's "
+        "Pooling module, else mean)",
+    )
+    prompts = parser.add_mutually_exclusive_group()
+    prompts.add_argument(
+        "--prompt-name",
+        default=None,
+        metavar="NAME",
+        help="put the folder's prompt NAME (config_sentence_transformers.json) before every "
+        "text (default: the folder's default prompt, if it names one)",
+    )
+    prompts.add_argument(
+        "--prompt",
+        default=None,
+        metavar="TEXT",
+        help="put TEXT before every text instead",
+    )
+    parser.add_argument(
+        "--dimensions",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="keep each embedding's first N values, renormalised (a model whose card does not "
+        "say it is Matryoshka-trained needs --force-dimensions)",
+    )
+    parser.add_argument(
+        "--force-dimensions",
+        action="store_true",
+        help="cut to --dimensions whatever the model card says",
+    )
+    parser.add_argument(
+        "--max-active-dims",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="sparse models: keep each vector's N largest values",
     )
     parser.add_argument(
         "--normalize",
@@ -151,6 +187,11 @@ def run(args: argparse.Namespace) -> int:
             "device",
             "backend",
             "quantize",
+            "prompt_name",
+            "prompt",
+            "dimensions",
+            "force_dimensions",
+            "max_active_dims",
             "skip_bad",
             "overwrite",
             "rows_per_shard",

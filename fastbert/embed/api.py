@@ -13,7 +13,15 @@ from fastbert.embed.options import EmbedOptions
 from fastbert.embed.text_model import TextModel, load, load_options
 
 # Options that change how a loaded model is used, not what is loaded.
-_CALL_OPTIONS = ("normalize", "progress")
+_CALL_OPTIONS = (
+    "normalize",
+    "progress",
+    "prompt_name",
+    "prompt",
+    "dimensions",
+    "force_dimensions",
+    "max_active_dims",
+)
 # How many models fastbert.embed keeps loaded between calls (by folder and options).
 _CACHE_SIZE = 2
 
@@ -29,14 +37,18 @@ def embed(
     """Embed texts with a BERT-family model folder (Hugging Face or sentence-transformers).
 
     ``model``: a model folder, or a model loaded with :func:`fastbert.load` (then only
-    ``normalize`` and ``progress`` may be given: the other options were fixed when it loaded).
+    ``normalize``, ``prompt_name``, ``prompt``, ``dimensions``, ``force_dimensions``,
+    ``max_active_dims`` and ``progress`` may be given: the other options were fixed when it
+    loaded).
     A folder is loaded on the first call and kept loaded (the last two folder-and-options pairs),
     so calling ``fastbert.embed`` in a loop pays for the forward passes only; a folder whose
     weights or configs change on disk is loaded again.
 
-    Without ``output``: ``texts_or_paths`` is a list of strings; returns their embeddings, a
-    numpy array [len(texts), dim] (float32, or float16 with ``dtype="float16",
-    store_dtype="float16"``), row i for text i.
+    Without ``output``: ``texts_or_paths`` is a list of strings; returns what the model's kind
+    gives for them, row i for text i: an embedding model's numpy array [len(texts), dim]
+    (float32, or float16 with ``dtype="float16", store_dtype="float16"``), a sparse model's
+    :class:`~fastbert.embed.sparse.SparseVectors`, a multi-vector model's list of
+    [tokens, dim] arrays (see :meth:`~fastbert.embed.text_model.TextModel.embed`).
 
     With ``output``: ``texts_or_paths`` is a file or folder (or a list of them) of .jsonl,
     .parquet, .csv or .txt; the embeddings are written as Parquet shards with a manifest.json
@@ -44,9 +56,11 @@ def embed(
     :class:`~fastbert.embed.run.Summary` is returned. ``ray``: run the job on Ray Data
     (True for a local Ray instance, or a cluster address).
 
-    ``options``: text_field, id_field, batch_tokens, max_length, pooling ("mean" | "cls"),
-    normalize, dtype, store_dtype, device, backend, quantize (None, "int8" or "fp8"), skip_bad,
-    overwrite, rows_per_shard, window_rows, progress (see
+    ``options``: text_field, id_field, batch_tokens, max_length, pooling (a
+    sentence-transformers pooling mode), normalize, dtype, store_dtype, device, backend,
+    quantize (None, "int8" or "fp8"), prompt_name / prompt (the prompt before every input;
+    default: the folder's default prompt), dimensions / force_dimensions (Matryoshka cuts),
+    max_active_dims (sparse), skip_bad, overwrite, rows_per_shard, window_rows, progress (see
     :class:`~fastbert.embed.options.EmbedOptions`).
 
     Raises ValueError (or its subclasses InputError / OutputError) naming the bad argument,
@@ -86,11 +100,12 @@ def _embed_loaded(
     if fixed:
         raise TypeError(
             f"{', '.join(fixed)}: set when the model loads (fastbert.load); with a loaded model "
-            f"only {' and '.join(_CALL_OPTIONS)} may be given"
+            f"only {', '.join(_CALL_OPTIONS)} may be given"
         )
     texts = _texts(texts)
     progress = options.get("progress", True) and len(texts) > 1000
-    return model.embed(texts, normalize=options.get("normalize"), progress=progress)
+    calls = {k: v for k, v in options.items() if k != "progress"}
+    return model.embed(texts, progress=progress, **calls)
 
 
 _cache: OrderedDict[tuple, TextModel] = OrderedDict()

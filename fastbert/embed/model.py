@@ -1,69 +1,42 @@
-"""The model side of embedding: the settings a sentence-transformers folder carries (pooling,
-normalisation, maximum length), loading the encoder and its tokenizer, and one batch of token
-ids -> pooled embeddings."""
+"""The model side of embedding: a model folder's modules built as sentence-transformers would
+run them, its tokenizer, and one batch of token ids -> what the folder's kind gives.
+
+Every module a folder declares runs, or the load fails naming it: fastbert's own
+implementations (:mod:`fastbert.model.sentence_modules`) where it has one, otherwise
+sentence-transformers' (:mod:`fastbert.integrations.sentence_modules`).
+"""
 
 from __future__ import annotations
 
+import copy
 import inspect
-import json
-from dataclasses import dataclass
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from fastbert.model.pooling import POOLINGS
+from fastbert.embed.sparse import SparseVectors
+from fastbert.model.masked_lm_head import MaskedLMHead
+from fastbert.model.sentence_folder import (
+    EMBEDDING,
+    MULTI_VECTOR,
+    SPARSE,
+    FolderSpec,
+    ModuleSpec,
+)
+from fastbert.model.sentence_modules import (
+    Normalize,
+    Pooling,
+    SpladePooling,
+    native_module,
+    takes_task,
+)
 
-# sentence-transformers' 1_Pooling/config.json keys for the modes fastbert pools with.
-_POOLING_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
-
-
-@dataclass(frozen=True)
-class FolderSettings:
-    """What a model folder says about embedding with it (None where it says nothing)."""
-
-    pooling: str | None = None
-    normalize: bool | None = None
-    max_length: int | None = None
-
-
-def folder_settings(folder: Path) -> FolderSettings:
-    """The pooling, normalisation and max_seq_length of a sentence-transformers folder (from
-    modules.json, its Pooling module's config.json and sentence_bert_config.json); all None for
-    a plain Hugging Face folder. ValueError for a pooling mode fastbert does not run."""
-    modules_file = folder / "modules.json"
-    if not modules_file.exists():
-        return FolderSettings()
-    modules = _read_json(modules_file)
-    kinds = {m.get("type", "").rsplit(".", 1)[-1]: m for m in modules if isinstance(m, dict)}
-    pooling = None
-    if "Pooling" in kinds:
-        config = _read_json(folder / kinds["Pooling"].get("path", "") / "config.json")
-        modes = [mode for key, mode in _POOLING_KEYS.items() if config.get(key)]
-        others = [
-            k
-            for k, v in config.items()
-            if k.startswith("pooling_mode") and v and k not in _POOLING_KEYS
-        ]
-        if others or len(modes) != 1:
-            raise ValueError(
-                f"{folder}: pooling {others + modes} is not one fastbert runs "
-                "(mean or cls); choose one with pooling="
-            )
-        pooling = modes[0]
-    max_length = None
-    st_config = folder / "sentence_bert_config.json"
-    if st_config.exists():
-        max_length = _read_json(st_config).get("max_seq_length")
-    return FolderSettings(pooling, "Normalize" in kinds, max_length)
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: cannot be read as JSON ({exc})") from exc
+Features = dict[str, Any]
+# What each kind's pipeline must leave in the features.
+OUTPUT_KEYS = {EMBEDDING: "sentence_embedding", SPARSE: "sentence_embedding"}
 
 
 def read_config(folder: Path) -> Any:
@@ -93,40 +66,235 @@ def load_tokenizer(folder: Path) -> Any:
         )
 
 
-class Encoder:
-    """Batches of token ids -> pooled embeddings (numpy [n, hidden], ``store_dtype``).
+def build_modules(
+    spec: FolderSpec, tokenizer: Any, device: torch.device, pooling: str | None = None
+) -> tuple[list[Any], bool]:
+    """(the modules after the transformer, built; whether a final Normalize of the sentence
+    embedding was taken off, to be applied when the embeddings are finished). ``pooling``: a
+    pooling mode that replaces the folder's (a folder without a Pooling module gets one).
+    ValueError naming a module that cannot run."""
+    from fastbert.integrations.sentence_modules import load_foreign_module
 
-    ``model``: a fastbert.BertModel; ``pad_id``: the tokenizer's padding id.
+    specs = list(spec.modules)
+    if pooling is not None:
+        replacement = ModuleSpec("pooling", "Pooling", spec.folder, {"pooling_mode": pooling})
+        places = [i for i, m in enumerate(specs) if m.class_name == "Pooling"]
+        if places:
+            specs[places[0]] = replacement
+        elif spec.kind == EMBEDDING:
+            specs.insert(0, replacement)
+    modules = []
+    for module_spec in specs:
+        module = native_module(module_spec, tokenizer)
+        if module is None:
+            module = load_foreign_module(module_spec, spec.folder, device)
+        modules.append(module)
+    normalize = False
+    last = modules[-1] if modules else None
+    if isinstance(last, Normalize) and last.input_name == last.output_name == "sentence_embedding":
+        modules.pop()
+        normalize = True
+    return modules, normalize
+
+
+def ends_with_normalize(spec: FolderSpec) -> bool:
+    """Whether the folder's last module L2-normalises the sentence embedding (fastbert then
+    normalises when it finishes the embeddings, after any cut to fewer dimensions)."""
+    if not spec.modules or spec.modules[-1].class_name != "Normalize":
+        return False
+    config = spec.modules[-1].config
+    names = (config.get("module_input_name"), config.get("module_output_name"))
+    return all(name in (None, "sentence_embedding") for name in names)
+
+
+def pooling_name(spec: FolderSpec, pooling: str | None = None) -> str | None:
+    """The pooling the model runs, for people and manifests: ``pooling`` when it replaces
+    the folder's, else the folder's Pooling modes ("mean", "cls+mean"), else None (a model
+    without a Pooling module)."""
+    if pooling is not None:
+        return pooling
+    module = next((m for m in spec.modules if m.class_name == "Pooling"), None)
+    return None if module is None else "+".join(Pooling.from_spec(module).modes)
+
+
+def declared_dimensions(spec: FolderSpec, config: Any, pooling: str | None = None) -> int | None:
+    """The output's width as the folder's configs tell it (each token's vector for a
+    multi-vector model), or None where a module fastbert does not run itself decides it.
+    ``config``: the transformer's fastbert BertConfig; ``pooling``: a pooling mode replacing
+    the folder's."""
+    width = config.vocab_size if spec.kind == SPARSE else config.hidden_size
+    for module in spec.modules:
+        name, settings = module.class_name, module.config
+        if name == "Pooling":
+            modes = 1 if pooling is not None else len(Pooling.from_spec(module).modes)
+            width *= modes
+        elif name == "Dense":
+            width = int(settings["out_features"])
+        elif name not in ("Normalize", "SpladePooling", "MultiVectorMask"):
+            return None
+    return width
+
+
+class Encoder:
+    """Batches of token ids -> the folder's output, each module run in order.
+
+    ``model``: a fastbert.BertModel; ``pad_id``: the tokenizer's padding id; ``modules``: what
+    runs after the transformer (:func:`build_modules`); ``kind``: the folder's; ``head``: the
+    masked-LM head of a sparse model (its logits are the transformer's output); ``normalize``:
+    L2-normalise the sentence embeddings; ``store_dtype``: what :meth:`__call__` returns;
+    ``prompt_length`` and ``task``: the prompt's tokens at the start of each input and the
+    task ("query", "document" or None) of the calls (see :meth:`with_prompt`).
     """
 
     def __init__(
-        self, model: Any, pad_id: int, pooling: str, normalize: bool, store_dtype: np.dtype
+        self,
+        model: Any,
+        pad_id: int,
+        modules: list[Any],
+        kind: str,
+        normalize: bool,
+        store_dtype: np.dtype,
+        head: MaskedLMHead | None = None,
     ):
         self.model = model
         self.pad_id = pad_id
-        self.pool = POOLINGS[pooling]
+        self.modules = modules
+        self.kind = kind
         self.normalize = normalize
-        self.store_dtype = store_dtype
+        self.store_dtype = np.dtype(store_dtype)
+        self.head = head
+        self.prompt_length = 0
+        self.task: str | None = None
+        # What __call__ keeps: a dense embedding's first values, a sparse vector's largest.
+        self.truncate_dim: int | None = None
+        self.max_active_dims: int | None = None
+        # SPLADE's max right after the head: pooled in the head, the logits never held.
+        first = modules[0] if modules else None
+        self.fused_splade = (
+            first if isinstance(first, SpladePooling) and first.strategy == "max" else None
+        )
+        self.dimensions = 0
 
-    @property
-    def dimensions(self) -> int:
-        return self.model.config.hidden_size
+    def with_prompt(self, prompt_length: int, task: str | None = None) -> Encoder:
+        """This encoder for inputs that start with a prompt of ``prompt_length`` tokens, for
+        ``task``: a shallow copy (the model is shared)."""
+        encoder = copy.copy(self)
+        encoder.prompt_length, encoder.task = prompt_length, task
+        return encoder
 
-    def __call__(self, tokens: list[list[int]]) -> np.ndarray:
-        """token ids of n rows (any lengths) -> embeddings [n, hidden], normalised when the
-        folder (or the options) say so, in ``store_dtype``."""
+    def probe(self, tokens: list[list[int]]) -> None:
+        """Run ``tokens`` through every module once, to learn the output's width and to fail
+        at load (naming the module) where a module cannot run on fastbert's features."""
         with torch.inference_mode():
+            features, modules = self._encoded(tokens)
+            for module in modules:
+                try:
+                    features = self._run(module, features)
+                except Exception as error:
+                    raise ValueError(
+                        f"module {_describe(module)} cannot run on fastbert's features: "
+                        f"{type(error).__name__}: {error}"
+                    ) from error
+        key = OUTPUT_KEYS.get(self.kind, "token_embeddings")
+        value = features.get(key)
+        if not isinstance(value, torch.Tensor):
+            names = ", ".join(_describe(m) for m in self.modules) or "none"
+            raise ValueError(
+                f"the folder's modules ({names}) give no {key}: {self.kind} models need one"
+            )
+        self.dimensions = int(value.shape[-1])
+
+    def features(self, tokens: list[list[int]]) -> Features:
+        """token ids of n rows -> the features dict after every module (see
+        :mod:`fastbert.model.sentence_modules` for its keys). Call under
+        torch.inference_mode()."""
+        features, modules = self._encoded(tokens)
+        for module in modules:
+            features = self._run(module, features)
+        return features
+
+    def _run(self, module: Any, features: Features) -> Features:
+        return module(features, self.task) if takes_task(module) else module(features)
+
+    def _encoded(self, tokens: list[list[int]]) -> tuple[Features, list[Any]]:
+        """(the features the transformer gives, the modules still to run): a sparse model's
+        fused SPLADE pooling runs here, in its masked-LM head."""
+        input_ids, mask, _ = pad(tokens, None, self.pad_id, self.model.device)
+        hidden = self.model(input_ids, attention_mask=mask).last_hidden_state
+        features = {
+            "input_ids": input_ids,
+            "attention_mask": mask,
+            "token_embeddings": hidden,
+            "prompt_length": self.prompt_length,
+        }
+        if self.head is None:
+            return features, self.modules
+        ops = self.model.ops()
+        if self.fused_splade is None:
+            features["token_embeddings"] = self.head.logits(ops, hidden)
+            return features, self.modules
+        lengths = np.cumsum([0] + [len(t) for t in tokens], dtype=np.int32)
+        cu_seqlens = torch.from_numpy(lengths).to(hidden.device)
+        features["sentence_embedding"] = self.head.splade(
+            ops, hidden[mask.bool()], cu_seqlens, self.fused_splade.log_steps
+        )
+        return features, self.modules[1:]
+
+    def pooled(self, tokens: list[list[int]]) -> torch.Tensor:
+        """token ids of n rows -> the sentence embeddings [n, dimensions], float32, before the
+        final normalisation. Call under torch.inference_mode()."""
+        return self.features(tokens)["sentence_embedding"].float()
+
+    def __call__(self, tokens: list[list[int]]) -> Any:
+        """token ids of n rows (any lengths) -> by kind: sentence embeddings [n, dimensions]
+        (``store_dtype``; the first ``truncate_dim`` values, then normalised when the folder or
+        the options say so); a sparse model's :class:`~fastbert.embed.sparse.SparseVectors`
+        (each row's ``max_active_dims`` largest values); a multi-vector model's list of
+        float32 [tokens_i, dimensions] arrays, the tokens it scores."""
+        with torch.inference_mode():
+            if self.kind == MULTI_VECTOR:
+                features = self.features(tokens)
+                vectors = features["token_embeddings"].float().cpu()
+                keep = features["attention_mask"].bool().cpu()
+                return [row[kept].numpy() for row, kept in zip(vectors, keep)]
             pooled = self.pooled(tokens)
+            if self.kind == SPARSE:
+                return SparseVectors.from_dense(pooled, self.max_active_dims)
+            if self.truncate_dim is not None:
+                pooled = pooled[:, : self.truncate_dim]
             if self.normalize:
                 pooled = torch.nn.functional.normalize(pooled, dim=-1)
         return pooled.cpu().numpy().astype(self.store_dtype, copy=False)
 
-    def pooled(self, tokens: list[list[int]]) -> torch.Tensor:
-        """token ids of n rows -> pooled, unnormalised embeddings [n, hidden] (the model's
-        dtype and device). Call under torch.inference_mode()."""
-        input_ids, mask, _ = pad(tokens, None, self.pad_id, self.model.device)
-        hidden = self.model(input_ids, attention_mask=mask).last_hidden_state
-        return self.pool(hidden, mask)
+
+def load_masked_lm_head(spec: FolderSpec, encoder_model: Any) -> MaskedLMHead:
+    """The masked-LM head of a sparse folder's checkpoint, beside its loaded encoder."""
+    from fastbert.model.config import read_json_file
+    from fastbert.model.families import BERT, family_of_model_type
+    from fastbert.model.loading import read_checkpoint_state
+    from fastbert.model.masked_lm_head import read_masked_lm_head
+
+    folder = spec.transformer.folder
+    raw = read_json_file(folder / "config.json")
+    family = family_of_model_type(str(raw.get("model_type"))) or BERT
+    return read_masked_lm_head(
+        read_checkpoint_state(folder), family, raw, encoder_model.embeddings.word, folder
+    )
+
+
+def load_encoder_model(source: str, **settings: Any) -> Any:
+    """fastbert.BertModel.from_pretrained(source, **settings), without the warning a
+    masked-LM checkpoint (which has no pooler) would give: embeddings never read it."""
+    from fastbert.model.encoder import BertModel
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="the checkpoint has no pooler")
+        return BertModel.from_pretrained(source, **settings)
+
+
+def _describe(module: Any) -> str:
+    spec = getattr(module, "spec", None)
+    return spec.describe() if spec is not None else type(module).__name__
 
 
 class Classifier:
@@ -173,3 +341,16 @@ def pad(
             types[i, : len(row)] = torch.tensor(type_ids[i], dtype=torch.int64)
     moved = [t.to(device, non_blocking=True) if t is not None else None for t in (ids, mask, types)]
     return moved[0], moved[1], moved[2]
+
+
+__all__ = [
+    "Classifier",
+    "Encoder",
+    "build_modules",
+    "load_encoder_model",
+    "load_masked_lm_head",
+    "load_tokenizer",
+    "model_max_length",
+    "pad",
+    "read_config",
+]

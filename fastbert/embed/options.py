@@ -8,7 +8,9 @@ from pathlib import Path
 
 import torch
 
-POOLINGS = ("mean", "cls")
+# sentence-transformers' pooling modes (fastbert.model.pooling; `fastbert embed --help` names
+# them too).
+POOLINGS = ("mean", "cls", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 STORE_DTYPES = ("float32", "float16")
 BACKENDS = ("auto", "torch", "triton")
@@ -39,6 +41,11 @@ class EmbedOptions:
     device: str | None = None
     backend: str = "auto"
     quantize: str | None = None
+    prompt_name: str | None = None
+    prompt: str | None = None
+    dimensions: int | None = None
+    force_dimensions: bool = False
+    max_active_dims: int | None = None
     skip_bad: bool = False
     overwrite: bool = False
     rows_per_shard: int = 50_000
@@ -48,7 +55,14 @@ class EmbedOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.model, str | Path) or not Path(self.model).is_dir():
             raise ValueError(f"model: {self.model!r} is not a model folder")
-        for name in ("batch_tokens", "max_length", "rows_per_shard", "window_rows"):
+        for name in (
+            "batch_tokens",
+            "max_length",
+            "rows_per_shard",
+            "window_rows",
+            "dimensions",
+            "max_active_dims",
+        ):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -62,6 +76,12 @@ class EmbedOptions:
                 "store_dtype float16 needs dtype float16 (embeddings are stored "
                 "in the precision they were computed in, or float32)"
             )
+        for name in ("prompt_name", "prompt"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name} must be a string, got {value!r}")
+        if self.prompt_name is not None and self.prompt is not None:
+            raise ValueError("give prompt or prompt_name, not both")
         if not self.text_field:
             raise ValueError("text_field must be a field name")
         if self.device is not None:

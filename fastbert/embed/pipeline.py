@@ -17,20 +17,27 @@ from fastbert.embed.options import EmbedOptions
 from fastbert.embed.run import Summary, run_rows
 from fastbert.embed.shards import ShardWriter
 from fastbert.embed.text_model import load_options, resolve
+from fastbert.model.sentence_folder import CLASSIFICATION, FolderSpec
 from fastbert.version import __version__
 
 
-def job_record(inputs: Sequence[Path], options: EmbedOptions, dimensions: int) -> dict:
+def job_record(
+    inputs: Sequence[Path], options: EmbedOptions, spec: FolderSpec, dimensions: int | None
+) -> dict:
     """The manifest's description of a job: what decides its embeddings and shard layout
-    (``quantize`` only when set, so that the records of earlier exact runs still match)."""
+    (``quantize``, ``prompt`` and ``max_active_dims`` only when set, so that the records of
+    earlier runs without them still match). ``spec``: the model folder as read (its kind:
+    "embedding", "sparse", "multi-vector"); ``dimensions``: the output's width (None when only
+    the loaded model tells it)."""
     record = {
         "format": manifest.FORMAT,
         "fastbert_version": __version__,
         "model": str(Path(options.model).resolve()),
+        "kind": spec.kind,
         "inputs": [str(p.resolve()) for p in inputs],
         "text_field": options.text_field,
         "id_field": options.id_field,
-        "pooling": options.pooling,
+        "pooling": model.pooling_name(spec, options.pooling),
         "normalize": options.normalize,
         "max_length": options.max_length,
         "dimensions": dimensions,
@@ -41,6 +48,9 @@ def job_record(inputs: Sequence[Path], options: EmbedOptions, dimensions: int) -
     }
     if options.quantize is not None:
         record["quantize"] = options.quantize
+    for name in ("prompt", "max_active_dims"):
+        if getattr(options, name):
+            record[name] = getattr(options, name)
     return record
 
 
@@ -73,12 +83,17 @@ def start_job(
     """Resolve ``options`` (see :func:`resolve`) and start the job's output in ``output``, or
     continue an unfinished run of the same job there. Called before the model loads, so that
     an output it must not write (manifest.OutputError) costs nothing."""
-    options, dimensions = resolve(options, tokenizer, device)
+    options, spec, dimensions = resolve(options, tokenizer, device)
+    if spec.kind == CLASSIFICATION:
+        raise ValueError(
+            f"{options.model} is a classification model (a cross-encoder): it scores text "
+            "pairs, it does not embed (serve it with fastbert serve for /rerank)"
+        )
     output = Path(output)
-    record = job_record(files, options, dimensions)
+    record = job_record(files, options, spec, dimensions)
     start = manifest.start_output(output, record, options.overwrite)
     store_dtype = np.dtype(options.store_dtype)
-    writer = ShardWriter(output, options.rows_per_shard, dimensions, store_dtype, start)
+    writer = ShardWriter(output, options.rows_per_shard, spec.kind, dimensions, store_dtype, start)
     return Job(options, output, record, writer, start * options.rows_per_shard)
 
 
@@ -95,4 +110,5 @@ def embed_files(inputs: Sequence[str | Path], output: str | Path, options: Embed
         for r in readers.read_rows(files, job.options.text_field, job.options.id_field)
         if r.index >= job.first_row
     )
-    return job.finish(run_rows(rows, loaded, job.writer, job.first_row))
+    job.writer.dimensions = loaded.dimensions
+    return job.finish(run_rows(rows, loaded.job(job.options.progress), job.writer, job.first_row))

@@ -29,6 +29,7 @@ from fastbert.embed import model, pipeline, readers, run
 from fastbert.embed.options import EmbedOptions
 from fastbert.embed.shards import EmbeddedRows, ShardWriter
 from fastbert.embed.text_model import load_options
+from fastbert.model.sentence_folder import EMBEDDING
 
 READ_ROWS = 1024  # rows per block out of a read task
 TOKENISE_ROWS = 256  # rows per tokenise task call
@@ -126,7 +127,11 @@ def _dataset(
         .map_batches(read, batch_size=1, batch_format="pandas", num_cpus=task_cpus)
         .map_batches(
             _tokenise,
-            fn_kwargs={"folder": options.model, "max_length": options.max_length},
+            fn_kwargs={
+                "folder": options.model,
+                "max_length": options.max_length,
+                "prompt": options.prompt or "",
+            },
             batch_size=TOKENISE_ROWS,
             batch_format="pandas",
             num_cpus=task_cpus,
@@ -174,13 +179,17 @@ def _tokenizer(folder: str) -> Any:
     return model.load_tokenizer(Path(folder))
 
 
-def _tokenise(batch: Any, folder: str, max_length: int) -> Any:
-    """Add ``input_ids`` (a list per row; empty for bad rows) and ``cut`` (truncated)."""
+def _tokenise(batch: Any, folder: str, max_length: int, prompt: str) -> Any:
+    """Add ``input_ids`` (a list per row, after ``prompt``; empty for bad rows) and ``cut``
+    (truncated)."""
     from fastbert.embed.tokenize import Tokenise
+    from fastbert.model.sentence_folder import read_folder
 
     good = batch["problem"].isna().to_numpy()
     texts = batch["text"][good].tolist()
-    tokens, cut = Tokenise(_tokenizer(folder), max_length)(texts) if texts else ([], [])
+    lowercase = read_folder(folder).transformer.do_lower_case
+    tokenise = Tokenise(_tokenizer(folder), max_length, lowercase)
+    tokens, cut = tokenise(texts, prompt) if texts else ([], [])
     all_tokens: list[list[int]] = [[] for _ in range(len(batch))]
     all_cut = [False] * len(batch)
     for position, ids, was_cut in zip(np.flatnonzero(good), tokens, cut):
@@ -197,7 +206,7 @@ class EmbedActor:
             torch.set_num_threads(threads)
         else:  # the GPU Ray gave this actor
             options = replace(options, device="cuda")
-        self.loaded = load_options(options, _tokenizer(options.model))
+        self.loaded = load_options(options, _tokenizer(options.model)).job(progress=False)
 
     def __call__(self, batch: Any) -> Any:
         good = np.flatnonzero(batch["problem"].isna().to_numpy())
@@ -228,11 +237,12 @@ def _drain(
             writer.skip(bad["index"].tolist())
             good = batch[batch["problem"].isna()]
             if len(good):
+                outputs = good["embedding"].tolist()
                 writer.add(
                     EmbeddedRows(
                         rows=good["index"].tolist(),
                         ids=good["id"].tolist(),
-                        vectors=np.stack(good["embedding"].tolist()),
+                        vectors=np.stack(outputs) if writer.kind == EMBEDDING else outputs,
                         tokens=good["tokens"].tolist(),
                         truncated=good["cut"].tolist(),
                     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,7 +18,7 @@ from fastbert.embed import model, readers
 from fastbert.embed.batching import Window, token_batches, windows
 from fastbert.embed.options import EmbedOptions
 from fastbert.embed.shards import EmbeddedRows
-from fastbert.embed.tokenize import Tokenise, tokenise_ahead
+from fastbert.embed.tokenize import tokenise_ahead
 
 
 @dataclass
@@ -44,11 +44,12 @@ class Summary:
 
 
 class Loaded(Protocol):
-    """What the loop runs: a model's encoder and tokeniser, and the resolved options
-    (a :class:`~fastbert.embed.text_model.TextModel` is one)."""
+    """What the loop runs: a model's encoder, a tokeniser (texts -> (token ids, whether each
+    was truncated)) and the resolved options (a :class:`~fastbert.embed.text_model.TextModel`
+    is one)."""
 
     encoder: model.Encoder
-    tokenise: Tokenise
+    tokenise: Callable[[list[str]], tuple[list[list[int]], list[bool]]]
     options: EmbedOptions
 
 
@@ -62,14 +63,8 @@ class Sink(Protocol):
     def finish(self, end: int) -> None: ...
 
 
-class ArraySink:
-    """A sink that fills an array [n, dim] by row index."""
-
-    def __init__(self, rows: int, dimensions: int, dtype: np.dtype):
-        self.array = np.zeros((rows, dimensions), dtype)
-
-    def add(self, embedded: EmbeddedRows) -> None:
-        self.array[embedded.rows] = embedded.vectors
+class _InMemory:
+    """What in-memory sinks share: every text has a row, none is skipped, nothing to flush."""
 
     def skip(self, rows: list[int]) -> None:
         raise AssertionError("in-memory texts are never skipped")
@@ -79,6 +74,28 @@ class ArraySink:
 
     def finish(self, end: int) -> None:
         pass
+
+
+class ArraySink(_InMemory):
+    """A sink that fills an array [n, dim] by row index."""
+
+    def __init__(self, rows: int, dimensions: int, dtype: np.dtype):
+        self.array = np.zeros((rows, dimensions), dtype)
+
+    def add(self, embedded: EmbeddedRows) -> None:
+        self.array[embedded.rows] = embedded.vectors
+
+
+class ListSink(_InMemory):
+    """A sink that keeps each row's output (a sparse row's (indices, values), a multi-vector
+    row's array) in ``items``, by row index."""
+
+    def __init__(self, rows: int):
+        self.items: list[Any] = [None] * rows
+
+    def add(self, embedded: EmbeddedRows) -> None:
+        for row, item in zip(embedded.rows, embedded.vectors):
+            self.items[row] = item
 
 
 def run_rows(rows: Iterable[readers.Row], loaded: Loaded, sink: Sink, first_row: int) -> Summary:
@@ -120,8 +137,9 @@ def bad_row_error(where: str, problem: str) -> readers.InputError:
 def embed_sorted(
     encoder: model.Encoder, tokens: list[list[int]], batch_tokens: int
 ) -> Iterator[tuple[list[int], np.ndarray]]:
-    """Token ids of n rows -> (positions into ``tokens``, their embeddings [len, dim]) per
-    forward pass, rows sorted by length into batches of at most ``batch_tokens`` tokens."""
+    """Token ids of n rows -> (positions into ``tokens``, what the encoder gives for them:
+    embeddings [len, dim], sparse or per-token vectors) per forward pass, rows sorted by length
+    into batches of at most ``batch_tokens`` tokens."""
     lengths = [len(t) for t in tokens]
     for batch in token_batches(lengths, batch_tokens):
         yield batch, encoder([tokens[i] for i in batch])

@@ -1,8 +1,16 @@
 """Parquet shards of embeddings. Shard k holds the good rows among input rows
-[k * rows_per_shard, (k + 1) * rows_per_shard), in input order, with columns ``id`` and
-``embedding`` (a fixed-size list of float32 or float16). It is written to a temporary file and
-renamed, so a shard file on disk is always complete; its Parquet metadata records its row range
-and counts (tokens, truncated, skipped) so that a resumed run can total the whole job."""
+[k * rows_per_shard, (k + 1) * rows_per_shard), in input order, with an ``id`` column and, by
+the model's kind:
+
+- embedding: ``embedding``, a fixed-size list of float32 (or float16);
+- sparse: ``indices`` (list of int32, ascending) and ``values`` (list of float32), the
+  non-zero entries over the vocabulary;
+- multi-vector: ``vectors``, a list of fixed-size lists of float32 (one per token the model
+  scores), and ``num_vectors`` (int32).
+
+It is written to a temporary file and renamed, so a shard file on disk is always complete; its
+Parquet metadata records its row range and counts (tokens, truncated, skipped) so that a
+resumed run can total the whole job."""
 
 from __future__ import annotations
 
@@ -32,12 +40,13 @@ class ShardStats:
 
 @dataclass
 class EmbeddedRows:
-    """Rows embedded in one go, in parallel lists: their input row indices, ids, embeddings
-    [n, dim], token counts and whether each was truncated."""
+    """Rows embedded in one go, in parallel lists: their input row indices, ids, outputs (a
+    dense model's [n, dim] array, a sparse model's rows of (indices, values), a multi-vector
+    model's [tokens, dim] arrays), token counts and whether each was truncated."""
 
     rows: list[int]
     ids: list[Any]
-    vectors: np.ndarray
+    vectors: Any
     tokens: list[int]
     truncated: list[bool]
 
@@ -57,20 +66,23 @@ def read_stats(path: Path) -> ShardStats:
 class ShardWriter:
     """Collects embedded rows and writes each shard once all its input rows are accounted for.
 
-    ``start``: the first shard to write (a resumed run's); ``dimensions``: embedding width;
-    ``store_dtype``: numpy float32 or float16.
+    ``start``: the first shard to write (a resumed run's); ``kind``: the model's ("embedding",
+    "sparse" or "multi-vector"); ``dimensions``: the output's width (may be set once the model
+    has loaded, before the first row); ``store_dtype``: numpy float32 or float16.
     """
 
     def __init__(
         self,
         output: Path,
         rows_per_shard: int,
-        dimensions: int,
+        kind: str,
+        dimensions: int | None,
         store_dtype: np.dtype,
         start: int = 0,
     ):
         self.output = output
         self.rows_per_shard = rows_per_shard
+        self.kind = kind
         self.dimensions = dimensions
         self.store_dtype = np.dtype(store_dtype)
         self.next_shard = start
@@ -85,6 +97,8 @@ class ShardWriter:
     def add(self, embedded: EmbeddedRows) -> None:
         """Rows embedded, to be written with their shards."""
         rows = embedded.rows
+        if self.dimensions is None and self.kind != "sparse" and len(embedded.vectors):
+            self.dimensions = int(np.asarray(embedded.vectors[0]).shape[-1])
         self._rows += rows
         self._ids += embedded.ids
         self._vectors += list(embedded.vectors)
@@ -121,12 +135,10 @@ class ShardWriter:
             skipped=sum(r < last for r in self._skipped),
         )
         ids = [self._ids[i] for i in taken]
-        vectors = (
-            np.stack([self._vectors[i] for i in taken])
-            if taken
-            else np.zeros((0, self.dimensions), self.store_dtype)
+        columns = output_columns(
+            self.kind, [self._vectors[i] for i in taken], self.dimensions, self.store_dtype
         )
-        write_shard(shard_path(self.output, self.next_shard), ids, vectors, stats)
+        write_shard(shard_path(self.output, self.next_shard), ids, columns, stats)
         keep = [i for i, r in enumerate(self._rows) if r >= last]
         self._rows = [self._rows[i] for i in keep]
         self._ids = [self._ids[i] for i in keep]
@@ -137,17 +149,40 @@ class ShardWriter:
         self.next_shard += 1
 
 
-def write_shard(path: Path, ids: list[Any], vectors: np.ndarray, stats: ShardStats) -> None:
+def output_columns(kind: str, outputs: list[Any], dimensions: int, dtype: np.dtype) -> dict:
+    """The Parquet columns (pyarrow arrays) of ``outputs``, one per row, for a model of
+    ``kind`` (see the module docstring) with outputs ``dimensions`` wide."""
+    import pyarrow as pa
+
+    if kind == "sparse":
+        indices = [np.asarray(i, np.int32) for i, _ in outputs]
+        values = [np.asarray(v, np.float32) for _, v in outputs]
+        return {
+            "indices": pa.array(indices, type=pa.list_(pa.int32())),
+            "values": pa.array(values, type=pa.list_(pa.float32())),
+        }
+    if kind == "multi-vector":
+        counts = [len(o) for o in outputs]
+        flat = np.concatenate([np.asarray(o, np.float32).reshape(-1) for o in outputs] or [[]])
+        tokens = pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), dimensions)
+        offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+        return {
+            "vectors": pa.ListArray.from_arrays(offsets, tokens),
+            "num_vectors": pa.array(counts, type=pa.int32()),
+        }
+    vectors = np.stack(outputs) if outputs else np.zeros((0, dimensions), dtype)
+    value_type = pa.float16() if vectors.dtype == np.float16 else pa.float32()
+    flat = pa.array(vectors.reshape(-1), type=value_type)
+    return {"embedding": pa.FixedSizeListArray.from_arrays(flat, dimensions)}
+
+
+def write_shard(path: Path, ids: list[Any], columns: dict, stats: ShardStats) -> None:
     """Write one shard atomically: a temporary file in the same folder, then a rename."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    dimensions = vectors.shape[1]
-    value_type = pa.float16() if vectors.dtype == np.float16 else pa.float32()
-    flat = pa.array(vectors.reshape(-1), type=value_type)
-    embedding = pa.FixedSizeListArray.from_arrays(flat, dimensions)
     id_column = pa.array(ids, type=pa.int64()) if not ids else pa.array(ids)
-    table = pa.table({"id": id_column, "embedding": embedding})
+    table = pa.table({"id": id_column, **columns})
     table = table.replace_schema_metadata({METADATA_KEY: json.dumps(asdict(stats))})
     temporary = path.with_name(f".{path.name}.tmp")
     pq.write_table(table, temporary)

@@ -1,18 +1,21 @@
 """A model folder loaded once for texts: ``fastbert.load(path)`` -> :class:`TextModel`, the
 object that ``fastbert.embed``, ``fastbert embed`` and ``fastbert serve`` run.
 
-Two kinds of folder load: an embedding model (a sentence-transformers folder, or a Hugging Face
-BERT-family encoder folder) embeds texts, with the pooling, normalisation and maximum length the
-folder says; a ``*ForSequenceClassification`` folder (a cross-encoder) scores texts and text
-pairs. A TextModel is safe to share between threads: the model's forward is, and each thread
-tokenises with its own copy of the tokenizer.
+A folder loads as sentence-transformers would load it (:mod:`fastbert.model.sentence_folder`):
+every module it declares runs, or the load fails naming the module. Its kind decides what it
+gives: an embedding model (a sentence-transformers folder, or a Hugging Face BERT-family
+encoder folder, read with mean pooling) gives dense vectors; a sparse model (SPLADE) sparse
+vectors over its vocabulary; a multi-vector model (ColBERT) a vector per token; a
+cross-encoder (a ``*ForSequenceClassification`` folder) scores texts and text pairs. The
+folder's prompts apply as sentence-transformers applies them. A TextModel is safe to share
+between threads: the model's forward is, and each thread tokenises with its own copy of the
+tokenizer.
 """
 
 from __future__ import annotations
 
-import copy
-import json
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,11 +25,16 @@ import torch
 
 from fastbert.embed import model, readers, run
 from fastbert.embed.options import DTYPES, EmbedOptions
+from fastbert.embed.sparse import SparseVectors
 from fastbert.embed.tokenize import Tokenise, Tokens
-from fastbert.model.encoder import BertModel
-
-EMBEDDING = "embedding"
-CLASSIFICATION = "classification"
+from fastbert.model.sentence_folder import (
+    CLASSIFICATION,
+    EMBEDDING,
+    MULTI_VECTOR,
+    SPARSE,
+    FolderSpec,
+    read_folder,
+)
 
 
 class InputTooLong(ValueError):
@@ -41,34 +49,36 @@ class InputTooLong(ValueError):
 
 
 class TextModel:
-    """A model folder, loaded: texts in, embeddings (or classification logits) out.
+    """A model folder, loaded: texts in, what its kind gives out.
 
-    ``kind``: "embedding" or "classification"; ``options``: the resolved
-    :class:`~fastbert.embed.options.EmbedOptions` (device, dtype, max_length, pooling, normalize,
-    batch_tokens all set); ``labels``: a classifier's label names by index (None for an
-    embedding model). Load one with :func:`load`.
+    ``kind``: "embedding", "sparse", "multi-vector" or "classification"; ``spec``: the
+    folder as read (its modules, prompts); ``options``: the resolved
+    :class:`~fastbert.embed.options.EmbedOptions` (device, dtype, max_length, pooling,
+    normalize, prompt, batch_tokens all set); ``labels``: a classifier's label names by index
+    (None for the other kinds). Load one with :func:`load`.
     """
 
     def __init__(
         self,
-        kind: str,
+        spec: FolderSpec,
         options: EmbedOptions,
         tokenizer: Any,
         encoder: model.Encoder | None = None,
         classifier: model.Classifier | None = None,
         labels: list[str] | None = None,
     ):
-        self.kind = kind
+        self.spec = spec
+        self.kind = spec.kind
         self.options = options
-        self.tokenise = Tokenise(tokenizer, options.max_length)
+        self.tokenise = Tokenise(tokenizer, options.max_length, spec.transformer.do_lower_case)
         self.encoder = encoder
         self.classifier = classifier
         self.labels = labels
-        # The embed loop's encoder: pooled embeddings as computed (float32), normalised (and
-        # cut to a width) afterwards, per call.
+        # The embed loop's encoder: embeddings as computed (float32), normalised (and cut to a
+        # width) afterwards, per call.
         self._raw = None
         if encoder is not None:
-            self._raw = copy.copy(encoder)
+            self._raw = encoder.with_prompt(self.tokenise.prompt_length(options.prompt or ""))
             self._raw.normalize, self._raw.store_dtype = False, np.dtype(np.float32)
 
     def __repr__(self) -> str:
@@ -92,8 +102,14 @@ class TextModel:
 
     @property
     def dimensions(self) -> int | None:
-        """The width of an embedding (None for a classifier)."""
+        """The width of an embedding: a dense vector's, a sparse vector's (the vocabulary) or
+        each token's vector of a multi-vector model (None for a classifier)."""
         return self.encoder.dimensions if self.encoder is not None else None
+
+    @property
+    def prompts(self) -> dict[str, str]:
+        """The folder's named prompts (name -> the text put before an input)."""
+        return dict(self.spec.prompts)
 
     def tokenize(
         self,
@@ -102,12 +118,18 @@ class TextModel:
         *,
         truncate: bool = True,
         side: str = "right",
+        prompt: str | None = None,
     ) -> Tokens:
         """Token ids of ``texts`` (or of the pairs (texts[i], pairs[i])), as the model sees
-        them. ``truncate``: cut each input to ``max_length`` tokens from ``side``; without it,
-        an input over the limit raises :class:`InputTooLong`."""
+        them, each text after ``prompt`` (None: the prompt the model loaded with).
+        ``truncate``: cut each input to ``max_length`` tokens from ``side``; without it, an
+        input over the limit raises :class:`InputTooLong`."""
         tokens = self.tokenise.encode(
-            list(texts), None if pairs is None else list(pairs), truncate=truncate, side=side
+            list(texts),
+            None if pairs is None else list(pairs),
+            truncate=truncate,
+            side=side,
+            prefix=self.options.prompt or "" if prompt is None else prompt,
         )
         if not truncate:
             for index, ids in enumerate(tokens.ids):
@@ -115,25 +137,67 @@ class TextModel:
                     raise InputTooLong(index, len(ids), self.max_length)
         return tokens
 
+    def prompt(self, prompt_name: str | None = None, prompt: str | None = None) -> str:
+        """The text put before each input: ``prompt``, else the folder's prompt named
+        ``prompt_name``, else the one the model loaded with (the folder's default unless
+        told otherwise). ValueError for both, or for a name the folder does not have."""
+        if prompt_name is None and prompt is None:
+            return self.options.prompt or ""
+        return self.spec.prompt(prompt_name, prompt)
+
     def embed(
         self,
         texts: Sequence[str],
         *,
         normalize: bool | None = None,
         dimensions: int | None = None,
+        force_dimensions: bool = False,
+        max_active_dims: int | None = None,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
         progress: bool = False,
-    ) -> np.ndarray:
-        """Embeddings of ``texts``: numpy [len(texts), dimensions] (``options.store_dtype``),
-        row i for text i. ``normalize``: None for what the folder says; ``dimensions``: keep
-        the first N values of each embedding (Matryoshka), then normalise. ValueError naming
-        the first text that is not a non-blank string."""
-        self._require(EMBEDDING, "embed")
+    ) -> np.ndarray | SparseVectors | list[np.ndarray]:
+        """What the model gives for ``texts``, row i for text i, each after the prompt (see
+        :meth:`prompt`):
+
+        - an embedding model: numpy [len(texts), dimensions] (``options.store_dtype``);
+          ``normalize``: None for what the folder says; ``dimensions``: keep the first N
+          values of each embedding, then normalise (a model whose card does not say it is
+          Matryoshka-trained needs ``force_dimensions=True``);
+        - a sparse model: :class:`~fastbert.embed.sparse.SparseVectors` over the vocabulary
+          (``max_active_dims``: each row's N largest values only);
+        - a multi-vector model: a list of float32 arrays [tokens_i, dimensions], one vector per
+          token the model scores (``prompt_name`` "query" or "document" also picks the task).
+
+        ValueError naming the first text that is not a non-blank string."""
+        self._require((EMBEDDING, SPARSE, MULTI_VECTOR), "embed")
+        if self.kind != EMBEDDING and (normalize is not None or dimensions is not None):
+            raise ValueError(f"normalize and dimensions apply to dense embeddings, not {self.kind}")
+        if self.kind != SPARSE and max_active_dims is not None:
+            raise ValueError(f"max_active_dims applies to sparse embeddings, not {self.kind}")
+        if dimensions is not None:
+            self.check_dimensions(dimensions, force_dimensions)
         texts = _checked_texts(texts)
-        options = replace(self.options, progress=progress)
-        loaded = _Loop(self._raw, self.tokenise, options)
-        sink = run.ArraySink(len(texts), self.encoder.dimensions, np.dtype(np.float32))
+        raw = self._raw
+        if max_active_dims is not None:
+            if isinstance(max_active_dims, bool) or not isinstance(max_active_dims, int):
+                raise ValueError(f"max_active_dims must be an integer, got {max_active_dims!r}")
+            if max_active_dims < 1:
+                raise ValueError(f"max_active_dims must be positive, got {max_active_dims}")
+            raw = raw.with_prompt(raw.prompt_length)
+            raw.max_active_dims = max_active_dims
+        loop = self._loop(raw, prompt_name, prompt, progress)
+        sink = (
+            run.ArraySink(len(texts), self.encoder.dimensions, np.dtype(np.float32))
+            if self.kind == EMBEDDING
+            else run.ListSink(len(texts))
+        )
         rows = (readers.Row(i, i, t, readers.LIST_SOURCE, i) for i, t in enumerate(texts))
-        run.run_rows(rows, loaded, sink, 0)
+        run.run_rows(rows, loop, sink, 0)
+        if self.kind == SPARSE:
+            return SparseVectors.from_rows(sink.items, self.encoder.dimensions)
+        if self.kind == MULTI_VECTOR:
+            return sink.items
         return finish_embeddings(
             sink.array,
             self.options.normalize if normalize is None else normalize,
@@ -141,12 +205,52 @@ class TextModel:
             np.dtype(self.options.store_dtype),
         )
 
-    def embed_tokens(self, tokens: list[list[int]]) -> np.ndarray:
-        """Token ids of n inputs -> pooled, unnormalised embeddings, numpy float32
-        [n, hidden], in one forward pass (the caller sizes the batch)."""
-        self._require(EMBEDDING, "embed")
+    def check_dimensions(self, dimensions: int, force: bool = False) -> None:
+        """ValueError unless ``dimensions`` is a width this dense model's embeddings may be cut
+        to: 1 .. their width, and (unless ``force``) a model whose card says it was trained
+        for it (Matryoshka)."""
+        width = self.dimensions
+        if isinstance(dimensions, bool) or not isinstance(dimensions, int):
+            raise ValueError(f"dimensions must be an integer, got {dimensions!r}")
+        if not 1 <= dimensions <= width:
+            raise ValueError(f"dimensions must be between 1 and {width}, got {dimensions}")
+        if not (force or self.spec.matryoshka or dimensions == width):
+            raise ValueError(_not_matryoshka(self.options.model, dimensions))
+
+    def job(self, progress: bool = True) -> _Loop:
+        """What the corpus job's loop runs (:func:`fastbert.embed.run.run_rows`): this model's
+        encoder, as the folder and the options finish its outputs, and its tokeniser, every
+        input after the prompt the model loaded with."""
+        return self._loop(self.encoder, None, None, progress)
+
+    def _loop(
+        self,
+        encoder: model.Encoder,
+        prompt_name: str | None,
+        prompt: str | None,
+        progress: bool,
+    ) -> _Loop:
+        text = self.prompt(prompt_name, prompt)
+        task = prompt_name if prompt_name in ("query", "document") else None
+        encoder = encoder.with_prompt(self.tokenise.prompt_length(text), task)
+        # A multi-vector model may cut queries and documents to lengths of their own.
+        lengths = {
+            "query": self.spec.transformer.query_length,
+            "document": self.spec.transformer.document_length,
+        }
+        tokenise = functools.partial(self.tokenise, prefix=text, max_length=lengths.get(task))
+        return _Loop(encoder, tokenise, replace(self.options, progress=progress))
+
+    def embed_tokens(self, tokens: list[list[int]]) -> np.ndarray | SparseVectors | list:
+        """Token ids of n inputs (the prompt already before each) -> in one forward pass (the
+        caller sizes the batch): an embedding model's pooled, unnormalised embeddings, numpy
+        float32 [n, dimensions]; a sparse model's SparseVectors; a multi-vector model's list
+        of [tokens_i, dimensions] arrays."""
+        self._require((EMBEDDING, SPARSE, MULTI_VECTOR), "embed")
+        if self.kind != EMBEDDING:
+            return self._raw(tokens)
         with torch.inference_mode():
-            pooled = self.encoder.pooled(tokens)
+            pooled = self._raw.pooled(tokens)
         return pooled.float().cpu().numpy()
 
     def classify(
@@ -155,7 +259,7 @@ class TextModel:
         """Raw logits, numpy float32 [len(texts), len(labels)], of ``texts`` (or of the pairs
         (texts[i], pairs[i]): a cross-encoder's query and document), in batches of
         ``options.batch_tokens`` tokens."""
-        self._require(CLASSIFICATION, "classify")
+        self._require((CLASSIFICATION,), "classify")
         texts = _checked_texts(texts)
         if pairs is not None:
             pairs = _checked_texts(pairs)
@@ -174,21 +278,38 @@ class TextModel:
     ) -> np.ndarray:
         """Token ids (and token types) of n inputs -> raw logits, numpy float32
         [n, len(labels)], in one forward pass."""
-        self._require(CLASSIFICATION, "classify")
+        self._require((CLASSIFICATION,), "classify")
         return self.classifier(tokens, type_ids)
 
-    def _require(self, kind: str, what: str) -> None:
-        if self.kind != kind:
+    def _require(self, kinds: tuple[str, ...], what: str) -> None:
+        if self.kind not in kinds:
             raise ValueError(
-                f"{self.options.model} is a {self.kind} model; it cannot {what} "
-                f"(that needs a {kind} model)"
+                f"{self.options.model} is {_article(self.kind)} {self.kind} model; it cannot "
+                f"{what} (that needs {' or '.join(_article(k) + ' ' + k for k in kinds)} model)"
             )
+
+
+def _not_matryoshka(model: str, dimensions: int) -> str:
+    return (
+        f"{model}: its model card does not say it was trained to be cut to fewer dimensions "
+        f"(Matryoshka); cut to {dimensions} anyway with force_dimensions=True "
+        "(--force-dimensions)"
+    )
+
+
+def _article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
 
 
 class _Loop:
     """What :func:`fastbert.embed.run.run_rows` runs (see run.Loaded)."""
 
-    def __init__(self, encoder: model.Encoder, tokenise: Tokenise, options: EmbedOptions):
+    def __init__(
+        self,
+        encoder: model.Encoder,
+        tokenise: Callable[[list[str]], tuple[list[list[int]], list[bool]]],
+        options: EmbedOptions,
+    ):
         self.encoder, self.tokenise, self.options = encoder, tokenise, options
 
 
@@ -222,61 +343,66 @@ def _checked_texts(texts: Any) -> list[str]:
     return list(texts)
 
 
-def model_kind(folder: Path) -> str:
-    """ "classification" for a Hugging Face ``*ForSequenceClassification`` folder (what
-    config.json's ``architectures`` says), else "embedding"."""
-    if (folder / "modules.json").exists():
-        return EMBEDDING
-    try:
-        architectures = json.loads((folder / "config.json").read_text()).get("architectures")
-    except (OSError, ValueError, AttributeError):
-        return EMBEDDING
-    if any(str(a).endswith("ForSequenceClassification") for a in architectures or ()):
-        return CLASSIFICATION
-    return EMBEDDING
-
-
 def resolve(
     options: EmbedOptions, tokenizer: Any, device: torch.device | None = None
-) -> tuple[EmbedOptions, int]:
+) -> tuple[EmbedOptions, FolderSpec, int | None]:
     """(``options`` with every default resolved from the device (``device``, else this
-    machine's) and the model folder: device, dtype, batch_tokens, max_length, pooling,
-    normalize; the embedding width). Reads the folder's configs only. ValueError for settings
-    the model cannot run."""
+    machine's) and the model folder: device, dtype, batch_tokens, max_length, normalize and
+    prompt (the text itself); the folder as read; the output's width when the folder's configs
+    tell it, else None). Reads the folder's configs only. ValueError for settings the model
+    cannot run."""
     options = options.with_defaults(device)
-    folder = Path(options.model)
-    settings = model.folder_settings(folder)
-    config = model.read_config(folder)
+    spec = read_folder(options.model)
+    config = model.read_config(Path(options.model))
     limit = model.model_max_length(config, tokenizer)
-    max_length = options.max_length or min(settings.max_length or limit, limit)
+    max_length = options.max_length or min(spec.transformer.max_seq_length or limit, limit)
     if max_length > config.max_sequence_length:
         raise ValueError(
             f"max_length {max_length} exceeds the model's {config.max_sequence_length} positions"
         )
-    normalize = options.normalize if options.normalize is not None else bool(settings.normalize)
+    if spec.kind != EMBEDDING:
+        names = ("pooling", "normalize", "dimensions")
+        dense_only = [n for n in names if getattr(options, n) is not None]
+        if options.store_dtype != "float32":
+            dense_only.append("store_dtype")
+        if dense_only:
+            raise ValueError(
+                f"{', '.join(dense_only)} applies to dense embeddings; {options.model} is "
+                f"{_article(spec.kind)} {spec.kind} model"
+            )
+    if options.dimensions is not None and not (options.force_dimensions or spec.matryoshka):
+        raise ValueError(_not_matryoshka(options.model, options.dimensions))
+    if spec.kind != SPARSE and options.max_active_dims is not None:
+        raise ValueError(
+            f"max_active_dims applies to sparse embeddings; {options.model} is "
+            f"{_article(spec.kind)} {spec.kind} model"
+        )
+    normalize = options.normalize
+    if normalize is None and spec.kind == EMBEDDING:
+        normalize = model.ends_with_normalize(spec)
+    prompt = "" if spec.kind == CLASSIFICATION else spec.prompt(options.prompt_name, options.prompt)
     resolved = replace(
-        options,
-        max_length=max_length,
-        normalize=normalize,
-        pooling=options.pooling or settings.pooling or "mean",
+        options, max_length=max_length, normalize=normalize, prompt_name=None, prompt=prompt
     )
-    return resolved, config.hidden_size
+    width = options.dimensions or model.declared_dimensions(spec, config, options.pooling)
+    return resolved, spec, width
 
 
 def load_options(options: EmbedOptions, tokenizer: Any = None) -> TextModel:
     """Load the model and tokenizer of ``options.model`` (the tokenizer may be given) and
-    resolve the defaults (see :func:`resolve`)."""
+    resolve the defaults (see :func:`resolve`). ValueError naming a module of the folder that
+    cannot run."""
     folder = Path(options.model)
     tokenizer = tokenizer or model.load_tokenizer(folder)
-    options, _ = resolve(options, tokenizer)
+    options, spec, _ = resolve(options, tokenizer)
     device = options.resolved_device()
     pad_id = tokenizer.pad_token_id or 0
-    if model_kind(folder) == CLASSIFICATION:
-        network, labels = _load_classifier(folder, options, device)
+    if spec.kind == CLASSIFICATION:
+        network, labels = _load_classifier(spec.transformer.folder, options, device)
         classifier = model.Classifier(network, pad_id)
-        return TextModel(CLASSIFICATION, options, tokenizer, classifier=classifier, labels=labels)
-    encoder_model = BertModel.from_pretrained(
-        options.model,
+        return TextModel(spec, options, tokenizer, classifier=classifier, labels=labels)
+    encoder_model = model.load_encoder_model(
+        str(spec.transformer.folder),
         dtype=DTYPES[options.dtype],
         device=device,
         backend=options.backend,
@@ -287,10 +413,24 @@ def load_options(options: EmbedOptions, tokenizer: Any = None) -> TextModel:
         # This model's weights are only read: the CPU linears may keep packed copies.
         packed_weights=True,
     )
+    head = model.load_masked_lm_head(spec, encoder_model) if spec.kind == SPARSE else None
+    modules, _ = model.build_modules(spec, tokenizer, device, options.pooling)
     encoder = model.Encoder(
-        encoder_model, pad_id, options.pooling, options.normalize, np.dtype(options.store_dtype)
+        encoder_model,
+        pad_id,
+        modules,
+        spec.kind,
+        options.normalize,
+        np.dtype(options.store_dtype),
+        head,
     )
-    return TextModel(EMBEDDING, options, tokenizer, encoder=encoder)
+    encoder.probe(tokenizer(["a probe"])["input_ids"])
+    loaded = TextModel(spec, options, tokenizer, encoder=encoder)
+    if options.dimensions is not None:
+        loaded.check_dimensions(options.dimensions, options.force_dimensions)
+        encoder.truncate_dim = options.dimensions
+    encoder.max_active_dims = options.max_active_dims
+    return loaded
 
 
 def _load_classifier(
@@ -331,18 +471,23 @@ def load(
     batch_tokens: int | None = None,
     store_dtype: str = "float32",
     quantize: str | None = None,
+    prompt_name: str | None = None,
+    prompt: str | None = None,
 ) -> TextModel:
     """Load a model folder once, to embed (or classify) texts many times.
 
-    ``model``: a sentence-transformers folder or a Hugging Face BERT-family folder (an encoder:
-    embeddings; a ``*ForSequenceClassification``: logits). ``device``: "cpu", "cuda" or
-    "cuda:N" (default: CUDA when present); ``dtype``: "float32", "float16" or "bfloat16" (or the
-    torch dtype; default float16 on CUDA, float32 on the CPU); ``backend``: "auto", "torch" or
-    "triton"; ``max_length``, ``pooling`` ("mean" | "cls"), ``normalize``: None for what the
+    ``model``: a sentence-transformers folder (every kind: dense, sparse, multi-vector,
+    cross-encoder) or a Hugging Face BERT-family folder (an encoder: embeddings; a
+    ``*ForSequenceClassification``: logits). ``device``: "cpu", "cuda" or "cuda:N" (default:
+    CUDA when present); ``dtype``: "float32", "float16" or "bfloat16" (or the torch dtype;
+    default float16 on CUDA, float32 on the CPU); ``backend``: "auto", "torch" or "triton";
+    ``max_length``, ``pooling`` (a sentence-transformers pooling mode: "mean", "cls", "max",
+    "mean_sqrt_len_tokens", "weightedmean", "lasttoken"), ``normalize``: None for what the
     folder says; ``batch_tokens``: the token budget of one forward pass (default 16384 on CUDA,
-    4096 on the CPU); ``quantize``: None (exact), "int8" or "fp8" (see
+    4096 on the CPU); ``quantize``: None (exact), "int8" or "fp8"; ``prompt_name`` /
+    ``prompt``: the prompt put before every input by default (see
     :class:`~fastbert.embed.options.EmbedOptions`). ValueError naming a bad setting, before
-    anything loads.
+    anything loads, or a module of the folder that cannot run.
 
     >>> model = fastbert.load("path/to/all-MiniLM-L6-v2")
     >>> model.embed(["a text", "another"])  # numpy [2, 384]
@@ -363,6 +508,8 @@ def load(
         batch_tokens=batch_tokens,
         store_dtype=store_dtype,
         quantize=quantize,
+        prompt_name=prompt_name,
+        prompt=prompt,
         progress=False,
     )
     return load_options(options)

@@ -43,20 +43,25 @@ class Tokenise:
     """texts (or text pairs) -> token ids, with the tokenizer's own ``truncation=True,
     max_length=max_length`` (special tokens included, as sentence-transformers tokenises).
 
-    ``tokenizer``: a transformers tokenizer; ``max_length``: the most tokens per input. Safe to
+    ``tokenizer``: a transformers tokenizer; ``max_length``: the most tokens per input;
+    ``lowercase``: lowercase every text first (a sentence-transformers folder's
+    ``do_lower_case``). A prompt (``prefix``) goes before each text, inside the limit. Safe to
     call from several threads at once: each call borrows a copy of the tokenizer that no other
     call is using (made when none is free; as many exist as calls ever overlapped), since a Rust
     tokenizer refuses a call while another changes its truncation settings.
     """
 
-    def __init__(self, tokenizer: Any, max_length: int):
+    def __init__(self, tokenizer: Any, max_length: int, lowercase: bool = False):
         self.tokenizer = tokenizer
         self.max_length = max_length
+        self.lowercase = lowercase
         self._lock = threading.Lock()
         self._free: dict[str, list[Any]] = {"right": [], "left": []}
 
-    def __call__(self, texts: list[str]) -> tuple[list[list[int]], list[bool]]:
-        tokens = self.encode(texts)
+    def __call__(
+        self, texts: list[str], prefix: str = "", max_length: int | None = None
+    ) -> tuple[list[list[int]], list[bool]]:
+        tokens = self.encode(texts, prefix=prefix, max_length=max_length)
         return tokens.ids, tokens.cut
 
     def encode(
@@ -66,22 +71,44 @@ class Tokenise:
         *,
         truncate: bool = True,
         side: str = "right",
+        prefix: str = "",
+        max_length: int | None = None,
     ) -> Tokens:
-        """Token ids of ``texts`` (with ``pairs``: of the pairs (texts[i], pairs[i]), with
-        token types). ``truncate``: cut each input to ``max_length`` tokens from ``side``
-        ("right" or "left"); without it, inputs keep every token (the caller checks the
-        limit)."""
+        """Token ids of ``prefix + text`` for each of ``texts`` (with ``pairs``: of the pairs
+        (texts[i], pairs[i]), with token types). ``truncate``: cut each input to
+        ``max_length`` tokens (default: the tokeniser's) from ``side`` ("right" or "left");
+        without it, inputs keep every token (the caller checks the limit)."""
+        if prefix:
+            texts = [prefix + text for text in texts]
+        if self.lowercase:
+            texts = [text.lower() for text in texts]
+            pairs = None if pairs is None else [text.lower() for text in pairs]
         with self._borrowed(side) as tokenizer:
-            return self._encode(tokenizer, texts, pairs, truncate)
+            return self._encode(tokenizer, texts, pairs, truncate, max_length or self.max_length)
+
+    def prompt_length(self, prompt: str) -> int:
+        """How many tokens ``prompt`` puts at the start of an input (its leading special token
+        included, a trailing one not), as sentence-transformers measures it to leave a prompt
+        out of pooling."""
+        if not prompt:
+            return 0
+        ids = self.encode([prompt]).ids[0]
+        special = set(getattr(self.tokenizer, "all_special_ids", ()))
+        return len(ids) - 1 if ids and ids[-1] in special else len(ids)
 
     def _encode(
-        self, tokenizer: Any, texts: list[str], pairs: list[str] | None, truncate: bool
+        self,
+        tokenizer: Any,
+        texts: list[str],
+        pairs: list[str] | None,
+        truncate: bool,
+        max_length: int,
     ) -> Tokens:
         batch = tokenizer(
             texts,
             pairs,
             truncation=truncate,
-            max_length=self.max_length if truncate else None,
+            max_length=max_length if truncate else None,
             return_token_type_ids=pairs is not None,
             return_attention_mask=False,
             verbose=False,
@@ -94,7 +121,7 @@ class Tokenise:
             cut = [bool(e.overflowing) for e in batch.encodings]
         else:
             full = tokenizer(texts, pairs, truncation=False, verbose=False)["input_ids"]
-            cut = [len(row) > self.max_length for row in full]
+            cut = [len(row) > max_length for row in full]
         return Tokens(ids, type_ids, cut)
 
     def details(self, texts: list[str], add_special_tokens: bool = True) -> list[list[dict]]:

@@ -31,7 +31,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException
 
-from fastbert.embed.text_model import CLASSIFICATION, EMBEDDING, TextModel, finish_embeddings
+from fastbert.embed.model import pooling_name
+from fastbert.embed.text_model import TextModel, finish_embeddings
+from fastbert.model.sentence_folder import CLASSIFICATION, EMBEDDING, MULTI_VECTOR, SPARSE
 from fastbert.serve import errors, inputs, schemas
 from fastbert.serve.batcher import Batcher, Reservation
 from fastbert.serve.metrics import Metrics
@@ -43,7 +45,17 @@ log = logging.getLogger("fastbert.serve")
 # The routes each kind of model serves.
 ROUTES = {
     EMBEDDING: ("/embed", "/v1/embeddings"),
+    SPARSE: (),
+    MULTI_VECTOR: (),
     CLASSIFICATION: ("/rerank", "/v1/rerank", "/predict"),
+}
+# Who serves a route: the kind of model it needs, as error messages name it.
+NEEDS = {
+    "/embed": "an embedding model",
+    "/v1/embeddings": "an embedding model",
+    "/rerank": "a classification model (a cross-encoder)",
+    "/v1/rerank": "a classification model (a cross-encoder)",
+    "/predict": "a classification model (a cross-encoder)",
 }
 # What a request whose client went away gets (nobody reads it), as nginx logs such requests.
 CLIENT_GONE = 499
@@ -93,10 +105,10 @@ class Server:
         self.pool = ThreadPoolExecutor(options.tokenize_workers, "fastbert-tokenize")
         self.probe = model.tokenize(["health"]).ids
 
-    def _forward(self, tokens: list[list[int]], type_ids: list[list[int]] | None) -> np.ndarray:
-        if self.model.kind == EMBEDDING:
-            return self.model.embed_tokens(tokens)
-        return self.model.classify_tokens(tokens, type_ids)
+    def _forward(self, tokens: list[list[int]], type_ids: list[list[int]] | None) -> Any:
+        if self.model.kind == CLASSIFICATION:
+            return self.model.classify_tokens(tokens, type_ids)
+        return self.model.embed_tokens(tokens)
 
     def warm_up(self) -> None:
         """One forward pass before the first request, so that it does not pay for the first
@@ -107,15 +119,9 @@ class Server:
     def require(self, route: str) -> None:
         """ModelFailed (424) when this server's model does not serve ``route``."""
         if route not in ROUTES[self.model.kind]:
-            other = CLASSIFICATION if self.model.kind == EMBEDDING else EMBEDDING
-            needs = (
-                "a classification model (a cross-encoder)"
-                if other == CLASSIFICATION
-                else ("an embedding model")
-            )
             raise errors.ModelFailed(
                 f"this server's model ({self.name}) is {_article(self.model.kind)} model; "
-                f"{route} needs {needs}"
+                f"{route} needs {NEEDS[route]}"
             )
 
     async def tokenize(self, timing: Timing, function: Callable, *args: Any) -> Any:
@@ -486,17 +492,17 @@ def create_app(model: TextModel, options: ServeOptions) -> Any:
     async def info() -> dict[str, Any]:
         """The model, its kind and settings, and the server's limits."""
         o = model.options
-        kind: dict[str, Any] = (
-            {
-                "embedding": {
-                    "pooling": o.pooling,
+        if model.kind == CLASSIFICATION:
+            kind: dict[str, Any] = {"classifier": {"id2label": dict(enumerate(model.labels))}}
+        else:
+            kind = {
+                model.kind: {
+                    "pooling": pooling_name(model.spec, o.pooling),
                     "normalize": o.normalize,
                     "dimensions": model.dimensions,
+                    "prompts": model.prompts,
                 }
             }
-            if model.kind == EMBEDDING
-            else {"classifier": {"id2label": dict(enumerate(model.labels))}}
-        )
         return {
             "model_id": o.model,
             "served_model_name": server.name,

@@ -301,8 +301,11 @@ def _call_on_loop(loop: asyncio.AbstractEventLoop, function: Callable, *args: An
 
 
 def _resolve(future: asyncio.Future, rows: list[Any]) -> None:
+    """The request's answer: its rows stacked when each is one vector (an embedding, a row of
+    logits), else the list of them (a sparse row's (indices, values), a row's token vectors)."""
     if not future.done():
-        future.set_result(np.stack(rows))
+        one_each = all(isinstance(r, np.ndarray) and r.ndim == 1 for r in rows)
+        future.set_result(np.stack(rows) if one_each else rows)
 
 
 def _fail(future: asyncio.Future, error: Exception) -> None:

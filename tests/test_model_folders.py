@@ -1,0 +1,301 @@
+"""Every module a model folder declares runs as sentence-transformers runs it, or the load
+fails naming the module: fastbert.load / fastbert.embed / fastbert embed against
+sentence-transformers' own encode on folders the installed sentence-transformers saved (each
+module kind), and on hand-made folders in its older format."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import fastbert
+from tests.sentence_folders import (
+    HIDDEN,
+    TEXTS,
+    hf_folder,
+    old_format_folder,
+    save_modules,
+    transformer,
+    write_json,
+)
+
+st = pytest.importorskip("sentence_transformers")
+from sentence_transformers.base.modules import Dense, Normalize  # noqa: E402
+from sentence_transformers.sentence_transformer.modules import Pooling  # noqa: E402
+from sentence_transformers.sparse_encoder.modules import SpladePooling  # noqa: E402
+
+TOLERANCE = 2e-5  # float32 against float32: the same math, summed in other orders
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return hf_folder(tmp_path_factory.mktemp("base") / "bert")
+
+
+@pytest.fixture(scope="module")
+def mlm(tmp_path_factory):
+    return hf_folder(tmp_path_factory.mktemp("mlm") / "bert", "BertForMaskedLM", seed=1)
+
+
+def st_encode(folder, kind="SentenceTransformer", **kw):
+    model = getattr(st, kind)(str(folder), device="cpu")
+    return model.encode(TEXTS, convert_to_numpy=True, **kw)
+
+
+def test_dense_module_after_pooling_is_run(base, tmp_path):
+    modules = [transformer(base), Pooling(HIDDEN, "cls"), Dense(HIDDEN, 32), Normalize()]
+    folder = save_modules(tmp_path / "dense", modules)
+    want = st_encode(folder)
+    loaded = fastbert.load(folder, device="cpu")
+    got = loaded.embed(TEXTS)
+    assert want.shape == got.shape == (len(TEXTS), 32) and loaded.dimensions == 32
+    np.testing.assert_allclose(got, want, atol=TOLERANCE)
+    np.testing.assert_allclose(fastbert.embed(TEXTS, model=folder, device="cpu"), want, atol=2e-5)
+
+
+@pytest.mark.parametrize(
+    "mode",
+    ["cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken", ("cls", "mean")],
+)
+def test_every_pooling_mode(base, tmp_path, mode):
+    folder = save_modules(tmp_path / "pool", [transformer(base), Pooling(HIDDEN, mode)])
+    config = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    assert config["pooling_mode"] == (list(mode) if isinstance(mode, tuple) else mode)
+    got = fastbert.load(folder, device="cpu").embed(TEXTS)
+    np.testing.assert_allclose(got, st_encode(folder), atol=TOLERANCE)
+
+
+def test_prompts_apply_as_sentence_transformers_applies_them(base, tmp_path):
+    prompts = {"query": "query: ", "passage": "passage: "}
+    modules = [transformer(base), Pooling(HIDDEN, "mean", include_prompt=False)]
+    folder = save_modules(
+        tmp_path / "prompts", modules, prompts=prompts, default_prompt_name="query"
+    )
+    model = st.SentenceTransformer(str(folder), device="cpu")
+    loaded = fastbert.load(folder, device="cpu")
+    for kwargs in ({}, {"prompt_name": "passage"}, {"prompt": "custom text: "}):
+        want = model.encode(TEXTS, convert_to_numpy=True, **kwargs)
+        np.testing.assert_allclose(loaded.embed(TEXTS, **kwargs), want, atol=TOLERANCE)
+    with pytest.raises(ValueError, match="prompt_name 'nope' is not one of"):
+        loaded.embed(TEXTS, prompt_name="nope")
+    # The default prompt changes the vectors: without it they differ.
+    plain = model.encode(TEXTS, convert_to_numpy=True, prompt="")
+    assert np.abs(loaded.embed(TEXTS) - plain).max() > 1e-3
+
+
+def test_old_format_folder(tmp_path):
+    from safetensors.torch import save_file
+
+    legacy_pooling = {
+        "word_embedding_dimension": HIDDEN,
+        "pooling_mode_cls_token": False,
+        "pooling_mode_mean_tokens": False,
+        "pooling_mode_max_tokens": True,
+        "pooling_mode_mean_sqrt_len_tokens": False,
+    }
+    dense = {
+        "in_features": HIDDEN,
+        "out_features": 16,
+        "bias": True,
+        "activation_function": "torch.nn.modules.activation.ReLU",
+    }
+    folder = old_format_folder(
+        tmp_path / "old",
+        [("Pooling", "1_Pooling", legacy_pooling), ("Dense", "2_Dense", dense)],
+        max_seq_length=24,
+        do_lower_case=True,
+    )
+    gen = torch.Generator().manual_seed(5)
+    save_file(
+        {"linear.weight": torch.randn(16, HIDDEN, generator=gen), "linear.bias": torch.randn(16)},
+        str(folder / "2_Dense" / "model.safetensors"),
+    )
+    texts = [t.upper() for t in TEXTS] + ["word " * 40]
+    want = st.SentenceTransformer(str(folder), device="cpu").encode(texts, convert_to_numpy=True)
+    loaded = fastbert.load(folder, device="cpu")
+    assert loaded.max_length == 24
+    np.testing.assert_allclose(loaded.embed(texts), want, atol=TOLERANCE)
+
+
+def test_module_from_sentence_transformers_runs_through_it(base, tmp_path):
+    from sentence_transformers.sentence_transformer.modules import LayerNorm
+
+    modules = [transformer(base), Pooling(HIDDEN, "mean"), LayerNorm(HIDDEN)]
+    with torch.no_grad():
+        modules[2].norm.weight.uniform_(0.5, 1.5)
+    folder = save_modules(tmp_path / "layernorm", modules)
+    got = fastbert.load(folder, device="cpu").embed(TEXTS)
+    np.testing.assert_allclose(got, st_encode(folder), atol=TOLERANCE)
+
+
+def test_every_layer_is_refused_where_modules_ask_for_it(base, tmp_path):
+    from sentence_transformers.sentence_transformer.modules import WeightedLayerPooling
+
+    modules = [
+        transformer(base),
+        WeightedLayerPooling(HIDDEN, num_hidden_layers=2, layer_start=1),
+        Pooling(HIDDEN),
+    ]
+    folder = save_modules(tmp_path / "layers", modules)
+    # Without output_hidden_states, sentence-transformers' WeightedLayerPooling passes the last
+    # layer through: so does fastbert.
+    np.testing.assert_allclose(
+        fastbert.load(folder, device="cpu").embed(TEXTS), st_encode(folder), atol=TOLERANCE
+    )
+    config = json.loads((folder / "config.json").read_text())
+    write_json(folder / "config.json", {**config, "output_hidden_states": True})
+    with pytest.raises(ValueError, match="output_hidden_states.*WeightedLayerPooling"):
+        fastbert.load(folder, device="cpu")
+
+
+def test_a_module_that_cannot_run_fails_the_load_naming_it(base, tmp_path):
+    dense = Dense(HIDDEN, 8, module_input_name="no_such_features")
+    folder = save_modules(tmp_path / "bad", [transformer(base), Pooling(HIDDEN), dense])
+    with pytest.raises(ValueError, match=r"module 2_Dense .*cannot run.*no_such_features"):
+        fastbert.load(folder, device="cpu")
+
+
+def test_code_from_outside_sentence_transformers_is_refused(base, tmp_path):
+    folder = save_modules(tmp_path / "custom", [transformer(base), Pooling(HIDDEN)])
+    entries = json.loads((folder / "modules.json").read_text())
+    entries.append({"idx": 2, "name": "2", "path": "2_Mine", "type": "my_package.MyModule"})
+    write_json(folder / "modules.json", entries)
+    with pytest.raises(ValueError, match=r"2_Mine \(my_package.MyModule\).*no code a model"):
+        fastbert.load(folder, device="cpu")
+
+
+def test_a_second_input_module_is_refused(base, tmp_path):
+    folder = save_modules(tmp_path / "input", [transformer(base), Pooling(HIDDEN)])
+    entries = json.loads((folder / "modules.json").read_text())
+    static = "sentence_transformers.sentence_transformer.modules.StaticEmbedding"
+    entries.insert(1, {"idx": 1, "name": "s", "path": "", "type": static})
+    for i, entry in enumerate(entries):
+        entry["idx"] = i
+    write_json(folder / "modules.json", entries)
+    with pytest.raises(ValueError, match="StaticEmbedding.*only input module is the Transformer"):
+        fastbert.load(folder, device="cpu")
+
+
+@pytest.mark.parametrize(
+    "strategy, activation", [("max", "relu"), ("max", "log1p_relu"), ("sum", "relu")]
+)
+def test_sparse_folder_gives_splade_vectors(mlm, tmp_path, strategy, activation):
+    modules = [
+        transformer(mlm, transformer_task="fill-mask"),
+        SpladePooling(strategy, activation_function=activation),
+    ]
+    folder = save_modules(tmp_path / "sparse", modules, kind="SparseEncoder")
+    want = st.SparseEncoder(str(folder), device="cpu").encode(TEXTS).to_dense().numpy()
+    loaded = fastbert.load(folder, device="cpu")
+    assert loaded.kind == "sparse" and loaded.dimensions == want.shape[1]
+    got = loaded.embed(TEXTS)
+    assert got.to_dense().shape == want.shape
+    np.testing.assert_array_equal(got.to_dense() > 0, want > 0)
+    np.testing.assert_allclose(got.to_dense(), want, atol=TOLERANCE, rtol=1e-5)
+    assert torch.equal(got.to_torch().to_dense() > 0, torch.from_numpy(want > 0))
+
+
+def test_old_format_sparse_folder(mlm, tmp_path):
+    modules = [transformer(mlm, transformer_task="fill-mask"), SpladePooling("max")]
+    folder = save_modules(tmp_path / "sparse", modules, kind="SparseEncoder")
+    want = st.SparseEncoder(str(folder), device="cpu").encode(TEXTS).to_dense().numpy()
+    entries = json.loads((folder / "modules.json").read_text())
+    entries[0]["type"] = "sentence_transformers.sparse_encoder.models.MLMTransformer"
+    entries[1]["type"] = "sentence_transformers.sparse_encoder.models.SpladePooling"
+    write_json(folder / "modules.json", entries)
+    settings = json.loads((folder / "sentence_bert_config.json").read_text())
+    write_json(
+        folder / "sentence_bert_config.json", {"max_seq_length": settings.get("max_seq_length", 48)}
+    )
+    got = fastbert.load(folder, device="cpu").embed(TEXTS).to_dense()
+    np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=1e-5)
+
+
+def test_a_cross_encoder_folder_with_modules_scores_pairs(tmp_path):
+    folder = hf_folder(tmp_path / "ce-base", "BertForSequenceClassification", seed=2)
+    cross = st.CrossEncoder(str(folder), device="cpu")
+    cross.save(str(tmp_path / "ce"))
+    assert (tmp_path / "ce" / "modules.json").exists()
+    pairs = [(TEXTS[0], TEXTS[1]), (TEXTS[3], TEXTS[2])]
+    want = st.CrossEncoder(str(tmp_path / "ce"), device="cpu").predict(
+        pairs, activation_fn=torch.nn.Identity()
+    )
+    loaded = fastbert.load(tmp_path / "ce", device="cpu")
+    assert loaded.kind == "classification"
+    got = loaded.classify([a for a, _ in pairs], [b for _, b in pairs])[:, 0]
+    np.testing.assert_allclose(got, want, atol=TOLERANCE)
+
+
+def test_multi_vector_folder_gives_token_vectors(base, tmp_path):
+    import string
+
+    model = st.MultiVectorEncoder(str(base), device="cpu")
+    model.save(str(tmp_path / "mv"))
+    mask_config = tmp_path / "mv" / "2_MultiVectorMask" / "config.json"
+    config = json.loads(mask_config.read_text())
+    write_json(mask_config, {**config, "skiplist_words": list(string.punctuation)})
+    settings_path = tmp_path / "mv" / "sentence_bert_config.json"
+    settings = json.loads(settings_path.read_text())
+    write_json(settings_path, {**settings, "query_length": 9, "document_length": 12})
+    model = st.MultiVectorEncoder(str(tmp_path / "mv"), device="cpu")
+    loaded = fastbert.load(tmp_path / "mv", device="cpu")
+    assert loaded.kind == "multi-vector"
+    for got, want in (
+        (loaded.embed(TEXTS), model.encode(TEXTS)),
+        (loaded.embed(TEXTS, prompt_name="document"), model.encode_document(TEXTS)),
+        (loaded.embed(TEXTS, prompt_name="query"), model.encode_query(TEXTS)),
+    ):
+        assert [g.shape for g in got] == [tuple(w.shape) for w in want]
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, np.asarray(w), atol=TOLERANCE)
+
+
+def test_corpus_job_writes_what_the_kind_gives(mlm, base, tmp_path):
+    import pyarrow.parquet as pq
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    sparse = save_modules(
+        tmp_path / "sparse",
+        [transformer(mlm, transformer_task="fill-mask"), SpladePooling("max")],
+        kind="SparseEncoder",
+    )
+    out = tmp_path / "out"
+    summary = fastbert.embed(corpus, model=sparse, output=out, device="cpu", max_active_dims=40)
+    assert summary.manifest["kind"] == "sparse" and summary.manifest["pooling"] is None
+    assert summary.manifest["max_active_dims"] == 40
+    table = pq.read_table(out / "part-00000.parquet")
+    encoder = st.SparseEncoder(str(sparse), device="cpu")
+    want = encoder.encode(TEXTS, max_active_dims=40).to_dense().numpy()
+    for row, (indices, values) in enumerate(
+        zip(table.column("indices").to_pylist(), table.column("values").to_pylist())
+    ):
+        assert len(indices) == 40
+        np.testing.assert_array_equal(indices, np.flatnonzero(want[row]))
+        np.testing.assert_allclose(values, want[row][indices], atol=TOLERANCE, rtol=1e-5)
+
+    multi = tmp_path / "mv"
+    st.MultiVectorEncoder(str(base), device="cpu").save(str(multi))
+    summary = fastbert.embed(corpus, model=multi, output=tmp_path / "out-mv", device="cpu")
+    assert summary.manifest["kind"] == "multi-vector"
+    table = pq.read_table(tmp_path / "out-mv" / "part-00000.parquet")
+    want = st.MultiVectorEncoder(str(multi), device="cpu").encode(TEXTS)
+    assert table.column("num_vectors").to_pylist() == [len(w) for w in want]
+    for got, expected in zip(table.column("vectors").to_pylist(), want):
+        np.testing.assert_allclose(np.array(got), np.asarray(expected), atol=TOLERANCE)
+
+    dense = save_modules(
+        tmp_path / "dense",
+        [transformer(base), Pooling(HIDDEN, "cls"), Dense(HIDDEN, 32), Normalize()],
+        prompts={"query": "query: "},
+    )
+    out = tmp_path / "out-dense"
+    summary = fastbert.embed(corpus, model=dense, output=out, device="cpu", prompt_name="query")
+    assert summary.manifest["kind"] == "embedding" and summary.manifest["dimensions"] == 32
+    assert summary.manifest["prompt"] == "query: "
+    vectors = np.stack(pq.read_table(out / "part-00000.parquet").column("embedding").to_pylist())
+    want = st_encode(dense, prompt_name="query")
+    np.testing.assert_allclose(vectors, want, atol=TOLERANCE)
