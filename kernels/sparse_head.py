@@ -34,9 +34,10 @@ again on the same output (the autotuner does) leaves it as it is.
 
 The atomics are integer ones: the output is read as int32, and each max is merged as the bit
 pattern of a float32 >= 0, whose integer order is the float order (a negative max, whose sign
-bit makes it a negative integer, never passes the zeros it starts from). One ``atom.max.s32``
-per column, where a float atomic max would take a signed-max and an unsigned-min atomic, each
-under a sign test. Then g runs on the [B, V] output, a PyTorch elementwise pass over
+bit makes it a negative integer, never passes the zeros it starts from). One integer
+reduction per column (``RED.E.MAX.S32`` in the SASS of sm_80, ``REDG.E.MAX.S32`` on sm_90),
+where a float atomic max would take a signed-max and an unsigned-min atomic, each under a
+sign test. Then g runs on the [B, V] output, a PyTorch elementwise pass over
 B x V x 4 bytes (4 MB for 32 sequences of BERT's vocabulary): too small to fuse.
 
 Shapes and layouts: x [T, K] packed token rows and weight [V, K] (nn.Linear layout: the
