@@ -1,7 +1,5 @@
 """The dry run: whether every stage's command would start, checked on a CPU in seconds.
 
-- ``python -m pip install ...``: pip and setuptools (``--no-build-isolation`` builds with the
-  installed one) are importable and pyproject.toml is there;
 - ``python -m pytest ...``: the same arguments collect at least one test (``--collect-only``,
   in a process of its own; the worker options are left out, and their plugin must import);
 - ``python -m MODULE ...``: the module imports and its argument parser accepts the
@@ -66,16 +64,6 @@ def parses(module: str, args: Sequence[str]) -> str | None:
     return "returned without parsing its arguments"
 
 
-def installs(cwd: Path) -> str | None:
-    """None when ``pip install --no-deps --no-build-isolation -e .`` can start here."""
-    for module in ("pip", "setuptools"):
-        if importlib.util.find_spec(module) is None:
-            return f"{module} is not importable"
-    if not (cwd / "pyproject.toml").exists():
-        return f"no pyproject.toml in {cwd}"
-    return None
-
-
 def collect_command(command: Sequence[str]) -> list[str]:
     """``command`` (python -m pytest ...) as a collection, without the worker options."""
     out, skip = [*command[:3], "--collect-only"], False
@@ -129,9 +117,7 @@ def check(stages: Sequence[Stage], cwd: Path) -> dict[str, str | None]:
     for stage in stages:
         command = stage.command
         module = command[2] if command[1:2] == ("-m",) and len(command) > 2 else None
-        if module == "pip":
-            found[stage.name] = installs(cwd)
-        elif module == "pytest":
+        if module == "pytest":
             key = _grid_key(command)
             if key in started:  # the same tests, another part of the grid
                 choice = _grid_choice(command)

@@ -81,10 +81,8 @@ def stages(
         Stage(
             "install",
             40,
-            _python_module(
-                python, "pip", "install", "--no-deps", "--no-build-isolation", "-e", "."
-            ),
-            what="fastbert, editable",
+            _python_module(python, "benchmarks.gpu_run.install", "--python", python),
+            what="fastbert, editable (else run from the tree: benchmarks/gpu_run/install.py)",
         ),
         Stage(
             "environment",
