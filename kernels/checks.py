@@ -292,14 +292,19 @@ def _check_linear_quantized(
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
-def refuse_gradients(op: str, *tensors: torch.Tensor | None) -> None:
+QUANTISED_TRAINING = "train in float32, float16 or bfloat16 and quantise afterwards"
+
+
+def refuse_gradients(
+    op: str, *tensors: torch.Tensor | None, instead: str = QUANTISED_TRAINING
+) -> None:
     """RuntimeError when grad mode is on and one of ``tensors`` requires grad: ``op`` runs
-    inference only (its quantised product has no useful gradient)."""
+    inference only (a quantised product has no useful gradient); ``instead`` says what to do
+    for gradients."""
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         raise RuntimeError(
             f"{op} runs inference only and has no gradient: call it under torch.no_grad() / "
-            "torch.inference_mode(), on tensors that do not require grad (train in "
-            "float32, float16 or bfloat16 and quantise afterwards)"
+            f"torch.inference_mode(), on tensors that do not require grad ({instead})"
         )
 
 

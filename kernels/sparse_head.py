@@ -49,7 +49,8 @@ float32 [B, V].
 Dtypes: float16, bfloat16 and float32 x, weight and bias alike; float32 accumulation, float32
 output whatever the input dtype.
 
-Limits: inference only (no backward; an input that requires grad is refused). Row, column and
+Limits: inference only (no backward; an input that requires grad is refused: the torch
+backend, fastbert.kernels.sparse_head_torch, has gradients). Row, column and
 output offsets are int64. ``cu_seqlens``' values are read on the host to check them (one
 transfer), except while ``torch.compile`` traces or a CUDA graph captures: the kernel then
 trusts them, and stays inside its tensors whatever they hold (segment indices are clamped
@@ -229,6 +230,9 @@ def _splade_max_fwd_kernel(
         out_ptrs += V
 
 
+# Where splade_max has gradients.
+GRADIENTS_ELSEWHERE = "fastbert.kernels.sparse_head_torch.splade_max, on PyTorch ops, has them"
+
 _LAUNCH_LOCK = launch_lock()  # one launch at a time across threads (the autotuner's nargs)
 
 
@@ -281,7 +285,7 @@ def _prepare(x, weight, bias=None, cu_seqlens=None, log_steps=1) -> tuple:
     """Raise as :func:`splade_max` documents, before anything runs; the forward's
     arguments."""
     checks.check_splade_max(x, weight, bias, cu_seqlens, log_steps)
-    refuse_gradients("splade_max", x, weight, bias)
+    refuse_gradients("splade_max", x, weight, bias, instead=GRADIENTS_ELSEWHERE)
     check_triton_device("x", x)
     for name, t in (("x", x), ("weight", weight)):
         if t.shape[1] > 1 and t.stride(1) != 1:

@@ -299,13 +299,28 @@ BAD_TRITON = {
     "requires grad": (
         {"x": lambda a: a["x"].clone().requires_grad_()},
         RuntimeError,
-        "inference only",
+        "inference only.*sparse_head_torch.splade_max, on PyTorch ops, has them",
     ),
 }
 
 test_bad_inputs_triton = bad_input_test(K.splade_max, _valid_args, BAD_TRITON)
 test_bad_inputs_torch = bad_input_test(ST.splade_max, _valid_args, BAD)
 test_bad_inputs_reference = bad_input_test(R.splade_max, _valid_args, BAD)
+
+
+def test_torch_backend_has_gradients():
+    """The torch backend's gradients are those of the unfused float64 reference, to float32
+    rounding (its output is float32 whatever the input dtype)."""
+    x, weight, bias, cu = operands(LENGTHS, 97, FEATURES, torch.float64, "cpu", seed=29)
+    x.requires_grad_()
+    weight.requires_grad_()
+    weights = randn((len(LENGTHS), 97), torch.float64, "cpu", 30)
+    fused = torch_backend(x, weight, bias, cu, 2).double()
+    unfused = R.splade_max(x, weight, bias, cu, 2)
+    got = torch.autograd.grad((fused * weights).sum(), (x, weight))
+    expected = torch.autograd.grad((unfused * weights).sum(), (x, weight))
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
 
 
 def test_torch_backend_refuses_a_bad_chunk():
