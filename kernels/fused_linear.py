@@ -1066,8 +1066,9 @@ def _round_to_e4m3(y):
     magic = (((exponent + 20) << 23) | 0x400000).to(tl.float32, bitcast=True)
     rounded = (tl.abs(y) + magic) - magic
     # The sign bit put back afterwards: a negative y (or -0) that rounds to zero stays -0, as
-    # PyTorch's conversion keeps it.
-    return tl.where(bits < 0, -rounded, rounded)
+    # PyTorch's conversion keeps it. Times -1, not a unary minus: Triton 3.6 compiles -x as
+    # 0 - x, which is +0 for x = +0.
+    return tl.where(bits < 0, rounded * -1.0, rounded)
 
 
 @triton.jit
