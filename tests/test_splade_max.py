@@ -89,6 +89,20 @@ def test_many_sequences_inside_one_row_tile(device, implementation, dtype):
     check_splade(IMPLEMENTATIONS[implementation], x, weight, bias, cu, 1)
 
 
+# Sequence bounds on and beside the edges of row tiles of 16, 32, 64 and 128 rows: one-token
+# sequences in a tile's last row and in the next tile's first.
+TILE_EDGE_BOUNDS = (0, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 140)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+def test_sequences_at_row_tile_edges(device, implementation, dtype):
+    lengths = [b - a for a, b in itertools.pairwise(TILE_EDGE_BOUNDS)]
+    x, weight, bias, cu = operands(lengths, 97, FEATURES, dtype, device, seed=31)
+    assert cu.tolist() == list(TILE_EDGE_BOUNDS)
+    check_splade(IMPLEMENTATIONS[implementation], x, weight, bias, cu, 1)
+
+
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 def test_one_sequence_and_no_cu_seqlens(device, implementation):
     """cu_seqlens None is one sequence of every row: [1, V], as cu_seqlens [0, T]."""
