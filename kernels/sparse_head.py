@@ -37,8 +37,9 @@ pattern of a float32 >= 0, whose integer order is the float order (a negative ma
 bit makes it a negative integer, never passes the zeros it starts from). One integer
 reduction per column (``RED.E.MAX.S32`` in the SASS of sm_80, ``REDG.E.MAX.S32`` on sm_90),
 where a float atomic max would take a signed-max and an unsigned-min atomic, each under a
-sign test. Then g runs on the [B, V] output, a PyTorch elementwise pass over
-B x V x 4 bytes (4 MB for 32 sequences of BERT's vocabulary): too small to fuse.
+sign test. Then g runs in place on the [B, V] output: PyTorch elementwise passes over
+B x V x 4 bytes (4 MB for 32 sequences of BERT's vocabulary, beside the 47 MB of a float16
+decoder weight the kernel reads), not worth a kernel of their own.
 
 Shapes and layouts: x [T, K] packed token rows and weight [V, K] (nn.Linear layout: the
 decoder, or the tied word embeddings; V need not be a multiple of anything), both with unit
@@ -50,8 +51,8 @@ Dtypes: float16, bfloat16 and float32 x, weight and bias alike; float32 accumula
 output whatever the input dtype.
 
 Limits: inference only (no backward; an input that requires grad is refused: the torch
-backend, fastbert.kernels.sparse_head_torch, has gradients). Row, column and
-output offsets are int64. ``cu_seqlens``' values are read on the host to check them (one
+backend, fastbert.kernels.sparse_head_torch, has gradients). Row, column and output offsets
+are int64. ``cu_seqlens``' values are read on the host to check them (one
 transfer), except while ``torch.compile`` traces or a CUDA graph captures: the kernel then
 trusts them, and stays inside its tensors whatever they hold (segment indices are clamped
 to [0, B), rows to [0, T)). T == 0, V == 0 or B == 0 return zeros without a launch. A NaN

@@ -16,9 +16,10 @@ The max per sequence: ``scatter_reduce_`` ("amax") of the chunk's rows onto a fr
 ``cu_seqlens``), the zeros being relu's floor and an empty sequence's value; nothing is read
 on the host, on any device, so it traces under ``torch.compile`` as one graph. On a CPU with
 2 threads, for a [4,096, 2,048] float32 chunk of 32 sequences (out of cache), it took 0.63 ms
-(least of 32 calls; 0.7 median), against 1.9 ms for one ``amax`` per sequence (and a median
-of 65 ms on a loaded machine: 32 parallel regions), 41 ms for ``torch.segment_reduce`` and
-40 ms for the same scatter straight into the output's column slice.
+(least of 32 calls; 0.7 median), against 1.7 to 1.9 ms for one ``amax`` per sequence (and
+medians of 14 to 530 ms on a machine loaded by other work: 32 parallel regions), 34 to 67 ms
+for ``torch.segment_reduce`` and 40 to 44 ms for the same scatter straight into the output's
+column slice (least of 16 to 32 calls each).
 """
 
 from __future__ import annotations
