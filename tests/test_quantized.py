@@ -5,6 +5,8 @@ and multi-vector lists; and the errors it gives."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -112,3 +114,200 @@ def test_few_calibration_embeddings_warn(caplog):
     with caplog.at_level("WARNING", logger="fastbert.embed"):
         quantized.quantization_ranges(random_embeddings(10, 8, seed=2))
     assert "from 10 embeddings" in caplog.text
+
+
+# -- TextModel.embed, fastbert.embed and fastbert embed with a precision ----------------------
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    """A tiny random sentence-transformers folder (mean pooling, normalised), 64 wide."""
+    from sentence_transformers.base.modules import Normalize
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    from tests.sentence_folders import HIDDEN, hf_folder, save_modules, transformer
+
+    base = hf_folder(tmp_path_factory.mktemp("base") / "bert", seed=4)
+    modules = [transformer(base), Pooling(HIDDEN, "mean"), Normalize()]
+    return save_modules(tmp_path_factory.mktemp("dense") / "st", modules)
+
+
+@pytest.fixture(scope="module")
+def texts():
+    from tests.test_embed import corpus
+
+    return corpus(120, offset=100, max_words=30)
+
+
+@pytest.fixture(scope="module")
+def st_floats(dense, texts):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(dense), device="cpu").encode(texts, convert_to_numpy=True)
+
+
+def assert_near_sentence_transformers(got, floats, precision, **kwargs):
+    """``got`` (fastbert's quantized embeddings) against sentence-transformers' quantization of
+    its own float embeddings: the float embeddings differ in their last bits (other summation
+    orders), so a value on a bucket's edge may land one bucket over, a value at 0 on the other
+    side of the binary threshold; nothing else may differ."""
+    want = st_util.quantize_embeddings(floats, precision, **kwargs)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if precision.endswith("binary"):
+        flipped = np.unpackbits(got.view(np.uint8), axis=1) != np.unpackbits(
+            want.view(np.uint8), axis=1
+        )
+        assert np.abs(floats[flipped[:, : floats.shape[1]]]).max(initial=0) < 1e-5
+    else:
+        difference = np.abs(got.astype(int) - want.astype(int))
+        assert difference.max() <= 1 and (difference == 0).mean() > 0.99
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_text_model_embed_quantizes_as_sentence_transformers(dense, texts, st_floats, precision):
+    import fastbert
+
+    model = fastbert.load(dense, device="cpu")
+    floats = model.embed(texts)
+    calibration = model.embed(texts[:60])
+    ranges = np.vstack([calibration.min(0), calibration.max(0)])
+    for kwargs in ({}, {"ranges": ranges}, {"calibration_embeddings": calibration}):
+        got = model.embed(texts, precision=precision, **kwargs)
+        assert_identical(got, st_util.quantize_embeddings(floats, precision, **kwargs))
+        assert_near_sentence_transformers(got, st_floats, precision, **kwargs)
+    through_embed = fastbert.embed(texts, model=dense, device="cpu", precision=precision)
+    assert_identical(through_embed, model.embed(texts, precision=precision))
+    loaded = fastbert.embed(texts, model, precision=precision, ranges=ranges)
+    assert_identical(loaded, model.embed(texts, precision=precision, ranges=ranges))
+
+
+def test_precision_errors(dense, texts, tmp_path):
+    import fastbert
+
+    model = fastbert.load(dense, device="cpu")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        model.embed(texts, precision="int4")
+    with pytest.raises(ValueError, match=r"ranges must be \[2, 64\]"):
+        model.embed(texts, precision="int8", ranges=np.zeros((2, 10)))
+    with pytest.raises(ValueError, match="from a single embedding"):
+        model.embed(texts[:1], precision="uint8")
+    assert model.embed(texts[:1], precision="binary").shape == (1, 8)
+    with pytest.raises(ValueError, match="ranges applies to precision int8 or uint8"):
+        fastbert.embed(texts, model=dense, precision="binary", ranges=[[0.0], [1.0]])
+    with pytest.raises(ValueError, match="store_dtype float16 applies to float embeddings"):
+        fastbert.embed(texts, model=dense, precision="int8", dtype="float16", store_dtype="float16")
+    with pytest.raises(ValueError, match="calibration .* applies to files"):
+        fastbert.embed(
+            texts, model=dense, precision="int8", calibration=str(dense / "modules.json")
+        )
+
+
+def read_column(folder):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tables = [pq.read_table(p) for p in sorted(folder.glob("part-*.parquet"))]
+    column = pa.concat_tables(tables).column("embedding").combine_chunks()
+    values = column.flatten().to_numpy()  # the stored type: float32, int8 or uint8
+    return column.type, values.reshape(len(column), column.type.list_size)
+
+
+def job_floats(folder, source, output):
+    """The float32 embeddings a corpus job writes for ``source`` (its encoder normalises in
+    torch, where TextModel.embed normalises in numpy: the last bits may differ)."""
+    import fastbert
+
+    fastbert.embed(source, model=folder, output=output, device="cpu", progress=False)
+    return read_column(output)[1]
+
+
+@pytest.mark.parametrize("precision", ["int8", "uint8", "binary", "ubinary"])
+def test_corpus_job_calibrates_on_its_first_rows(dense, texts, tmp_path, precision):
+    """fastbert embed --precision: the Parquet column is int8 / uint8; int8 / uint8 buckets
+    span the min and max of the job's first 1,000 rows (here all 120), recorded in the
+    manifest as numbers."""
+    from fastbert.cli import main
+
+    source = tmp_path / "corpus.txt"
+    source.write_text("".join(t + "\n" for t in texts))
+    out = tmp_path / "out"
+    argv = ["embed", str(source), "--model", str(dense), "--output", str(out)]
+    assert main([*argv, "--device", "cpu", "--no-progress", "--precision", precision]) == 0
+    record = json.loads((out / "manifest.json").read_text())
+    assert record["precision"] == precision
+    floats = job_floats(dense, source, tmp_path / "floats")
+    column_type, stored = read_column(out)
+    want = st_util.quantize_embeddings(floats, precision)
+    assert str(column_type.value_type) == str(want.dtype)
+    if precision in ("int8", "uint8"):
+        assert record["calibration"] == "the first 1000 rows of the inputs"
+        np.testing.assert_array_equal(record["ranges"], [floats.min(0), floats.max(0)])
+    else:
+        assert "ranges" not in record and "calibration" not in record
+    assert_identical(stored, want)
+
+
+def test_calibration_file_ranges_and_resuming(dense, texts, tmp_path):
+    """--calibration FILE: the ranges come from its texts; a resumed run quantizes with the
+    ranges its manifest recorded (not calibrated again), and ranges given from Python are
+    used and recorded as given."""
+    import fastbert
+
+    calibration = tmp_path / "calibration.jsonl"
+    calibration.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[60:]))
+    source = tmp_path / "corpus.txt"
+    source.write_text("".join(t + "\n" for t in texts[:60]))
+    out = tmp_path / "out"
+    options = dict(output=out, device="cpu", precision="uint8", rows_per_shard=20)
+    summary = fastbert.embed(source, model=dense, calibration=str(calibration), **options)
+    floats = job_floats(dense, source, tmp_path / "floats")
+    calibrated = job_floats(dense, calibration, tmp_path / "calibrated")
+    ranges = np.vstack([calibrated.min(0), calibrated.max(0)])
+    assert summary.manifest["calibration"] == f"the texts of {calibration.resolve()}"
+    np.testing.assert_array_equal(summary.manifest["ranges"], ranges)
+    assert_identical(read_column(out)[1], st_util.quantize_embeddings(floats, "uint8", ranges))
+
+    # An unfinished run whose manifest recorded other ranges: the resumed shards use them.
+    (out / "part-00002.parquet").unlink()
+    recorded = json.loads((out / "manifest.json").read_text())
+    wider = (ranges * 2).tolist()
+    for key in ("rows", "tokens", "truncated", "skipped", "shards"):
+        recorded.pop(key)
+    (out / "manifest.json").write_text(json.dumps({**recorded, "complete": False, "ranges": wider}))
+    summary = fastbert.embed(source, model=dense, calibration=str(calibration), **options)
+    assert summary.docs == 20 and summary.manifest["ranges"] == wider
+    stored = read_column(out)[1]
+    assert_identical(
+        stored[40:], st_util.quantize_embeddings(floats[40:], "uint8", np.array(wider))
+    )
+
+    given = fastbert.embed(
+        source, model=dense, ranges=ranges * 3, **{**options, "output": tmp_path / "given"}
+    )
+    assert given.manifest["calibration"] == "ranges given"
+    np.testing.assert_array_equal(given.manifest["ranges"], ranges * 3)
+    assert_identical(
+        read_column(tmp_path / "given")[1], st_util.quantize_embeddings(floats, "uint8", ranges * 3)
+    )
+
+
+def test_packed_bits_follow_a_dimensions_cut(dense, texts, tmp_path):
+    """--dimensions with --precision ubinary: the cut embeddings' bits, ceil(20 / 8) = 3 bytes
+    each, in memory and in the shards (the width the model loaded with applies to both)."""
+    import fastbert
+
+    model = fastbert.load(dense, device="cpu")
+    cut = model.embed(texts, dimensions=20, force_dimensions=True)
+    options = dict(device="cpu", dimensions=20, force_dimensions=True, precision="ubinary")
+    in_memory = fastbert.embed(texts, model=dense, **options)
+    assert_identical(in_memory, st_util.quantize_embeddings(cut, "ubinary"))
+    source = tmp_path / "corpus.txt"
+    source.write_text("".join(t + "\n" for t in texts))
+    summary = fastbert.embed(
+        source, model=dense, output=tmp_path / "out", progress=False, **options
+    )
+    assert summary.manifest["dimensions"] == 20
+    column_type, stored = read_column(tmp_path / "out")
+    assert column_type.list_size == 3
+    assert (np.unpackbits(stored, axis=1)[:, 20:] == 0).all()
+    assert (stored != in_memory).mean() < 0.01  # bits of values at 0 may differ (see above)

@@ -109,6 +109,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="sparse models: keep each vector's N largest values",
     )
     parser.add_argument(
+        "--precision",
+        choices=("float32", "int8", "uint8", "binary", "ubinary"),
+        default="float32",
+        help="store dense embeddings quantized as sentence-transformers' quantize_embeddings "
+        "does: int8 / uint8 (256 buckets per dimension between the calibration's min and "
+        "max), binary / ubinary (packed bits, ceil(dimensions / 8) bytes); the manifest "
+        "records it and the int8 / uint8 ranges (default: float32)",
+    )
+    parser.add_argument(
+        "--calibration",
+        default=None,
+        metavar="FILE",
+        help="int8 / uint8: take the ranges from the embeddings of every text of FILE (read "
+        "as the inputs are; default: the first 1000 rows of the inputs)",
+    )
+    parser.add_argument(
         "--normalize",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -192,6 +208,8 @@ def run(args: argparse.Namespace) -> int:
             "dimensions",
             "force_dimensions",
             "max_active_dims",
+            "precision",
+            "calibration",
             "skip_bad",
             "overwrite",
             "rows_per_shard",

@@ -6,10 +6,12 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from fastbert.embed.options import EmbedOptions
+from fastbert.embed.quantized import quantization_ranges
 from fastbert.embed.text_model import TextModel, load, load_options
 
 # Options that change how a loaded model is used, not what is loaded.
@@ -21,6 +23,9 @@ _CALL_OPTIONS = (
     "dimensions",
     "force_dimensions",
     "max_active_dims",
+    "precision",
+    "ranges",
+    "calibration_embeddings",
 )
 # How many models fastbert.embed keeps loaded between calls (by folder and options).
 _CACHE_SIZE = 2
@@ -38,8 +43,8 @@ def embed(
 
     ``model``: a model folder, or a model loaded with :func:`fastbert.load` (then only
     ``normalize``, ``prompt_name``, ``prompt``, ``dimensions``, ``force_dimensions``,
-    ``max_active_dims`` and ``progress`` may be given: the other options were fixed when it
-    loaded).
+    ``max_active_dims``, ``precision``, ``ranges``, ``calibration_embeddings`` and ``progress``
+    may be given: the other options were fixed when it loaded).
     A folder is loaded on the first call and kept loaded (the last two folder-and-options pairs),
     so calling ``fastbert.embed`` in a loop pays for the forward passes only; a folder whose
     weights or configs change on disk is loaded again.
@@ -60,8 +65,14 @@ def embed(
     sentence-transformers pooling mode), normalize, dtype, store_dtype, device, backend,
     quantize (None, "int8" or "fp8"), prompt_name / prompt (the prompt before every input;
     default: the folder's default prompt), dimensions / force_dimensions (Matryoshka cuts),
-    max_active_dims (sparse), skip_bad, overwrite, rows_per_shard, window_rows, progress (see
-    :class:`~fastbert.embed.options.EmbedOptions`).
+    max_active_dims (sparse), precision ("float32", or quantized as sentence-transformers'
+    ``quantize_embeddings`` gives them: "int8", "uint8", "binary", "ubinary"), ranges (int8 /
+    uint8 buckets: [2, dimensions], min and max per dimension), calibration_embeddings
+    (embeddings whose min and max give the ranges; in memory, as sentence-transformers takes
+    them, the ranges default to those of the texts' own embeddings), calibration (with
+    ``output``: a file of texts whose embeddings give them; the default is the job's first
+    1,000 rows, and the manifest records the ranges), skip_bad, overwrite, rows_per_shard,
+    window_rows, progress (see :class:`~fastbert.embed.options.EmbedOptions`).
 
     Raises ValueError (or its subclasses InputError / OutputError) naming the bad argument,
     file and row.
@@ -70,15 +81,31 @@ def embed(
 
     if isinstance(model, TextModel):
         return _embed_loaded(texts_or_paths, model, output, ray, options)
+    calibration_embeddings = options.pop("calibration_embeddings", None)
+    if calibration_embeddings is not None and output is not None:
+        if options.get("ranges") is None:  # the manifest records the ranges as numbers
+            options["ranges"] = quantization_ranges(calibration_embeddings)
     settings = EmbedOptions(model=str(model), **options)
     if output is None:
         if ray:
             raise ValueError("ray runs write shards: give output=")
         if settings.skip_bad:
             raise ValueError("skip_bad applies to files; an array needs a row for every text")
+        if settings.calibration is not None:
+            raise ValueError(
+                "calibration (a file of texts) applies to files with output=; in memory give "
+                "ranges= or calibration_embeddings="
+            )
         texts = _texts(texts_or_paths)
-        loaded = _cached(settings)
-        return loaded.embed(texts, progress=settings.progress and len(texts) > 1000)
+        # One loaded model for every precision: it quantizes what it gives, per call.
+        loaded = _cached(replace(settings, precision="float32", ranges=None))
+        return loaded.embed(
+            texts,
+            precision=settings.precision,
+            ranges=settings.ranges,
+            calibration_embeddings=calibration_embeddings,
+            progress=settings.progress and len(texts) > 1000,
+        )
     paths = [texts_or_paths] if isinstance(texts_or_paths, str | Path) else list(texts_or_paths)
     if ray:
         from fastbert.embed import ray_driver
@@ -115,8 +142,6 @@ _cache_lock = threading.Lock()
 def _cached(options: EmbedOptions) -> TextModel:
     """The model ``options`` load, loaded once and kept while its folder's files are unchanged
     (the most recently used :data:`_CACHE_SIZE` of them)."""
-    from dataclasses import replace
-
     key = (replace(options, progress=False), _fingerprint(Path(options.model)))
     with _cache_lock:
         if key in _cache:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from fastbert.embed.quantized import PRECISIONS, RANGED
+
 # sentence-transformers' pooling modes (fastbert.model.pooling; `fastbert embed --help` names
 # them too).
 POOLINGS = ("mean", "cls", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
@@ -16,6 +18,8 @@ STORE_DTYPES = ("float32", "float16")
 BACKENDS = ("auto", "torch", "triton")
 QUANTIZATIONS = ("int8", "fp8")
 BATCH_TOKENS = {"cuda": 16384, "cpu": 4096}
+# int8 / uint8 ranges, without ranges or a calibration file: from this many of the job's rows.
+CALIBRATION_ROWS = 1000
 
 
 @dataclass(frozen=True)
@@ -27,7 +31,12 @@ class EmbedOptions:
     the CPU; for ``id_field`` the row number across all inputs. ``quantize``: None (exact),
     "int8" or "fp8" (the encoder's linears on int8 / float8 e4m3 weights and activations; on
     the CPU with dtype float32, on CUDA on sm_80 (int8) / sm_89 (fp8) or newer: see
-    fastbert.model.quantization)."""
+    fastbert.model.quantization). ``precision``: how dense embeddings are stored, "float32" or
+    quantized as sentence-transformers' ``quantize_embeddings`` does ("int8", "uint8", "binary",
+    "ubinary": see :mod:`fastbert.embed.quantized`); int8 / uint8 buckets span ``ranges``
+    ([min per dimension], [max per dimension]) when given, else those of the embeddings of
+    ``calibration`` (a file of texts, read as the inputs are), else of the job's first
+    :data:`CALIBRATION_ROWS` rows."""
 
     model: str
     text_field: str = "text"
@@ -46,6 +55,9 @@ class EmbedOptions:
     dimensions: int | None = None
     force_dimensions: bool = False
     max_active_dims: int | None = None
+    precision: str = "float32"
+    ranges: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    calibration: str | None = None
     skip_bad: bool = False
     overwrite: bool = False
     rows_per_shard: int = 50_000
@@ -82,6 +94,7 @@ class EmbedOptions:
                 raise ValueError(f"{name} must be a string, got {value!r}")
         if self.prompt_name is not None and self.prompt is not None:
             raise ValueError("give prompt or prompt_name, not both")
+        self._check_precision()
         if not self.text_field:
             raise ValueError("text_field must be a field name")
         if self.device is not None:
@@ -91,6 +104,32 @@ class EmbedOptions:
                 device = None
             if device is None or device.type not in ("cpu", "cuda"):
                 raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+
+    def _check_precision(self) -> None:
+        _check_choice("precision", self.precision, PRECISIONS)
+        if self.precision != "float32" and self.store_dtype != "float32":
+            raise ValueError(
+                f"store_dtype {self.store_dtype} applies to float embeddings; precision "
+                f"{self.precision} stores them quantized"
+            )
+        for name in ("ranges", "calibration"):
+            if getattr(self, name) is not None and self.precision not in RANGED:
+                raise ValueError(
+                    f"{name} applies to precision int8 or uint8 (their buckets' ranges), not "
+                    f"{self.precision}"
+                )
+        if self.ranges is not None and self.calibration is not None:
+            raise ValueError("give ranges or calibration, not both")
+        if self.ranges is not None:  # held as numbers, hashable, as the manifest records them
+            try:
+                ranges = tuple(tuple(float(v) for v in row) for row in self.ranges)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"ranges must be two lists of numbers: {exc}") from exc
+            if len(ranges) != 2 or len(ranges[0]) != len(ranges[1]):
+                raise ValueError("ranges must be two lists of numbers of one length (min, max)")
+            object.__setattr__(self, "ranges", ranges)
+        if self.calibration is not None and not Path(self.calibration).exists():
+            raise ValueError(f"calibration: {self.calibration!r} does not exist")
 
     def resolved_device(self) -> torch.device:
         """The device to run on (None: CUDA when this machine has it); ValueError for CUDA on a

@@ -13,10 +13,11 @@ import numpy as np
 import torch
 
 from fastbert.embed import manifest, model, readers
-from fastbert.embed.options import EmbedOptions
-from fastbert.embed.run import Summary, run_rows
+from fastbert.embed.options import CALIBRATION_ROWS, EmbedOptions
+from fastbert.embed.quantized import RANGED, Quantizer, check_ranges, quantization_ranges
+from fastbert.embed.run import ArraySink, Summary, run_rows
 from fastbert.embed.shards import ShardWriter
-from fastbert.embed.text_model import load_options, resolve
+from fastbert.embed.text_model import TextModel, load_options, resolve
 from fastbert.model.sentence_folder import CLASSIFICATION, FolderSpec
 from fastbert.version import __version__
 
@@ -25,10 +26,11 @@ def job_record(
     inputs: Sequence[Path], options: EmbedOptions, spec: FolderSpec, dimensions: int | None
 ) -> dict:
     """The manifest's description of a job: what decides its embeddings and shard layout
-    (``quantize``, ``prompt`` and ``max_active_dims`` only when set, so that the records of
-    earlier runs without them still match). ``spec``: the model folder as read (its kind:
-    "embedding", "sparse", "multi-vector"); ``dimensions``: the output's width (None when only
-    the loaded model tells it)."""
+    (``quantize``, ``prompt``, ``max_active_dims`` and ``precision`` only when set, so that the
+    records of earlier runs without them still match; with int8 / uint8, where the ranges
+    come from, and the ``ranges`` themselves once known). ``spec``: the model folder as read
+    (its kind: "embedding", "sparse", "multi-vector"); ``dimensions``: the output's width (None
+    when only the loaded model tells it)."""
     record = {
         "format": manifest.FORMAT,
         "fastbert_version": __version__,
@@ -51,7 +53,21 @@ def job_record(
     for name in ("prompt", "max_active_dims"):
         if getattr(options, name):
             record[name] = getattr(options, name)
+    if options.precision != "float32":
+        record["precision"] = options.precision
+    if options.precision in RANGED:
+        record["calibration"] = _calibration_source(options)
+        if options.ranges is not None:
+            record["ranges"] = [list(row) for row in options.ranges]
     return record
+
+
+def _calibration_source(options: EmbedOptions) -> str:
+    if options.ranges is not None:
+        return "ranges given"
+    if options.calibration is not None:
+        return f"the texts of {Path(options.calibration).resolve()}"
+    return f"the first {CALIBRATION_ROWS} rows of the inputs"
 
 
 @dataclass
@@ -65,6 +81,29 @@ class Job:
     record: dict
     writer: ShardWriter
     first_row: int
+
+    def quantize(self, loaded: TextModel | None, files: Sequence[Path]) -> None:
+        """Set the writer's quantizer (with ``precision``): int8 / uint8 buckets span the
+        ranges given, else those an earlier run of the job recorded, else those of the
+        calibration texts' embeddings by ``loaded`` (the calibration file's, else the inputs'
+        first :data:`~fastbert.embed.options.CALIBRATION_ROWS` rows), recorded in the manifest
+        before any shard is written, so that a resumed run uses the same."""
+        precision = self.options.precision
+        if precision == "float32":
+            return
+        ranges = None
+        if precision in RANGED:
+            if "ranges" not in self.record:
+                if loaded is None:
+                    raise ValueError(f"precision {precision} here needs ranges: give ranges")
+                width = self.writer.dimensions
+                sample = calibration_rows(self.options, files)
+                found = quantization_ranges(embed_rows(loaded, sample, width), precision)
+                self.record["ranges"] = found.astype(np.float64).tolist()
+                manifest.write_manifest(self.output, {**self.record, "complete": False})
+            given = self.record["ranges"]
+            ranges = check_ranges(given, self.writer.dimensions or len(given[0]))
+        self.writer.quantizer = Quantizer(precision, ranges)
 
     def finish(self, summary: Summary) -> Summary:
         """``summary`` of the run, with the output folder and the final manifest written."""
@@ -91,6 +130,10 @@ def start_job(
         )
     output = Path(output)
     record = job_record(files, options, spec, dimensions)
+    if options.precision in RANGED and "ranges" not in record and not options.overwrite:
+        earlier = manifest.read_manifest(output)  # a resumed run keeps the ranges it recorded
+        if earlier is not None and earlier.get("ranges") is not None:
+            record["ranges"] = earlier["ranges"]
     start = manifest.start_output(output, record, options.overwrite)
     store_dtype = np.dtype(options.store_dtype)
     writer = ShardWriter(output, options.rows_per_shard, spec.kind, dimensions, store_dtype, start)
@@ -110,5 +153,37 @@ def embed_files(inputs: Sequence[str | Path], output: str | Path, options: Embed
         for r in readers.read_rows(files, job.options.text_field, job.options.id_field)
         if r.index >= job.first_row
     )
-    job.writer.dimensions = loaded.dimensions
+    job.writer.dimensions = job.options.dimensions or loaded.dimensions
+    job.quantize(loaded, files)
     return job.finish(run_rows(rows, loaded.job(job.options.progress), job.writer, job.first_row))
+
+
+def calibration_rows(options: EmbedOptions, files: Sequence[Path]) -> list[readers.Row]:
+    """The rows whose embeddings give int8 / uint8 ranges: every good row of
+    ``options.calibration``, else the first :data:`~fastbert.embed.options.CALIBRATION_ROWS`
+    good rows of ``files``; numbered from 0. InputError when there are fewer than two."""
+    if options.calibration is not None:
+        source, limit = readers.list_inputs([options.calibration]), None
+    else:
+        source, limit = files, CALIBRATION_ROWS
+    texts = []
+    for row in readers.read_rows(source, options.text_field, None):
+        if row.problem is None:
+            texts.append(row.text)
+        if limit is not None and len(texts) == limit:
+            break
+    if len(texts) < 2:
+        where = options.calibration or "the inputs"
+        raise readers.InputError(
+            f"{where}: {len(texts)} text(s) to calibrate {options.precision} ranges on; give "
+            "at least two (a few hundred or more make stable ranges), or give the ranges"
+        )
+    return [readers.Row(i, None, t, readers.LIST_SOURCE, i) for i, t in enumerate(texts)]
+
+
+def embed_rows(loaded: TextModel, rows: list[readers.Row], width: int) -> np.ndarray:
+    """The job's float32 embeddings [len(rows), width] of ``rows`` (numbered from 0), as its
+    shards would hold them before quantization."""
+    sink = ArraySink(len(rows), width, np.dtype(np.float32))
+    run_rows(rows, loaded.job(progress=False), sink, 0)
+    return sink.array

@@ -27,6 +27,7 @@ import torch
 
 from fastbert.embed import model, pipeline, readers, run
 from fastbert.embed.options import EmbedOptions
+from fastbert.embed.quantized import RANGED
 from fastbert.embed.shards import EmbeddedRows, ShardWriter
 from fastbert.embed.text_model import load_options
 from fastbert.model.sentence_folder import EMBEDDING
@@ -43,7 +44,14 @@ def embed_files(
 ) -> run.Summary:
     """Embed ``inputs`` into Parquet shards in ``output`` on Ray: the cluster at ``address``,
     else the Ray instance this process has started (ray.init), else a new local one. Same
-    arguments, output and errors as :func:`fastbert.embed.pipeline.embed_files`."""
+    arguments, output and errors as :func:`fastbert.embed.pipeline.embed_files`, but int8 /
+    uint8 precision needs ``ranges`` (no model runs here to calibrate them)."""
+    if options.precision in RANGED and options.ranges is None:
+        raise ValueError(
+            f"precision {options.precision} on Ray needs ranges= (min and max per dimension): "
+            "the driver runs no model to calibrate them; run without Ray, or give the ranges "
+            "a local run recorded in its manifest"
+        )
     ray = _import_ray()
     files = readers.list_inputs(inputs)
     counts = [readers.count_rows(f) for f in files]
@@ -54,6 +62,7 @@ def embed_files(
         cpus = ray.cluster_resources().get("CPU", 1)
         device = worker_device(options, gpus)
         job = pipeline.start_job(files, output, options, tokenizer, device)
+        job.quantize(None, files)
         dataset = _dataset(ray, files, counts, job.first_row, job.options, gpus, cpus)
         summary = _drain(dataset, job.writer, job.options, job.first_row, sum(counts))
     finally:

@@ -2,7 +2,8 @@
 [k * rows_per_shard, (k + 1) * rows_per_shard), in input order, with an ``id`` column and, by
 the model's kind:
 
-- embedding: ``embedding``, a fixed-size list of float32 (or float16);
+- embedding: ``embedding``, a fixed-size list of float32 (or float16; quantized: int8 or
+  uint8, [dimensions] values, or ceil(dimensions / 8) bytes of packed bits);
 - sparse: ``indices`` (list of int32, ascending) and ``values`` (list of float32), the
   non-zero entries over the vocabulary;
 - multi-vector: ``vectors``, a list of fixed-size lists of float32 (one per token the model
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fastbert.embed.quantized import Quantizer
 
 SHARD_PATTERN = "part-{:05d}.parquet"
 METADATA_KEY = b"fastbert"
@@ -68,7 +71,9 @@ class ShardWriter:
 
     ``start``: the first shard to write (a resumed run's); ``kind``: the model's ("embedding",
     "sparse" or "multi-vector"); ``dimensions``: the output's width (may be set once the model
-    has loaded, before the first row); ``store_dtype``: numpy float32 or float16.
+    has loaded, before the first row); ``store_dtype``: numpy float32 or float16;
+    ``quantizer``: what quantizes a dense model's embeddings as they are added (None: stored
+    as computed; may be set before the first row, once the ranges are known).
     """
 
     def __init__(
@@ -86,6 +91,7 @@ class ShardWriter:
         self.dimensions = dimensions
         self.store_dtype = np.dtype(store_dtype)
         self.next_shard = start
+        self.quantizer: Quantizer | None = None
         self.written: list[ShardStats] = []
         self._rows: list[int] = []
         self._ids: list[Any] = []
@@ -101,7 +107,10 @@ class ShardWriter:
             self.dimensions = int(np.asarray(embedded.vectors[0]).shape[-1])
         self._rows += rows
         self._ids += embedded.ids
-        self._vectors += list(embedded.vectors)
+        vectors = embedded.vectors
+        if self.quantizer is not None and self.kind == "embedding" and len(rows):
+            vectors = self.quantizer(np.asarray(vectors))
+        self._vectors += list(vectors)
         self._tokens.update(zip(rows, embedded.tokens))
         self._truncated.update(r for r, cut in zip(rows, embedded.truncated) if cut)
 
@@ -135,9 +144,10 @@ class ShardWriter:
             skipped=sum(r < last for r in self._skipped),
         )
         ids = [self._ids[i] for i in taken]
-        columns = output_columns(
-            self.kind, [self._vectors[i] for i in taken], self.dimensions, self.store_dtype
-        )
+        width, dtype = self.dimensions, self.store_dtype
+        if self.quantizer is not None and self.kind == "embedding":
+            width, dtype = self.quantizer.width(self.dimensions), self.quantizer.dtype
+        columns = output_columns(self.kind, [self._vectors[i] for i in taken], width, dtype)
         write_shard(shard_path(self.output, self.next_shard), ids, columns, stats)
         keep = [i for i, r in enumerate(self._rows) if r >= last]
         self._rows = [self._rows[i] for i in keep]
@@ -151,7 +161,8 @@ class ShardWriter:
 
 def output_columns(kind: str, outputs: list[Any], dimensions: int, dtype: np.dtype) -> dict:
     """The Parquet columns (pyarrow arrays) of ``outputs``, one per row, for a model of
-    ``kind`` (see the module docstring) with outputs ``dimensions`` wide."""
+    ``kind`` (see the module docstring) with outputs ``dimensions`` wide (a dense model's:
+    values of ``dtype``, as stored)."""
     import pyarrow as pa
 
     if kind == "sparse":
@@ -171,8 +182,7 @@ def output_columns(kind: str, outputs: list[Any], dimensions: int, dtype: np.dty
             "num_vectors": pa.array(counts, type=pa.int32()),
         }
     vectors = np.stack(outputs) if outputs else np.zeros((0, dimensions), dtype)
-    value_type = pa.float16() if vectors.dtype == np.float16 else pa.float32()
-    flat = pa.array(vectors.reshape(-1), type=value_type)
+    flat = pa.array(vectors.reshape(-1), type=pa.from_numpy_dtype(vectors.dtype))
     return {"embedding": pa.FixedSizeListArray.from_arrays(flat, dimensions)}
 
 

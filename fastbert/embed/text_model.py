@@ -25,6 +25,7 @@ import torch
 
 from fastbert.embed import model, readers, run
 from fastbert.embed.options import DTYPES, EmbedOptions
+from fastbert.embed.quantized import check_precision, check_ranges, quantize_embeddings
 from fastbert.embed.sparse import SparseVectors
 from fastbert.embed.tokenize import Tokenise, Tokens
 from fastbert.model.sentence_folder import (
@@ -155,6 +156,9 @@ class TextModel:
         max_active_dims: int | None = None,
         prompt_name: str | None = None,
         prompt: str | None = None,
+        precision: str = "float32",
+        ranges: Any = None,
+        calibration_embeddings: Any = None,
         progress: bool = False,
     ) -> np.ndarray | SparseVectors | list[np.ndarray]:
         """What the model gives for ``texts``, row i for text i, each after the prompt (see
@@ -163,9 +167,15 @@ class TextModel:
         - an embedding model: numpy [len(texts), dimensions] (``options.store_dtype``);
           ``normalize``: None for what the folder says; ``dimensions``: keep the first N
           values of each embedding, then normalise (a model whose card does not say it is
-          Matryoshka-trained needs ``force_dimensions=True``);
+          Matryoshka-trained needs ``force_dimensions=True``; None: the width the model
+          loaded with); ``precision``: "float32", or quantized as sentence-transformers'
+          ``quantize_embeddings`` gives them ("int8" / "uint8": numpy int8 / uint8
+          [n, dimensions], each dimension's buckets spanning ``ranges`` [2, dimensions], else
+          the min and max of ``calibration_embeddings``, else of these embeddings; "binary" /
+          "ubinary": packed bits [n, ceil(dimensions / 8)]; see
+          :mod:`fastbert.embed.quantized`);
         - a sparse model: :class:`~fastbert.embed.sparse.SparseVectors` over the vocabulary
-          (``max_active_dims``: each row's N largest values only);
+          (``max_active_dims``: each row's N largest values only; None: as loaded);
         - a multi-vector model: a list of float32 arrays [tokens_i, dimensions], one vector per
           token the model scores (``prompt_name`` "query" or "document" also picks the task).
 
@@ -175,8 +185,15 @@ class TextModel:
             raise ValueError(f"normalize and dimensions apply to dense embeddings, not {self.kind}")
         if self.kind != SPARSE and max_active_dims is not None:
             raise ValueError(f"max_active_dims applies to sparse embeddings, not {self.kind}")
+        check_precision(precision)
+        if self.kind != EMBEDDING and precision != "float32":
+            raise ValueError(f"precision applies to dense embeddings, not {self.kind}")
         if dimensions is not None:
             self.check_dimensions(dimensions, force_dimensions)
+        elif self.kind == EMBEDDING:
+            dimensions = self.options.dimensions  # checked when the model loaded
+        if max_active_dims is None and self.kind == SPARSE:
+            max_active_dims = self.options.max_active_dims
         texts = _checked_texts(texts)
         raw = self._raw
         if max_active_dims is not None:
@@ -198,12 +215,17 @@ class TextModel:
             return SparseVectors.from_rows(sink.items, self.encoder.dimensions)
         if self.kind == MULTI_VECTOR:
             return sink.items
-        return finish_embeddings(
+        vectors = finish_embeddings(
             sink.array,
             self.options.normalize if normalize is None else normalize,
             dimensions,
             np.dtype(self.options.store_dtype),
         )
+        if precision == "float32":
+            return vectors
+        if ranges is not None:
+            ranges = check_ranges(ranges, vectors.shape[1])
+        return quantize_embeddings(vectors, precision, ranges, calibration_embeddings)
 
     def check_dimensions(self, dimensions: int, force: bool = False) -> None:
         """ValueError unless ``dimensions`` is a width this dense model's embeddings may be cut
@@ -363,8 +385,9 @@ def resolve(
     if spec.kind != EMBEDDING:
         names = ("pooling", "normalize", "dimensions")
         dense_only = [n for n in names if getattr(options, n) is not None]
-        if options.store_dtype != "float32":
-            dense_only.append("store_dtype")
+        for name in ("store_dtype", "precision"):
+            if getattr(options, name) != "float32":
+                dense_only.append(name)
         if dense_only:
             raise ValueError(
                 f"{', '.join(dense_only)} applies to dense embeddings; {options.model} is "
