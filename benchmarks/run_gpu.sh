@@ -12,8 +12,8 @@
 # (tokens/s, padding-free, fp16 and bf16), limits 15 (bf16 GEMM and copy), kernels 45 (the
 # kernel suite), train-step 30, serve-model 15, serve 55 (fastbert serve at 1, 16 and 64
 # clients); then, on what time is left, gpu-tests-rest, bench-compile-rest (torch.compile at
-# the other shapes), gemm-configs and e2e-suite. A stage that reaches its cap is interrupted
-# (it reports what it measured) and the next one starts.
+# the other shapes), splade-head, gemm-configs and e2e-suite. A stage that reaches its cap is
+# interrupted (it reports what it measured) and the next one starts.
 # Knobs (environment): BUDGET_S (540), GPU_TEST_WORKERS (12, fewer on a smaller machine),
 # PYTHON (python3). docs/benchmarks.md describes the run and the files.
 set -u

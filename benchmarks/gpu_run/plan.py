@@ -227,6 +227,28 @@ def stages(
             leftover=True,
         ),
         Stage(
+            "splade-head",
+            BUDGET_S,
+            _python_module(
+                python,
+                "benchmarks.splade_head",
+                "--device",
+                "cuda",
+                "--dtype",
+                "float16",
+                "--sequences",
+                "32",
+                "--length",
+                "128",
+                "--rounds",
+                "20",
+                "--out",
+                str(results / "splade-head"),
+            ),
+            what="the fused SPLADE head (splade_max) against the unfused one, 4,096 tokens, fp16",
+            leftover=True,
+        ),
+        Stage(
             "gemm-configs",
             BUDGET_S,
             _python_module(
