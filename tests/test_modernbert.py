@@ -268,13 +268,6 @@ def test_heads_match_hf(head: str, overrides: dict) -> None:
     assert error.abs().max() <= BOUND
 
 
-def test_token_type_ids_are_refused() -> None:
-    model = fastbert.optimize(hf_modernbert(), backend="torch")
-    ids, mask = inputs([4, 2])
-    with pytest.raises(ValueError, match="token_type_ids"):
-        model(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids))
-
-
 def test_sentence_transformer_matches(tmp_path) -> None:
     """A sentence-transformers model on a ModernBERT encoder (mean pooling; the packaged
     all-MiniLM-L6-v2's tokenizer for real text, and its vocabulary size): optimize(st).encode

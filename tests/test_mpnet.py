@@ -191,13 +191,6 @@ def test_without_mask_matches_hf() -> None:
     assert (got - expected).abs().max() <= BOUND
 
 
-def test_token_type_ids_are_refused() -> None:
-    model = fastbert.optimize(hf_mpnet(), backend="torch")
-    ids, mask = mpnet_inputs([4, 2])
-    with pytest.raises(ValueError, match="token_type_ids.*no token types"):
-        model(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids))
-
-
 def test_too_few_buckets_are_refused() -> None:
     with pytest.raises(ValueError, match="relative_attention_num_buckets must be 0 or >= 32"):
         fastbert.optimize(hf_mpnet(relative_attention_num_buckets=16), backend="torch")

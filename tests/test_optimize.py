@@ -395,11 +395,18 @@ def test_config_defaults_that_need_hf_raise() -> None:
         model(**inputs)
 
 
-def test_distilbert_token_types_raise() -> None:
-    model = fastbert.optimize(make_model("distilbert", "Model"), backend="torch")
-    inputs, _ = make_inputs(model, "Model", [5, 2])
-    with pytest.raises(ValueError, match="token_type_ids=.*no token types"):
-        model(**inputs, token_type_ids=torch.zeros_like(inputs["input_ids"]))
+@pytest.mark.parametrize("family", ["distilbert", "mpnet", "modernbert"])
+def test_token_types_of_a_family_without_them_are_ignored(family: str) -> None:
+    """Hugging Face's DistilBERT, MPNet and ModernBERT take token_type_ids only through
+    **kwargs and ignore them (sentence-transformers passes those a BERT tokenizer makes): so
+    does the optimized model."""
+    from tests.test_modernbert import hf_modernbert
+
+    model = hf_modernbert() if family == "modernbert" else make_model(family, "Model")
+    inputs, valid = make_inputs(model, "Model", [5, 2])
+    inputs["token_type_ids"] = torch.randint(0, 2, inputs["input_ids"].shape)
+    expected, got = hf_then_optimized(model, inputs, backend="torch")
+    assert_outputs_match(expected, got, valid)
 
 
 def test_too_long_roberta_input_raises() -> None:

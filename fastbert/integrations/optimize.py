@@ -50,7 +50,6 @@ _UNSUPPORTED = {
     "inputs_embeds": "fastbert embeds input_ids itself; pass input_ids",
     "position_ids": "positions are computed from input_ids as the model family does",
     "head_mask": "fastbert does not mask attention heads",
-    "token_type_ids": "this model family has no token types",
     "output_attentions": "the fused attention never forms the attention probabilities",
     "output_hidden_states": "fastbert returns the last hidden state only",
     "encoder_hidden_states": "fastbert runs encoders, not cross-attention",
@@ -93,7 +92,9 @@ def optimize(
     The model runs inference and training (see the module docstring); any argument fastbert
     cannot honour raises
     (inputs_embeds, position_ids, head_mask, output_attentions, output_hidden_states, caches,
-    cross-attention inputs), each with a message naming it.
+    cross-attention inputs), each with a message naming it. token_type_ids given to a family
+    without token types (DistilBERT, MPNet, ModernBERT) are ignored, as Hugging Face ignores
+    them.
     Raises TypeError for an unsupported model class or a dtype other than float16, bfloat16 or
     float32 (float32 only with quantize on the CPU), and ValueError for an unsupported config
     (relative position embeddings, a decoder, an unknown activation) or quantize value, before
@@ -255,9 +256,11 @@ class FastbertForward:
         arguments = self._arguments(args, kwargs)
         input_ids = arguments.pop("input_ids", None)
         attention_mask = arguments.pop("attention_mask", None)
-        token_type_ids = None
-        if self.config.type_vocab_size:  # else token_type_ids is refused below
-            token_type_ids = arguments.pop("token_type_ids", None)
+        token_type_ids = arguments.pop("token_type_ids", None)
+        if not self.config.type_vocab_size:
+            # DistilBERT, MPNet, ModernBERT: their forward takes token_type_ids only through
+            # **kwargs and ignores them (sentence-transformers passes what the tokenizer gives).
+            token_type_ids = None
         return_dict = arguments.pop("return_dict", None)
         arguments.pop("use_cache", None)  # an encoder ignores it, as in Hugging Face
         # The Trainer's token count for the heads' loss, passed down through **kwargs.
