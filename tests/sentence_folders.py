@@ -32,13 +32,57 @@ def hf_folder(path: Path, cls_name: str = "BertModel", seed: int = 0, **override
     vocabulary and tokenizer, saved at ``path``."""
     import transformers
 
-    tok = tokenizer()
-    config = tiny_config(vocab_size=tok.vocab_size, num_labels=1, **overrides)
+    config = tiny_config(vocab_size=tokenizer().vocab_size, num_labels=1, **overrides)
     torch.manual_seed(seed)
-    model = randomize(getattr(transformers, cls_name)(config), seed)
+    return save_with_tokenizer(randomize(getattr(transformers, cls_name)(config), seed), path)
+
+
+def save_with_tokenizer(model: torch.nn.Module, path: Path) -> Path:
+    """``model`` saved at ``path`` with MiniLM's tokenizer beside it."""
     model.save_pretrained(path)
-    tok.save_pretrained(path)
+    tokenizer().save_pretrained(path)
     return path
+
+
+# Encoder families of the sentence-transformers models in the tests, and the prefix of their
+# transformers classes.
+FAMILIES = {"bert": "Bert", "mpnet": "MPNet", "modernbert": "ModernBert"}
+
+
+def family_folder(path: Path, family: str, head: str = "Model", seed: int = 0) -> Path:
+    """A random model of ``family`` (a key of FAMILIES) with ``head`` ("Model", "ForMaskedLM",
+    "ForSequenceClassification", ...), MiniLM's vocabulary, special token ids and tokenizer,
+    saved at ``path``: the small BERT of :func:`hf_folder`, the MPNet of tests/test_mpnet.py,
+    or the ModernBERT of tests/test_modernbert.py (ModernBERT-base's structure: head dim 64,
+    intermediate 1.5 x hidden, a global layer every third; the other two attend within 16
+    positions each side). MiniLM's BERT tokenizer makes token types, which sentence-transformers
+    passes on and Hugging Face's MPNet ignores; the ModernBERT tokenizer class transformers
+    picks for the folder makes none."""
+    if family == "bert":
+        return hf_folder(path, f"Bert{head}", seed)
+    tok = tokenizer()
+    ids = dict(vocab_size=tok.vocab_size, pad_token_id=tok.pad_token_id, num_labels=1)
+    if family == "mpnet":
+        from tests.test_mpnet import hf_mpnet
+
+        return save_with_tokenizer(hf_mpnet(head, seed, **ids), path)
+    from tests.test_modernbert import hf_modernbert
+
+    model = hf_modernbert(
+        head,
+        seed,
+        **ids,
+        cls_token_id=tok.cls_token_id,
+        sep_token_id=tok.sep_token_id,
+        bos_token_id=tok.cls_token_id,
+        eos_token_id=tok.sep_token_id,
+        hidden_size=HIDDEN,
+        num_hidden_layers=3,
+        num_attention_heads=1,
+        intermediate_size=96,
+        max_position_embeddings=64,
+    )
+    return save_with_tokenizer(model, path)
 
 
 def save_modules(path: Path, modules: list[Any], kind: str = "SentenceTransformer", **kw) -> Path:

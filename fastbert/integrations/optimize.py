@@ -23,6 +23,13 @@ parameters each get their own: while a call records gradients, each layer reads 
 concatenation instead of the fused tensor), so a Hugging Face ``Trainer`` or a plain PyTorch
 loop trains the optimized model unchanged and ``save_pretrained`` saves what it learned.
 
+A sentence-transformers model runs its own modules (pooling, Dense, SPLADE pooling, MaxSim
+masks, a cross-encoder's head) on the encoder's outputs as before. One of them reads outputs
+at masked positions: ColBERT query expansion that does not attend to the expansion tokens
+(``query_expansion={..., "attend": False}``), whose outputs MaxSim scores; while a model's
+Transformer expands so, its encoder runs dense (``padding_free="auto"`` becomes False), which
+computes every position as Hugging Face does.
+
 The differences between families are data (fastbert.model.families). transformers is imported only
 when ``optimize`` runs (for the output classes), never at ``import fastbert``.
 """
@@ -32,6 +39,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -76,7 +84,9 @@ def optimize(
     sentence-transformers model whose first module is a Transformer holding one.
     dtype: float16, bfloat16 or float32 to cast the whole model to first (None keeps its dtype).
     backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch" or "triton".
-    padding_free, cuda_graphs: "auto", True or False, as for fastbert.BertModel.
+    padding_free, cuda_graphs: "auto", True or False, as for fastbert.BertModel (a
+    sentence-transformers model with query expansion that does not attend to its expansion
+    tokens runs dense: see the module docstring; padding_free=True raises for it).
     packed_weights: True to have the CPU linears read packed copies of the weights (faster,
     the same results; see fastbert.execution.runtime.Runner). Leave it False when the
     model's weights may be written through ``.data`` (``p.data.copy_(...)``), which the
@@ -112,6 +122,9 @@ def optimize(
     config = BertConfig.from_hf(hf_model.config, family)
     if backend == "triton":
         check_head_dim(config.head_dim)
+    masked_outputs_read = _masked_outputs_read(model)
+    if padding_free is True and masked_outputs_read is not None and masked_outputs_read():
+        raise ValueError(_PADDING_FREE_EXPANSION)
     first = next(base.parameters())
     validation.check_quantize(quantize, dtype or first.dtype, first.device)
     if dtype is not None and dtype != first.dtype:
@@ -123,8 +136,33 @@ def optimize(
         "quantize": quantize,
         "packed_weights": packed_weights,
     }
-    base.forward = FastbertForward(base, family, config, settings)
+    base.forward = FastbertForward(base, family, config, settings, masked_outputs_read)
     return model
+
+
+_PADDING_FREE_EXPANSION = (
+    "padding_free=True cannot run a sentence-transformers model whose Transformer expands "
+    "queries without attending to the expansion (query_expansion attend=False): MaxSim scores "
+    "the outputs at those masked positions, which a padding-free call does not compute; use "
+    'padding_free="auto" (such a model then runs dense) or False'
+)
+
+
+def _masked_outputs_read(model: Any) -> Callable[[], bool] | None:
+    """For a sentence-transformers model, whether its modules read the encoder's outputs at
+    masked positions now: a Transformer with ColBERT query expansion that does not attend to
+    the expansion tokens (``query_expansion={..., "attend": False}``) gives them
+    ``attention_mask`` 0 and MaxSim scores their outputs, as Hugging Face computes them (each a
+    query over the real tokens). None for other models (their modules read real tokens only)."""
+    if not is_sentence_transformer(model):
+        return None
+    first = model[0]
+
+    def reads_masked_outputs() -> bool:
+        expansion = getattr(first, "query_expansion", None)
+        return isinstance(expansion, dict) and not expansion.get("attend", False)
+
+    return reads_masked_outputs
 
 
 def _transformers_model(model: Any) -> nn.Module:
@@ -224,11 +262,19 @@ class FastbertForward:
     the model's dtype, or its tuple when return_dict is False.
     """
 
-    def __init__(self, base: nn.Module, family: Family, config: BertConfig, settings: dict):
+    def __init__(
+        self,
+        base: nn.Module,
+        family: Family,
+        config: BertConfig,
+        settings: dict,
+        masked_outputs_read: Callable[[], bool] | None = None,
+    ):
         self.base = base
         self.family = family
         self.config = config
         self.settings = settings
+        self._masked_outputs_read = masked_outputs_read
         signature = inspect.signature(type(base).forward)
         self._signature = signature
         self.__signature__ = signature.replace(parameters=list(signature.parameters.values())[1:])
@@ -274,6 +320,11 @@ class FastbertForward:
             encoder = self.encoder
         if encoder.training != self.base.training:
             encoder.train(self.base.training)  # dropout follows model.train() / .eval()
+        if self._masked_outputs_read is not None and self._masked_outputs_read():
+            if encoder.padding_free is True:
+                raise ValueError(_PADDING_FREE_EXPANSION)
+            if encoder.padding_free == "auto":
+                encoder.padding_free = False  # every position computed, as in Hugging Face
         out = encoder(input_ids, attention_mask, token_type_ids)
         fields = {"last_hidden_state": out.last_hidden_state}
         if "pooler_output" in self._output_class.__dataclass_fields__:
