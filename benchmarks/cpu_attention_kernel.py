@@ -26,17 +26,14 @@ here, never asserted in a test.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from benchmarks import embed_bench
+from benchmarks import embed_bench, reporting
 from fastbert.bench import environment
 from fastbert.embed.batching import token_batches
 from fastbert.kernels import cpu_attention
@@ -227,13 +224,7 @@ def markdown(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.cpu_attention_kernel",
-        description=__doc__.splitlines()[0],
-    )
-    parser.add_argument("--out", required=True, type=Path, help="folder for the results")
-    parser.add_argument("--docs", type=int, default=2608, help="corpus paragraphs (2608: all)")
-    parser.add_argument("--rounds", type=int, default=5, help="timing rounds per batch")
+    parser = reporting.parser("cpu_attention_kernel", __doc__.splitlines()[0], 2608, 5)
     parser.add_argument("--head-dims", type=int, nargs="+", default=[32, 64], choices=[32, 64])
     parser.add_argument(
         "--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES), help="precisions"
@@ -271,10 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         "environment": environment.capture(),
         "rows": rows,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "attention.json").write_text(json.dumps(report, indent=1) + "\n")
-    (args.out / "attention.md").write_text(markdown(report))
-    print(markdown(report))
+    reporting.write_report(args.out, "attention", report, markdown(report), indent=1)
     return 0
 
 

@@ -22,8 +22,8 @@ import resource
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
+from benchmarks import reporting
 from fastbert.execution import cpu_memory
 
 SETTINGS = ("1", "0")  # kept, returned to the system
@@ -85,14 +85,7 @@ def markdown(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.cpu_memory",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("--out", type=Path, help="folder for cpu-memory.json and .md")
-    parser.add_argument("--docs", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser = reporting.parser("cpu_memory", __doc__.split("\n\n")[0], 1000, 3, False)
     parser.add_argument("--contenders", default="fastbert-int8,fastbert-bf16,fastbert-list")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -127,10 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         "environment": env,
         "runs": runs,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "cpu-memory.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "cpu-memory.md").write_text(markdown(report))
-    print(markdown(report))
+    reporting.write_report(args.out, "cpu-memory", report, markdown(report))
     return 0
 
 

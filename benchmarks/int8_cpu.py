@@ -21,12 +21,12 @@ is measured here, never asserted in a test.
 from __future__ import annotations
 
 import argparse
-import time
 import warnings
 
 import torch
 import torch.nn.functional as F
 
+from benchmarks import reporting
 from fastbert.kernels import reference, torch_ops
 
 
@@ -64,15 +64,10 @@ def contenders(x, weight, bias) -> dict:
 
 
 def time_round_robin(runs: dict, reps: int) -> dict[str, list[float]]:
+    """A warm-up call of each run, then ``reps`` rounds of them in turns."""
     for run in runs.values():
         run()
-    times = {name: [] for name in runs}
-    for _ in range(reps):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    return times
+    return reporting.in_turns(runs, reps)
 
 
 def quantile(values: list[float], q: float) -> float:

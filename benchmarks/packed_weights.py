@@ -17,14 +17,13 @@ measured here, never asserted in a test.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
+
+from benchmarks import reporting
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # all-MiniLM-L6-v2's linears: (name, in features, out features).
@@ -130,14 +129,7 @@ def markdown(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.packed_weights",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("--out", type=Path, required=True, help="folder for the results")
-    parser.add_argument("--docs", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser = reporting.parser("packed_weights", __doc__.split("\n\n")[0], 1000, 5)
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument(
         "--linear-seconds", type=float, default=1.5, help="time spent on each linear's shape"
@@ -168,10 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     for dtype in dtypes:
         print(f"corpus, {dtype} ...", file=sys.stderr, flush=True)
         report["corpus"].append(time_corpus(dtype, args.docs, args.rounds))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "packed-weights.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "packed-weights.md").write_text(markdown(report))
-    print(markdown(report))
+    reporting.write_report(args.out, "packed-weights", report, markdown(report))
     return 0
 
 

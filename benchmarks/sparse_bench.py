@@ -20,12 +20,11 @@ measured here, never asserted in a test.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
-import time
 from pathlib import Path
+
+from benchmarks import reporting
 
 MAX_SEQ_LENGTH = 256
 
@@ -88,13 +87,7 @@ def run(shape: str, docs: int, rounds: int, dtype: str, cache: Path) -> dict:
         "fastbert": lambda: loaded.embed(texts),
     }
     outputs = {key: run() for key, run in contenders.items()}  # warm-up, and the outputs
-    seconds: dict[str, list[float]] = {key: [] for key in contenders}
-    for round_index in range(rounds):
-        order = list(contenders) if round_index % 2 == 0 else list(reversed(contenders))
-        for key in order:
-            start = time.perf_counter()
-            contenders[key]()
-            seconds[key].append(time.perf_counter() - start)
+    seconds = reporting.in_turns(contenders, rounds)
     config = loaded.encoder.model.config
     vocab = loaded.dimensions
     head_flops = 2 * (config.hidden_size * config.hidden_size + vocab * config.hidden_size)
@@ -170,21 +163,16 @@ def markdown(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.sparse_bench",
-        description="a SPLADE model end to end: fastbert against SparseEncoder.encode, on a CPU",
-    )
-    parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="results folder")
-    parser.add_argument("--shape", default="bert-base", help="model shape (default: bert-base)")
-    parser.add_argument("--docs", type=int, default=128, help="documents (default: 128)")
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds (default: 3)")
+    description = "a SPLADE model end to end: fastbert against SparseEncoder.encode, on a CPU"
+    parser = reporting.parser("sparse_bench", description, 128, 3)
+    parser.add_argument("--shape", default="bert-base", help="model shape")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument(
         "--cache",
         type=Path,
         default=Path.home() / ".cache" / "fastbert",
         metavar="DIR",
-        help="where the random model folder is made once (default: ~/.cache/fastbert)",
+        help="where the random model folder is made once",
     )
     args = parser.parse_args(argv)
     from fastbert.bench.shapes import MODEL_SHAPES, MODEL_TYPES
@@ -195,11 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.docs < 1 or args.rounds < 1:
         parser.error("--docs and --rounds must be positive")
     report = run(args.shape, args.docs, args.rounds, args.dtype, args.cache)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sparse-bench.json").write_text(json.dumps(report, indent=1) + "\n")
-    text = markdown(report)
-    (args.out / "sparse-bench.md").write_text(text)
-    print(text)
+    reporting.write_report(args.out, "sparse-bench", report, markdown(report), indent=1)
     return 0
 
 

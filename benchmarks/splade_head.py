@@ -37,12 +37,13 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from benchmarks import reporting
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ACTIVATIONS = {1: "relu", 2: "log1p_relu"}  # log_steps -> SpladePooling's activation_function
@@ -142,17 +143,6 @@ def cuda_peak(call: Callable[[], torch.Tensor]) -> int:
     return torch.cuda.max_memory_allocated() - before
 
 
-def time_cpu(calls: dict[str, Callable[[], torch.Tensor]], rounds: int) -> dict[str, list[float]]:
-    """Seconds of each call, the contenders alternating call by call."""
-    seconds: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            start = time.perf_counter()
-            call()
-            seconds[name].append(time.perf_counter() - start)
-    return seconds
-
-
 def time_cuda(calls: dict[str, Callable[[], torch.Tensor]], rounds: int) -> dict[str, list[float]]:
     """Median, 20th and 80th percentile seconds of each call (triton.testing.do_bench)."""
     import triton
@@ -175,7 +165,7 @@ def measure(args: argparse.Namespace, argv: list[str]) -> dict:
             seconds = time_cuda(calls, args.rounds)
             peaks = {name: cuda_peak(call) for name, call in calls.items()}
         else:
-            seconds = time_cpu(calls, args.rounds)
+            seconds = reporting.in_turns(calls, args.rounds)
             peaks = {name: cpu_peak(name, argv) for name in names}
     tokens = args.sequences * args.length
     reference = outputs["unfused"]
@@ -285,10 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     report["load_average_at_start"] = os.getloadavg()
     report.update(measure(args, argv))
     report["load_average_at_end"] = os.getloadavg()
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "splade-head.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "splade-head.md").write_text(markdown(report))
-    print(markdown(report))
+    reporting.write_report(args.out, "splade-head", report, markdown(report))
     return 0
 
 

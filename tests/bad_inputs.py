@@ -46,3 +46,16 @@ def bad_input_test(
         assert_refused(op, valid_args(device), cases[case])
 
     return test
+
+
+def interpreter_needed_test(
+    op: Callable[..., object], valid_args: Callable[[str], dict[str, object]]
+) -> Callable[..., None]:
+    """A test that ``op`` on CPU tensors, with the Triton interpreter off, says to set
+    TRITON_INTERPRET=1: assign it to a module-level ``test_...`` name."""
+
+    def test(interpreter_off: None) -> None:
+        with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+            op(**valid_args("cpu"))
+
+    return test

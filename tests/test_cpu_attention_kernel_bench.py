@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks import cpu_attention_kernel
 from fastbert.kernels import cpu_attention
+from tests.cli_usage import usage_error_test
 
 
 @pytest.mark.skipif(not cpu_attention.available(), reason=cpu_attention.status())
@@ -41,8 +42,8 @@ def test_a_short_run_writes_both_files(tmp_path) -> None:
     assert "| int8 |" in table and "of 2 |" in table
 
 
-@pytest.mark.parametrize(
-    "argv",
+test_usage_errors_exit_2 = usage_error_test(
+    cpu_attention_kernel.main,
     [
         ["--docs", "0"],
         ["--rounds", "0"],
@@ -53,9 +54,3 @@ def test_a_short_run_writes_both_files(tmp_path) -> None:
         [],
     ],
 )
-def test_usage_errors_exit_2(tmp_path, argv, capsys) -> None:
-    out = [] if argv == [] else ["--out", str(tmp_path)]
-    with pytest.raises(SystemExit) as exit_info:
-        cpu_attention_kernel.main([*out, *argv])
-    assert exit_info.value.code == 2
-    assert "usage:" in capsys.readouterr().err

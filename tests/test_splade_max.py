@@ -21,7 +21,7 @@ from fastbert import kernels as K
 from fastbert.kernels import reference as R
 from fastbert.kernels import sparse_head_torch as ST
 from tests.accuracy import assert_within_rule
-from tests.bad_inputs import bad_input_test, float64_case
+from tests.bad_inputs import bad_input_test, float64_case, interpreter_needed_test
 from tests.op_cases import ALL_DTYPES, DOT_DTYPES, check_op, dtype_params, randn
 
 # Sequence lengths: empty, one token, inside one row tile, across two and five of them; the
@@ -342,10 +342,7 @@ def test_torch_backend_refuses_a_bad_chunk():
         ST.splade_max(**_valid_args("cpu"), chunk=0)
 
 
-def test_cpu_without_interpreter_says_so(interpreter_off) -> None:
-    args = _valid_args("cpu")
-    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
-        K.splade_max(**args)
+test_cpu_without_interpreter_says_so = interpreter_needed_test(K.splade_max, _valid_args)
 
 
 # --- GPU: BERT's vocabulary, every dtype ------------------------------------------------------

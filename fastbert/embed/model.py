@@ -8,7 +8,7 @@ sentence-transformers' (:mod:`fastbert.integrations.sentence_modules`).
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import inspect
 import warnings
 from pathlib import Path
@@ -135,52 +135,46 @@ def declared_dimensions(spec: FolderSpec, config: Any, pooling: str | None = Non
     return width
 
 
+@dataclasses.dataclass
 class Encoder:
     """Batches of token ids -> the folder's output, each module run in order.
 
     ``model``: a fastbert.BertModel; ``pad_id``: the tokenizer's padding id; ``modules``: what
-    runs after the transformer (:func:`build_modules`); ``kind``: the folder's; ``head``: the
-    masked-LM head of a sparse model (its logits are the transformer's output); ``normalize``:
+    runs after the transformer (:func:`build_modules`); ``kind``: the folder's; ``normalize``:
     L2-normalise the sentence embeddings; ``store_dtype``: what :meth:`__call__` returns;
+    ``head``: the masked-LM head of a sparse model (its logits are the transformer's output);
     ``prompt_length`` and ``task``: the prompt's tokens at the start of each input and the
-    task ("query", "document" or None) of the calls (see :meth:`with_prompt`).
+    task ("query", "document" or None) of the calls (see :meth:`with_prompt`);
+    ``truncate_dim`` / ``max_active_dims``: what :meth:`__call__` keeps of a dense embedding
+    (its first values) and of a sparse vector (its largest); ``dimensions``: the output's width
+    (learnt by :meth:`probe`).
     """
 
-    def __init__(
-        self,
-        model: Any,
-        pad_id: int,
-        modules: list[Any],
-        kind: str,
-        normalize: bool,
-        store_dtype: np.dtype,
-        head: MaskedLMHead | None = None,
-    ):
-        self.model = model
-        self.pad_id = pad_id
-        self.modules = modules
-        self.kind = kind
-        self.normalize = normalize
-        self.store_dtype = np.dtype(store_dtype)
-        self.head = head
-        self.prompt_length = 0
-        self.task: str | None = None
-        # What __call__ keeps: a dense embedding's first values, a sparse vector's largest.
-        self.truncate_dim: int | None = None
-        self.max_active_dims: int | None = None
+    model: Any
+    pad_id: int
+    modules: list[Any]
+    kind: str
+    normalize: bool
+    store_dtype: np.dtype
+    head: MaskedLMHead | None = None
+    prompt_length: int = 0
+    task: str | None = None
+    truncate_dim: int | None = None
+    max_active_dims: int | None = None
+    dimensions: int = 0
+
+    def __post_init__(self) -> None:
+        self.store_dtype = np.dtype(self.store_dtype)
         # SPLADE's max right after the head: pooled in the head, the logits never held.
-        first = modules[0] if modules else None
+        first = self.modules[0] if self.modules else None
         self.fused_splade = (
             first if isinstance(first, SpladePooling) and first.strategy == "max" else None
         )
-        self.dimensions = 0
 
     def with_prompt(self, prompt_length: int, task: str | None = None) -> Encoder:
         """This encoder for inputs that start with a prompt of ``prompt_length`` tokens, for
         ``task``: a shallow copy (the model is shared)."""
-        encoder = copy.copy(self)
-        encoder.prompt_length, encoder.task = prompt_length, task
-        return encoder
+        return dataclasses.replace(self, prompt_length=prompt_length, task=task)
 
     def probe(self, tokens: list[list[int]]) -> None:
         """Run ``tokens`` through every module once, to learn the output's width and to fail

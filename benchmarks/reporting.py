@@ -1,0 +1,48 @@
+"""What the benchmark scripts share: timing contenders in turns, and writing a result's two
+files (``<stem>.json``, ``<stem>.md``) into its folder."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+
+def in_turns(calls: Mapping[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+    """Seconds of each call, ``rounds`` times, the calls taking turns (one of each a round,
+    in order), so that a slow spell of the machine slows them alike."""
+    seconds: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            seconds[name].append(time.perf_counter() - start)
+    return seconds
+
+
+def parser(
+    module: str, description: str, docs: int, rounds: int, out_required: bool = True
+) -> argparse.ArgumentParser:
+    """The command line every corpus benchmark opens with: ``python -m benchmarks.<module>``
+    with ``--out DIR``, ``--docs N`` and ``--rounds N`` (their defaults shown in ``--help``)."""
+    cli = argparse.ArgumentParser(
+        prog=f"python -m benchmarks.{module}",
+        description=description,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    cli.add_argument("--out", type=Path, required=out_required, help="folder for the results")
+    cli.add_argument("--docs", type=int, default=docs, help="documents of the corpus")
+    cli.add_argument("--rounds", type=int, default=rounds, help="timed rounds")
+    return cli
+
+
+def write_report(out: Path, stem: str, report: dict, markdown: str, indent: int = 2) -> None:
+    """``report`` as ``out/<stem>.json`` and ``markdown`` as ``out/<stem>.md`` (``out`` made
+    when missing); the markdown printed too."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=indent) + "\n")
+    (out / f"{stem}.md").write_text(markdown)
+    print(markdown)
