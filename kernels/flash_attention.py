@@ -112,6 +112,7 @@ from .flash_attention_backward import (
     scaled_bias_table,
 )
 from .launch import (
+    TRITON_3_6,
     cdiv,
     check_triton_device,
     interpreting,
@@ -143,6 +144,12 @@ _TUNE_SPACE = (
 )
 # The one config the Triton interpreter runs (benchmarking there would be meaningless).
 _INTERPRETER_CONFIG = _TUNE_SPACE[0]
+# Triton 3.6 compiles two configs to code that ptxas fits into fewer registers than 3.9's by
+# spilling a few words outside the loops (sm_80, 64x32 tiles: on 8 warps at 128 registers, 24
+# bytes at D=128 and 8 with a relative bias at D=80 and 96; on 4 warps at 168, 4 bytes with a
+# bias at D=64). There they state maxnreg=255: ptxas then uses 161 to 252 registers and spills
+# nothing, the occupancy that 3.9's 140 to 214 give. keep() lowers two budgets there too.
+_TRITON_3_6_MAXNREG = {(64, 32, 8, 2): 255, (64, 32, 4, 4): 255}
 
 
 def keep(
@@ -153,6 +160,7 @@ def keep(
     has_mask: bool = False,
     has_bias: bool = False,
     has_rotary: bool = False,
+    has_dropout: bool = False,
 ) -> bool:
     """Whether ``config`` suits a BLOCK_D-wide head in a dtype of ``elem_bytes`` bytes.
 
@@ -172,6 +180,10 @@ def keep(
     (above the budget, sm_80 spilled 4 to 224 bytes per thread: 64x64 D=64 in every variant,
     128x64 D=64, 128x128 D=32, 64x32 D=128; and a 4-stage 64x32 tile of D=80 or 96, whose
     partner and table loads are pipelined too, needed 192 KB of shared memory).
+
+    Triton 3.6 (``TRITON_3_6``) holds more: with rotary positions 16-bit gets 72 (at 80, 64x32
+    D=64 spilled 8 bytes on sm_80 whatever the register cap), and padding-free with dropout
+    (``has_dropout``) 48 (at 64, 64x64 D=64 spilled 32 bytes on sm_80 at 255 registers).
     """
     block_m, block_n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
     scores = 2 * block_n if has_bias else block_n
@@ -180,7 +192,12 @@ def keep(
     if has_rotary:
         values_per_thread += 2 * block_n * block_d // threads
     if elem_bytes != 4:
-        return values_per_thread <= (64 if has_bias and is_varlen else 80)
+        budget = 64 if has_bias and is_varlen else 80
+        if TRITON_3_6 and has_rotary:
+            budget = 72
+        if TRITON_3_6 and has_dropout and is_varlen:
+            budget = 48
+        return values_per_thread <= budget
     if is_varlen:
         return values_per_thread <= 24
     return values_per_thread <= (32 if has_mask else 40)
@@ -189,8 +206,14 @@ def keep(
 def configs() -> list[triton.Config]:
     """Autotune configs; a single one under the interpreter (it runs every config it is given)."""
     space = (_INTERPRETER_CONFIG,) if interpreting() else _TUNE_SPACE
+    maxnreg = _TRITON_3_6_MAXNREG if TRITON_3_6 else {}
     return [
-        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+        triton.Config(
+            {"BLOCK_M": m, "BLOCK_N": n},
+            num_warps=w,
+            num_stages=s,
+            maxnreg=maxnreg.get((m, n, w, s)),
+        )
         for m, n, w, s in space
     ]
 
@@ -200,7 +223,13 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> 
     (only one of them when FASTBERT_AUTOTUNE names it)."""
     args = {**named_args, **kwargs}
     size, is_varlen, has_mask = args["Q"].element_size(), args["IS_VARLEN"], args["HAS_MASK"]
-    variant = (bool(is_varlen), bool(has_mask), bool(args["HAS_BIAS"]), bool(args["ROTARY"]))
+    variant = (
+        bool(is_varlen),
+        bool(has_mask),
+        bool(args["HAS_BIAS"]),
+        bool(args["ROTARY"]),
+        bool(args["HAS_DROPOUT"]),
+    )
     kept = [c for c in configs if keep(c, args["BLOCK_D"], size, *variant)]
     return tuned(kept or configs[:1])
 

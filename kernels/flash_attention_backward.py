@@ -71,12 +71,25 @@ from .attention_tiles import (
 )
 from .checks import RELATIVE_BUCKETS
 from .dropout import seed_value
-from .launch import cdiv, interpreting, next_power_of_2, time_config, tuned
+from .launch import TRITON_3_6, cdiv, interpreting, next_power_of_2, time_config, tuned
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages). dK / dV: BLOCK_N keys per program (the MMAs' rows);
 # dQ: BLOCK_M queries per program.
 _DKDV_TUNE_SPACE = ((16, 64, 8, 2), (32, 64, 8, 1), (32, 64, 4, 2), (16, 128, 8, 2))
 _DQ_TUNE_SPACE = ((64, 32, 4, 2), (128, 64, 8, 2), (32, 32, 4, 2))
+# Triton 3.6 (kernels/launch.py): a 16x32 dK / dV tile on one stage, first, for rotary positions
+# (keep() leaves them no other there) and so for what keeps no config; at two stages it spilled
+# 20 bytes on sm_90 with dropout at D=64. 32x64 on 4 warps on one stage (on two it spilled 4
+# bytes on sm_80 with dropout at D=32). dQ: a 64x16 tile on 8 warps, for what keep() no longer
+# gives 64x32 on 4 (a bias needs 64 rows; 64x32 on 8 warps spilled 4 bytes there on sm_80).
+_DKDV_TUNE_SPACE_TRITON_3_6 = (
+    (16, 32, 8, 1),
+    (16, 64, 8, 2),
+    (32, 64, 8, 1),
+    (32, 64, 4, 1),
+    (16, 128, 8, 2),
+)
+_DQ_TUNE_SPACE_TRITON_3_6 = (*_DQ_TUNE_SPACE, (64, 16, 8, 2))
 
 
 def keep(
@@ -107,6 +120,11 @@ def keep(
     loaded tile, its rotated halves and their cos and sin count as four tiles of it. Above
     that, sm_80 spilled 224 to 408 bytes per thread (dK / dV 32x64, dQ 128x64 and 64x32 at
     D=64); D=128 finds no config and runs the first, which spills 144 bytes on sm_80.
+
+    With Triton 3.6 (``TRITON_3_6``) the fp16 / bf16 budgets are lower: dQ 80 (at 96, 64x32 on
+    4 warps spilled 20 to 52 bytes with dropout: D=128, 80 and 96 on sm_90, D=64 with a bias on
+    sm_80), and dK / dV with rotary positions 48 (at 56, 16x64 on 8 warps spilled 4 to 76 bytes
+    on sm_80 at D=64, on one stage or two, where 3.9 fits it in 255 registers).
     """
     block_m, block_n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
     held = 2 * block_n * block_d if is_dkdv else block_m * block_d
@@ -117,12 +135,19 @@ def keep(
     values_per_thread = (held + tiles * block_m * block_n + rotated) // (32 * config.num_warps)
     if elem_bytes == 4:
         return values_per_thread <= (40 if is_dkdv else 48)
-    return values_per_thread <= (72 if is_dkdv else 96)
+    if is_dkdv:
+        budget = 48 if TRITON_3_6 and has_rotary else 72
+    else:
+        budget = 80 if TRITON_3_6 else 96
+    return values_per_thread <= budget
 
 
 def configs(is_dkdv: bool) -> list[triton.Config]:
     """Autotune configs of one kernel; a single one under the interpreter."""
-    space = _DKDV_TUNE_SPACE if is_dkdv else _DQ_TUNE_SPACE
+    if TRITON_3_6:
+        space = _DKDV_TUNE_SPACE_TRITON_3_6 if is_dkdv else _DQ_TUNE_SPACE_TRITON_3_6
+    else:
+        space = _DKDV_TUNE_SPACE if is_dkdv else _DQ_TUNE_SPACE
     space = space[:1] if interpreting() else space
     return [
         triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)

@@ -20,6 +20,19 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def triton_version() -> tuple[int, int]:
+    """(major, minor) of the installed Triton release. Autotune configs that a release compiles
+    differently (more registers, spills) depend on it, each where it was measured."""
+    major, minor = triton.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+# Triton 3.6, the oldest release supported, against 3.9 (CI compiles every kernel with both):
+# the attention kernels have configs of their own there (kernels/flash_attention.py,
+# kernels/flash_attention_backward.py). 3.7 and 3.8, not measured, get 3.9's.
+TRITON_3_6 = triton_version() < (3, 7)
+
+
 def check_triton_device(name: str, t: torch.Tensor) -> None:
     """Raise unless a Triton kernel can read ``t`` where it lives and in its dtype."""
     if t.dtype == torch.float64:

@@ -57,6 +57,8 @@ class CompileCase:
     block_m: int | None = None
     # The column tile of the main loop's iteration (attention: BLOCK_N keys), for the report.
     block_n: int | None = None
+    # The register cap a config states (triton.Config's maxnreg), None for ptxas's own choice.
+    maxnreg: int | None = None
 
     @classmethod
     def tuned(
@@ -70,10 +72,14 @@ class CompileCase:
         **fields: object,
     ) -> CompileCase:
         """A case of an autotuned matrix kernel in ``config`` (a triton.Config): launched with
-        its warps and stages, its BLOCK_M and BLOCK_N the case's row and column tiles unless
-        ``fields`` set them otherwise."""
+        its warps, stages and register cap, its BLOCK_M and BLOCK_N the case's row and column
+        tiles unless ``fields`` set them otherwise."""
         tiles = {"block_m": config.kwargs["BLOCK_M"], "block_n": config.kwargs["BLOCK_N"]}
-        launch = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+        launch = {
+            "num_warps": config.num_warps,
+            "num_stages": config.num_stages,
+            "maxnreg": config.maxnreg,
+        }
         return cls(name, fn, signature, constexprs, dtype=dtype, **launch, **{**tiles, **fields})
 
 
@@ -172,16 +178,15 @@ def compile_kernel(case: CompileCase, arch: int) -> tuple[object, str]:
         constexprs=case.constexprs,
         attrs=alignment_hints(case),
     )
+    options = {"num_warps": case.num_warps, "num_stages": case.num_stages}
+    if case.maxnreg is not None:
+        options["maxnreg"] = case.maxnreg
     log = io.StringIO()
     # Triton runs ptxas with -v and prints its log when asked: reading it there saves a
     # second ptxas run per case (a fifth of the compile checks' time).
     with knobs.nvidia.scope(), contextlib.redirect_stdout(log):
         knobs.nvidia.dump_ptxas_log = True
-        kernel = triton.compile(
-            src,
-            target=GPUTarget("cuda", arch, 32),
-            options={"num_warps": case.num_warps, "num_stages": case.num_stages},
-        )
+        kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     return kernel, log.getvalue()
 
 

@@ -101,6 +101,7 @@ def test_attention_prune_pins_the_chosen_config(monkeypatch) -> None:
         "HAS_MASK": True,
         "HAS_BIAS": False,
         "ROTARY": False,
+        "HAS_DROPOUT": False,
         "BLOCK_D": 64,
     }
     monkeypatch.delenv(launch.AUTOTUNE_ENV, raising=False)

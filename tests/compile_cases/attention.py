@@ -58,9 +58,10 @@ def _kept(
     has_mask: bool,
     has_bias: bool = False,
     has_rotary: bool = False,
+    has_dropout: bool = False,
 ) -> list:
     block_d = next_power_of_2(head_dim)
-    variant = (is_varlen, has_mask, has_bias, has_rotary)
+    variant = (is_varlen, has_mask, has_bias, has_rotary, has_dropout)
     return [c for c in CONFIGS if mod.keep(c, block_d, element_size, *variant)]
 
 
@@ -179,7 +180,7 @@ def _training_cases() -> list[CompileCase]:
         _case(
             dtype,
             d,
-            _heaviest(_kept(d, ELEMENT_SIZES[dtype], varlen, mask), d),
+            _heaviest(_kept(d, ELEMENT_SIZES[dtype], varlen, mask, has_dropout=dropout), d),
             mask,
             varlen,
             has_dropout=dropout,

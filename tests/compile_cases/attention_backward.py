@@ -172,6 +172,8 @@ HEAVIEST_BIAS = (
 # first config, which the pruner then runs, spills in the dQ pass (408 to 744 bytes per thread
 # at D=80 and 128 on sm_80, 440 at D=80 on sm_90) and is not a case; the dK / dV pass of D=80
 # compiles without spills and checks the padded head's turn back (a gather of its halves).
+# (Under Triton 3.6 that pass keeps a 16x32 config of its own there: kernels/
+# flash_attention_backward.py.)
 HEAVIEST_ROTARY = (
     ("fp16", 64, False, True, (True, False)),
     ("fp16", 80, True, False, (True,)),
