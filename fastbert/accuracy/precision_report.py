@@ -16,6 +16,11 @@ length, as ``encode`` sorts them), and for each precision the report gives:
   (see :mod:`fastbert.accuracy.retrieval` for the sample and the overlap).
 
 The texts are the sample's queries and corpus together; the cosines cover all of them.
+
+An emulated precision (fp8 on a CPU: e4m3 values multiplied in float32, its accuracy but not
+its speed) runs only on request (``emulated=True``). The run
+shows its progress batch by batch with the time left, and once the reference has done a
+tenth of its work, the time the whole run is expected to take (fastbert/accuracy/estimate.py).
 """
 
 from __future__ import annotations
@@ -23,13 +28,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 import io
+import itertools
 import os
+from collections.abc import Callable
 from typing import Any, TextIO
 
 import torch
 import torch.nn.functional as F
 
-from fastbert.accuracy import retrieval
+from fastbert.accuracy import estimate, retrieval
 from fastbert.accuracy.precisions import PRECISION_NAMES, precision, runnable
 from fastbert.bench.progress import Progress
 from fastbert.integrations import models as hf_models
@@ -54,6 +61,7 @@ class PrecisionResult:
     cosine_mean: float | None = None
     top10_overlap_least: float | None = None
     top10_overlap_mean: float | None = None
+    emulated: bool = False  # an emulation of the precision's math (its accuracy, not its speed)
 
 
 @dataclasses.dataclass
@@ -84,12 +92,15 @@ class Encoded:
     sentences: torch.Tensor  # [texts, D] float32
 
 
-def check_precisions(names: list[str] | None, device: torch.device, backend: str) -> list[str]:
-    """``names`` (None: every precision the device runs) checked: ValueError naming the
-    choices for an unknown one, and naming what the device runs for one it cannot."""
+def check_precisions(
+    names: list[str] | None, device: torch.device, backend: str, emulated: bool = False
+) -> list[str]:
+    """``names`` (None: every precision the device runs, the emulated ones only with
+    ``emulated``) checked: ValueError naming the choices for an unknown one, naming what the
+    device runs for one it cannot, and asking for ``emulated`` for an emulated one."""
     runs = runnable(device, backend)
     if names is None:
-        return runs
+        return [n for n in runs if emulated or not precision(n).emulated(device)]
     unknown = [n for n in names if n not in PRECISION_NAMES]
     if unknown:
         raise ValueError(f"unknown {', '.join(unknown)}; choose from {', '.join(PRECISION_NAMES)}")
@@ -98,6 +109,12 @@ def check_precisions(names: list[str] | None, device: torch.device, backend: str
         raise ValueError(
             f"{', '.join(refused)} cannot run on {device} with backend {backend}; it runs "
             f"{', '.join(runs)}"
+        )
+    unasked = [n for n in names if precision(n).emulated(device) and not emulated]
+    if unasked:
+        raise ValueError(
+            f"{', '.join(unasked)} on {device.type} is an emulation (its accuracy, not its "
+            "speed): ask for emulated precisions to run it (--emulated)"
         )
     return list(dict.fromkeys(names))
 
@@ -109,12 +126,18 @@ def length_batches(texts: list[str], batch_size: int) -> list[list[int]]:
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def encode(model: Any, texts: list[str], batches: list[list[int]]) -> Encoded:
+def encode(
+    model: Any,
+    texts: list[str],
+    batches: list[list[int]],
+    on_batch: Callable[[int], None] | None = None,
+) -> Encoded:
     """Every text's real-token hidden states and sentence embedding from a SentenceTransformer
-    ``model``, batch by batch (``encode`` with ``output_value=None``: all its outputs)."""
+    ``model``, batch by batch (``encode`` with ``output_value=None``: all its outputs);
+    ``on_batch(k)`` after the k-th batch."""
     hidden: list[torch.Tensor | None] = [None] * len(texts)
     sentences: list[torch.Tensor | None] = [None] * len(texts)
-    for batch in batches:
+    for done, batch in enumerate(batches, 1):
         outputs = model.encode(
             [texts[i] for i in batch],
             output_value=None,
@@ -125,6 +148,8 @@ def encode(model: Any, texts: list[str], batches: list[list[int]]) -> Encoded:
             real = output["attention_mask"].bool()
             hidden[index] = output["token_embeddings"][real].float().cpu()
             sentences[index] = output["sentence_embedding"].float().cpu()
+        if on_batch is not None:
+            on_batch(done)
     return Encoded(hidden, torch.stack(sentences))
 
 
@@ -157,6 +182,58 @@ def compare_encoded(
     return metrics
 
 
+def _plan(names: list[str], device: torch.device, backend: str) -> str:
+    """What the run will do, said before it starts: the stages, the emulated precisions among
+    them or left out, and when the expected time will be known."""
+    emulated = [n for n in runnable(device, backend) if precision(n).emulated(device)]
+    line = (
+        f"the reference, then {', '.join(names)}; the expected run time follows once the "
+        "reference has run a tenth of its work"
+    )
+    running = [n for n in emulated if n in names]
+    if running:
+        line += (
+            f"; {', '.join(running)} on {device.type} is emulated: its values multiplied in "
+            "float32, for its accuracy, not its speed"
+        )
+    left_out = [n for n in emulated if n not in names]
+    if left_out:
+        line += f" ({', '.join(left_out)}: emulated here, run only on request: --emulated)"
+    return line
+
+
+class _Work:
+    """The progress of a stage batch by batch, weighted by each batch's work, and the run's
+    expected time once the reference has done enough of its work to tell its rate."""
+
+    def __init__(self, bar: Progress, batches: list[list[int]], units: list[int]):
+        self.bar = bar
+        self.batches = len(batches)
+        self.done_units = list(itertools.accumulate(units))
+        self.total = self.done_units[-1]
+
+    def batch(self, done: int) -> None:
+        self.bar.within(done, self.batches, "batches", self.done_units[done - 1] / self.total)
+
+    def reference_batch(self, names: list[str], device: torch.device) -> Callable[[int], None]:
+        """``batch`` for the reference, which also announces the expected time once."""
+        announced = False
+
+        def on_batch(done: int) -> None:
+            nonlocal announced
+            self.batch(done)
+            fraction = self.done_units[done - 1] / self.total
+            if not announced and fraction >= estimate.CALIBRATION:
+                announced = True
+                elapsed = self.bar.step_elapsed()
+                rate = self.done_units[done - 1] / max(elapsed, 1e-9)
+                stages = estimate.expected_seconds(names, device, self.total, rate)
+                left = elapsed * (1 - fraction) / fraction
+                self.bar.note(estimate.summary(left, stages))
+
+        return on_batch
+
+
 def model_path(model: str) -> tuple[str, str]:
     """(folder, label) of ``model``: "minilm" (the packaged all-MiniLM-L6-v2) or a local
     folder; ValueError for anything else."""
@@ -179,40 +256,48 @@ def evaluate_precisions(
     corpus: int = DEFAULT_CORPUS,
     batch_size: int = BATCH_SIZE,
     progress: TextIO | None = None,
+    emulated: bool = False,
 ) -> PrecisionReport:
     """Run the comparison; see the module docstring. precisions: names from
-    :data:`~fastbert.accuracy.precisions.PRECISIONS` (None: every one the device runs).
-    Raises ValueError for a bad request, before loading anything.
+    :data:`~fastbert.accuracy.precisions.PRECISIONS` (None: every one the device runs, the
+    emulated ones only with ``emulated``). Raises ValueError for a bad request, before loading
+    anything.
 
-    progress: where to show progress over the runs (loading, the reference, each precision):
-    a tqdm bar on a terminal, numbered lines otherwise; None shows none."""
+    progress: where to show progress over the runs (loading, the reference, each precision,
+    batch by batch with the time left) and the run's expected time: a tqdm bar on a terminal,
+    numbered lines otherwise; None shows none."""
     torch_device = torch.device(device)
-    names = check_precisions(precisions, torch_device, backend)
+    names = check_precisions(precisions, torch_device, backend, emulated)
     path, label = model_path(model)
     sample = retrieval.retrieval_sample(queries, corpus)
     with Progress(2 + len(names), "fastbert accuracy", stream=progress or io.StringIO()) as bar:
+        bar.note(_plan(names, torch_device, backend))
         bar.step(f"loading {model}")
         st, embedding_model = hf_models.load_sentence_transformer(path, device)
         texts = sample.queries + sample.corpus
         batches = length_batches(texts, batch_size)
+        lengths = estimate.token_lengths(st, texts)
+        work = _Work(bar, batches, estimate.batch_units(lengths, batches))
         bar.advance()
         bar.step(f"sentence-transformers fp32, {len(texts)} texts")
-        ref = encode(st, texts, batches)
+        ref = encode(st, texts, batches, work.reference_batch(names, torch_device))
         bar.advance()
         results = []
         for name in names:
-            bar.step(f"fastbert {name}")
             entry = precision(name)
+            is_emulated = entry.emulated(torch_device)
+            bar.step(f"fastbert {name}" + (" (emulated)" if is_emulated else ""))
             dtype = entry.compute_dtype(torch_device)
             swapped = optimize(
                 copy.deepcopy(st), dtype=dtype, backend=backend, quantize=entry.quantize
             )
             metrics = compare_encoded(
-                encode(swapped, texts, batches), ref, queries, embedding_model
+                encode(swapped, texts, batches, work.batch), ref, queries, embedding_model
             )
             del swapped
+            runs_in = str(dtype).removeprefix("torch.")
             results.append(
-                PrecisionResult(name, str(dtype).removeprefix("torch."), entry.quantize, **metrics)
+                PrecisionResult(name, runs_in, entry.quantize, **metrics, emulated=is_emulated)
             )
             bar.advance()
     notes = []

@@ -24,12 +24,17 @@ class Precision:
     compute_dtype: the floating dtype the model runs in on a device (float32 on a CPU and
     float16 on CUDA for int8: the activations, LayerNorm and attention stay floating).
     runs_on: whether fastbert runs it on a device with a backend ("torch" or "triton").
+    emulated: whether it is an emulation on a device (its accuracy, not its speed: run only on
+    request). cpu_cost: its encode time on a CPU over the float32 reference's (measured on a
+    2-core x86 CPU; the run-time estimate of ``fastbert accuracy --precisions``).
     """
 
     name: str
     quantize: str | None
     compute_dtype: Callable[[torch.device], torch.dtype]
     runs_on: Callable[[torch.device, str], bool]
+    emulated: Callable[[torch.device], bool] = lambda device: False
+    cpu_cost: float = 1.0
 
 
 def _cuda_capability_at_least(device: torch.device, capability: tuple[int, int]) -> bool:
@@ -60,21 +65,39 @@ def _runs_fp8(device: torch.device, backend: str) -> bool:
     return True
 
 
+# cpu_cost: each stage's time (optimize and encode) over the reference's in a run of
+# `fastbert accuracy --precisions --emulated` on a 2-core AMD EPYC (AVX-512 with BF16 and VNNI,
+# no fp16 arithmetic: fp16 runs converted) under other load: rough (docs/accuracy.md, "Run time").
 PRECISIONS: tuple[Precision, ...] = (
-    Precision("fp32", None, lambda device: torch.float32, lambda device, backend: True),
-    Precision("fp16", None, lambda device: torch.float16, lambda device, backend: True),
-    Precision("bf16", None, lambda device: torch.bfloat16, _runs_bf16),
+    Precision(
+        "fp32",
+        None,
+        lambda device: torch.float32,
+        lambda device, backend: True,
+        cpu_cost=0.6,
+    ),
+    Precision(
+        "fp16",
+        None,
+        lambda device: torch.float16,
+        lambda device, backend: True,
+        cpu_cost=2.5,
+    ),
+    Precision("bf16", None, lambda device: torch.bfloat16, _runs_bf16, cpu_cost=0.4),
     Precision(
         "int8",
         "int8",
         lambda device: torch.float16 if device.type == "cuda" else torch.float32,
         _runs_int8,
+        cpu_cost=0.55,
     ),
     Precision(
         "fp8",
         "fp8",
         lambda device: torch.float16 if device.type == "cuda" else torch.float32,
         _runs_fp8,
+        emulated=lambda device: device.type != "cuda",
+        cpu_cost=0.75,
     ),
 )
 PRECISION_NAMES: tuple[str, ...] = tuple(p.name for p in PRECISIONS)

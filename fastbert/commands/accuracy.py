@@ -1,7 +1,9 @@
 """fastbert accuracy: fastbert against Hugging Face fp32, per layer and at the end, for every
 dtype the device runs (fastbert/accuracy/stages.py); with --precisions, each precision against
 sentence-transformers fp32 on a retrieval sample of real text
-(fastbert/accuracy/precision_report.py)."""
+(fastbert/accuracy/precision_report.py), showing its expected run time once the reference has
+run a tenth of its work and each stage's time left as it goes. An emulated precision (fp8 on
+a CPU) runs only with --emulated."""
 
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="comma-separated subset of fp32,fp16,bf16 (default: all the device supports), "
         "or int8 / fp8 (quantize='int8' / 'fp8': float32 on a CPU, float16 on CUDA; only when "
-        "named; fp8 on a CPU is an emulation of its e4m3 math)",
+        "named; fp8 on a CPU is an emulation of its e4m3 math: with --emulated)",
     )
     parser.add_argument("--texts", type=positive_int, default=None, help="how many built-in texts")
     parser.add_argument(
@@ -72,10 +74,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="LIST",
         help="the precision report instead of the stage comparison: for each precision "
-        "(comma-separated subset of fp32,fp16,bf16,int8,fp8; alone: every one the device runs; "
-        "fp8 on a CPU is an emulation of its e4m3 math), "
-        "the hidden states' error and the sentence embeddings' cosine and top-10 neighbour "
-        "overlap against sentence-transformers fp32 on real text",
+        "(comma-separated subset of fp32,fp16,bf16,int8,fp8; alone: every one the device runs "
+        "natively), the hidden states' error and the sentence embeddings' cosine and top-10 "
+        "neighbour overlap against sentence-transformers fp32 on real text (a few minutes on a "
+        "2-core CPU: the expected time is shown as it starts)",
+    )
+    parser.add_argument(
+        "--emulated",
+        action="store_true",
+        help="also run the precisions the device can only emulate (fp8 on a CPU: e4m3 values "
+        "multiplied in float32, for its accuracy, not its speed)",
     )
     parser.add_argument(
         "--queries",
@@ -104,7 +112,7 @@ def _forwarded_argv(args: argparse.Namespace) -> list[str]:
     ):
         if value is not None:
             argv += [flag, str(value)]
-    return argv + (["--json"] if args.json else [])
+    return argv + (["--emulated"] if args.emulated else []) + (["--json"] if args.json else [])
 
 
 def _rerun_under_interpreter(args: argparse.Namespace) -> int:
@@ -165,28 +173,32 @@ def _print_precision_report(report) -> None:
         print(f"note: {note}")
     top = f"top-{report.top_k}"
     print(
-        f"\n  {'precision':<11}{'runs in':<16}{'hidden max|err|':>16}{'mean|err|':>11}"
+        f"\n  {'precision':<11}{'runs in':<26}{'hidden max|err|':>16}{'mean|err|':>11}"
         f"{'cos least':>11}{'cos mean':>10}{top + ' least':>14}{top + ' mean':>13}"
     )
     for r in report.results:
         runs_in = r.compute_dtype + (f" + {r.quantize}" if r.quantize else "")
+        runs_in += " (emulated)" if r.emulated else ""
         print(
-            f"  {r.precision:<11}{runs_in:<16}{r.hidden_max_abs_err:>16.2e}"
+            f"  {r.precision:<11}{runs_in:<26}{r.hidden_max_abs_err:>16.2e}"
             f"{r.hidden_mean_abs_err:>11.2e}{_fmt(r.cosine_least, '.6f'):>11}"
             f"{_fmt(r.cosine_mean, '.6f'):>10}{_fmt(r.top10_overlap_least, '.2f'):>14}"
             f"{_fmt(r.top10_overlap_mean, '.3f'):>13}"
         )
 
 
-def _checked_precisions(flag: str, value: str | None, device, backend: str) -> list[str] | None:
+def _checked_precisions(
+    flag: str, value: str | None, device, backend: str, emulated: bool
+) -> list[str] | None:
     """The precisions a comma-separated ``value`` of ``flag`` names (None when it names none);
-    UsageError for an unknown one or one the device does not run."""
+    UsageError for an unknown one, one the device does not run, or an emulated one without
+    --emulated."""
     if not value:
         return None
     from fastbert import accuracy
 
     try:
-        return accuracy.check_precisions(value.split(","), device, backend)
+        return accuracy.check_precisions(value.split(","), device, backend, emulated)
     except ValueError as exc:
         raise UsageError(f"{flag}: {exc}") from exc
 
@@ -221,7 +233,7 @@ def _run_precisions(args: argparse.Namespace, device) -> int:
         )
     from fastbert import accuracy
 
-    names = _checked_precisions("--precisions", args.precisions, device, backend)
+    names = _checked_precisions("--precisions", args.precisions, device, backend, args.emulated)
     try:
         report = accuracy.evaluate_precisions(
             model=args.model,
@@ -231,6 +243,7 @@ def _run_precisions(args: argparse.Namespace, device) -> int:
             queries=args.queries or DEFAULT_QUERIES,
             corpus=args.corpus or DEFAULT_CORPUS,
             progress=sys.stderr,
+            emulated=args.emulated,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
@@ -256,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
     args.backend = args.backend or "triton"
     # Checked here, before a re-run under the interpreter, so a usage error comes from this
     # process.
-    dtypes = _checked_precisions("--dtypes", args.dtypes, device, args.backend)
+    dtypes = _checked_precisions("--dtypes", args.dtypes, device, args.backend, args.emulated)
     from fastbert.kernels import launch
 
     on_cpu = device.type == "cpu"
