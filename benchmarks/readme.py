@@ -52,7 +52,8 @@ def _link(path: Path, base: Path) -> str:
 
 
 def subsection(folder: Path, doc: dict, base: Path) -> str:
-    """One run: heading, conditions, table, notes, plot and targets."""
+    """One run: heading, conditions, table, notes (the caution about noisy cells among them),
+    plot and targets."""
     settings, env = doc["settings"], doc["environment"]
     lines = [
         f"#### {env.get('gpu')}: {settings['model']}, {settings['dtype']}",
@@ -63,6 +64,8 @@ def subsection(folder: Path, doc: dict, base: Path) -> str:
         "",
         report.roofline_line(doc),
     ]
+    if report.caution(doc):
+        lines += ["", report.caution(doc)]
     if (folder / report.RESULTS_PNG).exists():
         lines += [
             "",

@@ -322,6 +322,28 @@ def test_a_cpu_report_lists_no_gpu_targets_and_states_the_rule() -> None:
     assert "10 timed repetitions" in report.conditions(old)
 
 
+def test_the_results_page_carries_the_caution(tmp_path) -> None:
+    from benchmarks import readme
+
+    doc = {
+        "schema": "fastbert-bench/1",
+        "environment": {"gpu": "NVIDIA H100", "commit": "abc", "date": "today"},
+        "settings": {
+            "model": "bert-base",
+            "dtype": "float16",
+            "device": "cuda",
+            "backend": "triton",
+            "warmup": 10,
+            "reps": 100,
+            "stopping": StoppingRule(min_reps=100, max_seconds=2).to_dict(),
+        },
+        "complete": True,
+        "results": [_cell("hf-eager", "32x128", 8.0, 6.0, 70.0, machine=BUSY)],
+    }
+    text = readme.subsection(tmp_path, doc, tmp_path)
+    assert "| 6.000-70.000 noisy |" in text and "Caution: 1 of 1 cells" in text
+
+
 # --- the command ---------------------------------------------------------------------------
 
 
