@@ -62,7 +62,7 @@ def load_tokenizer(folder: Path) -> Any:
 
     with models.quiet():
         return models.import_transformers().AutoTokenizer.from_pretrained(
-            str(transformer_folder(folder))
+            str(transformer_folder(folder)), local_files_only=True
         )
 
 

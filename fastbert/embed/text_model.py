@@ -466,7 +466,7 @@ def _load_classifier(
 
     with models.quiet():
         network = models.import_transformers().AutoModelForSequenceClassification.from_pretrained(
-            str(folder)
+            str(folder), local_files_only=True
         )
     network = network.to(device).eval()
     optimize(

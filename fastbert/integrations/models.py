@@ -1,8 +1,9 @@
 """Hugging Face models for fastbert's commands (bench, accuracy, demo): random models of a
 given shape, local checkpoint folders, tokenizers, and the packaged all-MiniLM-L6-v2.
 
-transformers and sentence-transformers are imported inside the functions, offline
-(``HF_HUB_OFFLINE=1`` unless the environment says otherwise): nothing here downloads.
+transformers and sentence-transformers are imported inside the functions, and every load
+reads local files only (``local_files_only=True``): nothing here downloads, and the caller's
+environment (``HF_HUB_OFFLINE`` and the like) is left as it was.
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ from fastbert.model import loading
 
 
 def import_transformers() -> Any:
-    """The transformers module, imported for offline use."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    """The transformers module (its loads here pass ``local_files_only=True``)."""
     import transformers
 
     return transformers
@@ -70,7 +70,9 @@ def forward_inputs(
 def load_checkpoint(folder: Path) -> Any:
     """The base model of a local Hugging Face (or sentence-transformers) checkpoint folder,
     CPU, fp32, eval."""
-    model = import_transformers().AutoModel.from_pretrained(str(loading.transformer_folder(folder)))
+    model = import_transformers().AutoModel.from_pretrained(
+        str(loading.transformer_folder(folder)), local_files_only=True
+    )
     return model.float().eval()
 
 
@@ -173,19 +175,17 @@ def packaged_mpnet_path(cache: Path | None = None) -> Path:
 def packaged_mpnet(device: str) -> Any:
     """The packaged all-mpnet-base-v2 as a SentenceTransformer on ``device``."""
     path = packaged_mpnet_path()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(str(path), device=device)
+    return SentenceTransformer(str(path), device=device, local_files_only=True)
 
 
 def packaged_minilm(device: str) -> Any:
     """The packaged all-MiniLM-L6-v2 as a SentenceTransformer on ``device``."""
     path = packaged_minilm_path()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(str(path), device=device)
+    return SentenceTransformer(str(path), device=device, local_files_only=True)
 
 
 @contextlib.contextmanager
@@ -223,7 +223,7 @@ def load_masked_lm(path: str) -> tuple[torch.nn.Module, bool]:
 
     with quiet():
         model, info = transformers.AutoModelForMaskedLM.from_pretrained(
-            path, output_loading_info=True
+            path, output_loading_info=True, local_files_only=True
         )
     head_keys = ("cls.", "lm_head.", "vocab_", "generator_")
     has_head = not any(k.startswith(head_keys) for k in info.get("missing_keys", ()))
@@ -236,7 +236,7 @@ def load_tokenizer(path: str) -> Any:
 
     try:
         with quiet():
-            return transformers.AutoTokenizer.from_pretrained(path)
+            return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError):
         return None
 
@@ -245,9 +245,8 @@ def load_sentence_transformer(path: str, device: str) -> tuple[Any, bool]:
     """(a SentenceTransformer of the local folder ``path`` on ``device`` in float32, in eval
     mode; whether the folder is a sentence-transformers model, i.e. holds modules.json: if not,
     sentence-transformers wraps the checkpoint with mean pooling of its own)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from sentence_transformers import SentenceTransformer
 
     with quiet():
-        model = SentenceTransformer(path, device=device)
+        model = SentenceTransformer(path, device=device, local_files_only=True)
     return model.eval(), (Path(path) / "modules.json").is_file()
