@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,19 @@ class InputTooLong(ValueError):
         self.index, self.length, self.limit = index, length, limit
 
 
+@dataclass(frozen=True)
+class Prompting:
+    """What one prompt choice changes in how inputs are tokenised and run: ``text`` goes
+    before each input; ``length``: its tokens (a Pooling with ``include_prompt: false`` leaves
+    them out); ``task``: a multi-vector model's "query" or "document" (None: neither);
+    ``max_length``: the tokens an input may have for that task (None: the model's)."""
+
+    text: str
+    length: int
+    task: str | None = None
+    max_length: int | None = None
+
+
 class TextModel:
     """A model folder, loaded: texts in, what its kind gives out.
 
@@ -75,6 +88,7 @@ class TextModel:
         self.encoder = encoder
         self.classifier = classifier
         self.labels = labels
+        self._promptings: dict[tuple[str | None, str | None], Prompting] = {}
         # The embed loop's encoder: embeddings as computed (float32), normalised (and cut to a
         # width) afterwards, per call.
         self._raw = None
@@ -120,22 +134,26 @@ class TextModel:
         truncate: bool = True,
         side: str = "right",
         prompt: str | None = None,
+        max_length: int | None = None,
     ) -> Tokens:
         """Token ids of ``texts`` (or of the pairs (texts[i], pairs[i])), as the model sees
         them, each text after ``prompt`` (None: the prompt the model loaded with).
-        ``truncate``: cut each input to ``max_length`` tokens from ``side``; without it, an
-        input over the limit raises :class:`InputTooLong`."""
+        ``truncate``: cut each input to ``max_length`` tokens (None: the model's
+        :attr:`max_length`) from ``side``; without it, an input over the limit raises
+        :class:`InputTooLong`."""
+        limit = max_length or self.max_length
         tokens = self.tokenise.encode(
             list(texts),
             None if pairs is None else list(pairs),
             truncate=truncate,
             side=side,
             prefix=self.options.prompt or "" if prompt is None else prompt,
+            max_length=limit,
         )
         if not truncate:
             for index, ids in enumerate(tokens.ids):
-                if len(ids) > self.max_length:
-                    raise InputTooLong(index, len(ids), self.max_length)
+                if len(ids) > limit:
+                    raise InputTooLong(index, len(ids), limit)
         return tokens
 
     def prompt(self, prompt_name: str | None = None, prompt: str | None = None) -> str:
@@ -145,6 +163,24 @@ class TextModel:
         if prompt_name is None and prompt is None:
             return self.options.prompt or ""
         return self.spec.prompt(prompt_name, prompt)
+
+    def prompting(self, prompt_name: str | None = None, prompt: str | None = None) -> Prompting:
+        """What the prompt :meth:`prompt` chooses changes (see :class:`Prompting`); a
+        ``prompt_name`` of "query" or "document" also picks a multi-vector model's task.
+        ValueError as :meth:`prompt` raises it."""
+        key = (prompt_name, prompt)
+        found = self._promptings.get(key)
+        if found is None:
+            text = self.prompt(prompt_name, prompt)
+            task = prompt_name if prompt_name in ("query", "document") else None
+            # A multi-vector model may cut queries and documents to lengths of their own.
+            lengths = {
+                "query": self.spec.transformer.query_length,
+                "document": self.spec.transformer.document_length,
+            }
+            found = Prompting(text, self.tokenise.prompt_length(text), task, lengths.get(task))
+            self._promptings[key] = found
+        return found
 
     def embed(
         self,
@@ -252,27 +288,29 @@ class TextModel:
         prompt: str | None,
         progress: bool,
     ) -> _Loop:
-        text = self.prompt(prompt_name, prompt)
-        task = prompt_name if prompt_name in ("query", "document") else None
-        encoder = encoder.with_prompt(self.tokenise.prompt_length(text), task)
-        # A multi-vector model may cut queries and documents to lengths of their own.
-        lengths = {
-            "query": self.spec.transformer.query_length,
-            "document": self.spec.transformer.document_length,
-        }
-        tokenise = functools.partial(self.tokenise, prefix=text, max_length=lengths.get(task))
+        chosen = self.prompting(prompt_name, prompt)
+        encoder = encoder.with_prompt(chosen.length, chosen.task)
+        tokenise = functools.partial(
+            self.tokenise, prefix=chosen.text, max_length=chosen.max_length
+        )
         return _Loop(encoder, tokenise, replace(self.options, progress=progress))
 
-    def embed_tokens(self, tokens: list[list[int]]) -> np.ndarray | SparseVectors | list:
+    def embed_tokens(
+        self, tokens: list[list[int]], prompting: Prompting | None = None
+    ) -> np.ndarray | SparseVectors | list:
         """Token ids of n inputs (the prompt already before each) -> in one forward pass (the
         caller sizes the batch): an embedding model's pooled, unnormalised embeddings, numpy
         float32 [n, dimensions]; a sparse model's SparseVectors; a multi-vector model's list
-        of [tokens_i, dimensions] arrays."""
+        of [tokens_i, dimensions] arrays. ``prompting``: the prompt the inputs were tokenised
+        with (:meth:`prompting`; None: the one the model loaded with)."""
         self._require((EMBEDDING, SPARSE, MULTI_VECTOR), "embed")
+        encoder = self._raw
+        if prompting is not None:
+            encoder = encoder.with_prompt(prompting.length, prompting.task)
         if self.kind != EMBEDDING:
-            return self._raw(tokens)
+            return encoder(tokens)
         with torch.inference_mode():
-            pooled = self._raw.pooled(tokens)
+            pooled = encoder.pooled(tokens)
         return pooled.float().cpu().numpy()
 
     def classify(
