@@ -16,12 +16,12 @@ from fastbert.embed.text_model import TextModel
 _real = TextModel.embed_tokens
 
 
-def _embed_tokens(self, tokens):
+def _embed_tokens(self, tokens, prompting=None):
     time.sleep(float(os.environ.get("FASTBERT_TEST_DELAY", "0")))
     fail = os.environ.get("FASTBERT_TEST_FAIL_FILE")
     if fail and Path(fail).exists():
         raise RuntimeError("injected failure")
-    return _real(self, tokens)
+    return _real(self, tokens, prompting)
 
 
 TextModel.embed_tokens = _embed_tokens

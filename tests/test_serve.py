@@ -1,8 +1,11 @@
 """fastbert serve as a real process on a loopback port, called by real clients (the ``openai``
 package, httpx, requests): answers equal the library's (sentence-transformers' encode of the
-packaged all-MiniLM-L6-v2; CrossEncoder on a small random BERT classifier), every error code
-with the server still serving afterwards, and the faults a pipeline meets (disconnects, a
-failing model, overload, SIGTERM under load, a long run of mixed requests)."""
+packaged all-MiniLM-L6-v2, and quantize_embeddings with the ranges the server calibrated on
+its built-in sample; CrossEncoder on a small random BERT classifier), the served model's name
+(GET /v1/models, 404 for another), dimensions cut only where allowed, every error code with
+the server still serving afterwards, and the faults a pipeline meets (disconnects, a failing
+model, overload, SIGTERM under load, a long run of mixed requests). The other kinds' routes:
+tests/test_serve_kinds.py."""
 
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 requests = pytest.importorskip("requests")
+
+from sentence_transformers.util.quantization import quantize_embeddings  # noqa: E402
 
 from fastbert.cli import main  # noqa: E402
 from fastbert.integrations import models  # noqa: E402
@@ -50,10 +55,24 @@ def st_model():
 
 @pytest.fixture(scope="module")
 def server(folder, tmp_path_factory):
-    with serving(
-        folder, "--max-client-batch-size", "8", tmp_path=tmp_path_factory.mktemp("s")
-    ) as s:
+    arguments = (
+        "--max-client-batch-size",
+        "8",
+        "--served-model-name",
+        "minilm",
+        "--allow-any-dimensions",  # all-MiniLM-L6-v2 is no Matryoshka model
+    )
+    with serving(folder, *arguments, tmp_path=tmp_path_factory.mktemp("s")) as s:
         yield s
+
+
+@pytest.fixture(scope="module")
+def few_texts(tmp_path_factory) -> str:
+    """A calibration file of a few lines, for the servers whose tests do not quantize: they
+    start sooner than with the built-in sample."""
+    path = tmp_path_factory.mktemp("calibration") / "few.txt"
+    path.write_text("".join(t + "\n" for t in TEXTS[:4]))
+    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +131,59 @@ def test_embed_forms_of_inputs(client, st_model):
     assert cosines(single_ids, expected[1:2])[0] >= COSINE
     mixed = np.array(embed(client, {"inputs": [TEXTS[0], ids[1]]}).json())
     assert cosines(mixed, expected[:2]).min() >= COSINE
+
+
+def test_models_list_and_an_unknown_model(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    listed = client.models.list()
+    assert [(m.id, m.object, m.owned_by) for m in listed.data] == [("minilm", "model", "fastbert")]
+    assert listed.data[0].model_extra["kind"] == "embedding"
+    assert client.models.retrieve("minilm").id == "minilm"
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.embeddings.create(input=["x"], model="text-embedding-3-small")
+    assert missing.value.code == "model_not_found"
+    assert "'text-embedding-3-small'" in missing.value.message
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("text-embedding-3-small")
+    raw = httpx.post(server.url + "/v1/embeddings", json={"input": "x", "model": "other"})
+    assert raw.json()["error"] == {
+        "message": raw.json()["error"]["message"],
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_found",
+    }
+
+
+def test_cohere_embedding_types_on_the_built_in_calibration(client, st_model):
+    """int8 / uint8 buckets span the ranges calibrated at start on 512 sentences of Python's
+    help texts, as /info reports them; the types equal quantize_embeddings' of
+    sentence-transformers' floats with those ranges (one bucket over where a float is on a
+    bucket's edge, a bit over where it is at 0)."""
+    calibration = client.get("/info").json()["model_type"]["embedding"]["quantization"]
+    calibration = calibration["int8_uint8_calibration"]
+    assert calibration["texts"] == 512 and "pydoc_data" in calibration["source"]
+    ranges = np.array(calibration["ranges"])
+    texts = TEXTS[:8]
+    types = ["float", "int8", "uint8", "binary", "ubinary"]
+    answer = client.post("/v2/embed", json={"texts": texts, "embedding_types": types}).json()
+    floats = st_model.encode(texts, convert_to_numpy=True)
+    assert cosines(np.array(answer["embeddings"]["float"]), floats).min() >= COSINE
+    assert answer["meta"]["billed_units"]["input_tokens"] == sum(
+        len(t)
+        for t in models.load_tokenizer(str(models.packaged_minilm_path()))(texts)["input_ids"]
+    )
+    for kind in types[1:]:
+        want = quantize_embeddings(floats, kind, ranges=ranges)
+        got = np.array(answer["embeddings"][kind]).astype(want.dtype)
+        assert got.shape == want.shape
+        if kind.endswith("binary"):
+            flipped = np.unpackbits(got.view(np.uint8), axis=1) != np.unpackbits(
+                want.view(np.uint8), axis=1
+            )
+            assert np.abs(floats[flipped]).max(initial=0) < 1e-4
+        else:
+            difference = np.abs(got.astype(int) - want.astype(int))
+            assert difference.max() <= 1 and (difference == 0).mean() > 0.98
 
 
 def test_embed_normalize_and_dimensions(client, st_model):
@@ -189,7 +261,11 @@ def test_classifier_routes_equal_cross_encoder(tmp_path):
     encoder = CrossEncoder(str(folder), device="cpu")
     logits = encoder.predict([(query, d) for d in docs], activation_fn=lambda x: x)
     sigmoid = 1 / (1 + np.exp(-logits))
-    with serving(folder, tmp_path=tmp_path) as server, httpx.Client(base_url=server.url) as http:
+    accepting = ("--accept-any-model-name",)
+    with (
+        serving(folder, *accepting, tmp_path=tmp_path) as server,
+        httpx.Client(base_url=server.url) as http,
+    ):
         ranked = http.post("/rerank", json={"query": query, "texts": docs, "return_text": True})
         assert ranked.status_code == 200, ranked.text
         ranked = ranked.json()
@@ -202,7 +278,13 @@ def test_classifier_routes_equal_cross_encoder(tmp_path):
             assert r["score"] == pytest.approx(logits[r["index"]], abs=1e-4)
         cohere = http.post(
             "/v1/rerank",
-            json={"query": query, "documents": docs, "top_n": 3, "return_documents": True},
+            json={
+                "query": query,
+                "documents": docs,
+                "top_n": 3,
+                "return_documents": True,
+                "model": "rerank-english-v3.0",  # any name, with --accept-any-model-name
+            },
         ).json()["results"]
         assert len(cohere) == 3 and cohere[0]["index"] == ranked[0]["index"]
         assert cohere[0]["relevance_score"] == pytest.approx(ranked[0]["score"], abs=1e-6)
@@ -215,8 +297,11 @@ def test_classifier_routes_equal_cross_encoder(tmp_path):
         assert wrong.status_code == 424
         assert "classification model" in wrong.json()["error"]
         info = http.get("/info").json()
-        assert info["model_kind"] == "classification"
+        assert info["model_kind"] == "classification" and info["accept_any_model"] is True
         assert info["routes"] == ["/rerank", "/v1/rerank", "/predict"]
+        assert info["model_type"] == {"classifier": {"id2label": {"0": "LABEL_0"}}}
+        embed = http.post("/v2/embed", json={"texts": ["x"]})
+        assert embed.status_code == 424 and "classification model" in embed.text
 
 
 # -- errors: a clear, typed answer, and the server still serves ------------------------------
@@ -298,10 +383,10 @@ def test_routes_the_model_does_not_serve_and_unknown_routes(client):
 def test_openai_errors_raise_the_clients_exceptions(server):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
     with pytest.raises(openai.BadRequestError) as empty:
-        client.embeddings.create(input=[], model="m")
+        client.embeddings.create(input=[], model="minilm")
     assert empty.value.body["code"] == "empty" or "empty" in str(empty.value)
     with pytest.raises(openai.UnprocessableEntityError) as wrong:
-        client.embeddings.create(input=["x"], model="m", encoding_format="int8")
+        client.embeddings.create(input=["x"], model="minilm", encoding_format="int8")
     assert "encoding_format" in str(wrong.value)
     raw = httpx.post(server.url + "/v1/embeddings", json={"input": ["x"] * 9})
     assert raw.status_code == 422
@@ -310,8 +395,12 @@ def test_openai_errors_raise_the_clients_exceptions(server):
     assert error["type"] == "invalid_request_error" and error["param"] == "input"
 
 
-def test_api_key(folder, tmp_path):
-    with serving(folder, tmp_path=tmp_path, env={"FASTBERT_API_KEY": "s3cret"}) as server:
+def test_api_key_and_dimensions_refused(folder, few_texts, tmp_path):
+    """A bearer token every route but /health and /metrics asks for; and, without
+    --allow-any-dimensions, a cut of all-MiniLM-L6-v2 (no Matryoshka model) is refused."""
+    env = {"FASTBERT_API_KEY": "s3cret"}
+    arguments = ("--served-model-name", "m", "--calibration", few_texts)
+    with serving(folder, *arguments, tmp_path=tmp_path, env=env) as server:
         assert httpx.get(server.url + "/health").status_code == 200  # open
         assert httpx.get(server.url + "/metrics").status_code == 200  # open
         denied = httpx.post(server.url + "/embed", json={"inputs": "x"})
@@ -329,6 +418,18 @@ def test_api_key(folder, tmp_path):
             client.embeddings.create(input=["x"], model="m")
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="s3cret", max_retries=0)
         assert len(client.embeddings.create(input=["x"], model="m").data) == 1
+        assert len(client.embeddings.create(input=["x"], model="m", dimensions=384).data) == 1
+        with pytest.raises(openai.UnprocessableEntityError) as refused:
+            client.embeddings.create(input=["x"], model="m", dimensions=64)
+        assert refused.value.body["param"] == "dimensions"
+        assert "Matryoshka" in refused.value.message
+        assert "--allow-any-dimensions" in refused.value.message
+        tei = httpx.post(
+            server.url + "/embed",
+            json={"inputs": "x", "dimensions": 64},
+            headers={"Authorization": "Bearer s3cret"},
+        )
+        assert tei.status_code == 422 and "--allow-any-dimensions" in tei.json()["error"]
 
 
 # -- faults -----------------------------------------------------------------------------------
@@ -344,9 +445,10 @@ def metric(served, name: str) -> float:
     return total
 
 
-def test_a_disconnected_client_is_dropped_before_its_batch(folder, tmp_path):
+def test_a_disconnected_client_is_dropped_before_its_batch(folder, few_texts, tmp_path):
     env = {"FASTBERT_TEST_DELAY": "1.0"}
-    with serving(folder, tmp_path=tmp_path, faulty=True, env=env) as server:
+    arguments = ("--calibration", few_texts)
+    with serving(folder, *arguments, tmp_path=tmp_path, faulty=True, env=env) as server:
         busy = threading.Thread(
             target=lambda: httpx.post(server.url + "/embed", json={"inputs": ["a"]}, timeout=30)
         )
@@ -367,10 +469,11 @@ def test_a_disconnected_client_is_dropped_before_its_batch(folder, tmp_path):
         assert metric(server, "fastbert_queue_inputs") == 0
 
 
-def test_a_failing_model_answers_424_and_health_recovers(folder, tmp_path):
+def test_a_failing_model_answers_424_and_health_recovers(folder, few_texts, tmp_path):
     fail = tmp_path / "fail"
     env = {"FASTBERT_TEST_FAIL_FILE": str(fail)}
-    with serving(folder, tmp_path=tmp_path, faulty=True, env=env) as server:
+    arguments = ("--calibration", few_texts)
+    with serving(folder, *arguments, tmp_path=tmp_path, faulty=True, env=env) as server:
         http = httpx.Client(base_url=server.url, timeout=30)
         fail.touch()
         broken = http.post("/embed", json={"inputs": ["x", "y"]})
@@ -383,9 +486,10 @@ def test_a_failing_model_answers_424_and_health_recovers(folder, tmp_path):
         assert http.post("/embed", json={"inputs": ["x", "y"]}).status_code == 200
 
 
-def test_overload_gets_429_with_retry_after_then_recovers(folder, tmp_path):
+def test_overload_gets_429_with_retry_after_then_recovers(folder, few_texts, tmp_path):
     env = {"FASTBERT_TEST_DELAY": "0.5"}
     arguments = ("--max-concurrent-requests", "4", "--max-batch-tokens", "64")
+    arguments += ("--calibration", few_texts)
     with serving(folder, *arguments, tmp_path=tmp_path, faulty=True, env=env) as server:
 
         def send(i: int) -> httpx.Response:
@@ -402,9 +506,10 @@ def test_overload_gets_429_with_retry_after_then_recovers(folder, tmp_path):
         assert send(99).status_code == 200  # recovered
 
 
-def test_sigterm_under_load_finishes_admitted_requests_and_exits_0(folder, tmp_path):
+def test_sigterm_under_load_finishes_admitted_requests_and_exits_0(folder, few_texts, tmp_path):
     env = {"FASTBERT_TEST_DELAY": "0.3"}
-    with serving(folder, "--max-batch-tokens", "32", tmp_path=tmp_path, faulty=True, env=env) as s:
+    arguments = ("--max-batch-tokens", "32", "--calibration", few_texts)
+    with serving(folder, *arguments, tmp_path=tmp_path, faulty=True, env=env) as s:
         with ThreadPoolExecutor(6) as pool:
             body = {"inputs": ["one short text", "and another"]}
             futures = [
@@ -465,6 +570,7 @@ def test_thirty_seconds_of_mixed_requests_keep_memory_bounded(server, client):
         ["serve", "--model", "m", "--replicas", "2"],
         ["serve", "--model", "m", "--max-client-batch-size", "0"],
         ["serve", "--model", "/no/such/folder"],
+        ["serve", "--model", ".", "--calibration", "/no/such/file.txt"],
     ],
 )
 def test_usage_errors_exit_2(argv, capsys):
@@ -480,5 +586,13 @@ def test_help(capsys):
         main(["serve", "--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for option in ("--max-batch-tokens", "--api-key", "--auto-truncate", "--ray"):
+    for option in (
+        "--max-batch-tokens",
+        "--api-key",
+        "--auto-truncate",
+        "--ray",
+        "--allow-any-dimensions",
+        "--accept-any-model-name",
+        "--calibration",
+    ):
         assert option in out

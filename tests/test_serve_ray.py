@@ -97,6 +97,7 @@ def test_two_replicas_serve_the_app(tmp_path, ray_dir):
     folder = models.packaged_minilm_path()
     expected = models.packaged_minilm("cpu").encode(TEXTS[:8], convert_to_numpy=True)
     arguments = ("--ray", "--replicas", "2", "--payload-limit", "100000")
+    arguments += ("--served-model-name", "minilm")
     env = {**RAY_ENV, "RAY_TMPDIR": str(ray_dir)}
     with serving(folder, *arguments, tmp_path=tmp_path, env=env, ready_timeout=150) as server:
         # Logged once every replica is ready (with two CPUs each, or a share of fewer).

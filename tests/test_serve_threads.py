@@ -26,7 +26,7 @@ class Recorder:
     def __init__(self):
         self.threads: list[str] = []
 
-    def forward(self, tokens, type_ids):
+    def forward(self, tokens, type_ids, variant):
         self.threads.append(threading.current_thread().name)
         return np.array([[float(len(t))] for t in tokens], dtype=np.float32)
 
@@ -57,6 +57,38 @@ def test_a_failing_warm_up_fails_start():
     batcher = Batcher(Recorder().forward, 64, 16, 1024)
     with pytest.raises(RuntimeError, match="no memory for the warm-up"):
         batcher.start(failing)
+
+
+def test_a_batch_holds_one_variant_the_oldest_inputs_first():
+    """Inputs of requests with other variants (prompts) never share a forward pass, however
+    well they would fit; the oldest waiting input's variant runs first."""
+    release = threading.Event()
+    calls: list[tuple[str, list[int]]] = []
+
+    def forward(tokens, type_ids, variant):
+        if variant == "hold":
+            release.wait(10)
+        calls.append((variant, sorted(len(t) for t in tokens)))
+        return np.array([[float(len(t))] for t in tokens], dtype=np.float32)
+
+    batcher = Batcher(forward, 64, 16, 1024)
+
+    async def requests() -> list[np.ndarray]:
+        batcher.start()
+        works = [batcher.submit([[1]], variant="hold")]
+        await asyncio.sleep(0.2)  # the model thread now holds the first batch
+        works.append(batcher.submit([[1, 2], [3]], variant="a"))
+        works.append(batcher.submit([[4, 5, 6]], variant="b"))
+        works.append(batcher.submit([[7]], variant="a"))
+        release.set()
+        return [await work.future for work in works]
+
+    try:
+        rows = asyncio.run(requests())
+    finally:
+        batcher.stop(timeout=10)
+    assert [r.ravel().tolist() for r in rows] == [[1.0], [2.0, 1.0], [3.0], [1.0]]
+    assert calls == [("hold", [1]), ("a", [1, 1, 2]), ("b", [3])]
 
 
 def test_importing_the_server_starts_no_thread():

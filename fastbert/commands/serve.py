@@ -1,5 +1,5 @@
-"""fastbert serve: serve a model folder over HTTP (Hugging Face text-embeddings-inference's and
-OpenAI's routes), on one machine or as a Ray Serve deployment."""
+"""fastbert serve: serve a model folder over HTTP (Hugging Face text-embeddings-inference's,
+OpenAI's and Cohere's routes), on one machine or as a Ray Serve deployment."""
 
 from __future__ import annotations
 
@@ -16,7 +16,10 @@ from fastbert.commands.options import (
 )
 
 NAME = "serve"
-HELP = "serve embeddings, rerank scores and classifications over HTTP (TEI- and OpenAI-compatible)"
+HELP = (
+    "serve embeddings (dense, sparse, multi-vector), rerank scores and classifications over "
+    "HTTP (TEI-, OpenAI- and Cohere-compatible)"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,8 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model",
         required=True,
         metavar="PATH",
-        help="a sentence-transformers or Hugging Face model folder (an encoder: /embed and "
-        "/v1/embeddings; a *ForSequenceClassification: /rerank, /v1/rerank and /predict)",
+        help="a sentence-transformers or Hugging Face model folder (a dense model: /embed, "
+        "/v1/embeddings and /v2/embed; sparse: /embed_sparse; multi-vector: /embed_all; a "
+        "cross-encoder: /rerank, /v1/rerank and /predict)",
     )
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)"
@@ -104,6 +108,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="NAME",
         help="the model name the OpenAI routes answer with (default: the folder's name)",
+    )
+    parser.add_argument(
+        "--accept-any-model-name",
+        action="store_true",
+        help="answer requests whose model field names another model (default: 404 "
+        "model_not_found, as OpenAI answers; GET /v1/models lists the served name)",
+    )
+    parser.add_argument(
+        "--allow-any-dimensions",
+        action="store_true",
+        help="let requests cut embeddings to fewer dimensions (dimensions, output_dimension) "
+        "whatever the model card says (default: only a model whose card says it is "
+        "Matryoshka-trained; others get 422, since cut embeddings of such a model lose more "
+        "accuracy)",
+    )
+    parser.add_argument(
+        "--calibration",
+        default=None,
+        metavar="FILE",
+        help="dense models: take the int8 / uint8 ranges of /v2/embed from the embeddings of "
+        "FILE's lines, computed once at start (default: 512 sentences of Python's help "
+        "texts; GET /info shows the ranges)",
     )
     parser.add_argument(
         "--api-key",
@@ -192,6 +218,9 @@ def options_from(args: argparse.Namespace):
             payload_limit=args.payload_limit,
             api_key=api_key or None,
             tokenize_workers=args.workers_tokenize,
+            allow_any_dimensions=args.allow_any_dimensions,
+            accept_any_model=args.accept_any_model_name,
+            calibration=args.calibration,
             log_level=args.log_level,
             **({} if args.omp_spin is None else {"omp_spin": args.omp_spin}),
         )

@@ -9,8 +9,9 @@ request costs before it is refused, stay bounded under any load.
 The model thread takes, each time it is free, the batch of waiting inputs that holds the
 oldest one: waiting inputs sorted by length and packed so that rows x longest row stays within
 ``batch_tokens`` (length-sorted batches hold little padding; taking the oldest input's batch
-first means no input waits behind later ones forever). Inputs of a request whose client went
-away are dropped before their batch runs.
+first means no input waits behind later ones forever). A batch holds inputs of one
+``variant`` only (what the forward pass runs them with: a request's prompt), the oldest's.
+Inputs of a request whose client went away are dropped before their batch runs.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,8 +30,8 @@ import numpy as np
 from fastbert.embed.batching import token_batches
 from fastbert.serve.errors import ModelFailed, Overloaded, ShuttingDown
 
-# forward(token ids, token type ids or None) -> rows [n, ...] (float32)
-Forward = Callable[[list[list[int]], "list[list[int]] | None"], np.ndarray]
+# forward(token ids, token type ids or None, variant) -> rows [n, ...] (float32)
+Forward = Callable[[list[list[int]], "list[list[int]] | None", Hashable], np.ndarray]
 
 
 @dataclass
@@ -38,12 +39,14 @@ class Work:
     """The inputs of one request, waiting for (or in) the model. ``future`` resolves, on the
     event loop, with the rows of every input in order ([n, ...]), or fails with ModelFailed.
     ``queue_seconds``: from admission to the first batch that held one of its inputs;
-    ``inference_seconds``: the time of the batches that held them."""
+    ``inference_seconds``: the time of the batches that held them; ``variant``: what the
+    forward pass runs them with (inputs of other variants never share a batch)."""
 
     tokens: list[list[int]]
     type_ids: list[list[int]] | None
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    variant: Hashable = None
     admitted: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
     rows: list[Any] = field(default_factory=list)
@@ -166,13 +169,15 @@ class Batcher:
         tokens: list[list[int]],
         type_ids: list[list[int]] | None = None,
         reservation: Reservation | None = None,
+        variant: Hashable = None,
     ) -> Work:
         """Queue one request's inputs (called on the event loop), within ``reservation`` (made
-        here when None); Overloaded when the token bound would be passed (the reservation is
-        given back), ShuttingDown after :meth:`stop`."""
+        here when None), to run with ``variant`` (handed to the forward pass); Overloaded when
+        the token bound would be passed (the reservation is given back), ShuttingDown after
+        :meth:`stop`."""
         reservation = reservation or self.reserve(len(tokens))
         loop = asyncio.get_running_loop()
-        work = Work(tokens, type_ids, loop.create_future(), loop)
+        work = Work(tokens, type_ids, loop.create_future(), loop, variant)
         with self._condition:
             if reservation.used or reservation.count != len(tokens):
                 raise ValueError("a reservation is for one submit of its own inputs")
@@ -237,13 +242,15 @@ class Batcher:
             self._run_batch(batch)
 
     def _take_batch(self) -> list[_Input]:
-        """Remove and return the batch (within the budget) holding the oldest waiting input."""
-        waiting = list(self._waiting)
+        """Remove and return the batch (within the budget) holding the oldest waiting input,
+        of inputs of its variant."""
+        variant = self._waiting[0].work.variant
+        waiting = [item for item in self._waiting if item.work.variant == variant]
         lengths = [item.length for item in waiting]
         for positions in token_batches(lengths, self.batch_tokens):
             if 0 in positions:
-                chosen = set(positions)
-                self._waiting = deque(item for i, item in enumerate(waiting) if i not in chosen)
+                chosen = {id(waiting[i]) for i in positions}
+                self._waiting = deque(item for item in self._waiting if id(item) not in chosen)
                 return [waiting[i] for i in positions]
         raise AssertionError("token_batches lost an input")
 
@@ -257,7 +264,7 @@ class Batcher:
         with_types = batch[0].work.type_ids is not None
         type_ids = [item.work.type_ids[item.row] for item in batch] if with_types else None
         try:
-            rows = self.forward(tokens, type_ids)
+            rows = self.forward(tokens, type_ids, batch[0].work.variant)
             error = None
         except Exception as exc:  # every request in the batch is told; the server lives on
             rows, error = None, exc

@@ -1,7 +1,7 @@
 """What a bad request gets back: one exception type per failure, each with its HTTP status and
 its body in Hugging Face text-embeddings-inference's shape (``{"error", "error_type"}``) or, on
-the OpenAI routes, OpenAI's envelope (``{"error": {message, type, param, code}}``), so that
-each client raises its usual exception."""
+the OpenAI and Cohere routes, OpenAI's envelope (``{"error": {message, type, param,
+code}}``), so that each client raises its usual exception."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ class ServeError(Exception):
 
     status = 500
     error_type = "internal"
+    openai_type: str | None = None  # None: by status (_OPENAI_TYPES)
 
     def __init__(self, message: str, param: str | None = None, headers: dict | None = None):
         super().__init__(message)
@@ -40,7 +41,7 @@ class ServeError(Exception):
         return {
             "error": {
                 "message": self.message,
-                "type": _OPENAI_TYPES.get(self.status, "server_error"),
+                "type": self.openai_type or _OPENAI_TYPES.get(self.status, "server_error"),
                 "param": self.param,
                 "code": self.error_type,
             }
@@ -63,6 +64,12 @@ class Unauthorized(ServeError):
 
 class NotFound(ServeError):
     status, error_type = 404, "not_found"
+
+
+class ModelNotFound(ServeError):
+    """A request naming a model this server does not serve (OpenAI's ``model_not_found``)."""
+
+    status, error_type, openai_type = 404, "model_not_found", "invalid_request_error"
 
 
 class MethodNotAllowed(ServeError):

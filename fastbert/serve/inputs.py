@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fastbert.embed.text_model import InputTooLong, TextModel
+from fastbert.embed.text_model import InputTooLong, Prompting, TextModel
 from fastbert.embed.tokenize import Tokens
 from fastbert.serve.errors import EmptyInput, ValidationFailed
 
@@ -56,20 +56,26 @@ def tokenize(
     truncate: bool,
     direction: str,
     field: str,
+    prompting: Prompting | None = None,
 ) -> list[list[int]]:
-    """Token ids of each input: texts tokenised as the model tokenises; token-id inputs
-    checked (every id within the vocabulary) and cut to the model's limit from ``direction``
-    when truncating. ValidationFailed naming the input over the limit (without truncation)
-    or holding an unknown id."""
+    """Token ids of each input: texts tokenised as the model tokenises, after the prompt
+    ``prompting`` names (None: the model's default); token-id inputs used as given (the
+    prompt is not added), checked (every id within the vocabulary) and cut to the limit from
+    ``direction`` when truncating. The limit: the model's, or the prompt's task's (a
+    multi-vector model's query or document length). ValidationFailed naming the input over
+    the limit (without truncation) or holding an unknown id."""
     texts = [(i, item) for i, item in enumerate(items) if isinstance(item, str)]
     ids: list[list[int]] = [[] for _ in items]
+    limit = (prompting.max_length if prompting else None) or model.max_length
     if texts:
-        tokens = _tokenize_texts(model, [t for _, t in texts], None, truncate, direction, field)
+        tokens = _tokenize_texts(
+            model, [t for _, t in texts], None, truncate, direction, field, prompting
+        )
         for (i, _), row in zip(texts, tokens.ids):
             ids[i] = row
     for i, item in enumerate(items):
         if isinstance(item, list):
-            ids[i] = _checked_ids(model, item, truncate, direction, f"{field}[{i}]")
+            ids[i] = _checked_ids(model, item, truncate, direction, f"{field}[{i}]", limit)
     return ids
 
 
@@ -113,9 +119,17 @@ def _tokenize_texts(
     truncate: bool,
     direction: str,
     field: str,
+    prompting: Prompting | None = None,
 ) -> Tokens:
     try:
-        return model.tokenize(texts, pairs, truncate=truncate, side=side(direction))
+        return model.tokenize(
+            texts,
+            pairs,
+            truncate=truncate,
+            side=side(direction),
+            prompt=prompting.text if prompting else None,
+            max_length=prompting.max_length if prompting else None,
+        )
     except InputTooLong as exc:
         raise ValidationFailed(
             f"{field}: an input has {exc.length} tokens, more than the model's limit of "
@@ -125,7 +139,7 @@ def _tokenize_texts(
 
 
 def _checked_ids(
-    model: TextModel, ids: list[int], truncate: bool, direction: str, field: str
+    model: TextModel, ids: list[int], truncate: bool, direction: str, field: str, limit: int
 ) -> list[int]:
     vocab = model.vocab_size
     bad = next((i for i in ids if not 0 <= i < vocab), None)
@@ -133,7 +147,6 @@ def _checked_ids(
         raise ValidationFailed(
             f"{field}: token id {bad} is outside the vocabulary (0 .. {vocab - 1})", param=field
         )
-    limit = model.max_length
     if len(ids) <= limit:
         return ids
     if not truncate:

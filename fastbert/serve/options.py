@@ -45,7 +45,12 @@ class ServeOptions:
     OpenMP threads are the process's only team and spin-wait between parallel regions as
     libgomp does by default (``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` tune it); off, a second
     team on the event loop's thread makes libgomp put them to sleep after ~100 spins (see
-    docs/serve.md, CPU threads).
+    docs/serve.md, CPU threads); ``allow_any_dimensions``: let requests cut the embeddings of
+    a model whose card does not say it is Matryoshka-trained (else such a request gets 422);
+    ``accept_any_model``: answer requests whose ``model`` names another model (else 404
+    ``model_not_found``); ``calibration``: a file of texts, one per line, whose embeddings give
+    the int8 / uint8 ranges (None: a built-in sample of English, see
+    :mod:`fastbert.serve.calibration`).
     """
 
     model: EmbedOptions
@@ -60,6 +65,9 @@ class ServeOptions:
     api_key: str | None = field(default=None, repr=False)
     tokenize_workers: int = field(default_factory=default_tokenize_workers)
     omp_spin: bool = field(default_factory=default_omp_spin)
+    allow_any_dimensions: bool = False
+    accept_any_model: bool = False
+    calibration: str | None = None
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -76,8 +84,11 @@ class ServeOptions:
             raise ValueError(f"port must be between 0 and 65535, got {self.port!r}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
-        if not isinstance(self.omp_spin, bool):
-            raise ValueError(f"omp_spin must be True or False, got {self.omp_spin!r}")
+        for name in ("omp_spin", "allow_any_dimensions", "accept_any_model"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.calibration is not None and not os.path.isfile(self.calibration):
+            raise ValueError(f"calibration: {self.calibration!r} is not a file")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be blank")
 

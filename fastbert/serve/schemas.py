@@ -1,8 +1,8 @@
 """The request bodies of every route, as pydantic models: Hugging Face text-embeddings-inference's
-shapes (``/embed``, ``/rerank``, ``/predict``, ``/tokenize``), OpenAI's (``/v1/embeddings``) and
-Cohere's (``/v1/rerank``). They validate each request and document it in the OpenAPI schema.
-Unknown fields are ignored, as both APIs' servers do; a known field with a wrong type or value
-is a 422."""
+shapes (``/embed``, ``/embed_sparse``, ``/embed_all``, ``/rerank``, ``/predict``, ``/tokenize``),
+OpenAI's (``/v1/embeddings``) and Cohere's (``/v1/rerank``, ``/v2/embed``). They validate
+each request and document it in the OpenAPI schema. Unknown fields are ignored, as these APIs'
+servers do; a known field with a wrong type or value is a 422."""
 
 from __future__ import annotations
 
@@ -19,16 +19,38 @@ Direction = Literal["right", "left", "Right", "Left"]
 Dimensions = Annotated[
     StrictInt, Field(ge=1, description="keep the first N values, then normalise")
 ]
+Truncate = Annotated[StrictBool | None, Field(description="default: the server's --auto-truncate")]
+PromptName = Annotated[
+    StrictStr | None,
+    Field(description="one of the model's prompts (GET /info); default: its default prompt"),
+]
 
 
-class EmbedRequest(BaseModel):
-    """``POST /embed`` (TEI). Returns ``[[float]]``, one embedding per input."""
+class TeiEmbedRequest(BaseModel):
+    """What TEI's embedding routes share: ``inputs``, ``truncate``, ``truncation_direction``
+    and ``prompt_name``."""
 
     inputs: Inputs
-    normalize: StrictBool = True
-    truncate: StrictBool | None = Field(None, description="default: the server's --auto-truncate")
+    truncate: Truncate = None
     truncation_direction: Direction = "right"
+    prompt_name: PromptName = None
+
+
+class EmbedRequest(TeiEmbedRequest):
+    """``POST /embed`` (TEI). Returns ``[[float]]``, one embedding per input."""
+
+    normalize: StrictBool = True
     dimensions: Dimensions | None = None
+
+
+class EmbedSparseRequest(TeiEmbedRequest):
+    """``POST /embed_sparse`` (TEI, sparse models). Returns, per input, its non-zero entries
+    ``[{index, value}]`` over the vocabulary, by index."""
+
+
+class EmbedAllRequest(TeiEmbedRequest):
+    """``POST /embed_all`` (TEI, multi-vector models). Returns ``[[[float]]]``: per input, the
+    vector of every token the model scores."""
 
 
 class OpenAIEmbeddingsRequest(BaseModel):
@@ -39,6 +61,23 @@ class OpenAIEmbeddingsRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Dimensions | None = None
     user: StrictStr | None = None
+
+
+EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary"]
+
+
+class CohereEmbedRequest(BaseModel):
+    """``POST /v2/embed`` (Cohere's shape, texts). Returns ``{id, embeddings: {type:
+    [[...]]}, texts, meta}``."""
+
+    texts: list[StrictStr]
+    model: StrictStr | None = None
+    input_type: (
+        Literal["search_document", "search_query", "classification", "clustering"] | None
+    ) = None
+    embedding_types: Annotated[list[EmbeddingType], Field(min_length=1)] = ["float"]
+    truncate: Literal["NONE", "START", "END"] = "END"
+    output_dimension: Dimensions | None = None
 
 
 class RerankRequest(BaseModel):

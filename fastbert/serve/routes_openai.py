@@ -1,0 +1,77 @@
+"""OpenAI's routes: ``/v1/embeddings`` (dense models) and ``/v1/models`` (the served model), in
+OpenAI's request, response and error shapes, so that the ``openai`` client works unchanged."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from fastbert.embed.text_model import finish_embeddings
+from fastbert.serve import schemas
+from fastbert.serve.service import Server, Timing
+
+
+def register(app: FastAPI, server: Server, posted: list, guarded: list) -> None:
+    """Add OpenAI's routes to ``app``; ``posted`` / ``guarded``: the dependencies of a POST and
+    a GET route."""
+
+    @app.post("/v1/embeddings", dependencies=posted, tags=["OpenAI"])
+    async def embeddings(body: schemas.OpenAIEmbeddingsRequest, request: Request) -> Response:
+        """OpenAI's embeddings: normalised, as floats or base64 (little-endian float32), each
+        after the model's default prompt (OpenAI's request has no prompt field)."""
+        timing = Timing()
+        server.require("/v1/embeddings")
+        server.check_model(body.model)
+        server.check_dimensions(body.dimensions, "dimensions")
+        pooled = await server.embed_inputs(
+            request,
+            timing,
+            "/v1/embeddings",
+            body.input,
+            "input",
+            None,
+            "right",
+            server.prompting(None),
+        )
+        vectors = np.ascontiguousarray(
+            finish_embeddings(pooled, True, body.dimensions, np.dtype("<f4"))
+        )
+        if body.encoding_format == "base64":
+            data = [base64.b64encode(row.tobytes()).decode("ascii") for row in vectors]
+        else:
+            data = list(vectors)
+        content = {
+            "object": "list",
+            "data": [
+                {"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(data)
+            ],
+            "model": server.name,
+            "usage": {"prompt_tokens": timing.tokens, "total_tokens": timing.tokens},
+        }
+        return server.reply(content, timing, "/v1/embeddings")
+
+    @app.get("/v1/models", dependencies=guarded, tags=["OpenAI"])
+    async def models() -> dict[str, Any]:
+        """The served model, as OpenAI lists models (with its ``kind`` besides)."""
+        return {"object": "list", "data": [_model_card(server)]}
+
+    @app.get("/v1/models/{model}", dependencies=guarded, tags=["OpenAI"])
+    async def model(model: str) -> dict[str, Any]:
+        """The served model by its name; 404 ``model_not_found`` for any other."""
+        if model != server.name:
+            server.check_model(model)
+        return {**_model_card(server), "id": model}
+
+
+def _model_card(server: Server) -> dict[str, Any]:
+    return {
+        "id": server.name,
+        "object": "model",
+        "created": server.created,
+        "owned_by": "fastbert",
+        "kind": server.model.kind,
+    }

@@ -1,0 +1,150 @@
+"""Hugging Face text-embeddings-inference's inference routes: ``/embed`` (dense models),
+``/embed_sparse`` (sparse), ``/embed_all`` (multi-vector), ``/rerank`` and ``/predict``
+(cross-encoders) and ``/tokenize``, in TEI's request and response shapes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from fastbert.embed.text_model import finish_embeddings
+from fastbert.serve import inputs, schemas
+from fastbert.serve.scores import pair_scores, probabilities, rerank_scores, sigmoid
+from fastbert.serve.service import NUMPY_JSON, Server, Timing
+
+
+def register(app: FastAPI, server: Server, posted: list) -> None:
+    """Add TEI's routes to ``app``; ``posted``: the dependencies of a POST route."""
+    model = server.model
+
+    async def run_embedding(
+        body: schemas.TeiEmbedRequest, request: Request, timing: Timing, route: str
+    ) -> Any:
+        server.require(route)
+        prompting = server.prompting(body.prompt_name)
+        return await server.embed_inputs(
+            request,
+            timing,
+            route,
+            body.inputs,
+            "inputs",
+            body.truncate,
+            body.truncation_direction,
+            prompting,
+        )
+
+    @app.post("/embed", dependencies=posted, tags=["TEI"], response_model=list[list[float]])
+    async def embed(body: schemas.EmbedRequest, request: Request) -> Response:
+        """Embeddings of the inputs (dense models), normalised unless ``normalize`` is false,
+        each after the prompt ``prompt_name`` names (default: the model's default prompt)."""
+        timing = Timing()
+        server.require("/embed")
+        server.check_dimensions(body.dimensions, "dimensions")
+        pooled = await run_embedding(body, request, timing, "/embed")
+        vectors = finish_embeddings(pooled, body.normalize, body.dimensions, np.dtype(np.float32))
+        return server.reply(
+            orjson.dumps(np.ascontiguousarray(vectors), option=NUMPY_JSON), timing, "/embed"
+        )
+
+    @app.post("/embed_sparse", dependencies=posted, tags=["TEI"])
+    async def embed_sparse(body: schemas.EmbedSparseRequest, request: Request) -> Response:
+        """Sparse embeddings (SPLADE models): per input, its non-zero entries over the
+        vocabulary, ``[{index, value}]`` by index."""
+        timing = Timing()
+        rows = await run_embedding(body, request, timing, "/embed_sparse")
+        content = [
+            [{"index": i, "value": v} for i, v in zip(indices.tolist(), values.tolist())]
+            for indices, values in rows
+        ]
+        return server.reply(content, timing, "/embed_sparse")
+
+    @app.post("/embed_all", dependencies=posted, tags=["TEI"])
+    async def embed_all(body: schemas.EmbedAllRequest, request: Request) -> Response:
+        """Per-token vectors (multi-vector models): per input, the vector of every token the
+        model scores, ``[[float]]`` (``prompt_name`` "query" / "document" picks the task)."""
+        timing = Timing()
+        rows = await run_embedding(body, request, timing, "/embed_all")
+        return server.reply(
+            orjson.dumps([np.ascontiguousarray(r) for r in rows], option=NUMPY_JSON),
+            timing,
+            "/embed_all",
+        )
+
+    @app.post("/rerank", dependencies=posted, tags=["TEI"])
+    async def rerank(body: schemas.RerankRequest, request: Request) -> Response:
+        """Scores of (query, text) for each text, best first (sigmoid unless ``raw_scores``)."""
+        timing = Timing()
+        logits = await rerank_scores(
+            server,
+            request,
+            timing,
+            "/rerank",
+            body.query,
+            body.texts,
+            body.truncate,
+            body.truncation_direction,
+            "texts",
+        )
+        scores = logits if body.raw_scores else sigmoid(logits)
+        order = np.argsort(-scores, kind="stable")
+        content = []
+        for i in order:
+            entry: dict[str, Any] = {"index": int(i), "score": float(scores[i])}
+            if body.return_text:
+                entry["text"] = body.texts[i]
+            content.append(entry)
+        return server.reply(content, timing, "/rerank")
+
+    @app.post("/predict", dependencies=posted, tags=["TEI"])
+    async def predict(body: schemas.PredictRequest, request: Request) -> Response:
+        """Label scores of a text, a pair, or a list of either, best first (softmax, or
+        sigmoid for one label, unless ``raw_scores``)."""
+        timing = Timing()
+        server.require("/predict")
+        single, sequences = _sequences(body.inputs)
+        inputs.check_count([" ".join(s) for s in sequences], server.limits, "inputs")
+        logits = await pair_scores(
+            server,
+            request,
+            timing,
+            [s[0] for s in sequences],
+            [s[1] if len(s) == 2 else None for s in sequences],
+            body.truncate,
+            body.truncation_direction,
+            "inputs",
+        )
+        scores = logits if body.raw_scores else probabilities(logits)
+        labels = model.labels
+        answers = [
+            [{"score": float(row[j]), "label": labels[j]} for j in np.argsort(-row, kind="stable")]
+            for row in scores
+        ]
+        return server.reply(answers[0] if single else answers, timing, "/predict")
+
+    @app.post("/tokenize", dependencies=posted, tags=["TEI"])
+    async def tokenize(body: schemas.TokenizeRequest, request: Request) -> Response:
+        """Every token of each input: id, text, whether special, character offsets."""
+        timing = Timing()
+        texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+        inputs.check_count(texts, server.limits, "inputs")
+        details = await server.tokenize(
+            timing, model.tokenise.details, texts, body.add_special_tokens
+        )
+        timing.tokens = sum(len(d) for d in details)
+        return server.reply(details, timing, "/tokenize")
+
+
+def _sequences(raw: Any) -> tuple[bool, list[list[str]]]:
+    """TEI's predict inputs -> (whether it was one input, [[text] or [text, pair], ...]): a
+    text or a list of two texts is one input (a pair); any other list is a list of inputs."""
+    if isinstance(raw, str):
+        return True, [[raw]]
+    if len(raw) == 2 and all(isinstance(x, str) for x in raw):
+        return True, [list(raw)]
+    if len(raw) == 1 and isinstance(raw[0], str):
+        return True, [[raw[0]]]
+    return False, [[x] if isinstance(x, str) else list(x) for x in raw]

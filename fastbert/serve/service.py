@@ -1,0 +1,307 @@
+"""What every route shares: the :class:`Server` (the model, the limits, the batcher, the
+tokenizer threads, the metrics, the int8 / uint8 calibration) and the steps of a request
+(check the route, the model name, the dimensions and the prompt; tokenise in a tokenizer
+thread; run in the batcher's model thread; reply with the timing headers).
+
+The event loop only parses, admits and replies: tokenisation runs in a small pool of threads,
+the forward passes in the batcher's model thread (:mod:`~fastbert.serve.batcher`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from fastapi.responses import Response
+
+from fastbert.embed.text_model import Prompting, TextModel
+from fastbert.model.sentence_folder import CLASSIFICATION, EMBEDDING, MULTI_VECTOR, SPARSE
+from fastbert.serve import errors, inputs
+from fastbert.serve.batcher import Batcher, Reservation
+from fastbert.serve.calibration import Calibration
+from fastbert.serve.metrics import Metrics
+from fastbert.serve.options import ServeOptions
+
+log = logging.getLogger("fastbert.serve")
+
+# The routes each kind of model serves.
+ROUTES = {
+    EMBEDDING: ("/embed", "/v1/embeddings", "/v2/embed"),
+    SPARSE: ("/embed_sparse",),
+    MULTI_VECTOR: ("/embed_all",),
+    CLASSIFICATION: ("/rerank", "/v1/rerank", "/predict"),
+}
+# Who serves a route: the kind of model it needs, as error messages name it.
+NEEDS = {
+    "/embed": "an embedding model",
+    "/v1/embeddings": "an embedding model",
+    "/v2/embed": "an embedding model",
+    "/embed_sparse": "a sparse model (SPLADE)",
+    "/embed_all": "a multi-vector model (ColBERT)",
+    "/rerank": "a classification model (a cross-encoder)",
+    "/v1/rerank": "a classification model (a cross-encoder)",
+    "/predict": "a classification model (a cross-encoder)",
+}
+NUMPY_JSON = orjson.OPT_SERIALIZE_NUMPY
+
+
+@dataclass
+class Timing:
+    """Where a request's time went, in seconds, and how many tokens it ran."""
+
+    start: float = field(default_factory=time.perf_counter)
+    tokenization: float = 0.0
+    queue: float = 0.0
+    inference: float = 0.0
+    tokens: int = 0
+
+    def headers(self) -> dict[str, str]:
+        total = time.perf_counter() - self.start
+        return {
+            "x-total-time": f"{total * 1e3:.3f}",
+            "x-tokenization-time": f"{self.tokenization * 1e3:.3f}",
+            "x-queue-time": f"{self.queue * 1e3:.3f}",
+            "x-inference-time": f"{self.inference * 1e3:.3f}",
+            "x-compute-tokens": str(self.tokens),
+        }
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+class Server:
+    """What the routes share: the model, the limits, the batcher, the tokenizer threads, the
+    metrics and (a dense model's, once :meth:`warm_up` ran) the int8 / uint8 calibration."""
+
+    def __init__(self, model: TextModel, options: ServeOptions):
+        self.model = model
+        self.options = options
+        self.name = options.model_name()
+        self.created = int(time.time())
+        self.limits = inputs.Limits(options.max_client_batch_size, options.auto_truncate)
+        self.metrics = Metrics()
+        self.calibration: Calibration | None = None
+        max_tokens = options.max_queued_tokens or (
+            options.max_concurrent_requests * model.max_length
+        )
+        self.batcher = Batcher(
+            self._forward,
+            model.options.batch_tokens,
+            options.max_concurrent_requests,
+            max_tokens,
+            self.metrics.on_batch,
+        )
+        self.pool = ThreadPoolExecutor(options.tokenize_workers, "fastbert-tokenize")
+        self.probe = model.tokenize(["health"]).ids
+
+    def _forward(
+        self, tokens: list[list[int]], type_ids: list[list[int]] | None, variant: Any
+    ) -> Any:
+        if self.model.kind == CLASSIFICATION:
+            return self.model.classify_tokens(tokens, type_ids)
+        return self.model.embed_tokens(tokens, variant)
+
+    def warm_up(self) -> None:
+        """One forward pass before the first request, so that it does not pay for the first
+        call's setup; then, for a dense model, the int8 / uint8 calibration."""
+        types = [[0] * len(self.probe[0])] if self.model.kind == CLASSIFICATION else None
+        self._forward(self.probe, types, None)
+        if self.model.kind == EMBEDDING:
+            self.calibration = Calibration.of(self.model, self.options.calibration)
+
+    # -- checks, before any work ------------------------------------------------------------
+
+    def require(self, route: str) -> None:
+        """ModelFailed (424) when this server's model does not serve ``route``."""
+        if route not in ROUTES[self.model.kind]:
+            raise errors.ModelFailed(
+                f"this server's model ({self.name}) is {article(self.model.kind)} model; "
+                f"{route} needs {NEEDS[route]}"
+            )
+
+    def check_model(self, name: str | None) -> None:
+        """ModelNotFound (404) when a request names a model other than this server's (unless
+        it was started to accept any name)."""
+        if name is None or name == self.name or self.options.accept_any_model:
+            return
+        raise errors.ModelNotFound(
+            f"the model {name!r} does not exist: this server serves {self.name!r} (GET /v1/models)",
+            param="model",
+        )
+
+    def check_dimensions(self, dimensions: int | None, param: str) -> None:
+        """ValidationFailed (422) for a cut wider than the embeddings, or of a model whose
+        card does not say it is Matryoshka-trained (unless the server allows any)."""
+        if dimensions is None:
+            return
+        width = self.model.dimensions
+        if dimensions > width:
+            raise errors.ValidationFailed(
+                f"{param} {dimensions} is more than the model's {width}", param=param
+            )
+        if dimensions == width or self.model.spec.matryoshka:
+            return
+        if not self.options.allow_any_dimensions:
+            raise errors.ValidationFailed(
+                f"{param} {dimensions}: this server's model ({self.name}) has no model card "
+                "saying it was trained to be cut to fewer dimensions (Matryoshka), and cut "
+                "embeddings of such a model lose more accuracy; start the server with "
+                "--allow-any-dimensions to cut them anyway",
+                param=param,
+            )
+
+    def prompting(
+        self, prompt_name: str | None, prompt: str | None = None, param: str = "prompt_name"
+    ) -> Prompting:
+        """The prompt a request names (None: the folder's default); ValidationFailed (422)
+        naming a name the folder does not have."""
+        try:
+            return self.model.prompting(prompt_name, prompt)
+        except ValueError as exc:
+            raise errors.ValidationFailed(str(exc), param=param) from exc
+
+    def truncating(self, truncate: bool | None) -> bool:
+        return self.options.auto_truncate if truncate is None else truncate
+
+    # -- running ----------------------------------------------------------------------------
+
+    async def embed_inputs(
+        self,
+        request: Any,
+        timing: Timing,
+        route: str,
+        raw_inputs: Any,
+        field: str,
+        truncate: bool | None,
+        direction: str,
+        prompting: Prompting,
+    ) -> Any:
+        """What the model gives for a request's inputs (validated, tokenised after the prompt,
+        run with it): a dense model's pooled embeddings [n, hidden], a sparse model's rows of
+        (indices, values), a multi-vector model's [tokens, dimensions] arrays."""
+        self.require(route)
+        items = inputs.as_list(raw_inputs)
+        inputs.check_count(items, self.limits, field)
+        return await self.tokenize_and_run(
+            request,
+            timing,
+            len(items),
+            prompting,
+            inputs.tokenize,
+            self.model,
+            items,
+            self.truncating(truncate),
+            direction,
+            field,
+            prompting,
+        )
+
+    async def tokenize(self, timing: Timing, function: Callable, *args: Any) -> Any:
+        """``function(*args)`` in a tokenizer thread, timed."""
+        start = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self.pool, function, *args)
+        finally:
+            timing.tokenization = time.perf_counter() - start
+            self.metrics.tokenize_seconds.observe(timing.tokenization)
+
+    async def tokenize_and_run(
+        self,
+        request: Any,
+        timing: Timing,
+        count: int,
+        variant: Any,
+        function: Callable,
+        *args: Any,
+    ) -> Any:
+        """Admit ``count`` inputs (429 at once past the bound, before any work), tokenise them
+        with ``function(*args)`` -> token ids (or (token ids, token types)), and run them with
+        ``variant``."""
+        reservation = self.batcher.reserve(count)
+        try:
+            tokens = await self.tokenize(timing, function, *args)
+        except BaseException:
+            self.batcher.release(reservation)
+            raise
+        ids, types = tokens if isinstance(tokens, tuple) else (tokens, None)
+        return await self.run(request, timing, ids, types, reservation, variant)
+
+    async def run(
+        self,
+        request: Any,
+        timing: Timing,
+        tokens: list[list[int]],
+        type_ids: list[list[int]] | None = None,
+        reservation: Reservation | None = None,
+        variant: Any = None,
+    ) -> Any:
+        """The model's rows for ``tokens``, batched with whatever else waits. Raises
+        Overloaded (429) at once when the queue is full, ModelFailed when the forward fails,
+        and ClientGone when the client disconnects first (its inputs are dropped, as they are
+        when the server cancels the request: Ray Serve does when its client goes away)."""
+        work = self.batcher.submit(tokens, type_ids, reservation, variant)
+        timing.tokens = work.token_count
+        for row in tokens:
+            self.metrics.input_tokens.observe(len(row))
+        self.metrics.set_queue(self.batcher.admitted)
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({work.future, gone}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            self.batcher.cancel(work)
+            work.future.cancel()
+            raise
+        finally:
+            gone.cancel()
+            self.metrics.set_queue(self.batcher.admitted)
+        if not work.future.done():
+            self.batcher.cancel(work)
+            work.future.cancel()
+            raise ClientGone()
+        timing.queue, timing.inference = work.queue_seconds, work.inference_seconds
+        self.metrics.queue_seconds.observe(work.queue_seconds)
+        self.metrics.inference_seconds.observe(work.inference_seconds)
+        return work.future.result()
+
+    def reply(self, content: Any, timing: Timing, route: str) -> Response:
+        """200 with ``content`` as JSON (bytes: already JSON), the timing headers, counted."""
+        body = content if isinstance(content, bytes) else orjson.dumps(content, option=NUMPY_JSON)
+        self.metrics.requests.labels(route).inc()
+        seconds = time.perf_counter() - timing.start
+        self.metrics.request_seconds.labels(route).observe(seconds)
+        log.debug("%s 200 %d tokens %.1f ms", route, timing.tokens, seconds * 1e3)
+        return Response(body, media_type="application/json", headers=timing.headers())
+
+    async def healthy(self) -> bool:
+        """True while the model answers: after a failed forward, only once a probe forward
+        succeeds."""
+        if self.batcher.healthy:
+            return True
+        types = [[0] * len(self.probe[0])] if self.model.kind == CLASSIFICATION else None
+        try:
+            work = self.batcher.submit(self.probe, types)
+            await asyncio.wait_for(asyncio.shield(work.future), timeout=60)
+        except (errors.ServeError, asyncio.TimeoutError):
+            return False
+        return self.batcher.healthy
+
+
+async def _disconnected(request: Any) -> None:
+    """Returns when the client of ``request`` (whose body has been read) disconnects."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def article(kind: str) -> str:
+    """``kind`` with its indefinite article ("an embedding", "a sparse")."""
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"

@@ -1,0 +1,366 @@
+"""fastbert serve for every model kind, as a real process called with plain httpx: a dense
+model's /embed with prompt_name and Cohere's /v2/embed (input_type mapped to the folder's
+prompts, every embedding type, output_dimension), a sparse model's /embed_sparse and a
+multi-vector model's /embed_all, each compared with sentence-transformers on the same texts
+(SentenceTransformer.encode with the prompt, quantize_embeddings with the server's ranges,
+SparseEncoder.encode, MultiVectorEncoder.encode / encode_query / encode_document); the routes a
+kind does not serve (424), /info's settings and the request errors of the new routes. One
+server per kind, on tiny random folders (tests/sentence_folders.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import string
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+st = pytest.importorskip("sentence_transformers")
+
+from sentence_transformers.base.modules import Normalize  # noqa: E402
+from sentence_transformers.sentence_transformer.modules import Pooling  # noqa: E402
+from sentence_transformers.sparse_encoder.modules import SpladePooling  # noqa: E402
+from sentence_transformers.util.quantization import quantize_embeddings  # noqa: E402
+
+from tests.sentence_folders import (  # noqa: E402
+    HIDDEN,
+    hf_folder,
+    save_modules,
+    transformer,
+    write_json,
+)
+from tests.serve_process import serving  # noqa: E402
+from tests.test_embed import corpus  # noqa: E402
+
+TOLERANCE = 2e-5  # float32 against float32, through JSON: the same math in other orders
+TEXTS = corpus(12, offset=700, max_words=30)
+PROMPTS = {"query": "query: ", "passage": "passage: ", "classification": "classify this: "}
+CALIBRATION = corpus(150, offset=900, max_words=30)
+
+
+@contextlib.contextmanager
+def served_client(folder, tmp_path, *arguments: str):
+    """An httpx client of a running ``fastbert serve`` of ``folder``."""
+    with serving(folder, *arguments, tmp_path=tmp_path) as server:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            yield client
+
+
+def post(client, route: str, body: dict) -> httpx.Response:
+    return client.post(route, json=body)
+
+
+def ok(response: httpx.Response):
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def assert_error(response: httpx.Response, status: int, *words: str) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    message = body["error"]["message"] if isinstance(body["error"], dict) else body["error"]
+    for word in words:
+        assert word in message, message
+    return body
+
+
+# -- a dense model with prompts ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dense_folder(tmp_path_factory):
+    """Mean pooling without the prompt's tokens (so that a prompt's length matters), normalised,
+    with named prompts ("query" the default) and a model card naming Matryoshka training."""
+    base = hf_folder(tmp_path_factory.mktemp("base") / "bert", seed=6)
+    modules = [transformer(base), Pooling(HIDDEN, "mean", include_prompt=False), Normalize()]
+    folder = save_modules(
+        tmp_path_factory.mktemp("dense") / "st",
+        modules,
+        prompts=PROMPTS,
+        default_prompt_name="query",
+    )
+    (folder / "README.md").write_text("Trained with MatryoshkaLoss.\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def dense(dense_folder, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dense-serve")
+    calibration = tmp / "calibration.txt"
+    calibration.write_text("".join(t + "\n" for t in CALIBRATION))
+    arguments = ("--calibration", str(calibration), "--served-model-name", "tiny")
+    with served_client(dense_folder, tmp, *arguments) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def st_dense(dense_folder):
+    return st.SentenceTransformer(str(dense_folder), device="cpu")
+
+
+def test_embed_prompt_name_as_sentence_transformers(dense, st_dense):
+    for prompt_name in (None, "query", "passage"):
+        body = {"inputs": TEXTS} | ({"prompt_name": prompt_name} if prompt_name else {})
+        got = np.array(ok(post(dense, "/embed", body)))
+        want = st_dense.encode(TEXTS, prompt_name=prompt_name, convert_to_numpy=True)
+        np.testing.assert_allclose(got, want, atol=TOLERANCE)
+    # The default prompt ("query") applies when none is named: without it the vectors differ.
+    plain = st_dense.encode(TEXTS, prompt="", convert_to_numpy=True)
+    assert np.abs(np.array(ok(post(dense, "/embed", {"inputs": TEXTS}))) - plain).max() > 1e-3
+    answer = assert_error(
+        post(dense, "/embed", {"inputs": "x", "prompt_name": "nope"}), 422, "'nope'", "query"
+    )
+    assert answer["error_type"] == "validation"
+
+
+def test_requests_with_other_prompts_share_no_batch(dense, st_dense):
+    """Requests with different prompts at once: each answer is its own prompt's (a batch
+    holds one prompt's inputs: a prompt's length changes the pooling)."""
+    names = ["query", "passage", "classification"]
+    want = {n: st_dense.encode(TEXTS, prompt_name=n, convert_to_numpy=True) for n in names}
+
+    def call(i: int) -> tuple[int, str, np.ndarray]:
+        name, row = names[i % 3], i % len(TEXTS)
+        body = {"inputs": [TEXTS[row]], "prompt_name": name}
+        return row, name, np.array(ok(post(dense, "/embed", body)))[0]
+
+    with ThreadPoolExecutor(6) as pool:
+        for row, name, got in pool.map(call, range(36)):
+            np.testing.assert_allclose(got, want[name][row], atol=TOLERANCE)
+
+
+def cohere(client, **body) -> dict:
+    return ok(post(client, "/v2/embed", {"texts": TEXTS, **body}))
+
+
+@pytest.mark.parametrize(
+    ("input_type", "encode", "prompt"),
+    [
+        ("search_query", "encode_query", None),  # falls back to "query"
+        # "document" first, as encode_document: sentence-transformers 6 saves an empty one
+        # beside the folder's own ("passage"), so no prompt here
+        ("search_document", "encode_document", None),
+        ("classification", "encode", "classify this: "),  # the prompt of that very name
+        ("clustering", "encode", ""),  # no prompt of that name: none
+        (None, "encode", None),  # no input_type: the default prompt
+    ],
+)
+def test_cohere_input_type_picks_the_prompt(dense, st_dense, input_type, encode, prompt):
+    body = {} if input_type is None else {"input_type": input_type}
+    answer = cohere(dense, **body)
+    assert answer["texts"] == TEXTS and answer["response_type"] == "embeddings_by_type"
+    assert answer["meta"]["billed_units"]["input_tokens"] > len(TEXTS)
+    extra = {} if prompt is None else {"prompt": prompt}
+    want = getattr(st_dense, encode)(TEXTS, convert_to_numpy=True, **extra)
+    np.testing.assert_allclose(np.array(answer["embeddings"]["float"]), want, atol=TOLERANCE)
+
+
+def test_info_reports_the_kind_and_the_calibrated_ranges(dense, st_dense):
+    info = ok(dense.get("/info"))
+    settings = info["model_type"]["embedding"]
+    assert info["model_kind"] == "embedding"
+    assert info["routes"] == ["/embed", "/v1/embeddings", "/v2/embed"]
+    # sentence-transformers 6 saves an empty "document" prompt beside the folder's own
+    assert settings["prompts"] == {**PROMPTS, "document": ""}
+    assert settings["default_prompt_name"] == "query"
+    assert settings["matryoshka"] is True and settings["dimensions"] == HIDDEN
+    calibration = settings["quantization"]["int8_uint8_calibration"]
+    assert calibration["texts"] == len(CALIBRATION) and calibration["source"].endswith(".txt")
+    # The calibration texts' embeddings, with the default prompt: their min and max.
+    sample = st_dense.encode(CALIBRATION, convert_to_numpy=True)
+    np.testing.assert_allclose(calibration["ranges"], [sample.min(0), sample.max(0)], atol=1e-6)
+    models = ok(dense.get("/v1/models"))["data"]
+    assert [(m["id"], m["object"], m["kind"]) for m in models] == [("tiny", "model", "embedding")]
+
+
+def near_buckets(got: np.ndarray, want: np.ndarray) -> None:
+    """int8 / uint8 buckets of the server against sentence-transformers' of its own floats:
+    floats equal to their last bits land in the same bucket but on a bucket's edge."""
+    difference = np.abs(got.astype(int) - want.astype(int))
+    assert difference.max() <= 1 and (difference == 0).mean() > 0.98
+
+
+def near_bits(got: np.ndarray, want: np.ndarray, floats: np.ndarray) -> None:
+    """Packed bits: they differ only where a float is (all but) zero."""
+    flipped = np.unpackbits(got.view(np.uint8), axis=1) != np.unpackbits(
+        want.view(np.uint8), axis=1
+    )
+    assert np.abs(floats[flipped[:, : floats.shape[1]]]).max(initial=0) < 1e-5
+
+
+@pytest.mark.parametrize("dimensions", [None, 24])
+def test_cohere_embedding_types_as_quantize_embeddings(dense, st_dense, dimensions):
+    types = ["float", "int8", "uint8", "binary", "ubinary"]
+    extra = {} if dimensions is None else {"output_dimension": dimensions}
+    answer = cohere(dense, input_type="search_query", embedding_types=types, **extra)
+    embeddings = answer["embeddings"]
+    assert list(embeddings) == types
+    floats = st_dense.encode_query(TEXTS, convert_to_numpy=True)
+    sample = st_dense.encode(CALIBRATION, convert_to_numpy=True)
+    if dimensions is not None:  # cut, then normalised again
+        floats = floats[:, :dimensions] / np.linalg.norm(floats[:, :dimensions], axis=1)[:, None]
+        sample = sample[:, :dimensions] / np.linalg.norm(sample[:, :dimensions], axis=1)[:, None]
+    ranges = np.vstack([sample.min(0), sample.max(0)])
+    np.testing.assert_allclose(np.array(embeddings["float"]), floats, atol=TOLERANCE)
+    for kind in types[1:]:
+        got = np.array(embeddings[kind], dtype=np.int8 if kind in ("int8", "binary") else np.uint8)
+        want = quantize_embeddings(floats, kind, ranges=ranges)
+        assert got.shape == want.shape == (len(TEXTS), want.shape[1])
+        if kind.endswith("binary"):
+            assert want.shape[1] == ((dimensions or HIDDEN) + 7) // 8
+            near_bits(got, want, floats)
+        else:
+            near_buckets(got, want)
+    # The server's own floats give its buckets exactly, with the ranges GET /info reports.
+    if dimensions is None:
+        served = np.array(embeddings["float"], dtype=np.float32)
+        info = ok(dense.get("/info"))["model_type"]["embedding"]["quantization"]
+        own_ranges = np.array(info["int8_uint8_calibration"]["ranges"], dtype=np.float32)
+        own = quantize_embeddings(served, "uint8", ranges=own_ranges)
+        near_buckets(np.array(embeddings["uint8"], dtype=np.uint8), own)
+
+
+def test_matryoshka_cuts_are_allowed_on_a_matryoshka_model(dense, st_dense):
+    got = np.array(ok(post(dense, "/embed", {"inputs": TEXTS, "dimensions": 16})))
+    want = st_dense.encode(TEXTS, truncate_dim=16, convert_to_numpy=True)
+    want /= np.linalg.norm(want, axis=1, keepdims=True)
+    np.testing.assert_allclose(got, want, atol=TOLERANCE)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        ({"texts": []}, 400, ("texts is empty",)),
+        ({"texts": ["x"], "embedding_types": ["int4"]}, 422, ("embedding_types",)),
+        ({"texts": ["x"], "input_type": "search"}, 422, ("input_type",)),
+        ({"texts": ["x"], "truncate": "MIDDLE"}, 422, ("truncate",)),
+        ({"texts": ["word " * 600], "truncate": "NONE"}, 422, ("truncate",)),
+        ({"texts": ["x"], "output_dimension": 65}, 422, ("output_dimension 65",)),
+        ({"texts": ["x"], "model": "other"}, 404, ("'other'", "'tiny'")),
+    ],
+)
+def test_cohere_errors(dense, body, status, words):
+    answer = assert_error(post(dense, "/v2/embed", body), status, *words)
+    assert set(answer["error"]) == {"message", "type", "param", "code"}
+    if status == 404:
+        assert answer["error"]["code"] == "model_not_found"
+    ok(post(dense, "/v2/embed", {"texts": ["still serving"]}))
+
+
+def test_cohere_truncate_start_and_end(dense, st_dense):
+    long = " ".join(CALIBRATION)  # past the folder's 48 tokens
+    end = cohere(dense, texts=[long], truncate="END")["embeddings"]["float"]
+    start = cohere(dense, texts=[long], truncate="START")["embeddings"]["float"]
+    want = st_dense.encode([long], convert_to_numpy=True)
+    np.testing.assert_allclose(end, want, atol=TOLERANCE)
+    assert np.abs(np.array(start) - want).max() > 1e-3
+
+
+# -- a sparse model ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sparse_folder(tmp_path_factory):
+    mlm = hf_folder(tmp_path_factory.mktemp("mlm") / "bert", "BertForMaskedLM", seed=7)
+    modules = [transformer(mlm, transformer_task="fill-mask"), SpladePooling("max")]
+    return save_modules(
+        tmp_path_factory.mktemp("sparse") / "st",
+        modules,
+        kind="SparseEncoder",
+        prompts={"query": "query: "},
+    )
+
+
+@pytest.fixture(scope="module")
+def sparse(sparse_folder, tmp_path_factory):
+    with served_client(sparse_folder, tmp_path_factory.mktemp("sparse-serve")) as client:
+        yield client
+
+
+def test_embed_sparse_as_sparse_encoder(sparse, sparse_folder):
+    encoder = st.SparseEncoder(str(sparse_folder), device="cpu")
+    for prompt_name in (None, "query"):
+        body = {"inputs": TEXTS} | ({"prompt_name": prompt_name} if prompt_name else {})
+        rows = ok(post(sparse, "/embed_sparse", body))
+        want = encoder.encode(TEXTS, prompt_name=prompt_name).to_dense().numpy()
+        assert len(rows) == len(TEXTS)
+        for row, expected in zip(rows, want):
+            indices = [entry["index"] for entry in row]
+            assert set(row[0]) == {"index", "value"} and indices == sorted(indices)
+            np.testing.assert_array_equal(indices, np.flatnonzero(expected))
+            values = [entry["value"] for entry in row]
+            np.testing.assert_allclose(values, expected[indices], atol=TOLERANCE, rtol=1e-5)
+    one = ok(post(sparse, "/embed_sparse", {"inputs": TEXTS[0]}))
+    assert len(one) == 1
+
+
+def test_sparse_model_routes_info_and_errors(sparse):
+    for route, body in [("/embed", {"inputs": "x"}), ("/embed_all", {"inputs": "x"})]:
+        assert_error(post(sparse, route, body), 424, "is a sparse model", route)
+    assert_error(post(sparse, "/v2/embed", {"texts": ["x"]}), 424, "/v2/embed needs")
+    assert_error(post(sparse, "/embed_sparse", {"inputs": []}), 400, "empty")
+    assert_error(post(sparse, "/embed_sparse", {"inputs": "x", "prompt_name": "doc"}), 422)
+    info = ok(sparse.get("/info"))
+    assert info["model_kind"] == "sparse" and info["routes"] == ["/embed_sparse"]
+    assert info["model_type"]["sparse"]["dimensions"] == 30522
+    assert info["model_type"]["sparse"]["prompts"] == {"query": "query: ", "document": ""}
+    assert ok(sparse.get("/v1/models"))["data"][0]["kind"] == "sparse"
+
+
+# -- a multi-vector model ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def multi_folder(tmp_path_factory):
+    """A ColBERT-style folder with a punctuation skiplist and query / document lengths of its
+    own (as tests/test_model_folders.py makes one)."""
+    base = hf_folder(tmp_path_factory.mktemp("mv-base") / "bert", seed=8)
+    folder = tmp_path_factory.mktemp("mv") / "st"
+    st.MultiVectorEncoder(str(base), device="cpu").save(str(folder))
+    mask_config = folder / "2_MultiVectorMask" / "config.json"
+    config = json.loads(mask_config.read_text())
+    write_json(mask_config, {**config, "skiplist_words": list(string.punctuation)})
+    settings_path = folder / "sentence_bert_config.json"
+    settings = json.loads(settings_path.read_text())
+    write_json(settings_path, {**settings, "query_length": 9, "document_length": 12})
+    return folder
+
+
+@pytest.fixture(scope="module")
+def multi(multi_folder, tmp_path_factory):
+    with served_client(multi_folder, tmp_path_factory.mktemp("mv-serve")) as client:
+        yield client
+
+
+def test_embed_all_as_multi_vector_encoder(multi, multi_folder):
+    encoder = st.MultiVectorEncoder(str(multi_folder), device="cpu")
+    cases = [
+        (None, encoder.encode(TEXTS)),
+        ("query", encoder.encode_query(TEXTS)),
+        ("document", encoder.encode_document(TEXTS)),
+    ]
+    for prompt_name, want in cases:
+        body = {"inputs": TEXTS} | ({"prompt_name": prompt_name} if prompt_name else {})
+        got = ok(post(multi, "/embed_all", body))
+        assert [np.shape(g) for g in got] == [tuple(w.shape) for w in want]
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, np.asarray(w), atol=TOLERANCE)
+
+
+def test_multi_vector_model_routes_info_and_errors(multi):
+    assert_error(post(multi, "/embed", {"inputs": "x"}), 424, "multi-vector model", "/embed")
+    assert_error(post(multi, "/embed_sparse", {"inputs": "x"}), 424, "multi-vector model")
+    assert_error(post(multi, "/embed_all", {"inputs": "x", "prompt_name": "nope"}), 422, "nope")
+    long = " ".join(CALIBRATION)
+    refused = post(multi, "/embed_all", {"inputs": long, "truncate": False, "prompt_name": "query"})
+    assert_error(refused, 422, "limit of 9")
+    info = ok(multi.get("/info"))
+    settings = info["model_type"]["multi-vector"]
+    assert info["routes"] == ["/embed_all"]
+    assert settings["query_length"] == 9 and settings["document_length"] == 12
+    assert set(settings["prompts"]) == {"query", "document"}
