@@ -299,14 +299,25 @@ def test_in_memory_bad_text_named(model_path) -> None:
 # Refusals and resuming.
 
 
-def test_finished_output_is_not_overwritten(tmp_path, model_path, capsys) -> None:
+def test_a_complete_run_of_the_same_job_is_nothing_to_do(tmp_path, model_path) -> None:
     source = write_corpus(tmp_path / "corpus.txt", TEXTS[:5])
     out = tmp_path / "out"
     assert embed_file(source, model_path, out) == 0
     before = (out / "part-00000.parquet").stat().st_mtime_ns
-    capsys.readouterr()
-    assert embed_file(source, model_path, out) == 1
-    assert "already holds a complete run" in capsys.readouterr().err
+    command = [sys.executable, "-m", "fastbert.cli", "embed", str(source), "--model", model_path]
+    command += ["--output", str(out), "--device", "cpu"]
+    proc = subprocess.run(command, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert f"nothing to do: {out} already holds this job, complete (5 docs" in proc.stderr
+    assert proc.stdout == f"{out} holds 5 rows in 1 shards\n"
+    assert (out / "part-00000.parquet").stat().st_mtime_ns == before
+    summary = fastbert.embed(source, model=model_path, output=out, device="cpu")
+    assert summary.already_complete and (summary.docs, summary.seconds) == (5, 0.0)
+    assert summary.manifest == json.loads((out / "manifest.json").read_text())
+    # A complete run of another job stays an error, naming the setting.
+    proc = subprocess.run([*command, "--pooling", "cls"], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "holds a complete run of another job (pooling: 'mean' there, 'cls' now)" in proc.stderr
     assert (out / "part-00000.parquet").stat().st_mtime_ns == before
     assert embed_file(source, model_path, out, "--overwrite", "--pooling", "cls") == 0
     assert json.loads((out / "manifest.json").read_text())["pooling"] == "cls"
@@ -441,3 +452,72 @@ def test_tokenise_ahead_raises_in_the_caller() -> None:
 
     with pytest.raises(OSError, match="disk gone"):
         list(tokenise_ahead(rows(), lambda texts: ([[1]] * len(texts), [False] * len(texts))))
+
+
+class _Clock:
+    """A clock the test moves: the forward of a batch takes 1 s, the sink's finish 2 s."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Bar:
+    """A progress bar that records the rates it is shown."""
+
+    def __init__(self) -> None:
+        self.docs, self.postfixes = 0, []
+
+    def update(self, docs: int) -> None:
+        self.docs += docs
+
+    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
+        self.postfixes.append(text)
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_bar_and_the_summary_measure_the_same_rate(model_path, monkeypatch) -> None:
+    """The bar's last tokens/s is the summary's: the same tokens over the same seconds on the
+    same clock, from the same start, with the time after the last batch (the last shard's
+    write) counted in both."""
+    import torch
+
+    from fastbert.embed import run
+    from fastbert.embed.options import EmbedOptions
+    from fastbert.embed.readers import Row
+
+    clock, bar = _Clock(), _Bar()
+    monkeypatch.setattr(run, "progress_bar", lambda enabled: bar)
+    options = EmbedOptions(model=model_path, batch_tokens=16, window_rows=4)
+
+    class Loaded:
+        def __init__(self) -> None:
+            self.options = options.with_defaults(torch.device("cpu"))
+
+        def tokenise(self, texts: list[str]) -> tuple[list[list[int]], list[bool]]:
+            return [[1] * (len(t.split()) + 2) for t in texts], [False] * len(texts)
+
+        def encoder(self, tokens: list[list[int]]) -> np.ndarray:
+            clock.now += 1.0
+            return np.ones((len(tokens), 3), np.float32)
+
+    class Sink(run.ArraySink):
+        def finish(self, end: int) -> None:
+            clock.now += 2.0
+
+    texts = [" ".join(["word"] * n) for n in (1, 5, 2, 9, 3, 3, 7)]
+    rows = [Row(i, None, t, "list", i) for i, t in enumerate(texts)]
+    summary = run.run_rows(rows, Loaded(), Sink(len(rows), 3, np.dtype(np.float32)), 0, clock)
+
+    tokens = sum(len(t.split()) + 2 for t in texts)
+    batches = len(bar.postfixes) - 1  # one rate per batch, then the final one
+    assert (summary.docs, summary.tokens, bar.docs) == (len(texts), tokens, len(texts))
+    assert summary.seconds == batches + 2.0
+    final = run.rate_text(tokens, summary.seconds)
+    assert bar.postfixes[-1] == final == f"{tokens / (batches + 2.0):,.0f} tokens/s"
+    assert bar.postfixes[-2] == run.rate_text(tokens, batches)  # before the last shard's write
+    assert f"{final} (tokens embedded over wall-clock time" in summary.line()

@@ -228,8 +228,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     print(summary.line(), file=sys.stderr)
-    print(
-        f"wrote {summary.manifest['rows']} rows in {len(summary.manifest['shards'])} shards "
-        f"to {summary.output}"
-    )
+    shards = f"{summary.manifest['rows']} rows in {len(summary.manifest['shards'])} shards"
+    if summary.already_complete:
+        print(f"{summary.output} holds {shards}")
+    else:
+        print(f"wrote {shards} to {summary.output}")
     return 0

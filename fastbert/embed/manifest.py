@@ -3,8 +3,9 @@
 The manifest records the job (what decides the embeddings and the shard layout: model,
 inputs, fields, pooling, normalisation, lengths, dtypes, rows per shard), the fastbert version
 and a ``complete`` flag; once complete, the shards and the totals. A run into a folder that
-holds a manifest continues after its complete shards when the job is the same, and refuses
-otherwise (or when the job is complete) unless told to overwrite.
+holds a manifest continues after its complete shards when the job is the same, has nothing to
+do when that job is complete (:func:`finished_run`), and refuses a job with other settings
+unless told to overwrite.
 """
 
 from __future__ import annotations
@@ -21,16 +22,40 @@ MANIFEST = "manifest.json"
 FORMAT = "fastbert-embeddings/1"
 
 
+# Manifest keys that are not settings of the job: comparing jobs ignores them.
+_NOT_SETTINGS = ("complete", "fastbert_version")
+# What a complete manifest adds to the job's record.
+TOTALS = ("rows", "tokens", "truncated", "skipped")
+
+
 class OutputError(ValueError):
-    """The output folder cannot be used as asked (complete, written for another job)."""
+    """The output folder cannot be used as asked (written for another job)."""
+
+
+def finished_run(output: Path, job: dict[str, Any]) -> dict[str, Any] | None:
+    """The manifest of a complete run of ``job`` in ``output`` (nothing left to do), or None
+    when there is none. OutputError, naming the first setting that differs, when ``output``
+    holds a complete run of another job."""
+    manifest = read_manifest(output)
+    if manifest is None or not manifest.get("complete"):
+        return None
+    key = _first_difference(manifest, job)
+    if key is not None:
+        raise OutputError(
+            f"{output} holds a complete run of another job ({key}: {manifest.get(key)!r} "
+            f"there, {job.get(key)!r} now); give another output folder, or pass --overwrite / "
+            "overwrite=True to replace it"
+        )
+    return manifest
 
 
 def start_output(output: Path, job: dict[str, Any], overwrite: bool) -> int:
     """Make ``output`` ready for ``job``; return the first shard still to write (0 for a new
     job, the number of complete shards for a resumed one).
 
-    Raises OutputError, before changing anything, for a complete job or a job with other
-    settings (unless ``overwrite``, which removes this job's files only).
+    Raises OutputError, before changing anything, for a job with other settings (unless
+    ``overwrite``, which removes this job's files only). A complete run of the same job is
+    the caller's to find first (:func:`finished_run`); here it is an OutputError.
     """
     manifest = read_manifest(output)
     if manifest is not None and not overwrite:
@@ -60,18 +85,24 @@ def _check_resumable(output: Path, manifest: dict, job: dict) -> None:
             f"{output} already holds a complete run "
             "(pass --overwrite / overwrite=True to replace it)"
         )
-    differing = [
-        k
-        for k in sorted(set(job) | set(manifest))
-        if k not in ("complete", "fastbert_version") and manifest.get(k) != job.get(k)
-    ]
-    if differing:
-        key = differing[0]
+    key = _first_difference(manifest, job)
+    if key is not None:
         raise OutputError(
             f"{output} holds an unfinished run with other settings ({key}: "
             f"{manifest.get(key)!r} there, {job.get(key)!r} now); resume it with the same "
             "arguments, or pass --overwrite / overwrite=True to start again"
         )
+
+
+def _first_difference(manifest: dict, job: dict) -> str | None:
+    """The first setting (by name) that ``manifest`` records otherwise than ``job``, or None
+    (totals, shards and :data:`_NOT_SETTINGS` are no settings)."""
+    ignored = (*_NOT_SETTINGS, *TOTALS, "shards")
+    keys = sorted(set(job) | set(manifest))
+    return next(
+        (k for k in keys if k not in ignored and manifest.get(k) != job.get(k)),
+        None,
+    )
 
 
 def complete_shards(output: Path) -> int:
@@ -88,10 +119,7 @@ def complete_shards(output: Path) -> int:
 def finish_output(output: Path, job: dict[str, Any]) -> dict[str, Any]:
     """Record the job complete, with every shard's stats and the totals; return the manifest."""
     shards = [read_stats(shard_path(output, i)) for i in range(complete_shards(output))]
-    totals = {
-        key: sum(getattr(s, key) for s in shards)
-        for key in ("rows", "tokens", "truncated", "skipped")
-    }
+    totals = {key: sum(getattr(s, key) for s in shards) for key in TOTALS}
     manifest = {**job, "complete": True, **totals, "shards": [asdict(s) for s in shards]}
     write_manifest(output, manifest)
     return manifest
@@ -125,6 +153,7 @@ __all__ = [
     "ShardStats",
     "complete_shards",
     "finish_output",
+    "finished_run",
     "read_manifest",
     "start_output",
     "write_manifest",

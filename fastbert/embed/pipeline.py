@@ -74,13 +74,24 @@ def _calibration_source(options: EmbedOptions) -> str:
 class Job:
     """A job writing Parquet shards, started: its resolved options, output folder and manifest
     record; the shard writer, which starts after the shards an earlier run finished; and the
-    first input row still to embed."""
+    first input row still to embed. ``finished``: the manifest of a complete run of this job
+    that the output already holds (then there is nothing to do, and no writer)."""
 
     options: EmbedOptions
     output: Path
     record: dict
-    writer: ShardWriter
+    writer: ShardWriter | None
     first_row: int
+    finished: dict | None = None
+
+    def finished_summary(self) -> Summary:
+        """The summary of the complete run found in the output: its totals, no time spent."""
+        done = self.finished or {}
+        counts = {key: done.get(key, 0) for key in manifest.TOTALS}
+        docs = counts.pop("rows")
+        summary = Summary(docs=docs, **counts, already_complete=True)
+        summary.output, summary.manifest = self.output, self.finished
+        return summary
 
     def quantize(self, loaded: TextModel | None, files: Sequence[Path]) -> None:
         """Set the writer's quantizer (with ``precision``): int8 / uint8 buckets span the
@@ -120,8 +131,9 @@ def start_job(
     device: torch.device | None = None,
 ) -> Job:
     """Resolve ``options`` (see :func:`resolve`) and start the job's output in ``output``, or
-    continue an unfinished run of the same job there. Called before the model loads, so that
-    an output it must not write (manifest.OutputError) costs nothing."""
+    continue an unfinished run of the same job there, or find it complete there (``finished``;
+    unless ``options.overwrite``). Called before the model loads, so that an output it must
+    not write (manifest.OutputError) or a job already done costs nothing."""
     options, spec, dimensions = resolve(options, tokenizer, device)
     if spec.kind == CLASSIFICATION:
         raise ValueError(
@@ -134,6 +146,9 @@ def start_job(
         earlier = manifest.read_manifest(output)  # a resumed run keeps the ranges it recorded
         if earlier is not None and earlier.get("ranges") is not None:
             record["ranges"] = earlier["ranges"]
+    finished = None if options.overwrite else manifest.finished_run(output, record)
+    if finished is not None:
+        return Job(options, output, record, None, 0, finished)
     start = manifest.start_output(output, record, options.overwrite)
     store_dtype = np.dtype(options.store_dtype)
     writer = ShardWriter(output, options.rows_per_shard, spec.kind, dimensions, store_dtype, start)
@@ -142,11 +157,15 @@ def start_job(
 
 def embed_files(inputs: Sequence[str | Path], output: str | Path, options: EmbedOptions) -> Summary:
     """Embed the rows of ``inputs`` (files or folders) into Parquet shards in ``output``,
-    continuing an unfinished run of the same job. Raises readers.InputError for unreadable input
-    or a bad row (without skip_bad), manifest.OutputError for an output it must not write."""
+    continuing an unfinished run of the same job; when ``output`` holds this job complete,
+    nothing is done and the summary is that run's (``already_complete``). Raises
+    readers.InputError for unreadable input or a bad row (without skip_bad),
+    manifest.OutputError for an output it must not write."""
     files = readers.list_inputs(inputs)
     tokenizer = model.load_tokenizer(Path(options.model))
     job = start_job(files, output, options, tokenizer)
+    if job.finished is not None:
+        return job.finished_summary()
     loaded = load_options(job.options, tokenizer)
     rows = (
         r

@@ -16,7 +16,6 @@ fastbert.serve.ray_serve, the other, shares :func:`connect` and :func:`worker_de
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -62,6 +61,8 @@ def embed_files(
         cpus = ray.cluster_resources().get("CPU", 1)
         device = worker_device(options, gpus)
         job = pipeline.start_job(files, output, options, tokenizer, device)
+        if job.finished is not None:
+            return job.finished_summary()
         job.quantize(None, files)
         dataset = _dataset(ray, files, counts, job.first_row, job.options, gpus, cpus)
         summary = _drain(dataset, job.writer, job.options, job.first_row, sum(counts))
@@ -235,8 +236,8 @@ def _drain(
 ) -> run.Summary:
     """Feed the dataset's rows, in order, to the shard writer; the run's summary."""
     summary = run.Summary()
-    start = time.perf_counter()
     bar = run.progress_bar(options.progress)
+    meter = run.Meter(bar)
     try:
         for batch in _batches(dataset):
             bad = batch[batch["problem"].notna()]
@@ -261,11 +262,11 @@ def _drain(
             summary.tokens += int(good["tokens"].sum())
             summary.truncated += int(good["cut"].sum())
             summary.skipped += len(bad)
-            bar.update(len(good))
+            meter.update(summary, len(good))
         writer.finish(max(end, first_row))
+        meter.finish(summary)
     finally:
         bar.close()
-    summary.seconds = time.perf_counter() - start
     return summary
 
 

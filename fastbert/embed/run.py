@@ -24,8 +24,10 @@ from fastbert.embed.tokenize import tokenise_ahead
 @dataclass
 class Summary:
     """What a job did. ``docs``, ``tokens``, ``truncated``, ``skipped``: counts of this run;
-    ``seconds``: its wall-clock time; ``output``/``manifest``: where it wrote and the final
-    manifest (totals over every run of the job, a resumed one included)."""
+    ``seconds``: its wall-clock time (see :class:`Meter`); ``output``/``manifest``: where it
+    wrote and the final manifest (totals over every run of the job, a resumed one included).
+    ``already_complete``: the output held this job complete, so nothing ran; the counts are
+    then that run's totals and ``seconds`` is 0."""
 
     docs: int = 0
     tokens: int = 0
@@ -34,13 +36,56 @@ class Summary:
     seconds: float = 0.0
     output: Path | None = None
     manifest: dict | None = None
+    already_complete: bool = False
+
+    def tokens_per_second(self) -> float:
+        """Tokens embedded per wall-clock second: what the progress bar ended on."""
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
     def line(self) -> str:
+        """The summary for people: counts, time, docs/s and tokens/s, or that there was
+        nothing to do."""
+        if self.already_complete:
+            return (
+                f"nothing to do: {self.output} already holds this job, complete ({self.docs:,} "
+                f"docs, {self.tokens:,} tokens); --overwrite (overwrite=True) embeds it again"
+            )
         rate = self.docs / self.seconds if self.seconds > 0 else 0.0
         return (
-            f"embedded {self.docs} docs ({self.tokens} tokens, {self.truncated} truncated, "
-            f"{self.skipped} skipped) in {self.seconds:.1f} s: {rate:.1f} docs/s"
+            f"embedded {self.docs:,} docs ({self.tokens:,} tokens, {self.truncated} truncated, "
+            f"{self.skipped} skipped) in {self.seconds:.1f} s: {rate:,.1f} docs/s, "
+            f"{rate_text(self.tokens, self.seconds)} ({Meter.MEASURES})"
         )
+
+
+def rate_text(tokens: int, seconds: float) -> str:
+    """``tokens`` over ``seconds`` as the progress bar and the summary both show it."""
+    return f"{tokens / seconds if seconds > 0 else 0.0:,.0f} tokens/s"
+
+
+class Meter:
+    """The one measure of speed of a run, which the progress bar shows as it goes and the
+    summary ends on: the tokens embedded so far (real tokens of the inputs, after truncation,
+    the prompt included) over the wall-clock seconds on ``clock`` since the run started (its
+    reading, tokenising, forwards and shard writes included)."""
+
+    MEASURES = "tokens embedded over wall-clock time, shard writes included"
+
+    def __init__(self, bar: Any, clock: Callable[[], float] = time.perf_counter):
+        self.bar, self.clock = bar, clock
+        self.start = clock()
+
+    def update(self, summary: Summary, docs: int) -> None:
+        """Advance the bar by ``docs`` and show the rate so far."""
+        self.bar.update(docs)
+        self.bar.set_postfix_str(
+            rate_text(summary.tokens, self.clock() - self.start), refresh=False
+        )
+
+    def finish(self, summary: Summary) -> None:
+        """Set the run's ``seconds`` and show the bar's last rate from the same figures."""
+        summary.seconds = self.clock() - self.start
+        self.bar.set_postfix_str(rate_text(summary.tokens, summary.seconds), refresh=False)
 
 
 class Loaded(Protocol):
@@ -98,13 +143,20 @@ class ListSink(_InMemory):
             self.items[row] = item
 
 
-def run_rows(rows: Iterable[readers.Row], loaded: Loaded, sink: Sink, first_row: int) -> Summary:
-    """Embed ``rows`` (input indices from ``first_row``) into ``sink``; the summary of the run."""
+def run_rows(
+    rows: Iterable[readers.Row],
+    loaded: Loaded,
+    sink: Sink,
+    first_row: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Summary:
+    """Embed ``rows`` (input indices from ``first_row``) into ``sink``; the summary of the run,
+    timed on ``clock`` as the progress bar is (:class:`Meter`)."""
     options = loaded.options
     summary = Summary()
-    start = time.perf_counter()
     end = first_row
     bar = progress_bar(options.progress)
+    meter = Meter(bar, clock)
     try:
         chunks = tokenise_ahead(rows, loaded.tokenise)
         for window in windows(chunks, options.window_rows):
@@ -113,13 +165,13 @@ def run_rows(rows: Iterable[readers.Row], loaded: Loaded, sink: Sink, first_row:
                 sink.skip([r.index for r in window.bad])
             summary.skipped += len(window.bad)
             summary.truncated += sum(window.cut)
-            _embed_window(window, loaded, sink, summary, bar, start)
+            _embed_window(window, loaded, sink, summary, meter)
             end = window.end
             sink.advance(end)
         sink.finish(end)
+        meter.finish(summary)
     finally:
         bar.close()
-    summary.seconds = time.perf_counter() - start
     return summary
 
 
@@ -146,7 +198,7 @@ def embed_sorted(
 
 
 def _embed_window(
-    window: Window, loaded: Loaded, sink: Sink, summary: Summary, bar: Any, start: float
+    window: Window, loaded: Loaded, sink: Sink, summary: Summary, meter: Meter
 ) -> None:
     for batch, vectors in embed_sorted(loaded.encoder, window.tokens, loaded.options.batch_tokens):
         tokens = [len(window.tokens[i]) for i in batch]
@@ -162,15 +214,20 @@ def _embed_window(
         )
         summary.docs += len(batch)
         summary.tokens += sum(tokens)
-        bar.update(len(batch))
-        elapsed = time.perf_counter() - start
-        if elapsed > 0:
-            bar.set_postfix_str(f"{summary.tokens / elapsed:,.0f} tokens/s", refresh=False)
+        meter.update(summary, len(batch))
 
 
 def progress_bar(enabled: bool) -> Any:
+    """The job's progress bar on stderr (a disabled one when not ``enabled``): docs done, and
+    the :class:`Meter`'s tokens/s."""
     from tqdm import tqdm
 
+    # smoothing=0: tqdm's docs/s is the average since the start, as the summary's is.
     return tqdm(
-        unit=" docs", file=sys.stderr, disable=not enabled, dynamic_ncols=True, desc="embed"
+        unit=" docs",
+        file=sys.stderr,
+        disable=not enabled,
+        dynamic_ncols=True,
+        desc="embed",
+        smoothing=0,
     )
