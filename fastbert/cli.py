@@ -17,7 +17,7 @@ import sys
 from fastbert.commands.options import CommandError, UsageError
 from fastbert.version import __version__
 
-COMMANDS = ("info", "demo", "bench", "accuracy", "embed", "serve")
+COMMANDS = ("info", "models", "demo", "bench", "accuracy", "embed", "serve")
 
 
 def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:

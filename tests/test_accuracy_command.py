@@ -214,5 +214,7 @@ def test_unknown_dtype_is_a_usage_error(capsys) -> None:
 
 
 def test_bad_model_is_a_usage_error(capsys) -> None:
-    assert main(["accuracy", "--device", "cpu", "--backend", "torch", "--model", "nope"]) == 2
-    assert "--model must be 'minilm', 'random' or a local folder" in capsys.readouterr().err
+    assert main(["accuracy", "--device", "cpu", "--backend", "torch", "--model", "randm"]) == 2
+    err = capsys.readouterr().err
+    assert "'randm' is not a model folder, a packaged model or a model in the Hugging Face" in err
+    assert "close matches: random" in err

@@ -668,7 +668,7 @@ def test_bench_quick_on_cpu_writes_its_files(tmp_path, capsys) -> None:
         (["--peers", "nope"], "unknown peer 'nope'"),
         (["--batch", "2", "--shapes", "2x8"], "either --batch/--seq or --shapes"),
         (["--shapes", "2-8"], "BATCHxSEQ"),
-        (["--model", "no-such-model"], "neither an embedded shape"),
+        (["--model", "no-such-model"], "'no-such-model' is not a model folder"),
         (["--seq", "1024"], "exceed the model's 512 positions"),
     ],
 )

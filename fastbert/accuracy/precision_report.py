@@ -29,7 +29,6 @@ import copy
 import dataclasses
 import io
 import itertools
-import os
 from collections.abc import Callable
 from typing import Any, TextIO
 
@@ -40,6 +39,7 @@ from fastbert.accuracy import estimate, retrieval
 from fastbert.accuracy.precisions import PRECISION_NAMES, precision, runnable
 from fastbert.bench.progress import Progress
 from fastbert.integrations import models as hf_models
+from fastbert.integrations.model_names import FOLDER, resolve_model
 from fastbert.integrations.optimize import optimize
 
 MINILM = "minilm"
@@ -234,17 +234,14 @@ class _Work:
         return on_batch
 
 
-def model_path(model: str) -> tuple[str, str]:
-    """(folder, label) of ``model``: "minilm" (the packaged all-MiniLM-L6-v2) or a local
-    folder; ValueError for anything else."""
-    if model == MINILM:
-        return str(hf_models.packaged_minilm_path()), "all-MiniLM-L6-v2"
-    if os.path.isdir(model):
-        return model, model
-    raise ValueError(
-        f"the precision report runs a model and its tokenizer on real text: --model {MINILM!r} "
-        f"or a local folder, got {model!r}"
-    )
+def model_path(model: str, also: tuple[str, ...] = ()) -> tuple[str, str]:
+    """(folder, label) of ``model``: a local folder (labelled as given) or a model name
+    ("minilm": the packaged all-MiniLM-L6-v2; a Hugging Face id in its cache; see
+    :func:`~fastbert.integrations.model_names.resolve_model`), labelled by its id's name
+    part. ModelNotFound (a ValueError) for anything else, offering ``also`` among the close
+    matches."""
+    found = resolve_model(model, also=also)
+    return str(found.folder), model if found.source == FOLDER else found.label
 
 
 def evaluate_precisions(

@@ -34,7 +34,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import io
-import os
 import warnings
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -42,6 +41,7 @@ from typing import Any, TextIO
 import torch
 import torch.nn.functional as F
 
+from fastbert.accuracy.precision_report import model_path
 from fastbert.accuracy.precisions import PRECISIONS, precision, runnable
 from fastbert.bench.progress import Progress
 from fastbert.bench.shapes import MODEL_SHAPES, padded_batch
@@ -211,8 +211,9 @@ def top_k_agreement(got: torch.Tensor, ref: torch.Tensor, valid: torch.Tensor) -
 def load_reference(model: str, family: str, seed: int = 0) -> tuple[Any, Any, str, list[str]]:
     """(Hugging Face masked-LM model in fp32 on the CPU, tokenizer or None, label, notes).
 
-    model: "minilm" (the packaged all-MiniLM-L6-v2), "random" (a random config of ``family``,
-    a transformers model_type) or a local checkpoint folder (its config names the family).
+    model: "random" (a random config of ``family``, a transformers model_type), a model name
+    ("minilm": the packaged all-MiniLM-L6-v2; a Hugging Face id in its cache) or a local
+    checkpoint folder (its config names the family).
     """
     notes: list[str] = []
     torch.manual_seed(seed)
@@ -223,12 +224,7 @@ def load_reference(model: str, family: str, seed: int = 0) -> tuple[Any, Any, st
             f"random {family}",
             notes,
         )
-    if model == MINILM:
-        path, label = str(hf_models.packaged_minilm_path()), "all-MiniLM-L6-v2"
-    elif os.path.isdir(model):
-        path, label = model, model
-    else:
-        raise ValueError(f"--model must be {MINILM!r}, {RANDOM!r} or a local folder, got {model!r}")
+    path, label = model_path(model, also=(RANDOM,))
     hf, has_head = hf_models.load_masked_lm(path)
     if not has_head:
         notes.append("the checkpoint has no masked-LM head: a random one (seeded), shared")

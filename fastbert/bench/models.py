@@ -1,5 +1,5 @@
-"""The model a benchmark runs: an embedded shape with random weights, the packaged
-all-MiniLM-L6-v2, or a local checkpoint folder.
+"""The model a benchmark runs: an embedded shape with random weights, or a model by folder or
+name (the packaged all-MiniLM-L6-v2, a model in the Hugging Face cache).
 
 Every contender is built from one Hugging Face ``BertModel`` held on the CPU in float32 (the
 *reference*), so all of them compute with identical weights. The Hugging Face side is
@@ -14,11 +14,9 @@ from typing import Any
 
 from fastbert.bench.shapes import MODEL_SHAPES, MODEL_TYPES, model_config
 from fastbert.integrations import models as hf_models
+from fastbert.integrations.model_names import resolve_model
 from fastbert.model.config import BertConfig
 from fastbert.model.loading import read_source
-
-PACKAGED_MINILM = "minilm"
-PACKAGED_MPNET = "mpnet"
 
 
 @dataclasses.dataclass
@@ -49,19 +47,11 @@ def checkpoint_reference(folder: str | Path) -> Reference:
 
 
 def load_reference(model: str, seed: int = 0) -> Reference:
-    """``model``: an embedded shape name, ``"minilm"`` / ``"mpnet"`` (the packaged
-    all-MiniLM-L6-v2 / all-mpnet-base-v2) or a folder (of any family fastbert runs)."""
+    """``model``: an embedded shape name (random weights), else a model folder or name of any
+    family fastbert runs (``"minilm"`` / ``"mpnet"``: the packaged all-MiniLM-L6-v2 /
+    all-mpnet-base-v2; see :func:`~fastbert.integrations.model_names.resolve_model`), named
+    in the results by its id's name part or its folder's name."""
     if model in MODEL_SHAPES:
         return random_reference(model, seed)
-    if model == PACKAGED_MINILM:
-        reference = checkpoint_reference(hf_models.packaged_minilm_path())
-        return dataclasses.replace(reference, name="all-MiniLM-L6-v2")
-    if model == PACKAGED_MPNET:
-        reference = checkpoint_reference(hf_models.packaged_mpnet_path())
-        return dataclasses.replace(reference, name="all-mpnet-base-v2")
-    if Path(model).is_dir():
-        return checkpoint_reference(model)
-    raise ValueError(
-        f"--model {model!r} is neither an embedded shape ({', '.join(MODEL_SHAPES)}), "
-        f"{PACKAGED_MINILM!r}, {PACKAGED_MPNET!r}, nor a local folder"
-    )
+    found = resolve_model(model, also=tuple(MODEL_SHAPES))
+    return dataclasses.replace(checkpoint_reference(found.folder), name=found.label)

@@ -39,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model",
         default="minilm",
         help="'minilm' (the packaged all-MiniLM-L6-v2, default), 'random' (a random config of "
-        "--family) or a local checkpoint folder",
+        "--family), another model name (a packaged model, a Hugging Face id in its cache: "
+        "fastbert models lists them) or a local checkpoint folder",
     )
     parser.add_argument(
         "--family",

@@ -86,8 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="bert-base (default on a GPU; random weights), bert-large, minilm-l6, mpnet-base, "
         "modernbert-base, "
-        "bert-mini (default on a CPU), bert-tiny, 'minilm' / 'mpnet' (the packaged "
-        "all-MiniLM-L6-v2 / all-mpnet-base-v2 weights) or a local checkpoint folder",
+        "bert-mini (default on a CPU), bert-tiny, or real weights: a model name ('minilm' / "
+        "'mpnet': the packaged all-MiniLM-L6-v2 / all-mpnet-base-v2; a Hugging Face id in its "
+        "cache; fastbert models lists them) or a local checkpoint folder",
     )
     parser.add_argument("--batch", type=positive_int, default=None, help="batch size of one shape")
     parser.add_argument(

@@ -30,8 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         required=True,
-        metavar="PATH",
-        help="a Hugging Face or sentence-transformers model folder",
+        metavar="MODEL",
+        help="a Hugging Face or sentence-transformers model folder, or a model name: a "
+        "packaged model (all-MiniLM-L6-v2, minilm) or a Hugging Face id in its cache "
+        "(fastbert models lists them)",
     )
     parser.add_argument(
         "--output",

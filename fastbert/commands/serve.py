@@ -33,8 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         required=True,
-        metavar="PATH",
-        help="a sentence-transformers or Hugging Face model folder (a dense model: /embed, "
+        metavar="MODEL",
+        help="a model name (fastbert models lists them) or folder (a dense model: /embed, "
         "/v1/embeddings and /v2/embed; sparse: /embed_sparse; multi-vector: /embed_all; a "
         "cross-encoder: /rerank, /v1/rerank and /predict)",
     )
@@ -107,7 +107,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--served-model-name",
         default=None,
         metavar="NAME",
-        help="the model name the OpenAI routes answer with (default: the folder's name)",
+        help="the model name the OpenAI routes answer with (default: the name --model gave, "
+        "or the folder's name)",
     )
     parser.add_argument(
         "--accept-any-model-name",

@@ -142,7 +142,7 @@ _cache_lock = threading.Lock()
 def _cached(options: EmbedOptions) -> TextModel:
     """The model ``options`` load, loaded once and kept while its folder's files are unchanged
     (the most recently used :data:`_CACHE_SIZE` of them)."""
-    key = (replace(options, progress=False), _fingerprint(Path(options.model)))
+    key = (replace(options, progress=False, name=None), _fingerprint(Path(options.model)))
     with _cache_lock:
         if key in _cache:
             _cache.move_to_end(key)

@@ -22,8 +22,9 @@ MANIFEST = "manifest.json"
 FORMAT = "fastbert-embeddings/1"
 
 
-# Manifest keys that are not settings of the job: comparing jobs ignores them.
-_NOT_SETTINGS = ("complete", "fastbert_version")
+# Manifest keys that are not settings of the job: comparing jobs ignores them (``model_name``:
+# the name the model was given by; the same folder by another name is the same job).
+_NOT_SETTINGS = ("complete", "fastbert_version", "model_name")
 # What a complete manifest adds to the job's record.
 TOTALS = ("rows", "tokens", "truncated", "skipped")
 

@@ -1,5 +1,6 @@
 """The options of an embedding job, validated once for the command, the Python API and the Ray
-driver, and resolved against the device and the model folder."""
+driver, and resolved against the device and the model folder (a model given by name is found
+here, once)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import torch
 
 from fastbert.embed.quantized import PRECISIONS, RANGED
+from fastbert.integrations.model_names import FOLDER, resolve_model
 
 # sentence-transformers' pooling modes (fastbert.model.pooling; `fastbert embed --help` names
 # them too).
@@ -36,9 +38,15 @@ class EmbedOptions:
     "ubinary": see :mod:`fastbert.embed.quantized`); int8 / uint8 buckets span ``ranges``
     ([min per dimension], [max per dimension]) when given, else those of the embeddings of
     ``calibration`` (a file of texts, read as the inputs are), else of the job's first
-    :data:`CALIBRATION_ROWS` rows."""
+    :data:`CALIBRATION_ROWS` rows.
+
+    ``model``: a model folder, or a name :func:`~fastbert.integrations.model_names.resolve_model`
+    finds (a model in the Hugging Face cache, a packaged model: ``all-MiniLM-L6-v2``,
+    ``minilm``); the options hold its folder, and in ``name`` the name it was given by (None
+    for a folder), which a server answers with and a manifest records."""
 
     model: str
+    name: str | None = None
     text_field: str = "text"
     id_field: str | None = None
     batch_tokens: int | None = None
@@ -65,8 +73,12 @@ class EmbedOptions:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model, str | Path) or not Path(self.model).is_dir():
-            raise ValueError(f"model: {self.model!r} is not a model folder")
+        if not isinstance(self.model, str | Path):
+            raise ValueError(f"model: {self.model!r} is not a model folder or name")
+        found = resolve_model(self.model)
+        object.__setattr__(self, "model", str(found.folder))
+        if found.source != FOLDER and self.name is None:
+            object.__setattr__(self, "name", found.name)
         for name in (
             "batch_tokens",
             "max_length",

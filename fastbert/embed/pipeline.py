@@ -28,9 +28,10 @@ def job_record(
     """The manifest's description of a job: what decides its embeddings and shard layout
     (``quantize``, ``prompt``, ``max_active_dims`` and ``precision`` only when set, so that the
     records of earlier runs without them still match; with int8 / uint8, where the ranges
-    come from, and the ``ranges`` themselves once known). ``spec``: the model folder as read
-    (its kind: "embedding", "sparse", "multi-vector"); ``dimensions``: the output's width (None
-    when only the loaded model tells it)."""
+    come from, and the ``ranges`` themselves once known), and ``model_name``, the name the
+    model was given by, when it was (``model`` is always its folder). ``spec``: the model
+    folder as read (its kind: "embedding", "sparse", "multi-vector"); ``dimensions``: the
+    output's width (None when only the loaded model tells it)."""
     record = {
         "format": manifest.FORMAT,
         "fastbert_version": __version__,
@@ -48,6 +49,8 @@ def job_record(
         "rows_per_shard": options.rows_per_shard,
         "skip_bad": options.skip_bad,
     }
+    if options.name is not None:  # the name it was given by (not a setting of the job)
+        record["model_name"] = options.name
     if options.quantize is not None:
         record["quantize"] = options.quantize
     for name in ("prompt", "max_active_dims"):

@@ -93,8 +93,13 @@ class ServeOptions:
             raise ValueError("api_key must not be blank")
 
     def model_name(self) -> str:
-        """The name the OpenAI routes answer with: ``served_model_name``, else the folder's."""
-        return self.served_model_name or os.path.basename(os.path.normpath(self.model.model))
+        """The name the OpenAI routes answer with: ``served_model_name``, else the name the
+        model was given by (``all-MiniLM-L6-v2``), else its folder's."""
+        return (
+            self.served_model_name
+            or self.model.name
+            or os.path.basename(os.path.normpath(self.model.model))
+        )
 
 
 def _check_positive(name: str, value: object) -> None:
