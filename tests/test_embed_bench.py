@@ -205,13 +205,12 @@ def test_linear_flops_are_the_linear_layers_of_the_model() -> None:
 
 
 def test_the_peers_extra_installs_what_the_peers_import() -> None:
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"
-    ]
+    pytest.importorskip("tomllib")  # Python 3.11+
+    from tests.test_packaging import extra_requirements
+
     needed = {p for peer in embed_peers.PEERS.values() for p in peer.packages}
-    names = {re.match(r"[A-Za-z0-9_.-]+", r).group() for r in extras["peers"]}
-    assert needed == names <= set(extras["dev"])
+    names = {re.match(r"[A-Za-z0-9_.-]+", r).group() for r in extra_requirements("peers")}
+    assert needed == names <= set(extra_requirements("dev"))
     source = (ROOT / "benchmarks" / "embed_peers.py").read_text()
     imported = set(re.findall(r"^\s+(?:import|from) (onnx\w*|openvino)\b", source, re.M))
     assert imported == {"onnx", "onnxruntime", "openvino"}  # each inside a function only

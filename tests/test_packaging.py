@@ -12,6 +12,7 @@ import pytest
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
 
 
 def test_every_package_folder_is_listed() -> None:
@@ -118,6 +119,23 @@ def _third_party_imports(
     return third_party
 
 
+def extra_requirements(name: str) -> list[str]:
+    """The requirements of pyproject.toml's extra ``name``, with the extras it names of
+    fastbert itself (``fastbert[embed]``) expanded."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    found = []
+    for requirement in extras[name]:
+        own = re.fullmatch(r"fastbert\[([a-z,]+)\]", requirement)
+        if own is None:
+            found.append(requirement)
+        else:
+            for inner in own.group(1).split(","):
+                found.extend(extra_requirements(inner))
+    return found
+
+
 def _requirement_names(requirements: list[str]) -> set[str]:
     """Normalised distribution names (PEP 503) of requirement strings."""
     return {
@@ -129,7 +147,7 @@ def _requirement_names(requirements: list[str]) -> set[str]:
 def test_bench_extra_installs_what_fastbert_bench_imports() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     installed = _requirement_names(project["dependencies"]) | _requirement_names(
-        project["optional-dependencies"]["bench"]
+        extra_requirements("bench")
     )
     imported = _bench_third_party_imports()
     assert {"torch", "transformers", "matplotlib", "tqdm"} <= imported  # the walk finds them
@@ -161,8 +179,9 @@ EMBED_OPTIONAL = {
 @pytest.mark.parametrize("extra", ["embed", "ray"])
 def test_embed_extras_install_what_fastbert_embed_imports(extra) -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    extras = project["optional-dependencies"]
-    installed = _requirement_names(project["dependencies"]) | _requirement_names(extras[extra])
+    installed = _requirement_names(project["dependencies"]) | _requirement_names(
+        extra_requirements(extra)
+    )
     files = [
         ROOT / "fastbert" / "commands" / "embed.py",
         *(ROOT / "fastbert" / "embed").glob("*.py"),
@@ -180,4 +199,29 @@ def test_embed_extras_install_what_fastbert_embed_imports(extra) -> None:
         if not _requirement_names(distributions.get(module, [module])) & installed
     }
     assert not missing, f"the {extra} extra or the dependencies lack: {missing}"
-    assert _requirement_names(extras[extra]) <= _requirement_names(extras["dev"])
+    assert _requirement_names(extra_requirements(extra)) <= _requirement_names(
+        extra_requirements("dev")
+    )
+
+
+# Packages the first command (`fastbert bench`) must not pull in: each is another use's.
+NOT_FOR_BENCH = ("ray", "openvino", "onnxruntime", "onnx", "mkdocs", "fastapi", "pyarrow")
+
+
+def test_the_first_command_installs_the_bench_extra_only() -> None:
+    """The README's first command installs what `fastbert bench` needs and not every other
+    use's packages; `dev` holds what the tests need (every extra but the documentation's), and
+    CI installs `dev` and `docs`."""
+    first = re.search(r"```bash\n(pip install torch[^\n]*fastbert bench)\n```", README.read_text())
+    assert first is not None, "README.md's first command installs and runs fastbert bench"
+    assert 'pip install -e ".[bench]"' in first.group(1), first.group(1)
+    bench = _requirement_names(extra_requirements("bench"))
+    assert not bench & set(NOT_FOR_BENCH), bench & set(NOT_FOR_BENCH)
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    dev = _requirement_names(extra_requirements("dev"))
+    for name in set(extras) - {"dev", "docs"}:
+        assert _requirement_names(extra_requirements(name)) <= dev, name
+    assert "mkdocs" not in dev
+    assert 'pip install --quiet -e ".[dev,docs]"' in (ROOT / ".ci" / "run").read_text()
