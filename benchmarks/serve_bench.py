@@ -22,6 +22,14 @@ tokenizer on the client, the same for every contender):
 - ``short``: 1 short sentence (the same one in every request);
 - ``long``: 1 text of 256 tokens, special tokens included (the model's max_seq_length);
 - ``batch32``: 32 sentences of mixed lengths (each request the next 32 of a shuffled pool);
+- ``sparse32``: the ``batch32`` requests on a sparse (SPLADE) folder's ``/embed_sparse``, so
+  that a sparse model's serving is measured beside a dense one's on the same texts: by default
+  the embedding model's encoder under a random masked-LM head whose vectors are as sparse as a
+  trained SPLADE model's (about 150 non-zero entries of 30,522 per text, see
+  :func:`benchmarks.serve_contenders.make_sparse`); ``--sparse-model PATH`` names a real one
+  (any SparseEncoder folder, e.g. a SPLADE checkpoint downloaded beforehand). infinity-emb
+  serves no sparse route and is skipped there; the plain sentence-transformers app serves
+  ``SparseEncoder.encode`` (benchmarks/st_server.py);
 - ``rerank``: 1 query + 16 documents, on a cross-encoder folder the benchmark makes (the
   embedding model's encoder under a random one-logit head, see
   :func:`benchmarks.serve_contenders.make_reranker`).
@@ -38,7 +46,6 @@ import datetime
 import json
 import os
 import random
-import re
 import signal
 import statistics
 import sys
@@ -54,17 +61,20 @@ from benchmarks.serve_load import Call, Generator, Plan, summary  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-MIXES = ("short", "long", "batch32", "rerank")
+MIXES = ("short", "long", "batch32", "sparse32", "rerank")
 MIX_TEXT = {
     "short": "1 short sentence",
     "long": "1 text of 256 tokens",
     "batch32": "32 mixed sentences",
+    "sparse32": "32 mixed sentences, sparse (SPLADE, /embed_sparse)",
     "rerank": "rerank: 1 query + 16 documents",
 }
 MAX_LENGTH = 256  # all-MiniLM-L6-v2's max_seq_length: longer inputs are cut there
 BATCH = 32
 DOCUMENTS = 16
-DISTINCT_REQUESTS = 64  # batch32 and rerank requests cycle through this many different ones
+DISTINCT_REQUESTS = (
+    64  # batch32, sparse32 and rerank requests cycle through this many different ones
+)
 # How the servers' OpenMP threads wait (recorded when set: they change CPU timings).
 OPENMP_VARIABLES = (
     "OMP_NUM_THREADS",
@@ -80,15 +90,9 @@ OPENMP_VARIABLES = (
 def sentences() -> list[str]:
     """English sentences of Python's own help texts (``pydoc_data.topics``), 4 to 60 words,
     prose only (at least 90% letters and spaces), in the text's order."""
-    from pydoc_data.topics import topics
+    from fastbert.serve.calibration import help_sentences
 
-    text = " ".join(" ".join(topics[name].split()) for name in sorted(topics))
-    found = re.split(r"(?<=[.!?])\s+(?=[A-Z])", text)
-    return [
-        s
-        for s in found
-        if 4 <= len(s.split()) <= 60 and sum(c.isalpha() or c == " " for c in s) / len(s) > 0.9
-    ]
+    return help_sentences(None)
 
 
 class Texts:
@@ -147,9 +151,10 @@ class Texts:
             return (sc.embed_call(api, [self.short], self.tokens([self.short])),)
         if mix == "long":
             return (sc.embed_call(api, [self.long], self.tokens([self.long])),)
-        if mix == "batch32":
+        if mix in ("batch32", "sparse32"):
             batches = [self.batch(i) for i in range(DISTINCT_REQUESTS)]
-            return tuple(sc.embed_call(api, b, self.tokens(b)) for b in batches)
+            call = sc.embed_call if mix == "batch32" else sc.sparse_call
+            return tuple(call(api, b, self.tokens(b)) for b in batches)
         if mix == "rerank":
             pairs = [self.rerank(i) for i in range(DISTINCT_REQUESTS)]
             return tuple(sc.rerank_call(api, q, d, self.pair_tokens(q, d)) for q, d in pairs)
@@ -166,6 +171,7 @@ class Texts:
                 "distinct_requests": DISTINCT_REQUESTS,
                 "tokens_per_request_mean": statistics.mean(self.tokens(b) for b in batches),
             },
+            "sparse32": "the batch32 requests, on the sparse folder's /embed_sparse",
             "rerank": {
                 "distinct_requests": DISTINCT_REQUESTS,
                 "documents": DOCUMENTS,
@@ -293,15 +299,20 @@ def run_contender(
     progress,
     cells: list[dict],
 ) -> dict:
-    """Every mix on one contender: one server for the embedding mixes, one for rerank. Cells
-    are added to ``cells`` as they are measured (an interrupted run keeps those)."""
+    """Every mix on one contender: one server for the dense embedding mixes, one for the
+    sparse mix, one for rerank. Cells are added to ``cells`` as they are measured (an
+    interrupted run keeps those)."""
     info = {"status": "ran", "startup_s": {}, "skipped_mixes": {}}
     groups = [
-        ("embed", [m for m in args.mixes if m != "rerank"]),
+        ("embed", [m for m in args.mixes if m not in ("rerank", "sparse32")]),
+        ("sparse", [m for m in args.mixes if m == "sparse32"]),
         ("rerank", [m for m in args.mixes if m == "rerank"]),
     ]
     for kind, mixes in groups:
         if not mixes:
+            continue
+        if kind == "sparse" and contender.api == "infinity":
+            info["skipped_mixes"]["sparse32"] = "infinity-emb serves no sparse (SPLADE) route"
             continue
         start = time.perf_counter()
         try:
@@ -351,6 +362,26 @@ def ratios(cells: list[dict], names: list[str], concurrency: list[int]) -> list[
                             else None,
                         }
                     )
+    return out
+
+
+def sparse_beside_dense(cells: list[dict], names: list[str], concurrency: list[int]) -> list[dict]:
+    """Per contender and closed-loop concurrency: its sparse32 requests/s over its batch32
+    requests/s (the same texts on a sparse and a dense folder), where both answered."""
+    out = []
+    for name in names:
+        for c in concurrency:
+            dense, sparse = (find(cells, name, m, "closed", c) for m in ("batch32", "sparse32"))
+            if dense and sparse and dense["requests_per_s"] > 0:
+                out.append(
+                    {
+                        "contender": name,
+                        "concurrency": c,
+                        "dense_rps": dense["requests_per_s"],
+                        "sparse_rps": sparse["requests_per_s"],
+                        "ratio": sparse["requests_per_s"] / dense["requests_per_s"],
+                    }
+                )
     return out
 
 
@@ -423,6 +454,7 @@ def markdown(report: dict) -> str:
         f"# Serving under load, CPU: {', '.join(report['ran']) or 'no contender ran'}",
         "",
         f"Model: {report['models']['embed_name']} (fp32)"
+        + (f"; sparse: {report['models']['sparse']}" if "sparse32" in settings["mixes"] else "")
         + (f"; rerank: {report['models']['rerank']}." if "rerank" in settings["mixes"] else "."),
         f"Closed loops at concurrency {settings['concurrency']} and open loops (Poisson "
         f"arrivals, latency from the intended send time, up to "
@@ -498,6 +530,21 @@ def markdown(report: dict) -> str:
             lines.append(
                 f"| {r['mix']} | {r['concurrency']} | {r['contender']} | {r['over']} | "
                 f"{r['throughput_ratio']:.2f}x | {p50} |"
+            )
+        lines.append("")
+    beside = sparse_beside_dense(cells, report["ran"], settings["concurrency"])
+    if beside:
+        lines += [
+            "## Sparse beside dense (closed loops: sparse32 requests/s over batch32's, the same "
+            "texts)",
+            "",
+            "| contender | concurrency | batch32 req/s | sparse32 req/s | sparse / dense |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for b in beside:
+            lines.append(
+                f"| {b['contender']} | {b['concurrency']} | {b['dense_rps']:,.1f} | "
+                f"{b['sparse_rps']:,.1f} | {b['ratio']:.2f}x |"
             )
         lines.append("")
     inproc = report.get("in_process")
@@ -623,6 +670,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--model", type=Path, default=None, help="(the packaged all-MiniLM-L6-v2)")
     parser.add_argument(
+        "--sparse-model",
+        type=Path,
+        default=None,
+        help="a SparseEncoder (SPLADE) folder for the sparse32 mix (default: a random one of "
+        "MiniLM-L6's size, made by the benchmark)",
+    )
+    parser.add_argument(
         "--infinity-venv",
         type=Path,
         default=sc.DEFAULT_INFINITY_VENV,
@@ -663,6 +717,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(exc))
     if not (args.model / "config.json").exists():
         parser.error(f"--model: no config.json in {args.model}")
+    if args.sparse_model is not None and not (args.sparse_model / "modules.json").exists():
+        parser.error(f"--sparse-model: no modules.json in {args.sparse_model} (a SparseEncoder)")
 
     def interrupted(signum, frame):
         raise KeyboardInterrupt
@@ -711,6 +767,10 @@ def run(args: argparse.Namespace) -> int:
         models = {"embed": args.model}
         if "rerank" in args.mixes:
             models["rerank"] = sc.make_reranker(args.model, workdir / "reranker", args.seed)
+        if "sparse32" in args.mixes:
+            models["sparse"] = args.sparse_model or sc.make_sparse(
+                args.model, workdir / "sparse", args.seed
+            )
         texts = Texts(args.model, args.seed)
         inproc = None
         if "short" in args.mixes:
@@ -755,6 +815,11 @@ def run(args: argparse.Namespace) -> int:
             else args.model.name,
             "rerank": "all-MiniLM-L6-v2's encoder under a random one-logit classification head "
             f"(seed {args.seed}), made by the benchmark: a reranker's work, meaningless scores",
+            "sparse": str(args.sparse_model)
+            if args.sparse_model
+            else "all-MiniLM-L6-v2's encoder under a random masked-LM head (seed "
+            f"{args.seed}), then SpladePooling max, its decoder bias set for about 150 non-zero "
+            "entries per text: a SPLADE model's work, meaningless vectors",
         },
         "mixes": texts.describe(),
         "in_process": inproc,
@@ -762,6 +827,7 @@ def run(args: argparse.Namespace) -> int:
         "ran": ran,
         "cells": cells,
         "ratios": ratios(cells, ran, args.concurrency),
+        "sparse_beside_dense": sparse_beside_dense(cells, ran, args.concurrency),
         "targets": targets(cells, inproc),
         "server_log_tails": logs,
     }

@@ -2,11 +2,12 @@
 free loopback port, waited for until ``GET /health`` answers 200, and stopped with SIGTERM (then
 SIGKILL after a grace period):
 
-- ``fastbert``: ``fastbert serve`` (TEI routes ``/embed`` and ``/rerank``);
+- ``fastbert``: ``fastbert serve`` (TEI routes ``/embed``, ``/embed_sparse`` and ``/rerank``);
 - ``infinity``: infinity-emb from PyPI, in a virtual environment of its own (it pins
   ``numpy<2`` and ``sentence-transformers<4``, which fastbert's environment does not share),
   made on demand by :func:`ensure_infinity` (OpenAI's ``/embeddings`` and Cohere's ``/rerank``);
-- ``st``: plain sentence-transformers behind uvicorn (benchmarks/st_server.py, TEI routes).
+- ``st``: plain sentence-transformers behind uvicorn (benchmarks/st_server.py, TEI routes, a
+  SparseEncoder's ``/embed_sparse`` too).
 
 The infinity-emb environment alone:
 
@@ -67,6 +68,15 @@ def embed_call(api: str, texts: list[str], tokens: int) -> Call:
         return Call("/embeddings", json.dumps(body).encode(), len(texts), tokens, SHAPE_DATA)
     body = {"inputs": texts, "normalize": True}
     return Call("/embed", json.dumps(body).encode(), len(texts), tokens, SHAPE_LIST)
+
+
+def sparse_call(api: str, texts: list[str], tokens: int) -> Call:
+    """A request for the sparse embeddings of ``texts``: TEI's ``/embed_sparse`` (infinity-emb
+    has no sparse route: ValueError)."""
+    if api == "infinity":
+        raise ValueError("infinity-emb serves no sparse embeddings")
+    body = {"inputs": texts}
+    return Call("/embed_sparse", json.dumps(body).encode(), len(texts), tokens, SHAPE_LIST)
 
 
 def rerank_call(api: str, query: str, texts: list[str], tokens: int) -> Call:
@@ -346,6 +356,56 @@ def make_reranker(embedder: Path, folder: Path, seed: int = 0) -> Path:
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         if (embedder / name).exists():
             shutil.copy(embedder / name, folder / name)
+    return folder
+
+
+def make_sparse(embedder: Path, folder: Path, seed: int = 0, active: int = 150) -> Path:
+    """A SparseEncoder (SPLADE) folder: ``embedder``'s BERT encoder (all-MiniLM-L6-v2: the
+    dense mixes' very encoder, so the two differ by the sparse head alone) under a masked-LM
+    head with random weights (``seed``), then SpladePooling (max, log1p of relu), with
+    ``embedder``'s tokenizer. The decoder's bias is lowered so that a text has about
+    ``active`` non-zero entries of 30,522, as trained SPLADE models give (100 to 300): with
+    random logits nearly every entry is positive and each answer would be megabytes of JSON.
+    The threshold: the quantile of the texts' max logits (64 sentences of Python's help texts)
+    above which ``active`` per text remain. Its vectors mean nothing; its work is a SPLADE
+    model's."""
+    if (folder / "modules.json").exists():
+        return folder
+    import torch
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.sparse_encoder.modules import SpladePooling
+    from transformers import AutoTokenizer, BertForMaskedLM
+    from transformers.utils import logging
+
+    from fastbert.serve.calibration import help_sentences
+
+    torch.manual_seed(seed)
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()  # "newly initialized: cls.predictions.*" is the point here
+    try:
+        model = BertForMaskedLM.from_pretrained(str(embedder)).eval()
+    finally:
+        logging.set_verbosity(verbosity)
+    tokenizer = AutoTokenizer.from_pretrained(str(embedder))
+    texts = help_sentences(64)
+    maxima = []
+    with torch.no_grad():
+        for start in range(0, len(texts), 8):
+            batch = tokenizer(
+                texts[start : start + 8], padding=True, truncation=True, return_tensors="pt"
+            )
+            logits = model(**batch).logits
+            padding = ~batch["attention_mask"].bool()[..., None]
+            maxima.append(logits.masked_fill(padding, float("-inf")).amax(dim=1))
+        maxima = torch.cat(maxima)
+        threshold = torch.quantile(maxima.flatten(), 1 - active / maxima.shape[1])
+        model.cls.predictions.bias -= threshold
+    mlm = folder.with_name(folder.name + "-mlm")
+    model.save_pretrained(str(mlm), safe_serialization=True)
+    tokenizer.save_pretrained(str(mlm))
+    head = Transformer(str(mlm), transformer_task="fill-mask", max_seq_length=256)
+    SparseEncoder(modules=[head, SpladePooling("max")], device="cpu").save(str(folder))
     return folder
 
 

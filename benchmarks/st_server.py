@@ -4,16 +4,20 @@ app behind uvicorn serving text-embeddings-inference's routes with the model as 
     python -m benchmarks.st_server --model PATH [--host 127.0.0.1] [--port 8080]
 
 A folder whose config.json names a ``*ForSequenceClassification`` architecture is loaded as a
-``CrossEncoder`` (``POST /rerank``), any other as a ``SentenceTransformer`` (``POST /embed`` and
-OpenAI's ``POST /v1/embeddings``). Each request is one ``encode`` / ``predict`` call, run in
-one worker thread (so calls run one at a time, as in the simplest deployment; there is no
-batching across requests and no admission limit). ``GET /health`` answers 200 once the model
+``CrossEncoder`` (``POST /rerank``), a SparseEncoder folder (its
+config_sentence_transformers.json says so) as a ``SparseEncoder`` (``POST /embed_sparse``), any
+other as a ``SentenceTransformer`` (``POST /embed`` and OpenAI's ``POST /v1/embeddings``).
+Each request is one ``encode`` / ``predict`` call, run in one worker thread (so calls run one at
+a time, as in the simplest deployment; there is no batching across requests and no admission
+limit). ``GET /health`` answers 200 once the model
 answers; ``GET /stats`` gives the number of requests answered, by route (the tests compare it
 with the load generator's count).
 
 Routes and bodies (TEI's and OpenAI's shapes):
 
 - ``POST /embed`` ``{"inputs": str | [str], "normalize": bool}`` -> ``[[float]]``
+- ``POST /embed_sparse`` ``{"inputs": str | [str]}`` -> per input ``[{"index": i, "value":
+  v}]``, its non-zero entries
 - ``POST /rerank`` ``{"query": str, "texts": [str]}`` -> ``[{"index": i, "score": s}]``, best
   first
 - ``POST /v1/embeddings`` ``{"input": str | [str], "model": str}`` -> ``{"data": [...]}``
@@ -43,6 +47,15 @@ def is_cross_encoder(folder: str | Path) -> bool:
     return any("SequenceClassification" in a for a in config.get("architectures") or [])
 
 
+def is_sparse_encoder(folder: str | Path) -> bool:
+    """Whether a sentence-transformers folder holds a SparseEncoder (SPLADE)."""
+    try:
+        config = json.loads((Path(folder) / "config_sentence_transformers.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return config.get("model_type") == "SparseEncoder"
+
+
 def create_app(model_path: str, device: str = "cpu") -> Any:
     """The Starlette app serving the model in ``model_path``."""
     import numpy as np
@@ -52,10 +65,15 @@ def create_app(model_path: str, device: str = "cpu") -> Any:
     from starlette.routing import Route
 
     rerank = is_cross_encoder(model_path)
+    sparse = not rerank and is_sparse_encoder(model_path)
     if rerank:
         from sentence_transformers import CrossEncoder
 
         model = CrossEncoder(model_path, device=device)
+    elif sparse:
+        from sentence_transformers import SparseEncoder
+
+        model = SparseEncoder(model_path, device=device)
     else:
         from sentence_transformers import SentenceTransformer
 
@@ -118,6 +136,21 @@ def create_app(model_path: str, device: str = "cpu") -> Any:
             }
         )
 
+    async def embed_sparse(request: Request) -> Response:
+        data = await body(request)
+        texts = texts_of(data.get("inputs")) if data else None
+        if texts is None:
+            return error(422, "inputs: a string or a non-empty list of strings")
+        vectors = await in_thread(model.encode, texts, convert_to_sparse_tensor=True)
+        vectors = vectors.coalesce()
+        rows, columns = vectors.indices().tolist()
+        values = vectors.values().tolist()
+        answer: list[list[dict]] = [[] for _ in texts]
+        for row, column, value in zip(rows, columns, values):
+            answer[row].append({"index": column, "value": value})
+        answered["/embed_sparse"] += 1
+        return JSONResponse(answer)
+
     async def rerank_route(request: Request) -> Response:
         data = await body(request)
         query = data.get("query") if data else None
@@ -130,7 +163,7 @@ def create_app(model_path: str, device: str = "cpu") -> Any:
         return JSONResponse([{"index": i, "score": s} for i, s in ranked])
 
     async def not_served(request: Request) -> Response:
-        kind = "a reranker" if rerank else "an embedding model"
+        kind = "a reranker" if rerank else "a sparse model" if sparse else "an embedding model"
         return error(424, f"{request.url.path}: this server holds {kind}")
 
     async def health(request: Request) -> Response:
@@ -143,11 +176,13 @@ def create_app(model_path: str, device: str = "cpu") -> Any:
         model.predict([("warm", "up")])
     else:
         model.encode(["warm up"])
+    dense = not (rerank or sparse)
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/stats", stats, methods=["GET"]),
-        Route("/embed", not_served if rerank else embed, methods=["POST"]),
-        Route("/v1/embeddings", not_served if rerank else openai_embeddings, methods=["POST"]),
+        Route("/embed", embed if dense else not_served, methods=["POST"]),
+        Route("/v1/embeddings", openai_embeddings if dense else not_served, methods=["POST"]),
+        Route("/embed_sparse", embed_sparse if sparse else not_served, methods=["POST"]),
         Route("/rerank", rerank_route if rerank else not_served, methods=["POST"]),
     ]
     return Starlette(routes=routes)

@@ -203,8 +203,60 @@ def test_rerank_and_openai_shapes(texts):
     assert query and len(documents) == serve_bench.DOCUMENTS
 
 
+def test_sparse_mix_calls_and_ratios(texts):
+    calls = texts.calls("sparse32", "tei")
+    assert len(calls) == serve_bench.DISTINCT_REQUESTS
+    assert {c.path for c in calls} == {"/embed_sparse"} and calls[0].shape == "list"
+    assert json.loads(calls[0].body) == {"inputs": texts.batch(0)}
+    assert calls[0].tokens == texts.calls("batch32", "tei")[0].tokens
+    with pytest.raises(ValueError, match="no sparse"):
+        sc.sparse_call("infinity", ["a"], 3)
+    cells = [
+        fake_cell("fastbert", "batch32", "closed", 16, 20.0, 100.0),
+        fake_cell("fastbert", "sparse32", "closed", 16, 15.0, 130.0),
+        fake_cell("fastbert", "sparse32", "closed", 64, 15.0, 130.0),  # no dense cell there
+    ]
+    (beside,) = serve_bench.sparse_beside_dense(cells, ["fastbert"], [16, 64])
+    assert beside == {
+        "contender": "fastbert",
+        "concurrency": 16,
+        "dense_rps": 20.0,
+        "sparse_rps": 15.0,
+        "ratio": 0.75,
+    }
+
+
+def test_the_plain_server_serves_a_sparse_encoder(tmp_path):
+    """benchmarks/st_server.py's /embed_sparse: SparseEncoder.encode's non-zero entries, in
+    TEI's shape (the sparse32 mix's baseline)."""
+    import numpy as np
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import SpladePooling
+    from starlette.testclient import TestClient
+
+    from benchmarks import st_server
+    from tests.sentence_folders import hf_folder, save_modules, transformer
+
+    mlm = hf_folder(tmp_path / "mlm", "BertForMaskedLM", seed=2)
+    modules = [transformer(mlm, transformer_task="fill-mask"), SpladePooling("max")]
+    folder = save_modules(tmp_path / "sparse", modules, kind="SparseEncoder")
+    want = SparseEncoder(str(folder), device="cpu").encode(THREE).to_dense().numpy()
+    with TestClient(st_server.create_app(str(folder))) as client:
+        rows = client.post("/embed_sparse", json={"inputs": THREE}).json()
+        assert client.post("/embed", json={"inputs": "x"}).status_code == 424
+    for row, expected in zip(rows, want):
+        indices = [entry["index"] for entry in row]
+        np.testing.assert_array_equal(indices, np.flatnonzero(expected))
+        np.testing.assert_allclose([e["value"] for e in row], expected[indices], rtol=1e-6)
+
+
 def test_usage_errors_exit_2(capsys):
-    for argv in (["--contenders", "nope"], ["--concurrency", "0"], ["--mixes", "x"]):
+    for argv in (
+        ["--contenders", "nope"],
+        ["--concurrency", "0"],
+        ["--mixes", "x"],
+        ["--sparse-model", "/no/such/folder"],
+    ):
         with pytest.raises(SystemExit) as exc:
             serve_bench.main(argv)
         assert exc.value.code == 2
