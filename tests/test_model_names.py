@@ -206,6 +206,8 @@ def test_serve_answers_with_the_name_given(tmp_path, minilm, cache) -> None:
         client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused")
         listed = [m.id for m in client.models.list()]
         answer = client.embeddings.create(model="all-MiniLM-L6-v2", input=["A sentence."])
+        log = served.output()
+    assert f"fastbert serve: all-MiniLM-L6-v2 from {minilm} (embedding)" in log, log
     assert info["served_model_name"] == "all-MiniLM-L6-v2" and listed == ["all-MiniLM-L6-v2"]
     assert answer.model == "all-MiniLM-L6-v2" and len(answer.data[0].embedding) == 384
 

@@ -18,10 +18,13 @@ log = logging.getLogger("fastbert.serve")
 
 
 def startup_line(model: TextModel, options: ServeOptions, address: str) -> str:
+    """The line a server logs once it listens: the model (by the name it was given, with its
+    folder), its kind, device, precision and limits, and the address."""
     o = model.options
     precision = o.dtype if o.quantize is None else f"{o.dtype} with {o.quantize} linears"
+    source = o.model if o.name is None else f"{o.name} from {o.model}"
     return (
-        f"fastbert serve: {o.model} ({model.kind}) on {o.device}, backend {o.backend}, "
+        f"fastbert serve: {source} ({model.kind}) on {o.device}, backend {o.backend}, "
         f"{precision}, max {model.max_length} tokens per input, {o.batch_tokens} per batch, "
         f"at {address}"
     )
