@@ -330,6 +330,21 @@ def infinity_versions(python: Path) -> dict[str, str | None]:
 # --- the reranker ---------------------------------------------------------------------------
 
 
+def _under_random_head(cls, embedder: Path, seed: int, **settings):
+    """``cls`` (a transformers BERT class with a head) from ``embedder``'s encoder weights, its
+    head newly made with random weights (``seed``), without the warning that says so."""
+    import torch
+    from transformers.utils import logging
+
+    torch.manual_seed(seed)
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()  # "newly initialized: ..." is the point here
+    try:
+        return cls.from_pretrained(str(embedder), **settings)
+    finally:
+        logging.set_verbosity(verbosity)
+
+
 def make_reranker(embedder: Path, folder: Path, seed: int = 0) -> Path:
     """A cross-encoder folder: ``embedder``'s BERT encoder (all-MiniLM-L6-v2: the shape of the
     common MiniLM-L6 rerankers) under a one-logit classification head with random weights
@@ -340,17 +355,9 @@ def make_reranker(embedder: Path, folder: Path, seed: int = 0) -> Path:
         return folder
     import shutil
 
-    import torch
     from transformers import BertForSequenceClassification
-    from transformers.utils import logging
 
-    torch.manual_seed(seed)
-    verbosity = logging.get_verbosity()
-    logging.set_verbosity_error()  # "newly initialized: classifier.*" is the point here
-    try:
-        model = BertForSequenceClassification.from_pretrained(str(embedder), num_labels=1)
-    finally:
-        logging.set_verbosity(verbosity)
+    model = _under_random_head(BertForSequenceClassification, embedder, seed, num_labels=1)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(folder), safe_serialization=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
@@ -376,17 +383,10 @@ def make_sparse(embedder: Path, folder: Path, seed: int = 0, active: int = 150) 
     from sentence_transformers.base.modules import Transformer
     from sentence_transformers.sparse_encoder.modules import SpladePooling
     from transformers import AutoTokenizer, BertForMaskedLM
-    from transformers.utils import logging
 
     from fastbert.serve.calibration import help_sentences
 
-    torch.manual_seed(seed)
-    verbosity = logging.get_verbosity()
-    logging.set_verbosity_error()  # "newly initialized: cls.predictions.*" is the point here
-    try:
-        model = BertForMaskedLM.from_pretrained(str(embedder)).eval()
-    finally:
-        logging.set_verbosity(verbosity)
+    model = _under_random_head(BertForMaskedLM, embedder, seed).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(embedder))
     texts = help_sentences(64)
     maxima = []
