@@ -93,7 +93,7 @@ def dense(dense_folder, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dense-serve")
     calibration = tmp / "calibration.txt"
     calibration.write_text("".join(t + "\n" for t in CALIBRATION))
-    arguments = ("--calibration", str(calibration), "--served-model-name", "tiny")
+    arguments = ("--calibration", str(calibration), "--served-model-name", "org/tiny")
     with served_client(dense_folder, tmp, *arguments) as client:
         yield client
 
@@ -175,7 +175,11 @@ def test_info_reports_the_kind_and_the_calibrated_ranges(dense, st_dense):
     sample = st_dense.encode(CALIBRATION, convert_to_numpy=True)
     np.testing.assert_allclose(calibration["ranges"], [sample.min(0), sample.max(0)], atol=1e-6)
     models = ok(dense.get("/v1/models"))["data"]
-    assert [(m["id"], m["object"], m["kind"]) for m in models] == [("tiny", "model", "embedding")]
+    assert [(m["id"], m["object"], m["kind"]) for m in models] == [
+        ("org/tiny", "model", "embedding")
+    ]
+    assert ok(dense.get("/v1/models/org/tiny"))["id"] == "org/tiny"  # a Hugging Face id's slash
+    assert_error(dense.get("/v1/models/org/other"), 404, "'org/other'")
 
 
 def near_buckets(got: np.ndarray, want: np.ndarray) -> None:
@@ -241,7 +245,7 @@ def test_matryoshka_cuts_are_allowed_on_a_matryoshka_model(dense, st_dense):
         ({"texts": ["x"], "truncate": "MIDDLE"}, 422, ("truncate",)),
         ({"texts": ["word " * 600], "truncate": "NONE"}, 422, ("truncate",)),
         ({"texts": ["x"], "output_dimension": 65}, 422, ("output_dimension 65",)),
-        ({"texts": ["x"], "model": "other"}, 404, ("'other'", "'tiny'")),
+        ({"texts": ["x"], "model": "other"}, 404, ("'other'", "'org/tiny'")),
     ],
 )
 def test_cohere_errors(dense, body, status, words):

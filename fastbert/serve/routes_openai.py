@@ -59,9 +59,10 @@ def register(app: FastAPI, server: Server, posted: list, guarded: list) -> None:
         """The served model, as OpenAI lists models (with its ``kind`` besides)."""
         return {"object": "list", "data": [_model_card(server)]}
 
-    @app.get("/v1/models/{model}", dependencies=guarded, tags=["OpenAI"])
+    @app.get("/v1/models/{model:path}", dependencies=guarded, tags=["OpenAI"])
     async def model(model: str) -> dict[str, Any]:
-        """The served model by its name; 404 ``model_not_found`` for any other."""
+        """The served model by its name (a Hugging Face id's slash included); 404
+        ``model_not_found`` for any other."""
         if model != server.name:
             server.check_model(model)
         return {**_model_card(server), "id": model}
