@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import socket
 import threading
 import time
@@ -520,7 +521,22 @@ def test_sigterm_under_load_finishes_admitted_requests_and_exits_0(folder, few_t
             answers = [f.result() for f in futures]
         assert [a.status_code for a in answers] == [200] * 6
         assert code == 0, s.output()
-        assert "Traceback" not in s.output()
+        output = s.output()
+        assert "Traceback" not in output
+    # At the default (info) level: a line per request, and one when the server has shut down,
+    # counting the requests it drained.
+    assert output.count("/embed 200 2 inputs") == 6, output
+    drained = re.search(r"shut down in [\d.]+ s, (\d+) requests drained; (\d+) answered", output)
+    assert drained and int(drained.group(1)) >= 1 and int(drained.group(2)) >= 6, output
+
+
+def test_log_level_warning_keeps_requests_out_of_the_log(folder, few_texts, tmp_path):
+    arguments = ("--log-level", "warning", "--calibration", few_texts)
+    with serving(folder, *arguments, tmp_path=tmp_path) as s:
+        assert httpx.post(s.url + "/embed", json={"inputs": "a text"}, timeout=60).is_success
+        assert httpx.post(s.url + "/embed", json={"inputs": []}, timeout=60).status_code == 400
+        assert s.stop() == 0
+    assert "/embed" not in s.output() and "shut down" not in s.output()
 
 
 @pytest.mark.slow

@@ -120,7 +120,7 @@ def create_app(model: TextModel, options: ServeOptions) -> Any:
         server.metrics.failures.labels(route, error.error_type).inc()
         openai_shaped = path.startswith(("/v1/", "/v2/"))
         body = error.openai_body() if openai_shaped else error.tei_body()
-        log.debug("%s %d %s", path, error.status, error.message)
+        log.info("%s %d %s", path, error.status, error.message)
         return Response(
             orjson.dumps(body), error.status, headers=error.headers, media_type="application/json"
         )
@@ -155,7 +155,28 @@ def create_app(model: TextModel, options: ServeOptions) -> Any:
         return error_response(request, errors.ServeError(f"internal error: {type(error).__name__}"))
 
     app.state.known_routes = {route.path for route in app.routes}
-    return PayloadLimit(app, options.payload_limit, error_response)
+    return Counted(PayloadLimit(app, options.payload_limit, error_response), server)
+
+
+class Counted:
+    """ASGI middleware: counts the HTTP requests ``server`` is answering and has answered
+    (``in_flight``, ``answered``), for the line the server logs when it shuts down."""
+
+    def __init__(self, app: Any, server: Server):
+        self.app = app
+        self.server = server
+        self.state = app.state
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        self.server.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.server.in_flight -= 1
+            self.server.answered += 1
 
 
 class PayloadLimit:

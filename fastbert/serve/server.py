@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from fastbert.embed.options import EmbedOptions
@@ -52,6 +53,7 @@ def serve(options: ServeOptions, model: TextModel | None = None) -> None:
     )
     server = uvicorn.Server(config)
     _announce(server, model, options)
+    _report_shutdown(server, app.state.server)
     with _quiet_signals():
         server.run()
 
@@ -94,6 +96,24 @@ def _announce(server: Any, model: TextModel, options: ServeOptions) -> None:
         log.info(startup_line(model, options, f"http://{options.host}:{port}"))
 
     server.startup = startup
+
+
+def _report_shutdown(server: Any, service: Any) -> None:
+    """Log a line when the server has shut down: the requests it drained (in flight when the
+    shutdown began), the seconds that took, and the requests answered since it started."""
+    shutdown = server.shutdown
+
+    async def logged(sockets: Any = None) -> None:
+        start, draining = time.perf_counter(), service.in_flight
+        await shutdown(sockets=sockets)
+        log.info(
+            "fastbert serve: shut down in %.1f s, %d requests drained; %d answered since start",
+            time.perf_counter() - start,
+            draining,
+            service.answered,
+        )
+
+    server.shutdown = logged
 
 
 class _quiet_signals:

@@ -53,12 +53,13 @@ NUMPY_JSON = orjson.OPT_SERIALIZE_NUMPY
 
 @dataclass
 class Timing:
-    """Where a request's time went, in seconds, and how many tokens it ran."""
+    """Where a request's time went, in seconds, and how many inputs and tokens it ran."""
 
     start: float = field(default_factory=time.perf_counter)
     tokenization: float = 0.0
     queue: float = 0.0
     inference: float = 0.0
+    inputs: int = 0
     tokens: int = 0
 
     def headers(self) -> dict[str, str]:
@@ -100,6 +101,9 @@ class Server:
         )
         self.pool = ThreadPoolExecutor(options.tokenize_workers, "fastbert-tokenize")
         self.probe = model.tokenize(["health"]).ids
+        # HTTP requests being answered, and answered since the start (the shutdown's line).
+        self.in_flight = 0
+        self.answered = 0
 
     def _forward(
         self, tokens: list[list[int]], type_ids: list[list[int]] | None, variant: Any
@@ -248,7 +252,7 @@ class Server:
         and ClientGone when the client disconnects first (its inputs are dropped, as they are
         when the server cancels the request: Ray Serve does when its client goes away)."""
         work = self.batcher.submit(tokens, type_ids, reservation, variant)
-        timing.tokens = work.token_count
+        timing.inputs, timing.tokens = len(tokens), work.token_count
         for row in tokens:
             self.metrics.input_tokens.observe(len(row))
         self.metrics.set_queue(self.batcher.admitted)
@@ -277,7 +281,9 @@ class Server:
         self.metrics.requests.labels(route).inc()
         seconds = time.perf_counter() - timing.start
         self.metrics.request_seconds.labels(route).observe(seconds)
-        log.debug("%s 200 %d tokens %.1f ms", route, timing.tokens, seconds * 1e3)
+        log.info(
+            "%s 200 %d inputs %d tokens %.1f ms", route, timing.inputs, timing.tokens, seconds * 1e3
+        )
         return Response(body, media_type="application/json", headers=timing.headers())
 
     async def healthy(self) -> bool:
