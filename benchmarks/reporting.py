@@ -24,10 +24,11 @@ def in_turns(calls: Mapping[str, Callable[[], Any]], rounds: int) -> dict[str, l
 
 
 def parser(
-    module: str, description: str, docs: int, rounds: int, out_required: bool = True
+    module: str, description: str, docs: int, rounds: int | None, out_required: bool = True
 ) -> argparse.ArgumentParser:
     """The command line every corpus benchmark opens with: ``python -m benchmarks.<module>``
-    with ``--out DIR``, ``--docs N`` and ``--rounds N`` (their defaults shown in ``--help``)."""
+    with ``--out DIR``, ``--docs N`` and ``--rounds N`` (their defaults shown in ``--help``;
+    no ``--rounds`` where ``rounds`` is None)."""
     cli = argparse.ArgumentParser(
         prog=f"python -m benchmarks.{module}",
         description=description,
@@ -35,7 +36,8 @@ def parser(
     )
     cli.add_argument("--out", type=Path, required=out_required, help="folder for the results")
     cli.add_argument("--docs", type=int, default=docs, help="documents of the corpus")
-    cli.add_argument("--rounds", type=int, default=rounds, help="timed rounds")
+    if rounds is not None:
+        cli.add_argument("--rounds", type=int, default=rounds, help="timed rounds")
     return cli
 
 
