@@ -226,9 +226,9 @@ def markdown(report: dict) -> str:
     if shown[-1] is not samples[-1]:
         shown.append(samples[-1])
     for sample in shown:
+        when = soak_memory.clock(sample["seconds"])
         lines.append(
-            f"| {soak_memory.clock(sample['seconds'])} | {sample['rss_mb']:,.0f} | {sample['threads']} "
-            f"| {sample['load']:.1f} |"
+            f"| {when} | {sample['rss_mb']:,.0f} | {sample['threads']} | {sample['load']:.1f} |"
         )
     return "\n".join(lines) + "\n"
 
