@@ -1,5 +1,8 @@
 """A CPU forward keeps the memory it frees for the next one (fastbert.execution.cpu_memory):
-counted in page faults, in a fresh process per setting (malloc's settings are per process)."""
+counted in page faults, in a fresh process per setting (malloc's settings are per process);
+and the per-shape caches behind the CPU linears stay small where fastbert's command line (or
+a program before it imports torch) bounds them: measured in resident memory over many
+shapes, in a fresh process per setting (torch reads their sizes as it loads)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from fastbert.execution import cpu_memory
 
@@ -57,3 +61,65 @@ def test_the_setting_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv(cpu_memory.VARIABLE, "maybe")
     with pytest.raises(ValueError, match="FASTBERT_KEEP_CPU_MEMORY must be 1 or 0"):
         cpu_memory.wanted()
+
+
+# A one-layer model run on 100 sequence lengths, each a shape of its own for oneDNN; prints the
+# growth of resident memory over them (MiB). "bound": the caches bounded before torch loads.
+SHAPES = """
+import os, sys
+if sys.argv[1] == "bound":
+    from fastbert.execution import cpu_memory
+    assert cpu_memory.bound_shape_caches()
+import torch
+from fastbert import BertConfig, BertModel
+
+def rss():
+    for line in open(f"/proc/{os.getpid()}/status"):
+        if line.startswith("VmRSS"):
+            return int(line.split()[1]) / 1024
+
+config = BertConfig(vocab_size=50, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                    intermediate_size=128, max_position_embeddings=512)
+model = BertModel(config).eval()
+with torch.inference_mode():
+    model(torch.ones(1, 8, dtype=torch.long))
+    before = rss()
+    for n in range(200, 400, 2):
+        model(torch.ones(1, n, dtype=torch.long))
+print(rss() - before)
+"""
+
+
+def shapes_growth(setting: str) -> float:
+    env = {k: v for k, v in os.environ.items() if k not in cpu_memory.CACHE_VARIABLES}
+    out = subprocess.run(
+        [sys.executable, "-c", SHAPES, setting], env=env, capture_output=True, text=True, check=True
+    )
+    return float(out.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
+def test_bounded_caches_hold_a_few_shapes_not_a_thousand() -> None:
+    bounded, default = shapes_growth("bound"), shapes_growth("default")
+    # Each shape's primitives took about 2 MiB here with the default caches (1,024 entries).
+    assert default > 50, default
+    assert bounded < default / 4, (bounded, default)
+
+
+def test_the_command_line_bounds_the_caches_and_keeps_a_given_size() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in cpu_memory.CACHE_VARIABLES}
+    command = [sys.executable, "-m", "fastbert.cli", "info"]
+    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+    assert f"ONEDNN_PRIMITIVE_CACHE_CAPACITY={cpu_memory.CACHE_ENTRIES}" in out
+    assert f"LRU_CACHE_CAPACITY={cpu_memory.CACHE_ENTRIES}" in out
+    env["LRU_CACHE_CAPACITY"] = "64"
+    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+    assert "LRU_CACHE_CAPACITY=64" in out
+
+
+def test_bounding_after_torch_loaded_sets_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in cpu_memory.CACHE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert not cpu_memory.bound_shape_caches.__wrapped__()  # torch is loaded in this process
+    assert cpu_memory.cache_entries() == dict.fromkeys(cpu_memory.CACHE_VARIABLES, "1024")
+    assert "LRU_CACHE_CAPACITY=1024" in cpu_memory.status()

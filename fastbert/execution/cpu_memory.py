@@ -16,6 +16,23 @@ when the first forward runs on a CPU. The process then keeps up to its peak heap
 (its resident memory does not shrink after a large batch); results do not change. Set
 ``FASTBERT_KEEP_CPU_MEMORY=0`` before the first forward to leave malloc as it is (or when
 another allocator is preloaded); elsewhere than glibc it does nothing.
+
+What a process keeps across forwards must also stay bounded. oneDNN, behind PyTorch's CPU
+linears (``torch.ops.mkldnn._linear_pointwise``, ``torch._int_mm``), caches the primitives
+it makes, one per op and shape, and PyTorch's ideep layer keeps an LRU cache of its own:
+1,024 entries each by default. A padding-free batch's shape is its token count, so a server
+or an embedding job meets a new shape at almost every batch, and all-MiniLM-L6-v2 kept about
+2 MB plus 5 KB a token per shape in them (23 MB for a 4,000-token batch): ``fastbert serve``
+under steady load went from 761 to 1,937 MiB in three minutes, where the caches were full
+(benchmarks/serve_soak.py; malloc's arenas and the kept memory were not the cause:
+docs/cpu.md, Memory between forwards). :func:`bound_shape_caches` sets
+``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` and ``LRU_CACHE_CAPACITY`` to CACHE_ENTRIES where they
+are unset (the same load then stayed at 809 MiB); torch reads them as it loads, so
+``fastbert``'s command line calls it before anything imports torch, and a program of one's
+own sets them before it imports torch. 16 entries hold a whole forward's primitives (a
+BERT-family layer has four linear shapes, two oneDNN entries each), so each layer after the
+first finds them; a batch of a shape no longer cached makes them again, a fraction of a
+millisecond each, as almost every batch of a server did with the default caches too.
 """
 
 from __future__ import annotations
@@ -23,12 +40,18 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 import platform
+import sys
 
 from fastbert.execution.env_flags import read_flag
 
 VARIABLE = "FASTBERT_KEEP_CPU_MEMORY"
 KEEP_BYTES = 1 << 30
+# The per-shape caches of oneDNN's primitives and of PyTorch's ideep layer, and the entries
+# each keeps (see the module docstring).
+CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+CACHE_ENTRIES = 16
 # mallopt's parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -67,11 +90,34 @@ def keep_freed_memory() -> str:
     return "unavailable"
 
 
+@functools.cache
+def bound_shape_caches() -> bool:
+    """Set each of CACHE_VARIABLES to CACHE_ENTRIES in this process's environment where it is
+    unset (a value already there is kept), once; whether it could: not once torch is imported
+    (it read them as it loaded; nothing is set then). Call it at an entry point, before
+    anything imports torch."""
+    if "torch" in sys.modules:
+        return False
+    for name in CACHE_VARIABLES:
+        os.environ.setdefault(name, str(CACHE_ENTRIES))
+    return True
+
+
+def cache_entries() -> dict[str, str]:
+    """Each of CACHE_VARIABLES as this process's environment sets it ("1024", oneDNN's and
+    ideep's default, where unset)."""
+    return {name: os.environ.get(name) or "1024" for name in CACHE_VARIABLES}
+
+
 def status() -> str:
-    """What a CPU forward in this process does (or will do) with the memory it frees, in
-    words, for ``fastbert info``."""
+    """What a CPU forward in this process does (or will do) with the memory it frees, and
+    the entries of the per-shape caches, in words, for ``fastbert info``."""
+    entries = cache_entries()
+    caches = f"per-shape caches: {', '.join(f'{k}={v}' for k, v in entries.items())}"
     if not wanted():
-        return f"returned to the system ({VARIABLE}=0)"
+        return f"returned to the system ({VARIABLE}=0); {caches}"
     if not on_glibc():
-        return "returned to the system (not glibc: preload jemalloc or tcmalloc to keep it)"
-    return f"kept for reuse from the first CPU forward (glibc mallopt; {VARIABLE}=0: off)"
+        return (
+            "returned to the system (not glibc: preload jemalloc or tcmalloc to keep it); " + caches
+        )
+    return f"kept for reuse from the first CPU forward (glibc mallopt; {VARIABLE}=0: off); {caches}"
