@@ -64,10 +64,12 @@ from .op import Kernel, Op, dropout_seed, placeholder
 
 
 def heavy_num_warps(block: int) -> int:
-    """Warps per token of the dropout forward and the backward: about 128 elements per warp,
-    between 1 and 16 (their widest rows spill registers with fused_layer_norm's heavy count,
-    which holds a 4096-wide row to 64 registers a thread)."""
-    return min(16, max(1, block // 128))
+    """Warps per token of the dropout forward and the backward: about 256 elements per warp,
+    between 1 and 16. More warps spill: fused_layer_norm's heavy count holds a 4096-wide row
+    to 64 registers a thread, and with Triton 3.9's ptxas flags (--regAllocOptLevel=2) 128
+    elements per warp spilled the 1024-wide backward on sm_90 (8 bytes); at 256 no 16-bit row
+    tile spills on sm_80 or sm_90, under Triton 3.6 or 3.9."""
+    return min(16, max(1, block // 256))
 
 
 @triton.jit

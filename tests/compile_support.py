@@ -22,9 +22,7 @@ import json
 import os
 import pkgutil
 import re
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -121,29 +119,6 @@ def _usage_from_log(text: str) -> dict[str, int] | None:
     }
 
 
-def _ptxas_usage(ptx: str, arch: int) -> dict[str, int]:
-    """Registers and spill bytes as ptxas -v reports them for ``ptx``."""
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    try:
-        ptxas = get_ptxas(arch).path
-    except TypeError:  # older Triton: get_ptxas() takes no argument
-        ptxas = get_ptxas().path
-    gpu_name = f"sm_{arch}a" if arch == 90 else f"sm_{arch}"
-    with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "kernel.ptx")
-        with open(src, "w") as f:
-            f.write(ptx)
-        proc = subprocess.run(
-            [ptxas, "-v", f"--gpu-name={gpu_name}", src, "-o", os.path.join(tmp, "k.cubin")],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    usage = _usage_from_log(proc.stdout + proc.stderr)
-    return usage if usage is not None else {"registers": -1, "spill_stores": 0, "spill_loads": 0}
-
-
 def alignment_hints(case: CompileCase) -> dict[tuple[int, ...], list]:
     """The 16-divisibility the JIT infers at launch: pointers, strides and ``aligned_ints``.
 
@@ -165,8 +140,8 @@ def alignment_hints(case: CompileCase) -> dict[tuple[int, ...], list]:
 
 def compile_kernel(case: CompileCase, arch: int) -> tuple[object, str]:
     """``case`` compiled for ``arch`` by ``triton.compile`` (its ``asm`` holds "ptx" and
-    "cubin"), and what ptxas printed with ``-v`` while Triton built the cubin (empty when the
-    kernel came from Triton's cache: no ptxas ran); raises what the compiler raises."""
+    "cubin"), and what ptxas printed with ``-v`` while Triton built the cubin; raises what the
+    compiler raises."""
     import triton
     from triton import knobs
     from triton.backends.compiler import GPUTarget
@@ -183,9 +158,12 @@ def compile_kernel(case: CompileCase, arch: int) -> tuple[object, str]:
         options["maxnreg"] = case.maxnreg
     log = io.StringIO()
     # Triton runs ptxas with -v and prints its log when asked: reading it there saves a
-    # second ptxas run per case (a fifth of the compile checks' time).
-    with knobs.nvidia.scope(), contextlib.redirect_stdout(log):
+    # second ptxas run per case (a fifth of the compile checks' time). Always compiled, never
+    # taken from Triton's cache: the report must come from Triton's own ptxas run, with its
+    # flags (3.9 passes --regAllocOptLevel=2, which spills where a plain ptxas run does not).
+    with knobs.nvidia.scope(), knobs.compilation.scope(), contextlib.redirect_stdout(log):
         knobs.nvidia.dump_ptxas_log = True
+        knobs.compilation.always_compile = True
         kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     return kernel, log.getvalue()
 
@@ -204,7 +182,9 @@ def compile_case(case: CompileCase, arch: int, keep_ptx: bool = False) -> dict[s
         report["cubin"] = len(kernel.asm["cubin"]) > 0
         report["mma"] = mma_instruction(kernel.asm["ptx"])
         usage = _usage_from_log(ptxas_log)
-        report.update(usage if usage is not None else _ptxas_usage(kernel.asm["ptx"], arch))
+        if usage is None:
+            raise RuntimeError("ptxas printed no register report (-v) while Triton compiled")
+        report.update(usage)
         report["ctas_per_sm"] = sass.ctas_per_sm(
             arch, report["registers"], report["shared"], case.num_warps
         )

@@ -209,9 +209,11 @@ def test_sixteen_bit_wgmma_sized_tiles_run_hgmma_on_sm90(op: str) -> None:
 # may not spill more; every other 16-bit case (all of sm_90) may not spill at all. The padding-
 # free variant's grid-stride loop and the D=32 128x128 tile run out of sm_80's registers by a
 # word or two (ptxas: 255 and 128 registers). The bf16 32x64 dx product with the GELU
-# derivative holds one word on the stack on sm_90 (one STL, no spill bytes reported by ptxas).
+# derivative holds one word on the stack on sm_90: one STL, which ptxas reports as 4 bytes
+# under Triton 3.9's flags (--regAllocOptLevel=2) and as none under Triton 3.6's. The bytes are
+# ptxas's report of Triton's own build of the cubin (tests/compile_support.py).
 KNOWN_SPILLS = {
-    ("linear[bf16 32x64x32 s4 w4 dx dact=1]", 90): 0,
+    ("linear[bf16 32x64x32 s4 w4 dx dact=1]", 90): 4,
     **{
         (f"attention[{dtype} D={d} {tile} varlen={varlen}]", 80): spilled
         for dtype in SIXTEEN_BIT
