@@ -32,17 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.serve_load import SHAPE_DATA, SHAPE_LIST, SHAPE_RESULTS, Call
+from fastbert.settings import INFINITY_VENV, cache_dir
 
 INFINITY_VERSION = "0.0.78"
 # A CPU build of torch first: left to itself, pip would resolve infinity-emb's unpinned
 # ``torch>=2.2.1`` to the newest CUDA build (gigabytes). Same release as fastbert's own.
 INFINITY_TORCH = "torch==2.13.0"
-DEFAULT_INFINITY_VENV = Path(
-    os.environ.get(
-        "FASTBERT_INFINITY_VENV",
-        Path.home() / ".cache" / "fastbert" / f"infinity-emb-{INFINITY_VERSION}",
-    )
-)
+DEFAULT_INFINITY_VENV = INFINITY_VENV.read() or cache_dir() / f"infinity-emb-{INFINITY_VERSION}"
 REPO = Path(__file__).resolve().parents[1]
 NAMES = ("fastbert", "infinity", "st")
 

@@ -15,23 +15,29 @@ layers, or sideways among the jobs of layer 4.
     layer  room          modules                          may import
     5      commands      fastbert.commands, fastbert.cli  façade, accuracy, bench, embed, serve,
                                                           integrations, model, execution,
-                                                          kernels, version
+                                                          kernels, settings, version
     5      façade        fastbert                         integrations, model, execution,
-                                                          kernels, version; accuracy, bench,
-                                                          embed only inside functions
+                                                          kernels, settings, version; accuracy,
+                                                          bench, embed only inside functions
     4      accuracy      fastbert.accuracy                bench, embed, serve, integrations,
-                                                          model, execution, kernels, version
+                                                          model, execution, kernels, settings,
+                                                          version
     4      bench         fastbert.bench                   accuracy, embed, serve, integrations,
-                                                          model, execution, kernels, version
+                                                          model, execution, kernels, settings,
+                                                          version
     4      embed         fastbert.embed                   accuracy, bench, serve, integrations,
-                                                          model, execution, kernels, version
+                                                          model, execution, kernels, settings,
+                                                          version
     4      serve         fastbert.serve                   accuracy, bench, embed, integrations,
-                                                          model, execution, kernels, version
-    3      integrations  fastbert.integrations            model, execution, kernels, version
-    2      model         fastbert.model                   execution, kernels, version
-    1      execution     fastbert.execution               kernels, version
-    0      kernels       fastbert.kernels                 only torch, triton, numpy and the
-                                                          standard library
+                                                          model, execution, kernels, settings,
+                                                          version
+    3      integrations  fastbert.integrations            model, execution, kernels, settings,
+                                                          version
+    2      model         fastbert.model                   execution, kernels, settings, version
+    1      execution     fastbert.execution               kernels, settings, version
+    0      kernels       fastbert.kernels                 settings; outside fastbert only torch,
+                                                          triton, numpy and the standard library
+    0      settings      fastbert.settings                only the standard library
     0      version       fastbert.version                 nothing
 
 A module imports a name from the room that defines it (``from fastbert.model.encoder import

@@ -33,14 +33,15 @@ from pathlib import Path
 
 import torch
 
+from fastbert.settings import CPU_ATTENTION, cache_dir
+
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
-ENVIRONMENT_SWITCH = "FASTBERT_CPU_ATTENTION"
+ENVIRONMENT_SWITCH = CPU_ATTENTION.name
 HEAD_DIMS = (32, 64)
 # The library's function per dtype.
 _ENTRY_POINTS = {torch.bfloat16: "fastbert_attention_bf16", torch.float32: "fastbert_attention_f32"}
 DTYPES = tuple(_ENTRY_POINTS)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++17")
-_OFF = ("0", "false", "off", "no")
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
@@ -63,8 +64,7 @@ def _compiler() -> str | None:
 
 
 def _cache_dir() -> Path:
-    root = os.environ.get("FASTBERT_CACHE") or Path.home() / ".cache" / "fastbert"
-    return Path(root) / "cpu-kernels"
+    return cache_dir() / "cpu-kernels"
 
 
 def _build(compiler: str) -> Path:
@@ -110,7 +110,7 @@ def missing_requirement() -> str | None:
 
 
 def _load() -> tuple[ctypes.CDLL | None, str]:
-    if os.environ.get(ENVIRONMENT_SWITCH, "").strip().lower() in _OFF:
+    if not CPU_ATTENTION.read():
         return None, f"off (${ENVIRONMENT_SWITCH})"
     missing = missing_requirement()
     if missing is not None:

@@ -9,10 +9,12 @@ import threading
 import torch
 import triton
 
+from fastbert.settings import AUTOTUNE
+
 # Which autotune configs a launch times: unset or "all" for every config the kernel keeps for
 # that launch; an integer i for only the i-th of them, so nothing is timed (the GPU tests pin
 # each config in turn to check them all, or the first to skip tuning).
-AUTOTUNE_ENV = "FASTBERT_AUTOTUNE"
+AUTOTUNE_ENV = AUTOTUNE.name
 
 
 def interpreting() -> bool:
@@ -69,12 +71,7 @@ def next_power_of_2(n: int) -> int:
 
 def pinned_config() -> int | None:
     """The config index FASTBERT_AUTOTUNE pins, or None when every config is timed."""
-    choice = os.environ.get(AUTOTUNE_ENV, "").strip()
-    if choice in ("", "all"):
-        return None
-    if not choice.isdigit():
-        raise ValueError(f"{AUTOTUNE_ENV} must be 'all' or a config index, got {choice!r}")
-    return int(choice)
+    return AUTOTUNE.read()
 
 
 def tuned(kept: list[triton.Config]) -> list[triton.Config]:

@@ -13,8 +13,9 @@ bodies of ``if TYPE_CHECKING:`` are skipped. The rule:
   ``from fastbert import BertModel``): only commands and the cli do; a name is imported from
   the room that defines it (``from fastbert import kernels`` names a room, and is fine);
 - no private name (``_name``: a module, or a name from one) is imported from another room;
-- kernels import no outside package but torch, triton, numpy and the standard library, and
-  fastbert.version imports nothing;
+- kernels import no outside package but torch, triton, numpy and the standard library (and
+  of fastbert only its settings), fastbert.settings only the standard library, and
+  fastbert.version nothing;
 - no import cycle between modules (an import's edge goes to the module it names, or to the
   package ``__init__`` for a name the package defines; not to the parent packages that Python
   also initialises);
@@ -58,7 +59,7 @@ class Room:
     packages: tuple[str, ...] | None = None
 
 
-_BELOW_JOBS = ("integrations", "model", "execution", "kernels", "version")
+_BELOW_JOBS = ("integrations", "model", "execution", "kernels", "settings", "version")
 
 # The rooms, top to bottom: the single source of the rule.
 ROOMS = (
@@ -76,7 +77,14 @@ ROOMS = (
     Room("integrations", 3, ("fastbert.integrations",), _BELOW_JOBS[1:]),
     Room("model", 2, ("fastbert.model",), _BELOW_JOBS[2:]),
     Room("execution", 1, ("fastbert.execution",), _BELOW_JOBS[3:]),
-    Room("kernels", 0, ("fastbert.kernels",), packages=("torch", "triton", "numpy", STDLIB)),
+    Room(
+        "kernels",
+        0,
+        ("fastbert.kernels",),
+        ("settings",),
+        packages=("torch", "triton", "numpy", STDLIB),
+    ),
+    Room("settings", 0, ("fastbert.settings",), packages=(STDLIB,)),
     Room("version", 0, ("fastbert.version",), packages=()),
 )
 
@@ -96,7 +104,8 @@ def render_rooms(rooms: tuple[Room, ...] = ROOMS) -> str:
             if STDLIB in room.packages:
                 names.append(STDLIB)
             outside = " and ".join([", ".join(names[:-1]), names[-1]] if names[1:] else names)
-            text = f"only {outside}" if names else "nothing"
+            only = f"only {outside}" if names else "nothing"
+            text = f"{text}; outside fastbert {only}" if text else only
         cells = textwrap.wrap(text, 96 - 4 - 7 - 14 - 33) or [""]
         head = f"    {room.layer:<7}{room.name:<14}{', '.join(room.modules):<33}"
         lines.append((head + cells[0]).rstrip())

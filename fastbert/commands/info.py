@@ -38,6 +38,7 @@ def triton_status() -> str:
 def report() -> list[tuple[str, str]]:
     import torch
 
+    from fastbert import settings
     from fastbert.execution import cpu, cpu_memory
     from fastbert.kernels import cpu_attention
 
@@ -63,6 +64,7 @@ def report() -> list[tuple[str, str]]:
     rows.append(("cpu bfloat16", cpu_bf16_advice()))
     rows.append(("cpu attention kernel", cpu_attention.status()))
     rows.append(("cpu freed memory", cpu_memory.status()))
+    rows += list(settings.current().items())
     return rows
 
 

@@ -4,7 +4,6 @@ OpenAI's and Cohere's routes), on one machine or as a Ray Serve deployment."""
 from __future__ import annotations
 
 import argparse
-import os
 
 from fastbert.commands.options import (
     CommandError,
@@ -191,11 +190,12 @@ def _port(text: str) -> int:
 def options_from(args: argparse.Namespace):
     """The ServeOptions of parsed arguments; UsageError for a bad combination."""
     from fastbert.embed.options import EmbedOptions
-    from fastbert.serve.options import API_KEY_VARIABLE, ServeOptions
+    from fastbert.serve.options import ServeOptions
+    from fastbert.settings import API_KEY
 
     if args.replicas is not None and args.ray is None:
         raise UsageError("--replicas needs --ray")
-    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE)
+    api_key = args.api_key if args.api_key is not None else API_KEY.read()
     try:
         model = EmbedOptions(
             model=args.model,

@@ -44,9 +44,9 @@ import os
 import platform
 import sys
 
-from fastbert.execution.env_flags import read_flag
+from fastbert.settings import KEEP_CPU_MEMORY
 
-VARIABLE = "FASTBERT_KEEP_CPU_MEMORY"
+VARIABLE = KEEP_CPU_MEMORY.name
 KEEP_BYTES = 1 << 30
 # The per-shape caches of oneDNN's primitives and of PyTorch's ideep layer, and the entries
 # each keeps (see the module docstring).
@@ -59,7 +59,7 @@ _M_MMAP_THRESHOLD = -3
 
 def wanted() -> bool:
     """``$FASTBERT_KEEP_CPU_MEMORY``: 1 (the default) or 0."""
-    return read_flag(VARIABLE, default=True)
+    return KEEP_CPU_MEMORY.read()
 
 
 def on_glibc() -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from fastbert.model import loading
+from fastbert.settings import cache_dir
 
 
 def import_transformers() -> Any:
@@ -140,7 +141,7 @@ def packaged_mpnet_path(cache: Path | None = None) -> Path:
         if len(found) != 1:
             raise ValueError(f"{name} holds no all-mpnet-base-v2.zip part")
         parts.append(Path(found[0].locate()))
-    root = cache or Path(os.environ.get("FASTBERT_CACHE", Path.home() / ".cache" / "fastbert"))
+    root = cache or cache_dir()
     stamp = "-".join(str(p.stat().st_size) for p in parts)
     target = root / f"all-mpnet-base-v2-{stamp}"
     folder = target / "all-mpnet-base-v2"

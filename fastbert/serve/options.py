@@ -7,13 +7,13 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from fastbert.execution.env_flags import read_flag
+from fastbert.settings import API_KEY, SERVE_OMP_SPIN
 
 if TYPE_CHECKING:  # imported only for the annotation: the command's parser reads this module
     from fastbert.embed.options import EmbedOptions
 
-API_KEY_VARIABLE = "FASTBERT_API_KEY"
-OMP_SPIN_VARIABLE = "FASTBERT_SERVE_OMP_SPIN"
+API_KEY_VARIABLE = API_KEY.name
+OMP_SPIN_VARIABLE = SERVE_OMP_SPIN.name
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
@@ -26,7 +26,7 @@ def default_tokenize_workers() -> int:
 def default_omp_spin() -> bool:
     """Whether the model's OpenMP threads spin-wait by default: ``$FASTBERT_SERVE_OMP_SPIN``
     (1/true/on or 0/false/off), else off."""
-    return read_flag(OMP_SPIN_VARIABLE, default=False)
+    return SERVE_OMP_SPIN.read()
 
 
 @dataclass(frozen=True)
