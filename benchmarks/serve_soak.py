@@ -5,7 +5,7 @@ as a real process, its resident memory sampled every few seconds.
         [--minutes 10] [--clients 4] [--max-texts 8] [--bad 0.1] [--interval 5]
         [--env NAME=VALUE ...]
     python -m benchmarks.serve_soak --mode embed --out benchmarks/results/embed-soak-cpu-<date>
-        [--rows 40000]
+        [--rows 250000]
 
 ``serve``: the server on a free loopback port (the packaged all-MiniLM-L6-v2, or ``--model``);
 a load generator in a process of its own (benchmarks/serve_load.py) keeps ``--clients``
@@ -25,6 +25,7 @@ counts and latencies, the process's mappings at the end, the conditions) and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -159,8 +160,9 @@ def soak_embed(args, model: Path, workdir: Path) -> dict:
         def running() -> bool:
             alive = process.poll() is None
             if alive:  # the last look at the peak before the process is gone
-                fields = soak_memory.status(process.pid)
-                peak[0] = fields.get("VmHWM", 0) / soak_memory.MB
+                with contextlib.suppress(OSError):
+                    fields = soak_memory.status(process.pid)
+                    peak[0] = max(peak[0], fields.get("VmHWM", 0) / soak_memory.MB)
             return alive
 
         samples = soak_memory.watch(process.pid, running, args.interval, None, "embed")
@@ -251,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=4, help="serve: concurrent clients")
     parser.add_argument("--max-texts", type=int, default=8, help="serve: texts per request")
     parser.add_argument("--bad", type=float, default=0.1, help="serve: share of bad requests")
-    parser.add_argument("--rows", type=int, default=40000, help="embed: documents of the job")
+    parser.add_argument("--rows", type=int, default=250000, help="embed: documents of the job")
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between samples")
     parser.add_argument("--model", type=Path, help="model folder (default: all-MiniLM-L6-v2)")
     parser.add_argument(

@@ -57,8 +57,13 @@ def watch(
         alive = running()
         try:
             fields = status(pid)
-        except (OSError, KeyError):  # the process has ended
+        except OSError:  # the process has ended
             break
+        if "VmRSS" not in fields:  # it has exited, and is not yet reaped
+            break
+        if fields["VmRSS"] == 0:  # forked, its program not yet running: no sample
+            time.sleep(0.05)
+            continue
         elapsed = time.monotonic() - start
         sample = Sample(elapsed, fields["VmRSS"] / MB, fields["Threads"], os.getloadavg()[0])
         samples.append(sample)
