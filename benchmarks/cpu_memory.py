@@ -3,9 +3,12 @@ benchmark's fastbert contenders, each timed in fresh processes with ``FASTBERT_K
 on and off, in turn.
 
     python -m benchmarks.cpu_memory --out benchmarks/results/cpu-memory-<date> [--docs 1000]
-        [--rounds 3] [--contenders fastbert-int8,fastbert-bf16,fastbert-list]
+        [--rounds 3] [--contenders fastbert-int8,fastbert-bf16,fastbert-list] [--caches 1024,16]
 
-Each round runs every (contender, setting) pair once, each in a process of its own that loads
+``--caches`` also runs each pair with oneDNN's and ideep's per-shape caches at each size given
+(``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` and ``LRU_CACHE_CAPACITY``; without it the processes
+take this one's environment). Each round runs every (contender, caches, setting) once, each in
+a process of its own that loads
 the packaged all-MiniLM-L6-v2, warms up on a tenth of the texts (benchmarks/embed_bench.py's
 ``load_contender``) and times one embedding of ``--docs`` paragraphs of its corpus, counting
 the minor page faults and the system time of that run (getrusage). Writes cpu-memory.json
@@ -46,8 +49,10 @@ def child(key: str, docs: int) -> dict:
     }
 
 
-def run_child(key: str, docs: int, keep: str) -> dict:
+def run_child(key: str, docs: int, keep: str, caches: str | None = None) -> dict:
     env = {**os.environ, cpu_memory.VARIABLE: keep, "HF_HUB_OFFLINE": "1"}
+    if caches is not None:
+        env.update(dict.fromkeys(cpu_memory.CACHE_VARIABLES, caches))
     command = [sys.executable, "-m", "benchmarks.cpu_memory", "--child", key, "--docs", str(docs)]
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -62,35 +67,49 @@ def markdown(report: dict) -> str:
         f"CPU: {env['cpu']} ({env['cpu_threads']} torch threads; flags: {env['cpu_flags']}); "
         f"torch {env['torch']}; commit {env['commit']}; {env['date']}.",
         "",
-        "| contender | freed memory | median s | minor page faults | system s | kept speed-up |",
-        "|---|---|---:|---:|---:|---:|",
+        "| contender | cache entries | freed memory | median s | minor page faults | system s "
+        "| kept speed-up |",
+        "|---|---:|---|---:|---:|---:|---:|",
     ]
     for key in report["contenders"]:
-        medians = {}
-        for keep in SETTINGS:
-            runs = [r for r in report["runs"] if r["contender"] == key and r["keep"] == keep]
-            medians[keep] = {
-                field: statistics.median(r[field] for r in runs)
-                for field in ("seconds", "minor_faults", "system_s")
-            }
-        for keep in SETTINGS:
-            m = medians[keep]
-            speedup = medians["0"]["seconds"] / m["seconds"] if keep == "1" else None
-            lines.append(
-                f"| {key} | {'kept' if keep == '1' else 'returned'} | {m['seconds']:.2f} | "
-                f"{m['minor_faults']:,.0f} | {m['system_s']:.2f} | "
-                f"{'' if speedup is None else f'{speedup:.2f}x'} |"
-            )
+        for caches in report.get("caches") or [None]:
+            medians = {}
+            for keep in SETTINGS:
+                runs = [
+                    r
+                    for r in report["runs"]
+                    if r["contender"] == key and r["keep"] == keep and r.get("caches") == caches
+                ]
+                medians[keep] = {
+                    field: statistics.median(r[field] for r in runs)
+                    for field in ("seconds", "minor_faults", "system_s")
+                }
+            for keep in SETTINGS:
+                m = medians[keep]
+                speedup = medians["0"]["seconds"] / m["seconds"] if keep == "1" else None
+                lines.append(
+                    f"| {key} | {caches or 'inherited'} | {'kept' if keep == '1' else 'returned'} "
+                    f"| {m['seconds']:.2f} | {m['minor_faults']:,.0f} | {m['system_s']:.2f} | "
+                    f"{'' if speedup is None else f'{speedup:.2f}x'} |"
+                )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = reporting.parser("cpu_memory", __doc__.split("\n\n")[0], 1000, 3, False)
     parser.add_argument("--contenders", default="fastbert-int8,fastbert-bf16,fastbert-list")
+    parser.add_argument(
+        "--caches",
+        help="entries of oneDNN's and ideep's per-shape caches, each size run in turn "
+        "(default: this process's environment)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.docs < 1 or args.rounds < 1:
         parser.error("--docs and --rounds must be at least 1")
+    caches = [c for c in (args.caches or "").split(",") if c]
+    if not all(c.isdigit() for c in caches):
+        parser.error(f"--caches takes entries as whole numbers, got {args.caches!r}")
     if args.child:
         print(json.dumps(child(args.child, args.docs)))
         return 0
@@ -108,15 +127,18 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for round_index in range(args.rounds):
         for key in keys:
-            for keep in SETTINGS:
-                result = {"round": round_index, "contender": key, "keep": keep}
-                result.update(run_child(key, args.docs, keep))
-                runs.append(result)
-                print(json.dumps(result), file=sys.stderr, flush=True)
+            for size in caches or [None]:
+                for keep in SETTINGS:
+                    result = {"round": round_index, "contender": key, "keep": keep}
+                    result["caches"] = size
+                    result.update(run_child(key, args.docs, keep, size))
+                    runs.append(result)
+                    print(json.dumps(result), file=sys.stderr, flush=True)
     report = {
         "docs": args.docs,
         "rounds": args.rounds,
         "contenders": keys,
+        "caches": caches or None,
         "environment": env,
         "runs": runs,
     }

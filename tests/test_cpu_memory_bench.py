@@ -36,8 +36,16 @@ def test_the_table_takes_medians_per_setting() -> None:
         + [run("0", s, 1_000_000) for s in (6.0, 5.5, 7.0)],
     }
     table = cpu_memory.markdown(report)
-    assert "| fastbert-int8 | kept | 5.00 | 100 | 0.00 | 1.20x |" in table
-    assert "| fastbert-int8 | returned | 6.00 | 1,000,000 | 1.00 |  |" in table
+    assert "| fastbert-int8 | inherited | kept | 5.00 | 100 | 0.00 | 1.20x |" in table
+    assert "| fastbert-int8 | inherited | returned | 6.00 | 1,000,000 | 1.00 |  |" in table
+    # With --caches, each size's pair of rows from its own runs.
+    report["caches"] = ["1024", "16"]
+    report["runs"] = [{**r, "caches": "1024"} for r in report["runs"]] + [
+        {**r, "caches": "16", "seconds": r["seconds"] * 2} for r in report["runs"]
+    ]
+    table = cpu_memory.markdown(report)
+    assert "| fastbert-int8 | 1024 | kept | 5.00 | 100 | 0.00 | 1.20x |" in table
+    assert "| fastbert-int8 | 16 | kept | 10.00 | 100 | 0.00 | 1.20x |" in table
 
 
 @pytest.mark.parametrize(
@@ -46,6 +54,7 @@ def test_the_table_takes_medians_per_setting() -> None:
         ["--docs", "0", "--out", "x"],
         ["--rounds", "1"],
         ["--out", "x", "--contenders", "ort-int8"],  # not a fastbert contender
+        ["--out", "x", "--caches", "16,many"],
     ],
 )
 def test_usage_errors_exit_2(argv: list[str]) -> None:
