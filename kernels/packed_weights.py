@@ -4,9 +4,8 @@
 bfloat16) reorders a plain [N, K] weight into oneDNN's blocked layout on every call. A weight
 reordered once (``torch.ops.mkldnn._reorder_linear_weight``, what ``torch.compile`` does to a
 frozen model's weights) skips that pass: the products are the same bits (one oneDNN kernel
-either way, for M > 1), and on a 2-thread AVX-512 CPU MiniLM's linears measured 1.02-1.09x
-faster in float32 and 1.01-1.07x in bfloat16 at 128-3,700 rows, 1.06-1.24x at 16 rows
-(benchmarks/results/packed-weights-2026-11-27).
+either way, for M > 1), a little faster, most at few rows (measured by
+``python -m benchmarks.packed_weights``; docs/results.md, "Packed weights on a CPU").
 
 :class:`PackedWeights` holds one such copy per weight, made at the weight's first use and
 made again whenever the weight's address, dtype, shape or PyTorch version counter changed

@@ -7,19 +7,18 @@ of g(z) is g of the max of z: each chunk of ``chunk`` vocabulary columns is one 
 torch backend's linear: oneDNN on a CPU in float32 and bfloat16, F.linear elsewhere) giving
 [T, chunk] logits in x's dtype, whose max per sequence goes into a float32 [B, V] output; g
 then runs once, in place, on [B, V]. Peak memory: one chunk's logits plus the output. By
-default a chunk holds at most CHUNK_BYTES of logits (2,048 columns of a 4,096-token float32
-batch: 32 MiB, where the unfused head holds 477 MiB of [T, V] float32 logits for BERT's
-30,522 words, and sentence-transformers' pooling a masked copy of them besides).
+default a chunk holds at most CHUNK_BYTES of logits, a small fraction of the [T, V] logits the
+unfused head holds (and of sentence-transformers' pooling, which keeps a masked copy of them
+besides; ``python -m benchmarks.splade_head`` measures both).
 
 The max per sequence: ``scatter_reduce_`` ("amax") of the chunk's rows onto a fresh zeroed
 [B, chunk], each row sent to its sequence (``searchsorted`` of the row numbers in
 ``cu_seqlens``), the zeros being relu's floor and an empty sequence's value; nothing is read
-on the host, on any device, so it traces under ``torch.compile`` as one graph. On a CPU with
-2 threads, for a [4,096, 2,048] float32 chunk of 32 sequences (out of cache), it took 0.63 ms
-(least of 32 calls; 0.7 median), against 1.7 to 1.9 ms for one ``amax`` per sequence (and
-medians of 14 to 530 ms on a machine loaded by other work: 32 parallel regions), 34 to 67 ms
-for ``torch.segment_reduce`` and 40 to 44 ms for the same scatter straight into the output's
-column slice (least of 16 to 32 calls each).
+on the host, on any device, so it traces under ``torch.compile`` as one graph. On a CPU it
+was the fastest of the ways tried: one ``amax`` per sequence (a parallel region each, at the
+mercy of a loaded machine), ``torch.segment_reduce``, and the same scatter straight into the
+output's column slice were each several times slower (docs/kernels.md, the fused SPLADE
+head).
 """
 
 from __future__ import annotations
