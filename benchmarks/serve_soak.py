@@ -5,7 +5,7 @@ as a real process, its resident memory sampled every few seconds.
         [--minutes 10] [--clients 4] [--max-texts 8] [--bad 0.1] [--interval 5]
         [--env NAME=VALUE ...]
     python -m benchmarks.serve_soak --mode embed --out benchmarks/results/embed-soak-cpu-<date>
-        [--rows 250000]
+        [--rows 120000]
 
 ``serve``: the server on a free loopback port (the packaged all-MiniLM-L6-v2, or ``--model``);
 a load generator in a process of its own (benchmarks/serve_load.py) keeps ``--clients``
@@ -100,6 +100,15 @@ def server_env(extra: dict[str, str], workdir: Path) -> dict[str, str]:
     return {**serve_contenders.base_env(workdir), **extra}
 
 
+def freed_memory(env: dict[str, str]) -> str | None:
+    """What ``fastbert info`` says of freed memory and the per-shape caches in ``env`` (the
+    measured process's own settings, which its command line sets as it starts)."""
+    command = [sys.executable, "-m", "fastbert.cli", "info"]
+    out = subprocess.run(command, env=env, capture_output=True, text=True).stdout
+    found = [line for line in out.splitlines() if line.startswith("cpu freed memory")]
+    return found[0].removeprefix("cpu freed memory").strip() if found else None
+
+
 def soak_serve(args, model: Path, workdir: Path) -> dict:
     """The server under load for ``args.minutes``: its samples and the load's summary."""
     from benchmarks import embed_bench, serve_contenders
@@ -134,6 +143,7 @@ def soak_serve(args, model: Path, workdir: Path) -> dict:
         raise RuntimeError(f"the load generator failed; the server's log:\n{log.read_text()}")
     return {
         "command": command,
+        "freed_memory": freed_memory(env),
         "samples": samples,
         "mappings_at_end": at_end,
         "vm_hwm_mb": peak,
@@ -149,11 +159,9 @@ def soak_embed(args, model: Path, workdir: Path) -> dict:
     source.write_text("\n".join(embed_rows(embed_bench.corpus(args.docs), args.rows)) + "\n")
     command = [sys.executable, "-m", "fastbert.cli", "embed", "--model", str(model)]
     command += ["--output", str(workdir / "shards"), "--no-progress", str(source)]
-    log = workdir / "embed.log"
+    log, env = workdir / "embed.log", server_env(args.env, workdir)
     with open(log, "wb") as out:
-        process = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env=server_env(args.env, workdir)
-        )
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         peak = [0.0]
 
@@ -173,7 +181,12 @@ def soak_embed(args, model: Path, workdir: Path) -> dict:
             process.wait()
     if code != 0:
         raise RuntimeError(f"fastbert embed exited with {code}:\n{log.read_text()}")
-    return {"command": command, "samples": samples, "vm_hwm_mb": peak[0], "rows": args.rows}
+    return {
+        "command": command,
+        "freed_memory": freed_memory(env),
+        "samples": samples,
+        "vm_hwm_mb": peak[0],
+    }
 
 
 def markdown(report: dict) -> str:
@@ -186,6 +199,8 @@ def markdown(report: dict) -> str:
         else f"`fastbert embed` over {report['rows']:,} documents"
     )
     variables = ", ".join(f"{k}={v}" for k, v in report["variables"].items()) or "none"
+    if report.get("freed_memory"):
+        variables += f"; `fastbert info` in its environment: {report['freed_memory']}"
     lines = [
         f"# Memory over a long run: {report['model']}, {mode}",
         "",
@@ -253,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=4, help="serve: concurrent clients")
     parser.add_argument("--max-texts", type=int, default=8, help="serve: texts per request")
     parser.add_argument("--bad", type=float, default=0.1, help="serve: share of bad requests")
-    parser.add_argument("--rows", type=int, default=250000, help="embed: documents of the job")
+    parser.add_argument("--rows", type=int, default=120000, help="embed: documents of the job")
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between samples")
     parser.add_argument("--model", type=Path, help="model folder (default: all-MiniLM-L6-v2)")
     parser.add_argument(

@@ -21,6 +21,7 @@ def test_a_short_serve_soak_samples_the_server_under_load(tmp_path) -> None:
     assert all(s["rss_mb"] > 10 and s["threads"] > 1 for s in samples)
     assert report["memory"]["peak_mb"] == max(s["rss_mb"] for s in samples)
     assert report["variables"]["MALLOC_ARENA_MAX"] == "2"
+    assert "LRU_CACHE_CAPACITY=16" in report["freed_memory"]  # as the command line set it
     load = report["load"]
     assert load["ok"] > 0
     # Bad requests get their 400 / 422 answers, and nothing else fails.
