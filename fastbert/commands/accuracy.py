@@ -221,6 +221,12 @@ def _run_precisions(args: argparse.Namespace, device) -> int:
             "runs a real embedding model and its tokenizer (--model minilm or a local folder), "
             "whose config names its family"
         )
+    if args.model == "random":
+        raise UsageError(
+            "--model random is the stage comparison's random config; --precisions runs a model "
+            "and its tokenizer on real text (--model minilm, a folder or a Hugging Face id in "
+            "the cache)"
+        )
     if stage_options:
         raise UsageError(
             f"{', '.join(stage_options)}: the stage comparison's options; --precisions takes "
