@@ -7,6 +7,8 @@ value, each message naming the argument and what is wrong with it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -44,26 +46,26 @@ def check_integer(name: str, t: torch.Tensor) -> None:
         raise TypeError(f"{name} must hold integer ids, got {t.dtype}")
 
 
+def _first_mismatch(attribute: str, tensors: dict[str, torch.Tensor | None]) -> tuple | None:
+    """(first name, its value, name, value) of the first non-None tensor whose ``attribute``
+    (dtype, device) differs from the first non-None tensor's, or None when all agree."""
+    named = [(n, getattr(t, attribute)) for n, t in tensors.items() if t is not None]
+    first_name, first = named[0]
+    return next(((first_name, first, n, v) for n, v in named[1:] if v != first), None)
+
+
 def check_same_dtype(**tensors: torch.Tensor | None) -> None:
     """All non-None tensors share one dtype."""
-    named = [(n, t) for n, t in tensors.items() if t is not None]
-    first_name, first = named[0]
-    for name, t in named[1:]:
-        if t.dtype != first.dtype:
-            raise TypeError(
-                f"dtype mismatch: {first_name} is {first.dtype} but {name} is {t.dtype}"
-            )
+    mismatch = _first_mismatch("dtype", tensors)
+    if mismatch:
+        raise TypeError("dtype mismatch: {} is {} but {} is {}".format(*mismatch))
 
 
 def check_same_device(**tensors: torch.Tensor | None) -> None:
     """All non-None tensors live on one device."""
-    named = [(n, t) for n, t in tensors.items() if t is not None]
-    first_name, first = named[0]
-    for name, t in named[1:]:
-        if t.device != first.device:
-            raise ValueError(
-                f"device mismatch: {first_name} is on {first.device} but {name} is on {t.device}"
-            )
+    mismatch = _first_mismatch("device", tensors)
+    if mismatch:
+        raise ValueError("device mismatch: {} is on {} but {} is on {}".format(*mismatch))
 
 
 def check_shape(name: str, t: torch.Tensor, expected: tuple[int, ...]) -> None:
@@ -427,18 +429,25 @@ def check_id_ranges(
     vocab_size: int,
     type_vocab_size: int,
     max_positions: int,
-) -> None:
-    """Every id indexes its table. One host synchronisation for all three tensors."""
+    *,
+    also_read: Sequence[torch.Tensor] = (),
+) -> list[list[int]]:
+    """Every id indexes its table. One host synchronisation for all three tensors, which also
+    reads ``also_read`` (int64 [2] tensors on the ids' device, for a caller that needs those
+    values on the host too): returns their values, in order."""
     tensors = [("input_ids", input_ids, vocab_size)]
     if token_type_ids is not None:
         tensors.append(("token_type_ids", token_type_ids, type_vocab_size))
     if position_ids is not None:
         tensors.append(("position_ids", position_ids, max_positions))
     if input_ids.numel() == 0:
-        return
-    bounds = torch.stack([id_bounds(t) for _, t, _ in tensors]).tolist()
-    for (name, _, limit), (lowest, highest) in zip(tensors, bounds):
+        tensors = []
+    if not tensors and not also_read:
+        return []
+    read = torch.stack([id_bounds(t) for _, t, _ in tensors] + list(also_read)).tolist()
+    for (name, _, limit), (lowest, highest) in zip(tensors, read):
         check_id_bounds(name, limit, lowest, highest)
+    return read[len(tensors) :]
 
 
 # Id dtypes every backend indexes with as they are; other integer ids are widened to int64

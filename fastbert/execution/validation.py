@@ -177,19 +177,16 @@ def read_batch(
     lengths, or None without a mask. ``count_holes``: count the rows with padding amid their
     real tokens too (``RowLengths.holes``).
     """
-    named = [("input_ids", input_ids, vocab_size)]
-    if token_type_ids is not None:
-        named.append(("token_type_ids", token_type_ids, type_vocab_size))
-    values = [checks.id_bounds(ids) for _, ids, _ in named]
+    values = []
     lengths = None
     if key_padding_mask is not None:
         lengths = key_padding_mask.sum(dim=1, dtype=torch.int32)
         values.append(torch.stack([lengths.sum(), lengths.max()]).to(torch.int64))
         if count_holes:
             values.append(torch.stack([_rows_with_holes(key_padding_mask, lengths)] * 2))
-    read = torch.stack(values).tolist()  # the host synchronisation
-    for (name, _, limit), (lowest, highest) in zip(named, read):
-        checks.check_id_bounds(name, limit, lowest, highest)
+    read = checks.check_id_ranges(  # the host synchronisation
+        input_ids, token_type_ids, None, vocab_size, type_vocab_size, 0, also_read=values
+    )
     if lengths is None:
         return None
     holes = read.pop()[0] if count_holes else 0
