@@ -32,9 +32,10 @@ if __name__ == "fastbert.kernels":
     from .flash_attention import ATTENTION, ATTENTION_VARLEN, attention, attention_varlen
     from .fused_embeddings import EMBEDDINGS_LAYER_NORM, embeddings_layer_norm
     from .fused_layer_norm import LAYER_NORM, layer_norm
-    from .fused_linear import LINEAR, LINEAR_FP8, LINEAR_INT8, linear, linear_fp8, linear_int8
+    from .fused_linear import LINEAR, linear
     from .masked_softmax import SCALED_MASKED_SOFTMAX, scaled_masked_softmax
     from .op import Kernel, Op
+    from .quantized_linear import LINEAR_FP8, LINEAR_INT8, linear_fp8, linear_int8
     from .sparse_head import SPLADE_MAX, splade_max
 
     # Every op, by name: what the backends dispatch over.

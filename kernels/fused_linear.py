@@ -50,22 +50,11 @@ Dtypes: float16, bfloat16 and float32, all tensors alike. The product is accumul
 float32 inputs multiply in IEEE float32 (``input_precision="ieee"``, not TF32). Gradients are
 in their input's dtype; dY' is rounded to it before the product, as PyTorch's autograd does.
 
-int8 (:func:`linear_int8`, inference only): the ``QUANT`` flag (1) on the same kernel takes
-int8 x and weight, multiplies their tiles into an int32 accumulator (``tl.dot`` on int8: IMMA on
-sm_80, the integer warpgroup MMA IGMMA on sm_90) and starts the epilogue by dequantising,
-``acc * (x_scale[m] * weight_scale[n])`` in float32, before the bias, activation, residual and
-the store in the output's dtype. The weight is quantised per output channel once, by the
-caller; x per token at run time by :func:`quantize_rows`, a row-wise kernel of its own (its
-absolute maximum needs the whole row before any element can be rounded: fused into the GEMM,
-every column tile would read its rows twice, and fusing it into the LayerNorm before is left
-for later). Its float32 arithmetic is the reference's, so both quantise to the same bits.
-
-float8 e4m3 (:func:`linear_fp8`, inference only, sm_89 / sm_90 and newer): ``QUANT`` 2 takes
-e4m3 x and weight (scales max / 448, each value rounded to the nearest e4m3 in float32
-arithmetic by :func:`quantize_rows`), multiplies their tiles into float32 (``tl.dot`` on
-e4m3: the FP8 warpgroup MMA QGMMA on sm_90), adding each K tile's partial sum into the float32
-accumulator (``max_num_imprecise_acc``: inside one MMA chain sm_90 adds e4m3 products with a
-narrower adder), and dequantises in the same epilogue.
+Quantised operands (``QUANT``, the launches of kernels/quantized_linear.py: ``linear_int8`` and
+``linear_fp8``): int8 tiles multiplied into an int32 accumulator (1) or float8 e4m3 tiles
+into float32 (2), dequantised at the start of the epilogue, ``acc * (x_scale[m] *
+weight_scale[n])`` in float32, before the bias, activation, residual and the store in the
+output's dtype.
 
 Programs: one output tile per program, or (the persistent configs, a ``PERSISTENT`` flag on
 the same kernel) a fixed number of programs per SM, each walking output tiles, with its operand
@@ -97,13 +86,7 @@ except ImportError:  # a Triton without host tensor descriptors: no persistent c
     TensorDescriptor = None
 
 from . import reference, torch_ops
-from .checks import (
-    check_fp8_device,
-    check_linear,
-    check_linear_fp8,
-    check_linear_int8,
-    refuse_gradients,
-)
+from .checks import check_linear
 from .launch import (
     cdiv,
     check_triton_device,
@@ -618,7 +601,7 @@ def _linear_fwd_kernel(
     STORE_PRE_ACTIVATION: tl.constexpr,  # store acc + bias before the activation to pre_ptr
     GRAD_ACTIVATION: tl.constexpr,  # 0, or multiply the A tile by act'(pre tile): 1 erf, 2 tanh
     HAS_ROW_SUM: tl.constexpr,  # store the sums of A's rows (after the prologue) to row_sum_ptr
-    QUANT: tl.constexpr,  # 0, or quantised x and weight (QUANT_CODES), dequantised in the epilogue
+    QUANT: tl.constexpr,  # 0, or int8 (1) / e4m3 (2) x and weight, dequantised in the epilogue
     GATED: tl.constexpr,  # GLU: out [M, N] = act(x @ W[:N]^T) * (x @ W[N:2N]^T), two accumulators
     # 0, or A is dY' of a gated linear formed in the prologue from x = dout [.., N'] and pre's
     # two halves (GRAD_ACTIVATION its act): 1 along A's K (dx: K = 2N'), 2 along its rows
@@ -873,7 +856,7 @@ def descriptors(
 _LAUNCH_LOCK = launch_lock()  # one launch at a time across threads (its pre-hook reads nargs)
 
 
-def _gemm(
+def gemm(
     a: torch.Tensor,
     a_strides: tuple[int, int],
     b: torch.Tensor,
@@ -902,7 +885,7 @@ def _gemm(
     (``store_pre``) or the [M, K] one whose ``grad_activation`` derivative multiplies A;
     ``row_sum`` is a float32 [M] tensor for the sums of A's rows. bias [N], residual [M, N].
     ``scales``: float32 ([M], [N]) scales of A and B's quantised rows, ``quant`` their format
-    (a code of :data:`QUANT_CODES`).
+    (1 int8, 2 float8 e4m3: kernels/quantized_linear.py's QUANT_CODES).
     ``gated``: B is [2N, K], its rows N.. the gate (GATED; bias [2N], ``pre`` [M, 2N]).
     ``gated_grad``: A is dY' of a gated linear, formed from ``a`` = dout [M', N'] and ``pre``
     [M', 2N'] (read with ``pre_strides`` as A's) with ``grad_activation``'s derivative:
@@ -973,7 +956,7 @@ def linear_forward(x, weight, bias, activation, residual, gated, save):
         return out, pre
     x2 = x.reshape(m, k)
     res2 = residual.reshape(m, n) if residual is not None else None
-    _gemm(
+    gemm(
         x2,
         (x2.stride(0), x2.stride(1)),
         weight,
@@ -1010,7 +993,7 @@ def linear_backward(dout, x, weight, pre, activation, gated, needs):
     if needs[0]:
         dx = new(x.shape, dtype=x.dtype, device=x.device)
         if m and n and k:
-            _gemm(
+            gemm(
                 dy,
                 (dy.stride(0), dy.stride(1)),
                 weight,
@@ -1029,7 +1012,7 @@ def linear_backward(dout, x, weight, pre, activation, gated, needs):
         ones = None if k else torch.ones((m, 1), dtype=x.dtype, device=x.device)
         operand = x2 if k else ones
         if m and n:
-            _gemm(
+            gemm(
                 dy,
                 (dy.stride(1), dy.stride(0)),
                 operand,
@@ -1044,186 +1027,6 @@ def linear_backward(dout, x, weight, pre, activation, gated, needs):
             )
         dbias = row_sum.to(weight.dtype) if needs[2] else None
     return dx, dweight, dbias
-
-
-# Widest K tile the row quantisation loads at once.
-QUANTIZE_MAX_BLOCK_K = 1024
-# The quantised formats: their QUANT codes and element dtypes.
-QUANT_CODES = {None: 0, "int8": 1, "fp8": 2}
-QUANT_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
-
-
-@triton.jit
-def _round_to_e4m3(y):
-    """float32 ``y`` (|y| <= 448) rounded to the nearest float8 e4m3 value, ties to even, in
-    float32 arithmetic: e4m3 keeps 3 fraction bits, so the spacing of its values around y is
-    2^(e - 3) for y's exponent e, at least 2^-9 (the subnormals below 2^-6 share the spacing
-    of 2^-6). Adding and removing 1.5 * 2^23 * spacing rounds to a multiple of the spacing
-    (float32's own rounding, as the int8 path's 1.5 * 2^23 rounds to integers)."""
-    bits = y.to(tl.int32, bitcast=True)
-    exponent = tl.maximum((bits >> 23) & 0xFF, 127 - 6)
-    # 1.5 * 2^(e + 20): biased exponent e + 20, fraction 0.5.
-    magic = (((exponent + 20) << 23) | 0x400000).to(tl.float32, bitcast=True)
-    rounded = (tl.abs(y) + magic) - magic
-    # The sign bit put back afterwards: a negative y (or -0) that rounds to zero stays -0, as
-    # PyTorch's conversion keeps it. Times -1, not a unary minus: Triton 3.6 compiles -x as
-    # 0 - x, which is +0 for x = +0.
-    return tl.where(bits < 0, rounded * -1.0, rounded)
-
-
-@triton.jit
-def _quantize_rows_kernel(
-    x_ptr,  # [M, K] float rows, any strides
-    input_scale_ptr,  # [K] float32 multipliers of x's columns (None unless HAS_INPUT_SCALE)
-    q_ptr,  # [M, K] int8 (QUANT 1) or float8 e4m3 (QUANT 2) output, contiguous
-    scale_ptr,  # [M] float32 output: max |row| / 127 (int8) or / 448 (fp8)
-    K,
-    stride_x_m,
-    stride_x_k,
-    HAS_INPUT_SCALE: tl.constexpr,
-    QUANT: tl.constexpr,  # 1: int8, 2: float8 e4m3
-    BLOCK_K: tl.constexpr,
-):
-    """One row per program (times the input scale, HAS_INPUT_SCALE): its absolute maximum a
-    (a first pass over K), then q = x * (q_max / a) (q_max 127 or 448) rounded half to even
-    (a second pass), to an integer (int8) or to the nearest e4m3 value (fp8), 0 for a row of
-    zeros; the float32 operations of fastbert.kernels.reference.quantize_rows, bit for bit."""
-    if QUANT == 1:
-        q_max = 127.0
-    else:
-        q_max = 448.0
-    row = tl.program_id(0).to(tl.int64)
-    offs_k = tl.arange(0, BLOCK_K)
-    x_row = x_ptr + row * stride_x_m
-    absmax = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    for k_start in range(0, K, BLOCK_K):
-        cols = k_start + offs_k
-        x = tl.load(x_row + cols * stride_x_k, mask=cols < K, other=0.0).to(tl.float32)
-        if HAS_INPUT_SCALE:
-            x *= tl.load(input_scale_ptr + cols, mask=cols < K, other=0.0)
-        absmax = tl.maximum(absmax, tl.abs(x))
-    a = tl.max(absmax, axis=0)
-    # IEEE divisions (a plain / compiles to an approximate one), as PyTorch divides.
-    inv = tl.where(a > 0, tl.math.div_rn(q_max, tl.maximum(a, 1e-30)), 0.0)
-    tl.store(scale_ptr + row, tl.math.div_rn(a, q_max))
-    for k_start in range(0, K, BLOCK_K):
-        cols = k_start + offs_k
-        x = tl.load(x_row + cols * stride_x_k, mask=cols < K, other=0.0).to(tl.float32)
-        if HAS_INPUT_SCALE:
-            x *= tl.load(input_scale_ptr + cols, mask=cols < K, other=0.0)
-        y = x * inv
-        if QUANT == 1:
-            # Adding and removing 1.5 * 2**23 rounds |y| <= 127 to the nearest integer, ties
-            # to even (float32's own rounding), as torch.round does.
-            y = (y + 12582912.0) - 12582912.0
-        else:
-            # Rounded here, so that the conversion below is exact whatever its own rounding
-            # (the interpreter's rounds half away from zero); clamped as e4m3 saturates.
-            y = tl.minimum(tl.maximum(_round_to_e4m3(y), -q_max), q_max)
-        tl.store(q_ptr + row * K + cols, y.to(q_ptr.dtype.element_ty), mask=cols < K)
-
-
-def quantize_rows(
-    x: torch.Tensor, input_scale: torch.Tensor | None = None, quantize: str = "int8"
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`fastbert.kernels.reference.quantize_rows` of [M, K] float ``x`` on a Triton
-    kernel (one program per row): (int8 or float8_e4m3fn [M, K] contiguous, float32 [M]) for
-    ``quantize`` "int8" or "fp8"."""
-    m, k = x.shape
-    q = torch.empty((m, k), dtype=QUANT_DTYPES[quantize], device=x.device)
-    scale = torch.zeros(m, dtype=torch.float32, device=x.device)
-    if m == 0 or k == 0:
-        q.zero_()
-        return q, scale
-    block_k = min(next_power_of_2(k), QUANTIZE_MAX_BLOCK_K)
-    _quantize_rows_kernel[(m,)](
-        x,
-        input_scale,
-        q,
-        scale,
-        k,
-        x.stride(0),
-        x.stride(1),
-        HAS_INPUT_SCALE=input_scale is not None,
-        QUANT=QUANT_CODES[quantize],
-        BLOCK_K=block_k,
-    )
-    return q, scale
-
-
-def _quantized_forward(quantize, x, weight, weight_scale, bias, activation, residual, input_scale):
-    """x's rows quantised (:func:`quantize_rows`), then the GEMM's QUANT variant; out [..., N]
-    in x's dtype."""
-    n, k = weight.shape
-    out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
-    m = out.numel() // n if n else 0
-    if m == 0 or n == 0:
-        return out
-    x_q, x_scale = quantize_rows(x.reshape(m, k), input_scale, quantize)
-    res2 = residual.reshape(m, n) if residual is not None else None
-    _gemm(
-        x_q,
-        (x_q.stride(0), x_q.stride(1)),
-        weight,
-        (weight.stride(0), weight.stride(1)),
-        out.view(m, n),
-        k,
-        bias=bias,
-        activation=ACTIVATION_CODES[activation],
-        residual=res2,
-        scales=(x_scale, weight_scale),
-        quant=QUANT_CODES[quantize],
-    )
-    return out
-
-
-def linear_int8_forward(x, weight, weight_scale, bias, activation, residual, input_scale, save):
-    """Launch the int8 forward (:func:`_quantized_forward`). Inputs are checked by the caller;
-    ``save`` is the wiring's (there is no backward)."""
-    return _quantized_forward(
-        "int8", x, weight, weight_scale, bias, activation, residual, input_scale
-    )
-
-
-def linear_fp8_forward(x, weight, weight_scale, bias, activation, residual, input_scale, save):
-    """Launch the float8 e4m3 forward (:func:`_quantized_forward`). Inputs are checked by the
-    caller; ``save`` is the wiring's (there is no backward)."""
-    return _quantized_forward(
-        "fp8", x, weight, weight_scale, bias, activation, residual, input_scale
-    )
-
-
-def _prepare_int8(
-    x, weight, weight_scale, bias=None, activation=None, residual=None, input_scale=None
-) -> tuple:
-    """Raise as :func:`linear_int8` documents, before anything runs; the forward's
-    arguments."""
-    check_linear_int8(x, weight, weight_scale, bias, activation, residual, input_scale)
-    refuse_gradients("linear_int8", x, weight_scale, bias, residual, input_scale)
-    check_triton_device("x", x)
-    return x, weight, weight_scale, bias, activation, residual, input_scale
-
-
-def _prepare_fp8(
-    x, weight, weight_scale, bias=None, activation=None, residual=None, input_scale=None
-) -> tuple:
-    """Raise as :func:`linear_fp8` documents, before anything runs; the forward's
-    arguments."""
-    check_linear_fp8(x, weight, weight_scale, bias, activation, residual, input_scale)
-    refuse_gradients("linear_fp8", x, weight_scale, bias, residual, input_scale)
-    check_triton_device("x", x)
-    check_fp8_device("x", x)
-    return x, weight, weight_scale, bias, activation, residual, input_scale
-
-
-def _int8_forward_fake(x, weight, weight_scale, bias, activation, residual, input_scale, save):
-    check_linear_int8(x, weight, weight_scale, bias, activation, residual, input_scale)
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-
-def _fp8_forward_fake(x, weight, weight_scale, bias, activation, residual, input_scale, save):
-    check_linear_fp8(x, weight, weight_scale, bias, activation, residual, input_scale)
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 def _prepare(x, weight, bias=None, activation=None, residual=None, gated=False) -> tuple:
@@ -1327,107 +1130,3 @@ def linear(
             kernels cannot reach (not CUDA, and not the CPU under TRITON_INTERPRET=1).
     """
     return LINEAR(x, weight, bias, activation, residual, gated=gated)
-
-
-LINEAR_INT8 = Op(
-    name="linear_int8",
-    reference=reference.linear_int8,
-    torch=torch_ops.linear_int8_unchecked,
-    prepare=_prepare_int8,
-    forward=Kernel(
-        linear_int8_forward,
-        "(Tensor x, Tensor weight, Tensor weight_scale, Tensor? bias, str? activation, "
-        "Tensor? residual, Tensor? input_scale, bool save) -> Tensor",
-        _int8_forward_fake,
-    ),
-)
-
-
-def linear_int8(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    weight_scale: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    activation: str | None = None,
-    residual: torch.Tensor | None = None,
-    input_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``act(x @ weight.T + bias) + residual`` with int8 operands: x quantised per token at
-    run time (one Triton kernel), then one Triton GEMM multiplying int8 tiles into int32
-    (the integer tensor cores) whose epilogue dequantises, adds the bias, applies the
-    activation and adds the residual (:func:`fastbert.kernels.reference.linear_int8`).
-
-    Args:
-        x: [..., K] input, float16 / bfloat16 / float32, any strides.
-        weight: int8 [N, K], one row per output channel
-            (:func:`fastbert.kernels.reference.quantize_weight`).
-        weight_scale: float32 [N], the scales of weight's rows.
-        bias: optional [N], x's dtype.
-        activation: None, "gelu" (exact erf GELU, BERT's) or "gelu_tanh".
-        residual: optional [..., N] (x's leading shape), x's dtype, added after the activation.
-        input_scale: optional float32 [K] multiplying x's columns before the quantisation
-            (SmoothQuant; the weight was quantised with its columns divided by it).
-
-    Returns:
-        A new contiguous [..., N] tensor in x's dtype. Inference only.
-
-    Raises:
-        TypeError: a non-tensor argument or an unsupported / mismatched dtype.
-        ValueError: mismatched shapes or devices, an unknown activation, or tensors the Triton
-            kernels cannot reach (not CUDA, and not the CPU under TRITON_INTERPRET=1).
-        RuntimeError: grad mode is on and an input requires grad (there is no backward).
-    """
-    return LINEAR_INT8(x, weight, weight_scale, bias, activation, residual, input_scale)
-
-
-LINEAR_FP8 = Op(
-    name="linear_fp8",
-    reference=reference.linear_fp8,
-    torch=torch_ops.linear_fp8_unchecked,
-    prepare=_prepare_fp8,
-    forward=Kernel(
-        linear_fp8_forward,
-        "(Tensor x, Tensor weight, Tensor weight_scale, Tensor? bias, str? activation, "
-        "Tensor? residual, Tensor? input_scale, bool save) -> Tensor",
-        _fp8_forward_fake,
-    ),
-)
-
-
-def linear_fp8(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    weight_scale: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    activation: str | None = None,
-    residual: torch.Tensor | None = None,
-    input_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``act(x @ weight.T + bias) + residual`` with float8 e4m3 operands: x quantised per token
-    at run time (one Triton kernel), then one Triton GEMM multiplying e4m3 tiles into float32
-    (the FP8 tensor cores of sm_89 and sm_90) whose epilogue dequantises, adds the bias,
-    applies the activation and adds the residual
-    (:func:`fastbert.kernels.reference.linear_fp8`).
-
-    Args:
-        x: [..., K] input, float16 / bfloat16 / float32, any strides.
-        weight: float8_e4m3fn [N, K], one row per output channel
-            (:func:`fastbert.kernels.reference.quantize_weight` with ``quantize="fp8"``).
-        weight_scale: float32 [N], the scales of weight's rows.
-        bias: optional [N], x's dtype.
-        activation: None, "gelu" (exact erf GELU, BERT's) or "gelu_tanh".
-        residual: optional [..., N] (x's leading shape), x's dtype, added after the activation.
-        input_scale: optional float32 [K] multiplying x's columns before the quantisation
-            (the weight was quantised with its columns divided by it).
-
-    Returns:
-        A new contiguous [..., N] tensor in x's dtype. Inference only.
-
-    Raises:
-        TypeError: a non-tensor argument or an unsupported / mismatched dtype.
-        ValueError: mismatched shapes or devices, an unknown activation, tensors the Triton
-            kernels cannot reach (not CUDA, and not the CPU under TRITON_INTERPRET=1), or a
-            GPU older than sm_89 (no FP8 tensor cores).
-        RuntimeError: grad mode is on and an input requires grad (there is no backward).
-    """
-    return LINEAR_FP8(x, weight, weight_scale, bias, activation, residual, input_scale)

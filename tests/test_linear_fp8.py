@@ -3,7 +3,7 @@ fused dequantise / bias / GELU / residual epilogue) against the reference that q
 same way.
 
 The quantised operands are the same bits in every implementation: the Triton kernel rounds to
-e4m3 in float32 arithmetic (kernels/fused_linear.py's ``_round_to_e4m3``), the reference and
+e4m3 in float32 arithmetic (kernels/quantized_linear.py's ``_round_to_e4m3``), the reference and
 the torch backend with PyTorch's own float8_e4m3fn conversion, and a test below runs every
 e4m3 value, every midpoint between two (ties) and their neighbours through both. Each product
 of two e4m3 values is exact in float32; only the float32 sums and epilogue round, where the
@@ -29,7 +29,7 @@ from fastbert import kernels as K
 from fastbert.kernels import checks
 from fastbert.kernels import reference as R
 from fastbert.kernels import torch_ops as T
-from fastbert.kernels.fused_linear import QUANTIZE_MAX_BLOCK_K, quantize_rows
+from fastbert.kernels.quantized_linear import QUANTIZE_MAX_BLOCK_K, quantize_rows
 from tests.bad_inputs import bad_input_test
 from tests.op_cases import randn
 

@@ -20,7 +20,7 @@ import torch
 from fastbert import kernels as K
 from fastbert.kernels import reference as R
 from fastbert.kernels import torch_ops as T
-from fastbert.kernels.fused_linear import QUANTIZE_MAX_BLOCK_K, quantize_rows
+from fastbert.kernels.quantized_linear import QUANTIZE_MAX_BLOCK_K, quantize_rows
 from tests.bad_inputs import bad_input_test
 from tests.op_cases import randn
 

@@ -11,6 +11,7 @@ integer tensor-core instructions: IMMA on sm_80, the integer warpgroup MMA (IGMM
 from __future__ import annotations
 
 from fastbert.kernels import fused_linear as mod
+from fastbert.kernels import quantized_linear
 from tests.compile_cases import linear
 from tests.compile_support import ARCHS, CompileCase
 
@@ -49,7 +50,7 @@ def _case(
         "STORE_PRE_ACTIVATION": False,
         "GRAD_ACTIVATION": 0,
         "HAS_ROW_SUM": False,
-        "QUANT": mod.QUANT_CODES[quantize],
+        "QUANT": quantized_linear.QUANT_CODES[quantize],
         "GATED": False,
         "GATED_GRAD": 0,
         "pre_ptr": None,

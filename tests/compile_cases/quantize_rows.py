@@ -1,4 +1,4 @@
-"""Compile cases for the row quantisation of kernels/fused_linear.py (linear_int8's and
+"""Compile cases for the row quantisation of kernels/quantized_linear.py (linear_int8's and
 linear_fp8's activations, one row per program): every K tile the launcher can choose (powers
 of two up to QUANTIZE_MAX_BLOCK_K), with and without the input scale, from fp16, bf16 and
 fp32 rows with unit stride along K, and one case reading strided rows (a transposed view);
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 
-from fastbert.kernels import fused_linear as mod
+from fastbert.kernels import quantized_linear as mod
 from tests.compile_cases.linear_int8 import FORMATS
 from tests.compile_support import DTYPES, CompileCase
 
