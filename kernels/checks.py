@@ -184,26 +184,39 @@ def check_softmax(scores, key_padding_mask, scale) -> None:
         raise TypeError(f"scale must be a Python number, got {type(scale).__name__}")
 
 
-def check_linear(x, weight, bias, activation, residual, gated=False) -> None:
-    """x: [..., K]; weight: [N, K]; bias: [N]; residual: [..., N] (gated: N even, residual
-    [..., N / 2])."""
-    check_tensor("x", x, min_ndim=1)
+def _check_operands(x, weight, bias, residual=None, x_ndim: int | None = None) -> None:
+    """The kinds of a product's operands: x a float tensor of ``x_ndim`` (None: at least one)
+    dimensions, weight a matrix, bias (optional) a vector, residual (optional) a tensor."""
+    check_tensor("x", x, ndim=x_ndim, min_ndim=1)
     check_tensor("weight", weight, ndim=2)
     check_float("x", x)
     if bias is not None:
         check_tensor("bias", bias, ndim=1)
     if residual is not None:
         check_tensor("residual", residual)
-    check_same_dtype(x=x, weight=weight, bias=bias, residual=residual)
-    check_same_device(x=x, weight=weight, bias=bias, residual=residual)
+
+
+def _check_product_shapes(x, weight, bias, rows: str = "out_features") -> tuple[int, int]:
+    """x [..., K] against weight [N, K] (``rows`` names N in the message) and bias [N]:
+    returns (N, K)."""
     n, k = weight.shape
     if x.shape[-1] != k:
         raise ValueError(
             f"x has {x.shape[-1]} input features but weight has shape {tuple(weight.shape)} "
-            f"(expects [out_features, {x.shape[-1]}])"
+            f"(expects [{rows}, {x.shape[-1]}])"
         )
     if bias is not None:
         check_shape("bias", bias, (n,))
+    return n, k
+
+
+def check_linear(x, weight, bias, activation, residual, gated=False) -> None:
+    """x: [..., K]; weight: [N, K]; bias: [N]; residual: [..., N] (gated: N even, residual
+    [..., N / 2])."""
+    _check_operands(x, weight, bias, residual)
+    check_same_dtype(x=x, weight=weight, bias=bias, residual=residual)
+    check_same_device(x=x, weight=weight, bias=bias, residual=residual)
+    n, _ = _check_product_shapes(x, weight, bias)
     if not isinstance(gated, bool):
         raise TypeError(f"gated must be a bool, got {gated!r}")
     if gated and n % 2:
@@ -250,10 +263,7 @@ def check_fp8_device(name: str, t: torch.Tensor) -> None:
 def _check_linear_quantized(
     weight_dtype, x, weight, weight_scale, bias, activation, residual, input_scale
 ) -> None:
-    check_tensor("x", x, min_ndim=1)
-    check_tensor("weight", weight, ndim=2)
-    check_tensor("weight_scale", weight_scale, ndim=1)
-    check_float("x", x)
+    _check_operands(x, weight, bias, residual)
     if weight.dtype != weight_dtype:
         raise TypeError(
             f"weight must be {str(weight_dtype).removeprefix('torch.')} (quantised per output "
@@ -264,10 +274,6 @@ def _check_linear_quantized(
             check_tensor(name, scale, ndim=1)
             if scale.dtype != torch.float32:
                 raise TypeError(f"{name} must be float32, got {scale.dtype}")
-    if bias is not None:
-        check_tensor("bias", bias, ndim=1)
-    if residual is not None:
-        check_tensor("residual", residual)
     check_same_dtype(x=x, bias=bias, residual=residual)
     check_same_device(
         x=x,
@@ -277,17 +283,10 @@ def _check_linear_quantized(
         residual=residual,
         input_scale=input_scale,
     )
-    n, k = weight.shape
-    if x.shape[-1] != k:
-        raise ValueError(
-            f"x has {x.shape[-1]} input features but weight has shape {tuple(weight.shape)} "
-            f"(expects [out_features, {x.shape[-1]}])"
-        )
+    n, k = _check_product_shapes(x, weight, bias)
     check_shape("weight_scale", weight_scale, (n,))
     if input_scale is not None:
         check_shape("input_scale", input_scale, (k,))
-    if bias is not None:
-        check_shape("bias", bias, (n,))
     if residual is not None:
         check_shape("residual", residual, (*x.shape[:-1], n))
     if activation not in ACTIVATIONS:
@@ -317,23 +316,12 @@ SPLADE_LOG_STEPS = (1, 2)
 def check_splade_max(x, weight, bias, cu_seqlens, log_steps) -> None:
     """x: [T, K]; weight: [V, K]; bias: [V]; cu_seqlens: int32 [B + 1] (shapes, dtypes and
     devices; :func:`check_cu_seqlens_values` reads its values); log_steps: 1 or 2."""
-    check_tensor("x", x, ndim=2)
-    check_tensor("weight", weight, ndim=2)
-    check_float("x", x)
-    if bias is not None:
-        check_tensor("bias", bias, ndim=1)
+    _check_operands(x, weight, bias, x_ndim=2)
     if cu_seqlens is not None:
         check_cu_seqlens(cu_seqlens)
     check_same_dtype(x=x, weight=weight, bias=bias)
     check_same_device(x=x, weight=weight, bias=bias, cu_seqlens=cu_seqlens)
-    vocab, k = weight.shape
-    if x.shape[1] != k:
-        raise ValueError(
-            f"x has {x.shape[1]} features but weight has shape {tuple(weight.shape)} "
-            f"(expects [vocabulary, {x.shape[1]}])"
-        )
-    if bias is not None:
-        check_shape("bias", bias, (vocab,))
+    _check_product_shapes(x, weight, bias, rows="vocabulary")
     if type(log_steps) is not int or log_steps not in SPLADE_LOG_STEPS:
         raise ValueError(f"log_steps must be 1 or 2, got {log_steps!r}")
 

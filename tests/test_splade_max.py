@@ -266,7 +266,7 @@ BAD = {
     "bias dtype": ({"bias": lambda a: a["bias"].half()}, TypeError, "dtype mismatch"),
     "1-d x": ({"x": lambda a: a["x"][0]}, ValueError, "x must have 2 dimensions"),
     "3-d weight": ({"weight": lambda a: a["weight"][None]}, ValueError, "weight must have 2"),
-    "K mismatch": ({"weight": lambda a: a["weight"][:, :5]}, ValueError, "x has 8 features"),
+    "K mismatch": ({"weight": lambda a: a["weight"][:, :5]}, ValueError, "x has 8 input features"),
     "bias shape": ({"bias": lambda a: a["bias"][:9]}, ValueError, r"bias must have shape \(10,\)"),
     "cu_seqlens int64": (
         {"cu_seqlens": lambda a: a["cu_seqlens"].long()},
