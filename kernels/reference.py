@@ -358,15 +358,9 @@ def linear_int8(
     computed here in float64 from the int8 operands; returns x's dtype. Inference only.
     """
     checks.check_linear_int8(x, weight, weight_scale, bias, activation, residual, input_scale)
-    q, scale = quantize_rows(x, input_scale)
-    acc = torch.matmul(q.double(), weight.double().T)  # integers below 2**53: exact
-    y = acc * (scale.double()[..., None] * weight_scale.double())
-    if bias is not None:
-        y = y + bias.double()
-    y = _activate(y, activation)
-    if residual is not None:
-        y = y + residual.double()
-    return y.to(x.dtype)
+    return _dequantised_linear(
+        "int8", x, weight, weight_scale, bias, activation, residual, input_scale
+    )
 
 
 def linear_fp8(
@@ -392,7 +386,19 @@ def linear_fp8(
     computed here in float64 from the e4m3 operands; returns x's dtype. Inference only.
     """
     checks.check_linear_fp8(x, weight, weight_scale, bias, activation, residual, input_scale)
-    q, scale = quantize_rows(x, input_scale, "fp8")
+    return _dequantised_linear(
+        "fp8", x, weight, weight_scale, bias, activation, residual, input_scale
+    )
+
+
+def _dequantised_linear(
+    quantize, x, weight, weight_scale, bias, activation, residual, input_scale
+) -> torch.Tensor:
+    """:func:`linear_int8` (``quantize="int8"``) or :func:`linear_fp8` (``"fp8"``) on checked
+    inputs: the product of the quantised operands in float64 (int8 sums are integers below
+    2**53: exact), dequantised, then the bias, activation and residual in float64; returns
+    x's dtype."""
+    q, scale = quantize_rows(x, input_scale, quantize)
     acc = torch.matmul(q.double(), weight.double().T)
     y = acc * (scale.double()[..., None] * weight_scale.double())
     if bias is not None:
