@@ -30,77 +30,52 @@ UNIT_STRIDES = (
 
 
 def _case(
-    dtype: str, block: int, has_residual: bool, dropout: bool = False, save: bool = False
+    dtype: str, block: int, has_residual: bool, dropout: bool = False, backward: bool = False
 ) -> CompileCase:
-    ptr = f"*{dtype}"
-    signature = {
-        "x_ptr": ptr,
-        "residual_ptr": ptr if has_residual else "constexpr",
-        "weight_ptr": ptr,
-        "bias_ptr": ptr,
-        "out_ptr": ptr,
-        "mean_ptr": "*fp32" if save else "constexpr",
-        "rstd_ptr": "*fp32" if save else "constexpr",
-        "N": "i32",
-        "eps": "fp32",
-        "seed": "i32",
-        "dropout_p": "fp32",
-        "stride_x_row": "i32",
-        "stride_x_col": "constexpr",
-        "stride_residual_row": "i32",
-        "stride_residual_col": "constexpr",
-        "stride_weight": "constexpr",
-        "stride_bias": "constexpr",
-        "stride_out_row": "i32",
-        "stride_out_col": "constexpr",
-        "HAS_RESIDUAL": "constexpr",
-        "HAS_DROPOUT": "constexpr",
-        "SAVE_STATS": "constexpr",
-        "BLOCK": "constexpr",
-    }
-    constexprs = {name: 1 for name in UNIT_STRIDES}
-    constexprs.update(HAS_RESIDUAL=has_residual, HAS_DROPOUT=dropout, SAVE_STATS=save, BLOCK=block)
-    if not has_residual:
-        constexprs["residual_ptr"] = None
-    if not save:
-        constexprs.update(mean_ptr=None, rstd_ptr=None)
-    training = f" drop={int(dropout)} save={int(save)}" if dropout or save else ""
-    return CompileCase(
-        name=f"layer_norm[{dtype} BLOCK={block} res={int(has_residual)}{training}]",
-        fn=KERNEL,
-        signature=signature,
-        constexprs=constexprs,
-        num_warps=mod.num_warps(block, heavy=dropout),
-    )
-
-
-def _backward_case(dtype: str, block: int, has_residual: bool, dropout: bool) -> CompileCase:
-    kernel = mod._layer_norm_bwd_kernel
+    """The inference forward, the training forward (``dropout``: it saves the statistics too)
+    or the backward."""
+    kernel = mod._layer_norm_bwd_kernel if backward else KERNEL
     signature = dict.fromkeys(kernel.arg_names, "i32")  # sizes, seed and strides
-    for name in ("dout", "x", "weight", "dx"):
-        signature[f"{name}_ptr"] = f"*{dtype}"
-    for name in ("mean", "rstd", "dweight_partial", "dbias_partial"):
-        signature[f"{name}_ptr"] = "*fp32"
     signature["dropout_p"] = "fp32"
-    constexprs: dict[str, object] = dict(
-        HAS_RESIDUAL=has_residual,
-        HAS_DROPOUT=dropout,
-        BLOCK=block,
-        stride_x_col=1,
-        stride_residual_col=1,
-        stride_weight=1,
-    )
-    if has_residual:
-        signature["residual_ptr"] = signature["dresidual_ptr"] = f"*{dtype}"
+    if backward:
+        floats = ("dout", "x", "weight", "dx")
+        fp32 = ("mean", "rstd", "dweight_partial", "dbias_partial")
+        residuals = ("residual", "dresidual")
     else:
-        constexprs.update(residual_ptr=None, dresidual_ptr=None)
+        signature["eps"] = "fp32"
+        floats = ("x", "weight", "bias", "out")
+        fp32 = ("mean", "rstd") if dropout else ()
+        residuals = ("residual",)
+    for name in floats:
+        signature[f"{name}_ptr"] = f"*{dtype}"
+    for name in fp32:
+        signature[f"{name}_ptr"] = "*fp32"
+    constexprs: dict[str, object] = dict(
+        HAS_RESIDUAL=has_residual, HAS_DROPOUT=dropout, BLOCK=block
+    )
+    constexprs.update(dict.fromkeys((u for u in UNIT_STRIDES if u in kernel.arg_names), 1))
+    for name in residuals:
+        if has_residual:
+            signature[f"{name}_ptr"] = f"*{dtype}"
+        else:
+            constexprs[f"{name}_ptr"] = None
+    if not backward:
+        # The training forward saves the statistics; the inference one does not.
+        constexprs["SAVE_STATS"] = dropout
+        if not dropout:
+            constexprs.update(mean_ptr=None, rstd_ptr=None)
     signature.update(dict.fromkeys(constexprs, "constexpr"))
+    if backward:
+        kind, variant = "layer_norm_bwd", f" drop={int(dropout)}"
+    else:
+        kind = "layer_norm"
+        variant = " drop=1 save=1" if dropout else ""
     return CompileCase(
-        name=f"layer_norm_bwd[{dtype} BLOCK={block} res={int(has_residual)} drop={int(dropout)}]",
+        name=f"{kind}[{dtype} BLOCK={block} res={int(has_residual)}{variant}]",
         fn=kernel,
         signature=signature,
         constexprs=constexprs,
-        num_warps=mod.num_warps(block, heavy=True),
+        num_warps=mod.num_warps(block, heavy=dropout or backward),
     )
 
 
@@ -109,13 +84,10 @@ CASES = (
         _case(dtype, block, has_residual)
         for dtype, block, has_residual in itertools.product(DTYPES, BLOCKS, (False, True))
     ]
+    + [_case(dtype, block, True, True) for dtype, block in itertools.product(DTYPES, BLOCKS)]
     + [_case(dtype, block, True, True, True) for dtype, block in itertools.product(DTYPES, BLOCKS)]
     + [
-        _backward_case(dtype, block, True, True)
-        for dtype, block in itertools.product(DTYPES, BLOCKS)
-    ]
-    + [
-        _backward_case("fp16", 1024, has_residual, dropout)
+        _case("fp16", 1024, has_residual, dropout, True)
         for has_residual, dropout in ((False, False), (True, False), (False, True))
     ]
 )
