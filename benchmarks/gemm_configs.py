@@ -31,7 +31,7 @@ import torch
 from fastbert import kernels as K
 from fastbert.bench import environment, timing
 from fastbert.bench.progress import Progress
-from fastbert.kernels import fused_linear
+from fastbert.kernels import fused_linear, linear_configs
 from fastbert.kernels.launch import AUTOTUNE_ENV
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -82,7 +82,7 @@ def measure(
             result = timing.time_fn(run, device, warmup, reps)
             rows.append(
                 {
-                    "config": fused_linear.config_name(config),
+                    "config": linear_configs.config_name(config),
                     **result.to_dict(),
                     "tflops": flops / (result.median_ms * 1e-3) / 1e12,
                 }
@@ -90,7 +90,7 @@ def measure(
         os.environ[AUTOTUNE_ENV] = "all"
         kernel.cache.clear()
         run()
-        chosen = fused_linear.config_name(kernel.best_config)
+        chosen = linear_configs.config_name(kernel.best_config)
     finally:
         kernel.cache.clear()
         if pinned_before is None:

@@ -67,7 +67,7 @@ import triton.language as tl
 
 from . import checks, reference, sparse_head_torch
 from .checks import refuse_gradients
-from .fused_linear import FP32_MAX_BLOCK_K, SHARED_MEMORY_BUDGET, _tile_position
+from .fused_linear import _tile_position
 from .launch import (
     cdiv,
     check_triton_device,
@@ -77,6 +77,7 @@ from .launch import (
     time_config,
     tuned,
 )
+from .linear_configs import FP32_MAX_BLOCK_K, SHARED_MEMORY_BUDGET
 from .op import Kernel, Op
 
 

@@ -75,7 +75,7 @@ GEMMS = (
 def linear_cases() -> dict[tuple[int, bool], list[CompileCase]]:
     """fp16 cases of every config the autotuner may time for each epilogue BERT launches
     (bias, bias + GELU), keyed by (ACTIVATION, HAS_RESIDUAL); largest tile first."""
-    from fastbert.kernels import fused_linear as mod
+    from fastbert.kernels import linear_configs as mod
     from tests.compile_cases import linear
 
     out = {}
@@ -103,7 +103,7 @@ def quantized_linear_cases(quantize: str = "int8") -> dict[tuple[int, bool], lis
     ("fp8": e4m3 operands, float32 accumulation, sm_90 only) cases with fp16 output, of every
     config the autotuner may time for each epilogue BERT launches, keyed as
     :func:`linear_cases`."""
-    from fastbert.kernels import fused_linear as mod
+    from fastbert.kernels import linear_configs as mod
     from tests.compile_cases import linear, linear_int8
 
     out = {}
@@ -162,7 +162,7 @@ def modernbert_cases() -> dict[str, list[CompileCase]]:
     and with the sliding window (the local ones), every config ``keep`` allows for rotary; the
     GATED (GeGLU) input projection without bias, every one-tile-per-program config ``keep``
     allows for it at M = TOKENS."""
-    from fastbert.kernels import fused_linear as mod
+    from fastbert.kernels import linear_configs as mod
     from tests.compile_cases import attention, linear
     from tests.compile_cases import attention_backward as backward
 
@@ -839,7 +839,7 @@ def render(compiled: dict) -> str:
 
 
 def config_of_case(case: str) -> str:
-    """The config name (fused_linear.config_name) inside a forward linear case's name:
+    """The config name (linear_configs.config_name) inside a forward linear case's name:
     "128x128x64 s4 w8" from "linear[fp16 128x128x64 s4 w8 bias=1 act=0 res=0]"."""
     return case.split(" ", 1)[1].rsplit(" bias=", 1)[0]
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import triton
 
-from fastbert.kernels import flash_attention, fused_linear, launch
+from fastbert.kernels import flash_attention, fused_linear, launch, linear_configs
 
 
 def test_all_by_default_and_one_by_index(monkeypatch) -> None:
@@ -32,7 +32,7 @@ def test_a_bad_choice_says_what_is_allowed(monkeypatch, value) -> None:
 
 
 def test_linear_prune_pins_the_chosen_config(monkeypatch) -> None:
-    candidates = fused_linear.gpu_configs()
+    candidates = linear_configs.gpu_configs()
     args = {
         "x_ptr": torch.empty(1, dtype=torch.float16),
         "M_BUCKET": 4096,
@@ -46,10 +46,10 @@ def test_linear_prune_pins_the_chosen_config(monkeypatch) -> None:
         "GATED_GRAD": 0,
     }
     monkeypatch.delenv(launch.AUTOTUNE_ENV, raising=False)
-    kept = fused_linear._prune(candidates, args)
+    kept = linear_configs.prune(candidates, args)
     assert 1 < len(kept) < len(candidates)  # the GELU epilogue drops the widest tile
     monkeypatch.setenv(launch.AUTOTUNE_ENV, "1")
-    assert fused_linear._prune(candidates, args) == [kept[1]]
+    assert linear_configs.prune(candidates, args) == [kept[1]]
 
 
 @pytest.mark.parametrize(
@@ -81,7 +81,7 @@ def test_linear_training_variants_keep_small_tiles(monkeypatch, variant) -> None
         "GATED_GRAD": 0,
         **variant,
     }
-    kept = fused_linear._prune(fused_linear.gpu_configs(), args)
+    kept = linear_configs.prune(linear_configs.gpu_configs(), args)
     assert kept
     for c in kept:
         meta = c.kwargs

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from benchmarks import gemm_configs
-from fastbert.kernels import fused_linear
+from fastbert.kernels import fused_linear, linear_configs
 from fastbert.kernels.launch import AUTOTUNE_ENV
 
 SMALL = ["--tokens", "40", "--hidden", "32", "--intermediate", "64", "--warmup", "0", "--reps", "1"]
@@ -33,7 +33,7 @@ def test_every_kept_config_of_every_projection_is_timed(tmp_path) -> None:
         x = torch.empty(r["m"], r["k"], dtype=torch.float16)
         weight = torch.empty(r["n"], r["k"], dtype=torch.float16)
         expected = [
-            fused_linear.config_name(c)
+            linear_configs.config_name(c)
             for c in fused_linear.kept_configs(x, weight, r["activation"])
         ]
         assert [c["config"] for c in r["configs"]] == expected

@@ -27,15 +27,15 @@ from __future__ import annotations
 
 import itertools
 
-from fastbert.kernels import fused_linear as mod
+from fastbert.kernels import fused_linear, linear_configs
 from tests.compile_support import ARCHS, ELEMENT_SIZES, CompileCase
 
 # Whether the kernels multiply tiles with tl.dot (tests/test_compile.py checks their MMA
 # instructions; the cases declare dtype and block_m), or work row by row.
 MATRIX = True
 
-KERNEL = mod._linear_fwd_kernel.fn
-CONFIGS = mod._linear_fwd_kernel.configs
+KERNEL = fused_linear._linear_fwd_kernel.fn
+CONFIGS = fused_linear._linear_fwd_kernel.configs
 POINTER_CONFIGS = [c for c in CONFIGS if not c.kwargs["PERSISTENT"]]
 PERSISTENT_CONFIGS = [c for c in CONFIGS if c.kwargs["PERSISTENT"]]
 EPILOGUES = list(itertools.product((False, True), (0, 1, 2), (False, True)))
@@ -170,7 +170,7 @@ def _case(
         variant = f"bias={int(has_bias)} act={activation} res={int(has_residual)}"
         variant += " pre=1" if store_pre else ""
         variant += " gated=1" if gated else ""
-    name = f"linear[{dtype} {mod.config_name(config)} {variant}]"
+    name = f"linear[{dtype} {linear_configs.config_name(config)} {variant}]"
     # N and K are multiples of 16 in BERT's launches; TMA and the persistent configs are for
     # sm_90 (keep() offers them nowhere else).
     # The gated dweight product's M is 2N' (ModernBERT's N' = 1152 and 2624 are multiples of 16).
@@ -184,7 +184,7 @@ def _kept_epilogues(config, element_size: int) -> list[tuple[bool, int, bool]]:
     return [
         epilogue
         for epilogue in EPILOGUES
-        if mod.keep(
+        if linear_configs.keep(
             config,
             element_size,
             LARGEST_M_BUCKET,
@@ -224,7 +224,7 @@ def _cases() -> list[CompileCase]:
 
 
 def _kept_for(config, element_size: int, **variant) -> bool:
-    return mod.keep(config, element_size, LARGEST_M_BUCKET, **variant)
+    return linear_configs.keep(config, element_size, LARGEST_M_BUCKET, **variant)
 
 
 def _backward_variant(g: str, **flags: int) -> dict:

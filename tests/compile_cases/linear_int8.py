@@ -10,8 +10,7 @@ integer tensor-core instructions: IMMA on sm_80, the integer warpgroup MMA (IGMM
 
 from __future__ import annotations
 
-from fastbert.kernels import fused_linear as mod
-from fastbert.kernels import quantized_linear
+from fastbert.kernels import linear_configs, quantized_linear
 from tests.compile_cases import linear
 from tests.compile_support import ARCHS, CompileCase
 
@@ -65,13 +64,13 @@ def _case(
     if not has_residual:
         constexprs["residual_ptr"] = None
     variant = f"bias={int(has_bias)} act={activation} res={int(has_residual)}"
-    name = f"linear_{quantize}[{out_dtype} out {mod.config_name(config)} {variant}]"
+    name = f"linear_{quantize}[{out_dtype} out {linear_configs.config_name(config)} {variant}]"
     where = {"aligned_ints": ("N", "K"), "archs": archs}
     return CompileCase.tuned(config, name, linear.KERNEL, signature, constexprs, dtype, **where)
 
 
 def _kept(config, epilogue) -> bool:
-    return mod.keep(
+    return linear_configs.keep(
         config,
         INT8_SIZE,
         linear.LARGEST_M_BUCKET,
