@@ -15,7 +15,7 @@ import importlib
 import sys
 
 from fastbert.commands.options import CommandError, UsageError
-from fastbert.execution import cpu_memory
+from fastbert.execution.cpu_tuning import apply_process_tuning
 from fastbert.version import __version__
 
 COMMANDS = ("info", "models", "demo", "bench", "accuracy", "embed", "serve")
@@ -43,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Before any command imports torch, which reads the caches' sizes as it loads.
-    cpu_memory.bound_shape_caches()
+    # Before any command imports torch, which reads the per-shape caches' sizes as it loads.
+    apply_process_tuning()
     parser, commands = _parsers()
     args = parser.parse_args(argv)
     command = commands[args.command]

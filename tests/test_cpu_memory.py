@@ -1,4 +1,5 @@
-"""A CPU forward keeps the memory it frees for the next one (fastbert.execution.cpu_memory):
+"""A CPU forward keeps the memory it frees for the next one once the process's CPU settings
+are applied (fastbert.execution.cpu_tuning, at the entry points; fastbert.execution.cpu_memory):
 counted in page faults, in a fresh process per setting (malloc's settings are per process);
 and the per-shape caches behind the CPU linears stay small where fastbert's command line (or
 a program before it imports torch) bounds them: measured in resident memory over many
@@ -9,18 +10,22 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from fastbert.execution import cpu_memory
+from tests.sentence_folders import hf_folder
 
-# One tiny forward on the CPU, then 20 rounds of a 40 MiB tensor written and freed (as a
-# forward's larger products are: glibc's own threshold moves up to 32 MiB blocks onto its heap,
-# but no larger); prints the minor page faults of those rounds.
+# The entry points' tuning and one tiny forward on the CPU, then 20 rounds of a 40 MiB tensor
+# written and freed (as a forward's larger products are: glibc's own threshold moves up to
+# 32 MiB blocks onto its heap, but no larger); prints the minor page faults of those rounds.
 PROBE = """
 import resource, torch
 from fastbert import BertConfig, BertModel
+from fastbert.execution.cpu_tuning import apply_process_tuning
+apply_process_tuning()
 config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                     intermediate_size=32, max_position_embeddings=16)
 model = BertModel(config).eval()
@@ -50,6 +55,39 @@ def test_a_cpu_forward_keeps_freed_memory_for_reuse() -> None:
     # first round does.
     assert returned > 15 * pages, returned
     assert kept < 3 * pages, kept
+
+
+# A forward alone, without the entry points' tuning: malloc as it was (prints the faults of
+# the same 20 rounds).
+UNTUNED = PROBE.replace("apply_process_tuning()\n", "")
+
+
+@pytest.mark.skipif(not cpu_memory.on_glibc(), reason="malloc's settings are glibc's")
+def test_a_forward_alone_leaves_malloc_as_it_is() -> None:
+    pages = (40 << 20) // 4096
+    out = subprocess.run(
+        [sys.executable, "-c", UNTUNED],
+        env={**os.environ, cpu_memory.VARIABLE: "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert int(out.stdout.split()[-1]) > 15 * pages
+
+
+def test_loading_a_model_folder_applies_the_tuning_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fastbert.embed import text_model
+    from fastbert.execution import cpu_tuning
+
+    calls = []
+    monkeypatch.setattr(text_model, "apply_process_tuning", lambda: calls.append(1))
+    text_model.load(hf_folder(tmp_path / "model")).embed(["a text"])
+    assert calls == [1]
+    first = cpu_tuning.apply_process_tuning()
+    assert cpu_tuning.apply_process_tuning() is first
+    assert first.freed_memory in ("kept", "off", "unavailable")
 
 
 def test_the_setting_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -28,6 +28,7 @@ from fastbert.embed.options import DTYPES, EmbedOptions
 from fastbert.embed.quantized import check_precision, check_ranges, quantize_embeddings
 from fastbert.embed.sparse import SparseVectors
 from fastbert.embed.tokenize import Tokenise, Tokens
+from fastbert.execution.cpu_tuning import apply_process_tuning
 from fastbert.model.sentence_folder import (
     CLASSIFICATION,
     EMBEDDING,
@@ -452,7 +453,8 @@ def resolve(
 def load_options(options: EmbedOptions, tokenizer: Any = None) -> TextModel:
     """Load the model and tokenizer of ``options.model`` (the tokenizer may be given) and
     resolve the defaults (see :func:`resolve`). ValueError naming a module of the folder that
-    cannot run."""
+    cannot run. Applies the process's CPU settings first (fastbert.execution.cpu_tuning)."""
+    apply_process_tuning()
     folder = Path(options.model)
     tokenizer = tokenizer or model.load_tokenizer(folder)
     options, spec, _ = resolve(options, tokenizer)

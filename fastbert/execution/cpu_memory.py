@@ -12,10 +12,12 @@ guide suggests preloading jemalloc or tcmalloc.
 
 :func:`keep_freed_memory` sets glibc's ``M_MMAP_THRESHOLD`` (blocks up to 1 GiB come from the
 heap) and ``M_TRIM_THRESHOLD`` (up to 1 GiB free at the heap's top stays), once per process,
-when the first forward runs on a CPU. The process then keeps up to its peak heap for reuse
-(its resident memory does not shrink after a large batch); results do not change. Set
-``FASTBERT_KEEP_CPU_MEMORY=0`` before the first forward to leave malloc as it is (or when
-another allocator is preloaded); elsewhere than glibc it does nothing.
+called by fastbert.execution.cpu_tuning.apply_process_tuning at fastbert's entry points (the
+command line, ``fastbert.load`` and the jobs that load a model folder, the server's start),
+never from a forward. The process then keeps up to its peak heap for reuse (its resident
+memory does not shrink after a large batch); results do not change. Set
+``FASTBERT_KEEP_CPU_MEMORY=0`` before that to leave malloc as it is (or when another
+allocator is preloaded); elsewhere than glibc it does nothing.
 
 What a process keeps across forwards must also stay bounded. oneDNN, behind PyTorch's CPU
 linears (``torch.ops.mkldnn._linear_pointwise``, ``torch._int_mm``), caches the primitives
@@ -120,4 +122,7 @@ def status() -> str:
         return (
             "returned to the system (not glibc: preload jemalloc or tcmalloc to keep it); " + caches
         )
-    return f"kept for reuse from the first CPU forward (glibc mallopt; {VARIABLE}=0: off); {caches}"
+    return (
+        f"kept for reuse, set where fastbert loads a model (glibc mallopt; {VARIABLE}=0: off); "
+        + caches
+    )

@@ -44,7 +44,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from fastbert.execution import cpu_memory, graphs, validation
+from fastbert.execution import graphs, validation
 from fastbert.execution.backends import Ops, check_backend, check_head_dim, get_ops
 from fastbert.execution.validation import RowLengths
 from fastbert.kernels.launch import cdiv, next_power_of_2
@@ -379,11 +379,7 @@ class Runner:
     ) -> torch.Tensor:
         """Validated [B, S] inputs (fastbert.execution.validation.check_model_inputs) -> the
         last hidden state [B, S, H]: packed when the batch's padding and ``padding_free`` say
-        so, else dense; replayed from a CUDA graph when ``cuda_graphs`` wants it. The first
-        eager call on a CPU sets this process's malloc to keep the memory calls free
-        (fastbert.execution.cpu_memory; not traced by ``torch.compile``)."""
-        if input_ids.device.type == "cpu" and not torch.compiler.is_compiling():
-            cpu_memory.keep_freed_memory()
+        so, else dense; replayed from a CUDA graph when ``cuda_graphs`` wants it."""
         ids_checked, packed, key_padding_mask = self.read_batch(
             stack, input_ids, token_type_ids, key_padding_mask
         )

@@ -12,6 +12,7 @@ from typing import Any
 
 from fastbert.embed.options import EmbedOptions
 from fastbert.embed.text_model import TextModel, load_options
+from fastbert.execution.cpu_tuning import apply_process_tuning
 from fastbert.serve.app import create_app
 from fastbert.serve.options import ServeOptions
 
@@ -33,9 +34,11 @@ def startup_line(model: TextModel, options: ServeOptions, address: str) -> str:
 
 def serve(options: ServeOptions, model: TextModel | None = None) -> None:
     """Serve ``model`` (default: load ``options.model``) until SIGTERM or Ctrl-C; returns
-    after the admitted requests are answered."""
+    after the admitted requests are answered. Applies the process's CPU settings first
+    (fastbert.execution.cpu_tuning), a model handed in included."""
     import uvicorn
 
+    apply_process_tuning()
     configure_logging(options.log_level)
     if model is None:
         model = (
