@@ -93,37 +93,38 @@ import triton
 import triton.language as tl
 
 from . import checks, dropout, reference, torch_ops
+from .attention_launch import (
+    AUTOTUNE_KEY,
+    SUPPORTED_HEAD_DIMS,
+    Sequences,
+    check_kernel_inputs,
+    checked_grid,
+    dense,
+    head_strides,
+    packed,
+    pruner,
+    resolve_scale,
+    rotary_factors,
+    row_strides,
+    scaled_bias_table,
+    trailing_scalars,
+    tune_configs,
+    variant_flags,
+)
 from .attention_tiles import (
     LOG2_E,
     bias_tile,
-    check_grid,
-    clamp_window,
     dropout_origin,
     head_base,
     load_rows,
-    rotary_table,
     rotate_rows,
     window_keys,
 )
 from .dropout import seed_value
-from .flash_attention_backward import (
-    attention_backward,
-    attention_varlen_backward,
-    scaled_bias_table,
-)
-from .launch import (
-    TRITON_3_6,
-    cdiv,
-    check_triton_device,
-    interpreting,
-    launch_lock,
-    next_power_of_2,
-    time_config,
-    tuned,
-)
+from .flash_attention_backward import attention_backward, attention_varlen_backward
+from .launch import TRITON_3_6, cdiv, launch_lock, time_config
 from .op import Kernel, Op, dropout_seed, placeholder
 
-SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 128)
 # Mask entries each step of the scan for whole tiles of real keys reads (see _key_ranges).
 MASK_SCAN_BLOCK = tl.constexpr(256)
 # What one key tile of _attend_tile checks: nothing (every key real), the bound ``end`` (keys
@@ -142,7 +143,7 @@ _TUNE_SPACE = (
     (64, 32, 8, 2),
     (32, 16, 8, 2),
 )
-# The one config the Triton interpreter runs (benchmarking there would be meaningless).
+# The one config the Triton interpreter runs (tune_configs: the first).
 _INTERPRETER_CONFIG = _TUNE_SPACE[0]
 # Triton 3.6 compiles two configs to code that ptxas fits into fewer registers than 3.9's by
 # spilling a few words outside the loops (sm_80, 64x32 tiles: on 8 warps at 128 registers, 24
@@ -205,33 +206,17 @@ def keep(
 
 def configs() -> list[triton.Config]:
     """Autotune configs; a single one under the interpreter (it runs every config it is given)."""
-    space = (_INTERPRETER_CONFIG,) if interpreting() else _TUNE_SPACE
-    maxnreg = _TRITON_3_6_MAXNREG if TRITON_3_6 else {}
-    return [
-        triton.Config(
-            {"BLOCK_M": m, "BLOCK_N": n},
-            num_warps=w,
-            num_stages=s,
-            maxnreg=maxnreg.get((m, n, w, s)),
-        )
-        for m, n, w, s in space
-    ]
+    return tune_configs(_TUNE_SPACE, _TRITON_3_6_MAXNREG if TRITON_3_6 else None)
 
 
-def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
-    """Autotuner hook: the configs ``keep`` allows for this launch's BLOCK_D, dtype, variant
-    (only one of them when FASTBERT_AUTOTUNE names it)."""
-    args = {**named_args, **kwargs}
-    size, is_varlen, has_mask = args["Q"].element_size(), args["IS_VARLEN"], args["HAS_MASK"]
-    variant = (
-        bool(is_varlen),
-        bool(has_mask),
-        bool(args["HAS_BIAS"]),
-        bool(args["ROTARY"]),
-        bool(args["HAS_DROPOUT"]),
-    )
-    kept = [c for c in configs if keep(c, args["BLOCK_D"], size, *variant)]
-    return tuned(kept or configs[:1])
+def _variant(args: dict) -> tuple[bool, ...]:
+    """``keep``'s variant arguments of a launch."""
+    flags = ("IS_VARLEN", "HAS_MASK", "HAS_BIAS", "ROTARY", "HAS_DROPOUT")
+    return tuple(bool(args[flag]) for flag in flags)
+
+
+# Autotuner hook: the configs ``keep`` allows for a launch's BLOCK_D, dtype and variant.
+_prune = pruner(keep, _variant)
 
 
 @triton.jit
@@ -643,18 +628,7 @@ def _attend_query_block(
 
 @triton.autotune(
     configs=configs(),
-    key=[
-        "seq_q_bucket",
-        "seq_k_bucket",
-        "HEAD_DIM",
-        "HAS_MASK",
-        "IS_VARLEN",
-        "HAS_DROPOUT",
-        "STORE_LSE",
-        "HAS_BIAS",
-        "ROTARY",
-        "WINDOW",
-    ],
+    key=[*AUTOTUNE_KEY, "STORE_LSE"],
     prune_configs_by={"early_config_prune": _prune},
     do_bench=time_config,
 )
@@ -807,22 +781,17 @@ def _attention_fwd_kernel(
         )
 
 
-def _check_kernel_inputs(tensors: dict[str, torch.Tensor | None], head_dim: int) -> None:
-    """What the kernel needs beyond the shared checks: a Triton device, a head dim, unit D."""
-    for name, t in tensors.items():
-        if t is not None:
-            check_triton_device(name, t)
-    if head_dim not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(
-            f"head dim {head_dim} is not supported by the Triton attention kernel; "
-            f"supported head dims: {SUPPORTED_HEAD_DIMS}"
-        )
-    for name in ("q", "k", "v"):
-        t = tensors[name]
-        if t.stride(-1) != 1:
-            raise ValueError(
-                f"{name} must have unit stride on the head dim, got strides {tuple(t.stride())}"
-            )
+def _checked_variants(
+    q: torch.Tensor,
+    relative_bias: torch.Tensor | None,
+    rotary: torch.Tensor | None,
+    window: int | None,
+    dropout_p: float,
+) -> float:
+    """Validate the variant arguments both ops take; dropout_p as the forward takes it."""
+    checks.check_relative_bias(relative_bias, q)
+    checks.check_rotary(rotary, window, q)
+    return dropout.check_dropout_p(dropout_p)
 
 
 def _prepare(
@@ -839,11 +808,9 @@ def _prepare(
     """Validate the dense op's inputs for the kernel; the forward's arguments (scale resolved,
     the dropout seed drawn)."""
     checks.check_attention(q, k, v, key_padding_mask, scale)
-    checks.check_relative_bias(relative_bias, q)
-    checks.check_rotary(rotary, window, q)
-    dropout_p = dropout.check_dropout_p(dropout_p)
+    dropout_p = _checked_variants(q, relative_bias, rotary, window, dropout_p)
     tensors = {"q": q, "k": k, "v": v, "key_padding_mask": key_padding_mask}
-    _check_kernel_inputs(tensors, q.shape[-1])
+    check_kernel_inputs(tensors, q.shape[-1])
     seed = dropout_seed(dropout_p)
     scale = resolve_scale(q, scale)
     return q, k, v, key_padding_mask, scale, dropout_p, relative_bias, rotary, window, seed
@@ -863,92 +830,68 @@ def _prepare_varlen(
 ) -> tuple:
     """Validate the padding-free op's inputs for the kernel; the forward's arguments."""
     checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
-    checks.check_relative_bias(relative_bias, q)
-    checks.check_rotary(rotary, window, q)
-    dropout_p = dropout.check_dropout_p(dropout_p)
-    _check_kernel_inputs({"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens}, q.shape[-1])
+    dropout_p = _checked_variants(q, relative_bias, rotary, window, dropout_p)
+    check_kernel_inputs({"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens}, q.shape[-1])
     scale = resolve_scale(q, scale)
     seed = dropout_seed(dropout_p)
     rest = (relative_bias, rotary, window, seed)
     return (q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, *rest)
 
 
-def resolve_scale(q: torch.Tensor, scale: float | None) -> float:
-    """The softmax scale: ``scale``, or D**-0.5 when it is None."""
-    return q.shape[-1] ** -0.5 if scale is None else float(scale)
-
-
 _LAUNCH_LOCK = launch_lock()  # one launch at a time across threads (the autotuner's nargs)
 
 
 def _launch(
-    q,
-    k,
-    v,
-    out,
-    mask,
-    cu_seqlens,
-    lse,
-    bias,
-    strides,
-    seq_q,
-    seq_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    batch,
-    scale,
-    dropout_p,
-    seed,
-    rotary=None,
-    window=None,
-    positions=0,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    sequences: Sequences,
+    scale: float,
+    dropout_p: float,
+    seed: int,
+    rotary: torch.Tensor | None,
+    window: int | None,
 ) -> None:
-    """Launch the kernel on ``batch`` sequences; ``strides`` lists the 16 stride arguments of
-    q, k, v, out, the mask and the log-sum-exp; ``bias``: None or the [H, RELATIVE_BUCKETS]
-    relative position bias table (any float dtype); ``rotary``: None or the float32 [D / 2]
-    inverse frequencies, ``window``: None or the sliding window; ``positions``: a bound on
-    every position in a sequence (the length of the RoPE table, the window's cap).
+    """Launch the kernel on ``sequences`` (dense or packed); ``lse``: None or where the
+    log2-sum-exp2 goes; ``bias``: None or the [H, RELATIVE_BUCKETS] relative position bias
+    table (any float dtype); ``rotary``: None or the float32 [D / 2] inverse frequencies;
+    ``window``: None or the sliding window.
 
     One program per BLOCK_M queries of each (sequence, head): the grid follows the query
     length alone, since every program streams the keys of its sequence up to the last real
     one anyway.
     """
     heads, head_dim = q.shape[1], q.shape[-1]  # q is [B, H, S, D] or [T, H, D]
-    check_grid("the number of heads", heads)
-    check_grid("the batch size (number of sequences)", batch)
-    grid = lambda meta: (max(1, cdiv(max_seqlen_q, meta["BLOCK_M"])), heads, batch)
+    checked_grid(sequences, heads)
+    count, max_seqlen_q = sequences.count, sequences.max_seqlen_q
+    grid = lambda meta: (max(1, cdiv(max_seqlen_q, meta["BLOCK_M"])), heads, count)
     table = scaled_bias_table(bias)
-    factors = None if rotary is None else rotary_table(rotary, positions)
+    factors = rotary_factors(rotary, sequences)
     with _LAUNCH_LOCK:
         _attention_fwd_kernel[grid](
             q,
             k,
             v,
             out,
-            mask,
-            cu_seqlens,
+            sequences.mask,
+            sequences.cu_seqlens,
             lse,
             table,
             factors,
-            *strides,
+            *head_strides(q, k, v, out),
+            *row_strides(sequences, lse),
             0 if table is None else table.stride(0),
-            seq_q,
-            seq_k,
+            sequences.seq_q,
+            sequences.seq_k,
             scale * LOG2_E,
             dropout_p,
             seed,
-            clamp_window(window, positions),
-            next_power_of_2(max_seqlen_q),
-            next_power_of_2(max_seqlen_k),
-            HEAD_DIM=head_dim,
-            BLOCK_D=next_power_of_2(head_dim),
-            HAS_MASK=mask is not None,
-            IS_VARLEN=cu_seqlens is not None,
-            HAS_DROPOUT=dropout_p > 0.0,
+            *trailing_scalars(sequences, window),
             STORE_LSE=lse is not None,
-            HAS_BIAS=table is not None,
-            ROTARY=factors is not None,
-            WINDOW=window is not None,
+            **variant_flags(sequences, head_dim, dropout_p, table, rotary, window),
         )
 
 
@@ -969,7 +912,6 @@ def attention_forward(
     ``.transpose(1, 2)`` is the op's [B, H, S_q, D] result; with ``save`` the fp32 [B, H, S_q]
     log2-sum-exp2 of the scaled scores that the backward needs, else None)."""
     batch, heads, seq_q, head_dim = q.shape
-    seq_k = k.shape[2]
     buffer = torch.empty((batch, seq_q, heads, head_dim), dtype=q.dtype, device=q.device)
     out = buffer.transpose(1, 2)
     lse = None
@@ -977,39 +919,9 @@ def attention_forward(
         lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return buffer, lse
-    mask = key_padding_mask
-    mask_strides = (0, 0) if mask is None else (mask.stride(0), mask.stride(1))
-    lse_strides = (0, 0) if lse is None else (lse.stride(0), lse.stride(1))
-    strides = (
-        *q.stride()[:3],
-        *k.stride()[:3],
-        *v.stride()[:3],
-        *out.stride()[:3],
-        *mask_strides,
-        *lse_strides,
-    )
-    _launch(
-        q,
-        k,
-        v,
-        out,
-        mask,
-        None,
-        lse,
-        relative_bias,
-        strides,
-        seq_q,
-        seq_k,
-        seq_q,
-        seq_k,
-        batch,
-        scale,
-        dropout_p,
-        seed_value(seed),
-        rotary,
-        window,
-        max(seq_q, seq_k),
-    )
+    sequences = dense(q, k, key_padding_mask)
+    args = (sequences, scale, dropout_p, seed_value(seed), rotary, window)
+    _launch(q, k, v, out, lse, relative_bias, *args)
     return buffer, lse
 
 
@@ -1035,49 +947,11 @@ def attention_varlen_forward(
     lse = None
     if save:
         lse = torch.empty((heads, tokens), dtype=torch.float32, device=q.device)
-    batch = cu_seqlens.numel() - 1
-    if out.numel() == 0 or batch == 0:
+    sequences = packed(q, cu_seqlens, max_seqlen)
+    if out.numel() == 0 or sequences.count == 0:
         return out, lse
-    strides = (
-        0,
-        q.stride(1),
-        q.stride(0),
-        0,
-        k.stride(1),
-        k.stride(0),
-        0,
-        v.stride(1),
-        v.stride(0),
-        0,
-        out.stride(1),
-        out.stride(0),
-        0,
-        0,
-        0,
-        0 if lse is None else lse.stride(0),
-    )
-    _launch(
-        q,
-        k,
-        v,
-        out,
-        None,
-        cu_seqlens,
-        lse,
-        relative_bias,
-        strides,
-        0,
-        0,
-        max_seqlen,
-        max_seqlen,
-        batch,
-        scale,
-        dropout_p,
-        seed_value(seed),
-        rotary,
-        window,
-        tokens,
-    )
+    args = (sequences, scale, dropout_p, seed_value(seed), rotary, window)
+    _launch(q, k, v, out, lse, relative_bias, *args)
     return out, lse
 
 
@@ -1116,19 +990,18 @@ def _backward_fake(
 
 
 def _save(ctx, inputs, outputs) -> None:
-    q, k, v, key_padding_mask, scale, dropout_p, relative_bias, rotary, window, seed, _ = inputs
-    saved = (q, k, v, outputs[0], outputs[1], key_padding_mask, seed, relative_bias, rotary)
+    """Keep what the backward needs. The sequences' arguments are the dense op's key-padding
+    mask, or the packed op's cu_seqlens and max_seqlen (an int, kept on ``ctx``)."""
+    q, k, v, sequences, *lengths, scale, dropout_p, relative_bias, rotary, window, seed, _ = inputs
+    saved = (q, k, v, outputs[0], outputs[1], sequences, seed, relative_bias, rotary)
     ctx.save_for_backward(*saved)
-    ctx.scale, ctx.dropout_p, ctx.window = scale, dropout_p, window
-
-
-def _bias_grad(relative_bias, grad) -> torch.Tensor | None:
-    """The table's gradient as autograd takes it: None without a table."""
-    return None if relative_bias is None else grad
+    ctx.lengths, ctx.scale, ctx.dropout_p, ctx.window = lengths, scale, dropout_p, window
 
 
 def _gradients(ctx, backward, grad_out, _grad_lse):
-    q, k, v, out, lse, key_padding_mask, seed, relative_bias, rotary = ctx.saved_tensors
+    """The gradients of the forward's arguments: q, k, v and the bias table's (the dense
+    backward returns [B, S, H, D] buffers, whose transposes are the gradients)."""
+    q, k, v, out, lse, sequences, seed, relative_bias, rotary = ctx.saved_tensors
     *grads, grad_bias = backward(
         grad_out,
         q,
@@ -1136,7 +1009,8 @@ def _gradients(ctx, backward, grad_out, _grad_lse):
         v,
         out,
         lse,
-        key_padding_mask,
+        sequences,
+        *ctx.lengths,
         ctx.scale,
         ctx.dropout_p,
         seed,
@@ -1144,8 +1018,11 @@ def _gradients(ctx, backward, grad_out, _grad_lse):
         rotary,
         ctx.window,
     )
-    grads = (g.transpose(1, 2) for g in grads)
-    return (*grads, None, None, None, _bias_grad(relative_bias, grad_bias), None, None, None)
+    if not ctx.lengths:
+        grads = (g.transpose(1, 2) for g in grads)
+    grad_bias = None if relative_bias is None else grad_bias
+    # None for the sequences' arguments, scale and dropout_p, then rotary, window and seed.
+    return (*grads, *(None,) * (len(ctx.lengths) + 3), grad_bias, None, None, None)
 
 
 ATTENTION = Op(
@@ -1190,46 +1067,6 @@ def _varlen_backward_fake(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen, *
     return (*(t.new_empty(t.shape) for t in (q, k, v)), _bias_grad_fake(q, relative_bias))
 
 
-def _varlen_save(ctx, inputs, outputs) -> None:
-    q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias, rotary, window, seed, _ = (
-        inputs
-    )
-    saved = (q, k, v, outputs[0], outputs[1], cu_seqlens, seed, relative_bias, rotary)
-    ctx.save_for_backward(*saved)
-    ctx.max_seqlen, ctx.scale, ctx.dropout_p, ctx.window = max_seqlen, scale, dropout_p, window
-
-
-def _varlen_gradients(ctx, backward, grad_out, _grad_lse):
-    q, k, v, out, lse, cu_seqlens, seed, relative_bias, rotary = ctx.saved_tensors
-    *grads, grad_bias = backward(
-        grad_out,
-        q,
-        k,
-        v,
-        out,
-        lse,
-        cu_seqlens,
-        ctx.max_seqlen,
-        ctx.scale,
-        ctx.dropout_p,
-        seed,
-        relative_bias,
-        rotary,
-        ctx.window,
-    )
-    return (
-        *grads,
-        None,
-        None,
-        None,
-        None,
-        _bias_grad(relative_bias, grad_bias),
-        None,
-        None,
-        None,
-    )
-
-
 ATTENTION_VARLEN = Op(
     name="attention_varlen",
     reference=reference.attention_varlen,
@@ -1249,8 +1086,8 @@ ATTENTION_VARLEN = Op(
         " Tensor? relative_bias, Tensor? rotary, int? window) -> (Tensor, Tensor, Tensor, Tensor)",
         _varlen_backward_fake,
     ),
-    save=_varlen_save,
-    gradients=_varlen_gradients,
+    save=_save,
+    gradients=_gradients,
 )
 
 

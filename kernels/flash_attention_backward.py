@@ -56,22 +56,34 @@ import triton
 import triton.language as tl
 
 from . import dropout
+from .attention_launch import (
+    AUTOTUNE_KEY,
+    Sequences,
+    checked_grid,
+    dense,
+    head_strides,
+    packed,
+    pruner,
+    rotary_factors,
+    row_strides,
+    scaled_bias_table,
+    trailing_scalars,
+    tune_configs,
+    variant_flags,
+)
 from .attention_tiles import (
     LOG2_E,
-    check_grid,
-    clamp_window,
     dropout_origin,
     head_base,
     load_rows,
     relative_bucket,
-    rotary_table,
     rotate_rows,
     unrotate_rows,
     window_keys,
 )
 from .checks import RELATIVE_BUCKETS
 from .dropout import seed_value
-from .launch import TRITON_3_6, cdiv, interpreting, next_power_of_2, time_config, tuned
+from .launch import TRITON_3_6, cdiv, time_config
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages). dK / dV: BLOCK_N keys per program (the MMAs' rows);
 # dQ: BLOCK_M queries per program.
@@ -145,25 +157,8 @@ def keep(
 def configs(is_dkdv: bool) -> list[triton.Config]:
     """Autotune configs of one kernel; a single one under the interpreter."""
     if TRITON_3_6:
-        space = _DKDV_TUNE_SPACE_TRITON_3_6 if is_dkdv else _DQ_TUNE_SPACE_TRITON_3_6
-    else:
-        space = _DKDV_TUNE_SPACE if is_dkdv else _DQ_TUNE_SPACE
-    space = space[:1] if interpreting() else space
-    return [
-        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-        for m, n, w, s in space
-    ]
-
-
-def _pruner(is_dkdv: bool):
-    def prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list:
-        args = {**named_args, **kwargs}
-        size, has_bias = args["Q"].element_size(), bool(args["HAS_BIAS"])
-        variant = (is_dkdv, has_bias, bool(args["ROTARY"]))
-        kept = [c for c in configs if keep(c, args["BLOCK_D"], size, *variant)]
-        return tuned(kept or configs[:1])
-
-    return prune
+        return tune_configs(_DKDV_TUNE_SPACE_TRITON_3_6 if is_dkdv else _DQ_TUNE_SPACE_TRITON_3_6)
+    return tune_configs(_DKDV_TUNE_SPACE if is_dkdv else _DQ_TUNE_SPACE)
 
 
 @triton.jit
@@ -382,20 +377,12 @@ BUCKETS = tl.constexpr(RELATIVE_BUCKETS)
 
 
 def _autotuned(is_dkdv: bool):
+    """The autotuner of one pass: its configs, pruned by ``keep`` for the launch's variant."""
+    variant = lambda args: (is_dkdv, bool(args["HAS_BIAS"]), bool(args["ROTARY"]))
     return triton.autotune(
         configs=configs(is_dkdv),
-        key=[
-            "seq_q_bucket",
-            "seq_k_bucket",
-            "HEAD_DIM",
-            "HAS_MASK",
-            "IS_VARLEN",
-            "HAS_DROPOUT",
-            "HAS_BIAS",
-            "ROTARY",
-            "WINDOW",
-        ],
-        prune_configs_by={"early_config_prune": _pruner(is_dkdv)},
+        key=list(AUTOTUNE_KEY),
+        prune_configs_by={"early_config_prune": pruner(keep, variant)},
         do_bench=time_config,
     )
 
@@ -581,83 +568,54 @@ _attention_bwd_dkdv_kernel = _autotuned(is_dkdv=True)(_attention_bwd_kernel)
 _attention_bwd_dq_kernel = _autotuned(is_dkdv=False)(_attention_bwd_kernel)
 
 
-def _strides(*tensors: torch.Tensor) -> tuple[int, ...]:
-    """(batch, head, row) strides of each [B, H, S, D] tensor, or (0, head, row) of [T, H, D]."""
-    out: list[int] = []
-    for t in tensors:
-        out += t.stride()[:3] if t.dim() == 4 else (0, t.stride(1), t.stride(0))
-    return tuple(out)
-
-
 def _launch_backward(
-    q,
-    k,
-    v,
-    grad_out,
-    dq,
-    dk,
-    dv,
-    mask,
-    cu_seqlens,
-    lse,
-    delta,
-    bias,
-    seq_q,
-    seq_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    batch,
-    scale,
-    dropout_p,
-    seed,
-    rotary=None,
-    window=None,
-    positions=0,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    grad_out: torch.Tensor,
+    dq: torch.Tensor,
+    dk: torch.Tensor,
+    dv: torch.Tensor,
+    lse: torch.Tensor,
+    delta: torch.Tensor,
+    bias: torch.Tensor | None,
+    sequences: Sequences,
+    scale: float,
+    dropout_p: float,
+    seed: int,
+    rotary: torch.Tensor | None,
+    window: int | None,
 ) -> torch.Tensor | None:
-    """Launch the dK / dV pass and the dQ pass of the backward kernel on ``batch`` sequences;
+    """Launch the dK / dV pass and the dQ pass of the backward kernel on ``sequences``;
     with a bias table (fp32, log2 units: ``scaled_bias_table``), return its fp32 [H, buckets]
-    gradient: the dQ programs' partial sums, reduced here in a fixed order. ``rotary``,
-    ``window`` and ``positions``: as the forward's launcher takes them."""
+    gradient: the dQ programs' partial sums, reduced here in a fixed order. ``rotary`` and
+    ``window``: as the forward's launcher takes them."""
     heads, head_dim = q.shape[1], q.shape[-1]  # q is [B, H, S, D] or [T, H, D]
-    is_varlen = cu_seqlens is not None
-    check_grid("the number of heads", heads)
-    check_grid("the batch size (number of sequences)", batch)
-    mask_strides = (0, 0) if mask is None else (mask.stride(0), mask.stride(1))
-    lse_strides = (0, lse.stride(0)) if is_varlen else (lse.stride(0), lse.stride(1))
-    common = dict(
-        HEAD_DIM=head_dim,
-        BLOCK_D=next_power_of_2(head_dim),
-        HAS_MASK=mask is not None,
-        IS_VARLEN=is_varlen,
-        HAS_DROPOUT=dropout_p > 0.0,
-        HAS_BIAS=bias is not None,
-        ROTARY=rotary is not None,
-        WINDOW=window is not None,
-    )
-    factors = None if rotary is None else rotary_table(rotary, positions)
+    checked_grid(sequences, heads)
+    count, max_seqlen_q, max_seqlen_k = sequences.count, *sequences[3:5]
+    common = variant_flags(sequences, head_dim, dropout_p, bias, rotary, window)
+    factors = rotary_factors(rotary, sequences)
     partials, programs = None, 0
     if bias is not None:
         # One row of partial sums per dQ program: enough for the smallest BLOCK_M tried.
         programs = max(1, cdiv(max_seqlen_q, min(c.kwargs["BLOCK_M"] for c in configs(False))))
         partials = torch.zeros(
-            (batch, heads, programs, bias.shape[1]), dtype=torch.float32, device=q.device
+            (count, heads, programs, bias.shape[1]), dtype=torch.float32, device=q.device
         )
+    tensors = (sequences.mask, sequences.cu_seqlens, lse, delta, bias, partials, factors)
     scalars = (
-        *mask_strides,
-        *lse_strides,
+        *row_strides(sequences, lse),
         0 if bias is None else bias.stride(0),
         programs,
-        seq_q,
-        seq_k,
+        sequences.seq_q,
+        sequences.seq_k,
         scale * LOG2_E,
         scale,
         dropout_p,
         seed,
-        clamp_window(window, positions),
-        next_power_of_2(max_seqlen_q),
-        next_power_of_2(max_seqlen_k),
+        *trailing_scalars(sequences, window),
     )
-    dkdv_grid = lambda meta: (max(1, cdiv(max_seqlen_k, meta["BLOCK_N"])), heads, batch)
+    dkdv_grid = lambda meta: (max(1, cdiv(max_seqlen_k, meta["BLOCK_N"])), heads, count)
     _attention_bwd_dkdv_kernel[dkdv_grid](
         q,
         k,
@@ -665,19 +623,13 @@ def _launch_backward(
         grad_out,
         dk,
         dv,
-        mask,
-        cu_seqlens,
-        lse,
-        delta,
-        bias,
-        partials,
-        factors,
-        *_strides(q, k, v, grad_out, dk, dv),
+        *tensors,
+        *head_strides(q, k, v, grad_out, dk, dv),
         *scalars,
         DKDV=True,
         **common,
     )
-    dq_grid = lambda meta: (max(1, cdiv(max_seqlen_q, meta["BLOCK_M"])), heads, batch)
+    dq_grid = lambda meta: (max(1, cdiv(max_seqlen_q, meta["BLOCK_M"])), heads, count)
     _attention_bwd_dq_kernel[dq_grid](
         q,
         k,
@@ -685,14 +637,8 @@ def _launch_backward(
         grad_out,
         dq,
         None,
-        mask,
-        cu_seqlens,
-        lse,
-        delta,
-        bias,
-        partials,
-        factors,
-        *_strides(q, k, v, grad_out, dq),
+        *tensors,
+        *head_strides(q, k, v, grad_out, dq),
         0,
         0,
         0,
@@ -737,35 +683,15 @@ def attention_backward(
         torch.empty((batch, s, heads, head_dim), dtype=q.dtype, device=q.device)
         for s in (seq_q, seq_k, seq_k)
     ]
-    grads = [b.transpose(1, 2) for b in buffers]
     if q.numel() == 0 or k.numel() == 0:
         return (*(b.zero_() for b in buffers), _zero_bias_grad(relative_bias))
-    grad_out, out = grad_out.transpose(1, 2), out.transpose(1, 2)
-    grad_out = _unit_stride_on_d(grad_out)
-    delta = (grad_out.float() * out.float()).sum(-1)
-    grad_bias = _launch_backward(
-        q,
-        k,
-        v,
-        grad_out,
-        *grads,
-        key_padding_mask,
-        None,
-        lse,
-        delta,
-        scaled_bias_table(relative_bias),
-        seq_q,
-        seq_k,
-        seq_q,
-        seq_k,
-        batch,
-        scale,
-        dropout_p,
-        seed_value(seed),
-        rotary,
-        window,
-        max(seq_q, seq_k),
-    )
+    grads = [b.transpose(1, 2) for b in buffers]
+    grad_out = _unit_stride_on_d(grad_out.transpose(1, 2))
+    delta = (grad_out.float() * out.transpose(1, 2).float()).sum(-1)
+    sequences = dense(q, k, key_padding_mask)
+    args = (sequences, scale, dropout_p, seed_value(seed), rotary, window)
+    table = scaled_bias_table(relative_bias)
+    grad_bias = _launch_backward(q, k, v, grad_out, *grads, lse, delta, table, *args)
     return (*buffers, _bias_grad_as(relative_bias, grad_bias))
 
 
@@ -792,41 +718,15 @@ def attention_varlen_backward(
     (past cu_seqlens[-1]) get zero gradients.
     """
     grads = tuple(torch.zeros_like(q, memory_format=torch.contiguous_format) for _ in range(3))
-    batch = cu_seqlens.numel() - 1
-    if q.numel() == 0 or batch == 0:
+    sequences = packed(q, cu_seqlens, max_seqlen)
+    if q.numel() == 0 or sequences.count == 0:
         return (*grads, _zero_bias_grad(relative_bias))
     grad_out = _unit_stride_on_d(grad_out)
     delta = (grad_out.float() * out.float()).sum(-1).transpose(0, 1).contiguous()
-    grad_bias = _launch_backward(
-        q,
-        k,
-        v,
-        grad_out,
-        *grads,
-        None,
-        cu_seqlens,
-        lse,
-        delta,
-        scaled_bias_table(relative_bias),
-        0,
-        0,
-        max_seqlen,
-        max_seqlen,
-        batch,
-        scale,
-        dropout_p,
-        seed_value(seed),
-        rotary,
-        window,
-        q.shape[0],
-    )
+    args = (sequences, scale, dropout_p, seed_value(seed), rotary, window)
+    table = scaled_bias_table(relative_bias)
+    grad_bias = _launch_backward(q, k, v, grad_out, *grads, lse, delta, table, *args)
     return (*grads, _bias_grad_as(relative_bias, grad_bias))
-
-
-def scaled_bias_table(bias: torch.Tensor | None) -> torch.Tensor | None:
-    """The relative position bias table as the kernels read it: fp32, contiguous, times
-    log2(e) (the kernels' scores are in log2 units)."""
-    return None if bias is None else (bias.float() * LOG2_E).contiguous()
 
 
 def _zero_bias_grad(relative_bias: torch.Tensor | None) -> torch.Tensor | None:
@@ -840,10 +740,4 @@ def _bias_grad_as(
     return None if relative_bias is None else grad.to(relative_bias.dtype)
 
 
-__all__ = [
-    "attention_backward",
-    "attention_varlen_backward",
-    "configs",
-    "keep",
-    "scaled_bias_table",
-]
+__all__ = ["attention_backward", "attention_varlen_backward", "configs", "keep"]
