@@ -719,6 +719,38 @@ def gemm(
         )
 
 
+def linear_rows(
+    a: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None,
+    residual: torch.Tensor | None,
+    **variant: object,
+) -> None:
+    """Launch ``act(a @ weight^T + bias) + residual`` into ``out``: the forward of the float and
+    the quantised linears.
+
+    a: [M, K] rows of the input (any strides; int8 / e4m3 with ``variant``'s ``scales`` and
+    ``quant``); weight: [N, K] ([2N, K] with ``gated``); out: a new contiguous [..., N] tensor
+    holding M rows; residual: [..., N] or None. ``variant``: :func:`gemm`'s other flags."""
+    m, k = a.shape
+    n = out.shape[-1]
+    rows_of_residual = residual.reshape(m, n) if residual is not None else None
+    gemm(
+        a,
+        a.stride(),
+        weight,
+        weight.stride(),
+        out.view(m, n),
+        k,
+        bias=bias,
+        activation=ACTIVATION_CODES[activation],
+        residual=rows_of_residual,
+        **variant,
+    )
+
+
 def linear_forward(x, weight, bias, activation, residual, gated, save):
     """Launch the forward: (out [..., N] ([..., N / 2] when ``gated``), pre-activation [M, N]
     or None); the pre-activation is stored only when ``save`` and there is an activation or a
@@ -732,20 +764,16 @@ def linear_forward(x, weight, bias, activation, residual, gated, save):
     pre = torch.empty((m, rows), dtype=x.dtype, device=x.device) if keep_pre else None
     if m == 0 or n == 0:
         return out, pre
-    x2 = x.reshape(m, k)
-    res2 = residual.reshape(m, n) if residual is not None else None
-    gemm(
-        x2,
-        (x2.stride(0), x2.stride(1)),
+    pre_strides = (rows, 1) if pre is not None else (0, 0)
+    linear_rows(
+        x.reshape(m, k),
         weight,
-        (weight.stride(0), weight.stride(1)),
-        out.view(m, n),
-        k,
-        bias=bias,
-        activation=code,
-        residual=res2,
+        out,
+        bias,
+        activation,
+        residual,
         pre=pre,
-        pre_strides=(rows, 1) if pre is not None else (0, 0),
+        pre_strides=pre_strides,
         store_pre=pre is not None,
         gated=gated,
     )

@@ -50,7 +50,7 @@ import triton.language as tl
 
 from . import reference, torch_ops
 from .checks import check_fp8_device, check_linear_fp8, check_linear_int8, refuse_gradients
-from .fused_linear import ACTIVATION_CODES, gemm
+from .fused_linear import linear_rows
 from .launch import check_triton_device, next_power_of_2
 from .op import Kernel, Op
 
@@ -168,20 +168,9 @@ def _quantized_forward(quantize, x, weight, weight_scale, bias, activation, resi
     if m == 0 or n == 0:
         return out
     x_q, x_scale = quantize_rows(x.reshape(m, k), input_scale, quantize)
-    res2 = residual.reshape(m, n) if residual is not None else None
-    gemm(
-        x_q,
-        (x_q.stride(0), x_q.stride(1)),
-        weight,
-        (weight.stride(0), weight.stride(1)),
-        out.view(m, n),
-        k,
-        bias=bias,
-        activation=ACTIVATION_CODES[activation],
-        residual=res2,
-        scales=(x_scale, weight_scale),
-        quant=QUANT_CODES[quantize],
-    )
+    scales = (x_scale, weight_scale)
+    quant = QUANT_CODES[quantize]
+    linear_rows(x_q, weight, out, bias, activation, residual, scales=scales, quant=quant)
     return out
 
 
