@@ -842,18 +842,7 @@ _LAUNCH_LOCK = launch_lock()  # one launch at a time across threads (the autotun
 
 
 def _launch(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    sequences: Sequences,
-    scale: float,
-    dropout_p: float,
-    seed: int,
-    rotary: torch.Tensor | None,
-    window: int | None,
+    q, k, v, out, lse, bias, sequences: Sequences, scale, dropout_p, seed, rotary, window
 ) -> None:
     """Launch the kernel on ``sequences`` (dense or packed); ``lse``: None or where the
     log2-sum-exp2 goes; ``bias``: None or the [H, RELATIVE_BUCKETS] relative position bias

@@ -65,6 +65,22 @@ def _kept(
     return [c for c in CONFIGS if mod.keep(c, block_d, element_size, *variant)]
 
 
+def variant_constexprs(
+    head_dim: int,
+    has_mask: bool,
+    is_varlen: bool,
+    has_dropout: bool,
+    has_bias: bool,
+    rotary: bool,
+    window: bool,
+) -> dict[str, object]:
+    """The constexpr flags the forward and backward kernels both take (their launchers':
+    ``attention_launch.variant_flags``)."""
+    flags = (has_mask, is_varlen, has_dropout, has_bias, rotary, window)
+    names = ("HAS_MASK", "IS_VARLEN", "HAS_DROPOUT", "HAS_BIAS", "ROTARY", "WINDOW")
+    return dict(HEAD_DIM=head_dim, BLOCK_D=next_power_of_2(head_dim), **dict(zip(names, flags)))
+
+
 def _values_per_thread(config, head_dim: int, has_bias: bool = False, rotary: bool = False) -> int:
     """fp32 values per thread for the accumulator and the score tile, and with ``rotary`` the
     rotated key tile with its cos and sin (``keep``'s measure)."""
@@ -103,18 +119,9 @@ def _case(
 ) -> CompileCase:
     ptr = f"*{dtype}"
     signature = {"Q": ptr, "K": ptr, "V": ptr, "Out": ptr}
-    constexprs: dict[str, object] = dict(
-        HEAD_DIM=head_dim,
-        BLOCK_D=next_power_of_2(head_dim),
-        HAS_MASK=has_mask,
-        IS_VARLEN=is_varlen,
-        HAS_DROPOUT=has_dropout,
-        STORE_LSE=store_lse,
-        HAS_BIAS=has_bias,
-        ROTARY=rotary,
-        WINDOW=window,
-        **config.kwargs,
-    )
+    variant = (has_mask, is_varlen, has_dropout, has_bias, rotary, window)
+    constexprs = {**variant_constexprs(head_dim, *variant), "STORE_LSE": store_lse}
+    constexprs.update(config.kwargs)
     _optional_inputs(signature, constexprs, has_mask, is_varlen, mask)
     signature.update(Lse="*fp32" if store_lse else "constexpr")
     if not store_lse:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from fastbert.kernels import flash_attention_backward as mod
 from fastbert.kernels.launch import next_power_of_2
+from tests.compile_cases.attention import variant_constexprs
 from tests.compile_support import ELEMENT_SIZES, CompileCase
 
 # Whether the kernels multiply tiles with tl.dot (tests/test_compile.py checks their MMA
@@ -104,18 +105,9 @@ def _case(
     signature.update(stride_bias_h="i32", dbias_programs="i32")
     signature.update(qk_scale="fp32", sm_scale="fp32", dropout_p="fp32", seed="i32")
     signature.update(seq_q_bucket="i32", seq_k_bucket="i32")
-    constexprs: dict[str, object] = dict(
-        HEAD_DIM=head_dim,
-        BLOCK_D=next_power_of_2(head_dim),
-        HAS_MASK=has_mask,
-        IS_VARLEN=is_varlen,
-        HAS_DROPOUT=has_dropout,
-        HAS_BIAS=has_bias,
-        ROTARY=rotary,
-        WINDOW=window,
-        DKDV=is_dkdv,
-        **config.kwargs,
-    )
+    variant = (has_mask, is_varlen, has_dropout, has_bias, rotary, window)
+    constexprs = {**variant_constexprs(head_dim, *variant), "DKDV": is_dkdv}
+    constexprs.update(config.kwargs)
     if not has_bias:
         constexprs["Bias"] = None
     if not rotary:
