@@ -10,6 +10,8 @@ integer tensor-core instructions: IMMA on sm_80, the integer warpgroup MMA (IGMM
 
 from __future__ import annotations
 
+import dataclasses
+
 from fastbert.kernels import linear_configs, quantized_linear
 from tests.compile_cases import linear
 from tests.compile_support import ARCHS, CompileCase
@@ -35,38 +37,19 @@ def _case(
     activation: int,
     has_residual: bool,
     quantize: str = "int8",
-):
-    meta = config.kwargs
+) -> CompileCase:
+    """The forward case of tests/compile_cases/linear.py with ``quantize``'s operands and their
+    float32 scales, output in ``out_dtype``."""
     operand, dtype, archs = FORMATS[quantize]
-    signature = linear._signature(out_dtype, has_bias, has_residual, meta=meta)
-    signature.update(
-        x_ptr=operand, weight_ptr=operand, x_scale_ptr="*fp32", weight_scale_ptr="*fp32"
-    )
-    constexprs = {
-        "HAS_BIAS": has_bias,
-        "ACTIVATION": activation,
-        "HAS_RESIDUAL": has_residual,
-        "STORE_PRE_ACTIVATION": False,
-        "GRAD_ACTIVATION": 0,
-        "HAS_ROW_SUM": False,
-        "QUANT": quantized_linear.QUANT_CODES[quantize],
-        "GATED": False,
-        "GATED_GRAD": 0,
-        "pre_ptr": None,
-        "row_sum_ptr": None,
-        "x_desc": None,
-        "weight_desc": None,
-        **meta,
-        **dict.fromkeys(linear.UNIT_STRIDES, 1),
-    }
-    if not has_bias:
-        constexprs["bias_ptr"] = None
-    if not has_residual:
-        constexprs["residual_ptr"] = None
+    case = linear._case(out_dtype, config, has_bias, activation, has_residual)
+    scales = ("x_scale_ptr", "weight_scale_ptr")
+    case.signature.update(x_ptr=operand, weight_ptr=operand, **dict.fromkeys(scales, "*fp32"))
+    for name in scales:
+        del case.constexprs[name]
+    case.constexprs["QUANT"] = quantized_linear.QUANT_CODES[quantize]
     variant = f"bias={int(has_bias)} act={activation} res={int(has_residual)}"
     name = f"linear_{quantize}[{out_dtype} out {linear_configs.config_name(config)} {variant}]"
-    where = {"aligned_ints": ("N", "K"), "archs": archs}
-    return CompileCase.tuned(config, name, linear.KERNEL, signature, constexprs, dtype, **where)
+    return dataclasses.replace(case, name=name, dtype=dtype, archs=archs)
 
 
 def _kept(config, epilogue) -> bool:
