@@ -57,9 +57,10 @@ from .fused_layer_norm import (
     normalize_row,
     normalize_row_backward,
     num_warps,
-    rows_per_program,
+    partial_sums,
+    weight_gradients,
 )
-from .launch import cdiv, check_triton_device
+from .launch import check_triton_device
 from .op import Kernel, Op, dropout_seed, placeholder
 
 
@@ -281,14 +282,20 @@ def _strides_2d(t: torch.Tensor | None) -> tuple[int, int]:
     return t.stride(0), t.stride(1)
 
 
-def _id_strides(input_ids, token_type_ids, position_ids) -> tuple[int, ...]:
-    """The six (batch, sequence) strides of the three id tensors, in the kernels' order."""
-    return (*_strides_2d(input_ids), *_strides_2d(token_type_ids), *_strides_2d(position_ids))
+def _strides(ids: tuple, tables: tuple) -> tuple[int, ...]:
+    """The kernels' id and table strides: (batch, sequence) of each of the three id tensors,
+    then (row, column) of each [rows, H] table, in order."""
+    id_strides = tuple(stride for t in ids for stride in _strides_2d(t))
+    return id_strides + tuple(stride for t in tables for stride in (t.stride(0), t.stride(1)))
 
 
-def _table_strides(*tables: torch.Tensor) -> tuple[int, ...]:
-    """(row, column) strides of each [rows, H] table, in order."""
-    return tuple(stride for t in tables for stride in (t.stride(0), t.stride(1)))
+def _flags(token_type_ids, position_ids, dropout_p: float) -> dict[str, bool]:
+    """The kernels' variant flags for these inputs."""
+    return dict(
+        HAS_TOKEN_TYPES=token_type_ids is not None,
+        HAS_POSITION_IDS=position_ids is not None,
+        HAS_DROPOUT=dropout_p > 0.0,
+    )
 
 
 def embeddings_layer_norm_forward(
@@ -347,16 +354,13 @@ def embeddings_layer_norm_forward(
         float(eps),
         seed_value(seed),
         dropout_p,
-        *_id_strides(*ids),
-        *_table_strides(*tables),
+        *_strides(ids, tables),
         weight.stride(0),
         bias.stride(0),
         out.stride(0),
         out.stride(1),
         out.stride(2),
-        HAS_TOKEN_TYPES=token_type_ids is not None,
-        HAS_POSITION_IDS=position_ids is not None,
-        HAS_DROPOUT=dropout_p > 0.0,
+        **_flags(token_type_ids, position_ids, dropout_p),
         SAVE_STATS=save,
         BLOCK=block,
         num_warps=heavy_num_warps(block) if dropout_p > 0.0 else num_warps(block),
@@ -390,9 +394,7 @@ def embeddings_layer_norm_backward(
     hidden = weight.shape[0]
     tokens = batch * seq
     grads = [torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in tables]
-    per_program = rows_per_program(tokens)
-    programs = cdiv(tokens, per_program)
-    partials = torch.zeros((2, max(programs, 1), hidden), dtype=torch.float32, device=dout.device)
+    per_program, programs, partials = partial_sums(tokens, hidden, dout.device)
     if tokens:
         block = block_size(hidden)
         _embeddings_layer_norm_bwd_kernel[(programs,)](
@@ -411,22 +413,17 @@ def embeddings_layer_norm_backward(
             per_program,
             seed_value(seed),
             dropout_p,
-            *_id_strides(*ids),
-            *_table_strides(*tables),
+            *_strides(ids, tables),
             weight.stride(0),
-            HAS_TOKEN_TYPES=token_type_ids is not None,
-            HAS_POSITION_IDS=position_ids is not None,
-            HAS_DROPOUT=dropout_p > 0.0,
+            **_flags(token_type_ids, position_ids, dropout_p),
             BLOCK=block,
             num_warps=heavy_num_warps(block),
         )
     for grad, row in zip(grads, (padding_idx, position_padding_idx)):
         if row is not None:
             grad[row] = 0.0
-    # Two separate sums: the gradients must not share storage.
-    dweight, dbias = (p.sum(dim=0).to(weight.dtype) for p in partials)
     dtables = [g.to(t.dtype) for g, t in zip(grads, tables)]
-    return (*dtables, dweight, dbias)
+    return (*dtables, *weight_gradients(partials, weight.dtype))
 
 
 def _prepare(

@@ -79,6 +79,24 @@ def rows_per_program(rows: int) -> int:
     return max(1, cdiv(rows, MAX_PARTIALS))
 
 
+def partial_sums(rows: int, hidden: int, device: torch.device) -> tuple[int, int, torch.Tensor]:
+    """The backward's row blocks for ``rows`` rows of ``hidden``: (rows per program, programs,
+    zeroed float32 [2, programs, hidden] partial sums of dweight and dbias)."""
+    per_program = rows_per_program(rows)
+    programs = cdiv(rows, per_program)
+    partials = torch.zeros((2, max(programs, 1), hidden), dtype=torch.float32, device=device)
+    return per_program, programs, partials
+
+
+def weight_gradients(
+    partials: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dweight, dbias) in ``dtype``: the programs' float32 partial sums added up."""
+    # Two separate sums: the gradients must not share storage.
+    dweight, dbias = (p.sum(dim=0).to(dtype) for p in partials)
+    return dweight, dbias
+
+
 def check_hidden(hidden: int) -> None:
     if hidden > MAX_HIDDEN:
         raise ValueError(
@@ -261,6 +279,17 @@ def _layer_norm_bwd_kernel(
     tl.store(dbias_partial_ptr + program * N + cols, dbias, mask=mask)
 
 
+def _rows(
+    x: torch.Tensor, residual: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None, tuple[int, int, int, int]]:
+    """x and residual ([..., N]) as [rows, N] (views where the strides allow, otherwise copies),
+    and their (row, column) strides in the kernels' order (zeros without a residual)."""
+    hidden = x.shape[-1]
+    x2 = x.reshape(-1, hidden)
+    res2 = None if residual is None else residual.reshape(-1, hidden)
+    return x2, res2, (*x2.stride(), *(res2.stride() if res2 is not None else (0, 0)))
+
+
 def layer_norm_forward(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -276,7 +305,7 @@ def layer_norm_forward(
     caller."""
     hidden = x.shape[-1]
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    x2 = x.reshape(-1, hidden)
+    x2, res2, row_strides = _rows(x, residual)
     rows = x2.shape[0]
     mean = rstd = None
     if save:
@@ -284,7 +313,6 @@ def layer_norm_forward(
     if out.numel() == 0:
         return out, mean, rstd
     out2 = out.view(-1, hidden)
-    res2 = residual.reshape(-1, hidden) if residual is not None else None
     block = block_size(hidden)
     _layer_norm_fwd_kernel[(rows,)](
         x2,
@@ -298,10 +326,7 @@ def layer_norm_forward(
         float(eps),
         seed_value(seed),
         dropout_p,
-        x2.stride(0),
-        x2.stride(1),
-        res2.stride(0) if res2 is not None else 0,
-        res2.stride(1) if res2 is not None else 0,
+        *row_strides,
         weight.stride(0),
         bias.stride(0),
         out2.stride(0),
@@ -328,15 +353,12 @@ def layer_norm_backward(
     """Launch the backward: (dx, dweight, dbias, dresidual), each in its input's dtype."""
     seed = seed_value(seed)
     hidden = x.shape[-1]
-    x2 = x.reshape(-1, hidden)
+    x2, res2, row_strides = _rows(x, residual)
     rows = x2.shape[0]
     dout2 = dout.reshape(-1, hidden).contiguous()
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     dres = None if residual is None else torch.empty_like(dx)
-    res2 = residual.reshape(-1, hidden) if residual is not None else None
-    per_program = rows_per_program(rows)
-    programs = cdiv(rows, per_program)
-    partials = torch.zeros((2, max(programs, 1), hidden), dtype=torch.float32, device=x.device)
+    per_program, programs, partials = partial_sums(rows, hidden, x.device)
     if rows:
         block = block_size(hidden)
         _layer_norm_bwd_kernel[(programs,)](
@@ -355,19 +377,14 @@ def layer_norm_backward(
             per_program,
             seed,
             dropout_p,
-            x2.stride(0),
-            x2.stride(1),
-            res2.stride(0) if res2 is not None else 0,
-            res2.stride(1) if res2 is not None else 0,
+            *row_strides,
             weight.stride(0),
             HAS_RESIDUAL=residual is not None,
             HAS_DROPOUT=dropout_p > 0.0,
             BLOCK=block,
             num_warps=num_warps(block, heavy=True),
         )
-    # Two separate sums: the gradients must not share storage.
-    dweight, dbias = (p.sum(dim=0).to(weight.dtype) for p in partials)
-    return dx, dweight, dbias, dres
+    return dx, *weight_gradients(partials, weight.dtype), dres
 
 
 def _prepare(x, weight, bias, eps, residual=None, dropout_p=0.0) -> tuple:
