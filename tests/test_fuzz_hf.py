@@ -40,6 +40,17 @@ _PREFIX = {
     "distilbert": "DistilBert",
     "mpnet": "MPNet",
 }
+# DistilBERT's names of the config values the other families name as BERT does (it has no
+# token types, and its eps is fixed).
+_DISTILBERT_NAMES = {
+    "hidden_size": "dim",
+    "num_hidden_layers": "n_layers",
+    "num_attention_heads": "n_heads",
+    "intermediate_size": "hidden_dim",
+    "hidden_act": "activation",
+    "hidden_dropout_prob": "dropout",
+    "attention_probs_dropout_prob": "attention_dropout",
+}
 ROW_LAYOUTS = ("full", "right", "left", "holes", "empty")
 # Hugging Face takes a mask of any dtype (nonzero = real token). None (no mask) comes last: it
 # is the least interesting case, and shrinking moves towards the first.
@@ -117,21 +128,6 @@ def model_spec(
     ignored for DistilBERT (no token types, eps 1e-12); embedding_size: ELECTRA's (None: the
     hidden size); sinusoidal: DistilBERT's position table."""
     hidden = head_dim * heads
-    if family == "distilbert":
-        values = dict(
-            vocab_size=VOCAB,
-            dim=hidden,
-            n_layers=layers,
-            n_heads=heads,
-            hidden_dim=intermediate,
-            activation=activation,
-            max_position_embeddings=MAX_SEQ,
-            pad_token_id=pad,
-            dropout=0.0,
-            attention_dropout=0.0,
-            sinusoidal_pos_embds=sinusoidal,
-        )
-        return ModelSpec(family, values, seed)
     # RoBERTa-style positions run from pad + 1 to pad + S (MPNet's pad is always 1).
     offset = {"roberta": pad + 1, "xlm-roberta": pad + 1, "mpnet": 2}.get(family, 0)
     values = dict(
@@ -148,6 +144,13 @@ def model_spec(
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
+    if family == "distilbert":
+        values = {
+            _DISTILBERT_NAMES.get(name, name): value
+            for name, value in values.items()
+            if name not in ("type_vocab_size", "layer_norm_eps")
+        }
+        values["sinusoidal_pos_embds"] = sinusoidal
     if family == "electra":
         values["embedding_size"] = embedding_size or hidden
     if family == "mpnet":  # no token types
