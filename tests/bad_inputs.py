@@ -3,6 +3,7 @@ one or more changed ones, and must refuse them with a given exception and messag
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import pytest
@@ -15,6 +16,18 @@ BadCase = tuple[dict[str, Callable[[dict], object]], type[Exception], str]
 def float64_case(*names: str) -> BadCase:
     """The case of the named arguments in float64, which every kernel refuses."""
     return {name: (lambda a, name=name: a[name].double()) for name in names}, TypeError, "float64"
+
+
+def meta_case(name: str) -> BadCase:
+    """The case of the named argument on the meta device, which no kernel mixes with others."""
+    return {name: lambda a: a[name].to("meta")}, ValueError, "device mismatch"
+
+
+def rows_case(name: str, rows: int, shape: tuple[int, ...]) -> BadCase:
+    """The case of the named argument cut to its first ``rows`` rows, refused with a message
+    naming the ``shape`` it must have."""
+    expected = re.escape(str(shape))
+    return {name: lambda a: a[name][:rows]}, ValueError, f"{name} must have shape {expected}"
 
 
 def with_changes(args: dict[str, object], changes: dict[str, Callable[[dict], object]]) -> dict:

@@ -12,7 +12,13 @@ import torch
 from fastbert import kernels as K
 from fastbert.kernels import reference as R
 from fastbert.kernels.fused_layer_norm import MAX_HIDDEN
-from tests.bad_inputs import bad_input_test, float64_case
+from tests.bad_inputs import (
+    bad_input_test,
+    float64_case,
+    interpreter_needed_test,
+    meta_case,
+    rows_case,
+)
 from tests.op_cases import ALL_DTYPES, ELEMENTWISE_DTYPES, check_op, dtype_params, randn
 
 
@@ -100,13 +106,9 @@ BAD = {
     "float64": float64_case("x", "weight", "bias", "residual"),
     "weight shape": (dict(weight=lambda a: a["weight"][:8]), ValueError, r"weight must have sha"),
     "bias 2-d": (dict(bias=lambda a: a["bias"][None]), ValueError, "bias must have 1 dim"),
-    "residual shape": (
-        dict(residual=lambda a: a["residual"][:2]),
-        ValueError,
-        r"residual must have shape \(4, 16\)",
-    ),
-    "x on meta": (dict(x=lambda a: a["x"].to("meta")), ValueError, "device mismatch"),
-    "bias on meta": (dict(bias=lambda a: a["bias"].to("meta")), ValueError, "device mismatch"),
+    "residual shape": rows_case("residual", 2, (4, 16)),
+    "x on meta": meta_case("x"),
+    "bias on meta": meta_case("bias"),
     "negative eps": (dict(eps=lambda a: -1e-5), ValueError, "eps must be a non-negative"),
     "too wide": (
         {
@@ -122,12 +124,7 @@ BAD = {
 
 
 test_bad_input_raises = bad_input_test(K.layer_norm, _valid_args, BAD)
-
-
-def test_cpu_without_interpreter_says_so(interpreter_off) -> None:
-    x, residual, weight, bias = operands((2, 16), torch.float32, "cpu")
-    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
-        K.layer_norm(x, weight, bias, 1e-5)
+test_cpu_without_interpreter_says_so = interpreter_needed_test(K.layer_norm, _valid_args)
 
 
 # --- GPU: BERT hidden sizes over many rows ----------------------------------------------------

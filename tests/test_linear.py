@@ -13,7 +13,13 @@ import torch
 
 from fastbert import kernels as K
 from fastbert.kernels import reference as R
-from tests.bad_inputs import bad_input_test, float64_case
+from tests.bad_inputs import (
+    bad_input_test,
+    float64_case,
+    interpreter_needed_test,
+    meta_case,
+    rows_case,
+)
 from tests.op_cases import ALL_DTYPES, DOT_DTYPES, check_op, dtype_params, randn
 
 ACTIVATIONS = (None, "gelu", "gelu_tanh")
@@ -125,24 +131,15 @@ BAD = {
     "K mismatch": (dict(weight=lambda a: a["weight"][:, :5]), ValueError, "input features"),
     "3-d weight": (dict(weight=lambda a: a["weight"][None]), ValueError, "weight must have 2"),
     "bias shape": (dict(bias=lambda a: a["bias"][:5]), ValueError, r"bias must have shape \(6,\)"),
-    "residual shape": (
-        dict(residual=lambda a: a["residual"][:3]),
-        ValueError,
-        r"residual must have shape \(4, 6\)",
-    ),
-    "weight on meta": (dict(weight=lambda a: a["weight"].to("meta")), ValueError, "device"),
-    "residual on meta": (dict(residual=lambda a: a["residual"].to("meta")), ValueError, "device"),
+    "residual shape": rows_case("residual", 3, (4, 6)),
+    "weight on meta": meta_case("weight"),
+    "residual on meta": meta_case("residual"),
     "activation": (dict(activation=lambda a: "relu"), ValueError, "activation must be one of"),
 }
 
 
 test_bad_input_raises = bad_input_test(K.linear, _valid_args, BAD)
-
-
-def test_cpu_without_interpreter_says_so(interpreter_off) -> None:
-    x, weight, bias, residual = operands(2, 3, 4, torch.float32, "cpu")
-    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
-        K.linear(x, weight, bias)
+test_cpu_without_interpreter_says_so = interpreter_needed_test(K.linear, _valid_args)
 
 
 # --- GPU: BERT-base / large projections, every dtype -----------------------------------------
