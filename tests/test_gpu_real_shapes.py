@@ -26,11 +26,11 @@ from fastbert.bench.models import random_reference
 from fastbert.bench.shapes import padded_batch
 from fastbert.integrations import models as hf_models
 from fastbert.kernels import reference as R
-from tests import test_linear_fp8, test_linear_int8
 from tests import test_ops_backward as ops_backward
 from tests.op_cases import ALL_DTYPES, dtype_params, padded_mask
 from tests.test_attention import packed_qkv, qkv
 from tests.test_attention_backward import check_gradients as check_attention_gradients
+from tests.test_linear_quantized import check, operands
 
 pytestmark = pytest.mark.gpu
 
@@ -124,10 +124,7 @@ def test_softmax_gradients(dtype, device="cuda") -> None:
 # Least cosine of a real token's hidden state against Hugging Face's float32 one, BERT-base with
 # random weights: measured 0.99963 (int8) and 0.99649 (fp8) on the torch backend in float32.
 LEAST_COSINE = {"int8": 0.999, "fp8": 0.99}
-QUANTISED = {
-    "int8": (K.linear_int8, test_linear_int8),
-    "fp8": (K.linear_fp8, test_linear_fp8),
-}
+QUANTISED = {"int8": K.linear_int8, "fp8": K.linear_fp8}
 
 
 def _skip_without_fp8(quantize: str, device: str) -> None:
@@ -141,9 +138,9 @@ def _skip_without_fp8(quantize: str, device: str) -> None:
 @pytest.mark.parametrize("k, n, activation, residual", PROJECTIONS, ids=PROJECTION_IDS)
 def test_quantised_projections(quantize, dtype, k, n, activation, residual, device="cuda"):
     _skip_without_fp8(quantize, device)
-    op, cases = QUANTISED[quantize]
-    x, weight_q, weight_scale, bias, res = cases.operands(32 * 128, n, k, dtype, device, seed=k)
-    cases.check(op, x, weight_q, weight_scale, bias, activation, res if residual else None)
+    op = QUANTISED[quantize]
+    x, weight_q, weight_scale, bias, res = operands(quantize, 32 * 128, n, k, dtype, device, k)
+    check(op, x, weight_q, weight_scale, bias, activation, res if residual else None)
 
 
 # --- the models at their real sizes ----------------------------------------------------------
