@@ -1,4 +1,4 @@
-"""The torch backend's CPU attention per run of equal-length sequences: SDPA or the math path.
+"""The CPU engine's attention per run of equal-length sequences: SDPA or the math path.
 
 ``python -m benchmarks.cpu_attention [--rounds 7] [--heads 12]`` times, on one thread, for
 float32 and bfloat16 at head dimensions 32 and 64, on a grid of sequence lengths L and
@@ -6,16 +6,16 @@ sequence counts n, the two ways ``attention_varlen`` can run one run of n sequen
 tokens ([n, H, L, D] views of packed [T, H, D] tensors, written back to the packed layout):
 
 - SDPA: ``F.scaled_dot_product_attention`` (PyTorch's CPU flash kernel) and the copy back;
-- math: ``torch_ops._math_attention``: float32 scores, softmax and P @ V in chunks that keep
-  the scores in cache, rounded once into the packed output.
+- math: ``cpu_engine_attention.math_attention``: float32 scores, softmax and P @ V in chunks
+  that keep the scores in cache, rounded once into the packed output.
 
 Each is timed in CPU time (``time.process_time``: the process's own, so other load on a
 shared machine disturbs it less than wall time), round-robin (one round of each in turn), the
 best round kept. Each one's error is measured too: the relative RMS error against float64 SDPA
-on the same inputs. Prints a Markdown table with the path ``_attention_by_length`` picks
-(``torch_ops.MATH_ATTENTION_MAX_LENGTH``), then, per dtype and head dimension, the length up to
-which taking the math path saves the most (:func:`best_cut`, on the mean ratio over the n).
-Speed is measured here, never asserted in a test.
+on the same inputs. Prints a Markdown table with the path ``attention_by_length`` picks
+(``cpu_engine_attention.MATH_ATTENTION_MAX_LENGTH``), then, per dtype and head dimension, the
+length up to which taking the math path saves the most (:func:`best_cut`, on the mean ratio
+over the n). Speed is measured here, never asserted in a test.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from fastbert.kernels import torch_ops
+from fastbert.kernels import cpu_engine_attention
 
 LENGTHS = (*range(8, 129, 4), 160, 192, 256)
 TOKENS_PER_RUN = (256, 2048)  # n = max(1, tokens // L): a short and a long run of sequences
@@ -48,7 +48,7 @@ def sdpa_path(q, k, v, out) -> None:
 
 
 def math_path(q, k, v, out) -> None:
-    torch_ops._math_attention(q, k, v, None, None, out)
+    cpu_engine_attention.math_attention(q, k, v, None, None, out)
 
 
 def relative_error(path, q, k, v, out) -> float:
@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
                     sdpa_s, math_s = best_times((sdpa_path, math_path), views, args.rounds)
                     sdpa_err = relative_error(sdpa_path, *views)
                     math_err = relative_error(math_path, *views)
-                    picks = "math" if torch_ops._takes_math(views[0], n, length, 0.0) else "SDPA"
+                    takes = cpu_engine_attention.takes_math(views[0], n, length, 0.0)
+                    picks = "math" if takes else "SDPA"
                     ratios[length] += math_s / sdpa_s / len(TOKENS_PER_RUN)
                     print(
                         f"| {name} | {head_dim} | {length} | {n} | {sdpa_s * 1e3:.3f} "
@@ -126,7 +127,8 @@ def main(argv: list[str] | None = None) -> None:
             cuts.append((name, head_dim, best_cut(ratios)))
     print()
     for name, head_dim, cut in cuts:
-        longest = torch_ops.MATH_ATTENTION_MAX_LENGTH.get((getattr(torch, name), head_dim), 0)
+        cuts_set = cpu_engine_attention.MATH_ATTENTION_MAX_LENGTH
+        longest = cuts_set.get((getattr(torch, name), head_dim), 0)
         print(f"- {name}, D = {head_dim}: math saves most up to L = {cut} (set: {longest})")
 
 

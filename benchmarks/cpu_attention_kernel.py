@@ -10,7 +10,7 @@ dimensions 32 (MiniLM) and 64 (BERT-base):
 - compiled: ``fastbert.kernels.cpu_attention.attention_varlen``, one call per batch;
 - torch: what the torch backend ran before it (and runs where the kernel is not built):
   one SDPA call or math-path pass per run of equal-length sequences
-  (``torch_ops._attention_by_length``).
+  (``cpu_engine_attention.attention_by_length``).
 
 Wall time on torch's threads, round-robin (each batch's two paths in turn), the best of
 ``--rounds`` kept per batch; the relative RMS error of both against float64
@@ -37,8 +37,8 @@ from benchmarks import embed_bench, reporting
 from fastbert.bench import environment
 from fastbert.embed.batching import token_batches
 from fastbert.kernels import cpu_attention
+from fastbert.kernels import cpu_engine_attention as T
 from fastbert.kernels import reference as R
-from fastbert.kernels import torch_ops as T
 
 HEADS = 12
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -75,7 +75,7 @@ def compiled_path(q, k, v, cu) -> torch.Tensor:
 
 
 def torch_path(q, k, v, cu) -> torch.Tensor:
-    return T._attention_by_length(q, k, v, cu, None, 0.0, None, None, None)
+    return T.attention_by_length(q, k, v, cu, None, 0.0, None, None, None)
 
 
 def best_seconds(paths, args, rounds: int) -> list[float]:
@@ -216,8 +216,8 @@ def markdown(report: dict) -> str:
         "",
         "Errors: the largest relative RMS error of a batch against float64. The torch path: one "
         "SDPA call (PyTorch's flash kernel) or float32 math-path pass per run of equal-length "
-        "sequences (torch_ops._attention_by_length), what the torch backend runs where the "
-        "compiled kernel is not built.",
+        "sequences (cpu_engine_attention.attention_by_length), what the torch backend runs "
+        "where the compiled kernel is not built.",
         "",
     ]
     return "\n".join(lines)

@@ -33,7 +33,7 @@ ROWS = (16, 128, 600, 3700)
 
 def time_linears(dtype: torch.dtype, budget_s: float = 1.5) -> list[dict]:
     """Each shape and row count: the least seconds of the plain and the packed linear."""
-    from fastbert.kernels import torch_ops
+    from fastbert.kernels import cpu_engine_linear
     from fastbert.kernels.packed_weights import PackedWeights
 
     rows_out = []
@@ -47,7 +47,7 @@ def time_linears(dtype: torch.dtype, budget_s: float = 1.5) -> list[dict]:
             best = {key: float("inf") for key in variants}
             with torch.no_grad():
                 plain, packed = (
-                    torch_ops.linear_unchecked(x, weight, bias, packs=packs)
+                    cpu_engine_linear.linear_unchecked(x, weight, bias, packs=packs)
                     for packs in variants.values()
                 )
                 same = torch.equal(plain, packed)
@@ -55,7 +55,7 @@ def time_linears(dtype: torch.dtype, budget_s: float = 1.5) -> list[dict]:
                 while time.perf_counter() < deadline:
                     for key, packs in variants.items():
                         start = time.perf_counter()
-                        torch_ops.linear_unchecked(x, weight, bias, packs=packs)
+                        cpu_engine_linear.linear_unchecked(x, weight, bias, packs=packs)
                         best[key] = min(best[key], time.perf_counter() - start)
             rows_out.append(
                 {"linear": name, "rows": m, "in": k, "out": n, "same_bits": same, **best}

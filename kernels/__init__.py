@@ -11,8 +11,10 @@ The public functions below have the signatures of :mod:`fastbert.kernels.referen
 on CUDA tensors, or on CPU tensors under the Triton interpreter (``TRITON_INTERPRET=1`` set
 before import). Shared helpers are public modules too: :mod:`~fastbert.kernels.checks` (input
 validation), :mod:`~fastbert.kernels.dropout` (the kernels' dropout masks),
-:mod:`~fastbert.kernels.launch` (where kernels run, autotuning, launch helpers) and
-:mod:`~fastbert.kernels.packed_weights` (oneDNN's packed copies of the CPU linears' weights).
+:mod:`~fastbert.kernels.launch` (where kernels run, autotuning, launch helpers),
+:mod:`~fastbert.kernels.cpu_engine` (the torch backend's ops on a CPU: the compiled attention,
+oneDNN's linear) and :mod:`~fastbert.kernels.packed_weights` (oneDNN's packed copies of the
+CPU linears' weights).
 """
 
 # This folder is installed as fastbert.kernels. Imported as a top-level package "kernels" (the
@@ -22,6 +24,7 @@ validation), :mod:`~fastbert.kernels.dropout` (the kernels' dropout masks),
 if __name__ == "fastbert.kernels":
     from . import (
         checks,
+        cpu_engine,
         dropout,
         launch,
         packed_weights,
@@ -61,6 +64,7 @@ __all__ = [
     "attention",
     "attention_varlen",
     "checks",
+    "cpu_engine",
     "dropout",
     "embeddings_layer_norm",
     "launch",

@@ -26,8 +26,8 @@ from __future__ import annotations
 import torch
 
 from . import checks
+from .cpu_engine_linear import linear_unchecked
 from .reference import splade_activation
-from .torch_ops import linear_unchecked
 
 # Logits one chunk of the vocabulary may hold, and the fewest columns a chunk takes (so that a
 # very long batch still runs GEMMs of a useful width).

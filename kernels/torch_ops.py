@@ -1,40 +1,26 @@
-"""The ``torch`` backend: every hot op on the fastest PyTorch primitive, any device and dtype.
+"""The plain ``torch`` backend: every hot op on PyTorch's primitives, any device and dtype.
 
 Same signatures and semantics as fastbert.kernels.reference (the tests' float64 oracle), built
-for speed instead of exactness:
+for speed instead of exactness, and nothing but PyTorch's own operators: what
+``backend="torch"`` runs on a GPU, and what the CPU engine (fastbert.kernels.cpu_engine) falls
+back to for the calls it does not take:
 
 - attention: ``F.scaled_dot_product_attention`` (PyTorch's flash kernels on CPU and CUDA) with
-  the key-padding mask broadcast as a boolean [B, 1, 1, S_k] mask; in bfloat16 or float32 on
-  a CPU without a mask or with right padding, and without dropout or positions, the compiled
-  fastbert.kernels.cpu_attention where it is built. A relative position bias
+  the key-padding mask broadcast as a boolean [B, 1, 1, S_k] mask. A relative position bias
   (MPNet) is expanded to its [H, S_q, S_k] float tensor and passed as SDPA's additive mask,
   -inf at masked keys (the simple way: this backend is not the fast path for it). Masked keys
   have no influence, NaN and Inf included: with a mask, K and V are zeroed there first (SDPA
   would otherwise compute 0 * NaN), so pass no mask for a batch without padding (the encoder
-  does).
-  A query row whose keys are all masked returns zeros.
-- attention_varlen: on a CPU, one unmasked SDPA call per run of consecutive sequences of
-  equal length, on [n, H, L, D] views of the packed tensors (no gather, no padding, no mask;
-  it reads ``cu_seqlens`` on the host, which costs nothing on a CPU: per-sequence calls
-  measured 1.5x to 2x faster than one masked call over the gathered batch, even with every
-  length different). In bfloat16 a run of up to about a hundred tokens takes a math attention
-  in float32 instead (faster than the CPU flash kernel there, and more accurate: see
-  MATH_ATTENTION_MAX_LENGTH). Where fastbert.kernels.cpu_attention is built (AVX512_BF16 and a
-  C++ compiler), bfloat16 and float32 without dropout or positions take it instead: one call
-  for the whole batch. Elsewhere, and under ``torch.compile``, the packed tokens are
-  gathered into a dense [B, max_seqlen] batch by index tensors (no loop over the sequences,
-  no host read; a padded slot repeats a token of its own sequence, so no other sequence's
-  values, NaN included, enter a row), run through SDPA with the padding mask, and gathered
-  back to [T, H, D].
-- linear: on a CPU in float32 or bfloat16, when autograd does not record the call, one
-  oneDNN call (``torch.ops.mkldnn._linear_pointwise``, what ``torch.compile`` emits on a CPU)
-  with GELU or the residual add as its post-op: 8-17% faster than MKL's addmm in float32 on
-  an AVX-512 CPU (one thread). Otherwise (and while ``torch.compile`` traces, which cannot
-  trace oneDNN's availability check, or with no input features, which oneDNN refuses)
-  ``F.linear`` (one addmm with the bias), GELU and the residual add in place on its fresh
-  output. Given ``packs``
-  (fastbert.kernels.packed_weights), the oneDNN call reads each weight's copy in oneDNN's
-  blocked layout, made once, instead of reordering the weight on every call.
+  does). A query row whose keys are all masked returns zeros.
+- attention_varlen: the packed tokens gathered into a dense [B, max_seqlen] batch by index
+  tensors (no loop over the sequences, no host read; a padded slot repeats a token of its own
+  sequence, so no other sequence's values, NaN included, enter a row), run through SDPA with
+  the padding mask, and gathered back to [T, H, D].
+- linear: ``F.linear`` (one addmm with the bias), GELU (times the gate when gated) and the
+  residual add in place on its fresh output (:func:`finish_linear`).
+- linear_int8 / linear_fp8: x quantised per token (:func:`quantize_rows`), the integer
+  product on ``torch._int_mm`` (int8) or the e4m3 operands' float32 product (fp8, an
+  emulation), the dequantisation, bias, GELU and residual in place in float32.
 - splade_max (the fused SPLADE head): fastbert.kernels.sparse_head_torch, the decoder's
   logits reduced to a max per sequence one chunk of the vocabulary at a time.
 - layer_norm: ``F.layer_norm`` on the input dtype (PyTorch accumulates the statistics of half
@@ -47,22 +33,18 @@ the public ``attention_varlen`` also reads the longest sequence on the host to c
 ``max_seqlen``. The encoder builds its ops' inputs itself after validating the model's inputs,
 so it runs the ``*_unchecked`` functions (each op's ``Op.torch``), the same ops without the
 per-call checks (microseconds each, dozens of calls a forward). Unchecked, no op reads a value
-on the host (but the embeddings' id-range check when asked for, and attention_varlen's
-``cu_seqlens`` on a CPU, where a read costs nothing), so a forward keeps to its one
+on the host (but the embeddings' id-range check when asked for), so a forward keeps to its one
 host read and the ops trace under ``torch.compile`` and capture into CUDA graphs.
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
-from . import checks, cpu_attention, reference
+from . import checks, reference
 from .checks import as_index
 from .dropout import check_dropout_p
-from .packed_weights import PackedWeights
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -159,15 +141,9 @@ def attention_unchecked(
             dropout_p=dropout_p,
             scale=scale,
         )
-    keep = None
-    if key_padding_mask is not None:
-        keep = key_padding_mask if key_padding_mask.dtype == torch.bool else key_padding_mask != 0
-    if not dropout_p and q.numel() and _takes_compiled(q, k, v):
-        out = _compiled_dense(q, k, v, keep, scale)
-        if out is not None:
-            return out
-    if keep is None:
+    if key_padding_mask is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
+    keep = key_padding_mask if key_padding_mask.dtype == torch.bool else key_padding_mask != 0
     # Zeros at masked keys: SDPA would compute 0 * NaN there. The encoder passes no mask
     # for a batch without padding, which skips these copies.
     dropped = keep.logical_not()[:, None, :, None]
@@ -190,10 +166,9 @@ def attention(
 ) -> torch.Tensor:
     """:func:`fastbert.kernels.reference.attention` on ``F.scaled_dot_product_attention``
     (its own attention dropout), inputs checked."""
-    checks.check_attention(q, k, v, key_padding_mask, scale)
-    checks.check_relative_bias(relative_bias, q)
-    checks.check_rotary(rotary, window, q)
-    dropout_p = check_dropout_p(dropout_p)
+    dropout_p = check_attention_call(
+        q, k, v, key_padding_mask, scale, dropout_p, relative_bias, rotary, window
+    )
     return attention_unchecked(
         q, k, v, key_padding_mask, scale, dropout_p, relative_bias, rotary, window
     )
@@ -222,160 +197,6 @@ def _unpack_index(
     return gather, keep, scatter
 
 
-def _length_mask(
-    relative_bias: torch.Tensor | None, window: int | None, length: int, dtype, device
-) -> torch.Tensor | None:
-    """SDPA's mask for sequences of ``length`` tokens without padding: None, the window's keys
-    (bool [1, 1, L, L]; a query always sees itself), or the relative bias (float [H, L, L]),
-    -inf outside the window."""
-    keep = reference.keep_mask(None, window, length, length, device)
-    if relative_bias is None:
-        return keep
-    bias = reference.relative_position_bias(relative_bias, length, length).to(dtype)
-    return bias if keep is None else bias.masked_fill(keep.logical_not(), float("-inf"))
-
-
-def _additive_mask(
-    relative_bias: torch.Tensor | None, window: int | None, length: int, device
-) -> torch.Tensor | None:
-    """The math path's mask for sequences of ``length`` tokens: None, or float32 [L, L] or
-    [H, L, L] added to the scaled scores (the relative bias, kept in float32; -inf outside
-    the window; a query always sees itself, so no row is all -inf)."""
-    mask = _length_mask(relative_bias, window, length, torch.float32, device)
-    if mask is None or mask.dtype != torch.bool:
-        return mask
-    return torch.zeros(mask.shape[-2:], device=device).masked_fill_(
-        mask.logical_not()[0, 0], float("-inf")
-    )
-
-
-# The math path on a CPU, per dtype and head dimension: the longest sequence length it takes
-# (one SDPA call above). Measured by benchmarks/cpu_attention.py (1 thread, CPU time; the table
-# in docs/cpu.md): in bfloat16 the math path (float32 throughout, more accurate) took
-# 0.64-0.89x the time of PyTorch's CPU flash kernel at 16 to 44 tokens and about the same
-# (0.85-1.15x) from there to these lengths, where the summed savings peaked. In float32 the
-# flash kernel was as fast or faster on average at every length (the math path won by 10-20%
-# only at some lengths with many sequences, and lost as much elsewhere), so float32, like
-# float16 and float64, always takes SDPA.
-MATH_ATTENTION_MAX_LENGTH: dict[tuple[torch.dtype, int], int] = {
-    (torch.bfloat16, 32): 124,
-    (torch.bfloat16, 64): 108,
-}
-
-# Sequences per math-path chunk: as many as keep one chunk's float32 scores within this many
-# bytes. Larger chunks measured slower, some by 2x: the temporaries outgrow the cache, and
-# glibc serves allocations of a few MiB by mmap, each a new set of page faults.
-_MATH_SCORE_BYTES = 1 << 18
-
-
-# The least scores per head (n * L * L) a run needs to take the math path: below it, its
-# half-dozen op calls (about 20 us more than SDPA's one) cost more than it saves. Measured in
-# bfloat16 at head dimension 32: 1.2-1.6x SDPA's time at 100-400 scores (one to four
-# sequences of 10 tokens), level at 800-900, 0.8x from 1600.
-MATH_ATTENTION_MIN_SCORES = 1024
-
-
-def _takes_math(q: torch.Tensor, n: int, length: int, dropout_p: float, *tensors) -> bool:
-    """Whether a run of ``n`` sequences of ``length`` tokens takes the math path: an entry of
-    MATH_ATTENTION_MAX_LENGTH at least ``length``, at least MATH_ATTENTION_MIN_SCORES scores
-    per head, no dropout, and no autograd record (SDPA keeps training's dropout and
-    memory-lean backward)."""
-    longest = MATH_ATTENTION_MAX_LENGTH.get((q.dtype, q.shape[-1]), 0)
-    if length > longest or n * length * length < MATH_ATTENTION_MIN_SCORES or dropout_p:
-        return False
-    recorded = (t is not None and t.requires_grad for t in (q, *tensors))
-    return not (torch.is_grad_enabled() and any(recorded))
-
-
-def _math_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None,
-    scale: float | None,
-    out: torch.Tensor,
-) -> None:
-    """softmax(scale * q k^T + mask) v for q, k, v [n, H, L, D] (float32 or bfloat16, any
-    strides), written into ``out`` [n, H, L, D] (q's dtype, any strides).
-
-    Every step in float32: q, k, v widened (exactly), the scores and the softmax, P @ V with
-    P unrounded; the result rounded to ``out``'s dtype once. In bfloat16 that is more accurate
-    than SDPA's flash kernel, which rounds P to bfloat16 for its P @ V product. ``scale`` None
-    is 1 / sqrt(D), as SDPA. ``mask``: None or float32 [L, L] or [H, L, L], added to the scaled
-    scores. Sequences go in chunks whose float32 scores fit _MATH_SCORE_BYTES."""
-    n, heads, length, head_dim = q.shape
-    scale = head_dim**-0.5 if scale is None else scale
-    chunk = max(1, _MATH_SCORE_BYTES // (4 * heads * length * length))
-    wide = dict(dtype=torch.float32, memory_format=torch.contiguous_format)
-    for first in range(0, n, chunk):
-        rows = slice(first, first + chunk)
-        scores = torch.matmul(q[rows].to(**wide), k[rows].to(**wide).mT).mul_(scale)
-        if mask is not None:
-            scores.add_(mask)
-        probs = torch.softmax(scores, dim=-1)
-        out[rows].copy_(torch.matmul(probs, v[rows].to(**wide)))
-
-
-def _attention_by_length(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    scale: float | None,
-    dropout_p: float,
-    relative_bias: torch.Tensor | None,
-    rotary: torch.Tensor | None,
-    window: int | None,
-) -> torch.Tensor:
-    """attention_varlen per run of consecutive sequences of equal length, each on
-    [n, H, L, D] views of the packed [T, H, D] tensors: no gather, no padding, and a mask only
-    for a relative bias or a window (one per length). A run takes the math path
-    (:func:`_math_attention`) where :func:`_takes_math` says so, one SDPA call otherwise.
-    Reads ``cu_seqlens`` on the host: for a CPU only, where that costs nothing."""
-    bounds = cu_seqlens.tolist()
-    tokens, heads, head_dim = q.shape
-    context = torch.empty_like(q)
-    masks: dict[tuple[int, bool], torch.Tensor | None] = {}
-    first, count = 0, len(bounds) - 1
-    while first < count:
-        length = bounds[first + 1] - bounds[first]
-        last = first + 1
-        while last < count and bounds[last + 1] - bounds[last] == length:
-            last += 1
-        start, end, n = bounds[first], bounds[last], last - first
-        first = last
-        if length == 0:
-            continue
-        group_q, group_k, group_v = (
-            t[start:end].view(n, length, heads, head_dim).transpose(1, 2) for t in (q, k, v)
-        )
-        if rotary is not None:  # positions 0..L-1: each sequence's own
-            group_q = reference.rotary_positions(group_q, rotary)
-            group_k = reference.rotary_positions(group_k, rotary)
-        out = context[start:end].view(n, length, heads, head_dim).transpose(1, 2)
-        use_math = _takes_math(q, n, length, dropout_p, k, v, relative_bias)
-        if (length, use_math) not in masks:
-            masks[length, use_math] = (
-                _additive_mask(relative_bias, window, length, q.device)
-                if use_math
-                else _length_mask(relative_bias, window, length, q.dtype, q.device)
-            )
-        if use_math:
-            _math_attention(group_q, group_k, group_v, masks[length, True], scale, out)
-        else:
-            out.copy_(
-                F.scaled_dot_product_attention(
-                    group_q,
-                    group_k,
-                    group_v,
-                    attn_mask=masks[length, False],
-                    dropout_p=dropout_p,
-                    scale=scale,
-                )
-            )
-    return context
-
-
 def attention_varlen_unchecked(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -392,13 +213,6 @@ def attention_varlen_unchecked(
     if tokens == 0 or max_seqlen == 0:
         return torch.zeros_like(q)
     scale = None if scale is None else float(scale)
-    plain = not dropout_p and relative_bias is None and rotary is None and window is None
-    if plain and _takes_compiled(q, k, v):
-        return cpu_attention.attention_varlen(q, k, v, cu_seqlens, scale)
-    if q.device.type == "cpu" and not torch.compiler.is_compiling():
-        return _attention_by_length(
-            q, k, v, cu_seqlens, scale, dropout_p, relative_bias, rotary, window
-        )
     gather, keep, scatter = _unpack_index(cu_seqlens, max_seqlen, tokens)
     batch = keep.shape[0]
     # Padded slots hold their own sequence's values (masked out; a NaN there is one the
@@ -420,37 +234,23 @@ def attention_varlen_unchecked(
     return out.transpose(1, 2).reshape(batch * max_seqlen, heads, head_dim)[scatter]
 
 
-def _takes_compiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether an attention without dropout or masks runs fastbert.kernels.cpu_attention
-    (bfloat16 or float32 on a CPU with AVX512_BF16: :func:`cpu_attention.takes`); never under
-    torch.compile, which cannot trace it."""
-    return not torch.compiler.is_compiling() and cpu_attention.takes(q, k, v)
-
-
-def _compiled_dense(
+def check_attention_call(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    keep: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
     scale: float | None,
-) -> torch.Tensor | None:
-    """Attention of q, k, v [B, H, S, D] through fastbert.kernels.cpu_attention, on
-    [B * S, H, D] views (copies where q, k, v are not views of a [B, S, ...] layout), the keys
-    ``keep`` (bool [B, S]) marks, or all; returns [B, H, S, D], a view of [B, S, H, D] memory
-    (zeros on a row without keys). None when ``keep`` is not right padding (each row's real tokens
-    first): SDPA takes that batch. Reads the row lengths on the host (a CPU: no cost)."""
-    batch, heads, seq, head_dim = q.shape
-    if keep is None:
-        lengths = torch.full((batch,), seq, dtype=torch.int64)
-    else:
-        lengths = keep.sum(1)
-        if not torch.equal(keep, torch.arange(seq) < lengths[:, None]):
-            return None
-    q, k, v = (t.transpose(1, 2).reshape(batch * seq, heads, head_dim) for t in (q, k, v))
-    if not cpu_attention.takes(q, k, v):
-        q, k, v = (t.contiguous() for t in (q, k, v))
-    out = cpu_attention.attention_padded(q, k, v, lengths, scale)
-    return out.view(batch, seq, heads, head_dim).transpose(1, 2)
+    dropout_p: float,
+    relative_bias: torch.Tensor | None,
+    rotary: torch.Tensor | None,
+    window: int | None,
+) -> float:
+    """The checks of a public attention call (ValueError / TypeError naming the bad input);
+    returns the checked ``dropout_p``."""
+    checks.check_attention(q, k, v, key_padding_mask, scale)
+    checks.check_relative_bias(relative_bias, q)
+    checks.check_rotary(rotary, window, q)
+    return check_dropout_p(dropout_p)
 
 
 def _check_max_seqlen(cu_seqlens: torch.Tensor, max_seqlen: int) -> None:
@@ -497,46 +297,6 @@ def attention_varlen(
 scaled_masked_softmax = reference.scaled_masked_softmax
 
 
-# oneDNN's GEMM with its post-ops (PyTorch's own inference op, what torch.compile emits on a
-# CPU): it measured 8-17% faster than MKL's addmm in float32 on an AVX-512 CPU, a few per cent
-# in bfloat16. It has no derivative, so a call autograd records takes F.linear.
-_ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
-
-
-@functools.cache
-def _has_onednn_linear() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
-def _onednn_linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    activation: str | None,
-    residual: torch.Tensor | None,
-) -> torch.Tensor:
-    """linear on a CPU in one oneDNN call: GELU or the residual add as its post-op."""
-    pointwise = torch.ops.mkldnn._linear_pointwise
-    if activation is not None:
-        approximate = "tanh" if activation == "gelu_tanh" else "none"
-        y = pointwise(x, weight, bias, "gelu", [], approximate)
-        return y if residual is None else y.add_(residual)
-    if residual is not None:
-        return pointwise.binary(x, residual, weight, bias, "add")
-    return pointwise(x, weight, bias, "none", [], "")
-
-
-def _takes_onednn(x: torch.Tensor, *tensors: torch.Tensor | None) -> bool:
-    """Whether linear runs on oneDNN: a CPU tensor of a dtype it serves with input features,
-    no autograd record, not while torch.compile traces."""
-    if x.device.type != "cpu" or x.dtype not in _ONEDNN_DTYPES or x.shape[-1] == 0:
-        return False
-    if torch.compiler.is_compiling() or not _has_onednn_linear():
-        return False
-    grad = torch.is_grad_enabled()
-    return not (grad and any(t is not None and t.requires_grad for t in (x, *tensors)))
-
-
 def linear_unchecked(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -544,20 +304,16 @@ def linear_unchecked(
     activation: str | None = None,
     residual: torch.Tensor | None = None,
     gated: bool = False,
-    *,
-    packs: PackedWeights | None = None,
 ) -> torch.Tensor:
-    """``packs``: where the oneDNN call reads its weight's packed copy (see
-    fastbert.kernels.packed_weights); None reads ``weight`` as it is."""
-    if not _takes_onednn(x, weight, bias, residual):
-        y = F.linear(x, weight, bias)
-    else:
-        onednn_weight = weight if packs is None else packs.weight_for(weight)
-        if not gated:
-            return _onednn_linear(x, onednn_weight, bias, activation, residual)
-        y = _onednn_linear(x, onednn_weight, bias, None, None)
-    # In place on the fresh product, unless autograd records it (in-place GELU has no
-    # derivative there).
+    return finish_linear(F.linear(x, weight, bias), activation, residual, gated)
+
+
+def finish_linear(
+    y: torch.Tensor, activation: str | None, residual: torch.Tensor | None, gated: bool
+) -> torch.Tensor:
+    """The rest of linear on the fresh product ``y`` [..., N] (or [..., 2N] when ``gated``,
+    the gate its second half): GELU, times the gate, plus ``residual``, each in place on the
+    product unless autograd records it (in-place GELU has no derivative there)."""
     in_place = not y.requires_grad
     gate = None
     if gated:

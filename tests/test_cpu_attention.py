@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from fastbert.kernels import cpu_attention as C
+from fastbert.kernels import cpu_engine_attention as T
 from fastbert.kernels import reference as R
-from fastbert.kernels import torch_ops as T
 from tests.op_cases import padded_mask, randn
 from tests.test_attention import packed_qkv
 
@@ -84,8 +84,8 @@ def test_varlen_against_float64(dtype, head_dim, scale) -> None:
 @needs_kernel
 @pytest.mark.parametrize("head_dim", [32, 64])
 def test_within_one_rounding_of_the_math_path(head_dim) -> None:
-    """The float32 math path (torch_ops._math_attention) computes the same thing in the same
-    precision with other summation orders and PyTorch's exp: the two bfloat16 results may
+    """The float32 math path (cpu_engine_attention.math_attention) computes the same thing in
+    the same precision with other summation orders and PyTorch's exp: the two bfloat16 results may
     differ by one rounding of the float32 value, plus float32's own error of a sum of terms
     up to max |v| (which shows where the terms cancel to an output near zero), never more."""
     q, k, v, cu = sharp_packed([7, 64, 100], head_dim, seed=3)
@@ -96,7 +96,7 @@ def test_within_one_rounding_of_the_math_path(head_dim) -> None:
             t[start:end].view(1, end - start, HEADS, head_dim).transpose(1, 2) for t in (q, k, v)
         ]
         math = torch.empty(end - start, HEADS, head_dim, dtype=torch.bfloat16)
-        T._math_attention(
+        T.math_attention(
             *views, None, None, math.view(1, end - start, HEADS, head_dim).transpose(1, 2)
         )
         gap = (out[start:end].float() - math.float()).abs()
@@ -124,7 +124,7 @@ def test_torch_backend_varlen_takes_it(calls, dtype) -> None:
     """attention_varlen without dropout or positions: one kernel call for the whole batch,
     the reference's result."""
     q, k, v, cu = sharp_packed(LENGTHS, 32, seed=5, dtype=dtype)
-    out = T.attention_varlen(q, k, v, cu, max(LENGTHS))
+    out = T.attention_varlen_unchecked(q, k, v, cu, max(LENGTHS))
     assert calls == [len(LENGTHS)]
     expected = R.attention_varlen(q.double(), k.double(), v.double(), cu, max(LENGTHS))
     assert relative_error(out, expected) < BOUNDS[dtype]
@@ -172,7 +172,7 @@ def test_other_calls_keep_the_torch_path(calls, case) -> None:
             "relative-bias": {"relative_bias": randn((2, 32), torch.float32, "cpu", seed=8)},
             "window": {"window": 4},
         }.get(case, {})
-        T.attention_varlen(q, k, v, cu, 30, **options)
+        T.attention_varlen_unchecked(q, k, v, cu, 30, **options)
     assert calls == []
 
 
@@ -212,11 +212,11 @@ def run_fresh(code: str, **env: str) -> str:
 
 CHECK = """
     import torch
-    from fastbert.kernels import cpu_attention as C, torch_ops as T, reference as R
+    from fastbert.kernels import cpu_attention as C, cpu_engine_attention as T, reference as R
     from tests.test_attention import packed_qkv
     print(C.status())
     q, k, v, cu = packed_qkv([9, 30], 2, 32, torch.bfloat16, "cpu", seed=1)
-    out = T.attention_varlen(q, k, v, cu, 30)
+    out = T.attention_varlen_unchecked(q, k, v, cu, 30)
     expected = R.attention_varlen(q.double(), k.double(), v.double(), cu, 30)
     print(float((out.double() - expected).norm() / expected.norm()) < 2.5e-3)
 """
@@ -243,8 +243,8 @@ def test_turned_off_takes_the_torch_path(calls) -> None:
     the kernel again."""
     q, k, v, cu = sharp_packed([9, 30], 32, seed=11)
     with C.turned_off():
-        off = T.attention_varlen(q, k, v, cu, 30)
+        off = T.attention_varlen_unchecked(q, k, v, cu, 30)
     assert calls == []
-    assert torch.equal(off, T._attention_by_length(q, k, v, cu, None, 0.0, None, None, None))
-    T.attention_varlen(q, k, v, cu, 30)
+    assert torch.equal(off, T.attention_by_length(q, k, v, cu, None, 0.0, None, None, None))
+    T.attention_varlen_unchecked(q, k, v, cu, 30)
     assert calls == [2]

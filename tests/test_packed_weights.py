@@ -8,7 +8,8 @@ import torch
 import torch.nn as nn
 
 import fastbert
-from fastbert.kernels import packed_weights, reference, torch_ops
+from fastbert.kernels import packed_weights, reference
+from fastbert.kernels.cpu_engine_linear import linear_unchecked
 from fastbert.kernels.packed_weights import PackedWeights
 from tests.hf_models import hf_model, padded_batch
 
@@ -39,8 +40,8 @@ def test_packed_linear_matches_the_plain_one_and_the_reference(dtype, rows, epil
     residual = residual if with_residual else None
     packs = PackedWeights()
     with torch.no_grad():
-        plain = torch_ops.linear_unchecked(x, weight, bias, activation, residual)
-        packed = torch_ops.linear_unchecked(x, weight, bias, activation, residual, packs=packs)
+        plain = linear_unchecked(x, weight, bias, activation, residual)
+        packed = linear_unchecked(x, weight, bias, activation, residual, packs=packs)
     assert len(packs) == 1
     expected = reference.linear(x, weight, bias, activation, residual)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
@@ -55,8 +56,8 @@ def test_gated_linear_reads_the_packed_weight() -> None:
     x, weight, bias, _ = _linear_case(torch.float32, 12, out_features=128)
     packs = PackedWeights()
     with torch.no_grad():
-        plain = torch_ops.linear_unchecked(x, weight, bias, "gelu", None, True)
-        packed = torch_ops.linear_unchecked(x, weight, bias, "gelu", None, True, packs=packs)
+        plain = linear_unchecked(x, weight, bias, "gelu", None, True)
+        packed = linear_unchecked(x, weight, bias, "gelu", None, True, packs=packs)
     assert len(packs) == 1 and torch.equal(packed, plain)
 
 
@@ -64,26 +65,26 @@ def test_a_write_to_the_weight_packs_it_again() -> None:
     x, weight, bias, _ = _linear_case(torch.float32, 8)
     packs = PackedWeights()
     with torch.no_grad():
-        first = torch_ops.linear_unchecked(x, weight, bias, packs=packs)
+        first = linear_unchecked(x, weight, bias, packs=packs)
         weight.mul_(-2.0)  # bumps the version counter
-        second = torch_ops.linear_unchecked(x, weight, bias, packs=packs)
-        plain = torch_ops.linear_unchecked(x, weight, bias)
+        second = linear_unchecked(x, weight, bias, packs=packs)
+        plain = linear_unchecked(x, weight, bias)
     assert torch.equal(second, plain) and not torch.equal(first, second)
     weight.data = torch.randn_like(weight)  # a new address
     with torch.no_grad():
-        third = torch_ops.linear_unchecked(x, weight, bias, packs=packs)
-        assert torch.equal(third, torch_ops.linear_unchecked(x, weight, bias))
+        third = linear_unchecked(x, weight, bias, packs=packs)
+        assert torch.equal(third, linear_unchecked(x, weight, bias))
 
 
 def test_only_parameters_outside_inference_mode_are_packed() -> None:
     x, weight, bias, _ = _linear_case(torch.float32, 8)
     packs = PackedWeights()
     with torch.no_grad():
-        torch_ops.linear_unchecked(x, weight.detach().clone(), bias, packs=packs)
+        linear_unchecked(x, weight.detach().clone(), bias, packs=packs)
     assert len(packs) == 0  # a plain tensor may be a fresh one per call
     with torch.inference_mode():
         frozen = nn.Parameter(weight.detach().clone())
-        torch_ops.linear_unchecked(x, frozen, bias, packs=packs)
+        linear_unchecked(x, frozen, bias, packs=packs)
     assert len(packs) == 0  # no version counter to follow
     half = nn.Parameter(weight.detach().half())
     assert packs.weight_for(half) is half  # other dtypes: as they are
@@ -92,7 +93,7 @@ def test_only_parameters_outside_inference_mode_are_packed() -> None:
 def test_recorded_calls_take_the_plain_weight() -> None:
     x, weight, bias, _ = _linear_case(torch.float32, 8)
     packs = PackedWeights()
-    y = torch_ops.linear_unchecked(x, weight, bias, packs=packs)
+    y = linear_unchecked(x, weight, bias, packs=packs)
     y.sum().backward()
     assert len(packs) == 0 and weight.grad is not None
 

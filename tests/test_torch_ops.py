@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from fastbert import kernels as K
+from fastbert.kernels import cpu_engine
 from fastbert.kernels import reference as R
 from fastbert.kernels import torch_ops as T
 from tests.accuracy import assert_within_rule
@@ -267,18 +268,19 @@ def test_public_ops_validate(call, error, match) -> None:
         call()
 
 
+@pytest.mark.parametrize("engine", [False, True], ids=["plain", "cpu-engine"])
 @pytest.mark.parametrize("op", ["attention", "attention_varlen"])
-def test_unchecked_attention_traces_as_one_graph(monkeypatch, op) -> None:
+def test_unchecked_attention_traces_as_one_graph(op, engine) -> None:
     """The encoder's attention ops read nothing on the host: Dynamo traces each as one graph
-    (fullgraph=True raises on a graph break), with the eager outputs of the same path (the
-    compiled CPU attention, fastbert.kernels.cpu_attention, is not traced: it is off in eager
-    here too, so the two run the same arithmetic)."""
-    monkeypatch.setattr(T, "_takes_compiled", lambda *tensors: False)
+    (fullgraph=True raises on a graph break), with the eager outputs of the plain path. The
+    CPU engine's op traces too: under torch.compile it hands every call to the plain op (its
+    compiled attention and per-length host reads are not traced)."""
+    function = cpu_engine.OPS[op] if engine else K.OPS[op].torch
     if op == "attention":
         q, k, v = qkv(3, 2, 9, 9, 32, torch.float32, "cpu", layout="fused")
         args = (q, k, v, padded_mask([9, 4, 0], 9))
     else:
         args = (*packed_qkv([4, 0, 9], 2, 32, torch.float32, "cpu"), 9)
     torch._dynamo.reset()
-    compiled = torch.compile(K.OPS[op].torch, fullgraph=True, backend="eager")
+    compiled = torch.compile(function, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(*args), K.OPS[op].torch(*args), rtol=0, atol=0)

@@ -1,5 +1,5 @@
 """The torch backend's CPU attention per run of equal-length sequences: the math path
-(``torch_ops._math_attention``, float32 throughout) against float64, against SDPA's flash
+(``cpu_engine_attention.math_attention``, float32 throughout) against float64, against SDPA's flash
 kernel's own accuracy in bfloat16, and which runs ``attention_varlen`` sends to it where the
 compiled kernel (fastbert.kernels.cpu_attention, tests/test_cpu_attention.py) does not run."""
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fastbert.kernels import cpu_engine_attention as T
 from fastbert.kernels import reference as R
-from fastbert.kernels import torch_ops as T
 from tests.op_cases import check_op, randn
 from tests.test_attention import packed_qkv
 
@@ -23,11 +23,11 @@ BUCKETS = 32  # reference.RELATIVE_BUCKETS: the relative bias table's columns
 @pytest.fixture(autouse=True)
 def without_compiled_kernel(monkeypatch) -> None:
     """The path a CPU without AVX512_BF16 (or a C++ compiler) takes."""
-    monkeypatch.setattr(T, "_takes_compiled", lambda *tensors: False)
+    monkeypatch.setattr(T, "takes_compiled", lambda *tensors: False)
 
 
 def group_views(n: int, length: int, head_dim: int, dtype, seed: int):
-    """q, k, v [n, H, L, D] as the views ``_attention_by_length`` passes (of packed
+    """q, k, v [n, H, L, D] as the views ``attention_by_length`` passes (of packed
     [n * L, H, D] tensors), q scaled for sharper attention, and the packed output's view."""
     q, k, v = (
         randn((n * length, HEADS, head_dim), dtype, "cpu", seed + i, scale=2.0 if i == 0 else 1.0)
@@ -59,7 +59,7 @@ def test_math_attention_against_float64(dtype, head_dim, length, mask, scale) ->
     q, k, v, out = group_views(n, length, head_dim, dtype, seed=length + head_dim)
     bias = randn((HEADS, BUCKETS), torch.float32, "cpu", seed=3) if "bias" in mask else None
     window = 5 if "window" in mask else None
-    T._math_attention(q, k, v, T._additive_mask(bias, window, length, "cpu"), scale, out)
+    T.math_attention(q, k, v, T.additive_mask(bias, window, length, "cpu"), scale, out)
     wide = (t.double() for t in (q, k, v))
     bias64 = None if bias is None else bias.double()
     expected = R.attention(*wide, None, scale, relative_bias=bias64, window=window)
@@ -67,7 +67,7 @@ def test_math_attention_against_float64(dtype, head_dim, length, mask, scale) ->
     if dtype == torch.float32:
         assert error < 2e-6, error
         return
-    flash_mask = T._length_mask(bias, window, length, dtype, "cpu")
+    flash_mask = T.length_mask(bias, window, length, dtype, "cpu")
     flash = F.scaled_dot_product_attention(q, k, v, attn_mask=flash_mask, scale=scale)
     # bfloat16 rounds the result once: a relative error of about 2**-9 / sqrt(3) at best.
     assert error <= relative_error(flash, expected), (error, relative_error(flash, expected))
@@ -77,24 +77,24 @@ def test_math_attention_against_float64(dtype, head_dim, length, mask, scale) ->
 def test_math_attention_chunks_sequences() -> None:
     """A run larger than one chunk's score budget: the same output as chunks of one."""
     q, k, v, out = group_views(40, 64, 32, torch.bfloat16, seed=1)
-    assert 40 * HEADS * 64 * 64 * 4 > T._MATH_SCORE_BYTES  # more than one chunk
-    T._math_attention(q, k, v, None, None, out)
+    assert 40 * HEADS * 64 * 64 * 4 > T.MATH_SCORE_BYTES  # more than one chunk
+    T.math_attention(q, k, v, None, None, out)
     for i in range(40):
         one = torch.empty_like(out[i : i + 1])
-        T._math_attention(q[i : i + 1], k[i : i + 1], v[i : i + 1], None, None, one)
+        T.math_attention(q[i : i + 1], k[i : i + 1], v[i : i + 1], None, None, one)
         assert torch.equal(out[i : i + 1], one)
 
 
 def math_lengths(monkeypatch) -> list[int]:
-    """Spy on ``_math_attention``: the list of run lengths it is called with."""
+    """Spy on ``math_attention``: the list of run lengths it is called with."""
     seen: list[int] = []
-    real = T._math_attention
+    real = T.math_attention
 
     def spy(q, *args):
         seen.append(q.shape[2])
         return real(q, *args)
 
-    monkeypatch.setattr(T, "_math_attention", spy)
+    monkeypatch.setattr(T, "math_attention", spy)
     return seen
 
 
@@ -115,7 +115,7 @@ def test_attention_varlen_picks_the_math_path_by_length(monkeypatch, head_dim, v
     if variant == "relative-bias":
         widened = {"relative_bias": randn((2, BUCKETS), torch.float32, "cpu", seed=5)}
     seen = math_lengths(monkeypatch)
-    op = functools.partial(T.attention_varlen, **fixed)
+    op = functools.partial(T.attention_varlen_unchecked, **fixed)
     check_op(op, functools.partial(R.attention_varlen, **fixed), (q, k, v, cu, 150), widened)
     assert seen == [6, longest]
 
@@ -138,5 +138,5 @@ def test_attention_varlen_keeps_sdpa(monkeypatch, dtype, head_dim, dropout_p, gr
     q, k, v, cu = packed_qkv([40, 40, 60], 2, head_dim, dtype, "cpu", seed=2)
     q.requires_grad_(grad)
     seen = math_lengths(monkeypatch)
-    T.attention_varlen(q, k, v, cu, 60, dropout_p=dropout_p)
+    T.attention_varlen_unchecked(q, k, v, cu, 60, dropout_p=dropout_p)
     assert seen == expected

@@ -1,9 +1,10 @@
 """The one dispatch point for the hot ops: PyTorch's fastest primitives or the Triton kernels.
 
-``backend="auto"`` picks the Triton kernels for CUDA tensors and the torch backend
-(kernels/torch_ops.py: scaled_dot_product_attention, oneDNN / addmm, layer_norm, embedding)
-elsewhere; ``"triton"`` on a CPU tensor runs only under the Triton interpreter
-(TRITON_INTERPRET=1).
+``backend="auto"`` picks the Triton kernels for CUDA tensors and the torch backend elsewhere;
+``"triton"`` on a CPU tensor runs only under the Triton interpreter (TRITON_INTERPRET=1). The
+torch backend is the plain one (kernels/torch_ops.py: PyTorch's primitives, any device), whose
+attention and linear the CPU engine (kernels/cpu_engine.py: the compiled attention, per-length
+SDPA, oneDNN's linear) replaces for CPU tensors: :func:`get_ops` chooses by the device.
 
 The backends are read from the ops' declarations (:data:`fastbert.kernels.OPS`): the triton
 backend of an op is the declaration itself (its public call: under ``torch.compile`` the
@@ -22,7 +23,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from fastbert.kernels import OPS, launch
+from fastbert.kernels import OPS, cpu_engine, launch
 from fastbert.kernels.flash_attention import SUPPORTED_HEAD_DIMS
 
 BACKENDS = ("auto", "torch", "triton")
@@ -107,14 +108,23 @@ def backend_label(backend: str, device: torch.device | str) -> str:
 
 
 @functools.cache
-def _ops_for(backend: str, attention_fallback: bool) -> Ops:
-    """The Ops of a concrete backend ("torch" or "triton"), built once from the declarations.
-    The torch ops come without their input checks (see the module docstring)."""
+def _torch_ops(on_cpu: bool) -> dict[str, Callable[..., torch.Tensor]]:
+    """The torch backend's ops, without their input checks (see the module docstring): the
+    plain ones, those of the CPU engine in their place ``on_cpu``."""
+    ops = {name: op.torch for name, op in OPS.items()}
+    return {**ops, **cpu_engine.OPS} if on_cpu else ops
+
+
+@functools.cache
+def _ops_for(backend: str, attention_fallback: bool, on_cpu: bool) -> Ops:
+    """The Ops of a concrete backend ("torch" or "triton") for CPU tensors or others, built
+    once from the declarations."""
+    torch_ops = _torch_ops(on_cpu)
     if backend == "torch":
-        return Ops("torch", {name: op.torch for name, op in OPS.items()})
+        return Ops("torch", torch_ops)
     ops = dict(OPS)
     if attention_fallback:
-        ops.update({name: OPS[name].torch for name in ATTENTION_OPS})
+        ops.update({name: torch_ops[name] for name in ATTENTION_OPS})
     return Ops("triton", ops, attention_fallback)
 
 
@@ -142,7 +152,8 @@ def autocast_ops(ops: Ops, dtype: torch.dtype) -> Ops:
 
 
 def get_ops(backend: str, device: torch.device | str, head_dim: int | None = None) -> Ops:
-    """The ops for ``backend`` on ``device`` (see :func:`resolve_backend`); with a
+    """The ops for ``backend`` on ``device`` (see :func:`resolve_backend`): on a CPU the torch
+    backend's attention and linear are the CPU engine's (fastbert.kernels.cpu_engine); with a
     ``head_dim`` the Triton attention kernel does not run, the attention ops of the triton
     backend are the torch backend's. Under ``torch.autocast`` for the device, the triton
     backend's ops compute in autocast's dtype (:func:`autocast_ops`)."""
@@ -150,7 +161,7 @@ def get_ops(backend: str, device: torch.device | str, head_dim: int | None = Non
     fallback = (
         resolved == "triton" and head_dim is not None and (head_dim not in SUPPORTED_HEAD_DIMS)
     )
-    ops = _ops_for(resolved, fallback)
+    ops = _ops_for(resolved, fallback, cpu_engine.serves(device))
     device_type = torch.device(device).type
     if resolved == "triton" and torch.is_autocast_enabled(device_type):
         return autocast_ops(ops, torch.get_autocast_dtype(device_type))

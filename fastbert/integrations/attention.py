@@ -39,10 +39,11 @@ MPNet's bias inside the kernel).
 
 Where the kernel runs: CUDA tensors use the Triton kernel (as ``torch.ops.fastbert.attention``
 under torch.compile, so a compiled model has no graph break); CPU tensors use it under the
-Triton interpreter (``TRITON_INTERPRET=1``) and the torch backend (fastbert.kernels.torch_ops)
-otherwise. Head dims the kernel does not support (it runs 32, 64, 80, 96, 128), float64 and
-inputs without unit stride on the head dim use the torch backend too. Attention weights are
-never returned (None), as with sdpa.
+Triton interpreter (``TRITON_INTERPRET=1``) and the torch backend otherwise (on a CPU its
+engine, fastbert.kernels.cpu_engine; elsewhere fastbert.kernels.torch_ops). Head dims the
+kernel does not support (it runs 32, 64, 80, 96, 128), float64 and inputs without unit
+stride on the head dim use the torch backend too. Attention weights are never returned
+(None), as with sdpa.
 
 Loading helpers for ``fastbert accuracy`` (:func:`random_masked_lm`, :func:`load_masked_lm`,
 :func:`load_tokenizer`) live here too, with the rest of fastbert's use of transformers.
@@ -67,7 +68,7 @@ import torch
 from fastbert import kernels
 from fastbert.integrations.registration import ENTRIES, register_in
 from fastbert.integrations.registration import NAME as NAME  # the name models ask for
-from fastbert.kernels import launch, torch_ops
+from fastbert.kernels import cpu_engine, launch, torch_ops
 from fastbert.kernels.checks import FLOAT_DTYPES
 from fastbert.kernels.flash_attention import SUPPORTED_HEAD_DIMS
 
@@ -181,7 +182,10 @@ def _attend(
             query, key, value, key_padding_mask, scale, dropout_p, window=window
         )
         return out.transpose(1, 2)
-    out = torch_ops.attention(query, key, value, key_padding_mask, scale, dropout_p, window=window)
+    torch_backend = cpu_engine if cpu_engine.serves(query.device) else torch_ops
+    out = torch_backend.attention(
+        query, key, value, key_padding_mask, scale, dropout_p, window=window
+    )
     return out.transpose(1, 2).contiguous()
 
 

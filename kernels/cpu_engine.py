@@ -1,0 +1,54 @@
+"""The CPU engine: the ops the torch backend runs on a CPU in place of the plain ones.
+
+``backend="torch"`` (and ``"auto"`` off CUDA) runs the plain torch backend
+(fastbert.kernels.torch_ops, PyTorch's primitives only) on any device; on a CPU,
+fastbert.execution.backends takes the ops of :data:`OPS` from here instead. Each takes the
+plain op's signature and semantics and hands a call it does not take to the plain op, so the
+results are those of the plain backend within its tolerance:
+
+- attention / attention_varlen (fastbert.kernels.cpu_engine_attention): the compiled
+  attention of kernels/cpu_attention.cpp where it is built, one SDPA call per run of
+  equal-length sequences, and in bfloat16 a float32 math path for short runs;
+- linear (fastbert.kernels.cpu_engine_linear): one oneDNN call with GELU or the residual add
+  as its post-op, reading the weights' packed copies (fastbert.kernels.packed_weights) when
+  the caller passes ``packs``.
+
+The other ops (LayerNorm, the embeddings, the softmax, the quantised linears, the SPLADE head)
+are the plain backend's on a CPU too. :func:`status` says what the engine runs here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from . import cpu_attention, cpu_engine_attention, cpu_engine_linear, packed_weights
+from .cpu_engine_attention import attention
+
+# The engine's op for each op name of fastbert.kernels.OPS it replaces, with the signature of
+# that op's plain torch implementation (``Op.torch``: unchecked).
+OPS: dict[str, Callable[..., torch.Tensor]] = {
+    "attention": cpu_engine_attention.attention_unchecked,
+    "attention_varlen": cpu_engine_attention.attention_varlen_unchecked,
+    "linear": cpu_engine_linear.linear_unchecked,
+}
+
+
+def serves(device: torch.device | str) -> bool:
+    """Whether the engine runs the torch backend's ops for tensors on ``device`` (a CPU)."""
+    return torch.device(device).type == "cpu"
+
+
+def status() -> dict[str, str]:
+    """What the engine runs on this machine, by part, in words (for ``fastbert info``); builds
+    the compiled attention if it is not built yet."""
+    onednn = cpu_engine_linear.has_onednn_linear()
+    return {
+        "compiled attention": cpu_attention.status(),
+        "linear": "oneDNN with post-ops" if onednn else "F.linear (no oneDNN in this torch)",
+        "packed weights": "available" if packed_weights.available() else "unavailable",
+    }
+
+
+__all__ = ["OPS", "attention", "serves", "status"]
