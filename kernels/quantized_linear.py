@@ -42,7 +42,7 @@ are fused_linear's. M == 0 or N == 0 returns an empty output without a launch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
 
 import torch
 import triton
@@ -159,9 +159,10 @@ def quantize_rows(
     return q, scale
 
 
-def _quantized_forward(quantize, x, weight, weight_scale, bias, activation, residual, input_scale):
-    """x's rows quantised (:func:`quantize_rows`), then the GEMM's QUANT variant; out [..., N]
-    in x's dtype."""
+def _forward(quantize, x, weight, weight_scale, bias, activation, residual, input_scale, save):
+    """Launch the forward: x's rows quantised (:func:`quantize_rows`), then the GEMM's QUANT
+    variant; out [..., N] in x's dtype. Inputs are checked by the caller; ``save`` is the
+    wiring's (there is no backward)."""
     n, k = weight.shape
     out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
     m = out.numel() // n if n else 0
@@ -178,64 +179,43 @@ SCHEMA = (
     "(Tensor x, Tensor weight, Tensor weight_scale, Tensor? bias, str? activation, "
     "Tensor? residual, Tensor? input_scale, bool save) -> Tensor"
 )
+# Each format's input check, the same on every backend.
+CHECKS = {"int8": check_linear_int8, "fp8": check_linear_fp8}
 
 
-def _declare(
-    quantize: str,
-    check: Callable[..., None],
-    reference_linear: Callable[..., torch.Tensor],
-    torch_linear: Callable[..., torch.Tensor],
-    device_checks: tuple[Callable[[str, torch.Tensor], None], ...],
-) -> Op:
-    """The op ``linear_<quantize>`` (``quantize`` a key of :data:`QUANT_CODES`): its inputs
-    checked by ``check`` (as every backend checks them) and, for the Triton kernels, x's device
-    by each of ``device_checks``."""
-    name = f"linear_{quantize}"
-
-    def prepare(
-        x, weight, weight_scale, bias=None, activation=None, residual=None, input_scale=None
-    ) -> tuple:
-        """Raise as the public function documents, before anything runs; the forward's
-        arguments."""
-        check(x, weight, weight_scale, bias, activation, residual, input_scale)
-        refuse_gradients(name, x, weight_scale, bias, residual, input_scale)
-        for device_check in device_checks:
-            device_check("x", x)
-        return x, weight, weight_scale, bias, activation, residual, input_scale
-
-    def forward(x, weight, weight_scale, bias, activation, residual, input_scale, save):
-        """Launch the forward; inputs are checked by the caller, ``save`` is the wiring's
-        (there is no backward)."""
-        return _quantized_forward(
-            quantize, x, weight, weight_scale, bias, activation, residual, input_scale
-        )
-
-    def fake(x, weight, weight_scale, bias, activation, residual, input_scale, save):
-        check(x, weight, weight_scale, bias, activation, residual, input_scale)
-        return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-    return Op(
-        name=name,
-        reference=reference_linear,
-        torch=torch_linear,
-        prepare=prepare,
-        forward=Kernel(forward, SCHEMA, fake),
-    )
+def _prepare(
+    quantize, x, weight, weight_scale, bias=None, activation=None, residual=None, input_scale=None
+) -> tuple:
+    """Raise as :func:`linear_int8` / :func:`linear_fp8` (``quantize``) document, before
+    anything runs; the forward's arguments."""
+    CHECKS[quantize](x, weight, weight_scale, bias, activation, residual, input_scale)
+    refuse_gradients(f"linear_{quantize}", x, weight_scale, bias, residual, input_scale)
+    check_triton_device("x", x)
+    if quantize == "fp8":
+        check_fp8_device("x", x)
+    return x, weight, weight_scale, bias, activation, residual, input_scale
 
 
-LINEAR_INT8 = _declare(
-    "int8",
-    check_linear_int8,
-    reference.linear_int8,
-    torch_ops.linear_int8_unchecked,
-    (check_triton_device,),
-)
-LINEAR_FP8 = _declare(
-    "fp8",
-    check_linear_fp8,
-    reference.linear_fp8,
-    torch_ops.linear_fp8_unchecked,
-    (check_triton_device, check_fp8_device),
+def _forward_fake(quantize, x, weight, weight_scale, bias, activation, residual, input_scale, save):
+    CHECKS[quantize](x, weight, weight_scale, bias, activation, residual, input_scale)
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+# The format's arguments bound: the functions its declaration names.
+_prepare_int8 = functools.partial(_prepare, "int8")
+linear_int8_forward = functools.partial(_forward, "int8")
+_int8_forward_fake = functools.partial(_forward_fake, "int8")
+
+LINEAR_INT8 = Op(
+    name="linear_int8",
+    reference=reference.linear_int8,
+    torch=torch_ops.linear_int8_unchecked,
+    prepare=_prepare_int8,
+    forward=Kernel(
+        linear_int8_forward,
+        SCHEMA,
+        _int8_forward_fake,
+    ),
 )
 
 
@@ -274,6 +254,24 @@ def linear_int8(
         RuntimeError: grad mode is on and an input requires grad (there is no backward).
     """
     return LINEAR_INT8(x, weight, weight_scale, bias, activation, residual, input_scale)
+
+
+# The format's arguments bound: the functions its declaration names.
+_prepare_fp8 = functools.partial(_prepare, "fp8")
+linear_fp8_forward = functools.partial(_forward, "fp8")
+_fp8_forward_fake = functools.partial(_forward_fake, "fp8")
+
+LINEAR_FP8 = Op(
+    name="linear_fp8",
+    reference=reference.linear_fp8,
+    torch=torch_ops.linear_fp8_unchecked,
+    prepare=_prepare_fp8,
+    forward=Kernel(
+        linear_fp8_forward,
+        SCHEMA,
+        _fp8_forward_fake,
+    ),
+)
 
 
 def linear_fp8(
