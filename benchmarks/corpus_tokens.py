@@ -3,7 +3,7 @@ with random weights of a real model's size and no tokenizer (none needs a downlo
 
 A corpus is a list of documents' token counts drawn from a distribution; its ids are random.
 It is embedded as ``fastbert.embed`` does after tokenising: longest documents first, in
-batches of at most ``--batch-tokens`` padded tokens (fastbert.embed.batching), each batch
+batches of at most ``--batch-tokens`` padded tokens (fastbert.embedding.batching), each batch
 through the padding-free encoder (only the real tokens are computed), mean-pooled, normalised
 and copied to the host. One untimed pass (it autotunes and
 fills the caches), then ``--reps`` timed passes; the median is reported.
@@ -95,7 +95,7 @@ def measure(
 ) -> dict[str, float | int]:
     """Tokens/s of ``embedder`` over ``documents``: median of ``reps`` passes after one."""
     from fastbert.bench import timing
-    from fastbert.embed.batching import token_batches
+    from fastbert.embedding.batching import token_batches
 
     batches = token_batches([len(d) for d in documents], batch_tokens)
     embed_pass(embedder, documents, batches)

@@ -35,7 +35,7 @@ import torch
 
 from benchmarks import embed_bench, reporting
 from fastbert.bench import environment
-from fastbert.embed.batching import token_batches
+from fastbert.embedding.batching import token_batches
 from fastbert.kernels import cpu_attention
 from fastbert.kernels import cpu_engine_attention as T
 from fastbert.kernels import reference as R

@@ -160,10 +160,10 @@ def contenders(
     from sentence_transformers import SentenceTransformer
 
     import fastbert
-    from fastbert.embed import readers, run
-    from fastbert.embed.options import EmbedOptions
-    from fastbert.embed.shards import ShardWriter
-    from fastbert.embed.text_model import load_options
+    from fastbert.embedding import readers, run
+    from fastbert.embedding.options import EmbedOptions
+    from fastbert.embedding.shards import ShardWriter
+    from fastbert.embedding.text_model import load_options
 
     chosen = chosen or [*FASTBERT, *embed_peers.available()]
     folder = model_folder(model)
@@ -211,7 +211,7 @@ def contenders(
             encoder = embed_peers.build(key, folder, torch.get_num_threads(), name=MODELS[model][0])
             if details is not None:
                 details[key] = encoder.details
-            runs[key] = embed_list(Pipeline(encoder, loaded.tokenise, loaded.options))
+            runs[key] = embed_list(Pipeline(encoder, loaded.text_tokenizer, loaded.options))
     return runs
 
 
@@ -226,7 +226,7 @@ def read_shards(folder: Path) -> np.ndarray:
 
 def count_tokens(texts: list[str], max_length: int, model: str = "minilm") -> int:
     """Tokens the model sees (special tokens included, truncated to ``max_length``)."""
-    from fastbert.embed.model import load_tokenizer
+    from fastbert.embedding.model import load_tokenizer
 
     tokenizer = load_tokenizer(model_folder(model))
     ids = tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
@@ -464,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--contenders {','.join(peers_named)}: the peers run on the CPU only")
 
     from fastbert.bench import environment
-    from fastbert.embed.model import read_config
+    from fastbert.embedding.model import read_config
 
     texts = corpus(args.docs)
     words = [len(t.split()) for t in texts]

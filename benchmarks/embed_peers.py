@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fastbert.embed import model as embed_model
+from fastbert.embedding import model as embed_model
 from fastbert.model.loading import transformer_folder
 from fastbert.model.pooling import POOLINGS
 from fastbert.model.sentence_folder import read_folder
@@ -105,9 +105,9 @@ def _version(package: str) -> str | None:
         return None
 
 
-class PeerEncoder:
+class PeerPipeline:
     """Batches of token ids -> pooled embeddings (numpy float32 [n, hidden]), the interface
-    of fastbert.embed.model.Encoder, computed by another runtime.
+    of fastbert.embedding.model.FolderPipeline, computed by another runtime.
 
     ``forward``: {input name: int64 array [n, longest]} -> last hidden state [n, longest,
     hidden] (float32); ``inputs``: the names the graph takes (of input_ids, attention_mask,
@@ -151,7 +151,7 @@ class PeerEncoder:
 
 def build(
     key: str, folder: Path, threads: int, cache: Path | None = None, name: str | None = None
-) -> PeerEncoder:
+) -> PeerPipeline:
     """The encoder of peer ``key`` for the sentence-transformers (or Hugging Face) model
     ``folder`` (called ``name`` in the cache, default the folder's name), running on
     ``threads`` CPU threads. ValueError naming the install command when a package it needs is
@@ -173,7 +173,7 @@ def build(
         forward, inputs, details = _openvino(files / EXPORTED, threads, PEERS[key].precision)
     pooling, normalize = _pooling(folder)
     details.update(files=str(files), opset=ONNX_OPSET)
-    return PeerEncoder(
+    return PeerPipeline(
         forward, inputs, config["pad_token_id"], pooling, normalize, config["hidden_size"], details
     )
 

@@ -13,24 +13,24 @@ only the rooms on its line below, at any depth, inside functions too: imports po
 layers, or sideways among the jobs of layer 4.
 
     layer  room          modules                          may import
-    5      commands      fastbert.commands, fastbert.cli  façade, accuracy, bench, embed, serve,
-                                                          integrations, model, execution,
+    5      commands      fastbert.commands, fastbert.cli  façade, accuracy, bench, embedding,
+                                                          serve, integrations, model, execution,
                                                           kernels, settings, version
     5      façade        fastbert                         integrations, model, execution,
                                                           kernels, settings, version; accuracy,
-                                                          bench, embed only inside functions
-    4      accuracy      fastbert.accuracy                bench, embed, serve, integrations,
+                                                          bench, embedding only inside functions
+    4      accuracy      fastbert.accuracy                bench, embedding, serve, integrations,
                                                           model, execution, kernels, settings,
                                                           version
-    4      bench         fastbert.bench                   accuracy, embed, serve, integrations,
+    4      bench         fastbert.bench                   accuracy, embedding, serve,
+                                                          integrations, model, execution,
+                                                          kernels, settings, version
+    4      embedding     fastbert.embedding               accuracy, bench, serve, integrations,
                                                           model, execution, kernels, settings,
                                                           version
-    4      embed         fastbert.embed                   accuracy, bench, serve, integrations,
-                                                          model, execution, kernels, settings,
-                                                          version
-    4      serve         fastbert.serve                   accuracy, bench, embed, integrations,
-                                                          model, execution, kernels, settings,
-                                                          version
+    4      serve         fastbert.serve                   accuracy, bench, embedding,
+                                                          integrations, model, execution,
+                                                          kernels, settings, version
     3      integrations  fastbert.integrations            model, execution, kernels, settings,
                                                           version
     2      model         fastbert.model                   execution, kernels, settings, version
@@ -55,7 +55,8 @@ from fastbert.integrations import registration as _registration
 from fastbert.version import __version__
 
 if TYPE_CHECKING:  # what __getattr__ returns, for type checkers and the API reference
-    from fastbert.embed.text_model import TextModel, load
+    from fastbert.embedding.api import embed
+    from fastbert.embedding.text_model import TextModel, load
     from fastbert.integrations.optimize import optimize
     from fastbert.model.config import BertConfig
     from fastbert.model.encoder import BertModel
@@ -76,15 +77,14 @@ _NAMES = {
     "BertForPreTraining": "fastbert.model.heads",
     "BertForSequenceClassification": "fastbert.model.heads",
     "optimize": "fastbert.integrations.optimize",
-    # fastbert.load and the TextModel it returns live in the embed job.
-    "load": "fastbert.embed.text_model",
-    "TextModel": "fastbert.embed.text_model",
+    # fastbert.embed, fastbert.load and the TextModel it returns live in the embedding job
+    # (loaded on first use: importing fastbert imports neither pyarrow nor the tokenizer stack).
+    "embed": "fastbert.embedding.api",
+    "load": "fastbert.embedding.text_model",
+    "TextModel": "fastbert.embedding.text_model",
 }
 # The rooms, reachable as attributes as they were when this module imported them eagerly.
 _ROOMS = ("kernels", "execution", "model", "integrations")
-# Modules that moved into the rooms, still reachable by their old names (fastbert.hf.register(),
-# from fastbert import torch_ops).
-_MOVED = {"hf": "fastbert.integrations.attention", "torch_ops": "fastbert.kernels.torch_ops"}
 
 
 def _attention_entries() -> ModuleType:
@@ -100,20 +100,12 @@ _registration.register_on_import(_attention_entries)
 
 
 def __getattr__(name: str) -> object:
-    # fastbert.embed (the package, callable as the function) loads on first use, so importing
-    # fastbert imports neither pyarrow nor the tokenizer stack.
-    if name == "embed":
-        import fastbert.embed
-
-        return fastbert.embed
     if name in _NAMES:
         value = getattr(importlib.import_module(_NAMES[name]), name)
         globals()[name] = value
         return value
     if name in _ROOMS:
         return importlib.import_module(f"fastbert.{name}")
-    if name in _MOVED:
-        return importlib.import_module(_MOVED[name])
     raise AttributeError(f"module 'fastbert' has no attribute {name!r}")
 
 

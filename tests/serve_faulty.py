@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from fastbert.cli import main
-from fastbert.embed.text_model import TextModel
+from fastbert.embedding.text_model import TextModel
 
 _real = TextModel.embed_tokens
 

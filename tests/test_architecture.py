@@ -67,13 +67,13 @@ ROOMS = (
         "commands",
         5,
         ("fastbert.commands", "fastbert.cli"),
-        ("façade", "accuracy", "bench", "embed", "serve", *_BELOW_JOBS),
+        ("façade", "accuracy", "bench", "embedding", "serve", *_BELOW_JOBS),
     ),
-    Room("façade", 5, (PACKAGE,), _BELOW_JOBS, lazily=("accuracy", "bench", "embed")),
-    Room("accuracy", 4, ("fastbert.accuracy",), ("bench", "embed", "serve", *_BELOW_JOBS)),
-    Room("bench", 4, ("fastbert.bench",), ("accuracy", "embed", "serve", *_BELOW_JOBS)),
-    Room("embed", 4, ("fastbert.embed",), ("accuracy", "bench", "serve", *_BELOW_JOBS)),
-    Room("serve", 4, ("fastbert.serve",), ("accuracy", "bench", "embed", *_BELOW_JOBS)),
+    Room("façade", 5, (PACKAGE,), _BELOW_JOBS, lazily=("accuracy", "bench", "embedding")),
+    Room("accuracy", 4, ("fastbert.accuracy",), ("bench", "embedding", "serve", *_BELOW_JOBS)),
+    Room("bench", 4, ("fastbert.bench",), ("accuracy", "embedding", "serve", *_BELOW_JOBS)),
+    Room("embedding", 4, ("fastbert.embedding",), ("accuracy", "bench", "serve", *_BELOW_JOBS)),
+    Room("serve", 4, ("fastbert.serve",), ("accuracy", "bench", "embedding", *_BELOW_JOBS)),
     Room("integrations", 3, ("fastbert.integrations",), _BELOW_JOBS[1:]),
     Room("model", 2, ("fastbert.model",), _BELOW_JOBS[2:]),
     Room("execution", 1, ("fastbert.execution",), _BELOW_JOBS[3:]),
@@ -525,26 +525,26 @@ def test_checker_reports_a_cycle() -> None:
     failures = check(
         fake(
             {
-                "fastbert.embed.__init__": "from fastbert.embed.api import embed",
-                "fastbert.embed.api": """
+                "fastbert.embedding.__init__": "from fastbert.embedding.api import embed",
+                "fastbert.embedding.api": """
                     from typing import TYPE_CHECKING
                     if TYPE_CHECKING:
-                        from fastbert.embed import pipeline  # ignored
+                        from fastbert.embedding import pipeline  # ignored
                     def embed():
-                        from fastbert.embed import options
+                        from fastbert.embedding import options
                 """,
-                "fastbert.embed.options": "from fastbert.bench.progress import Progress",
+                "fastbert.embedding.options": "from fastbert.bench.progress import Progress",
                 "fastbert.bench.progress": """
                     def bar():
-                        import fastbert.embed.options
+                        import fastbert.embedding.options
                 """,
-                "fastbert.embed.pipeline": "from fastbert.embed.api import embed",
+                "fastbert.embedding.pipeline": "from fastbert.embedding.api import embed",
             }
         )
     )
     assert failures == [
-        "import cycle: fastbert/bench/progress.py:3: imports fastbert.embed.options -> "
-        "fastbert/embed/options.py:1: imports fastbert.bench.progress"
+        "import cycle: fastbert/bench/progress.py:3: imports fastbert.embedding.options -> "
+        "fastbert/embedding/options.py:1: imports fastbert.bench.progress"
     ], failures
 
 
@@ -579,18 +579,18 @@ def test_checker_reports_the_facade_imported_inside_the_package() -> None:
                     from fastbert.model.encoder import BertModel
                     from fastbert import bench
                     def __getattr__(name):
-                        import fastbert.embed
+                        import fastbert.embedding
                 """,
                 "fastbert.model.__init__": "",
                 "fastbert.model.encoder": "",
-                "fastbert.embed.__init__": "",
+                "fastbert.embedding.__init__": "",
                 "fastbert.bench.__init__": "",
                 "fastbert.bench.peers": """
                     from fastbert import model
                     def build():
                         from fastbert import BertModel
                 """,
-                "fastbert.embed.pipeline": "import fastbert",
+                "fastbert.embedding.pipeline": "import fastbert",
                 "fastbert.commands.demo": "import fastbert",  # commands may
                 "fastbert.cli": "from fastbert import BertModel",  # so may the cli
             }
@@ -598,7 +598,7 @@ def test_checker_reports_the_facade_imported_inside_the_package() -> None:
     )
     _one(failures, "fastbert/__init__.py:3", "fastbert.bench", "only inside functions")
     _one(failures, "fastbert/bench/peers.py:4", "fastbert (BertModel)", "the façade")
-    _one(failures, "fastbert/embed/pipeline.py:1", "imports fastbert: the façade")
+    _one(failures, "fastbert/embedding/pipeline.py:1", "imports fastbert: the façade")
     assert len(failures) == 3, failures
 
 
@@ -618,7 +618,7 @@ def test_checker_passes_code_that_keeps_the_rule() -> None:
                 from fastbert.model.encoder import BertModel
                 from fastbert.version import __version__
                 def __getattr__(name):
-                    import fastbert.embed
+                    import fastbert.embedding
             """,
             "fastbert.version": '__version__ = "0"',
             "fastbert.kernels.__init__": "from .ops import attention",
@@ -626,19 +626,19 @@ def test_checker_passes_code_that_keeps_the_rule() -> None:
             "fastbert.kernels.launch": "import triton",
             "fastbert.execution.runtime": "from fastbert.kernels import launch, attention",
             "fastbert.model.encoder": "from fastbert.execution import runtime",
-            "fastbert.embed.__init__": "from fastbert.embed.api import embed",
-            "fastbert.embed.api": """
+            "fastbert.embedding.__init__": "from fastbert.embedding.api import embed",
+            "fastbert.embedding.api": """
                 def embed():
-                    from fastbert.embed import pipeline
+                    from fastbert.embedding import pipeline
             """,
-            "fastbert.embed.pipeline": """
+            "fastbert.embedding.pipeline": """
                 import pyarrow
                 from fastbert.bench.progress import Progress
                 from fastbert.model.encoder import BertModel
                 from fastbert.version import __version__
             """,
             "fastbert.bench.progress": "",
-            "fastbert.commands.embed": "import fastbert\nfrom fastbert.embed import api",
+            "fastbert.commands.embed": "import fastbert\nfrom fastbert.embedding import api",
         }
     )
     assert check(sources) == []

@@ -78,7 +78,7 @@ def test_a_forward_alone_leaves_malloc_as_it_is() -> None:
 def test_loading_a_model_folder_applies_the_tuning_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fastbert.embed import text_model
+    from fastbert.embedding import text_model
     from fastbert.execution import cpu_tuning
 
     calls = []

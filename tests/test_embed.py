@@ -21,8 +21,8 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 import fastbert  # noqa: E402
 from fastbert.cli import main  # noqa: E402
-from fastbert.embed.batching import token_batches  # noqa: E402
-from fastbert.embed.tokenize import tokenise_ahead  # noqa: E402
+from fastbert.embedding.batching import token_batches  # noqa: E402
+from fastbert.embedding.tokenize import tokenise_ahead  # noqa: E402
 from fastbert.integrations import models  # noqa: E402
 
 FORMATS = ("jsonl", "parquet", "csv", "txt")
@@ -445,7 +445,7 @@ def test_token_batches_keep_the_budget() -> None:
 
 def test_tokenise_ahead_raises_in_the_caller() -> None:
     def rows():
-        from fastbert.embed.readers import Row
+        from fastbert.embedding.readers import Row
 
         yield Row(0, None, "one", "x", 1)
         raise OSError("disk gone")
@@ -486,9 +486,9 @@ def test_the_bar_and_the_summary_measure_the_same_rate(model_path, monkeypatch) 
     write) counted in both."""
     import torch
 
-    from fastbert.embed import run
-    from fastbert.embed.options import EmbedOptions
-    from fastbert.embed.readers import Row
+    from fastbert.embedding import run
+    from fastbert.embedding.options import EmbedOptions
+    from fastbert.embedding.readers import Row
 
     clock, bar = _Clock(), _Bar()
     monkeypatch.setattr(run, "progress_bar", lambda enabled: bar)

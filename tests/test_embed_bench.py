@@ -139,7 +139,7 @@ def test_the_peers_agree_with_sentence_transformers(tmp_path, monkeypatch, peer_
 
 @pytest.mark.slow
 def test_a_peer_gets_the_batches_fastbert_gets(tmp_path, monkeypatch, peer_cache) -> None:
-    from fastbert.embed import run
+    from fastbert.embedding import run
 
     monkeypatch.setenv("FASTBERT_CACHE", str(peer_cache))
     seen: dict[str, list[list[list[int]]]] = {}
@@ -156,9 +156,9 @@ def test_a_peer_gets_the_batches_fastbert_gets(tmp_path, monkeypatch, peer_cache
         texts, "cpu", 256, tmp_path, "minilm", ["st", "fastbert-list", "ort-fp32"]
     )
     fastbert_vectors, peer_vectors = runs["fastbert-list"](texts), runs["ort-fp32"](texts)
-    assert set(seen) == {"Encoder", "PeerEncoder"}
-    assert len(seen["Encoder"]) > 3  # a budget of 256 tokens splits the corpus
-    assert seen["PeerEncoder"] == seen["Encoder"]
+    assert set(seen) == {"FolderPipeline", "PeerPipeline"}
+    assert len(seen["FolderPipeline"]) > 3  # a budget of 256 tokens splits the corpus
+    assert seen["PeerPipeline"] == seen["FolderPipeline"]
     assert embed_bench.cosine_min(peer_vectors, fastbert_vectors) >= 0.9999
 
 
@@ -226,7 +226,7 @@ def test_a_contender_the_model_cannot_run(monkeypatch, capsys, tmp_path) -> None
     """fastbert's int8 path has no gated FFN: the fastbert group leaves it out for
     ModernBERT, saying why; named on its own it is a usage error."""
     from fastbert.bench.shapes import model_config
-    from fastbert.embed import model as embed_model
+    from fastbert.embedding import model as embed_model
 
     modernbert, bert = model_config("modernbert-base"), model_config("bert-base")
     assert "GeGLU" in embed_bench.cannot_run("fastbert-int8", modernbert)

@@ -160,11 +160,11 @@ def test_bench_extra_installs_what_fastbert_bench_imports() -> None:
     assert not missing, f"the bench extra or the dependencies lack: {missing}"
 
 
-# What `fastbert embed` runs: its command, fastbert/embed/ and the models module it loads the
+# What `fastbert embed` runs: its command, fastbert/embedding/ and the models module it loads the
 # tokenizer with. The Ray driver's own imports are the ray extra's.
 EMBED_ROOTS = (
     "fastbert.commands.embed",
-    "fastbert.embed",
+    "fastbert.embedding",
     "fastbert.integrations.models",
     "fastbert.integrations.model_names",
 )
@@ -186,7 +186,7 @@ def test_embed_extras_install_what_fastbert_embed_imports(extra) -> None:
         ROOT / "fastbert" / "commands" / "embed.py",
         *(ROOT / "fastbert" / "embed").glob("*.py"),
     ]
-    skip = ("fastbert.embed.ray_driver",) if extra == "embed" else ()
+    skip = ("fastbert.embedding.ray_driver",) if extra == "embed" else ()
     if skip:
         files = [f for f in files if f.name != "ray_driver.py"]
     imported = _third_party_imports(files, EMBED_ROOTS, skip)

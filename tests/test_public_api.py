@@ -1,6 +1,6 @@
-"""The names users import keep working as the package's rooms change: the façade's names, the
-kernels' public ops, and the old module names kept as aliases (fastbert.hf, fastbert.torch_ops);
-and fastbert.kernels is loaded, and its custom ops registered, once."""
+"""The names users import: the façade's names (one meaning each: fastbert.embed is the function)
+and the kernels' public ops; and fastbert.kernels is loaded, and its custom ops registered,
+once."""
 
 from __future__ import annotations
 
@@ -47,14 +47,17 @@ def test_kernel_ops_have_the_reference_signature(name: str) -> None:
     assert K.OPS[name].reference is getattr(K.reference, name)
 
 
-def test_old_module_names_still_resolve() -> None:
-    assert fastbert.hf is __import__("fastbert.integrations.attention", fromlist=["x"])
-    assert callable(fastbert.hf.register)
-    from fastbert import torch_ops
+def test_fastbert_embed_is_a_function_and_old_names_are_gone() -> None:
+    """One meaning per name: fastbert.embed is the function (the job's package is
+    fastbert.embedding), and the modules' old names are not kept as aliases."""
+    import types
 
-    assert torch_ops is K.torch_ops
-    with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        fastbert.nope  # noqa: B018
+    from fastbert.embedding.api import embed
+
+    assert fastbert.embed is embed and isinstance(fastbert.embed, types.FunctionType)
+    for gone in ("hf", "torch_ops", "nope"):
+        with pytest.raises(AttributeError, match=f"no attribute '{gone}'"):
+            getattr(fastbert, gone)
 
 
 LAZY_FACADE = """

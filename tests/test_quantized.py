@@ -1,4 +1,4 @@
-"""fastbert.embed.quantized against sentence-transformers' own quantize_embeddings: the same
+"""fastbert.embedding.quantized against sentence-transformers' own quantize_embeddings: the same
 values, bit for bit, for every precision, with ranges given, from calibration embeddings or from
 the batch itself, on float32 and float64 arrays, torch tensors, widths that are no multiple of 8
 and multi-vector lists; and the errors it gives."""
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from fastbert.embed import quantized
-from fastbert.embed.quantized import PRECISIONS, quantize_embeddings
+from fastbert.embedding import quantized
+from fastbert.embedding.quantized import PRECISIONS, quantize_embeddings
 
 st_util = pytest.importorskip("sentence_transformers.util.quantization")
 
@@ -111,7 +111,7 @@ def test_errors():
 
 
 def test_few_calibration_embeddings_warn(caplog):
-    with caplog.at_level("WARNING", logger="fastbert.embed"):
+    with caplog.at_level("WARNING", logger="fastbert.embedding"):
         quantized.quantization_ranges(random_embeddings(10, 8, seed=2))
     assert "from 10 embeddings" in caplog.text
 

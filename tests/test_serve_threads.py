@@ -15,7 +15,7 @@ import pytest
 from fastbert.cli import build_parser
 from fastbert.commands.options import UsageError
 from fastbert.commands.serve import options_from
-from fastbert.embed.options import EmbedOptions
+from fastbert.embedding.options import EmbedOptions
 from fastbert.serve.batcher import Batcher
 from fastbert.serve.options import OMP_SPIN_VARIABLE, ServeOptions, default_omp_spin
 

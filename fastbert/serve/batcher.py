@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from fastbert.embed.batching import token_batches
+from fastbert.embedding.batching import token_batches
 from fastbert.serve.errors import ModelFailed, Overloaded, ShuttingDown
 
 # forward(token ids, token type ids or None, variant) -> rows [n, ...] (float32)

@@ -1,7 +1,7 @@
 """The int8 / uint8 ranges of a server's dense embeddings, fixed once at start.
 
 int8 and uint8 embeddings map each dimension onto 256 buckets between its min and max
-(:mod:`fastbert.embed.quantized`). sentence-transformers takes those ranges from the batch it
+(:mod:`fastbert.embedding.quantized`). sentence-transformers takes those ranges from the batch it
 quantizes, but a server's requests are batches of their own, and the same text would get other
 buckets in each: a server fixes the ranges once, from the embeddings of a calibration sample
 (``--calibration FILE``, one text per line, else :data:`SAMPLE_SIZE` sentences of real English
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fastbert.embed.quantized import quantization_ranges
-from fastbert.embed.text_model import TextModel, finish_embeddings
+from fastbert.embedding.quantized import quantization_ranges
+from fastbert.embedding.text_model import TextModel, finish_embeddings
 
 # Sentences of the built-in sample: spread evenly over Python's help texts.
 SAMPLE_SIZE = 512

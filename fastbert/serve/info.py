@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastbert.embed.model import pooling_name
+from fastbert.embedding.model import pooling_name
 from fastbert.model.sentence_folder import CLASSIFICATION, EMBEDDING, MULTI_VECTOR
 from fastbert.serve.service import ROUTES, Server
 from fastbert.version import __version__

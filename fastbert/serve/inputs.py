@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fastbert.embed.text_model import InputTooLong, Prompting, TextModel
-from fastbert.embed.tokenize import Tokens
+from fastbert.embedding.text_model import InputTooLong, Prompting, TextModel
+from fastbert.embedding.tokenize import Tokens
 from fastbert.serve.errors import EmptyInput, ValidationFailed
 
 

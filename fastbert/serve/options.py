@@ -1,4 +1,4 @@
-"""The settings of a server: what to load (the embed job's options) and the limits it keeps,
+"""The settings of a server: what to load (the embedding job's options) and the limits it keeps,
 validated once for the command, the Python API and Ray Serve."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from fastbert.settings import API_KEY, SERVE_OMP_SPIN
 
 if TYPE_CHECKING:  # imported only for the annotation: the command's parser reads this module
-    from fastbert.embed.options import EmbedOptions
+    from fastbert.embedding.options import EmbedOptions
 
 API_KEY_VARIABLE = API_KEY.name
 OMP_SPIN_VARIABLE = SERVE_OMP_SPIN.name

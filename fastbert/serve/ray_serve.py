@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from fastbert.embed.ray_driver import connect, worker_device
-from fastbert.embed.text_model import load_options
+from fastbert.embedding.ray_driver import connect, worker_device
+from fastbert.embedding.text_model import load_options
 from fastbert.serve.app import create_app
 from fastbert.serve.options import ServeOptions
 from fastbert.serve.server import configure_logging, startup_line

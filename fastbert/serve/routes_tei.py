@@ -11,7 +11,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from fastbert.embed.text_model import finish_embeddings
+from fastbert.embedding.text_model import finish_embeddings
 from fastbert.serve import inputs, schemas
 from fastbert.serve.scores import pair_scores, probabilities, rerank_scores, sigmoid
 from fastbert.serve.service import NUMPY_JSON, Server, Timing
@@ -132,7 +132,7 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
         inputs.check_count(texts, server.limits, "inputs")
         details = await server.tokenize(
-            timing, model.tokenise.details, texts, body.add_special_tokens
+            timing, model.text_tokenizer.details, texts, body.add_special_tokens
         )
         timing.tokens = sum(len(d) for d in details)
         return server.reply(details, timing, "/tokenize")

@@ -10,8 +10,8 @@ import threading
 import time
 from typing import Any
 
-from fastbert.embed.options import EmbedOptions
-from fastbert.embed.text_model import TextModel, load_options
+from fastbert.embedding.options import EmbedOptions
+from fastbert.embedding.text_model import TextModel, load_options
 from fastbert.execution.cpu_tuning import apply_process_tuning
 from fastbert.serve.app import create_app
 from fastbert.serve.options import ServeOptions

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 from fastapi.responses import Response
 
-from fastbert.embed.text_model import Prompting, TextModel
+from fastbert.embedding.text_model import Prompting, TextModel
 from fastbert.model.sentence_folder import CLASSIFICATION, EMBEDDING, MULTI_VECTOR, SPARSE
 from fastbert.serve import errors, inputs
 from fastbert.serve.batcher import Batcher, Reservation

@@ -1,5 +1,5 @@
 """The one-process job over files: rows -> the embedding loop
-(:mod:`~fastbert.embed.run`) -> Parquet shards with a manifest, continuing an unfinished run
+(:mod:`~fastbert.embedding.run`) -> Parquet shards with a manifest, continuing an unfinished run
 of the same job."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastbert.embed import manifest, model, readers
-from fastbert.embed.options import CALIBRATION_ROWS, EmbedOptions
-from fastbert.embed.quantized import RANGED, Quantizer, check_ranges, quantization_ranges
-from fastbert.embed.run import ArraySink, Summary, run_rows
-from fastbert.embed.shards import ShardWriter
-from fastbert.embed.text_model import TextModel, load_options, resolve
+from fastbert.embedding import manifest, model, readers
+from fastbert.embedding.options import CALIBRATION_ROWS, EmbedOptions
+from fastbert.embedding.quantized import RANGED, Quantizer, check_ranges, quantization_ranges
+from fastbert.embedding.run import ArraySink, Summary, run_rows
+from fastbert.embedding.shards import ShardWriter
+from fastbert.embedding.text_model import TextModel, load_options, resolve
 from fastbert.model.sentence_folder import CLASSIFICATION, FolderSpec
 from fastbert.version import __version__
 
@@ -100,7 +100,7 @@ class Job:
         """Set the writer's quantizer (with ``precision``): int8 / uint8 buckets span the
         ranges given, else those an earlier run of the job recorded, else those of the
         calibration texts' embeddings by ``loaded`` (the calibration file's, else the inputs'
-        first :data:`~fastbert.embed.options.CALIBRATION_ROWS` rows), recorded in the manifest
+        first :data:`~fastbert.embedding.options.CALIBRATION_ROWS` rows), recorded in the manifest
         before any shard is written, so that a resumed run uses the same."""
         precision = self.options.precision
         if precision == "float32":
@@ -182,7 +182,7 @@ def embed_files(inputs: Sequence[str | Path], output: str | Path, options: Embed
 
 def calibration_rows(options: EmbedOptions, files: Sequence[Path]) -> list[readers.Row]:
     """The rows whose embeddings give int8 / uint8 ranges: every good row of
-    ``options.calibration``, else the first :data:`~fastbert.embed.options.CALIBRATION_ROWS`
+    ``options.calibration``, else the first :data:`~fastbert.embedding.options.CALIBRATION_ROWS`
     good rows of ``files``; numbered from 0. InputError when there are fewer than two."""
     if options.calibration is not None:
         source, limit = readers.list_inputs([options.calibration]), None

@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastbert.embed import model, readers, run
-from fastbert.embed.options import DTYPES, EmbedOptions
-from fastbert.embed.quantized import check_precision, check_ranges, quantize_embeddings
-from fastbert.embed.sparse import SparseVectors
-from fastbert.embed.tokenize import Tokenise, Tokens
+from fastbert.embedding import model, readers, run
+from fastbert.embedding.options import DTYPES, EmbedOptions
+from fastbert.embedding.quantized import check_precision, check_ranges, quantize_embeddings
+from fastbert.embedding.sparse import SparseVectors
+from fastbert.embedding.tokenize import TextTokenizer, Tokens
 from fastbert.execution.cpu_tuning import apply_process_tuning
 from fastbert.model.sentence_folder import (
     CLASSIFICATION,
@@ -68,7 +68,7 @@ class TextModel:
 
     ``kind``: "embedding", "sparse", "multi-vector" or "classification"; ``spec``: the
     folder as read (its modules, prompts); ``options``: the resolved
-    :class:`~fastbert.embed.options.EmbedOptions` (device, dtype, max_length, pooling,
+    :class:`~fastbert.embedding.options.EmbedOptions` (device, dtype, max_length, pooling,
     normalize, prompt, batch_tokens all set); ``labels``: a classifier's label names by index
     (None for the other kinds). Load one with :func:`load`.
     """
@@ -78,14 +78,16 @@ class TextModel:
         spec: FolderSpec,
         options: EmbedOptions,
         tokenizer: Any,
-        encoder: model.Encoder | None = None,
+        encoder: model.FolderPipeline | None = None,
         classifier: model.Classifier | None = None,
         labels: list[str] | None = None,
     ):
         self.spec = spec
         self.kind = spec.kind
         self.options = options
-        self.tokenise = Tokenise(tokenizer, options.max_length, spec.transformer.do_lower_case)
+        self.text_tokenizer = TextTokenizer(
+            tokenizer, options.max_length, spec.transformer.do_lower_case
+        )
         self.encoder = encoder
         self.classifier = classifier
         self.labels = labels
@@ -94,7 +96,7 @@ class TextModel:
         # width) afterwards, per call.
         self._raw = None
         if encoder is not None:
-            self._raw = encoder.with_prompt(self.tokenise.prompt_length(options.prompt or ""))
+            self._raw = encoder.with_prompt(self.text_tokenizer.prompt_length(options.prompt or ""))
             self._raw.normalize, self._raw.store_dtype = False, np.dtype(np.float32)
 
     def __repr__(self) -> str:
@@ -143,7 +145,7 @@ class TextModel:
         :attr:`max_length`) from ``side``; without it, an input over the limit raises
         :class:`InputTooLong`."""
         limit = max_length or self.max_length
-        tokens = self.tokenise.encode(
+        tokens = self.text_tokenizer.encode(
             list(texts),
             None if pairs is None else list(pairs),
             truncate=truncate,
@@ -179,7 +181,8 @@ class TextModel:
                 "query": self.spec.transformer.query_length,
                 "document": self.spec.transformer.document_length,
             }
-            found = Prompting(text, self.tokenise.prompt_length(text), task, lengths.get(task))
+            length = self.text_tokenizer.prompt_length(text)
+            found = Prompting(text, length, task, lengths.get(task))
             self._promptings[key] = found
         return found
 
@@ -210,8 +213,8 @@ class TextModel:
           [n, dimensions], each dimension's buckets spanning ``ranges`` [2, dimensions], else
           the min and max of ``calibration_embeddings``, else of these embeddings; "binary" /
           "ubinary": packed bits [n, ceil(dimensions / 8)]; see
-          :mod:`fastbert.embed.quantized`);
-        - a sparse model: :class:`~fastbert.embed.sparse.SparseVectors` over the vocabulary
+          :mod:`fastbert.embedding.quantized`);
+        - a sparse model: :class:`~fastbert.embedding.sparse.SparseVectors` over the vocabulary
           (``max_active_dims``: each row's N largest values only; None: as loaded);
         - a multi-vector model: a list of float32 arrays [tokens_i, dimensions], one vector per
           token the model scores (``prompt_name`` "query" or "document" also picks the task).
@@ -277,14 +280,14 @@ class TextModel:
             raise ValueError(_not_matryoshka(self.options.model, dimensions))
 
     def job(self, progress: bool = True) -> _Loop:
-        """What the corpus job's loop runs (:func:`fastbert.embed.run.run_rows`): this model's
+        """What the corpus job's loop runs (:func:`fastbert.embedding.run.run_rows`): this model's
         encoder, as the folder and the options finish its outputs, and its tokeniser, every
         input after the prompt the model loaded with."""
         return self._loop(self.encoder, None, None, progress)
 
     def _loop(
         self,
-        encoder: model.Encoder,
+        encoder: model.FolderPipeline,
         prompt_name: str | None,
         prompt: str | None,
         progress: bool,
@@ -292,7 +295,7 @@ class TextModel:
         chosen = self.prompting(prompt_name, prompt)
         encoder = encoder.with_prompt(chosen.length, chosen.task)
         tokenise = functools.partial(
-            self.tokenise, prefix=chosen.text, max_length=chosen.max_length
+            self.text_tokenizer, prefix=chosen.text, max_length=chosen.max_length
         )
         return _Loop(encoder, tokenise, replace(self.options, progress=progress))
 
@@ -363,15 +366,15 @@ def _article(word: str) -> str:
 
 
 class _Loop:
-    """What :func:`fastbert.embed.run.run_rows` runs (see run.Loaded)."""
+    """What :func:`fastbert.embedding.run.run_rows` runs (see run.Loaded)."""
 
     def __init__(
         self,
-        encoder: model.Encoder,
+        encoder: model.FolderPipeline,
         tokenise: Callable[[list[str]], tuple[list[list[int]], list[bool]]],
         options: EmbedOptions,
     ):
-        self.encoder, self.tokenise, self.options = encoder, tokenise, options
+        self.encoder, self.text_tokenizer, self.options = encoder, tokenise, options
 
 
 def finish_embeddings(
@@ -478,7 +481,7 @@ def load_options(options: EmbedOptions, tokenizer: Any = None) -> TextModel:
     )
     head = model.load_masked_lm_head(spec, encoder_model) if spec.kind == SPARSE else None
     modules, _ = model.build_modules(spec, tokenizer, device, options.pooling)
-    encoder = model.Encoder(
+    encoder = model.FolderPipeline(
         encoder_model,
         pad_id,
         modules,
@@ -549,7 +552,7 @@ def load(
     folder says; ``batch_tokens``: the token budget of one forward pass (default 16384 on CUDA,
     4096 on the CPU); ``quantize``: None (exact), "int8" or "fp8"; ``prompt_name`` /
     ``prompt``: the prompt put before every input by default (see
-    :class:`~fastbert.embed.options.EmbedOptions`). ValueError naming a bad setting, before
+    :class:`~fastbert.embedding.options.EmbedOptions`). ValueError naming a bad setting, before
     anything loads, or a module of the folder that cannot run.
 
     >>> model = fastbert.load("path/to/all-MiniLM-L6-v2")

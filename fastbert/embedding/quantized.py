@@ -30,7 +30,7 @@ RANGED = ("int8", "uint8")
 # Fewer calibration embeddings than this make unstable ranges (sentence-transformers warns too).
 FEW = 100
 
-log = logging.getLogger("fastbert.embed")
+log = logging.getLogger("fastbert.embedding")
 
 
 def check_precision(precision: Any) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from fastbert.embed.quantized import PRECISIONS, RANGED
+from fastbert.embedding.quantized import PRECISIONS, RANGED
 from fastbert.integrations.model_names import FOLDER, resolve_model
 
 # sentence-transformers' pooling modes (fastbert.model.pooling; `fastbert embed --help` names
@@ -35,7 +35,7 @@ class EmbedOptions:
     the CPU with dtype float32, on CUDA on sm_80 (int8) / sm_89 (fp8) or newer: see
     fastbert.model.quantization). ``precision``: how dense embeddings are stored, "float32" or
     quantized as sentence-transformers' ``quantize_embeddings`` does ("int8", "uint8", "binary",
-    "ubinary": see :mod:`fastbert.embed.quantized`); int8 / uint8 buckets span ``ranges``
+    "ubinary": see :mod:`fastbert.embedding.quantized`); int8 / uint8 buckets span ``ranges``
     ([min per dimension], [max per dimension]) when given, else those of the embeddings of
     ``calibration`` (a file of texts, read as the inputs are), else of the job's first
     :data:`CALIBRATION_ROWS` rows.

@@ -10,9 +10,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from fastbert.embed.options import EmbedOptions
-from fastbert.embed.quantized import quantization_ranges
-from fastbert.embed.text_model import TextModel, load, load_options
+from fastbert.embedding.options import EmbedOptions
+from fastbert.embedding.quantized import quantization_ranges
+from fastbert.embedding.text_model import TextModel, load, load_options
 
 # Options that change how a loaded model is used, not what is loaded.
 _CALL_OPTIONS = (
@@ -52,13 +52,13 @@ def embed(
     Without ``output``: ``texts_or_paths`` is a list of strings; returns what the model's kind
     gives for them, row i for text i: an embedding model's numpy array [len(texts), dim]
     (float32, or float16 with ``dtype="float16", store_dtype="float16"``), a sparse model's
-    :class:`~fastbert.embed.sparse.SparseVectors`, a multi-vector model's list of
-    [tokens, dim] arrays (see :meth:`~fastbert.embed.text_model.TextModel.embed`).
+    :class:`~fastbert.embedding.sparse.SparseVectors`, a multi-vector model's list of
+    [tokens, dim] arrays (see :meth:`~fastbert.embedding.text_model.TextModel.embed`).
 
     With ``output``: ``texts_or_paths`` is a file or folder (or a list of them) of .jsonl,
     .parquet, .csv or .txt; the embeddings are written as Parquet shards with a manifest.json
     in the ``output`` folder (an unfinished run of the same job is continued), and the
-    :class:`~fastbert.embed.run.Summary` is returned. ``ray``: run the job on Ray Data
+    :class:`~fastbert.embedding.run.Summary` is returned. ``ray``: run the job on Ray Data
     (True for a local Ray instance, or a cluster address).
 
     ``options``: text_field, id_field, batch_tokens, max_length, pooling (a
@@ -72,12 +72,12 @@ def embed(
     them, the ranges default to those of the texts' own embeddings), calibration (with
     ``output``: a file of texts whose embeddings give them; the default is the job's first
     1,000 rows, and the manifest records the ranges), skip_bad, overwrite, rows_per_shard,
-    window_rows, progress (see :class:`~fastbert.embed.options.EmbedOptions`).
+    window_rows, progress (see :class:`~fastbert.embedding.options.EmbedOptions`).
 
     Raises ValueError (or its subclasses InputError / OutputError) naming the bad argument,
     file and row.
     """
-    from fastbert.embed import pipeline
+    from fastbert.embedding import pipeline
 
     if isinstance(model, TextModel):
         return _embed_loaded(texts_or_paths, model, output, ray, options)
@@ -108,7 +108,7 @@ def embed(
         )
     paths = [texts_or_paths] if isinstance(texts_or_paths, str | Path) else list(texts_or_paths)
     if ray:
-        from fastbert.embed import ray_driver
+        from fastbert.embedding import ray_driver
 
         return ray_driver.embed_files(
             paths, output, settings, address=None if ray is True else str(ray)

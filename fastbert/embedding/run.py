@@ -1,7 +1,7 @@
 """The embedding loop: rows -> tokenised ahead in a thread -> length-sorted windows ->
 token-budget batches -> the model -> a sink (Parquet shards, an array), with a progress bar and
 a summary. Shared by the one-process job, ``fastbert.embed`` of a list and
-:meth:`~fastbert.embed.text_model.TextModel.embed`."""
+:meth:`~fastbert.embedding.text_model.TextModel.embed`."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fastbert.embed import model, readers
-from fastbert.embed.batching import Window, token_batches, windows
-from fastbert.embed.options import EmbedOptions
-from fastbert.embed.shards import EmbeddedRows
-from fastbert.embed.tokenize import tokenise_ahead
+from fastbert.embedding import model, readers
+from fastbert.embedding.batching import Window, token_batches, windows
+from fastbert.embedding.options import EmbedOptions
+from fastbert.embedding.shards import EmbeddedRows
+from fastbert.embedding.tokenize import tokenise_ahead
 
 
 @dataclass
@@ -90,10 +90,10 @@ class Meter:
 
 class Loaded(Protocol):
     """What the loop runs: a model's encoder, a tokeniser (texts -> (token ids, whether each
-    was truncated)) and the resolved options (a :class:`~fastbert.embed.text_model.TextModel`
+    was truncated)) and the resolved options (a :class:`~fastbert.embedding.text_model.TextModel`
     is one)."""
 
-    encoder: model.Encoder
+    encoder: model.FolderPipeline
     tokenise: Callable[[list[str]], tuple[list[list[int]], list[bool]]]
     options: EmbedOptions
 
@@ -158,7 +158,7 @@ def run_rows(
     bar = progress_bar(options.progress)
     meter = Meter(bar, clock)
     try:
-        chunks = tokenise_ahead(rows, loaded.tokenise)
+        chunks = tokenise_ahead(rows, loaded.text_tokenizer)
         for window in windows(chunks, options.window_rows):
             _check_bad(window, options.skip_bad)
             if window.bad:
@@ -187,7 +187,7 @@ def bad_row_error(where: str, problem: str) -> readers.InputError:
 
 
 def embed_sorted(
-    encoder: model.Encoder, tokens: list[list[int]], batch_tokens: int
+    encoder: model.FolderPipeline, tokens: list[list[int]], batch_tokens: int
 ) -> Iterator[tuple[list[int], np.ndarray]]:
     """Token ids of n rows -> (positions into ``tokens``, what the encoder gives for them:
     embeddings [len, dim], sparse or per-token vectors) per forward pass, rows sorted by length

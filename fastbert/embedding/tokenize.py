@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastbert.embed.readers import Row
+from fastbert.embedding.readers import Row
 
 
 @dataclass
@@ -39,7 +39,7 @@ class Tokens:
     cut: list[bool]
 
 
-class Tokenise:
+class TextTokenizer:
     """texts (or text pairs) -> token ids, with the tokenizer's own ``truncation=True,
     max_length=max_length`` (special tokens included, as sentence-transformers tokenises).
 

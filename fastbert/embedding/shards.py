@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from fastbert.embed.quantized import Quantizer
+from fastbert.embedding.quantized import Quantizer
 
 SHARD_PATTERN = "part-{:05d}.parquet"
 METADATA_KEY = b"fastbert"

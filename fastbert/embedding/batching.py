@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from fastbert.embed.readers import Row
-from fastbert.embed.tokenize import Chunk
+from fastbert.embedding.readers import Row
+from fastbert.embedding.tokenize import Chunk
 
 
 @dataclass

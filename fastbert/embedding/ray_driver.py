@@ -1,10 +1,10 @@
 """The embedding job as a Ray Data pipeline: read (tasks) -> tokenise (tasks) -> embed (an
 actor pool: one actor per GPU, or on a CPU-only cluster one per two CPUs) -> the driver, which
-writes the same Parquet shards and manifest as the one-process job (fastbert.embed.pipeline),
+writes the same Parquet shards and manifest as the one-process job (fastbert.embedding.pipeline),
 so resuming, ids and the output layout are the same.
 
 Reading is Ray Data's: a dataset of input files, each read by a task with fastbert's readers
-(fastbert.embed.readers), so that every row keeps its row number across all inputs and a bad
+(fastbert.embedding.readers), so that every row keeps its row number across all inputs and a bad
 row is named by file and row, as in one process. The input paths must be readable from the
 workers (a shared file system); the output is written by the driver. The order of rows is
 preserved, so the driver completes shards as rows arrive.
@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastbert.embed import model, pipeline, readers, run
-from fastbert.embed.options import EmbedOptions
-from fastbert.embed.quantized import RANGED
-from fastbert.embed.shards import EmbeddedRows, ShardWriter
-from fastbert.embed.text_model import load_options
+from fastbert.embedding import model, pipeline, readers, run
+from fastbert.embedding.options import EmbedOptions
+from fastbert.embedding.quantized import RANGED
+from fastbert.embedding.shards import EmbeddedRows, ShardWriter
+from fastbert.embedding.text_model import load_options
 from fastbert.model.sentence_folder import EMBEDDING
 
 READ_ROWS = 1024  # rows per block out of a read task
@@ -43,7 +43,7 @@ def embed_files(
 ) -> run.Summary:
     """Embed ``inputs`` into Parquet shards in ``output`` on Ray: the cluster at ``address``,
     else the Ray instance this process has started (ray.init), else a new local one. Same
-    arguments, output and errors as :func:`fastbert.embed.pipeline.embed_files`, but int8 /
+    arguments, output and errors as :func:`fastbert.embedding.pipeline.embed_files`, but int8 /
     uint8 precision needs ``ranges`` (no model runs here to calibrate them)."""
     if options.precision in RANGED and options.ranges is None:
         raise ValueError(
@@ -192,13 +192,13 @@ def _tokenizer(folder: str) -> Any:
 def _tokenise(batch: Any, folder: str, max_length: int, prompt: str) -> Any:
     """Add ``input_ids`` (a list per row, after ``prompt``; empty for bad rows) and ``cut``
     (truncated)."""
-    from fastbert.embed.tokenize import Tokenise
+    from fastbert.embedding.tokenize import TextTokenizer
     from fastbert.model.sentence_folder import read_folder
 
     good = batch["problem"].isna().to_numpy()
     texts = batch["text"][good].tolist()
     lowercase = read_folder(folder).transformer.do_lower_case
-    tokenise = Tokenise(_tokenizer(folder), max_length, lowercase)
+    tokenise = TextTokenizer(_tokenizer(folder), max_length, lowercase)
     tokens, cut = tokenise(texts, prompt) if texts else ([], [])
     all_tokens: list[list[int]] = [[] for _ in range(len(batch))]
     all_cut = [False] * len(batch)

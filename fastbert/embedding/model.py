@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastbert.embed.sparse import SparseVectors
+from fastbert.embedding.sparse import SparseVectors
 from fastbert.model.masked_lm_head import MaskedLMHead
 from fastbert.model.sentence_folder import (
     EMBEDDING,
@@ -136,7 +136,7 @@ def declared_dimensions(spec: FolderSpec, config: Any, pooling: str | None = Non
 
 
 @dataclasses.dataclass
-class Encoder:
+class FolderPipeline:
     """Batches of token ids -> the folder's output, each module run in order.
 
     ``model``: a fastbert.BertModel; ``pad_id``: the tokenizer's padding id; ``modules``: what
@@ -171,7 +171,7 @@ class Encoder:
             first if isinstance(first, SpladePooling) and first.strategy == "max" else None
         )
 
-    def with_prompt(self, prompt_length: int, task: str | None = None) -> Encoder:
+    def with_prompt(self, prompt_length: int, task: str | None = None) -> FolderPipeline:
         """This encoder for inputs that start with a prompt of ``prompt_length`` tokens, for
         ``task``: a shallow copy (the model is shared)."""
         return dataclasses.replace(self, prompt_length=prompt_length, task=task)
@@ -242,7 +242,7 @@ class Encoder:
     def __call__(self, tokens: list[list[int]]) -> Any:
         """token ids of n rows (any lengths) -> by kind: sentence embeddings [n, dimensions]
         (``store_dtype``; the first ``truncate_dim`` values, then normalised when the folder or
-        the options say so); a sparse model's :class:`~fastbert.embed.sparse.SparseVectors`
+        the options say so); a sparse model's :class:`~fastbert.embedding.sparse.SparseVectors`
         (each row's ``max_active_dims`` largest values); a multi-vector model's list of
         float32 [tokens_i, dimensions] arrays, the tokens it scores."""
         with torch.inference_mode():
@@ -339,7 +339,7 @@ def pad(
 
 __all__ = [
     "Classifier",
-    "Encoder",
+    "FolderPipeline",
     "build_modules",
     "load_encoder_model",
     "load_masked_lm_head",

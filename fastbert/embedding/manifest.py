@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from fastbert.embed.shards import SHARD_PATTERN, ShardStats, read_stats, shard_path
+from fastbert.embedding.shards import SHARD_PATTERN, ShardStats, read_stats, shard_path
 
 MANIFEST = "manifest.json"
 FORMAT = "fastbert-embeddings/1"
