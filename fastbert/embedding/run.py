@@ -158,7 +158,7 @@ def run_rows(
     bar = progress_bar(options.progress)
     meter = Meter(bar, clock)
     try:
-        chunks = tokenise_ahead(rows, loaded.text_tokenizer)
+        chunks = tokenise_ahead(rows, loaded.tokenise)
         for window in windows(chunks, options.window_rows):
             _check_bad(window, options.skip_bad)
             if window.bad:

@@ -374,7 +374,7 @@ class _Loop:
         tokenise: Callable[[list[str]], tuple[list[list[int]], list[bool]]],
         options: EmbedOptions,
     ):
-        self.encoder, self.text_tokenizer, self.options = encoder, tokenise, options
+        self.encoder, self.tokenise, self.options = encoder, tokenise, options
 
 
 def finish_embeddings(
