@@ -144,19 +144,25 @@ def _requirement_names(requirements: list[str]) -> set[str]:
     }
 
 
-def test_bench_extra_installs_what_fastbert_bench_imports() -> None:
+def _not_installed(modules: set[str], extra: str) -> dict[str, list[str]]:
+    """The ``modules`` (top-level import names) whose distributions neither the dependencies
+    nor the extra ``extra`` install, each with the distribution names it was looked up as."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     installed = _requirement_names(project["dependencies"]) | _requirement_names(
-        extra_requirements("bench")
+        extra_requirements(extra)
     )
-    imported = _bench_third_party_imports()
-    assert {"torch", "transformers", "matplotlib", "tqdm"} <= imported  # the walk finds them
     distributions = importlib.metadata.packages_distributions()
-    missing = {
+    return {
         module: distributions.get(module, [module])
-        for module in sorted(imported - set(BENCH_OPTIONAL))
+        for module in sorted(modules)
         if not _requirement_names(distributions.get(module, [module])) & installed
     }
+
+
+def test_bench_extra_installs_what_fastbert_bench_imports() -> None:
+    imported = _bench_third_party_imports()
+    assert {"torch", "transformers", "matplotlib", "tqdm"} <= imported  # the walk finds them
+    missing = _not_installed(imported - set(BENCH_OPTIONAL), "bench")
     assert not missing, f"the bench extra or the dependencies lack: {missing}"
 
 
@@ -178,13 +184,9 @@ EMBED_OPTIONAL = {
 
 @pytest.mark.parametrize("extra", ["embed", "ray"])
 def test_embed_extras_install_what_fastbert_embed_imports(extra) -> None:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    installed = _requirement_names(project["dependencies"]) | _requirement_names(
-        extra_requirements(extra)
-    )
     files = [
         ROOT / "fastbert" / "commands" / "embed.py",
-        *(ROOT / "fastbert" / "embed").glob("*.py"),
+        *(ROOT / "fastbert" / "embedding").glob("*.py"),
     ]
     skip = ("fastbert.embedding.ray_driver",) if extra == "embed" else ()
     if skip:
@@ -192,12 +194,7 @@ def test_embed_extras_install_what_fastbert_embed_imports(extra) -> None:
     imported = _third_party_imports(files, EMBED_ROOTS, skip)
     assert ("ray" in imported) == (extra == "ray")
     assert {"torch", "transformers", "pyarrow", "tqdm"} <= imported  # the walk finds them
-    distributions = importlib.metadata.packages_distributions()
-    missing = {
-        module: distributions.get(module, [module])
-        for module in sorted(imported - set(EMBED_OPTIONAL))
-        if not _requirement_names(distributions.get(module, [module])) & installed
-    }
+    missing = _not_installed(imported - set(EMBED_OPTIONAL), extra)
     assert not missing, f"the {extra} extra or the dependencies lack: {missing}"
     assert _requirement_names(extra_requirements(extra)) <= _requirement_names(
         extra_requirements("dev")
