@@ -13,7 +13,8 @@ from fastbert.execution import validation
 from fastbert.execution.backends import Ops
 from fastbert.model import losses
 from fastbert.model.config import BertConfig
-from fastbert.model.encoder import BertModel, RunSetting, init_weights, new_parameter
+from fastbert.model.encoder import BertModel, RunSetting, init_weights
+from fastbert.model.layers import new_parameter
 from fastbert.model.loading import PretrainedMixin
 from fastbert.model.outputs import LogitsOutput, PreTrainingOutput
 

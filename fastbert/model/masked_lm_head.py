@@ -18,8 +18,8 @@ from torch import nn
 
 from fastbert.execution.backends import Ops
 from fastbert.model.config import HIDDEN_ACTIVATIONS
-from fastbert.model.encoder import norm_bias
 from fastbert.model.families import Family
+from fastbert.model.layers import norm_bias
 
 
 class MaskedLMHead(nn.Module):

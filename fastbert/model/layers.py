@@ -1,0 +1,288 @@
+"""The modules BertModel stacks: the embeddings, the transformer layer and the pooler.
+
+Each holds its parameters in fastbert's fused layout (one QKV weight per layer; the mapping
+from Hugging Face names lives in fastbert/model/loading.py) and runs every hot op through the
+backend's ops it is given. Activations are [batch, seq, hidden] (or packed [tokens, hidden])
+in the model's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fastbert.execution.backends import Ops
+from fastbert.execution.runtime import Attend
+from fastbert.model.config import BertConfig
+from fastbert.model.quantization import QuantizedWeights
+
+
+def new_parameter(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
+    """A zero-filled parameter of ``shape`` (loading or :func:`init_weights` fills it)."""
+    return nn.Parameter(torch.zeros(shape, dtype=dtype, device=device))
+
+
+def norm_bias(bias: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
+    """A LayerNorm's bias, or zeros like its ``weight`` for a LayerNorm without one."""
+    return bias if bias is not None else weight.new_zeros(weight.shape)
+
+
+class BertEmbeddings(nn.Module):
+    """word + position + token-type embeddings, then LayerNorm (one fused op).
+
+    Without token types (``type_vocab_size`` 0) one zero row stands in for the table, and so
+    for the position table with rotary positions (ModernBERT: the attention rotates queries and
+    keys instead); without a LayerNorm bias (``norm_bias`` False) zeros stand in for it. With an
+    ``embedding_size`` other than ``hidden_size`` (ELECTRA) the tables and LayerNorm have that
+    width and a linear projection to ``hidden_size`` follows.
+    """
+
+    def __init__(self, config: BertConfig, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        e, h = config.embedding_width, config.hidden_size
+        self.word = new_parameter(config.vocab_size, e, dtype=dtype, device=device)
+        self.position = (
+            new_parameter(config.max_position_embeddings, e, dtype=dtype, device=device)
+            if config.position_scheme != "rotary"
+            else None
+        )
+        self.token_type = (
+            new_parameter(config.type_vocab_size, e, dtype=dtype, device=device)
+            if config.type_vocab_size
+            else None
+        )
+        self.ln_weight = new_parameter(e, dtype=dtype, device=device)
+        self.ln_bias = new_parameter(e, dtype=dtype, device=device) if config.norm_bias else None
+        self.project_weight = new_parameter(h, e, dtype=dtype, device=device) if e != h else None
+        self.project_bias = new_parameter(h, dtype=dtype, device=device) if e != h else None
+        self.eps = config.layer_norm_eps
+        self.config = config
+
+    def table_rows(self) -> tuple[int, int]:
+        """(word rows, token-type rows): the ranges word and token-type ids must lie in."""
+        types = self.token_type.shape[0] if self.token_type is not None else 1
+        return self.word.shape[0], types
+
+    def padding_rows(self) -> dict[str, int | None]:
+        """The table rows that get no gradient, as in Hugging Face's ``nn.Embedding``s: the
+        pad token's word row, and (padding_offset positions) its position row."""
+        pad = self.config.pad_token_id
+        if pad is None or not 0 <= pad < self.word.shape[0]:
+            pad = None
+        offset = self.config.position_scheme == "padding_offset"
+        return {"padding_idx": pad, "position_padding_idx": pad if offset else None}
+
+    def position_ids(self, input_ids: torch.Tensor) -> torch.Tensor | None:
+        """The position ids of [B, S] ``input_ids`` under ``config.position_scheme``: int64
+        [B, S], or None for 0..S-1 in every row (the ops' default)."""
+        config = self.config
+        if input_ids.shape[1] > config.max_sequence_length:
+            raise ValueError(
+                f"sequence length {input_ids.shape[1]} exceeds the {config.max_sequence_length} "
+                "positions this model has; truncate the input"
+            )
+        if config.position_scheme == "sequential":
+            return None
+        real = (input_ids != config.pad_token_id).long()
+        return torch.cumsum(real, dim=1) * real + config.pad_token_id
+
+    def forward(
+        self,
+        ops: Ops,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        position_ids: torch.Tensor | None = None,
+        check_ids: bool = True,
+        dropout_p: float = 0.0,
+    ) -> torch.Tensor:
+        """input_ids, token_type_ids, position_ids: [B, S] integers -> [B, S, H].
+
+        Positions default to :meth:`position_ids` of ``input_ids``. ``check_ids=False``: the
+        caller has checked the word and token-type ids against :meth:`table_rows` (positions
+        computed here are in range by construction). ``dropout_p``: dropout on the
+        LayerNorm's output (before ELECTRA's projection), as in Hugging Face.
+        """
+        zero_row = self.word.new_zeros(1, self.word.shape[1])
+        position = self.position
+        if position is None:  # rotary positions: every token reads the one zero row
+            position, position_ids = zero_row, input_ids.new_zeros(input_ids.shape[1])
+        elif position_ids is None:
+            position_ids = self.position_ids(input_ids)
+        token_type = self.token_type if self.token_type is not None else zero_row
+        hidden = ops.embeddings_layer_norm(
+            input_ids,
+            token_type_ids,
+            position_ids,
+            self.word,
+            position,
+            token_type,
+            self.ln_weight,
+            norm_bias(self.ln_bias, self.ln_weight),
+            self.eps,
+            check_ids=check_ids,
+            dropout_p=dropout_p,
+            **self.padding_rows(),
+        )
+        if self.project_weight is not None:
+            hidden = ops.linear(hidden, self.project_weight, self.project_bias)
+        return hidden
+
+
+class BertLayer(nn.Module):
+    """Self-attention (fused QKV) and a GELU FFN, each with a residual and a LayerNorm.
+
+    ``config.norm_position`` "post" (BERT): LayerNorm(x + attention(x)), then LayerNorm(h +
+    FFN(h)), the residual added inside the LayerNorm op. "pre" (ModernBERT): x + attention(
+    LayerNorm(x)), then h + FFN(LayerNorm(h)), the residual added in the epilogue of the
+    output projection; the first layer (``first``) has no attention LayerNorm (its input is
+    the embeddings' LayerNorm). ``config.glu``: the FFN's input projection has 2 *
+    intermediate_size rows (input, gate) and the FFN computes act(input) * gate in one gated
+    linear. Without ``linear_bias`` / ``norm_bias`` the biases are None.
+    """
+
+    def __init__(
+        self,
+        config: BertConfig,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        first: bool = False,
+    ):
+        super().__init__()
+        h, i = config.hidden_size, config.intermediate_size
+        kw = {"dtype": dtype, "device": device}
+
+        def bias(n: int, present: bool) -> nn.Parameter | None:
+            return new_parameter(n, **kw) if present else None
+
+        linear_bias, ln_bias = config.linear_bias, config.norm_bias
+        self.pre_norm = config.norm_position == "pre"
+        self.glu = config.glu
+        self.qkv_weight = new_parameter(3 * h, h, **kw)  # rows: query, key, value
+        self.qkv_bias = bias(3 * h, linear_bias)
+        self.attn_out_weight = new_parameter(h, h, **kw)
+        self.attn_out_bias = bias(h, linear_bias)
+        has_attn_ln = not (self.pre_norm and first)
+        self.attn_ln_weight = new_parameter(h, **kw) if has_attn_ln else None
+        self.attn_ln_bias = bias(h, ln_bias and has_attn_ln)
+        self.ffn_in_weight = new_parameter(2 * i if self.glu else i, h, **kw)
+        self.ffn_in_bias = bias(2 * i if self.glu else i, linear_bias)
+        self.ffn_out_weight = new_parameter(h, i, **kw)
+        self.ffn_out_bias = bias(h, linear_bias)
+        self.ffn_ln_weight = new_parameter(h, **kw)
+        self.ffn_ln_bias = bias(h, ln_bias)
+        self.heads = config.num_attention_heads
+        self.activation = config.activation
+        self.eps = config.layer_norm_eps
+        # (query, key, value weights), (their biases): see fused_qkv.
+        self.qkv_parts: tuple[tuple[nn.Parameter, ...], tuple[nn.Parameter, ...]] | None = None
+        # The quantised copies of the linear weights when the model runs quantize="int8" or
+        # "fp8".
+        self.quantized: QuantizedWeights | None = None
+        # While the model calibrates: each linear's input maxima per channel, by weight name.
+        self.recording: dict[str, torch.Tensor] | None = None
+
+    def forward(
+        self, ops: Ops, hidden: torch.Tensor, attend: Attend, dropout_p: float = 0.0
+    ) -> torch.Tensor:
+        """hidden: tokens [..., H] (a padded [B, S, H] batch or packed [T, H]) -> same shape.
+
+        ``attend`` maps the fused QKV projection [..., 3H] to the attention context [..., H]
+        (see fastbert.execution.runtime: dense with a padding mask, or packed sequences).
+        ``dropout_p``: the hidden dropout on the two projections that feed a residual.
+        """
+        if self.pre_norm:
+            return self.forward_pre_norm(ops, hidden, attend)
+        qkv = self.project(ops, "qkv_weight", hidden, *self.fused_qkv())
+        attn = self.project(
+            ops, "attn_out_weight", attend(qkv), self.attn_out_weight, self.attn_out_bias
+        )
+        hidden = ops.layer_norm(
+            attn, self.attn_ln_weight, self.attn_ln_bias, self.eps, hidden, dropout_p=dropout_p
+        )
+        inner = self.project(
+            ops, "ffn_in_weight", hidden, self.ffn_in_weight, self.ffn_in_bias, self.activation
+        )
+        out = self.project(ops, "ffn_out_weight", inner, self.ffn_out_weight, self.ffn_out_bias)
+        return ops.layer_norm(
+            out, self.ffn_ln_weight, self.ffn_ln_bias, self.eps, hidden, dropout_p=dropout_p
+        )
+
+    def forward_pre_norm(self, ops: Ops, hidden: torch.Tensor, attend: Attend) -> torch.Tensor:
+        """The pre-LayerNorm layer (ModernBERT; no dropout): each residual added in the
+        epilogue of the projection that feeds it."""
+        x = hidden
+        if self.attn_ln_weight is not None:
+            x = ops.layer_norm(
+                hidden,
+                self.attn_ln_weight,
+                norm_bias(self.attn_ln_bias, self.attn_ln_weight),
+                self.eps,
+            )
+        qkv = self.project(ops, "qkv_weight", x, *self.fused_qkv())
+        hidden = self.project(
+            ops,
+            "attn_out_weight",
+            attend(qkv),
+            self.attn_out_weight,
+            self.attn_out_bias,
+            residual=hidden,
+        )
+        x = ops.layer_norm(
+            hidden, self.ffn_ln_weight, norm_bias(self.ffn_ln_bias, self.ffn_ln_weight), self.eps
+        )
+        inner = self.project(
+            ops, "ffn_in_weight", x, self.ffn_in_weight, self.ffn_in_bias, self.activation
+        )
+        return self.project(
+            ops, "ffn_out_weight", inner, self.ffn_out_weight, self.ffn_out_bias, residual=hidden
+        )
+
+    def project(
+        self,
+        ops: Ops,
+        name: str,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        activation: str | None = None,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The linear whose weight is ``name``: on ``weight``, or on its int8 / fp8 copy when
+        the layer runs quantised (recording the input's maxima per channel while
+        calibrating). The FFN's input projection of a GLU layer is gated."""
+        if self.recording is not None:
+            self.recording[name] = x.detach().reshape(-1, x.shape[-1]).abs().amax(dim=0).float()
+        if self.quantized is None or self.recording is not None:
+            gated = self.glu and name == "ffn_in_weight"
+            return ops.linear(x, weight, bias, activation, residual, gated=gated)
+        q, scale, input_scale = self.quantized[name]
+        linear = ops.linear_int8 if self.quantized.format == "int8" else ops.linear_fp8
+        return linear(x, q, scale, bias, activation, residual, input_scale)
+
+    def fused_qkv(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The [3H, H] QKV weight and [3H] bias (None without biases) the layer reads: its
+        fused parameters, or, when it is bound to separate query, key and value parameters
+        (``qkv_parts``, set by fastbert.optimize) and one of them needs a gradient, their
+        concatenation, through which autograd gives each its own gradient."""
+        parts = self.qkv_parts
+        if (
+            parts is not None
+            and torch.is_grad_enabled()
+            and any(p.requires_grad for p in parts[0] + parts[1])
+        ):
+            return torch.cat(parts[0]), torch.cat(parts[1]) if parts[1] else None
+        return self.qkv_weight, self.qkv_bias
+
+
+class BertPooler(nn.Module):
+    """tanh(dense(hidden[:, 0])): the [CLS] token's representation."""
+
+    def __init__(self, config: BertConfig, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        h = config.hidden_size
+        self.weight = new_parameter(h, h, dtype=dtype, device=device)
+        self.bias = new_parameter(h, dtype=dtype, device=device)
+
+    def forward(self, ops: Ops, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [B, S, H] -> [B, H]."""
+        return torch.tanh(ops.linear(hidden[:, 0], self.weight, self.bias))
