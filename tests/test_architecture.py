@@ -458,23 +458,26 @@ def fake(modules: dict[str, str]) -> dict[str, Source]:
     return sources
 
 
+def failures_of(modules: dict[str, str]) -> list[str]:
+    """What the checker reports on the made-up package ``modules`` (see :func:`fake`)."""
+    return check(fake(modules))
+
+
 def _one(failures: list[str], *parts: str) -> None:
     hits = [f for f in failures if all(p in f for p in parts)]
     assert len(hits) == 1, (parts, failures)
 
 
 def test_checker_reports_an_upward_import() -> None:
-    failures = check(
-        fake(
-            {
-                "fastbert.kernels.ops": """
-                    def f():
-                        from fastbert.model import encoder
-                """,
-                "fastbert.model.encoder": "from fastbert.integrations.optimize import optimize",
-                "fastbert.integrations.optimize": "",
-            }
-        )
+    failures = failures_of(
+        {
+            "fastbert.kernels.ops": """
+                def f():
+                    from fastbert.model import encoder
+            """,
+            "fastbert.model.encoder": "from fastbert.integrations.optimize import optimize",
+            "fastbert.integrations.optimize": "",
+        }
     )
     _one(failures, "fastbert/kernels/ops.py:3", "fastbert.model.encoder", "may not import room")
     _one(failures, "fastbert/model/encoder.py:1", "fastbert.integrations.optimize (optimize)")
@@ -482,19 +485,17 @@ def test_checker_reports_an_upward_import() -> None:
 
 
 def test_checker_reports_a_private_name_from_another_room() -> None:
-    failures = check(
-        fake(
-            {
-                "fastbert.kernels.__init__": "",
-                "fastbert.kernels.launch": "from fastbert.kernels._grid import grid",
-                "fastbert.kernels._grid": "from .launch import _cache",  # own room: fine
-                "fastbert.execution.runtime": """
-                    from fastbert.kernels.launch import _tuned, cdiv
-                    from fastbert.kernels import _grid
-                    import fastbert.kernels._grid
-                """,
-            }
-        )
+    failures = failures_of(
+        {
+            "fastbert.kernels.__init__": "",
+            "fastbert.kernels.launch": "from fastbert.kernels._grid import grid",
+            "fastbert.kernels._grid": "from .launch import _cache",  # own room: fine
+            "fastbert.execution.runtime": """
+                from fastbert.kernels.launch import _tuned, cdiv
+                from fastbert.kernels import _grid
+                import fastbert.kernels._grid
+            """,
+        }
     )
     _one(failures, "runtime.py:2", "fastbert.kernels.launch (_tuned)", "private name _tuned")
     _one(failures, "runtime.py:3", "fastbert.kernels._grid", "private name _grid")
@@ -503,18 +504,16 @@ def test_checker_reports_a_private_name_from_another_room() -> None:
 
 
 def test_checker_reports_a_private_name_used_through_a_module() -> None:
-    failures = check(
-        fake(
-            {
-                "fastbert.kernels.__init__": "",
-                "fastbert.kernels.launch": "def _tuned(): pass\ndef cdiv(): pass",
-                "fastbert.execution.runtime": """
-                    from fastbert.kernels import launch
-                    import fastbert.kernels.launch as L
-                    launch.cdiv(); launch._tuned(); L._tuned(); launch.__name__
-                """,
-            }
-        )
+    failures = failures_of(
+        {
+            "fastbert.kernels.__init__": "",
+            "fastbert.kernels.launch": "def _tuned(): pass\ndef cdiv(): pass",
+            "fastbert.execution.runtime": """
+                from fastbert.kernels import launch
+                import fastbert.kernels.launch as L
+                launch.cdiv(); launch._tuned(); L._tuned(); launch.__name__
+            """,
+        }
     )
     # launch._tuned and L._tuned; launch.cdiv and a dunder are fine.
     assert len(failures) == 2, failures
@@ -522,25 +521,23 @@ def test_checker_reports_a_private_name_used_through_a_module() -> None:
 
 
 def test_checker_reports_a_cycle() -> None:
-    failures = check(
-        fake(
-            {
-                "fastbert.embedding.__init__": "from fastbert.embedding.api import embed",
-                "fastbert.embedding.api": """
-                    from typing import TYPE_CHECKING
-                    if TYPE_CHECKING:
-                        from fastbert.embedding import pipeline  # ignored
-                    def embed():
-                        from fastbert.embedding import options
-                """,
-                "fastbert.embedding.options": "from fastbert.bench.progress import Progress",
-                "fastbert.bench.progress": """
-                    def bar():
-                        import fastbert.embedding.options
-                """,
-                "fastbert.embedding.pipeline": "from fastbert.embedding.api import embed",
-            }
-        )
+    failures = failures_of(
+        {
+            "fastbert.embedding.__init__": "from fastbert.embedding.api import embed",
+            "fastbert.embedding.api": """
+                from typing import TYPE_CHECKING
+                if TYPE_CHECKING:
+                    from fastbert.embedding import pipeline  # ignored
+                def embed():
+                    from fastbert.embedding import options
+            """,
+            "fastbert.embedding.options": "from fastbert.bench.progress import Progress",
+            "fastbert.bench.progress": """
+                def bar():
+                    import fastbert.embedding.options
+            """,
+            "fastbert.embedding.pipeline": "from fastbert.embedding.api import embed",
+        }
     )
     assert failures == [
         "import cycle: fastbert/bench/progress.py:3: imports fastbert.embedding.options -> "
@@ -549,22 +546,20 @@ def test_checker_reports_a_cycle() -> None:
 
 
 def test_checker_reports_an_outside_package_in_kernels() -> None:
-    failures = check(
-        fake(
-            {
-                "fastbert.kernels.ops": """
-                    from __future__ import annotations
-                    import os.path
-                    import numpy as np
-                    import torch
-                    import triton.language as tl
-                    def f():
-                        import transformers
-                """,
-                "fastbert.version": "import sys",
-                "fastbert.model.loading": "import safetensors",  # any outside package: fine
-            }
-        )
+    failures = failures_of(
+        {
+            "fastbert.kernels.ops": """
+                from __future__ import annotations
+                import os.path
+                import numpy as np
+                import torch
+                import triton.language as tl
+                def f():
+                    import transformers
+            """,
+            "fastbert.version": "import sys",
+            "fastbert.model.loading": "import safetensors",  # any outside package: fine
+        }
     )
     _one(failures, "fastbert/kernels/ops.py:8", "transformers", "room kernels")
     _one(failures, "fastbert/version.py:1", "sys", "room version")
@@ -572,29 +567,27 @@ def test_checker_reports_an_outside_package_in_kernels() -> None:
 
 
 def test_checker_reports_the_facade_imported_inside_the_package() -> None:
-    failures = check(
-        fake(
-            {
-                "fastbert.__init__": """
-                    from fastbert.model.encoder import BertModel
-                    from fastbert import bench
-                    def __getattr__(name):
-                        import fastbert.embedding
-                """,
-                "fastbert.model.__init__": "",
-                "fastbert.model.encoder": "",
-                "fastbert.embedding.__init__": "",
-                "fastbert.bench.__init__": "",
-                "fastbert.bench.peers": """
-                    from fastbert import model
-                    def build():
-                        from fastbert import BertModel
-                """,
-                "fastbert.embedding.pipeline": "import fastbert",
-                "fastbert.commands.demo": "import fastbert",  # commands may
-                "fastbert.cli": "from fastbert import BertModel",  # so may the cli
-            }
-        )
+    failures = failures_of(
+        {
+            "fastbert.__init__": """
+                from fastbert.model.encoder import BertModel
+                from fastbert import bench
+                def __getattr__(name):
+                    import fastbert.embedding
+            """,
+            "fastbert.model.__init__": "",
+            "fastbert.model.encoder": "",
+            "fastbert.embedding.__init__": "",
+            "fastbert.bench.__init__": "",
+            "fastbert.bench.peers": """
+                from fastbert import model
+                def build():
+                    from fastbert import BertModel
+            """,
+            "fastbert.embedding.pipeline": "import fastbert",
+            "fastbert.commands.demo": "import fastbert",  # commands may
+            "fastbert.cli": "from fastbert import BertModel",  # so may the cli
+        }
     )
     _one(failures, "fastbert/__init__.py:3", "fastbert.bench", "only inside functions")
     _one(failures, "fastbert/bench/peers.py:4", "fastbert (BertModel)", "the façade")
@@ -603,8 +596,8 @@ def test_checker_reports_the_facade_imported_inside_the_package() -> None:
 
 
 def test_checker_reports_a_module_in_no_room_and_a_missing_module() -> None:
-    failures = check(
-        fake({"fastbert.attic.old": "", "fastbert.model.heads": "from fastbert.model import gone"})
+    failures = failures_of(
+        {"fastbert.attic.old": "", "fastbert.model.heads": "from fastbert.model import gone"}
     )
     _one(failures, "fastbert/attic/old.py", "belongs to no room")
     _one(failures, "fastbert/model/heads.py:1", "fastbert.model", "no module of the package")
@@ -612,7 +605,7 @@ def test_checker_reports_a_module_in_no_room_and_a_missing_module() -> None:
 
 
 def test_checker_passes_code_that_keeps_the_rule() -> None:
-    sources = fake(
+    failures = failures_of(
         {
             "fastbert.__init__": """
                 from fastbert.model.encoder import BertModel
@@ -641,7 +634,7 @@ def test_checker_passes_code_that_keeps_the_rule() -> None:
             "fastbert.commands.embed": "import fastbert\nfrom fastbert.embedding import api",
         }
     )
-    assert check(sources) == []
+    assert failures == []
 
 
 def test_checker_reports_private_kernel_names_imported_outside() -> None:
