@@ -6,46 +6,71 @@ from pathlib import Path
 
 import torch
 
+# The tiny encoder the end-to-end tests share, in the config names of Hugging Face's BERT-style
+# families (BERT, RoBERTa, ELECTRA, MPNet), no dropout.
+TINY_SHAPE = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=128,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
+
 
 def tiny_config(**overrides):
     from transformers import BertConfig
 
     values = dict(
         vocab_size=97,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=128,
+        **TINY_SHAPE,
         max_position_embeddings=160,
         type_vocab_size=2,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
         num_labels=3,
     )
     values.update(overrides)
     return BertConfig(**values)
 
 
-def randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Give every parameter (LayerNorms included) random values, so no term can hide."""
+def randomize(
+    model: torch.nn.Module, seed: int = 0, norm: str = "LayerNorm.weight"
+) -> torch.nn.Module:
+    """Give every parameter (norm weights included: those whose names contain ``norm``, near
+    one) random values, so no term can hide."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen)
-            if "LayerNorm.weight" in name:
+            if norm in name:
                 p.copy_(1.0 + 0.2 * noise)
             else:
                 p.copy_(0.08 * noise)
     return model.eval()
 
 
-def hf_model(cls_name: str = "BertModel", seed: int = 0, **overrides) -> torch.nn.Module:
+def random_hf_model(
+    model_class: str,
+    config: object,
+    seed: int = 0,
+    norm: str = "LayerNorm.weight",
+    attn_implementation: str | None = None,
+) -> torch.nn.Module:
+    """The transformers class named ``model_class`` built from ``config`` (a transformers
+    config) after ``torch.manual_seed(seed)``, then randomized (see :func:`randomize`);
+    ``attn_implementation`` (e.g. "eager") picks its attention, else transformers' default."""
     import transformers
 
-    config = tiny_config(**overrides)
     torch.manual_seed(seed)
-    model = getattr(transformers, cls_name)(config)
-    return randomize(model, seed)
+    cls = getattr(transformers, model_class)
+    if attn_implementation is None:
+        model = cls(config)
+    else:
+        model = cls._from_config(config, attn_implementation=attn_implementation)
+    return randomize(model, seed, norm)
+
+
+def hf_model(cls_name: str = "BertModel", seed: int = 0, **overrides) -> torch.nn.Module:
+    return random_hf_model(cls_name, tiny_config(**overrides), seed)
 
 
 def padded_batch(
@@ -98,3 +123,17 @@ def inference_model(source, **options):
     import fastbert
 
     return fastbert.BertModel.from_pretrained(source, **options).requires_grad_(False)
+
+
+def before_and_after_optimize(
+    model: torch.nn.Module, inputs: dict[str, torch.Tensor], **options
+) -> tuple[object, object]:
+    """(``model(**inputs)`` as it is, the same after ``fastbert.optimize(model, **options)``),
+    without grad; the model stays optimized."""
+    import fastbert
+
+    with torch.no_grad():
+        expected = model(**inputs)
+        fastbert.optimize(model, **options)
+        got = model(**inputs)
+    return expected, got

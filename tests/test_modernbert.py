@@ -20,7 +20,7 @@ import fastbert
 from fastbert.kernels import reference, torch_ops
 from fastbert.model.config import BertConfig
 from fastbert.model.families import MODERNBERT
-from tests.hf_models import padded_batch
+from tests.hf_models import before_and_after_optimize, padded_batch, random_hf_model
 from tests.test_training import assert_grads_match, grads, weighted_sum
 
 BOUND = 1e-4
@@ -52,17 +52,13 @@ def hf_modernbert(head: str = "Model", seed: int = 0, **overrides) -> torch.nn.M
         num_labels=3,
     )
     values.update(overrides)
-    torch.manual_seed(seed)
-    config = transformers.ModernBertConfig(**values)
-    model = getattr(transformers, f"ModernBert{head}")._from_config(
-        config, attn_implementation="eager"
+    return random_hf_model(
+        f"ModernBert{head}",
+        transformers.ModernBertConfig(**values),
+        seed,
+        norm="norm",
+        attn_implementation="eager",
     )
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            p.copy_(1.0 + 0.2 * noise if "norm" in name else 0.08 * noise)
-    return model.eval()
 
 
 def inputs(lengths: list[int], seed: int = 0, device: str = "cpu"):
@@ -228,21 +224,20 @@ def test_int8_is_refused_for_the_gated_ffn() -> None:
 def test_torch_backend_matches_hf(padding_free: bool) -> None:
     model = hf_modernbert(seed=1)
     ids, mask = inputs(LENGTHS, seed=1)
-    with torch.no_grad():
-        expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
-        fastbert.optimize(model, backend="torch", padding_free=padding_free)
-        got = model(input_ids=ids, attention_mask=mask).last_hidden_state
-    assert _max_error(got, expected, mask) <= BOUND
+    expected, got = before_and_after_optimize(
+        model,
+        {"input_ids": ids, "attention_mask": mask},
+        backend="torch",
+        padding_free=padding_free,
+    )
+    assert _max_error(got.last_hidden_state, expected.last_hidden_state, mask) <= BOUND
 
 
 def test_without_mask_matches_hf() -> None:
     model = hf_modernbert(seed=2)
     ids, _ = inputs([70, 70], seed=2)
-    with torch.no_grad():
-        expected = model(input_ids=ids).last_hidden_state
-        fastbert.optimize(model, backend="torch")
-        got = model(input_ids=ids).last_hidden_state
-    assert (got - expected).abs().max() <= BOUND
+    expected, got = before_and_after_optimize(model, {"input_ids": ids}, backend="torch")
+    assert (got.last_hidden_state - expected.last_hidden_state).abs().max() <= BOUND
 
 
 @pytest.mark.parametrize(
@@ -260,11 +255,11 @@ def test_heads_match_hf(head: str, overrides: dict) -> None:
     optimized encoder: the logits at real tokens (or of each row) as Hugging Face's."""
     model = hf_modernbert(head, seed=3, **overrides)
     ids, mask = inputs(LENGTHS, seed=3)
-    with torch.no_grad():
-        expected = model(input_ids=ids, attention_mask=mask).logits
-        fastbert.optimize(model, backend="torch")
-        got = model(input_ids=ids, attention_mask=mask).logits
-    error = (got - expected)[mask.bool()] if got.dim() == 3 else got - expected
+    expected, got = before_and_after_optimize(
+        model, {"input_ids": ids, "attention_mask": mask}, backend="torch"
+    )
+    error = got.logits - expected.logits
+    error = error[mask.bool()] if error.dim() == 3 else error
     assert error.abs().max() <= BOUND
 
 

@@ -15,7 +15,7 @@ from fastbert import kernels as K
 from fastbert.kernels import reference
 from fastbert.kernels.attention_tiles import relative_bucket
 from tests.accuracy import assert_within_rule
-from tests.hf_models import padded_batch, randomize
+from tests.hf_models import TINY_SHAPE, before_and_after_optimize, padded_batch, random_hf_model
 from tests.op_cases import DOT_DTYPES, check_op, padded_mask, randn
 from tests.test_training import assert_grads_match, grads, weighted_sum
 
@@ -28,21 +28,9 @@ LENGTHS = [150, 7, 131, 1, 64]
 def hf_mpnet(head: str = "Model", seed: int = 0, **overrides) -> torch.nn.Module:
     import transformers
 
-    values = dict(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=160,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        num_labels=3,
-    )
+    values = dict(vocab_size=VOCAB, **TINY_SHAPE, max_position_embeddings=160, num_labels=3)
     values.update(overrides)
-    torch.manual_seed(seed)
-    model = getattr(transformers, f"MPNet{head}")(transformers.MPNetConfig(**values))
-    return randomize(model, seed)
+    return random_hf_model(f"MPNet{head}", transformers.MPNetConfig(**values), seed)
 
 
 def mpnet_inputs(lengths: list[int], seed: int = 0, device: str = "cpu"):
@@ -167,28 +155,31 @@ def test_reference_attention_matches_hf_scores() -> None:
     assert (got - probs @ v).abs().max() <= 1e-12
 
 
+def _assert_hidden_states_match(got, expected, mask: torch.Tensor) -> None:
+    """The last hidden states of two model outputs within BOUND at the real tokens."""
+    err = (got.last_hidden_state - expected.last_hidden_state)[mask.bool()].abs().max()
+    assert err <= BOUND, f"last_hidden_state differs by {err}"
+
+
 @pytest.mark.parametrize("padding_free", [False, True])
 def test_torch_backend_matches_hf(padding_free: bool) -> None:
     model = hf_mpnet(seed=1)
     ids, mask = mpnet_inputs(LENGTHS, seed=1)
-    with torch.no_grad():
-        expected = model(input_ids=ids, attention_mask=mask)
-        fastbert.optimize(model, backend="torch", padding_free=padding_free)
-        got = model(input_ids=ids, attention_mask=mask)
-    valid = mask.bool()
-    err = (got.last_hidden_state - expected.last_hidden_state)[valid].abs().max()
-    assert err <= BOUND, f"last_hidden_state differs by {err}"
+    expected, got = before_and_after_optimize(
+        model,
+        {"input_ids": ids, "attention_mask": mask},
+        backend="torch",
+        padding_free=padding_free,
+    )
+    _assert_hidden_states_match(got, expected, mask)
     assert (got.pooler_output - expected.pooler_output).abs().max() <= BOUND
 
 
 def test_without_mask_matches_hf() -> None:
     model = hf_mpnet(seed=2)
     ids, _ = mpnet_inputs([20, 20], seed=2)
-    with torch.no_grad():
-        expected = model(input_ids=ids).last_hidden_state
-        fastbert.optimize(model, backend="torch")
-        got = model(input_ids=ids).last_hidden_state
-    assert (got - expected).abs().max() <= BOUND
+    expected, got = before_and_after_optimize(model, {"input_ids": ids}, backend="torch")
+    assert (got.last_hidden_state - expected.last_hidden_state).abs().max() <= BOUND
 
 
 def test_too_few_buckets_are_refused() -> None:
@@ -201,13 +192,13 @@ def test_triton_backend_matches_hf(device: str, padding_free: bool) -> None:
     """The Triton kernels (the interpreter on a CPU) on sequences past the bias' max distance."""
     model = hf_mpnet(seed=3).to(device)
     ids, mask = mpnet_inputs([150, 7, 131], seed=3, device=device)
-    with torch.no_grad():
-        expected = model(input_ids=ids, attention_mask=mask)
-        fastbert.optimize(model, backend="triton", padding_free=padding_free)
-        got = model(input_ids=ids, attention_mask=mask)
-    valid = mask.bool()
-    err = (got.last_hidden_state - expected.last_hidden_state)[valid].abs().max()
-    assert err <= BOUND, f"last_hidden_state differs by {err}"
+    expected, got = before_and_after_optimize(
+        model,
+        {"input_ids": ids, "attention_mask": mask},
+        backend="triton",
+        padding_free=padding_free,
+    )
+    _assert_hidden_states_match(got, expected, mask)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])

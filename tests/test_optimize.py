@@ -10,19 +10,11 @@ import torch
 import torch.nn.functional as F
 
 import fastbert
-from tests.hf_models import padded_batch, randomize
+from tests.hf_models import TINY_SHAPE, padded_batch, random_hf_model
 
 BOUND = 1e-4
 VOCAB = 97
-_SHAPE = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    intermediate_size=128,
-    hidden_dropout_prob=0.0,
-    attention_probs_dropout_prob=0.0,
-)
+_SHAPE = dict(vocab_size=VOCAB, **TINY_SHAPE)
 # family -> (transformers class prefix, config class, config values). RoBERTa-style position
 # ids start after pad_token_id, so their table has pad_token_id + 1 extra rows.
 FAMILIES = {
@@ -105,8 +97,7 @@ def make_model(family: str, head: str, seed: int = 0, **overrides) -> torch.nn.M
     prefix, config_class, values = FAMILIES[family]
     config = getattr(transformers, config_class)(**{**values, **overrides})
     config.num_labels = 2 if head == "ForQuestionAnswering" else 3
-    torch.manual_seed(seed)
-    return randomize(getattr(transformers, prefix + head)(config), seed)
+    return random_hf_model(prefix + head, config, seed)
 
 
 def make_inputs(model, head: str, lengths: list[int], seed: int = 0, device: str = "cpu"):
