@@ -6,49 +6,48 @@ given labels, as Hugging Face's heads do: fastbert/model/losses.py).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
-from fastbert.execution import validation
 from fastbert.execution.backends import Ops
 from fastbert.model import losses
 from fastbert.model.config import BertConfig
 from fastbert.model.encoder import BertModel, RunSetting, init_weights
 from fastbert.model.layers import new_parameter
 from fastbert.model.loading import PretrainedMixin
-from fastbert.model.outputs import LogitsOutput, PreTrainingOutput
+from fastbert.model.outputs import BaseModelOutputWithPooling, LogitsOutput, PreTrainingOutput
 
 
 class _BertWithHead(PretrainedMixin, nn.Module):
-    """A BertModel (``self.bert``) plus a head; ``forward`` returns ``logits``."""
+    """A BertModel (``self.bert``) plus a head; ``forward`` returns ``logits`` (and ``loss``
+    given ``labels``).
+
+    ``settings``: BertModel's keyword arguments (``dtype``, ``device``, ``backend``,
+    ``padding_free``, ``cuda_graphs``, ``quantize``, ``packed_weights``); the head decides
+    whether the encoder has its pooler. A head defines ``logits(ops, encoded)`` (the encoder's
+    output, an empty batch's too) and ``loss(logits, labels)``.
+    """
 
     add_pooling_layer = True
 
-    def __init__(
-        self,
-        config: BertConfig,
-        *,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-        backend: str = "auto",
-        padding_free: str | bool = "auto",
-        cuda_graphs: str | bool = "auto",
-        quantize: str | None = None,
-        packed_weights: bool = False,
-    ):
+    def __init__(self, config: BertConfig, **settings: Any):
         super().__init__()
         self.config = config
-        self.bert = BertModel(
-            config,
-            dtype=dtype,
-            device=device,
-            backend=backend,
-            add_pooling_layer=self.add_pooling_layer,
-            padding_free=padding_free,
-            cuda_graphs=cuda_graphs,
-            quantize=quantize,
-            packed_weights=packed_weights,
-        )
+        self.bert = BertModel(config, add_pooling_layer=self.add_pooling_layer, **settings)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> LogitsOutput:
+        encoded = self.bert(input_ids, attention_mask, token_type_ids)
+        logits = self.logits(self.bert.ops(), encoded)
+        loss = None if labels is None else self.loss(logits, labels)
+        return LogitsOutput(logits, loss)
 
     # The run settings live on the encoder (its runner validates them when set).
     backend = RunSetting("bert")
@@ -91,7 +90,9 @@ class _WithMaskedLMHead(_BertWithHead):
         self.decoder_bias = new_parameter(config.vocab_size, dtype=dtype, device=device)
 
     def masked_lm_logits(self, ops: Ops, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [B, S, H] -> [B, S, vocab_size]."""
+        """hidden: [B, S, H] -> [B, S, vocab_size] (an empty batch: empty logits)."""
+        if hidden.shape[0] == 0:
+            return hidden.new_empty(0, hidden.shape[1], self.config.vocab_size)
         hidden = ops.linear(
             hidden, self.transform_weight, self.transform_bias, self.config.activation
         )
@@ -107,23 +108,11 @@ class BertForMaskedLM(_WithMaskedLMHead):
 
     add_pooling_layer = False
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-    ) -> LogitsOutput:
-        batch, seq = validation.batch_and_seq(input_ids)
-        if batch == 0:
-            self.bert.check_inputs(input_ids, attention_mask, token_type_ids)
-            vocab = self.config.vocab_size
-            logits = torch.empty(0, seq, vocab, dtype=self.dtype, device=self.device)
-        else:
-            ops, hidden = self.bert.encode(input_ids, attention_mask, token_type_ids)
-            logits = self.masked_lm_logits(ops, hidden)
-        loss = None if labels is None else losses.masked_lm_loss(logits, labels)
-        return LogitsOutput(logits, loss)
+    def logits(self, ops: Ops, encoded: BaseModelOutputWithPooling) -> torch.Tensor:
+        return self.masked_lm_logits(ops, encoded.last_hidden_state)
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return losses.masked_lm_loss(logits, labels)
 
 
 class BertForPreTraining(_WithMaskedLMHead):
@@ -150,22 +139,20 @@ class BertForPreTraining(_WithMaskedLMHead):
     ) -> PreTrainingOutput:
         out = self.bert(input_ids, attention_mask, token_type_ids)
         ops = self.bert.ops()
-        hidden, pooled = out.last_hidden_state, out.pooler_output
-        if hidden.shape[0] == 0:
-            vocab = self.config.vocab_size
-            prediction = hidden.new_empty(0, hidden.shape[1], vocab)
-            relationship = pooled.new_empty(0, 2)
-        else:
-            prediction = self.masked_lm_logits(ops, hidden)
-            relationship = ops.linear(
-                pooled, self.seq_relationship_weight, self.seq_relationship_bias
-            )
+        prediction = self.masked_lm_logits(ops, out.last_hidden_state)
+        relationship = self.seq_relationship(ops, out.pooler_output)
         loss = None
         if labels is not None and next_sentence_label is not None:
             loss = losses.masked_lm_loss(prediction, labels) + losses.next_sentence_loss(
                 relationship, next_sentence_label
             )
         return PreTrainingOutput(prediction, relationship, loss)
+
+    def seq_relationship(self, ops: Ops, pooled: torch.Tensor) -> torch.Tensor:
+        """pooled: [B, H] -> next-sentence logits [B, 2]."""
+        if pooled.shape[0] == 0:
+            return pooled.new_empty(0, 2)
+        return ops.linear(pooled, self.seq_relationship_weight, self.seq_relationship_bias)
 
 
 class _BertForPooledClassification(_BertWithHead):
@@ -181,24 +168,14 @@ class _BertForPooledClassification(_BertWithHead):
     # Whether training-mode dropout falls on the pooled output (sequence classification).
     pooled_dropout = False
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-    ) -> LogitsOutput:
-        out = self.bert(input_ids, attention_mask, token_type_ids)
-        ops = self.bert.ops()
-        pooled = out.pooler_output
+    def logits(self, ops: Ops, encoded: BaseModelOutputWithPooling) -> torch.Tensor:
+        """The pooled [CLS] output [B, H] -> [B, num_outputs]."""
+        pooled = encoded.pooler_output
         if pooled.shape[0] == 0:
-            logits = pooled.new_empty(0, self.classifier_bias.shape[0])
-        else:
-            if self.pooled_dropout and self.training:
-                pooled = torch.nn.functional.dropout(pooled, self._classifier_dropout_p())
-            logits = ops.linear(pooled, self.classifier_weight, self.classifier_bias)
-        loss = None if labels is None else self.loss(logits, labels)
-        return LogitsOutput(logits, loss)
+            return pooled.new_empty(0, self.classifier_bias.shape[0])
+        if self.pooled_dropout and self.training:
+            pooled = torch.nn.functional.dropout(pooled, self._classifier_dropout_p())
+        return ops.linear(pooled, self.classifier_weight, self.classifier_bias)
 
     def _classifier_dropout_p(self) -> float:
         config = self.config
