@@ -221,15 +221,9 @@ class Stack(Protocol):
 
     def position_ids(self, input_ids: torch.Tensor) -> torch.Tensor | None: ...
 
-    def embed(
-        self,
-        ops: Ops,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None,
-        position_ids: torch.Tensor | None,
-        check_ids: bool,
-        dropout_p: float,
-    ) -> torch.Tensor: ...
+    embed: Callable[
+        [Ops, torch.Tensor, torch.Tensor | None, torch.Tensor | None, bool, float], torch.Tensor
+    ]
 
     def run_layers(
         self, ops: Ops, hidden: torch.Tensor, attend: Attend, dropout_p: float
