@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -106,11 +107,8 @@ def _wrong_calls_from_four_threads(graphed, batches, is_right, start_together: b
             if not is_right(i, graphed(*batches[i]).last_hidden_state):
                 wrong.append(i)
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(work, range(4)))  # raises what a thread raised
     return wrong
 
 

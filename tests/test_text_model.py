@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -102,21 +102,13 @@ def test_tokenize_truncates_or_refuses(loaded):
 def test_threads_share_one_model(loaded, expected):
     """Eight threads embed different texts at once; each gets its own rows."""
     results: dict[int, np.ndarray] = {}
-    errors: list[BaseException] = []
 
     def work(i: int) -> None:
-        try:
-            for _ in range(3):
-                results[i] = loaded.embed(TEXTS[i::8], progress=False)
-        except BaseException as exc:
-            errors.append(exc)
+        for _ in range(3):
+            results[i] = loaded.embed(TEXTS[i::8], progress=False)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(work, range(8)))  # raises what a thread raised
     for i in range(8):
         assert cosines(results[i], expected[i::8]).min() >= COSINE
 
