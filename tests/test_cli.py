@@ -22,6 +22,8 @@ def test_info_reports_versions_and_backends(capsys) -> None:
     out = capsys.readouterr().out
     for key in ("torch", "triton", "backend torch", "backend triton", "backend auto"):
         assert re.search(rf"^{key}\s", out, re.M), out
+    # The CPU engine's row names what runs its linears and whether packed weights can.
+    assert re.search(r"^cpu engine\s+linear: .+; packed weights: \w+$", out, re.M), out
 
 
 def test_demo_embeddings_match(capsys) -> None:

@@ -40,7 +40,7 @@ def report() -> list[tuple[str, str]]:
 
     from fastbert import settings
     from fastbert.execution import cpu, cpu_memory
-    from fastbert.kernels import cpu_attention
+    from fastbert.kernels import cpu_engine
 
     rows = [("python", platform.python_version())]
     rows += [(p, _version(p)) for p in PACKAGES]
@@ -62,7 +62,9 @@ def report() -> list[tuple[str, str]]:
     rows.append(("backend auto", f"-> {default} here"))
     rows.append(("cpu flags", ", ".join(cpu.relevant_flags()) or "none of note"))
     rows.append(("cpu bfloat16", cpu_bf16_advice()))
-    rows.append(("cpu attention kernel", cpu_attention.status()))
+    engine = cpu_engine.status()
+    rows.append(("cpu attention kernel", engine.pop("compiled attention")))
+    rows.append(("cpu engine", "; ".join(f"{part}: {what}" for part, what in engine.items())))
     rows.append(("cpu freed memory", cpu_memory.status()))
     rows += list(settings.current().items())
     return rows
