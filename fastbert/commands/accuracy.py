@@ -12,6 +12,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from fastbert.commands.options import (
     UsageError,
@@ -241,24 +243,18 @@ def _run_precisions(args: argparse.Namespace, device) -> int:
     from fastbert import accuracy
 
     names = _checked_precisions("--precisions", args.precisions, device, backend, args.emulated)
-    try:
-        report = accuracy.evaluate_precisions(
-            model=args.model,
-            device=args.device,
-            backend=backend,
-            precisions=names,
-            queries=args.queries or DEFAULT_QUERIES,
-            corpus=args.corpus or DEFAULT_CORPUS,
-            progress=sys.stderr,
-            emulated=args.emulated,
-        )
-    except ValueError as exc:
-        raise UsageError(str(exc)) from exc
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
-    else:
-        _print_precision_report(report)
-    return 0
+    return _print_evaluation(
+        accuracy.evaluate_precisions,
+        _print_precision_report,
+        args.json,
+        model=args.model,
+        device=args.device,
+        backend=backend,
+        precisions=names,
+        queries=args.queries or DEFAULT_QUERIES,
+        corpus=args.corpus or DEFAULT_CORPUS,
+        emulated=args.emulated,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -291,21 +287,35 @@ def run(args: argparse.Namespace) -> int:
     small = on_cpu and args.backend == "triton"
     texts = args.texts or (CPU_TEXTS if small else len(accuracy.TEXTS))
     max_length = args.max_length or (CPU_MAX_LENGTH if small else 128)
+    return _print_evaluation(
+        accuracy.evaluate,
+        _print_report,
+        args.json,
+        model=args.model,
+        family=args.family or "bert",
+        device=args.device,
+        backend=args.backend,
+        dtypes=dtypes,
+        texts=texts,
+        max_length=max_length,
+    )
+
+
+def _print_evaluation(
+    evaluate: Callable[..., Any],
+    print_text: Callable[[Any], None],
+    as_json: bool,
+    **options: Any,
+) -> int:
+    """Run ``evaluate(**options)`` (its progress on stderr) and print the report it returns: as
+    JSON with ``as_json``, else as ``print_text`` writes it; 0. Its ValueError is a usage
+    error."""
     try:
-        report = accuracy.evaluate(
-            model=args.model,
-            family=args.family or "bert",
-            device=args.device,
-            backend=args.backend,
-            dtypes=dtypes,
-            texts=texts,
-            max_length=max_length,
-            progress=sys.stderr,
-        )
+        report = evaluate(progress=sys.stderr, **options)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    if args.json:
+    if as_json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
-        _print_report(report)
+        print_text(report)
     return 0
