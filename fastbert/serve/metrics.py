@@ -4,6 +4,7 @@ durations; input lengths; the queue in inputs and tokens; batch sizes."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 # Seconds: from well under a millisecond (a short input on a GPU) to a minute (a queue).
@@ -29,30 +30,19 @@ class Metrics:
             ["route", "error_type"],
             registry=r,
         )
-        self.request_seconds = Histogram(
-            "fastbert_request_duration_seconds",
-            "Time from parsing to answer, by route",
-            ["route"],
-            buckets=_SECONDS,
-            registry=r,
+        durations = functools.partial(Histogram, buckets=_SECONDS, registry=r)
+        self.request_seconds = durations(
+            "fastbert_request_duration_seconds", "Time from parsing to answer, by route", ["route"]
         )
-        self.tokenize_seconds = Histogram(
-            "fastbert_tokenization_duration_seconds",
-            "Time to tokenise a request",
-            buckets=_SECONDS,
-            registry=r,
+        self.tokenize_seconds = durations(
+            "fastbert_tokenization_duration_seconds", "Time to tokenise a request"
         )
-        self.queue_seconds = Histogram(
-            "fastbert_queue_duration_seconds",
-            "Time a request waited for its first batch",
-            buckets=_SECONDS,
-            registry=r,
+        self.queue_seconds = durations(
+            "fastbert_queue_duration_seconds", "Time a request waited for its first batch"
         )
-        self.inference_seconds = Histogram(
+        self.inference_seconds = durations(
             "fastbert_inference_duration_seconds",
             "Time of the forward passes that held a request's inputs",
-            buckets=_SECONDS,
-            registry=r,
         )
         self.input_tokens = Histogram(
             "fastbert_input_length_tokens", "Tokens per input", buckets=_TOKENS, registry=r
@@ -74,11 +64,8 @@ class Metrics:
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
             registry=r,
         )
-        self.batch_seconds = Histogram(
-            "fastbert_batch_duration_seconds",
-            "Time of one forward pass",
-            buckets=_SECONDS,
-            registry=r,
+        self.batch_seconds = durations(
+            "fastbert_batch_duration_seconds", "Time of one forward pass"
         )
 
     def on_batch(self, inputs: int, tokens: int, seconds: float) -> None:
