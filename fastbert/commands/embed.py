@@ -4,6 +4,7 @@ BERT-family model folder into Parquet shards with a manifest.json (see fastbert.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from fastbert.commands.options import (
@@ -189,35 +190,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from fastbert.embedding import api
     from fastbert.embedding.manifest import OutputError
+    from fastbert.embedding.options import EmbedOptions
     from fastbert.embedding.readers import InputError
 
+    # Every option of the job but the model (given by position), its name and the int8 ranges,
+    # which only the library takes.
     options = {
-        key: getattr(args, key)
-        for key in (
-            "text_field",
-            "id_field",
-            "batch_tokens",
-            "max_length",
-            "pooling",
-            "normalize",
-            "dtype",
-            "store_dtype",
-            "device",
-            "backend",
-            "quantize",
-            "prompt_name",
-            "prompt",
-            "dimensions",
-            "force_dimensions",
-            "max_active_dims",
-            "precision",
-            "calibration",
-            "skip_bad",
-            "overwrite",
-            "rows_per_shard",
-            "window_rows",
-            "progress",
-        )
+        field.name: getattr(args, field.name)
+        for field in dataclasses.fields(EmbedOptions)
+        if field.name not in ("model", "name", "ranges")
     }
     try:
         summary = api.embed(args.inputs, args.model, output=args.output, ray=args.ray, **options)
