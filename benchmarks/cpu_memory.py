@@ -64,8 +64,7 @@ def markdown(report: dict) -> str:
         f"# Freed memory kept or returned: {report['docs']} docs, all-MiniLM-L6-v2, cpu",
         "",
         f"Median of {report['rounds']} rounds; each run in a fresh process, the pairs in turn. "
-        f"CPU: {env['cpu']} ({env['cpu_threads']} torch threads; flags: {env['cpu_flags']}); "
-        f"torch {env['torch']}; commit {env['commit']}; {env['date']}.",
+        + reporting.cpu_line(env),
         "",
         "| contender | cache entries | freed memory | median s | minor page faults | system s "
         "| kept speed-up |",

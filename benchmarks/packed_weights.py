@@ -93,8 +93,7 @@ def markdown(report: dict) -> str:
     lines = [
         "# Packed weights on a CPU: all-MiniLM-L6-v2",
         "",
-        f"CPU: {env['cpu']} ({env['cpu_threads']} torch threads; flags: {env['cpu_flags']}); "
-        f"torch {env['torch']}; commit {env['commit']}; {env['date']}.",
+        reporting.cpu_line(env),
         "",
         f"## fastbert.embed on {report['docs']} docs of the corpus, plain and packed in turn",
         "",

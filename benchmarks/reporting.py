@@ -1,5 +1,6 @@
 """What the benchmark scripts share: timing contenders in turns, and writing a result's two
-files (``<stem>.json``, ``<stem>.md``) into its folder."""
+files (``<stem>.json``, ``<stem>.md``) into its folder, the sentence naming a CPU result's
+machine."""
 
 from __future__ import annotations
 
@@ -48,3 +49,12 @@ def write_report(out: Path, stem: str, report: dict, markdown: str, indent: int 
     (out / f"{stem}.json").write_text(json.dumps(report, indent=indent) + "\n")
     (out / f"{stem}.md").write_text(markdown)
     print(markdown)
+
+
+def cpu_line(env: dict) -> str:
+    """The sentence a CPU result names its machine and build with, from the report's
+    ``environment``: its CPU, torch threads and flags, torch, commit and date."""
+    return (
+        f"CPU: {env['cpu']} ({env['cpu_threads']} torch threads; flags: {env['cpu_flags']}); "
+        f"torch {env['torch']}; commit {env['commit']}; {env['date']}."
+    )
