@@ -155,23 +155,27 @@ def test_reference_attention_matches_hf_scores() -> None:
     assert (got - probs @ v).abs().max() <= 1e-12
 
 
-def _assert_hidden_states_match(got, expected, mask: torch.Tensor) -> None:
-    """The last hidden states of two model outputs within BOUND at the real tokens."""
+def _assert_optimized_matches_hf(
+    seed: int, lengths: list[int], device: str = "cpu", **options
+) -> tuple[object, object]:
+    """A random MPNet model's outputs on a padded batch of ``lengths``, before and after
+    ``fastbert.optimize(model, **options)``, once their last hidden states are checked to be
+    within BOUND at the real tokens."""
+    model = hf_mpnet(seed=seed).to(device)
+    ids, mask = mpnet_inputs(lengths, seed=seed, device=device)
+    expected, got = before_and_after_optimize(
+        model, {"input_ids": ids, "attention_mask": mask}, **options
+    )
     err = (got.last_hidden_state - expected.last_hidden_state)[mask.bool()].abs().max()
     assert err <= BOUND, f"last_hidden_state differs by {err}"
+    return expected, got
 
 
 @pytest.mark.parametrize("padding_free", [False, True])
 def test_torch_backend_matches_hf(padding_free: bool) -> None:
-    model = hf_mpnet(seed=1)
-    ids, mask = mpnet_inputs(LENGTHS, seed=1)
-    expected, got = before_and_after_optimize(
-        model,
-        {"input_ids": ids, "attention_mask": mask},
-        backend="torch",
-        padding_free=padding_free,
+    expected, got = _assert_optimized_matches_hf(
+        1, LENGTHS, backend="torch", padding_free=padding_free
     )
-    _assert_hidden_states_match(got, expected, mask)
     assert (got.pooler_output - expected.pooler_output).abs().max() <= BOUND
 
 
@@ -190,15 +194,9 @@ def test_too_few_buckets_are_refused() -> None:
 @pytest.mark.parametrize("padding_free", [False, True], ids=["dense", "padding-free"])
 def test_triton_backend_matches_hf(device: str, padding_free: bool) -> None:
     """The Triton kernels (the interpreter on a CPU) on sequences past the bias' max distance."""
-    model = hf_mpnet(seed=3).to(device)
-    ids, mask = mpnet_inputs([150, 7, 131], seed=3, device=device)
-    expected, got = before_and_after_optimize(
-        model,
-        {"input_ids": ids, "attention_mask": mask},
-        backend="triton",
-        padding_free=padding_free,
+    _assert_optimized_matches_hf(
+        3, [150, 7, 131], device, backend="triton", padding_free=padding_free
     )
-    _assert_hidden_states_match(got, expected, mask)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
