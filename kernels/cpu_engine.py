@@ -14,7 +14,10 @@ results are those of the plain backend within its tolerance:
   the caller passes ``packs``.
 
 The other ops (LayerNorm, the embeddings, the softmax, the quantised linears, the SPLADE head)
-are the plain backend's on a CPU too. :func:`status` says what the engine runs here.
+are the plain backend's on a CPU too. For int8, oneDNN's quantised linear
+(``torch.ops.onednn.qlinear_pointwise``) takes one activation scale per tensor, not
+fastbert's per-token scales, and kept to those it measured no clear gain over
+``torch._int_mm`` (docs/cpu.md, "int8"). :func:`status` says what the engine runs here.
 """
 
 from __future__ import annotations
