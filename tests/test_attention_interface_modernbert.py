@@ -17,7 +17,7 @@ import torch
 
 from fastbert import kernels
 from fastbert.integrations import attention as hf
-from fastbert.kernels import torch_ops
+from fastbert.kernels import cpu_engine, torch_ops
 from tests.test_modernbert import hf_modernbert, inputs
 from tests.test_training import assert_grads_match, grads, weighted_sum
 
@@ -63,7 +63,10 @@ def op_calls(monkeypatch) -> list[tuple]:
         return attention
 
     monkeypatch.setattr(kernels, "attention", spy("kernel", kernels.attention))
-    monkeypatch.setattr(torch_ops, "attention", spy("torch", torch_ops.attention))
+    # On a CPU the interface's torch path is the CPU engine's attention (which hands what it
+    # does not take to the plain op itself): spy on the one the interface calls.
+    torch_path = cpu_engine if cpu_engine.serves(torch.device("cpu")) else torch_ops
+    monkeypatch.setattr(torch_path, "attention", spy("torch", torch_path.attention))
     return calls
 
 

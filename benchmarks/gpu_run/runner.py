@@ -60,7 +60,12 @@ def run_stage(stage: Stage, limit_s: int, log: Path, cwd: Path) -> Outcome:
         out.flush()
         try:
             process = subprocess.Popen(
-                stage.command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                stage.command,
+                cwd=cwd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_default_sigint,
             )
         except OSError as exc:
             return _outcome(stage, "failed", None, start, limit_s, log, f"could not start: {exc}")
@@ -71,6 +76,13 @@ def run_stage(stage: Stage, limit_s: int, log: Path, cwd: Path) -> Outcome:
             code = _interrupt(process)
     status = "timed out" if timed_out else ("ok" if code == 0 else "failed")
     return _outcome(stage, status, code, start, limit_s, log)
+
+
+def _default_sigint() -> None:
+    """In the stage's process before it starts: SIGINT back to its default. A run started in
+    the background of a non-interactive shell inherits SIGINT ignored, and Python then never
+    raises KeyboardInterrupt: the stage would lose the output it writes when interrupted."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _interrupt(process: subprocess.Popen) -> int:
