@@ -218,6 +218,12 @@ def compiled_dense(
     return out.view(batch, seq, heads, head_dim).transpose(1, 2)
 
 
+def _plain(dropout_p: float, relative_bias, rotary, window) -> bool:
+    """Whether an attention call is plain softmax attention, what the compiled kernel runs:
+    no dropout, relative bias, rotary positions or window."""
+    return not dropout_p and relative_bias is None and rotary is None and window is None
+
+
 def attention_unchecked(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -229,7 +235,7 @@ def attention_unchecked(
     rotary: torch.Tensor | None = None,
     window: int | None = None,
 ) -> torch.Tensor:
-    plain = not dropout_p and relative_bias is None and rotary is None and window is None
+    plain = _plain(dropout_p, relative_bias, rotary, window)
     if plain and q.numel() and takes_compiled(q, k, v):
         keep = key_padding_mask
         if keep is not None and keep.dtype != torch.bool:
@@ -257,7 +263,7 @@ def attention_varlen_unchecked(
     options = (scale, dropout_p, relative_bias, rotary, window)
     if q.shape[0] and max_seqlen and q.device.type == "cpu":
         scale = None if scale is None else float(scale)
-        plain = not dropout_p and relative_bias is None and rotary is None and window is None
+        plain = _plain(dropout_p, relative_bias, rotary, window)
         if plain and takes_compiled(q, k, v):
             return cpu_attention.attention_varlen(q, k, v, cu_seqlens, scale)
         if not torch.compiler.is_compiling():
