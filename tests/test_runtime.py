@@ -278,7 +278,9 @@ def test_bucketed_inputs_pad_with_a_filler_sequence() -> None:
     mask = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 1]], dtype=torch.bool)
     packed = _pack(mask)
     ids = torch.tensor([5, 6, 7, 8, 9])
-    (padded_ids, no_types), cu_seqlens, max_seqlen = packed.bucketed(ids, None)
+    (padded_ids, no_types), cu_seqlens, max_seqlen = runtime.bucketed_inputs(
+        packed.cu_seqlens, packed.max_seqlen, ids, None
+    )
     assert no_types is None
     assert padded_ids.tolist() == [5, 6, 7, 8, 9] + [0] * (runtime.token_bucket(5) - 5)
     assert cu_seqlens.tolist() == [0, 2, 2, 5, runtime.token_bucket(5)]

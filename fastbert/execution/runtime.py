@@ -13,6 +13,9 @@ which the model defines) as follows:
   result is scattered back to [B, S, H] with zeros at padded positions. The number of real
   tokens sizes the packed tensors: it comes from the one host read a forward makes
   (fastbert.execution.validation.read_batch), together with the id-range check.
+- Packed input (``BertModel.forward_packed``): the caller gives the sequences already packed
+  (ids [T] and cu_seqlens [B + 1], built on the host), and the padding-free path runs on them
+  as they are: no mask to read, nothing gathered or scattered, [T, H] out.
 - CUDA graphs: the encoder (embeddings and layers) is captured once per key and replayed,
   which removes the per-kernel launch cost (85 launches for BERT-base). A dense call's
   key is its (batch, seq, optional inputs); a padding-free call's is its size bucket: the T
@@ -144,22 +147,22 @@ class PackedBatch:
         out[self.indices] = packed
         return out.view(self.batch, self.seq, packed.shape[-1])
 
-    def bucketed(
-        self, *token_inputs: torch.Tensor | None
-    ) -> tuple[tuple[torch.Tensor | None, ...], torch.Tensor, int]:
-        """The inputs of a graph for this packing's size bucket.
 
-        Each [T] input (None stays None) padded with zeros (a valid id, position and token
-        type) to ``token_bucket(T)`` rows; cu_seqlens int32 [B + 2], whose last sequence is
-        the padding rows, so every row is computed and attends only to its own sequence; and
-        max_seqlen rounded up to a power of two (it sizes the attention grid; the kernel loops
-        over a longer filler sequence).
-        """
-        tokens = self.indices.numel()
-        bucket = token_bucket(tokens)
-        padded = tuple(None if t is None else F.pad(t, (0, bucket - tokens)) for t in token_inputs)
-        cu_seqlens = F.pad(self.cu_seqlens, (0, 1), value=bucket)
-        return padded, cu_seqlens, next_power_of_2(self.max_seqlen)
+def bucketed_inputs(
+    cu_seqlens: torch.Tensor, max_seqlen: int, *token_inputs: torch.Tensor | None
+) -> tuple[tuple[torch.Tensor | None, ...], torch.Tensor, int]:
+    """The inputs of a graph for the size bucket of T packed tokens.
+
+    Each [T] input (None stays None) padded with zeros (a valid id, position and token type)
+    to ``token_bucket(T)`` rows; cu_seqlens int32 [B + 2], whose last sequence is the padding
+    rows, so every row is computed and attends only to its own sequence; and ``max_seqlen``
+    rounded up to a power of two (it sizes the attention grid; the kernel loops over a longer
+    filler sequence).
+    """
+    tokens = token_inputs[0].numel()
+    bucket = token_bucket(tokens)
+    padded = tuple(None if t is None else F.pad(t, (0, bucket - tokens)) for t in token_inputs)
+    return padded, F.pad(cu_seqlens, (0, 1), value=bucket), next_power_of_2(max_seqlen)
 
 
 def token_bucket(tokens: int) -> int:
@@ -435,24 +438,44 @@ class Runner:
         token_type_ids: torch.Tensor | None,
         call: Call,
     ) -> torch.Tensor:
-        """The layers on the real tokens only: [B, S] ids -> [B, S, H], zeros at padding.
-
-        Replayed from the CUDA graph of the packing's size bucket when ``cuda_graphs`` wants
-        it; the packing and the scatter run eagerly.
-        """
+        """The layers on the real tokens only: [B, S] ids -> [B, S, H], zeros at padding
+        (gathered into packed rows, run by :meth:`encode_packed`, scattered back)."""
         types = packed.gather(token_type_ids) if token_type_ids is not None else None
         positions = stack.position_ids(input_ids)
         positions = packed.positions() if positions is None else packed.gather(positions)
         ids = packed.gather(input_ids)
+        hidden = self.encode_packed(
+            stack, ops, ids, types, positions, packed.cu_seqlens, packed.max_seqlen, call
+        )
+        return packed.scatter(hidden)
 
-        def encode_packed(
+    def encode_packed(
+        self,
+        stack: Stack,
+        ops: Ops,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        position_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        max_seqlen: int,
+        call: Call,
+    ) -> torch.Tensor:
+        """Packed sequences -> the last hidden state of their tokens [T, H].
+
+        ``input_ids``, ``token_type_ids`` (or None) and ``position_ids``: [T] integers on the
+        model's device, checked against their tables; ``cu_seqlens``: int32 [B + 1] on the
+        same device, the sequences' boundaries; ``max_seqlen``: the longest sequence, known on
+        the host. Replayed from the CUDA graph of the size bucket of T when ``cuda_graphs``
+        wants it.
+        """
+
+        def encode(
             max_seqlen: int,
             ids: torch.Tensor,
             types: torch.Tensor | None,
             positions: torch.Tensor,
             cu_seqlens: torch.Tensor,
         ) -> torch.Tensor:
-            """[T] ids, token types, positions and int32 [B + 1] cu_seqlens -> [T, H]."""
             types = types[None] if types is not None else None
             hidden = stack.embed(
                 ops, ids[None], types, positions[None], False, call.hidden_dropout
@@ -462,19 +485,20 @@ class Runner:
             )
             return stack.run_layers(ops, hidden, attend, call.hidden_dropout)
 
-        tokens = ids.numel()
+        tokens = input_ids.numel()
         # Only the Triton attention_varlen runs the bucket's filler sequence (longer than
         # max_seqlen); the torch backend's sizes its dense batch by max_seqlen.
         graphable = ops.attention_backend == "triton"
-        if tokens and graphable and self.graphable(call, ids.device, token_bucket(tokens)):
-            bucketed, cu_seqlens, max_seqlen = packed.bucketed(ids, types, positions)
-            return self.graphs.run(
-                functools.partial(encode_packed, max_seqlen),
-                *bucketed,
-                cu_seqlens,
-                host_key=max_seqlen,
-                weights=call.weights(),
-                finish=lambda hidden: packed.scatter(hidden[:tokens]),  # the scatter copies
+        if tokens and graphable and self.graphable(call, input_ids.device, token_bucket(tokens)):
+            bucketed, bucket_cu_seqlens, bucket_max = bucketed_inputs(
+                cu_seqlens, max_seqlen, input_ids, token_type_ids, position_ids
             )
-        hidden = encode_packed(packed.max_seqlen, ids, types, positions, packed.cu_seqlens)
-        return packed.scatter(hidden)
+            return self.graphs.run(
+                functools.partial(encode, bucket_max),
+                *bucketed,
+                bucket_cu_seqlens,
+                host_key=bucket_max,
+                weights=call.weights(),
+                finish=lambda hidden: hidden[:tokens].clone(),  # the graph's buffer is reused
+            )
+        return encode(max_seqlen, input_ids, token_type_ids, position_ids, cu_seqlens)

@@ -8,7 +8,9 @@ padding-free, measures the rows, in a single read.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from fastbert.kernels import checks
@@ -97,6 +99,17 @@ def batch_and_seq(input_ids: object) -> tuple[int, int]:
     return input_ids.shape[0], input_ids.shape[1]
 
 
+def check_ids_device(input_ids: torch.Tensor, device: torch.device) -> None:
+    """``input_ids`` must be on the model's ``device``, one that holds values (not meta)."""
+    if input_ids.device != device:
+        raise ValueError(f"input_ids is on {input_ids.device} but the model is on {device}")
+    if device.type == "meta":
+        raise ValueError(
+            "the model and input_ids are on the meta device: they have shapes but no values "
+            "to run on; load the model on a real device"
+        )
+
+
 def check_model_inputs(
     max_positions: int,
     device: torch.device,
@@ -118,13 +131,7 @@ def check_model_inputs(
             f"sequence length {seq} exceeds max_position_embeddings "
             f"{max_positions}; truncate the input"
         )
-    if input_ids.device != device:
-        raise ValueError(f"input_ids is on {input_ids.device} but the model is on {device}")
-    if device.type == "meta":
-        raise ValueError(
-            "the model and input_ids are on the meta device: they have shapes but no values "
-            "to run on; load the model on a real device"
-        )
+    check_ids_device(input_ids, device)
     for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
         if t is None:
             continue
@@ -145,6 +152,79 @@ def check_model_inputs(
     # Hugging Face's attention_mask is 1 for real tokens, 0 for padding, in any dtype.
     mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
     return ids, types, mask
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedInputs:
+    """Checked packed inputs: ``input_ids`` and ``token_type_ids`` (or None) [T] index ids on
+    the model's device; ``cu_seqlens`` int32 [B + 1] on the model's device; ``starts`` and
+    ``lengths``: int64 numpy [B], each sequence's first row and token count, on the host;
+    ``max_seqlen``: the longest sequence."""
+
+    input_ids: torch.Tensor
+    token_type_ids: torch.Tensor | None
+    cu_seqlens: torch.Tensor
+    starts: np.ndarray
+    lengths: np.ndarray
+    max_seqlen: int
+
+
+def check_packed_inputs(
+    max_positions: int,
+    device: torch.device,
+    input_ids: torch.Tensor,
+    cu_seqlens: torch.Tensor | Sequence[int],
+    token_type_ids: torch.Tensor | None,
+) -> PackedInputs:
+    """Validate packed inputs: ``input_ids`` and ``token_type_ids`` integer [T] on ``device``;
+    ``cu_seqlens`` [B + 1] integers from 0 to T, never decreasing (a tensor on the host or on
+    ``device``, or a sequence of ints; one on a GPU is read to the host, once). No sequence
+    may be longer than ``max_positions``. ValueError or TypeError naming the argument."""
+    checks.check_tensor("input_ids", input_ids)
+    checks.check_integer("input_ids", input_ids)
+    if input_ids.dim() != 1:
+        raise ValueError(
+            f"input_ids must have shape [tokens] (the sequences end to end), got "
+            f"{tuple(input_ids.shape)}"
+        )
+    check_ids_device(input_ids, device)
+    if token_type_ids is not None:
+        checks.check_tensor("token_type_ids", token_type_ids)
+        checks.check_integer("token_type_ids", token_type_ids)
+        if token_type_ids.shape != input_ids.shape or token_type_ids.device != device:
+            raise ValueError(
+                f"token_type_ids must be [tokens] on {device} like input_ids, got "
+                f"{tuple(token_type_ids.shape)} on {token_type_ids.device}"
+            )
+    if isinstance(cu_seqlens, torch.Tensor):
+        if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype in (torch.bool, torch.uint8):
+            raise TypeError(f"cu_seqlens must hold integers, got {cu_seqlens.dtype}")
+        host = cu_seqlens.detach().cpu().numpy().astype(np.int64)
+    else:
+        host = np.asarray(cu_seqlens)
+        if host.size and not np.issubdtype(host.dtype, np.integer):
+            raise TypeError(f"cu_seqlens must hold integers, got {host.dtype}")
+        host = host.astype(np.int64)
+    tokens = input_ids.numel()
+    if host.ndim != 1 or host.size < 1 or host[0] != 0 or host[-1] != tokens:
+        raise ValueError(
+            f"cu_seqlens must be [sequences + 1] offsets from 0 to the {tokens} tokens of "
+            f"input_ids, got {host.tolist()[:8]}{'...' if host.size > 8 else ''}"
+        )
+    lengths = np.diff(host)
+    if (lengths < 0).any():
+        raise ValueError("cu_seqlens must never decrease (each entry is where a sequence ends)")
+    max_seqlen = int(lengths.max()) if lengths.size else 0
+    if max_seqlen > max_positions:
+        index = int(lengths.argmax())
+        raise ValueError(
+            f"sequence {index} has {max_seqlen} tokens, more than the model's "
+            f"{max_positions} positions; truncate the input"
+        )
+    on_device = torch.from_numpy(host.astype(np.int32)).to(device, non_blocking=True)
+    return PackedInputs(
+        as_index(input_ids), as_index(token_type_ids), on_device, host[:-1], lengths, max_seqlen
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,7 @@ in the model's dtype.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -20,7 +21,7 @@ from torch import nn
 from fastbert.execution import runtime, validation
 from fastbert.execution.backends import Ops
 from fastbert.execution.runtime import Attend
-from fastbert.kernels.checks import RELATIVE_BUCKETS
+from fastbert.kernels.checks import RELATIVE_BUCKETS, check_id_ranges
 from fastbert.model.config import BertConfig
 from fastbert.model.layers import BertEmbeddings, BertLayer, BertPooler, new_parameter, norm_bias
 from fastbert.model.loading import PretrainedMixin
@@ -322,14 +323,19 @@ class BertModel(PretrainedMixin, nn.Module):
         input_ids, token_type_ids, key_padding_mask = self.check_inputs(
             input_ids, attention_mask, token_type_ids
         )
-        self.check_quantized_call()
-        self.refresh_quantized()
-        self.runner.refresh_packed_weights(self.device, self.weights_key)
-        ops = self.ops()
+        ops = self.prepare_call()
         hidden = self.runner.encode(
             self, ops, input_ids, token_type_ids, key_padding_mask, self.call()
         )
         return ops, hidden
+
+    def prepare_call(self) -> Ops:
+        """Before a call: refuse one a quantised model cannot run, quantise and pack the
+        weights again where they changed; returns the ops the call runs with."""
+        self.check_quantized_call()
+        self.refresh_quantized()
+        self.runner.refresh_packed_weights(self.device, self.weights_key)
+        return self.ops()
 
     def check_inputs(
         self,
@@ -399,6 +405,36 @@ class BertModel(PretrainedMixin, nn.Module):
         ops, hidden = self.encode(input_ids, attention_mask, token_type_ids)
         pooled = self.pooler(ops, hidden) if self.pooler is not None else None
         return BaseModelOutputWithPooling(hidden, pooled)
+
+    def forward_packed(
+        self,
+        input_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor | Sequence[int],
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """B sequences packed end to end -> the last hidden state of their tokens [T, H], in
+        the model's dtype.
+
+        ``input_ids``: integer [T] on the model's device, sequence b being
+        ``input_ids[cu_seqlens[b]:cu_seqlens[b + 1]]``; ``cu_seqlens``: [B + 1] integers from
+        0 to T (a tensor or a list; build it on the host: one on a GPU is read back once);
+        ``token_type_ids``: [T] or None. Row t of the result is what :meth:`forward` gives
+        the same token in a padded batch (it runs the padding-free path, with nothing to
+        pad, gather or scatter). The pooler is not run; pool per sequence with
+        :func:`fastbert.model.pooling.pool_packed`.
+        """
+        inputs = validation.check_packed_inputs(
+            self.config.max_sequence_length, self.device, input_ids, cu_seqlens, token_type_ids
+        )
+        ids, types = inputs.input_ids, inputs.token_type_ids
+        if ids.numel() == 0:
+            return torch.empty(0, self.config.hidden_size, dtype=self.dtype, device=self.device)
+        check_id_ranges(ids, types, None, *self.table_rows(), 0)
+        ops = self.prepare_call()
+        positions = self.embeddings.packed_position_ids(ids, inputs.starts, inputs.lengths)
+        return self.runner.encode_packed(
+            self, ops, ids, types, positions, inputs.cu_seqlens, inputs.max_seqlen, self.call()
+        )
 
     def _empty_output(self, seq: int) -> BaseModelOutputWithPooling:
         h = self.config.hidden_size

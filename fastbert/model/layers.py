@@ -8,6 +8,7 @@ in the model's dtype.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -85,6 +86,24 @@ class BertEmbeddings(nn.Module):
             return None
         real = (input_ids != config.pad_token_id).long()
         return torch.cumsum(real, dim=1) * real + config.pad_token_id
+
+    def packed_position_ids(
+        self, input_ids: torch.Tensor, starts: np.ndarray, lengths: np.ndarray
+    ) -> torch.Tensor:
+        """The position ids of B sequences packed end to end in ``input_ids`` [T] (sequence b
+        starts at row ``starts[b]`` and has ``lengths[b]`` tokens; numpy int64 [B], on the
+        host): int64 [T], each token's :meth:`position_ids` in a padded row of its own."""
+        place = np.arange(input_ids.numel(), dtype=np.int64) - np.repeat(starts, lengths)
+        places = torch.from_numpy(place).to(input_ids.device, non_blocking=True)
+        pad = self.config.pad_token_id
+        if self.config.position_scheme == "sequential":
+            return places
+        # Hugging Face's padding-offset positions count the non-pad tokens of a row.
+        real = (input_ids != pad).long()
+        counted = torch.cumsum(real, dim=0)
+        sequence = torch.from_numpy(np.repeat(np.arange(len(lengths)), lengths))
+        before = (counted - real)[torch.from_numpy(starts).to(input_ids.device)]
+        return (counted - before[sequence.to(input_ids.device)]) * real + pad
 
     def forward(
         self,
