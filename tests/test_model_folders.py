@@ -299,3 +299,42 @@ def test_corpus_job_writes_what_the_kind_gives(mlm, base, tmp_path):
     vectors = np.stack(pq.read_table(out / "part-00000.parquet").column("embedding").to_pylist())
     want = st_encode(dense, prompt_name="query")
     np.testing.assert_allclose(vectors, want, atol=TOLERANCE)
+
+
+def test_folders_run_the_packed_path_unless_a_module_needs_the_padded_batch(
+    base, tmp_path, monkeypatch
+):
+    """A folder of fastbert's own modules runs packed (forward_packed, never the padded
+    forward), and gives what its padded route gives; a folder with a module that runs
+    through sentence-transformers (which takes the padded batch) runs padded."""
+    import dataclasses
+
+    from fastbert.model.encoder import BertModel
+
+    native = save_modules(
+        tmp_path / "native", [transformer(base), Pooling(HIDDEN, "weightedmean"), Normalize()]
+    )
+    loaded = fastbert.load(native, device="cpu")
+    entries = []
+    for name in ("forward", "forward_packed"):
+        original = getattr(BertModel, name)
+
+        def spy(self, *args, _name=name, _original=original, **kwargs):
+            entries.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(BertModel, name, spy)
+    packed = loaded.embed(TEXTS)
+    assert loaded.encoder.packed and set(entries) == {"forward_packed"}
+    entries.clear()
+    padded_encoder = dataclasses.replace(loaded.encoder, packed=False)
+    padded = padded_encoder(loaded.tokenize(TEXTS).ids)
+    assert set(entries) == {"forward"}
+    np.testing.assert_allclose(packed, padded, atol=1e-6)
+
+    from sentence_transformers.sentence_transformer.modules import LayerNorm
+
+    foreign = save_modules(
+        tmp_path / "foreign", [transformer(base), Pooling(HIDDEN, "mean"), LayerNorm(HIDDEN)]
+    )
+    assert not fastbert.load(foreign, device="cpu").encoder.packed

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 import warnings
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from fastbert.model.sentence_folder import (
     ModuleSpec,
 )
 from fastbert.model.sentence_modules import (
+    PACKED_MODULES,
     Normalize,
     Pooling,
     SpladePooling,
@@ -148,6 +150,12 @@ class FolderPipeline:
     ``truncate_dim`` / ``max_active_dims``: what :meth:`__call__` keeps of a dense embedding
     (its first values) and of a sparse vector (its largest); ``dimensions``: the output's width
     (learnt by :meth:`probe`).
+
+    ``packed``: run the packed path, the batch's token ids end to end (packed once, on the
+    host) through :meth:`fastbert.BertModel.forward_packed` and every module on the packed
+    rows; it is turned off for a folder with a module that runs through sentence-transformers
+    (which takes the padded batch). Off, the ids are padded into a [n, longest] batch with a
+    mask and run through the model's padded entry.
     """
 
     model: Any
@@ -162,9 +170,11 @@ class FolderPipeline:
     truncate_dim: int | None = None
     max_active_dims: int | None = None
     dimensions: int = 0
+    packed: bool = True
 
     def __post_init__(self) -> None:
         self.store_dtype = np.dtype(self.store_dtype)
+        self.packed = self.packed and all(isinstance(m, PACKED_MODULES) for m in self.modules)
         # SPLADE's max right after the head: pooled in the head, the logits never held.
         first = self.modules[0] if self.modules else None
         self.fused_splade = (
@@ -211,26 +221,41 @@ class FolderPipeline:
         return module(features, self.task) if takes_task(module) else module(features)
 
     def _encoded(self, tokens: list[list[int]]) -> tuple[Features, list[Any]]:
-        """(the features the transformer gives, the modules still to run): a sparse model's
-        fused SPLADE pooling runs here, in its masked-LM head."""
-        input_ids, mask, _ = pad(tokens, None, self.pad_id, self.model.device)
-        hidden = self.model(input_ids, attention_mask=mask).last_hidden_state
+        """(the features the transformer gives, packed or padded, see ``packed``; the modules
+        still to run): a sparse model's fused SPLADE pooling runs here, in its masked-LM
+        head."""
+        device = self.model.device
+        if self.packed:
+            input_ids, offsets = pack(tokens, device)
+            hidden = self.model.forward_packed(input_ids, offsets)
+            cu_seqlens = offsets.to(device, non_blocking=True)
+            mask = torch.ones_like(input_ids)
+            real_hidden = hidden
+        else:
+            input_ids, mask, _ = pad(tokens, None, self.pad_id, device)
+            hidden = self.model(input_ids, attention_mask=mask).last_hidden_state
+            cu_seqlens = None
+            real_hidden = None
         features = {
             "input_ids": input_ids,
             "attention_mask": mask,
             "token_embeddings": hidden,
             "prompt_length": self.prompt_length,
         }
+        if cu_seqlens is not None:
+            features["cu_seqlens"] = cu_seqlens
         if self.head is None:
             return features, self.modules
         ops = self.model.ops()
         if self.fused_splade is None:
             features["token_embeddings"] = self.head.logits(ops, hidden)
             return features, self.modules
-        lengths = np.cumsum([0] + [len(t) for t in tokens], dtype=np.int32)
-        cu_seqlens = torch.from_numpy(lengths).to(hidden.device)
+        if real_hidden is None:
+            lengths = np.cumsum([0] + [len(t) for t in tokens], dtype=np.int32)
+            cu_seqlens = torch.from_numpy(lengths).to(device)
+            real_hidden = hidden[mask.bool()]
         features["sentence_embedding"] = self.head.splade(
-            ops, hidden[mask.bool()], cu_seqlens, self.fused_splade.log_steps
+            ops, real_hidden, cu_seqlens, self.fused_splade.log_steps
         )
         return features, self.modules[1:]
 
@@ -247,10 +272,7 @@ class FolderPipeline:
         float32 [tokens_i, dimensions] arrays, the tokens it scores."""
         with torch.inference_mode():
             if self.kind == MULTI_VECTOR:
-                features = self.features(tokens)
-                vectors = features["token_embeddings"].float().cpu()
-                keep = features["attention_mask"].bool().cpu()
-                return [row[kept].numpy() for row, kept in zip(vectors, keep)]
+                return scored_tokens(self.features(tokens), [len(t) for t in tokens])
             pooled = self.pooled(tokens)
             if self.kind == SPARSE:
                 return SparseVectors.from_dense(pooled, self.max_active_dims)
@@ -259,6 +281,18 @@ class FolderPipeline:
             if self.normalize:
                 pooled = torch.nn.functional.normalize(pooled, dim=-1)
         return pooled.cpu().numpy().astype(self.store_dtype, copy=False)
+
+
+def scored_tokens(features: Features, lengths: list[int]) -> list[np.ndarray]:
+    """A multi-vector model's features (packed or padded) -> each input's float32
+    [tokens_i, dimensions] array of the vectors its mask keeps; ``lengths``: the inputs'
+    token counts."""
+    vectors = features["token_embeddings"].float().cpu()
+    keep = features["attention_mask"].bool().cpu()
+    if "cu_seqlens" not in features:
+        return [row[kept].numpy() for row, kept in zip(vectors, keep)]
+    rows = zip(vectors.split(lengths), keep.split(lengths))
+    return [row[kept].numpy() for row, kept in rows]
 
 
 def load_masked_lm_head(spec: FolderSpec, encoder_model: Any) -> MaskedLMHead:
@@ -319,6 +353,17 @@ class Classifier:
         return logits.float().cpu().numpy()
 
 
+def pack(tokens: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The n rows of ``tokens`` end to end: (int64 ids [T] on ``device``, int32 cu_seqlens
+    [n + 1] on the host, each row's first index and then T)."""
+    lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
+    offsets = np.zeros(len(tokens) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = itertools.chain.from_iterable(tokens)
+    ids = torch.from_numpy(np.fromiter(flat, dtype=np.int64, count=int(offsets[-1])))
+    return ids.to(device, non_blocking=True), torch.from_numpy(offsets.astype(np.int32))
+
+
 def pad(
     tokens: list[list[int]], type_ids: list[list[int]] | None, pad_id: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -345,6 +390,7 @@ __all__ = [
     "load_masked_lm_head",
     "load_tokenizer",
     "model_max_length",
+    "pack",
     "pad",
     "read_config",
 ]

@@ -1,13 +1,15 @@
 """Sentence-embedding pooling as sentence-transformers' ``Pooling`` module computes it.
 
-Every function takes ``hidden`` [B, S, H] (any float dtype) and ``attention_mask`` [B, S]
-(1 = a real token; right or left padding) and returns [B, H] in float32. Sums run in float32,
-as sentence-transformers accumulates half-precision inputs. Positions the mask excludes may
-hold any finite value.
+Every function of :data:`POOLINGS` takes ``hidden`` [B, S, H] (any float dtype) and
+``attention_mask`` [B, S] (1 = a real token; right or left padding) and returns [B, H] in
+float32. Sums run in float32, as sentence-transformers accumulates half-precision inputs.
+Positions the mask excludes may hold any finite value. :func:`pool_packed` computes the same
+on B sequences packed end to end ([T, H] rows and their boundaries), with nothing padded.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -111,4 +113,80 @@ def pool(
         else:
             mask = attention_mask if pooled_mask is None else pooled_mask
             out.append(POOLINGS[mode](hidden, mask))
+    return out[0] if len(out) == 1 else torch.cat(out, dim=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Segments:
+    """B sequences packed end to end in T rows: ``index`` int64 [T] holds each row's
+    sequence, ``count`` is B."""
+
+    index: torch.Tensor
+    count: int
+
+    @classmethod
+    def of(cls, cu_seqlens: torch.Tensor, tokens: int) -> Segments:
+        """The segments of ``cu_seqlens`` [B + 1] (integers from 0 to ``tokens``), built on
+        its device without reading it back."""
+        count = cu_seqlens.numel() - 1
+        sequences = torch.arange(count, device=cu_seqlens.device)
+        index = torch.repeat_interleave(sequences, cu_seqlens.diff().long(), output_size=tokens)
+        return cls(index, count)
+
+    def sum(self, values: torch.Tensor) -> torch.Tensor:
+        """[T, ...] -> [B, ...]: each sequence's sum (zeros for an empty one)."""
+        out = values.new_zeros(self.count, *values.shape[1:])
+        return out.index_add_(0, self.index, values)
+
+    def reduce(self, values: torch.Tensor, how: str, empty: float) -> torch.Tensor:
+        """[T, ...] -> [B, ...]: each sequence's "amax" or "amin" (``empty`` for an empty
+        one)."""
+        out = values.new_full((self.count, *values.shape[1:]), empty)
+        index = self.index.view(-1, *([1] * (values.dim() - 1))).expand_as(values)
+        return out.scatter_reduce_(0, index, values, how, include_self=True)
+
+
+def pool_packed(
+    hidden: torch.Tensor,
+    attention_mask: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    modes: tuple[str, ...],
+    prompt_length: int = 0,
+) -> torch.Tensor:
+    """:func:`pool` of B sequences packed end to end: ``hidden`` [T, H] (any float dtype),
+    ``attention_mask`` [T] (1 = a real token), ``cu_seqlens`` [B + 1] (sequence b is rows
+    ``cu_seqlens[b]`` to ``cu_seqlens[b + 1]``). Returns [B, len(modes) * H] float32: what
+    :func:`pool` gives the same sequences padded (a sequence with no pooled token gives zeros
+    for cls and lasttoken)."""
+    tokens = hidden.shape[0]
+    segments = Segments.of(cu_seqlens, tokens)
+    rows = torch.arange(tokens, device=hidden.device)
+    real = attention_mask.bool()
+    # Each row's place among its sequence's tokens from the first real one (the padded
+    # batch's position minus its left padding).
+    first_real = segments.reduce(torch.where(real, rows, tokens), "amin", tokens)
+    rank = rows - first_real[segments.index]
+    pooled = real & (rank >= prompt_length) if prompt_length else real
+    values = hidden.float()
+    out = []
+    for mode in modes:
+        if mode in ("cls", "lasttoken"):
+            if mode == "cls":
+                pick = segments.reduce(torch.where(pooled, rows, tokens), "amin", tokens)
+            else:
+                pick = segments.reduce(torch.where(pooled, rows, -1), "amax", -1)
+            found = (pick >= 0) & (pick < tokens)
+            out.append(values[pick.clamp(0, max(tokens - 1, 0))] * found.unsqueeze(-1))
+        elif mode == "max":
+            masked = values.masked_fill(~pooled.unsqueeze(-1), float("-inf"))
+            out.append(segments.reduce(masked, "amax", float("-inf")))
+        elif mode in ("mean", "mean_sqrt_len_tokens", "weightedmean"):
+            weights = pooled.to(torch.float32)
+            if mode == "weightedmean":
+                weights = weights * (rank + 1).to(torch.float32)
+            summed = segments.sum(values * weights.unsqueeze(-1))
+            count = segments.sum(weights).clamp(min=1e-9).unsqueeze(-1)
+            out.append(summed / (count.sqrt() if mode == "mean_sqrt_len_tokens" else count))
+        else:
+            raise ValueError(f"pooling mode {mode!r} is not one of {', '.join(POOLINGS)}")
     return out[0] if len(out) == 1 else torch.cat(out, dim=-1)

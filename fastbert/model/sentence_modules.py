@@ -6,9 +6,12 @@ Each module reads its folder (:class:`~fastbert.model.sentence_folder.ModuleSpec
 and then maps a features dict to a features dict, as sentence-transformers' modules do. The
 keys: ``token_embeddings`` [B, S, H], ``attention_mask`` [B, S] (1 = a real token),
 ``input_ids`` [B, S], ``sentence_embedding`` [B, D] and ``prompt_length`` (the tokens of the
-prompt put before every input, 0 for none). What a module adds is float32 (sums in float32, as
-sentence-transformers accumulates half precision). :func:`native_module` builds the module a
-spec names, or returns None when fastbert has no implementation of its own.
+prompt put before every input, 0 for none). Every module here also takes packed features: the
+B sequences end to end, ``token_embeddings`` [T, H], ``attention_mask`` and ``input_ids``
+[T], and ``cu_seqlens`` int32 [B + 1] (sequence b is rows ``cu_seqlens[b]`` to
+``cu_seqlens[b + 1]``), the key that marks them packed. What a module adds is float32 (sums
+in float32, as sentence-transformers accumulates half precision). :func:`native_module` builds
+the module a spec names, or returns None when fastbert has no implementation of its own.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch
 from torch import nn
 
 from fastbert.model.loading import read_weights_file
-from fastbert.model.pooling import LEGACY_POOLING_FLAGS, POOLINGS, pool
+from fastbert.model.pooling import LEGACY_POOLING_FLAGS, POOLINGS, Segments, pool, pool_packed
 from fastbert.model.sentence_folder import ModuleSpec
 
 Features = dict[str, Any]
@@ -58,8 +61,12 @@ class Pooling:
 
     def __call__(self, features: Features) -> Features:
         prompt_length = 0 if self.include_prompt else features.get("prompt_length", 0)
-        features["sentence_embedding"] = pool(
-            features["token_embeddings"], features["attention_mask"], self.modes, prompt_length
+        hidden, mask = features["token_embeddings"], features["attention_mask"]
+        cu_seqlens = features.get("cu_seqlens")
+        features["sentence_embedding"] = (
+            pool(hidden, mask, self.modes, prompt_length)
+            if cu_seqlens is None
+            else pool_packed(hidden, mask, cu_seqlens, self.modes, prompt_length)
         )
         return features
 
@@ -137,7 +144,13 @@ class SpladePooling:
         values = (logits * mask).relu()
         for _ in range(self.log_steps):
             values = values.log1p()
-        pooled = values.amax(dim=1) if self.strategy == "max" else values.sum(dim=1)
+        cu_seqlens = features.get("cu_seqlens")
+        if cu_seqlens is None:
+            pooled = values.amax(dim=1) if self.strategy == "max" else values.sum(dim=1)
+        else:  # the values are >= 0: a max from zeros is the max over the sequence
+            segments = Segments.of(cu_seqlens, values.shape[0])
+            maximum = self.strategy == "max"
+            pooled = segments.reduce(values, "amax", 0.0) if maximum else segments.sum(values)
         features["sentence_embedding"] = pooled
         return features
 
@@ -170,6 +183,10 @@ class MultiVectorMask:
             mask = mask & torch.isin(ids, keep)
         features["attention_mask"] = mask
         return features
+
+
+# The modules that run on packed features (all of fastbert's own).
+PACKED_MODULES = (Pooling, Dense, Normalize, SpladePooling, MultiVectorMask)
 
 
 def native_module(spec: ModuleSpec, tokenizer: Any) -> Any | None:
