@@ -19,6 +19,10 @@ to embeddings; the model loaded beforehand and not timed):
 - ``fastbert.embed(texts)``: the same pipeline from a list, into an array.
 - ``fastbert.optimize(st).encode``: sentence-transformers' encode with fastbert swapped in.
 - ``fastbert.embed(texts)`` in bfloat16 and with dynamic int8 linears (``quantize="int8"``).
+- The three ``fastbert.embed(texts)`` rows again on the padded route (``FolderPipeline``'s
+  ``packed=False``: the ids padded into a batch with a mask, the model's padded entry, pooling
+  over the mask), which a folder with a sentence-transformers module runs and every folder ran
+  before the packed path: the packed path's gain, measured in the same run.
 - ``st.encode``: sentence-transformers as shipped (batch_size 32, its default).
 - The peers, when their packages are installed (``pip install 'fastbert[peers]'``; see
   benchmarks/embed_peers.py): ONNX Runtime on the BERT-fused graph in fp32 and with dynamic
@@ -114,15 +118,25 @@ FASTBERT = {
     # fastbert.embed(texts) in the lossy precisions, bounded as the peers computing alike.
     "fastbert-bf16": Contender("fastbert.embed(texts) bf16", "bfloat16", 0.999),
     "fastbert-int8": Contender("fastbert.embed(texts) int8", "int8", 0.99),
+    # The same on the padded route: the token ids padded into [n, longest] with a mask, the
+    # model's padded entry, pooling over the mask. A folder with a sentence-transformers
+    # module runs it, and every folder ran it before the packed path.
+    "fastbert-list-padded": Contender("fastbert.embed(texts), padded route"),
+    "fastbert-bf16-padded": Contender(
+        "fastbert.embed(texts) bf16, padded route", "bfloat16", 0.999
+    ),
+    "fastbert-int8-padded": Contender("fastbert.embed(texts) int8, padded route", "int8", 0.99),
 }
 # The EmbedOptions of those rows.
 LOSSY = {"fastbert-bf16": {"dtype": "bfloat16"}, "fastbert-int8": {"quantize": "int8"}}
+PADDED = {"fastbert-list-padded": "fastbert-list", "fastbert-bf16-padded": "fastbert-bf16"}
+PADDED["fastbert-int8-padded"] = "fastbert-int8"
 
 
 def cannot_run(key: str, config: Any) -> str | None:
     """Why contender ``key`` cannot run a model of ``config`` (fastbert's BertConfig), or
     None: fastbert's int8 path has no gated (GeGLU) FFN (ModernBERT)."""
-    if key == "fastbert-int8" and config.glu:
+    if key in ("fastbert-int8", "fastbert-int8-padded") and config.glu:
         return "fastbert's int8 quantisation does not run gated (GeGLU) FFNs"
     return None
 
@@ -199,11 +213,11 @@ def contenders(
             runs[key] = lambda b, st=st: st.encode(b, convert_to_numpy=True)
         elif key == "fastbert-embed":
             runs[key] = embed_command
-        elif key == "fastbert-list":
-            runs[key] = embed_list(loaded.job(False))
-        elif key in LOSSY:
-            lossy = load_options(dataclasses.replace(options, **LOSSY[key]))
-            runs[key] = embed_list(lossy.job(False))
+        elif key in ("fastbert-list", "fastbert-list-padded"):
+            runs[key] = embed_list(route(loaded.job(False), key))
+        elif PADDED.get(key, key) in LOSSY:
+            lossy = load_options(dataclasses.replace(options, **LOSSY[PADDED.get(key, key)]))
+            runs[key] = embed_list(route(lossy.job(False), key))
         elif key == "fastbert-optimize":
             swapped = fastbert.optimize(SentenceTransformer(str(folder), device=device))
             runs[key] = lambda b, m=swapped: m.encode(b, convert_to_numpy=True)
@@ -213,6 +227,13 @@ def contenders(
                 details[key] = encoder.details
             runs[key] = embed_list(Pipeline(encoder, loaded.text_tokenizer, loaded.options))
     return runs
+
+
+def route(job: Any, key: str) -> Any:
+    """``job`` (a loaded model's embed loop) on the padded route for a key of PADDED."""
+    if key in PADDED:
+        job.encoder = dataclasses.replace(job.encoder, packed=False)
+    return job
 
 
 def read_shards(folder: Path) -> np.ndarray:

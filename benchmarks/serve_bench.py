@@ -211,6 +211,12 @@ def in_process(model: str, text: str, calls: int) -> dict:
     if hasattr(fastbert, "load"):
         loaded = fastbert.load(model)
         out["fastbert.load().embed"] = median_ms(lambda: loaded.embed([text]))
+        if hasattr(loaded.encoder, "packed"):
+            from benchmarks.padded_route import use_padded_route
+
+            use_padded_route()
+            padded = fastbert.load(model)
+            out["fastbert.load().embed, padded route"] = median_ms(lambda: padded.embed([text]))
     else:
         out["fastbert.load().embed"] = None
         out["note"] = "this fastbert has no fastbert.load"
@@ -557,6 +563,9 @@ def markdown(report: dict) -> str:
             f"({inproc['calls']} calls).",
             "",
         ]
+        padded = inproc.get("fastbert.load().embed, padded route")
+        if padded is not None:
+            lines += [f"The same on the padded route: {_ms(padded)} ms.", ""]
         for name in report["ran"]:
             c = find(cells, name, "short", "closed", 1)
             if c and c["p50_ms"] is not None and inproc.get("st.encode"):

@@ -40,7 +40,10 @@ INFINITY_VERSION = "0.0.78"
 INFINITY_TORCH = "torch==2.13.0"
 DEFAULT_INFINITY_VENV = INFINITY_VENV.read() or cache_dir() / f"infinity-emb-{INFINITY_VERSION}"
 REPO = Path(__file__).resolve().parents[1]
-NAMES = ("fastbert", "infinity", "st")
+NAMES = ("fastbert", "infinity", "st", "fastbert-padded")
+# What each name starts: fastbert-padded is fastbert serve on the padded route (benchmarks/
+# padded_route.py), to measure the packed path's gain in the same run.
+FASTBERT_MODULES = {"fastbert": "fastbert.cli", "fastbert-padded": "benchmarks.padded_route"}
 
 
 class Unavailable(Exception):
@@ -212,9 +215,9 @@ class Contender:
 
     def check(self) -> None:
         """Raise Unavailable when this contender cannot run here."""
-        if self.name == "fastbert":
+        if self.name in FASTBERT_MODULES:
             proc = subprocess.run(
-                [sys.executable, "-m", "fastbert.cli", "serve", "--help"],
+                [sys.executable, "-m", FASTBERT_MODULES[self.name], "serve", "--help"],
                 capture_output=True,
                 text=True,
             )
@@ -236,11 +239,12 @@ class Contender:
 
     def _command(self, model: Path, port: int) -> list[str]:
         where = ["--host", "127.0.0.1", "--port", str(port)]
-        if self.name == "fastbert":
+        if self.name in FASTBERT_MODULES:
             extra = []
             if self.max_batch_tokens:
                 extra = ["--max-batch-tokens", str(self.max_batch_tokens)]
-            return [sys.executable, "-m", "fastbert.cli", "serve", "--model", str(model)] + [
+            module = FASTBERT_MODULES[self.name]
+            return [sys.executable, "-m", module, "serve", "--model", str(model)] + [
                 *where,
                 *extra,
                 "--log-level",

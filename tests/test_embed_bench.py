@@ -232,6 +232,7 @@ def test_a_contender_the_model_cannot_run(monkeypatch, capsys, tmp_path) -> None
     assert "GeGLU" in embed_bench.cannot_run("fastbert-int8", modernbert)
     assert embed_bench.cannot_run("fastbert-bf16", modernbert) is None
     assert embed_bench.cannot_run("fastbert-int8", bert) is None
+    assert "GeGLU" in embed_bench.cannot_run("fastbert-int8-padded", modernbert)
 
     (tmp_path / "sentence_bert_config.json").write_text('{"max_seq_length": 512}')
     monkeypatch.setattr(embed_bench, "model_folder", lambda model: tmp_path)
@@ -245,8 +246,26 @@ def test_a_contender_the_model_cannot_run(monkeypatch, capsys, tmp_path) -> None
     argv = ["--out", str(tmp_path), "--docs", "4", "--gemm-seconds", "0"]
     with pytest.raises(_Chosen) as ran:
         embed_bench.main([*argv, "--model", "modernbert-base", "--contenders", "fastbert"])
-    assert ran.value.args[0] == [k for k in embed_bench.FASTBERT if k != "fastbert-int8"]
+    int8 = ("fastbert-int8", "fastbert-int8-padded")
+    assert ran.value.args[0] == [k for k in embed_bench.FASTBERT if k not in int8]
     assert "int8: not run: fastbert's int8 quantisation" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
         embed_bench.main([*argv, "--model", "modernbert-base", "--contenders", "fastbert-int8"])
     assert exit_.value.code == 2 and "GeGLU" in capsys.readouterr().err
+
+
+def test_padded_rows_run_the_padded_route(monkeypatch) -> None:
+    """The "padded route" rows (and benchmarks.padded_route, which the serve benchmark's
+    fastbert-padded server runs) take the FolderPipeline's padded route; the others the
+    packed path."""
+    import fastbert
+    from benchmarks import padded_route
+    from fastbert.embedding.model import FolderPipeline
+    from fastbert.integrations.models import packaged_minilm_path
+
+    loaded = fastbert.load(packaged_minilm_path())
+    assert embed_bench.route(loaded.job(False), "fastbert-list").encoder.packed
+    assert not embed_bench.route(loaded.job(False), "fastbert-list-padded").encoder.packed
+    monkeypatch.setattr(FolderPipeline, "__post_init__", FolderPipeline.__post_init__)
+    padded_route.use_padded_route()
+    assert not fastbert.load(packaged_minilm_path()).encoder.packed
