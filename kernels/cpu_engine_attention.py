@@ -9,11 +9,11 @@ sequences of real text. On a CPU this module picks, per call, the fastest of:
   batch without a mask or with right padding;
 - attention_varlen elsewhere: one unmasked SDPA call per run of consecutive sequences of
   equal length, on [n, H, L, D] views of the packed tensors (no gather, no padding, no mask;
-  it reads ``cu_seqlens`` on the host, which costs nothing on a CPU: per-sequence calls
-  measured 1.5x to 2x faster than one masked call over the gathered batch, even with every
-  length different). In bfloat16 a run of up to about a hundred tokens takes a math
-  attention in float32 instead (faster than the CPU flash kernel there, and more accurate:
-  see MATH_ATTENTION_MAX_LENGTH);
+  it reads ``cu_seqlens`` on the host, which costs nothing on a CPU, and per-sequence calls
+  are faster than one masked call over the gathered batch, even with every length different:
+  docs/results.md, "Measurements behind the code's choices"). In bfloat16 a run of up to
+  about a hundred tokens takes a math attention in float32 instead (faster than the CPU flash
+  kernel there, and more accurate: see MATH_ATTENTION_MAX_LENGTH);
 - the plain backend's attention (fastbert.kernels.torch_ops) for everything else, and for
   every call while ``torch.compile`` traces (neither the compiled kernel nor the host read of
   the per-length path traces).
@@ -59,28 +59,28 @@ def additive_mask(
 
 
 # The math path on a CPU, per dtype and head dimension: the longest sequence length it takes
-# (one SDPA call above). Measured by benchmarks/cpu_attention.py (1 thread, CPU time; the table
-# in docs/cpu.md): in bfloat16 the math path (float32 throughout, more accurate) took
-# 0.64-0.89x the time of PyTorch's CPU flash kernel at 16 to 44 tokens and about the same
-# (0.85-1.15x) from there to these lengths, where the summed savings peaked. In float32 the
-# flash kernel was as fast or faster on average at every length (the math path won by 10-20%
-# only at some lengths with many sequences, and lost as much elsewhere), so float32, like
-# float16 and float64, always takes SDPA.
+# (one SDPA call above). Measured by benchmarks/cpu_attention.py (the table and its conditions:
+# docs/cpu.md, "Attention in bfloat16"): in bfloat16 the math path (float32 throughout, more
+# accurate) was faster than PyTorch's CPU flash kernel at 16 to 44 tokens and about level
+# from there to these lengths, where the summed savings peaked. In float32 the flash kernel
+# was as fast or faster on average at every length (the math path won only at some lengths
+# with many sequences, and lost as much elsewhere), so float32, like float16 and float64,
+# always takes SDPA.
 MATH_ATTENTION_MAX_LENGTH: dict[tuple[torch.dtype, int], int] = {
     (torch.bfloat16, 32): 124,
     (torch.bfloat16, 64): 108,
 }
 
 # Sequences per math-path chunk: as many as keep one chunk's float32 scores within this many
-# bytes. Larger chunks measured slower, some by 2x: the temporaries outgrow the cache, and
-# glibc serves allocations of a few MiB by mmap, each a new set of page faults.
+# bytes. Larger chunks were slower (docs/results.md, "Measurements behind the code's
+# choices"): the temporaries outgrow the cache, and glibc serves allocations of a few MiB by
+# mmap, each a new set of page faults.
 MATH_SCORE_BYTES = 1 << 18
 
 
 # The least scores per head (n * L * L) a run needs to take the math path: below it, its
-# half-dozen op calls (about 20 us more than SDPA's one) cost more than it saves. Measured in
-# bfloat16 at head dimension 32: 1.2-1.6x SDPA's time at 100-400 scores (one to four
-# sequences of 10 tokens), level at 800-900, 0.8x from 1600.
+# half-dozen op calls (against SDPA's one) cost more than it saves; the two were level just
+# under this many scores (docs/results.md, "Measurements behind the code's choices").
 MATH_ATTENTION_MIN_SCORES = 1024
 
 

@@ -2,12 +2,12 @@
 
 ``torch.ops.mkldnn._linear_pointwise`` (what ``torch.compile`` emits on a CPU) runs the GEMM
 with GELU or the residual add as its post-op, on a CPU in float32 or bfloat16 when autograd
-does not record the call: 8-17% faster than MKL's addmm in float32 on an AVX-512 CPU (one
-thread). Otherwise (another device or dtype, while ``torch.compile`` traces, which cannot
-trace oneDNN's availability check, with no input features, which oneDNN refuses, or under
-autograd) the plain backend's linear (fastbert.kernels.torch_ops). Given ``packs``
-(fastbert.kernels.packed_weights), the oneDNN call reads each weight's copy in oneDNN's
-blocked layout, made once, instead of reordering the weight on every call.
+does not record the call: faster than MKL's addmm there (docs/results.md, "Measurements
+behind the code's choices"). Otherwise (another device or dtype, while ``torch.compile``
+traces, which cannot trace oneDNN's availability check, with no input features, which oneDNN
+refuses, or under autograd) the plain backend's linear (fastbert.kernels.torch_ops). Given
+``packs`` (fastbert.kernels.packed_weights), the oneDNN call reads each weight's copy in
+oneDNN's blocked layout, made once, instead of reordering the weight on every call.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from . import torch_ops
 from .packed_weights import PackedWeights
 
 # oneDNN's GEMM with its post-ops (PyTorch's own inference op, what torch.compile emits on a
-# CPU): it measured 8-17% faster than MKL's addmm in float32 on an AVX-512 CPU, a few per cent
-# in bfloat16. It has no derivative, so a call autograd records takes F.linear.
+# CPU): faster than MKL's addmm in float32, by less in bfloat16 (docs/results.md,
+# "Measurements behind the code's choices"). It has no derivative, so a call autograd records
+# takes F.linear.
 ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
 
 

@@ -31,8 +31,8 @@ From these, the wiring (this module, written once for every op) makes:
   there, as the fakes declare. The custom ops trust their arguments (``prepare`` validated
   them); their fakes check shapes, so tracing a bad call fails.
 - the eager ``torch.autograd.Function`` of the op, from the same ``save`` / ``gradients``,
-  calling the launchers directly (the custom-op dispatcher costs about 7 us a call, some
-  0.6 ms per BERT-base forward).
+  calling the launchers directly (the custom-op dispatcher's cost, paid on every op call,
+  adds up over a forward: docs/results.md, "Measurements behind the code's choices").
 - the public call, :meth:`Op.__call__`: ``prepare``; then while ``torch.compile`` traces, the
   custom op; in eager mode with gradients, the autograd Function; otherwise the forward
   launcher alone, saving nothing.

@@ -370,8 +370,8 @@ def quantize_rows(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`fastbert.kernels.reference.quantize_rows` of [M, K] float ``x`` with the same
     bits, the product rounded in place. The row's largest magnitude is max(amax, -amin): two
-    reductions that write nothing, measured 1.5-2x faster than ``abs().amax()`` on a CPU
-    (``torch.aminmax`` over rows, 10x slower)."""
+    reductions that write nothing, faster on a CPU than ``abs().amax()`` and than
+    ``torch.aminmax`` over rows (docs/results.md, "Measurements behind the code's choices")."""
     q_dtype = torch.int8 if quantize == "int8" else torch.float8_e4m3fn
     q_max = 127.0 if quantize == "int8" else reference.FP8_E4M3_MAX
     x32 = x.float() if input_scale is None else x.float() * input_scale
@@ -406,8 +406,9 @@ def _quantized_unchecked(
         acc = _int_product(q, weight) if quantize == "int8" else _fp8_product(q, weight)
     # Passes over the [M, N] product: int32 to float32 (a no-op for fp8's float32), times the
     # row scales in place, then times the column scales plus the bias in place. On a CPU the
-    # mixed-dtype torch.mul(int32, float32) measured 2-6x slower than the conversion and the
-    # float32 product together: a strided, unvectorised loop.
+    # mixed-dtype torch.mul(int32, float32) is a strided, unvectorised loop, slower than the
+    # conversion and the float32 product together (docs/results.md, "Measurements behind the
+    # code's choices").
     y = acc.float().mul_(scale[:, None])
     if bias is not None:
         torch.addcmul(bias.float(), y, weight_scale, out=y)

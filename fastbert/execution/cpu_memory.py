@@ -4,11 +4,11 @@ operating system and taking it again, page by page.
 A forward allocates and frees tensors of megabytes each (a 4,096-token MiniLM batch: 25 MB
 for an FFN product). glibc's malloc serves a block that large from a fresh ``mmap`` and
 returns it with ``munmap`` when freed (or trims it off the top of its heap), so the next
-forward faults every page in again and the kernel zeroes each one: all-MiniLM-L6-v2 with int8
-linears on 1,000 documents took 965,000 page faults and 1.9 s of system time in 4.6 s; with
-the freed memory kept, 45,000 faults, 0.1 s and 4.0 s (benchmarks/cpu_memory.py). ONNX
-Runtime and OpenVINO keep their own arenas for the same reason, and PyTorch's CPU tuning
-guide suggests preloading jemalloc or tcmalloc.
+forward faults every page in again and the kernel zeroes each one. Keeping the freed memory
+removes most of those page faults and the system time they cost, int8 linears gaining the
+most (benchmarks/cpu_memory.py; docs/results.md, "One process per contender, in rounds, freed
+memory kept"). ONNX Runtime and OpenVINO keep their own arenas for the same reason, and
+PyTorch's CPU tuning guide suggests preloading jemalloc or tcmalloc.
 
 :func:`keep_freed_memory` sets glibc's ``M_MMAP_THRESHOLD`` (blocks up to 1 GiB come from the
 heap) and ``M_TRIM_THRESHOLD`` (up to 1 GiB free at the heap's top stays), once per process,
@@ -23,13 +23,13 @@ What a process keeps across forwards must also stay bounded. oneDNN, behind PyTo
 linears (``torch.ops.mkldnn._linear_pointwise``, ``torch._int_mm``), caches the primitives
 it makes, one per op and shape, and PyTorch's ideep layer keeps an LRU cache of its own:
 1,024 entries each by default. A padding-free batch's shape is its token count, so a server
-or an embedding job meets a new shape at almost every batch, and all-MiniLM-L6-v2 kept about
-2 MB plus 5 KB a token per shape in them (23 MB for a 4,000-token batch): ``fastbert serve``
-under steady load went from 761 to 1,937 MiB in three minutes, where the caches were full
-(benchmarks/serve_soak.py; malloc's arenas and the kept memory were not the cause:
-docs/cpu.md, Memory between forwards). :func:`bound_shape_caches` sets
+or an embedding job meets a new shape at almost every batch, and each shape's primitives
+stay, megabytes of them (docs/cpu.md, "Caches of one entry per shape"): ``fastbert serve``
+under steady load grew until the caches were full (benchmarks/serve_soak.py; docs/results.md,
+"Memory over a long run on a CPU"; malloc's arenas and the kept memory were not the cause:
+docs/cpu.md, "Over a long run"). :func:`bound_shape_caches` sets
 ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` and ``LRU_CACHE_CAPACITY`` to CACHE_ENTRIES where they
-are unset (the same load then stayed at 809 MiB); torch reads them as it loads, so
+are unset (the same load's memory then stayed level); torch reads them as it loads, so
 ``fastbert``'s command line calls it before anything imports torch, and a program of one's
 own sets them before it imports torch. 16 entries hold a whole forward's primitives (a
 BERT-family layer has four linear shapes, two oneDNN entries each), so each layer after the

@@ -27,10 +27,10 @@ Each is chosen per call by the model's ``padding_free`` and ``cuda_graphs`` sett
 
 - ``padding_free="auto"`` packs when at least PACK_MIN_PADDING of the batch is padding
   (PACK_MIN_PADDING_CPU on a CPU): on a CPU the torch backend's packed attention runs each
-  sequence's keys only, on views of the packed tensors, and a packed MiniLM batch ran faster
-  than the dense one from about 4% padding, level at 2% (1 thread, 32-256 tokens a row);
-  True packs whenever a mask has padding; False never. A batch without padding always runs
-  dense, and unmasked.
+  sequence's keys only, on views of the packed tensors, so a packed batch already runs faster
+  than the dense one at a few per cent of padding (docs/results.md, "Measurements behind the
+  code's choices"); True packs whenever a mask has padding; False never. A batch without
+  padding always runs dense, and unmasked.
 - ``cuda_graphs`` chooses when a call replays a graph of its key (fastbert.execution.graphs
   holds the rule, the bounds and the thread and weight safety). For a padding-free call, the
   key is its size bucket and its tokens the bucket's rows.
