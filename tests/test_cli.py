@@ -24,6 +24,11 @@ def test_info_reports_versions_and_backends(capsys) -> None:
         assert re.search(rf"^{key}\s", out, re.M), out
     # The CPU engine's row names what runs its linears and whether packed weights can.
     assert re.search(r"^cpu engine\s+linear: .+; packed weights: \w+$", out, re.M), out
+    # The int8 row names the CPU's int8 instructions, and prefers bfloat16 where it is native.
+    from fastbert.execution import cpu
+
+    int8 = re.search(r"^cpu int8\s+(.+)$", out, re.M)
+    assert int8 and ("prefer dtype bfloat16" in int8[1]) == (cpu.native_bf16() is not None), out
 
 
 def test_demo_embeddings_match(capsys) -> None:

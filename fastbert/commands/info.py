@@ -62,6 +62,7 @@ def report() -> list[tuple[str, str]]:
     rows.append(("backend auto", f"-> {default} here"))
     rows.append(("cpu flags", ", ".join(cpu.relevant_flags()) or "none of note"))
     rows.append(("cpu bfloat16", cpu_bf16_advice()))
+    rows.append(("cpu int8", cpu_int8_advice()))
     engine = cpu_engine.status()
     rows.append(("cpu attention kernel", engine.pop("compiled attention")))
     rows.append(("cpu engine", "; ".join(f"{part}: {what}" for part, what in engine.items())))
@@ -84,6 +85,23 @@ def cpu_bf16_advice() -> str:
         f"native ({flag}): float32 (the default) is exact; dtype bfloat16 is faster and "
         "lossy (accuracy in docs/cpu.md)"
     )
+
+
+def cpu_int8_advice() -> str:
+    """What quantize="int8" runs on here, and whether bfloat16 is the better lossy choice:
+    where bfloat16 is native, it embedded as fast as int8 or faster, with about a tenth of
+    int8's error, on both CPU classes measured (docs/results.md)."""
+    from fastbert.execution import cpu
+
+    flags = cpu.cpu_flags()
+    units = [f for f in ("amx_int8", "avx512_vnni", "avx_vnni") if f in flags]
+    where = f"int8 dot products on {units[0]}" if units else "no int8 dot-product instructions"
+    if cpu.native_bf16() is not None:
+        return (
+            f"quantize int8: {where}; with native bfloat16 here, prefer dtype bfloat16: as fast "
+            "or faster, about 10x smaller error (docs/results.md)"
+        )
+    return f"quantize int8: {where}; faster than float32 and lossy (accuracy in docs/cpu.md)"
 
 
 def run(args: argparse.Namespace) -> int:
