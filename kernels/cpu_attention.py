@@ -8,32 +8,24 @@ P @ V in float32 with P unrounded, the result rounded to bfloat16 once: the torc
 math path's precision, more accurate than PyTorch's flash kernel, which rounds P to bfloat16.
 In float32, every step in float32 FMAs: float32's accuracy, as PyTorch's flash kernel.
 
-The source is compiled at first use with the system's C++ compiler (``$CXX``, else ``g++``)
-for this CPU (``-O3 -march=native -fopenmp``, linked to the OpenMP runtime torch already
-loaded) into ``$FASTBERT_CACHE/cpu-kernels`` (default ``~/.cache/fastbert``), keyed by the
-source, the compiler and the CPU, and loaded with ctypes; a call releases the GIL. Where the
-CPU lacks AVX512_BF16, no compiler is found, the build fails, or ``FASTBERT_CPU_ATTENTION=0``,
-:func:`available` is False, :func:`status` says why, and the torch backend keeps its own
-attention. Nothing is compiled at import.
+The source is compiled at first use for this CPU and loaded with ctypes
+(fastbert.kernels.cpu_library); a call releases the GIL. Where the CPU lacks AVX512_BF16, no
+compiler is found, the build fails, or ``FASTBERT_CPU_ATTENTION=0``, :func:`available` is
+False, :func:`status` says why, and the torch backend keeps its own attention. Nothing is
+compiled at import.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from fastbert.settings import CPU_ATTENTION, cache_dir
+from fastbert.settings import CPU_ATTENTION
+
+from . import cpu_library
+from .cpu_library import Library
 
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
 ENVIRONMENT_SWITCH = CPU_ATTENTION.name
@@ -41,87 +33,9 @@ HEAD_DIMS = (32, 64)
 # The library's function per dtype.
 _ENTRY_POINTS = {torch.bfloat16: "fastbert_attention_bf16", torch.float32: "fastbert_attention_f32"}
 DTYPES = tuple(_ENTRY_POINTS)
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++17")
-
-_lock = threading.Lock()
-_library: ctypes.CDLL | None = None
-_status: str | None = None
-_turned_off = False
 
 
-def _cpu_identity() -> str:
-    """The CPU's model name and flags (a build for one CPU must not load on another)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor()
-    wanted = [line for line in lines if line.startswith(("model name", "flags"))]
-    return "\n".join(wanted[:2])
-
-
-def _compiler() -> str | None:
-    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-
-
-def _cache_dir() -> Path:
-    return cache_dir() / "cpu-kernels"
-
-
-def _build(compiler: str) -> Path:
-    """The compiled library's path, building it when this source, compiler and CPU have none
-    yet (into a temporary file, then renamed, so concurrent builds never load a partial one).
-    Raises RuntimeError with the compiler's message when the build fails."""
-    version = subprocess.run(
-        [compiler, "--version"], capture_output=True, text=True, timeout=60
-    ).stdout
-    key = hashlib.sha256(
-        "\0".join(
-            [SOURCE.read_text(), compiler, version, " ".join(FLAGS), _cpu_identity()]
-        ).encode()
-    ).hexdigest()[:16]
-    target = _cache_dir() / f"cpu_attention-{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as work:
-        built = Path(work) / target.name
-        result = subprocess.run(
-            [compiler, *FLAGS, "-o", str(built), str(SOURCE)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if result.returncode != 0:
-            raise RuntimeError(result.stderr.strip().splitlines()[-1] if result.stderr else "")
-        os.replace(built, target)
-    return target
-
-
-def missing_requirement() -> str | None:
-    """Why this machine cannot build the kernel (not Linux on x86-64, no avx512_bf16, no C++
-    compiler), or None."""
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return f"needs Linux on x86-64, this is {platform.system()} on {platform.machine()}"
-    if "avx512_bf16" not in _cpu_identity().split():
-        return "this CPU has no avx512_bf16"
-    if _compiler() is None:
-        return "no C++ compiler found (set $CXX)"
-    return None
-
-
-def _load() -> tuple[ctypes.CDLL | None, str]:
-    if not CPU_ATTENTION.read():
-        return None, f"off (${ENVIRONMENT_SWITCH})"
-    missing = missing_requirement()
-    if missing is not None:
-        return None, f"not built: {missing}"
-    compiler = _compiler()
-    assert compiler is not None
-    try:
-        path = _build(compiler)
-        library = ctypes.CDLL(str(path))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
-        return None, f"not built: {compiler} failed: {error}"
+def _declare(library: ctypes.CDLL) -> None:
     for name in _ENTRY_POINTS.values():
         kernel = getattr(library, name)
         kernel.restype = ctypes.c_int
@@ -137,16 +51,21 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
             ctypes.c_void_p,  # out
             ctypes.c_int,  # threads
         ]
-    return library, f"ready ({path})"
+
+
+_LIBRARY = Library(
+    SOURCE, _declare, "avx512_bf16", CPU_ATTENTION.read, f"off (${ENVIRONMENT_SWITCH})"
+)
+
+
+def missing_requirement() -> str | None:
+    """Why this machine cannot build the kernel (not Linux on x86-64, no avx512_bf16, no C++
+    compiler), or None."""
+    return cpu_library.missing_requirement("avx512_bf16")
 
 
 def _ensure_loaded() -> ctypes.CDLL | None:
-    global _library, _status
-    if _status is None:
-        with _lock:
-            if _status is None:
-                _library, _status = _load()
-    return _library
+    return _LIBRARY.get()
 
 
 def available() -> bool:
@@ -156,21 +75,12 @@ def available() -> bool:
 
 def status() -> str:
     """The kernel's state here: "ready (path)", or why it is not used."""
-    _ensure_loaded()
-    assert _status is not None
-    return _status
+    return _LIBRARY.status()
 
 
-@contextlib.contextmanager
-def turned_off() -> Iterator[None]:
-    """Inside the block, every attention in this process takes the torch path (to compare
-    the two, as benchmarks/cpu_attention_kernel.py does); not for use from several threads."""
-    global _turned_off
-    before, _turned_off = _turned_off, True
-    try:
-        yield
-    finally:
-        _turned_off = before
+# Inside ``with turned_off():`` every attention in this process takes the torch path (to
+# compare the two, as benchmarks/cpu_attention_kernel.py does).
+turned_off = _LIBRARY.paused
 
 
 def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -191,7 +101,7 @@ def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         return False
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         return False
-    return not _turned_off and available()
+    return _LIBRARY.in_use()
 
 
 def attention_varlen(

@@ -43,13 +43,13 @@ def test_a_config_index_is_all_or_a_number() -> None:
 
 
 def test_the_cache_is_one_folder_for_every_reader(monkeypatch, tmp_path) -> None:
-    from fastbert.kernels import cpu_attention
+    from fastbert.kernels import cpu_library
 
     monkeypatch.setenv("FASTBERT_CACHE", "")  # empty: the default, for every reader
     assert settings.cache_dir() == Path.home() / ".cache" / "fastbert"
     monkeypatch.setenv("FASTBERT_CACHE", str(tmp_path))
     assert settings.cache_dir() == tmp_path
-    assert cpu_attention._cache_dir() == tmp_path / "cpu-kernels"
+    assert cpu_library.kernels_dir() == tmp_path / "cpu-kernels"
 
 
 def test_no_reader_of_a_fastbert_variable_outside_the_declarations() -> None:

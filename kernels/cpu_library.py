@@ -1,0 +1,162 @@
+"""Compiled C++ kernels for this CPU: a torch-free source built at first use and loaded with
+ctypes.
+
+:func:`build` compiles a source file with the system's C++ compiler (``$CXX``, else ``g++``)
+for this CPU (``-O3 -march=native -fopenmp``, linked to the OpenMP runtime torch already
+loaded) into ``$FASTBERT_CACHE/cpu-kernels`` (default ``~/.cache/fastbert``), keyed by the
+source, the compiler, the flags and the CPU, so a build for one CPU never loads on another.
+:class:`Library` loads one such source once per process, says why where it cannot (not
+Linux on x86-64, no compiler, a failed build, a missing CPU feature), and a call into it
+releases the GIL. Nothing is compiled at import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from fastbert.settings import cache_dir
+
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++17")
+
+
+def cpu_identity() -> str:
+    """The CPU's model name and flags (a build for one CPU must not load on another)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    wanted = [line for line in lines if line.startswith(("model name", "flags"))]
+    return "\n".join(wanted[:2])
+
+
+def compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def kernels_dir() -> Path:
+    return cache_dir() / "cpu-kernels"
+
+
+def build(source: Path, compiler: str, extra_flags: tuple[str, ...] = ()) -> Path:
+    """The compiled library of ``source``, building it when this source, compiler, flags
+    (:data:`FLAGS` and ``extra_flags``) and CPU have none yet (into a temporary file, then
+    renamed, so concurrent builds never load a partial one). Raises RuntimeError with the
+    compiler's message when the build fails."""
+    flags = (*FLAGS, *extra_flags)
+    version = subprocess.run(
+        [compiler, "--version"], capture_output=True, text=True, timeout=60
+    ).stdout
+    key = hashlib.sha256(
+        "\0".join([source.read_text(), compiler, version, " ".join(flags), cpu_identity()]).encode()
+    ).hexdigest()[:16]
+    target = kernels_dir() / f"{source.stem}-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as work:
+        built = Path(work) / target.name
+        result = subprocess.run(
+            [compiler, *flags, "-o", str(built), str(source)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(result.stderr.strip().splitlines()[-1] if result.stderr else "")
+        os.replace(built, target)
+    return target
+
+
+def missing_requirement(cpu_flag: str | None = None) -> str | None:
+    """Why this machine cannot build a kernel (not Linux on x86-64, no ``cpu_flag`` when one
+    is named, no C++ compiler), or None."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return f"needs Linux on x86-64, this is {platform.system()} on {platform.machine()}"
+    if cpu_flag is not None and cpu_flag not in cpu_identity().split():
+        return f"this CPU has no {cpu_flag}"
+    if compiler() is None:
+        return "no C++ compiler found (set $CXX)"
+    return None
+
+
+class Library:
+    """One compiled source, loaded at the first :meth:`get` of the process.
+
+    ``switched_on()``: whether its setting lets it run (its reason when off: ``off_reason``);
+    ``cpu_flag``: an instruction set the source needs, or None; ``declare(library)`` sets the
+    ctypes signatures of its functions; ``extra_flags``: compiler flags of this source.
+    """
+
+    def __init__(
+        self,
+        source: Path,
+        declare: Callable[[ctypes.CDLL], None],
+        cpu_flag: str | None = None,
+        switched_on: Callable[[], bool] = lambda: True,
+        off_reason: str = "off",
+        extra_flags: tuple[str, ...] = (),
+    ):
+        self.source = source
+        self.declare = declare
+        self.cpu_flag = cpu_flag
+        self.switched_on = switched_on
+        self.off_reason = off_reason
+        self.extra_flags = extra_flags
+        self._lock = threading.Lock()
+        self._library: ctypes.CDLL | None = None
+        self._status: str | None = None
+        self._paused = False
+
+    def _load(self) -> tuple[ctypes.CDLL | None, str]:
+        if not self.switched_on():
+            return None, self.off_reason
+        missing = missing_requirement(self.cpu_flag)
+        if missing is not None:
+            return None, f"not built: {missing}"
+        found = compiler()
+        assert found is not None
+        try:
+            path = build(self.source, found, self.extra_flags)
+            library = ctypes.CDLL(str(path))
+        except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+            return None, f"not built: {found} failed: {error}"
+        self.declare(library)
+        return library, f"ready ({path})"
+
+    def get(self) -> ctypes.CDLL | None:
+        """The loaded library (built at the first call), or None where it cannot run."""
+        if self._status is None:
+            with self._lock:
+                if self._status is None:
+                    self._library, self._status = self._load()
+        return self._library
+
+    def status(self) -> str:
+        """ "ready (path)", or why the library is not used."""
+        self.get()
+        assert self._status is not None
+        return self._status
+
+    def in_use(self) -> bool:
+        """Whether callers run the library now: loaded, and not :meth:`paused`."""
+        return not self._paused and self.get() is not None
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Inside the block, callers that ask :meth:`in_use` take their PyTorch path (to
+        compare the two, as the benchmarks do); not for use from several threads."""
+        before, self._paused = self._paused, True
+        try:
+            yield
+        finally:
+            self._paused = before
