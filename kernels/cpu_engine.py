@@ -13,20 +13,32 @@ results are those of the plain backend within its tolerance:
   as its post-op, reading the weights' packed copies (fastbert.kernels.packed_weights) when
   the caller passes ``packs``.
 
-The other ops (LayerNorm, the embeddings, the softmax, the quantised linears, the SPLADE head)
-are the plain backend's on a CPU too. For int8, oneDNN's quantised linear
-(``torch.ops.onednn.qlinear_pointwise``) takes one activation scale per tensor, not
-fastbert's per-token scales, and kept to those it measured no clear gain over
-``torch._int_mm`` (docs/cpu.md, "int8"). :func:`status` says what the engine runs here.
+- linear_int8: the plain op with the rows' quantisation and the dequantising epilogue around
+  its ``torch._int_mm`` compiled for this CPU (fastbert.kernels.cpu_int8), the same bits as
+  its PyTorch passes. oneDNN's quantised linear
+  (``torch.ops.onednn.qlinear_pointwise``) takes one activation scale per tensor, not
+  fastbert's per-token scales, and kept to those it measured no clear gain over
+  ``torch._int_mm`` (docs/cpu.md, "int8").
+
+The other ops (LayerNorm, the embeddings, the softmax, the fp8 linear, the SPLADE head) are
+the plain backend's on a CPU too. :func:`status` says what the engine runs here.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
 
-from . import cpu_attention, cpu_engine_attention, cpu_engine_linear, packed_weights
+from . import (
+    cpu_attention,
+    cpu_engine_attention,
+    cpu_engine_linear,
+    cpu_int8,
+    packed_weights,
+    torch_ops,
+)
 from .cpu_engine_attention import attention
 
 # The engine's op for each op name of fastbert.kernels.OPS it replaces, with the signature of
@@ -35,6 +47,7 @@ OPS: dict[str, Callable[..., torch.Tensor]] = {
     "attention": cpu_engine_attention.attention_unchecked,
     "attention_varlen": cpu_engine_attention.attention_varlen_unchecked,
     "linear": cpu_engine_linear.linear_unchecked,
+    "linear_int8": functools.partial(torch_ops.linear_int8_unchecked, passes=cpu_int8),
 }
 
 
@@ -51,6 +64,9 @@ def status() -> dict[str, str]:
         "compiled attention": cpu_attention.status(),
         "linear": "oneDNN with post-ops" if onednn else "F.linear (no oneDNN in this torch)",
         "packed weights": "available" if packed_weights.available() else "unavailable",
+        "int8 linear": "torch._int_mm, its quantisation and epilogue compiled"
+        if cpu_int8.available()
+        else f"torch._int_mm and PyTorch's ops (compiled passes {cpu_int8.status()})",
     }
 
 

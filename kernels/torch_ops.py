@@ -39,6 +39,8 @@ host read and the ops trace under ``torch.compile`` and capture into CUDA graphs
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -394,26 +396,38 @@ def _quantized_unchecked(
     activation: str | None,
     residual: torch.Tensor | None,
     input_scale: torch.Tensor | None,
+    passes: Any = None,
 ) -> torch.Tensor:
     n, k = weight.shape
     lead = x.shape[:-1]
     m = x.numel() // k if k else int(torch.Size(lead).numel())
+    compiled = bool(m and n and k) and passes is not None
+    compiled = compiled and passes.takes(x, weight_scale, bias, residual, input_scale)
     if m == 0 or n == 0 or k == 0:
         acc = torch.zeros((m, n), dtype=torch.float32, device=x.device)
         scale = torch.zeros(m, dtype=torch.float32, device=x.device)
+    elif compiled:
+        q, scale = passes.quantize_rows(x.reshape(m, k), input_scale)
+        acc = _int_product(q, weight)
     else:
         q, scale = quantize_rows(x.reshape(m, k), input_scale, quantize)
         acc = _int_product(q, weight) if quantize == "int8" else _fp8_product(q, weight)
-    # Passes over the [M, N] product: int32 to float32 (a no-op for fp8's float32), times the
-    # row scales in place, then times the column scales plus the bias in place. On a CPU the
-    # mixed-dtype torch.mul(int32, float32) is a strided, unvectorised loop, slower than the
-    # conversion and the float32 product together (docs/results.md, "Measurements behind the
-    # code's choices").
-    y = acc.float().mul_(scale[:, None])
-    if bias is not None:
-        torch.addcmul(bias.float(), y, weight_scale, out=y)
+    if compiled:
+        # The compiled epilogue adds the residual too when no activation comes between.
+        fused = None if residual is None or activation is not None else residual.reshape(m, n)
+        y = passes.dequantize(acc, scale, weight_scale.contiguous(), bias, fused)
+        residual = None if fused is not None else residual
     else:
-        y.mul_(weight_scale)
+        # Passes over the [M, N] product: int32 to float32 (a no-op for fp8's float32), times
+        # the row scales in place, then times the column scales plus the bias in place. On a
+        # CPU the mixed-dtype torch.mul(int32, float32) is a strided, unvectorised loop, slower
+        # than the conversion and the float32 product together (docs/results.md,
+        # "Measurements behind the code's choices").
+        y = acc.float().mul_(scale[:, None])
+        if bias is not None:
+            torch.addcmul(bias.float(), y, weight_scale, out=y)
+        else:
+            y.mul_(weight_scale)
     if activation is not None:
         torch._C._nn.gelu_(y, approximate="tanh" if activation == "gelu_tanh" else "none")
     if residual is not None:
@@ -429,9 +443,16 @@ def linear_int8_unchecked(
     activation: str | None = None,
     residual: torch.Tensor | None = None,
     input_scale: torch.Tensor | None = None,
+    *,
+    passes: Any = None,
 ) -> torch.Tensor:
+    """:func:`linear_int8` without its checks. ``passes``: where the rows' quantisation and
+    the product's dequantising epilogue run when ``passes.takes(x, weight_scale, bias,
+    residual, input_scale)`` (``passes.quantize_rows`` and ``passes.dequantize``, the same
+    bits as PyTorch's ops here: the CPU engine's compiled ones, fastbert.kernels.cpu_int8);
+    None runs PyTorch's."""
     return _quantized_unchecked(
-        "int8", x, weight, weight_scale, bias, activation, residual, input_scale
+        "int8", x, weight, weight_scale, bias, activation, residual, input_scale, passes
     )
 
 

@@ -23,12 +23,12 @@ def test_info_reports_versions_and_backends(capsys) -> None:
     for key in ("torch", "triton", "backend torch", "backend triton", "backend auto"):
         assert re.search(rf"^{key}\s", out, re.M), out
     # The CPU engine's row names what runs its linears and whether packed weights can.
-    assert re.search(r"^cpu engine\s+linear: .+; packed weights: \w+$", out, re.M), out
-    # The int8 row names the CPU's int8 instructions, and prefers bfloat16 where it is native.
+    assert re.search(r"^cpu engine\s+linear: .+; packed weights: \w+; int8 linear: .+$", out, re.M)
+    # The int8 row says what runs int8 and, where bfloat16 is native, how the two compare.
     from fastbert.execution import cpu
 
-    int8 = re.search(r"^cpu int8\s+(.+)$", out, re.M)
-    assert int8 and ("prefer dtype bfloat16" in int8[1]) == (cpu.native_bf16() is not None), out
+    int8 = re.search(r"^cpu int8\s+quantize int8: (.+)$", out, re.M)
+    assert int8 and ("dtype bfloat16" in int8[1]) == (cpu.native_bf16() is not None), out
 
 
 def test_demo_embeddings_match(capsys) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.metadata
 import re
 import sys
@@ -25,6 +26,10 @@ def test_every_package_folder_is_listed() -> None:
     found.add("fastbert.kernels")  # kernels/ is installed under fastbert (see package-dir)
     assert found == listed, f"pyproject lists {sorted(listed)}, the tree has {sorted(found)}"
     assert config["package-dir"]["fastbert.kernels"] == "kernels"
+    # The C++ sources the CPU engine compiles at first use ship with the package.
+    sources = sorted(p.name for p in (ROOT / "kernels").glob("*.cpp"))
+    shipped = config["package-data"]["fastbert.kernels"]
+    assert sources and all(any(fnmatch.fnmatch(s, g) for g in shipped) for s in sources)
 
 
 HF_PACKAGES = ("transformers", "sentence_transformers")

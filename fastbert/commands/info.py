@@ -88,20 +88,28 @@ def cpu_bf16_advice() -> str:
 
 
 def cpu_int8_advice() -> str:
-    """What quantize="int8" runs on here, and whether bfloat16 is the better lossy choice:
-    where bfloat16 is native, it embedded as fast as int8 or faster, with about a tenth of
-    int8's error, on both CPU classes measured (docs/results.md)."""
+    """What quantize="int8" runs on here, and how it compares with bfloat16 where that is
+    native: bfloat16 has about a tenth of int8's error; int8 with its quantisation and
+    epilogue compiled ran faster than bfloat16, without them no faster (docs/results.md)."""
     from fastbert.execution import cpu
+    from fastbert.kernels import cpu_int8
 
     flags = cpu.cpu_flags()
     units = [f for f in ("amx_int8", "avx512_vnni", "avx_vnni") if f in flags]
     where = f"int8 dot products on {units[0]}" if units else "no int8 dot-product instructions"
-    if cpu.native_bf16() is not None:
+    compiled = cpu_int8.available()
+    where += ", quantisation and epilogue compiled" if compiled else ", PyTorch's passes"
+    if cpu.native_bf16() is None:
+        return f"quantize int8: {where}; faster than float32 and lossy (docs/cpu.md)"
+    if compiled:
         return (
-            f"quantize int8: {where}; with native bfloat16 here, prefer dtype bfloat16: as fast "
-            "or faster, about 10x smaller error (docs/results.md)"
+            f"quantize int8: {where}; dtype bfloat16 (native here) has about a tenth of its "
+            "error, int8 the speed where measured (docs/results.md)"
         )
-    return f"quantize int8: {where}; faster than float32 and lossy (accuracy in docs/cpu.md)"
+    return (
+        f"quantize int8: {where}; prefer dtype bfloat16 (native here): as fast or faster "
+        "without the compiled passes, about a tenth of the error (docs/results.md)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
