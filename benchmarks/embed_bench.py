@@ -23,6 +23,9 @@ to embeddings; the model loaded beforehand and not timed):
   ``packed=False``: the ids padded into a batch with a mask, the model's padded entry, pooling
   over the mask), which a folder with a sentence-transformers module runs and every folder ran
   before the packed path: the packed path's gain, measured in the same run.
+- ``fastbert.embed(texts)`` int8 with the linear's quantisation and epilogue in PyTorch's ops
+  instead of the CPU engine's compiled passes (kernels/cpu_int8.cpp; the same bits): what
+  the compiled passes gain, in the same run.
 - ``st.encode``: sentence-transformers as shipped (batch_size 32, its default).
 - The peers, when their packages are installed (``pip install 'fastbert[peers]'``; see
   benchmarks/embed_peers.py): ONNX Runtime on the BERT-fused graph in fp32 and with dynamic
@@ -126,17 +129,22 @@ FASTBERT = {
         "fastbert.embed(texts) bf16, padded route", "bfloat16", 0.999
     ),
     "fastbert-int8-padded": Contender("fastbert.embed(texts) int8, padded route", "int8", 0.99),
+    # int8 with the quantisation and epilogue in PyTorch's ops rather than the CPU engine's
+    # compiled passes (fastbert.kernels.cpu_int8): what those passes gain, the same bits.
+    "fastbert-int8-torch": Contender("fastbert.embed(texts) int8, PyTorch's passes", "int8", 0.99),
 }
 # The EmbedOptions of those rows.
 LOSSY = {"fastbert-bf16": {"dtype": "bfloat16"}, "fastbert-int8": {"quantize": "int8"}}
 PADDED = {"fastbert-list-padded": "fastbert-list", "fastbert-bf16-padded": "fastbert-bf16"}
 PADDED["fastbert-int8-padded"] = "fastbert-int8"
+# Rows that run another row's model with the CPU engine's compiled int8 passes turned off.
+TORCH_PASSES = {"fastbert-int8-torch": "fastbert-int8"}
 
 
 def cannot_run(key: str, config: Any) -> str | None:
     """Why contender ``key`` cannot run a model of ``config`` (fastbert's BertConfig), or
     None: fastbert's int8 path has no gated (GeGLU) FFN (ModernBERT)."""
-    if key in ("fastbert-int8", "fastbert-int8-padded") and config.glu:
+    if key in ("fastbert-int8", "fastbert-int8-padded", "fastbert-int8-torch") and config.glu:
         return "fastbert's int8 quantisation does not run gated (GeGLU) FFNs"
     return None
 
@@ -215,6 +223,9 @@ def contenders(
             runs[key] = embed_command
         elif key in ("fastbert-list", "fastbert-list-padded"):
             runs[key] = embed_list(route(loaded.job(False), key))
+        elif key in TORCH_PASSES:
+            lossy = load_options(dataclasses.replace(options, **LOSSY[TORCH_PASSES[key]]))
+            runs[key] = with_torch_passes(embed_list(lossy.job(False)))
         elif PADDED.get(key, key) in LOSSY:
             lossy = load_options(dataclasses.replace(options, **LOSSY[PADDED.get(key, key)]))
             runs[key] = embed_list(route(lossy.job(False), key))
@@ -234,6 +245,17 @@ def route(job: Any, key: str) -> Any:
     if key in PADDED:
         job.encoder = dataclasses.replace(job.encoder, packed=False)
     return job
+
+
+def with_torch_passes(embed: Callable[[list[str]], np.ndarray]) -> Callable:
+    """``embed`` run with the int8 linear's quantisation and epilogue in PyTorch's ops."""
+    from fastbert.kernels import cpu_int8
+
+    def run(batch: list[str]) -> np.ndarray:
+        with cpu_int8.turned_off():
+            return embed(batch)
+
+    return run
 
 
 def read_shards(folder: Path) -> np.ndarray:

@@ -246,7 +246,7 @@ def test_a_contender_the_model_cannot_run(monkeypatch, capsys, tmp_path) -> None
     argv = ["--out", str(tmp_path), "--docs", "4", "--gemm-seconds", "0"]
     with pytest.raises(_Chosen) as ran:
         embed_bench.main([*argv, "--model", "modernbert-base", "--contenders", "fastbert"])
-    int8 = ("fastbert-int8", "fastbert-int8-padded")
+    int8 = ("fastbert-int8", "fastbert-int8-padded", "fastbert-int8-torch")
     assert ran.value.args[0] == [k for k in embed_bench.FASTBERT if k not in int8]
     assert "int8: not run: fastbert's int8 quantisation" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
@@ -269,3 +269,9 @@ def test_padded_rows_run_the_padded_route(monkeypatch) -> None:
     monkeypatch.setattr(FolderPipeline, "__post_init__", FolderPipeline.__post_init__)
     padded_route.use_padded_route()
     assert not fastbert.load(packaged_minilm_path()).encoder.packed
+
+
+def test_the_torch_passes_row_turns_the_compiled_int8_passes_off() -> None:
+    from fastbert.kernels import cpu_int8
+
+    assert embed_bench.with_torch_passes(lambda batch: cpu_int8.available())([]) is False
