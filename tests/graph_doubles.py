@@ -14,8 +14,9 @@ class ReplayingGraphs(graphs.EncoderGraphs):
 
     DEVICE_TYPE = "cpu"
 
-    def __init__(self, setting):
+    def __init__(self, setting, device_type: str = "cpu"):
         super().__init__(setting)
+        self.DEVICE_TYPE = device_type  # where the model under test runs (the GPU run: cuda)
         self.replays = 0
 
     def _record(self, forward):

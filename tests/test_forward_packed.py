@@ -123,3 +123,51 @@ def test_triton_backend_forward_packed_matches_hf(device: str) -> None:
     with torch.no_grad():
         got = ours.forward_packed(*_packed(ids, mask))
     assert (got - expected).abs().max().item() <= BOUND
+
+
+def _packed_calls(device: str):
+    """Packed inputs of four calls of three sequences (a graph's key holds the number of
+    sequences too): three in the size bucket of 64 tokens (max_seqlen 16), one in that of 128
+    (max_seqlen 32)."""
+    for seed, lengths in enumerate([[9, 5, 6], [3, 9, 5], [1, 2, 9], [30, 30, 10]]):
+        ids, mask, _ = padded_batch(lengths, seed=seed, device=device)
+        yield _packed(ids, mask)
+
+
+def test_packed_input_replays_a_graph_per_size_bucket(device: str) -> None:
+    """forward_packed keys its CUDA graphs on the packed size bucket (the CPU stand-in for
+    graphs checks the bookkeeping; the Triton kernels under the interpreter run it), and a
+    replayed call gives the eager call's values."""
+    from tests.graph_doubles import ReplayingGraphs
+    from tests.hf_models import inference_model
+
+    hf = _hf("bert")
+    options = dict(device=device, backend="triton", cuda_graphs=False)
+    eager = inference_model(hf, **options)
+    graphed = inference_model(hf, **options)
+    graphed.runner.graphs = ReplayingGraphs(True, torch.device(device).type)
+    for ids, cu_seqlens in _packed_calls(device):
+        got = graphed.forward_packed(ids, cu_seqlens)
+        torch.testing.assert_close(got, eager.forward_packed(ids, cu_seqlens), atol=1e-5, rtol=0)
+        assert got.shape == (ids.numel(), 64)
+    assert (graphed.runner.graphs.captures, graphed.runner.graphs.replays) == (2, 4)
+    assert [key[-1] for key in graphed.runner.graphs.graphs] == [16, 32]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_forward_packed_cuda_graphs_on_gpu(dtype) -> None:
+    """On a GPU, packed calls replayed from real CUDA graphs give the eager packed call's
+    values, and both stay as close to the float32 model as the padded entry does."""
+    from tests.hf_models import inference_model
+
+    hf = _hf("bert")
+    reference = inference_model(hf, device="cuda", cuda_graphs=False)
+    eager = inference_model(hf, dtype=dtype, device="cuda", cuda_graphs=False)
+    graphed = inference_model(hf, dtype=dtype, device="cuda", cuda_graphs=True)
+    for ids, cu_seqlens in _packed_calls("cuda"):
+        want = reference.forward_packed(ids, cu_seqlens)
+        got = graphed.forward_packed(ids, cu_seqlens)
+        assert torch.equal(got, eager.forward_packed(ids, cu_seqlens))
+        assert (got.float() - want).abs().max().item() <= 3e-2
+    assert len(graphed.runner.graphs.graphs) == 2 and not graphed.runner.graphs.failed

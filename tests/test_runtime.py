@@ -308,7 +308,7 @@ def test_padding_free_graphs_replay_per_size_bucket(device, backend) -> None:
     )
     eager = inference_model(hf, **options)
     graphed = inference_model(hf, **options)
-    graphed.runner.graphs = ReplayingGraphs(True)
+    graphed.runner.graphs = ReplayingGraphs(True, torch.device(device).type)
     hf = hf.to(device)
     # 20, 17 and 10 real tokens, longest 9 (bucket 64, max_seqlen 16), with a fully padded
     # row; then 70 tokens, longest 30 (bucket 128, max_seqlen 32).
