@@ -10,9 +10,7 @@ import sys
 from fastbert.commands.options import (
     CommandError,
     UsageError,
-    add_backend_argument,
-    add_device_argument,
-    add_quantize_argument,
+    add_inference_arguments,
     positive_int,
 )
 
@@ -134,21 +132,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="L2-normalise the embeddings (default: when the "
         "sentence-transformers folder has a Normalize module)",
     )
-    parser.add_argument(
-        "--dtype",
-        choices=("float32", "float16", "bfloat16"),
-        default=None,
-        help="compute dtype (default: float16 on CUDA, float32 on the CPU)",
-    )
+    add_inference_arguments(parser)
     parser.add_argument(
         "--store-dtype",
         choices=("float32", "float16"),
         default="float32",
         help="dtype of the stored embeddings (float16 needs --dtype float16)",
     )
-    add_device_argument(parser)
-    add_backend_argument(parser)
-    add_quantize_argument(parser)
     parser.add_argument(
         "--skip-bad",
         action="store_true",

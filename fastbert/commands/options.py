@@ -1,6 +1,6 @@
-"""What the subcommands share: argument types that validate as argparse parses, the device
-and backend options, and the two ways a command fails (see fastbert/cli.py for the exit
-codes)."""
+"""What the subcommands share: argument types that validate as argparse parses, the device,
+dtype, backend and quantize options, and the two ways a command fails (see fastbert/cli.py for
+the exit codes)."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def resolve_device(name: str | None) -> torch.device:
 
 
 def add_quantize_argument(parser: argparse.ArgumentParser) -> None:
-    """--quantize of the commands that load a model for inference (embed, serve)."""
+    """--quantize of the commands that load a model for inference."""
     parser.add_argument(
         "--quantize",
         choices=("int8", "fp8"),
@@ -120,3 +120,17 @@ def add_quantize_argument(parser: argparse.ArgumentParser) -> None:
         "or newer GPU (on a CPU it is an emulation, for accuracy only) (default: exact, "
         "unquantised)",
     )
+
+
+def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
+    """--device, --dtype, --backend and --quantize of the commands that load a model for
+    inference (embed, serve); left out, each is the device's default."""
+    add_device_argument(parser)
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "float16", "bfloat16"),
+        default=None,
+        help="compute dtype (default: float16 on CUDA, float32 on the CPU)",
+    )
+    add_backend_argument(parser)
+    add_quantize_argument(parser)

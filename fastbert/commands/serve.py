@@ -8,9 +8,7 @@ import argparse
 from fastbert.commands.options import (
     CommandError,
     UsageError,
-    add_backend_argument,
-    add_device_argument,
-    add_quantize_argument,
+    add_inference_arguments,
     positive_int,
 )
 
@@ -43,15 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--port", type=_port, default=8080, help="port (default: 8080; 0: any free)"
     )
-    add_device_argument(parser)
-    parser.add_argument(
-        "--dtype",
-        choices=("float32", "float16", "bfloat16"),
-        default=None,
-        help="compute dtype (default: float16 on CUDA, float32 on the CPU)",
-    )
-    add_backend_argument(parser)
-    add_quantize_argument(parser)
+    add_inference_arguments(parser)
     parser.add_argument(
         "--max-batch-tokens",
         type=positive_int,
