@@ -324,7 +324,17 @@ def test_folders_run_the_packed_path_unless_a_module_needs_the_padded_batch(
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(BertModel, name, spy)
-    packed = loaded.embed(TEXTS)
+    # The packed path reads no mask back and packs nothing again: the padded entry's host
+    # read of the row lengths and its packing are never called.
+    from fastbert.execution import runtime, validation
+
+    def never(*args, **kwargs):
+        raise AssertionError("the packed path read or packed a padded batch")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(validation, "read_batch", never)
+        patched.setattr(runtime, "pack", never)
+        packed = loaded.embed(TEXTS)
     assert loaded.encoder.packed and set(entries) == {"forward_packed"}
     entries.clear()
     padded_encoder = dataclasses.replace(loaded.encoder, packed=False)
