@@ -89,6 +89,24 @@ def load_rows(
         return tl.load(ptrs, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
 
 
+@triton.jit
+def load_all_rows(
+    base,  # pointer to element (row 0, column 0) of a [rows, HEAD_DIM] tile source
+    offs_row,
+    stride_row,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Rows ``offs_row`` of a row-major tile, all of them in bounds (zero-padded past
+    HEAD_DIM to BLOCK_D): ``load_rows`` without the per-row predicate."""
+    offs_d = tl.arange(0, BLOCK_D)
+    ptrs = base + offs_row[:, None] * stride_row + offs_d[None, :]
+    if HEAD_DIM == BLOCK_D:
+        return tl.load(ptrs)
+    else:
+        return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+
+
 def rotary_table(rotary: torch.Tensor, length: int) -> torch.Tensor:
     """float32 [length, D]: row p holds cos(p * rotary) then sin(p * rotary) (rotary: float32
     [D / 2] inverse frequencies), the angle rounded to float32 and cos / sin taken by torch in

@@ -93,6 +93,7 @@ import triton
 import triton.language as tl
 
 from . import checks, dropout, reference, torch_ops
+from .attention_configs import keep_forward as keep
 from .attention_launch import (
     AUTOTUNE_KEY,
     SUPPORTED_HEAD_DIMS,
@@ -116,6 +117,7 @@ from .attention_tiles import (
     bias_tile,
     dropout_origin,
     head_base,
+    load_all_rows,
     load_rows,
     rotate_rows,
     window_keys,
@@ -153,57 +155,6 @@ _INTERPRETER_CONFIG = _TUNE_SPACE[0]
 _TRITON_3_6_MAXNREG = {(64, 32, 8, 2): 255, (64, 32, 4, 4): 255}
 
 
-def keep(
-    config: triton.Config,
-    block_d: int,
-    elem_bytes: int,
-    is_varlen: bool = False,
-    has_mask: bool = False,
-    has_bias: bool = False,
-    has_rotary: bool = False,
-    has_dropout: bool = False,
-) -> bool:
-    """Whether ``config`` suits a BLOCK_D-wide head in a dtype of ``elem_bytes`` bytes.
-
-    The budget is the fp32 values each thread holds for the accumulator and the score tile,
-    (BLOCK_M * BLOCK_D + BLOCK_M * BLOCK_N) / threads: up to 80 for fp16/bf16 (tensor-core
-    products); for fp32, whose exact IEEE products run on the FMA units with both operands in
-    registers, up to 40, up to 32 with the key-padding mask (V's load then depends on the
-    mask's values: at 40 it spills about 1 KB per thread on sm_90), and up to 24 in the
-    padding-free variant, whose grid-stride loop over query blocks keeps more values live (at
-    32 to 40 it spills 80 to 280 bytes per thread). Within these budgets every config compiles
-    for sm_80 and sm_90 without register spills, or with at most a few dozen bytes
-    (tests/compile_cases/attention.py reports them). With a relative position bias the score
-    tile counts twice (the bias tile and its buckets are live beside it) and 16-bit gets 80, 64
-    padding-free: above, sm_80 spilled (40 bytes per thread at 64x64 D=64, kilobytes at
-    128x128 D=32; padding-free, 8 to 28 bytes at 64x32 D=128). With rotary positions the key
-    tile is rotated in float32 beside its cos and sin: 2 * BLOCK_N * BLOCK_D more values
-    (above the budget, sm_80 spilled 4 to 224 bytes per thread: 64x64 D=64 in every variant,
-    128x64 D=64, 128x128 D=32, 64x32 D=128; and a 4-stage 64x32 tile of D=80 or 96, whose
-    partner and table loads are pipelined too, needed 192 KB of shared memory).
-
-    Triton 3.6 (``TRITON_3_6``) holds more: with rotary positions 16-bit gets 72 (at 80, 64x32
-    D=64 spilled 8 bytes on sm_80 whatever the register cap), and padding-free with dropout
-    (``has_dropout``) 48 (at 64, 64x64 D=64 spilled 32 bytes on sm_80 at 255 registers).
-    """
-    block_m, block_n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
-    scores = 2 * block_n if has_bias else block_n
-    threads = 32 * config.num_warps
-    values_per_thread = block_m * (block_d + scores) // threads
-    if has_rotary:
-        values_per_thread += 2 * block_n * block_d // threads
-    if elem_bytes != 4:
-        budget = 64 if has_bias and is_varlen else 80
-        if TRITON_3_6 and has_rotary:
-            budget = 72
-        if TRITON_3_6 and has_dropout and is_varlen:
-            budget = 48
-        return values_per_thread <= budget
-    if is_varlen:
-        return values_per_thread <= 24
-    return values_per_thread <= (32 if has_mask else 40)
-
-
 def configs() -> list[triton.Config]:
     """Autotune configs; a single one under the interpreter (it runs every config it is given)."""
     return tune_configs(_TUNE_SPACE, _TRITON_3_6_MAXNREG if TRITON_3_6 else None)
@@ -217,24 +168,6 @@ def _variant(args: dict) -> tuple[bool, ...]:
 
 # Autotuner hook: the configs ``keep`` allows for a launch's BLOCK_D, dtype and variant.
 _prune = pruner(keep, _variant)
-
-
-@triton.jit
-def _load_all_rows(
-    base,  # pointer to element (row 0, column 0) of a [rows, HEAD_DIM] tile source
-    offs_row,
-    stride_row,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    """Rows ``offs_row`` of a row-major tile, all of them in bounds (zero-padded past
-    HEAD_DIM to BLOCK_D): ``load_rows`` without the per-row predicate."""
-    offs_d = tl.arange(0, BLOCK_D)
-    ptrs = base + offs_row[:, None] * stride_row + offs_d[None, :]
-    if HEAD_DIM == BLOCK_D:
-        return tl.load(ptrs)
-    else:
-        return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
 
 
 @triton.jit
@@ -339,11 +272,11 @@ def _attend_tile(
         m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.math.exp2(qk - m_shift[:, None])
     else:
-        k = _load_all_rows(k_base, offs_n, stride_k_s, HEAD_DIM, BLOCK_D)
+        k = load_all_rows(k_base, offs_n, stride_k_s, HEAD_DIM, BLOCK_D)
         if ROTARY:
             every = offs_n >= 0
             k = rotate_rows(k, k_base, offs_n, stride_k_s, every, offs_n, rotary, HEAD_DIM, BLOCK_D)
-        v = _load_all_rows(v_base, offs_n, stride_v_s, HEAD_DIM, BLOCK_D)
+        v = load_all_rows(v_base, offs_n, stride_v_s, HEAD_DIM, BLOCK_D)
         qk = tl.dot(q, tl.trans(k), input_precision="ieee")
         # Finite after any real key (m_i = -inf only before the first tile).
         if HAS_BIAS:

@@ -56,6 +56,7 @@ import triton
 import triton.language as tl
 
 from . import dropout
+from .attention_configs import keep_backward as keep
 from .attention_launch import (
     AUTOTUNE_KEY,
     Sequences,
@@ -102,56 +103,6 @@ _DKDV_TUNE_SPACE_TRITON_3_6 = (
     (16, 128, 8, 2),
 )
 _DQ_TUNE_SPACE_TRITON_3_6 = (*_DQ_TUNE_SPACE, (64, 16, 8, 2))
-
-
-def keep(
-    config: triton.Config,
-    block_d: int,
-    elem_bytes: int,
-    is_dkdv: bool,
-    has_bias: bool = False,
-    has_rotary: bool = False,
-) -> bool:
-    """Whether ``config`` suits a BLOCK_D-wide head in a dtype of ``elem_bytes`` bytes.
-
-    The measure is the fp32 values each thread holds for the program's accumulators (dK and
-    dV, or dQ) and two score-sized tiles. For fp16 / bf16 the budgets (72 for dK / dV, 96 for
-    dQ) are where the compiles for sm_80 and sm_90 stop spilling registers, dropout included
-    (tests/compile_cases/attention_backward.py); fp32, whose exact IEEE products hold both
-    operands in registers, gets 40 and 48 (it may still spill a little; the compile report
-    lists it).
-
-    A relative position bias adds score-sized tiles: the bias (one more in the dK / dV pass)
-    and, in the dQ pass, the buckets and the per-bucket sums of dS (two more), and the dQ pass
-    keeps 64-row tiles (with 32 rows it held loop state on the stack on sm_90). Within these
-    budgets the bias variants of head dims 32 and 64 (MPNet's) compile without spills; wider
-    heads find no config and run the first one, which spills on sm_80 (8 bytes per thread in
-    dK / dV, 76 in dQ at D=128) and keeps a few words on the stack on sm_90.
-
-    Rotary positions rotate a tile per step (a query tile in dK / dV, a key tile in dQ): the
-    loaded tile, its rotated halves and their cos and sin count as four tiles of it. Above
-    that, sm_80 spilled 224 to 408 bytes per thread (dK / dV 32x64, dQ 128x64 and 64x32 at
-    D=64); D=128 finds no config and runs the first, which spills 144 bytes on sm_80.
-
-    With Triton 3.6 (``TRITON_3_6``) the fp16 / bf16 budgets are lower: dQ 80 (at 96, 64x32 on
-    4 warps spilled 20 to 52 bytes with dropout: D=128, 80 and 96 on sm_90, D=64 with a bias on
-    sm_80), and dK / dV with rotary positions 48 (at 56, 16x64 on 8 warps spilled 4 to 76 bytes
-    on sm_80 at D=64, on one stage or two, where 3.9 fits it in 255 registers).
-    """
-    block_m, block_n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
-    held = 2 * block_n * block_d if is_dkdv else block_m * block_d
-    tiles = 2 + (1 if is_dkdv else 2) * has_bias
-    if has_bias and not is_dkdv and block_m < 64:
-        return False
-    rotated = 4 * (block_m if is_dkdv else block_n) * block_d if has_rotary else 0
-    values_per_thread = (held + tiles * block_m * block_n + rotated) // (32 * config.num_warps)
-    if elem_bytes == 4:
-        return values_per_thread <= (40 if is_dkdv else 48)
-    if is_dkdv:
-        budget = 48 if TRITON_3_6 and has_rotary else 72
-    else:
-        budget = 80 if TRITON_3_6 else 96
-    return values_per_thread <= budget
 
 
 def configs(is_dkdv: bool) -> list[triton.Config]:
