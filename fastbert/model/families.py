@@ -46,6 +46,10 @@ _BERT_EMBEDDINGS = {
     "embeddings.ln_weight": ("embeddings.LayerNorm.weight",),
     "embeddings.ln_bias": ("embeddings.LayerNorm.bias",),
 }
+# The same without the token-type table (DistilBERT, MPNet).
+_BERT_EMBEDDINGS_WITHOUT_TOKEN_TYPES = {
+    k: v for k, v in _BERT_EMBEDDINGS.items() if k != "embeddings.token_type"
+}
 # fastbert BertLayer parameter name -> Hugging Face names under one layer.
 _BERT_LAYER = {
     "qkv_weight": tuple(f"attention.self.{n}.weight" for n in ("query", "key", "value")),
@@ -255,7 +259,7 @@ DISTILBERT = Family(
     },
     # No token types; every DistilBERT LayerNorm is built with eps=1e-12.
     config_constants={"type_vocab_size": 0, "layer_norm_eps": 1e-12},
-    embeddings={k: v for k, v in _BERT_EMBEDDINGS.items() if k != "embeddings.token_type"},
+    embeddings=dict(_BERT_EMBEDDINGS_WITHOUT_TOKEN_TYPES),
     layer_prefix="transformer.layer",
     layer={
         "qkv_weight": tuple(f"attention.{n}_lin.weight" for n in "qkv"),
@@ -295,7 +299,7 @@ MPNET = Family(
     # No token types; positions count from padding index 1 (Hugging Face's MPNetEmbeddings
     # fixes it at 1, whatever the config's pad_token_id).
     config_constants={"type_vocab_size": 0, "position_scheme": "padding_offset", "pad_token_id": 1},
-    embeddings={k: v for k, v in _BERT_EMBEDDINGS.items() if k != "embeddings.token_type"},
+    embeddings=dict(_BERT_EMBEDDINGS_WITHOUT_TOKEN_TYPES),
     layer={
         "qkv_weight": tuple(f"attention.attn.{n}.weight" for n in "qkv"),
         "qkv_bias": tuple(f"attention.attn.{n}.bias" for n in "qkv"),
