@@ -20,6 +20,7 @@ import fastbert  # noqa: E402
 from fastbert.embedding import api  # noqa: E402
 from fastbert.embedding.text_model import InputTooLong  # noqa: E402
 from fastbert.integrations import models  # noqa: E402
+from tests.hf_models import tiny_config  # noqa: E402
 from tests.test_embed import corpus  # noqa: E402
 
 COSINE = 0.99999
@@ -159,12 +160,9 @@ def save_classifier(folder: Path, num_labels: int = 1, seed: int = 0) -> Path:
     """A small random BERT sequence classifier saved with the MiniLM tokenizer."""
     transformers = models.import_transformers()
     torch.manual_seed(seed)
-    config = transformers.BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
+    config = tiny_config(
+        vocab_size=30522,  # the MiniLM tokenizer's
+        max_position_embeddings=512,
         num_labels=num_labels,
         architectures=["BertForSequenceClassification"],
     )
