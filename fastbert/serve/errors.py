@@ -105,5 +105,5 @@ class Unhealthy(ServeError):
     status, error_type = 503, "unhealthy"
 
 
-class ShuttingDown(ServeError):
-    status, error_type = 503, "unhealthy"
+class ShuttingDown(Unhealthy):
+    """A request that arrives after the server began to stop: answered as an unhealthy one."""
