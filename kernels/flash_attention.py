@@ -98,13 +98,13 @@ from .attention_launch import (
     AUTOTUNE_KEY,
     SUPPORTED_HEAD_DIMS,
     Sequences,
-    check_kernel_inputs,
     checked_grid,
     dense,
     head_strides,
     packed,
+    prepare_dense,
+    prepare_packed,
     pruner,
-    resolve_scale,
     rotary_factors,
     row_strides,
     scaled_bias_table,
@@ -125,7 +125,7 @@ from .attention_tiles import (
 from .dropout import seed_value
 from .flash_attention_backward import attention_backward, attention_varlen_backward
 from .launch import TRITON_3_6, cdiv, launch_lock, time_config
-from .op import Kernel, Op, dropout_seed, placeholder
+from .op import Kernel, Op, placeholder
 
 # Mask entries each step of the scan for whole tiles of real keys reads (see _key_ranges).
 MASK_SCAN_BLOCK = tl.constexpr(256)
@@ -212,25 +212,13 @@ def _key_ranges(
 @triton.jit
 def _attend_tile(
     q,
-    k_base,  # pointer to key 0, column 0 of this (batch, head)
-    v_base,  # pointer to value 0, column 0 of this (batch, head)
-    mask_base,  # pointer to the key-padding mask row of this batch (HAS_MASK only)
-    stride_k_s,
-    stride_v_s,
-    stride_mask_s,
+    keys,  # where the keys, values and mask row of this (batch, head) are: see _attend_rows
     start_n,
     end,  # keys from here on are masked or past the sequence (BOUNDED, MASKED)
-    qk_scale,  # scale * log2(e); >= 0 for ALL_REAL
     m_i,
     l_i,
     acc,
-    drop_rows,  # int64 [BLOCK_M]: dropout offset of each query row's key 0 (HAS_DROPOUT only)
-    dropout_p,
-    seed,
-    bias_base,  # pointer to this head's row of the log2(e)-scaled bias table (HAS_BIAS only)
-    offs_m,  # int32 [BLOCK_M]: the query rows' positions in their sequence (HAS_BIAS, WINDOW)
-    rotary,  # float32 [L, HEAD_DIM] cos and sin of each position (ROTARY only)
-    window,  # keys farther than this from a query are excluded (WINDOW only)
+    scoring,  # the scale and the variants' inputs of this query block: see _attend_rows
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -247,7 +235,9 @@ def _attend_tile(
     probabilities are dropped after the row sum took them all. HAS_BIAS adds each score's
     relative position bias after the scale (the scale then never folds into the FFMA). ROTARY
     rotates the key tile as it is loaded; WINDOW (checked tiles only) excludes the scores of
-    keys farther than ``window`` from their query."""
+    keys farther than ``window`` from their query. ``qk_scale`` is >= 0 for ALL_REAL."""
+    k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s = keys
+    qk_scale, drop_rows, dropout_p, seed, bias_base, offs_m, rotary, window = scoring
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if KEYS != ALL_REAL:
         real = offs_n < end
@@ -299,21 +289,9 @@ def _attend_tile(
 @triton.jit
 def _attend_rows(
     q,
-    k_base,  # pointer to key 0, column 0 of this (batch, head)
-    v_base,  # pointer to value 0, column 0 of this (batch, head)
-    mask_base,  # pointer to the key-padding mask row of this batch (HAS_MASK only)
-    stride_k_s,
-    stride_v_s,
-    stride_mask_s,
+    keys,  # (k_base, v_base, mask_base, stride_k_s, stride_v_s, stride_mask_s), below
     seq_k,
-    qk_scale,
-    drop_rows,  # int64 [BLOCK_M]: dropout offset of each query row's key 0 (HAS_DROPOUT only)
-    dropout_p,
-    seed,
-    bias_base,  # pointer to this head's row of the log2(e)-scaled bias table (HAS_BIAS only)
-    offs_m,  # int32 [BLOCK_M]: the query rows' positions in their sequence
-    rotary,  # float32 [L, HEAD_DIM] cos and sin of each position (ROTARY only)
-    window,  # keys farther than this from a query are excluded (WINDOW only)
+    scoring,  # (qk_scale, drop_rows, dropout_p, seed, bias_base, offs_m, rotary, window)
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -335,7 +313,16 @@ def _attend_rows(
 
     WINDOW: one loop of checked tiles over the keys of ``window_keys`` alone; the tiles wholly
     outside the window of every query of the block are never loaded.
+
+    ``keys``: pointers to key 0 and value 0, column 0, of this (batch, head), to its batch's
+    key-padding mask row (HAS_MASK only), and the three row strides. ``scoring``: scale *
+    log2(e); the int64 [BLOCK_M] dropout offsets of each query row's key 0, p and the seed
+    (HAS_DROPOUT only); the pointer to this head's row of the log2(e)-scaled bias table
+    (HAS_BIAS only); the int32 [BLOCK_M] positions of the query rows in their sequence; the
+    float32 [L, HEAD_DIM] cos and sin of each position (ROTARY only); the window (WINDOW only).
     """
+    mask_base, stride_mask_s = keys[2], keys[5]
+    qk_scale, offs_m, window = scoring[0], scoring[5], scoring[7]
     full_end, bounded_end, end = _key_ranges(mask_base, stride_mask_s, seq_k, BLOCK_N, HAS_MASK)
     full_end = tl.where(qk_scale < 0, 0, full_end)
     lo, hi = 0, end
@@ -352,25 +339,13 @@ def _attend_rows(
         for start_n in range(lo, hi, BLOCK_N):
             m_i, l_i, acc = _attend_tile(
                 q,
-                k_base,
-                v_base,
-                mask_base,
-                stride_k_s,
-                stride_v_s,
-                stride_mask_s,
+                keys,
                 start_n,
                 end,
-                qk_scale,
                 m_i,
                 l_i,
                 acc,
-                drop_rows,
-                dropout_p,
-                seed,
-                bias_base,
-                offs_m,
-                rotary,
-                window,
+                scoring,
                 HEAD_DIM,
                 BLOCK_D,
                 BLOCK_N,
@@ -384,25 +359,13 @@ def _attend_rows(
         for start_n in range(0, full_end, BLOCK_N):
             m_i, l_i, acc = _attend_tile(
                 q,
-                k_base,
-                v_base,
-                mask_base,
-                stride_k_s,
-                stride_v_s,
-                stride_mask_s,
+                keys,
                 start_n,
                 end,
-                qk_scale,
                 m_i,
                 l_i,
                 acc,
-                drop_rows,
-                dropout_p,
-                seed,
-                bias_base,
-                offs_m,
-                rotary,
-                window,
+                scoring,
                 HEAD_DIM,
                 BLOCK_D,
                 BLOCK_N,
@@ -416,25 +379,13 @@ def _attend_rows(
         for start_n in tl.range(full_end, bounded_end, BLOCK_N, num_stages=1):
             m_i, l_i, acc = _attend_tile(
                 q,
-                k_base,
-                v_base,
-                mask_base,
-                stride_k_s,
-                stride_v_s,
-                stride_mask_s,
+                keys,
                 start_n,
                 end,
-                qk_scale,
                 m_i,
                 l_i,
                 acc,
-                drop_rows,
-                dropout_p,
-                seed,
-                bias_base,
-                offs_m,
-                rotary,
-                window,
+                scoring,
                 HEAD_DIM,
                 BLOCK_D,
                 BLOCK_N,
@@ -448,25 +399,13 @@ def _attend_rows(
             for start_n in tl.range(bounded_end, end, BLOCK_N, num_stages=1):
                 m_i, l_i, acc = _attend_tile(
                     q,
-                    k_base,
-                    v_base,
-                    mask_base,
-                    stride_k_s,
-                    stride_v_s,
-                    stride_mask_s,
+                    keys,
                     start_n,
                     end,
-                    qk_scale,
                     m_i,
                     l_i,
                     acc,
-                    drop_rows,
-                    dropout_p,
-                    seed,
-                    bias_base,
-                    offs_m,
-                    rotary,
-                    window,
+                    scoring,
                     HEAD_DIM,
                     BLOCK_D,
                     BLOCK_N,
@@ -483,16 +422,11 @@ def _attend_rows(
 @triton.jit
 def _attend_query_block(
     q_base,  # pointer to query 0, column 0 of this (batch, head)
-    k_base,  # pointer to key 0, column 0 of this (batch, head)
-    v_base,  # pointer to value 0, column 0 of this (batch, head)
+    keys,  # its keys, values and mask row: (k_base, v_base, mask_base, their row strides)
     o_base,  # pointer to output row 0, column 0 of this (batch, head)
-    mask_base,  # pointer to the key-padding mask row of this batch (HAS_MASK only)
     lse_base,  # pointer to the log-sum-exp of query 0 of this (batch, head) (STORE_LSE only)
     stride_q_s,
-    stride_k_s,
-    stride_v_s,
     stride_o_s,
-    stride_mask_s,
     start_m,
     seq_q,
     seq_k,
@@ -524,23 +458,13 @@ def _attend_query_block(
         q = rotate_rows(
             q, q_base, offs_m, stride_q_s, offs_m < seq_q, offs_m, rotary, HEAD_DIM, BLOCK_D
         )
+    drop_rows = drop_origin + offs_m * drop_row_step
+    scoring = (qk_scale, drop_rows, dropout_p, seed, bias_base, offs_m, rotary, window)
     out, lse = _attend_rows(
         q,
-        k_base,
-        v_base,
-        mask_base,
-        stride_k_s,
-        stride_v_s,
-        stride_mask_s,
+        keys,
         seq_k,
-        qk_scale,
-        drop_origin + offs_m * drop_row_step,
-        dropout_p,
-        seed,
-        bias_base,
-        offs_m,
-        rotary,
-        window,
+        scoring,
         HEAD_DIM,
         BLOCK_D,
         BLOCK_M,
@@ -626,9 +550,11 @@ def _attention_fwd_kernel(
     k_base = head_base(K, batch, first, head, stride_k_b, stride_k_h, stride_k_s, IS_VARLEN)
     v_base = head_base(V, batch, first, head, stride_v_b, stride_v_h, stride_v_s, IS_VARLEN)
     o_base = head_base(Out, batch, first, head, stride_o_b, stride_o_h, stride_o_s, IS_VARLEN)
-    mask_base = Mask
+    # Without a mask Mask is None, which a tuple holds only as the constexpr argument itself.
+    keys = (k_base, v_base, Mask, stride_k_s, stride_v_s, stride_mask_s)
     if HAS_MASK:
-        mask_base = Mask + batch.to(tl.int64) * stride_mask_b
+        mask_row = Mask + batch.to(tl.int64) * stride_mask_b
+        keys = (k_base, v_base, mask_row, stride_k_s, stride_v_s, stride_mask_s)
     bias_base = Bias
     if HAS_BIAS:
         bias_base = Bias + head * stride_bias_h
@@ -645,16 +571,11 @@ def _attention_fwd_kernel(
         for start_m in range(tl.program_id(0) * BLOCK_M, seq_q, tl.num_programs(0) * BLOCK_M):
             _attend_query_block(
                 q_base,
-                k_base,
-                v_base,
+                keys,
                 o_base,
-                mask_base,
                 lse_base,
                 stride_q_s,
-                stride_k_s,
-                stride_v_s,
                 stride_o_s,
-                stride_mask_s,
                 start_m,
                 seq_q,
                 seq_k,
@@ -680,16 +601,11 @@ def _attention_fwd_kernel(
     else:
         _attend_query_block(
             q_base,
-            k_base,
-            v_base,
+            keys,
             o_base,
-            mask_base,
             lse_base,
             stride_q_s,
-            stride_k_s,
-            stride_v_s,
             stride_o_s,
-            stride_mask_s,
             tl.program_id(0) * BLOCK_M,
             seq_q,
             seq_k,
@@ -712,63 +628,6 @@ def _attention_fwd_kernel(
             ROTARY,
             WINDOW,
         )
-
-
-def _checked_variants(
-    q: torch.Tensor,
-    relative_bias: torch.Tensor | None,
-    rotary: torch.Tensor | None,
-    window: int | None,
-    dropout_p: float,
-) -> float:
-    """Validate the variant arguments both ops take; dropout_p as the forward takes it."""
-    checks.check_relative_bias(relative_bias, q)
-    checks.check_rotary(rotary, window, q)
-    return dropout.check_dropout_p(dropout_p)
-
-
-def _prepare(
-    q,
-    k,
-    v,
-    key_padding_mask=None,
-    scale=None,
-    dropout_p=0.0,
-    relative_bias=None,
-    rotary=None,
-    window=None,
-) -> tuple:
-    """Validate the dense op's inputs for the kernel; the forward's arguments (scale resolved,
-    the dropout seed drawn)."""
-    checks.check_attention(q, k, v, key_padding_mask, scale)
-    dropout_p = _checked_variants(q, relative_bias, rotary, window, dropout_p)
-    tensors = {"q": q, "k": k, "v": v, "key_padding_mask": key_padding_mask}
-    check_kernel_inputs(tensors, q.shape[-1])
-    seed = dropout_seed(dropout_p)
-    scale = resolve_scale(q, scale)
-    return q, k, v, key_padding_mask, scale, dropout_p, relative_bias, rotary, window, seed
-
-
-def _prepare_varlen(
-    q,
-    k,
-    v,
-    cu_seqlens,
-    max_seqlen,
-    scale=None,
-    dropout_p=0.0,
-    relative_bias=None,
-    rotary=None,
-    window=None,
-) -> tuple:
-    """Validate the padding-free op's inputs for the kernel; the forward's arguments."""
-    checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
-    dropout_p = _checked_variants(q, relative_bias, rotary, window, dropout_p)
-    check_kernel_inputs({"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens}, q.shape[-1])
-    scale = resolve_scale(q, scale)
-    seed = dropout_seed(dropout_p)
-    rest = (relative_bias, rotary, window, seed)
-    return (q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, *rest)
 
 
 _LAUNCH_LOCK = launch_lock()  # one launch at a time across threads (the autotuner's nargs)
@@ -951,7 +810,7 @@ ATTENTION = Op(
     name="attention",
     reference=reference.attention,
     torch=torch_ops.attention_unchecked,
-    prepare=_prepare,
+    prepare=prepare_dense,
     forward=Kernel(
         attention_forward,
         "(Tensor q, Tensor k, Tensor v, Tensor? key_padding_mask, float scale, float dropout_p,"
@@ -993,7 +852,7 @@ ATTENTION_VARLEN = Op(
     name="attention_varlen",
     reference=reference.attention_varlen,
     torch=torch_ops.attention_varlen_unchecked,
-    prepare=_prepare_varlen,
+    prepare=prepare_packed,
     forward=Kernel(
         attention_varlen_forward,
         "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, SymInt max_seqlen, float scale,"
