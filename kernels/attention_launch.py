@@ -1,6 +1,6 @@
 """Host-side pieces the attention forward (flash_attention.py) and backward
 (flash_attention_backward.py) share: their autotune configs and pruning, the checks of what
-the kernels read (the ops' prepare steps), the sequences one launch covers (a padded batch or
+the kernels read, the sequences one launch covers (a padded batch or
 packed sequences) and the arguments every attention kernel takes for them."""
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import triton
 from . import checks, dropout
 from .attention_tiles import LOG2_E, check_grid, clamp_window, rotary_table
 from .launch import check_triton_device, interpreting, next_power_of_2, tuned
-from .op import dropout_seed
 
 SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 128)
 
@@ -93,7 +92,7 @@ def resolve_scale(q: torch.Tensor, scale: float | None) -> float:
     return q.shape[-1] ** -0.5 if scale is None else float(scale)
 
 
-def _checked_variants(
+def checked_variants(
     q: torch.Tensor,
     relative_bias: torch.Tensor | None,
     rotary: torch.Tensor | None,
@@ -104,51 +103,6 @@ def _checked_variants(
     checks.check_relative_bias(relative_bias, q)
     checks.check_rotary(rotary, window, q)
     return dropout.check_dropout_p(dropout_p)
-
-
-def prepare_dense(
-    q,
-    k,
-    v,
-    key_padding_mask=None,
-    scale=None,
-    dropout_p=0.0,
-    relative_bias=None,
-    rotary=None,
-    window=None,
-) -> tuple:
-    """The dense op's ``prepare`` (kernels/op.py): validate its inputs for the kernel; the
-    forward's arguments (scale resolved, the dropout seed drawn)."""
-    checks.check_attention(q, k, v, key_padding_mask, scale)
-    dropout_p = _checked_variants(q, relative_bias, rotary, window, dropout_p)
-    tensors = {"q": q, "k": k, "v": v, "key_padding_mask": key_padding_mask}
-    check_kernel_inputs(tensors, q.shape[-1])
-    seed = dropout_seed(dropout_p)
-    scale = resolve_scale(q, scale)
-    return q, k, v, key_padding_mask, scale, dropout_p, relative_bias, rotary, window, seed
-
-
-def prepare_packed(
-    q,
-    k,
-    v,
-    cu_seqlens,
-    max_seqlen,
-    scale=None,
-    dropout_p=0.0,
-    relative_bias=None,
-    rotary=None,
-    window=None,
-) -> tuple:
-    """The padding-free op's ``prepare``: validate its inputs for the kernel; the forward's
-    arguments."""
-    checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
-    dropout_p = _checked_variants(q, relative_bias, rotary, window, dropout_p)
-    check_kernel_inputs({"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens}, q.shape[-1])
-    scale = resolve_scale(q, scale)
-    seed = dropout_seed(dropout_p)
-    rest = (relative_bias, rotary, window, seed)
-    return (q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, *rest)
 
 
 def scaled_bias_table(bias: torch.Tensor | None) -> torch.Tensor | None:

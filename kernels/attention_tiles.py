@@ -1,7 +1,8 @@
-"""Helpers shared by the attention forward (flash_attention.py) and backward
+"""Tile helpers of the attention forward (flash_attention.py) and backward
 (flash_attention_backward.py) kernels: where a (sequence, head) starts, loading its rows,
-rotating them (RoPE), the keys a sliding window leaves to a query block, numbering its elements
-for dropout, the relative position bias of a tile, and the grid limits."""
+rotating them (RoPE), which keys of a mask row need which checks (the forward's), the keys a
+sliding window leaves to a query block, numbering its elements for dropout, the relative
+position bias of a tile, and the grid limits."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from .reference import RELATIVE_MAX_DISTANCE, relative_position_bucket
 # CUDA's limit on grid axes 1 and 2 (heads, and batch or sequences).
 MAX_GRID_YZ = 65535
 LOG2_E = math.log2(math.e)
+# Mask entries each step of the scan for whole tiles of real keys reads (see key_ranges).
+MASK_SCAN_BLOCK = tl.constexpr(256)
 
 
 def bucket_edges() -> tuple[int, ...]:
@@ -195,6 +198,45 @@ def unrotate_rows(
         sin = tl.load(factors + HEAD_DIM // 2, mask=ok, other=0.0)
         sin = tl.where(first_half[None, :], sin, -sin)
         return x * cos + partner * sin
+
+
+@triton.jit
+def key_ranges(
+    mask_base,  # pointer to the key-padding mask row of this batch (HAS_MASK only)
+    stride_mask_s,
+    seq_k,
+    BLOCK_N: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+):
+    """(full_end, bounded_end, end): keys [0, full_end) are whole BLOCK_N tiles of real keys,
+    which need no masking at all; in keys [full_end, bounded_end) exactly those below ``end``
+    are real (a bounds check suffices); keys [bounded_end, end) need the mask itself (holes,
+    left padding); keys from ``end`` on are all masked (or past seq_k) and are skipped.
+
+    Without a mask, full_end is seq_k rounded down to BLOCK_N and bounded_end = end = seq_k.
+    With one, one pass over the mask row finds the first masked key (full_end rounds it down to
+    BLOCK_N) and the last real key (end is one past it). A right-padded row (real keys a
+    prefix) gets its whole tiles unmasked and at most one bounded tile, never a mask load; a
+    row without real keys gets no tile at all.
+    """
+    if HAS_MASK:
+        offs = tl.arange(0, MASK_SCAN_BLOCK)
+        first_masked = tl.full([MASK_SCAN_BLOCK], seq_k, tl.int32)
+        last_real = tl.full([MASK_SCAN_BLOCK], -1, tl.int32)
+        for start in range(0, seq_k, MASK_SCAN_BLOCK):
+            keys = start + offs
+            inside = keys < seq_k
+            token = tl.load(mask_base + keys * stride_mask_s, mask=inside, other=0)
+            first_masked = tl.minimum(first_masked, tl.where(inside & (token == 0), keys, seq_k))
+            last_real = tl.maximum(last_real, tl.where(token != 0, keys, -1))
+        first_masked = tl.min(first_masked, 0)
+        end = tl.max(last_real, 0) + 1
+    else:
+        first_masked = seq_k
+        end = seq_k
+    full_end = first_masked - first_masked % BLOCK_N
+    bounded_end = tl.where(first_masked >= end, end, full_end)
+    return full_end, bounded_end, end
 
 
 @triton.jit

@@ -98,13 +98,14 @@ from .attention_launch import (
     AUTOTUNE_KEY,
     SUPPORTED_HEAD_DIMS,
     Sequences,
+    check_kernel_inputs,
     checked_grid,
+    checked_variants,
     dense,
     head_strides,
     packed,
-    prepare_dense,
-    prepare_packed,
     pruner,
+    resolve_scale,
     rotary_factors,
     row_strides,
     scaled_bias_table,
@@ -117,6 +118,7 @@ from .attention_tiles import (
     bias_tile,
     dropout_origin,
     head_base,
+    key_ranges,
     load_all_rows,
     load_rows,
     rotate_rows,
@@ -125,10 +127,8 @@ from .attention_tiles import (
 from .dropout import seed_value
 from .flash_attention_backward import attention_backward, attention_varlen_backward
 from .launch import TRITON_3_6, cdiv, launch_lock, time_config
-from .op import Kernel, Op, placeholder
+from .op import Kernel, Op, dropout_seed, placeholder
 
-# Mask entries each step of the scan for whole tiles of real keys reads (see _key_ranges).
-MASK_SCAN_BLOCK = tl.constexpr(256)
 # What one key tile of _attend_tile checks: nothing (every key real), the bound ``end`` (keys
 # from ``end`` on are masked), or the bound and the key-padding mask.
 ALL_REAL = tl.constexpr(0)
@@ -168,45 +168,6 @@ def _variant(args: dict) -> tuple[bool, ...]:
 
 # Autotuner hook: the configs ``keep`` allows for a launch's BLOCK_D, dtype and variant.
 _prune = pruner(keep, _variant)
-
-
-@triton.jit
-def _key_ranges(
-    mask_base,  # pointer to the key-padding mask row of this batch (HAS_MASK only)
-    stride_mask_s,
-    seq_k,
-    BLOCK_N: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-):
-    """(full_end, bounded_end, end): keys [0, full_end) are whole BLOCK_N tiles of real keys,
-    which need no masking at all; in keys [full_end, bounded_end) exactly those below ``end``
-    are real (a bounds check suffices); keys [bounded_end, end) need the mask itself (holes,
-    left padding); keys from ``end`` on are all masked (or past seq_k) and are skipped.
-
-    Without a mask, full_end is seq_k rounded down to BLOCK_N and bounded_end = end = seq_k.
-    With one, one pass over the mask row finds the first masked key (full_end rounds it down to
-    BLOCK_N) and the last real key (end is one past it). A right-padded row (real keys a
-    prefix) gets its whole tiles unmasked and at most one bounded tile, never a mask load; a
-    row without real keys gets no tile at all.
-    """
-    if HAS_MASK:
-        offs = tl.arange(0, MASK_SCAN_BLOCK)
-        first_masked = tl.full([MASK_SCAN_BLOCK], seq_k, tl.int32)
-        last_real = tl.full([MASK_SCAN_BLOCK], -1, tl.int32)
-        for start in range(0, seq_k, MASK_SCAN_BLOCK):
-            keys = start + offs
-            inside = keys < seq_k
-            token = tl.load(mask_base + keys * stride_mask_s, mask=inside, other=0)
-            first_masked = tl.minimum(first_masked, tl.where(inside & (token == 0), keys, seq_k))
-            last_real = tl.maximum(last_real, tl.where(token != 0, keys, -1))
-        first_masked = tl.min(first_masked, 0)
-        end = tl.max(last_real, 0) + 1
-    else:
-        first_masked = seq_k
-        end = seq_k
-    full_end = first_masked - first_masked % BLOCK_N
-    bounded_end = tl.where(first_masked >= end, end, full_end)
-    return full_end, bounded_end, end
 
 
 @triton.jit
@@ -308,7 +269,7 @@ def _attend_rows(
 
     Whole tiles of real keys run without any masking, a partial tile of a prefix of real keys
     with a bounds check, and any other keys up to the last real one with the mask (see
-    ``_key_ranges``). The unmasked path takes the maximum before scaling, which needs
+    ``key_ranges``). The unmasked path takes the maximum before scaling, which needs
     scale >= 0: with a negative scale every tile runs on the checked paths, which scale first.
 
     WINDOW: one loop of checked tiles over the keys of ``window_keys`` alone; the tiles wholly
@@ -323,7 +284,7 @@ def _attend_rows(
     """
     mask_base, stride_mask_s = keys[2], keys[5]
     qk_scale, offs_m, window = scoring[0], scoring[5], scoring[7]
-    full_end, bounded_end, end = _key_ranges(mask_base, stride_mask_s, seq_k, BLOCK_N, HAS_MASK)
+    full_end, bounded_end, end = key_ranges(mask_base, stride_mask_s, seq_k, BLOCK_N, HAS_MASK)
     full_end = tl.where(qk_scale < 0, 0, full_end)
     lo, hi = 0, end
     if WINDOW:
@@ -630,6 +591,50 @@ def _attention_fwd_kernel(
         )
 
 
+def _prepare(
+    q,
+    k,
+    v,
+    key_padding_mask=None,
+    scale=None,
+    dropout_p=0.0,
+    relative_bias=None,
+    rotary=None,
+    window=None,
+) -> tuple:
+    """Validate the dense op's inputs for the kernel; the forward's arguments (scale resolved,
+    the dropout seed drawn)."""
+    checks.check_attention(q, k, v, key_padding_mask, scale)
+    dropout_p = checked_variants(q, relative_bias, rotary, window, dropout_p)
+    tensors = {"q": q, "k": k, "v": v, "key_padding_mask": key_padding_mask}
+    check_kernel_inputs(tensors, q.shape[-1])
+    seed = dropout_seed(dropout_p)
+    scale = resolve_scale(q, scale)
+    return q, k, v, key_padding_mask, scale, dropout_p, relative_bias, rotary, window, seed
+
+
+def _prepare_varlen(
+    q,
+    k,
+    v,
+    cu_seqlens,
+    max_seqlen,
+    scale=None,
+    dropout_p=0.0,
+    relative_bias=None,
+    rotary=None,
+    window=None,
+) -> tuple:
+    """Validate the padding-free op's inputs for the kernel; the forward's arguments."""
+    checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
+    dropout_p = checked_variants(q, relative_bias, rotary, window, dropout_p)
+    check_kernel_inputs({"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens}, q.shape[-1])
+    scale = resolve_scale(q, scale)
+    seed = dropout_seed(dropout_p)
+    rest = (relative_bias, rotary, window, seed)
+    return (q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, *rest)
+
+
 _LAUNCH_LOCK = launch_lock()  # one launch at a time across threads (the autotuner's nargs)
 
 
@@ -810,7 +815,7 @@ ATTENTION = Op(
     name="attention",
     reference=reference.attention,
     torch=torch_ops.attention_unchecked,
-    prepare=prepare_dense,
+    prepare=_prepare,
     forward=Kernel(
         attention_forward,
         "(Tensor q, Tensor k, Tensor v, Tensor? key_padding_mask, float scale, float dropout_p,"
@@ -852,7 +857,7 @@ ATTENTION_VARLEN = Op(
     name="attention_varlen",
     reference=reference.attention_varlen,
     torch=torch_ops.attention_varlen_unchecked,
-    prepare=prepare_packed,
+    prepare=_prepare_varlen,
     forward=Kernel(
         attention_varlen_forward,
         "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, SymInt max_seqlen, float scale,"
