@@ -415,7 +415,7 @@ def _quantized_unchecked(
     if compiled:
         # The compiled epilogue adds the residual too when no activation comes between.
         fused = None if residual is None or activation is not None else residual.reshape(m, n)
-        y = passes.dequantize(acc, scale, weight_scale.contiguous(), bias, fused)
+        y = passes.dequantize(acc, scale, weight_scale, bias, fused)
         residual = None if fused is not None else residual
     else:
         # Passes over the [M, N] product: int32 to float32 (a no-op for fp8's float32), times

@@ -230,12 +230,10 @@ class FolderPipeline:
             hidden = self.model.forward_packed(input_ids, offsets)
             cu_seqlens = offsets.to(device, non_blocking=True)
             mask = torch.ones_like(input_ids)
-            real_hidden = hidden
         else:
             input_ids, mask, _ = pad(tokens, None, self.pad_id, device)
             hidden = self.model(input_ids, attention_mask=mask).last_hidden_state
             cu_seqlens = None
-            real_hidden = None
         features = {
             "input_ids": input_ids,
             "attention_mask": mask,
@@ -250,12 +248,12 @@ class FolderPipeline:
         if self.fused_splade is None:
             features["token_embeddings"] = self.head.logits(ops, hidden)
             return features, self.modules
-        if real_hidden is None:
+        if cu_seqlens is None:  # padded: the head reads the real tokens' rows
             lengths = np.cumsum([0] + [len(t) for t in tokens], dtype=np.int32)
             cu_seqlens = torch.from_numpy(lengths).to(device)
-            real_hidden = hidden[mask.bool()]
+            hidden = hidden[mask.bool()]
         features["sentence_embedding"] = self.head.splade(
-            ops, real_hidden, cu_seqlens, self.fused_splade.log_steps
+            ops, hidden, cu_seqlens, self.fused_splade.log_steps
         )
         return features, self.modules[1:]
 
@@ -289,10 +287,9 @@ def scored_tokens(features: Features, lengths: list[int]) -> list[np.ndarray]:
     token counts."""
     vectors = features["token_embeddings"].float().cpu()
     keep = features["attention_mask"].bool().cpu()
-    if "cu_seqlens" not in features:
-        return [row[kept].numpy() for row, kept in zip(vectors, keep)]
-    rows = zip(vectors.split(lengths), keep.split(lengths))
-    return [row[kept].numpy() for row, kept in rows]
+    if "cu_seqlens" in features:  # packed: each input's rows
+        vectors, keep = vectors.split(lengths), keep.split(lengths)
+    return [row[kept].numpy() for row, kept in zip(vectors, keep)]
 
 
 def load_masked_lm_head(spec: FolderSpec, encoder_model: Any) -> MaskedLMHead:

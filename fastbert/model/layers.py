@@ -93,17 +93,17 @@ class BertEmbeddings(nn.Module):
         """The position ids of B sequences packed end to end in ``input_ids`` [T] (sequence b
         starts at row ``starts[b]`` and has ``lengths[b]`` tokens; numpy int64 [B], on the
         host): int64 [T], each token's :meth:`position_ids` in a padded row of its own."""
-        place = np.arange(input_ids.numel(), dtype=np.int64) - np.repeat(starts, lengths)
-        places = torch.from_numpy(place).to(input_ids.device, non_blocking=True)
-        pad = self.config.pad_token_id
+        device = input_ids.device
+        sequence = np.repeat(np.arange(len(lengths)), lengths)  # each token's sequence
+        place = np.arange(input_ids.numel(), dtype=np.int64) - starts[sequence]
         if self.config.position_scheme == "sequential":
-            return places
+            return torch.from_numpy(place).to(device, non_blocking=True)
         # Hugging Face's padding-offset positions count the non-pad tokens of a row.
+        pad = self.config.pad_token_id
         real = (input_ids != pad).long()
         counted = torch.cumsum(real, dim=0)
-        sequence = torch.from_numpy(np.repeat(np.arange(len(lengths)), lengths))
-        before = (counted - real)[torch.from_numpy(starts).to(input_ids.device)]
-        return (counted - before[sequence.to(input_ids.device)]) * real + pad
+        before = (counted - real)[torch.from_numpy(starts).to(device)]
+        return (counted - before[torch.from_numpy(sequence).to(device)]) * real + pad
 
     def forward(
         self,

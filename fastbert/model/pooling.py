@@ -162,11 +162,13 @@ def pool_packed(
     segments = Segments.of(cu_seqlens, tokens)
     rows = torch.arange(tokens, device=hidden.device)
     real = attention_mask.bool()
-    # Each row's place among its sequence's tokens from the first real one (the padded
-    # batch's position minus its left padding).
-    first_real = segments.reduce(torch.where(real, rows, tokens), "amin", tokens)
-    rank = rows - first_real[segments.index]
-    pooled = real & (rank >= prompt_length) if prompt_length else real
+    pooled, rank = real, None
+    if prompt_length or "weightedmean" in modes:
+        # Each row's place among its sequence's tokens from the first real one (the padded
+        # batch's position minus its left padding).
+        first_real = segments.reduce(torch.where(real, rows, tokens), "amin", tokens)
+        rank = rows - first_real[segments.index]
+        pooled = real & (rank >= prompt_length) if prompt_length else real
     values = hidden.float()
     out = []
     for mode in modes:
