@@ -6,16 +6,41 @@ from pathlib import Path
 
 import torch
 
-# The tiny encoder the end-to-end tests share, in the config names of Hugging Face's BERT-style
-# families (BERT, RoBERTa, ELECTRA, MPNet), no dropout.
-TINY_SHAPE = dict(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    intermediate_size=128,
-    hidden_dropout_prob=0.0,
-    attention_probs_dropout_prob=0.0,
-)
+
+def encoder_shape(hidden: int, layers: int, heads: int, intermediate: int) -> dict[str, int]:
+    """The config values that size an encoder, in the names of Hugging Face's BERT-style
+    families (BERT, RoBERTa, ELECTRA, MPNet, ModernBERT) and of fastbert's BertConfig."""
+    return dict(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=intermediate,
+    )
+
+
+NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+# The tiny encoder the end-to-end tests share, no dropout.
+TINY_SHAPE = dict(encoder_shape(64, 2, 2, 128), **NO_DROPOUT)
+# Hugging Face DistilBERT's config names for the BERT ones it shares.
+_DISTILBERT_NAMES = {
+    "hidden_size": "dim",
+    "num_hidden_layers": "n_layers",
+    "num_attention_heads": "n_heads",
+    "intermediate_size": "hidden_dim",
+    "hidden_act": "activation",
+    "hidden_dropout_prob": "dropout",
+    "attention_probs_dropout_prob": "attention_dropout",
+}
+
+
+def as_distilbert(values: dict) -> dict:
+    """BERT-named config ``values`` in DistilBERT's names, less those DistilBERT has no
+    setting for (token types, LayerNorm eps)."""
+    return {
+        _DISTILBERT_NAMES.get(name, name): value
+        for name, value in values.items()
+        if name not in ("type_vocab_size", "layer_norm_eps")
+    }
 
 
 def tiny_config(**overrides):

@@ -36,15 +36,9 @@ from fastbert.bench.models import Reference
 from fastbert.cli import main
 from fastbert.integrations import models as hf_models
 from fastbert.model.config import BertConfig
+from tests.hf_models import encoder_shape
 
-TINY = BertConfig(
-    vocab_size=50,
-    hidden_size=8,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    intermediate_size=16,
-    max_position_embeddings=16,
-)
+TINY = BertConfig(vocab_size=50, max_position_embeddings=16, **encoder_shape(8, 2, 2, 16))
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import fastbert
-from tests.hf_models import randomize
+from tests.hf_models import NO_DROPOUT, as_distilbert, encoder_shape, randomize
 
 BOUND = 1e-4
 VOCAB = 100
@@ -42,15 +42,6 @@ _PREFIX = {
 }
 # DistilBERT's names of the config values the other families name as BERT does (it has no
 # token types, and its eps is fixed).
-_DISTILBERT_NAMES = {
-    "hidden_size": "dim",
-    "num_hidden_layers": "n_layers",
-    "num_attention_heads": "n_heads",
-    "intermediate_size": "hidden_dim",
-    "hidden_act": "activation",
-    "hidden_dropout_prob": "dropout",
-    "attention_probs_dropout_prob": "attention_dropout",
-}
 ROW_LAYOUTS = ("full", "right", "left", "holes", "empty")
 # Hugging Face takes a mask of any dtype (nonzero = real token). None (no mask) comes last: it
 # is the least interesting case, and shrinking moves towards the first.
@@ -132,25 +123,16 @@ def model_spec(
     offset = {"roberta": pad + 1, "xlm-roberta": pad + 1, "mpnet": 2}.get(family, 0)
     values = dict(
         vocab_size=VOCAB,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=intermediate,
+        **encoder_shape(hidden, layers, heads, intermediate),
         hidden_act=activation,
         max_position_embeddings=MAX_SEQ + offset,
         type_vocab_size=type_vocab,
         pad_token_id=pad,
         layer_norm_eps=eps,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
+        **NO_DROPOUT,
     )
     if family == "distilbert":
-        values = {
-            _DISTILBERT_NAMES.get(name, name): value
-            for name, value in values.items()
-            if name not in ("type_vocab_size", "layer_norm_eps")
-        }
-        values["sinusoidal_pos_embds"] = sinusoidal
+        values = dict(as_distilbert(values), sinusoidal_pos_embds=sinusoidal)
     if family == "electra":
         values["embedding_size"] = embedding_size or hidden
     if family == "mpnet":  # no token types

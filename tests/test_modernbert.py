@@ -20,12 +20,21 @@ import fastbert
 from fastbert.kernels import reference, torch_ops
 from fastbert.model.config import BertConfig
 from fastbert.model.families import MODERNBERT
-from tests.hf_models import before_and_after_optimize, padded_batch, random_hf_model
+from tests.hf_models import (
+    before_and_after_optimize,
+    encoder_shape,
+    padded_batch,
+    random_hf_model,
+)
 from tests.test_training import assert_grads_match, grads, weighted_sum
 
 BOUND = 1e-4
 VOCAB = 97
 LOCAL_ATTENTION = 32  # a window of 16 positions each side
+# The tiny vocabulary's special tokens: pad 0, [CLS] (beginning) 1, [SEP] (end) 2.
+SPECIAL_TOKEN_IDS = dict(
+    pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2
+)
 # Past the window: the sliding layers see only part of the longest rows.
 LENGTHS = [90, 7, 41, 1, 64]
 
@@ -37,18 +46,11 @@ def hf_modernbert(head: str = "Model", seed: int = 0, **overrides) -> torch.nn.M
 
     values = dict(
         vocab_size=VOCAB,
-        hidden_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=2,
-        intermediate_size=192,
+        **encoder_shape(128, 4, 2, 192),
         max_position_embeddings=256,
         local_attention=LOCAL_ATTENTION,
         global_attn_every_n_layers=3,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        cls_token_id=1,
-        sep_token_id=2,
+        **SPECIAL_TOKEN_IDS,
         num_labels=3,
     )
     values.update(overrides)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import fastbert
-from tests.hf_models import TINY_SHAPE, padded_batch, random_hf_model
+from tests.hf_models import TINY_SHAPE, as_distilbert, padded_batch, random_hf_model
 
 BOUND = 1e-4
 VOCAB = 97
@@ -37,17 +37,7 @@ FAMILIES = {
     "distilbert": (
         "DistilBert",
         "DistilBertConfig",
-        dict(
-            vocab_size=VOCAB,
-            dim=64,
-            n_layers=2,
-            n_heads=2,
-            hidden_dim=128,
-            max_position_embeddings=64,
-            dropout=0.0,
-            attention_dropout=0.0,
-            sinusoidal_pos_embds=True,
-        ),
+        dict(as_distilbert(_SHAPE), max_position_embeddings=64, sinusoidal_pos_embds=True),
     ),
     # MPNet's relative position bias: 32 buckets, the last ones from distance 91 on (the
     # sequences here are short; tests/test_mpnet.py runs past the bias' max distance).
