@@ -134,3 +134,9 @@ def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_backend_argument(parser)
     add_quantize_argument(parser)
+
+
+def inference_options(args: argparse.Namespace) -> dict[str, str | None]:
+    """The values of :func:`add_inference_arguments`' options, by the names of the keyword
+    arguments that take them (EmbedOptions', BertModel's)."""
+    return {name: getattr(args, name) for name in ("device", "dtype", "backend", "quantize")}

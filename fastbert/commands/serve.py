@@ -9,6 +9,7 @@ from fastbert.commands.options import (
     CommandError,
     UsageError,
     add_inference_arguments,
+    inference_options,
     positive_int,
 )
 
@@ -142,7 +143,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="CPU: keep the model's OpenMP threads the process's only team, so that they "
         "spin-wait between parallel regions (OMP_WAIT_POLICY and GOMP_SPINCOUNT tune it); "
-        f"--no-omp-spin: they sleep after ~100 spins (default: ${OMP_SPIN_VARIABLE}, else off)",
+        f"--no-omp-spin: they sleep after ~100 spins (default: ${OMP_SPIN_VARIABLE}, else on)",
     )
     parser.add_argument(
         "--log-level",
@@ -189,10 +190,7 @@ def options_from(args: argparse.Namespace):
     try:
         model = EmbedOptions(
             model=args.model,
-            device=args.device,
-            dtype=args.dtype,
-            backend=args.backend,
-            quantize=args.quantize,
+            **inference_options(args),
             batch_tokens=args.max_batch_tokens,
             max_length=args.max_input_length,
             progress=False,
