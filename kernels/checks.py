@@ -309,6 +309,16 @@ def refuse_gradients(
         )
 
 
+def refuse_int8_gradients(x, weight_scale, bias, residual, input_scale) -> None:
+    """:func:`refuse_gradients` of linear_int8's floating inputs."""
+    refuse_gradients("linear_int8", x, weight_scale, bias, residual, input_scale)
+
+
+def refuse_fp8_gradients(x, weight_scale, bias, residual, input_scale) -> None:
+    """:func:`refuse_gradients` of linear_fp8's floating inputs."""
+    refuse_gradients("linear_fp8", x, weight_scale, bias, residual, input_scale)
+
+
 # SPLADE's activations: log1p(relu(z)) ("relu", 1 step) or log1p(log1p(relu(z))) (2 steps).
 SPLADE_LOG_STEPS = (1, 2)
 
@@ -436,6 +446,15 @@ def check_id_ranges(
     for (name, _, limit), (lowest, highest) in zip(tensors, read):
         check_id_bounds(name, limit, lowest, highest)
     return read[len(tensors) :]
+
+
+def check_embedding_ids(
+    input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb
+) -> None:
+    """:func:`check_id_ranges` of the embeddings' ids against their tables' rows (one host
+    synchronisation)."""
+    tables = (word_emb.shape[0], type_emb.shape[0], pos_emb.shape[0])
+    check_id_ranges(input_ids, token_type_ids, position_ids, *tables)
 
 
 # Id dtypes every backend indexes with as they are; other integer ids are widened to int64

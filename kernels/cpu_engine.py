@@ -47,7 +47,7 @@ OPS: dict[str, Callable[..., torch.Tensor]] = {
     "attention": cpu_engine_attention.attention_unchecked,
     "attention_varlen": cpu_engine_attention.attention_varlen_unchecked,
     "linear": cpu_engine_linear.linear_unchecked,
-    "linear_int8": functools.partial(torch_ops.linear_int8_unchecked, passes=cpu_int8),
+    "linear_int8": functools.partial(torch_ops.linear_quantized_unchecked, "int8", passes=cpu_int8),
 }
 
 

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from . import cpu_attention, reference, torch_ops
+from .op import checked, implements
 
 
 def length_mask(
@@ -224,17 +225,12 @@ def _plain(dropout_p: float, relative_bias, rotary, window) -> bool:
     return not dropout_p and relative_bias is None and rotary is None and window is None
 
 
+@implements(reference.attention)
 def attention_unchecked(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    key_padding_mask: torch.Tensor | None = None,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    relative_bias: torch.Tensor | None = None,
-    rotary: torch.Tensor | None = None,
-    window: int | None = None,
-) -> torch.Tensor:
+    q, k, v, key_padding_mask, scale, dropout_p, relative_bias, *, rotary, window
+):
+    """:func:`fastbert.kernels.torch_ops.attention_unchecked` on the compiled attention where
+    it takes the call (:func:`takes_compiled`, a plain attention of right-padded rows)."""
     plain = _plain(dropout_p, relative_bias, rotary, window)
     if plain and q.numel() and takes_compiled(q, k, v):
         keep = key_padding_mask
@@ -244,23 +240,18 @@ def attention_unchecked(
         if out is not None:
             return out
     return torch_ops.attention_unchecked(
-        q, k, v, key_padding_mask, scale, dropout_p, relative_bias, rotary, window
+        q, k, v, key_padding_mask, scale, dropout_p, relative_bias, rotary=rotary, window=window
     )
 
 
+@implements(reference.attention_varlen)
 def attention_varlen_unchecked(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    max_seqlen: int,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    relative_bias: torch.Tensor | None = None,
-    rotary: torch.Tensor | None = None,
-    window: int | None = None,
-) -> torch.Tensor:
-    options = (scale, dropout_p, relative_bias, rotary, window)
+    q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias, *, rotary, window
+):
+    """:func:`fastbert.kernels.torch_ops.attention_varlen_unchecked` on the compiled attention
+    (a plain attention) or per run of equal lengths (:func:`attention_by_length`) on a CPU
+    while nothing traces."""
+    options = (scale, dropout_p, relative_bias)
     if q.shape[0] and max_seqlen and q.device.type == "cpu":
         scale = None if scale is None else float(scale)
         plain = _plain(dropout_p, relative_bias, rotary, window)
@@ -270,25 +261,11 @@ def attention_varlen_unchecked(
             return attention_by_length(
                 q, k, v, cu_seqlens, scale, dropout_p, relative_bias, rotary, window
             )
-    return torch_ops.attention_varlen_unchecked(q, k, v, cu_seqlens, max_seqlen, *options)
+    return torch_ops.attention_varlen_unchecked(
+        q, k, v, cu_seqlens, max_seqlen, *options, rotary=rotary, window=window
+    )
 
 
-def attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    key_padding_mask: torch.Tensor | None = None,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    relative_bias: torch.Tensor | None = None,
-    *,
-    rotary: torch.Tensor | None = None,
-    window: int | None = None,
-) -> torch.Tensor:
-    """:func:`fastbert.kernels.reference.attention` on the CPU engine, inputs checked."""
-    dropout_p = torch_ops.check_attention_call(
-        q, k, v, key_padding_mask, scale, dropout_p, relative_bias, rotary, window
-    )
-    return attention_unchecked(
-        q, k, v, key_padding_mask, scale, dropout_p, relative_bias, rotary, window
-    )
+attention = checked(attention_unchecked, *torch_ops.ATTENTION_CHECKS)
+""":func:`attention_unchecked`, inputs checked: the CPU engine's attention for callers outside
+the encoder (the Hugging Face attention interface)."""

@@ -16,7 +16,8 @@ import functools
 
 import torch
 
-from . import torch_ops
+from . import reference, torch_ops
+from .op import implements
 from .packed_weights import PackedWeights
 
 # oneDNN's GEMM with its post-ops (PyTorch's own inference op, what torch.compile emits on a
@@ -60,21 +61,15 @@ def takes_onednn(x: torch.Tensor, *tensors: torch.Tensor | None) -> bool:
     return not (grad and any(t is not None and t.requires_grad for t in (x, *tensors)))
 
 
+@implements(reference.linear)
 def linear_unchecked(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    activation: str | None = None,
-    residual: torch.Tensor | None = None,
-    gated: bool = False,
-    *,
-    packs: PackedWeights | None = None,
-) -> torch.Tensor:
+    x, weight, bias, activation, residual, gated, *, packs: PackedWeights | None = None
+):
     """:func:`fastbert.kernels.torch_ops.linear_unchecked` on oneDNN where
     :func:`takes_onednn`; ``packs``: where the oneDNN call reads its weight's packed copy
     (see fastbert.kernels.packed_weights); None reads ``weight`` as it is."""
     if not takes_onednn(x, weight, bias, residual):
-        return torch_ops.linear_unchecked(x, weight, bias, activation, residual, gated)
+        return torch_ops.linear_unchecked(x, weight, bias, activation, residual, gated=gated)
     onednn_weight = weight if packs is None else packs.weight_for(weight)
     if not gated:
         return onednn_linear(x, onednn_weight, bias, activation, residual)

@@ -76,6 +76,83 @@ def dropout_seed(dropout_p: float) -> torch.Tensor | None:
     return dropout.draw_seed_tensor() if dropout_p > 0.0 else None
 
 
+def implements(reference: Callable[..., Any]) -> Callable[[Callable[..., Any]], Any]:
+    """Decorator of an implementation of ``reference`` (the torch backend's, the CPU engine's):
+    the parameters it shares with the reference by name take the reference's defaults and
+    annotations, so that an op's signature is written once, in the reference.
+
+    The implementation lists its parameters without those defaults (and may leave out the
+    reference's keyword-only test hooks, such as ``dropout_mask``, or add its own parameters,
+    defaults written there). TypeError at import when it names the reference's parameters in
+    another order, or writes a default the reference does not have: its signature would then
+    not be the op's. The function itself is returned, so a call costs nothing more."""
+    expected = inspect.signature(reference).parameters
+
+    def adopt(function: Callable[..., Any]) -> Callable[..., Any]:
+        own = inspect.signature(function, eval_str=False).parameters
+        shared = [name for name in own if name in expected]
+        if shared != [name for name in expected if name in own]:
+            raise TypeError(
+                f"{function.__qualname__} takes {list(own)}, out of the order of "
+                f"{reference.__qualname__}'s {list(expected)}"
+            )
+        parameters = []
+        for name, parameter in own.items():
+            if name in expected:
+                ours, theirs = parameter.default, expected[name].default
+                if ours is not parameter.empty and ours != theirs:
+                    raise TypeError(
+                        f"{function.__qualname__}: {name}={ours!r}, the reference's "
+                        f"default is {theirs!r}"
+                    )
+                parameter = parameter.replace(default=theirs, annotation=expected[name].annotation)
+            parameters.append(parameter)
+        positional = [p for p in parameters if p.kind is not p.KEYWORD_ONLY]
+        tail = [p.default for p in positional if p.default is not p.empty]
+        if tail != [p.default for p in positional[len(positional) - len(tail) :]]:
+            raise TypeError(
+                f"{function.__qualname__}: a parameter without a default follows one with"
+            )
+        function.__defaults__ = tuple(tail) or None
+        function.__kwdefaults__ = {
+            p.name: p.default
+            for p in parameters
+            if p.kind is p.KEYWORD_ONLY and p.default is not p.empty
+        } or None
+        function.__annotations__ = {
+            **{p.name: p.annotation for p in parameters if p.annotation is not p.empty},
+            "return": inspect.signature(reference).return_annotation,
+        }
+        return function
+
+    return adopt
+
+
+def checked(unchecked: Callable[..., Any], *checks: Callable[..., Any]) -> Callable[..., Any]:
+    """``unchecked`` (an op's implementation) behind its input checks: the public function of
+    a backend, with ``unchecked``'s signature. Each of ``checks`` is called with the
+    arguments it names (by parameter name, defaults filled in), in order, and raises
+    ``ValueError`` / ``TypeError`` / ``RuntimeError`` naming the bad input; then ``unchecked``
+    runs on the arguments as they were passed."""
+    signature = inspect.signature(unchecked)
+    names = [tuple(inspect.signature(check).parameters) for check in checks]
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        arguments = bound.arguments
+        for check, wanted in zip(checks, names):
+            check(**{name: arguments[name] for name in wanted})
+        return unchecked(*args, **kwargs)
+
+    name = unchecked.__name__.removesuffix("_unchecked")
+    call.__name__, call.__qualname__, call.__module__ = name, name, unchecked.__module__
+    call.__signature__ = signature
+    call.__doc__ = f":func:`{unchecked.__name__}`, its inputs checked first."
+    call.__wrapped__ = unchecked
+    return call
+
+
 def placeholder(like: torch.Tensor) -> torch.Tensor:
     """What a custom op returns for an output its launcher left out: float32 [0] on ``like``'s
     device (every output of a custom op is a tensor, and no two may share storage)."""

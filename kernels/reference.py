@@ -458,13 +458,8 @@ def embeddings_layer_norm(
     )
     dropout_p = dropout.check_dropout_p(dropout_p)
     if check_ids:
-        checks.check_id_ranges(
-            input_ids,
-            token_type_ids,
-            position_ids,
-            word_emb.shape[0],
-            type_emb.shape[0],
-            pos_emb.shape[0],
+        checks.check_embedding_ids(
+            input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb
         )
     seq = input_ids.shape[1]
     if position_ids is None:

@@ -39,14 +39,13 @@ host read and the ops trace under ``torch.compile`` and capture into CUDA graphs
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 
 from . import checks, reference
 from .checks import as_index
 from .dropout import check_dropout_p
+from .op import checked, implements
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -108,17 +107,12 @@ def _sdpa_windowed(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 
 
+@implements(reference.attention)
 def attention_unchecked(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    key_padding_mask: torch.Tensor | None = None,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    relative_bias: torch.Tensor | None = None,
-    rotary: torch.Tensor | None = None,
-    window: int | None = None,
-) -> torch.Tensor:
+    q, k, v, key_padding_mask, scale, dropout_p, relative_bias, *, rotary, window
+):
+    """:func:`fastbert.kernels.reference.attention` on ``F.scaled_dot_product_attention``
+    (its own attention dropout)."""
     scale = None if scale is None else float(scale)
     if rotary is not None:
         q, k = reference.rotary_positions(q, rotary), reference.rotary_positions(k, rotary)
@@ -154,26 +148,15 @@ def attention_unchecked(
     )
 
 
-def attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    key_padding_mask: torch.Tensor | None = None,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    relative_bias: torch.Tensor | None = None,
-    *,
-    rotary: torch.Tensor | None = None,
-    window: int | None = None,
-) -> torch.Tensor:
-    """:func:`fastbert.kernels.reference.attention` on ``F.scaled_dot_product_attention``
-    (its own attention dropout), inputs checked."""
-    dropout_p = check_attention_call(
-        q, k, v, key_padding_mask, scale, dropout_p, relative_bias, rotary, window
-    )
-    return attention_unchecked(
-        q, k, v, key_padding_mask, scale, dropout_p, relative_bias, rotary, window
-    )
+# The checks of a public attention call, the same on the CPU engine.
+ATTENTION_CHECKS = (
+    checks.check_attention,
+    checks.check_relative_bias,
+    checks.check_rotary,
+    check_dropout_p,
+)
+attention = checked(attention_unchecked, *ATTENTION_CHECKS)
+""":func:`attention_unchecked`, inputs checked."""
 
 
 def _unpack_index(
@@ -199,18 +182,12 @@ def _unpack_index(
     return gather, keep, scatter
 
 
+@implements(reference.attention_varlen)
 def attention_varlen_unchecked(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    max_seqlen: int,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    relative_bias: torch.Tensor | None = None,
-    rotary: torch.Tensor | None = None,
-    window: int | None = None,
-) -> torch.Tensor:
+    q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias, *, rotary, window
+):
+    """:func:`fastbert.kernels.reference.attention_varlen` as one masked SDPA call over a
+    dense [B, max_seqlen] batch; ``max_seqlen`` must be at least the longest sequence."""
     tokens, heads, head_dim = q.shape
     if tokens == 0 or max_seqlen == 0:
         return torch.zeros_like(q)
@@ -236,25 +213,6 @@ def attention_varlen_unchecked(
     return out.transpose(1, 2).reshape(batch * max_seqlen, heads, head_dim)[scatter]
 
 
-def check_attention_call(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    key_padding_mask: torch.Tensor | None,
-    scale: float | None,
-    dropout_p: float,
-    relative_bias: torch.Tensor | None,
-    rotary: torch.Tensor | None,
-    window: int | None,
-) -> float:
-    """The checks of a public attention call (ValueError / TypeError naming the bad input);
-    returns the checked ``dropout_p``."""
-    checks.check_attention(q, k, v, key_padding_mask, scale)
-    checks.check_relative_bias(relative_bias, q)
-    checks.check_rotary(rotary, window, q)
-    return check_dropout_p(dropout_p)
-
-
 def _check_max_seqlen(cu_seqlens: torch.Tensor, max_seqlen: int) -> None:
     """ValueError when a sequence of ``cu_seqlens`` is longer than ``max_seqlen`` (the torch
     backend sizes its dense batch by it). Reads the longest length on the host."""
@@ -268,30 +226,16 @@ def _check_max_seqlen(cu_seqlens: torch.Tensor, max_seqlen: int) -> None:
         )
 
 
-def attention_varlen(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    max_seqlen: int,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    relative_bias: torch.Tensor | None = None,
-    *,
-    rotary: torch.Tensor | None = None,
-    window: int | None = None,
-) -> torch.Tensor:
-    """:func:`fastbert.kernels.reference.attention_varlen` as one masked SDPA call over a
-    dense [B, max_seqlen] batch, inputs checked; ``max_seqlen`` must be at least the longest
-    sequence (read on the host: ValueError otherwise)."""
-    checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
-    checks.check_relative_bias(relative_bias, q)
-    checks.check_rotary(rotary, window, q)
-    dropout_p = check_dropout_p(dropout_p)
-    _check_max_seqlen(cu_seqlens, max_seqlen)
-    return attention_varlen_unchecked(
-        q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias, rotary, window
-    )
+attention_varlen = checked(
+    attention_varlen_unchecked,
+    checks.check_attention_varlen,
+    checks.check_relative_bias,
+    checks.check_rotary,
+    check_dropout_p,
+    _check_max_seqlen,
+)
+""":func:`attention_varlen_unchecked`, inputs checked (the longest sequence read on the host:
+ValueError when ``max_seqlen`` is shorter)."""
 
 
 # Not on the encoder's path: the reference's softmax (fp32 statistics, masked keys excluded
@@ -299,14 +243,10 @@ def attention_varlen(
 scaled_masked_softmax = reference.scaled_masked_softmax
 
 
-def linear_unchecked(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    activation: str | None = None,
-    residual: torch.Tensor | None = None,
-    gated: bool = False,
-) -> torch.Tensor:
+@implements(reference.linear)
+def linear_unchecked(x, weight, bias, activation, residual, *, gated):
+    """:func:`fastbert.kernels.reference.linear` on ``F.linear``, GELU (times the gate when
+    ``gated``) and the residual added in place (:func:`finish_linear`)."""
     return finish_linear(F.linear(x, weight, bias), activation, residual, gated)
 
 
@@ -333,19 +273,8 @@ def finish_linear(
     return y.add_(residual) if in_place else y + residual
 
 
-def linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    activation: str | None = None,
-    residual: torch.Tensor | None = None,
-    *,
-    gated: bool = False,
-) -> torch.Tensor:
-    """:func:`fastbert.kernels.reference.linear` on ``F.linear``, GELU (times the gate when
-    ``gated``) and the residual added in place, inputs checked."""
-    checks.check_linear(x, weight, bias, activation, residual, gated)
-    return linear_unchecked(x, weight, bias, activation, residual, gated)
+linear = checked(linear_unchecked, checks.check_linear)
+""":func:`linear_unchecked`, inputs checked."""
 
 
 def _int_product(q: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -387,17 +316,15 @@ def quantize_rows(
     return y.to(q_dtype), absmax.div_(absmax.new_tensor(q_max))
 
 
-def _quantized_unchecked(
-    quantize: str,
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    weight_scale: torch.Tensor,
-    bias: torch.Tensor | None,
-    activation: str | None,
-    residual: torch.Tensor | None,
-    input_scale: torch.Tensor | None,
-    passes: Any = None,
-) -> torch.Tensor:
+@implements(reference.linear_int8)
+def linear_quantized_unchecked(
+    quantize: str, x, weight, weight_scale, bias, activation, residual, input_scale, passes=None
+):
+    """:func:`linear_int8_unchecked` (``quantize="int8"``) or :func:`linear_fp8_unchecked`
+    (``"fp8"``). ``passes``: where the rows' quantisation and the product's dequantising
+    epilogue run when ``passes.takes(x, weight_scale, bias, residual, input_scale)``
+    (``passes.quantize_rows`` and ``passes.dequantize``, the same bits as PyTorch's ops here:
+    the CPU engine's compiled ones, fastbert.kernels.cpu_int8); None runs PyTorch's."""
     n, k = weight.shape
     lead = x.shape[:-1]
     m = x.numel() // k if k else int(torch.Size(lead).numel())
@@ -435,129 +362,72 @@ def _quantized_unchecked(
     return y.view(*lead, n).to(x.dtype)
 
 
-def linear_int8_unchecked(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    weight_scale: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    activation: str | None = None,
-    residual: torch.Tensor | None = None,
-    input_scale: torch.Tensor | None = None,
-    *,
-    passes: Any = None,
-) -> torch.Tensor:
-    """:func:`linear_int8` without its checks. ``passes``: where the rows' quantisation and
-    the product's dequantising epilogue run when ``passes.takes(x, weight_scale, bias,
-    residual, input_scale)`` (``passes.quantize_rows`` and ``passes.dequantize``, the same
-    bits as PyTorch's ops here: the CPU engine's compiled ones, fastbert.kernels.cpu_int8);
-    None runs PyTorch's."""
-    return _quantized_unchecked(
-        "int8", x, weight, weight_scale, bias, activation, residual, input_scale, passes
+@implements(reference.linear_int8)
+def linear_int8_unchecked(x, weight, weight_scale, bias, activation, residual, input_scale):
+    """:func:`fastbert.kernels.reference.linear_int8` on ``torch._int_mm`` (int8 x int8 ->
+    int32), x quantised per token, the dequantisation, bias, GELU and residual applied in
+    place in float32."""
+    return linear_quantized_unchecked(
+        "int8", x, weight, weight_scale, bias, activation, residual, input_scale
     )
 
 
-def linear_int8(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    weight_scale: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    activation: str | None = None,
-    residual: torch.Tensor | None = None,
-    input_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """:func:`fastbert.kernels.reference.linear_int8` on ``torch._int_mm`` (int8 x int8 ->
-    int32), x quantised per token, the dequantisation, bias, GELU and residual applied in
-    place in float32; inputs checked, gradients refused."""
-    checks.check_linear_int8(x, weight, weight_scale, bias, activation, residual, input_scale)
-    checks.refuse_gradients("linear_int8", x, weight_scale, bias, residual, input_scale)
-    return linear_int8_unchecked(x, weight, weight_scale, bias, activation, residual, input_scale)
-
-
-def linear_fp8_unchecked(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    weight_scale: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    activation: str | None = None,
-    residual: torch.Tensor | None = None,
-    input_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
-    return _quantized_unchecked(
+@implements(reference.linear_fp8)
+def linear_fp8_unchecked(x, weight, weight_scale, bias, activation, residual, input_scale):
+    """:func:`fastbert.kernels.reference.linear_fp8` emulated on any device: x quantised per
+    token to the same e4m3 bits, the e4m3 operands multiplied in float32 (see
+    :func:`_fp8_product`: the quantisation's accuracy, not FP8 hardware's speed), then the
+    dequantisation, bias, GELU and residual in place in float32."""
+    return linear_quantized_unchecked(
         "fp8", x, weight, weight_scale, bias, activation, residual, input_scale
     )
 
 
-def linear_fp8(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    weight_scale: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    activation: str | None = None,
-    residual: torch.Tensor | None = None,
-    input_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """:func:`fastbert.kernels.reference.linear_fp8` emulated on any device: x quantised per
-    token to the same e4m3 bits, the e4m3 operands multiplied in float32 (see
-    :func:`_fp8_product`: the quantisation's accuracy, not FP8 hardware's speed), then the
-    dequantisation, bias, GELU and residual in place in float32; inputs checked, gradients
-    refused."""
-    checks.check_linear_fp8(x, weight, weight_scale, bias, activation, residual, input_scale)
-    checks.refuse_gradients("linear_fp8", x, weight_scale, bias, residual, input_scale)
-    return linear_fp8_unchecked(x, weight, weight_scale, bias, activation, residual, input_scale)
+linear_int8 = checked(linear_int8_unchecked, checks.check_linear_int8, checks.refuse_int8_gradients)
+""":func:`linear_int8_unchecked`, inputs checked, gradients refused."""
+
+linear_fp8 = checked(linear_fp8_unchecked, checks.check_linear_fp8, checks.refuse_fp8_gradients)
+""":func:`linear_fp8_unchecked`, inputs checked, gradients refused."""
 
 
-def layer_norm_unchecked(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor,
-    eps: float,
-    residual: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-) -> torch.Tensor:
+@implements(reference.layer_norm)
+def layer_norm_unchecked(x, weight, bias, eps, residual, dropout_p):
+    """:func:`fastbert.kernels.reference.layer_norm` on ``F.layer_norm`` in the input dtype
+    (PyTorch keeps half inputs' statistics in float32)."""
     if dropout_p:
         x = F.dropout(x, dropout_p)
     s = x if residual is None else x + residual
     return F.layer_norm(s, (x.shape[-1],), weight, bias, float(eps))
 
 
-def layer_norm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor,
-    eps: float,
-    residual: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-) -> torch.Tensor:
-    """:func:`fastbert.kernels.reference.layer_norm` on ``F.layer_norm`` in the input dtype
-    (PyTorch keeps half inputs' statistics in float32), inputs checked."""
-    checks.check_layer_norm(x, weight, bias, eps, residual)
-    return layer_norm_unchecked(x, weight, bias, eps, residual, check_dropout_p(dropout_p))
+layer_norm = checked(layer_norm_unchecked, checks.check_layer_norm, check_dropout_p)
+""":func:`layer_norm_unchecked`, inputs checked."""
 
 
+@implements(reference.embeddings_layer_norm)
 def embeddings_layer_norm_unchecked(
-    input_ids: torch.Tensor,
-    token_type_ids: torch.Tensor | None,
-    position_ids: torch.Tensor | None,
-    word_emb: torch.Tensor,
-    pos_emb: torch.Tensor,
-    type_emb: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor,
-    eps: float,
+    input_ids,
+    token_type_ids,
+    position_ids,
+    word_emb,
+    pos_emb,
+    type_emb,
+    weight,
+    bias,
+    eps,
     *,
-    check_ids: bool = True,
-    dropout_p: float = 0.0,
+    check_ids,
+    dropout_p,
     padding_idx: int | None = None,
     position_padding_idx: int | None = None,
-) -> torch.Tensor:
+):
+    """:func:`fastbert.kernels.reference.embeddings_layer_norm` on ``F.embedding`` lookups
+    and ``F.layer_norm``; the id ranges checked unless ``check_ids=False`` (one host
+    synchronisation). ``padding_idx`` / ``position_padding_idx``: the word / position row
+    that gets no gradient, as ``nn.Embedding(padding_idx=...)`` (Hugging Face's tables)."""
     if check_ids:
-        checks.check_id_ranges(
-            input_ids,
-            token_type_ids,
-            position_ids,
-            word_emb.shape[0],
-            type_emb.shape[0],
-            pos_emb.shape[0],
+        checks.check_embedding_ids(
+            input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb
         )
     wide = torch.float32 if word_emb.dtype in HALF_DTYPES else word_emb.dtype
     summed = F.embedding(as_index(input_ids), word_emb, padding_idx).to(wide)
@@ -575,41 +445,7 @@ def embeddings_layer_norm_unchecked(
     return F.dropout(out, dropout_p) if dropout_p else out
 
 
-def embeddings_layer_norm(
-    input_ids: torch.Tensor,
-    token_type_ids: torch.Tensor | None,
-    position_ids: torch.Tensor | None,
-    word_emb: torch.Tensor,
-    pos_emb: torch.Tensor,
-    type_emb: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor,
-    eps: float,
-    *,
-    check_ids: bool = True,
-    dropout_p: float = 0.0,
-    padding_idx: int | None = None,
-    position_padding_idx: int | None = None,
-) -> torch.Tensor:
-    """:func:`fastbert.kernels.reference.embeddings_layer_norm` on ``F.embedding`` lookups and
-    ``F.layer_norm``, inputs checked (the id ranges unless ``check_ids=False``: one host
-    synchronisation). ``padding_idx`` / ``position_padding_idx``: the word / position row that
-    gets no gradient, as ``nn.Embedding(padding_idx=...)`` (Hugging Face's tables)."""
-    checks.check_embeddings(
-        input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
-    )
-    return embeddings_layer_norm_unchecked(
-        input_ids,
-        token_type_ids,
-        position_ids,
-        word_emb,
-        pos_emb,
-        type_emb,
-        weight,
-        bias,
-        eps,
-        check_ids=check_ids,
-        dropout_p=check_dropout_p(dropout_p),
-        padding_idx=padding_idx,
-        position_padding_idx=position_padding_idx,
-    )
+embeddings_layer_norm = checked(
+    embeddings_layer_norm_unchecked, checks.check_embeddings, check_dropout_p
+)
+""":func:`embeddings_layer_norm_unchecked`, inputs checked."""
