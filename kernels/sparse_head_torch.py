@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import torch
 
-from . import checks
+from . import checks, reference
 from .cpu_engine_linear import linear_unchecked
+from .op import checked, implements
 from .reference import splade_activation
 
 # Logits one chunk of the vocabulary may hold, and the fewest columns a chunk takes (so that a
@@ -57,15 +58,8 @@ def _segment_max(logits: torch.Tensor, sequence: torch.Tensor, batch: int) -> to
     return best.scatter_reduce_(0, index, logits, "amax")
 
 
-def splade_max_unchecked(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
-    log_steps: int = 1,
-    *,
-    chunk: int | None = None,
-) -> torch.Tensor:
+@implements(reference.splade_max)
+def splade_max_unchecked(x, weight, bias, cu_seqlens, log_steps, *, chunk: int | None = None):
     """:func:`fastbert.kernels.reference.splade_max` by vocabulary chunks (module docstring),
     inputs not checked. ``chunk``: vocabulary columns per GEMM (default
     :func:`chunk_columns`). Returns float32 [B, V]."""
@@ -88,20 +82,14 @@ def splade_max_unchecked(
     return splade_activation(out, log_steps, in_place=not out.requires_grad)
 
 
-def splade_max(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
-    log_steps: int = 1,
-    *,
-    chunk: int | None = None,
-) -> torch.Tensor:
-    """:func:`splade_max_unchecked`, inputs checked (``cu_seqlens``' values read on the
-    host)."""
-    checks.check_splade_max(x, weight, bias, cu_seqlens, log_steps)
+def _check_values_and_chunk(x: torch.Tensor, cu_seqlens: torch.Tensor | None, chunk) -> None:
+    """ValueError unless ``cu_seqlens`` rises from 0 to T (its values read on the host) and
+    ``chunk`` is None or a positive int."""
     if cu_seqlens is not None:
         checks.check_cu_seqlens_values(cu_seqlens, x.shape[0])
     if chunk is not None and (type(chunk) is not int or chunk < 1):
         raise ValueError(f"chunk must be a positive int, got {chunk!r}")
-    return splade_max_unchecked(x, weight, bias, cu_seqlens, log_steps, chunk=chunk)
+
+
+splade_max = checked(splade_max_unchecked, checks.check_splade_max, _check_values_and_chunk)
+""":func:`splade_max_unchecked`, inputs checked (``cu_seqlens``' values read on the host)."""
