@@ -64,8 +64,15 @@ class PrecisionResult:
     emulated: bool = False  # an emulation of the precision's math (its accuracy, not its speed)
 
 
+class JsonReport:
+    """A dataclass report that turns into plain dicts, lists and numbers, for JSON."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 @dataclasses.dataclass
-class PrecisionReport:
+class PrecisionReport(JsonReport):
     model: str
     device: str
     backend: str
@@ -79,9 +86,6 @@ class PrecisionReport:
     top_k: int
     results: list[PrecisionResult]
     notes: list[str]
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass

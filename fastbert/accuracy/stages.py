@@ -41,7 +41,7 @@ from typing import Any, TextIO
 import torch
 import torch.nn.functional as F
 
-from fastbert.accuracy.precision_report import model_path
+from fastbert.accuracy.precision_report import JsonReport, model_path
 from fastbert.accuracy.precisions import PRECISIONS, precision, runnable
 from fastbert.bench.progress import Progress
 from fastbert.bench.shapes import MODEL_SHAPES, padded_batch
@@ -155,7 +155,7 @@ class DtypeResult:
 
 
 @dataclasses.dataclass
-class Report:
+class Report(JsonReport):
     model: str
     family: str
     device: str
@@ -167,9 +167,6 @@ class Report:
     head: str
     results: list[DtypeResult]
     notes: list[str]
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass
