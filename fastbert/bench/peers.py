@@ -123,7 +123,24 @@ def _build_fastbert(
     return lambda b: model(b.input_ids, b.attention_mask, b.token_type_ids)
 
 
-_DENSE = {"padding_free": False, "cuda_graphs": False}
+def _fastbert_peer(
+    name: str, description: str, padding_free: bool = False, cuda_graphs: bool = False
+) -> Peer:
+    """fastbert with its padding-free and CUDA-graph runtimes on or off: padding-free, it packs;
+    on CUDA graphs, it needs CUDA; it needs the from_pretrained keyword of the runtime it turns
+    on (cuda_graphs when both)."""
+    options = {"padding_free": padding_free, "cuda_graphs": cuda_graphs}
+    keyword = "cuda_graphs" if cuda_graphs else "padding_free" if padding_free else None
+    return Peer(
+        name,
+        description,
+        functools.partial(_build_fastbert, options),
+        packs=padding_free,
+        needs_cuda=cuda_graphs,
+        keyword=keyword,
+    )
+
+
 PEERS = {
     peer.name: peer
     for peer in (
@@ -147,32 +164,18 @@ PEERS = {
             "torch.compile of HF sdpa (eager without sdpa; mode max-autotune)",
             functools.partial(_build_hf_compiled, "max-autotune"),
         ),
-        Peer(
-            "fastbert",
-            "fastbert, dense (padded batch as is)",
-            functools.partial(_build_fastbert, _DENSE),
+        _fastbert_peer("fastbert", "fastbert, dense (padded batch as is)"),
+        _fastbert_peer(
+            "fastbert-padfree", "fastbert, padding-free (real tokens only)", padding_free=True
         ),
-        Peer(
-            "fastbert-padfree",
-            "fastbert, padding-free (real tokens only)",
-            functools.partial(_build_fastbert, {**_DENSE, "padding_free": True}),
-            packs=True,
-            keyword="padding_free",
+        _fastbert_peer(
+            "fastbert-graphs", "fastbert, dense, replayed from CUDA graphs", cuda_graphs=True
         ),
-        Peer(
-            "fastbert-graphs",
-            "fastbert, dense, replayed from CUDA graphs",
-            functools.partial(_build_fastbert, {**_DENSE, "cuda_graphs": True}),
-            needs_cuda=True,
-            keyword="cuda_graphs",
-        ),
-        Peer(
+        _fastbert_peer(
             "fastbert-padfree-graphs",
             "fastbert, padding-free, replayed from CUDA graphs of its size bucket",
-            functools.partial(_build_fastbert, {"padding_free": True, "cuda_graphs": True}),
-            packs=True,
-            needs_cuda=True,
-            keyword="cuda_graphs",
+            padding_free=True,
+            cuda_graphs=True,
         ),
     )
 }
