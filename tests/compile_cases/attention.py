@@ -51,18 +51,11 @@ VARIANTS = ((True, False), (False, False), (False, True))  # (HAS_MASK, IS_VARLE
 STRIDES = [f"stride_{t}_{d}" for t in ("q", "k", "v", "o") for d in ("b", "h", "s")]
 
 
-def _kept(
-    head_dim: int,
-    element_size: int,
-    is_varlen: bool,
-    has_mask: bool,
-    has_bias: bool = False,
-    has_rotary: bool = False,
-    has_dropout: bool = False,
-) -> list:
+def _kept(head_dim: int, element_size: int, *variant: bool, **flags: bool) -> list:
+    """The configs ``keep`` keeps for a head of ``head_dim``; ``variant`` and ``flags``: its
+    variant flags (is_varlen, has_mask, then has_bias, has_rotary, has_dropout)."""
     block_d = next_power_of_2(head_dim)
-    variant = (is_varlen, has_mask, has_bias, has_rotary, has_dropout)
-    return [c for c in CONFIGS if mod.keep(c, block_d, element_size, *variant)]
+    return [c for c in CONFIGS if mod.keep(c, block_d, element_size, *variant, **flags)]
 
 
 def variant_constexprs(
