@@ -17,10 +17,10 @@
 // float32: every step in float32 FMAs, the softmax's exp a Cephes polynomial (about 1 ulp).
 //
 // Work: one OpenMP task per sequence (its heads in turn), dynamic schedule, a scratch buffer
-// per thread: K transposed (bfloat16: into pairs [D/2][Lp] of 32 bits; float32: [D][Lp]; Lp is
-// L rounded up to 16), bfloat16 V widened to float32 [L][D] (float32 V is read in place), and
-// a block of score rows [ROWS][Lp]. Queries go ROWS at a time so that each K or V vector
-// loaded serves ROWS rows.
+// per thread: K transposed 16 x 16 words at a time in registers (bfloat16: into pairs
+// [D/2][Lp] of 32 bits; float32: [D][Lp]; Lp is L rounded up to 16, zeros past L), bfloat16
+// V widened to float32 [L][D] (float32 V is read in place), and a block of score rows
+// [ROWS][Lp]. Queries go ROWS at a time so that each K or V vector loaded serves ROWS rows.
 
 #include <immintrin.h>
 #include <math.h>
@@ -66,10 +66,8 @@ static inline vh narrow(vf x) {
 static inline vf exp_nonpositive(vf x) {
   const vf in = x;
   x = x < splat(-87.0f) ? splat(-87.0f) : x;
-  vf fx = x * 1.44269504088896341f + 0.5f;
-  vi n = __builtin_convertvector(fx, vi);
-  n = n + (vi)(__builtin_convertvector(n, vf) > fx);  // floor: truncation rounded up
-  vf nf = __builtin_convertvector(n, vf);
+  const vf fx = x * 1.44269504088896341f + 0.5f;
+  const vf nf = (vf)_mm512_roundscale_ps((__m512)fx, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
   x = x - nf * 0.693359375f - nf * -2.12194440e-4f;
   vf y = splat(1.9875691500e-4f);
   y = y * x + 1.3981999507e-3f;
@@ -78,7 +76,7 @@ static inline vf exp_nonpositive(vf x) {
   y = y * x + 1.6666665459e-1f;
   y = y * x + 5.0000001201e-1f;
   y = y * x * x + x + 1.0f;
-  y = (vf)((vi)y + (n << 23));
+  y = (vf)_mm512_scalef_ps((__m512)y, (__m512)nf);  // y * 2^nf, exactly (results are normal)
   return in != in ? in : y;
 }
 
@@ -183,6 +181,36 @@ static inline void query_rows(const Head<T>& a, int first) {
       store_out(a.out + (int64_t)(first + r) * a.out_stride + b * W, o[r][b] * inverse_sum[r]);
 }
 
+// The 16 x 16 block of 32-bit words at rows[i * row_stride + w] (rows i < count; zeros for
+// the rest) transposed into out[w * out_stride + i].
+static inline void transpose_block(const uint32_t* rows, int64_t row_stride, int count,
+                                   uint32_t* out, int64_t out_stride) {
+  __m512 r[W], t[W];
+  for (int i = 0; i < W; i++)
+    r[i] = i < count ? _mm512_loadu_ps(rows + i * row_stride) : _mm512_setzero_ps();
+  for (int i = 0; i < W; i += 2) {  // per 128-bit lane: pairs of rows interleaved
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < W; i += 4) {  // per lane: 4 rows of one column (c = i % 4 .. )
+    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  // r[4g + c], lane L: column 4L + c of rows 4g .. 4g + 3; gather each column's four lanes.
+  for (int c = 0; c < 4; c++) {
+    const __m512 low01 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x44);
+    const __m512 low23 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x44);
+    const __m512 high01 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xEE);
+    const __m512 high23 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xEE);
+    _mm512_storeu_ps(out + c * out_stride, _mm512_shuffle_f32x4(low01, low23, 0x88));
+    _mm512_storeu_ps(out + (4 + c) * out_stride, _mm512_shuffle_f32x4(low01, low23, 0xDD));
+    _mm512_storeu_ps(out + (8 + c) * out_stride, _mm512_shuffle_f32x4(high01, high23, 0x88));
+    _mm512_storeu_ps(out + (12 + c) * out_stride, _mm512_shuffle_f32x4(high01, high23, 0xDD));
+  }
+}
+
 template <typename T, int D, int ROWS>
 static void attend(const T* q, const T* k, const T* v, int64_t stride, int length, int queries,
                    float scale, T* out, int64_t out_stride, float* scratch) {
@@ -190,12 +218,10 @@ static void attend(const T* q, const T* k, const T* v, int64_t stride, int lengt
   constexpr bool bf16 = std::is_same_v<T, uint16_t>;
   constexpr int words = bf16 ? D / 2 : D;  // 32-bit words per key
   uint32_t* k_t = (uint32_t*)scratch;
-  for (int j = 0; j < length; j++) {
-    const uint32_t* row = (const uint32_t*)(k + j * stride);
-    for (int w = 0; w < words; w++) k_t[w * padded + j] = row[w];
-  }
-  for (int w = 0; w < words; w++)
-    for (int j = length; j < padded; j++) k_t[w * padded + j] = 0;
+  for (int jb = 0; jb < padded; jb += W)
+    for (int wb = 0; wb < words; wb += W)
+      transpose_block((const uint32_t*)(k + jb * stride) + wb, stride * sizeof(T) / 4,
+                      length - jb, k_t + wb * padded + jb, padded);
   const float* values = (const float*)v;
   int64_t v_stride = stride;
   float* rest = scratch + words * padded;
