@@ -108,17 +108,11 @@ struct Head {
   int64_t out_stride;
 };
 
-// Softmax of one row of scores in place (keys past L: probability 0); returns 1 / sum.
+// Softmax of one row of scores in place, given the row's max over its keys (keys past L:
+// probability 0); returns 1 / sum.
 template <typename T>
-static inline float softmax_row(const Head<T>& a, float* row) {
+static inline float softmax_row(const Head<T>& a, float* row, float row_max) {
   const int last = a.padded - W;
-  store(row + last, a.tail_keep ? load(row + last) : splat(-INFINITY));
-  vf m = load(row);
-  for (int jb = W; jb < a.padded; jb += W) {
-    vf x = load(row + jb);
-    m = x > m ? x : m;
-  }
-  const float row_max = lane_max(m);
   vf sum = {};
   for (int jb = 0; jb < a.padded; jb += W) {
     vf p = exp_nonpositive(load(row + jb) - row_max);
@@ -162,13 +156,22 @@ static inline void store_out(float* p, vf x) { store(p, x); }
 // Queries first .. first + ROWS - 1: scores, softmax, P @ V, written to out.
 template <typename T, int D, int ROWS>
 static inline void query_rows(const Head<T>& a, int first) {
+  vf row_max[ROWS];
+  for (int r = 0; r < ROWS; r++) row_max[r] = splat(-INFINITY);
+  const int last = a.padded - W;
   for (int jb = 0; jb < a.padded; jb += W) {
     vf acc[ROWS];
     key_block<D, ROWS>(a, first, jb, acc);
-    for (int r = 0; r < ROWS; r++) store(a.scores + r * a.padded + jb, acc[r] * a.scale);
+    for (int r = 0; r < ROWS; r++) {
+      vf s = acc[r] * a.scale;
+      if (jb == last) s = a.tail_keep ? s : splat(-INFINITY);  // keys past L
+      row_max[r] = s > row_max[r] ? s : row_max[r];
+      store(a.scores + r * a.padded + jb, s);
+    }
   }
   float inverse_sum[ROWS];
-  for (int r = 0; r < ROWS; r++) inverse_sum[r] = softmax_row(a, a.scores + r * a.padded);
+  for (int r = 0; r < ROWS; r++)
+    inverse_sum[r] = softmax_row(a, a.scores + r * a.padded, lane_max(row_max[r]));
   vf o[ROWS][D / W] = {};
   for (int j = 0; j < a.length; j++) {
     for (int b = 0; b < D / W; b++) {
