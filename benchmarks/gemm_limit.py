@@ -106,3 +106,15 @@ def measure(
         rate, kernel = gemm_flops_per_s(precision, tokens, hidden, intermediate, seconds)
         limits[precision] = {"gflops": rate / 1e9, "tokens_per_s": rate / flops, "kernel": kernel}
     return limits
+
+
+def highest(*runs: dict) -> dict:
+    """The limit of several :func:`measure` runs of one shape: each precision at its highest
+    rate (the limit is the most this CPU's products reached; a run slowed by the host would
+    otherwise make every contender's share look larger)."""
+    merged = dict(runs[0])
+    for precision in PRECISIONS:
+        rates = [run[precision] for run in runs if precision in run]
+        if rates:
+            merged[precision] = max(rates, key=lambda rate: rate["gflops"])
+    return merged

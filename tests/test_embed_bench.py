@@ -48,6 +48,7 @@ def test_embed_bench_reports_every_contender(tmp_path) -> None:
     )
     assert report["environment"]["torch"] and report["tokens"] > 6
     assert set(report["gemm_limit"]) == {"shape", "flops_per_token", "threads", "float32"}
+    assert len(report["gemm_limit_runs"]) == 2  # before and after the contenders
     assert "| fastbert embed |" in (tmp_path / "embed-bench.md").read_text()
 
 
@@ -275,3 +276,13 @@ def test_the_torch_passes_row_turns_the_compiled_int8_passes_off() -> None:
     from fastbert.kernels import cpu_int8
 
     assert embed_bench.with_torch_passes(lambda batch: cpu_int8.available())([]) is False
+
+
+def test_the_gemm_limit_of_several_runs_is_each_precisions_highest_rate():
+    shape = {"shape": [8, 16, 24], "flops_per_token": 10, "threads": 2}
+    slow = {"gflops": 1.0, "tokens_per_s": 100.0, "kernel": "torch.mm"}
+    fast = {"gflops": 2.0, "tokens_per_s": 200.0, "kernel": "onednn linear"}
+    before = {**shape, "float32": fast, "int8": slow}
+    after = {**shape, "float32": slow, "int8": fast}
+    assert gemm_limit.highest(before, after) == {**shape, "float32": fast, "int8": fast}
+    assert gemm_limit.highest(before) == before
