@@ -26,10 +26,9 @@ from typing import Any
 import torch
 
 from fastbert.embedding.ray_driver import connect, worker_device
-from fastbert.embedding.text_model import load_options
 from fastbert.serve.app import create_app
 from fastbert.serve.options import ServeOptions
-from fastbert.serve.server import configure_logging, startup_line
+from fastbert.serve.server import configure_logging, load_for_serving, startup_line
 
 log = logging.getLogger("fastbert.serve")
 
@@ -85,7 +84,7 @@ class Replica:
         # On CUDA, "cuda" is the GPU Ray gave this replica (CUDA_VISIBLE_DEVICES).
         options = replace(options, model=replace(options.model, device=device))
         self.options = options
-        self.model = load_options(options.model)
+        self.model = load_for_serving(options)
         # Not ``self.app``: Ray Serve's ingress wrapper names the app it serves so.
         self.http_app = create_app(self.model, options)
 

@@ -41,9 +41,7 @@ def serve(options: ServeOptions, model: TextModel | None = None) -> None:
     apply_process_tuning()
     configure_logging(options.log_level)
     if model is None:
-        model = (
-            load_in_own_thread(options.model) if options.omp_spin else load_options(options.model)
-        )
+        model = load_for_serving(options)
     app = create_app(model, options)
     config = uvicorn.Config(
         app,
@@ -59,6 +57,12 @@ def serve(options: ServeOptions, model: TextModel | None = None) -> None:
     _report_shutdown(server, app.state.server)
     with _quiet_signals():
         server.run()
+
+
+def load_for_serving(options: ServeOptions) -> TextModel:
+    """The model ``options`` serve, loaded in a thread of its own with ``omp_spin`` (so that
+    the model thread's OpenMP team is the process's only one), else on this thread."""
+    return load_in_own_thread(options.model) if options.omp_spin else load_options(options.model)
 
 
 def load_in_own_thread(options: EmbedOptions) -> TextModel:
