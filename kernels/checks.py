@@ -242,6 +242,10 @@ def check_linear_fp8(x, weight, weight_scale, bias, activation, residual, input_
     )
 
 
+# Each quantised format's input check (``quantize`` "int8" or "fp8"), the same on every backend.
+LINEAR_QUANTIZED_CHECKS = {"int8": check_linear_int8, "fp8": check_linear_fp8}
+
+
 # The CUDA compute capability of the FP8 tensor cores: sm_89 (Ada) and sm_90 (Hopper) on.
 FP8_MIN_CAPABILITY = (8, 9)
 

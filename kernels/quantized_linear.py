@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 
 from . import reference, torch_ops
-from .checks import check_fp8_device, check_linear_fp8, check_linear_int8, refuse_gradients
+from .checks import LINEAR_QUANTIZED_CHECKS, check_fp8_device, refuse_gradients
 from .fused_linear import linear_rows
 from .launch import check_triton_device, next_power_of_2
 from .op import Kernel, Op
@@ -179,8 +179,6 @@ SCHEMA = (
     "(Tensor x, Tensor weight, Tensor weight_scale, Tensor? bias, str? activation, "
     "Tensor? residual, Tensor? input_scale, bool save) -> Tensor"
 )
-# Each format's input check, the same on every backend.
-CHECKS = {"int8": check_linear_int8, "fp8": check_linear_fp8}
 
 
 def _prepare(
@@ -188,7 +186,9 @@ def _prepare(
 ) -> tuple:
     """Raise as :func:`linear_int8` / :func:`linear_fp8` (``quantize``) document, before
     anything runs; the forward's arguments."""
-    CHECKS[quantize](x, weight, weight_scale, bias, activation, residual, input_scale)
+    LINEAR_QUANTIZED_CHECKS[quantize](
+        x, weight, weight_scale, bias, activation, residual, input_scale
+    )
     refuse_gradients(f"linear_{quantize}", x, weight_scale, bias, residual, input_scale)
     check_triton_device("x", x)
     if quantize == "fp8":
@@ -197,7 +197,9 @@ def _prepare(
 
 
 def _forward_fake(quantize, x, weight, weight_scale, bias, activation, residual, input_scale, save):
-    CHECKS[quantize](x, weight, weight_scale, bias, activation, residual, input_scale)
+    LINEAR_QUANTIZED_CHECKS[quantize](
+        x, weight, weight_scale, bias, activation, residual, input_scale
+    )
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 

@@ -357,7 +357,6 @@ def linear_int8(
 
     computed here in float64 from the int8 operands; returns x's dtype. Inference only.
     """
-    checks.check_linear_int8(x, weight, weight_scale, bias, activation, residual, input_scale)
     return _dequantised_linear(
         "int8", x, weight, weight_scale, bias, activation, residual, input_scale
     )
@@ -385,7 +384,6 @@ def linear_fp8(
 
     computed here in float64 from the e4m3 operands; returns x's dtype. Inference only.
     """
-    checks.check_linear_fp8(x, weight, weight_scale, bias, activation, residual, input_scale)
     return _dequantised_linear(
         "fp8", x, weight, weight_scale, bias, activation, residual, input_scale
     )
@@ -394,10 +392,13 @@ def linear_fp8(
 def _dequantised_linear(
     quantize, x, weight, weight_scale, bias, activation, residual, input_scale
 ) -> torch.Tensor:
-    """:func:`linear_int8` (``quantize="int8"``) or :func:`linear_fp8` (``"fp8"``) on checked
-    inputs: the product of the quantised operands in float64 (int8 sums are integers below
-    2**53: exact), dequantised, then the bias, activation and residual in float64; returns
-    x's dtype."""
+    """:func:`linear_int8` (``quantize="int8"``) or :func:`linear_fp8` (``"fp8"``): the format's
+    input check, then the product of the quantised operands in float64 (int8 sums are integers
+    below 2**53: exact), dequantised, then the bias, activation and residual in float64;
+    returns x's dtype."""
+    checks.LINEAR_QUANTIZED_CHECKS[quantize](
+        x, weight, weight_scale, bias, activation, residual, input_scale
+    )
     q, scale = quantize_rows(x, input_scale, quantize)
     acc = torch.matmul(q.double(), weight.double().T)
     y = acc * (scale.double()[..., None] * weight_scale.double())
