@@ -97,6 +97,17 @@ def _build_hf_compiled(
     return _hf_forward(torch.compile(model, mode=mode, dynamic=False), takes_token_types)
 
 
+def _hf_peer(name: str, description: str, attn_implementation: str) -> Peer:
+    """Hugging Face's model with ``attn_implementation`` (eager, sdpa)."""
+    return Peer(name, description, functools.partial(_build_hf, attn_implementation))
+
+
+def _hf_compiled_peer(name: str, mode: str) -> Peer:
+    """torch.compile of Hugging Face's sdpa model in compile mode ``mode``."""
+    description = f"torch.compile of HF sdpa (eager without sdpa; mode {mode})"
+    return Peer(name, description, functools.partial(_build_hf_compiled, mode))
+
+
 def _build_fastbert(
     options: dict[str, Any],
     reference: Reference,
@@ -144,26 +155,10 @@ def _fastbert_peer(
 PEERS = {
     peer.name: peer
     for peer in (
-        Peer(
-            "hf-eager",
-            "Hugging Face model, eager attention",
-            functools.partial(_build_hf, "eager"),
-        ),
-        Peer(
-            "hf-sdpa",
-            "Hugging Face model, scaled_dot_product_attention",
-            functools.partial(_build_hf, "sdpa"),
-        ),
-        Peer(
-            "hf-compile",
-            "torch.compile of HF sdpa (eager without sdpa; default mode)",
-            functools.partial(_build_hf_compiled, "default"),
-        ),
-        Peer(
-            "hf-compile-max",
-            "torch.compile of HF sdpa (eager without sdpa; mode max-autotune)",
-            functools.partial(_build_hf_compiled, "max-autotune"),
-        ),
+        _hf_peer("hf-eager", "Hugging Face model, eager attention", "eager"),
+        _hf_peer("hf-sdpa", "Hugging Face model, scaled_dot_product_attention", "sdpa"),
+        _hf_compiled_peer("hf-compile", "default"),
+        _hf_compiled_peer("hf-compile-max", "max-autotune"),
         _fastbert_peer("fastbert", "fastbert, dense (padded batch as is)"),
         _fastbert_peer(
             "fastbert-padfree", "fastbert, padding-free (real tokens only)", padding_free=True
