@@ -66,10 +66,8 @@ def markdown(report: dict) -> str:
         f"Median of {report['rounds']} rounds; each run in a fresh process, the pairs in turn. "
         + reporting.cpu_line(env),
         "",
-        "| contender | cache entries | freed memory | median s | minor page faults | system s "
-        "| kept speed-up |",
-        "|---|---:|---|---:|---:|---:|---:|",
     ]
+    rows = []
     for key in report["contenders"]:
         for caches in report.get("caches") or [None]:
             medians = {}
@@ -86,11 +84,27 @@ def markdown(report: dict) -> str:
             for keep in SETTINGS:
                 m = medians[keep]
                 speedup = medians["0"]["seconds"] / m["seconds"] if keep == "1" else None
-                lines.append(
-                    f"| {key} | {caches or 'inherited'} | {'kept' if keep == '1' else 'returned'} "
-                    f"| {m['seconds']:.2f} | {m['minor_faults']:,.0f} | {m['system_s']:.2f} | "
-                    f"{'' if speedup is None else f'{speedup:.2f}x'} |"
+                rows.append(
+                    (
+                        key,
+                        caches or "inherited",
+                        "kept" if keep == "1" else "returned",
+                        f"{m['seconds']:.2f}",
+                        f"{m['minor_faults']:,.0f}",
+                        f"{m['system_s']:.2f}",
+                        "" if speedup is None else f"{speedup:.2f}x",
+                    )
                 )
+    columns = (
+        "contender",
+        "cache entries",
+        "freed memory",
+        "median s",
+        "minor page faults",
+        "system s",
+        "kept speed-up",
+    )
+    lines += reporting.table(columns, "lrlrrrr", rows)
     return "\n".join(lines) + "\n"
 
 

@@ -97,33 +97,47 @@ def markdown(report: dict) -> str:
         "",
         f"## fastbert.embed on {report['docs']} docs of the corpus, plain and packed in turn",
         "",
-        "| dtype | plain median s | packed median s | speed-up (medians) | rounds packed faster "
-        "| largest difference |",
-        "|---|---:|---:|---:|---:|---:|",
     ]
+    corpus_rows = []
     for corpus in report["corpus"]:
         plain, packed = corpus["seconds"]["plain"], corpus["seconds"]["packed"]
         faster = sum(p < q for p, q in zip(packed, plain))
-        lines.append(
-            f"| {corpus['dtype']} | {statistics.median(plain):.2f} | "
-            f"{statistics.median(packed):.2f} | "
-            f"{statistics.median(plain) / statistics.median(packed):.3f}x | "
-            f"{faster} of {len(plain)} | {corpus['max_abs_difference']:.1e} |"
-        )
-    lines += [
-        "",
-        "## One linear (least of alternating calls)",
-        "",
-        "| dtype | linear | rows | plain us | packed us | speed-up | same bits |",
-        "|---|---|---:|---:|---:|---:|---|",
-    ]
-    for dtype, rows in report["linears"].items():
-        for r in rows:
-            lines.append(
-                f"| {dtype} | {r['linear']} [{r['in']} -> {r['out']}] | {r['rows']} | "
-                f"{r['plain'] * 1e6:,.0f} | {r['packed'] * 1e6:,.0f} | "
-                f"{r['plain'] / r['packed']:.2f}x | {'yes' if r['same_bits'] else 'no'} |"
+        plain_median, packed_median = statistics.median(plain), statistics.median(packed)
+        corpus_rows.append(
+            (
+                corpus["dtype"],
+                f"{plain_median:.2f}",
+                f"{packed_median:.2f}",
+                f"{plain_median / packed_median:.3f}x",
+                f"{faster} of {len(plain)}",
+                f"{corpus['max_abs_difference']:.1e}",
             )
+        )
+    corpus_columns = (
+        "dtype",
+        "plain median s",
+        "packed median s",
+        "speed-up (medians)",
+        "rounds packed faster",
+        "largest difference",
+    )
+    lines += reporting.table(corpus_columns, "lrrrrr", corpus_rows)
+    lines += ["", "## One linear (least of alternating calls)", ""]
+    linear_columns = ("dtype", "linear", "rows", "plain us", "packed us", "speed-up", "same bits")
+    linear_rows = [
+        (
+            dtype,
+            f"{r['linear']} [{r['in']} -> {r['out']}]",
+            r["rows"],
+            f"{r['plain'] * 1e6:,.0f}",
+            f"{r['packed'] * 1e6:,.0f}",
+            f"{r['plain'] / r['packed']:.2f}x",
+            "yes" if r["same_bits"] else "no",
+        )
+        for dtype, rows in report["linears"].items()
+        for r in rows
+    ]
+    lines += reporting.table(linear_columns, "llrrrrl", linear_rows)
     return "\n".join(lines) + "\n"
 
 

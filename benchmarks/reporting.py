@@ -1,13 +1,13 @@
 """What the benchmark scripts share: timing contenders in turns, and writing a result's two
 files (``<stem>.json``, ``<stem>.md``) into its folder, the sentence naming a CPU result's
-machine."""
+machine, the lines of a markdown table."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +58,17 @@ def cpu_line(env: dict) -> str:
         f"CPU: {env['cpu']} ({env['cpu_threads']} torch threads; flags: {env['cpu_flags']}); "
         f"torch {env['torch']}; commit {env['commit']}; {env['date']}."
     )
+
+
+def table(columns: Sequence[str], align: str, rows: Iterable[Sequence[object]]) -> list[str]:
+    """A markdown table's lines: the header naming ``columns``, the rule aligning them (a
+    letter a column in ``align``: ``l`` left, ``r`` right) and a line a row of ``rows``, each
+    cell as ``str`` writes it."""
+    if len(align) != len(columns) or set(align) - {"l", "r"}:
+        raise ValueError(f"align needs an l or r for each of {len(columns)} columns: {align!r}")
+    rule = "|" + "".join("---|" if side == "l" else "---:|" for side in align)
+    return [_table_row(columns), rule, *(_table_row(cells) for cells in rows)]
+
+
+def _table_row(cells: Sequence[object]) -> str:
+    return "| " + " | ".join(str(cell) for cell in cells) + " |"
