@@ -474,9 +474,13 @@ def facade(top_import: str) -> str:
     """
 
 
-def _one(failures: list[str], *parts: str) -> None:
-    hits = [f for f in failures if all(p in f for p in parts)]
-    assert len(hits) == 1, (parts, failures)
+def _exactly(failures: list[str], *expected: tuple[str, ...]) -> None:
+    """Each of ``expected`` (the parts of one message) matches one failure, and no failure is
+    left over."""
+    for parts in expected:
+        hits = [f for f in failures if all(p in f for p in parts)]
+        assert len(hits) == 1, (parts, failures)
+    assert len(failures) == len(expected), failures
 
 
 def test_checker_reports_an_upward_import() -> None:
@@ -490,9 +494,11 @@ def test_checker_reports_an_upward_import() -> None:
             "fastbert.integrations.optimize": "",
         }
     )
-    _one(failures, "fastbert/kernels/ops.py:3", "fastbert.model.encoder", "may not import room")
-    _one(failures, "fastbert/model/encoder.py:1", "fastbert.integrations.optimize (optimize)")
-    assert len(failures) == 2, failures
+    _exactly(
+        failures,
+        ("fastbert/kernels/ops.py:3", "fastbert.model.encoder", "may not import room"),
+        ("fastbert/model/encoder.py:1", "fastbert.integrations.optimize (optimize)"),
+    )
 
 
 def test_checker_reports_a_private_name_from_another_room() -> None:
@@ -508,10 +514,13 @@ def test_checker_reports_a_private_name_from_another_room() -> None:
             """,
         }
     )
-    _one(failures, "runtime.py:2", "fastbert.kernels.launch (_tuned)", "private name _tuned")
-    _one(failures, "runtime.py:3", "fastbert.kernels._grid", "private name _grid")
-    _one(failures, "runtime.py:4", "fastbert.kernels._grid", "private name _grid")
-    assert len(failures) == 4, failures  # and the cycle launch <-> _grid
+    _exactly(
+        failures,
+        ("runtime.py:2", "fastbert.kernels.launch (_tuned)", "private name _tuned"),
+        ("runtime.py:3", "fastbert.kernels._grid", "private name _grid"),
+        ("runtime.py:4", "fastbert.kernels._grid", "private name _grid"),
+        ("import cycle", "fastbert/kernels/launch.py", "fastbert/kernels/_grid.py"),
+    )
 
 
 def test_checker_reports_a_private_name_used_through_a_module() -> None:
@@ -572,9 +581,11 @@ def test_checker_reports_an_outside_package_in_kernels() -> None:
             "fastbert.model.loading": "import safetensors",  # any outside package: fine
         }
     )
-    _one(failures, "fastbert/kernels/ops.py:8", "transformers", "room kernels")
-    _one(failures, "fastbert/version.py:1", "sys", "room version")
-    assert len(failures) == 2, failures
+    _exactly(
+        failures,
+        ("fastbert/kernels/ops.py:8", "transformers", "room kernels"),
+        ("fastbert/version.py:1", "sys", "room version"),
+    )
 
 
 def test_checker_reports_the_facade_imported_inside_the_package() -> None:
@@ -595,19 +606,23 @@ def test_checker_reports_the_facade_imported_inside_the_package() -> None:
             "fastbert.cli": "from fastbert import BertModel",  # so may the cli
         }
     )
-    _one(failures, "fastbert/__init__.py:3", "fastbert.bench", "only inside functions")
-    _one(failures, "fastbert/bench/peers.py:4", "fastbert (BertModel)", "the façade")
-    _one(failures, "fastbert/embedding/pipeline.py:1", "imports fastbert: the façade")
-    assert len(failures) == 3, failures
+    _exactly(
+        failures,
+        ("fastbert/__init__.py:3", "fastbert.bench", "only inside functions"),
+        ("fastbert/bench/peers.py:4", "fastbert (BertModel)", "the façade"),
+        ("fastbert/embedding/pipeline.py:1", "imports fastbert: the façade"),
+    )
 
 
 def test_checker_reports_a_module_in_no_room_and_a_missing_module() -> None:
     failures = failures_of(
         {"fastbert.attic.old": "", "fastbert.model.heads": "from fastbert.model import gone"}
     )
-    _one(failures, "fastbert/attic/old.py", "belongs to no room")
-    _one(failures, "fastbert/model/heads.py:1", "fastbert.model", "no module of the package")
-    assert len(failures) == 2, failures
+    _exactly(
+        failures,
+        ("fastbert/attic/old.py", "belongs to no room"),
+        ("fastbert/model/heads.py:1", "fastbert.model", "no module of the package"),
+    )
 
 
 def test_checker_passes_code_that_keeps_the_rule() -> None:
@@ -650,6 +665,8 @@ def test_checker_reports_private_kernel_names_imported_outside() -> None:
         )
     ]
     failures = check_outside(outside, known)
-    _one(failures, "tests/test_x.py:1", "fastbert.kernels.launch (_tuned)", "private name")
-    _one(failures, "tests/test_x.py:2", "fastbert.kernels._grid", "private name")
-    assert len(failures) == 2, failures
+    _exactly(
+        failures,
+        ("tests/test_x.py:1", "fastbert.kernels.launch (_tuned)", "private name"),
+        ("tests/test_x.py:2", "fastbert.kernels._grid", "private name"),
+    )
