@@ -313,14 +313,16 @@ def refuse_gradients(
         )
 
 
-def refuse_int8_gradients(x, weight_scale, bias, residual, input_scale) -> None:
-    """:func:`refuse_gradients` of linear_int8's floating inputs."""
-    refuse_gradients("linear_int8", x, weight_scale, bias, residual, input_scale)
-
-
-def refuse_fp8_gradients(x, weight_scale, bias, residual, input_scale) -> None:
-    """:func:`refuse_gradients` of linear_fp8's floating inputs."""
-    refuse_gradients("linear_fp8", x, weight_scale, bias, residual, input_scale)
+def check_linear_quantized_call(
+    quantize, x, weight, weight_scale, bias, activation, residual, input_scale
+) -> None:
+    """The checks of a public linear_int8 / linear_fp8 call (``quantize`` "int8" or "fp8") on
+    every backend: the format's input check, then :func:`refuse_gradients` of its floating
+    inputs."""
+    LINEAR_QUANTIZED_CHECKS[quantize](
+        x, weight, weight_scale, bias, activation, residual, input_scale
+    )
+    refuse_gradients(f"linear_{quantize}", x, weight_scale, bias, residual, input_scale)
 
 
 # SPLADE's activations: log1p(relu(z)) ("relu", 1 step) or log1p(log1p(relu(z))) (2 steps).

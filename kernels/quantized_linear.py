@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 
 from . import reference, torch_ops
-from .checks import LINEAR_QUANTIZED_CHECKS, check_fp8_device, refuse_gradients
+from .checks import LINEAR_QUANTIZED_CHECKS, check_fp8_device, check_linear_quantized_call
 from .fused_linear import linear_rows
 from .launch import check_triton_device, next_power_of_2
 from .op import Kernel, Op
@@ -186,10 +186,9 @@ def _prepare(
 ) -> tuple:
     """Raise as :func:`linear_int8` / :func:`linear_fp8` (``quantize``) document, before
     anything runs; the forward's arguments."""
-    LINEAR_QUANTIZED_CHECKS[quantize](
-        x, weight, weight_scale, bias, activation, residual, input_scale
+    check_linear_quantized_call(
+        quantize, x, weight, weight_scale, bias, activation, residual, input_scale
     )
-    refuse_gradients(f"linear_{quantize}", x, weight_scale, bias, residual, input_scale)
     check_triton_device("x", x)
     if quantize == "fp8":
         check_fp8_device("x", x)

@@ -39,6 +39,8 @@ host read and the ops trace under ``torch.compile`` and capture into CUDA graphs
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -383,10 +385,14 @@ def linear_fp8_unchecked(x, weight, weight_scale, bias, activation, residual, in
     )
 
 
-linear_int8 = checked(linear_int8_unchecked, checks.check_linear_int8, checks.refuse_int8_gradients)
+linear_int8 = checked(
+    linear_int8_unchecked, functools.partial(checks.check_linear_quantized_call, "int8")
+)
 """:func:`linear_int8_unchecked`, inputs checked, gradients refused."""
 
-linear_fp8 = checked(linear_fp8_unchecked, checks.check_linear_fp8, checks.refuse_fp8_gradients)
+linear_fp8 = checked(
+    linear_fp8_unchecked, functools.partial(checks.check_linear_quantized_call, "fp8")
+)
 """:func:`linear_fp8_unchecked`, inputs checked, gradients refused."""
 
 
