@@ -274,6 +274,10 @@ def test_token_buckets_are_few_and_tight() -> None:
     assert runtime.token_bucket(0) == 0
 
 
+def test_sequence_buckets_are_powers_of_two() -> None:
+    assert [runtime.sequence_bucket(n) for n in (1, 8, 9, 16, 17, 100)] == [8, 8, 16, 16, 32, 128]
+
+
 def test_bucketed_inputs_pad_with_a_filler_sequence() -> None:
     mask = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 1]], dtype=torch.bool)
     packed = _pack(mask)
@@ -283,7 +287,8 @@ def test_bucketed_inputs_pad_with_a_filler_sequence() -> None:
     )
     assert no_types is None
     assert padded_ids.tolist() == [5, 6, 7, 8, 9] + [0] * (runtime.token_bucket(5) - 5)
-    assert cu_seqlens.tolist() == [0, 2, 2, 5, runtime.token_bucket(5)]
+    # Sequence 3 is the filler rows, 4..7 are empty: 8 sequences, the smallest count bucket.
+    assert cu_seqlens.tolist() == [0, 2, 2, 5] + [runtime.token_bucket(5)] * 5
     assert cu_seqlens.dtype == torch.int32 and max_seqlen == 4  # longest row 3 -> 4
 
 
@@ -310,9 +315,10 @@ def test_padding_free_graphs_replay_per_size_bucket(device, backend) -> None:
     graphed = inference_model(hf, **options)
     graphed.runner.graphs = ReplayingGraphs(True, torch.device(device).type)
     hf = hf.to(device)
-    # 20, 17 and 10 real tokens, longest 9 (bucket 64, max_seqlen 16), with a fully padded
-    # row; then 70 tokens, longest 30 (bucket 128, max_seqlen 32).
-    calls = [[9, 5, 6], [3, 9, 5], [1, 0, 9], [30, 30, 10]]
+    # 20, 17, 10 and 20 real tokens in 3 or 4 rows, longest 9 (bucket 64, max_seqlen 16, 8
+    # sequences), one call with a fully padded row; then 70 tokens, longest 30 (bucket 128,
+    # max_seqlen 32).
+    calls = [[9, 5, 6], [3, 9, 5], [1, 0, 9], [5, 4, 9, 2], [30, 30, 10]]
     for ids, mask, types in _padded_batches(calls, seq=30):
         ids, mask, types = ids.to(device), mask.to(device), types.to(device)
         got = graphed(ids, mask, types).last_hidden_state
@@ -324,7 +330,7 @@ def test_padding_free_graphs_replay_per_size_bucket(device, backend) -> None:
     if backend == "torch":
         assert (graphed.runner.graphs.captures, graphed.runner.graphs.replays) == (0, 0)
         return
-    assert (graphed.runner.graphs.captures, graphed.runner.graphs.replays) == (2, 4)
+    assert (graphed.runner.graphs.captures, graphed.runner.graphs.replays) == (2, 5)
     host_keys = [key[-1] for key in graphed.runner.graphs.graphs]
     assert host_keys == [16, 32], "max_seqlen, a power of two, is part of the key"
 

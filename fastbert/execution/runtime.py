@@ -19,8 +19,12 @@ which the model defines) as follows:
 - CUDA graphs: the encoder (embeddings and layers) is captured once per key and replayed,
   which removes the per-kernel launch cost (85 launches for BERT-base). A dense call's
   key is its (batch, seq, optional inputs); a padding-free call's is its size bucket: the T
-  real tokens are padded to ``token_bucket(T)`` rows that form one extra filler sequence, so
-  batches of nearby sizes replay one graph (only the packing and the scatter run eagerly).
+  real tokens are padded to ``token_bucket(T)`` rows that form one extra filler sequence, and
+  the B sequences with empty ones to ``sequence_bucket(B + 1)``, so batches of nearby sizes
+  replay one graph (only the packing and the scatter run eagerly). The sequence count and
+  the longest sequence (rounded up to a power of two) stay in the key because they size the
+  attention kernel's grid: a grid sized for the most sequences a bucket could hold would be
+  almost all programs that exit at once.
 
 Each is chosen per call by the model's ``padding_free`` and ``cuda_graphs`` settings, each
 "auto", True or False:
@@ -62,6 +66,9 @@ PACK_MIN_PADDING_CPU = 0.03
 # eighth of the power of two at or below T, and of at least this many rows (so fewer than
 # T / 8 or 64 extra rows, and eight buckets per doubling of T).
 TOKEN_BUCKET_MIN_STEP = 64
+# ... and its B sequences, with the filler, are padded with empty sequences to a power of two
+# of at least this many (a batch of up to 7 sequences runs an 8-sequence grid).
+SEQUENCE_BUCKET_MIN = 8
 
 # Fused QKV -> attention context; takes the attention ops' position keywords too:
 # ``relative_bias=`` (an [H, 32] table), ``rotary=`` (RoPE's inverse frequencies), ``window=``.
@@ -154,21 +161,29 @@ def bucketed_inputs(
     """The inputs of a graph for the size bucket of T packed tokens.
 
     Each [T] input (None stays None) padded with zeros (a valid id, position and token type)
-    to ``token_bucket(T)`` rows; cu_seqlens int32 [B + 2], whose last sequence is the padding
-    rows, so every row is computed and attends only to its own sequence; and ``max_seqlen``
+    to ``token_bucket(T)`` rows; cu_seqlens int32 [sequence_bucket(B + 1) + 1], whose
+    sequence B is the padding rows and whose later ones are empty, so every row is computed
+    and attends only to its own sequence; and ``max_seqlen``
     rounded up to a power of two (it sizes the attention grid; the kernel loops over a longer
     filler sequence).
     """
     tokens = token_inputs[0].numel()
     bucket = token_bucket(tokens)
     padded = tuple(None if t is None else F.pad(t, (0, bucket - tokens)) for t in token_inputs)
-    return padded, F.pad(cu_seqlens, (0, 1), value=bucket), next_power_of_2(max_seqlen)
+    added = sequence_bucket(cu_seqlens.numel()) + 1 - cu_seqlens.numel()
+    return padded, F.pad(cu_seqlens, (0, added), value=bucket), next_power_of_2(max_seqlen)
 
 
 def token_bucket(tokens: int) -> int:
     """The rows a graphed padding-free call of ``tokens`` real tokens runs (>= tokens)."""
     step = max(TOKEN_BUCKET_MIN_STEP, (1 << max(tokens, 1).bit_length()) // 16)
     return cdiv(tokens, step) * step
+
+
+def sequence_bucket(sequences: int) -> int:
+    """The sequences a graphed padding-free call of ``sequences`` sequences (the filler
+    included) runs: a power of two, at least SEQUENCE_BUCKET_MIN."""
+    return max(SEQUENCE_BUCKET_MIN, next_power_of_2(sequences))
 
 
 def pack(
