@@ -2,7 +2,8 @@
 in the same run: every model folder's pipeline pads its token ids into a [n, longest] batch
 with a mask and runs the model's padded entry (``FolderPipeline(packed=False)``, the route a
 folder with a sentence-transformers module runs, and the one every folder ran before the
-packed path).
+packed path); a cross-encoder's :class:`Classifier` keeps its padded route too (its load-time
+probe, which would turn the packed path on, is skipped).
 
     python -m benchmarks.padded_route serve --model FOLDER ...   (any fastbert command)
 """
@@ -11,11 +12,12 @@ from __future__ import annotations
 
 import sys
 
-from fastbert.embedding.model import FolderPipeline
+from fastbert.embedding.model import Classifier, FolderPipeline
 
 
 def use_padded_route() -> None:
-    """Make every FolderPipeline built from now on in this process run the padded route."""
+    """Make every FolderPipeline and Classifier built from now on in this process run the
+    padded route."""
     built = FolderPipeline.__post_init__
 
     def padded(self: FolderPipeline) -> None:
@@ -23,6 +25,7 @@ def use_padded_route() -> None:
         self.packed = False
 
     FolderPipeline.__post_init__ = padded
+    Classifier.probe = lambda self, tokens, type_ids: None  # packed stays False
 
 
 def main(argv: list[str] | None = None) -> int:

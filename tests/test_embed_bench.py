@@ -255,21 +255,26 @@ def test_a_contender_the_model_cannot_run(monkeypatch, capsys, tmp_path) -> None
     assert exit_.value.code == 2 and "GeGLU" in capsys.readouterr().err
 
 
-def test_padded_rows_run_the_padded_route(monkeypatch) -> None:
+def test_padded_rows_run_the_padded_route(monkeypatch, tmp_path) -> None:
     """The "padded route" rows (and benchmarks.padded_route, which the serve benchmark's
-    fastbert-padded server runs) take the FolderPipeline's padded route; the others the
-    packed path."""
+    fastbert-padded server runs) take the FolderPipeline's padded route, and a cross-encoder
+    its Classifier's; the others the packed path."""
     import fastbert
     from benchmarks import padded_route
-    from fastbert.embedding.model import FolderPipeline
+    from fastbert.embedding.model import Classifier, FolderPipeline
     from fastbert.integrations.models import packaged_minilm_path
+    from tests.test_text_model import save_classifier
 
     loaded = fastbert.load(packaged_minilm_path())
     assert embed_bench.route(loaded.job(False), "fastbert-list").encoder.packed
     assert not embed_bench.route(loaded.job(False), "fastbert-list-padded").encoder.packed
+    reranker = save_classifier(tmp_path / "reranker")
+    assert fastbert.load(reranker).classifier.packed
     monkeypatch.setattr(FolderPipeline, "__post_init__", FolderPipeline.__post_init__)
+    monkeypatch.setattr(Classifier, "probe", Classifier.probe)
     padded_route.use_padded_route()
     assert not fastbert.load(packaged_minilm_path()).encoder.packed
+    assert not fastbert.load(reranker).classifier.packed
 
 
 def test_the_torch_passes_row_turns_the_compiled_int8_passes_off() -> None:

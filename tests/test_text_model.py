@@ -176,6 +176,7 @@ def test_a_classifier_folder_scores_pairs_as_hugging_face(tmp_path):
     folder = save_classifier(tmp_path / "classifier", num_labels=3)
     loaded = fastbert.load(folder)
     assert loaded.kind == "classification" and loaded.labels == ["LABEL_0", "LABEL_1", "LABEL_2"]
+    assert loaded.classifier.packed, "BERT's head reads the first rows: the packed path runs"
     queries, documents = TEXTS[:6], TEXTS[6:12]
     got = loaded.classify(queries, documents)
     transformers = models.import_transformers()

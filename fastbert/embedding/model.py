@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from fastbert.embedding.sparse import SparseVectors
+from fastbert.integrations import packed_classifier
 from fastbert.model.masked_lm_head import MaskedLMHead
 from fastbert.model.sentence_folder import (
     EMBEDDING,
@@ -327,7 +328,11 @@ class Classifier:
     [n, num_labels]).
 
     ``model``: a Hugging Face ``*ForSequenceClassification`` model with fastbert's encoder
-    swapped in (fastbert.optimize); ``pad_id``: the tokenizer's padding id.
+    swapped in (fastbert.optimize); ``pad_id``: the tokenizer's padding id. ``packed``: run
+    the inputs packed end to end (fastbert.integrations.packed_classifier: the head reads the
+    rows it needs of the packed hidden state); :meth:`probe` turns it on where the model's
+    head reads only those rows. Off, the ids are padded into a [n, longest] batch with a mask
+    and run through the model as Hugging Face runs it.
     """
 
     def __init__(self, model: Any, pad_id: int):
@@ -336,18 +341,44 @@ class Classifier:
         self.device = next(model.parameters()).device
         # DistilBERT has no token types: its forward takes no token_type_ids.
         self.takes_token_types = "token_type_ids" in inspect.signature(model.forward).parameters
+        self.packed = False
+
+    def probe(self, tokens: list[list[int]], type_ids: list[list[int]] | None) -> None:
+        """Turn :attr:`packed` on when the model's head gives the same logits from the rows
+        the packed path gives it as from the whole hidden state, for these inputs (two or more
+        of different lengths)."""
+        arguments = self._padded(tokens, type_ids)
+        self.packed = packed_classifier.reads_head_rows_only(
+            self.model,
+            arguments["input_ids"],
+            arguments["attention_mask"],
+            arguments.get("token_type_ids"),
+        )
 
     def __call__(self, tokens: list[list[int]], type_ids: list[list[int]] | None) -> np.ndarray:
         """token ids (and token types, or None) of n inputs -> logits [n, num_labels]."""
+        with torch.inference_mode():
+            if self.packed:
+                input_ids, offsets = pack(tokens, self.device)
+                types = None
+                if type_ids is not None and self.takes_token_types:
+                    types = pack(type_ids, self.device)[0]
+                logits = packed_classifier.packed_logits(self.model, input_ids, offsets, types)
+            else:
+                logits = self.model(**self._padded(tokens, type_ids)).logits
+        return logits.float().cpu().numpy()
+
+    def _padded(
+        self, tokens: list[list[int]], type_ids: list[list[int]] | None
+    ) -> dict[str, torch.Tensor]:
+        """The model's keyword inputs for ``tokens`` right-padded into a [n, longest] batch."""
         if not self.takes_token_types:
             type_ids = None
         input_ids, mask, token_types = pad(tokens, type_ids, self.pad_id, self.device)
         arguments = {"input_ids": input_ids, "attention_mask": mask}
         if token_types is not None:
             arguments["token_type_ids"] = token_types
-        with torch.inference_mode():
-            logits = self.model(**arguments).logits
-        return logits.float().cpu().numpy()
+        return arguments
 
 
 def pack(tokens: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -466,6 +466,8 @@ def load_options(options: EmbedOptions, tokenizer: Any = None) -> TextModel:
     if spec.kind == CLASSIFICATION:
         network, labels = _load_classifier(spec.transformer.folder, options, device)
         classifier = model.Classifier(network, pad_id)
+        probe = tokenizer(["a probe", "a longer probe"], ["a text", "a"])
+        classifier.probe(probe["input_ids"], probe.get("token_type_ids"))
         return TextModel(spec, options, tokenizer, classifier=classifier, labels=labels)
     encoder_model = model.load_encoder_model(
         str(spec.transformer.folder),

@@ -36,10 +36,11 @@ when ``optimize`` runs (for the output classes), never at ``import fastbert``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -51,6 +52,7 @@ from fastbert.model.config import BertConfig
 from fastbert.model.encoder import BertModel
 from fastbert.model.families import Family, family_of_class, supported_classes
 from fastbert.model.loading import is_sentence_transformer
+from fastbert.model.outputs import BaseModelOutputWithPooling
 from fastbert.model.weights import registration_generation
 
 # Base-model arguments fastbert cannot honour -> why (any value but None / False raises).
@@ -118,7 +120,7 @@ def optimize(
         validation.check_dtype(dtype)
     validation.check_quantize(quantize)
     hf_model = _transformers_model(model)
-    family, base = _base_model(hf_model)
+    family, base = base_model(hf_model)
     config = BertConfig.from_hf(hf_model.config, family)
     if backend == "triton":
         check_head_dim(config.head_dim)
@@ -179,7 +181,7 @@ def _transformers_model(model: Any) -> nn.Module:
     return first.auto_model
 
 
-def _base_model(model: Any) -> tuple[Family, nn.Module]:
+def base_model(model: Any) -> tuple[Family, nn.Module]:
     """(family, base model) of a supported transformers model; TypeError otherwise."""
     found = family_of_class([c.__name__ for c in type(model).__mro__])
     if found is None or not isinstance(model, nn.Module):
@@ -281,6 +283,7 @@ class FastbertForward:
         outputs = importlib.import_module("transformers.modeling_outputs")
         self._output_class = getattr(outputs, family.output_class)
         self._lock = threading.Lock()
+        self._given = threading.local()
         self._bind()
 
     def _bind(self) -> None:
@@ -314,18 +317,18 @@ class FastbertForward:
         self._refuse(arguments)
         if input_ids is None:
             raise ValueError("input_ids is required by a fastbert-optimized model")
-        with self._lock:  # threads calling at once rebind once
-            if not self._bound():
-                self._bind()
-            encoder = self.encoder
-        if encoder.training != self.base.training:
-            encoder.train(self.base.training)  # dropout follows model.train() / .eval()
-        if self._masked_outputs_read is not None and self._masked_outputs_read():
-            if encoder.padding_free is True:
-                raise ValueError(_PADDING_FREE_EXPANSION)
-            if encoder.padding_free == "auto":
-                encoder.padding_free = False  # every position computed, as in Hugging Face
-        out = encoder(input_ids, attention_mask, token_type_ids)
+        encoder = self.current_encoder()
+        given = getattr(self._given, "hidden", None)
+        if given is not None:
+            pooled = encoder.pooler(encoder.ops(), given) if encoder.pooler is not None else None
+            out = BaseModelOutputWithPooling(given, pooled)
+        else:
+            if self._masked_outputs_read is not None and self._masked_outputs_read():
+                if encoder.padding_free is True:
+                    raise ValueError(_PADDING_FREE_EXPANSION)
+                if encoder.padding_free == "auto":
+                    encoder.padding_free = False  # every position computed, as in Hugging Face
+            out = encoder(input_ids, attention_mask, token_type_ids)
         fields = {"last_hidden_state": out.last_hidden_state}
         if "pooler_output" in self._output_class.__dataclass_fields__:
             fields["pooler_output"] = out.pooler_output
@@ -333,6 +336,42 @@ class FastbertForward:
         if return_dict is None:
             return_dict = getattr(self.base.config, "return_dict", True)
         return result if return_dict else result.to_tuple()
+
+    def current_encoder(self) -> BertModel:
+        """The encoder, rebound first if the model's tensors changed, in the model's train or
+        eval mode (dropout follows ``model.train()`` / ``.eval()``)."""
+        with self._lock:  # threads calling at once rebind once
+            if not self._bound():
+                self._bind()
+            encoder = self.encoder
+        if encoder.training != self.base.training:
+            encoder.train(self.base.training)
+        return encoder
+
+    def forward_packed(
+        self,
+        input_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor | Sequence[int],
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """:meth:`fastbert.BertModel.forward_packed` on the model's tensors: ids [T] (and
+        token types [T], ignored by families without them) of the sequences that
+        ``cu_seqlens`` [B + 1] delimits -> the last hidden state of their tokens [T, H]."""
+        if not self.config.type_vocab_size:
+            token_type_ids = None
+        return self.current_encoder().forward_packed(input_ids, cu_seqlens, token_type_ids)
+
+    @contextlib.contextmanager
+    def returning(self, hidden: torch.Tensor) -> Iterator[None]:
+        """While in the block, this thread's calls return ``hidden`` [B, S, H] (in the model's
+        dtype) as the last hidden state, with the pooler's output of it, in place of running
+        the encoder: the model's heads then run on hidden states computed otherwise
+        (fastbert.integrations.packed_classifier). Other threads' calls are not affected."""
+        self._given.hidden = hidden
+        try:
+            yield
+        finally:
+            self._given.hidden = None
 
     def _arguments(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         """Hugging Face's forward arguments by name, ``**kwargs`` flattened in."""
