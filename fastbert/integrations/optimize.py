@@ -40,7 +40,7 @@ import contextlib
 import importlib
 import inspect
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -347,19 +347,6 @@ class FastbertForward:
         if encoder.training != self.base.training:
             encoder.train(self.base.training)
         return encoder
-
-    def forward_packed(
-        self,
-        input_ids: torch.Tensor,
-        cu_seqlens: torch.Tensor | Sequence[int],
-        token_type_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """:meth:`fastbert.BertModel.forward_packed` on the model's tensors: ids [T] (and
-        token types [T], ignored by families without them) of the sequences that
-        ``cu_seqlens`` [B + 1] delimits -> the last hidden state of their tokens [T, H]."""
-        if not self.config.type_vocab_size:
-            token_type_ids = None
-        return self.current_encoder().forward_packed(input_ids, cu_seqlens, token_type_ids)
 
     @contextlib.contextmanager
     def returning(self, hidden: torch.Tensor) -> Iterator[None]:

@@ -55,7 +55,9 @@ def packed_logits(
     [B + 1] from 0 to T (built on the host), ``token_type_ids`` [T] or None. Call under
     torch.inference_mode() (or no_grad); valid where :func:`reads_head_rows_only` holds."""
     forward = optimized_forward(model)
-    hidden = forward.forward_packed(input_ids, cu_seqlens, token_type_ids)
+    if not forward.config.type_vocab_size:  # DistilBERT, MPNet, ModernBERT ignore them
+        token_type_ids = None
+    hidden = forward.current_encoder().forward_packed(input_ids, cu_seqlens, token_type_ids)
     offsets = torch.as_tensor(cu_seqlens).to(hidden.device, non_blocking=True)
     rows = head_rows(model, hidden, offsets)[:, None]
     return _head_logits(model, forward, rows, torch.ones_like(rows[..., 0], dtype=torch.int64))
