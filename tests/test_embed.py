@@ -347,9 +347,11 @@ def killed_run(tmp_path, model_path: str) -> tuple[list[str], list[str], int]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "fastbert.cli", "embed", *args, *slow], stderr=subprocess.PIPE
     )
-    deadline = time.monotonic() + 60
+    # A liveness bound only: starting Python, torch and the model took over 60 s once on a
+    # loaded 2-core machine.
+    deadline = time.monotonic() + 300
     while not (out / "part-00000.parquet").exists() and proc.poll() is None:
-        assert time.monotonic() < deadline, "no shard written in 60 s"
+        assert time.monotonic() < deadline, "no shard written in 300 s"
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
