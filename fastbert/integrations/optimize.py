@@ -354,11 +354,12 @@ class FastbertForward:
         dtype) as the last hidden state, with the pooler's output of it, in place of running
         the encoder: the model's heads then run on hidden states computed otherwise
         (fastbert.integrations.packed_classifier). Other threads' calls are not affected."""
+        before = getattr(self._given, "hidden", None)
         self._given.hidden = hidden
         try:
             yield
         finally:
-            self._given.hidden = None
+            self._given.hidden = before
 
     def _arguments(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         """Hugging Face's forward arguments by name, ``**kwargs`` flattened in."""
