@@ -55,9 +55,8 @@ def packed_logits(
     [B + 1] from 0 to T (built on the host), ``token_type_ids`` [T] or None. Call under
     torch.inference_mode() (or no_grad); valid where :func:`reads_head_rows_only` holds."""
     forward = optimized_forward(model)
-    if not forward.config.type_vocab_size:  # DistilBERT, MPNet, ModernBERT ignore them
-        token_type_ids = None
-    hidden = forward.current_encoder().forward_packed(input_ids, cu_seqlens, token_type_ids)
+    types = _token_types(forward, token_type_ids)
+    hidden = forward.current_encoder().forward_packed(input_ids, cu_seqlens, types)
     offsets = torch.as_tensor(cu_seqlens).to(hidden.device, non_blocking=True)
     rows = head_rows(model, hidden, offsets)[:, None]
     return _head_logits(model, forward, rows, torch.ones_like(rows[..., 0], dtype=torch.int64))
@@ -75,8 +74,8 @@ def reads_head_rows_only(
     summed in another order)."""
     forward = optimized_forward(model)
     with torch.inference_mode():
-        hidden = forward.current_encoder()(input_ids, attention_mask, token_type_ids)
-        hidden = hidden.last_hidden_state
+        types = _token_types(forward, token_type_ids)
+        hidden = forward.current_encoder()(input_ids, attention_mask, types).last_hidden_state
         real = attention_mask.bool()
         lengths = real.sum(1)
         offsets = torch.nn.functional.pad(lengths.cumsum(0), (1, 0))
@@ -85,6 +84,14 @@ def reads_head_rows_only(
         from_rows = _head_logits(model, forward, rows, torch.ones_like(lengths)[:, None])
     tolerance = 8 * torch.finfo(hidden.dtype).eps * max(1.0, whole.abs().max().item())
     return bool(((whole - from_rows).abs() <= tolerance).all())
+
+
+def _token_types(
+    forward: FastbertForward, token_type_ids: torch.Tensor | None
+) -> torch.Tensor | None:
+    """The token types the encoder reads: none for a family without them (DistilBERT, MPNet,
+    ModernBERT ignore what a tokenizer gives, as Hugging Face does)."""
+    return token_type_ids if forward.config.type_vocab_size else None
 
 
 def _head_logits(
