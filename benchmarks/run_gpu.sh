@@ -5,6 +5,10 @@
 #   bash benchmarks/run_gpu.sh OUT             # on a machine with a CUDA GPU, no network
 #   bash benchmarks/run_gpu.sh --dry-run OUT   # any machine: would every stage start?
 #
+# Beforehand, on a machine with a package index: python -m benchmarks.gpu_run.wheels --out .whl
+# --python-version 3.12 (the GPU machine's Python) fetches the serve stage's web stack, which
+# GPU images tend to lack, into .whl/ (ignored by git): copy that folder with the repository.
+#
 # The stages, in order of value, each with its cap in seconds (benchmarks/gpu_run/plan.py):
 # install 40, environment 20, gpu-tests 150 (the covering core of the GPU test grid), bench 50
 # (fastbert bench, BERT-base fp16, 1x128 32x128 8x512 64x512 64x512p, against HF eager and

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from benchmarks import corpus_tokens, random_folder
-from benchmarks.gpu_run import dry_run, grid, plan, runner, samples, summary
+from benchmarks.gpu_run import dry_run, grid, install, plan, runner, samples, summary, wheels
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,6 +63,45 @@ def test_dry_run_names_what_would_not_start() -> None:
     assert problems["fine"] is None
     assert "collected 0 tests" in problems["no-tests"]
     assert "not found" in problems["no-program"]
+
+
+def test_dry_run_names_modules_neither_installed_nor_bundled(tmp_path: Path) -> None:
+    stage = plan.Stage("serving", 10, ("no-such-program-here",), needs=("json", "fastbert_absent"))
+    (problem,) = dry_run.check([stage], REPO, wheel_folder=tmp_path).values()
+    assert "needs fastbert_absent:" in problem and "json" not in problem
+    assert f"python -m benchmarks.gpu_run.wheels --out {tmp_path}" in problem
+    (tmp_path / "fastbert_absent-1.0-py3-none-any.whl").touch()
+    assert dry_run.missing(stage.needs, tmp_path) is None
+
+
+def _distribution(site: Path, name: str, *requires: str) -> None:
+    info = site / f"{name.replace('-', '_')}-1.{len(requires)}.dist-info"
+    info.mkdir(parents=True)
+    lines = [f"Name: {name}", f"Version: 1.{len(requires)}"]
+    (info / "METADATA").write_text("\n".join(lines + [f"Requires-Dist: {r}" for r in requires]))
+
+
+def test_wheels_follow_requirements_for_the_target_python(tmp_path, monkeypatch) -> None:
+    _distribution(
+        tmp_path, "fb-top", "fb-leaf>=1", "fb-old; python_version < '3.11'", "fb-x; extra == 'x'"
+    )
+    _distribution(tmp_path, "fb-leaf")
+    _distribution(tmp_path, "fb-old", "fb-leaf")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert wheels.closure(["fb_top"], "3.12") == {"fb-leaf": "1.0", "fb-top": "1.3"}
+    assert list(wheels.closure(["fb-top"], "3.10")) == ["fb-leaf", "fb-old", "fb-top"]
+    command = wheels.download_command({"fb-top": "1.3"}, tmp_path, "3.12")
+    assert command[-1] == "fb-top==1.3" and "--no-deps" in command
+    assert command[command.index("--python-version") + 1] == "3.12"
+    assert "--only-binary=:all:" in command and "manylinux_2_28_x86_64" in command
+
+
+def test_install_goes_on_without_wheels(tmp_path: Path, capsys) -> None:
+    install.install_wheels(sys.executable, tmp_path)
+    assert "no wheels in" in capsys.readouterr().out
+    assert wheels.install_command("py", tmp_path)[-len(wheels.REQUIREMENTS) :] == list(
+        wheels.REQUIREMENTS
+    )
 
 
 def test_dry_run_collects_without_the_worker_options() -> None:

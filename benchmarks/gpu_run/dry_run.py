@@ -4,7 +4,8 @@
   in a process of its own; the worker options are left out, and their plugin must import);
 - ``python -m MODULE ...``: the module imports and its argument parser accepts the
   arguments (its ``parse_args`` returns; the command stops there, before any work);
-- anything else: the program is on the PATH.
+- anything else: the program is on the PATH;
+- and the modules a stage ``needs`` are installed, or the wheels folder (``.whl``) holds them.
 
 The run's summary and archive are then made from stand-ins of the stages' files
 (benchmarks/gpu_run/samples.py).
@@ -25,7 +26,7 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.gpu_run import grid
+from benchmarks.gpu_run import grid, wheels
 from benchmarks.gpu_run.plan import Stage
 
 COLLECT_TIMEOUT_S = 300
@@ -62,6 +63,20 @@ def parses(module: str, args: Sequence[str]) -> str | None:
         argparse.ArgumentParser.parse_args = original
         sys.argv = argv
     return "returned without parsing its arguments"
+
+
+def missing(needs: Sequence[str], folder: Path) -> str | None:
+    """None when each module of ``needs`` imports here or has a wheel in ``folder``."""
+    bundled = wheels.provided(folder)
+    absent = [
+        m
+        for m in needs
+        if importlib.util.find_spec(m) is None and wheels.canonical(m) not in bundled
+    ]
+    if not absent:
+        return None
+    fetch = f"python -m benchmarks.gpu_run.wheels --out {folder}"
+    return f"needs {', '.join(absent)}: not installed, and no wheels in {folder} ({fetch})"
 
 
 def collect_command(command: Sequence[str]) -> list[str]:
@@ -108,7 +123,9 @@ def _grid_choice(command: Sequence[str]) -> str | None:
     return None
 
 
-def check(stages: Sequence[Stage], cwd: Path) -> dict[str, str | None]:
+def check(
+    stages: Sequence[Stage], cwd: Path, wheel_folder: Path = wheels.FOLDER
+) -> dict[str, str | None]:
     """Stage name -> None (it would start) or the problem; test collections run in parallel
     processes while the other stages are checked here."""
     found: dict[str, str | None] = {}
@@ -116,6 +133,9 @@ def check(stages: Sequence[Stage], cwd: Path) -> dict[str, str | None]:
     started: dict[tuple[str, ...], str] = {}
     for stage in stages:
         command = stage.command
+        if stage.needs and (problem := missing(stage.needs, wheel_folder)):
+            found[stage.name] = problem
+            continue
         module = command[2] if command[1:2] == ("-m",) and len(command) > 2 else None
         if module == "pytest":
             key = _grid_key(command)

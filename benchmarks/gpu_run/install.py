@@ -1,6 +1,7 @@
-"""The GPU run's install stage: ``pip install --no-deps --no-build-isolation -e .``, and where
-that cannot build (no setuptools, or one older than pyproject.toml's metadata needs), fastbert
-importable from the tree itself.
+"""The GPU run's install stage: the serve stage's web stack from the wheels in ``.whl/``
+(benchmarks/gpu_run/wheels.py; no index), then ``pip install --no-deps --no-build-isolation
+-e .``, and where that cannot build (no setuptools, or one older than pyproject.toml's metadata
+needs), fastbert importable from the tree itself.
 
 The repository keeps the kernels in ``kernels/`` and installs them as ``fastbert.kernels``
 (pyproject.toml's package-dir): without an install, a link ``fastbert/kernels`` -> ``../kernels``
@@ -8,7 +9,10 @@ The repository keeps the kernels in ``kernels/`` and installs them as ``fastbert
 root, which puts the tree on the path. Exit 0 when ``import fastbert.kernels`` works after
 either; the output says which one it was.
 
-    python -m benchmarks.gpu_run.install
+    python -m benchmarks.gpu_run.install [--wheels DIR]
+
+Without the wheels (no folder, or pip refuses them) the install goes on and says so: only the
+serve stage needs them.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.gpu_run import wheels
+
 ROOT = Path(__file__).resolve().parents[2]
 LINK = ROOT / "fastbert" / "kernels"
 
@@ -25,6 +31,17 @@ LINK = ROOT / "fastbert" / "kernels"
 def pip_install(python: str) -> bool:
     command = [python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-e", "."]
     return subprocess.run(command, cwd=ROOT).returncode == 0
+
+
+def install_wheels(python: str, folder: Path) -> None:
+    """Install the serve stage's packages from ``folder``, saying what became of them."""
+    if not wheels.provided(folder):
+        print(f"install: no wheels in {folder}; the serve stage needs fastapi, uvicorn and orjson")
+        return
+    if subprocess.run(wheels.install_command(python, folder), cwd=ROOT).returncode == 0:
+        print(f"install: {', '.join(wheels.REQUIREMENTS)} installed from {folder}")
+    else:
+        print(f"install: pip could not install the wheels in {folder}")
 
 
 def link_kernels() -> None:
@@ -44,7 +61,11 @@ def main(argv: list[str] | None = None) -> int:
         description="install fastbert editable; else make it importable from the tree",
     )
     parser.add_argument("--python", default=sys.executable, help="the interpreter to install for")
+    parser.add_argument(
+        "--wheels", type=Path, default=wheels.FOLDER, help="the wheels' folder (default: .whl)"
+    )
     args = parser.parse_args(argv)
+    install_wheels(args.python, args.wheels)
     if pip_install(args.python) and importable(args.python):
         print("install: fastbert installed (editable)")
         return 0

@@ -33,6 +33,9 @@ class Stage:
     floor_s: int = 0
     what: str = ""
     leftover: bool = False  # runs only on the time the others left
+    # Modules it imports that a GPU machine's image may lack: the install stage brings them
+    # from the wheels in .whl (benchmarks/gpu_run/wheels.py); the dry run checks for them.
+    needs: tuple[str, ...] = ()
 
 
 def _python_module(python: str, module: str, *args: str) -> tuple[str, ...]:
@@ -211,6 +214,7 @@ def stages(
             ),
             floor_s=30,
             what="fastbert serve, 32 sentences a request, at 1, 16 and 64 clients",
+            needs=("fastapi", "uvicorn", "orjson"),
         ),
         Stage(
             "gpu-tests-rest",
