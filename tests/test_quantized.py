@@ -5,16 +5,25 @@ and multi-vector lists; and the errors it gives."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 
 import numpy as np
 import pytest
 import torch
+from packaging.version import Version
 
 from fastbert.embedding import quantized
 from fastbert.embedding.quantized import PRECISIONS, quantize_embeddings
 
 st_util = pytest.importorskip("sentence_transformers.util.quantization")
+# 6.2 changed quantize_embeddings: int8 / uint8 ranges are rounded to float32 before the
+# buckets are computed (a float64 value near a bucket's edge can fall one bucket over), a single
+# vector's bits are packed as a vector, and bfloat16 tensors are read. fastbert gives 6.2's.
+pytestmark = pytest.mark.skipif(
+    Version(importlib.metadata.version("sentence-transformers")) < Version("6.2"),
+    reason="the reference is sentence-transformers 6.2's quantize_embeddings",
+)
 
 
 def random_embeddings(rows: int, width: int, seed: int, dtype=np.float32) -> np.ndarray:

@@ -10,7 +10,7 @@ length, as ``encode`` sorts them), and for each precision the report gives:
 - hidden states: the last layer's output (the Transformer module's token embeddings) at real
   tokens, max and mean absolute error against the reference's, in float32;
 - for a sentence-transformers model (a folder with modules.json; the packaged
-  all-MiniLM-L6-v2): the sentence embeddings ``encode`` returns, least and mean cosine
+  all-MiniLM-L6-v2): the sentence embeddings (what ``encode`` returns), least and mean cosine
   similarity to the reference's, per text; and the overlap of each query's top-10 neighbours
   in the corpus (cosine) with the reference's neighbours, least and mean over the queries
   (see :mod:`fastbert.accuracy.retrieval` for the sample and the overlap).
@@ -137,21 +137,23 @@ def encode(
     on_batch: Callable[[int], None] | None = None,
 ) -> Encoded:
     """Every text's real-token hidden states and sentence embedding from a SentenceTransformer
-    ``model``, batch by batch (``encode`` with ``output_value=None``: all its outputs);
-    ``on_batch(k)`` after the k-th batch."""
+    ``model``, batch by batch: its ``preprocess`` and forward, as ``encode`` runs them, with
+    every output kept (``encode(output_value=None)`` keeps them too, but in
+    sentence-transformers 6.0 and 6.1 it fails on a batch of more than four texts: it indexes
+    the string-valued ``modality`` output by row); ``on_batch(k)`` after the k-th batch."""
+    from sentence_transformers.util import batch_to_device
+
     hidden: list[torch.Tensor | None] = [None] * len(texts)
     sentences: list[torch.Tensor | None] = [None] * len(texts)
+    model.eval()
     for done, batch in enumerate(batches, 1):
-        outputs = model.encode(
-            [texts[i] for i in batch],
-            output_value=None,
-            batch_size=len(batch),
-            show_progress_bar=False,
-        )
-        for index, output in zip(batch, outputs):
-            real = output["attention_mask"].bool()
-            hidden[index] = output["token_embeddings"][real].float().cpu()
-            sentences[index] = output["sentence_embedding"].float().cpu()
+        features = model.preprocess([texts[i] for i in batch])
+        with torch.inference_mode():
+            outputs = model(batch_to_device(features, model.device))
+        real = outputs["attention_mask"].bool()
+        for row, index in enumerate(batch):
+            hidden[index] = outputs["token_embeddings"][row][real[row]].float().cpu()
+            sentences[index] = outputs["sentence_embedding"][row].float().cpu()
         if on_batch is not None:
             on_batch(done)
     return Encoded(hidden, torch.stack(sentences))

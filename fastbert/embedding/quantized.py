@@ -1,5 +1,7 @@
-"""Quantized dense embeddings, as sentence-transformers' ``quantize_embeddings`` gives them (the
-same values, bit for bit, for the same inputs and ranges):
+"""Quantized dense embeddings, as sentence-transformers' ``quantize_embeddings`` gives them from
+release 6.2 on (the same values, bit for bit, for the same inputs and ranges; 6.2 rounds the
+ranges to float32 first, so on float64 embeddings earlier releases can put a value near a
+bucket's edge one bucket over):
 
 - ``float32``: the embeddings as float32;
 - ``int8`` / ``uint8``: each value mapped onto 256 buckets per dimension between that
