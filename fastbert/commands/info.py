@@ -89,8 +89,9 @@ def cpu_bf16_advice() -> str:
 
 def cpu_int8_advice() -> str:
     """What quantize="int8" runs on here, and how it compares with bfloat16 where that is
-    native: bfloat16 has about a tenth of int8's error; int8 with its quantisation and
-    epilogue compiled ran faster than bfloat16, without them no faster (docs/results.md)."""
+    native: bfloat16 has about a tenth of int8's error; with AMX it also ran faster than int8
+    (AMX's bfloat16 products outran the int8 path's), without AMX int8 with its quantisation
+    and epilogue compiled ran faster, and without those passes no faster (docs/results.md)."""
     from fastbert.execution import cpu
     from fastbert.kernels import cpu_int8
 
@@ -99,16 +100,22 @@ def cpu_int8_advice() -> str:
     where = f"int8 dot products on {units[0]}" if units else "no int8 dot-product instructions"
     compiled = cpu_int8.available()
     where += ", quantisation and epilogue compiled" if compiled else ", PyTorch's passes"
-    if cpu.native_bf16() is None:
+    bf16 = cpu.native_bf16()
+    if bf16 is None:
         return f"quantize int8: {where}; faster than float32 and lossy (docs/cpu.md)"
-    if compiled:
+    if compiled and bf16 != "amx_bf16":
         return (
             f"quantize int8: {where}; dtype bfloat16 (native here) has about a tenth of its "
             "error, int8 the speed where measured (docs/results.md)"
         )
+    faster = (
+        "on AMX it ran faster than int8"
+        if bf16 == "amx_bf16"
+        else "as fast or faster without the compiled passes"
+    )
     return (
-        f"quantize int8: {where}; prefer dtype bfloat16 (native here): as fast or faster "
-        "without the compiled passes, about a tenth of the error (docs/results.md)"
+        f"quantize int8: {where}; prefer dtype bfloat16 (native here): {faster}, with about "
+        "a tenth of the error (docs/results.md)"
     )
 
 
