@@ -14,7 +14,8 @@ from fastbert.kernels.packed_weights import PackedWeights
 from tests.hf_models import hf_model, padded_batch
 
 pytestmark = pytest.mark.skipif(
-    not packed_weights.available(), reason="this PyTorch build has no oneDNN linear"
+    not packed_weights.available(),
+    reason="no packed weights in this PyTorch (no oneDNN linear, or a release before 2.13)",
 )
 
 DTYPES = (torch.float32, torch.bfloat16)

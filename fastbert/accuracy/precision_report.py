@@ -141,15 +141,15 @@ def encode(
     every output kept (``encode(output_value=None)`` keeps them too, but in
     sentence-transformers 6.0 and 6.1 it fails on a batch of more than four texts: it indexes
     the string-valued ``modality`` output by row); ``on_batch(k)`` after the k-th batch."""
-    from sentence_transformers.util import batch_to_device
-
     hidden: list[torch.Tensor | None] = [None] * len(texts)
     sentences: list[torch.Tensor | None] = [None] * len(texts)
     model.eval()
     for done, batch in enumerate(batches, 1):
         features = model.preprocess([texts[i] for i in batch])
         with torch.inference_mode():
-            outputs = model(batch_to_device(features, model.device))
+            outputs = model(
+                {k: v.to(model.device) if torch.is_tensor(v) else v for k, v in features.items()}
+            )
         real = outputs["attention_mask"].bool()
         for row, index in enumerate(batch):
             hidden[index] = outputs["token_embeddings"][row][real[row]].float().cpu()

@@ -206,8 +206,7 @@ def padding_mask(
     attention_mask: the model's 2-D mask, already bool [B, S_k] (True = real token).
     local_size (in kwargs): the window of a sliding-window mask, None for a full one.
     """
-    from transformers import masking_utils
-
+    masking_utils = _masking_utils()
     plain = (
         _is_bidirectional(mask_function, kwargs.get("local_size"))
         and kv_offset == 0
@@ -225,6 +224,13 @@ def padding_mask(
         attention_mask=attention_mask,
         **kwargs,
     )
+
+
+def _masking_utils() -> Any:
+    """transformers.masking_utils, loaded by the time :func:`padding_mask` runs (it is
+    registered there). Read from sys.modules: torch.compile in torch 2.11 cannot trace an
+    import through transformers' lazy module ("Bad import result")."""
+    return sys.modules["transformers.masking_utils"]
 
 
 # torch.compile reads no closure cells, so under it the test runs once, while tracing: its
