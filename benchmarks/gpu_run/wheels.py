@@ -7,7 +7,7 @@ with a package index, before the run:
 
     python -m benchmarks.gpu_run.wheels --out .whl --python-version 3.12
 
-fetches them into ``.whl/`` (ignored by git; about 3 MB): the versions installed here, which
+fetches them into ``.whl/`` (ignored by git; about 4 MB): the versions installed here, which
 are the ones CI tests, as binary wheels for Linux x86-64 and that Python. The folder travels
 with the repository, and the run's install stage (benchmarks/gpu_run/install.py) installs
 from it with no index; pip keeps what the machine has where it already satisfies a
