@@ -32,7 +32,7 @@ PACKED_DTYPES = (torch.float32, torch.bfloat16)
 # The first PyTorch release whose packed products were checked to be the plain linear's bits
 # at every row count the tests try: with torch 2.11's oneDNN, three rows of float32 took
 # another kernel packed than plain (a last-bit difference), so packing is off before this.
-SAME_BITS_FROM = (2, 13)
+SAME_BITS_FROM = "2.13"
 
 
 @functools.cache
@@ -40,9 +40,8 @@ def available() -> bool:
     """Whether this PyTorch build reorders linear weights for oneDNN (a CPU build with it, of
     release SAME_BITS_FROM or newer)."""
     mkldnn = torch.ops.mkldnn
-    release = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
     return (
-        release >= SAME_BITS_FROM
+        torch.torch_version.TorchVersion(torch.__version__) >= SAME_BITS_FROM
         and torch.backends.mkldnn.is_available()
         and hasattr(mkldnn, "_reorder_linear_weight")
         and hasattr(mkldnn, "_linear_pointwise")
