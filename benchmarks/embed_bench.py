@@ -133,19 +133,23 @@ FASTBERT = {
     # int8 with the quantisation and epilogue in PyTorch's ops rather than the CPU engine's
     # compiled passes (fastbert.kernels.cpu_int8): what those passes gain, the same bits.
     "fastbert-int8-torch": Contender("fastbert.embed(texts) int8, PyTorch's passes", "int8", 0.99),
+    # int8 with the integer products on torch._int_mm where the CPU engine runs them on oneDNN's
+    # quantised linear (fastbert.kernels.cpu_engine_int8; on AMX-INT8): the same bits.
+    "fastbert-int8-int-mm": Contender("fastbert.embed(texts) int8, torch._int_mm", "int8", 0.99),
 }
 # The EmbedOptions of those rows.
 LOSSY = {"fastbert-bf16": {"dtype": "bfloat16"}, "fastbert-int8": {"quantize": "int8"}}
 PADDED = {"fastbert-list-padded": "fastbert-list", "fastbert-bf16-padded": "fastbert-bf16"}
 PADDED["fastbert-int8-padded"] = "fastbert-int8"
-# Rows that run another row's model with the CPU engine's compiled int8 passes turned off.
-TORCH_PASSES = {"fastbert-int8-torch": "fastbert-int8"}
+# Rows that run another row's model with a part of the CPU engine's int8 linear turned off:
+# its compiled passes, or its products on oneDNN.
+SWITCHED_OFF = {"fastbert-int8-torch": "fastbert-int8", "fastbert-int8-int-mm": "fastbert-int8"}
 
 
 def cannot_run(key: str, config: Any) -> str | None:
     """Why contender ``key`` cannot run a model of ``config`` (fastbert's BertConfig), or
     None: fastbert's int8 path has no gated (GeGLU) FFN (ModernBERT)."""
-    if key in ("fastbert-int8", "fastbert-int8-padded", "fastbert-int8-torch") and config.glu:
+    if key.startswith("fastbert-int8") and config.glu:
         return "fastbert's int8 quantisation does not run gated (GeGLU) FFNs"
     return None
 
@@ -224,9 +228,9 @@ def contenders(
             runs[key] = embed_command
         elif key in ("fastbert-list", "fastbert-list-padded"):
             runs[key] = embed_list(route(loaded.job(False), key))
-        elif key in TORCH_PASSES:
-            lossy = load_options(dataclasses.replace(options, **LOSSY[TORCH_PASSES[key]]))
-            runs[key] = with_torch_passes(embed_list(lossy.job(False)))
+        elif key in SWITCHED_OFF:
+            lossy = load_options(dataclasses.replace(options, **LOSSY[SWITCHED_OFF[key]]))
+            runs[key] = with_turned_off(key, embed_list(lossy.job(False)))
         elif PADDED.get(key, key) in LOSSY:
             lossy = load_options(dataclasses.replace(options, **LOSSY[PADDED.get(key, key)]))
             runs[key] = embed_list(route(lossy.job(False), key))
@@ -248,12 +252,15 @@ def route(job: Any, key: str) -> Any:
     return job
 
 
-def with_torch_passes(embed: Callable[[list[str]], np.ndarray]) -> Callable:
-    """``embed`` run with the int8 linear's quantisation and epilogue in PyTorch's ops."""
-    from fastbert.kernels import cpu_int8
+def with_turned_off(key: str, embed: Callable[[list[str]], np.ndarray]) -> Callable:
+    """``embed`` run with the part of the int8 linear that row ``key`` of SWITCHED_OFF turns
+    off: the quantisation and epilogue in PyTorch's ops, or the products on torch._int_mm."""
+    from fastbert.kernels import cpu_engine_int8, cpu_int8
+
+    switch = cpu_int8 if key == "fastbert-int8-torch" else cpu_engine_int8
 
     def run(batch: list[str]) -> np.ndarray:
-        with cpu_int8.turned_off():
+        with switch.turned_off():
             return embed(batch)
 
     return run

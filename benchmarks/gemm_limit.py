@@ -4,7 +4,9 @@ run if every product went at the rate this CPU's matrix multiply reaches, measur
 The rate is that of the model's largest product (the feed-forward up-projection, [tokens,
 hidden] x [hidden, intermediate]) at a batch of ``tokens`` rows, through PyTorch: in float32
 and bfloat16 the faster of ``torch.mm`` (MKL) and oneDNN's linear (the inference GEMM
-fastbert's torch backend runs on a CPU), ``torch._int_mm`` for int8 (int32 accumulation). The
+fastbert's torch backend runs on a CPU); for int8 (int32 accumulation) ``torch._int_mm``, and
+on a CPU with AMX-INT8 also oneDNN's quantised linear on a packed weight (what fastbert's CPU
+engine runs there: fastbert.kernels.cpu_engine_int8). The
 work per token is that of the linear layers, ``2 * layers * (4 hidden^2 + 2 hidden
 intermediate)`` FLOPs (the Q, K, V and output projections, the two feed-forward products; a
 gated FFN's input projection is twice as wide, ``3 hidden intermediate``, and the largest);
@@ -20,6 +22,8 @@ import time
 from collections.abc import Callable
 
 import torch
+
+from fastbert.kernels import packed_weights
 
 PRECISIONS = ("float32", "bfloat16", "int8")
 
@@ -42,7 +46,14 @@ def products(
     if precision == "int8":
         a = torch.randint(-127, 128, (tokens, hidden), dtype=torch.int8, generator=generator)
         b = torch.randint(-127, 128, (hidden, intermediate), dtype=torch.int8, generator=generator)
-        return {"torch._int_mm": lambda: torch._int_mm(a, b)}
+        ways = {"torch._int_mm": lambda: torch._int_mm(a, b)}
+        if packed_weights.int8_available():
+            packed = torch.ops.onednn.qlinear_prepack(b.t().contiguous(), None)
+            unit, zeros = torch.ones(intermediate), torch.zeros(intermediate, dtype=torch.int32)
+            ways["onednn qlinear (packed)"] = lambda: torch.ops.onednn.qlinear_pointwise(
+                a, 1.0, 0, packed, unit, zeros, None, 1.0, 0, torch.float32, "none", [], ""
+            )
+        return ways
     dtype = getattr(torch, precision)
     a = torch.randn(tokens, hidden, generator=generator).to(dtype)
     b = torch.randn(hidden, intermediate, generator=generator).to(dtype)

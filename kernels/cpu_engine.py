@@ -13,11 +13,10 @@ results are those of the plain backend within its tolerance:
   as its post-op, reading the weights' packed copies (fastbert.kernels.packed_weights) when
   the caller passes ``packs``.
 
-- linear_int8: the plain op with the rows' quantisation and the dequantising epilogue around
-  its ``torch._int_mm`` compiled for this CPU (fastbert.kernels.cpu_int8), the same bits as
-  its PyTorch passes. oneDNN's quantised linear
-  (``torch.ops.onednn.qlinear_pointwise``) takes one activation scale per tensor, not
-  fastbert's per-token scales, and kept to those it measured no clear gain over
+- linear_int8 (fastbert.kernels.cpu_engine_int8): the plain op with the rows' quantisation and
+  the dequantising epilogue compiled for this CPU (fastbert.kernels.cpu_int8), the same bits as
+  its PyTorch passes; the integer product on oneDNN's quantised linear reading the weights'
+  packed copies where the caller passes ``packs`` and the CPU has AMX-INT8, else on
   ``torch._int_mm`` (docs/cpu.md, "int8").
 
 The other ops (LayerNorm, the embeddings, the softmax, the fp8 linear, the SPLADE head) are
@@ -26,7 +25,6 @@ the plain backend's on a CPU too. :func:`status` says what the engine runs here.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import torch
@@ -34,10 +32,10 @@ import torch
 from . import (
     cpu_attention,
     cpu_engine_attention,
+    cpu_engine_int8,
     cpu_engine_linear,
     cpu_int8,
     packed_weights,
-    torch_ops,
 )
 from .cpu_engine_attention import attention
 
@@ -47,7 +45,7 @@ OPS: dict[str, Callable[..., torch.Tensor]] = {
     "attention": cpu_engine_attention.attention_unchecked,
     "attention_varlen": cpu_engine_attention.attention_varlen_unchecked,
     "linear": cpu_engine_linear.linear_unchecked,
-    "linear_int8": functools.partial(torch_ops.linear_quantized_unchecked, "int8", passes=cpu_int8),
+    "linear_int8": cpu_engine_int8.linear_int8_unchecked,
 }
 
 
@@ -64,10 +62,22 @@ def status() -> dict[str, str]:
         "compiled attention": cpu_attention.status(),
         "linear": "oneDNN with post-ops" if onednn else "F.linear (no oneDNN in this torch)",
         "packed weights": "available" if packed_weights.available() else "unavailable",
-        "int8 linear": "torch._int_mm, its quantisation and epilogue compiled"
-        if cpu_int8.available()
-        else f"torch._int_mm and PyTorch's ops (compiled passes {cpu_int8.status()})",
+        "int8 linear": int8_status(),
     }
+
+
+def int8_status() -> str:
+    """The int8 linear's product and passes here, in words."""
+    if packed_weights.int8_available():
+        product = (
+            "oneDNN's quantised linear on packed weights (AMX-INT8) from "
+            f"{cpu_engine_int8.ONEDNN_MIN_ROWS} tokens, torch._int_mm below"
+        )
+    else:
+        product = "torch._int_mm"
+    if cpu_int8.available():
+        return f"{product}, its quantisation and epilogue compiled"
+    return f"{product} and PyTorch's ops (compiled passes {cpu_int8.status()})"
 
 
 __all__ = ["OPS", "attention", "serves", "status"]

@@ -6,8 +6,8 @@
 // [cols] first when given) -> int8 q [rows, cols] and float32 scale [rows], per row
 //   absmax = max(max(x), -min(x)), q = round_half_even(x * (127 / absmax)), scale = absmax / 127
 // (q = 0 and scale = 0 for a row of zeros).
-// fastbert_dequantize: int32 acc [rows, cols] -> float32 out [rows, cols] (out may be acc's
-// own memory),
+// fastbert_dequantize: acc [rows, cols], int32 or (acc_is_float) float32 holding integers ->
+// float32 out [rows, cols] (out may be acc's own memory),
 //   out = fma(float(acc) * row_scale[i], col_scale[j], bias[j])   (without bias: the product)
 //         [+ residual, row stride residual_stride]
 //
@@ -80,13 +80,13 @@ extern "C" void fastbert_quantize_rows(const float* x, int64_t rows, int64_t col
   }
 }
 
-extern "C" void fastbert_dequantize(const int32_t* acc, int64_t rows, int64_t cols,
-                                    const float* row_scale, const float* col_scale,
-                                    const float* bias, const float* residual,
-                                    int64_t residual_stride, float* out, int threads) {
+template <typename Acc>
+static void dequantize_rows(const Acc* acc, int64_t rows, int64_t cols, const float* row_scale,
+                            const float* col_scale, const float* bias, const float* residual,
+                            int64_t residual_stride, float* out, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t i = 0; i < rows; ++i) {
-    const int32_t* a = acc + i * cols;
+    const Acc* a = acc + i * cols;
     float* o = out + i * cols;
     const float s = row_scale[i];
     const float* r = residual != nullptr ? residual + i * residual_stride : nullptr;
@@ -99,5 +99,18 @@ extern "C" void fastbert_dequantize(const int32_t* acc, int64_t rows, int64_t co
     } else {
       for (int64_t j = 0; j < cols; ++j) o[j] = ((float)a[j] * s) * col_scale[j];
     }
+  }
+}
+
+extern "C" void fastbert_dequantize(const void* acc, int acc_is_float, int64_t rows, int64_t cols,
+                                    const float* row_scale, const float* col_scale,
+                                    const float* bias, const float* residual,
+                                    int64_t residual_stride, float* out, int threads) {
+  if (acc_is_float) {
+    dequantize_rows((const float*)acc, rows, cols, row_scale, col_scale, bias, residual,
+                    residual_stride, out, threads);
+  } else {
+    dequantize_rows((const int32_t*)acc, rows, cols, row_scale, col_scale, bias, residual,
+                    residual_stride, out, threads);
   }
 }

@@ -38,6 +38,7 @@ def _declare(library: ctypes.CDLL) -> None:
     dequantize.restype = None
     dequantize.argtypes = [
         ctypes.c_void_p,  # acc
+        ctypes.c_int,  # acc is float32
         *[ctypes.c_int64] * 2,  # rows, cols
         *[ctypes.c_void_p] * 4,  # row scale, column scale, bias or NULL, residual or NULL
         ctypes.c_int64,  # residual row stride
@@ -104,6 +105,16 @@ def quantize_rows(
     return q, scale
 
 
+def product(
+    x: torch.Tensor, weight: torch.Tensor, input_scale: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 x [M, K] (see :func:`quantize_rows`), int8 weight [N, K] -> (x's int8 rows times
+    the weight, exact int32 [M, N]; x's row scales, float32 [M]): the rows quantised here, the
+    product on ``torch._int_mm``."""
+    q, scale = quantize_rows(x, input_scale)
+    return torch._int_mm(q, weight.t()), scale
+
+
 def dequantize(
     acc: torch.Tensor,
     row_scale: torch.Tensor,
@@ -111,7 +122,8 @@ def dequantize(
     bias: torch.Tensor | None,
     residual: torch.Tensor | None,
 ) -> torch.Tensor:
-    """int32 [M, N] (contiguous; its memory is reused) -> float32 [M, N]:
+    """int32 [M, N], or float32 [M, N] holding integers (contiguous; its memory is reused)
+    -> float32 [M, N]:
     ``torch.addcmul(bias, acc * row_scale[:, None], col_scale)`` (one rounding, as addcmul's
     fused multiply-add; without bias the product) (+ ``residual`` [M, N], rows of unit
     column stride), in the operations and order of the torch backend's epilogue. row_scale
@@ -120,6 +132,7 @@ def dequantize(
     out = acc.view(torch.float32)
     _LIBRARY.get().fastbert_dequantize(
         acc.data_ptr(),
+        int(acc.dtype == torch.float32),
         rows,
         cols,
         row_scale.data_ptr(),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -37,6 +38,14 @@ def cpu_identity() -> str:
         return platform.processor()
     wanted = [line for line in lines if line.startswith(("model name", "flags"))]
     return "\n".join(wanted[:2])
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The instruction-set flags of the first processor in /proc/cpuinfo (empty where there
+    is none)."""
+    flags = next((line for line in cpu_identity().splitlines() if line.startswith("flags")), "")
+    return frozenset(flags.partition(":")[2].split())
 
 
 def compiler() -> str | None:
@@ -82,7 +91,7 @@ def missing_requirement(cpu_flag: str | None = None) -> str | None:
     is named, no C++ compiler), or None."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return f"needs Linux on x86-64, this is {platform.system()} on {platform.machine()}"
-    if cpu_flag is not None and cpu_flag not in cpu_identity().split():
+    if cpu_flag is not None and cpu_flag not in cpu_flags():
         return f"this CPU has no {cpu_flag}"
     if compiler() is None:
         return "no C++ compiler found (set $CXX)"

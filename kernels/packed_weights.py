@@ -17,14 +17,21 @@ weights are not written so (fastbert's own loaders for inference do; see
 (a fresh tensor per call, such as a QKV weight concatenated for autograd, would be packed on
 every call for nothing), and not inference tensors (they have no version counter). A packed
 copy is an opaque oneDNN tensor: it is a second copy of the linear weights in memory.
+
+On a CPU with AMX-INT8, :meth:`PackedWeights.int8_weight_for` keeps, the same way, the copies
+of int8 weights (a quantised model's, which are not parameters) that oneDNN's quantised linear
+reads (``torch.ops.onednn.qlinear_prepack``; fastbert.kernels.cpu_engine_int8).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
+
+from .cpu_library import cpu_flags
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -45,6 +52,21 @@ def available() -> bool:
         and torch.backends.mkldnn.is_available()
         and hasattr(mkldnn, "_reorder_linear_weight")
         and hasattr(mkldnn, "_linear_pointwise")
+    )
+
+
+@functools.cache
+def int8_available() -> bool:
+    """Whether int8 weights are packed for oneDNN's quantised linear here: a PyTorch build with
+    it, of release SAME_BITS_FROM or newer, on a CPU with AMX-INT8 (elsewhere it was not
+    faster than ``torch._int_mm``: docs/results.md, "int8 on oneDNN's quantised linear")."""
+    onednn = torch.ops.onednn
+    return (
+        "amx_int8" in cpu_flags()
+        and torch.torch_version.TorchVersion(torch.__version__) >= SAME_BITS_FROM
+        and torch.backends.mkldnn.is_available()
+        and hasattr(onednn, "qlinear_prepack")
+        and hasattr(onednn, "qlinear_pointwise")
     )
 
 
@@ -81,11 +103,31 @@ class PackedWeights:
             or not available()
         ):
             return weight
+        return self._copy(weight, torch.ops.mkldnn._reorder_linear_weight)
+
+    def int8_weight_for(self, weight: torch.Tensor) -> torch.Tensor | None:
+        """oneDNN's packed copy of an int8 [N, K] weight on a CPU (a quantised model's, held
+        across calls) for ``torch.ops.onednn.qlinear_pointwise``, or None where it is not
+        packed (see :func:`int8_available`; an inference tensor has no version counter)."""
+        if (
+            weight.dtype != torch.int8
+            or weight.device.type != "cpu"
+            or weight.is_inference()
+            or weight.dim() != 2
+            or not weight.is_contiguous()
+            or not int8_available()
+        ):
+            return None
+        return self._copy(weight, lambda w: torch.ops.onednn.qlinear_prepack(w, None))
+
+    def _copy(
+        self, weight: torch.Tensor, pack: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """``pack(weight)``, made again when the weight's identity changed since it was made."""
         identity = _identity(weight)
         entry = self._copies.get(weight)
         if entry is None or entry[0] != identity:
             with torch.no_grad():
-                packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
-            entry = (identity, packed)
+                entry = (identity, pack(weight.detach()))
             self._copies[weight] = entry
         return entry[1]

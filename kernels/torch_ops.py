@@ -323,10 +323,11 @@ def linear_quantized_unchecked(
     quantize: str, x, weight, weight_scale, bias, activation, residual, input_scale, passes=None
 ):
     """:func:`linear_int8_unchecked` (``quantize="int8"``) or :func:`linear_fp8_unchecked`
-    (``"fp8"``). ``passes``: where the rows' quantisation and the product's dequantising
-    epilogue run when ``passes.takes(x, weight_scale, bias, residual, input_scale)``
-    (``passes.quantize_rows`` and ``passes.dequantize``, the same bits as PyTorch's ops here:
-    the CPU engine's compiled ones, fastbert.kernels.cpu_int8); None runs PyTorch's."""
+    (``"fp8"``). ``passes``: where the rows' quantisation with the integer product, and the
+    product's dequantising epilogue, run when ``passes.takes(x, weight_scale, bias, residual,
+    input_scale)`` (``passes.product`` and ``passes.dequantize``, the same bits as PyTorch's
+    ops here: the CPU engine's compiled ones, fastbert.kernels.cpu_int8); None runs
+    PyTorch's."""
     n, k = weight.shape
     lead = x.shape[:-1]
     m = x.numel() // k if k else int(torch.Size(lead).numel())
@@ -336,8 +337,7 @@ def linear_quantized_unchecked(
         acc = torch.zeros((m, n), dtype=torch.float32, device=x.device)
         scale = torch.zeros(m, dtype=torch.float32, device=x.device)
     elif compiled:
-        q, scale = passes.quantize_rows(x.reshape(m, k), input_scale)
-        acc = _int_product(q, weight)
+        acc, scale = passes.product(x.reshape(m, k), weight, input_scale)
     else:
         q, scale = quantize_rows(x.reshape(m, k), input_scale, quantize)
         acc = _int_product(q, weight) if quantize == "int8" else _fp8_product(q, weight)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastbert.kernels import cpu_engine, cpu_int8, torch_ops
+from fastbert.kernels import cpu_engine, cpu_engine_int8, cpu_int8, packed_weights, torch_ops
+from fastbert.kernels.packed_weights import PackedWeights
 
 pytestmark = pytest.mark.skipif(
     not cpu_int8.available(), reason=f"compiled int8 passes: {cpu_int8.status()}"
@@ -87,3 +88,86 @@ def test_turned_off_takes_the_torch_ops(monkeypatch):
     with cpu_int8.turned_off():
         cpu_engine.OPS["linear_int8"](x, weight, torch.ones(8))
     assert calls == []
+
+
+def test_dequantize_reads_a_float_product_as_the_int_one():
+    gen = torch.Generator().manual_seed(7)
+    acc = torch.randint(-(2**26), 2**26, (19, 40), generator=gen, dtype=torch.int32)
+    row_scale, col_scale = torch.rand(19, generator=gen), torch.rand(40, generator=gen)
+    bias, residual = torch.randn(40, generator=gen), torch.randn(19, 40, generator=gen)
+    want = cpu_int8.dequantize(acc.clone(), row_scale, col_scale, bias, residual)
+    got = cpu_int8.dequantize(acc.float(), row_scale, col_scale, bias, residual)
+    assert torch.equal(got, want)
+
+
+needs_onednn_int8 = pytest.mark.skipif(
+    not packed_weights.int8_available(),
+    reason="int8 weights are packed for oneDNN only on a CPU with AMX-INT8",
+)
+
+
+def _int8_linear_args(rows: int, seed: int, activation=None, residual=False, saturated=False):
+    """Arguments of linear_int8 with x [rows / 2, 2, 1536]; ``saturated``: every x row at its
+    largest magnitude (q = 127 throughout) and the first weight row 127, so that a product
+    reaches 127 * 127 * 1536, past the integers float32 holds exactly (2**24)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = _activations(rows, 1536, seed=seed)
+    if saturated:
+        x = x.abs().amax(dim=-1, keepdim=True).expand_as(x).contiguous()
+    weight = torch.randint(-127, 128, (96, 1536), generator=gen, dtype=torch.int8)
+    weight[0] = 127
+    weight_scale = torch.rand(96, generator=gen) / 100
+    bias = torch.randn(96, generator=gen)
+    res = torch.randn(rows // 2, 2, 96, generator=gen) if residual else None
+    input_scale = torch.ones(1536) if saturated else torch.rand(1536, generator=gen) + 0.5
+    return (x.view(rows // 2, 2, 1536), weight, weight_scale, bias, activation, res, input_scale)
+
+
+@needs_onednn_int8
+@pytest.mark.parametrize("rows", [cpu_engine_int8.ONEDNN_MIN_ROWS, 600])
+@pytest.mark.parametrize("activation, residual", [(None, False), ("gelu", False), (None, True)])
+@pytest.mark.parametrize("saturated", [False, True])
+def test_onednn_product_gives_the_plain_int8_linears_bits(rows, activation, residual, saturated):
+    args = _int8_linear_args(rows, rows, activation, residual, saturated)
+    packs = PackedWeights()
+    got = cpu_engine.OPS["linear_int8"](*args, packs=packs)
+    assert len(packs) == 1  # the product ran on the packed weight
+    assert torch.equal(got, torch_ops.linear_int8_unchecked(*args))
+
+
+@needs_onednn_int8
+def test_onednn_product_follows_writes_to_the_weight_and_skips_few_rows():
+    args = list(_int8_linear_args(300, seed=10))
+    packs = PackedWeights()
+    cpu_engine.OPS["linear_int8"](*args, packs=packs)
+    with torch.no_grad():
+        args[1].copy_(args[1].flip(0))  # an in-place write, as quantising again does
+    assert torch.equal(
+        cpu_engine.OPS["linear_int8"](*args, packs=packs), torch_ops.linear_int8_unchecked(*args)
+    )
+    few = PackedWeights()
+    args[0] = args[0][:10]
+    cpu_engine.OPS["linear_int8"](*args, packs=few)
+    assert len(few) == 0  # torch._int_mm below ONEDNN_MIN_ROWS
+
+
+def test_int8_weights_are_packed_only_where_oneDNN_runs_them(monkeypatch):
+    from fastbert.kernels import cpu_library
+
+    weight = torch.ones(8, 16, dtype=torch.int8)
+    packed_weights.int8_available.cache_clear()
+    monkeypatch.setattr(cpu_library, "cpu_flags", lambda: frozenset({"avx512_vnni"}))
+    monkeypatch.setattr(packed_weights, "cpu_flags", cpu_library.cpu_flags)
+    try:
+        assert not packed_weights.int8_available()
+        assert PackedWeights().int8_weight_for(weight) is None
+    finally:
+        packed_weights.int8_available.cache_clear()
+    monkeypatch.setattr(packed_weights, "int8_available", lambda: True)
+    packs = PackedWeights()
+    with torch.inference_mode():
+        inference_weight = torch.ones(8, 16, dtype=torch.int8)
+    assert packs.int8_weight_for(inference_weight) is None  # no version counter to follow
+    assert packs.int8_weight_for(weight.float()) is None
+    assert packs.int8_weight_for(weight.t()) is None
+    assert packs.int8_weight_for(weight) is not None

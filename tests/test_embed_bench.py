@@ -247,8 +247,7 @@ def test_a_contender_the_model_cannot_run(monkeypatch, capsys, tmp_path) -> None
     argv = ["--out", str(tmp_path), "--docs", "4", "--gemm-seconds", "0"]
     with pytest.raises(_Chosen) as ran:
         embed_bench.main([*argv, "--model", "modernbert-base", "--contenders", "fastbert"])
-    int8 = ("fastbert-int8", "fastbert-int8-padded", "fastbert-int8-torch")
-    assert ran.value.args[0] == [k for k in embed_bench.FASTBERT if k not in int8]
+    assert ran.value.args[0] == [k for k in embed_bench.FASTBERT if "int8" not in k]
     assert "int8: not run: fastbert's int8 quantisation" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
         embed_bench.main([*argv, "--model", "modernbert-base", "--contenders", "fastbert-int8"])
@@ -277,10 +276,18 @@ def test_padded_rows_run_the_padded_route(monkeypatch, tmp_path) -> None:
     assert not fastbert.load(reranker).classifier.packed
 
 
-def test_the_torch_passes_row_turns_the_compiled_int8_passes_off() -> None:
-    from fastbert.kernels import cpu_int8
+def test_the_switched_off_rows_turn_off_their_part_of_the_int8_linear() -> None:
+    from fastbert.kernels import cpu_engine_int8, cpu_int8
 
-    assert embed_bench.with_torch_passes(lambda batch: cpu_int8.available())([]) is False
+    def parts(batch: list[str]) -> tuple[bool, bool]:
+        return cpu_int8.available(), cpu_engine_int8._paused
+
+    assert parts([]) == (cpu_int8.available(), False)
+    assert embed_bench.with_turned_off("fastbert-int8-torch", parts)([]) == (False, False)
+    assert embed_bench.with_turned_off("fastbert-int8-int-mm", parts)([]) == (
+        cpu_int8.available(),
+        True,
+    )
 
 
 def test_the_gemm_limit_of_several_runs_is_each_precisions_highest_rate():

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 import fastbert
-from fastbert.kernels import packed_weights, reference
+from fastbert.kernels import cpu_engine_int8, packed_weights, reference
 from fastbert.kernels.cpu_engine_linear import linear_unchecked
 from fastbert.kernels.packed_weights import PackedWeights
 from tests.hf_models import hf_model, padded_batch
@@ -162,6 +162,25 @@ def test_optimized_model_sees_writes_through_its_query_key_value_parameters() ->
     valid = mask.bool()
     diff = got.last_hidden_state[valid] - expected.last_hidden_state[valid]
     assert diff.abs().max() <= 1e-4
+
+
+@pytest.mark.skipif(
+    not packed_weights.int8_available(), reason="int8 weights are packed only on AMX-INT8"
+)
+def test_packed_int8_model_gives_the_plain_models_outputs_and_follows_writes() -> None:
+    """quantize="int8": the linears of a batch of at least ONEDNN_MIN_ROWS tokens run on
+    oneDNN's quantised linear over packed int8 weights, with the plain model's bits; a write
+    to the float weights quantises and packs again."""
+    hf, plain, packed = _models(seed=6, quantize="int8")
+    ids, mask, types = padded_batch([90, 70, 40], seed=6)
+    assert mask.sum() >= cpu_engine_int8.ONEDNN_MIN_ROWS
+    with torch.no_grad():
+        assert torch.equal(packed(ids, mask, types)[0], plain(ids, mask, types)[0])
+        int8 = [w for w in packed.runner._packs._copies.keys() if w.dtype == torch.int8]
+        assert len(int8) == 4 * len(packed.layers)
+        for model in (plain, packed):
+            model.layers[0].ffn_in_weight.mul_(1.5)
+        assert torch.equal(packed(ids, mask, types)[0], plain(ids, mask, types)[0])
 
 
 def test_the_setting_is_validated_and_switchable() -> None:

@@ -4,24 +4,11 @@ or AMX; int8 GEMMs use VNNI where present)."""
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
+from fastbert.kernels.cpu_library import cpu_flags
 
 # The flags that matter for fastbert's precisions, in the order they are reported.
 RELEVANT = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The flags of the first processor in /proc/cpuinfo (empty where there is none)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
 
 
 def relevant_flags() -> list[str]:

@@ -357,9 +357,9 @@ class Runner:
 
     def ops(self, device: torch.device) -> Ops:
         """The hot ops for tensors on ``device``, given the backend and the head dim; with
-        ``packed_weights``, the torch backend's linear on a CPU reads the weights' packed
-        copies (not while ``torch.compile`` traces: the copies' lookup does not trace, and
-        with freezing inductor packs the weights itself)."""
+        ``packed_weights``, the torch backend's linear and int8 linear on a CPU read the
+        weights' packed copies (not while ``torch.compile`` traces: the copies' lookup does
+        not trace, and with freezing inductor packs the weights itself)."""
         ops = get_ops(self.backend, device, self.head_dim)
         if ops.attention_fallback and not self.warned_head_dim:
             self.warned_head_dim = True
@@ -375,8 +375,11 @@ class Runner:
             return ops
         cached = self._packed_ops
         if cached is None or cached[0] is not ops:
-            linear = functools.partial(ops.linear, packs=packs)
-            cached = (ops, Ops(ops.name, {**ops.by_name(), "linear": linear}))
+            reading_packs = {
+                name: functools.partial(getattr(ops, name), packs=packs)
+                for name in ("linear", "linear_int8")
+            }
+            cached = (ops, Ops(ops.name, {**ops.by_name(), **reading_packs}))
             self._packed_ops = cached
         return cached[1]
 
