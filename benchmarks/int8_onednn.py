@@ -8,8 +8,12 @@ with the residual add; bias on all) at 512, 2048 and 4096 tokens, times in turns
 of each contender a round, so that a change of load on a shared machine hits all alike;
 medians with p20-p80):
 
-- ``fastbert int8``: the torch backend's ``linear_int8`` (x quantised per token,
+- ``fastbert int8``: the plain torch backend's ``linear_int8`` (x quantised per token,
   ``torch._int_mm``, the dequantisation, bias, GELU and residual in place in float32);
+- ``CPU engine int8``: the CPU engine's (fastbert.kernels.cpu_engine_int8: the quantisation
+  and dequantisation compiled), its product on ``torch._int_mm``, and ``, packed``: on oneDNN's
+  quantised linear over a packed weight where the engine does so (a CPU with AMX-INT8, from
+  ONEDNN_MIN_ROWS tokens; elsewhere the same as the row before). Both the plain row's bits;
 - ``oneDNN qlinear, per-token``: the same per-token quantisation, then
   ``torch.ops.onednn.qlinear_pointwise`` on its prepacked weight with the weight's
   per-channel scales fused, the token scales, bias, GELU and residual applied after it
@@ -39,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks import reporting
-from fastbert.kernels import cpu_engine_linear, reference, torch_ops
+from fastbert.kernels import cpu_engine, cpu_engine_int8, cpu_engine_linear, reference, torch_ops
 from fastbert.kernels.packed_weights import PackedWeights
 
 # all-MiniLM-L6-v2's linears: (name, in features, out features, activation, residual).
@@ -102,12 +106,20 @@ def contenders(ops: dict, activation: str | None) -> dict:
         return qlinear(xq, (amax / 127.0).item(), packed, ws, bias, activation, residual)
 
     packs = PackedWeights()
+    engine_args = (x, wq, ws, bias, activation, residual, None)
+
+    def engine_int_mm():
+        with cpu_engine_int8.turned_off():
+            return cpu_engine.OPS["linear_int8"](*engine_args, packs=packs)
+
     weight16, bias16, x16 = weight.bfloat16(), bias.bfloat16(), x.bfloat16()
     residual16 = None if residual is None else residual.bfloat16()
     return {
         "fastbert int8 (torch._int_mm)": lambda: torch_ops.linear_int8_unchecked(
             x, wq, ws, bias, activation, residual
         ),
+        "CPU engine int8 (torch._int_mm)": engine_int_mm,
+        "CPU engine int8, packed": lambda: cpu_engine.OPS["linear_int8"](*engine_args, packs=packs),
         "oneDNN qlinear, per-token": per_token,
         "oneDNN qlinear, per-tensor x": per_tensor,
         "float32 oneDNN (packed)": lambda: cpu_engine_linear.linear_unchecked(
