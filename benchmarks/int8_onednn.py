@@ -91,7 +91,8 @@ def qlinear(xq, x_scale, packed, weight_scale, bias, activation, residual) -> to
 def contenders(ops: dict, activation: str | None) -> dict:
     """The calls timed for one shape, by name."""
     x, weight, bias, residual = ops["x"], ops["weight"], ops["bias"], ops["residual"]
-    wq, ws = reference.quantize_weight(weight)
+    with torch.inference_mode(False):  # a weight with a version counter, as a model's: packed
+        wq, ws = reference.quantize_weight(weight)
     packed = torch.ops.onednn.qlinear_prepack(wq, list(x.shape))
 
     def per_token():

@@ -183,6 +183,22 @@ def test_packed_int8_model_gives_the_plain_models_outputs_and_follows_writes() -
         assert torch.equal(packed(ids, mask, types)[0], plain(ids, mask, types)[0])
 
 
+@pytest.mark.skipif(
+    not packed_weights.int8_available(), reason="int8 weights are packed only on AMX-INT8"
+)
+def test_int8_weights_quantised_under_inference_mode_are_packed() -> None:
+    """Quantising inside torch.inference_mode() still makes int8 weights with a version
+    counter, which their packed copies need."""
+    hf = hf_model("BertModel", seed=7)
+    with torch.inference_mode():
+        model = fastbert.BertModel.from_pretrained(hf, device="cpu", packed_weights=True)
+        model.quantize = "int8"
+        ids, mask, types = padded_batch([90, 70], seed=7)
+        model(ids, mask, types)
+    assert not model.layers[0].quantized["ffn_in_weight"][0].is_inference()
+    assert any(w.dtype == torch.int8 for w in model.runner._packs._copies.keys())
+
+
 def test_the_setting_is_validated_and_switchable() -> None:
     hf = hf_model("BertModel", seed=1)
     with pytest.raises(ValueError, match="packed_weights must be True or False, got 1"):

@@ -99,10 +99,13 @@ class QuantizedWeights:
         return entry.weight, entry.scale, entry.input_scale
 
     @torch.no_grad()
+    @torch.inference_mode(False)
     def quantize(self, layer: torch.nn.Module, activation_max: dict[str, torch.Tensor]) -> None:
         """Quantise ``layer``'s weights, smoothing those of :data:`SMOOTHED_LINEARS` with the
         ``activation_max`` of their inputs (float32 [K] each), into the tensors held already
-        where the shapes and device match."""
+        where the shapes and device match. The tensors are never inference tensors, even when
+        made under ``torch.inference_mode()``: their version counters tell the CPU engine's
+        packed copies (fastbert.kernels.packed_weights) that they were written."""
         for name in QUANTIZED_LINEARS:
             weight = getattr(layer, name).detach()
             input_scale = None
