@@ -90,8 +90,8 @@ def cpu_bf16_advice() -> str:
 def cpu_int8_advice() -> str:
     """What quantize="int8" runs on here, and how it compares with bfloat16 where that is
     native: bfloat16 has about a tenth of int8's error; with AMX it also ran faster than int8
-    (AMX's bfloat16 products outran the int8 path's), without AMX int8 with its quantisation
-    and epilogue compiled ran faster, and without those passes no faster (docs/results.md)."""
+    (1.12x, with int8's products on AMX too), without AMX int8 with its quantisation and
+    epilogue compiled ran faster, and without those passes no faster (docs/results.md)."""
     from fastbert.execution import cpu
     from fastbert.kernels import cpu_int8
 
