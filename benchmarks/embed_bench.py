@@ -39,7 +39,8 @@ this one, where a contender's speed moves with what ran before it) and is warmed
 of the corpus; then come ``--reps`` rounds, each running every contender once in turn (so a
 slow spell of a shared machine slows them alike). The median is reported with the min and max,
 and tokens/s as a percentage of the CPU's GEMM limit in the precision the contender computes in
-(benchmarks/gemm_limit.py, measured in the same run). Every contender's embeddings are compared
+(benchmarks/gemm_limit.py, measured in turn with the rounds: its median, as the contenders'
+times are medians). Every contender's embeddings are compared
 with ``st.encode``'s (fp32): the least cosine is reported beside the bound the contender is
 held to, and the run exits 1 when one falls below it. Writes
 embed-bench.json (with the environment: CPU model and flags, threads, versions) and
@@ -353,6 +354,7 @@ def measure_contenders(
     model: str,
     reps: int,
     isolation: str = "process",
+    each_round: Callable[[], None] | None = None,
 ) -> dict[str, Measured]:
     """key -> its measurement. Each contender is loaded and warmed up in a process of its own
     (``isolation="process"``), or all in this one (``"shared"``); then the timed runs go round
@@ -360,7 +362,8 @@ def measure_contenders(
     that slows down for a while (a shared host) slows every contender alike rather than the
     one that happened to run then. In one process a contender's speed moved with what ran
     before it (the int8 row by up to 20% on a 2-thread CPU: docs/results.md), hence the
-    processes; only one of them computes at a time."""
+    processes; only one of them computes at a time. ``each_round``: called in this process
+    before each round (the GEMM limit's measurement in turn)."""
     executors = {key: _executor(isolation) for key in keys}
     try:
         loaded = {}
@@ -373,6 +376,8 @@ def measure_contenders(
         seconds: dict[str, list[float]] = {key: [] for key in keys}
         embedded: dict[str, np.ndarray] = {}
         for round_ in range(1, reps + 1):
+            if each_round is not None:
+                each_round()
             for key in keys:
                 took, embedded[key] = executors[key].submit(time_contender, key, texts).result()
                 seconds[key].append(took)
@@ -441,13 +446,19 @@ def markdown(report: dict) -> str:
             for p in gemm_limit.PRECISIONS
             if p in limits
         )
+        highest = report.get("gemm_limit_highest") or {}
+        peaks = ", ".join(
+            f"{p} {highest[p]['gflops']:.0f}" for p in gemm_limit.PRECISIONS if p in highest
+        )
         lines += [
             "",
             f"GEMM limit (benchmarks/gemm_limit.py): [{tokens}, {hidden}] x [{hidden}, "
             f"{intermediate}] through torch on {limits['threads']} threads: {rates}; "
-            f"{limits['flops_per_token']:,} linear-layer FLOPs per token (each rate the higher "
-            "of two measurements, before and after the contenders). A row's percentage is of "
-            "the limit in its precision.",
+            f"{limits['flops_per_token']:,} linear-layer FLOPs per token. Each rate is the "
+            f"median of {len(report.get('gemm_limit_runs') or [])} measurements taken in turn "
+            "with the rounds (before each, and after the last), as a contender's time is the "
+            f"median of its rounds; the highest measured: {peaks} GFLOP/s. A row's percentage "
+            "is of the median limit in its precision.",
         ]
     for key, detail in (report.get("peers") or {}).items():
         lines.append(f"\n{CONTENDERS[key].name}: {json.dumps(detail, sort_keys=True)}")
@@ -554,8 +565,9 @@ def main(argv: list[str] | None = None) -> int:
         seconds=args.gemm_seconds,
         glu=config.glu,
     )
-    if args.gemm_seconds > 0 and args.device == "cpu":
-        limit_runs.append(measure_limit())
+    # The limit is measured in turn with the contenders: before each round and after the last;
+    # the shares are of its median, as the contenders' times are medians.
+    in_turn = args.gemm_seconds > 0 and args.device == "cpu"
     measured = measure_contenders(
         args.contenders,
         texts,
@@ -564,10 +576,11 @@ def main(argv: list[str] | None = None) -> int:
         args.model,
         args.reps,
         args.isolation,
+        (lambda: limit_runs.append(measure_limit())) if in_turn else None,
     )
-    if limit_runs:  # again after the contenders: the limit is the higher of the two
+    if in_turn:
         limit_runs.append(measure_limit())
-    limits = gemm_limit.highest(*limit_runs) if limit_runs else None
+    limits = gemm_limit.median(*limit_runs) if limit_runs else None
     reference = measured["st"].embeddings
     results = []
     for key, run in measured.items():
@@ -605,6 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch_tokens": args.batch_tokens,
         "environment": env,
         "gemm_limit": limits,
+        "gemm_limit_highest": gemm_limit.highest(*limit_runs) if limit_runs else None,
         "gemm_limit_runs": limit_runs,
         "isolation": args.isolation,
         "peers": {k: run.details for k, run in measured.items() if run.details is not None},

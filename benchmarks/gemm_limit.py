@@ -121,11 +121,24 @@ def measure(
 
 def highest(*runs: dict) -> dict:
     """The limit of several :func:`measure` runs of one shape: each precision at its highest
-    rate (the limit is the most this CPU's products reached; a run slowed by the host would
-    otherwise make every contender's share look larger)."""
+    rate (the most this CPU's products reached)."""
+    return _merged(runs, lambda rates: max(rates, key=lambda rate: rate["gflops"]))
+
+
+def median(*runs: dict) -> dict:
+    """The limit of several :func:`measure` runs of one shape taken in turn with the rounds
+    of a benchmark: each precision at its median rate (of an even count, the higher of the
+    middle two), the statistic the benchmark takes of its contenders, so that on a host whose
+    speed wanders both sample the same mixture of fast and slow spells."""
+    return _merged(
+        runs, lambda rates: sorted(rates, key=lambda rate: rate["gflops"])[len(rates) // 2]
+    )
+
+
+def _merged(runs: tuple[dict, ...], pick: Callable[[list[dict]], dict]) -> dict:
     merged = dict(runs[0])
     for precision in PRECISIONS:
         rates = [run[precision] for run in runs if precision in run]
         if rates:
-            merged[precision] = max(rates, key=lambda rate: rate["gflops"])
+            merged[precision] = pick(rates)
     return merged

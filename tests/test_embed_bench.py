@@ -31,7 +31,7 @@ def test_corpus_spreads_over_the_text() -> None:
 @pytest.mark.slow
 def test_embed_bench_reports_every_contender(tmp_path) -> None:
     fastbert_rows = "st,fastbert-embed,fastbert-list,fastbert-optimize"
-    argv = ["--out", str(tmp_path), "--docs", "6", "--reps", "1", "--gemm-seconds", "0.05"]
+    argv = ["--out", str(tmp_path), "--docs", "6", "--reps", "2", "--gemm-seconds", "0.05"]
     argv += ["--isolation", "shared"]
     assert embed_bench.main([*argv, "--contenders", fastbert_rows]) == 0
     report = json.loads((tmp_path / "embed-bench.json").read_text())
@@ -48,8 +48,10 @@ def test_embed_bench_reports_every_contender(tmp_path) -> None:
     )
     assert report["environment"]["torch"] and report["tokens"] > 6
     assert set(report["gemm_limit"]) == {"shape", "flops_per_token", "threads", "float32"}
-    assert len(report["gemm_limit_runs"]) == 2  # before and after the contenders
-    assert "| fastbert embed |" in (tmp_path / "embed-bench.md").read_text()
+    assert len(report["gemm_limit_runs"]) == 3  # before each of the 2 rounds, after the last
+    assert report["gemm_limit"] == gemm_limit.median(*report["gemm_limit_runs"])
+    table = (tmp_path / "embed-bench.md").read_text()
+    assert "| fastbert embed |" in table and "median of 3 measurements taken in turn" in table
 
 
 def test_each_contender_runs_in_a_process_of_its_own(tmp_path) -> None:
@@ -298,3 +300,11 @@ def test_the_gemm_limit_of_several_runs_is_each_precisions_highest_rate():
     after = {**shape, "float32": slow, "int8": fast}
     assert gemm_limit.highest(before, after) == {**shape, "float32": fast, "int8": fast}
     assert gemm_limit.highest(before) == before
+
+
+def test_the_median_gemm_limit_takes_each_precisions_middle_rate():
+    shape = {"shape": [8, 16, 24], "flops_per_token": 10, "threads": 2}
+    rates = [{"gflops": g, "tokens_per_s": 100.0 * g, "kernel": "torch.mm"} for g in (3, 1, 2)]
+    runs = [{**shape, "float32": rate, "int8": rates[0]} for rate in rates]
+    assert gemm_limit.median(*runs) == {**shape, "float32": rates[2], "int8": rates[0]}
+    assert gemm_limit.median(*runs[:2])["float32"] == rates[0]  # even: the higher middle one
