@@ -89,9 +89,10 @@ def cpu_bf16_advice() -> str:
 
 def cpu_int8_advice() -> str:
     """What quantize="int8" runs on here, and how it compares with bfloat16 where that is
-    native: bfloat16 has about a tenth of int8's error; with AMX it also ran faster than int8
-    (1.12x, with int8's products on AMX too), without AMX int8 with its quantisation and
-    epilogue compiled ran faster, and without those passes no faster (docs/results.md)."""
+    native: bfloat16 has about a tenth of int8's error; with AMX it also ran as fast as int8
+    or faster (1.00-1.12x in two runs, int8's products on AMX too), without AMX int8 with its
+    quantisation and epilogue compiled ran faster, and without those passes no faster
+    (docs/results.md)."""
     from fastbert.execution import cpu
     from fastbert.kernels import cpu_int8
 
@@ -109,7 +110,7 @@ def cpu_int8_advice() -> str:
             "error, int8 the speed where measured (docs/results.md)"
         )
     faster = (
-        "on AMX it ran faster than int8"
+        "on AMX it ran as fast as int8 or faster"
         if bf16 == "amx_bf16"
         else "as fast or faster without the compiled passes"
     )
