@@ -2,9 +2,10 @@
 oneDNN's quantised linear where the weights are packed for it, else on ``torch._int_mm``.
 
 oneDNN's ``qlinear_pointwise`` on a weight packed once (fastbert.kernels.packed_weights, on a
-CPU with AMX-INT8) ran the products faster than ``torch._int_mm`` (which reorders the weight
-on every call) from :data:`ONEDNN_MIN_ROWS` rows; below that ``torch._int_mm`` was as fast or
-faster (docs/results.md, "int8 on oneDNN's quantised linear"). The op takes one activation
+CPU with AMX-INT8) ran the products level with ``torch._int_mm`` (which reorders the weight
+on every call) or faster from :data:`ONEDNN_MIN_ROWS` rows, most at the larger counts, and
+the int8 model 1.4x faster end to end; below that ``torch._int_mm`` was as fast or faster
+(docs/results.md, "int8 on oneDNN's quantised linear"). The op takes one activation
 scale per tensor, not fastbert's per-token scales, so it is used for the integer product only:
 signed int8 rows with zero point 0, unit scales and a float32 output, which holds the exact
 int32 product converted to float32 as ``acc.float()`` does; the compiled epilogue then
@@ -26,8 +27,8 @@ from . import cpu_int8, reference, torch_ops
 from .op import implements
 from .packed_weights import PackedWeights
 
-# From this many rows (tokens) the packed oneDNN product ran faster than torch._int_mm at every
-# all-MiniLM-L6-v2 linear shape on a CPU with AMX (docs/results.md).
+# Below this many rows (tokens) torch._int_mm ran all-MiniLM-L6-v2's products as fast as the
+# packed oneDNN product or faster on a CPU with AMX; from it the packed one was level or faster.
 ONEDNN_MIN_ROWS = 128
 
 _paused = False
