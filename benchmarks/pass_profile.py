@@ -1,0 +1,241 @@
+"""Where one ``fastbert.embed`` pass spends its time on this CPU, in each precision.
+
+    python -m benchmarks.pass_profile --out benchmarks/results/pass-profile-YYYY-MM-DD
+
+The corpus and model are the corpus benchmark's (benchmarks/embed_bench.py: real English text
+of mixed lengths, the packaged all-MiniLM-L6-v2). The texts are tokenised once (timed), then
+each precision's model embeds the token ids in the batches ``fastbert.embed`` forms, under
+PyTorch's profiler, ``--rounds`` times; the pass nearest the median wall time is reported. Its
+time is split into:
+
+- linear: the products with their fused epilogues (oneDNN's linear, its quantised linear,
+  ``torch._int_mm``, MKL), and the int8 linear's quantisation and dequantisation around them;
+- attention: the compiled attention kernel (fastbert.kernels.cpu_attention) and SDPA;
+- LayerNorm, and the residual adds before it (``aten::add``);
+- other PyTorch ops (pooling, packing, copies);
+- outside PyTorch's ops: Python and the glue between the ops.
+
+The linears' rate is their FLOPs (benchmarks/gemm_limit.py counts them) over their time,
+stated against this CPU's GEMM limit measured in the same run (before and after the passes:
+on a host whose speed wanders, the two bound the spell the passes ran in). A precision whose
+linears run near the limit gains only from what lies outside them. Writes pass-profile.json
+and pass-profile.md into --out.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import sys
+import time
+from collections.abc import Iterator
+
+import torch
+
+from benchmarks import embed_bench, gemm_limit, reporting
+
+PRECISIONS = {
+    "float32": {},
+    "bfloat16": {"dtype": "bfloat16"},
+    "int8": {"quantize": "int8"},
+}
+# Profiler event names by part of the pass: each outermost event counts with the time of the
+# ops it calls (an event not named here is "other ops").
+PARTS = {
+    "mkldnn::_linear_pointwise": "linear",
+    "onednn::qlinear_pointwise": "linear",
+    "aten::linear": "linear",
+    "aten::addmm": "linear",
+    "aten::mm": "linear",
+    "aten::_int_mm": "linear",
+    "fastbert::int8_linear": "linear",
+    "fastbert::cpu_attention": "attention",
+    "aten::scaled_dot_product_attention": "attention",
+    "aten::layer_norm": "LayerNorm",
+    "aten::native_layer_norm": "LayerNorm",
+    "aten::add": "residual add",
+}
+ORDER = ("linear", "attention", "LayerNorm", "residual add", "other ops", "outside ops")
+
+
+@contextlib.contextmanager
+def labelled_compiled_kernels() -> Iterator[None]:
+    """The compiled C++ kernels (called through ctypes, unseen by the profiler) run inside
+    profiler ranges named for them, for the duration of the block: the attention kernel, and
+    the whole int8 linear (its compiled quantisation and dequantisation around the product)."""
+    from fastbert.kernels import cpu_attention, torch_ops
+
+    wrapped = [
+        (cpu_attention, "_run", "fastbert::cpu_attention"),
+        (torch_ops, "linear_quantized_unchecked", "fastbert::int8_linear"),
+    ]
+    originals = [getattr(module, name) for module, name, _ in wrapped]
+
+    def labelled(function, label):
+        def run(*args, **kwargs):
+            with torch.profiler.record_function(label):
+                return function(*args, **kwargs)
+
+        return run
+
+    for (module, name, label), original in zip(wrapped, originals, strict=True):
+        setattr(module, name, labelled(original, label))
+    try:
+        yield
+    finally:
+        for (module, name, _), original in zip(wrapped, originals, strict=True):
+            setattr(module, name, original)
+
+
+def split(events, wall: float) -> dict[str, float]:
+    """Seconds of one profiled pass per part (ORDER): each outermost profiler event's total
+    time (its own and its callees') under its name's part; ``wall``: the pass's seconds, the
+    rest of which is "outside ops"."""
+    seconds: dict[str, float] = collections.Counter()
+    for event in events:
+        if event.cpu_parent is None:
+            seconds[PARTS.get(event.name, "other ops")] += event.cpu_time_total / 1e6
+    seconds["outside ops"] = max(0.0, wall - sum(seconds.values()))
+    return {part: seconds.get(part, 0.0) for part in ORDER}
+
+
+def profile_passes(job, tokens: list[list[int]], rounds: int) -> tuple[float, dict[str, float]]:
+    """(wall seconds, seconds per part) of the profiled pass nearest the median of
+    ``rounds``, each embedding ``tokens`` in ``fastbert.embed``'s batches."""
+    from fastbert.embedding.run import embed_sorted
+
+    def one_pass() -> None:
+        for _ in embed_sorted(job.encoder, tokens, job.options.batch_tokens):
+            pass
+
+    passes = []
+    with torch.inference_mode(), labelled_compiled_kernels():
+        one_pass()  # warm-up: compiled kernels, packed weights, allocator
+        for _ in range(rounds):
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
+                start = time.perf_counter()
+                one_pass()
+                wall = time.perf_counter() - start
+            passes.append((wall, split(p.events(), wall)))
+    passes.sort(key=lambda run: run[0])
+    return passes[(len(passes) - 1) // 2]
+
+
+def markdown(report: dict) -> str:
+    before, after = report["gemm_limit_runs"]
+    shape = before["shape"]
+    rows = []
+    for precision, row in report["results"].items():
+        parts = [f"{row['parts'][p]:.3f} ({row['parts'][p] / row['wall_s']:.0%})" for p in ORDER]
+        shares = ", ".join(f"{share:.0%}" for share in row["linear_share_of_limit"])
+        rows.append(
+            [precision, f"{row['wall_s']:.3f}", f"{row['tokens_per_s']:,.0f}", *parts]
+            + [f"{row['linear_gflops']:.0f}", shares]
+        )
+    columns = ["precision", "pass s", "tokens/s", *(f"{p} s (share)" for p in ORDER)]
+    columns += ["linears GFLOP/s", "linears / limit (before, after)"]
+    limits = ", ".join(
+        f"{p} {before[p]['gflops']:.0f} / {after[p]['gflops']:.0f}" for p in report["precisions"]
+    )
+    return "\n".join(
+        [
+            f"# Where a fastbert.embed pass spends its time, CPU: {report['docs']} docs, "
+            f"{report['tokens']} tokens",
+            "",
+            f"{report['model']}, batches of at most {report['batch_tokens']} tokens; in each "
+            f"precision the pass nearest the median of {report['rounds']} profiled passes. "
+            f"Tokenising the texts (once, not in the passes): {report['tokenise_s']:.3f} s.",
+            "",
+            *reporting.table(columns, "l" + "r" * (len(columns) - 1), rows),
+            "",
+            f"GEMM limit (benchmarks/gemm_limit.py, [{shape[0]}, {shape[1]}] x [{shape[1]}, "
+            f"{shape[2]}]) before / after the passes, GFLOP/s: {limits}.",
+            "",
+            reporting.cpu_line(report["environment"]),
+            "",
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = reporting.parser("pass_profile", __doc__.split("\n\n")[0], docs=1000, rounds=3)
+    parser.add_argument(
+        "--precisions",
+        default=",".join(PRECISIONS),
+        help="comma-separated subset of " + ", ".join(PRECISIONS),
+    )
+    parser.add_argument(
+        "--gemm-seconds", type=float, default=1.0, help="seconds per precision of the GEMM limit"
+    )
+    args = parser.parse_args(argv)
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    unknown = [p for p in precisions if p not in PRECISIONS]
+    if unknown or not precisions:
+        named = ", ".join(unknown) or "none"
+        parser.error(f"--precisions: {named}; each one of {', '.join(PRECISIONS)}")
+    if args.rounds < 1 or args.docs < 1:
+        parser.error("--rounds and --docs: at least 1")
+
+    import dataclasses
+
+    from fastbert.bench import environment
+    from fastbert.embedding.model import read_config
+    from fastbert.embedding.options import EmbedOptions
+    from fastbert.embedding.text_model import load_options
+
+    texts = embed_bench.corpus(args.docs)
+    folder = embed_bench.model_folder("minilm")
+    config = read_config(folder)
+    options = EmbedOptions(model=str(folder), device="cpu", progress=False)
+    jobs = {
+        p: load_options(dataclasses.replace(options, **PRECISIONS[p])).job(False)
+        for p in precisions
+    }
+    first = jobs[precisions[0]]
+    start = time.perf_counter()
+    tokens, _ = first.tokenise(texts)
+    tokenise_s = time.perf_counter() - start
+    count = sum(len(t) for t in tokens)
+
+    def limit() -> dict:
+        return gemm_limit.measure(
+            config.hidden_size,
+            config.intermediate_size,
+            config.num_hidden_layers,
+            precisions=tuple(precisions),
+            seconds=args.gemm_seconds,
+        )
+
+    limit_runs = [limit()]
+    results = {}
+    for precision, job in jobs.items():
+        print(f"{precision}: {args.rounds} profiled passes", file=sys.stderr)
+        wall, parts = profile_passes(job, tokens, args.rounds)
+        linear_flops = count * limit_runs[0]["flops_per_token"]
+        results[precision] = {"wall_s": wall, "tokens_per_s": count / wall, "parts": parts}
+        results[precision]["linear_gflops"] = linear_flops / max(parts["linear"], 1e-9) / 1e9
+    limit_runs.append(limit())
+    for precision, row in results.items():
+        row["linear_share_of_limit"] = [
+            row["linear_gflops"] / run[precision]["gflops"] for run in limit_runs
+        ]
+    report = {
+        "model": "all-MiniLM-L6-v2 (packaged)",
+        "docs": len(texts),
+        "tokens": count,
+        "batch_tokens": first.options.batch_tokens,
+        "rounds": args.rounds,
+        "tokenise_s": tokenise_s,
+        "precisions": precisions,
+        "gemm_limit": limit_runs[0],
+        "gemm_limit_runs": limit_runs,
+        "results": results,
+        "environment": environment.capture(),
+    }
+    text = markdown(report)
+    reporting.write_report(args.out, "pass-profile", report, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

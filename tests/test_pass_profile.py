@@ -1,0 +1,71 @@
+"""benchmarks/pass_profile.py: how it splits a profiled pass into parts, a short run end to end
+(each part is found where the CPU runs it; the figures are the benchmark's, not a test's), and
+its usage errors."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from benchmarks import pass_profile
+from fastbert.kernels import cpu_attention, torch_ops
+from tests.cli_usage import usage_error_test
+
+
+def _event(name: str, seconds: float, parent: object | None = None) -> SimpleNamespace:
+    return SimpleNamespace(name=name, cpu_time_total=seconds * 1e6, cpu_parent=parent)
+
+
+def test_each_outermost_event_counts_once_with_its_callees() -> None:
+    linear = _event("mkldnn::_linear_pointwise", 0.5)
+    int8 = _event("fastbert::int8_linear", 0.25)
+    events = [
+        linear,
+        int8,
+        _event("aten::zeros", 0.125, parent=int8),  # inside the int8 linear: not counted again
+        _event("fastbert::cpu_attention", 0.25),
+        _event("aten::layer_norm", 0.0625),
+        _event("aten::native_layer_norm", 0.0625, parent=linear),
+        _event("aten::add", 0.03125),
+        _event("aten::index_select", 0.03125),
+    ]
+    parts = pass_profile.split(events, wall=1.25)
+    assert list(parts) == list(pass_profile.ORDER)
+    assert parts["linear"] == 0.75
+    assert parts["attention"] == 0.25
+    assert parts["LayerNorm"] == 0.0625
+    assert parts["residual add"] == 0.03125
+    assert parts["other ops"] == 0.03125
+    assert parts["outside ops"] == pytest.approx(1.25 - 1.125)
+
+
+def test_a_short_run_finds_each_part_and_writes_both_files(tmp_path) -> None:
+    out = tmp_path / "results"
+    argv = ["--out", str(out), "--docs", "24", "--rounds", "1", "--gemm-seconds", "0.05"]
+    assert pass_profile.main([*argv, "--precisions", "float32,int8"]) == 0
+    report = json.loads((out / "pass-profile.json").read_text())
+    assert list(report["results"]) == ["float32", "int8"]
+    for precision, row in report["results"].items():
+        parts = row["parts"]
+        assert sum(parts.values()) == pytest.approx(row["wall_s"], rel=1e-6), precision
+        # The linears are found in each precision (the int8 one through its labelled range),
+        # and the compiled attention kernel where this CPU runs it.
+        assert parts["linear"] > 0.2 * row["wall_s"], (precision, parts)
+        assert parts["LayerNorm"] > 0, (precision, parts)
+        if cpu_attention.available():
+            assert parts["attention"] > 0, (precision, parts)
+        assert len(row["linear_share_of_limit"]) == 2
+    # The labels are taken off again.
+    assert cpu_attention._run.__module__ == "fastbert.kernels.cpu_attention"
+    assert torch_ops.linear_quantized_unchecked.__module__ == "fastbert.kernels.torch_ops"
+    table = (out / "pass-profile.md").read_text()
+    assert "| float32 |" in table and "| int8 |" in table
+    assert "GEMM limit" in table
+
+
+test_usage_errors_exit_2 = usage_error_test(
+    pass_profile.main,
+    [["--precisions", "float64"], ["--precisions", ","], ["--rounds", "0"], []],
+)
