@@ -16,10 +16,11 @@ time is split into:
 - outside PyTorch's ops: Python and the glue between the ops.
 
 The linears' rate is their FLOPs (benchmarks/gemm_limit.py counts them) over their time,
-stated against this CPU's GEMM limit measured in the same run (before and after the passes:
-on a host whose speed wanders, the two bound the spell the passes ran in). A precision whose
-linears run near the limit gains only from what lies outside them. Writes pass-profile.json
-and pass-profile.md into --out.
+stated against this CPU's GEMM limit measured in the same run, before and after the passes
+(on a host whose speed wanders the two can differ, and the passes may have run in a spell of
+either; the parts' shares of one pass hold regardless). A precision whose linears run near
+the limit gains only from what lies outside them. Writes pass-profile.json and
+pass-profile.md into --out.
 """
 
 from __future__ import annotations
