@@ -10,7 +10,10 @@ dimensions 32 (MiniLM) and 64 (BERT-base):
 - compiled: ``fastbert.kernels.cpu_attention.attention_varlen``, one call per batch;
 - torch: what the torch backend ran before it (and runs where the kernel is not built):
   one SDPA call or math-path pass per run of equal-length sequences
-  (``cpu_engine_attention.attention_by_length``).
+  (``cpu_engine_attention.attention_by_length``);
+- on a CPU where the kernel multiplies bfloat16 q k^T on AMX's tiles
+  (:func:`fastbert.kernels.cpu_attention.tiles`), also the kernel with its tiles turned off
+  (AVX512_BF16 dot products, :func:`fastbert.kernels.cpu_attention.tiles_turned_off`).
 
 Wall time on torch's threads, round-robin (each batch's two paths in turn), the best of
 ``--rounds`` kept per batch; the relative RMS error of both against float64
@@ -19,14 +22,16 @@ Wall time on torch's threads, round-robin (each batch's two paths in turn), the 
 Then end to end (``--corpus-rounds``, 0 to skip): ``fastbert.load`` of the packaged
 all-MiniLM-L6-v2 in float32, bfloat16 and with ``quantize="int8"`` (whose attention runs in
 float32), warmed up, and ``model.embed`` of the whole corpus with the kernel on and off
-(:func:`fastbert.kernels.cpu_attention.turned_off`) in turn, the medians and the least cosine
-between the two runs' embeddings. Writes attention.md and attention.json. Speed is measured
+(:func:`fastbert.kernels.cpu_attention.turned_off`) in turn, and in bfloat16 with its tiles
+off where it has them, the medians and the least cosine between the kernel's and the torch
+path's embeddings. Writes attention.md and attention.json. Speed is measured
 here, never asserted in a test.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import time
 
@@ -78,6 +83,16 @@ def torch_path(q, k, v, cu) -> torch.Tensor:
     return T.attention_by_length(q, k, v, cu, None, 0.0, None, None, None)
 
 
+def untiled_path(q, k, v, cu) -> torch.Tensor:
+    with cpu_attention.tiles_turned_off():
+        return cpu_attention.attention_varlen(q, k, v, cu)
+
+
+def tiled(dtype: torch.dtype) -> bool:
+    """Whether the kernel runs ``dtype`` on AMX's tiles here (then timed with them off too)."""
+    return dtype == torch.bfloat16 and cpu_attention.tiles()
+
+
 def best_seconds(paths, args, rounds: int) -> list[float]:
     best = [float("inf")] * len(paths)
     for path in paths:
@@ -98,10 +113,17 @@ def measure(batches: list[list[int]], dtype: torch.dtype, head_dim: int, rounds:
     rows = []
     for index, lengths in enumerate(batches):
         q, k, v, cu = inputs(lengths, head_dim, dtype, seed=index)
-        compiled_s, torch_s = best_seconds((compiled_path, torch_path), (q, k, v, cu), rounds)
+        paths = (compiled_path, torch_path, *((untiled_path,) if tiled(dtype) else ()))
+        compiled_s, torch_s, *untiled_s = best_seconds(paths, (q, k, v, cu), rounds)
         expected = R.attention_varlen(q.double(), k.double(), v.double(), cu, max(lengths))
+        if untiled_s:
+            extra = {"untiled_ms": untiled_s[0] * 1e3}
+            extra["untiled_error"] = relative_error(untiled_path(q, k, v, cu), expected)
+        else:
+            extra = {}
         rows.append(
             {
+                **extra,
                 "dtype": str(dtype).removeprefix("torch."),
                 "head_dim": head_dim,
                 "sequences": len(lengths),
@@ -139,23 +161,29 @@ def time_corpus(precision: str, docs: int, rounds: int) -> dict:
     model = fastbert.load(folder, device="cpu", **PRECISIONS[precision])
     model.embed(texts[:200])
     seconds: dict[str, list[float]] = {"compiled": [], "torch": []}
+    if tiled(torch.bfloat16) and precision == "bfloat16":
+        seconds["compiled, no tiles"] = []
+    switches = {
+        "torch": cpu_attention.turned_off,
+        "compiled, no tiles": cpu_attention.tiles_turned_off,
+    }
     vectors = {}
     for _ in range(rounds):
         for name in seconds:
-            path = cpu_attention.turned_off() if name == "torch" else contextlib.nullcontext()
-            with path:
+            with switches.get(name, contextlib.nullcontext)():
                 start = time.perf_counter()
                 vectors[name] = np.asarray(model.embed(texts), dtype=np.float64)
                 seconds[name].append(time.perf_counter() - start)
     medians = {name: statistics.median(times) for name, times in seconds.items()}
     a, b = vectors["compiled"], vectors["torch"]
     cosine = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-    print(f"{precision}: compiled {medians['compiled']:.2f} s, torch {medians['torch']:.2f} s")
+    print(f"{precision}: " + ", ".join(f"{name} {s:.2f} s" for name, s in medians.items()))
     return {
         "precision": precision,
         "seconds": seconds,
         "median_s": medians,
         "speed_up": medians["torch"] / medians["compiled"],
+        "tiles_speed_up": medians.get("compiled, no tiles", math.nan) / medians["compiled"],
         "rounds_faster": sum(c < t for c, t in zip(seconds["compiled"], seconds["torch"])),
         "least_cosine": float(cosine.min()),
     }
@@ -175,8 +203,8 @@ def markdown(report: dict) -> str:
         f"{env['date']}.",
         "",
         "| dtype | D | batches' longest | batches | compiled ms | torch ms | torch / compiled "
-        "| compiled error | torch error |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "| compiled error | torch error | no tiles ms | no tiles / compiled |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     cases = sorted({(r["dtype"], r["head_dim"]) for r in report["rows"]})
     for dtype, head_dim in cases:
@@ -188,11 +216,15 @@ def markdown(report: dict) -> str:
                 continue
             compiled = sum(r["compiled_ms"] for r in chosen)
             torch_ms = sum(r["torch_ms"] for r in chosen)
+            untiled = "| |"  # the kernel has no tiles for this dtype here
+            if all("untiled_ms" in r for r in chosen):
+                untiled_ms = sum(r["untiled_ms"] for r in chosen)
+                untiled = f"| {untiled_ms:.1f} | {untiled_ms / compiled:.2f}x |"
             lines.append(
                 f"| {dtype} | {head_dim} | {label} | {len(chosen)} | {compiled:.1f} "
                 f"| {torch_ms:.1f} "
                 f"| {torch_ms / compiled:.2f}x | {max(r['compiled_error'] for r in chosen):.2e} "
-                f"| {max(r['torch_error'] for r in chosen):.2e} |"
+                f"| {max(r['torch_error'] for r in chosen):.2e} {untiled}"
             )
     if report["corpus"]:
         lines += [
@@ -202,15 +234,19 @@ def markdown(report: dict) -> str:
             f"{report['corpus_rounds']} rounds each, medians:",
             "",
             "| precision | compiled s | torch path s | speed-up | rounds compiled faster "
-            "| least cosine between the two |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| least cosine between the two | compiled, no tiles s | tiles' speed-up |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for row in report["corpus"]:
+            untiled = row["median_s"].get("compiled, no tiles")
+            tiles = "| |"
+            if untiled is not None:
+                tiles = f"| {untiled:.2f} | {row['tiles_speed_up']:.2f}x |"
             lines.append(
                 f"| {row['precision']} | {row['median_s']['compiled']:.2f} "
                 f"| {row['median_s']['torch']:.2f} | {row['speed_up']:.2f}x "
                 f"| {row['rounds_faster']} of {report['corpus_rounds']} "
-                f"| {row['least_cosine']:.6f} |"
+                f"| {row['least_cosine']:.6f} {tiles}"
             )
     lines += [
         "",

@@ -21,6 +21,13 @@
 // [D/2][Lp] of 32 bits; float32: [D][Lp]; Lp is L rounded up to 16, zeros past L), bfloat16
 // V widened to float32 [L][D] (float32 V is read in place), and a block of score rows
 // [ROWS][Lp]. Queries go ROWS at a time so that each K or V vector loaded serves ROWS rows.
+//
+// AMX (built where the compiler targets AMX-BF16, used where the kernel is asked to and Linux
+// grants the process the tile state): bfloat16 q k^T of 16 queries at a time on the tiles,
+// the queries' rows as the A tile and the K pairs above, which are AMX's B layout, as the B
+// tile; the same exact products summed in float32. The softmax and P @ V stay as above (P
+// unrounded). Each call leaves a thread's tile configuration as it found it, since oneDNN's
+// AMX kernels run on the same OpenMP threads.
 
 #include <immintrin.h>
 #include <math.h>
@@ -29,6 +36,12 @@
 #include <string.h>
 
 #include <type_traits>
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define FASTBERT_AMX 1
+#endif
 
 #ifndef __AVX512BF16__
 #error "cpu_attention.cpp needs AVX512_BF16 (-march=native on a CPU that has it)"
@@ -41,7 +54,7 @@ typedef uint16_t vh __attribute__((vector_size(32)));
 typedef float vf_unaligned __attribute__((vector_size(64), aligned(4)));
 typedef uint16_t vh_unaligned __attribute__((vector_size(32), aligned(2)));
 
-enum { W = 16, MAX_ROWS = 8 };
+enum { W = 16, MAX_ROWS = 8, TILE_ROWS = 16 };
 
 static inline vf load(const float* p) { return *(const vf_unaligned*)p; }
 static inline void store(float* p, vf x) { *(vf_unaligned*)p = x; }
@@ -153,6 +166,23 @@ static inline void key_block(const Head<float>& a, int first, int jb, vf* acc) {
 static inline void store_out(uint16_t* p, vf x) { *(vh_unaligned*)p = narrow(x); }
 static inline void store_out(float* p, vf x) { store(p, x); }
 
+// out rows first .. first + ROWS - 1 = (P @ V) * inverse_sum, P the rows' probabilities in
+// probabilities [ROWS][padded] (unnormalised, 0 past L).
+template <typename T, int D, int ROWS>
+static inline void weighted_values(const Head<T>& a, int first, const float* probabilities,
+                                   const float* inverse_sum) {
+  vf o[ROWS][D / W] = {};
+  for (int j = 0; j < a.length; j++) {
+    for (int b = 0; b < D / W; b++) {
+      vf values = load(a.v + j * a.v_stride + b * W);
+      for (int r = 0; r < ROWS; r++) o[r][b] += probabilities[r * a.padded + j] * values;
+    }
+  }
+  for (int r = 0; r < ROWS; r++)
+    for (int b = 0; b < D / W; b++)
+      store_out(a.out + (int64_t)(first + r) * a.out_stride + b * W, o[r][b] * inverse_sum[r]);
+}
+
 // Queries first .. first + ROWS - 1: scores, softmax, P @ V, written to out.
 template <typename T, int D, int ROWS>
 static inline void query_rows(const Head<T>& a, int first) {
@@ -172,17 +202,66 @@ static inline void query_rows(const Head<T>& a, int first) {
   float inverse_sum[ROWS];
   for (int r = 0; r < ROWS; r++)
     inverse_sum[r] = softmax_row(a, a.scores + r * a.padded, lane_max(row_max[r]));
-  vf o[ROWS][D / W] = {};
-  for (int j = 0; j < a.length; j++) {
-    for (int b = 0; b < D / W; b++) {
-      vf values = load(a.v + j * a.v_stride + b * W);
-      for (int r = 0; r < ROWS; r++) o[r][b] += a.scores[r * a.padded + j] * values;
-    }
-  }
-  for (int r = 0; r < ROWS; r++)
-    for (int b = 0; b < D / W; b++)
-      store_out(a.out + (int64_t)(first + r) * a.out_stride + b * W, o[r][b] * inverse_sum[r]);
+  weighted_values<T, D, ROWS>(a, first, a.scores, inverse_sum);
 }
+
+#ifdef FASTBERT_AMX
+// Linux gives a process AMX's tile state only on request (ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA); asked once, when the library loads.
+static const bool amx_granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+
+struct TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t bytes_per_row[16];
+  uint8_t rows[16];
+} __attribute__((packed));
+
+// This kernel's tiles: 0-1 query rows (A: 16 x 32 bfloat16; D = 64 takes both halves), 2-3
+// K pairs (B: 16 pairs of dimensions x 16 keys), 4 scores (C: 16 x 16 float32).
+static void configure_tiles() {
+  TileConfig config = {};
+  config.palette = 1;
+  for (int t = 0; t < 5; t++) config.bytes_per_row[t] = 64, config.rows[t] = 16;
+  _tile_loadconfig(&config);
+}
+
+// Queries first .. first + 15 of a bfloat16 head: scores on the tiles (scaled, -inf past L),
+// then softmax and P @ V as query_rows, ROWS rows at a time.
+template <int D, int ROWS>
+static inline void query_tile(const Head<uint16_t>& a, int first) {
+  static_assert(D == 32 || D == 64, "a tile holds 32 bfloat16 of a row");
+  const uint16_t* q = a.q + (int64_t)first * a.stride;
+  _tile_loadd(0, q, a.stride * 2);
+  if constexpr (D == 64) _tile_loadd(1, q + 32, a.stride * 2);
+  for (int jb = 0; jb < a.padded; jb += W) {
+    _tile_zero(4);
+    _tile_loadd(2, a.k_t + jb, a.padded * 4);
+    _tile_dpbf16ps(4, 0, 2);
+    if constexpr (D == 64) {
+      _tile_loadd(3, a.k_t + 16 * a.padded + jb, a.padded * 4);
+      _tile_dpbf16ps(4, 1, 3);
+    }
+    _tile_stored(4, a.scores + jb, a.padded * 4);
+  }
+  const int last = a.padded - W;
+  float inverse_sum[TILE_ROWS];
+  for (int r = 0; r < TILE_ROWS; r++) {
+    float* row = a.scores + r * a.padded;
+    vf row_max = splat(-INFINITY);
+    for (int jb = 0; jb < a.padded; jb += W) {
+      vf s = load(row + jb) * a.scale;
+      if (jb == last) s = a.tail_keep ? s : splat(-INFINITY);  // keys past L
+      row_max = s > row_max ? s : row_max;
+      store(row + jb, s);
+    }
+    inverse_sum[r] = softmax_row(a, row, lane_max(row_max));
+  }
+  for (int r = 0; r < TILE_ROWS; r += ROWS)
+    weighted_values<uint16_t, D, ROWS>(a, first + r, a.scores + r * a.padded, inverse_sum + r);
+}
+#else
+static const bool amx_granted = false;
+#endif
 
 // The 16 x 16 block of 32-bit words at rows[i * row_stride + w] (rows i < count; zeros for
 // the rest) transposed into out[w * out_stride + i].
@@ -216,7 +295,7 @@ static inline void transpose_block(const uint32_t* rows, int64_t row_stride, int
 
 template <typename T, int D, int ROWS>
 static void attend(const T* q, const T* k, const T* v, int64_t stride, int length, int queries,
-                   float scale, T* out, int64_t out_stride, float* scratch) {
+                   float scale, T* out, int64_t out_stride, float* scratch, bool tiles) {
   const int padded = (length + W - 1) / W * W;
   constexpr bool bf16 = std::is_same_v<T, uint16_t>;
   constexpr int words = bf16 ? D / 2 : D;  // 32-bit words per key
@@ -240,6 +319,11 @@ static void attend(const T* q, const T* k, const T* v, int64_t stride, int lengt
                   rest,   lane < (length - (padded - W)),
                   out,    out_stride};
   int first = 0;
+#ifdef FASTBERT_AMX
+  if constexpr (bf16)
+    if (tiles)
+      for (; first + TILE_ROWS <= queries; first += TILE_ROWS) query_tile<D, ROWS>(a, first);
+#endif
   for (; first + ROWS <= queries; first += ROWS) query_rows<T, D, ROWS>(a, first);
   if (ROWS > 4 && first + 4 <= queries) query_rows<T, D, 4>(a, first), first += 4;
   if (first + 2 <= queries) query_rows<T, D, 2>(a, first), first += 2;
@@ -251,13 +335,14 @@ template <typename T>
 static int attention(const T* q, const T* k, const T* v, int64_t token_stride,
                      int64_t head_stride, const int64_t* starts, const int64_t* lengths,
                      const int64_t* queries, int64_t sequences, int64_t heads, int64_t head_dim,
-                     float scale, T* out, int threads) {
+                     float scale, T* out, int threads, bool tiles) {
   if (head_dim != 32 && head_dim != 64) return 1;
+  tiles = tiles && amx_granted && std::is_same_v<T, uint16_t>;
   int64_t longest = 0;
   for (int64_t s = 0; s < sequences; s++) longest = lengths[s] > longest ? lengths[s] : longest;
   const int64_t padded = (longest + W - 1) / W * W;
   // K transposed, bfloat16 V widened, and the score rows (all at most float32-sized).
-  const int64_t floats = head_dim * padded + longest * head_dim + MAX_ROWS * padded;
+  const int64_t floats = head_dim * padded + longest * head_dim + TILE_ROWS * padded;
   const int64_t out_stride = heads * head_dim;
   int failed = 0;
 #pragma omp parallel num_threads(threads)
@@ -267,6 +352,10 @@ static int attention(const T* q, const T* k, const T* v, int64_t token_stride,
 #pragma omp atomic write
       failed = 2;
     }
+#ifdef FASTBERT_AMX
+    alignas(64) TileConfig found = {};
+    if (tiles) _tile_storeconfig(&found), configure_tiles();
+#endif
 #pragma omp for schedule(dynamic, 1)
     for (int64_t s = 0; s < sequences; s++) {
       const int64_t start = starts[s];
@@ -281,13 +370,16 @@ static int attention(const T* q, const T* k, const T* v, int64_t token_stride,
         T* o = out + start * out_stride + h * head_dim;
         if (head_dim == 32)
           attend<T, 32, 8>(q + at, k + at, v + at, token_stride, length, rows, scale, o,
-                           out_stride, scratch);
+                           out_stride, scratch, tiles);
         else
           attend<T, 64, 4>(q + at, k + at, v + at, token_stride, length, rows, scale, o,
-                           out_stride, scratch);
+                           out_stride, scratch, tiles);
       }
     }
     free(scratch);
+#ifdef FASTBERT_AMX
+    if (tiles) _tile_loadconfig(&found);  // palette 0 (none configured) releases the tiles
+#endif
   }
   return failed;
 }
@@ -297,16 +389,20 @@ extern "C" int fastbert_attention_bf16(const uint16_t* q, const uint16_t* k, con
                                        const int64_t* starts, const int64_t* lengths,
                                        const int64_t* queries, int64_t sequences, int64_t heads,
                                        int64_t head_dim, float scale, uint16_t* out,
-                                       int threads) {
+                                       int threads, int tiles) {
   return attention(q, k, v, token_stride, head_stride, starts, lengths, queries, sequences,
-                   heads, head_dim, scale, out, threads);
+                   heads, head_dim, scale, out, threads, tiles != 0);
 }
 
 extern "C" int fastbert_attention_f32(const float* q, const float* k, const float* v,
                                       int64_t token_stride, int64_t head_stride,
                                       const int64_t* starts, const int64_t* lengths,
                                       const int64_t* queries, int64_t sequences, int64_t heads,
-                                      int64_t head_dim, float scale, float* out, int threads) {
+                                      int64_t head_dim, float scale, float* out, int threads,
+                                      int tiles) {
   return attention(q, k, v, token_stride, head_stride, starts, lengths, queries, sequences,
-                   heads, head_dim, scale, out, threads);
+                   heads, head_dim, scale, out, threads, tiles != 0);
 }
+
+// Whether bfloat16 calls that ask for tiles get them: built for AMX and granted the tile state.
+extern "C" int fastbert_attention_tiles() { return amx_granted; }

@@ -6,7 +6,9 @@ all the sequences of a batch in one call: one OpenMP task per sequence. In bfloa
 the CPU's bfloat16 dot-product instruction (exact products, float32 sums), the softmax and
 P @ V in float32 with P unrounded, the result rounded to bfloat16 once: the torch backend's
 math path's precision, more accurate than PyTorch's flash kernel, which rounds P to bfloat16.
-In float32, every step in float32 FMAs: float32's accuracy, as PyTorch's flash kernel.
+In float32, every step in float32 FMAs: float32's accuracy, as PyTorch's flash kernel. On a
+CPU with AMX (and a compiler that targets it), bfloat16 q k^T runs on AMX's tiles, 16 queries
+at a time, with the same exact products and float32 sums; :func:`tiles` says whether it does.
 
 The source is compiled at first use for this CPU and loaded with ctypes
 (fastbert.kernels.cpu_library); a call releases the GIL. Where the CPU lacks AVX512_BF16, no
@@ -17,7 +19,9 @@ compiled at import.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -50,7 +54,10 @@ def _declare(library: ctypes.CDLL) -> None:
             ctypes.c_float,  # scale
             ctypes.c_void_p,  # out
             ctypes.c_int,  # threads
+            ctypes.c_int,  # tiles: bfloat16 q k^T on AMX where built and granted
         ]
+    library.fastbert_attention_tiles.restype = ctypes.c_int
+    library.fastbert_attention_tiles.argtypes = []
 
 
 _LIBRARY = Library(
@@ -81,6 +88,28 @@ def status() -> str:
 # Inside ``with turned_off():`` every attention in this process takes the torch path (to
 # compare the two, as benchmarks/cpu_attention_kernel.py does).
 turned_off = _LIBRARY.paused
+
+_tiles_paused = False
+
+
+def tiles() -> bool:
+    """Whether bfloat16 calls multiply q k^T on AMX's tiles here: the kernel is available, was
+    built for a CPU with AMX-BF16, and Linux granted this process the tile state."""
+    library = _ensure_loaded()
+    return library is not None and bool(library.fastbert_attention_tiles())
+
+
+@contextlib.contextmanager
+def tiles_turned_off() -> Iterator[None]:
+    """Inside the block the kernel's bfloat16 q k^T runs on AVX512_BF16 dot products even
+    where :func:`tiles` (to compare the two, as the tests and benchmarks do); not for use from
+    several threads."""
+    global _tiles_paused
+    before, _tiles_paused = _tiles_paused, True
+    try:
+        yield
+    finally:
+        _tiles_paused = before
 
 
 def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -162,6 +191,7 @@ def _run(q, k, v, starts, lengths, queries, scale, out) -> torch.Tensor:
         head_dim**-0.5 if scale is None else float(scale),
         out.data_ptr(),
         torch.get_num_threads(),
+        not _tiles_paused,
     )
     if failed == 2:
         raise MemoryError("cpu_attention: no scratch memory for the longest sequence")

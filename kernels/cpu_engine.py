@@ -59,7 +59,8 @@ def status() -> dict[str, str]:
     the compiled attention if it is not built yet."""
     onednn = cpu_engine_linear.has_onednn_linear()
     return {
-        "compiled attention": cpu_attention.status(),
+        "compiled attention": cpu_attention.status()
+        + ("; bfloat16 q k^T on AMX tiles" if cpu_attention.tiles() else ""),
         "linear": "oneDNN with post-ops" if onednn else "F.linear (no oneDNN in this torch)",
         "packed weights": "available" if packed_weights.available() else "unavailable",
         "int8 linear": int8_status(),

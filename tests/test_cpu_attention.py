@@ -248,3 +248,65 @@ def test_turned_off_takes_the_torch_path(calls) -> None:
     assert torch.equal(off, T.attention_by_length(q, k, v, cu, None, 0.0, None, None, None))
     T.attention_varlen_unchecked(q, k, v, cu, 30)
     assert calls == [2]
+
+
+def tile_state_granted() -> bool:
+    """Whether Linux grants this process AMX's tile state (asked here, through libc)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    arch_prctl, req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
+    return libc.syscall(arch_prctl, req_xcomp_perm, xfeature_xtiledata) == 0
+
+
+needs_tiles = pytest.mark.skipif(not C.tiles(), reason="no AMX tiles for the kernel here")
+
+
+@needs_kernel
+def test_tiles_wherever_the_cpu_and_linux_give_them() -> None:
+    """On a CPU with AMX-BF16 whose kernel grants the tile state, bfloat16 q k^T runs on the
+    tiles (the build targets the CPU it runs on); elsewhere never."""
+    from fastbert.kernels.cpu_library import cpu_flags
+
+    amx = {"amx_tile", "amx_bf16"} <= cpu_flags()
+    assert C.tiles() == (amx and tile_state_granted())
+
+
+@needs_tiles
+@pytest.mark.parametrize("head_dim", [32, 64])
+def test_tiles_give_the_dot_products_values(head_dim) -> None:
+    """q k^T on the tiles and on AVX512_BF16 dot products: the same exact products summed in
+    float32 in another order, so the bfloat16 results differ by at most one rounding of the
+    float32 value plus float32's own error of a sum of terms up to max |v| (which shows where
+    the terms cancel to an output near zero), and seldom at all; packed and right-padded
+    batches, lengths around the tiles' 16 rows."""
+    lengths = [16, 17, 31, 32, 33, 47, 100, 129, 256, 3]
+    q, k, v, cu = sharp_packed(lengths, head_dim, seed=20 + head_dim)
+    padded = [t[: 8 * 48].contiguous() for t in (q, k, v)]
+    real = torch.tensor([48, 16, 0, 33, 47, 5, 17, 48])
+    for run in (
+        lambda: C.attention_varlen(q, k, v, cu),
+        lambda: C.attention_padded(*padded, real),
+    ):
+        tiled = run()
+        with C.tiles_turned_off():
+            dots = run()
+        gap = (tiled.float() - dots.float()).abs()
+        float32_error = 2**-16 * float(v.float().abs().max())
+        assert torch.all(gap <= dots.float().abs() * 2**-7 + float32_error), gap.max()
+        assert (gap > 0).float().mean() < 0.01
+
+
+@needs_tiles
+def test_onednn_amx_linears_after_the_tiles_are_unchanged() -> None:
+    """oneDNN runs its AMX kernels on the same threads as the attention kernel: after an
+    attention call on the tiles, a bfloat16 oneDNN linear gives the same bits as before it."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 384, generator=g).bfloat16()
+    weight = torch.randn(1536, 384, generator=g).bfloat16()
+    linear = torch.ops.mkldnn._linear_pointwise
+    with torch.inference_mode():
+        before = linear(x, weight, None, "none", [], "")
+        for _ in range(3):
+            C.attention_varlen(*sharp_packed([40, 64, 17], 32, seed=30))
+            assert torch.equal(linear(x, weight, None, "none", [], ""), before)
