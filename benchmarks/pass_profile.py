@@ -5,8 +5,10 @@
 The corpus and model are the corpus benchmark's (benchmarks/embed_bench.py: real English text
 of mixed lengths, the packaged all-MiniLM-L6-v2). The texts are tokenised once (timed), then
 each precision's model embeds the token ids in the batches ``fastbert.embed`` forms, under
-PyTorch's profiler, ``--rounds`` times; the pass nearest the median wall time is reported. Its
-time is split into:
+PyTorch's profiler, ``--rounds`` times, the precisions in turn (a pass each a round); the pass
+nearest the median wall time is reported. Where the compiled attention multiplies bfloat16 on
+AMX's tiles (fastbert.kernels.cpu_attention.tiles), bfloat16 also runs with them off, as a row
+of its own. A pass's time is split into:
 
 - linear: the products with their fused epilogues (oneDNN's linear, its quantised linear,
   ``torch._int_mm``, MKL), and the int8 linear's quantisation and dequantisation around them;
@@ -29,7 +31,8 @@ import collections
 import contextlib
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -57,6 +60,8 @@ PARTS = {
     "aten::add": "residual add",
 }
 ORDER = ("linear", "attention", "LayerNorm", "residual add", "other ops", "outside ops")
+# The row of bfloat16 with the compiled attention's AMX tiles off (where it has them).
+UNTILED = "bfloat16, attention without AMX tiles"
 
 
 @contextlib.contextmanager
@@ -100,40 +105,58 @@ def split(events, wall: float) -> dict[str, float]:
     return {part: seconds.get(part, 0.0) for part in ORDER}
 
 
-def profile_passes(job, tokens: list[list[int]], rounds: int) -> tuple[float, dict[str, float]]:
-    """(wall seconds, seconds per part) of the profiled pass nearest the median of
-    ``rounds``, each embedding ``tokens`` in ``fastbert.embed``'s batches."""
+def profiled_pass(job, tokens: list[list[int]]) -> tuple[float, dict[str, float]]:
+    """(wall seconds, seconds per part) of one pass embedding ``tokens`` in
+    ``fastbert.embed``'s batches, under the profiler."""
     from fastbert.embedding.run import embed_sorted
 
-    def one_pass() -> None:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        start = time.perf_counter()
         for _ in embed_sorted(job.encoder, tokens, job.options.batch_tokens):
             pass
+        wall = time.perf_counter() - start
+    return wall, split(profile.events(), wall)
 
-    passes = []
+
+def rows_to_run(jobs: dict) -> dict[str, tuple[str, Any, Callable]]:
+    """Row name -> (precision, job, the switch it runs under): each precision's job, and where
+    the compiled attention multiplies bfloat16 on AMX's tiles, bfloat16 with them off too."""
+    from fastbert.kernels import cpu_attention
+
+    rows = {precision: (precision, job, contextlib.nullcontext) for precision, job in jobs.items()}
+    if "bfloat16" in jobs and cpu_attention.tiles():
+        rows[UNTILED] = ("bfloat16", jobs["bfloat16"], cpu_attention.tiles_turned_off)
+    return rows
+
+
+def profile_rows(rows: dict, tokens: list[list[int]], rounds: int) -> dict[str, tuple]:
+    """Row name -> (wall seconds, seconds per part) of its pass nearest the median of
+    ``rounds``; the rows take turns, a pass each a round, so that a slow spell of the machine
+    hits them alike."""
+    passes: dict[str, list] = {name: [] for name in rows}
     with torch.inference_mode(), labelled_compiled_kernels():
-        one_pass()  # warm-up: compiled kernels, packed weights, allocator
+        for _, job, switch in rows.values():
+            with switch():
+                profiled_pass(job, tokens)  # warm-up: compiled kernels, packed weights
         for _ in range(rounds):
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
-                start = time.perf_counter()
-                one_pass()
-                wall = time.perf_counter() - start
-            passes.append((wall, split(p.events(), wall)))
-    passes.sort(key=lambda run: run[0])
-    return passes[(len(passes) - 1) // 2]
+            for name, (_, job, switch) in rows.items():
+                with switch():
+                    passes[name].append(profiled_pass(job, tokens))
+    return {name: sorted(runs)[(len(runs) - 1) // 2] for name, runs in passes.items()}
 
 
 def markdown(report: dict) -> str:
     before, after = report["gemm_limit_runs"]
     shape = before["shape"]
     rows = []
-    for precision, row in report["results"].items():
+    for name, row in report["results"].items():
         parts = [f"{row['parts'][p]:.3f} ({row['parts'][p] / row['wall_s']:.0%})" for p in ORDER]
         shares = ", ".join(f"{share:.0%}" for share in row["linear_share_of_limit"])
         rows.append(
-            [precision, f"{row['wall_s']:.3f}", f"{row['tokens_per_s']:,.0f}", *parts]
+            [name, f"{row['wall_s']:.3f}", f"{row['tokens_per_s']:,.0f}", *parts]
             + [f"{row['linear_gflops']:.0f}", shares]
         )
-    columns = ["precision", "pass s", "tokens/s", *(f"{p} s (share)" for p in ORDER)]
+    columns = ["row", "pass s", "tokens/s", *(f"{p} s (share)" for p in ORDER)]
     columns += ["linears GFLOP/s", "linears / limit (before, after)"]
     limits = ", ".join(
         f"{p} {before[p]['gflops']:.0f} / {after[p]['gflops']:.0f}" for p in report["precisions"]
@@ -144,7 +167,8 @@ def markdown(report: dict) -> str:
             f"{report['tokens']} tokens",
             "",
             f"{report['model']}, batches of at most {report['batch_tokens']} tokens; in each "
-            f"precision the pass nearest the median of {report['rounds']} profiled passes. "
+            f"row the pass nearest the median of {report['rounds']} profiled passes, the rows "
+            "in turn. "
             f"Tokenising the texts (once, not in the passes): {report['tokenise_s']:.3f} s.",
             "",
             *reporting.table(columns, "l" + "r" * (len(columns) - 1), rows),
@@ -208,17 +232,18 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     limit_runs = [limit()]
+    rows = rows_to_run(jobs)
+    print(f"{', '.join(rows)}: {args.rounds} profiled passes each, in turn", file=sys.stderr)
     results = {}
-    for precision, job in jobs.items():
-        print(f"{precision}: {args.rounds} profiled passes", file=sys.stderr)
-        wall, parts = profile_passes(job, tokens, args.rounds)
+    for name, (wall, parts) in profile_rows(rows, tokens, args.rounds).items():
         linear_flops = count * limit_runs[0]["flops_per_token"]
-        results[precision] = {"wall_s": wall, "tokens_per_s": count / wall, "parts": parts}
-        results[precision]["linear_gflops"] = linear_flops / max(parts["linear"], 1e-9) / 1e9
+        results[name] = {"precision": rows[name][0], "wall_s": wall, "parts": parts}
+        results[name]["tokens_per_s"] = count / wall
+        results[name]["linear_gflops"] = linear_flops / max(parts["linear"], 1e-9) / 1e9
     limit_runs.append(limit())
-    for precision, row in results.items():
+    for row in results.values():
         row["linear_share_of_limit"] = [
-            row["linear_gflops"] / run[precision]["gflops"] for run in limit_runs
+            row["linear_gflops"] / run[row["precision"]]["gflops"] for run in limit_runs
         ]
     report = {
         "model": "all-MiniLM-L6-v2 (packaged)",

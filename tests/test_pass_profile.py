@@ -48,6 +48,7 @@ def test_a_short_run_finds_each_part_and_writes_both_files(tmp_path) -> None:
     report = json.loads((out / "pass-profile.json").read_text())
     assert list(report["results"]) == ["float32", "int8"]
     for precision, row in report["results"].items():
+        assert row["precision"] == precision
         parts = row["parts"]
         assert sum(parts.values()) == pytest.approx(row["wall_s"], rel=1e-6), precision
         # The linears are found in each precision (the int8 one through its labelled range),
@@ -69,3 +70,17 @@ test_usage_errors_exit_2 = usage_error_test(
     pass_profile.main,
     [["--precisions", "float64"], ["--precisions", ","], ["--rounds", "0"], []],
 )
+
+
+@pytest.mark.skipif(not cpu_attention.tiles(), reason="no AMX tiles for the attention here")
+def test_bfloat16_runs_with_the_attention_tiles_off_too(tmp_path) -> None:
+    """Where the compiled attention has AMX's tiles, bfloat16 also runs with them off: a row
+    of its own, the tiles back on after the run."""
+    out = tmp_path / "results"
+    argv = ["--out", str(out), "--docs", "24", "--rounds", "1", "--gemm-seconds", "0.05"]
+    assert pass_profile.main([*argv, "--precisions", "bfloat16"]) == 0
+    results = json.loads((out / "pass-profile.json").read_text())["results"]
+    assert list(results) == ["bfloat16", pass_profile.UNTILED]
+    assert results[pass_profile.UNTILED]["precision"] == "bfloat16"
+    assert all(row["parts"]["attention"] > 0 for row in results.values())
+    assert not cpu_attention._tiles_paused
