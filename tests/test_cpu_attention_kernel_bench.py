@@ -41,6 +41,7 @@ def test_a_short_run_writes_both_files(tmp_path) -> None:
         paths = ["compiled", "torch"]
         paths += ["compiled, no tiles"] if precision == "bfloat16" and cpu_attention.tiles() else []
         assert list(row["seconds"]) == paths
+        assert (row["tiles_speed_up"] is None) == (len(paths) == 2)  # JSON null, never NaN
         assert all(len(times) == 2 for times in row["seconds"].values())
     # The two paths agree: bfloat16's roundings only; int8's rows re-quantised by them.
     assert corpus["bfloat16"]["least_cosine"] > 0.9999
