@@ -150,9 +150,9 @@ def test_the_command_line_bounds_the_caches_and_keeps_a_given_size() -> None:
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
     assert f"ONEDNN_PRIMITIVE_CACHE_CAPACITY={cpu_memory.CACHE_ENTRIES}" in out
     assert f"LRU_CACHE_CAPACITY={cpu_memory.CACHE_ENTRIES}" in out
-    env["LRU_CACHE_CAPACITY"] = "64"
+    env["LRU_CACHE_CAPACITY"] = "40"
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
-    assert "LRU_CACHE_CAPACITY=64" in out
+    assert "LRU_CACHE_CAPACITY=40" in out
 
 
 def test_bounding_after_torch_loaded_sets_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -31,10 +31,13 @@ docs/cpu.md, "Over a long run"). :func:`bound_shape_caches` sets
 ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` and ``LRU_CACHE_CAPACITY`` to CACHE_ENTRIES where they
 are unset (the same load's memory then stayed level); torch reads them as it loads, so
 ``fastbert``'s command line calls it before anything imports torch, and a program of one's
-own sets them before it imports torch. 16 entries hold a whole forward's primitives (a
+own sets them before it imports torch. A forward's primitives take eight entries (a
 BERT-family layer has four linear shapes, two oneDNN entries each), so each layer after the
-first finds them; a batch of a shape no longer cached makes them again, a fraction of a
-millisecond each, as almost every batch of a server did with the default caches too.
+first finds them. A float32 batch of a shape no longer cached makes them again, a fraction of
+a millisecond each; a bfloat16 one took 4-25 ms each on a CPU with AMX, so bfloat16 calls run
+their size bucket's rows (fastbert.execution.runtime, "Row buckets on a CPU"), and 64 entries
+hold the primitives of eight buckets: a corpus job's batches, near the token budget, fill
+four or five (docs/cpu.md, "Row buckets").
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ KEEP_BYTES = 1 << 30
 # The per-shape caches of oneDNN's primitives and of PyTorch's ideep layer, and the entries
 # each keeps (see the module docstring).
 CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
-CACHE_ENTRIES = 16
+CACHE_ENTRIES = 64
 # mallopt's parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3

@@ -16,6 +16,14 @@ which the model defines) as follows:
 - Packed input (``BertModel.forward_packed``): the caller gives the sequences already packed
   (ids [T] and cu_seqlens [B + 1], built on the host), and the padding-free path runs on them
   as they are: no mask to read, nothing gathered or scattered, [T, H] out.
+- Row buckets on a CPU: where the CPU engine's linears run in a dtype of CPU_BUCKETED_DTYPES
+  (bfloat16), a padding-free call's T rows are padded to ``token_bucket(T, CPU_BUCKET_MIN_STEP)``
+  after the embeddings, the filler rows forming sequences of at most FILLER_SEQUENCE tokens,
+  and the layers' output cut back to T rows. oneDNN makes a primitive per linear for each new
+  row count, and on a CPU with AMX a bfloat16 one took 4-25 ms to make against 0.5-9 ms to run
+  (docs/cpu.md, "Row buckets"): a corpus job, whose every batch has a new token count, spent
+  a third of its bfloat16 time making them. With the buckets, a few dozen row counts cover
+  every batch of up to 4,096 tokens, and each linear's primitives are made once per bucket.
 - CUDA graphs: the encoder (embeddings and layers) is captured once per key and replayed,
   which removes the per-kernel launch cost (85 launches for BERT-base). A dense call's
   key is its (batch, seq, optional inputs); a padding-free call's is its size bucket: the T
@@ -66,6 +74,14 @@ PACK_MIN_PADDING_CPU = 0.03
 # eighth of the power of two at or below T, and of at least this many rows (so fewer than
 # T / 8 or 64 extra rows, and eight buckets per doubling of T).
 TOKEN_BUCKET_MIN_STEP = 64
+# On a CPU, rows are bucketed for these dtypes only: float32 primitives took 0.3-0.9 ms to make,
+# less than the bucket's extra rows cost (docs/cpu.md, "Row buckets"); steps of at least 16
+# rows (one AMX tile's rows), so that a short request runs at most 15 extra rows.
+CPU_BUCKETED_DTYPES = (torch.bfloat16,)
+CPU_BUCKET_MIN_STEP = 16
+# The filler rows of a bucketed CPU call form sequences of at most this many tokens (their
+# attention then costs little).
+FILLER_SEQUENCE = 16
 # ... and its B sequences, with the filler, are padded with empty sequences to a power of two
 # of at least this many (a batch of up to 7 sequences runs an 8-sequence grid).
 SEQUENCE_BUCKET_MIN = 8
@@ -174,10 +190,40 @@ def bucketed_inputs(
     return padded, F.pad(cu_seqlens, (0, added), value=bucket), next_power_of_2(max_seqlen)
 
 
-def token_bucket(tokens: int) -> int:
-    """The rows a graphed padding-free call of ``tokens`` real tokens runs (>= tokens)."""
-    step = max(TOKEN_BUCKET_MIN_STEP, (1 << max(tokens, 1).bit_length()) // 16)
+def token_bucket(tokens: int, min_step: int = TOKEN_BUCKET_MIN_STEP) -> int:
+    """The rows a graphed (or bucketed CPU) padding-free call of ``tokens`` real tokens runs
+    (>= tokens): a multiple of an eighth of the power of two at or below ``tokens``, and of
+    ``min_step``."""
+    step = max(min_step, (1 << max(tokens, 1).bit_length()) // 16)
     return cdiv(tokens, step) * step
+
+
+def cpu_filler_rows(ops: Ops, hidden: torch.Tensor, call: Call) -> int:
+    """The filler rows a padding-free call of ``hidden`` [T, H] runs on a CPU to reach its row
+    bucket (see the module docstring): 0 unless the CPU engine runs its linears on oneDNN in a
+    dtype of CPU_BUCKETED_DTYPES (the torch backend on a CPU, no gradients or dropout, nothing
+    tracing)."""
+    if ops.name != "torch" or hidden.device.type != "cpu":
+        return 0
+    if hidden.dtype not in CPU_BUCKETED_DTYPES or torch.compiler.is_compiling():
+        return 0
+    if call.records_grad():
+        return 0
+    tokens = hidden.shape[0]
+    return token_bucket(tokens, CPU_BUCKET_MIN_STEP) - tokens if tokens else 0
+
+
+def with_filler(
+    hidden: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, filler: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``hidden`` [T, H] with ``filler`` zero rows after it, ``cu_seqlens`` [B + 1] with the
+    filler's sequences (FILLER_SEQUENCE tokens each, the last one shorter) after it, and the
+    longest sequence: each real row still attends to its own sequence only."""
+    tokens = hidden.shape[0]
+    ends = [*range(tokens + FILLER_SEQUENCE, tokens + filler, FILLER_SEQUENCE), tokens + filler]
+    added = torch.tensor(ends, dtype=cu_seqlens.dtype, device=cu_seqlens.device)
+    longest = max(max_seqlen, min(filler, FILLER_SEQUENCE))
+    return F.pad(hidden, (0, 0, 0, filler)), torch.cat([cu_seqlens, added]), longest
 
 
 def sequence_bucket(sequences: int) -> int:
@@ -498,10 +544,16 @@ class Runner:
             hidden = stack.embed(
                 ops, ids[None], types, positions[None], False, call.hidden_dropout
             )[0]
+            real = hidden.shape[0]
+            filler = cpu_filler_rows(ops, hidden, call)
+            if filler:
+                hidden, cu_seqlens, max_seqlen = with_filler(
+                    hidden, cu_seqlens, max_seqlen, filler
+                )
             attend = packed_attention(
                 ops, stack.heads, cu_seqlens, max_seqlen, call.attention_dropout
             )
-            return stack.run_layers(ops, hidden, attend, call.hidden_dropout)
+            return stack.run_layers(ops, hidden, attend, call.hidden_dropout)[:real]
 
         tokens = input_ids.numel()
         # Only the Triton attention_varlen runs the bucket's filler sequence (longer than
