@@ -98,8 +98,7 @@ def summary(passes: dict[str, dict[str, list]]) -> dict:
                 "tokens_per_s": statistics.median(n / s for s, n in runs),
             }
         ratios = [
-            off / on
-            for (on, _), (off, _) in zip(rows["buckets"], rows["no buckets"], strict=True)
+            off / on for (on, _), (off, _) in zip(rows["buckets"], rows["no buckets"], strict=True)
         ]
         result["speed_up"] = statistics.median(ratios)
         results[precision] = result

@@ -115,7 +115,7 @@ def soak_serve(args, model: Path, workdir: Path) -> dict:
 
     contender = serve_contenders.Contender("fastbert", "tei")
     port = serve_contenders.free_port()
-    command = contender.command(model, port)
+    command = contender.command(model, port) + ["--dtype", args.dtype]
     calls = requests(embed_bench.corpus(args.docs), 512, args.max_texts, args.bad)
     env = server_env(args.env, workdir)
     log = workdir / "serve.log"
@@ -158,7 +158,8 @@ def soak_embed(args, model: Path, workdir: Path) -> dict:
     source = workdir / "corpus.txt"
     source.write_text("\n".join(embed_rows(embed_bench.corpus(args.docs), args.rows)) + "\n")
     command = [sys.executable, "-m", "fastbert.cli", "embed", "--model", str(model)]
-    command += ["--output", str(workdir / "shards"), "--no-progress", str(source)]
+    command += ["--dtype", args.dtype, "--output", str(workdir / "shards"), "--no-progress"]
+    command.append(str(source))
     log, env = workdir / "embed.log", server_env(args.env, workdir)
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -202,7 +203,7 @@ def markdown(report: dict) -> str:
     if report.get("freed_memory"):
         variables += f"; `fastbert info` in its environment: {report['freed_memory']}"
     lines = [
-        f"# Memory over a long run: {report['model']}, {mode}",
+        f"# Memory over a long run: {report['model']} ({report.get('dtype', 'float32')}), {mode}",
         "",
         f"{what}; {memory['seconds'] / 60:.1f} minutes, RSS sampled every "
         f"{report['interval']:g} s. Memory variables: {variables}. CPU: {env['cpu']} "
@@ -272,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between samples")
     parser.add_argument("--model", type=Path, help="model folder (default: all-MiniLM-L6-v2)")
     parser.add_argument(
+        "--dtype", choices=("float32", "bfloat16"), default="float32", help="the model's dtype"
+    )
+    parser.add_argument(
         "--env", action="append", default=[], metavar="NAME=VALUE", help="for the process"
     )
     args = parser.parse_args(argv)
@@ -301,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "mode": args.mode,
         "model": name,
+        "dtype": args.dtype,
         "docs": args.docs,
         "interval": args.interval,
         "minutes": args.minutes,

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from benchmarks import serve_soak, soak_memory
+from fastbert.execution import cpu_memory
 from tests.cli_usage import usage_error_test
 
 
@@ -21,7 +22,8 @@ def test_a_short_serve_soak_samples_the_server_under_load(tmp_path) -> None:
     assert all(s["rss_mb"] > 10 and s["threads"] > 1 for s in samples)
     assert report["memory"]["peak_mb"] == max(s["rss_mb"] for s in samples)
     assert report["variables"]["MALLOC_ARENA_MAX"] == "2"
-    assert "LRU_CACHE_CAPACITY=16" in report["freed_memory"]  # as the command line set it
+    # As the command line set it:
+    assert f"LRU_CACHE_CAPACITY={cpu_memory.CACHE_ENTRIES}" in report["freed_memory"]
     load = report["load"]
     assert load["ok"] > 0
     # Bad requests get their 400 / 422 answers, and nothing else fails.
@@ -34,9 +36,10 @@ def test_a_short_serve_soak_samples_the_server_under_load(tmp_path) -> None:
 
 def test_a_short_embed_soak_samples_the_job_to_its_end(tmp_path) -> None:
     argv = ["--out", str(tmp_path), "--mode", "embed", "--rows", "60", "--interval", "0.2"]
-    assert serve_soak.main(argv) == 0
+    assert serve_soak.main([*argv, "--dtype", "bfloat16"]) == 0
     report = json.loads((tmp_path / "embed-soak.json").read_text())
     assert report["rows"] == 60
+    assert report["dtype"] == "bfloat16" and "bfloat16" in report["command"]
     assert len(report["samples"]) >= 2
     assert report["vm_hwm_mb"] >= report["memory"]["peak_mb"] * 0.9
 
@@ -77,5 +80,6 @@ test_usage_errors_exit_2 = usage_error_test(
         ["--bad", "1"],
         ["--env", "NO_VALUE"],
         ["--mode", "train"],
+        ["--dtype", "float16"],
     ],
 )

@@ -547,9 +547,7 @@ class Runner:
             real = hidden.shape[0]
             filler = cpu_filler_rows(ops, hidden, call)
             if filler:
-                hidden, cu_seqlens, max_seqlen = with_filler(
-                    hidden, cu_seqlens, max_seqlen, filler
-                )
+                hidden, cu_seqlens, max_seqlen = with_filler(hidden, cu_seqlens, max_seqlen, filler)
             attend = packed_attention(
                 ops, stack.heads, cu_seqlens, max_seqlen, call.attention_dropout
             )
