@@ -24,6 +24,7 @@ def test_info_reports_versions_and_backends(capsys) -> None:
         assert re.search(rf"^{key}\s", out, re.M), out
     # The CPU engine's row names what runs its linears and whether packed weights can.
     assert re.search(r"^cpu engine\s+linear: .+; packed weights: \w+; int8 linear: .+$", out, re.M)
+    assert re.search(r"^cpu row buckets\s+bfloat16 padding-free calls, .+ 16 rows", out, re.M)
     # The int8 row says what runs int8 and, where bfloat16 is native, how the two compare.
     from fastbert.execution import cpu
 

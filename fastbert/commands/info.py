@@ -39,7 +39,7 @@ def report() -> list[tuple[str, str]]:
     import torch
 
     from fastbert import settings
-    from fastbert.execution import cpu, cpu_memory
+    from fastbert.execution import cpu, cpu_memory, runtime
     from fastbert.kernels import cpu_engine
 
     rows = [("python", platform.python_version())]
@@ -66,6 +66,7 @@ def report() -> list[tuple[str, str]]:
     engine = cpu_engine.status()
     rows.append(("cpu attention kernel", engine.pop("compiled attention")))
     rows.append(("cpu engine", "; ".join(f"{part}: {what}" for part, what in engine.items())))
+    rows.append(("cpu row buckets", runtime.cpu_row_buckets_status()))
     rows.append(("cpu freed memory", cpu_memory.status()))
     rows += list(settings.current().items())
     return rows

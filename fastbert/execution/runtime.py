@@ -198,6 +198,15 @@ def token_bucket(tokens: int, min_step: int = TOKEN_BUCKET_MIN_STEP) -> int:
     return cdiv(tokens, step) * step
 
 
+def cpu_row_buckets_status() -> str:
+    """Which CPU calls run a row bucket, in words (for ``fastbert info``)."""
+    dtypes = ", ".join(str(d).removeprefix("torch.") for d in CPU_BUCKETED_DTYPES) or "none"
+    return (
+        f"{dtypes} padding-free calls, rounded up to a multiple of {CPU_BUCKET_MIN_STEP} rows "
+        "or of an eighth of the power of two below (oneDNN makes primitives once per bucket)"
+    )
+
+
 def cpu_filler_rows(ops: Ops, hidden: torch.Tensor, call: Call) -> int:
     """The filler rows a padding-free call of ``hidden`` [T, H] runs on a CPU to reach its row
     bucket (see the module docstring): 0 unless the CPU engine runs its linears on oneDNN in a
