@@ -54,6 +54,7 @@ PARTS = {
     "aten::_int_mm": "linear",
     "fastbert::int8_linear": "linear",
     "fastbert::cpu_attention": "attention",
+    "fastbert::cpu_layer_norm": "LayerNorm",
     "aten::scaled_dot_product_attention": "attention",
     "aten::layer_norm": "LayerNorm",
     "aten::native_layer_norm": "LayerNorm",
@@ -62,17 +63,22 @@ PARTS = {
 ORDER = ("linear", "attention", "LayerNorm", "residual add", "other ops", "outside ops")
 # The row of bfloat16 with the compiled attention's AMX tiles off (where it has them).
 UNTILED = "bfloat16, attention without AMX tiles"
+# The row of bfloat16 with the residual adds and LayerNorms on PyTorch's ops (where the CPU
+# engine's compiled LayerNorm runs).
+NORM_UNCOMPILED = "bfloat16, LayerNorm on PyTorch's ops"
 
 
 @contextlib.contextmanager
 def labelled_compiled_kernels() -> Iterator[None]:
     """The compiled C++ kernels (called through ctypes, unseen by the profiler) run inside
-    profiler ranges named for them, for the duration of the block: the attention kernel, and
-    the whole int8 linear (its compiled quantisation and dequantisation around the product)."""
-    from fastbert.kernels import cpu_attention, torch_ops
+    profiler ranges named for them, for the duration of the block: the attention kernel, the
+    LayerNorm with its residual add, and the whole int8 linear (its compiled quantisation and
+    dequantisation around the product)."""
+    from fastbert.kernels import cpu_attention, cpu_layer_norm, torch_ops
 
     wrapped = [
         (cpu_attention, "_run", "fastbert::cpu_attention"),
+        (cpu_layer_norm, "layer_norm", "fastbert::cpu_layer_norm"),
         (torch_ops, "linear_quantized_unchecked", "fastbert::int8_linear"),
     ]
     originals = [getattr(module, name) for module, name, _ in wrapped]
@@ -119,13 +125,16 @@ def profiled_pass(job, tokens: list[list[int]]) -> tuple[float, dict[str, float]
 
 
 def rows_to_run(jobs: dict) -> dict[str, tuple[str, Any, Callable]]:
-    """Row name -> (precision, job, the switch it runs under): each precision's job, and where
-    the compiled attention multiplies bfloat16 on AMX's tiles, bfloat16 with them off too."""
-    from fastbert.kernels import cpu_attention
+    """Row name -> (precision, job, the switch it runs under): each precision's job, and
+    bfloat16 with each of the CPU engine's compiled parts that runs here turned off in turn
+    (the attention's AMX tiles, the compiled LayerNorm)."""
+    from fastbert.kernels import cpu_attention, cpu_layer_norm
 
     rows = {precision: (precision, job, contextlib.nullcontext) for precision, job in jobs.items()}
     if "bfloat16" in jobs and cpu_attention.tiles():
         rows[UNTILED] = ("bfloat16", jobs["bfloat16"], cpu_attention.tiles_turned_off)
+    if "bfloat16" in jobs and cpu_layer_norm.available():
+        rows[NORM_UNCOMPILED] = ("bfloat16", jobs["bfloat16"], cpu_layer_norm.turned_off)
     return rows
 
 

@@ -18,9 +18,11 @@ results are those of the plain backend within its tolerance:
   its PyTorch passes; the integer product on oneDNN's quantised linear reading the weights'
   packed copies where the caller passes ``packs`` and the CPU has AMX-INT8, else on
   ``torch._int_mm`` (docs/cpu.md, "int8").
+- layer_norm (fastbert.kernels.cpu_layer_norm): the residual add and the LayerNorm in one
+  compiled pass over each row (float32 and bfloat16, no dropout).
 
-The other ops (LayerNorm, the embeddings, the softmax, the fp8 linear, the SPLADE head) are
-the plain backend's on a CPU too. :func:`status` says what the engine runs here.
+The other ops (the embeddings, the softmax, the fp8 linear, the SPLADE head) are the plain
+backend's on a CPU too. :func:`status` says what the engine runs here.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from . import (
     cpu_engine_int8,
     cpu_engine_linear,
     cpu_int8,
+    cpu_layer_norm,
     packed_weights,
 )
 from .cpu_engine_attention import attention
@@ -46,6 +49,7 @@ OPS: dict[str, Callable[..., torch.Tensor]] = {
     "attention_varlen": cpu_engine_attention.attention_varlen_unchecked,
     "linear": cpu_engine_linear.linear_unchecked,
     "linear_int8": cpu_engine_int8.linear_int8_unchecked,
+    "layer_norm": cpu_layer_norm.layer_norm_unchecked,
 }
 
 
@@ -64,6 +68,9 @@ def status() -> dict[str, str]:
         "linear": "oneDNN with post-ops" if onednn else "F.linear (no oneDNN in this torch)",
         "packed weights": "available" if packed_weights.available() else "unavailable",
         "int8 linear": int8_status(),
+        "LayerNorm": "residual add and LayerNorm compiled in one pass"
+        if cpu_layer_norm.available()
+        else f"PyTorch's ops (compiled pass {cpu_layer_norm.status()})",
     }
 
 

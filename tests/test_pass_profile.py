@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from benchmarks import pass_profile
-from fastbert.kernels import cpu_attention, torch_ops
+from fastbert.kernels import cpu_attention, cpu_layer_norm, torch_ops
 from tests.cli_usage import usage_error_test
 
 
@@ -60,6 +60,7 @@ def test_a_short_run_finds_each_part_and_writes_both_files(tmp_path) -> None:
         assert len(row["linear_share_of_limit"]) == 2
     # The labels are taken off again.
     assert cpu_attention._run.__module__ == "fastbert.kernels.cpu_attention"
+    assert cpu_layer_norm.layer_norm.__module__ == "fastbert.kernels.cpu_layer_norm"
     assert torch_ops.linear_quantized_unchecked.__module__ == "fastbert.kernels.torch_ops"
     table = (out / "pass-profile.md").read_text()
     assert "| float32 |" in table and "| int8 |" in table
@@ -80,7 +81,7 @@ def test_bfloat16_runs_with_the_attention_tiles_off_too(tmp_path) -> None:
     argv = ["--out", str(out), "--docs", "24", "--rounds", "1", "--gemm-seconds", "0.05"]
     assert pass_profile.main([*argv, "--precisions", "bfloat16"]) == 0
     results = json.loads((out / "pass-profile.json").read_text())["results"]
-    assert list(results) == ["bfloat16", pass_profile.UNTILED]
+    assert list(results) == ["bfloat16", pass_profile.UNTILED, pass_profile.NORM_UNCOMPILED]
     assert results[pass_profile.UNTILED]["precision"] == "bfloat16"
     assert all(row["parts"]["attention"] > 0 for row in results.values())
     assert not cpu_attention._tiles_paused

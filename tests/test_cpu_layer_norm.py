@@ -1,0 +1,87 @@
+"""The compiled LayerNorm of the CPU engine (fastbert.kernels.cpu_layer_norm): LayerNorm of the
+residual sum rounded to the dtype, held to float64 over that rounded sum (the reference's
+definition) as tightly as PyTorch's own LayerNorm is; strided and batched rows; the calls it
+leaves to the plain op."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fastbert.kernels import cpu_engine, cpu_layer_norm, torch_ops
+
+pytestmark = pytest.mark.skipif(
+    not cpu_layer_norm.available(), reason=f"compiled LayerNorm: {cpu_layer_norm.status()}"
+)
+
+
+def _inputs(shape, dtype, seed=0, bias=True, residual=True):
+    gen = torch.Generator().manual_seed(seed)
+    n = shape[-1]
+    x = (torch.randn(shape, generator=gen) * 3 + 1).to(dtype)
+    r = torch.randn(shape, generator=gen).to(dtype) if residual else None
+    w = (1 + 0.2 * torch.randn(n, generator=gen)).to(dtype)
+    b = (0.2 * torch.randn(n, generator=gen)).to(dtype) if bias else None
+    return x, w, b, r
+
+
+def _exact(x, w, b, r, eps):
+    """float64 LayerNorm of the sum rounded to the dtype (the reference's definition)."""
+    s = (x if r is None else x + r).double()
+    return F.layer_norm(s, (x.shape[-1],), w.double(), None if b is None else b.double(), eps)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", [(300, 384), (5, 33), (2, 7, 768)])
+@pytest.mark.parametrize("residual", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+def test_as_accurate_as_pytorch_layer_norm(dtype, shape, residual, bias) -> None:
+    x, w, b, r = _inputs(shape, dtype, bias=bias, residual=residual)
+    got = cpu_layer_norm.layer_norm(x, w, b, 1e-5, r)
+    plain = torch_ops.layer_norm_unchecked(x, w, b, 1e-5, r, 0.0)
+    assert got.shape == x.shape and got.dtype == dtype and got.is_contiguous()
+    exact = _exact(x, w, b, r, 1e-5)
+    error, plain_error = (got.double() - exact).abs(), (plain.double() - exact).abs()
+    # float32 statistics summed in another order: a last-bit difference now and then.
+    assert error.max() <= 1.25 * plain_error.max() + 1e-7, (error.max(), plain_error.max())
+    if dtype == torch.bfloat16:
+        # Rounded to bfloat16, the two differ only where a value lies next to a rounding tie.
+        assert (got != plain).float().mean() < 0.01
+
+
+def test_strided_rows_read_in_place() -> None:
+    x, w, b, r = _inputs((64, 400), torch.bfloat16, seed=1)
+    xs, rs = x[:, :384], r[:, 16:]  # rows 400 apart, unit column stride
+    assert cpu_layer_norm.takes(xs, w[:384], b[:384], rs, 0.0)
+    got = cpu_layer_norm.layer_norm(xs, w[:384], b[:384], 1e-12, rs)
+    assert torch.equal(
+        got, cpu_layer_norm.layer_norm(xs.contiguous(), w[:384], b[:384], 1e-12, rs.contiguous())
+    )
+
+
+def test_calls_it_leaves_to_the_plain_op() -> None:
+    x, w, b, r = _inputs((8, 64), torch.bfloat16, seed=2)
+    assert cpu_layer_norm.takes(x, w, b, r, 0.0)
+    assert not cpu_layer_norm.takes(x, w, b, r, 0.1)  # dropout
+    assert not cpu_layer_norm.takes(x.half(), w.half(), b.half(), r.half(), 0.0)
+    assert not cpu_layer_norm.takes(x, w.float(), b, r, 0.0)  # mixed dtypes
+    assert not cpu_layer_norm.takes(x.t(), w[:8], b[:8], None, 0.0)  # column stride
+    assert not cpu_layer_norm.takes(x, w, b, r[:1], 0.0)  # a broadcast residual
+    leaf = x.float().requires_grad_()
+    assert not cpu_layer_norm.takes(leaf, w.float(), None, None, 0.0)
+    with cpu_layer_norm.turned_off():
+        assert not cpu_layer_norm.takes(x, w, b, r, 0.0)
+    # The engine's op gives the plain op's result where the kernel does not take the call.
+    torch.manual_seed(0)
+    got = cpu_engine.OPS["layer_norm"](leaf, w.float(), None, 1e-5, None, 0.0)
+    assert torch.equal(got, F.layer_norm(leaf, (64,), w.float(), None, 1e-5))
+    assert got.requires_grad
+
+
+def test_the_engine_runs_it_for_the_torch_backend_on_a_cpu() -> None:
+    from fastbert.execution import backends
+
+    ops = backends.get_ops("torch", "cpu")
+    assert ops.layer_norm is cpu_layer_norm.layer_norm_unchecked
+    assert "compiled in one pass" in cpu_engine.status()["LayerNorm"]
