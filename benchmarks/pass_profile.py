@@ -193,20 +193,12 @@ def markdown(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = reporting.parser("pass_profile", __doc__.split("\n\n")[0], docs=1000, rounds=3)
-    parser.add_argument(
-        "--precisions",
-        default=",".join(PRECISIONS),
-        help="comma-separated subset of " + ", ".join(PRECISIONS),
-    )
+    reporting.add_precisions(parser, list(PRECISIONS), ",".join(PRECISIONS))
     parser.add_argument(
         "--gemm-seconds", type=float, default=1.0, help="seconds per precision of the GEMM limit"
     )
     args = parser.parse_args(argv)
-    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
-    unknown = [p for p in precisions if p not in PRECISIONS]
-    if unknown or not precisions:
-        named = ", ".join(unknown) or "none"
-        parser.error(f"--precisions: {named}; each one of {', '.join(PRECISIONS)}")
+    precisions = args.precisions
     if args.rounds < 1 or args.docs < 1:
         parser.error("--rounds and --docs: at least 1")
 

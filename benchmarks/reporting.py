@@ -42,6 +42,26 @@ def parser(
     return cli
 
 
+def add_precisions(cli: argparse.ArgumentParser, choices: Sequence[str], default: str) -> None:
+    """``--precisions``: a comma-separated subset of ``choices`` (``default``, the same form),
+    parsed into a list; an empty list or another name is a usage error (exit 2)."""
+
+    def subset(text: str) -> list[str]:
+        chosen = [p.strip() for p in text.split(",") if p.strip()]
+        unknown = [p for p in chosen if p not in choices]
+        if unknown or not chosen:
+            named = ", ".join(unknown) or "none"
+            raise argparse.ArgumentTypeError(f"{named}; each one of {', '.join(choices)}")
+        return chosen
+
+    cli.add_argument(
+        "--precisions",
+        type=subset,
+        default=default,
+        help="comma-separated subset of " + ", ".join(choices),
+    )
+
+
 def write_report(out: Path, stem: str, report: dict, markdown: str, indent: int = 2) -> None:
     """``report`` as ``out/<stem>.json`` and ``markdown`` as ``out/<stem>.md`` (``out`` made
     when missing); the markdown printed too."""
