@@ -15,6 +15,7 @@ the plain op. Built at first use on Linux x86-64 with a C++ compiler
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 
 import torch
@@ -59,6 +60,12 @@ def status() -> str:
     return _LIBRARY.status()
 
 
+@functools.cache
+def max_cols() -> int:
+    """The widest row the compiled kernel takes (its stack buffers' size)."""
+    return _LIBRARY.get().fastbert_layer_norm_max_cols()
+
+
 # Inside ``with turned_off():`` the engine's LayerNorm takes PyTorch's ops (to compare the two).
 turned_off = _LIBRARY.paused
 
@@ -80,6 +87,8 @@ def takes(x, weight, bias, residual, dropout_p) -> bool:
     tracing."""
     if x.device.type != "cpu" or x.dtype not in DTYPES or dropout_p or not x.shape[-1]:
         return False
+    if weight is None:
+        return False
     tensors = [t for t in (weight, bias, residual) if t is not None]
     if any(t.device.type != "cpu" or t.dtype != x.dtype for t in tensors):
         return False
@@ -87,7 +96,7 @@ def takes(x, weight, bias, residual, dropout_p) -> bool:
         return False
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, *tensors)):
         return False
-    if x.shape[-1] > _LIBRARY.get().fastbert_layer_norm_max_cols():
+    if x.shape[-1] > max_cols():
         return False
     if residual is not None and residual.shape != x.shape:
         return False

@@ -64,6 +64,7 @@ def test_calls_it_leaves_to_the_plain_op() -> None:
     x, w, b, r = _inputs((8, 64), torch.bfloat16, seed=2)
     assert cpu_layer_norm.takes(x, w, b, r, 0.0)
     assert not cpu_layer_norm.takes(x, w, b, r, 0.1)  # dropout
+    assert not cpu_layer_norm.takes(x, None, b, r, 0.0)  # no weight
     assert not cpu_layer_norm.takes(x.half(), w.half(), b.half(), r.half(), 0.0)
     assert not cpu_layer_norm.takes(x, w.float(), b, r, 0.0)  # mixed dtypes
     assert not cpu_layer_norm.takes(x.t(), w[:8], b[:8], None, 0.0)  # column stride

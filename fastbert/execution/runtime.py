@@ -22,8 +22,9 @@ which the model defines) as follows:
   and the layers' output cut back to T rows. oneDNN makes a primitive per linear for each new
   row count, and on a CPU with AMX a bfloat16 one took 4-25 ms to make against 0.5-9 ms to run
   (docs/cpu.md, "Row buckets"): a corpus job, whose every batch has a new token count, spent
-  a third of its bfloat16 time making them. With the buckets, a few dozen row counts cover
-  every batch of up to 4,096 tokens, and each linear's primitives are made once per bucket.
+  a fifth to a third of its bfloat16 time making them. With the buckets, a few dozen row
+  counts cover every batch of up to 4,096 tokens, and each linear's primitives are made once
+  per bucket.
 - CUDA graphs: the encoder (embeddings and layers) is captured once per key and replayed,
   which removes the per-kernel launch cost (85 launches for BERT-base). A dense call's
   key is its (batch, seq, optional inputs); a padding-free call's is its size bucket: the T
