@@ -144,11 +144,7 @@ def measure(batches: list[list[int]], dtype: torch.dtype, head_dim: int, rounds:
 
 
 # --corpus-precisions -> fastbert.load's options.
-PRECISIONS = {
-    "float32": {},
-    "bfloat16": {"dtype": "bfloat16"},
-    "int8": {"quantize": "int8"},
-}
+PRECISIONS = reporting.PRECISIONS
 
 
 def time_corpus(precision: str, docs: int, rounds: int) -> dict:

@@ -38,11 +38,7 @@ import torch
 
 from benchmarks import embed_bench, gemm_limit, reporting
 
-PRECISIONS = {
-    "float32": {},
-    "bfloat16": {"dtype": "bfloat16"},
-    "int8": {"quantize": "int8"},
-}
+PRECISIONS = reporting.PRECISIONS
 # Profiler event names by part of the pass: each outermost event counts with the time of the
 # ops it calls (an event not named here is "other ops").
 PARTS = {

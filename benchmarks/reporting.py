@@ -1,6 +1,6 @@
 """What the benchmark scripts share: timing contenders in turns, and writing a result's two
 files (``<stem>.json``, ``<stem>.md``) into its folder, the sentence naming a CPU result's
-machine, the lines of a markdown table."""
+machine, the lines of a markdown table, and the precisions a corpus benchmark runs."""
 
 from __future__ import annotations
 
@@ -10,6 +10,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+# A corpus benchmark's precision -> the options fastbert.load (and EmbedOptions) take for it.
+PRECISIONS = {
+    "float32": {},
+    "bfloat16": {"dtype": "bfloat16"},
+    "int8": {"quantize": "int8"},
+}
 
 
 def in_turns(calls: Mapping[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:

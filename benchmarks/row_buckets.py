@@ -29,7 +29,7 @@ import time
 from benchmarks import reporting
 from fastbert.execution import cpu_tuning
 
-PRECISIONS = {"bfloat16": {"dtype": "bfloat16"}, "float32": {}, "int8": {"quantize": "int8"}}
+PRECISIONS = reporting.PRECISIONS
 ROWS = ("buckets", "no buckets")
 
 

@@ -158,8 +158,8 @@ def soak_embed(args, model: Path, workdir: Path) -> dict:
     source = workdir / "corpus.txt"
     source.write_text("\n".join(embed_rows(embed_bench.corpus(args.docs), args.rows)) + "\n")
     command = [sys.executable, "-m", "fastbert.cli", "embed", "--model", str(model)]
-    command += ["--dtype", args.dtype, "--output", str(workdir / "shards"), "--no-progress"]
-    command.append(str(source))
+    command += ["--dtype", args.dtype, "--output", str(workdir / "shards")]
+    command += ["--no-progress", str(source)]
     log, env = workdir / "embed.log", server_env(args.env, workdir)
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -203,7 +203,7 @@ def markdown(report: dict) -> str:
     if report.get("freed_memory"):
         variables += f"; `fastbert info` in its environment: {report['freed_memory']}"
     lines = [
-        f"# Memory over a long run: {report['model']} ({report.get('dtype', 'float32')}), {mode}",
+        f"# Memory over a long run: {report['model']} ({report['dtype']}), {mode}",
         "",
         f"{what}; {memory['seconds'] / 60:.1f} minutes, RSS sampled every "
         f"{report['interval']:g} s. Memory variables: {variables}. CPU: {env['cpu']} "

@@ -561,7 +561,8 @@ class Runner:
             attend = packed_attention(
                 ops, stack.heads, cu_seqlens, max_seqlen, call.attention_dropout
             )
-            return stack.run_layers(ops, hidden, attend, call.hidden_dropout)[:real]
+            out = stack.run_layers(ops, hidden, attend, call.hidden_dropout)
+            return out[:real] if filler else out
 
         tokens = input_ids.numel()
         # Only the Triton attention_varlen runs the bucket's filler sequence (longer than
