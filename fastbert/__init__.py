@@ -9,8 +9,8 @@
 
 The package is built in rooms, one per package folder (fastbert.kernels is the kernels/ folder
 at the repository root; this module is the façade). Besides its own modules, a room imports
-only the rooms on its line below, at any depth, inside functions too: imports point down the
-layers, or sideways among the jobs of layer 4.
+only the rooms its row below names, at any depth, inside functions too: imports point down the
+layers, or sideways among the jobs of layer 4 (one row: each may import the others).
 
     layer  room          modules                          may import
     5      commands      fastbert.commands, fastbert.cli  façade, accuracy, bench, embedding,
@@ -19,18 +19,10 @@ layers, or sideways among the jobs of layer 4.
     5      façade        fastbert                         integrations, model, execution,
                                                           kernels, settings, version; accuracy,
                                                           bench, embedding only inside functions
-    4      accuracy      fastbert.accuracy                bench, embedding, serve, integrations,
-                                                          model, execution, kernels, settings,
-                                                          version
-    4      bench         fastbert.bench                   accuracy, embedding, serve,
-                                                          integrations, model, execution,
-                                                          kernels, settings, version
-    4      embedding     fastbert.embedding               accuracy, bench, serve, integrations,
-                                                          model, execution, kernels, settings,
-                                                          version
-    4      serve         fastbert.serve                   accuracy, bench, embedding,
-                                                          integrations, model, execution,
-                                                          kernels, settings, version
+    4      accuracy      fastbert.accuracy                each other, integrations, model,
+           bench         fastbert.bench                   execution, kernels, settings, version
+           embedding     fastbert.embedding
+           serve         fastbert.serve
     3      integrations  fastbert.integrations            model, execution, kernels, settings,
                                                           version
     2      model         fastbert.model                   execution, kernels, settings, version

@@ -89,27 +89,57 @@ ROOMS = (
 )
 
 
+def _one_row(a: Room, b: Room) -> bool:
+    """Whether rooms ``a`` and ``b`` share a row of the table: one layer, each may import the
+    other and both the same other rooms (the jobs), with nothing lazily and no outside-package
+    rule."""
+    plain = not (a.lazily or b.lazily) and a.packages is None and b.packages is None
+    return plain and a.layer == b.layer and {a.name, *a.may_import} == {b.name, *b.may_import}
+
+
+def _row_groups(rooms: tuple[Room, ...]) -> list[list[Room]]:
+    """The table's rows, top to bottom: a room each, but consecutive rooms that share a row
+    (:func:`_one_row`) in one."""
+    groups: list[list[Room]] = []
+    for room in rooms:
+        if groups and _one_row(groups[-1][-1], room):
+            groups[-1].append(room)
+        else:
+            groups.append([room])
+    return groups
+
+
+def _may_import_text(group: list[Room], order: list[str]) -> str:
+    """The "may import" cell of a row: for rooms that share one, "each other" and the rest."""
+    room, sharing = group[0], {r.name for r in group}
+    allowed = [name for name in order if name in room.may_import and name not in sharing]
+    text = ", ".join(["each other", *allowed] if group[1:] else allowed)
+    if room.lazily:
+        lazily = ", ".join(name for name in order if name in room.lazily)
+        text += f"; {lazily} only inside functions"
+    if room.packages is not None:
+        names = [p for p in room.packages if p != STDLIB]
+        if STDLIB in room.packages:
+            names.append(STDLIB)
+        outside = " and ".join([", ".join(names[:-1]), names[-1]] if names[1:] else names)
+        only = f"only {outside}" if names else "nothing"
+        text = f"{text}; outside fastbert {only}" if text else only
+    return text
+
+
 def render_rooms(rooms: tuple[Room, ...] = ROOMS) -> str:
     """The room table as fastbert/__init__.py's docstring shows it."""
     order = [room.name for room in rooms]
     lines = [f"    {'layer':<7}{'room':<14}{'modules':<33}may import"]
-    for room in rooms:
-        allowed = [name for name in order if name in room.may_import]
-        text = ", ".join(allowed)
-        if room.lazily:
-            lazily = ", ".join(name for name in order if name in room.lazily)
-            text += f"; {lazily} only inside functions"
-        if room.packages is not None:
-            names = [p for p in room.packages if p != STDLIB]
-            if STDLIB in room.packages:
-                names.append(STDLIB)
-            outside = " and ".join([", ".join(names[:-1]), names[-1]] if names[1:] else names)
-            only = f"only {outside}" if names else "nothing"
-            text = f"{text}; outside fastbert {only}" if text else only
-        cells = textwrap.wrap(text, 96 - 4 - 7 - 14 - 33) or [""]
-        head = f"    {room.layer:<7}{room.name:<14}{', '.join(room.modules):<33}"
-        lines.append((head + cells[0]).rstrip())
-        lines.extend(" " * len(head) + cell for cell in cells[1:])
+    for group in _row_groups(rooms):
+        cells = textwrap.wrap(_may_import_text(group, order), 96 - 4 - 7 - 14 - 33) or [""]
+        heads = [
+            f"    {group[0].layer if i == 0 else '':<7}{room.name:<14}{', '.join(room.modules):<33}"
+            for i, room in enumerate(group)
+        ]
+        for i in range(max(len(heads), len(cells))):
+            head = heads[i] if i < len(heads) else " " * len(heads[0])
+            lines.append((head + (cells[i] if i < len(cells) else "")).rstrip())
     return "\n".join(lines)
 
 

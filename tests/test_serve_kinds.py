@@ -51,6 +51,24 @@ def served_client(folder, tmp_path, *arguments: str):
             yield client
 
 
+def served_fixture(folder_fixture: str):
+    """A module-scoped fixture: an httpx client of a running ``fastbert serve`` of the folder
+    that the fixture named ``folder_fixture`` makes."""
+
+    @pytest.fixture(scope="module")
+    def served(request, tmp_path_factory):
+        folder = request.getfixturevalue(folder_fixture)
+        with served_client(folder, tmp_path_factory.mktemp(f"{folder_fixture}-serve")) as client:
+            yield client
+
+    return served
+
+
+def texts_body(prompt_name: str | None) -> dict:
+    """A request body of TEXTS, naming ``prompt_name`` when it is one (None: no prompt_name)."""
+    return {"inputs": TEXTS} | ({"prompt_name": prompt_name} if prompt_name else {})
+
+
 def post(client, route: str, body: dict) -> httpx.Response:
     return client.post(route, json=body)
 
@@ -105,8 +123,7 @@ def st_dense(dense_folder):
 
 def test_embed_prompt_name_as_sentence_transformers(dense, st_dense):
     for prompt_name in (None, "query", "passage"):
-        body = {"inputs": TEXTS} | ({"prompt_name": prompt_name} if prompt_name else {})
-        got = np.array(ok(post(dense, "/embed", body)))
+        got = np.array(ok(post(dense, "/embed", texts_body(prompt_name))))
         want = st_dense.encode(TEXTS, prompt_name=prompt_name, convert_to_numpy=True)
         np.testing.assert_allclose(got, want, atol=TOLERANCE)
     # The default prompt ("query") applies when none is named: without it the vectors differ.
@@ -280,17 +297,13 @@ def sparse_folder(tmp_path_factory):
     )
 
 
-@pytest.fixture(scope="module")
-def sparse(sparse_folder, tmp_path_factory):
-    with served_client(sparse_folder, tmp_path_factory.mktemp("sparse-serve")) as client:
-        yield client
+sparse = served_fixture("sparse_folder")
 
 
 def test_embed_sparse_as_sparse_encoder(sparse, sparse_folder):
     encoder = st.SparseEncoder(str(sparse_folder), device="cpu")
     for prompt_name in (None, "query"):
-        body = {"inputs": TEXTS} | ({"prompt_name": prompt_name} if prompt_name else {})
-        rows = ok(post(sparse, "/embed_sparse", body))
+        rows = ok(post(sparse, "/embed_sparse", texts_body(prompt_name)))
         want = encoder.encode(TEXTS, prompt_name=prompt_name).to_dense().numpy()
         assert len(rows) == len(TEXTS)
         for row, expected in zip(rows, want):
@@ -335,10 +348,7 @@ def multi_folder(tmp_path_factory):
     return folder
 
 
-@pytest.fixture(scope="module")
-def multi(multi_folder, tmp_path_factory):
-    with served_client(multi_folder, tmp_path_factory.mktemp("mv-serve")) as client:
-        yield client
+multi = served_fixture("multi_folder")
 
 
 def test_embed_all_as_multi_vector_encoder(multi, multi_folder):
@@ -349,8 +359,7 @@ def test_embed_all_as_multi_vector_encoder(multi, multi_folder):
         ("document", encoder.encode_document(TEXTS)),
     ]
     for prompt_name, want in cases:
-        body = {"inputs": TEXTS} | ({"prompt_name": prompt_name} if prompt_name else {})
-        got = ok(post(multi, "/embed_all", body))
+        got = ok(post(multi, "/embed_all", texts_body(prompt_name)))
         assert [np.shape(g) for g in got] == [tuple(w.shape) for w in want]
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, np.asarray(w), atol=TOLERANCE)

@@ -24,11 +24,29 @@ _OPENAI_TYPES = {
 
 class ServeError(Exception):
     """A request the server answers with ``status`` and a message; ``error_type`` is TEI's
-    name for it; ``param`` the request field at fault (OpenAI's envelope), if one is."""
+    name for it; ``param`` the request field at fault (OpenAI's envelope), if one is.
+
+    A kind of failure is a subclass that declares its ``status``, ``error_type`` and (where
+    the status does not give it) ``openai_type`` as class keywords:
+    ``class NotFound(ServeError, status=404, error_type="not_found")``; what it leaves out it
+    inherits."""
 
     status = 500
     error_type = "internal"
     openai_type: str | None = None  # None: by status (_OPENAI_TYPES)
+
+    def __init_subclass__(
+        cls,
+        *,
+        status: int | None = None,
+        error_type: str | None = None,
+        openai_type: str | None = None,
+    ) -> None:
+        super().__init_subclass__()
+        declared = {"status": status, "error_type": error_type, "openai_type": openai_type}
+        for name, value in declared.items():
+            if value is not None:
+                setattr(cls, name, value)
 
     def __init__(self, message: str, param: str | None = None, headers: dict | None = None):
         super().__init__(message)
@@ -48,61 +66,47 @@ class ServeError(Exception):
         }
 
 
-class EmptyInput(ServeError):
-    status, error_type = 400, "empty"
+class EmptyInput(ServeError, status=400, error_type="empty"): ...
 
 
-class BadRequest(ServeError):
+class BadRequest(ServeError, status=400, error_type="invalid_json"):
     """Malformed JSON, invalid UTF-8."""
 
-    status, error_type = 400, "invalid_json"
+
+class Unauthorized(ServeError, status=401, error_type="unauthorized"): ...
 
 
-class Unauthorized(ServeError):
-    status, error_type = 401, "unauthorized"
+class NotFound(ServeError, status=404, error_type="not_found"): ...
 
 
-class NotFound(ServeError):
-    status, error_type = 404, "not_found"
-
-
-class ModelNotFound(ServeError):
+class ModelNotFound(
+    ServeError, status=404, error_type="model_not_found", openai_type="invalid_request_error"
+):
     """A request naming a model this server does not serve (OpenAI's ``model_not_found``)."""
 
-    status, error_type, openai_type = 404, "model_not_found", "invalid_request_error"
+
+class MethodNotAllowed(ServeError, status=405, error_type="method_not_allowed"): ...
 
 
-class MethodNotAllowed(ServeError):
-    status, error_type = 405, "method_not_allowed"
+class PayloadTooLarge(ServeError, status=413, error_type="payload_too_large"): ...
 
 
-class PayloadTooLarge(ServeError):
-    status, error_type = 413, "payload_too_large"
+class UnsupportedMediaType(ServeError, status=415, error_type="unsupported_media_type"): ...
 
 
-class UnsupportedMediaType(ServeError):
-    status, error_type = 415, "unsupported_media_type"
-
-
-class ValidationFailed(ServeError):
+class ValidationFailed(ServeError, status=422, error_type="validation"):
     """Wrong types, too many inputs, an input over the limit without truncation, an unknown
     value, ids outside the vocabulary."""
 
-    status, error_type = 422, "validation"
 
-
-class ModelFailed(ServeError):
+class ModelFailed(ServeError, status=424, error_type="backend"):
     """The forward pass raised; or the route needs another kind of model."""
 
-    status, error_type = 424, "backend"
+
+class Overloaded(ServeError, status=429, error_type="overloaded"): ...
 
 
-class Overloaded(ServeError):
-    status, error_type = 429, "overloaded"
-
-
-class Unhealthy(ServeError):
-    status, error_type = 503, "unhealthy"
+class Unhealthy(ServeError, status=503, error_type="unhealthy"): ...
 
 
 class ShuttingDown(Unhealthy):
