@@ -127,7 +127,7 @@ from .attention_tiles import (
 from .dropout import seed_value
 from .flash_attention_backward import attention_backward, attention_varlen_backward
 from .launch import TRITON_3_6, cdiv, launch_lock, time_config
-from .op import Kernel, Op, dropout_seed, placeholder
+from .op import Kernel, Op, dropout_seed, implements, placeholder
 
 # What one key tile of _attend_tile checks: nothing (every key real), the bound ``end`` (keys
 # from ``end`` on are masked), or the bound and the key-padding mask.
@@ -877,18 +877,8 @@ ATTENTION_VARLEN = Op(
 )
 
 
-def attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    key_padding_mask: torch.Tensor | None = None,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    relative_bias: torch.Tensor | None = None,
-    *,
-    rotary: torch.Tensor | None = None,
-    window: int | None = None,
-) -> torch.Tensor:
+@implements(reference.attention)
+def attention(q, k, v, key_padding_mask, scale, dropout_p, relative_bias, *, rotary, window):
     """softmax(scale * q @ k^T + bias, masked keys excluded) @ v, in one fused Triton kernel
     (:func:`fastbert.kernels.reference.attention`).
 
@@ -918,19 +908,10 @@ def attention(
     )
 
 
+@implements(reference.attention_varlen)
 def attention_varlen(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    max_seqlen: int,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    relative_bias: torch.Tensor | None = None,
-    *,
-    rotary: torch.Tensor | None = None,
-    window: int | None = None,
-) -> torch.Tensor:
+    q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias, *, rotary, window
+):
     """Attention over packed sequences (padding-free), in one fused Triton kernel
     (:func:`fastbert.kernels.reference.attention_varlen`).
 

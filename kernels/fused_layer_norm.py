@@ -51,7 +51,7 @@ from . import reference, torch_ops
 from .checks import check_layer_norm
 from .dropout import check_dropout_p, dropped, seed_value
 from .launch import cdiv, check_triton_device, next_power_of_2
-from .op import Kernel, Op, dropout_seed, placeholder
+from .op import Kernel, Op, dropout_seed, implements, placeholder
 
 MAX_HIDDEN = 4096
 MIN_BLOCK = 16
@@ -449,14 +449,8 @@ LAYER_NORM = Op(
 )
 
 
-def layer_norm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor,
-    eps: float,
-    residual: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-) -> torch.Tensor:
+@implements(reference.layer_norm)
+def layer_norm(x, weight, bias, eps, residual, dropout_p):
     """``LayerNorm(dropout(x) + residual)`` over the last dimension in one Triton pass per row
     (:func:`fastbert.kernels.reference.layer_norm`).
 

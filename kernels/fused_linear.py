@@ -89,7 +89,7 @@ from . import reference, torch_ops
 from .checks import check_linear
 from .launch import cdiv, check_triton_device, interpreting, launch_lock, time_config
 from .linear_configs import PERSISTENT_MIN_BLOCK_M, configs, kept_candidates, m_bucket, prune
-from .op import Kernel, Op, placeholder
+from .op import Kernel, Op, implements, placeholder
 
 ACTIVATION_CODES = {None: 0, "gelu": 1, "gelu_tanh": 2}
 
@@ -204,6 +204,20 @@ def _tile_position(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GRO
     pid_m = first_pid_m + (tile % num_pid_in_group) % group_size_m
     pid_n = (tile % num_pid_in_group) // group_size_m
     return pid_m, pid_n
+
+
+@triton.jit
+def _tile_indices(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Output tile number ``tile`` (:func:`_tile_position`'s order): (pid_m, pid_n, its rows
+    offs_m, its columns offs_n, and their int64 indices wrapped into [0, M) and [0, N)). Rows
+    past M / columns past N re-read valid ones through the wrapped indices, so that the operand
+    loads need no mask."""
+    pid_m, pid_n = _tile_position(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = (offs_m % M).to(tl.int64)
+    cols = (offs_n % N).to(tl.int64)
+    return pid_m, pid_n, offs_m, offs_n, rows, cols
 
 
 @triton.jit
@@ -411,13 +425,10 @@ def _linear_fwd_kernel(
                 BLOCK_N,
             )
     else:
-        pid_m, pid_n = _tile_position(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        pid_m, pid_n, offs_m, offs_n, rows, cols = _tile_indices(
+            tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M
+        )
         offs_k = tl.arange(0, BLOCK_K)
-        # Rows past M / columns past N re-read valid ones (wrapped) so the loads need no mask.
-        rows = (offs_m % M).to(tl.int64)
-        cols = (offs_n % N).to(tl.int64)
         x_ptrs = x_ptr + rows[:, None] * stride_x_m + offs_k[None, :] * stride_x_k
         w_ptrs = weight_ptr + offs_k[:, None] * stride_weight_k + cols[None, :] * stride_weight_n
         if GATED:
@@ -902,15 +913,8 @@ LINEAR = Op(
 )
 
 
-def linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    activation: str | None = None,
-    residual: torch.Tensor | None = None,
-    *,
-    gated: bool = False,
-) -> torch.Tensor:
+@implements(reference.linear)
+def linear(x, weight, bias, activation, residual, *, gated):
     """``act(x @ weight.T + bias) + residual`` in one Triton GEMM with a fused epilogue
     (:func:`fastbert.kernels.reference.linear`).
 

@@ -38,7 +38,7 @@ import triton.language as tl
 
 from . import checks, reference, torch_ops
 from .launch import check_triton_device, next_power_of_2
-from .op import Kernel, Op
+from .op import Kernel, Op, implements
 
 MAX_KEYS = 16384
 MIN_BLOCK = 16
@@ -222,9 +222,8 @@ SCALED_MASKED_SOFTMAX = Op(
 )
 
 
-def scaled_masked_softmax(
-    scores: torch.Tensor, key_padding_mask: torch.Tensor | None = None, scale: float = 1.0
-) -> torch.Tensor:
+@implements(reference.scaled_masked_softmax)
+def scaled_masked_softmax(scores, key_padding_mask, scale):
     """``softmax(scale * scores)`` over the last dim with masked keys excluded, in one pass
     (:func:`fastbert.kernels.reference.scaled_masked_softmax`).
 

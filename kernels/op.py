@@ -37,10 +37,10 @@ From these, the wiring (this module, written once for every op) makes:
   custom op; in eager mode with gradients, the autograd Function; otherwise the forward
   launcher alone, saving nothing.
 
-The other backends' functions keep the reference's signature without writing it again:
-:func:`implements` gives an implementation (the torch backend's, the CPU engine's) the
-reference's defaults and annotations, and :func:`checked` makes a backend's public function
-from its unchecked one and its input checks.
+The op's other functions keep the reference's signature without writing it again:
+:func:`implements` gives an implementation (the public Triton function, the torch backend's,
+the CPU engine's) the reference's defaults and annotations, and :func:`checked` makes a
+backend's public function from its unchecked one and its input checks.
 
 The public functions of fastbert.kernels (``K.linear`` ...) call their op's declaration;
 fastbert.execution.backends dispatches to ``op`` (triton) or ``op.torch`` (torch) by reading
@@ -82,9 +82,10 @@ def dropout_seed(dropout_p: float) -> torch.Tensor | None:
 
 
 def implements(reference: Callable[..., Any]) -> Callable[[Callable[..., Any]], Any]:
-    """Decorator of an implementation of ``reference`` (the torch backend's, the CPU engine's):
-    the parameters it shares with the reference by name take the reference's defaults and
-    annotations, so that an op's signature is written once, in the reference.
+    """Decorator of an implementation of ``reference`` (fastbert.kernels' public function, the
+    torch backend's, the CPU engine's; or an op taking another op's arguments): the parameters
+    it shares with the reference by name take the reference's defaults and annotations, so
+    that an op's signature is written once, in the reference.
 
     The implementation lists its parameters without those defaults (and may leave out the
     reference's keyword-only test hooks, such as ``dropout_mask``, or add its own parameters,

@@ -52,7 +52,7 @@ from . import reference, torch_ops
 from .checks import LINEAR_QUANTIZED_CHECKS, check_fp8_device, check_linear_quantized_call
 from .fused_linear import linear_rows
 from .launch import check_triton_device, next_power_of_2
-from .op import Kernel, Op
+from .op import Kernel, Op, implements
 
 # Widest K tile the row quantisation loads at once.
 QUANTIZE_MAX_BLOCK_K = 1024
@@ -220,15 +220,8 @@ LINEAR_INT8 = Op(
 )
 
 
-def linear_int8(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    weight_scale: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    activation: str | None = None,
-    residual: torch.Tensor | None = None,
-    input_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
+@implements(reference.linear_int8)
+def linear_int8(x, weight, weight_scale, bias, activation, residual, input_scale):
     """``act(x @ weight.T + bias) + residual`` with int8 operands: x quantised per token at
     run time (one Triton kernel), then one Triton GEMM multiplying int8 tiles into int32
     (the integer tensor cores) whose epilogue dequantises, adds the bias, applies the
@@ -275,15 +268,8 @@ LINEAR_FP8 = Op(
 )
 
 
-def linear_fp8(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    weight_scale: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    activation: str | None = None,
-    residual: torch.Tensor | None = None,
-    input_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
+@implements(reference.linear_fp8)
+def linear_fp8(x, weight, weight_scale, bias, activation, residual, input_scale):
     """``act(x @ weight.T + bias) + residual`` with float8 e4m3 operands: x quantised per token
     at run time (one Triton kernel), then one Triton GEMM multiplying e4m3 tiles into float32
     (the FP8 tensor cores of sm_89 and sm_90) whose epilogue dequantises, adds the bias,

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from . import checks, dropout
 from .checks import RELATIVE_BUCKETS
+from .op import implements
 
 # Hugging Face MPNet's bucketing: log-spaced up to this distance, the last bucket beyond.
 RELATIVE_MAX_DISTANCE = 128
@@ -362,15 +363,8 @@ def linear_int8(
     )
 
 
-def linear_fp8(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    weight_scale: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    activation: str | None = None,
-    residual: torch.Tensor | None = None,
-    input_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
+@implements(linear_int8)
+def linear_fp8(x, weight, weight_scale, bias, activation, residual, input_scale):
     """act(dequantised e4m3 product + bias) + residual: :func:`linear` with float8 e4m3
     operands.
 

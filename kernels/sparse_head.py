@@ -67,7 +67,7 @@ import triton.language as tl
 
 from . import checks, reference, sparse_head_torch
 from .checks import refuse_gradients
-from .fused_linear import _tile_position
+from .fused_linear import _tile_indices
 from .launch import (
     cdiv,
     check_triton_device,
@@ -78,7 +78,7 @@ from .launch import (
     tuned,
 )
 from .linear_configs import FP32_MAX_BLOCK_K, SHARED_MEMORY_BUDGET
-from .op import Kernel, Op
+from .op import Kernel, Op, implements
 
 
 def _config(block_t: int, block_v: int, block_k: int, stages: int, warps: int) -> triton.Config:
@@ -191,14 +191,12 @@ def _splade_max_fwd_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_T: tl.constexpr,
 ):
-    pid_t, pid_v = _tile_position(tl.program_id(0), T, V, BLOCK_T, BLOCK_V, GROUP_T)
-    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    offs_k = tl.arange(0, BLOCK_K)
     # Rows past T / columns past V re-read valid ones (wrapped) so the loads need no mask; no
     # sequence holds those rows, and the atomics skip those columns.
-    rows = (offs_t % T).to(tl.int64)
-    cols = (offs_v % V).to(tl.int64)
+    pid_t, _, offs_t, offs_v, rows, cols = _tile_indices(
+        tl.program_id(0), T, V, BLOCK_T, BLOCK_V, GROUP_T
+    )
+    offs_k = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + rows[:, None] * stride_x_t + offs_k[None, :] * stride_x_k
     w_ptrs = weight_ptr + offs_k[:, None] * stride_weight_k + cols[None, :] * stride_weight_v
     acc = tl.zeros((BLOCK_T, BLOCK_V), dtype=tl.float32)
@@ -320,13 +318,8 @@ SPLADE_MAX = Op(
 )
 
 
-def splade_max(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
-    log_steps: int = 1,
-) -> torch.Tensor:
+@implements(reference.splade_max)
+def splade_max(x, weight, bias, cu_seqlens, log_steps):
     """SPLADE's sparse vectors from the masked-LM decoder in one Triton GEMM whose epilogue
     keeps each sequence's max (:func:`fastbert.kernels.reference.splade_max`): the [T, V]
     logits never reach memory.
