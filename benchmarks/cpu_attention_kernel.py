@@ -143,17 +143,13 @@ def measure(batches: list[list[int]], dtype: torch.dtype, head_dim: int, rounds:
     return rows
 
 
-# --corpus-precisions -> fastbert.load's options.
-PRECISIONS = reporting.PRECISIONS
-
-
 def time_corpus(precision: str, docs: int, rounds: int) -> dict:
     """``model.embed`` of ``docs`` corpus paragraphs with the kernel on and off in turn."""
     import fastbert
 
     texts = embed_bench.corpus(docs)
     folder = str(embed_bench.model_folder("minilm"))
-    model = fastbert.load(folder, device="cpu", **PRECISIONS[precision])
+    model = fastbert.load(folder, device="cpu", **reporting.PRECISIONS[precision])
     model.embed(texts[:200])
     seconds: dict[str, list[float]] = {"compiled": [], "torch": []}
     if tiled(torch.bfloat16) and precision == "bfloat16":
@@ -268,7 +264,10 @@ def main(argv: list[str] | None = None) -> int:
         "--corpus-rounds", type=int, default=3, help="end-to-end rounds per path (0: skip)"
     )
     parser.add_argument(
-        "--corpus-precisions", nargs="+", default=list(PRECISIONS), choices=list(PRECISIONS)
+        "--corpus-precisions",
+        nargs="+",
+        default=list(reporting.PRECISIONS),
+        choices=list(reporting.PRECISIONS),
     )
     args = parser.parse_args(argv)
     if args.docs < 1 or args.rounds < 1 or args.corpus_rounds < 0:

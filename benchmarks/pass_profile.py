@@ -38,7 +38,6 @@ import torch
 
 from benchmarks import embed_bench, gemm_limit, reporting
 
-PRECISIONS = reporting.PRECISIONS
 # Profiler event names by part of the pass: each outermost event counts with the time of the
 # ops it calls (an event not named here is "other ops").
 PARTS = {
@@ -189,7 +188,7 @@ def markdown(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = reporting.parser("pass_profile", __doc__.split("\n\n")[0], docs=1000, rounds=3)
-    reporting.add_precisions(parser, list(PRECISIONS), ",".join(PRECISIONS))
+    reporting.add_precisions(parser, list(reporting.PRECISIONS), ",".join(reporting.PRECISIONS))
     parser.add_argument(
         "--gemm-seconds", type=float, default=1.0, help="seconds per precision of the GEMM limit"
     )
@@ -210,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     config = read_config(folder)
     options = EmbedOptions(model=str(folder), device="cpu", progress=False)
     jobs = {
-        p: load_options(dataclasses.replace(options, **PRECISIONS[p])).job(False)
+        p: load_options(dataclasses.replace(options, **reporting.PRECISIONS[p])).job(False)
         for p in precisions
     }
     first = jobs[precisions[0]]

@@ -29,7 +29,6 @@ import time
 from benchmarks import reporting
 from fastbert.execution import cpu_tuning
 
-PRECISIONS = reporting.PRECISIONS
 ROWS = ("buckets", "no buckets")
 
 
@@ -142,7 +141,7 @@ def markdown(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = reporting.parser("row_buckets", __doc__.split("\n\n")[0], docs=1000, rounds=5)
-    reporting.add_precisions(parser, list(PRECISIONS), "bfloat16")
+    reporting.add_precisions(parser, list(reporting.PRECISIONS), "bfloat16")
     args = parser.parse_args(argv)
     precisions = args.precisions
     if args.rounds < 1 or args.docs < 1:
@@ -162,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         model=str(embed_bench.model_folder("minilm")), device="cpu", progress=False
     )
     jobs = {
-        p: load_options(dataclasses.replace(options, **PRECISIONS[p])).job(False)
+        p: load_options(dataclasses.replace(options, **reporting.PRECISIONS[p])).job(False)
         for p in precisions
     }
     print(f"{', '.join(precisions)}: {args.rounds} rounds of both rows", file=sys.stderr)
