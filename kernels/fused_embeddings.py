@@ -61,7 +61,7 @@ from .fused_layer_norm import (
     weight_gradients,
 )
 from .launch import check_triton_device
-from .op import Kernel, Op, dropout_seed, placeholder
+from .op import Kernel, Op, dropout_seed, implements, placeholder
 
 
 def heavy_num_warps(block: int) -> int:
@@ -525,22 +525,23 @@ EMBEDDINGS_LAYER_NORM = Op(
 )
 
 
+@implements(reference.embeddings_layer_norm)
 def embeddings_layer_norm(
-    input_ids: torch.Tensor,
-    token_type_ids: torch.Tensor | None,
-    position_ids: torch.Tensor | None,
-    word_emb: torch.Tensor,
-    pos_emb: torch.Tensor,
-    type_emb: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor,
-    eps: float,
+    input_ids,
+    token_type_ids,
+    position_ids,
+    word_emb,
+    pos_emb,
+    type_emb,
+    weight,
+    bias,
+    eps,
     *,
-    check_ids: bool = True,
-    dropout_p: float = 0.0,
-    padding_idx: int | None = None,
-    position_padding_idx: int | None = None,
-) -> torch.Tensor:
+    check_ids,
+    dropout_p,
+    padding_idx,
+    position_padding_idx,
+):
     """``dropout(LayerNorm(word_emb[ids] + pos_emb[positions] + type_emb[types]))`` in one
     Triton pass (:func:`fastbert.kernels.reference.embeddings_layer_norm`).
 

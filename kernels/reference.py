@@ -439,6 +439,8 @@ def embeddings_layer_norm(
     *,
     check_ids: bool = True,
     dropout_p: float = 0.0,
+    padding_idx: int | None = None,
+    position_padding_idx: int | None = None,
 ) -> torch.Tensor:
     """dropout(LayerNorm(word_emb[ids] + pos_emb[position_ids] + type_emb[token_type_ids])).
 
@@ -447,6 +449,9 @@ def embeddings_layer_norm(
     in the tables' dtype. Ids outside their table raise ValueError (``check_ids=False``: the
     caller has checked them, and this skips the host synchronisation the check costs).
     ``dropout_p``: ``F.dropout`` of the output (PyTorch's own mask, not the kernels').
+    ``padding_idx`` / ``position_padding_idx``: the word / position row that gets no gradient,
+    as with ``nn.Embedding(padding_idx=...)`` (Hugging Face's tables); None: every row gets its
+    gradient. The output does not depend on them.
     """
     checks.check_embeddings(
         input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps
@@ -465,7 +470,9 @@ def embeddings_layer_norm(
         checks.as_index, (input_ids, token_type_ids, position_ids)
     )
     summed = (
-        _wide(word_emb[input_ids]) + _wide(pos_emb[position_ids]) + _wide(type_emb[token_type_ids])
+        _wide(F.embedding(input_ids, word_emb, padding_idx))
+        + _wide(F.embedding(position_ids, pos_emb, position_padding_idx))
+        + _wide(type_emb[token_type_ids])
     )
     hidden = word_emb.shape[1]
     out = F.layer_norm(summed, (hidden,), _wide(weight), _wide(bias), float(eps))

@@ -424,8 +424,8 @@ def embeddings_layer_norm_unchecked(
     *,
     check_ids,
     dropout_p,
-    padding_idx: int | None = None,
-    position_padding_idx: int | None = None,
+    padding_idx,
+    position_padding_idx,
 ):
     """:func:`fastbert.kernels.reference.embeddings_layer_norm` on ``F.embedding`` lookups
     and ``F.layer_norm``; the id ranges checked unless ``check_ids=False`` (one host

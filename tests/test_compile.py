@@ -234,30 +234,32 @@ def _spills_too_much(report: dict) -> bool:
     return report["spill_stores"] > known
 
 
+def _spill_line(report: dict) -> str:
+    """A case's spills as ptxas reports them, with its local stores and loads where its SASS
+    was read out."""
+    sass = report.get("sass")
+    local = f"{sass['stl']} STL, {sass['ldl']} LDL, " if sass else ""
+    return (
+        f"{report['case']} sm_{report['arch']}: {local}{report['spill_stores']} B spill "
+        f"stores, {report['spill_loads']} B spill loads"
+    )
+
+
 @pytest.mark.parametrize("op", MMA_OPS)
 def test_sixteen_bit_cases_do_not_spill(op: str) -> None:
-    spilled = [
-        f"{r['case']} sm_{r['arch']}: {r['sass']['stl']} STL, {r['sass']['ldl']} LDL, "
-        f"{r['spill_stores']} B spill stores"
-        for r in _sixteen_bit_mma_reports(op)
-        if _spills_too_much(r)
-    ]
+    spilled = [_spill_line(r) for r in _sixteen_bit_mma_reports(op) if _spills_too_much(r)]
     assert not spilled, "\n".join(spilled)
 
 
-# The row-wise ops' 16-bit cases are named "<kernel>[fp16 ..."
-# or "<kernel>[bf16 ...".
+# The row-wise ops' 16-bit cases are named "<kernel>[fp16 ..." or "<kernel>[bf16 ...".
 
 
 @pytest.mark.parametrize("op", ROW_OPS)
 def test_sixteen_bit_row_kernels_do_not_spill(op: str) -> None:
-    spilled = [
-        f"{r['case']} sm_{r['arch']}: {r['spill_stores']} B spill stores, "
-        f"{r['spill_loads']} B spill loads"
-        for r in _compile_reports(op)
-        if any(f"[{dtype} " in r["case"] for dtype in SIXTEEN_BIT)
-        and (r["spill_stores"] or r["spill_loads"])
+    sixteen_bit = [
+        r for r in _compile_reports(op) if any(f"[{t} " in r["case"] for t in SIXTEEN_BIT)
     ]
+    spilled = [_spill_line(r) for r in sixteen_bit if r["spill_stores"] or r["spill_loads"]]
     assert not spilled, "\n".join(spilled)
 
 

@@ -88,6 +88,7 @@ def test_checked_runs_each_check_with_the_arguments_it_names() -> None:
         K.linear_int8,
         K.linear_fp8,
         K.layer_norm,
+        K.embeddings_layer_norm,
         K.splade_max,
     ],
     ids=lambda f: f"{f.__module__.rsplit('.', 1)[-1]}.{f.__name__}",

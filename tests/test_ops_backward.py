@@ -8,11 +8,14 @@ bfloat16 runs on the GPU only (the interpreter's bf16 tl.dot is wrong, triton is
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
 from fastbert import kernels as K
 from fastbert.kernels import reference as R
+from fastbert.kernels import torch_ops
 from tests.accuracy import assert_within_rule
 
 DTYPES = [torch.float32, torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)]
@@ -181,6 +184,23 @@ def test_embeddings_gradients(device, dtype, types, positions) -> None:
         args,
         _randn(2, 5, 24, device=device, seed=4),
     )
+
+
+@pytest.mark.parametrize("op", [K.embeddings_layer_norm, torch_ops.embeddings_layer_norm])
+def test_embeddings_padding_rows_get_no_gradient(device, op) -> None:
+    """padding_idx / position_padding_idx (word 3, position 1: both used twice or more) as
+    ``nn.Embedding(padding_idx=...)``: those rows' gradients are zero, the others' the
+    reference's."""
+    args = _embedding_args(device, torch.float32, True, "shared")
+    rows = {"padding_idx": 3, "position_padding_idx": 1}
+    dout = _randn(2, 5, 24, device=device, seed=4)
+    check_gradients(partial(op, **rows), partial(R.embeddings_layer_norm, **rows), args, dout)
+    leaves = _as(args, torch.float32)
+    out = op(*leaves, **rows)
+    dword, dpos = torch.autograd.grad(out, [leaves[3], leaves[4]], dout)
+    assert torch.equal(dword[3], torch.zeros(24, device=device))
+    assert torch.equal(dpos[1], torch.zeros(24, device=device))
+    assert dword[1].abs().max() > 0 and dpos[4].abs().max() > 0
 
 
 def test_embeddings_gradient_rows_of_unused_ids_are_zero(device) -> None:
