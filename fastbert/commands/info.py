@@ -90,10 +90,9 @@ def cpu_bf16_advice() -> str:
 
 def cpu_int8_advice() -> str:
     """What quantize="int8" runs on here, and how it compares with bfloat16 where that is
-    native: bfloat16 has about a tenth of int8's error; with AMX it also ran as fast as int8
-    or faster (1.00-1.12x in two runs, int8's products on AMX too), without AMX int8 with its
-    quantisation and epilogue compiled ran faster, and without those passes no faster
-    (docs/results.md)."""
+    native: bfloat16 is the more accurate (docs/precisions.md); with AMX it also ran as fast
+    as int8 or faster, without AMX int8 with its quantisation and epilogue compiled ran
+    faster, and without those passes no faster (docs/results.md)."""
     from fastbert.execution import cpu
     from fastbert.kernels import cpu_int8
 
@@ -107,8 +106,8 @@ def cpu_int8_advice() -> str:
         return f"quantize int8: {where}; faster than float32 and lossy (docs/cpu.md)"
     if compiled and bf16 != "amx_bf16":
         return (
-            f"quantize int8: {where}; dtype bfloat16 (native here) has about a tenth of its "
-            "error, int8 the speed where measured (docs/results.md)"
+            f"quantize int8: {where}; dtype bfloat16 (native here) has a fifth of its mean "
+            "error, int8 the speed where measured (docs/precisions.md, docs/results.md)"
         )
     faster = (
         "on AMX it ran as fast as int8 or faster"
@@ -116,8 +115,8 @@ def cpu_int8_advice() -> str:
         else "as fast or faster without the compiled passes"
     )
     return (
-        f"quantize int8: {where}; prefer dtype bfloat16 (native here): {faster}, with about "
-        "a tenth of the error (docs/results.md)"
+        f"quantize int8: {where}; prefer dtype bfloat16 (native here): {faster}, with a fifth of "
+        "the mean error (docs/precisions.md, docs/results.md)"
     )
 
 
