@@ -4,7 +4,7 @@ oneDNN's quantised linear where the weights are packed for it, else on ``torch._
 oneDNN's ``qlinear_pointwise`` on a weight packed once (fastbert.kernels.packed_weights, on a
 CPU with AMX-INT8) ran the products level with ``torch._int_mm`` (which reorders the weight
 on every call) or faster from :data:`ONEDNN_MIN_ROWS` rows, most at the larger counts, and
-the int8 model 1.4x faster end to end; below that ``torch._int_mm`` was as fast or faster
+the int8 model faster end to end; below that ``torch._int_mm`` was as fast or faster
 (docs/results.md, "int8 on oneDNN's quantised linear"). The op takes one activation
 scale per tensor, not fastbert's per-token scales, so it is used for the integer product only:
 signed int8 rows with zero point 0, unit scales and a float32 output, which holds the exact

@@ -33,8 +33,8 @@ are unset (the same load's memory then stayed level); torch reads them as it loa
 ``fastbert``'s command line calls it before anything imports torch, and a program of one's
 own sets them before it imports torch. A forward's primitives take eight entries (a
 BERT-family layer has four linear shapes, two oneDNN entries each), so each layer after the
-first finds them. A float32 batch of a shape no longer cached makes them again, a fraction of
-a millisecond each; a bfloat16 one took 4-25 ms each on a CPU with AMX, so bfloat16 calls run
+first finds them. A float32 batch of a shape no longer cached makes them again, quickly; a
+bfloat16 one on a CPU with AMX takes longer than its product runs, so bfloat16 calls run
 their size bucket's rows (fastbert.execution.runtime, "Row buckets on a CPU"), and 64 entries
 hold the primitives of eight buckets: a corpus job's batches, near the token budget, fill
 four or five (docs/cpu.md, "Row buckets").

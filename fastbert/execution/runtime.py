@@ -20,11 +20,11 @@ which the model defines) as follows:
   (bfloat16), a padding-free call's T rows are padded to ``token_bucket(T, CPU_BUCKET_MIN_STEP)``
   after the embeddings, the filler rows forming sequences of at most FILLER_SEQUENCE tokens,
   and the layers' output cut back to T rows. oneDNN makes a primitive per linear for each new
-  row count, and on a CPU with AMX a bfloat16 one took 4-25 ms to make against 0.5-9 ms to run
-  (docs/cpu.md, "Row buckets"): a corpus job, whose every batch has a new token count, spent
-  a fifth to a third of its bfloat16 time making them. With the buckets, a few dozen row
-  counts cover every batch of up to 4,096 tokens, and each linear's primitives are made once
-  per bucket.
+  row count, and on a CPU with AMX a bfloat16 one took longer to make than to run: a corpus
+  job, whose every batch has a new token count, spent much of its bfloat16 time making them
+  (docs/cpu.md, "Row buckets", has the figures). With the buckets, a few dozen row counts
+  cover every batch of up to 4,096 tokens, and each linear's primitives are made once per
+  bucket.
 - CUDA graphs: the encoder (embeddings and layers) is captured once per key and replayed,
   which removes the per-kernel launch cost (85 launches for BERT-base). A dense call's
   key is its (batch, seq, optional inputs); a padding-free call's is its size bucket: the T
@@ -75,8 +75,8 @@ PACK_MIN_PADDING_CPU = 0.03
 # eighth of the power of two at or below T, and of at least this many rows (so fewer than
 # T / 8 or 64 extra rows, and eight buckets per doubling of T).
 TOKEN_BUCKET_MIN_STEP = 64
-# On a CPU, rows are bucketed for these dtypes only: float32 primitives took 0.3-0.9 ms to make,
-# less than the bucket's extra rows cost (docs/cpu.md, "Row buckets"); steps of at least 16
+# On a CPU, rows are bucketed for these dtypes only: float32 primitives cost less to make than
+# the bucket's extra rows cost to run (docs/cpu.md, "Row buckets"); steps of at least 16
 # rows (one AMX tile's rows), so that a short request runs at most 15 extra rows.
 CPU_BUCKETED_DTYPES = (torch.bfloat16,)
 CPU_BUCKET_MIN_STEP = 16
