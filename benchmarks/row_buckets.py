@@ -16,7 +16,8 @@ not bucket, forced on, to measure what it would gain) and "no buckets", taking t
 each a round. The per-shape caches are sized as fastbert's command line sizes them (set before
 torch loads; fastbert.execution.cpu_memory), and the report says the sizes in effect. Reported:
 each row's median pass, its spread, tokens/s, and the median of the rounds' ratios of the two
-rows' times. Writes row-buckets.json and row-buckets.md into --out.
+rows' tokens/s (the rows' passes are cut differently, so their token counts differ a little).
+Writes row-buckets.json and row-buckets.md into --out.
 """
 
 from __future__ import annotations
@@ -51,12 +52,24 @@ def bucketing(dtype, on: bool):
         runtime.CPU_BUCKETED_DTYPES = before
 
 
-def run_rounds(jobs: dict, texts: list[str], rounds: int) -> dict[str, dict[str, list]]:
+def run_rounds(
+    jobs: dict, texts: list[str], rounds: int, same_texts: bool = False
+) -> dict[str, dict[str, list]]:
     """Precision -> row -> the (seconds, tokens) of each of its passes, every pass on texts
-    cut by a number of words no pass before it used; the rows take turns."""
+    cut by a number of words no pass before it used (``same_texts``: every pass on the whole
+    texts, after an untimed pass of each row, so that the timed passes meet sizes they have
+    met); the rows take turns."""
     import torch
 
     from fastbert.embedding.run import embed_sorted
+
+    def timed_pass(job, row: str, words: int) -> tuple[float, int]:
+        tokens, _ = job.tokenise(cut(texts, words))
+        with bucketing(job.encoder.model.dtype, row == "buckets"):
+            start = time.perf_counter()
+            for _ in embed_sorted(job.encoder, tokens, job.options.batch_tokens):
+                pass
+            return time.perf_counter() - start, sum(len(t) for t in tokens)
 
     passes = {p: {row: [] for row in ROWS} for p in jobs}
     words = 0
@@ -64,25 +77,19 @@ def run_rounds(jobs: dict, texts: list[str], rounds: int) -> dict[str, dict[str,
         for job in jobs.values():
             for _ in embed_sorted(job.encoder, job.tokenise(texts[:16])[0], 512):
                 pass  # compiled kernels, packed weights; batches far smaller than the passes'
+            for row in ROWS if same_texts else ():
+                timed_pass(job, row, 0)
         for _ in range(rounds):
             for precision, job in jobs.items():
-                dtype = job.encoder.model.dtype
                 for row in ROWS:
-                    words += 1
-                    tokens, _ = job.tokenise(cut(texts, words))
-                    count = sum(len(t) for t in tokens)
-                    with bucketing(dtype, row == "buckets"):
-                        start = time.perf_counter()
-                        for _ in embed_sorted(job.encoder, tokens, job.options.batch_tokens):
-                            pass
-                        seconds = time.perf_counter() - start
-                    passes[precision][row].append((seconds, count))
+                    words = 0 if same_texts else words + 1
+                    passes[precision][row].append(timed_pass(job, row, words))
     return passes
 
 
 def summary(passes: dict[str, dict[str, list]]) -> dict:
     """Each precision's rows: median seconds, min, max, median tokens/s; and the median over
-    rounds of (no buckets seconds) / (buckets seconds)."""
+    rounds of (buckets tokens/s) / (no buckets tokens/s)."""
     results = {}
     for precision, rows in passes.items():
         result = {}
@@ -97,7 +104,8 @@ def summary(passes: dict[str, dict[str, list]]) -> dict:
                 "tokens_per_s": statistics.median(n / s for s, n in runs),
             }
         ratios = [
-            off / on for (on, _), (off, _) in zip(rows["buckets"], rows["no buckets"], strict=True)
+            (n_on / on) / (n_off / off)
+            for (on, n_on), (off, n_off) in zip(rows["buckets"], rows["no buckets"], strict=True)
         ]
         result["speed_up"] = statistics.median(ratios)
         results[precision] = result
@@ -119,17 +127,30 @@ def markdown(report: dict) -> str:
                     f"{result['speed_up']:.2f}x" if row == "buckets" else "",
                 ]
             )
-    columns = ["precision", "row", "pass s (median)", "min-max", "tokens/s", "no buckets / buckets"]
+    columns = [
+        "precision",
+        "row",
+        "pass s (median)",
+        "min-max",
+        "tokens/s",
+        "buckets' rate / no buckets'",
+    ]
     caches = ", ".join(f"{k}={v}" for k, v in report["caches"].items())
     bucketed = ", ".join(report["bucketed_dtypes"]) or "none"
     return "\n".join(
         [
             f"# Row buckets, CPU: {report['docs']} docs a pass, {report['rounds']} rounds",
             "",
-            f"{report['model']}, batches of at most {report['batch_tokens']} tokens; each pass's "
-            "texts cut by one more leading word than any pass before it (new batch sizes), the "
-            f"rows in turn. fastbert buckets: {bucketed} (other rows forced on). Per-shape "
-            f"caches: {caches}.",
+            f"{report['model']}, batches of at most {report['batch_tokens']} tokens; "
+            + (
+                "every pass on the same texts, after an untimed pass of each row (batch sizes "
+                "met before)"
+                if report.get("texts") == "same"
+                else "each pass's texts cut by one more leading word than any pass before it "
+                "(new batch sizes)"
+            )
+            + f", the rows in turn. fastbert buckets here: {bucketed} (other rows forced on). "
+            f"Per-shape caches: {caches}.",
             "",
             *reporting.table(columns, "llrrrr", rows),
             "",
@@ -142,6 +163,13 @@ def markdown(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = reporting.parser("row_buckets", __doc__.split("\n\n")[0], docs=1000, rounds=5)
     reporting.add_precisions(parser, list(reporting.PRECISIONS), "bfloat16")
+    parser.add_argument(
+        "--texts",
+        choices=("new", "same"),
+        default="new",
+        help="new: each pass on texts cut anew (batch sizes the process has not met); same: "
+        "every pass on the same texts (sizes met before, their primitives made)",
+    )
     args = parser.parse_args(argv)
     precisions = args.precisions
     if args.rounds < 1 or args.docs < 1:
@@ -165,11 +193,12 @@ def main(argv: list[str] | None = None) -> int:
         for p in precisions
     }
     print(f"{', '.join(precisions)}: {args.rounds} rounds of both rows", file=sys.stderr)
-    passes = run_rounds(jobs, texts, args.rounds)
+    passes = run_rounds(jobs, texts, args.rounds, same_texts=args.texts == "same")
     report = {
         "model": "all-MiniLM-L6-v2 (packaged)",
         "docs": len(texts),
         "rounds": args.rounds,
+        "texts": args.texts,
         "batch_tokens": next(iter(jobs.values())).options.batch_tokens,
         "bucketed_dtypes": [str(d).removeprefix("torch.") for d in runtime.CPU_BUCKETED_DTYPES],
         "caches": cpu_memory.cache_entries(),

@@ -63,7 +63,18 @@ def test_a_short_run_writes_both_rows_of_each_precision(tmp_path, monkeypatch) -
     assert "| bfloat16 | buckets |" in table and "| float32 | no buckets |" in table
 
 
+def test_same_texts_passes_meet_sizes_met_before(tmp_path, monkeypatch) -> None:
+    out = tmp_path / "results"
+    argv = ["--out", str(out), "--docs", "24", "--rounds", "2", "--texts", "same"]
+    assert row_buckets.main(argv) == 0
+    report = json.loads((out / "row-buckets.json").read_text())
+    result = report["results"]["bfloat16"]
+    passes = [n for row in row_buckets.ROWS for n in result[row]["tokens"]]
+    assert report["texts"] == "same" and len(passes) == 4 and len(set(passes)) == 1
+    assert "every pass on the same texts" in (out / "row-buckets.md").read_text()
+
+
 test_usage_errors_exit_2 = usage_error_test(
     row_buckets.main,
-    [["--precisions", "float64"], ["--precisions", ","], ["--rounds", "0"], []],
+    [["--precisions", "float64"], ["--precisions", ","], ["--rounds", "0"], ["--texts", "old"], []],
 )
