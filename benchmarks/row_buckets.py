@@ -31,6 +31,10 @@ from benchmarks import reporting
 from fastbert.execution import cpu_tuning
 
 ROWS = ("buckets", "no buckets")
+TEXTS_HELP = (
+    "new: each pass on texts cut anew (batch sizes the process has not met); same: every pass "
+    "on the same texts (sizes met before, their primitives made)"
+)
 
 
 def cut(texts: list[str], words: int) -> list[str]:
@@ -163,13 +167,7 @@ def markdown(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = reporting.parser("row_buckets", __doc__.split("\n\n")[0], docs=1000, rounds=5)
     reporting.add_precisions(parser, list(reporting.PRECISIONS), "bfloat16")
-    parser.add_argument(
-        "--texts",
-        choices=("new", "same"),
-        default="new",
-        help="new: each pass on texts cut anew (batch sizes the process has not met); same: "
-        "every pass on the same texts (sizes met before, their primitives made)",
-    )
+    parser.add_argument("--texts", choices=("new", "same"), default="new", help=TEXTS_HELP)
     args = parser.parse_args(argv)
     precisions = args.precisions
     if args.rounds < 1 or args.docs < 1:
