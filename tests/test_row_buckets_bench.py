@@ -63,7 +63,7 @@ def test_a_short_run_writes_both_rows_of_each_precision(tmp_path, monkeypatch) -
     assert "| bfloat16 | buckets |" in table and "| float32 | no buckets |" in table
 
 
-def test_same_texts_passes_meet_sizes_met_before(tmp_path, monkeypatch) -> None:
+def test_same_texts_passes_meet_sizes_met_before(tmp_path) -> None:
     out = tmp_path / "results"
     argv = ["--out", str(out), "--docs", "24", "--rounds", "2", "--texts", "same"]
     assert row_buckets.main(argv) == 0
