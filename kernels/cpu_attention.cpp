@@ -93,17 +93,9 @@ static inline vf exp_nonpositive(vf x) {
   return in != in ? in : y;
 }
 
-static inline float lane_max(vf x) {
-  float m = x[0];
-  for (int i = 1; i < W; i++) m = x[i] > m ? x[i] : m;
-  return m;
-}
+static inline float lane_max(vf x) { return _mm512_reduce_max_ps((__m512)x); }
 
-static inline float lane_sum(vf x) {
-  float s = 0.0f;
-  for (int i = 0; i < W; i++) s += x[i];
-  return s;
-}
+static inline float lane_sum(vf x) { return _mm512_reduce_add_ps((__m512)x); }
 
 // One sequence and head, its K (and, for bfloat16, V) already in the scratch layout.
 template <typename T>
