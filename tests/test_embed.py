@@ -292,6 +292,10 @@ def test_missing_input_is_an_error(tmp_path, model_path, capsys) -> None:
 def test_in_memory_bad_text_named(model_path) -> None:
     with pytest.raises(ValueError, match=r"texts\[1\]: empty text"):
         fastbert.embed(["fine", ""], model=model_path, device="cpu", progress=False)
+    # A list has no fields: its bad items are named as items, not as rows missing a field.
+    for bad, message in ((None, "None"), (3, "an int"), (b"x", "a bytes")):
+        with pytest.raises(ValueError, match=rf"texts\[1\]: {message}, not a string$"):
+            fastbert.embed(["fine", bad], model=model_path, device="cpu", progress=False)
     with pytest.raises(TypeError, match="give output="):
         fastbert.embed("corpus.txt", model=model_path)
 

@@ -401,6 +401,10 @@ def _checked_texts(texts: Any) -> list[str]:
     if isinstance(texts, str | Path) or not isinstance(texts, Sequence):
         raise TypeError(f"give a list of strings, got {type(texts).__name__}")
     for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            name = type(text).__name__
+            kind = "None" if text is None else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+            raise ValueError(f"texts[{i}]: {kind}, not a string")
         problem = readers.text_problem(text, "text")
         if problem is not None:
             raise ValueError(f"texts[{i}]: {problem}")
