@@ -3,10 +3,20 @@
 // and calls it through ctypes.
 //
 // For each sequence s and head h: the queries at tokens starts[s] .. + queries[s] - 1 attend
-//   out = softmax(scale * q k^T) v
+//   out = softmax(scale * q k^T + bias) v
 // over the keys and values at tokens starts[s] .. + lengths[s] - 1 (lengths[s] <= queries[s]:
 // a right-padded row's real tokens; equal for packed sequences). No other token is read or
-// written; a sequence without keys gets zeros at its queries.
+// written; a query without keys gets zeros. Optional, by the distance j - i of key j from
+// query i (both counted from the sequence's first token):
+// - bias: float32 [H][bias_width], bias_width = 2P - 1 for P >= every queries[s] and
+//   lengths[s] rounded up to 16; query i and key j add bias[h][P - 1 + j - i] (MPNet's
+//   relative position bias, looked up per distance by the caller);
+// - window >= 0: query i attends only keys with |j - i| <= window (ModernBERT's local
+//   layers); key blocks wholly outside every row's window are skipped;
+// - rotary_cos, rotary_sin: float32 [P][D/2] (P >= every queries[s] and lengths[s]): q and k
+//   rotated by RoPE at their positions first, each token's halves (x1, x2) -> (x1 cos - x2 sin,
+//   x2 cos + x1 sin) in float32 with its position's row, rounded to the dtype once (as
+//   fastbert.kernels.reference.rotary_positions rotates them), into per-thread scratch.
 // q, k, v: bfloat16 (uint16_t) or float32, element (token t, head h, dim d) at
 // t * token_stride + h * head_stride + d, the same strides for all three (views of one fused
 // QKV tensor). out: the same dtype, contiguous [tokens, H, D], a sequence's token at the same
@@ -111,17 +121,56 @@ struct Head {
   vi tail_keep;   // lanes of the last key block that hold keys
   T* out;
   int64_t out_stride;
+  const float* bias;  // this head's bias at distance 0 (bias[j - i]), or none
+  int window;         // -1: none
 };
 
-// Softmax of one row of scores in place, given the row's max over its keys (keys past L:
-// probability 0); returns 1 / sum.
+// The key blocks [begin, end) (multiples of W) that queries first .. last may attend: every
+// block, or with a window those within it of one of them (none for a padded row's query
+// beyond its keys' window: then begin == end).
+struct Keys {
+  int begin, end;
+};
+
 template <typename T>
-static inline float softmax_row(const Head<T>& a, float* row, float row_max) {
+static inline Keys keys_for(const Head<T>& a, int first, int last) {
+  if (a.window < 0) return {0, a.padded};
+  const int lo = first - a.window > 0 ? first - a.window : 0;
+  const int hi = last + a.window + 1 < a.length ? last + a.window + 1 : a.length;
+  if (hi <= lo) return {0, 0};
+  return {lo / W * W, (hi + W - 1) / W * W};
+}
+
+// Query i's scaled scores s against keys jb .. jb + W - 1, finished: plus the bias, and -inf
+// outside the window and past L.
+template <typename T>
+static inline vf finished(const Head<T>& a, int i, int jb, vf s) {
+  if (a.bias != nullptr) s += load(a.bias + (jb - i));
+  if (a.window >= 0) {
+    vi distance = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    distance += jb - i;
+    s = (distance <= a.window) & (distance >= -a.window) ? s : splat(-INFINITY);
+  }
+  if (jb == a.padded - W) s = a.tail_keep ? s : splat(-INFINITY);  // keys past L
+  return s;
+}
+
+// Softmax of one row's scores over the key blocks ``keys`` in place, given the row's max
+// over them (keys past L, and outside the window: probability 0); returns 1 / sum, or 0 for
+// a row without keys (its output then is zeros).
+template <typename T>
+static inline float softmax_row(const Head<T>& a, float* row, float row_max, Keys keys) {
+  if (a.window >= 0 && row_max == -INFINITY) {  // no key in its window
+    for (int jb = keys.begin; jb < keys.end; jb += W) store(row + jb, splat(0.0f));
+    return 0.0f;
+  }
   const int last = a.padded - W;
   vf sum = {};
-  for (int jb = 0; jb < a.padded; jb += W) {
-    vf p = exp_nonpositive(load(row + jb) - row_max);
+  for (int jb = keys.begin; jb < keys.end; jb += W) {
+    const vf s = load(row + jb);
+    vf p = exp_nonpositive(s - row_max);
     if (jb == last) p = a.tail_keep ? p : splat(0.0f);
+    if (a.window >= 0) p = s == splat(-INFINITY) ? splat(0.0f) : p;
     sum += p;
     store(row + jb, p);
   }
@@ -157,14 +206,46 @@ static inline void key_block(const Head<float>& a, int first, int jb, vf* acc) {
 
 static inline void store_out(uint16_t* p, vf x) { *(vh_unaligned*)p = narrow(x); }
 static inline void store_out(float* p, vf x) { store(p, x); }
+static inline vf load_wide(const uint16_t* p) { return widen(p); }
+static inline vf load_wide(const float* p) { return load(p); }
+
+// What a call asks beyond plain attention (see the top of the file); for one head, bias
+// points at its row's distance 0.
+struct Positions {
+  const float* bias;
+  int window;
+  const float* cos;
+  const float* sin;
+};
+
+// Rows 0 .. count - 1 of x (row stride ``stride``), at positions 0 .. count - 1, rotated by
+// RoPE into out [count][D]. Products and sums rounded one by one, as PyTorch's ops round
+// them (no fused multiply-add).
+template <typename T, int D>
+__attribute__((optimize("fp-contract=off"))) static void rotate_rows(
+    const T* x, int64_t stride, int count, const Positions& p, T* out) {
+  constexpr int HALF = D / 2;
+  for (int i = 0; i < count; i++) {
+    const T* row = x + i * stride;
+    T* o = out + i * D;
+    for (int d = 0; d < HALF; d += W) {
+      const vf x1 = load_wide(row + d), x2 = load_wide(row + HALF + d);
+      const vf c = load(p.cos + i * HALF + d), s = load(p.sin + i * HALF + d);
+      const vf a = x1 * c, b = x2 * s, e = x2 * c, f = x1 * s;
+      store_out(o + d, a - b);
+      store_out(o + HALF + d, e + f);
+    }
+  }
+}
 
 // out rows first .. first + ROWS - 1 = (P @ V) * inverse_sum, P the rows' probabilities in
-// probabilities [ROWS][padded] (unnormalised, 0 past L).
+// probabilities [ROWS][padded] over the key blocks ``keys`` (unnormalised, 0 past L).
 template <typename T, int D, int ROWS>
 static inline void weighted_values(const Head<T>& a, int first, const float* probabilities,
-                                   const float* inverse_sum) {
+                                   const float* inverse_sum, Keys keys) {
   vf o[ROWS][D / W] = {};
-  for (int j = 0; j < a.length; j++) {
+  const int end = keys.end < a.length ? keys.end : a.length;
+  for (int j = keys.begin; j < end; j++) {
     for (int b = 0; b < D / W; b++) {
       vf values = load(a.v + j * a.v_stride + b * W);
       for (int r = 0; r < ROWS; r++) o[r][b] += probabilities[r * a.padded + j] * values;
@@ -178,23 +259,22 @@ static inline void weighted_values(const Head<T>& a, int first, const float* pro
 // Queries first .. first + ROWS - 1: scores, softmax, P @ V, written to out.
 template <typename T, int D, int ROWS>
 static inline void query_rows(const Head<T>& a, int first) {
+  const Keys keys = keys_for(a, first, first + ROWS - 1);
   vf row_max[ROWS];
   for (int r = 0; r < ROWS; r++) row_max[r] = splat(-INFINITY);
-  const int last = a.padded - W;
-  for (int jb = 0; jb < a.padded; jb += W) {
+  for (int jb = keys.begin; jb < keys.end; jb += W) {
     vf acc[ROWS];
     key_block<D, ROWS>(a, first, jb, acc);
     for (int r = 0; r < ROWS; r++) {
-      vf s = acc[r] * a.scale;
-      if (jb == last) s = a.tail_keep ? s : splat(-INFINITY);  // keys past L
+      const vf s = finished(a, first + r, jb, acc[r] * a.scale);
       row_max[r] = s > row_max[r] ? s : row_max[r];
       store(a.scores + r * a.padded + jb, s);
     }
   }
   float inverse_sum[ROWS];
   for (int r = 0; r < ROWS; r++)
-    inverse_sum[r] = softmax_row(a, a.scores + r * a.padded, lane_max(row_max[r]));
-  weighted_values<T, D, ROWS>(a, first, a.scores, inverse_sum);
+    inverse_sum[r] = softmax_row(a, a.scores + r * a.padded, lane_max(row_max[r]), keys);
+  weighted_values<T, D, ROWS>(a, first, a.scores, inverse_sum, keys);
 }
 
 #ifdef FASTBERT_AMX
@@ -223,9 +303,10 @@ template <int D, int ROWS>
 static inline void query_tile(const Head<uint16_t>& a, int first) {
   static_assert(D == 32 || D == 64, "a tile holds 32 bfloat16 of a row");
   const uint16_t* q = a.q + (int64_t)first * a.stride;
+  const Keys keys = keys_for(a, first, first + TILE_ROWS - 1);
   _tile_loadd(0, q, a.stride * 2);
   if constexpr (D == 64) _tile_loadd(1, q + 32, a.stride * 2);
-  for (int jb = 0; jb < a.padded; jb += W) {
+  for (int jb = keys.begin; jb < keys.end; jb += W) {
     _tile_zero(4);
     _tile_loadd(2, a.k_t + jb, a.padded * 4);
     _tile_dpbf16ps(4, 0, 2);
@@ -235,21 +316,20 @@ static inline void query_tile(const Head<uint16_t>& a, int first) {
     }
     _tile_stored(4, a.scores + jb, a.padded * 4);
   }
-  const int last = a.padded - W;
   float inverse_sum[TILE_ROWS];
   for (int r = 0; r < TILE_ROWS; r++) {
     float* row = a.scores + r * a.padded;
     vf row_max = splat(-INFINITY);
-    for (int jb = 0; jb < a.padded; jb += W) {
-      vf s = load(row + jb) * a.scale;
-      if (jb == last) s = a.tail_keep ? s : splat(-INFINITY);  // keys past L
+    for (int jb = keys.begin; jb < keys.end; jb += W) {
+      const vf s = finished(a, first + r, jb, load(row + jb) * a.scale);
       row_max = s > row_max ? s : row_max;
       store(row + jb, s);
     }
-    inverse_sum[r] = softmax_row(a, row, lane_max(row_max));
+    inverse_sum[r] = softmax_row(a, row, lane_max(row_max), keys);
   }
   for (int r = 0; r < TILE_ROWS; r += ROWS)
-    weighted_values<uint16_t, D, ROWS>(a, first + r, a.scores + r * a.padded, inverse_sum + r);
+    weighted_values<uint16_t, D, ROWS>(a, first + r, a.scores + r * a.padded, inverse_sum + r,
+                                       keys);
 }
 #else
 static const bool amx_granted = false;
@@ -287,18 +367,27 @@ static inline void transpose_block(const uint32_t* rows, int64_t row_stride, int
 
 template <typename T, int D, int ROWS>
 static void attend(const T* q, const T* k, const T* v, int64_t stride, int length, int queries,
-                   float scale, T* out, int64_t out_stride, float* scratch, bool tiles) {
+                   float scale, T* out, int64_t out_stride, float* scratch, bool tiles,
+                   const Positions& positions) {
   const int padded = (length + W - 1) / W * W;
   constexpr bool bf16 = std::is_same_v<T, uint16_t>;
   constexpr int words = bf16 ? D / 2 : D;  // 32-bit words per key
   uint32_t* k_t = (uint32_t*)scratch;
+  float* rest = scratch + words * padded;
+  int64_t k_stride = stride, q_stride = stride;
+  if (positions.cos != nullptr) {  // q and k rotated into scratch, then read from there
+    T* rotated = (T*)rest;
+    rotate_rows<T, D>(k, stride, length, positions, rotated);
+    rotate_rows<T, D>(q, stride, queries, positions, rotated + (int64_t)length * D);
+    k = rotated, q = rotated + (int64_t)length * D, k_stride = q_stride = D;
+    rest += ((int64_t)(length + queries) * D * sizeof(T) + 63) / 64 * 16;
+  }
   for (int jb = 0; jb < padded; jb += W)
     for (int wb = 0; wb < words; wb += W)
-      transpose_block((const uint32_t*)(k + jb * stride) + wb, stride * sizeof(T) / 4,
+      transpose_block((const uint32_t*)(k + jb * k_stride) + wb, k_stride * sizeof(T) / 4,
                       length - jb, k_t + wb * padded + jb, padded);
   const float* values = (const float*)v;
   int64_t v_stride = stride;
-  float* rest = scratch + words * padded;
   if constexpr (bf16) {
     for (int j = 0; j < length; j++)
       for (int d = 0; d < D; d += W) store(rest + j * D + d, widen(v + j * stride + d));
@@ -306,10 +395,10 @@ static void attend(const T* q, const T* k, const T* v, int64_t stride, int lengt
   }
   vi lane;
   for (int i = 0; i < W; i++) lane[i] = i;
-  const Head<T> a{q,      stride,   length, padded,
-                  scale,  k_t,      values, v_stride,
+  const Head<T> a{q,      q_stride, length,         padded,
+                  scale,  k_t,      values,         v_stride,
                   rest,   lane < (length - (padded - W)),
-                  out,    out_stride};
+                  out,    out_stride, positions.bias, positions.window};
   int first = 0;
 #ifdef FASTBERT_AMX
   if constexpr (bf16)
@@ -327,14 +416,21 @@ template <typename T>
 static int attention(const T* q, const T* k, const T* v, int64_t token_stride,
                      int64_t head_stride, const int64_t* starts, const int64_t* lengths,
                      const int64_t* queries, int64_t sequences, int64_t heads, int64_t head_dim,
-                     float scale, T* out, int threads, bool tiles) {
+                     float scale, T* out, int threads, bool tiles, const float* bias,
+                     int64_t bias_width, int window, const float* rotary_cos,
+                     const float* rotary_sin) {
   if (head_dim != 32 && head_dim != 64) return 1;
   tiles = tiles && amx_granted && std::is_same_v<T, uint16_t>;
-  int64_t longest = 0;
-  for (int64_t s = 0; s < sequences; s++) longest = lengths[s] > longest ? lengths[s] : longest;
+  int64_t longest = 0, most_queries = 0;
+  for (int64_t s = 0; s < sequences; s++) {
+    longest = lengths[s] > longest ? lengths[s] : longest;
+    most_queries = queries[s] > most_queries ? queries[s] : most_queries;
+  }
   const int64_t padded = (longest + W - 1) / W * W;
-  // K transposed, bfloat16 V widened, and the score rows (all at most float32-sized).
-  const int64_t floats = head_dim * padded + longest * head_dim + TILE_ROWS * padded;
+  // K transposed, rotated K and q, bfloat16 V widened, and the score rows (all at most
+  // float32-sized; 16 floats of slack for the rotated rows' rounding up to 64 bytes).
+  const int64_t rotated = rotary_cos != nullptr ? (longest + most_queries) * head_dim + 16 : 0;
+  const int64_t floats = head_dim * padded + rotated + longest * head_dim + TILE_ROWS * padded;
   const int64_t out_stride = heads * head_dim;
   int failed = 0;
 #pragma omp parallel num_threads(threads)
@@ -360,12 +456,14 @@ static int attention(const T* q, const T* k, const T* v, int64_t token_stride,
       for (int64_t h = 0; h < heads; h++) {
         const int64_t at = start * token_stride + h * head_stride;
         T* o = out + start * out_stride + h * head_dim;
+        const float* b = bias != nullptr ? bias + h * bias_width + (bias_width - 1) / 2 : nullptr;
+        const Positions positions{b, window, rotary_cos, rotary_sin};
         if (head_dim == 32)
           attend<T, 32, 8>(q + at, k + at, v + at, token_stride, length, rows, scale, o,
-                           out_stride, scratch, tiles);
+                           out_stride, scratch, tiles, positions);
         else
           attend<T, 64, 4>(q + at, k + at, v + at, token_stride, length, rows, scale, o,
-                           out_stride, scratch, tiles);
+                           out_stride, scratch, tiles, positions);
       }
     }
     free(scratch);
@@ -381,9 +479,12 @@ extern "C" int fastbert_attention_bf16(const uint16_t* q, const uint16_t* k, con
                                        const int64_t* starts, const int64_t* lengths,
                                        const int64_t* queries, int64_t sequences, int64_t heads,
                                        int64_t head_dim, float scale, uint16_t* out,
-                                       int threads, int tiles) {
+                                       int threads, int tiles, const float* bias,
+                                       int64_t bias_width, int window, const float* rotary_cos,
+                                       const float* rotary_sin) {
   return attention(q, k, v, token_stride, head_stride, starts, lengths, queries, sequences,
-                   heads, head_dim, scale, out, threads, tiles != 0);
+                   heads, head_dim, scale, out, threads, tiles != 0, bias, bias_width, window,
+                   rotary_cos, rotary_sin);
 }
 
 extern "C" int fastbert_attention_f32(const float* q, const float* k, const float* v,
@@ -391,9 +492,12 @@ extern "C" int fastbert_attention_f32(const float* q, const float* k, const floa
                                       const int64_t* starts, const int64_t* lengths,
                                       const int64_t* queries, int64_t sequences, int64_t heads,
                                       int64_t head_dim, float scale, float* out, int threads,
-                                      int tiles) {
+                                      int tiles, const float* bias, int64_t bias_width,
+                                      int window, const float* rotary_cos,
+                                      const float* rotary_sin) {
   return attention(q, k, v, token_stride, head_stride, starts, lengths, queries, sequences,
-                   heads, head_dim, scale, out, threads, tiles != 0);
+                   heads, head_dim, scale, out, threads, tiles != 0, bias, bias_width, window,
+                   rotary_cos, rotary_sin);
 }
 
 // Whether bfloat16 calls that ask for tiles get them: built for AMX and granted the tile state.

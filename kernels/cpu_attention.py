@@ -9,6 +9,9 @@ math path's precision, more accurate than PyTorch's flash kernel, which rounds P
 In float32, every step in float32 FMAs: float32's accuracy, as PyTorch's flash kernel. On a
 CPU with AMX (and a compiler that targets it), bfloat16 q k^T runs on AMX's tiles, 16 queries
 at a time, with the same exact products and float32 sums; :func:`tiles` says whether it does.
+A relative position bias (MPNet's) is added to the scaled scores in float32, a window
+(ModernBERT's local layers) limits each query's keys, skipping the key blocks outside it, and
+rotary positions (ModernBERT's) rotate q and k as they are read, in cache.
 
 The source is compiled at first use for this CPU and loaded with ctypes
 (fastbert.kernels.cpu_library); a call releases the GIL. Where the CPU lacks AVX512_BF16, no
@@ -28,7 +31,7 @@ import torch
 
 from fastbert.settings import CPU_ATTENTION
 
-from . import cpu_library
+from . import cpu_library, reference
 from .cpu_library import Library
 
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
@@ -55,6 +58,11 @@ def _declare(library: ctypes.CDLL) -> None:
             ctypes.c_void_p,  # out
             ctypes.c_int,  # threads
             ctypes.c_int,  # tiles: bfloat16 q k^T on AMX where built and granted
+            ctypes.c_void_p,  # bias: float32 [H, bias_width] by distance, or NULL
+            ctypes.c_int64,  # bias_width
+            ctypes.c_int,  # window, -1 for none
+            ctypes.c_void_p,  # rotary cos: float32 [P, D / 2] by position, or NULL
+            ctypes.c_void_p,  # rotary sin
         ]
     library.fastbert_attention_tiles.restype = ctypes.c_int
     library.fastbert_attention_tiles.argtypes = []
@@ -139,16 +147,22 @@ def attention_varlen(
     v: torch.Tensor,
     cu_seqlens: torch.Tensor,
     scale: float | None = None,
+    relative_bias: torch.Tensor | None = None,
+    rotary: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """softmax(scale * q k^T) v within each sequence of ``cu_seqlens``, no mask.
+    """softmax(scale * rope(q) rope(k)^T + bias) v within each sequence of ``cu_seqlens``.
 
     q, k, v: bfloat16 or float32 [T, H, D] on the CPU that :func:`takes`; cu_seqlens: int
     [B + 1] prefix sums (0 first, non-decreasing, T last: the caller's contract, unchecked
-    here). ``scale`` None is 1 / sqrt(D). Returns [T, H, D] in q's dtype, contiguous."""
+    here). ``scale`` None is 1 / sqrt(D). ``relative_bias``, ``rotary`` and ``window`` as
+    fastbert.kernels.reference.attention_varlen's (positions and distances within a
+    sequence). Returns [T, H, D] in q's dtype, contiguous."""
     bounds = cu_seqlens.long()
     lengths = bounds[1:] - bounds[:-1]
     out = torch.empty(q.shape, dtype=q.dtype)
-    return _run(q, k, v, bounds[:-1], lengths, lengths, scale, out)
+    positions = (relative_bias, rotary, window)
+    return _run(q, k, v, bounds[:-1], lengths, lengths, scale, out, *positions)
 
 
 def attention_padded(
@@ -157,24 +171,52 @@ def attention_padded(
     v: torch.Tensor,
     lengths: torch.Tensor,
     scale: float | None = None,
+    relative_bias: torch.Tensor | None = None,
+    rotary: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """The same over a right-padded batch: q, k, v [B * S, H, D] (row b's tokens at
-    b * S ..), row b's first ``lengths[b]`` keys real; every query attends to its row's real
-    keys, padded ones too (as the reference). Returns [B * S, H, D] in q's dtype, contiguous,
-    zeros on a row without keys (the kernel writes them)."""
+    b * S .., at positions 0 .. S - 1), row b's first ``lengths[b]`` keys real; every query
+    attends to its row's real keys (within its window), padded ones too (as the reference).
+    Returns [B * S, H, D] in q's dtype, contiguous, zeros on a query without keys (the kernel
+    writes them)."""
     batch = lengths.numel()
     seq = q.shape[0] // max(batch, 1)
     starts = torch.arange(batch, dtype=torch.int64) * seq
     queries = torch.full((batch,), seq, dtype=torch.int64)
     out = torch.empty(q.shape, dtype=q.dtype)
-    return _run(q, k, v, starts, lengths.long(), queries, scale, out)
+    positions = (relative_bias, rotary, window)
+    return _run(q, k, v, starts, lengths.long(), queries, scale, out, *positions)
 
 
-def _run(q, k, v, starts, lengths, queries, scale, out) -> torch.Tensor:
+def bias_by_distance(relative_bias: torch.Tensor, longest: int) -> torch.Tensor:
+    """The kernel's bias: float32 [H, 2P - 1] (P: ``longest`` rounded up to 16), column
+    P - 1 + d holding ``relative_bias[h, bucket(d)]`` for the distance d = j - i."""
+    padded = -(-max(longest, 1) // 16) * 16
+    distances = torch.arange(1 - padded, padded)
+    return relative_bias[:, reference.relative_position_bucket(distances)].float().contiguous()
+
+
+def rotary_tables(rotary: torch.Tensor, longest: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, float32 [longest, D / 2], of the angles fastbert.kernels.reference's
+    rotary_positions takes at positions 0 .. longest - 1 (the same float32 values)."""
+    angle = torch.arange(max(longest, 1)).float()[:, None] * rotary.float()[None, :]
+    return angle.cos().contiguous(), angle.sin().contiguous()
+
+
+def _run(
+    q, k, v, starts, lengths, queries, scale, out, relative_bias, rotary, window
+) -> torch.Tensor:
     library = _ensure_loaded()
     assert library is not None, status()
     _, heads, head_dim = q.shape
     starts, lengths, queries = (t.contiguous() for t in (starts, lengths, queries))
+    bias = cos = sin = None
+    longest = int(torch.maximum(lengths, queries).max()) if starts.numel() else 0
+    if relative_bias is not None:
+        bias = bias_by_distance(relative_bias, longest)
+    if rotary is not None:
+        cos, sin = rotary_tables(rotary, longest)
     kernel = getattr(library, _ENTRY_POINTS[q.dtype])
     failed = kernel(
         q.data_ptr(),
@@ -192,6 +234,11 @@ def _run(q, k, v, starts, lengths, queries, scale, out) -> torch.Tensor:
         out.data_ptr(),
         torch.get_num_threads(),
         not _tiles_paused,
+        None if bias is None else bias.data_ptr(),
+        0 if bias is None else bias.shape[1],
+        -1 if window is None else int(window),
+        None if cos is None else cos.data_ptr(),
+        None if sin is None else sin.data_ptr(),
     )
     if failed == 2:
         raise MemoryError("cpu_attention: no scratch memory for the longest sequence")

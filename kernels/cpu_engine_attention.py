@@ -5,8 +5,8 @@ sequences of real text. On a CPU this module picks, per call, the fastest of:
 
 - the compiled attention (fastbert.kernels.cpu_attention, bfloat16 and float32 where the
   CPU has AVX512_BF16 and a C++ compiler built it): the whole batch in one call, for an
-  attention without dropout, relative bias, rotary positions or a window, and for a dense
-  batch without a mask or with right padding;
+  attention without dropout (MPNet's relative bias, ModernBERT's window and rotary positions
+  included), and for a dense batch without a mask or with right padding;
 - attention_varlen elsewhere: one unmasked SDPA call per run of consecutive sequences of
   equal length, on [n, H, L, D] views of the packed tensors (no gather, no padding, no mask;
   it reads ``cu_seqlens`` on the host, which costs nothing on a CPU, and per-sequence calls
@@ -186,11 +186,22 @@ def attention_by_length(
     return context
 
 
-def takes_compiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether an attention without dropout or masks runs fastbert.kernels.cpu_attention
-    (bfloat16 or float32 on a CPU with AVX512_BF16: :func:`cpu_attention.takes`); never under
-    torch.compile, which cannot trace it."""
-    return not torch.compiler.is_compiling() and cpu_attention.takes(q, k, v)
+def takes_compiled(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout_p: float = 0.0,
+    relative_bias: torch.Tensor | None = None,
+) -> bool:
+    """Whether an attention runs fastbert.kernels.cpu_attention: bfloat16 or float32 on a CPU
+    with AVX512_BF16 (:func:`cpu_attention.takes`), no dropout, and no autograd record of the
+    relative bias (the kernel has no backward); never under torch.compile, which cannot trace
+    it."""
+    if dropout_p or torch.compiler.is_compiling():
+        return False
+    if relative_bias is not None and torch.is_grad_enabled() and relative_bias.requires_grad:
+        return False
+    return cpu_attention.takes(q, k, v)
 
 
 def compiled_dense(
@@ -199,12 +210,16 @@ def compiled_dense(
     v: torch.Tensor,
     keep: torch.Tensor | None,
     scale: float | None,
+    relative_bias: torch.Tensor | None = None,
+    rotary: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor | None:
     """Attention of q, k, v [B, H, S, D] through fastbert.kernels.cpu_attention, on
     [B * S, H, D] views (copies where q, k, v are not views of a [B, S, ...] layout), the keys
-    ``keep`` (bool [B, S]) marks, or all; returns [B, H, S, D], a view of [B, S, H, D] memory
-    (zeros on a row without keys). None when ``keep`` is not right padding (each row's real tokens
-    first): SDPA takes that batch. Reads the row lengths on the host (a CPU: no cost)."""
+    ``keep`` (bool [B, S]) marks, or all, with ``relative_bias``, ``rotary`` and ``window`` as
+    the reference's; returns [B, H, S, D], a view of [B, S, H, D] memory (zeros on a query without
+    keys). None when ``keep`` is not right padding (each row's real tokens first): SDPA takes
+    that batch. Reads the row lengths on the host (a CPU: no cost)."""
     batch, heads, seq, head_dim = q.shape
     if keep is None:
         lengths = torch.full((batch,), seq, dtype=torch.int64)
@@ -215,14 +230,8 @@ def compiled_dense(
     q, k, v = (t.transpose(1, 2).reshape(batch * seq, heads, head_dim) for t in (q, k, v))
     if not cpu_attention.takes(q, k, v):
         q, k, v = (t.contiguous() for t in (q, k, v))
-    out = cpu_attention.attention_padded(q, k, v, lengths, scale)
+    out = cpu_attention.attention_padded(q, k, v, lengths, scale, relative_bias, rotary, window)
     return out.view(batch, seq, heads, head_dim).transpose(1, 2)
-
-
-def _plain(dropout_p: float, relative_bias, rotary, window) -> bool:
-    """Whether an attention call is plain softmax attention, what the compiled kernel runs:
-    no dropout, relative bias, rotary positions or window."""
-    return not dropout_p and relative_bias is None and rotary is None and window is None
 
 
 @implements(reference.attention)
@@ -230,13 +239,13 @@ def attention_unchecked(
     q, k, v, key_padding_mask, scale, dropout_p, relative_bias, *, rotary, window
 ):
     """:func:`fastbert.kernels.torch_ops.attention_unchecked` on the compiled attention where
-    it takes the call (:func:`takes_compiled`, a plain attention of right-padded rows)."""
-    plain = _plain(dropout_p, relative_bias, rotary, window)
-    if plain and q.numel() and takes_compiled(q, k, v):
+    it takes the call (:func:`takes_compiled`, no dropout, right-padded rows)."""
+    if q.numel() and takes_compiled(q, k, v, dropout_p, relative_bias):
         keep = key_padding_mask
         if keep is not None and keep.dtype != torch.bool:
             keep = keep != 0
-        out = compiled_dense(q, k, v, keep, None if scale is None else float(scale))
+        scale = None if scale is None else float(scale)
+        out = compiled_dense(q, k, v, keep, scale, relative_bias, rotary, window)
         if out is not None:
             return out
     return torch_ops.attention_unchecked(
@@ -249,14 +258,14 @@ def attention_varlen_unchecked(
     q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias, *, rotary, window
 ):
     """:func:`fastbert.kernels.torch_ops.attention_varlen_unchecked` on the compiled attention
-    (a plain attention) or per run of equal lengths (:func:`attention_by_length`) on a CPU
-    while nothing traces."""
+    (no dropout) or per run of equal lengths (:func:`attention_by_length`) on a CPU while
+    nothing traces."""
     options = (scale, dropout_p, relative_bias)
     if q.shape[0] and max_seqlen and q.device.type == "cpu":
         scale = None if scale is None else float(scale)
-        plain = _plain(dropout_p, relative_bias, rotary, window)
-        if plain and takes_compiled(q, k, v):
-            return cpu_attention.attention_varlen(q, k, v, cu_seqlens, scale)
+        if takes_compiled(q, k, v, dropout_p, relative_bias):
+            positions = (relative_bias, rotary, window)
+            return cpu_attention.attention_varlen(q, k, v, cu_seqlens, scale, *positions)
         if not torch.compiler.is_compiling():
             return attention_by_length(
                 q, k, v, cu_seqlens, scale, dropout_p, relative_bias, rotary, window

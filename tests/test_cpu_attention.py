@@ -148,13 +148,122 @@ def test_torch_backend_dense_takes_it(calls, dtype, lengths) -> None:
         assert torch.equal(out[lengths.index(0)], torch.zeros_like(out[0]))
 
 
+# Per-distance tables and windows that bind: the kernel's relative bias and window options.
+BIAS = R.RELATIVE_BUCKETS
+
+
+def positions_options(case: str, heads: int) -> dict:
+    """attention_varlen's keyword options for a case of relative bias, window or rotary."""
+    table = randn((heads, BIAS), torch.float32, "cpu", seed=40)
+    rotary = 1.0 / 10000 ** (torch.arange(0, 64, 2).float() / 64)
+    return {
+        "relative-bias": {"relative_bias": table},
+        "window": {"window": 7},
+        "relative-bias-and-window": {"relative_bias": table, "window": 20},
+        "rotary-and-window": {"rotary": rotary, "window": 7},
+    }[case]
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", list(BOUNDS), ids=str)
+@pytest.mark.parametrize(
+    "case", ["relative-bias", "window", "relative-bias-and-window", "rotary-and-window"]
+)
+def test_positions_take_it(calls, dtype, case) -> None:
+    """MPNet's relative bias, ModernBERT's window and rotary positions: one kernel call for
+    the packed batch and one for a right-padded one, the float64 reference's result (rotary:
+    on q and k rotated in their dtype first, as the torch path rotates them), zeros where a
+    padded query has no key in its window."""
+    options = positions_options(case, HEADS)
+    q, k, v, cu = sharp_packed(LENGTHS, 64, seed=41, dtype=dtype)
+    out = T.attention_varlen_unchecked(
+        q,
+        k,
+        v,
+        cu,
+        max(LENGTHS),
+        None,
+        0.0,
+        options.get("relative_bias"),
+        rotary=options.get("rotary"),
+        window=options.get("window"),
+    )
+    assert calls == [len(LENGTHS)]
+    if "rotary" in options:  # each sequence's own positions, rotated in the dtype
+        rotary = options.pop("rotary")
+        bounds = cu.tolist()
+        q, k = (
+            torch.cat(
+                [
+                    R.rotary_positions(t[a:b].transpose(0, 1), rotary).transpose(0, 1)
+                    for a, b in zip(bounds[:-1], bounds[1:])
+                ]
+            )
+            for t in (q, k)
+        )
+    wide = (t.double() for t in (q, k, v))
+    bias = options.get("relative_bias")
+    expected = R.attention_varlen(
+        *wide,
+        cu,
+        max(LENGTHS),
+        relative_bias=None if bias is None else bias.double(),
+        window=options.get("window"),
+    )
+    assert relative_error(out, expected) < BOUNDS[dtype]
+
+    lengths, seq = [37, 20, 1, 0], 37
+    qkv = randn((len(lengths), seq, 3, HEADS, 64), dtype, "cpu", seed=42)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4)
+    options = positions_options(case, HEADS)
+    mask = padded_mask(lengths, seq)
+    out = T.attention(q, k, v, mask, **options)
+    assert calls[1:] == [len(lengths)]
+    if "rotary" in options:
+        rotary = options.pop("rotary")
+        q, k = (R.rotary_positions(t, rotary) for t in (q, k))
+    expected = R.attention(
+        q.double(),
+        k.double(),
+        v.double(),
+        mask,
+        relative_bias=None if bias is None else bias.double(),
+        window=options.get("window"),
+    )
+    assert relative_error(out, expected) < BOUNDS[dtype]
+    if "window" in options:  # the one-token row's queries past its window see no key
+        unseen = out[2, :, 1 + options["window"] :]
+        assert unseen.numel() and torch.equal(unseen, torch.zeros_like(unseen))
+
+
+@needs_kernel
+@pytest.mark.parametrize("case", ["relative-bias", "window"])
+def test_positions_skip_nothing_near_the_queries(case) -> None:
+    """Long sequences whose windows leave out whole key blocks, every head and query: the
+    same as the reference, in float32 (where a skipped block that held a key would show)."""
+    options = positions_options(case, HEADS)
+    q, k, v, cu = sharp_packed([300, 129, 64], 32, seed=43, dtype=torch.float32)
+    out = C.attention_varlen(q, k, v, cu, None, **options)
+    bias = options.get("relative_bias")
+    expected = R.attention_varlen(
+        q.double(),
+        k.double(),
+        v.double(),
+        cu,
+        300,
+        relative_bias=None if bias is None else bias.double(),
+        window=options.get("window"),
+    )
+    assert relative_error(out, expected) < BOUNDS[torch.float32]
+
+
 @needs_kernel
 @pytest.mark.parametrize(
-    "case",
-    ["left-padded", "float16", "head-dim-80", "dropout", "autograd", "relative-bias", "window"],
+    "case", ["left-padded", "float16", "head-dim-80", "dropout", "autograd", "bias-autograd"]
 )
 def test_other_calls_keep_the_torch_path(calls, case) -> None:
-    """What the kernel does not compute goes to the torch path, still correct."""
+    """What the kernel does not compute goes to the torch path, still correct: the kernel
+    has no backward, so a relative bias whose gradient is recorded keeps the torch path."""
     dtype = torch.float16 if case == "float16" else torch.bfloat16
     head_dim = 80 if case == "head-dim-80" else 32
     q, k, v, cu = packed_qkv([9, 30], 2, head_dim, dtype, "cpu", seed=7)
@@ -167,10 +276,10 @@ def test_other_calls_keep_the_torch_path(calls, case) -> None:
         mask = torch.arange(30) >= torch.tensor([21, 0])[:, None]
         T.attention(*dense, mask)
     else:
+        table = randn((2, BIAS), torch.float32, "cpu", seed=8).requires_grad_()
         options = {
             "dropout": {"dropout_p": 0.1},
-            "relative-bias": {"relative_bias": randn((2, 32), torch.float32, "cpu", seed=8)},
-            "window": {"window": 4},
+            "bias-autograd": {"relative_bias": table},
         }.get(case, {})
         T.attention_varlen_unchecked(q, k, v, cu, 30, **options)
     assert calls == []
@@ -273,20 +382,22 @@ def test_tiles_wherever_the_cpu_and_linux_give_them() -> None:
 
 
 @needs_tiles
+@pytest.mark.parametrize("positions", ["none", "relative-bias-and-window", "rotary-and-window"])
 @pytest.mark.parametrize("head_dim", [32, 64])
-def test_tiles_give_the_dot_products_values(head_dim) -> None:
+def test_tiles_give_the_dot_products_values(head_dim, positions) -> None:
     """q k^T on the tiles and on AVX512_BF16 dot products: the same exact products summed in
     float32 in another order, so the bfloat16 results differ by at most one rounding of the
     float32 value plus float32's own error of a sum of terms up to max |v| (which shows where
     the terms cancel to an output near zero), and seldom at all; packed and right-padded
-    batches, lengths around the tiles' 16 rows."""
+    batches, lengths around the tiles' 16 rows, with and without a bias and window."""
+    options = {} if positions == "none" else positions_options(positions, HEADS)
     lengths = [16, 17, 31, 32, 33, 47, 100, 129, 256, 3]
     q, k, v, cu = sharp_packed(lengths, head_dim, seed=20 + head_dim)
     padded = [t[: 8 * 48].contiguous() for t in (q, k, v)]
     real = torch.tensor([48, 16, 0, 33, 47, 5, 17, 48])
     for run in (
-        lambda: C.attention_varlen(q, k, v, cu),
-        lambda: C.attention_padded(*padded, real),
+        lambda: C.attention_varlen(q, k, v, cu, None, **options),
+        lambda: C.attention_padded(*padded, real, None, **options),
     ):
         tiled = run()
         with C.tiles_turned_off():
