@@ -3,16 +3,21 @@
     python -m benchmarks.pass_profile --out benchmarks/results/pass-profile-YYYY-MM-DD
 
 The corpus and model are the corpus benchmark's (benchmarks/embed_bench.py: real English text
-of mixed lengths, the packaged all-MiniLM-L6-v2). The texts are tokenised once (timed), then
-each precision's model embeds the token ids in the batches ``fastbert.embed`` forms, under
-PyTorch's profiler, ``--rounds`` times, the precisions in turn (a pass each a round); the pass
-nearest the median wall time is reported. Where the compiled attention multiplies bfloat16 on
-AMX's tiles (fastbert.kernels.cpu_attention.tiles), bfloat16 also runs with them off, as a row
-of its own. A pass's time is split into:
+of mixed lengths, the packaged all-MiniLM-L6-v2 or ``--model``'s). The texts are tokenised once
+(timed), then each precision's model embeds the token ids in the batches ``fastbert.embed``
+forms, under PyTorch's profiler, ``--rounds`` times, the precisions in turn (a pass each a
+round); the pass nearest the median wall time is reported. Where the compiled attention runs
+(fastbert.kernels.cpu_attention), each precision also runs with it off (the per-length path),
+and where it multiplies bfloat16 on AMX's tiles (fastbert.kernels.cpu_attention.tiles),
+bfloat16 with them off; bfloat16 with the compiled LayerNorm off too: each a row of its own, so
+that what each compiled part gains is measured in the same rounds. A pass's time is split
+into:
 
 - linear: the products with their fused epilogues (oneDNN's linear, its quantised linear,
   ``torch._int_mm``, MKL), and the int8 linear's quantisation and dequantisation around them;
-- attention: the compiled attention kernel (fastbert.kernels.cpu_attention) and SDPA;
+- attention: the compiled attention kernel (fastbert.kernels.cpu_attention), and the
+  per-length path that runs where it does not (SDPA or the math path, with their masks and
+  rotary positions);
 - LayerNorm, and the residual adds before it (``aten::add``);
 - other PyTorch ops (pooling, packing, copies);
 - outside PyTorch's ops: Python and the glue between the ops.
@@ -49,6 +54,7 @@ PARTS = {
     "aten::_int_mm": "linear",
     "fastbert::int8_linear": "linear",
     "fastbert::cpu_attention": "attention",
+    "fastbert::attention_by_length": "attention",
     "fastbert::cpu_layer_norm": "LayerNorm",
     "aten::scaled_dot_product_attention": "attention",
     "aten::layer_norm": "LayerNorm",
@@ -56,11 +62,14 @@ PARTS = {
     "aten::add": "residual add",
 }
 ORDER = ("linear", "attention", "LayerNorm", "residual add", "other ops", "outside ops")
+MODEL_HELP = "the corpus benchmark's model (benchmarks/embed_bench.py's --model)"
 # The row of bfloat16 with the compiled attention's AMX tiles off (where it has them).
 UNTILED = "bfloat16, attention without AMX tiles"
 # The row of bfloat16 with the residual adds and LayerNorms on PyTorch's ops (where the CPU
 # engine's compiled LayerNorm runs).
 NORM_UNCOMPILED = "bfloat16, LayerNorm on PyTorch's ops"
+# A precision's row with the compiled attention off (where it runs): the per-length path.
+ATTENTION_UNCOMPILED = "{}, attention on the per-length path"
 
 
 @contextlib.contextmanager
@@ -68,11 +77,13 @@ def labelled_compiled_kernels() -> Iterator[None]:
     """The compiled C++ kernels (called through ctypes, unseen by the profiler) run inside
     profiler ranges named for them, for the duration of the block: the attention kernel, the
     LayerNorm with its residual add, and the whole int8 linear (its compiled quantisation and
-    dequantisation around the product)."""
-    from fastbert.kernels import cpu_attention, cpu_layer_norm, torch_ops
+    dequantisation around the product); so does the per-length attention path, whose several
+    ops (and Python between them) are attention's."""
+    from fastbert.kernels import cpu_attention, cpu_engine_attention, cpu_layer_norm, torch_ops
 
     wrapped = [
         (cpu_attention, "_run", "fastbert::cpu_attention"),
+        (cpu_engine_attention, "attention_by_length", "fastbert::attention_by_length"),
         (cpu_layer_norm, "layer_norm", "fastbert::cpu_layer_norm"),
         (torch_ops, "linear_quantized_unchecked", "fastbert::int8_linear"),
     ]
@@ -120,12 +131,17 @@ def profiled_pass(job, tokens: list[list[int]]) -> tuple[float, dict[str, float]
 
 
 def rows_to_run(jobs: dict) -> dict[str, tuple[str, Any, Callable]]:
-    """Row name -> (precision, job, the switch it runs under): each precision's job, and
-    bfloat16 with each of the CPU engine's compiled parts that runs here turned off in turn
-    (the attention's AMX tiles, the compiled LayerNorm)."""
+    """Row name -> (precision, job, the switch it runs under): each precision's job, each
+    precision with the compiled attention turned off, and bfloat16 with each of the CPU
+    engine's other compiled parts that runs here turned off in turn (the attention's AMX
+    tiles, the compiled LayerNorm)."""
     from fastbert.kernels import cpu_attention, cpu_layer_norm
 
     rows = {precision: (precision, job, contextlib.nullcontext) for precision, job in jobs.items()}
+    if cpu_attention.available():
+        for precision, job in jobs.items():
+            name = ATTENTION_UNCOMPILED.format(precision)
+            rows[name] = (precision, job, cpu_attention.turned_off)
     if "bfloat16" in jobs and cpu_attention.tiles():
         rows[UNTILED] = ("bfloat16", jobs["bfloat16"], cpu_attention.tiles_turned_off)
     if "bfloat16" in jobs and cpu_layer_norm.available():
@@ -192,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--gemm-seconds", type=float, default=1.0, help="seconds per precision of the GEMM limit"
     )
+    parser.add_argument(
+        "--model", choices=sorted(embed_bench.MODELS), default="minilm", help=MODEL_HELP
+    )
     args = parser.parse_args(argv)
     precisions = args.precisions
     if args.rounds < 1 or args.docs < 1:
@@ -205,8 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     from fastbert.embedding.text_model import load_options
 
     texts = embed_bench.corpus(args.docs)
-    folder = embed_bench.model_folder("minilm")
+    folder = embed_bench.model_folder(args.model)
     config = read_config(folder)
+    if "int8" in precisions and config.glu:
+        parser.error(f"--model {args.model}: a gated FFN has no int8 linears; leave out int8")
     options = EmbedOptions(model=str(folder), device="cpu", progress=False)
     jobs = {
         p: load_options(dataclasses.replace(options, **reporting.PRECISIONS[p])).job(False)
@@ -225,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             config.num_hidden_layers,
             precisions=tuple(precisions),
             seconds=args.gemm_seconds,
+            glu=config.glu,
         )
 
     limit_runs = [limit()]
@@ -242,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
             row["linear_gflops"] / run[row["precision"]]["gflops"] for run in limit_runs
         ]
     report = {
-        "model": "all-MiniLM-L6-v2 (packaged)",
+        "model": embed_bench.MODELS[args.model][0]
+        + (" (packaged)" if args.model != "modernbert-base" else ""),
         "docs": len(texts),
         "tokens": count,
         "batch_tokens": first.options.batch_tokens,

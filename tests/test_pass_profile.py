@@ -46,8 +46,15 @@ def test_a_short_run_finds_each_part_and_writes_both_files(tmp_path) -> None:
     argv = ["--out", str(out), "--docs", "24", "--rounds", "1", "--gemm-seconds", "0.05"]
     assert pass_profile.main([*argv, "--precisions", "float32,int8"]) == 0
     report = json.loads((out / "pass-profile.json").read_text())
-    assert list(report["results"]) == ["float32", "int8"]
-    for precision, row in report["results"].items():
+    # Where the compiled attention runs, each precision runs with it off too.
+    off = [pass_profile.ATTENTION_UNCOMPILED.format(p) for p in ("float32", "int8")]
+    assert list(report["results"]) == [
+        "float32",
+        "int8",
+        *(off if cpu_attention.available() else []),
+    ]
+    for name, row in report["results"].items():
+        precision = name.split(",")[0]
         assert row["precision"] == precision
         parts = row["parts"]
         assert sum(parts.values()) == pytest.approx(row["wall_s"], rel=1e-6), precision
@@ -67,6 +74,20 @@ def test_a_short_run_finds_each_part_and_writes_both_files(tmp_path) -> None:
     assert "GEMM limit" in table
 
 
+def test_a_gated_model_is_profiled_without_int8(monkeypatch, capsys, tmp_path) -> None:
+    """``--model`` takes the corpus benchmark's models; one with a gated FFN (ModernBERT) has
+    no int8 linears, so asking for int8 is a usage error that says so."""
+    from fastbert.bench.shapes import model_config
+    from fastbert.embedding import model as embed_model
+
+    monkeypatch.setattr(pass_profile.embed_bench, "model_folder", lambda model: tmp_path)
+    monkeypatch.setattr(embed_model, "read_config", lambda folder: model_config("modernbert-base"))
+    argv = ["--out", str(tmp_path), "--model", "modernbert-base", "--precisions", "bfloat16,int8"]
+    with pytest.raises(SystemExit) as exit_:
+        pass_profile.main(argv)
+    assert exit_.value.code == 2 and "gated FFN has no int8" in capsys.readouterr().err
+
+
 test_usage_errors_exit_2 = usage_error_test(
     pass_profile.main,
     [["--precisions", "float64"], ["--precisions", ","], ["--rounds", "0"], []],
@@ -81,7 +102,8 @@ def test_bfloat16_runs_with_the_attention_tiles_off_too(tmp_path) -> None:
     argv = ["--out", str(out), "--docs", "24", "--rounds", "1", "--gemm-seconds", "0.05"]
     assert pass_profile.main([*argv, "--precisions", "bfloat16"]) == 0
     results = json.loads((out / "pass-profile.json").read_text())["results"]
-    assert list(results) == ["bfloat16", pass_profile.UNTILED, pass_profile.NORM_UNCOMPILED]
+    off = pass_profile.ATTENTION_UNCOMPILED.format("bfloat16")
+    assert list(results) == ["bfloat16", off, pass_profile.UNTILED, pass_profile.NORM_UNCOMPILED]
     assert results[pass_profile.UNTILED]["precision"] == "bfloat16"
     assert all(row["parts"]["attention"] > 0 for row in results.values())
     assert not cpu_attention._tiles_paused
