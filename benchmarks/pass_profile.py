@@ -82,7 +82,7 @@ def labelled_compiled_kernels() -> Iterator[None]:
     from fastbert.kernels import cpu_attention, cpu_engine_attention, cpu_layer_norm, torch_ops
 
     wrapped = [
-        (cpu_attention, "_run", "fastbert::cpu_attention"),
+        (cpu_attention, "attention_sequences", "fastbert::cpu_attention"),
         (cpu_engine_attention, "attention_by_length", "fastbert::attention_by_length"),
         (cpu_layer_norm, "layer_norm", "fastbert::cpu_layer_norm"),
         (torch_ops, "linear_quantized_unchecked", "fastbert::int8_linear"),

@@ -26,6 +26,7 @@ import contextlib
 import ctypes
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -141,52 +142,37 @@ def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     return _LIBRARY.in_use()
 
 
+class Positions(NamedTuple):
+    """What a call adds to plain softmax attention, as fastbert.kernels.reference.attention's
+    arguments of these names: MPNet's ``relative_bias`` table [H, RELATIVE_BUCKETS],
+    ModernBERT's ``rotary`` inverse frequencies [D / 2] and ``window``."""
+
+    relative_bias: torch.Tensor | None = None
+    rotary: torch.Tensor | None = None
+    window: int | None = None
+
+
+PLAIN = Positions()
+
+
 def attention_varlen(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     cu_seqlens: torch.Tensor,
     scale: float | None = None,
-    relative_bias: torch.Tensor | None = None,
-    rotary: torch.Tensor | None = None,
-    window: int | None = None,
+    positions: Positions = PLAIN,
 ) -> torch.Tensor:
     """softmax(scale * rope(q) rope(k)^T + bias) v within each sequence of ``cu_seqlens``.
 
     q, k, v: bfloat16 or float32 [T, H, D] on the CPU that :func:`takes`; cu_seqlens: int
     [B + 1] prefix sums (0 first, non-decreasing, T last: the caller's contract, unchecked
-    here). ``scale`` None is 1 / sqrt(D). ``relative_bias``, ``rotary`` and ``window`` as
-    fastbert.kernels.reference.attention_varlen's (positions and distances within a
-    sequence). Returns [T, H, D] in q's dtype, contiguous."""
+    here). ``scale`` None is 1 / sqrt(D). ``positions``: the bias, rotary positions and window
+    (positions and distances counted within a sequence). Returns [T, H, D] in q's dtype,
+    contiguous."""
     bounds = cu_seqlens.long()
     lengths = bounds[1:] - bounds[:-1]
-    out = torch.empty(q.shape, dtype=q.dtype)
-    positions = (relative_bias, rotary, window)
-    return _run(q, k, v, bounds[:-1], lengths, lengths, scale, out, *positions)
-
-
-def attention_padded(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    lengths: torch.Tensor,
-    scale: float | None = None,
-    relative_bias: torch.Tensor | None = None,
-    rotary: torch.Tensor | None = None,
-    window: int | None = None,
-) -> torch.Tensor:
-    """The same over a right-padded batch: q, k, v [B * S, H, D] (row b's tokens at
-    b * S .., at positions 0 .. S - 1), row b's first ``lengths[b]`` keys real; every query
-    attends to its row's real keys (within its window), padded ones too (as the reference).
-    Returns [B * S, H, D] in q's dtype, contiguous, zeros on a query without keys (the kernel
-    writes them)."""
-    batch = lengths.numel()
-    seq = q.shape[0] // max(batch, 1)
-    starts = torch.arange(batch, dtype=torch.int64) * seq
-    queries = torch.full((batch,), seq, dtype=torch.int64)
-    out = torch.empty(q.shape, dtype=q.dtype)
-    positions = (relative_bias, rotary, window)
-    return _run(q, k, v, starts, lengths.long(), queries, scale, out, *positions)
+    return attention_sequences(q, k, v, bounds[:-1], lengths, lengths, scale, positions)
 
 
 def bias_by_distance(relative_bias: torch.Tensor, longest: int) -> torch.Tensor:
@@ -204,19 +190,35 @@ def rotary_tables(rotary: torch.Tensor, longest: int) -> tuple[torch.Tensor, tor
     return angle.cos().contiguous(), angle.sin().contiguous()
 
 
-def _run(
-    q, k, v, starts, lengths, queries, scale, out, relative_bias, rotary, window
+def attention_sequences(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    starts: torch.Tensor,
+    lengths: torch.Tensor,
+    queries: torch.Tensor,
+    scale: float | None,
+    positions: Positions,
 ) -> torch.Tensor:
+    """The kernel's own contract, which :func:`attention_varlen` and the CPU engine's
+    right-padded batches (fastbert.kernels.cpu_engine_attention.compiled_dense) fill in:
+    sequence s's queries at tokens ``starts[s]`` .. + ``queries[s]`` - 1 of q, k, v ([T, H, D]
+    that :func:`takes`) attend its keys at ``starts[s]`` .. + ``lengths[s]`` - 1 (lengths[s] <=
+    queries[s]: a right-padded row's real tokens), at positions and distances counted from
+    ``starts[s]``; starts, lengths, queries: int64 [B]; ``scale`` and ``positions`` as
+    :func:`attention_varlen`'s. Returns [T, H, D] in q's dtype, contiguous: tokens outside
+    every sequence's queries are left unset, a query without keys gets zeros."""
+    out = torch.empty(q.shape, dtype=q.dtype)
     library = _ensure_loaded()
     assert library is not None, status()
     _, heads, head_dim = q.shape
     starts, lengths, queries = (t.contiguous() for t in (starts, lengths, queries))
     bias = cos = sin = None
     longest = int(torch.maximum(lengths, queries).max()) if starts.numel() else 0
-    if relative_bias is not None:
-        bias = bias_by_distance(relative_bias, longest)
-    if rotary is not None:
-        cos, sin = rotary_tables(rotary, longest)
+    if positions.relative_bias is not None:
+        bias = bias_by_distance(positions.relative_bias, longest)
+    if positions.rotary is not None:
+        cos, sin = rotary_tables(positions.rotary, longest)
     kernel = getattr(library, _ENTRY_POINTS[q.dtype])
     failed = kernel(
         q.data_ptr(),
@@ -236,7 +238,7 @@ def _run(
         not _tiles_paused,
         None if bias is None else bias.data_ptr(),
         0 if bias is None else bias.shape[1],
-        -1 if window is None else int(window),
+        -1 if positions.window is None else int(positions.window),
         None if cos is None else cos.data_ptr(),
         None if sin is None else sin.data_ptr(),
     )

@@ -210,14 +210,12 @@ def compiled_dense(
     v: torch.Tensor,
     keep: torch.Tensor | None,
     scale: float | None,
-    relative_bias: torch.Tensor | None = None,
-    rotary: torch.Tensor | None = None,
-    window: int | None = None,
+    positions: cpu_attention.Positions = cpu_attention.PLAIN,
 ) -> torch.Tensor | None:
     """Attention of q, k, v [B, H, S, D] through fastbert.kernels.cpu_attention, on
     [B * S, H, D] views (copies where q, k, v are not views of a [B, S, ...] layout), the keys
-    ``keep`` (bool [B, S]) marks, or all, with ``relative_bias``, ``rotary`` and ``window`` as
-    the reference's; returns [B, H, S, D], a view of [B, S, H, D] memory (zeros on a query without
+    ``keep`` (bool [B, S]) marks, or all, with the bias, rotary positions and window of
+    ``positions``; returns [B, H, S, D], a view of [B, S, H, D] memory (zeros on a query without
     keys). None when ``keep`` is not right padding (each row's real tokens first): SDPA takes
     that batch. Reads the row lengths on the host (a CPU: no cost)."""
     batch, heads, seq, head_dim = q.shape
@@ -230,7 +228,12 @@ def compiled_dense(
     q, k, v = (t.transpose(1, 2).reshape(batch * seq, heads, head_dim) for t in (q, k, v))
     if not cpu_attention.takes(q, k, v):
         q, k, v = (t.contiguous() for t in (q, k, v))
-    out = cpu_attention.attention_padded(q, k, v, lengths, scale, relative_bias, rotary, window)
+    # Row b's tokens at b * S .., its queries all S of them (padded ones attend its real keys).
+    starts = torch.arange(batch, dtype=torch.int64) * seq
+    queries = torch.full((batch,), seq, dtype=torch.int64)
+    out = cpu_attention.attention_sequences(
+        q, k, v, starts, lengths.long(), queries, scale, positions
+    )
     return out.view(batch, seq, heads, head_dim).transpose(1, 2)
 
 
@@ -245,7 +248,8 @@ def attention_unchecked(
         if keep is not None and keep.dtype != torch.bool:
             keep = keep != 0
         scale = None if scale is None else float(scale)
-        out = compiled_dense(q, k, v, keep, scale, relative_bias, rotary, window)
+        positions = cpu_attention.Positions(relative_bias, rotary, window)
+        out = compiled_dense(q, k, v, keep, scale, positions)
         if out is not None:
             return out
     return torch_ops.attention_unchecked(
@@ -264,8 +268,8 @@ def attention_varlen_unchecked(
     if q.shape[0] and max_seqlen and q.device.type == "cpu":
         scale = None if scale is None else float(scale)
         if takes_compiled(q, k, v, dropout_p, relative_bias):
-            positions = (relative_bias, rotary, window)
-            return cpu_attention.attention_varlen(q, k, v, cu_seqlens, scale, *positions)
+            positions = cpu_attention.Positions(relative_bias, rotary, window)
+            return cpu_attention.attention_varlen(q, k, v, cu_seqlens, scale, positions)
         if not torch.compiler.is_compiling():
             return attention_by_length(
                 q, k, v, cu_seqlens, scale, dropout_p, relative_bias, rotary, window

@@ -42,13 +42,13 @@ def sharp_packed(lengths, head_dim, seed, dtype=torch.bfloat16):
 def calls(monkeypatch) -> list[int]:
     """Spy on the kernel: the number of sequences of each call."""
     seen: list[int] = []
-    real = C._run
+    real = C.attention_sequences
 
     def spy(q, k, v, starts, *args):
         seen.append(starts.numel())
         return real(q, k, v, starts, *args)
 
-    monkeypatch.setattr(C, "_run", spy)
+    monkeypatch.setattr(C, "attention_sequences", spy)
     return seen
 
 
@@ -243,7 +243,7 @@ def test_positions_skip_nothing_near_the_queries(case) -> None:
     same as the reference, in float32 (where a skipped block that held a key would show)."""
     options = positions_options(case, HEADS)
     q, k, v, cu = sharp_packed([300, 129, 64], 32, seed=43, dtype=torch.float32)
-    out = C.attention_varlen(q, k, v, cu, None, **options)
+    out = C.attention_varlen(q, k, v, cu, None, C.Positions(**options))
     bias = options.get("relative_bias")
     expected = R.attention_varlen(
         q.double(),
@@ -395,9 +395,10 @@ def test_tiles_give_the_dot_products_values(head_dim, positions) -> None:
     q, k, v, cu = sharp_packed(lengths, head_dim, seed=20 + head_dim)
     padded = [t[: 8 * 48].contiguous() for t in (q, k, v)]
     real = torch.tensor([48, 16, 0, 33, 47, 5, 17, 48])
+    rows = (torch.arange(8) * 48, real, torch.full((8,), 48))  # starts, keys, queries
     for run in (
-        lambda: C.attention_varlen(q, k, v, cu, None, **options),
-        lambda: C.attention_padded(*padded, real, None, **options),
+        lambda: C.attention_varlen(q, k, v, cu, None, C.Positions(**options)),
+        lambda: C.attention_sequences(*padded, *rows, None, C.Positions(**options)),
     ):
         tiled = run()
         with C.tiles_turned_off():

@@ -66,7 +66,7 @@ def test_a_short_run_finds_each_part_and_writes_both_files(tmp_path) -> None:
             assert parts["attention"] > 0, (precision, parts)
         assert len(row["linear_share_of_limit"]) == 2
     # The labels are taken off again.
-    assert cpu_attention._run.__module__ == "fastbert.kernels.cpu_attention"
+    assert cpu_attention.attention_sequences.__module__ == "fastbert.kernels.cpu_attention"
     assert cpu_layer_norm.layer_norm.__module__ == "fastbert.kernels.cpu_layer_norm"
     assert torch_ops.linear_quantized_unchecked.__module__ == "fastbert.kernels.torch_ops"
     table = (out / "pass-profile.md").read_text()
