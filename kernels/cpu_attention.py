@@ -219,6 +219,10 @@ def attention_sequences(
         bias = bias_by_distance(positions.relative_bias, longest)
     if positions.rotary is not None:
         cos, sin = rotary_tables(positions.rotary, longest)
+    # A window that every distance here is within binds nothing (and any window passes as a
+    # C int without wrapping).
+    window = positions.window
+    window = -1 if window is None or window >= longest - 1 else int(window)
     kernel = getattr(library, _ENTRY_POINTS[q.dtype])
     failed = kernel(
         q.data_ptr(),
@@ -238,7 +242,7 @@ def attention_sequences(
         not _tiles_paused,
         None if bias is None else bias.data_ptr(),
         0 if bias is None else bias.shape[1],
-        -1 if positions.window is None else int(positions.window),
+        window,
         None if cos is None else cos.data_ptr(),
         None if sin is None else sin.data_ptr(),
     )

@@ -258,6 +258,18 @@ def test_positions_skip_nothing_near_the_queries(case) -> None:
 
 
 @needs_kernel
+def test_a_window_wider_than_every_sequence_is_no_window() -> None:
+    """Every distance within the window (up to one past the longest sequence, and one past
+    a C int): the same bits as no window."""
+    q, k, v, cu = sharp_packed([40, 7, 100], 32, seed=44, dtype=torch.float32)
+    plain = C.attention_varlen(q, k, v, cu)
+    for window in (99, 100, 2**32 + 5):
+        assert torch.equal(C.attention_varlen(q, k, v, cu, None, C.Positions(window=window)), plain)
+    narrower = C.attention_varlen(q, k, v, cu, None, C.Positions(window=98))
+    assert not torch.equal(narrower, plain)
+
+
+@needs_kernel
 @pytest.mark.parametrize(
     "case", ["left-padded", "float16", "head-dim-80", "dropout", "autograd", "bias-autograd"]
 )
