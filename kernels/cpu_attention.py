@@ -214,15 +214,17 @@ def attention_sequences(
     _, heads, head_dim = q.shape
     starts, lengths, queries = (t.contiguous() for t in (starts, lengths, queries))
     bias = cos = sin = None
-    longest = int(torch.maximum(lengths, queries).max()) if starts.numel() else 0
-    if positions.relative_bias is not None:
-        bias = bias_by_distance(positions.relative_bias, longest)
-    if positions.rotary is not None:
-        cos, sin = rotary_tables(positions.rotary, longest)
-    # A window that every distance here is within binds nothing (and any window passes as a
-    # C int without wrapping).
-    window = positions.window
-    window = -1 if window is None or window >= longest - 1 else int(window)
+    window = -1
+    if starts.numel() and any(p is not None for p in positions):  # a host read, free here
+        longest = int(torch.maximum(lengths, queries).max())
+        if positions.relative_bias is not None:
+            bias = bias_by_distance(positions.relative_bias, longest)
+        if positions.rotary is not None:
+            cos, sin = rotary_tables(positions.rotary, longest)
+        # A window that every distance here is within binds nothing (and any window passes
+        # as a C int without wrapping).
+        if positions.window is not None and positions.window < longest - 1:
+            window = int(positions.window)
     kernel = getattr(library, _ENTRY_POINTS[q.dtype])
     failed = kernel(
         q.data_ptr(),

@@ -181,7 +181,8 @@ def test_a_forward_reads_the_device_once(device, backend, padding_free) -> None:
     host until the GPU has caught up, so the launches stop overlapping the GPU's work). On a
     CPU, where a read costs nothing, the torch backend's packed attention also reads
     cu_seqlens in each layer, unless the compiled CPU attention runs it (it takes cu_seqlens
-    as it is)."""
+    as it is; only a relative bias, rotary positions or a window, which BERT has none of,
+    make it read the longest length to size their tables)."""
     model = inference_model(hf_model(), device=device, backend=backend, padding_free=padding_free)
     ids, mask, types = padded_batch([9, 4, 7], device=device)
     head_dim = model.config.hidden_size // model.config.num_attention_heads
