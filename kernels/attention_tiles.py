@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from .checks import RELATIVE_BUCKETS
-from .reference import RELATIVE_MAX_DISTANCE, relative_position_bucket
+from .reference import RELATIVE_MAX_DISTANCE, relative_position_bucket, rotary_angles
 
 # CUDA's limit on grid axes 1 and 2 (heads, and batch or sequences).
 MAX_GRID_YZ = 65535
@@ -115,7 +115,7 @@ def rotary_table(rotary: torch.Tensor, length: int) -> torch.Tensor:
     [D / 2] inverse frequencies), the angle rounded to float32 and cos / sin taken by torch in
     float32: the reference's arithmetic (reference.rotary_positions), so the kernels' RoPE
     factors are its bits on the same device."""
-    angle = torch.arange(length, device=rotary.device).float()[:, None] * rotary.float()[None, :]
+    angle = rotary_angles(torch.arange(length, device=rotary.device), rotary)
     return torch.cat((angle.cos(), angle.sin()), dim=1).contiguous()
 
 

@@ -186,7 +186,7 @@ def bias_by_distance(relative_bias: torch.Tensor, longest: int) -> torch.Tensor:
 def rotary_tables(rotary: torch.Tensor, longest: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin, float32 [longest, D / 2], of the angles fastbert.kernels.reference's
     rotary_positions takes at positions 0 .. longest - 1 (the same float32 values)."""
-    angle = torch.arange(max(longest, 1)).float()[:, None] * rotary.float()[None, :]
+    angle = reference.rotary_angles(torch.arange(max(longest, 1)), rotary)
     return angle.cos().contiguous(), angle.sin().contiguous()
 
 

@@ -210,7 +210,7 @@ def compiled_dense(
     v: torch.Tensor,
     keep: torch.Tensor | None,
     scale: float | None,
-    positions: cpu_attention.Positions = cpu_attention.PLAIN,
+    positions: cpu_attention.Positions,
 ) -> torch.Tensor | None:
     """Attention of q, k, v [B, H, S, D] through fastbert.kernels.cpu_attention, on
     [B * S, H, D] views (copies where q, k, v are not views of a [B, S, ...] layout), the keys

@@ -79,6 +79,12 @@ def relative_position_bias(table: torch.Tensor, seq_q: int, seq_k: int) -> torch
     return table[:, relative_position_bucket(distance)]
 
 
+def rotary_angles(positions: torch.Tensor, rotary: torch.Tensor) -> torch.Tensor:
+    """float32 [S, D / 2]: the angles of RoPE at ``positions`` (int [S]) for the inverse
+    frequencies ``rotary`` [D / 2], in float32 as Hugging Face computes them."""
+    return positions.float()[:, None] * rotary.float()[None, :]
+
+
 def rotary_positions(
     x: torch.Tensor, rotary: torch.Tensor, positions: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -87,7 +93,7 @@ def rotary_positions(
     seq, dim = x.shape[-2], x.shape[-1]
     if positions is None:
         positions = torch.arange(seq, device=x.device)
-    angle = positions.float()[:, None] * rotary.float()[None, :]  # float32, as Hugging Face
+    angle = rotary_angles(positions, rotary)
     wide = _wide(x)
     angle = angle.to(wide.dtype)
     cos, sin = angle.cos(), angle.sin()
