@@ -10,13 +10,15 @@ either way, for M > 1), a little faster, most at few rows (measured by
 :class:`PackedWeights` holds one such copy per weight, made at the weight's first use and
 made again whenever the weight's address, dtype, shape or PyTorch version counter changed
 (every in-place write through autograd's view of it bumps the counter: ``load_state_dict``,
-``copy_`` under ``no_grad``, an optimizer step). A write through ``weight.data`` bypasses the
-counter, and the copy would then hold the old values: the owner of the model decides that its
-weights are not written so (fastbert's own loaders for inference do; see
-``packed_weights`` in fastbert.execution.runtime). Only ``nn.Parameter`` weights are packed
-(a fresh tensor per call, such as a QKV weight concatenated for autograd, would be packed on
-every call for nothing), and not inference tensors (they have no version counter). A packed
-copy is an opaque oneDNN tensor: it is a second copy of the linear weights in memory.
+``copy_`` under ``no_grad``, an optimizer step; new memory assigned to ``weight.data`` is at
+another address, since each copy holds the memory it was made from). A write through
+``weight.data`` bypasses the counter, and the copy would then hold the old values: the owner
+of the model decides that its weights are not written so (fastbert's own loaders for
+inference do; see ``packed_weights`` in fastbert.execution.runtime). Only ``nn.Parameter``
+weights are packed (a fresh tensor per call, such as a QKV weight concatenated for autograd,
+would be packed on every call for nothing), and not inference tensors (they have no version
+counter). A packed copy is an opaque oneDNN tensor: it is a second copy of the linear weights
+in memory.
 
 On a CPU with AMX-INT8, :meth:`PackedWeights.int8_weight_for` keeps, the same way, the copies
 of int8 weights (a quantised model's, which are not parameters) that oneDNN's quantised linear
@@ -128,6 +130,9 @@ class PackedWeights:
         entry = self._copies.get(weight)
         if entry is None or entry[0] != identity:
             with torch.no_grad():
-                entry = (identity, pack(weight.detach()))
+                # The entry holds the memory it was made from: a weight given new memory
+                # (``weight.data = ...``) cannot be handed the old address while the copy
+                # lives, so the address tells the two apart.
+                entry = (identity, pack(weight.detach()), weight.untyped_storage())
             self._copies[weight] = entry
         return entry[1]

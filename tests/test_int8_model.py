@@ -171,6 +171,44 @@ def test_int8_follows_writes_through_optimized_query_key_value() -> None:
     assert not torch.equal(before, after)
 
 
+def test_threads_calling_after_a_weight_change_calibrate_once() -> None:
+    """After a weight change, the first calls from several threads at once wait for one
+    calibration (each thread's call records nothing into another's) and give what a model
+    quantised from the new weights gives."""
+    import threading
+
+    hf = hf_model("BertModel", seed=9)
+    batches = [padded_batch([n, max(1, n - 3)], seed=n) for n in (5, 8, 11, 14)]
+    model = fastbert.BertModel.from_pretrained(hf, device="cpu", quantize="int8")
+    state = {k: v * 1.1 if v.dim() == 2 else v for k, v in model.state_dict().items()}
+    fresh = fastbert.BertModel.from_pretrained(hf, device="cpu")
+    fresh.load_state_dict(state)
+    fresh.quantize = "int8"
+    with torch.no_grad():
+        model(*batches[0])
+        expected = [fresh(*batch).last_hidden_state for batch in batches]
+    model.load_state_dict(state)
+    results: dict[int, object] = {}
+    start = threading.Barrier(len(batches))
+
+    def call(i: int) -> None:
+        start.wait()
+        try:
+            with torch.no_grad():
+                results[i] = model(*batches[i]).last_hidden_state
+        except Exception as error:  # reported below, with the thread's batch
+            results[i] = error
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(batches))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for i, want in enumerate(expected):
+        assert isinstance(results[i], torch.Tensor), results[i]
+        assert torch.equal(results[i], want), i
+
+
 def test_int8_model_built_under_inference_mode() -> None:
     """A model loaded inside torch.inference_mode (its parameters then have no version
     counter) quantises and runs as one loaded outside it."""
@@ -180,6 +218,14 @@ def test_int8_model_built_under_inference_mode() -> None:
     with torch.inference_mode():
         inside = fastbert.BertModel.from_pretrained(hf, device="cpu", quantize="int8")
         assert inside.layers[0].ffn_in_weight.is_inference()
+        got = inside(ids, mask, types).last_hidden_state
+        expected = outside(ids, mask, types).last_hidden_state
+    assert torch.equal(got, expected)
+    # A load into those parameters there bumps no version counter; it quantises again.
+    state = {k: v * 1.5 if v.dim() == 2 else v for k, v in outside.state_dict().items()}
+    outside.load_state_dict(state)
+    with torch.inference_mode():
+        inside.load_state_dict(state)
         got = inside(ids, mask, types).last_hidden_state
         expected = outside(ids, mask, types).last_hidden_state
     assert torch.equal(got, expected)

@@ -77,6 +77,25 @@ def test_a_write_to_the_weight_packs_it_again() -> None:
         assert torch.equal(third, linear_unchecked(x, weight, bias))
 
 
+def test_new_memory_for_a_weight_is_never_taken_for_the_old() -> None:
+    """``weight.data = ...`` leaves the version counter alone; the allocator (as fastbert's
+    loaders tune it) would hand the new tensor the freed block, at the address the copy was
+    made from. The copy holds that memory, so each assignment is seen."""
+    from fastbert.execution.cpu_tuning import apply_process_tuning
+
+    apply_process_tuning()
+    x, weight, bias, _ = _linear_case(torch.float32, 8, out_features=1536, in_features=384)
+    packs = PackedWeights()
+    for _ in range(10):
+        with torch.no_grad():
+            packed = linear_unchecked(x, weight, bias, packs=packs)
+            assert torch.equal(packed, linear_unchecked(x, weight, bias))
+        held = weight.data_ptr()
+        weight.data = weight.data * 1.1
+        weight.data = weight.data * 1.1  # the first new block is free again
+        assert weight.data_ptr() != held
+
+
 def test_only_parameters_outside_inference_mode_are_packed() -> None:
     x, weight, bias, _ = _linear_case(torch.float32, 8)
     packs = PackedWeights()

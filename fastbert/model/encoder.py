@@ -13,6 +13,7 @@ in the model's dtype.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -23,7 +24,14 @@ from fastbert.execution.backends import Ops
 from fastbert.execution.runtime import Attend
 from fastbert.kernels.checks import RELATIVE_BUCKETS, check_id_ranges
 from fastbert.model.config import BertConfig
-from fastbert.model.layers import BertEmbeddings, BertLayer, BertPooler, new_parameter, norm_bias
+from fastbert.model.layers import (
+    BertEmbeddings,
+    BertLayer,
+    BertPooler,
+    calibrating,
+    new_parameter,
+    norm_bias,
+)
 from fastbert.model.loading import PretrainedMixin
 from fastbert.model.outputs import BaseModelOutputWithPooling
 from fastbert.model.quantization import QuantizedWeights, calibration_ids, parameters_key
@@ -53,6 +61,17 @@ def rotary_frequencies(theta: float, head_dim: int, device: torch.device) -> tor
     Hugging Face's default RoPE does (the same float32 operations, so the same bits)."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.float, device=device) / head_dim
     return 1.0 / (theta**exponents)
+
+
+# Held while a quantised model calibrates and quantises again (rare: after a weight change).
+_QUANTIZING = threading.RLock()
+
+
+def _quantize_again(model: nn.Module, incompatible_keys: object) -> None:
+    """After ``load_state_dict``: quantise at the next call whatever the parameters' keys say
+    (a parameter made under torch.inference_mode has no version counter to tell of a load
+    into it there)."""
+    model._quantized_key = None
 
 
 class RunSetting:
@@ -142,6 +161,7 @@ class BertModel(PretrainedMixin, nn.Module):
         self._watch = ParameterWatch(self)
         self._quantize: str | None = None
         self._quantized_key: tuple | None = None
+        self.register_load_state_dict_post_hook(_quantize_again)
         self.quantize = quantize
         self.resolve_ops_early()
 
@@ -178,15 +198,18 @@ class BertModel(PretrainedMixin, nn.Module):
         quantize=None, or whose weights are not bound yet)."""
         if self._quantize is None or self.device.type == "meta":
             return
-        key = self.weights_key()
-        if key == self._quantized_key:
+        if self.weights_key() == self._quantized_key:
             return
-        maxima = self.activation_maxima()
-        for layer, activation_max in zip(self.layers, maxima):
-            if layer.quantized is None:
-                layer.quantized = QuantizedWeights(self._quantize)
-            layer.quantized.quantize(layer, activation_max)
-        self._quantized_key = key
+        with _QUANTIZING:  # one calibration at a time: threads that call meanwhile wait for it
+            key = self.weights_key()
+            if key == self._quantized_key:
+                return
+            maxima = self.activation_maxima()
+            for layer, activation_max in zip(self.layers, maxima):
+                if layer.quantized is None:
+                    layer.quantized = QuantizedWeights(self._quantize)
+                layer.quantized.quantize(layer, activation_max)
+            self._quantized_key = key
 
     @torch.no_grad()
     def activation_maxima(self) -> list[dict[str, torch.Tensor]]:
@@ -196,15 +219,10 @@ class BertModel(PretrainedMixin, nn.Module):
         config = self.config
         ids = calibration_ids(config.vocab_size, config.max_sequence_length, self.device)
         maxima = [{} for _ in self.layers]
-        for layer, record in zip(self.layers, maxima):
-            layer.recording = record
-        try:
+        with calibrating(self.layers, maxima):
             ops = self.ops()
             hidden = self.embed(ops, ids, None, None, True, 0.0)
             self.run_layers(ops, hidden, runtime.dense_attention(ops, self.heads, None), 0.0)
-        finally:
-            for layer in self.layers:
-                layer.recording = None
         return maxima
 
     def check_quantized_call(self) -> None:

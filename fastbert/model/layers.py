@@ -8,6 +8,10 @@ in the model's dtype.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+
 import numpy as np
 import torch
 from torch import nn
@@ -147,6 +151,28 @@ class BertEmbeddings(nn.Module):
         return hidden
 
 
+# The calibration this thread runs: each layer's record (its linears' input maxima per
+# channel, by weight name), by the layer's id. Per thread, so that a call of the same model
+# from another thread meanwhile neither records into it nor leaves its quantised path.
+_calibrating = threading.local()
+
+
+@contextlib.contextmanager
+def calibrating(layers: Sequence[nn.Module], records: Sequence[dict]) -> Iterator[None]:
+    """Within the block, this thread's calls of ``layers`` run their float linears and record
+    each linear's input maxima per channel into the layer's dict of ``records``."""
+    _calibrating.records = {id(layer): record for layer, record in zip(layers, records)}
+    try:
+        yield
+    finally:
+        _calibrating.records = None
+
+
+def _calibration_record(layer: nn.Module) -> dict | None:
+    records = getattr(_calibrating, "records", None)
+    return None if records is None else records.get(id(layer))
+
+
 class BertLayer(nn.Module):
     """Self-attention (fused QKV) and a GELU FFN, each with a residual and a LayerNorm.
 
@@ -197,8 +223,6 @@ class BertLayer(nn.Module):
         # The quantised copies of the linear weights when the model runs quantize="int8" or
         # "fp8".
         self.quantized: QuantizedWeights | None = None
-        # While the model calibrates: each linear's input maxima per channel, by weight name.
-        self.recording: dict[str, torch.Tensor] | None = None
 
     def forward(
         self, ops: Ops, hidden: torch.Tensor, attend: Attend, dropout_p: float = 0.0
@@ -269,9 +293,10 @@ class BertLayer(nn.Module):
         """The linear whose weight is ``name``: on ``weight``, or on its int8 / fp8 copy when
         the layer runs quantised (recording the input's maxima per channel while
         calibrating). The FFN's input projection of a GLU layer is gated."""
-        if self.recording is not None:
-            self.recording[name] = x.detach().reshape(-1, x.shape[-1]).abs().amax(dim=0).float()
-        if self.quantized is None or self.recording is not None:
+        record = _calibration_record(self)
+        if record is not None:
+            record[name] = x.detach().reshape(-1, x.shape[-1]).abs().amax(dim=0).float()
+        if self.quantized is None or record is not None:
             gated = self.glu and name == "ffn_in_weight"
             return ops.linear(x, weight, bias, activation, residual, gated=gated)
         q, scale, input_scale = self.quantized[name]

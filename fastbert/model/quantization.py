@@ -58,14 +58,33 @@ CALIBRATION_SEED = 0
 SMOOTHING_FLOOR = 1e-5
 
 
+class _HeldMemory:
+    """The parameters' memory, held by a key (equal to any other, so that keys compare by
+    their addresses and versions alone): while a key lives, no parameter given new memory
+    (``param.data = ...``) can be handed an address the key holds."""
+
+    __slots__ = ("storages",)
+
+    def __init__(self, storages: list) -> None:
+        self.storages = storages
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _HeldMemory)
+
+    def __hash__(self) -> int:
+        return 0
+
+
 def parameters_key(module: torch.nn.Module, extra: Iterable[torch.Tensor] = ()) -> tuple:
     """What identifies the values of ``module``'s parameters (and of the ``extra`` tensors):
-    each one's address and version counter, and the device. A parameter made under
-    torch.inference_mode has no version counter (and can change only inside it): its address
-    alone."""
+    each one's address and version counter, and the device; the key holds their memory (see
+    _HeldMemory). A parameter made under torch.inference_mode has no version counter (and can
+    change only inside it): its address alone."""
     params = [*module.parameters(), *extra]
     device = params[0].device if params else None
-    return (device, *((p.data_ptr(), None if p.is_inference() else p._version) for p in params))
+    held = _HeldMemory([p.untyped_storage() for p in params])
+    pairs = ((p.data_ptr(), None if p.is_inference() else p._version) for p in params)
+    return (device, *pairs, held)
 
 
 def smoothing_scale(activation_max: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
