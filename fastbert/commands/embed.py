@@ -64,8 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=None,
         metavar="N",
-        help="truncate texts to N tokens (default: the model's limit, or a "
-        "sentence-transformers folder's max_seq_length)",
+        help="truncate texts to N tokens (default: the folder's length as "
+        "sentence-transformers reads it: max_seq_length, else the model's limit)",
     )
     parser.add_argument(
         "--pooling",

@@ -49,33 +49,77 @@ def read_config(folder: Path) -> Any:
     return read_checkpoint_config(transformer_folder(folder))[0]
 
 
-def model_max_length(config: Any, tokenizer: Any) -> int:
-    """The most tokens a text may have: the tokenizer's limit, capped by the model's position
-    table (a tokenizer without a limit reports a huge number)."""
+def folder_max_length(spec: FolderSpec, config: Any, tokenizer: Any) -> tuple[int, str]:
+    """The most tokens a text may have as sentence-transformers reads the folder, and what
+    says so: the Transformer's tokenizer arguments' ``model_max_length``, else its
+    ``max_seq_length`` (neither capped: sentence-transformers takes them as they are), else
+    the tokenizer's own limit capped by the model's position table (a tokenizer without a
+    limit reports a huge number)."""
+    settings = spec.transformer
+    if "model_max_length" in settings.tokenizer_kwargs:
+        value = settings.tokenizer_kwargs["model_max_length"]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"{spec.folder}: tokenizer_args' model_max_length must be a positive integer"
+            )
+        return value, "tokenizer_args' model_max_length"
+    if settings.max_seq_length is not None:
+        return settings.max_seq_length, "max_seq_length"
     positions = config.max_sequence_length
     limit = getattr(tokenizer, "model_max_length", positions) or positions
-    return int(min(limit, positions))
+    return int(min(limit, positions)), "tokenizer's model_max_length"
 
 
 def load_tokenizer(folder: Path) -> Any:
     """The tokenizer of a Hugging Face folder, or of the transformer inside a
-    sentence-transformers folder."""
+    sentence-transformers folder, set up as sentence-transformers sets it up: loaded with the
+    Transformer's tokenizer arguments, and for ``do_lower_case`` lowercasing every text as the
+    first step of its normaliser (special tokens such as [MASK] are matched before it)."""
     from fastbert.integrations import models
     from fastbert.model.loading import transformer_folder
+    from fastbert.model.sentence_folder import read_folder
 
+    settings = read_folder(folder).transformer
+    arguments = {**settings.tokenizer_kwargs, "local_files_only": True}
     with models.quiet():
-        return models.import_transformers().AutoTokenizer.from_pretrained(
-            str(transformer_folder(folder)), local_files_only=True
+        tokenizer = models.import_transformers().AutoTokenizer.from_pretrained(
+            str(transformer_folder(folder)), **arguments
         )
+    if settings.do_lower_case:
+        _lowercase_first(tokenizer)
+    return tokenizer
+
+
+def _lowercase_first(tokenizer: Any) -> None:
+    """Make ``tokenizer`` lowercase its input: a fast tokenizer's normaliser gains a Lowercase
+    step in front unless it has one; a slow tokenizer's ``do_lower_case`` is set."""
+    if not tokenizer.is_fast:
+        try:
+            tokenizer.do_lower_case = True
+        except AttributeError:  # a read-only property; the basic tokenizer holds the switch
+            tokenizer.basic_tokenizer.do_lower_case = True
+        return
+    from tokenizers import normalizers
+
+    backend = tokenizer.backend_tokenizer
+    current = backend.normalizer
+    steps = list(current) if isinstance(current, normalizers.Sequence) else [current]
+    steps = [step for step in steps if step is not None]
+    if not any(isinstance(step, normalizers.Lowercase) for step in steps):
+        backend.normalizer = normalizers.Sequence([normalizers.Lowercase(), *steps])
 
 
 def build_modules(
-    spec: FolderSpec, tokenizer: Any, device: torch.device, pooling: str | None = None
+    spec: FolderSpec,
+    tokenizer: Any,
+    device: torch.device,
+    pooling: str | None = None,
+    keep_normalize: bool = False,
 ) -> tuple[list[Any], bool]:
     """(the modules after the transformer, built; whether a final Normalize of the sentence
-    embedding was taken off, to be applied when the embeddings are finished). ``pooling``: a
-    pooling mode that replaces the folder's (a folder without a Pooling module gets one).
-    ValueError naming a module that cannot run."""
+    embedding was taken off, to be applied when the embeddings are finished, unless
+    ``keep_normalize``). ``pooling``: a pooling mode that replaces the folder's (a folder
+    without a Pooling module gets one). ValueError naming a module that cannot run."""
     from fastbert.integrations.sentence_modules import load_foreign_module
 
     specs = list(spec.modules)
@@ -94,7 +138,11 @@ def build_modules(
         modules.append(module)
     normalize = False
     last = modules[-1] if modules else None
-    if isinstance(last, Normalize) and last.input_name == last.output_name == "sentence_embedding":
+    if (
+        not keep_normalize
+        and isinstance(last, Normalize)
+        and last.input_name == last.output_name == "sentence_embedding"
+    ):
         modules.pop()
         normalize = True
     return modules, normalize
@@ -132,6 +180,8 @@ def declared_dimensions(spec: FolderSpec, config: Any, pooling: str | None = Non
             modes = 1 if pooling is not None else len(Pooling.from_spec(module).modes)
             width *= modes
         elif name == "Dense":
+            if "out_features" not in settings:
+                return None  # building the module names what its config lacks
             width = int(settings["out_features"])
         elif name not in ("Normalize", "SpladePooling", "MultiVectorMask"):
             return None
@@ -414,10 +464,10 @@ __all__ = [
     "Classifier",
     "FolderPipeline",
     "build_modules",
+    "folder_max_length",
     "load_encoder_model",
     "load_masked_lm_head",
     "load_tokenizer",
-    "model_max_length",
     "pack",
     "pad",
     "read_config",

@@ -193,12 +193,10 @@ def _tokenise(batch: Any, folder: str, max_length: int, prompt: str) -> Any:
     """Add ``input_ids`` (a list per row, after ``prompt``; empty for bad rows) and ``cut``
     (truncated)."""
     from fastbert.embedding.tokenize import TextTokenizer
-    from fastbert.model.sentence_folder import read_folder
 
     good = batch["problem"].isna().to_numpy()
     texts = batch["text"][good].tolist()
-    lowercase = read_folder(folder).transformer.do_lower_case
-    tokenise = TextTokenizer(_tokenizer(folder), max_length, lowercase)
+    tokenise = TextTokenizer(_tokenizer(folder), max_length)
     tokens, cut = tokenise(texts, prompt) if texts else ([], [])
     all_tokens: list[list[int]] = [[] for _ in range(len(batch))]
     all_cut = [False] * len(batch)

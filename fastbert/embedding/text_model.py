@@ -85,9 +85,7 @@ class TextModel:
         self.spec = spec
         self.kind = spec.kind
         self.options = options
-        self.text_tokenizer = TextTokenizer(
-            tokenizer, options.max_length, spec.transformer.do_lower_case
-        )
+        self.text_tokenizer = TextTokenizer(tokenizer, options.max_length)
         self.encoder = encoder
         self.classifier = classifier
         self.labels = labels
@@ -135,14 +133,15 @@ class TextModel:
         pairs: Sequence[str] | None = None,
         *,
         truncate: bool = True,
-        side: str = "right",
+        side: str | None = None,
         prompt: str | None = None,
         max_length: int | None = None,
     ) -> Tokens:
         """Token ids of ``texts`` (or of the pairs (texts[i], pairs[i])), as the model sees
         them, each text after ``prompt`` (None: the prompt the model loaded with).
         ``truncate``: cut each input to ``max_length`` tokens (None: the model's
-        :attr:`max_length`) from ``side``; without it, an input over the limit raises
+        :attr:`max_length`) from ``side`` (None: the tokenizer's own side, as
+        sentence-transformers cuts); without it, an input over the limit raises
         :class:`InputTooLong`."""
         limit = max_length or self.max_length
         tokens = self.text_tokenizer.encode(
@@ -158,6 +157,13 @@ class TextModel:
                 if len(ids) > limit:
                     raise InputTooLong(index, len(ids), limit)
         return tokens
+
+    @property
+    def pools_without_prompt(self) -> bool:
+        """Whether a Pooling of the model leaves the prompt's tokens out (its
+        ``include_prompt`` is false)."""
+        modules = self.encoder.modules if self.encoder is not None else ()
+        return any(getattr(module, "include_prompt", True) is False for module in modules)
 
     def prompt(self, prompt_name: str | None = None, prompt: str | None = None) -> str:
         """The text put before each input: ``prompt``, else the folder's prompt named
@@ -422,12 +428,17 @@ def resolve(
     options = options.with_defaults(device)
     spec = read_folder(options.model)
     config = model.read_config(Path(options.model))
-    limit = model.model_max_length(config, tokenizer)
-    max_length = options.max_length or min(spec.transformer.max_seq_length or limit, limit)
-    if max_length > config.max_sequence_length:
-        raise ValueError(
-            f"max_length {max_length} exceeds the model's {config.max_sequence_length} positions"
-        )
+    positions = config.max_sequence_length
+    max_length = options.max_length
+    if max_length is None:
+        max_length, source = model.folder_max_length(spec, config, tokenizer)
+        if max_length > positions:  # sentence-transformers would fail on the longer texts
+            raise ValueError(
+                f"{options.model}: its {source} {max_length} exceeds the model's {positions} "
+                f"positions; give max_length (at most {positions}) to load it"
+            )
+    elif max_length > positions:
+        raise ValueError(f"max_length {max_length} exceeds the model's {positions} positions")
     if spec.kind != EMBEDDING:
         names = ("pooling", "normalize", "dimensions")
         dense_only = [n for n in names if getattr(options, n) is not None]
@@ -449,12 +460,31 @@ def resolve(
     normalize = options.normalize
     if normalize is None and spec.kind == EMBEDDING:
         normalize = model.ends_with_normalize(spec)
+    dimensions, force = options.dimensions, options.force_dimensions
+    if _cuts_to_truncate_dim(options, spec):
+        dimensions, force = spec.truncate_dim, True  # the folder's own width
+        if options.normalize is None:
+            normalize = False  # its Normalize runs as a module, before the cut (see load)
     prompt = "" if spec.kind == CLASSIFICATION else spec.prompt(options.prompt_name, options.prompt)
     resolved = replace(
-        options, max_length=max_length, normalize=normalize, prompt_name=None, prompt=prompt
+        options,
+        max_length=max_length,
+        normalize=normalize,
+        dimensions=dimensions,
+        force_dimensions=force,
+        prompt_name=None,
+        prompt=prompt,
     )
-    width = options.dimensions or model.declared_dimensions(spec, config, options.pooling)
+    width = dimensions or model.declared_dimensions(spec, config, options.pooling)
     return resolved, spec, width
+
+
+def _cuts_to_truncate_dim(options: EmbedOptions, spec: FolderSpec) -> bool:
+    """Whether the embeddings are cut to the folder's truncate_dim: a dense model's, unless
+    ``options`` name a width. sentence-transformers cuts after every module, its final
+    Normalize included, so unless ``options`` say whether to normalise, that Normalize runs
+    as a module and the cut vectors are left as they come (shorter than 1)."""
+    return spec.truncate_dim is not None and spec.kind == EMBEDDING and options.dimensions is None
 
 
 def load_options(options: EmbedOptions, tokenizer: Any = None) -> TextModel:
@@ -464,6 +494,7 @@ def load_options(options: EmbedOptions, tokenizer: Any = None) -> TextModel:
     apply_process_tuning()
     folder = Path(options.model)
     tokenizer = tokenizer or model.load_tokenizer(folder)
+    given = options
     options, spec, _ = resolve(options, tokenizer)
     device = options.resolved_device()
     pad_id = tokenizer.pad_token_id or 0
@@ -486,7 +517,8 @@ def load_options(options: EmbedOptions, tokenizer: Any = None) -> TextModel:
         packed_weights=True,
     )
     head = model.load_masked_lm_head(spec, encoder_model) if spec.kind == SPARSE else None
-    modules, _ = model.build_modules(spec, tokenizer, device, options.pooling)
+    keep_normalize = _cuts_to_truncate_dim(given, spec) and given.normalize is None
+    modules, _ = model.build_modules(spec, tokenizer, device, options.pooling, keep_normalize)
     encoder = model.FolderPipeline(
         encoder_model,
         pad_id,

@@ -43,18 +43,17 @@ class TextTokenizer:
     """texts (or text pairs) -> token ids, with the tokenizer's own ``truncation=True,
     max_length=max_length`` (special tokens included, as sentence-transformers tokenises).
 
-    ``tokenizer``: a transformers tokenizer; ``max_length``: the most tokens per input;
-    ``lowercase``: lowercase every text first (a sentence-transformers folder's
-    ``do_lower_case``). A prompt (``prefix``) goes before each text, inside the limit. Safe to
+    ``tokenizer``: a transformers tokenizer (a sentence-transformers folder's, set up by
+    fastbert.embedding.model.load_tokenizer); ``max_length``: the most tokens per input. A
+    prompt (``prefix``) goes before each text, inside the limit. Safe to
     call from several threads at once: each call borrows a copy of the tokenizer that no other
     call is using (made when none is free; as many exist as calls ever overlapped), since a Rust
     tokenizer refuses a call while another changes its truncation settings.
     """
 
-    def __init__(self, tokenizer: Any, max_length: int, lowercase: bool = False):
+    def __init__(self, tokenizer: Any, max_length: int):
         self.tokenizer = tokenizer
         self.max_length = max_length
-        self.lowercase = lowercase
         self._lock = threading.Lock()
         self._free: dict[str, list[Any]] = {"right": [], "left": []}
 
@@ -70,21 +69,24 @@ class TextTokenizer:
         pairs: list[str] | None = None,
         *,
         truncate: bool = True,
-        side: str = "right",
+        side: str | None = None,
         prefix: str = "",
         max_length: int | None = None,
     ) -> Tokens:
         """Token ids of ``prefix + text`` for each of ``texts`` (with ``pairs``: of the pairs
         (texts[i], pairs[i]), with token types). ``truncate``: cut each input to
-        ``max_length`` tokens (default: the tokeniser's) from ``side`` ("right" or "left");
-        without it, inputs keep every token (the caller checks the limit)."""
+        ``max_length`` tokens (default: the tokeniser's) from ``side`` ("right" or "left"; None:
+        the tokenizer's own ``truncation_side``, as sentence-transformers cuts); without it,
+        inputs keep every token (the caller checks the limit)."""
         if prefix:
             texts = [prefix + text for text in texts]
-        if self.lowercase:
-            texts = [text.lower() for text in texts]
-            pairs = None if pairs is None else [text.lower() for text in pairs]
-        with self._borrowed(side) as tokenizer:
+        with self._borrowed(side or self.truncation_side) as tokenizer:
             return self._encode(tokenizer, texts, pairs, truncate, max_length or self.max_length)
+
+    @property
+    def truncation_side(self) -> str:
+        """The side the tokenizer cuts long inputs from unless told otherwise."""
+        return getattr(self.tokenizer, "truncation_side", None) or "right"
 
     def prompt_length(self, prompt: str) -> int:
         """How many tokens ``prompt`` puts at the start of an input (its leading special token

@@ -40,6 +40,33 @@ _TASKS = {
 }
 # Input modules: the one that turns texts into features. fastbert runs a Transformer.
 _TRANSFORMERS = ("Transformer", "MLMTransformer")
+# The Transformer's settings file, by the names sentence-transformers tries in turn (older
+# folders name it for their architecture).
+_TRANSFORMER_SETTINGS = (
+    "sentence_bert_config.json",
+    "sentence_roberta_config.json",
+    "sentence_distilbert_config.json",
+    "sentence_camembert_config.json",
+    "sentence_albert_config.json",
+    "sentence_xlm-roberta_config.json",
+    "sentence_xlnet_config.json",
+)
+# Arguments a Transformer's settings may pass to transformers' loaders that leave its outputs
+# as they are (sentence-transformers drops trust_remote_code itself; the rest only say where
+# and how the files load). Any other model or config argument changes the model, which
+# fastbert builds from config.json alone, so it is refused.
+_HARMLESS_LOADER_ARGUMENTS = frozenset(
+    {
+        "trust_remote_code",
+        "attn_implementation",
+        "low_cpu_mem_usage",
+        "cache_dir",
+        "revision",
+        "token",
+        "local_files_only",
+        "subfolder",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -66,9 +93,10 @@ class ModuleSpec:
 class TransformerSpec:
     """The Transformer module: ``folder`` (its Hugging Face checkpoint), ``task``
     ("feature-extraction", "fill-mask" or "sequence-classification"), ``max_seq_length``,
-    ``do_lower_case`` and, for a multi-vector model, the most tokens of a query and of a
-    document (``query_length``, ``document_length``); None / False where the folder says
-    nothing."""
+    ``do_lower_case``, for a multi-vector model the most tokens of a query and of a document
+    (``query_length``, ``document_length``), and ``tokenizer_kwargs``: the arguments its
+    settings give the tokenizer's loader (``tokenizer_args`` / ``processor_kwargs``); None /
+    False / {} where the folder says nothing."""
 
     folder: Path
     task: str = "feature-extraction"
@@ -76,6 +104,7 @@ class TransformerSpec:
     do_lower_case: bool = False
     query_length: int | None = None
     document_length: int | None = None
+    tokenizer_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -88,7 +117,8 @@ class FolderSpec:
     none); ``similarity``: its similarity function's name (None when unset); ``declared``:
     whether the folder has a modules.json (False: a plain Hugging Face folder); ``matryoshka``:
     whether its model card (README.md) says it was trained to be cut to fewer dimensions
-    (Matryoshka representation learning)."""
+    (Matryoshka representation learning); ``truncate_dim``: the width its embeddings are cut
+    to after every module (config_sentence_transformers.json's, None: not cut)."""
 
     folder: Path
     kind: str
@@ -99,6 +129,7 @@ class FolderSpec:
     similarity: str | None = None
     declared: bool = True
     matryoshka: bool = False
+    truncate_dim: int | None = None
 
     def prompt(self, prompt_name: str | None = None, prompt: str | None = None) -> str:
         """The text put before every input, as sentence-transformers chooses it: ``prompt``
@@ -164,6 +195,14 @@ def read_folder(folder: str | Path) -> FolderSpec:
             f"{folder / 'config_sentence_transformers.json'}: default_prompt_name {default!r} "
             "is not one of its prompts"
         )
+    truncate_dim = settings.get("truncate_dim")
+    if truncate_dim is not None and (
+        isinstance(truncate_dim, bool) or not isinstance(truncate_dim, int) or truncate_dim < 1
+    ):
+        raise ValueError(
+            f"{folder / 'config_sentence_transformers.json'}: truncate_dim must be a positive "
+            "integer"
+        )
     return FolderSpec(
         folder=folder,
         kind=_kind(settings.get("model_type"), transformer, rest, folder),
@@ -173,6 +212,7 @@ def read_folder(folder: str | Path) -> FolderSpec:
         default_prompt_name=default,
         similarity=settings.get("similarity_fn_name"),
         matryoshka=_card_says_matryoshka(folder),
+        truncate_dim=truncate_dim,
     )
 
 
@@ -206,18 +246,26 @@ def _card_says_matryoshka(folder: Path) -> bool:
 
 
 def _module_entries(path: Path) -> list[ModuleSpec]:
+    """modules.json's modules in the order it lists them (the order sentence-transformers runs
+    them in, whatever their ``idx``). ValueError for two modules of one name: sentence-
+    transformers keeps one module per name, running the last of them in the first's place."""
     raw = read_json_file(path)
     if not isinstance(raw, list) or not raw or not all(isinstance(m, Mapping) for m in raw):
         raise ValueError(f"{path} must be a non-empty JSON list of module objects")
-    if any(isinstance(m.get("idx"), int) for m in raw):
-        raw = sorted(raw, key=lambda m: m.get("idx", 0))
     entries = []
+    names = set()
     for module in raw:
         kind, sub, name = module.get("type"), module.get("path", ""), module.get("name", "")
         if not isinstance(kind, str) or not kind or not isinstance(sub, str):
             raise ValueError(f"{path}: a module's type and path must be strings")
         if Path(sub).is_absolute() or ".." in Path(sub).parts:
             raise ValueError(f"{path}: module path {sub!r} leaves the model folder")
+        if str(name) in names:
+            raise ValueError(
+                f"{path}: two modules are named {str(name)!r}; sentence-transformers would run "
+                "only the last of them, in the first one's place"
+            )
+        names.add(str(name))
         module_folder = path.parent / sub
         config = _read_optional(module_folder / "config.json") if sub else {}
         entries.append(ModuleSpec(str(name), kind, module_folder, config))
@@ -225,8 +273,11 @@ def _module_entries(path: Path) -> list[ModuleSpec]:
 
 
 def _transformer(module: ModuleSpec) -> TransformerSpec:
-    """The Transformer's settings from its sentence_bert_config.json (either format)."""
-    settings_path = module.folder / "sentence_bert_config.json"
+    """The Transformer's settings from its sentence_bert_config.json (either format; in an
+    older folder, the first of the other names sentence-transformers tries that exists).
+    ValueError for loader arguments that change the model (see _loader_arguments)."""
+    candidates = [module.folder / name for name in _TRANSFORMER_SETTINGS]
+    settings_path = next((p for p in candidates if p.exists()), candidates[0])
     settings = _read_optional(settings_path)
     task = settings.get("transformer_task")
     if task is None:
@@ -249,6 +300,12 @@ def _transformer(module: ModuleSpec) -> TransformerSpec:
         ):
             raise ValueError(f"{settings_path}: {name} must be a positive integer")
         lengths[name] = value
+    _loader_arguments(
+        settings, ("model_args", "model_kwargs", "config_args", "config_kwargs"), settings_path
+    )
+    tokenizer_kwargs = _loader_arguments(
+        settings, ("tokenizer_args", "processor_kwargs"), settings_path
+    )
     return TransformerSpec(
         module.folder,
         task,
@@ -256,7 +313,31 @@ def _transformer(module: ModuleSpec) -> TransformerSpec:
         bool(settings.get("do_lower_case", False)),
         lengths["query_length"],
         lengths["document_length"],
+        tokenizer_kwargs,
     )
+
+
+def _loader_arguments(settings: Mapping[str, Any], keys: tuple[str, ...], path: Path) -> dict:
+    """The arguments the settings' ``keys`` (an older and a newer name of one thing) give
+    transformers' loaders, less trust_remote_code (which sentence-transformers drops). For
+    the model's and config's loaders (model_args / config_args), ValueError naming any
+    argument that could change the model: fastbert builds it from config.json alone."""
+    merged: dict[str, Any] = {}
+    for key in keys:
+        value = settings.get(key) or {}
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{path}: {key} must be a JSON object")
+        merged.update(value)
+    merged.pop("trust_remote_code", None)
+    if keys[0] != "tokenizer_args":
+        changing = sorted(k for k in merged if k not in _HARMLESS_LOADER_ARGUMENTS)
+        if changing:
+            raise ValueError(
+                f"{path}: {' / '.join(keys)} pass {', '.join(changing)} to transformers' "
+                "loaders, which changes the model sentence-transformers builds; fastbert builds "
+                "it from config.json alone and does not run these"
+            )
+    return merged
 
 
 def _kind(

@@ -46,8 +46,9 @@ class Pooling:
     @classmethod
     def from_spec(cls, spec: ModuleSpec) -> Pooling:
         """Either config format: ``pooling_mode`` (a name or a list), or the older
-        ``pooling_mode_*`` flags (none set: mean, as sentence-transformers reads it)."""
-        config = spec.config
+        ``pooling_mode_*`` flags (none set: mean, as sentence-transformers reads it).
+        ValueError for a module without a config (sentence-transformers cannot build it)."""
+        config = _required_config(spec)
         mode = config.get("pooling_mode")
         if mode is None:
             flagged = tuple(m for key, m in LEGACY_POOLING_FLAGS.items() if config.get(key))
@@ -78,12 +79,14 @@ class Dense(nn.Module):
 
     def __init__(self, spec: ModuleSpec):
         super().__init__()
-        config = spec.config
+        config = _required_config(spec, "in_features", "out_features")
         self.input_name = config.get("module_input_name", "sentence_embedding")
         self.output_name = config.get("module_output_name") or self.input_name
         self.activation = _activation(config.get("activation_function"), spec)
         state = _module_state(spec)
-        self.linear = nn.Linear(config["in_features"], config["out_features"], config["bias"])
+        self.linear = nn.Linear(
+            config["in_features"], config["out_features"], config.get("bias", True)
+        )
         self.residual = None
         if config.get("use_residual", False) and config["in_features"] != config["out_features"]:
             self.residual = nn.Linear(config["in_features"], config["out_features"], bias=False)
@@ -231,6 +234,16 @@ def _activation(path: str | None, spec: ModuleSpec) -> nn.Module:
             "fastbert runs no code a model folder brings"
         )
     return activation()
+
+
+def _required_config(spec: ModuleSpec, *keys: str) -> Mapping[str, Any]:
+    """The module's config; ValueError naming the module when it has none or lacks ``keys``."""
+    if not spec.config:
+        raise ValueError(f"{spec.describe()}: no config.json in {spec.folder}")
+    missing = [key for key in keys if key not in spec.config]
+    if missing:
+        raise ValueError(f"{spec.describe()}: its config.json has no {', '.join(missing)}")
+    return spec.config
 
 
 def _module_state(spec: ModuleSpec) -> Mapping[str, torch.Tensor]:

@@ -1,0 +1,173 @@
+"""The settings of a sentence-transformers folder beyond its modules' own configs, read as
+sentence-transformers reads them: the Transformer's settings file (any of its older names),
+the length an input is cut to (tokenizer arguments, max_seq_length, the tokenizer's limit),
+the side it is cut from, lowercasing, the modules' order and names, truncate_dim; or the load
+fails naming what fastbert does not run. Each compared with sentence-transformers' encode on
+a folder it saved, then edited as real folders are written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fastbert
+from tests.sentence_folders import HIDDEN, hf_folder, save_modules, transformer, write_json
+
+st = pytest.importorskip("sentence_transformers")
+from sentence_transformers.base.modules import Dense, Normalize  # noqa: E402
+from sentence_transformers.sentence_transformer.modules import Pooling  # noqa: E402
+
+TOLERANCE = 2e-5  # float32 against float32: the same math, summed in other orders
+LONG = " ".join(f"Sentence {i} is about Paris and the river Seine in spring." for i in range(12))
+TEXTS = [
+    "A short one.",
+    "Fill the [MASK] here [SEP] and there.",
+    "ΟΔΟΣ ΚΑΙ ΣΟΦΙΑΣ ΛΟΓΟΣ",  # lowercased letter by letter, a final sigma is no ς
+    LONG,
+    LONG[:200],
+]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return hf_folder(tmp_path_factory.mktemp("base") / "bert")
+
+
+def folder_of(base: Path, path: Path, *modules, **kw) -> Path:
+    """A folder sentence-transformers saved: the Transformer (max_seq_length 48), mean
+    pooling, then ``modules``."""
+    return save_modules(path, [transformer(base), Pooling(HIDDEN, "mean"), *modules], **kw)
+
+
+def edit_json(path: Path, **changes) -> None:
+    value = json.loads(path.read_text()) if path.exists() else {}
+    value.update(changes)
+    write_json(path, value)
+
+
+def assert_as_sentence_transformers(folder: Path, **load) -> np.ndarray:
+    want = st.SentenceTransformer(str(folder), device="cpu").encode(TEXTS, convert_to_numpy=True)
+    got = fastbert.load(folder, device="cpu", **load).embed(TEXTS)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=TOLERANCE)
+    return got
+
+
+def test_the_settings_file_under_an_older_name(base, tmp_path):
+    folder = folder_of(base, tmp_path / "m")
+    (folder / "sentence_bert_config.json").rename(folder / "sentence_distilbert_config.json")
+    edit_json(folder / "sentence_distilbert_config.json", max_seq_length=8)
+    assert fastbert.load(folder, device="cpu").max_length == 8
+    assert_as_sentence_transformers(folder)
+
+
+@pytest.mark.parametrize(
+    "settings, tokenizer_limit, length",
+    [
+        ({"max_seq_length": 24}, 8, 24),  # max_seq_length is not capped by the tokenizer's
+        ({"max_seq_length": 24, "tokenizer_args": {"model_max_length": 6}}, None, 6),
+        ({"max_seq_length": 24, "processor_kwargs": {"model_max_length": 7}}, None, 7),
+        ({"max_seq_length": None}, 10, 10),  # none given: the tokenizer's limit
+    ],
+)
+def test_the_length_inputs_are_cut_to(base, tmp_path, settings, tokenizer_limit, length):
+    folder = folder_of(base, tmp_path / "m")
+    edit_json(folder / "sentence_bert_config.json", **settings)
+    if tokenizer_limit is not None:
+        edit_json(folder / "tokenizer_config.json", model_max_length=tokenizer_limit)
+    assert fastbert.load(folder, device="cpu").max_length == length
+    assert_as_sentence_transformers(folder)
+
+
+def test_a_length_over_the_positions_fails_the_load_unless_given(base, tmp_path):
+    folder = folder_of(base, tmp_path / "m")
+    edit_json(folder / "sentence_bert_config.json", max_seq_length=1000)
+    with pytest.raises(ValueError, match="max_seq_length 1000 exceeds the model's 160 positions"):
+        fastbert.load(folder, device="cpu")
+    assert fastbert.load(folder, device="cpu", max_length=160).max_length == 160
+
+
+@pytest.mark.parametrize("key", ["config_args", "config_kwargs", "model_args", "model_kwargs"])
+def test_loader_arguments_that_change_the_model_are_refused(base, tmp_path, key):
+    folder = folder_of(base, tmp_path / "m")
+    edit_json(folder / "sentence_bert_config.json", **{key: {"num_hidden_layers": 1}})
+    with pytest.raises(ValueError, match=f"{key}.*num_hidden_layers"):
+        fastbert.load(folder, device="cpu")
+    edit_json(folder / "sentence_bert_config.json", **{key: {"trust_remote_code": True}})
+    assert_as_sentence_transformers(folder)
+
+
+def test_inputs_are_cut_from_the_tokenizers_side(base, tmp_path):
+    folder = folder_of(base, tmp_path / "m")
+    edit_json(folder / "tokenizer_config.json", truncation_side="left")
+    got = assert_as_sentence_transformers(folder)
+    right = fastbert.load(folder_of(base, tmp_path / "r"), device="cpu").embed(TEXTS)
+    assert np.abs(got[3] - right[3]).max() > 1e-3  # the long text's cut differs
+
+
+def test_lowercasing_leaves_special_tokens_and_goes_letter_by_letter(base, tmp_path):
+    folder = folder_of(base, tmp_path / "m")
+    edit_json(folder / "sentence_bert_config.json", do_lower_case=True)
+    assert_as_sentence_transformers(folder)
+    ids = fastbert.load(folder, device="cpu").tokenize(["[MASK] ΣΟΦΙΑΣ"]).ids[0]
+    assert 103 in ids  # [MASK] stays one special token
+
+
+def test_modules_run_in_the_order_listed_whatever_their_idx(base, tmp_path):
+    folder = folder_of(base, tmp_path / "m", Dense(HIDDEN, 16), Normalize())
+    modules = json.loads((folder / "modules.json").read_text())
+    dense, normalize = modules[2], modules[3]
+    dense["idx"], normalize["idx"] = normalize["idx"], dense["idx"]
+    write_json(folder / "modules.json", modules)
+    got = assert_as_sentence_transformers(folder)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
+
+
+def test_two_modules_of_one_name_are_refused(base, tmp_path):
+    folder = folder_of(base, tmp_path / "m", Dense(HIDDEN, 16), Dense(16, 8))
+    modules = json.loads((folder / "modules.json").read_text())
+    modules[3]["name"] = modules[2]["name"]
+    write_json(folder / "modules.json", modules)
+    with pytest.raises(ValueError, match="two modules are named"):
+        fastbert.load(folder, device="cpu")
+
+
+def test_a_module_without_its_config_is_refused_naming_it(base, tmp_path):
+    folder = folder_of(base, tmp_path / "m", Dense(HIDDEN, 16))
+    modules = json.loads((folder / "modules.json").read_text())
+    for module in modules[1:]:
+        module["path"] = f"{module['path']}_missing"
+    write_json(folder / "modules.json", modules)
+    with pytest.raises(ValueError, match="Pooling.*no config.json"):
+        fastbert.load(folder, device="cpu")
+
+
+def test_a_dense_config_without_bias_has_one(base, tmp_path):
+    folder = folder_of(base, tmp_path / "m", Dense(HIDDEN, 16))
+    config_path = next(folder.glob("2_Dense/config.json"))
+    config = json.loads(config_path.read_text())
+    del config["bias"]
+    write_json(config_path, config)
+    assert_as_sentence_transformers(folder)
+
+
+def test_truncate_dim_cuts_as_sentence_transformers_cuts(base, tmp_path):
+    folder = folder_of(base, tmp_path / "m", truncate_dim=24)
+    assert assert_as_sentence_transformers(folder).shape[1] == 24
+    normalised = folder_of(base, tmp_path / "n", Normalize(), truncate_dim=24)
+    settings = json.loads((normalised / "config_sentence_transformers.json").read_text())
+    assert settings["truncate_dim"] == 24
+    got = assert_as_sentence_transformers(normalised)  # cut after the Normalize: shorter than 1
+    assert got.shape[1] == 24 and np.linalg.norm(got, axis=1).max() < 0.999
+    model = st.SentenceTransformer(str(normalised), device="cpu")
+    want = model.encode(TEXTS, normalize_embeddings=True)
+    got = fastbert.load(normalised, device="cpu", normalize=True).embed(TEXTS)
+    np.testing.assert_allclose(got, want, atol=TOLERANCE)
+    np.testing.assert_allclose(
+        fastbert.load(normalised, device="cpu").embed(TEXTS, dimensions=64),
+        model.encode(TEXTS, truncate_dim=64),
+        atol=TOLERANCE,
+    )
