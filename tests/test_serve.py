@@ -294,6 +294,9 @@ def test_classifier_routes_equal_cross_encoder(tmp_path):
         assert pair == [{"score": pytest.approx(sigmoid[0], abs=1e-4), "label": "LABEL_0"}]
         batch = http.post("/predict", json={"inputs": [[query, d] for d in docs[:3]]}).json()
         assert [b[0]["score"] for b in batch] == pytest.approx(list(sigmoid[:3]), abs=1e-4)
+        for pair in (["", docs[0]], [query, " "], [[query, docs[0]], [query, ""]]):
+            empty = http.post("/predict", json={"inputs": pair})
+            assert empty.status_code == 400 and empty.json()["error_type"] == "empty", pair
         wrong = http.post("/embed", json={"inputs": "x"})
         assert wrong.status_code == 424
         assert "classification model" in wrong.json()["error"]
@@ -343,6 +346,8 @@ def test_tei_errors(client, body, status, error_type):
         (b'{"inputs": [NaN]}', {"content-type": "application/json"}, 422, "validation"),
         (b'{"inputs": "x", "dimensions": NaN}', {"content-type": "application/json"}, 422, None),
         (b"inputs=x", {"content-type": "application/x-www-form-urlencoded"}, 415, None),
+        (b'{"inputs": "x"}', {}, 415, None),  # no Content-Type: FastAPI would not parse it
+        (b'{"inputs": "\\ud800"}', {"content-type": "application/json"}, 422, "validation"),
         (
             b'{"inputs": "' + b"a" * 2_000_001 + b'"}',
             {"content-type": "application/json"},

@@ -135,6 +135,23 @@ def test_embed_prompt_name_as_sentence_transformers(dense, st_dense):
     assert answer["error_type"] == "validation"
 
 
+def test_token_ids_carry_no_prompt_to_leave_out(dense, st_dense):
+    """Token-id inputs are run as given: none of their tokens is taken for a prompt (this
+    model's pooling leaves a prompt's tokens out), on /embed and /v1/embeddings; texts and
+    ids in one request are refused, since one batch runs with one prompt length."""
+    ids = st_dense.tokenizer(TEXTS[:2])["input_ids"]
+    want = st_dense.encode(TEXTS[:2], prompt="", convert_to_numpy=True)
+    got = np.array(ok(post(dense, "/embed", {"inputs": ids})))
+    np.testing.assert_allclose(got, want, atol=TOLERANCE)
+    short = np.array(ok(post(dense, "/embed", {"inputs": ids[0][:2]})))  # [CLS] and one more
+    assert np.abs(short).max() > 0
+    openai = ok(post(dense, "/v1/embeddings", {"input": ids, "model": "org/tiny"}))
+    got = np.array([row["embedding"] for row in openai["data"]])
+    np.testing.assert_allclose(got, want, atol=TOLERANCE)
+    mixed = post(dense, "/embed", {"inputs": [TEXTS[0], ids[0]]})
+    assert assert_error(mixed, 422, "mixes texts and token ids")["error_type"] == "validation"
+
+
 def test_requests_with_other_prompts_share_no_batch(dense, st_dense):
     """Requests with different prompts at once: each answer is its own prompt's (a batch
     holds one prompt's inputs: a prompt's length changes the pooling)."""

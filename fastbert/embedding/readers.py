@@ -126,13 +126,19 @@ def read_rows(
 
 
 def text_problem(text: Any, text_field: str) -> str | None:
-    """Why ``text`` cannot be embedded (None, not a string, blank), or None when it can."""
+    """Why ``text`` cannot be embedded (None, not a string, blank, not Unicode), or None when
+    it can."""
     if text is None:
         return f"no {text_field!r} field"
     if not isinstance(text, str):
         return f"{text_field!r} is a {type(text).__name__}, not a string"
     if not text.strip():
         return "empty text"
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate, which JSON's escapes can give
+            return f"a lone surrogate at character {exc.start}, not Unicode text"
     return None
 
 

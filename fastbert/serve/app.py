@@ -80,8 +80,11 @@ def create_app(model: TextModel, options: ServeOptions) -> Any:
 
     async def check_json(request: Request) -> None:
         content_type = request.headers.get("content-type")
-        if content_type is None:
-            return
+        if content_type is None:  # FastAPI would not parse the body (as TEI: a 415)
+            raise errors.UnsupportedMediaType(
+                "send the body as JSON (Content-Type: application/json); the request has no "
+                "Content-Type"
+            )
         kind = content_type.split(";")[0].strip().lower()
         if kind != "application/json" and not kind.endswith("+json"):
             raise errors.UnsupportedMediaType(

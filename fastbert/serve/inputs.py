@@ -32,11 +32,14 @@ def as_list(inputs: object) -> list:
 
 
 def check_count(items: Sequence, limits: Limits, field: str) -> None:
-    """EmptyInput for no inputs or an empty one; ValidationFailed for too many."""
+    """EmptyInput for no inputs or an empty one; ValidationFailed for too many, or for a text
+    that is not Unicode (:func:`check_text`)."""
     if not items:
         raise EmptyInput(f"{field} is empty: give at least one input", param=field)
     for i, item in enumerate(items):
-        if (isinstance(item, str) and not item.strip()) or (isinstance(item, list) and not item):
+        if isinstance(item, str):
+            check_text(item, f"{field}[{i}]", field)
+        elif isinstance(item, list) and not item:
             raise EmptyInput(f"{field}[{i}] is empty", param=field)
     if len(items) > limits.max_inputs:
         raise ValidationFailed(
@@ -46,15 +49,33 @@ def check_count(items: Sequence, limits: Limits, field: str) -> None:
         )
 
 
-def side(direction: str) -> str:
-    return direction.lower()
+def check_text(text: str, name: str, field: str) -> None:
+    """EmptyInput for a blank text; ValidationFailed for one holding a lone surrogate (JSON's
+    \\ud800 escapes parse to one, but it is no Unicode character: nothing can tokenise it)."""
+    if not text.strip():
+        raise EmptyInput(f"{name} is empty", param=field)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValidationFailed(
+                f"{name} holds a lone surrogate (\\u{ord(text[exc.start]):04x} at character "
+                f"{exc.start}), which is not Unicode text",
+                param=field,
+            ) from None
+
+
+def side(model: TextModel, direction: str | None) -> str:
+    """ "right" or "left": ``direction`` in either case, or None for the side the model's
+    tokenizer cuts from."""
+    return direction.lower() if direction else model.text_tokenizer.truncation_side
 
 
 def tokenize(
     model: TextModel,
     items: list[str | list[int]],
     truncate: bool,
-    direction: str,
+    direction: str | None,
     field: str,
     prompting: Prompting | None = None,
 ) -> list[list[int]]:
@@ -84,7 +105,7 @@ def tokenize_pairs(
     firsts: list[str],
     seconds: list[str | None],
     truncate: bool,
-    direction: str,
+    direction: str | None,
     field: str,
 ) -> tuple[list[list[int]], list[list[int]]]:
     """(token ids, token types) of texts (``seconds[i]`` None) and text pairs, in order."""
@@ -117,7 +138,7 @@ def _tokenize_texts(
     texts: list[str],
     pairs: list[str] | None,
     truncate: bool,
-    direction: str,
+    direction: str | None,
     field: str,
     prompting: Prompting | None = None,
 ) -> Tokens:
@@ -126,7 +147,7 @@ def _tokenize_texts(
             texts,
             pairs,
             truncate=truncate,
-            side=side(direction),
+            side=side(model, direction),
             prompt=prompting.text if prompting else None,
             max_length=prompting.max_length if prompting else None,
         )
@@ -139,7 +160,7 @@ def _tokenize_texts(
 
 
 def _checked_ids(
-    model: TextModel, ids: list[int], truncate: bool, direction: str, field: str, limit: int
+    model: TextModel, ids: list[int], truncate: bool, direction: str | None, field: str, limit: int
 ) -> list[int]:
     vocab = model.vocab_size
     bad = next((i for i in ids if not 0 <= i < vocab), None)
@@ -155,4 +176,4 @@ def _checked_ids(
             "truncate=true to cut it",
             param=field,
         )
-    return ids[-limit:] if side(direction) == "left" else ids[:limit]
+    return ids[-limit:] if side(model, direction) == "left" else ids[:limit]

@@ -57,7 +57,7 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
         timing = Timing()
         server.require("/v2/embed")
         server.check_model(body.model)
-        server.check_dimensions(body.output_dimension, "output_dimension")
+        dimensions = server.dimensions_of(body.output_dimension, "output_dimension")
         inputs.check_count(body.texts, server.limits, "texts")
         name = prompt_name(body.input_type, server.model.prompts)
         if body.input_type is None or name is not None:
@@ -68,7 +68,7 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
         pooled = await server.embed_inputs(
             request, timing, "/v2/embed", body.texts, "texts", truncate, direction, prompting
         )
-        vectors = finish_embeddings(pooled, True, body.output_dimension, np.dtype(np.float32))
+        vectors = finish_embeddings(pooled, True, dimensions, np.dtype(np.float32))
         embeddings: dict[str, Any] = {}
         for kind in dict.fromkeys(body.embedding_types):
             if kind == "float":
@@ -76,7 +76,7 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
                 continue
             ranges = None
             if kind in RANGED:
-                ranges = server.calibration.ranges(body.output_dimension)
+                ranges = server.calibration.ranges(dimensions)
             embeddings[kind] = quantize_embeddings(vectors, kind, ranges)
         content = {
             "id": str(uuid.uuid4()),

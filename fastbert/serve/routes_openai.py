@@ -26,7 +26,7 @@ def register(app: FastAPI, server: Server, posted: list, guarded: list) -> None:
         timing = Timing()
         server.require("/v1/embeddings")
         server.check_model(body.model)
-        server.check_dimensions(body.dimensions, "dimensions")
+        dimensions = server.dimensions_of(body.dimensions, "dimensions")
         pooled = await server.embed_inputs(
             request,
             timing,
@@ -34,12 +34,10 @@ def register(app: FastAPI, server: Server, posted: list, guarded: list) -> None:
             body.input,
             "input",
             None,
-            "right",
+            None,  # OpenAI's API has no direction: the model's own
             server.prompting(None),
         )
-        vectors = np.ascontiguousarray(
-            finish_embeddings(pooled, True, body.dimensions, np.dtype("<f4"))
-        )
+        vectors = np.ascontiguousarray(finish_embeddings(pooled, True, dimensions, np.dtype("<f4")))
         if body.encoding_format == "base64":
             data = [base64.b64encode(row.tobytes()).decode("ascii") for row in vectors]
         else:

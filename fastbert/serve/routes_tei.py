@@ -43,9 +43,9 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
         each after the prompt ``prompt_name`` names (default: the model's default prompt)."""
         timing = Timing()
         server.require("/embed")
-        server.check_dimensions(body.dimensions, "dimensions")
+        dimensions = server.dimensions_of(body.dimensions, "dimensions")
         pooled = await run_embedding(body, request, timing, "/embed")
-        vectors = finish_embeddings(pooled, body.normalize, body.dimensions, np.dtype(np.float32))
+        vectors = finish_embeddings(pooled, body.normalize, dimensions, np.dtype(np.float32))
         return server.reply(
             orjson.dumps(np.ascontiguousarray(vectors), option=NUMPY_JSON), timing, "/embed"
         )
@@ -107,6 +107,9 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
         server.require("/predict")
         single, sequences = _sequences(body.inputs)
         inputs.check_count([" ".join(s) for s in sequences], server.limits, "inputs")
+        for i, sequence in enumerate(sequences):  # each side of a pair, not only the two
+            for j, text in enumerate(sequence):
+                inputs.check_text(text, f"inputs[{i}][{j}]", "inputs")
         logits = await pair_scores(
             server,
             request,

@@ -58,8 +58,7 @@ async def rerank_scores(
             f"reranking needs a model with one output (a cross-encoder); {server.name} has "
             f"{len(model.labels)} labels: use /predict"
         )
-    if not query.strip():
-        raise errors.EmptyInput("query is empty", param="query")
+    inputs.check_text(query, "query", "query")
     inputs.check_count(texts, server.limits, field)
     logits = await pair_scores(
         server, request, timing, [query] * len(texts), list(texts), truncate, direction, field

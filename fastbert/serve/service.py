@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -140,18 +140,20 @@ class Server:
             param="model",
         )
 
-    def check_dimensions(self, dimensions: int | None, param: str) -> None:
-        """ValidationFailed (422) for a cut wider than the embeddings, or of a model whose
-        card does not say it is Matryoshka-trained (unless the server allows any)."""
+    def dimensions_of(self, dimensions: int | None, param: str) -> int | None:
+        """The width a request's embeddings are cut to: ``dimensions``, else the model's own
+        (a folder's truncate_dim; None: not cut). ValidationFailed (422) for a cut wider than
+        the embeddings, or of a model whose card does not say it is Matryoshka-trained (unless
+        the server allows any)."""
         if dimensions is None:
-            return
+            return self.model.options.dimensions
         width = self.model.dimensions
         if dimensions > width:
             raise errors.ValidationFailed(
                 f"{param} {dimensions} is more than the model's {width}", param=param
             )
         if dimensions == width or self.model.spec.matryoshka:
-            return
+            return dimensions
         if not self.options.allow_any_dimensions:
             raise errors.ValidationFailed(
                 f"{param} {dimensions}: this server's model ({self.name}) has no model card "
@@ -160,6 +162,7 @@ class Server:
                 "--allow-any-dimensions to cut them anyway",
                 param=param,
             )
+        return dimensions
 
     def prompting(
         self, prompt_name: str | None, prompt: str | None = None, param: str = "prompt_name"
@@ -170,6 +173,24 @@ class Server:
             return self.model.prompting(prompt_name, prompt)
         except ValueError as exc:
             raise errors.ValidationFailed(str(exc), param=param) from exc
+
+    def prompting_of(self, items: list, prompting: Prompting, field: str) -> Prompting:
+        """The prompting a request's ``items`` run with: token-id inputs carry no prompt, so
+        a request of token ids only runs with none to leave out of the pooling.
+        ValidationFailed for texts and token ids in one request when the model's pooling
+        leaves a prompt out (one batch runs with one prompt length)."""
+        ids = [isinstance(item, list) for item in items]
+        if not any(ids) or not prompting.length:
+            return prompting
+        if all(ids):
+            return replace(prompting, text="", length=0)
+        if self.model.pools_without_prompt:
+            raise errors.ValidationFailed(
+                f"{field} mixes texts and token ids, and this model's pooling leaves the "
+                "prompt of the texts out: send them in separate requests",
+                param=field,
+            )
+        return prompting
 
     def truncating(self, truncate: bool | None) -> bool:
         return self.options.auto_truncate if truncate is None else truncate
@@ -184,7 +205,7 @@ class Server:
         raw_inputs: Any,
         field: str,
         truncate: bool | None,
-        direction: str,
+        direction: str | None,
         prompting: Prompting,
     ) -> Any:
         """What the model gives for a request's inputs (validated, tokenised after the prompt,
@@ -193,6 +214,7 @@ class Server:
         self.require(route)
         items = inputs.as_list(raw_inputs)
         inputs.check_count(items, self.limits, field)
+        prompting = self.prompting_of(items, prompting, field)
         return await self.tokenize_and_run(
             request,
             timing,
