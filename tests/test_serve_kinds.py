@@ -394,3 +394,20 @@ def test_multi_vector_model_routes_info_and_errors(multi):
     assert info["routes"] == ["/embed_all"]
     assert settings["query_length"] == 9 and settings["document_length"] == 12
     assert set(settings["prompts"]) == {"query", "document"}
+
+
+def test_a_folders_truncate_dim_is_the_width_served(tmp_path):
+    """A folder cut by truncate_dim after its Normalize: /embed (normalising, as TEI does)
+    and /v1/embeddings give the cut, renormalised; /info says the width served."""
+    base = hf_folder(tmp_path / "bert", seed=8)
+    modules = [transformer(base), Pooling(HIDDEN, "mean"), Normalize()]
+    folder = save_modules(tmp_path / "st", modules, truncate_dim=24)
+    want = st.SentenceTransformer(str(folder), device="cpu").encode(TEXTS[:3])
+    want = want / np.linalg.norm(want, axis=1, keepdims=True)
+    with served_client(folder, tmp_path, "--accept-any-model-name") as client:
+        got = np.array(ok(post(client, "/embed", {"inputs": TEXTS[:3]})))
+        np.testing.assert_allclose(got, want, atol=TOLERANCE)
+        openai = ok(post(client, "/v1/embeddings", {"input": TEXTS[:3], "model": "st"}))
+        got = np.array([row["embedding"] for row in openai["data"]])
+        np.testing.assert_allclose(got, want, atol=TOLERANCE)
+        assert client.get("/info").json()["model_type"]["embedding"]["dimensions"] == 24

@@ -52,7 +52,7 @@ def kind_settings(server: Server) -> dict[str, Any]:
     settings: dict[str, Any] = {
         "pooling": pooling_name(spec, o.pooling),
         "normalize": o.normalize,
-        "dimensions": model.dimensions,
+        "dimensions": o.dimensions or model.dimensions,  # the width the routes give
         "prompts": model.prompts,
         "default_prompt_name": spec.default_prompt_name,
     }
