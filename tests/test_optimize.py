@@ -432,6 +432,47 @@ def test_unsupported_models_raise_before_changing_anything(build, error, message
     assert not any("forward" in vars(m) for m in model.modules())
 
 
+@pytest.mark.parametrize("family", ["bert", "roberta", "mpnet"])
+def test_losses_and_pooling_that_read_padded_positions_equal_hugging_faces(family) -> None:
+    """A padded batch that "auto" would pack (zeros at padding) runs dense where a head reads
+    padded positions: a question-answering loss (softmax over every position), token labels
+    at padding, a first position that is padding (left padding: the pooler, a classifier)."""
+    lengths = [9, 5]  # well over the CPU's packing threshold of padding
+    cases = [
+        ("ForQuestionAnswering", {"start_positions": [1, 2], "end_positions": [3, 4]}),
+        ("ForTokenClassification", {"labels": "zeros"}),  # targets at the padded positions too
+        ("ForSequenceClassification", {"left": True}),
+    ]
+    for head, extra in cases:
+        hf = make_model(family, head, seed=3)
+        fast = fastbert.optimize(copy.deepcopy(hf))
+        inputs, mask = make_inputs(hf, head, lengths, seed=3)
+        if extra.pop("left", False):  # the same rows, padded on the left
+            order = torch.argsort(mask.to(torch.int8), dim=1, stable=True)
+            inputs = {k: torch.gather(v, 1, order) for k, v in inputs.items()}
+        if extra.get("labels") == "zeros":
+            extra = {"labels": torch.zeros_like(inputs["input_ids"])}
+        extra = {k: torch.tensor(v) if isinstance(v, list) else v for k, v in extra.items()}
+        with torch.no_grad():
+            want, got = hf(**inputs, **extra), fast(**inputs, **extra)
+        for key in ("loss", "logits", "start_logits"):
+            if key in want:
+                assert (want[key] - got[key]).abs().max() <= 1e-5, (head, key)
+
+
+def test_a_config_made_a_decoders_after_optimize_is_refused_at_the_call() -> None:
+    """Hugging Face reads is_decoder at every call (then attending causally): a model whose
+    config became a decoder's after optimize raises rather than attend both ways."""
+    model = fastbert.optimize(make_model("bert", "Model"))
+    ids = torch.randint(5, 100, (2, 7))
+    model.config.is_decoder = True
+    with pytest.raises(ValueError, match="decoder"), torch.no_grad():
+        model(input_ids=ids)
+    model.config.is_decoder = False
+    with torch.no_grad():
+        model(input_ids=ids)
+
+
 def test_a_head_dim_the_kernel_cannot_run_raises_before_changing_anything() -> None:
     """backend='triton' with head dim 16 (hidden 64, 4 heads): refused before the cast."""
     model = make_model("bert", "Model", num_attention_heads=4)

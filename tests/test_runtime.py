@@ -26,15 +26,30 @@ def test_padding_free_matches_hf(device, backend) -> None:
     model = inference_model(
         hf, dtype=torch.float32, device=device, backend=backend, padding_free=True
     )
-    # Rows of different lengths, one fully padded, and one with a hole (left padding too).
+    # Rows of different lengths, one fully padded, and one with a hole.
     ids, mask, types = padded_batch([9, 1, 6, 9], seed=11, device=device)
-    mask[2] = torch.tensor([0, 0, 1, 1, 1, 0, 1, 1, 0], device=device)
+    mask[2] = torch.tensor([1, 0, 1, 1, 1, 0, 1, 1, 0], device=device)
     mask[1] = 0
     expected = _hf_hidden(hf.to(device), ids, mask, types)
     got = model(ids, mask, types).last_hidden_state
     valid = mask.bool()
     assert (got - expected)[valid].abs().max() <= BOUND
     assert torch.equal(got[~valid], torch.zeros_like(got[~valid])), "padding is not zero"
+
+
+@pytest.mark.parametrize("padding_free", [True, "auto"])
+def test_a_left_padded_batch_computes_every_position(device, padding_free) -> None:
+    """A row whose first position is padding runs dense whatever padding_free says: the
+    pooler reads that position, which Hugging Face computes (packing would give zeros)."""
+    hf = hf_model("BertModel", seed=11)
+    model = inference_model(hf, dtype=torch.float32, device=device, padding_free=padding_free)
+    ids, mask, types = padded_batch([9, 4, 6], seed=11, device=device)
+    mask[1] = torch.tensor([0, 0, 0, 0, 0, 1, 1, 1, 1], device=device)
+    with torch.no_grad():
+        expected = hf.to(device)(input_ids=ids, attention_mask=mask, token_type_ids=types)
+    got = model(ids, mask, types)
+    assert (got.last_hidden_state - expected.last_hidden_state).abs().max() <= BOUND
+    assert (got.pooler_output - expected.pooler_output).abs().max() <= BOUND
 
 
 def test_padding_free_equals_dense(device) -> None:

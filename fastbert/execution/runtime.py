@@ -42,7 +42,9 @@ Each is chosen per call by the model's ``padding_free`` and ``cuda_graphs`` sett
   (PACK_MIN_PADDING_CPU on a CPU): on a CPU the torch backend's packed attention runs each
   sequence's keys only, on views of the packed tensors, so a packed batch already runs faster
   than the dense one at a few per cent of padding (docs/results.md, "Measurements behind the
-  code's choices"); True packs whenever a mask has padding; False never. A batch without
+  code's choices"); True packs whenever a mask has padding; False never. A batch with a
+  left-padded row (the pooler reads its padded first position), or a call of a thread that
+  :func:`want_every_position`, runs dense whatever the setting. A batch without
   padding always runs dense, and unmasked.
 - ``cuda_graphs`` chooses when a call replays a graph of its key (fastbert.execution.graphs
   holds the rule, the bounds and the thread and weight safety). For a padding-free call, the
@@ -53,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 import warnings
 from collections.abc import Callable, Hashable
 from typing import Protocol
@@ -86,6 +89,24 @@ FILLER_SEQUENCE = 16
 # ... and its B sequences, with the filler, are padded with empty sequences to a power of two
 # of at least this many (a batch of up to 7 sequences runs an 8-sequence grid).
 SEQUENCE_BUCKET_MIN = 8
+
+
+class _EveryPosition(threading.local):
+    wanted = False
+
+
+# Whether this thread's padded calls must compute the padded positions (want_every_position).
+_every_position = _EveryPosition()
+
+
+def want_every_position(wanted: bool) -> bool:
+    """From now on, this thread's padded calls run dense when ``wanted``: every position,
+    padded ones included, computed as Hugging Face computes it, for a head whose loss reads
+    them (a packed call gives zeros at padding). Returns the setting it replaces."""
+    before = _every_position.wanted
+    _every_position.wanted = wanted
+    return before
+
 
 # Fused QKV -> attention context; takes the attention ops' position keywords too:
 # ``relative_bias=`` (an [H, 32] table), ``rotary=`` (RoPE's inverse frequencies), ``window=``.
@@ -500,6 +521,11 @@ class Runner:
             return True, None, None
         if rows.holes:
             min_padding = None  # packing would change the distances between tokens
+        if rows.padded_first or _every_position.wanted:
+            # A pooler (and a classifier reading the first token) reads a left-padded row's
+            # padded first position; a head's loss may read every padded one: compute them as
+            # Hugging Face does, which packing (zeros at padding) would not.
+            min_padding = None
         packed = None if min_padding is None else pack(key_padding_mask, rows, min_padding)
         return True, packed, key_padding_mask
 

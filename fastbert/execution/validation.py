@@ -232,13 +232,15 @@ class RowLengths:
     """The real tokens of each row of a padded [B, S] batch.
 
     lengths: int32 [B] on the batch's device; total and longest: read on the host; holes: the
-    rows whose real tokens are not contiguous (padding amid them), when counted, else 0.
+    rows whose real tokens are not contiguous (padding amid them), when counted, else 0;
+    padded_first: the rows with real tokens whose first position is padding (left padding).
     """
 
     lengths: torch.Tensor
     total: int
     longest: int
     holes: int = 0
+    padded_first: int = 0
 
 
 def read_batch(
@@ -264,14 +266,17 @@ def read_batch(
         values.append(torch.stack([lengths.sum(), lengths.max()]).to(torch.int64))
         if count_holes:
             values.append(torch.stack([_rows_with_holes(key_padding_mask, lengths)] * 2))
+        left_padded = (~key_padding_mask[:, 0]) & (lengths > 0)
+        values.append(torch.stack([left_padded.sum(dtype=torch.int64)] * 2))
     read = checks.check_id_ranges(  # the host synchronisation
         input_ids, token_type_ids, None, vocab_size, type_vocab_size, 0, also_read=values
     )
     if lengths is None:
         return None
+    padded_first = read.pop()[0]
     holes = read.pop()[0] if count_holes else 0
     total, longest = read[-1]
-    return RowLengths(lengths, total, longest, holes)
+    return RowLengths(lengths, total, longest, holes, padded_first)
 
 
 def _rows_with_holes(key_padding_mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

@@ -139,7 +139,44 @@ def optimize(
         "packed_weights": packed_weights,
     }
     base.forward = FastbertForward(base, family, config, settings, masked_outputs_read)
+    if hf_model is not base and not is_sentence_transformer(model):
+        _compute_padding_where_losses_read_it(hf_model)
     return model
+
+
+def _loss_reads_padding(arguments: dict[str, Any]) -> bool:
+    """Whether a head's loss, for these forward arguments, reads the encoder's outputs at
+    padded positions: a question-answering head's (its softmax spans every position), or a
+    token-level head's whose labels hold a target (not -100) at a padded position."""
+    mask = arguments.get("attention_mask")
+    if not isinstance(mask, torch.Tensor):
+        return False
+    if arguments.get("start_positions") is not None or arguments.get("end_positions") is not None:
+        return True
+    labels = arguments.get("labels")
+    if isinstance(labels, torch.Tensor) and labels.shape == mask.shape:
+        return bool(((mask == 0) & (labels != -100)).any())  # a host read, with labels only
+    return False
+
+
+def _compute_padding_where_losses_read_it(head: nn.Module) -> None:
+    """Hooks on the head ``head``: a call whose loss reads padded positions
+    (:func:`_loss_reads_padding`) runs its encoder dense, as Hugging Face computes them."""
+    signature = inspect.signature(type(head).forward)
+    if not {"labels", "start_positions"} & set(signature.parameters):
+        return
+    saved = threading.local()
+
+    def before(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        arguments = signature.bind_partial(module, *args, **kwargs).arguments
+        stack = saved.__dict__.setdefault("stack", [])
+        stack.append(runtime.want_every_position(_loss_reads_padding(arguments)))
+
+    def after(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        runtime.want_every_position(saved.stack.pop())
+
+    head.register_forward_pre_hook(before, with_kwargs=True)
+    head.register_forward_hook(after, with_kwargs=True, always_call=True)
 
 
 _PADDING_FREE_EXPANSION = (
@@ -371,7 +408,15 @@ class FastbertForward:
         return arguments
 
     def _refuse(self, arguments: dict[str, Any]) -> None:
-        """Raise for any argument (config defaults included) fastbert cannot honour."""
+        """Raise for any argument (config defaults included) fastbert cannot honour, and for a
+        config made a decoder's since ``optimize`` (Hugging Face reads it at every call)."""
+        config = self.base.config
+        if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
+            raise ValueError(
+                "the model's config is now a decoder's (is_decoder / add_cross_attention); "
+                "fastbert's encoder attends both ways: set them back, or call the model "
+                "without fastbert"
+            )
         for name in ("output_attentions", "output_hidden_states"):
             if arguments.get(name) is None:
                 arguments[name] = getattr(self.base.config, name, False)
