@@ -420,7 +420,7 @@ def test_help_lists_the_options() -> None:
     [
         (["--batch-tokens", "0"], "argument --batch-tokens: must be a positive integer"),
         (["--pooling", "maximum"], "pooling must be one of mean, cls, max"),
-        (["--prompt-name", "query"], "prompt_name 'query' is not one of this model's prompts"),
+        (["--prompt-name", "passage"], "prompt_name 'passage' is not one of this model's prompts"),
         (["--dimensions", "32"], "Matryoshka"),
         (["--max-active-dims", "3"], "max_active_dims applies to sparse embeddings"),
         (["--rows-per-shard", "x"], "argument --rows-per-shard: must be an integer, got 'x'"),

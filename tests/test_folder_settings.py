@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import fastbert
 from tests.sentence_folders import HIDDEN, hf_folder, save_modules, transformer, write_json
@@ -19,6 +20,7 @@ from tests.sentence_folders import HIDDEN, hf_folder, save_modules, transformer,
 st = pytest.importorskip("sentence_transformers")
 from sentence_transformers.base.modules import Dense, Normalize  # noqa: E402
 from sentence_transformers.sentence_transformer.modules import Pooling  # noqa: E402
+from sentence_transformers.sparse_encoder.modules import SpladePooling  # noqa: E402
 
 TOLERANCE = 2e-5  # float32 against float32: the same math, summed in other orders
 LONG = " ".join(f"Sentence {i} is about Paris and the river Seine in spring." for i in range(12))
@@ -171,3 +173,73 @@ def test_truncate_dim_cuts_as_sentence_transformers_cuts(base, tmp_path):
         model.encode(TEXTS, truncate_dim=64),
         atol=TOLERANCE,
     )
+
+
+# -- the other kinds: sparse, multi-vector, cross-encoder ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mlm(tmp_path_factory):
+    return hf_folder(tmp_path_factory.mktemp("mlm") / "bert", "BertForMaskedLM", seed=1)
+
+
+@pytest.mark.parametrize("max_active_dims", [None, 5])
+def test_a_sparse_folders_normalize_and_max_active_dims(mlm, tmp_path, max_active_dims):
+    """A final Normalize runs (it was dropped), and the folder's max_active_dims keeps each
+    row's largest values after it, as SparseEncoder.encode does."""
+    modules = [transformer(mlm, transformer_task="fill-mask"), SpladePooling("max"), Normalize()]
+    folder = save_modules(
+        tmp_path / "sparse", modules, kind="SparseEncoder", max_active_dims=max_active_dims
+    )
+    want = st.SparseEncoder(str(folder), device="cpu").encode(TEXTS).to_dense().numpy()
+    got = fastbert.load(folder, device="cpu").embed(TEXTS).to_dense()
+    if max_active_dims is None:
+        np.testing.assert_allclose(np.linalg.norm(want, axis=1), 1.0, atol=1e-5)
+    np.testing.assert_array_equal(got > 0, want > 0)
+    np.testing.assert_allclose(got, want, atol=TOLERANCE)
+    if max_active_dims:
+        assert ((got > 0).sum(axis=1) == max_active_dims).all()
+
+
+def test_query_and_document_prompts_exist_in_every_embedding_folder(base, tmp_path):
+    """sentence-transformers gives each embedding model empty "query" and "document" prompts
+    where the folder declares none (encode_query / encode_document name them)."""
+    model = st.MultiVectorEncoder(str(base), device="cpu")
+    model.save(str(tmp_path / "mv"))
+    edit_json(tmp_path / "mv" / "config_sentence_transformers.json", prompts={})
+    model = st.MultiVectorEncoder(str(tmp_path / "mv"), device="cpu")
+    loaded = fastbert.load(tmp_path / "mv", device="cpu")
+    for got, want in (
+        (loaded.embed(TEXTS, prompt_name="query"), model.encode_query(TEXTS)),
+        (loaded.embed(TEXTS, prompt_name="document"), model.encode_document(TEXTS)),
+    ):
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, np.asarray(w), atol=TOLERANCE)
+    dense = folder_of(base, tmp_path / "dense")
+    np.testing.assert_allclose(
+        fastbert.load(dense, device="cpu").embed(TEXTS, prompt_name="query"),
+        st.SentenceTransformer(str(dense), device="cpu").encode_query(TEXTS),
+        atol=TOLERANCE,
+    )
+
+
+@pytest.mark.parametrize("activation", [None, torch.nn.Identity(), torch.nn.Tanh()])
+def test_a_cross_encoder_folders_prompt_and_activation(tmp_path, activation):
+    """The default prompt goes before each pair's first text, and scores() applies the
+    activation the folder saved, as CrossEncoder.predict does."""
+    base = hf_folder(tmp_path / "ce-base", "BertForSequenceClassification", seed=2)
+    cross = st.CrossEncoder(
+        str(base),
+        device="cpu",
+        prompts={"rerank": "Judge relevance: "},
+        default_prompt_name="rerank",
+        activation_fn=activation,
+    )
+    cross.save(str(tmp_path / "ce"))
+    pairs = [(TEXTS[0], TEXTS[1]), (TEXTS[3], TEXTS[4]), ("what is up?", "nothing much")]
+    cross = st.CrossEncoder(str(tmp_path / "ce"), device="cpu")
+    loaded = fastbert.load(tmp_path / "ce", device="cpu")
+    logits = loaded.classify([a for a, _ in pairs], [b for _, b in pairs])
+    want = cross.predict(pairs, activation_fn=torch.nn.Identity())
+    np.testing.assert_allclose(logits[:, 0], want, atol=TOLERANCE)
+    np.testing.assert_allclose(loaded.scores(logits)[:, 0], cross.predict(pairs), atol=TOLERANCE)

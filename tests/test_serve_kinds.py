@@ -411,3 +411,23 @@ def test_a_folders_truncate_dim_is_the_width_served(tmp_path):
         got = np.array([row["embedding"] for row in openai["data"]])
         np.testing.assert_allclose(got, want, atol=TOLERANCE)
         assert client.get("/info").json()["model_type"]["embedding"]["dimensions"] == 24
+
+
+def test_rerank_scores_with_the_folders_activation(tmp_path):
+    """/rerank and /v1/rerank score as CrossEncoder.predict does: here the Identity the folder
+    saved, not a sigmoid."""
+    import torch
+
+    base = hf_folder(tmp_path / "ce-base", "BertForSequenceClassification", seed=4)
+    st.CrossEncoder(str(base), device="cpu", activation_fn=torch.nn.Identity()).save(
+        str(tmp_path / "ce")
+    )
+    query, docs = TEXTS[0], TEXTS[1:5]
+    want = st.CrossEncoder(str(tmp_path / "ce"), device="cpu").predict([(query, d) for d in docs])
+    with served_client(tmp_path / "ce", tmp_path, "--accept-any-model-name") as client:
+        ranked = ok(post(client, "/rerank", {"query": query, "texts": docs}))
+        for row in ranked:
+            assert row["score"] == pytest.approx(float(want[row["index"]]), abs=1e-4)
+        cohere = ok(post(client, "/v1/rerank", {"query": query, "documents": docs}))
+        for row in cohere["results"]:
+            assert row["relevance_score"] == pytest.approx(float(want[row["index"]]), abs=1e-4)

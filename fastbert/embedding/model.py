@@ -373,6 +373,34 @@ def _describe(module: Any) -> str:
     return spec.describe() if spec is not None else type(module).__name__
 
 
+def cross_encoder_activation(spec: FolderSpec, config: Any) -> torch.nn.Module:
+    """What sentence-transformers' ``CrossEncoder.predict`` applies to the logits of the folder
+    ``spec`` with the transformers ``config``: the first ``torch.nn`` class named by the
+    folder's config_sentence_transformers.json (``activation_fn``), its config.json
+    (``sentence_transformers.activation_fn``, or the older
+    ``sbert_ce_default_activation_function``), else Sigmoid for one label and Identity for
+    more. A class outside ``torch`` is passed over (sentence-transformers loads one only when
+    trusted with remote code)."""
+    import importlib
+
+    saved = getattr(config, "sentence_transformers", None) or {}
+    paths = (
+        spec.activation_fn,
+        saved.get("activation_fn"),
+        getattr(config, "sbert_ce_default_activation_function", None),
+    )
+    for path in paths:
+        if isinstance(path, str) and path.startswith("torch."):
+            module_name, _, class_name = path.rpartition(".")
+            try:
+                activation = getattr(importlib.import_module(module_name), class_name, None)
+            except ImportError:
+                activation = None
+            if isinstance(activation, type) and issubclass(activation, torch.nn.Module):
+                return activation()
+    return torch.nn.Sigmoid() if config.num_labels == 1 else torch.nn.Identity()
+
+
 class Classifier:
     """Batches of token ids (a text or a text pair each) -> logits (numpy float32
     [n, num_labels]).

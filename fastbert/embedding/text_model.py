@@ -88,6 +88,12 @@ class TextModel:
         self.text_tokenizer = TextTokenizer(tokenizer, options.max_length)
         self.encoder = encoder
         self.classifier = classifier
+        # A cross-encoder's: what CrossEncoder.predict applies to the logits (see scores).
+        self.activation = (
+            None
+            if classifier is None
+            else model.cross_encoder_activation(spec, classifier.model.config)
+        )
         self.labels = labels
         self._promptings: dict[tuple[str | None, str | None], Prompting] = {}
         # The embed loop's encoder: embeddings as computed (float32), normalised (and cut to a
@@ -343,6 +349,15 @@ class TextModel:
             logits[batch] = self.classify_tokens([tokens.ids[i] for i in batch], type_ids)
         return logits
 
+    def scores(self, logits: np.ndarray) -> np.ndarray:
+        """A cross-encoder's raw logits [n, labels] (:meth:`classify`) -> its scores, float32,
+        as sentence-transformers' ``CrossEncoder.predict`` gives them: the activation the
+        folder saved (Sigmoid for one label, Identity for more, when it saved none)."""
+        self._require((CLASSIFICATION,), "score pairs")
+        with torch.no_grad():
+            scores = self.activation(torch.from_numpy(np.asarray(logits, np.float32)))
+        return scores.numpy()
+
     def classify_tokens(
         self, tokens: list[list[int]], type_ids: list[list[int]] | None
     ) -> np.ndarray:
@@ -465,15 +480,18 @@ def resolve(
         dimensions, force = spec.truncate_dim, True  # the folder's own width
         if options.normalize is None:
             normalize = False  # its Normalize runs as a module, before the cut (see load)
-    prompt = "" if spec.kind == CLASSIFICATION else spec.prompt(options.prompt_name, options.prompt)
+    max_active_dims = options.max_active_dims
+    if max_active_dims is None and spec.kind == SPARSE:
+        max_active_dims = spec.max_active_dims
     resolved = replace(
         options,
         max_length=max_length,
         normalize=normalize,
         dimensions=dimensions,
         force_dimensions=force,
+        max_active_dims=max_active_dims,
         prompt_name=None,
-        prompt=prompt,
+        prompt=spec.prompt(options.prompt_name, options.prompt),  # a cross-encoder's: the query's
     )
     width = dimensions or model.declared_dimensions(spec, config, options.pooling)
     return resolved, spec, width
@@ -517,7 +535,11 @@ def load_options(options: EmbedOptions, tokenizer: Any = None) -> TextModel:
         packed_weights=True,
     )
     head = model.load_masked_lm_head(spec, encoder_model) if spec.kind == SPARSE else None
-    keep_normalize = _cuts_to_truncate_dim(given, spec) and given.normalize is None
+    # A sparse or multi-vector model's final Normalize runs as a module (their vectors are
+    # finished by no normalize setting), as does a dense one's cut after it (truncate_dim).
+    keep_normalize = spec.kind != EMBEDDING or (
+        _cuts_to_truncate_dim(given, spec) and given.normalize is None
+    )
     modules, _ = model.build_modules(spec, tokenizer, device, options.pooling, keep_normalize)
     encoder = model.FolderPipeline(
         encoder_model,

@@ -118,7 +118,9 @@ class FolderSpec:
     whether the folder has a modules.json (False: a plain Hugging Face folder); ``matryoshka``:
     whether its model card (README.md) says it was trained to be cut to fewer dimensions
     (Matryoshka representation learning); ``truncate_dim``: the width its embeddings are cut
-    to after every module (config_sentence_transformers.json's, None: not cut)."""
+    to after every module, and ``max_active_dims``: the values a sparse vector keeps
+    (config_sentence_transformers.json's; None: not cut); ``activation_fn``: the class path
+    of a cross-encoder's activation it saved there (None: none)."""
 
     folder: Path
     kind: str
@@ -130,6 +132,8 @@ class FolderSpec:
     declared: bool = True
     matryoshka: bool = False
     truncate_dim: int | None = None
+    max_active_dims: int | None = None
+    activation_fn: str | None = None
 
     def prompt(self, prompt_name: str | None = None, prompt: str | None = None) -> str:
         """The text put before every input, as sentence-transformers chooses it: ``prompt``
@@ -142,6 +146,10 @@ class FolderSpec:
                 raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
             return prompt
         if prompt_name is not None:
+            if prompt_name in ("query", "document") and self.kind != CLASSIFICATION:
+                # sentence-transformers gives every embedding model these two, empty unless
+                # the folder declares them (encode_query / encode_document name them).
+                return self.prompts.get(prompt_name, "")
             if prompt_name not in self.prompts:
                 known = ", ".join(repr(n) for n in self.prompts) or "none"
                 raise ValueError(
@@ -195,14 +203,16 @@ def read_folder(folder: str | Path) -> FolderSpec:
             f"{folder / 'config_sentence_transformers.json'}: default_prompt_name {default!r} "
             "is not one of its prompts"
         )
-    truncate_dim = settings.get("truncate_dim")
-    if truncate_dim is not None and (
-        isinstance(truncate_dim, bool) or not isinstance(truncate_dim, int) or truncate_dim < 1
-    ):
-        raise ValueError(
-            f"{folder / 'config_sentence_transformers.json'}: truncate_dim must be a positive "
-            "integer"
-        )
+    cuts = {}
+    for name in ("truncate_dim", "max_active_dims"):
+        value = settings.get(name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ValueError(
+                f"{folder / 'config_sentence_transformers.json'}: {name} must be a positive integer"
+            )
+        cuts[name] = value
     return FolderSpec(
         folder=folder,
         kind=_kind(settings.get("model_type"), transformer, rest, folder),
@@ -212,7 +222,8 @@ def read_folder(folder: str | Path) -> FolderSpec:
         default_prompt_name=default,
         similarity=settings.get("similarity_fn_name"),
         matryoshka=_card_says_matryoshka(folder),
-        truncate_dim=truncate_dim,
+        **cuts,
+        activation_fn=settings.get("activation_fn"),
     )
 
 

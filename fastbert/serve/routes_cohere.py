@@ -20,7 +20,7 @@ from fastapi.responses import Response
 from fastbert.embedding.quantized import RANGED, quantize_embeddings
 from fastbert.embedding.text_model import finish_embeddings
 from fastbert.serve import inputs, schemas
-from fastbert.serve.scores import rerank_scores, sigmoid
+from fastbert.serve.scores import rerank_scores
 from fastbert.serve.service import Server, Timing
 
 # Cohere's input_type -> the prompt names tried after the input_type itself, in order: those
@@ -92,7 +92,8 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
 
     @app.post("/v1/rerank", dependencies=posted, tags=["Cohere"])
     async def rerank(body: schemas.CohereRerankRequest, request: Request) -> Response:
-        """Cohere's rerank: relevance scores (sigmoid of the logit), best first, ``top_n``."""
+        """Cohere's rerank: relevance scores (as CrossEncoder.predict gives them), best first,
+        ``top_n``."""
         timing = Timing()
         server.require("/v1/rerank")
         server.check_model(body.model)
@@ -100,7 +101,7 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
         logits = await rerank_scores(
             server, request, timing, "/v1/rerank", body.query, texts, None, "right", "documents"
         )
-        scores = sigmoid(logits)
+        scores = server.model.scores(logits[:, None])[:, 0]
         order = np.argsort(-scores, kind="stable")[: body.top_n]
         results = []
         for i in order:

@@ -13,7 +13,7 @@ from fastapi.responses import Response
 
 from fastbert.embedding.text_model import finish_embeddings
 from fastbert.serve import inputs, schemas
-from fastbert.serve.scores import pair_scores, probabilities, rerank_scores, sigmoid
+from fastbert.serve.scores import pair_scores, probabilities, rerank_scores
 from fastbert.serve.service import NUMPY_JSON, Server, Timing
 
 
@@ -76,7 +76,9 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
 
     @app.post("/rerank", dependencies=posted, tags=["TEI"])
     async def rerank(body: schemas.RerankRequest, request: Request) -> Response:
-        """Scores of (query, text) for each text, best first (sigmoid unless ``raw_scores``)."""
+        """Scores of (query, text) for each text, best first (as CrossEncoder.predict gives
+        them: the folder's activation, Sigmoid unless it saved another; the logits with
+        ``raw_scores``)."""
         timing = Timing()
         logits = await rerank_scores(
             server,
@@ -89,7 +91,7 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
             body.truncation_direction,
             "texts",
         )
-        scores = logits if body.raw_scores else sigmoid(logits)
+        scores = logits if body.raw_scores else model.scores(logits[:, None])[:, 0]
         order = np.argsort(-scores, kind="stable")
         content = []
         for i in order:
