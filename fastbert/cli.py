@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     except CommandError as exc:
         print(f"{command.prog}: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: a line, not a traceback (the shell's code for SIGINT)
+        print(f"\n{command.prog}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -25,6 +25,9 @@ FORMAT = "fastbert-embeddings/1"
 # Manifest keys that are not settings of the job: comparing jobs ignores them (``model_name``:
 # the name the model was given by; the same folder by another name is the same job).
 _NOT_SETTINGS = ("complete", "fastbert_version", "model_name")
+# The job record's entry of each input file's size and modification time (bytes,
+# nanoseconds): an input changed since a run makes it another job.
+INPUT_STATE = "input_sizes_and_times"
 # What a complete manifest adds to the job's record.
 TOTALS = ("rows", "tokens", "truncated", "skipped")
 
@@ -100,6 +103,8 @@ def _first_difference(manifest: dict, job: dict) -> str | None:
     (totals, shards and :data:`_NOT_SETTINGS` are no settings)."""
     ignored = (*_NOT_SETTINGS, *TOTALS, "shards")
     keys = sorted(set(job) | set(manifest))
+    if INPUT_STATE not in manifest:  # written before inputs were recorded so: not compared
+        ignored = (*ignored, INPUT_STATE)
     return next(
         (k for k in keys if k not in ignored and manifest.get(k) != job.get(k)),
         None,

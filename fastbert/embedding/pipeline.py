@@ -26,18 +26,20 @@ def job_record(
     inputs: Sequence[Path], options: EmbedOptions, spec: FolderSpec, dimensions: int | None
 ) -> dict:
     """The manifest's description of a job: what decides its embeddings and shard layout
-    (``quantize``, ``prompt``, ``max_active_dims`` and ``precision`` only when set, so that the
-    records of earlier runs without them still match; with int8 / uint8, where the ranges
-    come from, and the ``ranges`` themselves once known), and ``model_name``, the name the
-    model was given by, when it was (``model`` is always its folder). ``spec``: the model
-    folder as read (its kind: "embedding", "sparse", "multi-vector"); ``dimensions``: the
-    output's width (None when only the loaded model tells it)."""
+        (``quantize``, ``prompt``, ``max_active_dims`` and ``precision`` only when set, so that the
+        records of earlier runs without them still match; with int8 / uint8, where the ranges
+        come from, and the ``ranges`` themselves once known), each input's size and modification
+    time (an input changed since a run makes another job), and ``model_name``, the name the
+        model was given by, when it was (``model`` is always its folder). ``spec``: the model
+        folder as read (its kind: "embedding", "sparse", "multi-vector"); ``dimensions``: the
+        output's width (None when only the loaded model tells it)."""
     record = {
         "format": manifest.FORMAT,
         "fastbert_version": __version__,
         "model": str(Path(options.model).resolve()),
         "kind": spec.kind,
         "inputs": [str(p.resolve()) for p in inputs],
+        manifest.INPUT_STATE: [[p.stat().st_size, p.stat().st_mtime_ns] for p in inputs],
         "text_field": options.text_field,
         "id_field": options.id_field,
         "pooling": model.pooling_name(spec, options.pooling),
@@ -170,9 +172,13 @@ def embed_files(inputs: Sequence[str | Path], output: str | Path, options: Embed
     if job.finished is not None:
         return job.finished_summary()
     loaded = load_options(job.options, tokenizer)
+    if job.options.id_field is not None:
+        job.writer.id_kind = readers.IdKind()
     rows = (
         r
-        for r in readers.read_rows(files, job.options.text_field, job.options.id_field)
+        for r in readers.read_rows(
+            files, job.options.text_field, job.options.id_field, ids=job.writer.id_kind
+        )
         if r.index >= job.first_row
     )
     job.writer.dimensions = job.options.dimensions or loaded.dimensions

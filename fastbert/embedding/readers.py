@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,13 +60,21 @@ def list_inputs(inputs: Sequence[str | Path]) -> list[Path]:
     for given in inputs:
         path = Path(given)
         if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in FORMATS)
+            entries = sorted(path.iterdir())
+            found = [p for p in entries if p.is_file() and p.suffix.lower() in FORMATS]
             if not found:
                 raise InputError(f"{path}: the folder holds no {', '.join(FORMATS)} file")
+            left = [p.name + ("/" if p.is_dir() else "") for p in entries if p not in found]
+            if left:
+                warnings.warn(
+                    f"{path}: not read (subfolders and files of other types): "
+                    f"{', '.join(left[:10])}{' ...' if len(left) > 10 else ''}",
+                    stacklevel=2,
+                )
             files.extend(found)
         elif not path.exists():
             raise InputError(f"{path}: no such file or folder")
-        elif path.suffix not in FORMATS:
+        elif path.suffix.lower() not in FORMATS:
             raise InputError(
                 f"{path}: unknown input type {path.suffix!r} (expected one of {', '.join(FORMATS)})"
             )
@@ -87,11 +96,11 @@ def _check_readable(path: Path) -> None:
 def count_rows(path: Path) -> int:
     """How many rows :func:`read_rows` reads from ``path`` (lines of .txt / .jsonl, records of
     .csv, rows of .parquet), good and bad."""
-    if path.suffix == ".parquet":
+    if _format(path) == ".parquet":
         import pyarrow.parquet as pq
 
         return pq.ParquetFile(path).metadata.num_rows
-    if path.suffix == ".csv":
+    if _format(path) == ".csv":
         return sum(1 for _ in _read_csv(path, "", None))
     count, last = 0, b"\n"
     with path.open("rb") as handle:
@@ -102,27 +111,59 @@ def count_rows(path: Path) -> int:
 
 
 def read_rows(
-    files: Sequence[Path], text_field: str, id_field: str | None, first_index: int = 0
+    files: Sequence[Path],
+    text_field: str,
+    id_field: str | None,
+    first_index: int = 0,
+    ids: IdKind | None = None,
 ) -> Iterator[Row]:
     """The rows of ``files`` in order, indexed across them from ``first_index``. In a .txt
     file every line is a text (``text_field`` does not apply, and ``id_field`` must be
+    None). ``ids``: what learns the kind of the ids (see :class:`IdKind`; a new one when
     None)."""
     if id_field is not None:
         for path in files:
-            if path.suffix == ".txt":
+            if _format(path) == ".txt":
                 raise InputError(
                     f"{path}: a .txt file has no fields, so no id field "
                     f"{id_field!r} (leave the id field out to number the rows)"
                 )
     index = first_index
+    ids = IdKind() if ids is None else ids
     for path in files:
-        for line, text, row_id, problem in _READERS[path.suffix](path, text_field, id_field):
+        for line, text, row_id, problem in _READERS[_format(path)](path, text_field, id_field):
             if problem is None:
                 problem = text_problem(text, text_field)
-            if problem is None and id_field is not None and row_id is None:
-                problem = f"no {id_field!r} field"
+            if id_field is not None:
+                id_problem = f"no {id_field!r} field" if row_id is None else ids.problem(row_id)
+                problem = problem or id_problem
             yield Row(index, row_id, text if problem is None else None, str(path), line, problem)
             index += 1
+
+
+class IdKind:
+    """The kind of a job's ids (an id column holds one type): set by the first id of a kind
+    an output can hold (a string, a 64-bit integer, a number), that every later id must
+    have."""
+
+    def __init__(self) -> None:
+        self.kind: type | None = None
+
+    def problem(self, row_id: Any) -> str | None:
+        """Why ``row_id`` cannot be an id of the job, or None (then it sets the kind if unset)."""
+        kind = type(row_id)
+        if kind not in (str, int, float):
+            return f"its id {row_id!r} is not a string or a number"
+        if kind is int and not -(2**63) <= row_id < 2**63:
+            return f"its id {row_id} does not fit in 64 bits"
+        if kind is str and _has_surrogate(row_id):
+            return "its id holds a lone surrogate, not Unicode text"
+        if self.kind is None:
+            self.kind = kind
+        elif kind is not self.kind:
+            names = {str: "a string", int: "an integer", float: "a number"}
+            return f"its id {row_id!r} is {names[kind]} where the first id is {names[self.kind]}"
+        return None
 
 
 def text_problem(text: Any, text_field: str) -> str | None:
@@ -134,11 +175,9 @@ def text_problem(text: Any, text_field: str) -> str | None:
         return f"{text_field!r} is a {type(text).__name__}, not a string"
     if not text.strip():
         return "empty text"
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:  # a lone surrogate, which JSON's escapes can give
-            return f"a lone surrogate at character {exc.start}, not Unicode text"
+    at = _surrogate_at(text)
+    if at is not None:
+        return f"a lone surrogate at character {at}, not Unicode text"
     return None
 
 
@@ -160,7 +199,7 @@ def _read_jsonl(path: Path, text_field: str, id_field: str | None) -> Iterator[R
     with path.open("rb") as handle:
         for line, raw in enumerate(handle, start=1):
             try:
-                record = json.loads(raw.decode("utf-8"))
+                record = json.loads(raw.decode("utf-8-sig" if line == 1 else "utf-8"))
             except UnicodeDecodeError:
                 yield line, None, None, "not UTF-8"
                 continue
@@ -174,15 +213,36 @@ def _read_jsonl(path: Path, text_field: str, id_field: str | None) -> Iterator[R
 
 
 def _read_csv(path: Path, text_field: str, id_field: str | None) -> Iterator[Record]:
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise InputError(f"{path}, line {line}: not UTF-8") from exc
+    # Bytes that are not UTF-8 decode to lone surrogates, which mark their record bad.
+    text = path.read_bytes().decode("utf-8-sig", errors="surrogateescape")
+    csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))  # texts of any length
     reader = csv.DictReader(io.StringIO(text, newline=""))
     for row, record in enumerate(reader, start=1):
+        if any(_escaped(value) for value in record.values()):
+            yield row, None, None, "not UTF-8"
+            continue
         yield row, record.get(text_field), _field(record, id_field), None
+
+
+def _escaped(value: Any) -> bool:
+    """Whether a decoded CSV value holds bytes that were not UTF-8 (surrogate escapes)."""
+    return isinstance(value, str) and _has_surrogate(value)
+
+
+def _has_surrogate(text: str) -> bool:
+    """Whether ``text`` holds a lone surrogate (JSON's escapes can give one; so do the
+    escapes of bytes that are not UTF-8): no Unicode text."""
+    return _surrogate_at(text) is not None
+
+
+def _surrogate_at(text: str) -> int | None:
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
 
 
 def _read_parquet(path: Path, text_field: str, id_field: str | None) -> Iterator[Record]:
@@ -208,3 +268,8 @@ def _field(record: dict, name: str | None) -> Any:
 
 
 _READERS = {".txt": _read_txt, ".jsonl": _read_jsonl, ".csv": _read_csv, ".parquet": _read_parquet}
+
+
+def _format(path: Path) -> str:
+    """The input type of ``path``: its extension, in any case."""
+    return path.suffix.lower()

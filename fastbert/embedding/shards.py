@@ -99,6 +99,9 @@ class ShardWriter:
         self._tokens: dict[int, int] = {}
         self._truncated: set[int] = set()
         self._skipped: list[int] = []
+        # The kind of the ids the rows carry (readers.IdKind, shared with the reader), or None
+        # for row numbers.
+        self.id_kind: Any = None
 
     def add(self, embedded: EmbeddedRows) -> None:
         """Rows embedded, to be written with their shards."""
@@ -148,7 +151,8 @@ class ShardWriter:
         if self.quantizer is not None and self.kind == "embedding":
             width, dtype = self.quantizer.width(self.dimensions), self.quantizer.dtype
         columns = output_columns(self.kind, [self._vectors[i] for i in taken], width, dtype)
-        write_shard(shard_path(self.output, self.next_shard), ids, columns, stats)
+        kind = None if self.id_kind is None else self.id_kind.kind
+        write_shard(shard_path(self.output, self.next_shard), ids, columns, stats, kind)
         keep = [i for i, r in enumerate(self._rows) if r >= last]
         self._rows = [self._rows[i] for i in keep]
         self._ids = [self._ids[i] for i in keep]
@@ -186,12 +190,19 @@ def output_columns(kind: str, outputs: list[Any], dimensions: int, dtype: np.dty
     return {"embedding": pa.FixedSizeListArray.from_arrays(flat, dimensions)}
 
 
-def write_shard(path: Path, ids: list[Any], columns: dict, stats: ShardStats) -> None:
-    """Write one shard atomically: a temporary file in the same folder, then a rename."""
+def write_shard(
+    path: Path, ids: list[Any], columns: dict, stats: ShardStats, id_kind: type | None = None
+) -> None:
+    """Write one shard atomically: a temporary file in the same folder, then a rename. The id
+    column's type is that of ``id_kind`` (str, int or float: the job's ids, whose every shard,
+    an empty one too, then has one type), else the ids' own (int64 when there are none)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    id_column = pa.array(ids, type=pa.int64()) if not ids else pa.array(ids)
+    id_type = {str: pa.string(), int: pa.int64(), float: pa.float64()}.get(id_kind)
+    if id_type is None and not ids:
+        id_type = pa.int64()
+    id_column = pa.array(ids, type=id_type)
     table = pa.table({"id": id_column, **columns})
     table = table.replace_schema_metadata({METADATA_KEY: json.dumps(asdict(stats))})
     temporary = path.with_name(f".{path.name}.tmp")

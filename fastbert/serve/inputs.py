@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fastbert.embedding.readers import text_problem
 from fastbert.embedding.text_model import InputTooLong, Prompting, TextModel
 from fastbert.embedding.tokenize import Tokens
 from fastbert.serve.errors import EmptyInput, ValidationFailed
@@ -50,19 +51,13 @@ def check_count(items: Sequence, limits: Limits, field: str) -> None:
 
 
 def check_text(text: str, name: str, field: str) -> None:
-    """EmptyInput for a blank text; ValidationFailed for one holding a lone surrogate (JSON's
-    \\ud800 escapes parse to one, but it is no Unicode character: nothing can tokenise it)."""
-    if not text.strip():
+    """EmptyInput for a blank text; ValidationFailed for one that is not Unicode (a lone
+    surrogate, which JSON's \\ud800 escapes parse to: nothing can tokenise it)."""
+    problem = text_problem(text, "text")
+    if problem == "empty text":
         raise EmptyInput(f"{name} is empty", param=field)
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ValidationFailed(
-                f"{name} holds a lone surrogate (\\u{ord(text[exc.start]):04x} at character "
-                f"{exc.start}), which is not Unicode text",
-                param=field,
-            ) from None
+    if problem is not None:
+        raise ValidationFailed(f"{name}: {problem}", param=field)
 
 
 def side(model: TextModel, direction: str | None) -> str:

