@@ -335,6 +335,10 @@ class FastbertForward:
         )
         self._source_names = [t for theirs in names.values() for t in theirs]
         self._sources = [self.base.get_parameter(t) for t in self._source_names]
+        # The modules holding those parameters, by class: one wrapped since (a LoRA adapter
+        # around a linear) would add what the encoder, reading the parameters, leaves out.
+        owners = {name.rpartition(".")[0] for name in self._source_names}
+        self._owners = {path: type(self.base.get_submodule(path)) for path in owners}
         self._views = _fused_views(self.base, self.encoder, names)
         self._generation = registration_generation()
 
@@ -383,6 +387,11 @@ class FastbertForward:
             encoder = self.encoder
         if encoder.training != self.base.training:
             encoder.train(self.base.training)
+        if encoder.training and torch.is_grad_enabled():
+            # Hugging Face's switch (gradient_checkpointing_enable sets it on its modules)
+            encoder.gradient_checkpointing = any(
+                getattr(m, "gradient_checkpointing", False) is True for m in self.base.modules()
+            )
         return encoder
 
     @contextlib.contextmanager
@@ -430,6 +439,24 @@ class FastbertForward:
                 "fastbert.optimize for this"
             )
 
+    def _refuse_wrapped_modules(self) -> None:
+        """ValueError when a module whose weights the encoder reads is now of another class
+        (PEFT's LoRA layers wrap a linear and keep its weight: the encoder would run without
+        the adapters, and they would get no gradient)."""
+        for path, kind in self._owners.items():
+            try:
+                module = self.base.get_submodule(path)
+            except AttributeError:
+                continue  # replaced outright: rebinding reads the new parameters
+            if type(module) is not kind and not isinstance(module, nn.Linear | nn.Embedding):
+                raise ValueError(
+                    f"{path} is now a {type(module).__module__}.{type(module).__qualname__} "
+                    "(an adapter such as LoRA?); "
+                    "fastbert's encoder reads the weights it wraps and would leave it out: "
+                    "merge the adapters into the weights (PEFT's merge_and_unload) and call "
+                    "that model, or call this one without fastbert"
+                )
+
     def _bound(self) -> bool:
         """Whether the encoder still reads the model's tensors.
 
@@ -440,6 +467,7 @@ class FastbertForward:
         new ``.data`` of theirs is read as it is.
         """
         if self._generation != registration_generation():
+            self._refuse_wrapped_modules()
             current = [self.base.get_parameter(t) for t in self._source_names]
             if any(a is not b for a, b in zip(current, self._sources)):
                 return False

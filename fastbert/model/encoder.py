@@ -17,6 +17,7 @@ import threading
 from collections.abc import Sequence
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from fastbert.execution import runtime, validation
@@ -110,7 +111,9 @@ class BertModel(PretrainedMixin, nn.Module):
     torch backend (one warning) and every other op on Triton. ``packed_weights`` (True or
     False, the default) makes the CPU linears read packed copies of their weights: the same
     results, faster, for models whose weights are not written through ``.data`` (see the
-    Runner).
+    Runner). ``gradient_checkpointing`` (False by default; Hugging Face's name): a call that
+    records gradients in training mode keeps each layer's input only and runs the layer again
+    in the backward, for activations' memory.
     """
 
     def __init__(
@@ -161,6 +164,7 @@ class BertModel(PretrainedMixin, nn.Module):
         self._watch = ParameterWatch(self)
         self._quantize: str | None = None
         self._quantized_key: tuple | None = None
+        self.gradient_checkpointing = False
         self.register_load_state_dict_post_hook(_quantize_again)
         self.quantize = quantize
         self.resolve_ops_early()
@@ -322,10 +326,16 @@ class BertModel(PretrainedMixin, nn.Module):
             attend = functools.partial(
                 attend, relative_bias=self.relative_bias[:RELATIVE_BUCKETS].t()
             )
+        checkpointed = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for index, layer in enumerate(self.layers):
             positions = self.attention_positions(index, hidden.device)
             layer_attend = functools.partial(attend, **positions) if positions else attend
-            hidden = layer(ops, hidden, layer_attend, dropout_p)
+            if checkpointed:  # the layer runs again in the backward (its dropout alike)
+                hidden = torch.utils.checkpoint.checkpoint(
+                    layer, ops, hidden, layer_attend, dropout_p, use_reentrant=False
+                )
+            else:
+                hidden = layer(ops, hidden, layer_attend, dropout_p)
         if self.final_ln_weight is not None:
             bias = norm_bias(self.final_ln_bias, self.final_ln_weight)
             hidden = ops.layer_norm(hidden, self.final_ln_weight, bias, self.config.layer_norm_eps)
