@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 
 import torch
 import triton
@@ -613,11 +614,28 @@ def descriptors(
         or not _tma_operand(b, n, b_strides)
     ):
         return None, None
+    _bind_context(a.device)
     placeholder = [16, 16]
     return (
         TensorDescriptor(a, [m, k], list(a_strides), placeholder),
         TensorDescriptor(b, [n, k], list(b_strides), placeholder),
     )
+
+
+_BOUND = threading.local()
+
+
+def _bind_context(device: torch.device) -> None:
+    """Make ``device``'s CUDA context current on this thread, once per thread: the launch
+    encodes host descriptors before Triton's launcher binds a context, so in a thread whose
+    first CUDA work is this launch the encoding failed ("invalid device context"). A
+    synchronisation is a runtime call, which binds it."""
+    if device.type != "cuda":
+        return  # the interpreter's descriptors need no context
+    bound = _BOUND.__dict__.setdefault("devices", set())
+    if device.index not in bound:
+        torch.cuda.synchronize(device)
+        bound.add(device.index)
 
 
 def kept_configs(

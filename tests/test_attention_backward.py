@@ -150,7 +150,7 @@ def test_bad_dropout_p_raises(device, dropout_p) -> None:
             q[0].transpose(0, 1),
             k[0].transpose(0, 1),
             v[0].transpose(0, 1),
-            torch.tensor([0, 4], dtype=torch.int32),
+            torch.tensor([0, 4], dtype=torch.int32, device=device),
             4,
             dropout_p=dropout_p,
         )

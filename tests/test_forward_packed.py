@@ -119,7 +119,12 @@ def test_triton_backend_forward_packed_matches_hf(device: str) -> None:
     ids, mask, _ = padded_batch([5, 13, 2], seed=8, device=device)
     with torch.no_grad():
         expected = hf(input_ids=ids, attention_mask=mask).last_hidden_state[mask.bool()]
-    ours = fastbert.BertModel.from_pretrained(hf, device=device, backend="triton")
+    ours = fastbert.BertModel.from_pretrained(
+        hf,
+        device=device,
+        dtype=torch.float32,
+        backend="triton",  # CUDA's default is float16
+    )
     with torch.no_grad():
         got = ours.forward_packed(*_packed(ids, mask))
     assert (got - expected).abs().max().item() <= BOUND
@@ -169,5 +174,13 @@ def test_forward_packed_cuda_graphs_on_gpu(dtype) -> None:
         want = reference.forward_packed(ids, cu_seqlens)
         got = graphed.forward_packed(ids, cu_seqlens)
         assert torch.equal(got, eager.forward_packed(ids, cu_seqlens))
-        assert (got.float() - want).abs().max().item() <= 3e-2
+        # The padded entry's error in this dtype on the same sequences is the measure.
+        bounds = torch.as_tensor(cu_seqlens).tolist()
+        rows = [ids[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        padded = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+        mask = torch.nn.utils.rnn.pad_sequence([torch.ones_like(r) for r in rows], True).bool()
+        dense = eager(padded, mask.long()).last_hidden_state[mask]
+        dense_error = dense.float() - reference(padded, mask.long()).last_hidden_state[mask]
+        bound = 2 * dense_error.abs().max().item() + torch.finfo(dtype).eps
+        assert (got.float() - want).abs().max().item() <= bound
     assert len(graphed.runner.graphs.graphs) == 2 and not graphed.runner.graphs.failed

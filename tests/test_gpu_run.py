@@ -146,6 +146,18 @@ def test_stages_run_in_order_and_a_failure_does_not_stop_the_run(tmp_path: Path)
     assert [o["status"] for o in recorded] == ["failed", "ok", "ok"]
 
 
+def test_a_stage_whose_input_stage_did_not_finish_is_skipped(tmp_path: Path) -> None:
+    import time
+
+    stages = [
+        _stage("model", "-c", "raise SystemExit(1)"),
+        plan.Stage("serve", 60, (sys.executable, "-c", "pass"), after=("model",)),
+    ]
+    deadline = time.monotonic() + runner.FINAL_S + runner.KILL_S + 60
+    outcomes = runner.run_all(stages, tmp_path, REPO, deadline, report=lambda line: None)
+    assert outcomes[1].status == "skipped" and "needs model" in outcomes[1].note
+
+
 def test_a_stage_leaves_the_floors_of_later_ones_and_one_without_time_is_skipped(
     tmp_path: Path,
 ) -> None:

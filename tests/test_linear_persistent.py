@@ -60,12 +60,16 @@ def test_every_persistent_config(
 
 def test_programs_walk_several_tiles(monkeypatch, fresh_autotuner, device) -> None:
     """With fewer programs than tiles each program walks several, and the output is right."""
-    x, weight, _, _ = operands(97, 130, 40, torch.float16, device, seed=5)
-    kept = fused_linear.kept_configs(x, weight, None, None)
+    rows = 97  # grown until the tiles outnumber the programs (a GPU runs one per SM)
+    while True:
+        x, weight, _, _ = operands(rows, 130, 40, torch.float16, device, seed=5)
+        kept = fused_linear.kept_configs(x, weight, None, None)
+        config = kept[_persistent_indices(kept)[0]].kwargs
+        tiles = -(-rows // config["BLOCK_M"]) * -(-130 // config["BLOCK_N"])
+        if tiles > fused_linear.persistent_programs(x.device, config["PERSISTENT"]):
+            break
+        rows *= 4
     monkeypatch.setenv(AUTOTUNE_ENV, str(_persistent_indices(kept)[0]))
-    config = kept[_persistent_indices(kept)[0]].kwargs
-    tiles = -(-97 // config["BLOCK_M"]) * -(-130 // config["BLOCK_N"])
-    assert tiles > fused_linear.persistent_programs(x.device, config["PERSISTENT"])
     check_op(K.linear, R.linear, (x, weight), {}, what="persistent linear, several tiles")
 
 

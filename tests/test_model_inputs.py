@@ -231,11 +231,13 @@ def test_an_unsupported_head_dim_runs_its_attention_on_the_reference(device) -> 
     from fastbert.execution import backends as ops_module
 
     hf = hf_model(hidden_size=32, num_attention_heads=2, intermediate_size=64)
-    model = fastbert.BertModel.from_pretrained(hf, device=device, backend="torch")
+    model = fastbert.BertModel.from_pretrained(
+        hf, device=device, dtype=torch.float32, backend="torch"  # CUDA's default is float16
+    )
     model.runner._backend = "triton"  # what "auto" resolves to on CUDA (here: the interpreter)
     with pytest.warns(UserWarning, match="head dim 16"):
         ops = model.ops()
-    assert ops.attention is ops_module.get_ops("torch", "cpu").attention
+    assert ops.attention is ops_module.get_ops("torch", device).attention
     assert ops.linear is ops_module.get_ops("triton", device).linear
     ids, mask, types = padded_batch([6, 3], device=device)
     with torch.no_grad():

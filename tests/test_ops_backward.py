@@ -208,7 +208,8 @@ def test_embeddings_gradient_rows_of_unused_ids_are_zero(device) -> None:
     leaves = _as(args, torch.float32)
     out = K.embeddings_layer_norm(*leaves)
     dword, dpos = torch.autograd.grad(out, [leaves[3], leaves[4]], torch.ones_like(out))
-    assert torch.equal(dword[4], torch.zeros(24)) and torch.equal(dpos[3], torch.zeros(24))
+    zeros = torch.zeros(24, device=dword.device)
+    assert torch.equal(dword[4], zeros) and torch.equal(dpos[3], zeros)
 
 
 # ---------------------------------------------------------------- scaled_masked_softmax

@@ -45,7 +45,8 @@ def weighted_sum(
             value = value[valid]
         elif tokens_only:
             continue
-        total = total + (value * torch.randn(value.shape, generator=gen)).sum()
+        weights = torch.randn(value.shape, generator=gen).to(value.device)
+        total = total + (value * weights).sum()
     return total
 
 

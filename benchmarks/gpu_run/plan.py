@@ -36,6 +36,8 @@ class Stage:
     # Modules it imports that a GPU machine's image may lack: the install stage brings them
     # from the wheels in .whl (benchmarks/gpu_run/wheels.py); the dry run checks for them.
     needs: tuple[str, ...] = ()
+    # Earlier stages whose output it reads: it is skipped unless they ran to the end.
+    after: tuple[str, ...] = ()
 
 
 def _python_module(python: str, module: str, *args: str) -> tuple[str, ...]:
@@ -215,6 +217,7 @@ def stages(
             floor_s=30,
             what="fastbert serve, 32 sentences a request, at 1, 16 and 64 clients",
             needs=("fastapi", "uvicorn", "orjson"),
+            after=("serve-model",),
         ),
         Stage(
             "gpu-tests-rest",

@@ -144,7 +144,11 @@ def run_all(
         left = deadline - FINAL_S - time.monotonic()
         limit = limit_for(stage, stages[i + 1 :], left)
         least = MIN_LEFTOVER_S if stage.leftover else MIN_STAGE_S
-        if limit < least:
+        done = {o.name for o in outcomes if o.status == "ok"}
+        missing = [name for name in stage.after if name not in done]
+        if missing:
+            outcome = skipped(stage, f"needs {', '.join(missing)}, which did not finish")
+        elif limit < least:
             outcome = skipped(stage, f"no time left ({max(limit, 0)} s)")
         else:
             report(f"== {stage.name} (at most {limit} s): {stage.what}")
