@@ -460,6 +460,66 @@ def test_losses_and_pooling_that_read_padded_positions_equal_hugging_faces(famil
                 assert (want[key] - got[key]).abs().max() <= 1e-5, (head, key)
 
 
+class _Adapted(torch.nn.Module):
+    """A linear with a low-rank adapter beside it, as PEFT's LoRA layers wrap one (keeping
+    its weight reachable as ``weight``)."""
+
+    def __init__(self, base: torch.nn.Linear):
+        super().__init__()
+        self.base_layer = base
+        self.down = torch.nn.Linear(base.in_features, 2, bias=False)
+        self.up = torch.nn.Linear(2, base.out_features, bias=False)
+
+    @property
+    def weight(self) -> torch.nn.Parameter:
+        return self.base_layer.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base_layer(x) + self.up(self.down(x))
+
+
+def test_a_linear_wrapped_by_an_adapter_after_optimize_is_refused() -> None:
+    """An adapter added around a linear whose weight the encoder reads (LoRA after optimize)
+    would be left out of the output and get no gradient: the call raises instead."""
+    model = fastbert.optimize(make_model("bert", "ForSequenceClassification"))
+    ids = torch.randint(5, 100, (2, 7))
+    attention = model.bert.encoder.layer[0].attention.self
+    attention.query = _Adapted(attention.query)
+    with pytest.raises(ValueError, match=r"attention\.self\.query is now a .*_Adapted"):
+        model(input_ids=ids)
+
+
+def test_gradient_checkpointing_keeps_each_layers_input_only() -> None:
+    """Hugging Face's gradient_checkpointing_enable: the encoder saves a fraction of the
+    activations and gives the same loss and gradients (dropout included)."""
+    hf = make_model("bert", "ForSequenceClassification", hidden_dropout_prob=0.1)
+    model = fastbert.optimize(copy.deepcopy(hf)).train()
+    inputs, _ = make_inputs(model, "ForSequenceClassification", [9, 6, 9, 4], seed=4)
+    labels = torch.tensor([0, 1, 2, 0])
+
+    def step() -> tuple[int, torch.Tensor, dict]:
+        saved = [0]
+        model.zero_grad()
+        torch.manual_seed(7)
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            saved[0] += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = model(**inputs, labels=labels).loss
+        loss.backward()
+        return saved[0], loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    full, loss, grads = step()
+    model.gradient_checkpointing_enable()
+    kept, checkpointed_loss, checkpointed = step()
+    assert kept < full / 2
+    assert torch.equal(loss, checkpointed_loss)
+    for name, grad in grads.items():
+        assert torch.allclose(grad, checkpointed[name], atol=1e-6), name
+
+
 def test_a_config_made_a_decoders_after_optimize_is_refused_at_the_call() -> None:
     """Hugging Face reads is_decoder at every call (then attending causally): a model whose
     config became a decoder's after optimize raises rather than attend both ways."""
