@@ -232,7 +232,10 @@ def test_an_unsupported_head_dim_runs_its_attention_on_the_reference(device) -> 
 
     hf = hf_model(hidden_size=32, num_attention_heads=2, intermediate_size=64)
     model = fastbert.BertModel.from_pretrained(
-        hf, device=device, dtype=torch.float32, backend="torch"  # CUDA's default is float16
+        hf,
+        device=device,
+        dtype=torch.float32,
+        backend="torch",  # CUDA's default is float16
     )
     model.runner._backend = "triton"  # what "auto" resolves to on CUDA (here: the interpreter)
     with pytest.warns(UserWarning, match="head dim 16"):
