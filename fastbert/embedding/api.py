@@ -168,7 +168,7 @@ def _fingerprint(folder: Path) -> tuple:
 
 
 def _texts(texts: Any) -> list[str]:
-    if isinstance(texts, str | Path) or not isinstance(texts, Sequence):
+    if isinstance(texts, str | Path | bytes | bytearray) or not isinstance(texts, Sequence):
         raise TypeError(
             "texts_or_paths: without output= give a list of strings to embed "
             f"(got {type(texts).__name__}); to embed files, give output= too"

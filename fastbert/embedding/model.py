@@ -79,6 +79,7 @@ def load_tokenizer(folder: Path) -> Any:
     from fastbert.model.loading import transformer_folder
     from fastbert.model.sentence_folder import read_folder
 
+    read_config(folder)  # a folder without a model's config.json: say so, not the tokenizer
     settings = read_folder(folder).transformer
     arguments = {**settings.tokenizer_kwargs, "local_files_only": True}
     with models.quiet():

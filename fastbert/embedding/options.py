@@ -88,8 +88,14 @@ class EmbedOptions:
             "max_active_dims",
         ):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("normalize", "force_dimensions", "skip_bad", "overwrite", "progress"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):  # "false" would read as True
+                raise ValueError(f"{name} must be True or False, got {value!r}")
         _check_choice("pooling", self.pooling, POOLINGS, none_ok=True)
         _check_choice("dtype", self.dtype, tuple(DTYPES), none_ok=True)
         _check_choice("store_dtype", self.store_dtype, STORE_DTYPES)

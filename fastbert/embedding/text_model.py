@@ -148,11 +148,24 @@ class TextModel:
         ``truncate``: cut each input to ``max_length`` tokens (None: the model's
         :attr:`max_length`) from ``side`` (None: the tokenizer's own side, as
         sentence-transformers cuts); without it, an input over the limit raises
-        :class:`InputTooLong`."""
+        :class:`InputTooLong`. ValueError / TypeError naming a bad argument."""
+        texts = _checked_texts(texts)
+        if pairs is not None:
+            pairs = _checked_texts(pairs, "pairs")
+            if len(pairs) != len(texts):
+                raise ValueError(f"{len(texts)} texts but {len(pairs)} pairs")
+        if max_length is not None and (
+            isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1
+        ):
+            raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
+        if prompt is not None and not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
+        if not texts:
+            return Tokens([], None if pairs is None else [], [])
         limit = max_length or self.max_length
         tokens = self.text_tokenizer.encode(
-            list(texts),
-            None if pairs is None else list(pairs),
+            texts,
+            pairs,
             truncate=truncate,
             side=side,
             prefix=self.options.prompt or "" if prompt is None else prompt,
@@ -233,6 +246,9 @@ class TextModel:
 
         ValueError naming the first text that is not a non-blank string."""
         self._require((EMBEDDING, SPARSE, MULTI_VECTOR), "embed")
+        for name, flag in (("normalize", normalize), ("force_dimensions", force_dimensions)):
+            if flag is not None and not isinstance(flag, bool):  # "false" would read as True
+                raise ValueError(f"{name} must be True or False, got {flag!r}")
         if self.kind != EMBEDDING and (normalize is not None or dimensions is not None):
             raise ValueError(f"normalize and dimensions apply to dense embeddings, not {self.kind}")
         if self.kind != SPARSE and max_active_dims is not None:
@@ -336,13 +352,8 @@ class TextModel:
         (texts[i], pairs[i]): a cross-encoder's query and document), in batches of
         ``options.batch_tokens`` tokens."""
         self._require((CLASSIFICATION,), "classify")
-        texts = _checked_texts(texts)
-        if pairs is not None:
-            pairs = _checked_texts(pairs)
-            if len(pairs) != len(texts):
-                raise ValueError(f"{len(texts)} texts but {len(pairs)} pairs")
         tokens = self.tokenize(texts, pairs, truncate=truncate)
-        logits = np.zeros((len(texts), len(self.labels)), np.float32)
+        logits = np.zeros((len(tokens.ids), len(self.labels)), np.float32)
         lengths = [len(ids) for ids in tokens.ids]
         for batch in run.token_batches(lengths, self.options.batch_tokens):
             type_ids = None if tokens.type_ids is None else [tokens.type_ids[i] for i in batch]
@@ -354,8 +365,16 @@ class TextModel:
         as sentence-transformers' ``CrossEncoder.predict`` gives them: the activation the
         folder saved (Sigmoid for one label, Identity for more, when it saved none)."""
         self._require((CLASSIFICATION,), "score pairs")
+        try:
+            logits = np.asarray(logits, np.float32)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"logits must be numbers [n, {len(self.labels)}]: {exc}") from None
+        if logits.ndim != 2 or logits.shape[1] != len(self.labels):
+            raise ValueError(
+                f"logits must be [n, {len(self.labels)}] (classify's), got shape {logits.shape}"
+            )
         with torch.no_grad():
-            scores = self.activation(torch.from_numpy(np.asarray(logits, np.float32)))
+            scores = self.activation(torch.from_numpy(logits))
         return scores.numpy()
 
     def classify_tokens(
@@ -418,17 +437,19 @@ def finish_embeddings(
     return pooled.astype(dtype, copy=False)
 
 
-def _checked_texts(texts: Any) -> list[str]:
-    if isinstance(texts, str | Path) or not isinstance(texts, Sequence):
-        raise TypeError(f"give a list of strings, got {type(texts).__name__}")
+def _checked_texts(texts: Any, argument: str = "texts") -> list[str]:
+    """``texts`` as a list; TypeError for one text (or bytes) or a non-sequence, ValueError
+    naming ``argument``'s first item that is no non-blank Unicode string."""
+    if isinstance(texts, str | Path | bytes | bytearray) or not isinstance(texts, Sequence):
+        raise TypeError(f"{argument}: give a list of strings, got {type(texts).__name__}")
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             name = type(text).__name__
             kind = "None" if text is None else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
-            raise ValueError(f"texts[{i}]: {kind}, not a string")
+            raise ValueError(f"{argument}[{i}]: {kind}, not a string")
         problem = readers.text_problem(text, "text")
         if problem is not None:
-            raise ValueError(f"texts[{i}]: {problem}")
+            raise ValueError(f"{argument}[{i}]: {problem}")
     return list(texts)
 
 
@@ -454,6 +475,12 @@ def resolve(
             )
     elif max_length > positions:
         raise ValueError(f"max_length {max_length} exceeds the model's {positions} positions")
+    special = tokenizer.num_special_tokens_to_add() if tokenizer is not None else 0
+    if max_length <= special:
+        raise ValueError(
+            f"max_length {max_length} leaves no token for the text after the tokenizer's "
+            f"{special} special tokens"
+        )
     if spec.kind != EMBEDDING:
         names = ("pooling", "normalize", "dimensions")
         dense_only = [n for n in names if getattr(options, n) is not None]

@@ -74,6 +74,8 @@ def check_device(device: object) -> torch.device:
         parsed = torch.device(device)
     except RuntimeError as error:
         raise ValueError(f"device {device!r} is not a device torch knows: {error}") from error
+    if parsed.type not in ("cpu", "cuda", "meta"):  # meta: a model built before its weights
+        raise ValueError(f"device {device!r}: fastbert runs on cpu or cuda, not {parsed.type}")
     if parsed.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(

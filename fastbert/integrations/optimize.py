@@ -51,7 +51,7 @@ from fastbert.execution.backends import check_backend, check_head_dim
 from fastbert.model.config import BertConfig
 from fastbert.model.encoder import BertModel
 from fastbert.model.families import Family, family_of_class, supported_classes
-from fastbert.model.loading import is_sentence_transformer
+from fastbert.model.loading import PretrainedMixin, is_sentence_transformer
 from fastbert.model.outputs import BaseModelOutputWithPooling
 from fastbert.model.weights import registration_generation
 
@@ -220,6 +220,11 @@ def _transformers_model(model: Any) -> nn.Module:
 
 def base_model(model: Any) -> tuple[Family, nn.Module]:
     """(family, base model) of a supported transformers model; TypeError otherwise."""
+    if isinstance(model, PretrainedMixin):  # fastbert's own classes share the names
+        raise TypeError(
+            f"{type(model).__name__} is already fastbert's model: it runs fastbert's kernels "
+            "without fastbert.optimize"
+        )
     found = family_of_class([c.__name__ for c in type(model).__mro__])
     if found is None or not isinstance(model, nn.Module):
         raise TypeError(
