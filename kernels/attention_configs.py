@@ -45,12 +45,9 @@ def keep_forward(
     D=64 spilled 8 bytes on sm_80 whatever the register cap), and padding-free with dropout
     (``has_dropout``) 48 (at 64, 64x64 D=64 spilled 32 bytes on sm_80 at 255 registers).
     """
-    block_m, block_n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
-    scores = 2 * block_n if has_bias else block_n
-    threads = 32 * config.num_warps
-    values_per_thread = block_m * (block_d + scores) // threads
-    if has_rotary:
-        values_per_thread += 2 * block_n * block_d // threads
+    values_per_thread = forward_load(
+        config, block_d, elem_bytes, is_varlen, has_mask, has_bias, has_rotary
+    )
     if elem_bytes != 4:
         budget = 64 if has_bias and is_varlen else 80
         if TRITON_3_6 and has_rotary:
@@ -61,6 +58,22 @@ def keep_forward(
     if is_varlen:
         return values_per_thread <= 24
     return values_per_thread <= (32 if has_mask else 40)
+
+
+def forward_load(config: triton.Config, block_d: int, elem_bytes: int, *variant: bool) -> int:
+    """:func:`keep_forward`'s measure: the fp32 values each thread of ``config`` holds for the
+    accumulator and the score tile (twice with a bias), and with rotary positions the rotated
+    key tile with its cos and sin. Where no config is kept, the pruner runs the one holding the
+    fewest (the first of the list, which ran before, needed 384 KiB of shared memory for
+    float32 rotary heads of 80 on an H200, which has 227). ``variant``: keep_forward's flags
+    (is_varlen, has_mask, has_bias, has_rotary, has_dropout); the bias and the rotary positions
+    count."""
+    _, _, has_bias, has_rotary, *_ = (*variant, False, False, False, False, False)
+    block_m, block_n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
+    scores = 2 * block_n if has_bias else block_n
+    threads = 32 * config.num_warps
+    rotated = 2 * block_n * block_d // threads if has_rotary else 0
+    return block_m * (block_d + scores) // threads + rotated
 
 
 def keep_backward(
@@ -84,26 +97,23 @@ def keep_backward(
     and, in the dQ pass, the buckets and the per-bucket sums of dS (two more), and the dQ pass
     keeps 64-row tiles (with 32 rows it held loop state on the stack on sm_90). Within these
     budgets the bias variants of head dims 32 and 64 (MPNet's) compile without spills; wider
-    heads find no config and run the first one, which spills on sm_80 (8 bytes per thread in
-    dK / dV, 76 in dQ at D=128) and keeps a few words on the stack on sm_90.
+    heads find no config and run the one holding the fewest values (:func:`backward_load`),
+    which may spill.
 
     Rotary positions rotate a tile per step (a query tile in dK / dV, a key tile in dQ): the
     loaded tile, its rotated halves and their cos and sin count as four tiles of it. Above
     that, sm_80 spilled 224 to 408 bytes per thread (dK / dV 32x64, dQ 128x64 and 64x32 at
-    D=64); D=128 finds no config and runs the first, which spills 144 bytes on sm_80.
+    D=64); D=128 finds no config and runs the one holding the fewest values (16-bit dK / dV
+    16x64: 144 bytes of spills on sm_80; float32 dQ 32x32: about 12 KB, reported).
 
     With Triton 3.6 (``TRITON_3_6``) the fp16 / bf16 budgets are lower: dQ 80 (at 96, 64x32 on
     4 warps spilled 20 to 52 bytes with dropout: D=128, 80 and 96 on sm_90, D=64 with a bias on
     sm_80), and dK / dV with rotary positions 48 (at 56, 16x64 on 8 warps spilled 4 to 76 bytes
     on sm_80 at D=64, on one stage or two, where 3.9 fits it in 255 registers).
     """
-    block_m, block_n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
-    held = 2 * block_n * block_d if is_dkdv else block_m * block_d
-    tiles = 2 + (1 if is_dkdv else 2) * has_bias
-    if has_bias and not is_dkdv and block_m < 64:
+    if has_bias and not is_dkdv and config.kwargs["BLOCK_M"] < 64:
         return False
-    rotated = 4 * (block_m if is_dkdv else block_n) * block_d if has_rotary else 0
-    values_per_thread = (held + tiles * block_m * block_n + rotated) // (32 * config.num_warps)
+    values_per_thread = backward_load(config, block_d, elem_bytes, is_dkdv, has_bias, has_rotary)
     if elem_bytes == 4:
         return values_per_thread <= (40 if is_dkdv else 48)
     if is_dkdv:
@@ -111,3 +121,16 @@ def keep_backward(
     else:
         budget = 80 if TRITON_3_6 else 96
     return values_per_thread <= budget
+
+
+def backward_load(config: triton.Config, block_d: int, elem_bytes: int, *variant: bool) -> int:
+    """:func:`keep_backward`'s measure: the fp32 values each thread of ``config`` holds (the
+    accumulators, the score-sized tiles, the rotated ones). Where no config is kept, the
+    pruner runs the one holding the fewest. ``variant``: keep_backward's flags (is_dkdv,
+    has_bias, has_rotary)."""
+    is_dkdv, has_bias, has_rotary = (*variant, False, False)[:3]
+    block_m, block_n = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
+    held = 2 * block_n * block_d if is_dkdv else block_m * block_d
+    tiles = 2 + (1 if is_dkdv else 2) * has_bias
+    rotated = 4 * (block_m if is_dkdv else block_n) * block_d if has_rotary else 0
+    return (held + tiles * block_m * block_n + rotated) // (32 * config.num_warps)

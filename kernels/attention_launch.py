@@ -53,17 +53,22 @@ def tune_configs(
 
 
 def pruner(
-    keep: Callable[..., bool], variant: Callable[[dict], tuple[bool, ...]]
+    keep: Callable[..., bool],
+    variant: Callable[[dict], tuple[bool, ...]],
+    load: Callable[..., int] | None = None,
 ) -> Callable[..., list[triton.Config]]:
     """An autotuner's ``early_config_prune`` hook: the configs for which
-    ``keep(config, BLOCK_D, element size of Q, *variant(launch arguments))`` holds (the first
-    config when none does; only one of them when FASTBERT_AUTOTUNE names it)."""
+    ``keep(config, BLOCK_D, element size of Q, *variant(launch arguments))`` holds; when none
+    does, the one of least ``load`` (same arguments), or the first without one; only one of
+    them when FASTBERT_AUTOTUNE names it."""
 
     def prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list:
         args = {**named_args, **kwargs}
-        size = args["Q"].element_size()
-        kept = [c for c in configs if keep(c, args["BLOCK_D"], size, *variant(args))]
-        return tuned(kept or configs[:1])
+        measure = (args["BLOCK_D"], args["Q"].element_size(), *variant(args))
+        kept = [c for c in configs if keep(c, *measure)]
+        if not kept:
+            kept = [min(configs, key=lambda c: load(c, *measure))] if load else configs[:1]
+        return tuned(kept)
 
     return prune
 

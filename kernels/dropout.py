@@ -55,7 +55,7 @@ def keep_mask(seed, offsets, p):
 @triton.jit
 def dropped(x, seed, offsets, p):
     """``x`` with dropout applied: x / (1 - p) where :func:`keep_mask` keeps, 0 elsewhere."""
-    return tl.where(keep_mask(seed, offsets, p), x * (1.0 / (1.0 - p)), 0.0)
+    return tl.where(keep_mask(seed, offsets, p), x * tl.math.div_rn(1.0, 1.0 - p), 0.0)
 
 
 @triton.jit

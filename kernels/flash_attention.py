@@ -93,6 +93,7 @@ import triton
 import triton.language as tl
 
 from . import checks, dropout, reference, torch_ops
+from .attention_configs import forward_load as load
 from .attention_configs import keep_forward as keep
 from .attention_launch import (
     AUTOTUNE_KEY,
@@ -166,8 +167,9 @@ def _variant(args: dict) -> tuple[bool, ...]:
     return tuple(bool(args[flag]) for flag in flags)
 
 
-# Autotuner hook: the configs ``keep`` allows for a launch's BLOCK_D, dtype and variant.
-_prune = pruner(keep, _variant)
+# Autotuner hook: the configs ``keep`` allows for a launch's BLOCK_D, dtype and variant (the
+# least ``load`` where it allows none).
+_prune = pruner(keep, _variant, load)
 
 
 @triton.jit
@@ -377,7 +379,11 @@ def _attend_rows(
                     WINDOW,
                 )
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    return acc / l_safe[:, None], tl.where(l_i == 0.0, float("inf"), m_i + tl.math.log2(l_safe))
+    lse = tl.where(l_i == 0.0, float("inf"), m_i + tl.math.log2(l_safe))
+    # One IEEE reciprocal a row (a plain / compiles to the approximate division, 2 units in the
+    # last place) and a product an element: an IEEE division of every element cost 9% of the
+    # forward's TFLOP/s at 64x512 (H200, 332 -> 301 fp16).
+    return acc * tl.math.div_rn(1.0, l_safe)[:, None], lse
 
 
 @triton.jit

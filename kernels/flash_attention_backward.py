@@ -56,6 +56,7 @@ import triton
 import triton.language as tl
 
 from . import dropout
+from .attention_configs import backward_load as load
 from .attention_configs import keep_backward as keep
 from .attention_launch import (
     AUTOTUNE_KEY,
@@ -125,7 +126,7 @@ def _real_keys(mask_base, offs_n, stride_mask_s, seq_k, HAS_MASK: tl.constexpr):
 @triton.jit
 def _kept_scaled(x, keep, dropout_p):
     """``x`` / (1 - p) where the dropout mask ``keep`` is True, 0 elsewhere."""
-    return tl.where(keep, x * (1.0 / (1.0 - dropout_p)), 0.0)
+    return tl.where(keep, x * tl.math.div_rn(1.0, 1.0 - dropout_p), 0.0)
 
 
 @triton.jit
@@ -333,7 +334,7 @@ def _autotuned(is_dkdv: bool):
     return triton.autotune(
         configs=configs(is_dkdv),
         key=list(AUTOTUNE_KEY),
-        prune_configs_by={"early_config_prune": pruner(keep, variant)},
+        prune_configs_by={"early_config_prune": pruner(keep, variant, load)},
         do_bench=time_config,
     )
 

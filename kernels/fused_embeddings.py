@@ -60,7 +60,7 @@ from .fused_layer_norm import (
     partial_sums,
     weight_gradients,
 )
-from .launch import check_triton_device
+from .launch import UNFUSED, check_triton_device
 from .op import Kernel, Op, dropout_seed, implements, placeholder
 
 
@@ -364,6 +364,7 @@ def embeddings_layer_norm_forward(
         SAVE_STATS=save,
         BLOCK=block,
         num_warps=heavy_num_warps(block) if dropout_p > 0.0 else num_warps(block),
+        **UNFUSED,
     )
     return out, mean, rstd
 
@@ -418,6 +419,7 @@ def embeddings_layer_norm_backward(
             **_flags(token_type_ids, position_ids, dropout_p),
             BLOCK=block,
             num_warps=heavy_num_warps(block),
+            **UNFUSED,
         )
     for grad, row in zip(grads, (padding_idx, position_padding_idx)):
         if row is not None:

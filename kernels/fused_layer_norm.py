@@ -4,7 +4,7 @@
 Math, per row r of N elements, in float32::
 
     s[r, :]   = dropout(x[r, :]) (+ residual[r, :] if HAS_RESIDUAL)
-    mean      = sum(s[r, :]) / N
+    mean      = sum(s[r, :]) / N, then + sum(s[r, :] - mean) / N (the float32 sum's error)
     var       = sum((s[r, :] - mean)^2) / N          (biased, of the centred values)
     xhat      = (s[r, :] - mean) * rstd,  rstd = 1 / sqrt(var + eps)
     out[r, :] = xhat * weight + bias
@@ -50,7 +50,7 @@ import triton.language as tl
 from . import reference, torch_ops
 from .checks import check_layer_norm
 from .dropout import check_dropout_p, dropped, seed_value
-from .launch import cdiv, check_triton_device, next_power_of_2
+from .launch import UNFUSED, cdiv, check_triton_device, next_power_of_2
 from .op import Kernel, Op, dropout_seed, implements, placeholder
 
 MAX_HIDDEN = 4096
@@ -109,9 +109,16 @@ def check_hidden(hidden: int) -> None:
 def normalize_row(s, mask, cols, N, eps, weight_ptr, bias_ptr, stride_weight, stride_bias):
     """LayerNorm of one float32 row ``s`` of N valid elements (``mask``; zero elsewhere):
     (output row, mean, rstd)."""
-    mean = tl.sum(s, axis=0) / N
+    # IEEE divisions throughout: a plain / compiles to an approximate one on the GPU (2 units
+    # in the last place: at a mean of 1000, 1.2e-4 off in every centred value).
+    n = tl.cast(N, tl.float32)
+    mean = tl.math.div_rn(tl.sum(s, axis=0), n)
+    # The float32 sum rounds at the scale of the sum (rows of 768 at 1000: 0.03 an addition,
+    # ~1e-4 in the mean); the centred values' own mean, small numbers summed almost exactly,
+    # corrects it to about a unit of the mean's last place.
+    mean += tl.math.div_rn(tl.sum(tl.where(mask, s - mean, 0.0), axis=0), n)
     centred = tl.where(mask, s - mean, 0.0)
-    var = tl.sum(centred * centred, axis=0) / N
+    var = tl.math.div_rn(tl.sum(centred * centred, axis=0), n)
     rstd = tl.math.div_rn(1.0, tl.sqrt_rn(var + eps))
     w = tl.load(weight_ptr + cols * stride_weight, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(bias_ptr + cols * stride_bias, mask=mask, other=0.0).to(tl.float32)
@@ -124,8 +131,9 @@ def normalize_row_backward(dy, s, mask, N, mean, rstd, w):
     the row ``s``, its saved statistics and the float32 scale ``w`` (zero past N)."""
     xhat = tl.where(mask, (s - mean) * rstd, 0.0)
     g = dy * w
-    mean_g = tl.sum(g, axis=0) / N
-    mean_gx = tl.sum(g * xhat, axis=0) / N
+    n = tl.cast(N, tl.float32)
+    mean_g = tl.math.div_rn(tl.sum(g, axis=0), n)
+    mean_gx = tl.math.div_rn(tl.sum(g * xhat, axis=0), n)
     ds = tl.where(mask, rstd * (g - mean_g - xhat * mean_gx), 0.0)
     return ds, xhat
 
@@ -336,6 +344,7 @@ def layer_norm_forward(
         SAVE_STATS=save,
         BLOCK=block,
         num_warps=num_warps(block, heavy=dropout_p > 0.0),
+        **UNFUSED,
     )
     return out, mean, rstd
 
@@ -383,6 +392,7 @@ def layer_norm_backward(
             HAS_DROPOUT=dropout_p > 0.0,
             BLOCK=block,
             num_warps=num_warps(block, heavy=True),
+            **UNFUSED,
         )
     return dx, *weight_gradients(partials, weight.dtype), dres
 

@@ -151,7 +151,7 @@ def _gelu_tanh(y):
     # from exp(-|2u|) <= 1 so that nothing overflows.
     two_u = 1.5957691216057308 * (y + 0.044715 * y * y * y)
     t = tl.exp(-tl.abs(two_u))
-    sigmoid = tl.where(two_u >= 0, 1.0, t) / (1.0 + t)
+    sigmoid = tl.math.div_rn(tl.where(two_u >= 0, 1.0, t), 1.0 + t)
     return y * sigmoid
 
 
@@ -167,7 +167,7 @@ def _gelu_tanh_grad(y):
     # d/dy [y * sigmoid(2u)] = s + y * s * (1 - s) * 2u', s = sigmoid(2u), computed as above.
     two_u = 1.5957691216057308 * (y + 0.044715 * y * y * y)
     t = tl.exp(-tl.abs(two_u))
-    s = tl.where(two_u >= 0, 1.0, t) / (1.0 + t)
+    s = tl.math.div_rn(tl.where(two_u >= 0, 1.0, t), 1.0 + t)
     two_du = 1.5957691216057308 * (1.0 + 0.134145 * y * y)
     return s + y * s * (1.0 - s) * two_du
 
@@ -492,7 +492,10 @@ def _linear_fwd_kernel(
             if HAS_ROW_SUM:
                 row_sum += tl.sum(a.to(tl.float32), axis=1)
             if a.dtype == tl.float32:
-                acc = tl.dot(a, b, acc, input_precision="ieee")
+                # IEEE products, each K tile summed apart and then added: the error grows with
+                # BLOCK_K + K / BLOCK_K additions, not K (one row of K=4096 summed in one chain
+                # was 9x PyTorch's error, whose single-row product sums in a tree).
+                acc += tl.dot(a, b, input_precision="ieee")
             elif QUANT == 2:
                 # e4m3 into float32, each K tile's partial sum added to the float32 accumulator
                 # (sm_90's FP8 warpgroup MMA otherwise keeps adding in reduced precision).
@@ -507,7 +510,7 @@ def _linear_fwd_kernel(
                 # The gate rows N.. of the weight: the same A tile, a second B tile.
                 g = tl.load(w_ptrs + N * stride_weight_n, mask=offs_k[:, None] < k_left, other=0.0)
                 if a.dtype == tl.float32:
-                    gate = tl.dot(a, g, gate, input_precision="ieee")
+                    gate += tl.dot(a, g, input_precision="ieee")
                 else:
                     gate = tl.dot(a, g, gate)
             if GATED_GRAD != 1:

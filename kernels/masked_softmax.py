@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from . import checks, reference, torch_ops
-from .launch import check_triton_device, next_power_of_2
+from .launch import UNFUSED, check_triton_device, next_power_of_2
 from .op import Kernel, Op, implements
 
 MAX_KEYS = 16384
@@ -88,7 +88,7 @@ def _scaled_masked_softmax_fwd_kernel(
     # A row with no real key has max -inf: shift by 0 so every exp is 0 and the sum 0, not NaN.
     e = tl.exp(z - tl.where(z_max == float("-inf"), 0.0, z_max))
     total = tl.sum(e, axis=0)
-    probs = e / tl.where(total == 0.0, 1.0, total)
+    probs = tl.math.div_rn(e, tl.where(total == 0.0, 1.0, total))
     tl.store(out_ptr + row * S_k + cols, probs.to(out_ptr.dtype.element_ty), mask=cols < S_k)
 
 
@@ -138,6 +138,7 @@ def scaled_masked_softmax_forward(
         HAS_MASK=mask is not None,
         BLOCK=block,
         num_warps=num_warps(block),
+        **UNFUSED,
     )
     return out
 
@@ -164,6 +165,7 @@ def scaled_masked_softmax_backward(
         dprobs2.stride(0),
         BLOCK=block,
         num_warps=num_warps(block),
+        **UNFUSED,
     )
     return dscores
 

@@ -51,7 +51,7 @@ import triton.language as tl
 from . import reference, torch_ops
 from .checks import LINEAR_QUANTIZED_CHECKS, check_fp8_device, check_linear_quantized_call
 from .fused_linear import linear_rows
-from .launch import check_triton_device, next_power_of_2
+from .launch import UNFUSED, check_triton_device, next_power_of_2
 from .op import Kernel, Op, implements
 
 # Widest K tile the row quantisation loads at once.
@@ -155,6 +155,7 @@ def quantize_rows(
         HAS_INPUT_SCALE=input_scale is not None,
         QUANT=QUANT_CODES[quantize],
         BLOCK_K=block_k,
+        **UNFUSED,
     )
     return q, scale
 

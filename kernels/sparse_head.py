@@ -205,7 +205,7 @@ def _splade_max_fwd_kernel(
         a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
         b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
         if a.dtype == tl.float32:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
+            acc += tl.dot(a, b, input_precision="ieee")  # each K tile summed apart
         else:
             acc = tl.dot(a, b, acc)
         x_ptrs += BLOCK_K * stride_x_k

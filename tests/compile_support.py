@@ -57,6 +57,8 @@ class CompileCase:
     block_n: int | None = None
     # The register cap a config states (triton.Config's maxnreg), None for ptxas's own choice.
     maxnreg: int | None = None
+    # Other compile options the launcher passes (e.g. enable_fp_fusion).
+    options: dict[str, object] = field(default_factory=dict)
 
     @classmethod
     def tuned(
@@ -103,6 +105,36 @@ def mma_instruction(ptx: str) -> str:
     """
     found = [name for name, pattern in _MMA_PATTERNS if pattern.search(ptx)]
     return "+".join(found) or "none"
+
+
+# A float32 division a plain ``/`` compiles to: ``div.full`` (2 units in the last place) or
+# ``div.approx``; ``tl.math.div_rn`` compiles to the IEEE ``div.rn``.
+_APPROXIMATE_DIVISION = re.compile(r"\bdiv\.(full|approx)(\.ftz)?\.f32\b")
+# A fused multiply-add whose addend is +-1.5 * 2**23 (0f4B400000 / 0fCB400000): a rounding to an
+# integer by adding and removing that constant, fused with the product before it.
+_CONTRACTED_ROUNDING = re.compile(r"\bfma\.rn(\.ftz)?\.f32\s[^;]*,\s*0f[4C]B400000\s*;")
+
+
+# Float32 arithmetic the compiler fused, or may still fuse: an FMA, or a product or sum without
+# a rounding modifier (ptxas contracts mul.f32 and add.f32 into FFMA; mul.rn.f32 it leaves).
+_FUSABLE = re.compile(r"(?<![\w.])(fma\.rn(\.ftz)?\.f32|(mul|add|sub)(\.ftz)?\.f32)\b")
+
+
+def fusable_operations(ptx: str) -> int:
+    """How many float32 operations in ``ptx`` are, or may become, fused multiply-adds."""
+    return len(_FUSABLE.findall(ptx))
+
+
+def approximate_divisions(ptx: str) -> int:
+    """How many approximate float32 divisions ``ptx`` holds (none may: the kernels divide as
+    PyTorch does, correctly rounded)."""
+    return len(_APPROXIMATE_DIVISION.findall(ptx))
+
+
+def contracted_roundings(ptx: str) -> int:
+    """How many roundings by 1.5 * 2**23 in ``ptx`` were fused with the product they round
+    (which then rounds the exact product, not its float32 value as the reference does)."""
+    return len(_CONTRACTED_ROUNDING.findall(ptx))
 
 
 def _usage_from_log(text: str) -> dict[str, int] | None:
@@ -156,6 +188,7 @@ def compile_kernel(case: CompileCase, arch: int) -> tuple[object, str]:
     options = {"num_warps": case.num_warps, "num_stages": case.num_stages}
     if case.maxnreg is not None:
         options["maxnreg"] = case.maxnreg
+    options.update(case.options)
     log = io.StringIO()
     # Triton runs ptxas with -v and prints its log when asked: reading it there saves a
     # second ptxas run per case (a fifth of the compile checks' time). Always compiled, never
@@ -181,6 +214,9 @@ def compile_case(case: CompileCase, arch: int, keep_ptx: bool = False) -> dict[s
         report["shared"] = int(kernel.metadata.shared)
         report["cubin"] = len(kernel.asm["cubin"]) > 0
         report["mma"] = mma_instruction(kernel.asm["ptx"])
+        report["approximate_divisions"] = approximate_divisions(kernel.asm["ptx"])
+        report["contracted_roundings"] = contracted_roundings(kernel.asm["ptx"])
+        report["fusable_operations"] = fusable_operations(kernel.asm["ptx"])
         usage = _usage_from_log(ptxas_log)
         if usage is None:
             raise RuntimeError("ptxas printed no register report (-v) while Triton compiled")

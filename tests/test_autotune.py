@@ -10,7 +10,14 @@ import pytest
 import torch
 import triton
 
-from fastbert.kernels import flash_attention, fused_linear, launch, linear_configs
+from fastbert.kernels import (
+    attention_launch,
+    flash_attention,
+    flash_attention_backward,
+    fused_linear,
+    launch,
+    linear_configs,
+)
 
 
 def test_all_by_default_and_one_by_index(monkeypatch) -> None:
@@ -90,20 +97,22 @@ def test_linear_training_variants_keep_small_tiles(monkeypatch, variant) -> None
         assert not prologue or meta["BLOCK_K"] <= 32
 
 
-def test_attention_prune_pins_the_chosen_config(monkeypatch) -> None:
-    candidates = [
+def _attention_configs(space) -> list[triton.Config]:
+    return [
         triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-        for m, n, w, s in flash_attention._TUNE_SPACE
+        for m, n, w, s in space
     ]
-    args = {
-        "Q": torch.empty(1, dtype=torch.float16),
-        "IS_VARLEN": False,
-        "HAS_MASK": True,
-        "HAS_BIAS": False,
-        "ROTARY": False,
-        "HAS_DROPOUT": False,
-        "BLOCK_D": 64,
-    }
+
+
+def _attention_launch(dtype: torch.dtype, block_d: int, rotary: bool = False) -> dict:
+    """A masked dense attention launch's arguments, as the pruners read them."""
+    flags = {"IS_VARLEN": False, "HAS_MASK": True, "HAS_BIAS": False, "HAS_DROPOUT": False}
+    return {"Q": torch.empty(1, dtype=dtype), "BLOCK_D": block_d, "ROTARY": rotary, **flags}
+
+
+def test_attention_prune_pins_the_chosen_config(monkeypatch) -> None:
+    candidates = _attention_configs(flash_attention._TUNE_SPACE)
+    args = _attention_launch(torch.float16, 64)
     monkeypatch.delenv(launch.AUTOTUNE_ENV, raising=False)
     kept = flash_attention._prune(candidates, args)
     assert len(kept) > 1
@@ -116,3 +125,26 @@ def test_a_pinned_config_is_not_timed(monkeypatch) -> None:
     monkeypatch.setenv(launch.AUTOTUNE_ENV, "0")
     assert launch.time_config(lambda: calls.append(1), (0.5, 0.2, 0.8)) == [0.0, 0.0, 0.0]
     assert calls == []
+
+
+@pytest.mark.parametrize("pass_", ["forward", "dkdv", "dq"])
+def test_a_variant_that_keeps_no_config_runs_the_lightest(monkeypatch, pass_) -> None:
+    """float32 rotary heads of 80 (BLOCK_D 128) fit no config's budget: the pruner runs the one
+    holding the fewest values, not the first (whose forward needed 384 KiB of shared memory on
+    an H200; tests/compile_cases/attention*.py compile the one chosen)."""
+    monkeypatch.delenv(launch.AUTOTUNE_ENV, raising=False)
+    args = _attention_launch(torch.float32, 128, rotary=True)
+    if pass_ == "forward":
+        space, prune = flash_attention._TUNE_SPACE, flash_attention._prune
+        load = flash_attention.load
+        variant = (False, True, False, True, False)
+    else:
+        backward = flash_attention_backward
+        is_dkdv = pass_ == "dkdv"
+        space = backward._DKDV_TUNE_SPACE if is_dkdv else backward._DQ_TUNE_SPACE
+        load, variant = backward.load, (is_dkdv, False, True)
+        prune = attention_launch.pruner(backward.keep, lambda args: variant, load)
+    candidates = _attention_configs(space)
+    (chosen,) = prune(candidates, args)
+    loads = [load(c, 128, 4, *variant) for c in candidates]
+    assert load(chosen, 128, 4, *variant) == min(loads)

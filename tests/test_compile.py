@@ -25,7 +25,13 @@ from pathlib import Path
 import pytest
 
 from tests import compile_cases
-from tests.compile_support import SHARED_MEMORY_LIMIT, mma_instruction
+from tests.compile_support import (
+    SHARED_MEMORY_LIMIT,
+    approximate_divisions,
+    contracted_roundings,
+    fusable_operations,
+    mma_instruction,
+)
 from tests.sass import tile_normalised
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -163,6 +169,50 @@ def test_mma_instruction_reads_ptx() -> None:
     assert mma_instruction(mma) == "mma.sync"
     assert mma_instruction(wgmma + mma) == "wgmma+mma.sync"
     assert mma_instruction("fma.rn.f32 %f1, %f2, %f3, %f1;\nwgmma.fence.sync.aligned;\n") == "none"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_divisions_and_roundings_are_the_references(op: str) -> None:
+    """Every float32 division is IEEE (``div.rn``: a plain ``/`` compiles to the approximate
+    ``div.full``, 2 units in the last place, which put a LayerNorm of rows at 1000 +- 1 off by
+    1.2e-4), and no rounding by 1.5 * 2**23 is fused with the product it rounds (the row
+    quantisation then rounded the exact product, one int8 code off the reference's)."""
+    wrong = [
+        f"{r['case']} sm_{r['arch']}: {r['approximate_divisions']} approximate divisions, "
+        f"{r['contracted_roundings']} contracted roundings"
+        for r in _compile_reports(op)
+        if r["approximate_divisions"] or r["contracted_roundings"]
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("op", ROW_OPS)
+def test_row_kernels_round_every_operation(op: str) -> None:
+    """The row kernels compile without fused multiply-adds (kernels/launch.py's UNFUSED): each
+    product and sum rounds as written, as in the reference and the interpreter, and in every
+    variant alike (fused where the compiler chose, a LayerNorm that also saved its statistics
+    gave other bits than one that did not)."""
+    fused = [
+        f"{r['case']} sm_{r['arch']}: {r['fusable_operations']}"
+        for r in _compile_reports(op)
+        if r["fusable_operations"]
+    ]
+    assert not fused, "float32 operations a compiler may fuse:\n" + "\n".join(fused)
+
+
+def test_arithmetic_readers_read_ptx() -> None:
+    assert approximate_divisions("div.full.f32 %r3, %r1, %r2;\ndiv.rn.f32 %r4, %r1, %r2;") == 1
+    assert approximate_divisions("div.approx.ftz.f32 %r3, %r1, %r2;") == 1
+    assert approximate_divisions("div.rn.f32 %r3, %r1, %r2;\ndiv.s32 %r5, %r6, %r7;") == 0
+    fused = "fma.rn.f32 %r36, %r3, %r35, 0f4B400000;\nadd.f32 %r37, %r36, 0fCB400000;"
+    assert contracted_roundings(fused) == 1
+    plain = "mul.f32 %r36, %r3, %r35;\nadd.f32 %r37, %r36, 0f4B400000;"
+    assert contracted_roundings(plain) == 0
+    assert contracted_roundings("fma.rn.f32 %r1, %r2, 0f4B400000, %r3;") == 0
+    assert fusable_operations(fused) == 2  # the FMA, and the add.f32 after it
+    assert fusable_operations("mul.rn.f32 %r1, %r2, %r3;\nadd.rn.f32 %r4, %r1, %r5;") == 0
+    assert fusable_operations("mul.ftz.f32 %r1, %r2, %r3;\nsub.f32 %r4, %r1, %r5;") == 2
+    assert fusable_operations("atom.global.gpu.acq_rel.add.f32 %r1, [%rd1], %r2;") == 0
 
 
 def _sixteen_bit_mma_reports(op: str) -> list[dict]:

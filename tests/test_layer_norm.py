@@ -67,6 +67,18 @@ def test_large_mean_offset(device, dtype, with_residual) -> None:
     check_layer_norm(x, weight, bias, 1e-12, residual if with_residual else None)
 
 
+def test_large_mean_offset_within_a_unit_of_the_input(device) -> None:
+    """float32 rows of 768 at 1000 +- 1: within one unit in the last place of the inputs
+    (6.1e-5) times the largest weight. The float32 sum of the row rounds at the sum's scale
+    (~1e-4 off in the mean, 1.8e-4 in the output under the interpreter); the kernel corrects
+    the mean with the centred values' own: 5.3e-5 (PyTorch's CPU LayerNorm: 1.5e-4)."""
+    x, _, weight, bias = operands((64, 768), torch.float32, device, seed=4, offset=1000.0)
+    out = K.layer_norm(x, weight, bias, 1e-12)
+    ref = R.layer_norm(x.double(), weight.double(), bias.double(), 1e-12)
+    unit = torch.finfo(torch.float32).eps * 512  # the spacing of float32 values in [512, 1024)
+    assert (out.double() - ref).abs().max().item() <= unit * weight.abs().max().item()
+
+
 @pytest.mark.parametrize("dtype", ELEMENTWISE_DTYPES)
 @pytest.mark.parametrize("strided", ["x", "residual", "weight", "all"])
 def test_non_contiguous(device, dtype, strided) -> None:

@@ -60,19 +60,15 @@ def _kept(
 def _heaviest(
     kernel: tuple, dtype: str, head_dim: int, has_bias: bool = False, rotary: bool = False
 ):
-    """The kept config with the most values per thread (``keep``'s measure); the first
-    config, which the pruner then runs, when none is kept."""
+    """The kept config with the most values per thread (``keep``'s measure); when none is
+    kept, the one with the fewest, which the pruner then runs."""
 
     def held(c) -> int:
-        m, n = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
         block_d = next_power_of_2(head_dim)
-        acc = 2 * n * block_d if kernel[2] else m * block_d
-        tiles = 2 + (1 if kernel[2] else 2) * has_bias
-        rotated = 4 * (m if kernel[2] else n) * block_d if rotary else 0
-        return (acc + tiles * m * n + rotated) // (32 * c.num_warps)
+        return mod.load(c, block_d, ELEMENT_SIZES[dtype], kernel[2], has_bias, rotary)
 
-    kept = _kept(kernel, dtype, head_dim, has_bias, rotary) or kernel[1].configs[:1]
-    return max(kept, key=held)
+    kept = _kept(kernel, dtype, head_dim, has_bias, rotary)
+    return max(kept, key=held) if kept else min(kernel[1].configs, key=held)
 
 
 def _case(
@@ -160,17 +156,19 @@ HEAVIEST_BIAS = (
 
 
 # The same for rotary positions with the window: (dtype, head dim, HAS_MASK, IS_VARLEN, the
-# passes compiled (DKDV values)). Wider heads find no config within ``keep``'s budget; the
-# first config, which the pruner then runs, spills in the dQ pass (408 to 744 bytes per thread
-# at D=80 and 128 on sm_80, 440 at D=80 on sm_90) and is not a case; the dK / dV pass of D=80
-# compiles without spills and checks the padded head's turn back (a gather of its halves).
-# (Under Triton 3.6 that pass keeps a 16x32 config of its own there: kernels/
-# flash_attention_backward.py.)
+# passes compiled (DKDV values)). Wider heads find no config within ``keep``'s budget and run
+# the one holding the fewest values (kernels/attention_configs.py's backward_load): in 16 bits
+# its dQ pass spills (12 to 36 bytes per thread at D=80 under Triton 3.9) and is not a case; the
+# dK / dV pass of D=80 compiles without spills and checks the padded head's turn back (a gather
+# of its halves). float32 at D=80 is a case in both passes for its shared memory: the first
+# config, which ran before, needed 384 KiB on an H200. (Under Triton 3.6 the dK / dV pass keeps
+# a 16x32 config of its own there: kernels/flash_attention_backward.py.)
 HEAVIEST_ROTARY = (
     ("fp16", 64, False, True, (True, False)),
     ("fp16", 80, True, False, (True,)),
     ("bf16", 64, True, False, (True, False)),
     ("fp32", 64, True, False, (True, False)),
+    ("fp32", 80, True, False, (True, False)),
 )
 
 
