@@ -297,8 +297,13 @@ def test_varlen(device, dtype, head_dim, max_seqlen) -> None:
 
 
 @pytest.mark.parametrize("dtype", DOT_DTYPES)
-def test_varlen_matches_dense_per_sequence(device, dtype) -> None:
-    """Each packed sequence gets what dense attention gives it alone, bit for bit."""
+def test_varlen_matches_dense_per_sequence(device, dtype, monkeypatch) -> None:
+    """Each packed sequence gets what dense attention gives it alone, bit for bit, in one tile
+    config (on a GPU each variant tunes its own, whose key blocks round the online softmax's
+    rescaling differently: float32 then differed in 209 of 576 elements by up to 2.4e-7)."""
+    tuner = flash_attention._attention_fwd_kernel
+    monkeypatch.setattr(tuner, "configs", tuner.configs[:1])
+    monkeypatch.setattr(tuner, "cache", {})
     lengths = [9, 33]
     q, k, v, cu = packed_qkv(lengths, 2, 32, dtype, device, seed=8)
     out = K.attention_varlen(q, k, v, cu, max(lengths), scale=0.2)
