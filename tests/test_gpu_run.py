@@ -300,3 +300,28 @@ def test_random_folder_tokenizes_offline(tmp_path: Path) -> None:
     assert json.loads((folder / "1_Pooling" / "config.json").read_text())[
         "pooling_mode_mean_tokens"
     ]
+
+
+def test_stages_chosen_by_name_keep_the_plans_order_and_scale_their_caps(tmp_path) -> None:
+    from benchmarks.gpu_run.__main__ import chosen
+
+    every = plan.stages(tmp_path, tmp_path, sys.executable)
+    caps = {s.name: s.cap_s for s in every}
+    picked = chosen(every, ["serve", "corpus"], 2.0)
+    assert [s.name for s in picked] == ["corpus", "serve"]
+    assert [s.cap_s for s in picked] == [2 * caps["corpus"], 2 * caps["serve"]]
+    assert [s.name for s in chosen(every, None, 1.0)] == list(caps)
+    with pytest.raises(ValueError, match="no stage named nope"):
+        chosen(every, ["corpus", "nope"], 1.0)
+
+
+@pytest.mark.parametrize("flags", [["--stages", "nope"], ["--cap-scale", "0"]])
+def test_a_bad_stage_choice_is_a_usage_error(tmp_path, flags) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_run", str(tmp_path / "out"), *flags],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and "error:" in proc.stderr
+    assert not (tmp_path / "out").exists()
