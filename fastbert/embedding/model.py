@@ -35,6 +35,7 @@ from fastbert.model.sentence_modules import (
     SpladePooling,
     native_module,
     takes_task,
+    torch_module_class,
 )
 
 Features = dict[str, Any]
@@ -382,8 +383,6 @@ def cross_encoder_activation(spec: FolderSpec, config: Any) -> torch.nn.Module:
     ``sbert_ce_default_activation_function``), else Sigmoid for one label and Identity for
     more. A class outside ``torch`` is passed over (sentence-transformers loads one only when
     trusted with remote code)."""
-    import importlib
-
     saved = getattr(config, "sentence_transformers", None) or {}
     paths = (
         spec.activation_fn,
@@ -391,14 +390,9 @@ def cross_encoder_activation(spec: FolderSpec, config: Any) -> torch.nn.Module:
         getattr(config, "sbert_ce_default_activation_function", None),
     )
     for path in paths:
-        if isinstance(path, str) and path.startswith("torch."):
-            module_name, _, class_name = path.rpartition(".")
-            try:
-                activation = getattr(importlib.import_module(module_name), class_name, None)
-            except ImportError:
-                activation = None
-            if isinstance(activation, type) and issubclass(activation, torch.nn.Module):
-                return activation()
+        activation = torch_module_class(path)
+        if activation is not None:
+            return activation()
     return torch.nn.Sigmoid() if config.num_labels == 1 else torch.nn.Identity()
 
 

@@ -216,19 +216,27 @@ def takes_task(module: Any) -> bool:
     return isinstance(module, MultiVectorMask) or getattr(module, "takes_task", False)
 
 
+def torch_module_class(path: object) -> type[nn.Module] | None:
+    """The ``torch.nn.Module`` class a model folder names by its path (e.g.
+    "torch.nn.modules.activation.Tanh"), or None: sentence-transformers' rule, only classes
+    under ``torch`` load from a config (anything else would run code the folder brings)."""
+    if not isinstance(path, str) or not path.startswith("torch."):
+        return None
+    module_name, _, class_name = path.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module_name), class_name, None)
+    except ImportError:
+        return None
+    return found if isinstance(found, type) and issubclass(found, nn.Module) else None
+
+
 def _activation(path: str | None, spec: ModuleSpec) -> nn.Module:
     """A torch.nn activation module from its class path (sentence-transformers' rule: only
     ``torch.*`` nn.Module classes load from a config); Tanh when the config names none."""
     if path is None:
         return nn.Tanh()
-    module_name, _, class_name = path.rpartition(".")
-    activation = None
-    if path.startswith("torch."):
-        try:
-            activation = getattr(importlib.import_module(module_name), class_name, None)
-        except ImportError:
-            activation = None
-    if not (isinstance(activation, type) and issubclass(activation, nn.Module)):
+    activation = torch_module_class(path)
+    if activation is None:
         raise ValueError(
             f"{spec.describe()}: activation_function {path!r} is not a torch.nn module class; "
             "fastbert runs no code a model folder brings"
