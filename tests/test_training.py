@@ -17,7 +17,7 @@ import torch
 import fastbert
 from fastbert.model.loading import hf_weight_names
 from tests.hf_models import hf_model, padded_batch
-from tests.test_optimize import CASES, make_inputs, make_model
+from tests.test_optimize import CASES, FAMILIES, make_inputs, make_model
 
 GRAD_BOUND = 1e-4
 LENGTHS = [7, 3, 5, 1, 6, 7]
@@ -28,6 +28,9 @@ KEY_BIASES = ("attention.self.key.bias", "attention.k_lin.bias", "attention.attn
 # The heads' own dropouts off too (DistilBERT's classifier and QA heads, ELECTRA's sequence
 # summary), so that train mode is deterministic on both sides.
 NO_HEAD_DROPOUT = dict(seq_classif_dropout=0.0, qa_dropout=0.0, summary_last_dropout=0.0)
+
+# Hugging Face's names of the two dropout probabilities (DistilBERT's differ).
+HIDDEN_AND_ATTENTION = ("hidden_dropout_prob", "attention_probs_dropout_prob")
 
 
 def weighted_sum(
@@ -213,3 +216,59 @@ def test_every_parameter_gets_a_gradient_and_requires_grad_by_default() -> None:
     model(ids, mask, types, **labels).loss.backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().max()]
     assert missing == []
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "modernbert"])
+def test_hidden_dropout_where_hugging_face_applies_it(family: str) -> None:
+    """A layer applies the hidden dropout at as many places as Hugging Face's layer holds a
+    hidden dropout module: after the attention output and the FFN, and for DistilBERT after
+    the FFN only (its attention output is added to its input undropped)."""
+    from fastbert.integrations.packed_classifier import optimized_forward
+    from fastbert.model import families
+
+    names = ("dropout", "attention_dropout") if family == "distilbert" else HIDDEN_AND_ATTENTION
+    hf = make_model(family, "Model", **dict(zip(names, (0.3, 0.2))))
+    (spec,) = [f for f in families.FAMILIES if f.model_type == family]
+    hf_layer = hf.get_submodule(f"{spec.layer_prefix}.0")
+    theirs = [m.p for m in hf_layer.modules() if isinstance(m, torch.nn.Dropout)]
+    encoder = optimized_forward(fastbert.optimize(hf, backend="torch")).encoder.train()
+    ops, calls = encoder.ops(), []
+
+    class Recording:
+        def __getattr__(self, name: str):
+            return getattr(ops, name)
+
+        def layer_norm(self, *args, dropout_p: float = 0.0, **kwargs):
+            calls.append(dropout_p)
+            return ops.layer_norm(*args, dropout_p=dropout_p, **kwargs)
+
+    hidden = torch.randn(2, 5, hf.config.hidden_size if family != "distilbert" else hf.config.dim)
+    width = hidden.shape[-1]
+    encoder.layers[0](Recording(), hidden, lambda qkv: qkv[..., :width], dropout_p=0.3)
+    assert sorted(p for p in calls if p) == sorted(p for p in theirs if p == 0.3)
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "modernbert"])
+def test_dropout_follows_the_models_modules(family: str) -> None:
+    """Dropout set on the model's nn.Dropout modules after optimize is what trains: all at 0
+    (TRL's trainers do so) gives eval mode's output in train mode; one kind at 0 leaves the
+    other; modules of one kind set apart raise a ValueError naming it."""
+    from fastbert.integrations.packed_classifier import optimized_forward
+
+    names = ("dropout", "attention_dropout") if family == "distilbert" else HIDDEN_AND_ATTENTION
+    hf = make_model(family, "Model", **dict(zip(names, (0.3, 0.2))))
+    inputs, _ = make_inputs(hf, "Model", [5, 3])
+    model = fastbert.optimize(hf, backend="torch")
+    forward = optimized_forward(model)
+    model.eval()
+    evaluated = model(**inputs).last_hidden_state
+    model.train()
+    assert forward.dropout_now() == (0.3, 0.2)
+    assert not torch.allclose(model(**inputs).last_hidden_state, evaluated)
+    dropouts = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    for module in dropouts:
+        module.p = 0.0
+    torch.testing.assert_close(model(**inputs).last_hidden_state, evaluated, rtol=0, atol=0)
+    dropouts[0].p = 0.5  # the embeddings' (hidden) dropout alone
+    with pytest.raises(ValueError, match="hidden dropout modules hold different"):
+        model(**inputs)

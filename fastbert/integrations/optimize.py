@@ -392,12 +392,40 @@ class FastbertForward:
             encoder = self.encoder
         if encoder.training != self.base.training:
             encoder.train(self.base.training)
+        if encoder.training:
+            encoder.dropout_probabilities = self.dropout_now()
         if encoder.training and torch.is_grad_enabled():
             # Hugging Face's switch (gradient_checkpointing_enable sets it on its modules)
             encoder.gradient_checkpointing = any(
                 getattr(m, "gradient_checkpointing", False) is True for m in self.base.modules()
             )
         return encoder
+
+    def dropout_now(self) -> tuple[float, float]:
+        """(hidden, attention) dropout probabilities the model's own nn.Dropout modules hold
+        now, for the encoder to apply in training mode: a model whose modules were set after
+        optimize (all to 0 to train without dropout, as TRL's trainers do) trains as Hugging
+        Face's would. The config's where the model has no such module. Raises ValueError
+        when the modules of one kind differ: fastbert applies one probability of each."""
+        attention_suffix = "." + self.family.attention_dropout
+        layers = self.family.layer_prefix + "."
+        found: dict[str, set[float]] = {"hidden": set(), "attention": set()}
+        for name, module in self.base.named_modules():
+            if isinstance(module, nn.Dropout):
+                kind = "hidden"
+                if self.family.attention_dropout and name.startswith(layers):
+                    kind = "attention" if name.endswith(attention_suffix) else kind
+                found[kind].add(float(module.p))
+        for kind, values in found.items():
+            if len(values) > 1:
+                raise ValueError(
+                    f"the model's {kind} dropout modules hold different probabilities "
+                    f"{sorted(values)}; a fastbert-optimized model applies one (set every "
+                    f"{kind} nn.Dropout's p alike)"
+                )
+        (hidden,) = found["hidden"] or {self.config.hidden_dropout_prob}
+        (attention,) = found["attention"] or {self.config.attention_probs_dropout_prob}
+        return hidden, attention
 
     @contextlib.contextmanager
     def returning(self, hidden: torch.Tensor) -> Iterator[None]:

@@ -55,7 +55,8 @@ class BertConfig:
     hidden_size, is the width of the embedding tables, projected to hidden_size after their
     LayerNorm (ELECTRA). position_scheme: one of POSITION_SCHEMES. The dropout probabilities
     apply in training mode only (``model.train()``): hidden_dropout_prob after the embeddings
-    and on the attention-output and FFN-output projections, attention_probs_dropout_prob on
+    and on the attention-output (unless attention_output_dropout is False: DistilBERT has
+    none there) and FFN-output projections, attention_probs_dropout_prob on
     the attention probabilities, classifier_dropout (hidden_dropout_prob when None) before a
     sequence classifier. problem_type: how a sequence classifier's loss reads its labels
     (fastbert.model.losses.PROBLEM_TYPES; None infers it from the labels, as Hugging Face does).
@@ -89,6 +90,7 @@ class BertConfig:
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
     classifier_dropout: float | None = None
+    attention_output_dropout: bool = True
     problem_type: str | None = None
     initializer_range: float = 0.02
     relative_attention_num_buckets: int = 0

@@ -165,6 +165,9 @@ class BertModel(PretrainedMixin, nn.Module):
         self._quantize: str | None = None
         self._quantized_key: tuple | None = None
         self.gradient_checkpointing = False
+        # (hidden, attention) dropout in training mode in place of the config's: the
+        # probabilities a Hugging Face model's own modules hold (fastbert.optimize sets it).
+        self.dropout_probabilities: tuple[float, float] | None = None
         self.register_load_state_dict_post_hook(_quantize_again)
         self.quantize = quantize
         self.resolve_ops_early()
@@ -384,11 +387,14 @@ class BertModel(PretrainedMixin, nn.Module):
 
     def call(self) -> runtime.Call:
         """What a call made now asks of the runtime: its dropout (the config's in training
-        mode, none in eval mode), whether it records gradients, and the weights' key."""
+        mode, or ``dropout_probabilities`` when set; none in eval mode), whether it records
+        gradients, and the weights' key."""
         hidden_p, attention_p = (0.0, 0.0)
         if self.training:
             hidden_p = self.config.hidden_dropout_prob
             attention_p = self.config.attention_probs_dropout_prob
+            if self.dropout_probabilities is not None:
+                hidden_p, attention_p = self.dropout_probabilities
         return runtime.Call(hidden_p, attention_p, self._records_grad, self._watch.storage_key)
 
     def _records_grad(self) -> bool:

@@ -122,7 +122,8 @@ class Family:
     masked_lm_head: where its ``*ForMaskedLM`` checkpoints keep the head (None: not read);
     shared: the same for the base model's tensors outside the embeddings and layers (MPNet's
     relative position bias table, ModernBERT's final norm); first_layer_skips: ``layer`` names
-    the first layer lacks (ModernBERT's attention norm); derive: config dict -> more BertConfig
+    the first layer lacks (ModernBERT's attention norm); attention_dropout: the attention
+    probabilities' nn.Dropout under each layer; derive: config dict -> more BertConfig
     keyword arguments, for fields that are no plain renaming (it raises ValueError for what
     fastbert does not run); output_class: the transformers.modeling_outputs class the base
     model returns.
@@ -143,6 +144,9 @@ class Family:
     )
     projection: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     layer_prefix: str = "encoder.layer"
+    # The nn.Dropout of the attention probabilities in each layer ("" for none); the base
+    # model's other nn.Dropout modules apply the hidden dropout.
+    attention_dropout: str = "attention.self.dropout"
     layer: Mapping[str, tuple[str, ...]] = dataclasses.field(
         default_factory=lambda: dict(_BERT_LAYER)
     )
@@ -258,9 +262,15 @@ DISTILBERT = Family(
         "problem_type": "problem_type",
     },
     # No token types; every DistilBERT LayerNorm is built with eps=1e-12.
-    config_constants={"type_vocab_size": 0, "layer_norm_eps": 1e-12},
+    # Hugging Face's DistilBERT adds the attention output to its input with no dropout.
+    config_constants={
+        "type_vocab_size": 0,
+        "layer_norm_eps": 1e-12,
+        "attention_output_dropout": False,
+    },
     embeddings=dict(_BERT_EMBEDDINGS_WITHOUT_TOKEN_TYPES),
     layer_prefix="transformer.layer",
+    attention_dropout="attention.dropout",
     layer={
         "qkv_weight": tuple(f"attention.{n}_lin.weight" for n in "qkv"),
         "qkv_bias": tuple(f"attention.{n}_lin.bias" for n in "qkv"),
@@ -299,6 +309,7 @@ MPNET = Family(
     # No token types; positions count from padding index 1 (Hugging Face's MPNetEmbeddings
     # fixes it at 1, whatever the config's pad_token_id).
     config_constants={"type_vocab_size": 0, "position_scheme": "padding_offset", "pad_token_id": 1},
+    attention_dropout="attention.attn.dropout",
     embeddings=dict(_BERT_EMBEDDINGS_WITHOUT_TOKEN_TYPES),
     layer={
         "qkv_weight": tuple(f"attention.attn.{n}.weight" for n in "qkv"),
@@ -407,6 +418,7 @@ MODERNBERT = Family(
         "embeddings.ln_weight": ("embeddings.norm.weight",),
     },
     layer_prefix="layers",
+    attention_dropout="",  # a float of the attention module; nonzero dropout is refused
     layer={
         "qkv_weight": ("attn.Wqkv.weight",),
         "attn_out_weight": ("attn.Wo.weight",),

@@ -218,6 +218,7 @@ class BertLayer(nn.Module):
         self.heads = config.num_attention_heads
         self.activation = config.activation
         self.eps = config.layer_norm_eps
+        self.attention_output_dropout = config.attention_output_dropout
         # (query, key, value weights), (their biases): see fused_qkv.
         self.qkv_parts: tuple[tuple[nn.Parameter, ...], tuple[nn.Parameter, ...]] | None = None
         # The quantised copies of the linear weights when the model runs quantize="int8" or
@@ -231,7 +232,8 @@ class BertLayer(nn.Module):
 
         ``attend`` maps the fused QKV projection [..., 3H] to the attention context [..., H]
         (see fastbert.execution.runtime: dense with a padding mask, or packed sequences).
-        ``dropout_p``: the hidden dropout on the two projections that feed a residual.
+        ``dropout_p``: the hidden dropout on the two projections that feed a residual (on the
+        FFN's alone without ``attention_output_dropout``).
         """
         if self.pre_norm:
             return self.forward_pre_norm(ops, hidden, attend)
@@ -239,8 +241,9 @@ class BertLayer(nn.Module):
         attn = self.project(
             ops, "attn_out_weight", attend(qkv), self.attn_out_weight, self.attn_out_bias
         )
+        attn_p = dropout_p if self.attention_output_dropout else 0.0
         hidden = ops.layer_norm(
-            attn, self.attn_ln_weight, self.attn_ln_bias, self.eps, hidden, dropout_p=dropout_p
+            attn, self.attn_ln_weight, self.attn_ln_bias, self.eps, hidden, dropout_p=attn_p
         )
         inner = self.project(
             ops, "ffn_in_weight", hidden, self.ffn_in_weight, self.ffn_in_bias, self.activation
