@@ -289,6 +289,27 @@ def test_every_parameter_change_after_optimize_is_followed(change: str, name: st
     assert (got - expected)[valid].abs().max() <= BOUND
 
 
+def test_functional_call_swapping_encoder_tensors_raises() -> None:
+    """torch.func.functional_call puts tensors in the modules without registering them: the
+    encoder would compute with the parameters it was bound to (0.074 off on a tiny BERT), so
+    it raises; swapping only the head's is honoured, and afterwards the model is itself."""
+    from torch.func import functional_call
+
+    model = make_model("bert", "ForSequenceClassification", seed=35)
+    reference = copy.deepcopy(model).eval()
+    inputs, _ = make_inputs(model, "ForSequenceClassification", [6, 3], seed=35)
+    fastbert.optimize(model, backend="torch").eval()
+    scaled = {name: 1.1 * p for name, p in model.named_parameters()}
+    with torch.no_grad(), pytest.raises(RuntimeError, match="functional_call"):
+        functional_call(model, scaled, args=(), kwargs=inputs)
+    head = {name: p for name, p in scaled.items() if name.startswith("classifier.")}
+    with torch.no_grad():
+        got = functional_call(model, head, args=(), kwargs=inputs).logits
+        expected = functional_call(reference, head, args=(), kwargs=inputs).logits
+        assert (got - expected).abs().max() <= BOUND
+        assert (model(**inputs).logits - reference(**inputs).logits).abs().max() <= BOUND
+
+
 def test_an_assigning_load_after_optimize_is_followed() -> None:
     model = make_model("roberta", "ForSequenceClassification", seed=33)
     other = make_model("roberta", "ForSequenceClassification", seed=34)

@@ -179,6 +179,12 @@ def _compute_padding_where_losses_read_it(head: nn.Module) -> None:
     head.register_forward_hook(after, with_kwargs=True, always_call=True)
 
 
+_SWAPPED = (
+    "the model's parameters were swapped for other tensors without registering them "
+    "(torch.func.functional_call, torch.nn.utils.stateless): a fastbert-optimized model reads "
+    "the parameters it was bound to, so it would compute with those; call the model itself, "
+    "or fastbert.optimize a model holding the parameters to use"
+)
 _PADDING_FREE_EXPANSION = (
     "padding_free=True cannot run a sentence-transformers model whose Transformer expands "
     "queries without attending to the expansion (query_expansion attend=False): MaxSim scores "
@@ -340,6 +346,14 @@ class FastbertForward:
         )
         self._source_names = [t for theirs in names.values() for t in theirs]
         self._sources = [self.base.get_parameter(t) for t in self._source_names]
+        # Where each lives (its module's parameter dict and name): checked at every call, as
+        # a swap that registers nothing (torch.func.functional_call) moves no generation.
+        self._slots = [
+            (self.base.get_submodule(owner)._parameters, name, source)
+            for (owner, _, name), source in zip(
+                (t.rpartition(".") for t in self._source_names), self._sources
+            )
+        ]
         # The modules holding those parameters, by class: one wrapped since (a LoRA adapter
         # around a linear) would add what the encoder, reading the parameters, leaves out.
         owners = {name.rpartition(".")[0] for name in self._source_names}
@@ -493,12 +507,18 @@ class FastbertForward:
     def _bound(self) -> bool:
         """Whether the encoder still reads the model's tensors.
 
-        Parameter objects are compared only after some parameter was registered anywhere
-        (a replaced parameter or module registers one); the query, key and value parameters
+        The parameter objects in their modules are compared at every call (RuntimeError for
+        tensors swapped in without registering, as torch.func.functional_call does), their
+        owners after some parameter was registered anywhere (a replaced parameter or module
+        registers one: a wrapped linear raises); the query, key and value parameters
         must still be views of their fused tensor (``.to()``, ``.half()`` or a replaced
         ``.data`` give them new storage). Other parameters are the encoder's own objects, so a
         new ``.data`` of theirs is read as it is.
         """
+        if any(slots.get(name) is not source for slots, name, source in self._slots):
+            if not all(isinstance(slots.get(name), nn.Parameter) for slots, name, _ in self._slots):
+                raise RuntimeError(_SWAPPED)
+            return False
         if self._generation != registration_generation():
             self._refuse_wrapped_modules()
             current = [self.base.get_parameter(t) for t in self._source_names]
