@@ -159,6 +159,7 @@ def test_a_dense_config_without_bias_has_one(base, tmp_path):
 def test_truncate_dim_cuts_as_sentence_transformers_cuts(base, tmp_path):
     folder = folder_of(base, tmp_path / "m", truncate_dim=24)
     assert assert_as_sentence_transformers(folder).shape[1] == 24
+    assert fastbert.load(folder, device="cpu").dimensions == 24  # what embed returns
     normalised = folder_of(base, tmp_path / "n", Normalize(), truncate_dim=24)
     settings = json.loads((normalised / "config_sentence_transformers.json").read_text())
     assert settings["truncate_dim"] == 24

@@ -124,8 +124,18 @@ class TextModel:
 
     @property
     def dimensions(self) -> int | None:
-        """The width of an embedding: a dense vector's, a sparse vector's (the vocabulary) or
-        each token's vector of a multi-vector model (None for a classifier)."""
+        """The width of the embeddings :meth:`embed` returns: a dense vector's (the loaded
+        ``dimensions``, or the folder's truncate_dim, where one cuts it), a sparse vector's
+        (the vocabulary) or each token's vector of a multi-vector model (None for a
+        classifier)."""
+        if self.encoder is None:
+            return None
+        return self.options.dimensions or self.encoder.dimensions
+
+    @property
+    def full_dimensions(self) -> int | None:
+        """The width the model computes, before any cut: the most ``dimensions`` a call may
+        ask for (None for a classifier)."""
         return self.encoder.dimensions if self.encoder is not None else None
 
     @property
@@ -299,7 +309,7 @@ class TextModel:
         """ValueError unless ``dimensions`` is a width this dense model's embeddings may be cut
         to: 1 .. their width, and (unless ``force``) a model whose card says it was trained
         for it (Matryoshka)."""
-        width = self.dimensions
+        width = self.full_dimensions
         if isinstance(dimensions, bool) or not isinstance(dimensions, int):
             raise ValueError(f"dimensions must be an integer, got {dimensions!r}")
         if not 1 <= dimensions <= width:

@@ -147,7 +147,7 @@ class Server:
         the server allows any)."""
         if dimensions is None:
             return self.model.options.dimensions
-        width = self.model.dimensions
+        width = self.model.full_dimensions
         if dimensions > width:
             raise errors.ValidationFailed(
                 f"{param} {dimensions} is more than the model's {width}", param=param
