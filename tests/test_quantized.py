@@ -119,6 +119,25 @@ def test_errors():
         quantized.check_ranges([[0, float("nan")], [1, 1]], 2)
 
 
+@pytest.mark.parametrize("precision", ["int8", "uint8"])
+def test_calibration_and_ranges_that_cannot_bucket_raise(precision):
+    """One calibration embedding gave empty ranges (every value in the first or last bucket),
+    another width a numpy broadcasting error, a given range with its min above its max
+    silently scrambled buckets: each raises a ValueError naming the argument."""
+    x = random_embeddings(4, 8, seed=1)
+    with pytest.raises(ValueError, match="calibration_embeddings hold 1 embedding"):
+        quantize_embeddings(x, precision, calibration_embeddings=x[:1])
+    with pytest.raises(ValueError, match=r"calibration_embeddings must be \[n, 8\]"):
+        quantize_embeddings(x, precision, calibration_embeddings=random_embeddings(9, 6, seed=2))
+    with pytest.raises(ValueError, match=r"calibration_embeddings must be \[n, 8\]"):
+        quantize_embeddings(x, precision, calibration_embeddings=x[0])
+    with pytest.raises(ValueError, match="min above its max"):
+        quantize_embeddings(x, precision, ranges=[[1.0] * 8, [0.0] * 8])
+    matrices = [random_embeddings(3, 8, seed=4), random_embeddings(5, 8, seed=5)]
+    with pytest.raises(ValueError, match="calibration_embeddings hold 1 embedding"):
+        quantize_embeddings(matrices, precision, calibration_embeddings=x[:1])
+
+
 def test_few_calibration_embeddings_warn(caplog):
     with caplog.at_level("WARNING", logger="fastbert.embedding"):
         quantized.quantization_ranges(random_embeddings(10, 8, seed=2))

@@ -104,10 +104,10 @@ def quantize_embeddings(
         return embeddings.astype(np.float32)
     if precision in RANGED:
         if ranges is None and calibration_embeddings is not None:
-            ranges = _min_max(_numpy(calibration_embeddings))
+            ranges = _calibration_ranges(calibration_embeddings, precision, embeddings.shape[-1])
         elif ranges is None:
             ranges = quantization_ranges(embeddings, precision)
-        ranges = np.asarray(ranges).astype(np.float32, copy=False)
+        ranges = check_ranges(ranges, embeddings.shape[-1])
         starts = ranges[0, :]
         steps = (ranges[1, :] - starts) / 255
         steps = np.where(steps == 0, 1, steps)
@@ -172,12 +172,29 @@ def _quantize_matrices(
     """Multi-vector matrices, each [tokens, d], quantized with one set of ranges."""
     if precision in RANGED and ranges is None:
         if calibration is not None:
-            ranges = _min_max(_numpy(calibration))
+            ranges = _calibration_ranges(calibration, precision, matrices[0].shape[-1])
         else:
             data = np.concatenate(matrices, axis=0)
             if len(data):
                 ranges = quantization_ranges(data, precision)
     return [quantize_embeddings(m, precision, ranges, calibration) for m in matrices]
+
+
+def _calibration_ranges(calibration: Any, precision: str, width: int) -> np.ndarray:
+    """The ranges of ``calibration`` [n, width] embeddings (n >= 2); ValueError otherwise (one
+    embedding's ranges are empty: every value would fall in the first or the last bucket)."""
+    data = _numpy(calibration)
+    if data.ndim != 2 or data.shape[1] != width:
+        raise ValueError(
+            f"calibration_embeddings must be [n, {width}] (the embeddings' width), got shape "
+            f"{list(data.shape)}"
+        )
+    if data.shape[0] < 2:
+        raise ValueError(
+            f"calibration_embeddings hold {data.shape[0]} embedding(s): {precision} ranges need "
+            "several, of a representative set of texts"
+        )
+    return quantization_ranges(data, precision)
 
 
 def _min_max(embeddings: np.ndarray) -> np.ndarray:
