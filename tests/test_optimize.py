@@ -289,6 +289,28 @@ def test_every_parameter_change_after_optimize_is_followed(change: str, name: st
     assert (got - expected)[valid].abs().max() <= BOUND
 
 
+def test_a_deep_copy_computes_with_its_own_weights() -> None:
+    """copy.deepcopy of an optimized model (a teacher for distillation, an EMA copy) raised
+    "cannot pickle '_thread.lock'"; the copy now runs on its own tensors: a change to the
+    original's is not seen, one to the copy's is, and its gradients reach its parameters."""
+    model = make_model("bert", "ForSequenceClassification", seed=36)
+    reference = copy.deepcopy(model).eval()
+    inputs, _ = make_inputs(model, "ForSequenceClassification", [6, 3], seed=36)
+    fastbert.optimize(model, backend="torch").eval()
+    dense = "bert.encoder.layer.0.output.dense.weight"
+    with torch.no_grad():
+        model(**inputs)
+        copied = copy.deepcopy(model)
+        model.get_parameter(dense).add_(1.0)
+        assert (copied(**inputs).logits - reference(**inputs).logits).abs().max() <= BOUND
+        for m in (copied, reference):
+            m.get_parameter(dense).sub_(0.5)
+        assert (copied(**inputs).logits - reference(**inputs).logits).abs().max() <= BOUND
+    copied.train()(**inputs, labels=torch.tensor([0, 2])).loss.backward()
+    assert copied.get_parameter(dense).grad is not None
+    assert model.get_parameter(dense).grad is None
+
+
 def test_functional_call_swapping_encoder_tensors_raises() -> None:
     """torch.func.functional_call puts tensors in the modules without registering them: the
     encoder would compute with the parameters it was bound to (0.074 off on a tiny BERT), so

@@ -336,7 +336,9 @@ def run_fastbert_optimized(
         cuda_graphs=False,
         quantize=quantize,
     )
-    encoder = next(m.forward.encoder for m in model.modules() if hasattr(m.forward, "encoder"))
+    encoder = next(
+        m.forward.current_encoder() for m in model.modules() if hasattr(m.forward, "encoder")
+    )
     with torch.no_grad():
         hidden, out = _run_with_stage_outputs(encoder, lambda: model(**inputs))
     return Run(hidden, out.logits)

@@ -37,6 +37,7 @@ when ``optimize`` runs (for the output classes), never at ``import fastbert``.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import inspect
 import threading
@@ -334,6 +335,23 @@ class FastbertForward:
         self._given = threading.local()
         self._bind()
 
+    def __deepcopy__(self, memo: dict) -> FastbertForward:
+        """The forward of a copy of the model (copy.deepcopy of an optimized model): bound to
+        the copy's tensors at its first call (the copy is still being built now). The lock and
+        the threads' state are the copy's own."""
+        copied = object.__new__(FastbertForward)
+        copied.__dict__.update(
+            {
+                name: value
+                for name, value in self.__dict__.items()
+                if name not in ("_lock", "_given", "encoder", "base")
+            }
+        )
+        copied.base = copy.deepcopy(self.base, memo)
+        copied.settings = copy.deepcopy(self.settings, memo)
+        copied._lock, copied._given, copied.encoder = threading.Lock(), threading.local(), None
+        return copied
+
     def _bind(self) -> None:
         """(Re)build ``self.encoder`` on the model's current tensors (and config: a resized
         vocabulary changes it) and record what it reads."""
@@ -515,6 +533,8 @@ class FastbertForward:
         ``.data`` give them new storage). Other parameters are the encoder's own objects, so a
         new ``.data`` of theirs is read as it is.
         """
+        if self.encoder is None:  # a copy's forward, not bound yet
+            return False
         if any(slots.get(name) is not source for slots, name, source in self._slots):
             if not all(isinstance(slots.get(name), nn.Parameter) for slots, name, _ in self._slots):
                 raise RuntimeError(_SWAPPED)
