@@ -4,6 +4,7 @@ SentenceTransformer, compute what they computed before, sharing their weight ten
 from __future__ import annotations
 
 import copy
+import io
 
 import pytest
 import torch
@@ -309,6 +310,22 @@ def test_a_deep_copy_computes_with_its_own_weights() -> None:
     copied.train()(**inputs, labels=torch.tensor([0, 2])).loss.backward()
     assert copied.get_parameter(dense).grad is not None
     assert model.get_parameter(dense).grad is None
+
+
+def test_an_optimized_model_pickles() -> None:
+    """torch.save of the whole model (not its state dict) raised on the forward's lock and the
+    heads' hooks; loaded, it runs optimized on its own tensors."""
+    model = make_model("distilbert", "ForSequenceClassification", seed=37)
+    reference = copy.deepcopy(model).eval()
+    inputs, _ = make_inputs(model, "ForSequenceClassification", [6, 3], seed=37)
+    fastbert.optimize(model, backend="torch").eval()
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert type(loaded.distilbert.forward).__name__ == "FastbertForward"
+    with torch.no_grad():
+        assert (loaded(**inputs).logits - reference(**inputs).logits).abs().max() <= BOUND
 
 
 def test_functional_call_swapping_encoder_tensors_raises() -> None:

@@ -37,7 +37,7 @@ when ``optimize`` runs (for the output classes), never at ``import fastbert``.
 from __future__ import annotations
 
 import contextlib
-import copy
+import functools
 import importlib
 import inspect
 import threading
@@ -51,7 +51,12 @@ from fastbert.execution import runtime, validation
 from fastbert.execution.backends import check_backend, check_head_dim
 from fastbert.model.config import BertConfig
 from fastbert.model.encoder import BertModel
-from fastbert.model.families import Family, family_of_class, supported_classes
+from fastbert.model.families import (
+    Family,
+    family_of_class,
+    family_of_model_type,
+    supported_classes,
+)
 from fastbert.model.loading import PretrainedMixin, is_sentence_transformer
 from fastbert.model.outputs import BaseModelOutputWithPooling
 from fastbert.model.weights import registration_generation
@@ -162,22 +167,31 @@ def _loss_reads_padding(arguments: dict[str, Any]) -> bool:
 
 def _compute_padding_where_losses_read_it(head: nn.Module) -> None:
     """Hooks on the head ``head``: a call whose loss reads padded positions
-    (:func:`_loss_reads_padding`) runs its encoder dense, as Hugging Face computes them."""
-    signature = inspect.signature(type(head).forward)
-    if not {"labels", "start_positions"} & set(signature.parameters):
+    (:func:`_loss_reads_padding`) runs its encoder dense, as Hugging Face computes them. The
+    hooks are module-level functions, so that the model pickles."""
+    if not {"labels", "start_positions"} & set(_forward_signature(type(head)).parameters):
         return
-    saved = threading.local()
+    head.register_forward_pre_hook(_before_head, with_kwargs=True)
+    head.register_forward_hook(_after_head, with_kwargs=True, always_call=True)
 
-    def before(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        arguments = signature.bind_partial(module, *args, **kwargs).arguments
-        stack = saved.__dict__.setdefault("stack", [])
-        stack.append(runtime.want_every_position(_loss_reads_padding(arguments)))
 
-    def after(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        runtime.want_every_position(saved.stack.pop())
+@functools.cache
+def _forward_signature(cls: type) -> inspect.Signature:
+    return inspect.signature(cls.forward)
 
-    head.register_forward_pre_hook(before, with_kwargs=True)
-    head.register_forward_hook(after, with_kwargs=True, always_call=True)
+
+# Per thread: runtime.want_every_position's values before each head call in progress.
+_HEAD_CALLS = threading.local()
+
+
+def _before_head(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    arguments = _forward_signature(type(module)).bind_partial(module, *args, **kwargs).arguments
+    stack = _HEAD_CALLS.__dict__.setdefault("stack", [])
+    stack.append(runtime.want_every_position(_loss_reads_padding(arguments)))
+
+
+def _after_head(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    runtime.want_every_position(_HEAD_CALLS.stack.pop())
 
 
 _SWAPPED = (
@@ -335,22 +349,21 @@ class FastbertForward:
         self._given = threading.local()
         self._bind()
 
-    def __deepcopy__(self, memo: dict) -> FastbertForward:
-        """The forward of a copy of the model (copy.deepcopy of an optimized model): bound to
-        the copy's tensors at its first call (the copy is still being built now). The lock and
-        the threads' state are the copy's own."""
-        copied = object.__new__(FastbertForward)
-        copied.__dict__.update(
-            {
-                name: value
-                for name, value in self.__dict__.items()
-                if name not in ("_lock", "_given", "encoder", "base")
-            }
-        )
-        copied.base = copy.deepcopy(self.base, memo)
-        copied.settings = copy.deepcopy(self.settings, memo)
-        copied._lock, copied._given, copied.encoder = threading.Lock(), threading.local(), None
-        return copied
+    # Bound again at the first call after unpickling or copy.deepcopy (a teacher for
+    # distillation, an averaged copy): to the copy's tensors, with its own lock and threads'
+    # state. The family travels by its model type.
+    _UNPICKLED = ("_lock", "_given", "encoder", "family")
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if k not in self._UNPICKLED}
+        state["model_type"] = self.family.model_type
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        self.family = family_of_model_type(state.pop("model_type"))
+        self.__dict__.update(state)
+        self._lock, self._given, self.encoder = threading.Lock(), threading.local(), None
 
     def _bind(self) -> None:
         """(Re)build ``self.encoder`` on the model's current tensors (and config: a resized
