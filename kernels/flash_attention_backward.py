@@ -125,8 +125,10 @@ def _real_keys(mask_base, offs_n, stride_mask_s, seq_k, HAS_MASK: tl.constexpr):
 
 @triton.jit
 def _kept_scaled(x, keep, dropout_p):
-    """``x`` / (1 - p) where the dropout mask ``keep`` is True, 0 elsewhere."""
-    return tl.where(keep, x * tl.math.div_rn(1.0, 1.0 - dropout_p), 0.0)
+    """``x`` / (1 - p) where the dropout mask ``keep`` is True, 0 elsewhere (the approximate
+    division of kernels/dropout.py's ``dropped``: the IEEE one spilled registers in the dK / dV
+    loop under Triton 3.6 on sm_90)."""
+    return tl.where(keep, x * (1.0 / (1.0 - dropout_p)), 0.0)
 
 
 @triton.jit

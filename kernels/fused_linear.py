@@ -151,7 +151,7 @@ def _gelu_tanh(y):
     # from exp(-|2u|) <= 1 so that nothing overflows.
     two_u = 1.5957691216057308 * (y + 0.044715 * y * y * y)
     t = tl.exp(-tl.abs(two_u))
-    sigmoid = tl.math.div_rn(tl.where(two_u >= 0, 1.0, t), 1.0 + t)
+    sigmoid = tl.where(two_u >= 0, 1.0, t) / (1.0 + t)  # approximate, as its exp
     return y * sigmoid
 
 
@@ -167,7 +167,7 @@ def _gelu_tanh_grad(y):
     # d/dy [y * sigmoid(2u)] = s + y * s * (1 - s) * 2u', s = sigmoid(2u), computed as above.
     two_u = 1.5957691216057308 * (y + 0.044715 * y * y * y)
     t = tl.exp(-tl.abs(two_u))
-    s = tl.math.div_rn(tl.where(two_u >= 0, 1.0, t), 1.0 + t)
+    s = tl.where(two_u >= 0, 1.0, t) / (1.0 + t)  # (IEEE, it spilled on sm_80 under 3.6)
     two_du = 1.5957691216057308 * (1.0 + 0.134145 * y * y)
     return s + y * s * (1.0 - s) * two_du
 
