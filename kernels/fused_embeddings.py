@@ -419,7 +419,6 @@ def embeddings_layer_norm_backward(
             **_flags(token_type_ids, position_ids, dropout_p),
             BLOCK=block,
             num_warps=heavy_num_warps(block),
-            **UNFUSED,
         )
     for grad, row in zip(grads, (padding_idx, position_padding_idx)):
         if row is not None:

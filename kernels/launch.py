@@ -33,16 +33,18 @@ def triton_version() -> tuple[int, int]:
 # the attention kernels have configs of their own there (kernels/flash_attention.py,
 # kernels/flash_attention_backward.py). 3.7 and 3.8, not measured, get 3.9's.
 TRITON_3_6 = triton_version() < (3, 7)
-# The compile options of the row kernels (LayerNorm, the embeddings, the softmax, the row
-# quantisation): no fused multiply-adds but the ones written (tl.fma). The GPU compiler
+# The compile options of the row kernels' forwards (LayerNorm, the embeddings, the softmax, the
+# row quantisation): no fused multiply-adds but the ones written (tl.fma). The GPU compiler
 # otherwise fuses a product and the sum after it into one FMA where it sees fit, which rounds
 # differently from the reference and the interpreter, which round each operation as written:
 # the quantisation's rounding to an integer then rounded the exact product (367 int8 codes in
-# 3.1M off the reference's, float16 rows on an H200). These kernels are memory-bound. The
-# matrix kernels keep the compiler's fusions: compiled so, the float32 linear's error at
-# BERT's projections grew from within to twice PyTorch's (5.9e-6 against a bound of 2.6e-6,
-# H200), and the attention's score arithmetic is in the main loop whose instructions
-# tests/test_compile.py budgets.
+# 3.1M off the reference's, float16 rows on an H200), and a LayerNorm that saves its
+# statistics for the backward gave other bits than one that does not. These kernels are
+# memory-bound. Their backwards keep the compiler's fusions (unfused, the embeddings'
+# backward spilled registers on sm_80 under Triton 3.6), as do the matrix kernels: compiled
+# unfused, the float32 linear's error at BERT's projections grew from within to twice
+# PyTorch's (5.9e-6 against a bound of 2.6e-6, H200), and the attention's score arithmetic is
+# in the main loop whose instructions tests/test_compile.py budgets.
 UNFUSED = {"enable_fp_fusion": False}
 
 

@@ -165,7 +165,6 @@ def scaled_masked_softmax_backward(
         dprobs2.stride(0),
         BLOCK=block,
         num_warps=num_warps(block),
-        **UNFUSED,
     )
     return dscores
 

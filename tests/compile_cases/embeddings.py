@@ -93,7 +93,7 @@ def _case(
         num_warps=(
             mod.heavy_num_warps(block) if dropout or backward else layer_norm.num_warps(block)
         ),
-        options=UNFUSED,  # as the launcher compiles them
+        options={} if backward else UNFUSED,  # as the launcher compiles them
     )
 
 

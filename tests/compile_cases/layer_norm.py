@@ -77,7 +77,7 @@ def _case(
         signature=signature,
         constexprs=constexprs,
         num_warps=mod.num_warps(block, heavy=dropout or backward),
-        options=UNFUSED,  # as the launcher compiles them
+        options={} if backward else UNFUSED,  # as the launcher compiles them
     )
 
 

@@ -84,7 +84,6 @@ def _backward_case(dtype: str, block: int) -> CompileCase:
         signature=signature,
         constexprs={"BLOCK": block},
         num_warps=mod.num_warps(block),
-        options=UNFUSED,  # as the launcher compiles them
     )
 
 
