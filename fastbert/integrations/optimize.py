@@ -390,6 +390,21 @@ class FastbertForward:
         owners = {name.rpartition(".")[0] for name in self._source_names}
         self._owners = {path: type(self.base.get_submodule(path)) for path in owners}
         self._views = _fused_views(self.base, self.encoder, names)
+        # The model's nn.Dropout modules by kind, listed once here: dropout_now reads their p
+        # at each training call without walking the model.
+        attention = "." + self.family.attention_dropout
+        self._dropouts = [
+            (
+                module,
+                "attention"
+                if self.family.attention_dropout
+                and name.startswith(self.family.layer_prefix + ".")
+                and name.endswith(attention)
+                else "hidden",
+            )
+            for name, module in self.base.named_modules()
+            if isinstance(module, nn.Dropout)
+        ]
         self._generation = registration_generation()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -452,15 +467,9 @@ class FastbertForward:
         optimize (all to 0 to train without dropout, as TRL's trainers do) trains as Hugging
         Face's would. The config's where the model has no such module. Raises ValueError
         when the modules of one kind differ: fastbert applies one probability of each."""
-        attention_suffix = "." + self.family.attention_dropout
-        layers = self.family.layer_prefix + "."
         found: dict[str, set[float]] = {"hidden": set(), "attention": set()}
-        for name, module in self.base.named_modules():
-            if isinstance(module, nn.Dropout):
-                kind = "hidden"
-                if self.family.attention_dropout and name.startswith(layers):
-                    kind = "attention" if name.endswith(attention_suffix) else kind
-                found[kind].add(float(module.p))
+        for module, kind in self._dropouts:
+            found[kind].add(float(module.p))
         for kind, values in found.items():
             if len(values) > 1:
                 raise ValueError(
