@@ -83,3 +83,32 @@ def test_fastbert_models_and_other_devices_are_refused_clearly() -> None:
     with pytest.raises(ValueError, match="runs on cpu or cuda, not mps"):
         fastbert.BertModel.from_pretrained(models.packaged_minilm_path(), device="mps")
     assert torch.device("cpu") == model.device
+
+
+def test_integer_arguments_take_numpy_and_tensor_integers(minilm, tmp_path) -> None:
+    """Sizes computed with NumPy or PyTorch (np.int64, a 0-d tensor) count as the integers
+    they are, as PyTorch's own size arguments take them, and reach the manifest as plain
+    ints; a bool or a float is still refused."""
+    path = models.packaged_minilm_path()
+    texts = ["a first text", "a second, longer text than the first"]
+    expected = minilm.embed(texts)
+    np.testing.assert_array_equal(
+        fastbert.embed(texts, path, max_length=np.int64(256), batch_tokens=np.int32(4096)),
+        expected,
+    )
+    assert (
+        minilm.tokenize(texts, max_length=np.int64(4)).ids
+        == minilm.tokenize(texts, max_length=4).ids
+    )
+    np.testing.assert_array_equal(
+        minilm.embed(texts, dimensions=torch.tensor(384)), minilm.embed(texts, dimensions=384)
+    )
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(texts) + "\n")
+    summary = fastbert.embed(
+        source, path, output=tmp_path / "out", rows_per_shard=np.int64(1), progress=False
+    )
+    assert summary.manifest["rows_per_shard"] == 1 and len(summary.manifest["shards"]) == 2
+    for bad in (True, np.True_, 64.0, "64", np.int64(0)):
+        with pytest.raises(ValueError, match="max_length must be a positive integer"):
+            minilm.tokenize(texts, max_length=bad)

@@ -231,10 +231,25 @@ def test_bad_settings_are_refused(name, value) -> None:
         inference_model(hf_model(), device="cpu", **{name: value})
 
 
-def test_cuda_graphs_true_needs_cuda() -> None:
-    model = inference_model(hf_model(), device="cpu", backend="torch", cuda_graphs=True)
-    with pytest.raises(ValueError, match="cuda_graphs=True needs the model on a CUDA device"):
-        model(torch.tensor([[1, 2, 3]]))
+@pytest.mark.parametrize("padding_free", ["auto", True])
+def test_cuda_graphs_true_needs_cuda(padding_free) -> None:
+    """The setting is refused on a CPU at every call: with gradients on (which never replay
+    a graph), padded or not, packed by the model or given packed."""
+    model = inference_model(
+        hf_model(), device="cpu", backend="torch", cuda_graphs=True, padding_free=padding_free
+    )
+    ids = torch.tensor([[1, 2, 3], [4, 5, 0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    calls = {
+        "no grad": lambda: model(ids[:1]),
+        "grad": lambda: model(ids[:1]),
+        "padded": lambda: model(ids, attention_mask=mask),
+        "packed": lambda: model.forward_packed(torch.tensor([1, 2, 3, 4, 5]), [0, 3, 5]),
+    }
+    for name, call in calls.items():
+        with torch.set_grad_enabled(name != "no grad"):
+            with pytest.raises(ValueError, match="cuda_graphs=True needs the model on a CUDA"):
+                call()
 
 
 def _graphed_model(cuda_graphs) -> tuple[fastbert.BertModel, fastbert.BertModel]:

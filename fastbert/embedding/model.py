@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from fastbert.embedding.sparse import SparseVectors
+from fastbert.execution.validation import positive_integer
 from fastbert.integrations import packed_classifier
 from fastbert.model.masked_lm_head import MaskedLMHead
 from fastbert.model.sentence_folder import (
@@ -59,11 +60,8 @@ def folder_max_length(spec: FolderSpec, config: Any, tokenizer: Any) -> tuple[in
     settings = spec.transformer
     if "model_max_length" in settings.tokenizer_kwargs:
         value = settings.tokenizer_kwargs["model_max_length"]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(
-                f"{spec.folder}: tokenizer_args' model_max_length must be a positive integer"
-            )
-        return value, "tokenizer_args' model_max_length"
+        name = f"{spec.folder}: tokenizer_args' model_max_length"
+        return positive_integer(name, value), "tokenizer_args' model_max_length"
     if settings.max_seq_length is not None:
         return settings.max_seq_length, "max_seq_length"
     positions = config.max_sequence_length

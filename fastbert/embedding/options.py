@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from fastbert.embedding.quantized import PRECISIONS, RANGED
+from fastbert.execution.validation import positive_integer
 from fastbert.integrations.model_names import FOLDER, resolve_model
 
 # sentence-transformers' pooling modes (fastbert.model.pooling; `fastbert embed --help` names
@@ -88,10 +89,8 @@ class EmbedOptions:
             "max_active_dims",
         ):
             value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1
-            ):
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            if value is not None:  # as plain ints: the manifest records them as JSON
+                object.__setattr__(self, name, positive_integer(name, value))
         for name in ("normalize", "force_dimensions", "skip_bad", "overwrite", "progress"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):  # "false" would read as True

@@ -29,6 +29,7 @@ from fastbert.embedding.quantized import check_precision, check_ranges, quantize
 from fastbert.embedding.sparse import SparseVectors
 from fastbert.embedding.tokenize import TextTokenizer, Tokens
 from fastbert.execution.cpu_tuning import apply_process_tuning
+from fastbert.execution.validation import positive_integer
 from fastbert.model.sentence_folder import (
     CLASSIFICATION,
     EMBEDDING,
@@ -164,10 +165,8 @@ class TextModel:
             pairs = _checked_texts(pairs, "pairs")
             if len(pairs) != len(texts):
                 raise ValueError(f"{len(texts)} texts but {len(pairs)} pairs")
-        if max_length is not None and (
-            isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1
-        ):
-            raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
+        if max_length is not None:
+            max_length = positive_integer("max_length", max_length)
         if prompt is not None and not isinstance(prompt, str):
             raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
         if not texts:
@@ -267,7 +266,7 @@ class TextModel:
         if self.kind != EMBEDDING and precision != "float32":
             raise ValueError(f"precision applies to dense embeddings, not {self.kind}")
         if dimensions is not None:
-            self.check_dimensions(dimensions, force_dimensions)
+            dimensions = self.check_dimensions(dimensions, force_dimensions)
         elif self.kind == EMBEDDING:
             dimensions = self.options.dimensions  # checked when the model loaded
         if max_active_dims is None and self.kind == SPARSE:
@@ -275,10 +274,7 @@ class TextModel:
         texts = _checked_texts(texts)
         raw = self._raw
         if max_active_dims is not None:
-            if isinstance(max_active_dims, bool) or not isinstance(max_active_dims, int):
-                raise ValueError(f"max_active_dims must be an integer, got {max_active_dims!r}")
-            if max_active_dims < 1:
-                raise ValueError(f"max_active_dims must be positive, got {max_active_dims}")
+            max_active_dims = positive_integer("max_active_dims", max_active_dims)
             raw = raw.with_prompt(raw.prompt_length)
             raw.max_active_dims = max_active_dims
         loop = self._loop(raw, prompt_name, prompt, progress)
@@ -305,17 +301,14 @@ class TextModel:
             ranges = check_ranges(ranges, vectors.shape[1])
         return quantize_embeddings(vectors, precision, ranges, calibration_embeddings)
 
-    def check_dimensions(self, dimensions: int, force: bool = False) -> None:
-        """ValueError unless ``dimensions`` is a width this dense model's embeddings may be cut
-        to: 1 .. their width, and (unless ``force``) a model whose card says it was trained
-        for it (Matryoshka)."""
-        width = self.full_dimensions
-        if isinstance(dimensions, bool) or not isinstance(dimensions, int):
-            raise ValueError(f"dimensions must be an integer, got {dimensions!r}")
-        if not 1 <= dimensions <= width:
-            raise ValueError(f"dimensions must be between 1 and {width}, got {dimensions}")
-        if not (force or self.spec.matryoshka or dimensions == width):
+    def check_dimensions(self, dimensions: int, force: bool = False) -> int:
+        """``dimensions`` as an int, when it is a width this dense model's embeddings may be
+        cut to: 1 .. their width, and (unless ``force``) a model whose card says it was trained
+        for it (Matryoshka); ValueError otherwise."""
+        dimensions = checked_width(dimensions, self.full_dimensions)
+        if not (force or self.spec.matryoshka or dimensions == self.full_dimensions):
             raise ValueError(_not_matryoshka(self.options.model, dimensions))
+        return dimensions
 
     def job(self, progress: bool = True) -> _Loop:
         """What the corpus job's loop runs (:func:`fastbert.embedding.run.run_rows`): this model's
@@ -427,6 +420,15 @@ class _Loop:
         self.encoder, self.tokenise, self.options = encoder, tokenise, options
 
 
+def checked_width(dimensions: object, width: int) -> int:
+    """``dimensions`` as an int from 1 to ``width`` (a NumPy integer too); ValueError naming
+    it otherwise."""
+    dimensions = positive_integer("dimensions", dimensions)
+    if dimensions > width:
+        raise ValueError(f"dimensions must be between 1 and {width}, got {dimensions}")
+    return dimensions
+
+
 def finish_embeddings(
     pooled: np.ndarray, normalize: bool, dimensions: int | None, dtype: np.dtype
 ) -> np.ndarray:
@@ -434,12 +436,7 @@ def finish_embeddings(
     L2-normalised when ``normalize``, as ``dtype``. ValueError for a width outside
     1..hidden."""
     if dimensions is not None:
-        width = pooled.shape[1]
-        if isinstance(dimensions, bool) or not isinstance(dimensions, int):
-            raise ValueError(f"dimensions must be an integer, got {dimensions!r}")
-        if not 1 <= dimensions <= width:
-            raise ValueError(f"dimensions must be between 1 and {width}, got {dimensions}")
-        pooled = pooled[:, :dimensions]
+        pooled = pooled[:, : checked_width(dimensions, pooled.shape[1])]
     if normalize:
         pooled = pooled.astype(np.float32, copy=False)
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)

@@ -119,17 +119,24 @@ class EncoderGraphs:
         self._last_stream = None
         self._lock = threading.Lock()
 
+    def check_device(self, device: torch.device) -> None:
+        """ValueError when the setting is True and ``device`` is not a CUDA device. Every
+        call of the model checks it, whether or not that call could replay a graph (one
+        recording gradients could not), so that the setting fails the same way on any
+        path."""
+        if self.setting is True and device.type != self.DEVICE_TYPE:
+            raise ValueError(
+                f"cuda_graphs=True needs the model on a CUDA device, it is on "
+                f"{device}; use cuda_graphs='auto' or False"
+            )
+
     def wants(self, device: torch.device, tokens: int) -> bool:
         """Whether a call running ``tokens`` rows (dense: batch x seq; padding-free: the
         bucket's rows) on ``device`` may replay a graph."""
         if self.setting is False or self.failed or torch.compiler.is_compiling():
             return False
+        self.check_device(device)
         if device.type != self.DEVICE_TYPE:
-            if self.setting is True:
-                raise ValueError(
-                    f"cuda_graphs=True needs the model on a CUDA device, it is on "
-                    f"{device}; use cuda_graphs='auto' or False"
-                )
             return False
         return self.setting is True or tokens <= GRAPH_AUTO_MAX_TOKENS
 

@@ -472,6 +472,7 @@ class Runner:
         """Validated [B, S] inputs (fastbert.execution.validation.check_model_inputs) -> the
         last hidden state [B, S, H]: packed when the batch's padding and ``padding_free`` say
         so, else dense; replayed from a CUDA graph when ``cuda_graphs`` wants it."""
+        self.graphs.check_device(input_ids.device)
         ids_checked, packed, key_padding_mask = self.read_batch(
             stack, input_ids, token_type_ids, key_padding_mask
         )
@@ -568,6 +569,7 @@ class Runner:
         the host. Replayed from the CUDA graph of the size bucket of T when ``cuda_graphs``
         wants it.
         """
+        self.graphs.check_device(input_ids.device)
 
         def encode(
             max_seqlen: int,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fastbert.execution.validation import positive_integer
 from fastbert.model.config import read_json_file
 
 EMBEDDING = "embedding"
@@ -206,12 +207,9 @@ def read_folder(folder: str | Path) -> FolderSpec:
     cuts = {}
     for name in ("truncate_dim", "max_active_dims"):
         value = settings.get(name)
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < 1
-        ):
-            raise ValueError(
-                f"{folder / 'config_sentence_transformers.json'}: {name} must be a positive integer"
-            )
+        if value is not None:
+            where = folder / "config_sentence_transformers.json"
+            value = positive_integer(f"{where}: {name}", value)
         cuts[name] = value
     return FolderSpec(
         folder=folder,
@@ -306,10 +304,8 @@ def _transformer(module: ModuleSpec) -> TransformerSpec:
     lengths = {}
     for name in ("max_seq_length", "query_length", "document_length"):
         value = settings.get(name)
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < 1
-        ):
-            raise ValueError(f"{settings_path}: {name} must be a positive integer")
+        if value is not None:
+            value = positive_integer(f"{settings_path}: {name}", value)
         lengths[name] = value
     _loader_arguments(
         settings, ("model_args", "model_kwargs", "config_args", "config_kwargs"), settings_path

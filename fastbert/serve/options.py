@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from fastbert.execution.validation import positive_integer
 from fastbert.settings import API_KEY, SERVE_OMP_SPIN
 
 if TYPE_CHECKING:  # imported only for the annotation: the command's parser reads this module
@@ -77,11 +78,12 @@ class ServeOptions:
             "max_concurrent_requests",
             "payload_limit",
             "tokenize_workers",
+            "max_queued_tokens",
         ):
-            _check_positive(name, getattr(self, name))
-        if self.max_queued_tokens is not None:
-            _check_positive("max_queued_tokens", self.max_queued_tokens)
-        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            if getattr(self, name) is not None:  # a frozen dataclass: as plain ints
+                object.__setattr__(self, name, positive_integer(name, getattr(self, name)))
+        object.__setattr__(self, "port", positive_integer("port", self.port, minimum=0))
+        if self.port > 65535:
             raise ValueError(f"port must be between 0 and 65535, got {self.port!r}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
@@ -101,8 +103,3 @@ class ServeOptions:
             or self.model.name
             or os.path.basename(os.path.normpath(self.model.model))
         )
-
-
-def _check_positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
