@@ -5,8 +5,14 @@ A corpus is a list of documents' token counts drawn from a distribution; its ids
 It is embedded as ``fastbert.embed`` does after tokenising: longest documents first, in
 batches of at most ``--batch-tokens`` padded tokens (fastbert.embedding.batching), each batch
 through the padding-free encoder (only the real tokens are computed), mean-pooled, normalised
-and copied to the host. One untimed pass (it autotunes and
-fills the caches), then ``--reps`` timed passes; the median is reported.
+and copied to the host. One untimed pass (it autotunes, fills the caches and captures the CUDA
+graphs the model's ``cuda_graphs`` setting wants), then ``--reps`` timed passes; the median is
+reported, with where a pass's time went (medians over the passes): ``prepare`` (the ids as
+padded tensors, copied to the GPU), ``forward`` (the model call until it returns: launching,
+or replaying a graph, and any wait inside it) and ``finish`` (pooling, normalising, copying
+to the host: it waits for the GPU to finish the batch). ``--cuda-graphs auto,false`` measures
+each setting in turn (``auto`` replays a graph for calls of up to
+fastbert.execution.graphs.GRAPH_AUTO_MAX_TOKENS rows).
 
 Distributions: ``s512``, every document 512 tokens; ``mixed``, lengths log-normal around a
 median of 96 tokens (sigma 0.9), cut to [8, 512] (real text is mostly short with a long tail).
@@ -32,6 +38,8 @@ DISTRIBUTIONS = ("s512", "mixed")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 CORPUS_JSON = "corpus.json"
 CORPUS_MD = "corpus.md"
+PARTS = ("prepare", "forward", "finish")
+GRAPH_SETTINGS = {"auto": "auto", "false": False, "true": True}
 MIXED_MEDIAN, MIXED_SIGMA, SHORTEST, LONGEST = 96, 0.9, 8, 512
 
 
@@ -67,27 +75,40 @@ class Embedder:
     def __init__(self, model, pad_id: int):
         self.model = model
         self.pad_id = pad_id
+        self.seconds = dict.fromkeys(PARTS, 0.0)  # by part, since embed_pass reset them
 
     def __call__(self, documents: list[list[int]]) -> np.ndarray:
         from fastbert.model.pooling import mean_pool
 
+        start = time.perf_counter()
         rows = [torch.tensor(d) for d in documents]
         ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=self.pad_id)
         mask = torch.nn.utils.rnn.pad_sequence([torch.ones_like(r) for r in rows], True)
         device = self.model.device
         ids, mask = ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)
+        prepared = time.perf_counter()
         with torch.inference_mode():
             hidden = self.model(ids, attention_mask=mask).last_hidden_state
+            returned = time.perf_counter()
             pooled = torch.nn.functional.normalize(mean_pool(hidden, mask), dim=-1)
-        return pooled.cpu().numpy()
+        vectors = pooled.cpu().numpy()
+        finished = time.perf_counter()
+        spans = (prepared - start, returned - prepared, finished - returned)
+        for part, seconds in zip(PARTS, spans):
+            self.seconds[part] += seconds
+        return vectors
 
 
-def embed_pass(embedder, documents: list[list[int]], batches: list[list[int]]) -> float:
-    """Seconds to embed ``documents`` in ``batches`` (positions into it)."""
+def embed_pass(
+    embedder, documents: list[list[int]], batches: list[list[int]]
+) -> tuple[float, dict[str, float]]:
+    """Seconds to embed ``documents`` in ``batches`` (positions into it), and the seconds of
+    each of the embedder's parts (PARTS) in that pass."""
+    embedder.seconds = dict.fromkeys(PARTS, 0.0)
     start = time.perf_counter()
     for batch in batches:
         embedder([documents[i] for i in batch])
-    return time.perf_counter() - start
+    return time.perf_counter() - start, dict(embedder.seconds)
 
 
 def measure(
@@ -99,9 +120,11 @@ def measure(
 
     batches = token_batches([len(d) for d in documents], batch_tokens)
     embed_pass(embedder, documents, batches)
-    seconds = [embed_pass(embedder, documents, batches) for _ in range(reps)]
+    passes = [embed_pass(embedder, documents, batches) for _ in range(reps)]
+    seconds = [total for total, _ in passes]
     tokens = sum(len(d) for d in documents)
     median = statistics.median(seconds)
+    parts = {f"{part}_s": statistics.median(spent[part] for _, spent in passes) for part in PARTS}
     return {
         "docs": len(documents),
         "tokens": tokens,
@@ -110,18 +133,25 @@ def measure(
         "p20_s": timing.percentile(seconds, 20),
         "p80_s": timing.percentile(seconds, 80),
         "tokens_per_s": tokens / median,
+        **parts,
     }
 
 
-def build_embedder(model: str, dtype: torch.dtype, device: torch.device) -> tuple[Embedder, int]:
-    """fastbert's padding-free encoder of the embedded shape ``model`` (random weights) as an
-    :class:`Embedder`, and its vocabulary size."""
+def build_embedder(
+    model: str, dtype: torch.dtype, device: torch.device, cuda_graphs: str | bool = "auto"
+) -> tuple[Embedder, int]:
+    """fastbert's padding-free encoder of the embedded shape ``model`` (random weights, the
+    model's ``cuda_graphs`` setting given) as an :class:`Embedder`, and its vocabulary size."""
     import fastbert
     from fastbert.bench.models import random_reference
 
     reference = random_reference(model)
     encoder = fastbert.BertModel.from_pretrained(
-        reference.hf_model, dtype=dtype, device=device, padding_free=True
+        reference.hf_model,
+        dtype=dtype,
+        device=device,
+        padding_free=True,
+        cuda_graphs=cuda_graphs,
     )
     return Embedder(encoder, reference.config.pad_token_id or 0), reference.config.vocab_size
 
@@ -133,15 +163,22 @@ def markdown(report: dict) -> str:
         f"{report['environment'].get('gpu') or settings['device']}",
         "",
         f"Batches of at most {settings['batch_tokens']} padded tokens, longest documents first; "
-        f"median of {settings['reps']} passes after one untimed.",
+        f"median of {settings['reps']} passes after one untimed. A pass's seconds by part: "
+        "prepare (ids to padded tensors on the device), forward (the model call until it "
+        "returns), finish (pool, normalise, copy to the host: waits for the GPU).",
         "",
-        "| dtype | lengths | documents | tokens | median s | tokens/s |",
-        "|---|---|---:|---:|---:|---:|",
+        "| dtype | lengths | CUDA graphs | documents | tokens | median s | tokens/s | "
+        "prepare s | forward s | finish s |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in report["rows"]:
+        parts = " | ".join(
+            f"{row[f'{part}_s']:.3f}" if f"{part}_s" in row else "-" for part in PARTS
+        )
         lines.append(
-            f"| {row['dtype']} | {row['distribution']} | {row['docs']:,} | {row['tokens']:,} | "
-            f"{row['median_s']:.3f} | {row['tokens_per_s']:,.0f} |"
+            f"| {row['dtype']} | {row['distribution']} | {row.get('cuda_graphs', 'auto')} | "
+            f"{row['docs']:,} | {row['tokens']:,} | {row['median_s']:.3f} | "
+            f"{row['tokens_per_s']:,.0f} | {parts} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -171,6 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default="bert-base", help="an embedded model shape")
     parser.add_argument("--dtypes", type=_names(DTYPES), default=["float16", "bfloat16"])
     parser.add_argument("--lengths", type=_names(DISTRIBUTIONS), default=list(DISTRIBUTIONS))
+    parser.add_argument(
+        "--cuda-graphs",
+        type=_names(GRAPH_SETTINGS),
+        default=["auto"],
+        help="the model's cuda_graphs settings to measure in turn (auto, false, true)",
+    )
     parser.add_argument("--tokens", type=int, default=1 << 20, help="tokens per corpus (~1M)")
     parser.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens a batch")
     parser.add_argument("--reps", type=int, default=3, help="timed passes")
@@ -204,13 +247,23 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         for name in args.dtypes:
-            embedder, vocab = build_embedder(args.model, DTYPES[name], device)
+            embedders = {
+                graphs: build_embedder(args.model, DTYPES[name], device, GRAPH_SETTINGS[graphs])
+                for graphs in args.cuda_graphs
+            }
             for distribution in args.lengths:
-                documents = corpus(lengths(distribution, args.tokens), vocab)
-                row = measure(embedder, documents, args.batch_tokens, args.reps)
-                report["rows"].append({"dtype": name, "distribution": distribution, **row})
-                write(report, args.out)
-                print(f"{name} {distribution}: {row['tokens_per_s']:,.0f} tokens/s", flush=True)
+                for graphs, (embedder, vocab) in embedders.items():
+                    documents = corpus(lengths(distribution, args.tokens), vocab)
+                    row = measure(embedder, documents, args.batch_tokens, args.reps)
+                    report["rows"].append(
+                        {"dtype": name, "distribution": distribution, "cuda_graphs": graphs, **row}
+                    )
+                    write(report, args.out)
+                    print(
+                        f"{name} {distribution} cuda_graphs={graphs}: "
+                        f"{row['tokens_per_s']:,.0f} tokens/s",
+                        flush=True,
+                    )
     except KeyboardInterrupt:
         write(report, args.out)
         print("interrupted: wrote what was measured", file=sys.stderr)

@@ -1,6 +1,6 @@
 """benchmarks/run_gpu.sh and what it runs (benchmarks/gpu_run/), on a CPU: the dry run (every
 stage's command would start), the stage runner's limits, the test grid's selection, the
-summary built from result files, and the two new benchmark scripts on tiny inputs."""
+summary built from result files, and the benchmark scripts it adds on tiny inputs."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import torch
 
 from benchmarks import corpus_tokens, random_folder
 from benchmarks.gpu_run import dry_run, grid, install, plan, runner, samples, summary, wheels
+from fastbert.bench.shapes import MODEL_SHAPES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -244,6 +245,7 @@ def test_the_summary_says_each_target_met_or_missed(made_up_run: Path) -> None:
     assert "32x128: >= 1.3x HF sdpa: met, 1.45x" in text
     assert "32x128: >= 1.1x torch.compile max-autotune: missed by 5%, 1.05x" in text
     assert "corpus, s512 fp16: >= 2.0M tokens/s: met, 2.20M tokens/s (padding-free)" in text
+    assert "without CUDA graphs float16 s512 1.20M" in text
     assert "head dim 64, s512 fp16: >= 340 TFLOP/s: met, 355 TFLOP/s (64x512)" in text
     assert "GPU tests: core 2 passed, 1 failed, 0 errors, 1 skipped; rest not run" in text
     assert "FAILED tests.test_softmax::test_gpu_long_rows[float32]" in text
@@ -278,14 +280,18 @@ def test_corpus_lengths() -> None:
 
 def test_corpus_tokens_on_a_cpu(tmp_path: Path) -> None:
     argv = ["--out", str(tmp_path), "--model", "bert-tiny", "--dtypes", "float32"]
-    argv += ["--device", "cpu", "--tokens", "2048", "--reps", "1"]
+    argv += ["--device", "cpu", "--tokens", "2048", "--reps", "1", "--cuda-graphs", "auto,false"]
     assert corpus_tokens.main(argv) == 0
     rows = json.loads((tmp_path / corpus_tokens.CORPUS_JSON).read_text())["rows"]
-    assert [(r["distribution"], r["tokens"] >= 2048 - 512) for r in rows] == [
-        ("s512", True),
-        ("mixed", True),
+    assert [(r["distribution"], r["cuda_graphs"], r["tokens"] >= 2048 - 512) for r in rows] == [
+        ("s512", "auto", True),
+        ("s512", "false", True),
+        ("mixed", "auto", True),
+        ("mixed", "false", True),
     ]
-    assert all(r["tokens_per_s"] > 0 for r in rows)
+    for row in rows:  # the parts are the pass's time, less the loop's own
+        parts = sum(row[f"{part}_s"] for part in corpus_tokens.PARTS)
+        assert row["tokens_per_s"] > 0 and 0 < parts <= row["median_s"] * 1.5
 
 
 def test_random_folder_tokenizes_offline(tmp_path: Path) -> None:
@@ -325,3 +331,19 @@ def test_a_bad_stage_choice_is_a_usage_error(tmp_path, flags) -> None:
     )
     assert proc.returncode == 2 and "error:" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_host_overhead_on_a_cpu(tmp_path: Path) -> None:
+    """On a CPU the kernels' launches are no-ops under the interpreter: the benchmark counts
+    them (a BERT layer launches 7 kernels: QKV, attention, output projection, LayerNorm, the
+    two feed-forward linears, LayerNorm; the embeddings and the pooler one each) and times
+    fastbert's side."""
+    from benchmarks import host_overhead
+
+    argv = ["--out", str(tmp_path), "--model", "bert-tiny", "--shapes", "2x16", "--reps", "2"]
+    assert host_overhead.main(argv + ["--device", "cpu"]) == 0
+    (row,) = json.loads((tmp_path / host_overhead.HOST_JSON).read_text())["rows"]
+    layers = MODEL_SHAPES["bert-tiny"]["num_hidden_layers"]
+    assert row["shape"] == "2x16" and row["launches"] == 2 + 7 * layers
+    assert row["wrappers_ms"] > 0 and "forward_ms" not in row
+    assert "kernels/op.py" in (tmp_path / host_overhead.PROFILE_TXT).read_text()

@@ -128,9 +128,12 @@ def stages(
                 "bert-base",
                 "--dtypes",
                 "float16,bfloat16",
+                "--cuda-graphs",
+                "auto,false",
             ),
             floor_s=20,
-            what="tokens/s, padding-free, s512 and mixed lengths, fp16 and bf16",
+            what="tokens/s, padding-free, s512 and mixed lengths, fp16 and bf16, CUDA graphs "
+            "auto and off, with a pass's time by part",
         ),
         Stage(
             "limits",
@@ -218,6 +221,23 @@ def stages(
             what="fastbert serve, 32 sentences a request, at 1, 16 and 64 clients",
             needs=("fastapi", "uvicorn", "orjson"),
             after=("serve-model",),
+        ),
+        Stage(
+            "host-overhead",
+            BUDGET_S,
+            _python_module(
+                python,
+                "benchmarks.host_overhead",
+                "--out",
+                str(results / "host-overhead"),
+                "--model",
+                "bert-base",
+                "--shapes",
+                "1x128,32x128,32x512",
+            ),
+            what="where an eager forward's host time goes: fastbert's launchers, Triton's "
+            "launcher, synchronisations (1x128, 32x128 and the corpus's 32x512)",
+            leftover=True,
         ),
         Stage(
             "gpu-tests-rest",

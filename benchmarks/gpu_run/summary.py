@@ -90,10 +90,13 @@ def measured(rows: dict[str, dict], peer: str) -> dict | None:
     return record if record and record.get("status") == "ok" else None
 
 
-def corpus_rate(results: Path, dtype: str, distribution: str) -> float | None:
+def corpus_rate(results: Path, dtype: str, distribution: str, graphs: str = "auto") -> float | None:
+    """The corpus tokens/s of ``dtype`` and ``distribution`` with the model's ``cuda_graphs``
+    setting ``graphs`` (the default "auto": the headline), or None where not measured."""
     doc = read_json(results / "corpus" / "corpus.json") or {}
+    wanted = (dtype, distribution, graphs)
     for row in doc.get("rows", []):
-        if (row.get("dtype"), row.get("distribution")) == (dtype, distribution):
+        if (row.get("dtype"), row.get("distribution"), row.get("cuda_graphs", "auto")) == wanted:
             return row.get("tokens_per_s")
     return None
 
@@ -273,13 +276,17 @@ def bench_lines(results: Path) -> list[str]:
 
 
 def corpus_line(results: Path) -> str:
-    figures = [
-        f"{dtype} {distribution} {_number(rate)}"
-        for dtype in ("float16", "bfloat16")
-        for distribution in ("s512", "mixed")
-        if (rate := corpus_rate(results, dtype, distribution)) is not None
-    ]
-    return "corpus tokens/s (padding-free): " + (", ".join(figures) or NOT_MEASURED)
+    def figures(graphs: str) -> list[str]:
+        return [
+            f"{dtype} {distribution} {_number(rate)}"
+            for dtype in ("float16", "bfloat16")
+            for distribution in ("s512", "mixed")
+            if (rate := corpus_rate(results, dtype, distribution, graphs)) is not None
+        ]
+
+    line = "corpus tokens/s (padding-free): " + (", ".join(figures("auto")) or NOT_MEASURED)
+    eager = figures("false")
+    return line + (f"; without CUDA graphs {', '.join(eager)}" if eager else "")
 
 
 def kernel_lines(results: Path) -> list[str]:
