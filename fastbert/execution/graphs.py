@@ -6,8 +6,10 @@ padding-free keys). The ``cuda_graphs`` setting of a model chooses when:
 
 - ``False``: never.
 - ``"auto"`` (on CUDA only): a call of at most GRAPH_AUTO_MAX_TOKENS rows whose key has been
-  called CAPTURE_AFTER times (so a stream of ever-new shapes pays no capture cost, and the large
-  batches, which the GPU's work bounds rather than the launches, keep no graph memory).
+  called CAPTURE_AFTER times (so a stream of ever-new shapes pays no capture cost, and the
+  largest batches, which the GPU's work bounds rather than the launches, keep no graph
+  memory). The graphs share one memory pool (their replays never overlap): they hold the
+  activations of the largest one, and each its output.
 - ``True``: every key on its first call; raises off CUDA.
 
 At most MAX_GRAPHS graphs are kept. Once that many are kept, a key is captured only when it
@@ -40,8 +42,10 @@ import torch
 # Graphs kept per model; each holds its activations.
 MAX_GRAPHS = 8
 # "auto" graphs calls up to this many rows (batch x seq, or a padding-free bucket's rows):
-# past it, launches are a small part of the time and a graph's activation memory is large.
-GRAPH_AUTO_MAX_TOKENS = 8192
+# fastbert.embed's batches on CUDA (16384 tokens) included. Up to about this size an eager
+# BERT-base forward spends longer launching its kernels than the GPU spends running them;
+# past it the GPU's work sets the time (docs/results.md, "The second GPU run").
+GRAPH_AUTO_MAX_TOKENS = 16384
 # "auto" captures a key on this call of it (capturing costs far more than one replay saves).
 CAPTURE_AFTER = 2
 # Once MAX_GRAPHS are kept, a key replaces the least-called graph only when called more than
