@@ -72,6 +72,33 @@ def test_ray_names_a_bad_row(tmp_path, local_ray, capsys) -> None:
     assert json.loads((tmp_path / "skip" / "manifest.json").read_text())["skipped"] == 1
 
 
+def test_ray_holds_the_job_to_one_id_kind_as_one_process(tmp_path, local_ray, capsys) -> None:
+    """Files read apart on Ray still give the job one id kind, the first id's: a second file
+    of integer ids after string ones gives the same bad rows as one process (Ray failed to
+    join the two files' id columns), and so does a row without an id among string ids."""
+    from fastbert.integrations import models
+
+    strings = write_corpus(tmp_path / "a.jsonl", TEXTS[:3], ["x1", "x2", "x3"])
+    with strings.open("a") as handle:
+        handle.write(json.dumps({"text": TEXTS[3]}) + "\n")
+    numbers = write_corpus(tmp_path / "b.jsonl", TEXTS[4:6], [7, 8])
+    args = [str(strings), str(numbers), "--model", str(models.packaged_minilm_path())]
+    args += ["--id-field", "doc_id", "--rows-per-shard", "2"]
+    errors = {}
+    for mode in ("one", "ray"):
+        extra = ["--ray"] if mode == "ray" else []
+        capsys.readouterr()
+        assert cli(*args, *extra, "--output", str(tmp_path / f"{mode}-stop")) == 1
+        errors[mode] = capsys.readouterr().err.strip().splitlines()[-1]
+        assert cli(*args, *extra, "--output", str(tmp_path / mode), "--skip-bad") == 0
+    assert "a.jsonl, row 4: no 'doc_id' field" in errors["one"]
+    assert errors["ray"] == errors["one"]
+    ids, vectors = read_output(tmp_path / "ray")
+    assert ids == read_output(tmp_path / "one")[0] == ["x1", "x2", "x3"]
+    manifests = [json.loads((tmp_path / m / "manifest.json").read_text()) for m in ("one", "ray")]
+    assert manifests[0] == manifests[1] and manifests[0]["skipped"] == 3
+
+
 def test_ray_resumes_a_killed_one_process_run(tmp_path, local_ray, capsys) -> None:
     """The Ray job continues the shards a killed one-process job left: same ids, no row
     missing or repeated, the same embeddings as an uninterrupted run."""

@@ -64,7 +64,14 @@ def embed_files(
         if job.finished is not None:
             return job.finished_summary()
         job.quantize(None, files)
-        dataset = _dataset(ray, files, counts, job.first_row, job.options, gpus, cpus)
+        id_kind = None
+        if job.options.id_field is not None:
+            # Files are read apart: each reader starts from the job's id kind, so that a row
+            # is bad exactly where it is in one process, and every block's id column has one
+            # type (Ray cannot join blocks of two).
+            id_kind = readers.first_id_kind(files, job.options.text_field, job.options.id_field)
+            job.writer.id_kind = readers.IdKind(id_kind)
+        dataset = _dataset(ray, files, counts, job.first_row, job.options, gpus, cpus, id_kind)
         summary = _drain(dataset, job.writer, job.options, job.first_row, sum(counts))
     finally:
         if started:
@@ -109,9 +116,10 @@ def _dataset(
     options: EmbedOptions,
     gpus: int,
     cpus: float,
+    id_kind: type | None = None,
 ) -> Any:
     """The Ray dataset of embedded rows (pandas batches, in input order) from row
-    ``first_row`` on."""
+    ``first_row`` on; ``id_kind``: the kind of the job's ids (:func:`readers.first_id_kind`)."""
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True
     context.enable_progress_bars = False  # the driver shows its own
@@ -130,7 +138,11 @@ def _dataset(
     actor_cpus = 0 if on_gpu else min(1.0, max(cpus - task_cpus, 0.5) / actors)
     threads = max(1, int(cpus) // actors)
     read = functools.partial(
-        _read_file, text_field=options.text_field, id_field=options.id_field, first_row=first_row
+        _read_file,
+        text_field=options.text_field,
+        id_field=options.id_field,
+        first_row=first_row,
+        id_kind=id_kind,
     )
     return (
         ray.data.from_items(items, override_num_blocks=len(items))
@@ -158,20 +170,24 @@ def _dataset(
     )
 
 
-def _read_file(batch: Any, text_field: str, id_field: str | None, first_row: int) -> Iterator[Any]:
+def _read_file(
+    batch: Any, text_field: str, id_field: str | None, first_row: int, id_kind: type | None
+) -> Iterator[Any]:
     """A one-row batch naming a file and its first row's index -> its rows from ``first_row``
-    on, as pandas batches with index, id, text, problem and where."""
+    on, as pandas batches with index, id (None for a bad row), text, problem and where;
+    ``id_kind``: the kind of the job's ids."""
     import pandas as pd
 
     path, offset = Path(batch["file"].iloc[0]), int(batch["offset"].iloc[0])
+    ids = readers.IdKind(id_kind)
     rows = []
-    for row in readers.read_rows([path], text_field, id_field, first_index=offset):
+    for row in readers.read_rows([path], text_field, id_field, first_index=offset, ids=ids):
         if row.index < first_row:
             continue
         rows.append(
             {
                 "index": row.index,
-                "id": row.output_id(),
+                "id": row.output_id() if row.problem is None else None,
                 "text": row.text,
                 "problem": row.problem,
                 "where": row.where(),

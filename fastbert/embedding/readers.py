@@ -144,10 +144,10 @@ def read_rows(
 class IdKind:
     """The kind of a job's ids (an id column holds one type): set by the first id of a kind
     an output can hold (a string, a 64-bit integer, a number), that every later id must
-    have."""
+    have; ``kind`` given: that kind, found beforehand (:func:`first_id_kind`)."""
 
-    def __init__(self) -> None:
-        self.kind: type | None = None
+    def __init__(self, kind: type | None = None) -> None:
+        self.kind = kind
 
     def problem(self, row_id: Any) -> str | None:
         """Why ``row_id`` cannot be an id of the job, or None (then it sets the kind if unset)."""
@@ -164,6 +164,17 @@ class IdKind:
             names = {str: "a string", int: "an integer", float: "a number"}
             return f"its id {row_id!r} is {names[kind]} where the first id is {names[self.kind]}"
         return None
+
+
+def first_id_kind(files: Sequence[Path], text_field: str, id_field: str) -> type | None:
+    """The kind of the ids of a job reading ``files`` in order (that of its first id an output
+    can hold), or None when no row has one: what :class:`IdKind` learns from the whole job,
+    found without reading past that id (readers running apart, file by file, start from it)."""
+    ids = IdKind()
+    for _ in read_rows(files, text_field, id_field, ids=ids):
+        if ids.kind is not None:
+            break
+    return ids.kind
 
 
 def text_problem(text: Any, text_field: str) -> str | None:
