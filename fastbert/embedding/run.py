@@ -18,7 +18,7 @@ from fastbert.embedding import model, readers
 from fastbert.embedding.batching import Window, token_batches, windows
 from fastbert.embedding.options import EmbedOptions
 from fastbert.embedding.shards import EmbeddedRows
-from fastbert.embedding.tokenize import tokenise_ahead
+from fastbert.embedding.tokenize import CHUNK_ROWS, tokenise_ahead
 
 
 @dataclass
@@ -158,7 +158,8 @@ def run_rows(
     bar = progress_bar(options.progress)
     meter = Meter(bar, clock)
     try:
-        chunks = tokenise_ahead(rows, loaded.tokenise)
+        # Windows smaller than a tokeniser chunk get chunks of their own size.
+        chunks = tokenise_ahead(rows, loaded.tokenise, min(CHUNK_ROWS, options.window_rows))
         for window in windows(chunks, options.window_rows):
             _check_bad(window, options.skip_bad)
             if window.bad:
@@ -182,8 +183,11 @@ def _check_bad(window: Window, skip_bad: bool) -> None:
 
 
 def bad_row_error(where: str, problem: str) -> readers.InputError:
-    """The error that stops a job at a bad row (without skip_bad): where, what, how to skip."""
-    return readers.InputError(f"{where}: {problem} (skip bad rows with --skip-bad)")
+    """The error that stops a job at a bad row (without skip_bad): where, what, how to skip
+    (the command's flag and the Python argument)."""
+    return readers.InputError(
+        f"{where}: {problem} (bad rows are skipped with --skip-bad, or skip_bad=True)"
+    )
 
 
 def embed_sorted(

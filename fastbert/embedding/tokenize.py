@@ -14,6 +14,8 @@ from typing import Any
 
 from fastbert.embedding.readers import Row
 
+CHUNK_ROWS = 256  # rows tokenised together, ahead of the model, in the background thread
+
 
 @dataclass
 class Chunk:
@@ -179,7 +181,7 @@ class TextTokenizer:
 def tokenise_ahead(
     rows: Iterable[Row],
     tokenise: Callable[[list[str]], tuple[list, list[bool]]],
-    chunk_rows: int = 256,
+    chunk_rows: int = CHUNK_ROWS,
     depth: int = 8,
 ) -> Iterator[Chunk]:
     """The chunks of ``rows`` (``chunk_rows`` rows each), tokenised in a background thread.
