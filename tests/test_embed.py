@@ -461,27 +461,33 @@ def test_tokenise_ahead_raises_in_the_caller() -> None:
         list(tokenise_ahead(rows(), lambda texts: ([[1]] * len(texts), [False] * len(texts))))
 
 
+class _Loaded:
+    """What the embedding loop runs, without a model: a token a word plus two, a forward that
+    calls ``forward`` (when given) and gives ones [n, 3]."""
+
+    def __init__(self, options, forward=None) -> None:
+        import torch
+
+        self.options = options.with_defaults(torch.device("cpu"))
+        self.forward = forward
+
+    def tokenise(self, texts: list[str]) -> tuple[list[list[int]], list[bool]]:
+        return [[1] * (len(t.split()) + 2) for t in texts], [False] * len(texts)
+
+    def encoder(self, tokens: list[list[int]]) -> np.ndarray:
+        if self.forward is not None:
+            self.forward()
+        return np.ones((len(tokens), 3), np.float32)
+
+
 def test_windows_hold_window_rows_rows_even_below_a_tokeniser_chunk(model_path) -> None:
     """--window-rows 4 sorts and batches rows four at a time (windows were whole chunks of 256
     rows, so a small window held the whole input)."""
-    import torch
-
     from fastbert.embedding import run
     from fastbert.embedding.options import EmbedOptions
     from fastbert.embedding.readers import Row
 
     options = EmbedOptions(model=model_path, batch_tokens=64, window_rows=4, progress=False)
-
-    class Loaded:
-        def __init__(self) -> None:
-            self.options = options.with_defaults(torch.device("cpu"))
-
-        def tokenise(self, texts: list[str]) -> tuple[list[list[int]], list[bool]]:
-            return [[1] * (len(t.split()) + 2) for t in texts], [False] * len(texts)
-
-        def encoder(self, tokens: list[list[int]]) -> np.ndarray:
-            return np.ones((len(tokens), 3), np.float32)
-
     ends: list[int] = []  # where each window ended
 
     class Sink(run.ArraySink):
@@ -489,7 +495,7 @@ def test_windows_hold_window_rows_rows_even_below_a_tokeniser_chunk(model_path) 
             ends.append(end)
 
     rows = [Row(i, None, "word " * (i + 1), "list", i) for i in range(10)]
-    run.run_rows(rows, Loaded(), Sink(len(rows), 3, np.dtype(np.float32)), 0)
+    run.run_rows(rows, _Loaded(options), Sink(len(rows), 3, np.dtype(np.float32)), 0)
     assert ends == [4, 8, 10]
 
 
@@ -523,8 +529,6 @@ def test_the_bar_and_the_summary_measure_the_same_rate(model_path, monkeypatch) 
     """The bar's last tokens/s is the summary's: the same tokens over the same seconds on the
     same clock, from the same start, with the time after the last batch (the last shard's
     write) counted in both."""
-    import torch
-
     from fastbert.embedding import run
     from fastbert.embedding.options import EmbedOptions
     from fastbert.embedding.readers import Row
@@ -533,16 +537,8 @@ def test_the_bar_and_the_summary_measure_the_same_rate(model_path, monkeypatch) 
     monkeypatch.setattr(run, "progress_bar", lambda enabled: bar)
     options = EmbedOptions(model=model_path, batch_tokens=16, window_rows=4)
 
-    class Loaded:
-        def __init__(self) -> None:
-            self.options = options.with_defaults(torch.device("cpu"))
-
-        def tokenise(self, texts: list[str]) -> tuple[list[list[int]], list[bool]]:
-            return [[1] * (len(t.split()) + 2) for t in texts], [False] * len(texts)
-
-        def encoder(self, tokens: list[list[int]]) -> np.ndarray:
-            clock.now += 1.0
-            return np.ones((len(tokens), 3), np.float32)
+    def forward() -> None:
+        clock.now += 1.0
 
     class Sink(run.ArraySink):
         def finish(self, end: int) -> None:
@@ -550,7 +546,8 @@ def test_the_bar_and_the_summary_measure_the_same_rate(model_path, monkeypatch) 
 
     texts = [" ".join(["word"] * n) for n in (1, 5, 2, 9, 3, 3, 7)]
     rows = [Row(i, None, t, "list", i) for i, t in enumerate(texts)]
-    summary = run.run_rows(rows, Loaded(), Sink(len(rows), 3, np.dtype(np.float32)), 0, clock)
+    loaded = _Loaded(options, forward)
+    summary = run.run_rows(rows, loaded, Sink(len(rows), 3, np.dtype(np.float32)), 0, clock)
 
     tokens = sum(len(t.split()) + 2 for t in texts)
     batches = len(bar.postfixes) - 1  # one rate per batch, then the final one
