@@ -17,7 +17,10 @@ bf16 on CUDA, none on a CPU) every step runs under ``torch.autocast`` with float
 weights. On a CPU the contenders are timed round-robin (one step of each in turn) so that a
 change of load hits them alike; on CUDA each is timed with CUDA events and its peak memory
 recorded (the CPU allocator keeps no peak). Reports medians with p20 / p80 in results.json
-(with fastbert.bench.environment) and results.md in --out.
+(with fastbert.bench.environment) and results.md in --out, and each contender's first step's
+seconds (``first_step_s``: compiling, autotuning). Interrupted (Ctrl-C, or the GPU run's
+time cap), it writes what it measured by then: the shapes done, and the first steps of the
+shape it was on.
 """
 
 from __future__ import annotations
@@ -120,7 +123,7 @@ def measure(
     }
 
 
-def render(env: dict, args: argparse.Namespace, rows: list[dict]) -> str:
+def render(env: dict, args: argparse.Namespace, rows: list[dict], interrupted: bool = False) -> str:
     device = env.get("gpu") or env["cpu"]
     lines = [
         "# One fine-tuning step: fastbert against Hugging Face",
@@ -151,6 +154,13 @@ def render(env: dict, args: argparse.Namespace, rows: list[dict]) -> str:
         peaks = [row["results"].get(n, {}).get("peak_mib") for n in args.contenders]
         peak_text = " / ".join("-" if p is None else f"{p:.0f}" for p in peaks)
         lines.append(f"| {row['shape']} | " + " | ".join(cells) + f" | {ratio} | {peak_text} |")
+    lines += ["", "First step (compiling, autotuning), seconds:", ""]
+    for row in rows:
+        firsts = row.get("first_step_s", {})
+        text = ", ".join(f"{n} {s:.1f}" for n, s in firsts.items()) or "none finished"
+        lines.append(f"- {row['shape']}: {text}")
+    if interrupted:
+        lines += ["", "The run was interrupted: some measurements are missing."]
     return "\n".join(lines) + "\n"
 
 
@@ -178,34 +188,59 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--warmup must be >= 0 and --reps >= 1")
     device = torch.device("cuda" if on_cuda else "cpu")
     amp = AMP_DTYPES[args.amp]
-    rows = []
-    for shape in shapes:
-        batch = make_batch(shape, reference.config.vocab_size, device, seed=shape.batch)
-        labels = torch.arange(shape.batch, device=device) % NUM_LABELS
-        steps, errors = {}, {}
-        for name in args.contenders:
-            try:
-                steps[name] = step_fn(build(name, reference, device), batch, labels, amp, device)
-                steps[name]()  # the first step compiles (hf-compile) and autotunes (Triton)
-            except Exception as error:  # a contender that cannot run here is reported, not fatal
-                errors[name] = f"failed: {type(error).__name__}"
-                print(f"{shape.label} {name}: {error}", file=sys.stderr)
-                steps.pop(name, None)
-        results = measure(list(steps), steps, device, args.warmup, args.reps)
-        rows.append({"shape": shape.label, "results": results, "errors": errors})
-        print(
-            f"{shape.label}: "
-            + ", ".join(f"{n} {r['timing']['median_ms']:.1f} ms" for n, r in results.items()),
-            flush=True,
-        )
+    rows: list[dict] = []
+    try:
+        for shape in shapes:
+            row = {"shape": shape.label, "results": {}, "errors": {}, "first_step_s": {}}
+            rows.append(row)
+            run_shape(row, shape, reference, args, amp, device)
+    except KeyboardInterrupt:
+        write(args, rows, interrupted=True)
+        print("interrupted: wrote what was measured", file=sys.stderr)
+        return 130
+    write(args, rows)
+    return 0
+
+
+def run_shape(
+    row: dict, shape, reference, args: argparse.Namespace, amp, device: torch.device
+) -> None:
+    """Fill ``row`` with the contenders' first-step seconds and errors, then their timings,
+    at ``shape``."""
+    batch = make_batch(shape, reference.config.vocab_size, device, seed=shape.batch)
+    labels = torch.arange(shape.batch, device=device) % NUM_LABELS
+    steps = {}
+    for name in args.contenders:
+        try:
+            step = step_fn(build(name, reference, device), batch, labels, amp, device)
+            start = time.perf_counter()
+            step()  # the first step compiles (hf-compile) and autotunes (Triton)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            row["first_step_s"][name] = time.perf_counter() - start
+            steps[name] = step
+        except Exception as error:  # a contender that cannot run here is reported, not fatal
+            row["errors"][name] = f"failed: {type(error).__name__}"
+            print(f"{shape.label} {name}: {error}", file=sys.stderr)
+    row["results"] = measure(list(steps), steps, device, args.warmup, args.reps)
+    print(
+        f"{shape.label}: "
+        + ", ".join(f"{n} {r['timing']['median_ms']:.1f} ms" for n, r in row["results"].items()),
+        flush=True,
+    )
+
+
+def write(args: argparse.Namespace, rows: list[dict], interrupted: bool = False) -> None:
+    """results.json and results.md in ``args.out``."""
     env = environment.capture()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     payload = {"environment": env, "model": args.model, "amp": args.amp, "rows": rows}
+    if interrupted:
+        payload["interrupted"] = True
     (out / "results.json").write_text(json.dumps(payload, indent=1))
-    (out / "results.md").write_text(render(env, args, rows))
+    (out / "results.md").write_text(render(env, args, rows, interrupted))
     print(f"wrote {out / 'results.json'}, {out / 'results.md'}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -34,7 +34,26 @@ def test_train_step_benchmark_writes_results(tmp_path) -> None:
     (row,) = payload["rows"]
     assert row["errors"] == {} and set(row["results"]) == {"hf-sdpa", "fastbert"}
     assert all(r["timing"]["median_ms"] > 0 for r in row["results"].values())
+    assert set(row["first_step_s"]) == {"hf-sdpa", "fastbert"}
     assert "| 2x16 padded |" in (out / "results.md").read_text()
+
+
+def test_an_interrupted_train_step_writes_what_it_measured(tmp_path, monkeypatch) -> None:
+    """The GPU run stops a stage at its cap with SIGINT: the first steps done are kept."""
+    out = tmp_path / "train"
+    built = train_step.build
+
+    def build(name, reference, device):
+        if name == "fastbert":
+            raise KeyboardInterrupt  # as the cap's SIGINT during fastbert's first step
+        return built(name, reference, device)
+
+    monkeypatch.setattr(train_step, "build", build)
+    argv = ["--out", str(out), "--model", "bert-tiny", "--shapes", "2x16", "--reps", "1"]
+    assert train_step.main(argv + ["--contenders", "hf-sdpa,fastbert", "--warmup", "0"]) == 130
+    payload = json.loads((out / "results.json").read_text())
+    assert payload["interrupted"] and set(payload["rows"][0]["first_step_s"]) == {"hf-sdpa"}
+    assert "interrupted" in (out / "results.md").read_text()
 
 
 @pytest.mark.parametrize(

@@ -333,6 +333,9 @@ def train_line(results: Path) -> str:
                 f" ({times['hf-sdpa'] / times['fastbert']:.2f}x sdpa)" if "hf-sdpa" in times else ""
             )
             parts.append(f"{row['shape']} fastbert {times['fastbert']:.1f} ms{ratio}")
+        elif row.get("first_step_s"):  # interrupted: how long the first steps took
+            firsts = ", ".join(f"{n} {s:.0f} s" for n, s in row["first_step_s"].items())
+            parts.append(f"{row['shape']} not timed (first steps: {firsts})")
     return "fine-tuning step (bf16 autocast): " + ("; ".join(parts) or NOT_MEASURED)
 
 
