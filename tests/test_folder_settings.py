@@ -176,6 +176,32 @@ def test_truncate_dim_cuts_as_sentence_transformers_cuts(base, tmp_path):
     )
 
 
+def test_a_cut_and_normalize_give_the_same_vectors_however_set(base, tmp_path):
+    """dimensions= (cut, then normalised as the model normalises) and normalize=False (the
+    pooled vectors) give one answer whether set in fastbert.embed, at load or per call, on a
+    folder whose own truncate_dim cuts after its Normalize (per call they gave
+    sentence-transformers' cut-after-Normalize vectors, 0.36 away, and kept the Normalize)."""
+    folder = folder_of(base, tmp_path / "n", Normalize(), truncate_dim=24)
+    without_normalize = folder_of(base, tmp_path / "m", truncate_dim=24)
+    loaded = fastbert.load(folder, device="cpu")
+    cut = {"dimensions": 16, "force_dimensions": True}
+    want = st.SentenceTransformer(str(folder), device="cpu").encode(
+        TEXTS, truncate_dim=16, normalize_embeddings=True
+    )
+    for got in (
+        loaded.embed(TEXTS, **cut),
+        fastbert.embed(TEXTS, folder, device="cpu", progress=False, **cut),
+    ):
+        np.testing.assert_allclose(got, want, atol=TOLERANCE)
+    pooled = st.SentenceTransformer(str(without_normalize), device="cpu").encode(TEXTS)
+    for got in (
+        loaded.embed(TEXTS, normalize=False),
+        fastbert.load(folder, device="cpu", normalize=False).embed(TEXTS),
+        fastbert.embed(TEXTS, folder, device="cpu", progress=False, normalize=False),
+    ):
+        np.testing.assert_allclose(got, pooled, atol=TOLERANCE)
+
+
 # -- the other kinds: sparse, multi-vector, cross-encoder ------------------------------------
 
 

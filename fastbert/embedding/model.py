@@ -194,7 +194,9 @@ class FolderPipeline:
 
     ``model``: a fastbert.BertModel; ``pad_id``: the tokenizer's padding id; ``modules``: what
     runs after the transformer (:func:`build_modules`); ``kind``: the folder's; ``normalize``:
-    L2-normalise the sentence embeddings; ``store_dtype``: what :meth:`__call__` returns;
+    L2-normalise the sentence embeddings, after the cut to ``truncate_dim`` or, with
+    ``normalize_first``, before it (as sentence-transformers runs a folder's final Normalize
+    and then its truncate_dim); ``store_dtype``: what :meth:`__call__` returns;
     ``head``: the masked-LM head of a sparse model (its logits are the transformer's output);
     ``prompt_length`` and ``task``: the prompt's tokens at the start of each input and the
     task ("query", "document" or None) of the calls (see :meth:`with_prompt`);
@@ -222,6 +224,7 @@ class FolderPipeline:
     max_active_dims: int | None = None
     dimensions: int = 0
     packed: bool = True
+    normalize_first: bool = False
 
     def __post_init__(self) -> None:
         self.store_dtype = np.dtype(self.store_dtype)
@@ -325,9 +328,11 @@ class FolderPipeline:
             pooled = self.pooled(tokens)
             if self.kind == SPARSE:
                 return SparseVectors.from_dense(pooled, self.max_active_dims)
+            if self.normalize and self.normalize_first:
+                pooled = torch.nn.functional.normalize(pooled, dim=-1)
             if self.truncate_dim is not None:
                 pooled = pooled[:, : self.truncate_dim]
-            if self.normalize:
+            if self.normalize and not self.normalize_first:
                 pooled = torch.nn.functional.normalize(pooled, dim=-1)
         return pooled.cpu().numpy().astype(self.store_dtype, copy=False)
 

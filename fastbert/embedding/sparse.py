@@ -25,8 +25,9 @@ class SparseVectors:
     @classmethod
     def from_dense(cls, dense: torch.Tensor, max_active_dims: int | None = None) -> SparseVectors:
         """The non-zero entries of ``dense`` [n, dimensions]; with ``max_active_dims``, each
-        row keeps only its that-many largest values (ties broken by the lower index), as
-        sentence-transformers' ``max_active_dims`` does."""
+        row keeps only its that-many largest values, as sentence-transformers'
+        ``max_active_dims`` does (``torch.topk`` on the CPU: among equal values at the cut,
+        which it keeps is topk's choice, not always the lower index)."""
         dense = dense.detach().float().cpu()
         if max_active_dims is not None and max_active_dims < dense.shape[1]:
             top = dense.topk(max_active_dims, dim=1)

@@ -239,8 +239,12 @@ class TextModel:
         :meth:`prompt`):
 
         - an embedding model: numpy [len(texts), dimensions] (``options.store_dtype``);
-          ``normalize``: None for what the folder says; ``dimensions``: keep the first N
-          values of each embedding, then normalise (a model whose card does not say it is
+          ``normalize``: None for what the folder says (cut to the folder's own
+          ``truncate_dim``, after its final Normalize, as sentence-transformers gives them:
+          shorter than 1), True to L2-normalise after any cut, False for the pooled vectors
+          as they are; ``dimensions``: keep the first N values of each embedding, then
+          normalise when the model does (sentence-transformers' ``encode(truncate_dim=N,
+          normalize_embeddings=True)``; a model whose card does not say it is
           Matryoshka-trained needs ``force_dimensions=True``; None: the width the model
           loaded with); ``precision``: "float32", or quantized as sentence-transformers'
           ``quantize_embeddings`` gives them ("int8" / "uint8": numpy int8 / uint8
@@ -265,6 +269,10 @@ class TextModel:
         check_precision(precision)
         if self.kind != EMBEDDING and precision != "float32":
             raise ValueError(f"precision applies to dense embeddings, not {self.kind}")
+        # The loaded model's order of normalising and cutting, unless this call names a
+        # width or says whether to normalise (see normalizes_before_cut).
+        normalize_first = normalize is None and dimensions is None and self.encoder is not None
+        normalize_first = normalize_first and self.encoder.normalize_first
         if dimensions is not None:
             dimensions = self.check_dimensions(dimensions, force_dimensions)
         elif self.kind == EMBEDDING:
@@ -294,6 +302,7 @@ class TextModel:
             self.options.normalize if normalize is None else normalize,
             dimensions,
             np.dtype(self.options.store_dtype),
+            normalize_first,
         )
         if precision == "float32":
             return vectors
@@ -430,18 +439,29 @@ def checked_width(dimensions: object, width: int) -> int:
 
 
 def finish_embeddings(
-    pooled: np.ndarray, normalize: bool, dimensions: int | None, dtype: np.dtype
+    pooled: np.ndarray,
+    normalize: bool,
+    dimensions: int | None,
+    dtype: np.dtype,
+    normalize_first: bool = False,
 ) -> np.ndarray:
     """Pooled embeddings [n, hidden] -> their first ``dimensions`` values (all when None),
-    L2-normalised when ``normalize``, as ``dtype``. ValueError for a width outside
+    L2-normalised when ``normalize``: after the cut, or before it with ``normalize_first``
+    (see :func:`normalizes_before_cut`); as ``dtype``. ValueError for a width outside
     1..hidden."""
+    if normalize and normalize_first:
+        pooled = _unit_rows(pooled)
     if dimensions is not None:
         pooled = pooled[:, : checked_width(dimensions, pooled.shape[1])]
-    if normalize:
-        pooled = pooled.astype(np.float32, copy=False)
-        norms = np.linalg.norm(pooled, axis=1, keepdims=True)
-        pooled = pooled / np.maximum(norms, 1e-12)
+    if normalize and not normalize_first:
+        pooled = _unit_rows(pooled)
     return pooled.astype(dtype, copy=False)
+
+
+def _unit_rows(pooled: np.ndarray) -> np.ndarray:
+    pooled = pooled.astype(np.float32, copy=False)
+    norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+    return pooled / np.maximum(norms, 1e-12)
 
 
 def _checked_texts(texts: Any, argument: str = "texts") -> list[str]:
@@ -512,8 +532,6 @@ def resolve(
     dimensions, force = options.dimensions, options.force_dimensions
     if _cuts_to_truncate_dim(options, spec):
         dimensions, force = spec.truncate_dim, True  # the folder's own width
-        if options.normalize is None:
-            normalize = False  # its Normalize runs as a module, before the cut (see load)
     max_active_dims = options.max_active_dims
     if max_active_dims is None and spec.kind == SPARSE:
         max_active_dims = spec.max_active_dims
@@ -533,10 +551,17 @@ def resolve(
 
 def _cuts_to_truncate_dim(options: EmbedOptions, spec: FolderSpec) -> bool:
     """Whether the embeddings are cut to the folder's truncate_dim: a dense model's, unless
-    ``options`` name a width. sentence-transformers cuts after every module, its final
-    Normalize included, so unless ``options`` say whether to normalise, that Normalize runs
-    as a module and the cut vectors are left as they come (shorter than 1)."""
+    ``options`` name a width."""
     return spec.truncate_dim is not None and spec.kind == EMBEDDING and options.dimensions is None
+
+
+def normalizes_before_cut(options: EmbedOptions, spec: FolderSpec) -> bool:
+    """Whether a dense model normalises its embeddings before cutting them (else after):
+    when they are cut to the folder's own truncate_dim and ``options`` leave normalising to
+    the folder, as sentence-transformers runs the folder's final Normalize and then cuts
+    (vectors shorter than 1). A width given (``dimensions``) or ``normalize`` set cuts first
+    and then normalises, when normalising: unit vectors of that width."""
+    return _cuts_to_truncate_dim(options, spec) and options.normalize is None
 
 
 def load_options(options: EmbedOptions, tokenizer: Any = None) -> TextModel:
@@ -570,10 +595,9 @@ def load_options(options: EmbedOptions, tokenizer: Any = None) -> TextModel:
     )
     head = model.load_masked_lm_head(spec, encoder_model) if spec.kind == SPARSE else None
     # A sparse or multi-vector model's final Normalize runs as a module (their vectors are
-    # finished by no normalize setting), as does a dense one's cut after it (truncate_dim).
-    keep_normalize = spec.kind != EMBEDDING or (
-        _cuts_to_truncate_dim(given, spec) and given.normalize is None
-    )
+    # finished by no normalize setting); a dense model's is the encoder's normalize, before or
+    # after the cut to fewer dimensions (see normalizes_before_cut).
+    keep_normalize = spec.kind != EMBEDDING
     modules, _ = model.build_modules(spec, tokenizer, device, options.pooling, keep_normalize)
     encoder = model.FolderPipeline(
         encoder_model,
@@ -583,6 +607,7 @@ def load_options(options: EmbedOptions, tokenizer: Any = None) -> TextModel:
         options.normalize,
         np.dtype(options.store_dtype),
         head,
+        normalize_first=normalizes_before_cut(given, spec),
     )
     encoder.probe(tokenizer(["a probe"])["input_ids"])
     loaded = TextModel(spec, options, tokenizer, encoder=encoder)
