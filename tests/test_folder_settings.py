@@ -270,3 +270,22 @@ def test_a_cross_encoder_folders_prompt_and_activation(tmp_path, activation):
     want = cross.predict(pairs, activation_fn=torch.nn.Identity())
     np.testing.assert_allclose(logits[:, 0], want, atol=TOLERANCE)
     np.testing.assert_allclose(loaded.scores(logits)[:, 0], cross.predict(pairs), atol=TOLERANCE)
+
+
+def test_an_untrusted_activation_is_not_replaced_by_the_older_key(tmp_path):
+    """config.json naming an activation outside torch (loaded by sentence-transformers only
+    with remote code) beside the older sbert_ce_default_activation_function: CrossEncoder
+    reads the older key only where the newer is absent, so it falls back to the sigmoid;
+    fastbert took the older key's Identity."""
+    base = hf_folder(tmp_path / "ce-base", "BertForSequenceClassification", seed=2)
+    config_path = base / "config.json"
+    config = json.loads(config_path.read_text())
+    config["sentence_transformers"] = {"activation_fn": "somewhere.else.Activation"}
+    config["sbert_ce_default_activation_function"] = "torch.nn.modules.linear.Identity"
+    write_json(config_path, config)
+    pairs = [(TEXTS[0], TEXTS[1]), (TEXTS[3], TEXTS[4])]
+    want = st.CrossEncoder(str(base), device="cpu").predict(pairs)
+    loaded = fastbert.load(base, device="cpu")
+    scores = loaded.scores(loaded.classify([a for a, _ in pairs], [b for _, b in pairs]))
+    np.testing.assert_allclose(scores[:, 0], want, atol=TOLERANCE)
+    assert ((0 < scores) & (scores < 1)).all()

@@ -431,3 +431,39 @@ def test_rerank_scores_with_the_folders_activation(tmp_path):
         cohere = ok(post(client, "/v1/rerank", {"query": query, "documents": docs}))
         for row in cohere["results"]:
             assert row["relevance_score"] == pytest.approx(float(want[row["index"]]), abs=1e-4)
+
+
+def test_pairs_are_cut_from_the_side_the_models_tokenizer_cuts(tmp_path):
+    """A cross-encoder whose tokenizer cuts from the left: /rerank, /v1/rerank and /predict
+    cut long pairs from the left too, by default, as CrossEncoder.predict does (they cut from
+    the right, which changed the scores and the ranking). On a --no-auto-truncate server,
+    /v1/rerank takes ``truncate`` (it had no way to ask for the cut its 422 named)."""
+    import torch
+
+    base = hf_folder(tmp_path / "ce-base", "BertForSequenceClassification", seed=4)
+    st.CrossEncoder(str(base), device="cpu", max_length=24, activation_fn=torch.nn.Identity()).save(
+        str(tmp_path / "ce")
+    )
+    config_path = tmp_path / "ce" / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "truncation_side": "left"}))
+    query, docs = TEXTS[0], [" ".join(TEXTS[1:4]), " ".join(TEXTS[4:7])]
+    model = st.CrossEncoder(str(tmp_path / "ce"), device="cpu")
+    assert model.tokenizer.truncation_side == "left"
+    want = model.predict([(query, d) for d in docs])
+    with served_client(tmp_path / "ce", tmp_path, "--accept-any-model-name") as client:
+        for row in ok(post(client, "/rerank", {"query": query, "texts": docs})):
+            assert row["score"] == pytest.approx(float(want[row["index"]]), abs=1e-4)
+        cohere = ok(post(client, "/v1/rerank", {"query": query, "documents": docs}))
+        for row in cohere["results"]:
+            assert row["relevance_score"] == pytest.approx(float(want[row["index"]]), abs=1e-4)
+        pairs = {"inputs": [[query, d] for d in docs], "raw_scores": True}
+        predicted = ok(post(client, "/predict", pairs))
+        for (row,), score in zip(predicted, want):
+            assert row["score"] == pytest.approx(float(score), abs=1e-4)
+    with served_client(tmp_path / "ce", tmp_path, "--no-auto-truncate") as client:
+        body = {"query": query, "documents": docs}
+        assert_error(post(client, "/v1/rerank", body), 422, "truncate")
+        cohere = ok(post(client, "/v1/rerank", {**body, "truncate": True}))
+        for row in cohere["results"]:
+            assert row["relevance_score"] == pytest.approx(float(want[row["index"]]), abs=1e-4)

@@ -382,17 +382,16 @@ def cross_encoder_activation(spec: FolderSpec, config: Any) -> torch.nn.Module:
     """What sentence-transformers' ``CrossEncoder.predict`` applies to the logits of the folder
     ``spec`` with the transformers ``config``: the first ``torch.nn`` class named by the
     folder's config_sentence_transformers.json (``activation_fn``), its config.json
-    (``sentence_transformers.activation_fn``, or the older
+    (``sentence_transformers.activation_fn``, or, only where that key is absent, the older
     ``sbert_ce_default_activation_function``), else Sigmoid for one label and Identity for
     more. A class outside ``torch`` is passed over (sentence-transformers loads one only when
     trusted with remote code)."""
     saved = getattr(config, "sentence_transformers", None) or {}
-    paths = (
-        spec.activation_fn,
-        saved.get("activation_fn"),
-        getattr(config, "sbert_ce_default_activation_function", None),
-    )
-    for path in paths:
+    if "activation_fn" in saved:
+        in_config = saved["activation_fn"]
+    else:
+        in_config = getattr(config, "sbert_ce_default_activation_function", None)
+    for path in (spec.activation_fn, in_config):
         activation = torch_module_class(path)
         if activation is not None:
             return activation()

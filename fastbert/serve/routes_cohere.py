@@ -99,7 +99,15 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
         server.check_model(body.model)
         texts = [d if isinstance(d, str) else d.text for d in body.documents]
         logits = await rerank_scores(
-            server, request, timing, "/v1/rerank", body.query, texts, None, "right", "documents"
+            server,
+            request,
+            timing,
+            "/v1/rerank",
+            body.query,
+            texts,
+            body.truncate,
+            None,
+            "documents",
         )
         scores = server.model.scores(logits[:, None])[:, 0]
         order = np.argsort(-scores, kind="stable")[: body.top_n]

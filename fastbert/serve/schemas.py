@@ -15,7 +15,13 @@ TokenIds = list[StrictInt]
 # TEI's and OpenAI's `inputs`: a text, a list of texts, one list of token ids, or a list of them
 # (texts and token-id lists may mix).
 Inputs = StrictStr | TokenIds | list[StrictStr | TokenIds]
-Direction = Literal["right", "left", "Right", "Left"]
+Direction = Annotated[
+    Literal["right", "left", "Right", "Left"] | None,
+    Field(
+        description="default: the side the model's tokenizer cuts from, as "
+        "sentence-transformers cuts (right for most models)"
+    ),
+]
 Dimensions = Annotated[
     StrictInt, Field(ge=1, description="keep the first N values, then normalise")
 ]
@@ -32,7 +38,7 @@ class TeiEmbedRequest(BaseModel):
 
     inputs: Inputs
     truncate: Truncate = None
-    truncation_direction: Direction = "right"
+    truncation_direction: Direction = None
     prompt_name: PromptName = None
 
 
@@ -88,7 +94,7 @@ class RerankRequest(BaseModel):
     raw_scores: StrictBool = False
     return_text: StrictBool = False
     truncate: StrictBool | None = None
-    truncation_direction: Direction = "right"
+    truncation_direction: Direction = None
 
 
 class Document(BaseModel):
@@ -104,6 +110,7 @@ class CohereRerankRequest(BaseModel):
     top_n: Annotated[StrictInt, Field(ge=1)] | None = None
     return_documents: StrictBool = False
     model: StrictStr | None = None
+    truncate: Truncate = None  # not Cohere's: pairs over the limit on a --no-auto-truncate server
 
 
 # A text, or a pair of texts (a cross-encoder's two sides).
@@ -117,7 +124,7 @@ class PredictRequest(BaseModel):
     inputs: Sequence | list[Sequence]
     raw_scores: StrictBool = False
     truncate: StrictBool | None = None
-    truncation_direction: Direction = "right"
+    truncation_direction: Direction = None
 
 
 class TokenizeRequest(BaseModel):

@@ -19,7 +19,7 @@ async def pair_scores(
     firsts: list[str],
     seconds: list[str | None],
     truncate: bool | None,
-    direction: str,
+    direction: str | None,
     field: str,
 ) -> np.ndarray:
     """Raw logits [n, labels] of texts (``seconds[i]`` None) and text pairs."""
@@ -46,7 +46,7 @@ async def rerank_scores(
     query: str,
     texts: list[str],
     truncate: bool | None,
-    direction: str,
+    direction: str | None,
     field: str,
 ) -> np.ndarray:
     """The logit [n] of (query, text) for each text: a cross-encoder with one output only
