@@ -34,6 +34,9 @@ from fastbert.version import __version__
 log = logging.getLogger("fastbert.serve")
 # What a request whose client went away gets (nobody reads it), as nginx logs such requests.
 CLIENT_GONE = 499
+# OpenAI's own routes: a request they refuse gets 400, as OpenAI's API answers (TEI's routes,
+# and the Cohere-shaped ones, keep TEI's 422).
+OPENAI_ROUTES = ("/v1/embeddings", "/v1/models")
 
 
 def create_app(model: TextModel, options: ServeOptions) -> Any:
@@ -123,9 +126,12 @@ def create_app(model: TextModel, options: ServeOptions) -> Any:
         server.metrics.failures.labels(route, error.error_type).inc()
         openai_shaped = path.startswith(("/v1/", "/v2/"))
         body = error.openai_body() if openai_shaped else error.tei_body()
-        log.info("%s %d %s", path, error.status, error.message)
+        status = error.status
+        if status == 422 and path.startswith(OPENAI_ROUTES):
+            status = 400  # OpenAI answers a request it refuses 400: its client's BadRequestError
+        log.info("%s %d %s", path, status, error.message)
         return Response(
-            orjson.dumps(body), error.status, headers=error.headers, media_type="application/json"
+            orjson.dumps(body), status, headers=error.headers, media_type="application/json"
         )
 
     @app.exception_handler(errors.ServeError)
