@@ -401,6 +401,20 @@ def test_openai_errors_raise_the_clients_exceptions(server):
     assert error["type"] == "invalid_request_error" and error["param"] == "input"
 
 
+def test_openai_token_ids_are_refused_unless_asked_for(server):
+    """Token ids on /v1/embeddings are OpenAI's tokenizer's to OpenAI's clients (LangChain's
+    OpenAIEmbeddings sends those by default): without --openai-token-ids they get 400 naming
+    the fix, where they were embedded as this model's ids (other tokens, silently)."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    for given in ([[15339, 1917]], [15339, 1917], ["a text", [15339]]):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.embeddings.create(input=given, model="minilm")
+        assert refused.value.body["param"] == "input"
+        assert "check_embedding_ctx_length=False" in refused.value.message
+        assert "--openai-token-ids" in refused.value.message
+    assert len(client.embeddings.create(input=["a text"], model="minilm").data) == 1
+
+
 def test_api_key_and_dimensions_refused(folder, few_texts, tmp_path):
     """A bearer token every route but /health and /metrics asks for; and, without
     --allow-any-dimensions, a cut of all-MiniLM-L6-v2 (no Matryoshka model) is refused."""

@@ -112,6 +112,7 @@ def dense(dense_folder, tmp_path_factory):
     calibration = tmp / "calibration.txt"
     calibration.write_text("".join(t + "\n" for t in CALIBRATION))
     arguments = ("--calibration", str(calibration), "--served-model-name", "org/tiny")
+    arguments += ("--openai-token-ids",)  # /v1/embeddings reads token ids as the model's
     with served_client(dense_folder, tmp, *arguments) as client:
         yield client
 

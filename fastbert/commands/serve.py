@@ -107,6 +107,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "model_not_found, as OpenAI answers; GET /v1/models lists the served name)",
     )
     parser.add_argument(
+        "--openai-token-ids",
+        action="store_true",
+        help="read token-id inputs on /v1/embeddings as this model's token ids, as /embed "
+        "reads them (default: refused with 400, since OpenAI's API reads them as its own "
+        "tokenizer's: LangChain's OpenAIEmbeddings sends those unless "
+        "check_embedding_ctx_length=False)",
+    )
+    parser.add_argument(
         "--allow-any-dimensions",
         action="store_true",
         help="let requests cut embeddings to fewer dimensions (dimensions, output_dimension) "
@@ -209,6 +217,7 @@ def options_from(args: argparse.Namespace):
             tokenize_workers=args.workers_tokenize,
             allow_any_dimensions=args.allow_any_dimensions,
             accept_any_model=args.accept_any_model_name,
+            openai_token_ids=args.openai_token_ids,
             calibration=args.calibration,
             log_level=args.log_level,
             **({} if args.omp_spin is None else {"omp_spin": args.omp_spin}),

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from fastbert.embedding.sparse import SparseVectors
-from fastbert.execution.validation import positive_integer
+from fastbert.execution.arguments import positive_integer
 from fastbert.integrations import packed_classifier
 from fastbert.model.masked_lm_head import MaskedLMHead
 from fastbert.model.sentence_folder import (

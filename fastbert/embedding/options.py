@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from fastbert.embedding.quantized import PRECISIONS, RANGED
-from fastbert.execution.validation import positive_integer
+from fastbert.execution.arguments import positive_integer
 from fastbert.integrations.model_names import FOLDER, resolve_model
 
 # sentence-transformers' pooling modes (fastbert.model.pooling; `fastbert embed --help` names

@@ -28,8 +28,8 @@ from fastbert.embedding.options import DTYPES, EmbedOptions
 from fastbert.embedding.quantized import check_precision, check_ranges, quantize_embeddings
 from fastbert.embedding.sparse import SparseVectors
 from fastbert.embedding.tokenize import TextTokenizer, Tokens
+from fastbert.execution.arguments import positive_integer
 from fastbert.execution.cpu_tuning import apply_process_tuning
-from fastbert.execution.validation import positive_integer
 from fastbert.model.sentence_folder import (
     CLASSIFICATION,
     EMBEDDING,

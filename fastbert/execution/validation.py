@@ -8,7 +8,6 @@ padding-free, measures the rows, in a single read.
 from __future__ import annotations
 
 import dataclasses
-import operator
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,24 +15,6 @@ import torch
 
 from fastbert.kernels import checks
 from fastbert.kernels.checks import as_index
-
-
-def positive_integer(name: str, value: object, minimum: int = 1) -> int:
-    """``value`` as a Python int >= ``minimum``: an int, or an integer scalar of another
-    library (a NumPy integer, a one-element integer tensor: whatever ``operator.index`` takes,
-    as PyTorch's own size arguments do). ValueError naming ``name`` for a bool (True would
-    read as 1), a float, a string, or a value below ``minimum``."""
-    boolean = isinstance(value, bool | np.bool_) or (
-        isinstance(value, torch.Tensor) and value.dtype == torch.bool
-    )
-    try:
-        number = None if boolean else operator.index(value)
-    except TypeError:
-        number = None
-    if number is None or number < minimum:
-        wanted = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ValueError(f"{name} must be {wanted}, got {value!r}")
-    return number
 
 
 def check_dtype(dtype: object) -> None:

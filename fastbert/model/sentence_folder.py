@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastbert.execution.validation import positive_integer
+from fastbert.execution.arguments import positive_integer
 from fastbert.model.config import read_json_file
 
 EMBEDDING = "embedding"

@@ -36,6 +36,7 @@ def info_of(server: Server) -> dict[str, Any]:
         "tokenization_workers": options.tokenize_workers,
         "omp_spin": options.omp_spin,
         "accept_any_model": options.accept_any_model,
+        "openai_token_ids": options.openai_token_ids,
         "version": __version__,
     }
 

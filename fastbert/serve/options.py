@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from fastbert.execution.validation import positive_integer
+from fastbert.execution.arguments import positive_integer
 from fastbert.settings import API_KEY, SERVE_OMP_SPIN
 
 if TYPE_CHECKING:  # imported only for the annotation: the command's parser reads this module
@@ -50,9 +50,11 @@ class ServeOptions:
     ``allow_any_dimensions``: let requests cut the embeddings of a model whose card does not
     say it is Matryoshka-trained (else such a request gets 422);
     ``accept_any_model``: answer requests whose ``model`` names another model (else 404
-    ``model_not_found``); ``calibration``: a file of texts, one per line, whose embeddings give
-    the int8 / uint8 ranges (None: a built-in sample of English, see
-    :mod:`fastbert.serve.calibration`).
+    ``model_not_found``); ``openai_token_ids``: read token-id inputs on ``/v1/embeddings`` as
+    this model's token ids (else refused: OpenAI's API reads them as its own tokenizer's,
+    which clients such as LangChain's OpenAIEmbeddings send); ``calibration``: a file of
+    texts, one per line, whose embeddings give the int8 / uint8 ranges (None: a built-in
+    sample of English, see :mod:`fastbert.serve.calibration`).
     """
 
     model: EmbedOptions
@@ -69,6 +71,7 @@ class ServeOptions:
     omp_spin: bool = field(default_factory=default_omp_spin)
     allow_any_dimensions: bool = False
     accept_any_model: bool = False
+    openai_token_ids: bool = False
     calibration: str | None = None
     log_level: str = "info"
 
@@ -87,7 +90,7 @@ class ServeOptions:
             raise ValueError(f"port must be between 0 and 65535, got {self.port!r}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
-        for name in ("omp_spin", "allow_any_dimensions", "accept_any_model"):
+        for name in ("omp_spin", "allow_any_dimensions", "accept_any_model", "openai_token_ids"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.calibration is not None and not os.path.isfile(self.calibration):

@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from fastbert.embedding.text_model import finish_embeddings
-from fastbert.serve import schemas
+from fastbert.serve import errors, inputs, schemas
 from fastbert.serve.service import Server, Timing
 
 
@@ -26,6 +26,8 @@ def register(app: FastAPI, server: Server, posted: list, guarded: list) -> None:
         timing = Timing()
         server.require("/v1/embeddings")
         server.check_model(body.model)
+        if not server.options.openai_token_ids:
+            refuse_token_ids(body.input)
         dimensions = server.dimensions_of(body.dimensions, "dimensions")
         pooled = await server.embed_inputs(
             request,
@@ -74,3 +76,18 @@ def _model_card(server: Server) -> dict[str, Any]:
         "owned_by": "fastbert",
         "kind": server.model.kind,
     }
+
+
+def refuse_token_ids(given: object) -> None:
+    """ValidationFailed (400 on this route) for token-id inputs: OpenAI's API reads token ids
+    as its own tokenizer's (LangChain's OpenAIEmbeddings tokenises with it and sends them by
+    default), so reading them as this model's would embed other tokens, silently; the server
+    reads them as the model's with --openai-token-ids."""
+    if any(not isinstance(item, str) for item in inputs.as_list(given)):
+        raise errors.ValidationFailed(
+            "input holds token ids: OpenAI's API reads them as its own tokenizer's, not this "
+            "model's; send the texts (LangChain's OpenAIEmbeddings: "
+            "check_embedding_ctx_length=False), or start the server with --openai-token-ids to "
+            "read them as this model's token ids, as /embed does",
+            param="input",
+        )
