@@ -271,8 +271,8 @@ class TextModel:
             raise ValueError(f"precision applies to dense embeddings, not {self.kind}")
         # The loaded model's order of normalising and cutting, unless this call names a
         # width or says whether to normalise (see normalizes_before_cut).
-        normalize_first = normalize is None and dimensions is None and self.encoder is not None
-        normalize_first = normalize_first and self.encoder.normalize_first
+        first = getattr(self.encoder, "normalize_first", False)  # a classifier has no encoder
+        normalize_first = first and normalize is None and dimensions is None
         if dimensions is not None:
             dimensions = self.check_dimensions(dimensions, force_dimensions)
         elif self.kind == EMBEDDING:
