@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -459,6 +460,32 @@ def test_tokenise_ahead_raises_in_the_caller() -> None:
 
     with pytest.raises(OSError, match="disk gone"):
         list(tokenise_ahead(rows(), lambda texts: ([[1]] * len(texts), [False] * len(texts))))
+
+
+def test_tokenise_ahead_starts_a_thread_only_for_more_than_one_chunk() -> None:
+    """One short list is tokenised in the caller's thread (a thread would only add its start
+    and hand-over); more rows than a chunk, or rows of unknown length, in the background."""
+    from fastbert.embedding.readers import Row
+
+    threads = []
+
+    def tokenise(texts):
+        threads.append(threading.current_thread())
+        return [[len(t)] for t in texts], [False] * len(texts)
+
+    def rows(n):
+        return [Row(i, None, "x" * (i + 1), "x", i) for i in range(n)]
+
+    chunks = list(tokenise_ahead(rows(3), tokenise, chunk_rows=4))
+    assert [c.tokens for c in chunks] == [[[1], [2], [3]]]
+    assert threads == [threading.current_thread()]
+    threads.clear()
+    chunks = list(tokenise_ahead(rows(6), tokenise, chunk_rows=4))
+    assert [c.tokens for c in chunks] == [[[1], [2], [3], [4]], [[5], [6]]]
+    assert threading.current_thread() not in threads and len(threads) == 2
+    threads.clear()
+    chunks = list(tokenise_ahead(iter(rows(3)), tokenise, chunk_rows=4))
+    assert [c.end for c in chunks] == [3] and threading.current_thread() not in threads
 
 
 class _Loaded:

@@ -1,6 +1,7 @@
 """Tokenising ahead of the model: a background thread turns rows into token ids, chunk by
 chunk, into a bounded queue, so that tokenisation (the Rust tokenizers release the GIL)
-overlaps the forward passes, and no more than ``depth`` chunks wait in memory."""
+overlaps the forward passes, and no more than ``depth`` chunks wait in memory. Rows that fill
+one chunk at most are tokenised in the caller's thread: there is nothing to overlap."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import contextlib
 import copy
 import queue
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,11 +185,18 @@ def tokenise_ahead(
     chunk_rows: int = CHUNK_ROWS,
     depth: int = 8,
 ) -> Iterator[Chunk]:
-    """The chunks of ``rows`` (``chunk_rows`` rows each), tokenised in a background thread.
+    """The chunks of ``rows`` (``chunk_rows`` rows each), tokenised in a background thread;
+    a sequence of at most ``chunk_rows`` rows (one short list) in the caller's thread, as
+    starting and joining a thread would add about a millisecond to a call that has no forward
+    pass to overlap.
 
     An exception in the thread (a reader's InputError) is raised here, in the caller's thread.
     Closing the iterator stops the thread.
     """
+    if isinstance(rows, Sequence) and len(rows) <= chunk_rows:
+        for chunk in _chunks(rows, chunk_rows):
+            yield _tokenised(chunk, tokenise)
+        return
     out: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
     done = object()
@@ -205,10 +213,7 @@ def tokenise_ahead(
     def work() -> None:
         try:
             for chunk in _chunks(rows, chunk_rows):
-                good = [r.text for r in chunk.rows]
-                if good:
-                    chunk.tokens, chunk.cut = tokenise(good)
-                if not put(chunk):
+                if not put(_tokenised(chunk, tokenise)):
                     return
             put(done)
         except BaseException as exc:  # handed to the consumer, which raises it
@@ -227,6 +232,13 @@ def tokenise_ahead(
     finally:
         stop.set()
         thread.join()
+
+
+def _tokenised(chunk: Chunk, tokenise: Callable[[list[str]], tuple[list, list[bool]]]) -> Chunk:
+    good = [r.text for r in chunk.rows]
+    if good:
+        chunk.tokens, chunk.cut = tokenise(good)
+    return chunk
 
 
 def _chunks(rows: Iterable[Row], size: int) -> Iterator[Chunk]:
