@@ -189,9 +189,9 @@ def contenders(
 
     import fastbert
     from fastbert.embedding import readers, run
+    from fastbert.embedding.loading import load_options
     from fastbert.embedding.options import EmbedOptions
     from fastbert.embedding.shards import ShardWriter
-    from fastbert.embedding.text_model import load_options
 
     chosen = chosen or [*FASTBERT, *embed_peers.available()]
     folder = model_folder(model)

@@ -219,9 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     import dataclasses
 
     from fastbert.bench import environment
+    from fastbert.embedding.loading import load_options
     from fastbert.embedding.model import read_config
     from fastbert.embedding.options import EmbedOptions
-    from fastbert.embedding.text_model import load_options
 
     texts = embed_bench.corpus(args.docs)
     folder = embed_bench.model_folder(args.model)

@@ -178,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchmarks import embed_bench
     from fastbert.bench import environment
+    from fastbert.embedding.loading import load_options
     from fastbert.embedding.options import EmbedOptions
-    from fastbert.embedding.text_model import load_options
     from fastbert.execution import cpu_memory, runtime
 
     texts = embed_bench.corpus(args.docs)

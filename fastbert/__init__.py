@@ -48,7 +48,8 @@ from fastbert.version import __version__
 
 if TYPE_CHECKING:  # what __getattr__ returns, for type checkers and the API reference
     from fastbert.embedding.api import embed
-    from fastbert.embedding.text_model import TextModel, load
+    from fastbert.embedding.loading import load
+    from fastbert.embedding.text_model import TextModel
     from fastbert.integrations.optimize import optimize
     from fastbert.model.config import BertConfig
     from fastbert.model.encoder import BertModel
@@ -72,7 +73,7 @@ _NAMES = {
     # fastbert.embed, fastbert.load and the TextModel it returns live in the embedding job
     # (loaded on first use: importing fastbert imports neither pyarrow nor the tokenizer stack).
     "embed": "fastbert.embedding.api",
-    "load": "fastbert.embedding.text_model",
+    "load": "fastbert.embedding.loading",
     "TextModel": "fastbert.embedding.text_model",
 }
 # The rooms, reachable as attributes as they were when this module imported them eagerly.

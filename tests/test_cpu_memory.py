@@ -78,12 +78,12 @@ def test_a_forward_alone_leaves_malloc_as_it_is() -> None:
 def test_loading_a_model_folder_applies_the_tuning_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fastbert.embedding import text_model
+    from fastbert.embedding import loading
     from fastbert.execution import cpu_tuning
 
     calls = []
-    monkeypatch.setattr(text_model, "apply_process_tuning", lambda: calls.append(1))
-    text_model.load(hf_folder(tmp_path / "model")).embed(["a text"])
+    monkeypatch.setattr(loading, "apply_process_tuning", lambda: calls.append(1))
+    loading.load(hf_folder(tmp_path / "model")).embed(["a text"])
     assert calls == [1]
     first = cpu_tuning.apply_process_tuning()
     assert cpu_tuning.apply_process_tuning() is first

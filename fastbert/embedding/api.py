@@ -10,9 +10,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from fastbert.embedding.loading import load, load_options
 from fastbert.embedding.options import EmbedOptions
 from fastbert.embedding.quantized import quantization_ranges
-from fastbert.embedding.text_model import TextModel, load, load_options
+from fastbert.embedding.text_model import TextModel
 
 # Options that change how a loaded model is used, not what is loaded.
 _CALL_OPTIONS = (

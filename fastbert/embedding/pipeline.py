@@ -13,11 +13,12 @@ import numpy as np
 import torch
 
 from fastbert.embedding import manifest, model, readers
+from fastbert.embedding.loading import load_options, resolve
 from fastbert.embedding.options import CALIBRATION_ROWS, EmbedOptions
 from fastbert.embedding.quantized import RANGED, Quantizer, check_ranges, quantization_ranges
 from fastbert.embedding.run import ArraySink, Summary, run_rows
 from fastbert.embedding.shards import ShardWriter
-from fastbert.embedding.text_model import TextModel, load_options, resolve
+from fastbert.embedding.text_model import TextModel
 from fastbert.model.sentence_folder import CLASSIFICATION, FolderSpec
 from fastbert.version import __version__
 

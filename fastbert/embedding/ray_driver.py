@@ -25,10 +25,10 @@ import numpy as np
 import torch
 
 from fastbert.embedding import model, pipeline, readers, run
+from fastbert.embedding.loading import load_options
 from fastbert.embedding.options import EmbedOptions
 from fastbert.embedding.quantized import RANGED
 from fastbert.embedding.shards import EmbeddedRows, ShardWriter
-from fastbert.embedding.text_model import load_options
 from fastbert.model.sentence_folder import EMBEDDING
 
 READ_ROWS = 1024  # rows per block out of a read task

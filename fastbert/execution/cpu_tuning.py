@@ -12,7 +12,7 @@ Two settings belong to the whole process rather than to a model or a forward
 :func:`apply_process_tuning` applies both, once per process. The entry points call it before
 any model runs: ``fastbert``'s command line (before anything imports torch, so the caches are
 bounded too), ``fastbert.load`` / ``fastbert.embed`` and every job that loads a model folder
-(fastbert.embedding.text_model.load_options), and the server's start. No forward calls it: a
+(fastbert.embedding.loading.load_options), and the server's start. No forward calls it: a
 program that builds its models itself (``BertModel.from_pretrained``, ``fastbert.optimize``)
 calls it once, first, to get the same settings.
 

@@ -10,8 +10,9 @@ import threading
 import time
 from typing import Any
 
+from fastbert.embedding.loading import load_options
 from fastbert.embedding.options import EmbedOptions
-from fastbert.embedding.text_model import TextModel, load_options
+from fastbert.embedding.text_model import TextModel
 from fastbert.execution.cpu_tuning import apply_process_tuning
 from fastbert.serve.app import create_app
 from fastbert.serve.options import ServeOptions
