@@ -421,10 +421,12 @@ class Runner:
     def refresh_packed_weights(
         self, device: torch.device, weights_key: Callable[[], Hashable]
     ) -> None:
-        """Before a call on ``device``: drop the packed copies when ``weights_key()`` (the
-        model's parameters' addresses and version counters) changed since the last call, so
-        that a weight written through a view the packed copy's own check cannot see (the
-        separate query, key and value parameters of fastbert.optimize) is packed again."""
+        """Before a call on ``device``: drop the packed copies when ``weights_key()`` changed
+        since the last call: the addresses and version counters of the parameters that
+        write the weights through views the packed copy's own check cannot see (the separate
+        query, key and value parameters of fastbert.optimize), so that the weight is packed
+        again. Every other write reaches a weight's own version counter or address, which
+        its packed copy is checked against at each use."""
         if self._packs is None or device.type != "cpu" or torch.compiler.is_compiling():
             return
         key = weights_key()

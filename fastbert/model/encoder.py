@@ -35,7 +35,12 @@ from fastbert.model.layers import (
 )
 from fastbert.model.loading import PretrainedMixin
 from fastbert.model.outputs import BaseModelOutputWithPooling
-from fastbert.model.quantization import QuantizedWeights, calibration_ids, parameters_key
+from fastbert.model.quantization import (
+    QuantizedWeights,
+    calibration_ids,
+    parameters_key,
+    tensors_key,
+)
 from fastbert.model.weights import ParameterWatch
 
 
@@ -365,7 +370,7 @@ class BertModel(PretrainedMixin, nn.Module):
         weights again where they changed; returns the ops the call runs with."""
         self.check_quantized_call()
         self.refresh_quantized()
-        self.runner.refresh_packed_weights(self.device, self.weights_key)
+        self.runner.refresh_packed_weights(self.device, self.qkv_parts_key)
         return self.ops()
 
     def check_inputs(
@@ -418,6 +423,14 @@ class BertModel(PretrainedMixin, nn.Module):
             if layer.qkv_parts is not None
             for p in layer.qkv_parts[0] + layer.qkv_parts[1]
         ]
+
+    def qkv_parts_key(self) -> tuple:
+        """What identifies the values of the query, key and value parameters of
+        :meth:`qkv_part_parameters` (:func:`fastbert.model.quantization.tensors_key`; the same
+        key for every call without them): a write through one of them reaches the fused QKV
+        tensor the layers read without bumping its version counter, which the packed copies'
+        own check reads."""
+        return tensors_key(self.qkv_part_parameters())
 
     def weights_key(self) -> tuple:
         """What identifies the values the layers read

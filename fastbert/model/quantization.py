@@ -77,10 +77,15 @@ class _HeldMemory:
 
 def parameters_key(module: torch.nn.Module, extra: Iterable[torch.Tensor] = ()) -> tuple:
     """What identifies the values of ``module``'s parameters (and of the ``extra`` tensors):
-    each one's address and version counter, and the device; the key holds their memory (see
-    _HeldMemory). A parameter made under torch.inference_mode has no version counter (and can
-    change only inside it): its address alone."""
-    params = [*module.parameters(), *extra]
+    see :func:`tensors_key`."""
+    return tensors_key([*module.parameters(), *extra])
+
+
+def tensors_key(params: list[torch.Tensor]) -> tuple:
+    """What identifies the values of ``params``: each one's address and version counter, and
+    the device; the key holds their memory (see _HeldMemory). A parameter made under
+    torch.inference_mode has no version counter (and can change only inside it): its address
+    alone."""
     device = params[0].device if params else None
     held = _HeldMemory([p.untyped_storage() for p in params])
     pairs = ((p.data_ptr(), None if p.is_inference() else p._version) for p in params)
