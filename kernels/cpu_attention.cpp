@@ -26,11 +26,13 @@
 // P @ V in float32 with P unrounded (V widened exactly), the result rounded to bfloat16 once.
 // float32: every step in float32 FMAs, the softmax's exp a Cephes polynomial (about 1 ulp).
 //
-// Work: one OpenMP task per sequence (its heads in turn), dynamic schedule, a scratch buffer
-// per thread: K transposed 16 x 16 words at a time in registers (bfloat16: into pairs
-// [D/2][Lp] of 32 bits; float32: [D][Lp]; Lp is L rounded up to 16, zeros past L), bfloat16
-// V widened to float32 [L][D] (float32 V is read in place), and a block of score rows
-// [ROWS][Lp]. Queries go ROWS at a time so that each K or V vector loaded serves ROWS rows.
+// Work: one OpenMP task per sequence, or per sequence and head when the sequences are fewer
+// than four a thread (so that one sequence's heads spread over the threads too), dynamic
+// schedule, a scratch buffer per thread: K transposed 16 x 16 words at a time in registers
+// (bfloat16: into pairs [D/2][Lp] of 32 bits; float32: [D][Lp]; Lp is L rounded up to 16,
+// zeros past L), bfloat16 V widened to float32 [L][D] (float32 V is read in place), and a
+// block of score rows [ROWS][Lp]. Queries go ROWS at a time so that each K or V vector loaded
+// serves ROWS rows.
 //
 // AMX (built where the compiler targets AMX-BF16, used where the kernel is asked to and Linux
 // grants the process the tile state): bfloat16 q k^T of 16 queries at a time on the tiles,
@@ -432,6 +434,12 @@ static int attention(const T* q, const T* k, const T* v, int64_t token_stride,
   const int64_t rotated = rotary_cos != nullptr ? (longest + most_queries) * head_dim + 16 : 0;
   const int64_t floats = head_dim * padded + rotated + longest * head_dim + TILE_ROWS * padded;
   const int64_t out_stride = heads * head_dim;
+  // A task per sequence and part of its heads: one head a part when the sequences are few for
+  // the threads (one long sequence would keep a thread busy while the others wait), all of
+  // them when they are many (a task per head cost up to a fifth more on 2 threads with
+  // 100-200 short sequences).
+  const int64_t part_heads = sequences < 4 * (int64_t)threads ? 1 : heads;
+  const int64_t parts = heads / part_heads;
   int failed = 0;
 #pragma omp parallel num_threads(threads)
   {
@@ -445,15 +453,17 @@ static int attention(const T* q, const T* k, const T* v, int64_t token_stride,
     if (tiles) _tile_storeconfig(&found), configure_tiles();
 #endif
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t s = 0; s < sequences; s++) {
+    for (int64_t item = 0; item < sequences * parts; item++) {
+      const int64_t s = item / parts, first_head = item % parts * part_heads;
       const int64_t start = starts[s];
       const int length = (int)lengths[s], rows = (int)queries[s];
       if (!scratch) continue;
       if (length <= 0) {
-        memset(out + start * out_stride, 0, (size_t)rows * out_stride * sizeof(T));
+        if (first_head == 0)
+          memset(out + start * out_stride, 0, (size_t)rows * out_stride * sizeof(T));
         continue;
       }
-      for (int64_t h = 0; h < heads; h++) {
+      for (int64_t h = first_head; h < first_head + part_heads; h++) {
         const int64_t at = start * token_stride + h * head_stride;
         T* o = out + start * out_stride + h * head_dim;
         const float* b = bias != nullptr ? bias + h * bias_width + (bias_width - 1) / 2 : nullptr;
