@@ -2,7 +2,8 @@
 
 PyTorch's CPU attention spends most of its time around the arithmetic for the short
 sequences of real text: per call, per run of equal lengths, per conversion. This kernel runs
-all the sequences of a batch in one call: one OpenMP task per sequence. In bfloat16, q k^T on
+all the sequences of a batch in one call: one OpenMP task per sequence (per sequence and head
+when they are few). In bfloat16, q k^T on
 the CPU's bfloat16 dot-product instruction (exact products, float32 sums), the softmax and
 P @ V in float32 with P unrounded, the result rounded to bfloat16 once: the torch backend's
 math path's precision, more accurate than PyTorch's flash kernel, which rounds P to bfloat16.
