@@ -465,7 +465,7 @@ def test_tokenise_ahead_raises_in_the_caller() -> None:
 def test_tokenise_ahead_starts_a_thread_only_for_more_than_one_chunk() -> None:
     """One short list is tokenised in the caller's thread (a thread would only add its start
     and hand-over); more rows than a chunk, or rows of unknown length, in the background."""
-    from fastbert.embedding.readers import Row
+    from fastbert.embedding.readers import LIST_SOURCE, ListRows, Row
 
     threads = []
 
@@ -486,6 +486,12 @@ def test_tokenise_ahead_starts_a_thread_only_for_more_than_one_chunk() -> None:
     threads.clear()
     chunks = list(tokenise_ahead(iter(rows(3)), tokenise, chunk_rows=4))
     assert [c.end for c in chunks] == [3] and threading.current_thread() not in threads
+    threads.clear()
+    texts = ListRows(["x", "xx", "xxx"])  # a list's rows, made as they are read
+    assert list(texts) == [Row(i, i, "x" * (i + 1), LIST_SOURCE, i) for i in range(3)]
+    chunks = list(tokenise_ahead(texts, tokenise, chunk_rows=4))
+    assert [c.tokens for c in chunks] == [[[1], [2], [3]]]
+    assert threads == [threading.current_thread()]
 
 
 class _Loaded:

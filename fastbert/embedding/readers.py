@@ -50,6 +50,23 @@ class Row:
         return f"{self.source}, row {self.line}"
 
 
+class ListRows(Sequence[Row]):
+    """The rows of an in-memory list of texts, row i being ``texts[i]`` (its own id), each
+    made when it is read: a sequence of known length without a Row object per text held."""
+
+    def __init__(self, texts: Sequence[str]):
+        self.texts = texts
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = range(len(self))[i]  # negative indices, and IndexError past the end
+        return Row(i, i, self.texts[i], LIST_SOURCE, i)
+
+
 def list_inputs(inputs: Sequence[str | Path]) -> list[Path]:
     """Files (and the files of folders, sorted, of the types in FORMATS) -> the files to read.
 

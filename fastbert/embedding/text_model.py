@@ -290,7 +290,7 @@ class TextModel:
             if self.kind == EMBEDDING
             else run.ListSink(len(texts))
         )
-        rows = [readers.Row(i, i, t, readers.LIST_SOURCE, i) for i, t in enumerate(texts)]
+        rows = readers.ListRows(texts)
         run.run_rows(rows, loop, sink, 0)
         if self.kind == SPARSE:
             return SparseVectors.from_rows(sink.items, self.encoder.dimensions)
