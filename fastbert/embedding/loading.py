@@ -66,14 +66,14 @@ def resolve(
         if dense_only:
             raise ValueError(
                 f"{', '.join(dense_only)} applies to dense embeddings; {options.model} is "
-                f"{article(spec.kind)} {spec.kind} model"
+                f"{article(spec.kind)} model"
             )
     if options.dimensions is not None and not (options.force_dimensions or spec.matryoshka):
         raise ValueError(not_matryoshka(options.model, options.dimensions))
     if spec.kind != SPARSE and options.max_active_dims is not None:
         raise ValueError(
             f"max_active_dims applies to sparse embeddings; {options.model} is "
-            f"{article(spec.kind)} {spec.kind} model"
+            f"{article(spec.kind)} model"
         )
     normalize = options.normalize
     if normalize is None and spec.kind == EMBEDDING:

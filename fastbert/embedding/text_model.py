@@ -399,8 +399,8 @@ class TextModel:
     def _require(self, kinds: tuple[str, ...], what: str) -> None:
         if self.kind not in kinds:
             raise ValueError(
-                f"{self.options.model} is {article(self.kind)} {self.kind} model; it cannot "
-                f"{what} (that needs {' or '.join(article(k) + ' ' + k for k in kinds)} model)"
+                f"{self.options.model} is {article(self.kind)} model; it cannot "
+                f"{what} (that needs {' or '.join(article(k) for k in kinds)} model)"
             )
 
 
@@ -413,9 +413,9 @@ def not_matryoshka(model: str, dimensions: int) -> str:
     )
 
 
-def article(word: str) -> str:
-    """ "a" or "an" before ``word`` (a model kind)."""
-    return "an" if word[0] in "aeiou" else "a"
+def article(kind: str) -> str:
+    """``kind`` with its indefinite article ("an embedding", "a sparse")."""
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
 class _Loop:

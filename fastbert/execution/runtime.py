@@ -419,9 +419,9 @@ class Runner:
             self._packed_ops = None
 
     def refresh_packed_weights(
-        self, device: torch.device, weights_key: Callable[[], Hashable]
+        self, device: torch.device, views_key: Callable[[], Hashable]
     ) -> None:
-        """Before a call on ``device``: drop the packed copies when ``weights_key()`` changed
+        """Before a call on ``device``: drop the packed copies when ``views_key()`` changed
         since the last call: the addresses and version counters of the parameters that
         write the weights through views the packed copy's own check cannot see (the separate
         query, key and value parameters of fastbert.optimize), so that the weight is packed
@@ -429,7 +429,7 @@ class Runner:
         its packed copy is checked against at each use."""
         if self._packs is None or device.type != "cpu" or torch.compiler.is_compiling():
             return
-        key = weights_key()
+        key = views_key()
         if key != self._packed_key:
             self._packs.clear()
             self._packed_key = key

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 from fastapi.responses import Response
 
-from fastbert.embedding.text_model import Prompting, TextModel
+from fastbert.embedding.text_model import Prompting, TextModel, article
 from fastbert.model.sentence_folder import CLASSIFICATION, EMBEDDING, MULTI_VECTOR, SPARSE
 from fastbert.serve import errors, inputs
 from fastbert.serve.batcher import Batcher, Reservation
@@ -328,8 +328,3 @@ async def _disconnected(request: Any) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
-
-
-def article(kind: str) -> str:
-    """``kind`` with its indefinite article ("an embedding", "a sparse")."""
-    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
