@@ -5,6 +5,7 @@ and multi-vector lists; and the errors it gives."""
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 
@@ -199,14 +200,18 @@ def test_text_model_embed_quantizes_as_sentence_transformers(dense, texts, st_fl
     floats = model.embed(texts)
     calibration = model.embed(texts[:60])
     ranges = np.vstack([calibration.min(0), calibration.max(0)])
-    for kwargs in ({}, {"ranges": ranges}, {"calibration_embeddings": calibration}):
+    ranged = precision in ("int8", "uint8")
+    for kwargs in ({}, {"ranges": ranges}, {"calibration_embeddings": calibration})[
+        : 3 if ranged else 1
+    ]:
         got = model.embed(texts, precision=precision, **kwargs)
         assert_identical(got, st_util.quantize_embeddings(floats, precision, **kwargs))
         assert_near_sentence_transformers(got, st_floats, precision, **kwargs)
     through_embed = fastbert.embed(texts, model=dense, device="cpu", precision=precision)
     assert_identical(through_embed, model.embed(texts, precision=precision))
-    loaded = fastbert.embed(texts, model, precision=precision, ranges=ranges)
-    assert_identical(loaded, model.embed(texts, precision=precision, ranges=ranges))
+    if ranged:
+        loaded = fastbert.embed(texts, model, precision=precision, ranges=ranges)
+        assert_identical(loaded, model.embed(texts, precision=precision, ranges=ranges))
 
 
 def test_precision_errors(dense, texts, tmp_path):
@@ -222,6 +227,14 @@ def test_precision_errors(dense, texts, tmp_path):
     assert model.embed(texts[:1], precision="binary").shape == (1, 8)
     with pytest.raises(ValueError, match="ranges applies to precision int8 or uint8"):
         fastbert.embed(texts, model=dense, precision="binary", ranges=[[0.0], [1.0]])
+    # Ranges where the precision has no buckets are refused by every entry, never ignored.
+    ranges = np.zeros((2, 64))
+    for call in (model.embed, functools.partial(fastbert.embed, model=model)):
+        for precision in ("float32", "binary", "ubinary"):
+            with pytest.raises(ValueError, match=f"ranges applies to .*, not {precision}"):
+                call(texts, precision=precision, ranges=ranges)
+        with pytest.raises(ValueError, match="calibration_embeddings applies to .*, not binary"):
+            call(texts, precision="binary", calibration_embeddings=ranges)
     with pytest.raises(ValueError, match="store_dtype float16 applies to float embeddings"):
         fastbert.embed(texts, model=dense, precision="int8", dtype="float16", store_dtype="float16")
     with pytest.raises(ValueError, match="calibration .* applies to files"):

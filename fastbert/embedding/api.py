@@ -12,7 +12,7 @@ from typing import Any
 
 from fastbert.embedding.loading import load, load_options
 from fastbert.embedding.options import EmbedOptions
-from fastbert.embedding.quantized import quantization_ranges
+from fastbert.embedding.quantized import check_ranges_apply, quantization_ranges
 from fastbert.embedding.text_model import TextModel
 
 # Options that change how a loaded model is used, not what is loaded.
@@ -83,6 +83,8 @@ def embed(
     if isinstance(model, TextModel):
         return _embed_loaded(texts_or_paths, model, output, ray, options)
     calibration_embeddings = options.pop("calibration_embeddings", None)
+    precision = options.get("precision", "float32")
+    check_ranges_apply(precision, calibration_embeddings=calibration_embeddings)
     if calibration_embeddings is not None and output is not None:
         if options.get("ranges") is None:  # the manifest records the ranges as numbers
             options["ranges"] = quantization_ranges(calibration_embeddings)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from fastbert.embedding.quantized import PRECISIONS, RANGED
+from fastbert.embedding.quantized import PRECISIONS, check_ranges_apply
 from fastbert.execution.arguments import positive_integer
 from fastbert.integrations.model_names import FOLDER, resolve_model
 
@@ -129,12 +129,7 @@ class EmbedOptions:
                 f"store_dtype {self.store_dtype} applies to float embeddings; precision "
                 f"{self.precision} stores them quantized"
             )
-        for name in ("ranges", "calibration"):
-            if getattr(self, name) is not None and self.precision not in RANGED:
-                raise ValueError(
-                    f"{name} applies to precision int8 or uint8 (their buckets' ranges), not "
-                    f"{self.precision}"
-                )
+        check_ranges_apply(self.precision, ranges=self.ranges, calibration=self.calibration)
         if self.ranges is not None and self.calibration is not None:
             raise ValueError("give ranges or calibration, not both")
         if self.ranges is not None:  # held as numbers, hashable, as the manifest records them

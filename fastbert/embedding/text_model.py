@@ -26,7 +26,12 @@ import torch
 
 from fastbert.embedding import model, readers, run
 from fastbert.embedding.options import EmbedOptions
-from fastbert.embedding.quantized import check_precision, check_ranges, quantize_embeddings
+from fastbert.embedding.quantized import (
+    check_precision,
+    check_ranges,
+    check_ranges_apply,
+    quantize_embeddings,
+)
 from fastbert.embedding.sparse import SparseVectors
 from fastbert.embedding.tokenize import TextTokenizer, Tokens
 from fastbert.execution.arguments import positive_integer
@@ -256,7 +261,9 @@ class TextModel:
         - a multi-vector model: a list of float32 arrays [tokens_i, dimensions], one vector per
           token the model scores (``prompt_name`` "query" or "document" also picks the task).
 
-        ValueError naming the first text that is not a non-blank string."""
+        ValueError naming the first text that is not a non-blank string, and for ``ranges``
+        or ``calibration_embeddings`` with a precision that has no buckets (float32, binary,
+        ubinary), where sentence-transformers' ``quantize_embeddings`` ignores them."""
         self._require((EMBEDDING, SPARSE, MULTI_VECTOR), "embed")
         for name, flag in (("normalize", normalize), ("force_dimensions", force_dimensions)):
             if flag is not None and not isinstance(flag, bool):  # "false" would read as True
@@ -268,6 +275,7 @@ class TextModel:
         check_precision(precision)
         if self.kind != EMBEDDING and precision != "float32":
             raise ValueError(f"precision applies to dense embeddings, not {self.kind}")
+        check_ranges_apply(precision, ranges=ranges, calibration_embeddings=calibration_embeddings)
         # The loaded model's order of normalising and cutting, unless this call names a
         # width or says whether to normalise (see loading.normalizes_before_cut).
         first = getattr(self.encoder, "normalize_first", False)  # a classifier has no encoder
