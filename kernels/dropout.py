@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import FUSED
+
 # Seeds are drawn below 2**31 so that they pass to the kernels as int32 scalars.
 _SEED_BOUND = 2**31 - 1
 
@@ -77,5 +79,7 @@ def keep_mask_of(
     out = torch.empty(shape, dtype=torch.bool, device=device)
     block = 1024
     if out.numel():
-        _keep_mask_kernel[(-(out.numel() // -block),)](out, out.numel(), seed, p, BLOCK=block)
+        _keep_mask_kernel[(-(out.numel() // -block),)](
+            out, out.numel(), seed, p, BLOCK=block, **FUSED
+        )
     return out

@@ -127,7 +127,7 @@ from .attention_tiles import (
 )
 from .dropout import seed_value
 from .flash_attention_backward import attention_backward, attention_varlen_backward
-from .launch import TRITON_3_6, cdiv, launch_lock, time_config
+from .launch import FUSED, TRITON_3_6, cdiv, launch_lock, time_config
 from .op import Kernel, Op, dropout_seed, implements, placeholder
 
 # What one key tile of _attend_tile checks: nothing (every key real), the bound ``end`` (keys
@@ -684,6 +684,7 @@ def _launch(
             *trailing_scalars(sequences, window),
             STORE_LSE=lse is not None,
             **variant_flags(sequences, head_dim, dropout_p, table, rotary, window),
+            **FUSED,
         )
 
 

@@ -85,7 +85,7 @@ from .attention_tiles import (
 )
 from .checks import RELATIVE_BUCKETS
 from .dropout import seed_value
-from .launch import TRITON_3_6, cdiv, time_config
+from .launch import FUSED, TRITON_3_6, cdiv, time_config
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages). dK / dV: BLOCK_N keys per program (the MMAs' rows);
 # dQ: BLOCK_M queries per program.
@@ -582,6 +582,7 @@ def _launch_backward(
         *scalars,
         DKDV=True,
         **common,
+        **FUSED,
     )
     dq_grid = lambda meta: (max(1, cdiv(max_seqlen_q, meta["BLOCK_M"])), heads, count)
     _attention_bwd_dq_kernel[dq_grid](
@@ -599,6 +600,7 @@ def _launch_backward(
         *scalars,
         DKDV=False,
         **common,
+        **FUSED,
     )
     return None if partials is None else partials.sum((0, 2))
 

@@ -60,7 +60,7 @@ from .fused_layer_norm import (
     partial_sums,
     weight_gradients,
 )
-from .launch import UNFUSED, check_triton_device
+from .launch import FUSED, UNFUSED, check_triton_device
 from .op import Kernel, Op, dropout_seed, implements, placeholder
 
 
@@ -419,6 +419,7 @@ def embeddings_layer_norm_backward(
             **_flags(token_type_ids, position_ids, dropout_p),
             BLOCK=block,
             num_warps=heavy_num_warps(block),
+            **FUSED,
         )
     for grad, row in zip(grads, (padding_idx, position_padding_idx)):
         if row is not None:

@@ -50,7 +50,7 @@ import triton.language as tl
 from . import reference, torch_ops
 from .checks import check_layer_norm
 from .dropout import check_dropout_p, dropped, seed_value
-from .launch import UNFUSED, cdiv, check_triton_device, next_power_of_2
+from .launch import FUSED, UNFUSED, cdiv, check_triton_device, next_power_of_2
 from .op import Kernel, Op, dropout_seed, implements, placeholder
 
 MAX_HIDDEN = 4096
@@ -394,6 +394,7 @@ def layer_norm_backward(
             HAS_DROPOUT=dropout_p > 0.0,
             BLOCK=block,
             num_warps=num_warps(block, heavy=True),
+            **FUSED,
         )
     return dx, *weight_gradients(partials, weight.dtype), dres
 

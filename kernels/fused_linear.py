@@ -88,7 +88,7 @@ except ImportError:  # a Triton without host tensor descriptors: no persistent c
 
 from . import reference, torch_ops
 from .checks import check_linear
-from .launch import cdiv, check_triton_device, interpreting, launch_lock, time_config
+from .launch import FUSED, cdiv, check_triton_device, interpreting, launch_lock, time_config
 from .linear_configs import PERSISTENT_MIN_BLOCK_M, configs, kept_candidates, m_bucket, prune
 from .op import Kernel, Op, implements, placeholder
 
@@ -748,6 +748,7 @@ def gemm(
             QUANT=quant,
             GATED=gated,
             GATED_GRAD=gated_grad,
+            **FUSED,
         )
 
 

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from . import checks, reference, torch_ops
-from .launch import UNFUSED, check_triton_device, next_power_of_2
+from .launch import FUSED, UNFUSED, check_triton_device, next_power_of_2
 from .op import Kernel, Op, implements
 
 MAX_KEYS = 16384
@@ -165,6 +165,7 @@ def scaled_masked_softmax_backward(
         dprobs2.stride(0),
         BLOCK=block,
         num_warps=num_warps(block),
+        **FUSED,
     )
     return dscores
 

@@ -69,6 +69,7 @@ from . import checks, reference, sparse_head_torch
 from .checks import refuse_gradients
 from .fused_linear import _tile_indices
 from .launch import (
+    FUSED,
     cdiv,
     check_triton_device,
     interpreting,
@@ -269,6 +270,7 @@ def splade_max_forward(x, weight, bias, cu_seqlens, log_steps, save):
             weight.stride(1),
             bias.stride(0) if bias is not None else 0,
             HAS_BIAS=bias is not None,
+            **FUSED,
         )
     return reference.splade_activation(out, log_steps, in_place=True)
 

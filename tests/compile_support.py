@@ -26,6 +26,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from fastbert.kernels.launch import FUSED
 from tests import sass
 
 ARCHS = (80, 90)
@@ -57,8 +58,9 @@ class CompileCase:
     block_n: int | None = None
     # The register cap a config states (triton.Config's maxnreg), None for ptxas's own choice.
     maxnreg: int | None = None
-    # Other compile options the launcher passes (e.g. enable_fp_fusion).
-    options: dict[str, object] = field(default_factory=dict)
+    # The compile options the launcher passes: every launcher names its fusion choice
+    # (kernels/launch.py's FUSED, or UNFUSED for the row kernels' forwards).
+    options: dict[str, object] = field(default_factory=lambda: dict(FUSED))
 
     @classmethod
     def tuned(

@@ -19,7 +19,6 @@ else:
     # keeps, untimed (autotuning every shape would take most of the run). The other configs
     # are checked one by one in tests/test_configs_gpu.py.
     os.environ.setdefault("FASTBERT_AUTOTUNE", "0")
-os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

@@ -220,6 +220,36 @@ def test_row_kernels_round_every_operation(op: str) -> None:
     assert not fused, "float32 operations a compiler may fuse:\n" + "\n".join(fused)
 
 
+def test_every_launch_names_its_fusion_choice() -> None:
+    """Each Triton launch in kernels/ passes ``**FUSED`` or ``**UNFUSED`` (kernels/launch.py):
+    left unsaid, Triton takes TRITON_DEFAULT_FP_FUSION's choice, which Triton 3.9 warns about
+    and 3.10 turns off, so a kernel's numerics would follow the caller's environment."""
+    unsaid = []
+    for path in sorted((ROOT / "kernels").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)):
+                continue
+            launched = node.func.value
+            if not (isinstance(launched, ast.Name) and launched.id.endswith("_kernel")):
+                continue
+            spread = {
+                k.value.id for k in node.keywords if k.arg is None and isinstance(k.value, ast.Name)
+            }
+            if not spread & {"FUSED", "UNFUSED"}:
+                unsaid.append(f"{path.name}:{node.lineno} {launched.id}")
+    assert not unsaid, "launches without **FUSED or **UNFUSED:\n" + "\n".join(unsaid)
+    launches = sum(
+        1
+        for path in (ROOT / "kernels").glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Subscript)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id.endswith("_kernel")
+    )
+    assert launches >= 13, f"found {launches} launches: has the launch syntax changed?"
+
+
 def test_arithmetic_readers_read_ptx() -> None:
     assert approximate_divisions("div.full.f32 %r3, %r1, %r2;\ndiv.rn.f32 %r4, %r1, %r2;") == 1
     assert approximate_divisions("div.approx.ftz.f32 %r3, %r1, %r2;") == 1

@@ -14,7 +14,7 @@ import itertools
 
 from fastbert.kernels import fused_embeddings as mod
 from fastbert.kernels import fused_layer_norm as layer_norm
-from fastbert.kernels.launch import UNFUSED
+from fastbert.kernels.launch import FUSED, UNFUSED
 from tests.compile_support import DTYPES, CompileCase, row_tiles
 
 # Whether the kernels multiply tiles with tl.dot (tests/test_compile.py checks their MMA
@@ -93,7 +93,7 @@ def _case(
         num_warps=(
             mod.heavy_num_warps(block) if dropout or backward else layer_norm.num_warps(block)
         ),
-        options={} if backward else UNFUSED,  # as the launcher compiles them
+        options=FUSED if backward else UNFUSED,  # as the launcher compiles them
     )
 
 

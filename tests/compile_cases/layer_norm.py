@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 
 from fastbert.kernels import fused_layer_norm as mod
-from fastbert.kernels.launch import UNFUSED
+from fastbert.kernels.launch import FUSED, UNFUSED
 from tests.compile_support import DTYPES, CompileCase, row_tiles
 
 # Whether the kernels multiply tiles with tl.dot (tests/test_compile.py checks their MMA
@@ -77,7 +77,7 @@ def _case(
         signature=signature,
         constexprs=constexprs,
         num_warps=mod.num_warps(block, heavy=dropout or backward),
-        options={} if backward else UNFUSED,  # as the launcher compiles them
+        options=FUSED if backward else UNFUSED,  # as the launcher compiles them
     )
 
 
