@@ -11,7 +11,11 @@
 // over the rounded sum), summed in 16 lanes and then across them, so they differ from
 // PyTorch's in the order of the float32 additions only. Each thread converts the weight and
 // bias to float32 once and takes a chunk of rows; a row (at most MAX_COLS values) is read once
-// into a float32 buffer on its stack, 16 values at a time.
+// into a float32 buffer on its stack, 16 values at a time, and summed as it is read. A bfloat16
+// row of a multiple of 32 columns is read as 32-bit words, its even and odd elements widened in
+// place (a shift, a mask) and kept apart until they are paired again on the way out: widening
+// 16 values into 16 lanes took shuffles that made the bfloat16 rows slower than float32 ones of
+// twice the bytes (docs/results.md, "Measurements behind the code's choices").
 
 #include <math.h>
 #include <stdint.h>
@@ -20,6 +24,7 @@
 typedef float vf __attribute__((vector_size(64)));
 typedef float vf_unaligned __attribute__((vector_size(64), aligned(4)));
 typedef uint32_t vu __attribute__((vector_size(64)));
+typedef uint32_t vu_unaligned __attribute__((vector_size(64), aligned(2)));
 typedef int32_t vi __attribute__((vector_size(64)));
 typedef uint16_t vh_unaligned __attribute__((vector_size(32), aligned(2)));
 enum { W = 16, MAX_COLS = 16384 };
@@ -98,49 +103,123 @@ static inline void store(void* p, int64_t j, float f) {
   }
 }
 
+// A bfloat16 row read as 32-bit words holds its values in pairs: element 2k in a word's low
+// half, 2k + 1 in its high half. Each half widens to float32 with a shift or a mask, in place,
+// so a row with a multiple of 2W columns is worked on as its even and its odd elements (each
+// in a float32 buffer of its own) without moving values across vector lanes.
+static inline vf even_half(vu words) {
+  vu bits = words << 16;
+  vf f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+static inline vf odd_half(vu words) {
+  vu bits = words & 0xffff0000u;
+  vf f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// The words of the even and odd elements' bfloat16 values, in pairs again.
+static inline vu paired(vf even, vf odd) {
+  return to_bf16_bits16(even) | (to_bf16_bits16(odd) << 16);
+}
+
 static inline float lanes_sum(vf v) {
   float total = 0.0f;
   for (int k = 0; k < W; ++k) total += v[k];
   return total;
 }
 
-template <bool BF16>
+// Row i's sum x + residual (rounded to the dtype) into s, float32, and the sum of its values.
+// PAIRS (bfloat16, cols a multiple of 2W): s holds the even elements, then the odd ones.
+template <bool BF16, bool PAIRS>
+static float row_sum(const char* xr, const char* rr, int64_t cols, float* s) {
+  vf sum16 = vf{};
+  float sum = 0.0f;
+  if (PAIRS) {
+    const int64_t half = cols / 2;
+    for (int64_t j = 0; j < half; j += W) {
+      vu xw = *(const vu_unaligned*)((const uint16_t*)xr + 2 * j);
+      vf even = even_half(xw), odd = odd_half(xw);
+      if (rr != nullptr) {
+        vu rw = *(const vu_unaligned*)((const uint16_t*)rr + 2 * j);
+        even = round_bf16_16(even + even_half(rw));
+        odd = round_bf16_16(odd + odd_half(rw));
+      }
+      *(vf*)(s + j) = even;
+      *(vf*)(s + half + j) = odd;
+      sum16 += even;
+      sum16 += odd;
+    }
+    return lanes_sum(sum16);
+  }
+  const int64_t whole = cols - cols % W;
+  for (int64_t j = 0; j < whole; j += W) {
+    vf v = load16<BF16>(xr, j);
+    if (rr != nullptr) {
+      v += load16<BF16>(rr, j);
+      if (BF16) v = round_bf16_16(v);
+    }
+    *(vf*)(s + j) = v;
+    sum16 += v;
+  }
+  sum = lanes_sum(sum16);
+  for (int64_t j = whole; j < cols; ++j) {
+    float v = load<BF16>(xr, j);
+    s[j] = rr != nullptr ? round_to_dtype<BF16>(v + load<BF16>(rr, j)) : v;
+    sum += s[j];
+  }
+  return sum;
+}
+
+// out = (s - mean) * rstd * w + b for one row, w and b laid out as s is.
+template <bool BF16, bool PAIRS>
+static void write_row(const float* s, int64_t cols, float mean, float rstd, const float* w,
+                      const float* b, char* o) {
+  if (PAIRS) {
+    const int64_t half = cols / 2;
+    for (int64_t j = 0; j < half; j += W) {
+      vf even = (*(const vf*)(s + j) - mean) * rstd * *(const vf*)(w + j) + *(const vf*)(b + j);
+      vf odd = (*(const vf*)(s + half + j) - mean) * rstd * *(const vf*)(w + half + j) +
+               *(const vf*)(b + half + j);
+      *(vu_unaligned*)((uint16_t*)o + 2 * j) = paired(even, odd);
+    }
+    return;
+  }
+  const int64_t whole = cols - cols % W;
+  for (int64_t j = 0; j < whole; j += W) {
+    vf y = (*(const vf*)(s + j) - mean) * rstd * *(const vf*)(w + j) + *(const vf*)(b + j);
+    store16<BF16>(o, j, y);
+  }
+  for (int64_t j = whole; j < cols; ++j) store<BF16>(o, j, (s[j] - mean) * rstd * w[j] + b[j]);
+}
+
+template <bool BF16, bool PAIRS>
 static void layer_norm_rows(const void* x, int64_t x_stride, const void* residual,
                             int64_t r_stride, int64_t rows, int64_t cols, const void* weight,
                             const void* bias, float eps, void* out, int threads) {
   const int size = BF16 ? 2 : 4;
-  const int64_t whole = cols - cols % W;
+  const int64_t half = cols / 2;
 #pragma omp parallel num_threads(threads)
   {
-    // The weight and bias in float32 once per thread, and a row's rounded sum.
+    // The weight and bias in float32 once per thread (in PAIRS, their even elements, then
+    // their odd ones), and a row's rounded sum.
     float w[MAX_COLS] __attribute__((aligned(64)));
     float b[MAX_COLS] __attribute__((aligned(64)));
     float s[MAX_COLS] __attribute__((aligned(64)));
     for (int64_t j = 0; j < cols; ++j) {
-      w[j] = load<BF16>(weight, j);
-      b[j] = bias != nullptr ? load<BF16>(bias, j) : 0.0f;
+      const int64_t at = PAIRS ? (j % 2) * half + j / 2 : j;
+      w[at] = load<BF16>(weight, j);
+      b[at] = bias != nullptr ? load<BF16>(bias, j) : 0.0f;
     }
     #pragma omp for schedule(static)
     for (int64_t i = 0; i < rows; ++i) {
       const char* xr = (const char*)x + i * x_stride * size;
       const char* rr = residual != nullptr ? (const char*)residual + i * r_stride * size : nullptr;
-      for (int64_t j = 0; j < whole; j += W) {
-        vf v = load16<BF16>(xr, j);
-        if (rr != nullptr) {
-          v += load16<BF16>(rr, j);
-          if (BF16) v = round_bf16_16(v);
-        }
-        *(vf*)(s + j) = v;
-      }
-      for (int64_t j = whole; j < cols; ++j) {
-        float v = load<BF16>(xr, j);
-        s[j] = rr != nullptr ? round_to_dtype<BF16>(v + load<BF16>(rr, j)) : v;
-      }
-      vf sum16 = vf{};
-      for (int64_t j = 0; j < whole; j += W) sum16 += *(const vf*)(s + j);
-      float sum = lanes_sum(sum16);
-      for (int64_t j = whole; j < cols; ++j) sum += s[j];
-      const float mean = sum / (float)cols;
+      const float mean = row_sum<BF16, PAIRS>(xr, rr, cols, s) / (float)cols;
+      const int64_t whole = cols - cols % W;
       vf sq16 = vf{};
       for (int64_t j = 0; j < whole; j += W) {
         vf d = *(const vf*)(s + j) - mean;
@@ -149,12 +228,7 @@ static void layer_norm_rows(const void* x, int64_t x_stride, const void* residua
       float sq = lanes_sum(sq16);
       for (int64_t j = whole; j < cols; ++j) sq += (s[j] - mean) * (s[j] - mean);
       const float rstd = 1.0f / sqrtf(sq / (float)cols + eps);
-      char* o = (char*)out + i * cols * size;
-      for (int64_t j = 0; j < whole; j += W) {
-        vf y = (*(const vf*)(s + j) - mean) * rstd * *(const vf*)(w + j) + *(const vf*)(b + j);
-        store16<BF16>(o, j, y);
-      }
-      for (int64_t j = whole; j < cols; ++j) store<BF16>(o, j, (s[j] - mean) * rstd * w[j] + b[j]);
+      write_row<BF16, PAIRS>(s, cols, mean, rstd, w, b, (char*)out + i * cols * size);
     }
   }
 }
@@ -165,11 +239,14 @@ extern "C" void fastbert_layer_norm(const void* x, int64_t x_stride, const void*
                                     int64_t r_stride, int64_t rows, int64_t cols,
                                     const void* weight, const void* bias, float eps, int is_bf16,
                                     void* out, int threads) {
-  if (is_bf16) {
-    layer_norm_rows<true>(x, x_stride, residual, r_stride, rows, cols, weight, bias, eps, out,
-                          threads);
+  if (is_bf16 && cols % (2 * W) == 0) {
+    layer_norm_rows<true, true>(x, x_stride, residual, r_stride, rows, cols, weight, bias, eps,
+                                out, threads);
+  } else if (is_bf16) {
+    layer_norm_rows<true, false>(x, x_stride, residual, r_stride, rows, cols, weight, bias, eps,
+                                 out, threads);
   } else {
-    layer_norm_rows<false>(x, x_stride, residual, r_stride, rows, cols, weight, bias, eps, out,
-                           threads);
+    layer_norm_rows<false, false>(x, x_stride, residual, r_stride, rows, cols, weight, bias, eps,
+                                  out, threads);
   }
 }
