@@ -45,9 +45,9 @@ def check_precision(precision: Any) -> str:
 def check_ranges_apply(precision: str, **given: Any) -> None:
     """ValueError when one of ``given`` (the ranges, or where they come from, by the caller's
     parameter name) is set for a precision whose buckets need no ranges: a float or binary
-    result would silently ignore it."""
+    result would silently ignore it. An unknown precision is left to :func:`check_precision`."""
     for name, value in given.items():
-        if value is not None and precision not in RANGED:
+        if value is not None and precision in PRECISIONS and precision not in RANGED:
             raise ValueError(
                 f"{name} applies to precision int8 or uint8 (their buckets' ranges), not "
                 f"{precision}"
