@@ -198,6 +198,15 @@ def test_python_api_to_files(tmp_path, model_path, expected) -> None:
     assert cosines(read_output(tmp_path / "out")[1], expected).min() >= COSINE
 
 
+def test_files_and_memory_finish_embeddings_alike(tmp_path, model_path) -> None:
+    """Shards and arrays are cut and normalised by one rule
+    (fastbert.embedding.model.finish_embeddings): the same bits from the same batches."""
+    source = write_corpus(tmp_path / "corpus.txt", TEXTS)
+    fastbert.embed(source, model=model_path, output=tmp_path / "out", device="cpu", progress=False)
+    in_memory = fastbert.embed(TEXTS, model=model_path, device="cpu", progress=False)
+    np.testing.assert_array_equal(read_output(tmp_path / "out")[1], in_memory)
+
+
 def test_cls_pooling_without_normalisation(tmp_path, model_path) -> None:
     transformers = models.import_transformers()
     hf = transformers.AutoModel.from_pretrained(model_path).eval()

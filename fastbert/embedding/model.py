@@ -328,13 +328,48 @@ class FolderPipeline:
             pooled = self.pooled(tokens)
             if self.kind == SPARSE:
                 return SparseVectors.from_dense(pooled, self.max_active_dims)
-            if self.normalize and self.normalize_first:
-                pooled = torch.nn.functional.normalize(pooled, dim=-1)
-            if self.truncate_dim is not None:
-                pooled = pooled[:, : self.truncate_dim]
-            if self.normalize and not self.normalize_first:
-                pooled = torch.nn.functional.normalize(pooled, dim=-1)
-        return pooled.cpu().numpy().astype(self.store_dtype, copy=False)
+        return finish_embeddings(
+            pooled.cpu().numpy(),
+            self.normalize,
+            self.truncate_dim,
+            self.store_dtype,
+            self.normalize_first,
+        )
+
+
+def checked_width(dimensions: object, width: int) -> int:
+    """``dimensions`` as an int from 1 to ``width`` (a NumPy integer too); ValueError naming
+    it otherwise."""
+    dimensions = positive_integer("dimensions", dimensions)
+    if dimensions > width:
+        raise ValueError(f"dimensions must be between 1 and {width}, got {dimensions}")
+    return dimensions
+
+
+def finish_embeddings(
+    pooled: np.ndarray,
+    normalize: bool,
+    dimensions: int | None,
+    dtype: np.dtype,
+    normalize_first: bool = False,
+) -> np.ndarray:
+    """Pooled embeddings [n, hidden] -> their first ``dimensions`` values (all when None),
+    L2-normalised when ``normalize``: after the cut, or before it with ``normalize_first``
+    (see :func:`fastbert.embedding.loading.normalizes_before_cut`); as ``dtype``. ValueError
+    for a width outside 1..hidden."""
+    if normalize and normalize_first:
+        pooled = _unit_rows(pooled)
+    if dimensions is not None:
+        pooled = pooled[:, : checked_width(dimensions, pooled.shape[1])]
+    if normalize and not normalize_first:
+        pooled = _unit_rows(pooled)
+    return pooled.astype(dtype, copy=False)
+
+
+def _unit_rows(pooled: np.ndarray) -> np.ndarray:
+    pooled = pooled.astype(np.float32, copy=False)
+    norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+    return pooled / np.maximum(norms, 1e-12)
 
 
 def scored_tokens(features: Features, lengths: list[int]) -> list[np.ndarray]:

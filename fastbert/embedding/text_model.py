@@ -304,7 +304,7 @@ class TextModel:
             return SparseVectors.from_rows(sink.items, self.encoder.dimensions)
         if self.kind == MULTI_VECTOR:
             return sink.items
-        vectors = finish_embeddings(
+        vectors = model.finish_embeddings(
             sink.array,
             self.options.normalize if normalize is None else normalize,
             dimensions,
@@ -321,7 +321,7 @@ class TextModel:
         """``dimensions`` as an int, when it is a width this dense model's embeddings may be
         cut to: 1 .. their width, and (unless ``force``) a model whose card says it was trained
         for it (Matryoshka); ValueError otherwise."""
-        dimensions = checked_width(dimensions, self.full_dimensions)
+        dimensions = model.checked_width(dimensions, self.full_dimensions)
         if not (force or self.spec.matryoshka or dimensions == self.full_dimensions):
             raise ValueError(not_matryoshka(self.options.model, dimensions))
         return dimensions
@@ -438,41 +438,6 @@ class _Loop:
         self.encoder, self.tokenise, self.options = encoder, tokenise, options
 
 
-def checked_width(dimensions: object, width: int) -> int:
-    """``dimensions`` as an int from 1 to ``width`` (a NumPy integer too); ValueError naming
-    it otherwise."""
-    dimensions = positive_integer("dimensions", dimensions)
-    if dimensions > width:
-        raise ValueError(f"dimensions must be between 1 and {width}, got {dimensions}")
-    return dimensions
-
-
-def finish_embeddings(
-    pooled: np.ndarray,
-    normalize: bool,
-    dimensions: int | None,
-    dtype: np.dtype,
-    normalize_first: bool = False,
-) -> np.ndarray:
-    """Pooled embeddings [n, hidden] -> their first ``dimensions`` values (all when None),
-    L2-normalised when ``normalize``: after the cut, or before it with ``normalize_first``
-    (see :func:`fastbert.embedding.loading.normalizes_before_cut`); as ``dtype``. ValueError
-    for a width outside 1..hidden."""
-    if normalize and normalize_first:
-        pooled = _unit_rows(pooled)
-    if dimensions is not None:
-        pooled = pooled[:, : checked_width(dimensions, pooled.shape[1])]
-    if normalize and not normalize_first:
-        pooled = _unit_rows(pooled)
-    return pooled.astype(dtype, copy=False)
-
-
-def _unit_rows(pooled: np.ndarray) -> np.ndarray:
-    pooled = pooled.astype(np.float32, copy=False)
-    norms = np.linalg.norm(pooled, axis=1, keepdims=True)
-    return pooled / np.maximum(norms, 1e-12)
-
-
 def _checked_texts(texts: Any, argument: str = "texts") -> list[str]:
     """``texts`` as a list; TypeError for one text (or bytes) or a non-sequence, ValueError
     naming ``argument``'s first item that is no non-blank Unicode string."""
@@ -489,4 +454,4 @@ def _checked_texts(texts: Any, argument: str = "texts") -> list[str]:
     return list(texts)
 
 
-__all__ = ["InputTooLong", "TextModel", "finish_embeddings"]
+__all__ = ["InputTooLong", "TextModel"]

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
+from fastbert.embedding.model import finish_embeddings
 from fastbert.embedding.quantized import quantization_ranges
-from fastbert.embedding.text_model import TextModel, finish_embeddings
+from fastbert.embedding.text_model import TextModel
 
 # Sentences of the built-in sample: spread evenly over Python's help texts.
 SAMPLE_SIZE = 512

@@ -17,8 +17,8 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from fastbert.embedding.model import finish_embeddings
 from fastbert.embedding.quantized import RANGED, quantize_embeddings
-from fastbert.embedding.text_model import finish_embeddings
 from fastbert.serve import inputs, schemas
 from fastbert.serve.scores import rerank_scores
 from fastbert.serve.service import Server, Timing

@@ -10,7 +10,7 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from fastbert.embedding.text_model import finish_embeddings
+from fastbert.embedding.model import finish_embeddings
 from fastbert.serve import errors, inputs, schemas
 from fastbert.serve.service import Server, Timing
 

@@ -11,7 +11,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from fastbert.embedding.text_model import finish_embeddings
+from fastbert.embedding.model import finish_embeddings
 from fastbert.serve import inputs, schemas
 from fastbert.serve.scores import pair_scores, probabilities, rerank_scores
 from fastbert.serve.service import NUMPY_JSON, Server, Timing
