@@ -224,30 +224,25 @@ def test_every_launch_names_its_fusion_choice() -> None:
     """Each Triton launch in kernels/ passes ``**FUSED`` or ``**UNFUSED`` (kernels/launch.py):
     left unsaid, Triton takes TRITON_DEFAULT_FP_FUSION's choice, which Triton 3.9 warns about
     and 3.10 turns off, so a kernel's numerics would follow the caller's environment."""
-    unsaid = []
-    for path in sorted((ROOT / "kernels").glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)):
-                continue
-            launched = node.func.value
-            if not (isinstance(launched, ast.Name) and launched.id.endswith("_kernel")):
-                continue
-            spread = {
-                k.value.id for k in node.keywords if k.arg is None and isinstance(k.value, ast.Name)
-            }
-            if not spread & {"FUSED", "UNFUSED"}:
-                unsaid.append(f"{path.name}:{node.lineno} {launched.id}")
-    assert not unsaid, "launches without **FUSED or **UNFUSED:\n" + "\n".join(unsaid)
-    launches = sum(
-        1
-        for path in (ROOT / "kernels").glob("*.py")
+    launches = [
+        (path.name, node)
+        for path in sorted((ROOT / "kernels").glob("*.py"))
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Subscript)
         and isinstance(node.func.value, ast.Name)
         and node.func.value.id.endswith("_kernel")
-    )
-    assert launches >= 13, f"found {launches} launches: has the launch syntax changed?"
+    ]
+    unsaid = [
+        f"{name}:{node.lineno} {node.func.value.id}"
+        for name, node in launches
+        if not {
+            k.value.id for k in node.keywords if k.arg is None and isinstance(k.value, ast.Name)
+        }
+        & {"FUSED", "UNFUSED"}
+    ]
+    assert not unsaid, "launches without **FUSED or **UNFUSED:\n" + "\n".join(unsaid)
+    assert len(launches) >= 13, f"found {len(launches)} launches: has the launch syntax changed?"
 
 
 def test_arithmetic_readers_read_ptx() -> None:

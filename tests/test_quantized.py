@@ -200,7 +200,7 @@ def test_text_model_embed_quantizes_as_sentence_transformers(dense, texts, st_fl
     floats = model.embed(texts)
     calibration = model.embed(texts[:60])
     ranges = np.vstack([calibration.min(0), calibration.max(0)])
-    ranged = precision in ("int8", "uint8")
+    ranged = precision in quantized.RANGED
     for kwargs in ({}, {"ranges": ranges}, {"calibration_embeddings": calibration})[
         : 3 if ranged else 1
     ]:

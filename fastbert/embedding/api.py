@@ -83,8 +83,9 @@ def embed(
     if isinstance(model, TextModel):
         return _embed_loaded(texts_or_paths, model, output, ray, options)
     calibration_embeddings = options.pop("calibration_embeddings", None)
-    precision = options.get("precision", "float32")
-    check_ranges_apply(precision, calibration_embeddings=calibration_embeddings)
+    check_ranges_apply(
+        options.get("precision", "float32"), calibration_embeddings=calibration_embeddings
+    )
     if calibration_embeddings is not None and output is not None:
         if options.get("ranges") is None:  # the manifest records the ranges as numbers
             options["ranges"] = quantization_ranges(calibration_embeddings)
