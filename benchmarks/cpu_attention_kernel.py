@@ -11,9 +11,10 @@ dimensions 32 (MiniLM) and 64 (BERT-base):
 - torch: what the torch backend ran before it (and runs where the kernel is not built):
   one SDPA call or math-path pass per run of equal-length sequences
   (``cpu_engine_attention.attention_by_length``);
-- on a CPU where the kernel multiplies bfloat16 q k^T on AMX's tiles
+- on a CPU where the kernel multiplies bfloat16 q k^T and P @ V on AMX's tiles
   (:func:`fastbert.kernels.cpu_attention.tiles`), also the kernel with its tiles turned off
-  (AVX512_BF16 dot products, :func:`fastbert.kernels.cpu_attention.tiles_turned_off`).
+  (AVX512_BF16 dot products and float32 FMAs,
+  :func:`fastbert.kernels.cpu_attention.tiles_turned_off`).
 
 Wall time on torch's threads, round-robin (each batch's two paths in turn), the best of
 ``--rounds`` kept per batch; the relative RMS error of both against float64

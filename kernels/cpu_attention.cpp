@@ -37,9 +37,13 @@
 // AMX (built where the compiler targets AMX-BF16, used where the kernel is asked to and Linux
 // grants the process the tile state): bfloat16 q k^T of 16 queries at a time on the tiles,
 // the queries' rows as the A tile and the K pairs above, which are AMX's B layout, as the B
-// tile; the same exact products summed in float32. The softmax and P @ V stay as above (P
-// unrounded). Each call leaves a thread's tile configuration as it found it, since oneDNN's
-// AMX kernels run on the same OpenMP threads.
+// tile; the same exact products summed in float32. The softmax stays as above; P @ V of the
+// 16 queries runs on the tiles too, each probability split into two bfloat16 parts (high =
+// P rounded, low = P - high rounded: their sum is within 2^-18 of P, where rounding P to
+// bfloat16 as PyTorch's flash kernel does is within 2^-9) multiplying V exactly, V held as
+// pairs of keys [Lp2 / 2][D] (Lp2: L rounded up to 32, zeros past L), AMX's B layout. Each
+// call leaves a thread's tile configuration as it found it, since oneDNN's AMX kernels run on
+// the same OpenMP threads.
 
 #include <immintrin.h>
 #include <math.h>
@@ -64,6 +68,7 @@ typedef int32_t vi __attribute__((vector_size(64)));
 typedef uint32_t vu __attribute__((vector_size(64)));
 typedef uint16_t vh __attribute__((vector_size(32)));
 typedef float vf_unaligned __attribute__((vector_size(64), aligned(4)));
+typedef uint32_t vu_unaligned __attribute__((vector_size(64), aligned(4)));
 typedef uint16_t vh_unaligned __attribute__((vector_size(32), aligned(2)));
 
 enum { W = 16, MAX_ROWS = 8, TILE_ROWS = 16 };
@@ -125,6 +130,14 @@ struct Head {
   int64_t out_stride;
   const float* bias;  // this head's bias at distance 0 (bias[j - i]), or none
   int window;         // -1: none
+  // On the tiles (bfloat16 with AMX; else unused): V as pairs of keys [pair_keys / 2][D]
+  // (zeros past L), the probabilities' two bfloat16 parts [2][TILE_ROWS][pair_keys], a block
+  // of results [TILE_ROWS][D] and one of queries.
+  const uint32_t* v_pairs;
+  int pair_keys;  // L rounded up to 32
+  uint16_t* p_parts;
+  float* block;
+  uint16_t* q_block;  // [TILE_ROWS][D]: the last queries when fewer than 16 remain
 };
 
 // The key blocks [begin, end) (multiples of W) that queries first .. last may attend: every
@@ -290,24 +303,98 @@ struct TileConfig {
   uint8_t rows[16];
 } __attribute__((packed));
 
-// This kernel's tiles: 0-1 query rows (A: 16 x 32 bfloat16; D = 64 takes both halves), 2-3
-// K pairs (B: 16 pairs of dimensions x 16 keys), 4 scores (C: 16 x 16 float32).
+// This kernel's tiles, all 16 rows of 64 bytes. q k^T: 0-1 query rows (A: 16 x 32 bfloat16;
+// D = 64 takes both halves), 2-3 K pairs (B: 16 pairs of dimensions x 16 keys), 4 scores (C:
+// 16 x 16 float32). P @ V: 0-1 the probabilities' high and low parts (A: 16 rows x 32 keys),
+// 2 V pairs (B: 16 pairs of keys x 16 dimensions), 3 .. 3 + D / 16 - 1 the results (C).
 static void configure_tiles() {
   TileConfig config = {};
   config.palette = 1;
-  for (int t = 0; t < 5; t++) config.bytes_per_row[t] = 64, config.rows[t] = 16;
+  for (int t = 0; t < 7; t++) config.bytes_per_row[t] = 64, config.rows[t] = 16;
   _tile_loadconfig(&config);
 }
 
-// Queries first .. first + 15 of a bfloat16 head: scores on the tiles (scaled, -inf past L),
-// then softmax and P @ V as query_rows, ROWS rows at a time.
-template <int D, int ROWS>
-static inline void query_tile(const Head<uint16_t>& a, int first) {
+// The results' dimensions d .. d + 15 (tile RESULT) += both parts of P x V's keys
+// first_key .. + 31 at those dimensions (a macro: a tile's number is part of the instruction).
+#define VALUES_TILE(RESULT, first_key, d)                                 \
+  do {                                                                    \
+    _tile_loadd(2, a.v_pairs + (first_key) / 2 * D + (d), D * 4);         \
+    _tile_dpbf16ps(RESULT, 0, 2);                                         \
+    _tile_dpbf16ps(RESULT, 1, 2);                                         \
+  } while (0)
+
+// Probabilities p of keys jb .. jb + 15 as their two bfloat16 parts, at high[jb] and low[jb]
+// (high = p rounded to nearest even, low = p - high rounded; both flush subnormals to zero,
+// far below what a row's sum of at least 1 can show).
+static inline void keep_parts(uint16_t* high, uint16_t* low, int jb, vf p) {
+  const __m256bh rounded = _mm512_cvtneps_pbh((__m512)p);
+  _mm256_storeu_si256((__m256i*)(high + jb), (__m256i)rounded);
+  const vf rest = p - (vf)_mm512_cvtpbh_ps(rounded);
+  _mm256_storeu_si256((__m256i*)(low + jb), (__m256i)_mm512_cvtneps_pbh((__m512)rest));
+}
+
+// out rows first .. first + count - 1 (count <= 16) = (P @ V) * inverse_sum on the tiles, P
+// the rows' probabilities in a.scores [16][padded] over the key blocks ``keys``
+// (unnormalised, 0 past L), split into their two bfloat16 parts over whole 32-key blocks
+// (zeros outside ``keys`` and in the rows past count). Splitting in a pass of its own, not
+// in the softmax's loop, measured faster.
+template <int D>
+static inline void weighted_values_tile(const Head<uint16_t>& a, int first, int count,
+                                        const float* inverse_sum, Keys keys) {
+  const int begin = keys.begin / 32 * 32, end = (keys.end + 31) / 32 * 32;
+  uint16_t* high = a.p_parts;
+  uint16_t* low = a.p_parts + TILE_ROWS * a.pair_keys;
+  for (int r = 0; r < TILE_ROWS; r++)
+    for (int jb = begin; jb < end; jb += W) {
+      const bool kept = r < count && jb >= keys.begin && jb < keys.end;
+      const vf p = kept ? load(a.scores + r * a.padded + jb) : splat(0.0f);
+      keep_parts(high + r * a.pair_keys, low + r * a.pair_keys, jb, p);
+    }
+  _tile_zero(3);
+  _tile_zero(4);
+  if constexpr (D == 64) {
+    _tile_zero(5);
+    _tile_zero(6);
+  }
+  for (int kb = begin; kb < end; kb += 32) {
+    _tile_loadd(0, high + kb, a.pair_keys * 2);
+    _tile_loadd(1, low + kb, a.pair_keys * 2);
+    VALUES_TILE(3, kb, 0);
+    VALUES_TILE(4, kb, 16);
+    if constexpr (D == 64) {
+      VALUES_TILE(5, kb, 32);
+      VALUES_TILE(6, kb, 48);
+    }
+  }
+  _tile_stored(3, a.block, D * 4);
+  _tile_stored(4, a.block + 16, D * 4);
+  if constexpr (D == 64) {
+    _tile_stored(5, a.block + 32, D * 4);
+    _tile_stored(6, a.block + 48, D * 4);
+  }
+  for (int r = 0; r < count; r++)
+    for (int b = 0; b < D / W; b++)
+      store_out(a.out + (int64_t)(first + r) * a.out_stride + b * W,
+                load(a.block + r * D + b * W) * inverse_sum[r]);
+}
+
+// Queries first .. first + count - 1 (count <= 16) of a bfloat16 head: scores on the tiles
+// (scaled, -inf past L), the softmax as query_rows', and P @ V on the tiles.
+template <int D>
+static inline void query_tile(const Head<uint16_t>& a, int first, int count) {
   static_assert(D == 32 || D == 64, "a tile holds 32 bfloat16 of a row");
   const uint16_t* q = a.q + (int64_t)first * a.stride;
-  const Keys keys = keys_for(a, first, first + TILE_ROWS - 1);
-  _tile_loadd(0, q, a.stride * 2);
-  if constexpr (D == 64) _tile_loadd(1, q + 32, a.stride * 2);
+  int64_t q_stride = a.stride;
+  if (count < TILE_ROWS) {  // a tile reads 16 rows: the last few copied, zeros after them
+    for (int r = 0; r < TILE_ROWS; r++)
+      for (int d = 0; d < D; d += W)
+        *(vh_unaligned*)(a.q_block + r * D + d) =
+            r < count ? *(const vh_unaligned*)(q + r * q_stride + d) : vh{};
+    q = a.q_block, q_stride = D;
+  }
+  const Keys keys = keys_for(a, first, first + count - 1);
+  _tile_loadd(0, q, q_stride * 2);
+  if constexpr (D == 64) _tile_loadd(1, q + 32, q_stride * 2);
   for (int jb = keys.begin; jb < keys.end; jb += W) {
     _tile_zero(4);
     _tile_loadd(2, a.k_t + jb, a.padded * 4);
@@ -319,7 +406,7 @@ static inline void query_tile(const Head<uint16_t>& a, int first) {
     _tile_stored(4, a.scores + jb, a.padded * 4);
   }
   float inverse_sum[TILE_ROWS];
-  for (int r = 0; r < TILE_ROWS; r++) {
+  for (int r = 0; r < count; r++) {
     float* row = a.scores + r * a.padded;
     vf row_max = splat(-INFINITY);
     for (int jb = keys.begin; jb < keys.end; jb += W) {
@@ -329,9 +416,7 @@ static inline void query_tile(const Head<uint16_t>& a, int first) {
     }
     inverse_sum[r] = softmax_row(a, row, lane_max(row_max), keys);
   }
-  for (int r = 0; r < TILE_ROWS; r += ROWS)
-    weighted_values<uint16_t, D, ROWS>(a, first + r, a.scores + r * a.padded, inverse_sum + r,
-                                       keys);
+  weighted_values_tile<D>(a, first, count, inverse_sum, keys);
 }
 #else
 static const bool amx_granted = false;
@@ -388,25 +473,50 @@ static void attend(const T* q, const T* k, const T* v, int64_t stride, int lengt
     for (int wb = 0; wb < words; wb += W)
       transpose_block((const uint32_t*)(k + jb * k_stride) + wb, k_stride * sizeof(T) / 4,
                       length - jb, k_t + wb * padded + jb, padded);
+  float* scores = rest;
+  rest += TILE_ROWS * padded;
+  // At most 16 queries (one block) cost less on the vector path than the tiles' set-up.
+  tiles = bf16 && tiles && queries > TILE_ROWS;
+  // bfloat16 V: on the tiles, its keys in pairs (each 32-bit word two keys' values at one
+  // dimension, zeros past L) [pair_keys / 2][D], then P's two parts, a block of results and
+  // one of queries; else widened to float32 [L][D].
   const float* values = (const float*)v;
   int64_t v_stride = stride;
+  const int pair_keys = (length + 31) / 32 * 32;
+  uint32_t* v_pairs = (uint32_t*)rest;
+  uint16_t* p_parts = (uint16_t*)(v_pairs + pair_keys / 2 * D);
+  float* block = (float*)(p_parts + 2 * TILE_ROWS * pair_keys);
+  uint16_t* q_block = (uint16_t*)(block + TILE_ROWS * D);
   if constexpr (bf16) {
-    for (int j = 0; j < length; j++)
-      for (int d = 0; d < D; d += W) store(rest + j * D + d, widen(v + j * stride + d));
-    values = rest, v_stride = D, rest += length * D;
+    if (tiles) {
+      for (int j = 0; j < pair_keys; j += 2)
+        for (int d = 0; d < D; d += W) {
+          const vh even = j < length ? *(const vh_unaligned*)(v + j * stride + d) : vh{};
+          const vh odd = j + 1 < length ? *(const vh_unaligned*)(v + (j + 1) * stride + d) : vh{};
+          *(vu_unaligned*)(v_pairs + j / 2 * D + d) =
+              __builtin_convertvector(even, vu) | __builtin_convertvector(odd, vu) << 16;
+        }
+    } else {
+      for (int j = 0; j < length; j++)
+        for (int d = 0; d < D; d += W) store(rest + j * D + d, widen(v + j * stride + d));
+      values = rest, v_stride = D;
+    }
   }
   vi lane;
   for (int i = 0; i < W; i++) lane[i] = i;
-  const Head<T> a{q,      q_stride, length,         padded,
-                  scale,  k_t,      values,         v_stride,
-                  rest,   lane < (length - (padded - W)),
-                  out,    out_stride, positions.bias, positions.window};
-  int first = 0;
+  const Head<T> a{q,       q_stride,  length,  padded,         scale,
+                  k_t,     values,    v_stride, scores,        lane < (length - (padded - W)),
+                  out,     out_stride, positions.bias, positions.window, v_pairs,
+                  pair_keys, p_parts, block,   q_block};
 #ifdef FASTBERT_AMX
   if constexpr (bf16)
-    if (tiles)
-      for (; first + TILE_ROWS <= queries; first += TILE_ROWS) query_tile<D, ROWS>(a, first);
+    if (tiles) {
+      for (int first = 0; first < queries; first += TILE_ROWS)
+        query_tile<D>(a, first, queries - first < TILE_ROWS ? queries - first : TILE_ROWS);
+      return;
+    }
 #endif
+  int first = 0;
   for (; first + ROWS <= queries; first += ROWS) query_rows<T, D, ROWS>(a, first);
   if (ROWS > 4 && first + 4 <= queries) query_rows<T, D, 4>(a, first), first += 4;
   if (first + 2 <= queries) query_rows<T, D, 2>(a, first), first += 2;
@@ -429,10 +539,14 @@ static int attention(const T* q, const T* k, const T* v, int64_t token_stride,
     most_queries = queries[s] > most_queries ? queries[s] : most_queries;
   }
   const int64_t padded = (longest + W - 1) / W * W;
-  // K transposed, rotated K and q, bfloat16 V widened, and the score rows (all at most
-  // float32-sized; 16 floats of slack for the rotated rows' rounding up to 64 bytes).
+  // K transposed, rotated K and q, the score rows (all at most float32-sized; 16 floats of
+  // slack for the rotated rows' rounding up to 64 bytes), and bfloat16 V widened or, on the
+  // tiles, V's pairs, P's two parts and the blocks of results and queries.
   const int64_t rotated = rotary_cos != nullptr ? (longest + most_queries) * head_dim + 16 : 0;
-  const int64_t floats = head_dim * padded + rotated + longest * head_dim + TILE_ROWS * padded;
+  const int64_t pair_keys = (longest + 31) / 32 * 32;
+  const int64_t v_and_p = pair_keys * (head_dim / 2 + TILE_ROWS) + TILE_ROWS * head_dim * 3 / 2;
+  const int64_t floats = head_dim * padded + rotated + TILE_ROWS * padded +
+                         (v_and_p > longest * head_dim ? v_and_p : longest * head_dim);
   const int64_t out_stride = heads * head_dim;
   // A task per sequence and part of its heads: one head a part when the sequences are few for
   // the threads (one long sequence would keep a thread busy while the others wait), all of

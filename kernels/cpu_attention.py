@@ -8,8 +8,9 @@ the CPU's bfloat16 dot-product instruction (exact products, float32 sums), the s
 P @ V in float32 with P unrounded, the result rounded to bfloat16 once: the torch backend's
 math path's precision, more accurate than PyTorch's flash kernel, which rounds P to bfloat16.
 In float32, every step in float32 FMAs: float32's accuracy, as PyTorch's flash kernel. On a
-CPU with AMX (and a compiler that targets it), bfloat16 q k^T runs on AMX's tiles, 16 queries
-at a time, with the same exact products and float32 sums; :func:`tiles` says whether it does.
+CPU with AMX (and a compiler that targets it), bfloat16 q k^T and P @ V run on AMX's tiles,
+16 queries at a time (sequences of more than 16), with the same exact products and float32
+sums, P carried as two bfloat16 parts (within 2^-18 of P); :func:`tiles` says whether they do.
 A relative position bias (MPNet's) is added to the scaled scores in float32, a window
 (ModernBERT's local layers) limits each query's keys, skipping the key blocks outside it, and
 rotary positions (ModernBERT's) rotate q and k as they are read, in cache.
@@ -59,7 +60,7 @@ def _declare(library: ctypes.CDLL) -> None:
             ctypes.c_float,  # scale
             ctypes.c_void_p,  # out
             ctypes.c_int,  # threads
-            ctypes.c_int,  # tiles: bfloat16 q k^T on AMX where built and granted
+            ctypes.c_int,  # tiles: bfloat16 q k^T and P @ V on AMX where built and granted
             ctypes.c_void_p,  # bias: float32 [H, bias_width] by distance, or NULL
             ctypes.c_int64,  # bias_width
             ctypes.c_int,  # window, -1 for none
@@ -103,17 +104,18 @@ _tiles_paused = False
 
 
 def tiles() -> bool:
-    """Whether bfloat16 calls multiply q k^T on AMX's tiles here: the kernel is available, was
-    built for a CPU with AMX-BF16, and Linux granted this process the tile state."""
+    """Whether bfloat16 calls multiply q k^T and P @ V on AMX's tiles here: the kernel is
+    available, was built for a CPU with AMX-BF16, and Linux granted this process the tile
+    state."""
     library = _ensure_loaded()
     return library is not None and bool(library.fastbert_attention_tiles())
 
 
 @contextlib.contextmanager
 def tiles_turned_off() -> Iterator[None]:
-    """Inside the block the kernel's bfloat16 q k^T runs on AVX512_BF16 dot products even
-    where :func:`tiles` (to compare the two, as the tests and benchmarks do); not for use from
-    several threads."""
+    """Inside the block the kernel's bfloat16 q k^T runs on AVX512_BF16 dot products and P @ V
+    on float32 FMAs even where :func:`tiles` (to compare the two, as the tests and benchmarks
+    do); not for use from several threads."""
     global _tiles_paused
     before, _tiles_paused = _tiles_paused, True
     try:

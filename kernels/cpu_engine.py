@@ -64,7 +64,7 @@ def status() -> dict[str, str]:
     onednn = cpu_engine_linear.has_onednn_linear()
     return {
         "compiled attention": cpu_attention.status()
-        + ("; bfloat16 q k^T on AMX tiles" if cpu_attention.tiles() else ""),
+        + ("; bfloat16 q k^T and P @ V on AMX tiles" if cpu_attention.tiles() else ""),
         "linear": "oneDNN with post-ops" if onednn else "F.linear (no oneDNN in this torch)",
         "packed weights": "available" if packed_weights.available() else "unavailable",
         "int8 linear": int8_status(),

@@ -397,11 +397,13 @@ def test_tiles_wherever_the_cpu_and_linux_give_them() -> None:
 @pytest.mark.parametrize("positions", ["none", "relative-bias-and-window", "rotary-and-window"])
 @pytest.mark.parametrize("head_dim", [32, 64])
 def test_tiles_give_the_dot_products_values(head_dim, positions) -> None:
-    """q k^T on the tiles and on AVX512_BF16 dot products: the same exact products summed in
-    float32 in another order, so the bfloat16 results differ by at most one rounding of the
+    """q k^T and P @ V on the tiles against AVX512_BF16 dot products and float32 FMAs: the
+    same exact products summed in float32 in another order, P carried in two bfloat16 parts
+    (within 2^-18 of P), so the bfloat16 results differ by at most one rounding of the
     float32 value plus float32's own error of a sum of terms up to max |v| (which shows where
-    the terms cancel to an output near zero), and seldom at all; packed and right-padded
-    batches, lengths around the tiles' 16 rows, with and without a bias and window."""
+    the terms cancel to an output near zero), and seldom at all (P rounded to bfloat16 alone
+    fails this); packed and right-padded batches, lengths around the tiles' 16 rows and 32
+    keys, with and without a bias and window."""
     options = {} if positions == "none" else positions_options(positions, HEADS)
     lengths = [16, 17, 31, 32, 33, 47, 100, 129, 256, 3]
     q, k, v, cu = sharp_packed(lengths, head_dim, seed=20 + head_dim)

@@ -1,0 +1,24 @@
+"""Each compiled CPU source builds wherever its requirements are met.
+
+A source that stops compiling leaves the PyTorch path in place (by design: users keep a
+working encoder), and its own tests then skip as they do on a CPU without the instruction
+set. This test is the one that fails instead."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastbert.kernels import cpu_attention, cpu_int8, cpu_layer_norm, cpu_library
+
+MODULES = {"cpu_attention": cpu_attention, "cpu_int8": cpu_int8, "cpu_layer_norm": cpu_layer_norm}
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_builds_where_its_requirements_are_met(name: str) -> None:
+    library = MODULES[name]._LIBRARY
+    missing = cpu_library.missing_requirement(library.cpu_flag)
+    if missing is not None:
+        pytest.skip(f"{name} is never built here: {missing}")
+    if not library.switched_on():
+        pytest.skip(f"{name} is turned off by its setting")
+    assert library.status().startswith("ready"), library.status()
