@@ -30,9 +30,9 @@
 // than four a thread (so that one sequence's heads spread over the threads too), dynamic
 // schedule, a scratch buffer per thread: K transposed 16 x 16 words at a time in registers
 // (bfloat16: into pairs [D/2][Lp] of 32 bits; float32: [D][Lp]; Lp is L rounded up to 16,
-// zeros past L), bfloat16 V widened to float32 [L][D] (float32 V is read in place), and a
-// block of score rows [ROWS][Lp]. Queries go ROWS at a time so that each K or V vector loaded
-// serves ROWS rows.
+// zeros past L), bfloat16 V widened to float32 [L][D] (float32 V is read in place; on AMX's
+// tiles, below, V in pairs of keys instead), and a block of score rows [ROWS][Lp]. Queries go
+// ROWS at a time so that each K or V vector loaded serves ROWS rows.
 //
 // AMX (built where the compiler targets AMX-BF16, used where the kernel is asked to and Linux
 // grants the process the tile state): bfloat16 q k^T of 16 queries at a time on the tiles,
@@ -41,9 +41,10 @@
 // 16 queries runs on the tiles too, each probability split into two bfloat16 parts (high =
 // P rounded, low = P - high rounded: their sum is within 2^-18 of P, where rounding P to
 // bfloat16 as PyTorch's flash kernel does is within 2^-9) multiplying V exactly, V held as
-// pairs of keys [Lp2 / 2][D] (Lp2: L rounded up to 32, zeros past L), AMX's B layout. Each
-// call leaves a thread's tile configuration as it found it, since oneDNN's AMX kernels run on
-// the same OpenMP threads.
+// pairs of keys [pair_keys / 2][D] (pair_keys: L rounded up to 32, zeros past L), AMX's B
+// layout; sequences of at most 16 tokens keep the vector path. Each call leaves a thread's
+// tile configuration as it found it, since oneDNN's AMX kernels run on the same OpenMP
+// threads.
 
 #include <immintrin.h>
 #include <math.h>
@@ -314,11 +315,12 @@ static void configure_tiles() {
   _tile_loadconfig(&config);
 }
 
-// The results' dimensions d .. d + 15 (tile RESULT) += both parts of P x V's keys
-// first_key .. + 31 at those dimensions (a macro: a tile's number is part of the instruction).
-#define VALUES_TILE(RESULT, first_key, d)                                 \
+// The results' dimensions d .. d + 15 (tile RESULT) += both parts of P (tiles 0 and 1) x V's
+// keys first_key .. + 31 at those dimensions, V's pairs [.][D] at v_pairs (a macro: a tile's
+// number is part of the instruction).
+#define VALUES_TILE(RESULT, v_pairs, D, first_key, d)                     \
   do {                                                                    \
-    _tile_loadd(2, a.v_pairs + (first_key) / 2 * D + (d), D * 4);         \
+    _tile_loadd(2, (v_pairs) + (first_key) / 2 * (D) + (d), (D) * 4);     \
     _tile_dpbf16ps(RESULT, 0, 2);                                         \
     _tile_dpbf16ps(RESULT, 1, 2);                                         \
   } while (0)
@@ -359,11 +361,11 @@ static inline void weighted_values_tile(const Head<uint16_t>& a, int first, int 
   for (int kb = begin; kb < end; kb += 32) {
     _tile_loadd(0, high + kb, a.pair_keys * 2);
     _tile_loadd(1, low + kb, a.pair_keys * 2);
-    VALUES_TILE(3, kb, 0);
-    VALUES_TILE(4, kb, 16);
+    VALUES_TILE(3, a.v_pairs, D, kb, 0);
+    VALUES_TILE(4, a.v_pairs, D, kb, 16);
     if constexpr (D == 64) {
-      VALUES_TILE(5, kb, 32);
-      VALUES_TILE(6, kb, 48);
+      VALUES_TILE(5, a.v_pairs, D, kb, 32);
+      VALUES_TILE(6, a.v_pairs, D, kb, 48);
     }
   }
   _tile_stored(3, a.block, D * 4);
