@@ -8,18 +8,26 @@
 //   mean = sum(s) / cols, var = sum((s - mean)^2) / cols (float32),
 //   out = (s - mean) * (1 / sqrt(var + eps)) * weight + bias, rounded to the dtype.
 // The statistics are those of the reference (fastbert.kernels.reference.layer_norm: float32
-// over the rounded sum), summed in 16 lanes and then across them, so they differ from
-// PyTorch's in the order of the float32 additions only. Each thread converts the weight and
-// bias to float32 once and takes a chunk of rows; a row (at most MAX_COLS values) is read once
-// into a float32 buffer on its stack, 16 values at a time, and summed as it is read. A bfloat16
-// row of a multiple of 32 columns is read as 32-bit words, its even and odd elements widened in
-// place (a shift, a mask) and kept apart until they are paired again on the way out: widening
-// 16 values into 16 lanes took shuffles that made the bfloat16 rows slower than float32 ones of
-// twice the bytes (docs/results.md, "Measurements behind the code's choices").
+// over the rounded sum), summed in two accumulators of 16 lanes and then pairwise across the
+// lanes (so that the additions overlap), so they differ from PyTorch's in the order of the
+// float32 additions only. Each thread converts the weight and bias to float32 once and takes a
+// chunk of rows; a row (at most MAX_COLS values) is read once into a float32 buffer on its
+// stack, 16 values at a time, and summed as it is read. A bfloat16 row of a multiple of 32
+// columns is read as 32-bit words, its even and odd elements widened in place (a shift, a mask)
+// and kept apart until they are paired again on the way out: widening 16 values into 16 lanes
+// took shuffles that made the bfloat16 rows slower than float32 ones of twice the bytes
+// (docs/results.md, "Measurements behind the code's choices"). On a CPU with AVX512_BF16 those
+// rows are rounded to bfloat16 by its conversion instruction, two vectors at a time, instead
+// of in integer arithmetic (see paired).
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define FASTBERT_BF16_CONVERSION 1
+#endif
 
 typedef float vf __attribute__((vector_size(64)));
 typedef float vf_unaligned __attribute__((vector_size(64), aligned(4)));
@@ -121,22 +129,42 @@ static inline vf odd_half(vu words) {
   return f;
 }
 
-// The words of the even and odd elements' bfloat16 values, in pairs again.
+// The words of the even and odd elements' bfloat16 values, in pairs again. vcvtne2ps2bf16
+// rounds as to_bf16_bits16 does (to nearest, ties to even; a NaN stays a quiet NaN, its
+// payload's top bits kept) but flushes float32 denormals to zero, so a vector holding one
+// (fpclass category 0x20) is rounded in integer arithmetic: the same bits either way.
 static inline vu paired(vf even, vf odd) {
+#ifdef FASTBERT_BF16_CONVERSION
+  const __mmask16 denormal = _mm512_fpclass_ps_mask((__m512)even, 0x20) |
+                             _mm512_fpclass_ps_mask((__m512)odd, 0x20);
+  if (__builtin_expect(denormal == 0, 1)) {
+    // Words 0-15: the even elements, 16-31: the odd ones; interleaved into pairs.
+    const __m512i halves = (__m512i)_mm512_cvtne2ps_pbh((__m512)odd, (__m512)even);
+    const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25,
+                                           9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2,
+                                           17, 1, 16, 0);
+    return (vu)_mm512_permutexvar_epi16(pairs, halves);
+  }
+#endif
   return to_bf16_bits16(even) | (to_bf16_bits16(odd) << 16);
 }
 
 static inline float lanes_sum(vf v) {
-  float total = 0.0f;
-  for (int k = 0; k < W; ++k) total += v[k];
-  return total;
+  typedef float v8 __attribute__((vector_size(32)));
+  typedef float v4 __attribute__((vector_size(16)));
+  v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+         __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
 // Row i's sum x + residual (rounded to the dtype) into s, float32, and the sum of its values.
 // PAIRS (bfloat16, cols a multiple of 2W): s holds the even elements, then the odd ones.
 template <bool BF16, bool PAIRS>
 static float row_sum(const char* xr, const char* rr, int64_t cols, float* s) {
-  vf sum16 = vf{};
+  // Two accumulators (even and odd elements, or alternate vectors), so that consecutive
+  // additions do not wait on each other.
+  vf sum_a = vf{}, sum_b = vf{};
   float sum = 0.0f;
   if (PAIRS) {
     const int64_t half = cols / 2;
@@ -145,15 +173,16 @@ static float row_sum(const char* xr, const char* rr, int64_t cols, float* s) {
       vf even = even_half(xw), odd = odd_half(xw);
       if (rr != nullptr) {
         vu rw = *(const vu_unaligned*)((const uint16_t*)rr + 2 * j);
-        even = round_bf16_16(even + even_half(rw));
-        odd = round_bf16_16(odd + odd_half(rw));
+        vu sum = paired(even + even_half(rw), odd + odd_half(rw));
+        even = even_half(sum);
+        odd = odd_half(sum);
       }
       *(vf*)(s + j) = even;
       *(vf*)(s + half + j) = odd;
-      sum16 += even;
-      sum16 += odd;
+      sum_a += even;
+      sum_b += odd;
     }
-    return lanes_sum(sum16);
+    return lanes_sum(sum_a + sum_b);
   }
   const int64_t whole = cols - cols % W;
   for (int64_t j = 0; j < whole; j += W) {
@@ -163,9 +192,13 @@ static float row_sum(const char* xr, const char* rr, int64_t cols, float* s) {
       if (BF16) v = round_bf16_16(v);
     }
     *(vf*)(s + j) = v;
-    sum16 += v;
+    if ((j / W) % 2 == 0) {
+      sum_a += v;
+    } else {
+      sum_b += v;
+    }
   }
-  sum = lanes_sum(sum16);
+  sum = lanes_sum(sum_a + sum_b);
   for (int64_t j = whole; j < cols; ++j) {
     float v = load<BF16>(xr, j);
     s[j] = rr != nullptr ? round_to_dtype<BF16>(v + load<BF16>(rr, j)) : v;
@@ -196,6 +229,25 @@ static void write_row(const float* s, int64_t cols, float mean, float rstd, cons
   for (int64_t j = whole; j < cols; ++j) store<BF16>(o, j, (s[j] - mean) * rstd * w[j] + b[j]);
 }
 
+// The sum of (s[j] - mean)^2 over a row, in two accumulators as row_sum sums.
+static inline float squares_sum(const float* s, int64_t cols, float mean) {
+  const int64_t whole = cols - cols % W;
+  vf sq_a = vf{}, sq_b = vf{};
+  int64_t j = 0;
+  for (; j + 2 * W <= whole; j += 2 * W) {
+    vf d_a = *(const vf*)(s + j) - mean, d_b = *(const vf*)(s + j + W) - mean;
+    sq_a += d_a * d_a;
+    sq_b += d_b * d_b;
+  }
+  if (j < whole) {
+    vf d = *(const vf*)(s + j) - mean;
+    sq_a += d * d;
+  }
+  float sq = lanes_sum(sq_a + sq_b);
+  for (j = whole; j < cols; ++j) sq += (s[j] - mean) * (s[j] - mean);
+  return sq;
+}
+
 template <bool BF16, bool PAIRS>
 static void layer_norm_rows(const void* x, int64_t x_stride, const void* residual,
                             int64_t r_stride, int64_t rows, int64_t cols, const void* weight,
@@ -219,14 +271,7 @@ static void layer_norm_rows(const void* x, int64_t x_stride, const void* residua
       const char* xr = (const char*)x + i * x_stride * size;
       const char* rr = residual != nullptr ? (const char*)residual + i * r_stride * size : nullptr;
       const float mean = row_sum<BF16, PAIRS>(xr, rr, cols, s) / (float)cols;
-      const int64_t whole = cols - cols % W;
-      vf sq16 = vf{};
-      for (int64_t j = 0; j < whole; j += W) {
-        vf d = *(const vf*)(s + j) - mean;
-        sq16 += d * d;
-      }
-      float sq = lanes_sum(sq16);
-      for (int64_t j = whole; j < cols; ++j) sq += (s[j] - mean) * (s[j] - mean);
+      const float sq = squares_sum(s, cols, mean);
       const float rstd = 1.0f / sqrtf(sq / (float)cols + eps);
       write_row<BF16, PAIRS>(s, cols, mean, rstd, w, b, (char*)out + i * cols * size);
     }

@@ -60,6 +60,29 @@ def test_strided_rows_read_in_place() -> None:
     )
 
 
+def test_bfloat16_rounding_keeps_denormals_nans_and_infinities() -> None:
+    """bfloat16 values at the edges of the rounding: float32 denormals (which a CPU's bfloat16
+    conversion instruction flushes to zero) in the residual sum and the output, a NaN and an
+    infinity: rounded as PyTorch rounds them, the denormals kept."""
+    x, w, b, r = _inputs((64, 384), torch.bfloat16, seed=3, bias=False)
+    tiny = torch.full((384,), 1e-39, dtype=torch.bfloat16)  # a float32 denormal
+    x[1], r[1] = tiny * torch.arange(384).remainder(7).bfloat16(), tiny  # denormal sums
+    x[2, 5], x[3, 7] = float("nan"), float("inf")
+    got = cpu_layer_norm.layer_norm(x, tiny, None, 1e-5, r)  # outputs ~1e-39: denormal
+    plain = torch_ops.layer_norm_unchecked(x, tiny, None, 1e-5, r, 0.0)
+    assert got[2].isnan().all() and got[3].isnan().all()
+    rows = [0, *range(4, 64)]
+    assert (plain[rows] != 0).float().mean() > 0.9  # the outputs are denormal, not zero
+    # One bfloat16 denormal step apart at most (float32 statistics summed in another order).
+    assert (got[rows].float() - plain[rows].float()).abs().max() <= 2.0**-133
+    # Row 1's sums are denormal, their variance below eps: normalised, they are normal values.
+    ones = torch.ones_like(tiny)
+    got = cpu_layer_norm.layer_norm(x[1:2], ones, None, 1e-5, r[1:2])
+    plain = torch_ops.layer_norm_unchecked(x[1:2], ones, None, 1e-5, r[1:2], 0.0)
+    assert plain.abs().max() > 1e-37
+    assert torch.allclose(got.float(), plain.float(), rtol=2**-8, atol=0)
+
+
 def test_calls_it_leaves_to_the_plain_op() -> None:
     x, w, b, r = _inputs((8, 64), torch.bfloat16, seed=2)
     assert cpu_layer_norm.takes(x, w, b, r, 0.0)
