@@ -9,12 +9,14 @@ forms, under PyTorch's profiler, ``--rounds`` times, the precisions in turn (a p
 round); the pass nearest the median wall time is reported. Where the compiled attention runs
 (fastbert.kernels.cpu_attention), each precision also runs with it off (the per-length path),
 and where it multiplies bfloat16 on AMX's tiles (fastbert.kernels.cpu_attention.tiles),
-bfloat16 with them off; bfloat16 with the compiled LayerNorm off too: each a row of its own, so
-that what each compiled part gains is measured in the same rounds. A pass's time is split
+bfloat16 with them off; bfloat16 with the compiled LayerNorm off, and with GELU as oneDNN's
+post-op instead of by table (fastbert.kernels.cpu_gelu): each a row of its own, so that what
+each compiled part gains is measured in the same rounds. A pass's time is split
 into:
 
 - linear: the products with their fused epilogues (oneDNN's linear, its quantised linear,
-  ``torch._int_mm``, MKL), and the int8 linear's quantisation and dequantisation around them;
+  ``torch._int_mm``, MKL), bfloat16's GELU by table after them, and the int8 linear's
+  quantisation and dequantisation around them;
 - attention: the compiled attention kernel (fastbert.kernels.cpu_attention), and the
   per-length path that runs where it does not (SDPA or the math path, with their masks and
   rotary positions);
@@ -56,6 +58,7 @@ PARTS = {
     "fastbert::cpu_attention": "attention",
     "fastbert::attention_by_length": "attention",
     "fastbert::cpu_layer_norm": "LayerNorm",
+    "fastbert::gelu_table": "linear",
     "aten::scaled_dot_product_attention": "attention",
     "aten::layer_norm": "LayerNorm",
     "aten::native_layer_norm": "LayerNorm",
@@ -68,6 +71,8 @@ UNTILED = "bfloat16, attention without AMX tiles"
 # The row of bfloat16 with the residual adds and LayerNorms on PyTorch's ops (where the CPU
 # engine's compiled LayerNorm runs).
 NORM_UNCOMPILED = "bfloat16, LayerNorm on PyTorch's ops"
+# The row of bfloat16 with GELU as oneDNN's post-op (where GELU by table runs).
+GELU_POST_OP = "bfloat16, GELU as oneDNN's post-op"
 # A precision's row with the compiled attention off (where it runs): the per-length path.
 ATTENTION_UNCOMPILED = "{}, attention on the per-length path"
 
@@ -76,15 +81,22 @@ ATTENTION_UNCOMPILED = "{}, attention on the per-length path"
 def labelled_compiled_kernels() -> Iterator[None]:
     """The compiled C++ kernels (called through ctypes, unseen by the profiler) run inside
     profiler ranges named for them, for the duration of the block: the attention kernel, the
-    LayerNorm with its residual add, and the whole int8 linear (its compiled quantisation and
-    dequantisation around the product); so does the per-length attention path, whose several
-    ops (and Python between them) are attention's."""
-    from fastbert.kernels import cpu_attention, cpu_engine_attention, cpu_layer_norm, torch_ops
+    LayerNorm with its residual add, GELU by table, and the whole int8 linear (its compiled
+    quantisation and dequantisation around the product); so does the per-length attention
+    path, whose several ops (and Python between them) are attention's."""
+    from fastbert.kernels import (
+        cpu_attention,
+        cpu_engine_attention,
+        cpu_gelu,
+        cpu_layer_norm,
+        torch_ops,
+    )
 
     wrapped = [
         (cpu_attention, "attention_sequences", "fastbert::cpu_attention"),
         (cpu_engine_attention, "attention_by_length", "fastbert::attention_by_length"),
         (cpu_layer_norm, "layer_norm", "fastbert::cpu_layer_norm"),
+        (cpu_gelu, "gelu_", "fastbert::gelu_table"),
         (torch_ops, "linear_quantized_unchecked", "fastbert::int8_linear"),
     ]
     originals = [getattr(module, name) for module, name, _ in wrapped]
@@ -134,8 +146,8 @@ def rows_to_run(jobs: dict) -> dict[str, tuple[str, Any, Callable]]:
     """Row name -> (precision, job, the switch it runs under): each precision's job, each
     precision with the compiled attention turned off, and bfloat16 with each of the CPU
     engine's other compiled parts that runs here turned off in turn (the attention's AMX
-    tiles, the compiled LayerNorm)."""
-    from fastbert.kernels import cpu_attention, cpu_layer_norm
+    tiles, the compiled LayerNorm, GELU by table)."""
+    from fastbert.kernels import cpu_attention, cpu_gelu, cpu_layer_norm
 
     rows = {precision: (precision, job, contextlib.nullcontext) for precision, job in jobs.items()}
     if cpu_attention.available():
@@ -146,6 +158,8 @@ def rows_to_run(jobs: dict) -> dict[str, tuple[str, Any, Callable]]:
         rows[UNTILED] = ("bfloat16", jobs["bfloat16"], cpu_attention.tiles_turned_off)
     if "bfloat16" in jobs and cpu_layer_norm.available():
         rows[NORM_UNCOMPILED] = ("bfloat16", jobs["bfloat16"], cpu_layer_norm.turned_off)
+    if "bfloat16" in jobs and cpu_gelu.available():
+        rows[GELU_POST_OP] = ("bfloat16", jobs["bfloat16"], cpu_gelu.turned_off)
     return rows
 
 

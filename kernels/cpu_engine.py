@@ -11,7 +11,8 @@ results are those of the plain backend within its tolerance:
   equal-length sequences, and in bfloat16 a float32 math path for short runs;
 - linear (fastbert.kernels.cpu_engine_linear): one oneDNN call with GELU or the residual add
   as its post-op, reading the weights' packed copies (fastbert.kernels.packed_weights) when
-  the caller passes ``packs``.
+  the caller passes ``packs``; in bfloat16, GELU by table on the rounded product
+  (fastbert.kernels.cpu_gelu) where the CPU has AVX512BW.
 
 - linear_int8 (fastbert.kernels.cpu_engine_int8): the plain op with the rows' quantisation and
   the dequantising epilogue compiled for this CPU (fastbert.kernels.cpu_int8), the same bits as
@@ -36,6 +37,7 @@ from . import (
     cpu_engine_attention,
     cpu_engine_int8,
     cpu_engine_linear,
+    cpu_gelu,
     cpu_int8,
     cpu_layer_norm,
     packed_weights,
@@ -65,13 +67,22 @@ def status() -> dict[str, str]:
     return {
         "compiled attention": cpu_attention.status()
         + ("; bfloat16 q k^T and P @ V on AMX tiles" if cpu_attention.tiles() else ""),
-        "linear": "oneDNN with post-ops" if onednn else "F.linear (no oneDNN in this torch)",
+        "linear": linear_status(onednn),
         "packed weights": "available" if packed_weights.available() else "unavailable",
         "int8 linear": int8_status(),
         "LayerNorm": "residual add and LayerNorm compiled in one pass"
         if cpu_layer_norm.available()
         else f"PyTorch's ops (compiled pass {cpu_layer_norm.status()})",
     }
+
+
+def linear_status(onednn: bool) -> str:
+    """The float linear here, in words."""
+    if not onednn:
+        return "F.linear (no oneDNN in this torch)"
+    if cpu_gelu.available():
+        return "oneDNN with post-ops; bfloat16 GELU by table on the rounded product"
+    return "oneDNN with post-ops"
 
 
 def int8_status() -> str:

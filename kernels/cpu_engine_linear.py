@@ -3,11 +3,14 @@
 ``torch.ops.mkldnn._linear_pointwise`` (what ``torch.compile`` emits on a CPU) runs the GEMM
 with GELU or the residual add as its post-op, on a CPU in float32 or bfloat16 when autograd
 does not record the call: faster than MKL's addmm there (docs/results.md, "Measurements
-behind the code's choices"). Otherwise (another device or dtype, while ``torch.compile``
-traces, which cannot trace oneDNN's availability check, with no input features, which oneDNN
-refuses, or under autograd) the plain backend's linear (fastbert.kernels.torch_ops). Given
-``packs`` (fastbert.kernels.packed_weights), the oneDNN call reads each weight's copy in
-oneDNN's blocked layout, made once, instead of reordering the weight on every call.
+behind the code's choices"). In bfloat16 GELU runs by table (fastbert.kernels.cpu_gelu) on
+the product rounded to bfloat16, as PyTorch's eager bfloat16 computes it, where the CPU has
+the table's kernel: oneDNN's GELU post-op cost as much as the product. Otherwise (another
+device or dtype, while ``torch.compile`` traces, which cannot trace oneDNN's availability
+check, with no input features, which oneDNN refuses, or under autograd) the plain backend's
+linear (fastbert.kernels.torch_ops). Given ``packs`` (fastbert.kernels.packed_weights), the
+oneDNN call reads each weight's copy in oneDNN's blocked layout, made once, instead of
+reordering the weight on every call.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import functools
 
 import torch
 
-from . import reference, torch_ops
+from . import cpu_gelu, reference, torch_ops
 from .op import implements
 from .packed_weights import PackedWeights
 
@@ -39,11 +42,15 @@ def onednn_linear(
     activation: str | None,
     residual: torch.Tensor | None,
 ) -> torch.Tensor:
-    """linear on a CPU in one oneDNN call: GELU or the residual add as its post-op."""
+    """linear on a CPU in one oneDNN call: GELU or the residual add as its post-op; in
+    bfloat16, where the table's kernel runs, GELU by table on the rounded product instead."""
     pointwise = torch.ops.mkldnn._linear_pointwise
     if activation is not None:
         approximate = "tanh" if activation == "gelu_tanh" else "none"
-        y = pointwise(x, weight, bias, "gelu", [], approximate)
+        if x.dtype == torch.bfloat16 and cpu_gelu.available():
+            y = cpu_gelu.gelu_(pointwise(x, weight, bias, "none", [], ""), approximate)
+        else:
+            y = pointwise(x, weight, bias, "gelu", [], approximate)
         return y if residual is None else y.add_(residual)
     if residual is not None:
         return pointwise.binary(x, residual, weight, bias, "add")

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from fastbert.kernels import cpu_attention, cpu_int8, cpu_layer_norm, cpu_library
+from fastbert.kernels import cpu_attention, cpu_gelu, cpu_int8, cpu_layer_norm, cpu_library
 
-MODULES = {"cpu_attention": cpu_attention, "cpu_int8": cpu_int8, "cpu_layer_norm": cpu_layer_norm}
+MODULES = {
+    "cpu_attention": cpu_attention,
+    "cpu_gelu": cpu_gelu,
+    "cpu_int8": cpu_int8,
+    "cpu_layer_norm": cpu_layer_norm,
+}
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))

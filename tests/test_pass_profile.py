@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from benchmarks import pass_profile
-from fastbert.kernels import cpu_attention, cpu_layer_norm, torch_ops
+from fastbert.kernels import cpu_attention, cpu_gelu, cpu_layer_norm, torch_ops
 from tests.cli_usage import usage_error_test
 
 
@@ -26,19 +26,20 @@ def test_each_outermost_event_counts_once_with_its_callees() -> None:
         int8,
         _event("aten::zeros", 0.125, parent=int8),  # inside the int8 linear: not counted again
         _event("fastbert::cpu_attention", 0.25),
+        _event("fastbert::gelu_table", 0.125),  # bfloat16's GELU after the product: linear's
         _event("aten::layer_norm", 0.0625),
         _event("aten::native_layer_norm", 0.0625, parent=linear),
         _event("aten::add", 0.03125),
         _event("aten::index_select", 0.03125),
     ]
-    parts = pass_profile.split(events, wall=1.25)
+    parts = pass_profile.split(events, wall=1.375)
     assert list(parts) == list(pass_profile.ORDER)
-    assert parts["linear"] == 0.75
+    assert parts["linear"] == 0.875
     assert parts["attention"] == 0.25
     assert parts["LayerNorm"] == 0.0625
     assert parts["residual add"] == 0.03125
     assert parts["other ops"] == 0.03125
-    assert parts["outside ops"] == pytest.approx(1.25 - 1.125)
+    assert parts["outside ops"] == pytest.approx(1.375 - 1.25)
 
 
 def test_a_short_run_finds_each_part_and_writes_both_files(tmp_path) -> None:
@@ -68,6 +69,7 @@ def test_a_short_run_finds_each_part_and_writes_both_files(tmp_path) -> None:
     # The labels are taken off again.
     assert cpu_attention.attention_sequences.__module__ == "fastbert.kernels.cpu_attention"
     assert cpu_layer_norm.layer_norm.__module__ == "fastbert.kernels.cpu_layer_norm"
+    assert cpu_gelu.gelu_.__module__ == "fastbert.kernels.cpu_gelu"
     assert torch_ops.linear_quantized_unchecked.__module__ == "fastbert.kernels.torch_ops"
     table = (out / "pass-profile.md").read_text()
     assert "| float32 |" in table and "| int8 |" in table
@@ -97,13 +99,17 @@ test_usage_errors_exit_2 = usage_error_test(
 @pytest.mark.skipif(not cpu_attention.tiles(), reason="no AMX tiles for the attention here")
 def test_bfloat16_runs_with_the_attention_tiles_off_too(tmp_path) -> None:
     """Where the compiled attention has AMX's tiles, bfloat16 also runs with them off: a row
-    of its own, the tiles back on after the run."""
+    of its own, the tiles back on after the run; so with the compiled LayerNorm off and with
+    GELU as oneDNN's post-op."""
     out = tmp_path / "results"
     argv = ["--out", str(out), "--docs", "24", "--rounds", "1", "--gemm-seconds", "0.05"]
     assert pass_profile.main([*argv, "--precisions", "bfloat16"]) == 0
     results = json.loads((out / "pass-profile.json").read_text())["results"]
     off = pass_profile.ATTENTION_UNCOMPILED.format("bfloat16")
-    assert list(results) == ["bfloat16", off, pass_profile.UNTILED, pass_profile.NORM_UNCOMPILED]
+    rows = [pass_profile.UNTILED, pass_profile.NORM_UNCOMPILED, pass_profile.GELU_POST_OP]
+    assert list(results) == ["bfloat16", off, *rows]
     assert results[pass_profile.UNTILED]["precision"] == "bfloat16"
+    # The table's GELU counts as linear's time; with the post-op it is inside the product.
+    assert results["bfloat16"]["parts"]["linear"] > 0.2 * results["bfloat16"]["wall_s"]
     assert all(row["parts"]["attention"] > 0 for row in results.values())
-    assert not cpu_attention._tiles_paused
+    assert not cpu_attention._tiles_paused and cpu_gelu.available()
