@@ -80,7 +80,13 @@ def takes(y: torch.Tensor) -> bool:
 
 def gelu_(y: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """GELU of ``y`` in place (any shape, bfloat16, for which :func:`takes`); returns ``y``:
-    the bits of ``F.gelu(y, approximate=approximate)``."""
+    the bits of ``F.gelu(y, approximate=approximate)``. Raises ValueError for a tensor the
+    kernel cannot read as one run of bfloat16 values in CPU memory."""
+    if y.device.type != "cpu" or y.dtype != torch.bfloat16 or not y.is_contiguous():
+        raise ValueError(
+            f"GELU by table takes a contiguous bfloat16 CPU tensor, not {y.dtype} on "
+            f"{y.device} with strides {y.stride()}"
+        )
     _LIBRARY.get().fastbert_gelu_bf16_table(
         table(approximate).data_ptr(), y.data_ptr(), y.numel(), torch.get_num_threads()
     )

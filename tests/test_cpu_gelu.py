@@ -47,6 +47,8 @@ def test_calls_it_does_not_take() -> None:
         assert not cpu_gelu.takes(y)
     with pytest.raises(ValueError, match="approximate"):
         cpu_gelu.table("erf")
+    with pytest.raises(ValueError, match="contiguous bfloat16 CPU tensor"):
+        cpu_gelu.gelu_(y.t())
 
 
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
