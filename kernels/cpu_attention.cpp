@@ -117,9 +117,9 @@ static inline float lane_sum(vf x) { return _mm512_reduce_add_ps((__m512)x); }
 
 // Rows first .. first + 15 of x (those below end), D values each a row stride apart, fetched
 // into the caches ahead of their use. A head's query rows lie a whole token's row apart,
-// beyond the hardware prefetchers' reach, and a tile load waits for each: fetching a block's
-// rows while the block before it computes took 5% off the bfloat16 kernel (docs/results.md,
-// "GELU by table, and a faster LayerNorm").
+// beyond the hardware prefetchers' reach, and a tile load waits for each, so a block's rows
+// are fetched while the block before it computes (measured: docs/results.md, "GELU by table,
+// and a faster LayerNorm").
 template <typename T, int D>
 static inline void prefetch_rows(const T* x, int64_t stride, int first, int end) {
   for (int i = first; i < first + TILE_ROWS && i < end; i++)
