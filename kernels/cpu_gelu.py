@@ -57,32 +57,29 @@ def table(approximate: str) -> torch.Tensor:
     entry)."""
     if approximate not in APPROXIMATIONS:
         raise ValueError(f"approximate={approximate!r}: one of {APPROXIMATIONS}")
-    values = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
-    values = values.view(torch.bfloat16)
+    # Bits 0 .. 65535 in order (the int16 conversion wraps the upper half to negatives).
+    values = torch.arange(2**16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
     found = torch.zeros(2**16 + 1, dtype=torch.int16)
-    # Entry b for bits b read as unsigned: the negative int16 bit patterns come second.
-    gelu = F.gelu(values, approximate=approximate).view(torch.int16)
-    found[: 2**15], found[2**15 : 2**16] = gelu[2**15 :], gelu[: 2**15]
+    found[: 2**16] = F.gelu(values, approximate=approximate).view(torch.int16)
     return found
 
 
 def takes(y: torch.Tensor) -> bool:
     """Whether :func:`gelu_` runs on ``y``: a contiguous bfloat16 CPU tensor autograd does
     not record, with the kernel available."""
-    return (
-        y.device.type == "cpu"
-        and y.dtype == torch.bfloat16
-        and y.is_contiguous()
-        and not (torch.is_grad_enabled() and y.requires_grad)
-        and available()
-    )
+    return _readable(y) and not (torch.is_grad_enabled() and y.requires_grad) and available()
+
+
+def _readable(y: torch.Tensor) -> bool:
+    """Whether the kernel can read ``y`` as one run of bfloat16 values in CPU memory."""
+    return y.device.type == "cpu" and y.dtype == torch.bfloat16 and y.is_contiguous()
 
 
 def gelu_(y: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """GELU of ``y`` in place (any shape, bfloat16, for which :func:`takes`); returns ``y``:
     the bits of ``F.gelu(y, approximate=approximate)``. Raises ValueError for a tensor the
     kernel cannot read as one run of bfloat16 values in CPU memory."""
-    if y.device.type != "cpu" or y.dtype != torch.bfloat16 or not y.is_contiguous():
+    if not _readable(y):
         raise ValueError(
             f"GELU by table takes a contiguous bfloat16 CPU tensor, not {y.dtype} on "
             f"{y.device} with strides {y.stride()}"
