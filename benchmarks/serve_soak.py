@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import random
 import subprocess
@@ -68,12 +69,13 @@ MEMORY_VARIABLES = (
 def requests(
     texts: list[str], count: int, max_texts: int, bad: float, seed: int = 0
 ) -> tuple[Call, ...]:
-    """``count`` requests to TEI's ``/embed`` in a seeded order: each good one holds 1 to
-    ``max_texts`` of ``texts``; a share ``bad`` of them is one of BAD_BODIES in turn."""
+    """``count`` requests to TEI's ``/embed``: each good one holds 1 to ``max_texts`` of
+    ``texts`` in a seeded order; a share ``bad`` of them, spread evenly (so that even a short
+    window of a few requests per client meets some), is one of BAD_BODIES in turn."""
     rng = random.Random(seed)
     calls = []
     for i in range(count):
-        if rng.random() < bad:
+        if math.floor((i + 1) * bad) > math.floor(i * bad):
             body = BAD_BODIES[i % len(BAD_BODIES)]
             calls.append(Call("/embed", body, 1, 0, SHAPE_LIST))
             continue
