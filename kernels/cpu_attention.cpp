@@ -115,14 +115,17 @@ static inline float lane_max(vf x) { return _mm512_reduce_max_ps((__m512)x); }
 
 static inline float lane_sum(vf x) { return _mm512_reduce_add_ps((__m512)x); }
 
-// Rows first .. first + 15 of x (those below end), D values each a row stride apart, fetched
-// into the caches ahead of their use. A head's query rows lie a whole token's row apart,
-// beyond the hardware prefetchers' reach, and a tile load waits for each, so a block's rows
-// are fetched while the block before it computes (measured: docs/results.md, "GELU by table,
-// and a faster LayerNorm").
+// Rows first .. first + count - 1 of x (those below end), D values each a row stride apart,
+// fetched into the caches ahead of their use. A head's rows lie a whole token's row apart,
+// beyond the hardware prefetchers' reach, and a tile or vector load waits for each: so a
+// block's query rows are fetched while the block before it computes, and the next head's K
+// and V rows, a block's worth at a time, while this head's blocks compute (measured:
+// docs/results.md, "GELU by table, and a faster LayerNorm" and "The next head's rows fetched
+// ahead"). The calls stay written out where they are used: moved into a helper function,
+// the same prefetches were compiled into code that gained nothing.
 template <typename T, int D>
-static inline void prefetch_rows(const T* x, int64_t stride, int first, int end) {
-  for (int i = first; i < first + TILE_ROWS && i < end; i++)
+static inline void prefetch_rows(const T* x, int64_t stride, int first, int count, int end) {
+  for (int i = first; i < first + count && i < end; i++)
     for (int byte = 0; byte < D * (int)sizeof(T); byte += 64)
       _mm_prefetch((const char*)(x + (int64_t)i * stride) + byte, _MM_HINT_T0);
 }
@@ -152,6 +155,11 @@ struct Head {
   float* block;
   uint16_t* q_block;  // [TILE_ROWS][D]: the last queries when fewer than 16 remain
   int queries;        // the rows of q
+  // K and V as given, their rows kv_stride apart (q's stride differs where rotated rows are
+  // read from scratch), and the elements from them to the next head's K and V (0: none).
+  const T* k_rows;
+  const T* v_rows;
+  int64_t kv_stride, next_head;
 };
 
 // The key blocks [begin, end) (multiples of W) that queries first .. last may attend: every
@@ -289,6 +297,10 @@ static inline void weighted_values(const Head<T>& a, int first, const float* pro
 template <typename T, int D, int ROWS>
 static inline void query_rows(const Head<T>& a, int first) {
   const Keys keys = keys_for(a, first, first + ROWS - 1);
+  if (a.next_head) {
+    prefetch_rows<T, D>(a.k_rows + a.next_head, a.kv_stride, first, ROWS, a.length);
+    prefetch_rows<T, D>(a.v_rows + a.next_head, a.kv_stride, first, ROWS, a.length);
+  }
   vf row_max[ROWS];
   for (int r = 0; r < ROWS; r++) row_max[r] = splat(-INFINITY);
   for (int jb = keys.begin; jb < keys.end; jb += W) {
@@ -408,7 +420,11 @@ static inline void query_tile(const Head<uint16_t>& a, int first, int count) {
     q = a.q_block, q_stride = D;
   }
   const Keys keys = keys_for(a, first, first + count - 1);
-  prefetch_rows<uint16_t, D>(a.q, a.stride, first + TILE_ROWS, a.queries);
+  prefetch_rows<uint16_t, D>(a.q, a.stride, first + TILE_ROWS, TILE_ROWS, a.queries);
+  if (a.next_head) {
+    prefetch_rows<uint16_t, D>(a.k_rows + a.next_head, a.kv_stride, first, TILE_ROWS, a.length);
+    prefetch_rows<uint16_t, D>(a.v_rows + a.next_head, a.kv_stride, first, TILE_ROWS, a.length);
+  }
   _tile_loadd(0, q, q_stride * 2);
   if constexpr (D == 64) _tile_loadd(1, q + 32, q_stride * 2);
   for (int jb = keys.begin; jb < keys.end; jb += W) {
@@ -471,7 +487,8 @@ static inline void transpose_block(const uint32_t* rows, int64_t row_stride, int
 template <typename T, int D, int ROWS>
 static void attend(const T* q, const T* k, const T* v, int64_t stride, int length, int queries,
                    float scale, T* out, int64_t out_stride, float* scratch, bool tiles,
-                   const Positions& positions) {
+                   const Positions& positions, int64_t next_head) {
+  const T* k_rows = k;
   const int padded = (length + W - 1) / W * W;
   constexpr bool bf16 = std::is_same_v<T, uint16_t>;
   constexpr int words = bf16 ? D / 2 : D;  // 32-bit words per key
@@ -485,7 +502,7 @@ static void attend(const T* q, const T* k, const T* v, int64_t stride, int lengt
     k = rotated, q = rotated + (int64_t)length * D, k_stride = q_stride = D;
     rest += ((int64_t)(length + queries) * D * sizeof(T) + 63) / 64 * 16;
   }
-  prefetch_rows<T, D>(q, q_stride, 0, queries);  // the first block's, while K is laid out
+  prefetch_rows<T, D>(q, q_stride, 0, TILE_ROWS, queries);  // the first block's, while K is laid out
   for (int jb = 0; jb < padded; jb += W)
     for (int wb = 0; wb < words; wb += W)
       transpose_block((const uint32_t*)(k + jb * k_stride) + wb, k_stride * sizeof(T) / 4,
@@ -524,7 +541,8 @@ static void attend(const T* q, const T* k, const T* v, int64_t stride, int lengt
   const Head<T> a{q,       q_stride,  length,  padded,         scale,
                   k_t,     values,    v_stride, scores,        lane < (length - (padded - W)),
                   out,     out_stride, positions.bias, positions.window, v_pairs,
-                  pair_keys, p_parts, block,   q_block, queries};
+                  pair_keys, p_parts, block,   q_block, queries,
+                  k_rows,  v,         stride,   next_head};
 #ifdef FASTBERT_AMX
   if constexpr (bf16)
     if (tiles) {
@@ -599,12 +617,13 @@ static int attention(const T* q, const T* k, const T* v, int64_t token_stride,
         T* o = out + start * out_stride + h * head_dim;
         const float* b = bias != nullptr ? bias + h * bias_width + (bias_width - 1) / 2 : nullptr;
         const Positions positions{b, window, rotary_cos, rotary_sin};
+        const int64_t next = h + 1 < first_head + part_heads ? head_stride : 0;
         if (head_dim == 32)
           attend<T, 32, 8>(q + at, k + at, v + at, token_stride, length, rows, scale, o,
-                           out_stride, scratch, tiles, positions);
+                           out_stride, scratch, tiles, positions, next);
         else
           attend<T, 64, 4>(q + at, k + at, v + at, token_stride, length, rows, scale, o,
-                           out_stride, scratch, tiles, positions);
+                           out_stride, scratch, tiles, positions, next);
       }
     }
     free(scratch);
