@@ -20,6 +20,11 @@ Wall time on torch's threads, round-robin (each batch's two paths in turn), the 
 ``--rounds`` kept per batch; the relative RMS error of both against float64
 (``reference.attention_varlen``) on every batch.
 
+With ``--against SOURCE`` (another version of kernels/cpu_attention.cpp, such as
+``git show HEAD~1:kernels/cpu_attention.cpp > before.cpp``), the kernel built from it is timed
+in turn with the others, on the same batches and in the corpus runs below, so that a change
+to the kernel is measured against the version before it in one process.
+
 Then end to end (``--corpus-rounds``, 0 to skip): ``fastbert.load`` of the packaged
 all-MiniLM-L6-v2 in float32, bfloat16 and with ``quantize="int8"`` (whose attention runs in
 float32), warmed up, and ``model.embed`` of the whole corpus with the kernel on and off
@@ -32,8 +37,10 @@ here, never asserted in a test.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -48,6 +55,8 @@ from fastbert.kernels import reference as R
 HEADS = 12
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 BATCH_TOKENS = 4096
+# The corpus runs' name for the kernel built from ``--against``'s source.
+AGAINST = "compiled from --against"
 
 
 def corpus_batches(docs: int) -> list[list[int]]:
@@ -88,6 +97,16 @@ def untiled_path(q, k, v, cu) -> torch.Tensor:
         return cpu_attention.attention_varlen(q, k, v, cu)
 
 
+def against_path(source: Path):
+    """The compiled path with the kernel built from ``source``."""
+
+    def path(q, k, v, cu) -> torch.Tensor:
+        with cpu_attention.built_from(source):
+            return cpu_attention.attention_varlen(q, k, v, cu)
+
+    return path
+
+
 def tiled(dtype: torch.dtype) -> bool:
     """Whether the kernel runs ``dtype`` on AMX's tiles here (then timed with them off too)."""
     return dtype == torch.bfloat16 and cpu_attention.tiles()
@@ -109,18 +128,26 @@ def relative_error(out: torch.Tensor, expected: torch.Tensor) -> float:
     return float((out.double() - expected).norm() / expected.norm())
 
 
-def measure(batches: list[list[int]], dtype: torch.dtype, head_dim: int, rounds: int) -> list[dict]:
+def measure(
+    batches: list[list[int]],
+    dtype: torch.dtype,
+    head_dim: int,
+    rounds: int,
+    against: Path | None = None,
+) -> list[dict]:
     rows = []
+    optional = {"untiled": untiled_path if tiled(dtype) else None}
+    optional["against"] = against_path(against) if against is not None else None
+    optional = {name: path for name, path in optional.items() if path is not None}
     for index, lengths in enumerate(batches):
         q, k, v, cu = inputs(lengths, head_dim, dtype, seed=index)
-        paths = (compiled_path, torch_path, *((untiled_path,) if tiled(dtype) else ()))
-        compiled_s, torch_s, *untiled_s = best_seconds(paths, (q, k, v, cu), rounds)
+        paths = (compiled_path, torch_path, *optional.values())
+        compiled_s, torch_s, *optional_s = best_seconds(paths, (q, k, v, cu), rounds)
         expected = R.attention_varlen(q.double(), k.double(), v.double(), cu, max(lengths))
-        if untiled_s:
-            extra = {"untiled_ms": untiled_s[0] * 1e3}
-            extra["untiled_error"] = relative_error(untiled_path(q, k, v, cu), expected)
-        else:
-            extra = {}
+        extra = {}
+        for (name, path), seconds in zip(optional.items(), optional_s):
+            extra[f"{name}_ms"] = seconds * 1e3
+            extra[f"{name}_error"] = relative_error(path(q, k, v, cu), expected)
         rows.append(
             {
                 **extra,
@@ -144,8 +171,9 @@ def measure(batches: list[list[int]], dtype: torch.dtype, head_dim: int, rounds:
     return rows
 
 
-def time_corpus(precision: str, docs: int, rounds: int) -> dict:
-    """``model.embed`` of ``docs`` corpus paragraphs with the kernel on and off in turn."""
+def time_corpus(precision: str, docs: int, rounds: int, against: Path | None = None) -> dict:
+    """``model.embed`` of ``docs`` corpus paragraphs with the kernel on and off in turn (and
+    built from ``against``, where given)."""
     import fastbert
 
     texts = embed_bench.corpus(docs)
@@ -159,6 +187,9 @@ def time_corpus(precision: str, docs: int, rounds: int) -> dict:
         "torch": cpu_attention.turned_off,
         "compiled, no tiles": cpu_attention.tiles_turned_off,
     }
+    if against is not None:
+        seconds[AGAINST] = []
+        switches[AGAINST] = lambda: cpu_attention.built_from(against)
     vectors = {}
     for _ in range(rounds):
         for name in seconds:
@@ -180,6 +211,7 @@ def time_corpus(precision: str, docs: int, rounds: int) -> dict:
             if "compiled, no tiles" in medians
             else None
         ),
+        "against_ratio": medians[AGAINST] / medians["compiled"] if AGAINST in medians else None,
         "rounds_faster": sum(c < t for c, t in zip(seconds["compiled"], seconds["torch"])),
         "least_cosine": float(cosine.min()),
     }
@@ -187,6 +219,7 @@ def time_corpus(precision: str, docs: int, rounds: int) -> dict:
 
 def markdown(report: dict) -> str:
     env = report["environment"]
+    against = report.get("against")
     lines = [
         "# Compiled CPU attention against the torch backend's, on the corpus's batches",
         "",
@@ -196,11 +229,18 @@ def markdown(report: dict) -> str:
         "per batch, the two paths in turn; wall time.",
         f"CPU: {env['cpu']} (flags: {env['cpu_flags']}); torch threads: {report['threads']}; "
         f"torch {env.get('torch')}; kernel: {report['kernel']}; commit {env['commit']}; "
-        f"{env['date']}.",
+        f"{env['date']}."
+        + (
+            f" --against: the kernel built from {against} (sha256 {report['against_sha256']})."
+            if against
+            else ""
+        ),
         "",
         "| dtype | D | batches' longest | batches | compiled ms | torch ms | torch / compiled "
-        "| compiled error | torch error | no tiles ms | no tiles / compiled |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| compiled error | torch error | no tiles ms | no tiles / compiled |"
+        + (" --against ms | --against / compiled | --against error |" if against else ""),
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        + ("---:|---:|---:|" if against else ""),
     ]
     cases = sorted({(r["dtype"], r["head_dim"]) for r in report["rows"]})
     for dtype, head_dim in cases:
@@ -216,6 +256,10 @@ def markdown(report: dict) -> str:
             if all("untiled_ms" in r for r in chosen):
                 untiled_ms = sum(r["untiled_ms"] for r in chosen)
                 untiled = f"| {untiled_ms:.1f} | {untiled_ms / compiled:.2f}x |"
+            if against:
+                against_ms = sum(r["against_ms"] for r in chosen)
+                worst = max(r["against_error"] for r in chosen)
+                untiled += f" {against_ms:.1f} | {against_ms / compiled:.2f}x | {worst:.2e} |"
             lines.append(
                 f"| {dtype} | {head_dim} | {label} | {len(chosen)} | {compiled:.1f} "
                 f"| {torch_ms:.1f} "
@@ -230,14 +274,17 @@ def markdown(report: dict) -> str:
             f"{report['corpus_rounds']} rounds each, medians:",
             "",
             "| precision | compiled s | torch path s | speed-up | rounds compiled faster "
-            "| least cosine between the two | compiled, no tiles s | tiles' speed-up |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            "| least cosine between the two | compiled, no tiles s | tiles' speed-up |"
+            + (" --against s | --against / compiled |" if against else ""),
+            "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if against else ""),
         ]
         for row in report["corpus"]:
             untiled = row["median_s"].get("compiled, no tiles")
             tiles = "| |"
             if untiled is not None:
                 tiles = f"| {untiled:.2f} | {row['tiles_speed_up']:.2f}x |"
+            if against:
+                tiles += f" {row['median_s'][AGAINST]:.2f} | {row['against_ratio']:.2f}x |"
             lines.append(
                 f"| {row['precision']} | {row['median_s']['compiled']:.2f} "
                 f"| {row['median_s']['torch']:.2f} | {row['speed_up']:.2f}x "
@@ -270,22 +317,42 @@ def main(argv: list[str] | None = None) -> int:
         default=list(reporting.PRECISIONS),
         choices=list(reporting.PRECISIONS),
     )
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="another version of kernels/cpu_attention.cpp, timed in turn with the others",
+    )
     args = parser.parse_args(argv)
     if args.docs < 1 or args.rounds < 1 or args.corpus_rounds < 0:
         parser.error("--docs and --rounds must be at least 1, --corpus-rounds at least 0")
+    if args.against is not None and not args.against.is_file():
+        parser.error(f"--against {args.against}: no such file")
     if not cpu_attention.available():
         parser.exit(1, f"the compiled kernel does not run here: {cpu_attention.status()}\n")
+    if args.against is not None:
+        try:
+            with cpu_attention.built_from(args.against):
+                pass
+        except RuntimeError as error:
+            parser.exit(1, f"{error}\n")
     batches = corpus_batches(args.docs)
     rows = [
         row
         for name in args.dtypes
         for d in args.head_dims
-        for row in measure(batches, DTYPES[name], d, args.rounds)
+        for row in measure(batches, DTYPES[name], d, args.rounds, args.against)
     ]
     corpus = []
     if args.corpus_rounds:
-        corpus = [time_corpus(p, args.docs, args.corpus_rounds) for p in args.corpus_precisions]
+        corpus = [
+            time_corpus(p, args.docs, args.corpus_rounds, args.against)
+            for p in args.corpus_precisions
+        ]
     report = {
+        "against": None if args.against is None else str(args.against),
+        "against_sha256": None
+        if args.against is None
+        else hashlib.sha256(args.against.read_bytes()).hexdigest()[:12],
         "docs": args.docs,
         "corpus_rounds": args.corpus_rounds,
         "corpus": corpus,

