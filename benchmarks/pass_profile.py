@@ -9,10 +9,10 @@ forms, under PyTorch's profiler, ``--rounds`` times, the precisions in turn (a p
 round); the pass nearest the median wall time is reported. Where the compiled attention runs
 (fastbert.kernels.cpu_attention), each precision also runs with it off (the per-length path),
 and where it multiplies bfloat16 on AMX's tiles (fastbert.kernels.cpu_attention.tiles),
-bfloat16 with them off; bfloat16 with the compiled LayerNorm off, and with GELU as oneDNN's
-post-op instead of by table (fastbert.kernels.cpu_gelu): each a row of its own, so that what
-each compiled part gains is measured in the same rounds. A pass's time is split
-into:
+bfloat16 with them off; bfloat16 with the compiled LayerNorm off, with the compiled
+embeddings off, and with GELU as oneDNN's post-op instead of by table
+(fastbert.kernels.cpu_gelu): each a row of its own, so that what each compiled part gains is
+measured in the same rounds. A pass's time is split into:
 
 - linear: the products with their fused epilogues (oneDNN's linear, its quantised linear,
   ``torch._int_mm``, MKL), bfloat16's GELU by table after them, and the int8 linear's
@@ -21,6 +21,7 @@ into:
   per-length path that runs where it does not (SDPA or the math path, with their masks and
   rotary positions);
 - LayerNorm, and the residual adds before it (``aten::add``);
+- embeddings: the lookups, their sum and LayerNorm (compiled, or PyTorch's ops);
 - other PyTorch ops (pooling, packing, copies);
 - outside PyTorch's ops: Python and the glue between the ops.
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -63,14 +65,26 @@ PARTS = {
     "aten::layer_norm": "LayerNorm",
     "aten::native_layer_norm": "LayerNorm",
     "aten::add": "residual add",
+    "fastbert::cpu_embeddings": "embeddings",
+    "fastbert::embeddings_by_ops": "embeddings",
 }
-ORDER = ("linear", "attention", "LayerNorm", "residual add", "other ops", "outside ops")
+ORDER = (
+    "linear",
+    "attention",
+    "LayerNorm",
+    "residual add",
+    "embeddings",
+    "other ops",
+    "outside ops",
+)
 MODEL_HELP = "the corpus benchmark's model (benchmarks/embed_bench.py's --model)"
 # The row of bfloat16 with the compiled attention's AMX tiles off (where it has them).
 UNTILED = "bfloat16, attention without AMX tiles"
 # The row of bfloat16 with the residual adds and LayerNorms on PyTorch's ops (where the CPU
 # engine's compiled LayerNorm runs).
 NORM_UNCOMPILED = "bfloat16, LayerNorm on PyTorch's ops"
+# The row of bfloat16 with the embeddings' lookups, sum and LayerNorm on PyTorch's ops.
+EMBEDDINGS_UNCOMPILED = "bfloat16, embeddings on PyTorch's ops"
 # The row of bfloat16 with GELU as oneDNN's post-op (where GELU by table runs).
 GELU_POST_OP = "bfloat16, GELU as oneDNN's post-op"
 # A precision's row with the compiled attention off (where it runs): the per-length path.
@@ -81,7 +95,8 @@ ATTENTION_UNCOMPILED = "{}, attention on the per-length path"
 def labelled_compiled_kernels() -> Iterator[None]:
     """The compiled C++ kernels (called through ctypes, unseen by the profiler) run inside
     profiler ranges named for them, for the duration of the block: the attention kernel, the
-    LayerNorm with its residual add, GELU by table, and the whole int8 linear (its compiled
+    LayerNorm with its residual add, the embeddings (and their plain op), GELU by table, and
+    the whole int8 linear (its compiled
     quantisation and dequantisation around the product); so does the per-length attention
     path, whose several ops (and Python between them) are attention's."""
     from fastbert.kernels import (
@@ -96,6 +111,8 @@ def labelled_compiled_kernels() -> Iterator[None]:
         (cpu_attention, "attention_sequences", "fastbert::cpu_attention"),
         (cpu_engine_attention, "attention_by_length", "fastbert::attention_by_length"),
         (cpu_layer_norm, "layer_norm", "fastbert::cpu_layer_norm"),
+        (cpu_layer_norm, "embeddings_layer_norm", "fastbert::cpu_embeddings"),
+        (torch_ops, "embeddings_layer_norm_unchecked", "fastbert::embeddings_by_ops"),
         (cpu_gelu, "gelu_", "fastbert::gelu_table"),
         (torch_ops, "linear_quantized_unchecked", "fastbert::int8_linear"),
     ]
@@ -146,7 +163,7 @@ def rows_to_run(jobs: dict) -> dict[str, tuple[str, Any, Callable]]:
     """Row name -> (precision, job, the switch it runs under): each precision's job, each
     precision with the compiled attention turned off, and bfloat16 with each of the CPU
     engine's other compiled parts that runs here turned off in turn (the attention's AMX
-    tiles, the compiled LayerNorm, GELU by table)."""
+    tiles, the compiled LayerNorm, the compiled embeddings, GELU by table)."""
     from fastbert.kernels import cpu_attention, cpu_gelu, cpu_layer_norm
 
     rows = {precision: (precision, job, contextlib.nullcontext) for precision, job in jobs.items()}
@@ -157,7 +174,12 @@ def rows_to_run(jobs: dict) -> dict[str, tuple[str, Any, Callable]]:
     if "bfloat16" in jobs and cpu_attention.tiles():
         rows[UNTILED] = ("bfloat16", jobs["bfloat16"], cpu_attention.tiles_turned_off)
     if "bfloat16" in jobs and cpu_layer_norm.available():
-        rows[NORM_UNCOMPILED] = ("bfloat16", jobs["bfloat16"], cpu_layer_norm.turned_off)
+        for name, op in (
+            (NORM_UNCOMPILED, "layer_norm"),
+            (EMBEDDINGS_UNCOMPILED, "embeddings_layer_norm"),
+        ):
+            switch = functools.partial(cpu_layer_norm.op_turned_off, op)
+            rows[name] = ("bfloat16", jobs["bfloat16"], switch)
     if "bfloat16" in jobs and cpu_gelu.available():
         rows[GELU_POST_OP] = ("bfloat16", jobs["bfloat16"], cpu_gelu.turned_off)
     return rows

@@ -20,10 +20,12 @@ results are those of the plain backend within its tolerance:
   packed copies where the caller passes ``packs`` and the CPU has AMX-INT8, else on
   ``torch._int_mm`` (docs/cpu.md, "int8").
 - layer_norm (fastbert.kernels.cpu_layer_norm): the residual add and the LayerNorm in one
-  compiled pass over each row (float32 and bfloat16, no dropout).
+  compiled pass over each row (float32 and bfloat16, no dropout);
+- embeddings_layer_norm (the same module): the three table lookups, their float32 sum and the
+  LayerNorm in one compiled pass over each token.
 
-The other ops (the embeddings, the softmax, the fp8 linear, the SPLADE head) are the plain
-backend's on a CPU too. :func:`status` says what the engine runs here.
+The other ops (the softmax, the fp8 linear, the SPLADE head) are the plain backend's on a CPU
+too. :func:`status` says what the engine runs here.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ OPS: dict[str, Callable[..., torch.Tensor]] = {
     "linear": cpu_engine_linear.linear_unchecked,
     "linear_int8": cpu_engine_int8.linear_int8_unchecked,
     "layer_norm": cpu_layer_norm.layer_norm_unchecked,
+    "embeddings_layer_norm": cpu_layer_norm.embeddings_layer_norm_unchecked,
 }
 
 
@@ -70,7 +73,8 @@ def status() -> dict[str, str]:
         "linear": linear_status(onednn),
         "packed weights": "available" if packed_weights.available() else "unavailable",
         "int8 linear": int8_status(),
-        "LayerNorm": "residual add and LayerNorm compiled in one pass"
+        "LayerNorm": "residual add and LayerNorm compiled in one pass, and the embeddings' "
+        "lookups, sum and LayerNorm"
         if cpu_layer_norm.available()
         else f"PyTorch's ops (compiled pass {cpu_layer_norm.status()})",
     }

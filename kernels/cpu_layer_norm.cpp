@@ -1,5 +1,6 @@
-// LayerNorm(x + residual) over rows, in one pass over memory: fastbert.kernels.cpu_layer_norm
-// compiles this file at first use (-O3 -march=native -fopenmp) and calls it through ctypes.
+// LayerNorm(x + residual) over rows, and the embeddings' LayerNorm of three gathered table
+// rows, each in one pass over memory: fastbert.kernels.cpu_layer_norm compiles this file at
+// first use (-O3 -march=native -fopenmp) and calls it through ctypes.
 //
 // fastbert_layer_norm: x [rows, cols] (row stride x_stride), residual [rows, cols] or NULL (row
 // stride r_stride), weight [cols], bias [cols] or NULL, all of one dtype (bfloat16: is_bf16,
@@ -7,6 +8,9 @@
 //   s = x + residual, rounded to the dtype (as PyTorch's add in that dtype rounds it),
 //   mean = sum(s) / cols, var = sum((s - mean)^2) / cols (float32),
 //   out = (s - mean) * (1 / sqrt(var + eps)) * weight + bias, rounded to the dtype.
+// fastbert_embeddings_layer_norm: the same with s = word[ids] + pos[positions] + type[types],
+// summed in float32 in that order and not rounded (fastbert.kernels.reference's
+// embeddings_layer_norm); returns 1, having written nothing, where an id is outside its table.
 // The statistics are those of the reference (fastbert.kernels.reference.layer_norm: float32
 // over the rounded sum), summed in two accumulators of 16 lanes and then pairwise across the
 // lanes (so that the additions overlap), so they differ from PyTorch's in the order of the
@@ -158,10 +162,34 @@ static inline float lanes_sum(vf v) {
   return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
-// Row i's sum x + residual (rounded to the dtype) into s, float32, and the sum of its values.
-// PAIRS (bfloat16, cols a multiple of 2W): s holds the even elements, then the odd ones.
-template <bool BF16, bool PAIRS>
-static float row_sum(const char* xr, const char* rr, int64_t cols, float* s) {
+// The rows a call reads: row i of source k at base[k] + (index[k] ? index[k][i] : i) *
+// stride[k] elements (x and the residual, or the word, position and type tables); a null base:
+// no such source.
+struct Sources {
+  const char* base[3];
+  int64_t stride[3];
+  const int64_t* index[3];
+  const char* row(int k, int64_t i, int size) const {
+    if (base[k] == nullptr) return nullptr;
+    return base[k] + (index[k] != nullptr ? index[k][i] : i) * stride[k] * size;
+  }
+};
+
+// The even and odd elements of a bfloat16 row's values 2j .. 2j + 2W - 1 (W 32-bit words)
+// added to even and odd; nothing for a null row.
+static inline void add_pairs(const char* row, int64_t j, vf& even, vf& odd) {
+  if (row == nullptr) return;
+  const vu words = *(const vu_unaligned*)((const uint16_t*)row + 2 * j);
+  even += even_half(words);
+  odd += odd_half(words);
+}
+
+// Row i's sum a + b + c (b, c: null where absent) into s, float32, and the sum of its values.
+// ROUND: a + b rounded to the dtype (as PyTorch's add in that dtype rounds the residual sum);
+// else the sum is kept in float32 (the embeddings'). PAIRS (bfloat16, cols a multiple of 2W):
+// s holds the even elements, then the odd ones.
+template <bool BF16, bool PAIRS, bool ROUND>
+static float row_sum(const char* a, const char* b, const char* c, int64_t cols, float* s) {
   // Two accumulators (even and odd elements, or alternate vectors), so that consecutive
   // additions do not wait on each other.
   vf sum_a = vf{}, sum_b = vf{};
@@ -169,13 +197,14 @@ static float row_sum(const char* xr, const char* rr, int64_t cols, float* s) {
   if (PAIRS) {
     const int64_t half = cols / 2;
     for (int64_t j = 0; j < half; j += W) {
-      vu xw = *(const vu_unaligned*)((const uint16_t*)xr + 2 * j);
-      vf even = even_half(xw), odd = odd_half(xw);
-      if (rr != nullptr) {
-        vu rw = *(const vu_unaligned*)((const uint16_t*)rr + 2 * j);
-        vu sum = paired(even + even_half(rw), odd + odd_half(rw));
-        even = even_half(sum);
-        odd = odd_half(sum);
+      vu aw = *(const vu_unaligned*)((const uint16_t*)a + 2 * j);
+      vf even = even_half(aw), odd = odd_half(aw);
+      add_pairs(b, j, even, odd);
+      add_pairs(c, j, even, odd);
+      if (ROUND && b != nullptr) {
+        vu rounded = paired(even, odd);
+        even = even_half(rounded);
+        odd = odd_half(rounded);
       }
       *(vf*)(s + j) = even;
       *(vf*)(s + half + j) = odd;
@@ -186,11 +215,10 @@ static float row_sum(const char* xr, const char* rr, int64_t cols, float* s) {
   }
   const int64_t whole = cols - cols % W;
   for (int64_t j = 0; j < whole; j += W) {
-    vf v = load16<BF16>(xr, j);
-    if (rr != nullptr) {
-      v += load16<BF16>(rr, j);
-      if (BF16) v = round_bf16_16(v);
-    }
+    vf v = load16<BF16>(a, j);
+    if (b != nullptr) v += load16<BF16>(b, j);
+    if (c != nullptr) v += load16<BF16>(c, j);
+    if (BF16 && ROUND && b != nullptr) v = round_bf16_16(v);
     *(vf*)(s + j) = v;
     if ((j / W) % 2 == 0) {
       sum_a += v;
@@ -200,8 +228,10 @@ static float row_sum(const char* xr, const char* rr, int64_t cols, float* s) {
   }
   sum = lanes_sum(sum_a + sum_b);
   for (int64_t j = whole; j < cols; ++j) {
-    float v = load<BF16>(xr, j);
-    s[j] = rr != nullptr ? round_to_dtype<BF16>(v + load<BF16>(rr, j)) : v;
+    float v = load<BF16>(a, j);
+    if (b != nullptr) v += load<BF16>(b, j);
+    if (c != nullptr) v += load<BF16>(c, j);
+    s[j] = ROUND && b != nullptr ? round_to_dtype<BF16>(v) : v;
     sum += s[j];
   }
   return sum;
@@ -248,9 +278,8 @@ static inline float squares_sum(const float* s, int64_t cols, float mean) {
   return sq;
 }
 
-template <bool BF16, bool PAIRS>
-static void layer_norm_rows(const void* x, int64_t x_stride, const void* residual,
-                            int64_t r_stride, int64_t rows, int64_t cols, const void* weight,
+template <bool BF16, bool PAIRS, bool ROUND>
+static void layer_norm_rows(const Sources& in, int64_t rows, int64_t cols, const void* weight,
                             const void* bias, float eps, void* out, int threads) {
   const int size = BF16 ? 2 : 4;
   const int64_t half = cols / 2;
@@ -268,9 +297,9 @@ static void layer_norm_rows(const void* x, int64_t x_stride, const void* residua
     }
     #pragma omp for schedule(static)
     for (int64_t i = 0; i < rows; ++i) {
-      const char* xr = (const char*)x + i * x_stride * size;
-      const char* rr = residual != nullptr ? (const char*)residual + i * r_stride * size : nullptr;
-      const float mean = row_sum<BF16, PAIRS>(xr, rr, cols, s) / (float)cols;
+      const float mean = row_sum<BF16, PAIRS, ROUND>(in.row(0, i, size), in.row(1, i, size),
+                                                     in.row(2, i, size), cols, s) /
+                         (float)cols;
       const float sq = squares_sum(s, cols, mean);
       const float rstd = 1.0f / sqrtf(sq / (float)cols + eps);
       write_row<BF16, PAIRS>(s, cols, mean, rstd, w, b, (char*)out + i * cols * size);
@@ -280,18 +309,42 @@ static void layer_norm_rows(const void* x, int64_t x_stride, const void* residua
 
 extern "C" int fastbert_layer_norm_max_cols(void) { return MAX_COLS; }
 
+template <bool ROUND>
+static void layer_norm_sources(const Sources& in, int64_t rows, int64_t cols, const void* weight,
+                               const void* bias, float eps, int is_bf16, void* out,
+                               int threads) {
+  if (is_bf16 && cols % (2 * W) == 0) {
+    layer_norm_rows<true, true, ROUND>(in, rows, cols, weight, bias, eps, out, threads);
+  } else if (is_bf16) {
+    layer_norm_rows<true, false, ROUND>(in, rows, cols, weight, bias, eps, out, threads);
+  } else {
+    layer_norm_rows<false, false, ROUND>(in, rows, cols, weight, bias, eps, out, threads);
+  }
+}
+
 extern "C" void fastbert_layer_norm(const void* x, int64_t x_stride, const void* residual,
                                     int64_t r_stride, int64_t rows, int64_t cols,
                                     const void* weight, const void* bias, float eps, int is_bf16,
                                     void* out, int threads) {
-  if (is_bf16 && cols % (2 * W) == 0) {
-    layer_norm_rows<true, true>(x, x_stride, residual, r_stride, rows, cols, weight, bias, eps,
-                                out, threads);
-  } else if (is_bf16) {
-    layer_norm_rows<true, false>(x, x_stride, residual, r_stride, rows, cols, weight, bias, eps,
-                                 out, threads);
-  } else {
-    layer_norm_rows<false, false>(x, x_stride, residual, r_stride, rows, cols, weight, bias, eps,
-                                  out, threads);
-  }
+  const Sources in{{(const char*)x, (const char*)residual, nullptr},
+                   {x_stride, r_stride, 0},
+                   {nullptr, nullptr, nullptr}};
+  layer_norm_sources<true>(in, rows, cols, weight, bias, eps, is_bf16, out, threads);
+}
+
+// tables[k]: [table_rows[k], cols] (row stride strides[k]); ids[k]: [rows] int64, each below
+// table_rows[k] (checked here first: 1 where one is not, with nothing written).
+extern "C" int fastbert_embeddings_layer_norm(const void* const* tables, const int64_t* strides,
+                                              const int64_t* table_rows,
+                                              const int64_t* const* ids, int64_t rows,
+                                              int64_t cols, const void* weight, const void* bias,
+                                              float eps, int is_bf16, void* out, int threads) {
+  for (int k = 0; k < 3; k++)
+    for (int64_t i = 0; i < rows; i++)
+      if (ids[k][i] < 0 || ids[k][i] >= table_rows[k]) return 1;
+  const Sources in{{(const char*)tables[0], (const char*)tables[1], (const char*)tables[2]},
+                   {strides[0], strides[1], strides[2]},
+                   {ids[0], ids[1], ids[2]}};
+  layer_norm_sources<false>(in, rows, cols, weight, bias, eps, is_bf16, out, threads);
+  return 0;
 }

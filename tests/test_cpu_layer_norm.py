@@ -109,3 +109,134 @@ def test_the_engine_runs_it_for_the_torch_backend_on_a_cpu() -> None:
     ops = backends.get_ops("torch", "cpu")
     assert ops.layer_norm is cpu_layer_norm.layer_norm_unchecked
     assert "compiled in one pass" in cpu_engine.status()["LayerNorm"]
+
+
+def _embedding_inputs(dtype, seed=0, batch=3, seq=50, hidden=384):
+    gen = torch.Generator().manual_seed(seed)
+    tables = [
+        (torch.randn(rows, hidden, generator=gen) * scale).to(dtype)
+        for rows, scale in ((1000, 1.0), (512, 0.3), (2, 0.1))
+    ]
+    w = (1 + 0.2 * torch.randn(hidden, generator=gen)).to(dtype)
+    b = (0.2 * torch.randn(hidden, generator=gen)).to(dtype)
+    ids = torch.randint(0, 1000, (batch, seq), generator=gen)
+    types = torch.randint(0, 2, (batch, seq), generator=gen)
+    return tables, w, b, ids, types
+
+
+EMBEDDING_FLAGS = dict(check_ids=True, dropout_p=0.0, padding_idx=0, position_padding_idx=None)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("types", [True, False])
+@pytest.mark.parametrize("positions", ["per row", "shared", "none"])
+@pytest.mark.parametrize("hidden", [384, 40])
+def test_embeddings_as_accurate_as_the_plain_op(dtype, types, positions, hidden) -> None:
+    """Held to float64 of the three rows' sum (the reference's definition: nothing rounded
+    before the LayerNorm) as tightly as the plain backend's lookups, adds and LayerNorm."""
+    (word, pos, typ), w, b, ids, token_types = _embedding_inputs(dtype, hidden=hidden)
+    token_types = token_types if types else None
+    seq = ids.shape[1]
+    position_ids = {
+        "per row": torch.randint(0, 512, ids.shape),
+        "shared": torch.arange(seq).int(),
+        "none": None,
+    }[positions]
+    args = (ids, token_types, position_ids, word, pos, typ, w, b, 1e-12)
+    assert cpu_layer_norm.embeddings_takes(
+        ids, token_types, position_ids, (word, pos, typ), w, b, 0
+    )
+    got = cpu_layer_norm.embeddings_layer_norm_unchecked(*args, **EMBEDDING_FLAGS)
+    plain = torch_ops.embeddings_layer_norm_unchecked(*args, **EMBEDDING_FLAGS)
+    assert got.shape == (*ids.shape, hidden) and got.dtype == dtype and got.is_contiguous()
+    p = torch.arange(seq) if position_ids is None else position_ids
+    t = torch.zeros_like(ids) if token_types is None else token_types
+    summed = word.double()[ids] + pos.double()[p.long()] + typ.double()[t]
+    exact = F.layer_norm(summed, (hidden,), w.double(), b.double(), 1e-12)
+    error, plain_error = (got.double() - exact).abs(), (plain.double() - exact).abs()
+    assert error.max() <= 1.25 * plain_error.max() + 1e-7, (error.max(), plain_error.max())
+    if dtype == torch.bfloat16:
+        assert (got != plain).float().mean() < 0.01
+
+
+@pytest.mark.parametrize("check_ids", [True, False])
+@pytest.mark.parametrize("bad", ["word", "negative word", "position", "type"])
+def test_embeddings_ids_outside_their_tables_raise(check_ids, bad) -> None:
+    """An id outside its table raises the plain backend's ValueError, even where the caller
+    says it has checked them (the kernel reads the rows they name)."""
+    (word, pos, typ), w, b, ids, types = _embedding_inputs(torch.bfloat16, seed=1)
+    positions = torch.arange(ids.shape[1])
+    if bad == "word":
+        ids[1, 3] = 1000
+    elif bad == "negative word":
+        ids[0, 0] = -1
+    elif bad == "position":
+        positions = positions + 500
+    else:
+        types[2, 7] = 2
+    flags = {**EMBEDDING_FLAGS, "check_ids": check_ids}
+    with pytest.raises(ValueError):
+        cpu_layer_norm.embeddings_layer_norm_unchecked(
+            ids, types, positions, word, pos, typ, w, b, 1e-12, **flags
+        )
+
+
+def test_embeddings_calls_it_leaves_to_the_plain_op() -> None:
+    (word, pos, typ), w, b, ids, types = _embedding_inputs(torch.bfloat16, seed=2)
+    positions = torch.arange(ids.shape[1])
+    tables = (word, pos, typ)
+    takes = cpu_layer_norm.embeddings_takes
+    assert takes(ids, types, positions, tables, w, b, 0.0)
+    assert not takes(ids, types, positions, tables, w, b, 0.1)  # dropout
+    assert not takes(ids[0], None, positions, tables, w, b, 0.0)  # ids not [B, S]
+    assert not takes(ids, types, positions, (word.half(), pos.half(), typ.half()), w, b, 0.0)
+    assert not takes(ids, types, positions, (word, pos.float(), typ), w, b, 0.0)  # mixed
+    assert not takes(ids, types, positions, (word.t(), pos, typ), w, b, 0.0)  # column stride
+    assert not takes(ids.float(), types, positions, tables, w, b, 0.0)  # float ids
+    assert not takes(ids, types[:, :3], positions, tables, w, b, 0.0)  # types' shape
+    leaf = word.float().requires_grad_()
+    floats = (leaf, pos.float(), typ.float())
+    assert not takes(ids, types, positions, floats, w.float(), b.float(), 0.0)
+    with cpu_layer_norm.turned_off():
+        assert not takes(ids, types, positions, tables, w, b, 0.0)
+    # The engine's op gives the plain op's result, gradient included, where it does not take it.
+    got = cpu_engine.OPS["embeddings_layer_norm"](
+        ids, types, positions, *floats, w.float(), b.float(), 1e-12, **EMBEDDING_FLAGS
+    )
+    plain = torch_ops.embeddings_layer_norm_unchecked(
+        ids, types, positions, *floats, w.float(), b.float(), 1e-12, **EMBEDDING_FLAGS
+    )
+    assert torch.equal(got, plain) and got.requires_grad
+
+
+def test_the_engine_runs_the_embeddings_for_the_torch_backend_on_a_cpu() -> None:
+    from fastbert.execution import backends
+
+    ops = backends.get_ops("torch", "cpu")
+    assert ops.embeddings_layer_norm is cpu_layer_norm.embeddings_layer_norm_unchecked
+    assert "embeddings' lookups" in cpu_engine.status()["LayerNorm"]
+
+
+def test_each_compiled_op_turns_off_alone() -> None:
+    x, w, b, r = _inputs((8, 64), torch.bfloat16, seed=4)
+    (word, pos, typ), ew, eb, ids, types = _embedding_inputs(torch.bfloat16, seed=4)
+    positions = torch.arange(ids.shape[1])
+
+    def both() -> tuple[bool, bool]:
+        return (
+            cpu_layer_norm.takes(x, w, b, r, 0.0),
+            cpu_layer_norm.embeddings_takes(ids, types, positions, (word, pos, typ), ew, eb, 0),
+        )
+
+    assert both() == (True, True)
+    with cpu_layer_norm.op_turned_off("embeddings_layer_norm"):
+        assert both() == (True, False)
+        with cpu_layer_norm.op_turned_off("layer_norm"):
+            assert both() == (False, False)
+        assert both() == (True, False)
+    with cpu_layer_norm.op_turned_off("layer_norm"):
+        assert both() == (False, True)
+    assert both() == (True, True)
+    with pytest.raises(ValueError, match="embeddings_layer_norm"):
+        with cpu_layer_norm.op_turned_off("gelu"):
+            pass

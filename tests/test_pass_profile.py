@@ -31,15 +31,17 @@ def test_each_outermost_event_counts_once_with_its_callees() -> None:
         _event("aten::native_layer_norm", 0.0625, parent=linear),
         _event("aten::add", 0.03125),
         _event("aten::index_select", 0.03125),
+        _event("fastbert::cpu_embeddings", 0.0625),
     ]
-    parts = pass_profile.split(events, wall=1.375)
+    parts = pass_profile.split(events, wall=1.4375)
     assert list(parts) == list(pass_profile.ORDER)
     assert parts["linear"] == 0.875
     assert parts["attention"] == 0.25
     assert parts["LayerNorm"] == 0.0625
     assert parts["residual add"] == 0.03125
+    assert parts["embeddings"] == 0.0625
     assert parts["other ops"] == 0.03125
-    assert parts["outside ops"] == pytest.approx(1.375 - 1.25)
+    assert parts["outside ops"] == pytest.approx(1.4375 - 1.3125)
 
 
 def test_a_short_run_finds_each_part_and_writes_both_files(tmp_path) -> None:
@@ -62,13 +64,15 @@ def test_a_short_run_finds_each_part_and_writes_both_files(tmp_path) -> None:
         # The linears are found in each precision (the int8 one through its labelled range),
         # and the compiled attention kernel where this CPU runs it.
         assert parts["linear"] > 0.2 * row["wall_s"], (precision, parts)
-        assert parts["LayerNorm"] > 0, (precision, parts)
+        assert parts["LayerNorm"] > 0 and parts["embeddings"] > 0, (precision, parts)
         if cpu_attention.available():
             assert parts["attention"] > 0, (precision, parts)
         assert len(row["linear_share_of_limit"]) == 2
     # The labels are taken off again.
     assert cpu_attention.attention_sequences.__module__ == "fastbert.kernels.cpu_attention"
     assert cpu_layer_norm.layer_norm.__module__ == "fastbert.kernels.cpu_layer_norm"
+    assert cpu_layer_norm.embeddings_layer_norm.__module__ == "fastbert.kernels.cpu_layer_norm"
+    assert torch_ops.embeddings_layer_norm_unchecked.__module__ == "fastbert.kernels.torch_ops"
     assert cpu_gelu.gelu_.__module__ == "fastbert.kernels.cpu_gelu"
     assert torch_ops.linear_quantized_unchecked.__module__ == "fastbert.kernels.torch_ops"
     table = (out / "pass-profile.md").read_text()
@@ -106,10 +110,18 @@ def test_bfloat16_runs_with_the_attention_tiles_off_too(tmp_path) -> None:
     assert pass_profile.main([*argv, "--precisions", "bfloat16"]) == 0
     results = json.loads((out / "pass-profile.json").read_text())["results"]
     off = pass_profile.ATTENTION_UNCOMPILED.format("bfloat16")
-    rows = [pass_profile.UNTILED, pass_profile.NORM_UNCOMPILED, pass_profile.GELU_POST_OP]
+    rows = [
+        pass_profile.UNTILED,
+        pass_profile.NORM_UNCOMPILED,
+        pass_profile.EMBEDDINGS_UNCOMPILED,
+        pass_profile.GELU_POST_OP,
+    ]
     assert list(results) == ["bfloat16", off, *rows]
     assert results[pass_profile.UNTILED]["precision"] == "bfloat16"
     # The table's GELU counts as linear's time; with the post-op it is inside the product.
     assert results["bfloat16"]["parts"]["linear"] > 0.2 * results["bfloat16"]["wall_s"]
     assert all(row["parts"]["attention"] > 0 for row in results.values())
     assert not cpu_attention._tiles_paused and cpu_gelu.available()
+    assert not cpu_layer_norm._paused_ops
+    # The embeddings are timed in every row, compiled or on PyTorch's ops.
+    assert all(row["parts"]["embeddings"] > 0 for row in results.values())
