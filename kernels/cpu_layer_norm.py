@@ -141,6 +141,21 @@ def takes(x, weight, bias, residual, dropout_p) -> bool:
     return all(_rows(t) is not None for t in (x, residual) if t is not None)
 
 
+def _normalisation(weight, bias, eps: float, out: torch.Tensor) -> tuple:
+    """Both kernels' last arguments: weight, bias (or NULL), eps, whether bfloat16, out and
+    the threads."""
+    bias_pointer = None if bias is None else bias.data_ptr()
+    is_bf16 = int(out.dtype == torch.bfloat16)
+    return (
+        weight.data_ptr(),
+        bias_pointer,
+        float(eps),
+        is_bf16,
+        out.data_ptr(),
+        torch.get_num_threads(),
+    )
+
+
 def layer_norm(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -162,12 +177,7 @@ def layer_norm(
         0 if res is None else res.stride(0),
         rows.shape[0],
         rows.shape[1],
-        weight.data_ptr(),
-        None if bias is None else bias.data_ptr(),
-        float(eps),
-        int(x.dtype == torch.bfloat16),
-        out.data_ptr(),
-        torch.get_num_threads(),
+        *_normalisation(weight, bias, eps, out),
     )
     return out
 
@@ -242,12 +252,7 @@ def embeddings_layer_norm(
         ctypes.addressof(id_pointers),
         ids[0].numel(),
         weight.shape[0],
-        weight.data_ptr(),
-        None if bias is None else bias.data_ptr(),
-        float(eps),
-        int(out.dtype == torch.bfloat16),
-        out.data_ptr(),
-        torch.get_num_threads(),
+        *_normalisation(weight, bias, eps, out),
     )
     if failed:  # the plain backend's message for the id out of range, else a plain one
         checks.check_embedding_ids(input_ids, token_type_ids, position_ids, *tables)
@@ -257,47 +262,24 @@ def embeddings_layer_norm(
 
 @implements(reference.embeddings_layer_norm)
 def embeddings_layer_norm_unchecked(
-    input_ids,
-    token_type_ids,
-    position_ids,
-    word_emb,
-    pos_emb,
-    type_emb,
-    weight,
-    bias,
-    eps,
-    *,
-    check_ids,
-    dropout_p,
-    padding_idx,
-    position_padding_idx,
+    input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb, weight, bias, eps, **flags
 ):
     """:func:`fastbert.kernels.torch_ops.embeddings_layer_norm_unchecked` on the compiled
     kernel where :func:`embeddings_takes` the call (positions None: 0 .. S - 1 in each row).
-    The kernel checks every id whatever ``check_ids`` says (it reads the rows they name)."""
+    ``flags``: the plain op's keywords (``check_ids``, ``dropout_p``, ``padding_idx``,
+    ``position_padding_idx``), which the kernel's output does not depend on but for
+    ``dropout_p``. The kernel checks every id whatever ``check_ids`` says (it reads the rows
+    they name)."""
     tables = (word_emb, pos_emb, type_emb)
+    dropout_p = flags["dropout_p"]
     if embeddings_takes(input_ids, token_type_ids, position_ids, tables, weight, bias, dropout_p):
-        if check_ids:
-            checks.check_embedding_ids(
-                input_ids, token_type_ids, position_ids, word_emb, pos_emb, type_emb
-            )
+        if flags["check_ids"]:
+            checks.check_embedding_ids(input_ids, token_type_ids, position_ids, *tables)
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1])
         return embeddings_layer_norm(
             input_ids, token_type_ids, position_ids, tables, weight, bias, eps
         )
     return torch_ops.embeddings_layer_norm_unchecked(
-        input_ids,
-        token_type_ids,
-        position_ids,
-        word_emb,
-        pos_emb,
-        type_emb,
-        weight,
-        bias,
-        eps,
-        check_ids=check_ids,
-        dropout_p=dropout_p,
-        padding_idx=padding_idx,
-        position_padding_idx=position_padding_idx,
+        input_ids, token_type_ids, position_ids, *tables, weight, bias, eps, **flags
     )
