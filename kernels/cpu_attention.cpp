@@ -504,7 +504,8 @@ static void attend(const T* q, const T* k, const T* v, int64_t stride, int lengt
     k = rotated, q = rotated + (int64_t)length * D, k_stride = q_stride = D;
     rest += ((int64_t)(length + queries) * D * sizeof(T) + 63) / 64 * 16;
   }
-  prefetch_rows<T, D>(q, q_stride, 0, TILE_ROWS, queries);  // the first block's, while K is laid out
+  // The first block's query rows, while K is laid out.
+  prefetch_rows<T, D>(q, q_stride, 0, TILE_ROWS, queries);
   for (int jb = 0; jb < padded; jb += W)
     for (int wb = 0; wb < words; wb += W)
       transpose_block((const uint32_t*)(k + jb * k_stride) + wb, k_stride * sizeof(T) / 4,
