@@ -267,13 +267,13 @@ def embeddings_layer_norm_unchecked(
     """:func:`fastbert.kernels.torch_ops.embeddings_layer_norm_unchecked` on the compiled
     kernel where :func:`embeddings_takes` the call (positions None: 0 .. S - 1 in each row).
     ``flags``: the plain op's keywords (``check_ids``, ``dropout_p``, ``padding_idx``,
-    ``position_padding_idx``), which the kernel's output does not depend on but for
-    ``dropout_p``. The kernel checks every id whatever ``check_ids`` says (it reads the rows
-    they name)."""
+    ``position_padding_idx``, with the reference's defaults where left out), which the
+    kernel's output does not depend on but for ``dropout_p``. The kernel checks every id
+    whatever ``check_ids`` says (it reads the rows they name)."""
     tables = (word_emb, pos_emb, type_emb)
-    dropout_p = flags["dropout_p"]
+    dropout_p = flags.get("dropout_p", 0.0)
     if embeddings_takes(input_ids, token_type_ids, position_ids, tables, weight, bias, dropout_p):
-        if flags["check_ids"]:
+        if flags.get("check_ids", True):
             checks.check_embedding_ids(input_ids, token_type_ids, position_ids, *tables)
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1])

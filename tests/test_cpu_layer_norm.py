@@ -209,6 +209,19 @@ def test_embeddings_calls_it_leaves_to_the_plain_op() -> None:
     assert torch.equal(got, plain) and got.requires_grad
 
 
+def test_embeddings_keywords_left_out_take_the_references_defaults() -> None:
+    """Called without the plain op's keywords: dropout 0, ids checked (as the reference)."""
+    (word, pos, typ), w, b, ids, types = _embedding_inputs(torch.float32, seed=5)
+    args = (ids, types, None, word, pos, typ, w, b, 1e-12)
+    got = cpu_layer_norm.embeddings_layer_norm_unchecked(*args)
+    assert torch.equal(
+        got, cpu_layer_norm.embeddings_layer_norm_unchecked(*args, **EMBEDDING_FLAGS)
+    )
+    ids[0, 0] = 5000
+    with pytest.raises(ValueError):
+        cpu_layer_norm.embeddings_layer_norm_unchecked(*args)
+
+
 def test_the_engine_runs_the_embeddings_for_the_torch_backend_on_a_cpu() -> None:
     from fastbert.execution import backends
 
