@@ -24,7 +24,8 @@
 //
 // bfloat16: q k^T from exact bfloat16 products summed in float32 (vdpbf16ps), the softmax and
 // P @ V in float32 with P unrounded (V widened exactly), the result rounded to bfloat16 once.
-// float32: every step in float32 FMAs, the softmax's exp a Cephes polynomial (about 1 ulp).
+// float32: every step in float32 FMAs, the softmax's exp as 2^t, t = (s - max) log2(e) from one
+// FMA, by a polynomial (about 1 ulp).
 //
 // Work: one OpenMP task per sequence, or per sequence and head when the sequences are fewer
 // than four a thread (so that one sequence's heads spread over the threads too), dynamic
@@ -92,23 +93,24 @@ static inline vh narrow(vf x) {
   return __builtin_convertvector(u, vh);
 }
 
-// exp(x) for x <= 0 (scores less their row's max), Cephes' single-precision polynomial
-// (about 1 ulp); x below -87 gives exp(-87), a NaN stays a NaN.
-static inline vf exp_nonpositive(vf x) {
-  const vf in = x;
-  x = x < splat(-87.0f) ? splat(-87.0f) : x;
-  const vf fx = x * 1.44269504088896341f + 0.5f;
-  const vf nf = (vf)_mm512_roundscale_ps((__m512)fx, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  x = x - nf * 0.693359375f - nf * -2.12194440e-4f;
-  vf y = splat(1.9875691500e-4f);
-  y = y * x + 1.3981999507e-3f;
-  y = y * x + 8.3334519073e-3f;
-  y = y * x + 4.1665795894e-2f;
-  y = y * x + 1.6666665459e-1f;
-  y = y * x + 5.0000001201e-1f;
-  y = y * x * x + x + 1.0f;
-  y = (vf)_mm512_scalef_ps((__m512)y, (__m512)nf);  // y * 2^nf, exactly (results are normal)
-  return in != in ? in : y;
+// 2^t for t at most about 0 (a row's scores less its max, in base 2; a NaN stays a NaN, and
+// -inf, a masked key's, gives a NaN that the caller masks): t's nearest integer n and the
+// rest f in [-1/2, 1/2], 2^f by a degree-6 polynomial (a Chebyshev fit, relative error 9e-9
+// before float32's rounding, about 1 ulp with it), times 2^n exactly (vscalefps: a subnormal
+// or 0 below 2^-126, far below what a row's sum of at least 1 can show).
+static constexpr float LOG2E = 1.44269504088896341f;
+
+static inline vf exp2_nonpositive(vf t) {
+  const vf n = (vf)_mm512_roundscale_ps((__m512)t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const vf f = t - n;
+  vf p = splat(1.5453163359779865e-4f);
+  p = p * f + 1.3390863314270973e-3f;
+  p = p * f + 9.618083015084267e-3f;
+  p = p * f + 5.5503569543361664e-2f;
+  p = p * f + 2.4022650718688965e-1f;
+  p = p * f + 6.931471824645996e-1f;
+  p = p * f + 1.0f;
+  return (vf)_mm512_scalef_ps((__m512)p, (__m512)n);
 }
 
 static inline float lane_max(vf x) { return _mm512_reduce_max_ps((__m512)x); }
@@ -202,10 +204,11 @@ static inline float softmax_row(const Head<T>& a, float* row, float row_max, Key
     return 0.0f;
   }
   const int last = a.padded - W;
+  const float max_log2 = row_max * LOG2E;
   vf sum = {};
   for (int jb = keys.begin; jb < keys.end; jb += W) {
     const vf s = load(row + jb);
-    vf p = exp_nonpositive(s - row_max);
+    vf p = exp2_nonpositive(s * LOG2E - max_log2);  // exp(s - row_max), one rounding before
     if (jb == last) p = a.tail_keep ? p : splat(0.0f);
     if (a.window >= 0) p = s == splat(-INFINITY) ? splat(0.0f) : p;
     sum += p;

@@ -60,8 +60,10 @@ def test_varlen_against_float64(dtype, head_dim, scale) -> None:
     """Every sequence against the float64 reference. bfloat16: about one rounding of the
     result, and no less accurate than PyTorch's flash kernel on the same sequence (which
     rounds P to bfloat16). float32: float32's accuracy (the flash kernel's measured 3.6e-7
-    relative RMS error, the kernel's 3.7e-7). A kernel that read another sequence's keys, used
-    the wrong scale, or rounded the scores would fail it."""
+    relative RMS error, the kernel's 3.7e-7) and at most twice the flash kernel's error on the
+    same sequence (measured: at most 1.46x; a softmax exp off by about 10 ulp gave 3x). A
+    kernel that read another sequence's keys, used the wrong scale, or rounded the scores
+    would fail it."""
     q, k, v, cu = sharp_packed(LENGTHS, head_dim, seed=head_dim, dtype=dtype)
     out = C.attention_varlen(q, k, v, cu, scale)
     assert out.shape == q.shape and out.is_contiguous() and out.dtype == dtype
@@ -76,6 +78,7 @@ def test_varlen_against_float64(dtype, head_dim, scale) -> None:
         error = relative_error(got, expected)
         if dtype == torch.float32:
             assert error < 2e-6, (end - start, error)
+            assert error <= 2 * relative_error(flash, expected) or end - start == 1, error
             continue
         assert error < 2.5e-3, (end - start, error)
         assert error <= relative_error(flash, expected), (end - start, error)
