@@ -192,10 +192,15 @@ def test_sparse_folder_gives_splade_vectors(mlm, tmp_path, strategy, activation)
     loaded = fastbert.load(folder, device="cpu")
     assert loaded.kind == "sparse" and loaded.dimensions == want.shape[1]
     got = loaded.embed(TEXTS)
-    assert got.to_dense().shape == want.shape
-    np.testing.assert_array_equal(got.to_dense() > 0, want > 0)
-    np.testing.assert_allclose(got.to_dense(), want, atol=TOLERANCE, rtol=1e-5)
-    assert torch.equal(got.to_torch().to_dense() > 0, torch.from_numpy(want > 0))
+    dense = got.to_dense()
+    assert dense.shape == want.shape
+    # The zeros are sentence-transformers', but where a logit lies within float32's rounding
+    # of zero: there either side may round either way (seen: a logit of -5.9e-8 in float64,
+    # against logits of about 0.5, came out +3.0e-8 here and negative there).
+    differ = (dense > 0) != (want > 0)
+    assert differ.mean() < 1e-4 and np.all(np.abs(dense - want)[differ] < 1e-6)
+    np.testing.assert_allclose(dense, want, atol=TOLERANCE, rtol=1e-5)
+    assert torch.equal(got.to_torch().to_dense() > 0, torch.from_numpy(dense > 0))
 
 
 def test_old_format_sparse_folder(mlm, tmp_path):
