@@ -3,7 +3,7 @@ with random weights of a real model's size and no tokenizer (none needs a downlo
 
 A corpus is a list of documents' token counts drawn from a distribution; its ids are random.
 It is embedded as ``fastbert.embed`` does after tokenising: longest documents first, in
-batches of at most ``--batch-tokens`` padded tokens (fastbert.embedding.batching), each batch
+batches of at most ``--batch-tokens`` tokens (fastbert.embedding.batching, packed), each batch
 through the padding-free encoder (only the real tokens are computed), mean-pooled, normalised
 and copied to the host. One untimed pass (it autotunes, fills the caches and captures the CUDA
 graphs the model's ``cuda_graphs`` setting wants), then ``--reps`` timed passes; the median is
@@ -118,7 +118,7 @@ def measure(
     from fastbert.bench import timing
     from fastbert.embedding.batching import token_batches
 
-    batches = token_batches([len(d) for d in documents], batch_tokens)
+    batches = token_batches([len(d) for d in documents], batch_tokens, packed=True)
     embed_pass(embedder, documents, batches)
     passes = [embed_pass(embedder, documents, batches) for _ in range(reps)]
     seconds = [total for total, _ in passes]

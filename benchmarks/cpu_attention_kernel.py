@@ -69,7 +69,7 @@ def corpus_batches(docs: int) -> list[list[int]]:
     lengths = [len(row) for row in ids]
     return [
         sorted((lengths[i] for i in batch), reverse=True)
-        for batch in token_batches(lengths, BATCH_TOKENS)
+        for batch in token_batches(lengths, BATCH_TOKENS, packed=True)
     ]
 
 

@@ -115,6 +115,10 @@ class PeerPipeline:
     threads, fused or quantised nodes).
     """
 
+    # Batched as fastbert's packed path is (a batch's budget counts its tokens), so that a peer
+    # runs the very batches fastbert runs; the peer pads each batch itself.
+    packed = True
+
     def __init__(
         self,
         forward: Callable[[dict[str, np.ndarray]], np.ndarray],

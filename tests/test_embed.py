@@ -460,6 +460,52 @@ def test_token_batches_keep_the_budget() -> None:
     assert len(batches) <= 5
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_token_batches_fill_the_budget_the_pass_runs(packed: bool) -> None:
+    """Packed, a batch's rows in the forward pass are its tokens; padded, rows x longest row.
+    Each batch is within the budget in that measure and full (its next row would overflow
+    it); rows go longest first; a row longer than the budget runs alone."""
+    lengths = [5, 100, 7, 64, 64, 3, 128, 1, 30, 300, 16, 16, 17, 2]
+    budget = 128
+
+    def size(rows: list[int]) -> int:
+        counts = [lengths[i] for i in rows]
+        return sum(counts) if packed else len(counts) * max(counts)
+
+    batches = token_batches(lengths, budget, packed)
+    order = [i for batch in batches for i in batch]
+    assert sorted(order) == list(range(len(lengths)))
+    assert [lengths[i] for i in order] == sorted(lengths, reverse=True)
+    for batch, following in zip(batches, batches[1:] + [None]):
+        assert size(batch) <= budget or len(batch) == 1
+        if following is not None:
+            assert size(batch + following[:1]) > budget
+    padded = token_batches(lengths, budget)
+    assert len(batches) == (5 if packed else len(padded)) and len(padded) == 6
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_embed_sorted_budgets_batches_as_the_encoder_runs_them(packed: bool) -> None:
+    """The embedding loop counts a batch as the encoder's forward pass runs it: the tokens on
+    its packed path, rows x longest row on its padded one."""
+    from fastbert.embedding.run import embed_sorted
+
+    class Encoder:
+        def __init__(self) -> None:
+            self.packed = packed
+            self.calls: list[list[int]] = []
+
+        def __call__(self, tokens: list[list[int]]) -> np.ndarray:
+            self.calls.append([len(t) for t in tokens])
+            return np.zeros((len(tokens), 1), np.float32)
+
+    encoder = Encoder()
+    tokens = [[1] * n for n in (40, 30, 30, 20, 10, 10)]
+    assert sum(len(batch) for batch, _ in embed_sorted(encoder, tokens, 80)) == len(tokens)
+    expected = [[40, 30], [30, 20, 10, 10]] if packed else [[40, 30], [30, 20], [10, 10]]
+    assert encoder.calls == expected
+
+
 def test_tokenise_ahead_raises_in_the_caller() -> None:
     def rows():
         from fastbert.embedding.readers import Row
@@ -520,6 +566,8 @@ class _Loaded:
         if self.forward is not None:
             self.forward()
         return np.ones((len(tokens), 3), np.float32)
+
+    encoder.packed = True  # batches budgeted as the packed path's (the rows' tokens)
 
 
 def test_windows_hold_window_rows_rows_even_below_a_tokeniser_chunk(model_path) -> None:

@@ -91,6 +91,45 @@ def test_a_batch_holds_one_variant_the_oldest_inputs_first():
     assert calls == [("hold", [1]), ("a", [1, 1, 2]), ("b", [3])]
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_batch_is_budgeted_as_the_forward_pass_runs_it(packed):
+    """Packed, a forward pass runs its inputs' tokens: 40 + 10 + 10 tokens fit a budget of 64
+    in one pass; padded, it runs inputs x longest (3 x 40), so the short ones wait for a
+    second. The metric records the rows each pass ran."""
+    release = threading.Event()
+    calls: list[list[int]] = []
+    recorded: list[tuple[int, int]] = []
+
+    def forward(tokens, type_ids, variant):
+        if variant == "hold":
+            release.wait(10)
+        calls.append(sorted(len(t) for t in tokens))
+        return np.array([[float(len(t))] for t in tokens], dtype=np.float32)
+
+    def on_batch(inputs, rows, seconds):
+        recorded.append((inputs, rows))
+
+    batcher = Batcher(forward, 64, 16, 1024, on_batch, packed=packed)
+
+    async def requests() -> None:
+        batcher.start()
+        works = [batcher.submit([[1]], variant="hold")]
+        await asyncio.sleep(0.2)  # the model thread now holds the first batch
+        works.append(batcher.submit([[0] * 40, [0] * 10, [0] * 10]))
+        release.set()
+        for work in works:
+            await work.future
+
+    try:
+        asyncio.run(requests())
+    finally:
+        batcher.stop(timeout=10)
+    if packed:
+        assert calls == [[1], [10, 10, 40]] and recorded == [(1, 1), (3, 60)]
+    else:
+        assert calls == [[1], [40], [10, 10]] and recorded == [(1, 1), (1, 40), (2, 20)]
+
+
 def test_importing_the_server_starts_no_thread():
     """An OpenMP team left on the importing thread (torch's ops start one on tensors of a few
     thousand elements) would stop the model thread's team from spin-waiting."""

@@ -57,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=None,
         metavar="N",
-        help="padded tokens per forward pass (default: 16384 on CUDA, 4096 on the CPU)",
+        help="tokens per forward pass (rows x longest row on the padded route; default: "
+        "16384 on CUDA, 4096 on the CPU)",
     )
     parser.add_argument(
         "--max-length",

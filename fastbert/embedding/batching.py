@@ -1,6 +1,7 @@
 """Batching for the forward passes: rows are sorted by token count inside a bounded window of
-consecutive rows (so memory is bounded whatever the corpus size), then packed into batches
-whose padded size (rows x longest row) stays within a token budget."""
+consecutive rows (so memory is bounded whatever the corpus size), then grouped into batches
+whose size in rows of the forward pass stays within a token budget: the rows' tokens on the
+packed path, rows x longest row on the padded one."""
 
 from __future__ import annotations
 
@@ -45,21 +46,25 @@ def windows(chunks: Iterable[Chunk], window_rows: int) -> Iterator[Window]:
         yield window
 
 
-def token_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
-    """Positions into ``lengths`` grouped into batches, longest rows first, so that within a
-    batch ``len(batch) * max(length)`` <= ``batch_tokens`` (a row longer than the budget runs
-    alone)."""
+def token_batches(lengths: list[int], batch_tokens: int, packed: bool = False) -> list[list[int]]:
+    """Positions into ``lengths`` grouped into batches, longest rows first, so that each
+    batch's rows in the forward pass stay within ``batch_tokens``: the sum of its lengths when
+    ``packed`` (a packed batch runs one row per token), ``len(batch) * max(length)`` when not
+    (a padded batch runs its longest row's length for every row). A row longer than the budget
+    runs alone."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches: list[list[int]] = []
     current: list[int] = []
-    longest = 0
+    used = 0
     for i in order:
-        longest_if_added = max(longest, lengths[i])
-        if current and (len(current) + 1) * longest_if_added > batch_tokens:
+        # Longest first: a padded batch's longest row is its first.
+        added = lengths[i] if packed else lengths[current[0] if current else i]
+        if current and used + added > batch_tokens:
             batches.append(current)
-            current, longest_if_added = [], lengths[i]
+            current, used = [], 0
+            added = lengths[i]
         current.append(i)
-        longest = longest_if_added
+        used += added
     if current:
         batches.append(current)
     return batches

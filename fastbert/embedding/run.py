@@ -195,9 +195,10 @@ def embed_sorted(
 ) -> Iterator[tuple[list[int], np.ndarray]]:
     """Token ids of n rows -> (positions into ``tokens``, what the encoder gives for them:
     embeddings [len, dim], sparse or per-token vectors) per forward pass, rows sorted by length
-    into batches of at most ``batch_tokens`` tokens."""
+    into batches of at most ``batch_tokens`` tokens (the rows' own on the encoder's packed
+    path, rows x longest on its padded one)."""
     lengths = [len(t) for t in tokens]
-    for batch in token_batches(lengths, batch_tokens):
+    for batch in token_batches(lengths, batch_tokens, encoder.packed):
         yield batch, encoder([tokens[i] for i in batch])
 
 

@@ -121,6 +121,13 @@ class TextModel:
         return self.options.max_length
 
     @property
+    def packed(self) -> bool:
+        """Whether the forward passes run the packed path (a batch of n inputs is their tokens'
+        rows end to end, no padding), which sets how ``options.batch_tokens`` counts a batch:
+        its tokens when packed, rows x longest row when padded."""
+        return (self.encoder or self.classifier).packed
+
+    @property
     def vocab_size(self) -> int:
         """The number of token ids the model knows (ids are 0 .. vocab_size - 1)."""
         if self.encoder is not None:
@@ -374,7 +381,7 @@ class TextModel:
         tokens = self.tokenize(texts, pairs, truncate=truncate)
         logits = np.zeros((len(tokens.ids), len(self.labels)), np.float32)
         lengths = [len(ids) for ids in tokens.ids]
-        for batch in run.token_batches(lengths, self.options.batch_tokens):
+        for batch in run.token_batches(lengths, self.options.batch_tokens, self.packed):
             type_ids = None if tokens.type_ids is None else [tokens.type_ids[i] for i in batch]
             logits[batch] = self.classify_tokens([tokens.ids[i] for i in batch], type_ids)
         return logits

@@ -7,9 +7,10 @@ stay within their bounds: its inputs reserve room before they are tokenised
 bound it gets :class:`~fastbert.serve.errors.Overloaded` at once, so memory, and the work a
 request costs before it is refused, stay bounded under any load.
 The model thread takes, each time it is free, the batch of waiting inputs that holds the
-oldest one: waiting inputs sorted by length and packed so that rows x longest row stays within
-``batch_tokens`` (length-sorted batches hold little padding; taking the oldest input's batch
-first means no input waits behind later ones forever). A batch holds inputs of one
+oldest one: waiting inputs sorted by length and grouped so that the batch's rows in the
+forward pass stay within ``batch_tokens`` (its tokens on the packed path; rows x longest row on
+the padded one, where length-sorted batches hold little padding); taking the oldest input's
+batch first means no input waits behind later ones forever. A batch holds inputs of one
 ``variant`` only (what the forward pass runs them with: a request's prompt), the oldest's.
 Inputs of a request whose client went away are dropped before their batch runs.
 """
@@ -85,10 +86,11 @@ class _Input:
 class Batcher:
     """The model thread and its queue.
 
-    ``forward``: runs one batch; ``batch_tokens``: the budget of one forward pass (rows x
-    longest row); ``max_inputs`` / ``max_tokens``: the bounds on inputs (and their tokens)
-    admitted and not yet answered. Start with :meth:`start`, stop with :meth:`stop` (it
-    finishes what was admitted first).
+    ``forward``: runs one batch; ``batch_tokens``: the budget of one forward pass (its rows:
+    the inputs' tokens when ``packed``, rows x longest row when not); ``max_inputs`` /
+    ``max_tokens``: the bounds on inputs (and their tokens) admitted and not yet answered;
+    ``on_batch(inputs, rows, seconds)``: told of each forward pass. Start with :meth:`start`,
+    stop with :meth:`stop` (it finishes what was admitted first).
     """
 
     def __init__(
@@ -98,9 +100,11 @@ class Batcher:
         max_inputs: int,
         max_tokens: int,
         on_batch: Callable[[int, int, float], None] | None = None,
+        packed: bool = False,
     ):
         self.forward = forward
         self.batch_tokens = batch_tokens
+        self.packed = packed
         self.max_inputs = max_inputs
         self.max_tokens = max_tokens
         self.on_batch = on_batch or (lambda inputs, tokens, seconds: None)
@@ -247,7 +251,7 @@ class Batcher:
         variant = self._waiting[0].work.variant
         waiting = [item for item in self._waiting if item.work.variant == variant]
         lengths = [item.length for item in waiting]
-        for positions in token_batches(lengths, self.batch_tokens):
+        for positions in token_batches(lengths, self.batch_tokens, self.packed):
             if 0 in positions:
                 chosen = {id(waiting[i]) for i in positions}
                 self._waiting = deque(item for item in self._waiting if id(item) not in chosen)
@@ -269,12 +273,13 @@ class Batcher:
         except Exception as exc:  # every request in the batch is told; the server lives on
             rows, error = None, exc
         seconds = time.perf_counter() - start
-        padded = len(batch) * max(len(t) for t in tokens)
-        self.on_batch(len(batch), padded, seconds)
+        lengths = [len(t) for t in tokens]
+        pass_rows = sum(lengths) if self.packed else len(batch) * max(lengths)
+        self.on_batch(len(batch), pass_rows, seconds)
         with self._condition:
             self.healthy = error is None
             if error is None and seconds > 0:
-                rate = sum(len(t) for t in tokens) / seconds
+                rate = sum(lengths) / seconds
                 self._tokens_per_second = 0.8 * self._tokens_per_second + 0.2 * rate
             done: dict[int, tuple[Work, list[int]]] = {}
             for i, item in enumerate(batch):

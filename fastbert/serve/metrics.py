@@ -56,7 +56,10 @@ class Metrics:
             registry=r,
         )
         self.batch_tokens = Histogram(
-            "fastbert_batch_tokens", "Padded tokens per forward pass", buckets=_TOKENS, registry=r
+            "fastbert_batch_tokens",
+            "Rows per forward pass: its tokens when packed, inputs x longest when padded",
+            buckets=_TOKENS,
+            registry=r,
         )
         self.batch_inputs = Histogram(
             "fastbert_batch_inputs",

@@ -98,6 +98,7 @@ class Server:
             options.max_concurrent_requests,
             max_tokens,
             self.metrics.on_batch,
+            model.packed,
         )
         self.pool = ThreadPoolExecutor(options.tokenize_workers, "fastbert-tokenize")
         self.probe = model.tokenize(["health"]).ids
