@@ -11,8 +11,10 @@ round); the pass nearest the median wall time is reported. Where the compiled at
 and where it multiplies bfloat16 on AMX's tiles (fastbert.kernels.cpu_attention.tiles),
 bfloat16 with them off; bfloat16 with the compiled LayerNorm off, with the compiled
 embeddings off, and with GELU as oneDNN's post-op instead of by table
-(fastbert.kernels.cpu_gelu): each a row of its own, so that what each compiled part gains is
-measured in the same rounds. A pass's time is split into:
+(fastbert.kernels.cpu_gelu); and each precision with its batches budgeted as the padded route
+budgets them (rows x longest row, as every batch was before the packed path's budget counted
+tokens): each a row of its own, so that what each part gains is measured in the same rounds.
+A pass's time is split into:
 
 - linear: the products with their fused epilogues (oneDNN's linear, its quantised linear,
   ``torch._int_mm``, MKL), bfloat16's GELU by table after them, and the int8 linear's
@@ -89,6 +91,22 @@ EMBEDDINGS_UNCOMPILED = "bfloat16, embeddings on PyTorch's ops"
 GELU_POST_OP = "bfloat16, GELU as oneDNN's post-op"
 # A precision's row with the compiled attention off (where it runs): the per-length path.
 ATTENTION_UNCOMPILED = "{}, attention on the per-length path"
+# A precision's row with its batches budgeted as rows x longest row (the padded route's).
+PADDED_BUDGET = "{}, batches budgeted as rows x longest row"
+
+
+@contextlib.contextmanager
+def padded_budget() -> Iterator[None]:
+    """Within the block, the embedding loop cuts batches as it does for the padded route
+    (rows x longest row within the budget) though the model runs them packed."""
+    from fastbert.embedding import run
+
+    original = run.token_batches
+    run.token_batches = lambda lengths, budget, packed=False: original(lengths, budget)
+    try:
+        yield
+    finally:
+        run.token_batches = original
 
 
 @contextlib.contextmanager
@@ -163,7 +181,8 @@ def rows_to_run(jobs: dict) -> dict[str, tuple[str, Any, Callable]]:
     """Row name -> (precision, job, the switch it runs under): each precision's job, each
     precision with the compiled attention turned off, and bfloat16 with each of the CPU
     engine's other compiled parts that runs here turned off in turn (the attention's AMX
-    tiles, the compiled LayerNorm, the compiled embeddings, GELU by table)."""
+    tiles, the compiled LayerNorm, the compiled embeddings, GELU by table); then each
+    precision with the padded route's batch budget."""
     from fastbert.kernels import cpu_attention, cpu_gelu, cpu_layer_norm
 
     rows = {precision: (precision, job, contextlib.nullcontext) for precision, job in jobs.items()}
@@ -182,6 +201,8 @@ def rows_to_run(jobs: dict) -> dict[str, tuple[str, Any, Callable]]:
             rows[name] = ("bfloat16", jobs["bfloat16"], switch)
     if "bfloat16" in jobs and cpu_gelu.available():
         rows[GELU_POST_OP] = ("bfloat16", jobs["bfloat16"], cpu_gelu.turned_off)
+    for precision, job in jobs.items():
+        rows[PADDED_BUDGET.format(precision)] = (precision, job, padded_budget)
     return rows
 
 

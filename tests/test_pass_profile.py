@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from benchmarks import pass_profile
+from fastbert.embedding import batching, run
 from fastbert.kernels import cpu_attention, cpu_gelu, cpu_layer_norm, torch_ops
 from tests.cli_usage import usage_error_test
 
@@ -51,10 +52,12 @@ def test_a_short_run_finds_each_part_and_writes_both_files(tmp_path) -> None:
     report = json.loads((out / "pass-profile.json").read_text())
     # Where the compiled attention runs, each precision runs with it off too.
     off = [pass_profile.ATTENTION_UNCOMPILED.format(p) for p in ("float32", "int8")]
+    padded = [pass_profile.PADDED_BUDGET.format(p) for p in ("float32", "int8")]
     assert list(report["results"]) == [
         "float32",
         "int8",
         *(off if cpu_attention.available() else []),
+        *padded,
     ]
     for name, row in report["results"].items():
         precision = name.split(",")[0]
@@ -75,6 +78,7 @@ def test_a_short_run_finds_each_part_and_writes_both_files(tmp_path) -> None:
     assert torch_ops.embeddings_layer_norm_unchecked.__module__ == "fastbert.kernels.torch_ops"
     assert cpu_gelu.gelu_.__module__ == "fastbert.kernels.cpu_gelu"
     assert torch_ops.linear_quantized_unchecked.__module__ == "fastbert.kernels.torch_ops"
+    assert run.token_batches is batching.token_batches
     table = (out / "pass-profile.md").read_text()
     assert "| float32 |" in table and "| int8 |" in table
     assert "GEMM limit" in table
@@ -92,6 +96,31 @@ def test_a_gated_model_is_profiled_without_int8(monkeypatch, capsys, tmp_path) -
     with pytest.raises(SystemExit) as exit_:
         pass_profile.main(argv)
     assert exit_.value.code == 2 and "gated FFN has no int8" in capsys.readouterr().err
+
+
+class _PackedEncoder:
+    """An encoder on the packed path that gives nothing: only its batches matter."""
+
+    packed = True
+
+    def __call__(self, tokens: list[list[int]]) -> list:
+        return [None] * len(tokens)
+
+
+def test_the_padded_budget_row_cuts_batches_as_the_padded_route() -> None:
+    """Inside ``padded_budget`` a packed encoder's batches are rows x longest row within the
+    budget (the padded route's); outside, its tokens."""
+    lengths = [40, 30, 30, 20, 10, 10]
+    tokens = [[1] * n for n in lengths]
+
+    def batches() -> list[list[int]]:
+        cut = run.embed_sorted(_PackedEncoder(), tokens, 80)
+        return [[lengths[i] for i in batch] for batch, _ in cut]
+
+    with pass_profile.padded_budget():
+        assert batches() == [[40, 30], [30, 20], [10, 10]]
+    assert batches() == [[40, 30], [30, 20, 10, 10]]
+    assert run.token_batches is batching.token_batches
 
 
 test_usage_errors_exit_2 = usage_error_test(
@@ -115,6 +144,7 @@ def test_bfloat16_runs_with_the_attention_tiles_off_too(tmp_path) -> None:
         pass_profile.NORM_UNCOMPILED,
         pass_profile.EMBEDDINGS_UNCOMPILED,
         pass_profile.GELU_POST_OP,
+        pass_profile.PADDED_BUDGET.format("bfloat16"),
     ]
     assert list(results) == ["bfloat16", off, *rows]
     assert results[pass_profile.UNTILED]["precision"] == "bfloat16"
