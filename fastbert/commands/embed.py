@@ -10,6 +10,7 @@ import sys
 from fastbert.commands.options import (
     CommandError,
     UsageError,
+    add_batch_tokens_argument,
     add_inference_arguments,
     positive_int,
 )
@@ -52,14 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="field holding each row's id (default: the row number across all inputs, from 0)",
     )
-    parser.add_argument(
-        "--batch-tokens",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="tokens per forward pass (rows x longest row on the padded route; default: "
-        "16384 on CUDA, 4096 on the CPU)",
-    )
+    add_batch_tokens_argument(parser, "--batch-tokens")
     parser.add_argument(
         "--max-length",
         type=positive_int,

@@ -136,6 +136,19 @@ def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
     add_quantize_argument(parser)
 
 
+def add_batch_tokens_argument(parser: argparse.ArgumentParser, flag: str) -> None:
+    """The token budget of one forward pass (``flag``: --batch-tokens, or the server's
+    --max-batch-tokens); left out, the device's default."""
+    parser.add_argument(
+        flag,
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="tokens per forward pass (rows x longest row on the padded route; default: "
+        "16384 on CUDA, 4096 on the CPU)",
+    )
+
+
 def inference_options(args: argparse.Namespace) -> dict[str, str | None]:
     """The values of :func:`add_inference_arguments`' options, by the names of the keyword
     arguments that take them (EmbedOptions', BertModel's)."""

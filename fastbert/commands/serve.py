@@ -8,6 +8,7 @@ import argparse
 from fastbert.commands.options import (
     CommandError,
     UsageError,
+    add_batch_tokens_argument,
     add_inference_arguments,
     inference_options,
     positive_int,
@@ -43,14 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--port", type=_port, default=8080, help="port (default: 8080; 0: any free)"
     )
     add_inference_arguments(parser)
-    parser.add_argument(
-        "--max-batch-tokens",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="tokens per forward pass (rows x longest row on the padded route; default: "
-        "16384 on CUDA, 4096 on the CPU)",
-    )
+    add_batch_tokens_argument(parser, "--max-batch-tokens")
     parser.add_argument(
         "--max-client-batch-size",
         type=positive_int,
