@@ -65,15 +65,13 @@ def test_a_short_run_finds_each_part_and_writes_both_files(tmp_path) -> None:
         parts = row["parts"]
         assert sum(parts.values()) == pytest.approx(row["wall_s"], rel=1e-6), precision
         # The linears are found in each row (the int8 one through its labelled range): a
-        # fifth of the pass or more in a precision's own row, and about as long in its other
-        # rows, whose switches change the attention or the batches, not the linears (their
-        # share is not held: on a busy host the per-length attention's many small parallel
-        # ops ran 44x slower than on an idle one, 68% of the pass). The compiled attention
-        # kernel is found where this CPU runs it.
-        own = report["results"][precision]["parts"]["linear"]
+        # fifth of the pass or more in a precision's own row. The other rows' times are not
+        # compared: on a host busy with other work (CI's second worker compiling), rows one
+        # second apart ran 7-44x apart (the per-length attention 68% of a pass, the same
+        # linears 0.086 s in one row and 1.088 s in the next).
+        assert parts["linear"] > 0, (name, parts)
         if name == precision:
             assert parts["linear"] > 0.2 * row["wall_s"], (precision, parts)
-        assert parts["linear"] > 0.5 * own, (name, parts, own)
         assert parts["LayerNorm"] > 0 and parts["embeddings"] > 0, (precision, parts)
         if cpu_attention.available():
             assert parts["attention"] > 0, (precision, parts)
