@@ -46,6 +46,12 @@ def windows(chunks: Iterable[Chunk], window_rows: int) -> Iterator[Window]:
         yield window
 
 
+def pass_rows(lengths: list[int], packed: bool) -> int:
+    """The rows a forward pass runs for inputs of ``lengths`` tokens: their sum when ``packed``,
+    inputs x longest input when padded (what :func:`token_batches` keeps within its budget)."""
+    return sum(lengths) if packed else len(lengths) * max(lengths, default=0)
+
+
 def token_batches(lengths: list[int], batch_tokens: int, packed: bool = False) -> list[list[int]]:
     """Positions into ``lengths`` grouped into batches, longest rows first, so that each
     batch's rows in the forward pass stay within ``batch_tokens``: the sum of its lengths when
@@ -57,14 +63,13 @@ def token_batches(lengths: list[int], batch_tokens: int, packed: bool = False) -
     current: list[int] = []
     used = 0
     for i in order:
-        # Longest first: a padded batch's longest row is its first.
-        added = lengths[i] if packed else lengths[current[0] if current else i]
-        if current and used + added > batch_tokens:
+        # Longest first: every row of a padded batch costs its first row's length.
+        cost = lengths[current[0]] if current and not packed else lengths[i]
+        if current and used + cost > batch_tokens:
             batches.append(current)
-            current, used = [], 0
-            added = lengths[i]
+            current, used, cost = [], 0, lengths[i]
         current.append(i)
-        used += added
+        used += cost
     if current:
         batches.append(current)
     return batches

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from fastbert.embedding.batching import token_batches
+from fastbert.embedding.batching import pass_rows, token_batches
 from fastbert.serve.errors import ModelFailed, Overloaded, ShuttingDown
 
 # forward(token ids, token type ids or None, variant) -> rows [n, ...] (float32)
@@ -274,8 +274,7 @@ class Batcher:
             rows, error = None, exc
         seconds = time.perf_counter() - start
         lengths = [len(t) for t in tokens]
-        pass_rows = sum(lengths) if self.packed else len(batch) * max(lengths)
-        self.on_batch(len(batch), pass_rows, seconds)
+        self.on_batch(len(batch), pass_rows(lengths, self.packed), seconds)
         with self._condition:
             self.healthy = error is None
             if error is None and seconds > 0:
