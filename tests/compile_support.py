@@ -1,16 +1,17 @@
 """Ahead-of-time compile checks for every Triton kernel variant and autotune config.
 
 ``python -m tests.compile_support [op ...]`` compiles each case listed in
-``tests/compile_cases/<op>.py`` (a module-level ``CASES`` list of :class:`CompileCase`) for
-sm_80 and sm_90 with ``triton.compile`` and a ``GPUTarget`` — no GPU needed, the Triton wheel
-ships ptxas — and prints one JSON line per (case, arch): shared memory, registers, spills, the
-tensor-core instruction family in the PTX (``mma``, see :func:`mma_instruction`), or the compile
-error, and the resident CTAs per SM those registers and that shared memory allow
-(``ctas_per_sm``). Cases that declare ``dtype`` and ``block_m`` (the matrix kernels) carry them
-(and ``num_warps`` and ``block_n``) into the report, so that a test can tell which cases should
-run on warpgroup MMA, and get their SASS read out (``sass``, see :func:`tests.sass.summary`:
-MMA opcodes and shapes, TMA / cp.async loads, spills, the main loop's instruction mix). It must
-run in a process WITHOUT ``TRITON_INTERPRET`` set; ``tests/test_compile.py`` starts it that way.
+``tests/compile_cases/<op>.py`` (a module-level ``CASES`` list of :class:`CompileCase`) for sm_80
+and sm_90 with ``triton.compile`` and a ``GPUTarget`` — no GPU needed, the Triton wheel ships ptxas
+— in one process per core, and prints one JSON line per (case, arch), in the cases' order: shared
+memory, registers, spills, the tensor-core instruction family in the PTX (``mma``, see
+:func:`mma_instruction`), or the compile error, and the resident CTAs per SM those registers and
+that shared memory allow (``ctas_per_sm``). Cases that declare ``dtype`` and ``block_m`` (the matrix
+kernels) carry them (and ``num_warps`` and ``block_n``) into the report, so that a test can tell
+which cases should run on warpgroup MMA, and get their SASS read out (``sass``, see
+:func:`tests.sass.summary`: MMA opcodes and shapes, TMA / cp.async loads, spills, the main loop's
+instruction mix). It must run in a process WITHOUT ``TRITON_INTERPRET`` set;
+``tests/test_compile.py`` starts it that way.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import contextlib
 import importlib
 import io
 import json
+import multiprocessing
 import os
 import pkgutil
 import re
@@ -35,6 +37,8 @@ SHARED_MEMORY_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
 # The element types the cases compile, with their sizes in bytes (what ``keep`` predicates take).
 ELEMENT_SIZES = {"fp16": 2, "bf16": 2, "fp32": 4}
 DTYPES = tuple(ELEMENT_SIZES)
+# At most this many compiling processes (each holds Triton's compiler, a few hundred MB).
+MAX_PROCESSES = 8
 
 
 @dataclass
@@ -245,13 +249,29 @@ def load_cases(ops: list[str]) -> list[CompileCase]:
     return cases
 
 
+# The (case, arch) pairs of this run, for the compiling processes forked from it (a case holds
+# its jit function, which is not sent between processes: each forked process has the list).
+_PAIRS: list[tuple[CompileCase, int]] = []
+
+
+def _report_line(index: int) -> str:
+    case, arch = _PAIRS[index]
+    return json.dumps(compile_case(case, arch))
+
+
 def main(argv: list[str]) -> int:
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         print("compile checks must run without TRITON_INTERPRET=1", file=sys.stderr)
         return 2
-    for case in load_cases(argv):
-        for arch in case.archs:
-            print(json.dumps(compile_case(case, arch)), flush=True)
+    _PAIRS[:] = [(case, arch) for case in load_cases(argv) for arch in case.archs]
+    # One compiling process per core: an op's cases take up to ~5 minutes on one core, so one
+    # process alone left the other cores idle at the end of a run (CI's Triton 3.6 stage: 803
+    # s of its 850 s were one op's compiles after another on one core). The reports come out
+    # in the cases' order.
+    processes = min(len(os.sched_getaffinity(0)), MAX_PROCESSES, len(_PAIRS)) or 1
+    with multiprocessing.get_context("fork").Pool(processes) as pool:
+        for line in pool.imap(_report_line, range(len(_PAIRS))):
+            print(line, flush=True)
     return 0
 
 

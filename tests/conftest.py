@@ -26,13 +26,11 @@ import pytest  # noqa: E402
 
 # Under pytest-xdist (pyproject.toml's addopts: --dist loadfile) a test file runs in one worker
 # process, so its module-scoped fixtures (a served model, a compiled op's reports) are made
-# once. The longest file goes first (~8 minutes of compiling on one core), so that the other
-# workers share the rest meanwhile instead of waiting on it at the end.
-FIRST = "test_compile.py"
+# once. The longest file, tests/test_compile.py, compiles each op's cases on every core
+# (tests/compile_support.py), so the other workers' files need not wait for it.
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.path.name != FIRST)  # stable: the rest keep their order
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
