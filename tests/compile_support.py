@@ -28,6 +28,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from fastbert.bench.machine import cores
 from fastbert.kernels.launch import FUSED
 from tests import sass
 
@@ -264,11 +265,10 @@ def main(argv: list[str]) -> int:
         print("compile checks must run without TRITON_INTERPRET=1", file=sys.stderr)
         return 2
     _PAIRS[:] = [(case, arch) for case in load_cases(argv) for arch in case.archs]
-    # One compiling process per core: an op's cases take up to ~5 minutes on one core, so one
-    # process alone left the other cores idle at the end of a run (CI's Triton 3.6 stage: 803
-    # s of its 850 s were one op's compiles after another on one core). The reports come out
-    # in the cases' order.
-    processes = min(len(os.sched_getaffinity(0)), MAX_PROCESSES, len(_PAIRS)) or 1
+    # One compiling process per core: an op's cases compiled one after another held one core
+    # for minutes while the others sat idle at the end of a test run. The reports come out in
+    # the cases' order.
+    processes = max(1, min(cores(), MAX_PROCESSES, len(_PAIRS)))
     with multiprocessing.get_context("fork").Pool(processes) as pool:
         for line in pool.imap(_report_line, range(len(_PAIRS))):
             print(line, flush=True)
