@@ -196,6 +196,17 @@ def test_environment_names_versions_commit_and_date() -> None:
     assert env["torch"] == torch.__version__.split("+")[0] or env["torch"] == torch.__version__
 
 
+def test_cpu_name_carries_family_and_model() -> None:
+    # Two EPYC generations a virtual machine names alike: only the numbers tell them apart.
+    cpuinfo = (
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+        "model name\t: AMD EPYC\n\nprocessor\t: 1\ncpu family\t: 26\nmodel\t\t: 2\n"
+    )
+    assert environment.cpu_name(cpuinfo) == "AMD EPYC (family 25, model 17)"
+    assert environment.cpu_name("model name\t: Some CPU\n") == "Some CPU"
+    assert environment.cpu_name() == environment.capture()["cpu"]
+
+
 def test_shapes_parse_and_batches() -> None:
     assert shapes.parse_shapes("1x128, 64x512p") == [
         shapes.Shape(1, 128),
