@@ -30,14 +30,25 @@ from fastbert.settings import cache_dir
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++17")
 
 
+def first_processor(cpuinfo: str | None = None) -> list[str] | None:
+    """The lines of the first processor's block in ``cpuinfo`` (None: /proc/cpuinfo's text;
+    the other processors' blocks repeat it), or None where there is no such file."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    lines = cpuinfo.splitlines()
+    end = next((i for i, line in enumerate(lines) if not line.strip()), len(lines))
+    return lines[:end]
+
+
 def cpu_identity() -> str:
     """The CPU's model name and flags (a build for one CPU must not load on another)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
+    lines = first_processor()
+    if lines is None:
         return platform.processor()
-    wanted = [line for line in lines if line.startswith(("model name", "flags"))]
-    return "\n".join(wanted[:2])
+    return "\n".join(line for line in lines if line.startswith(("model name", "flags")))
 
 
 @functools.cache

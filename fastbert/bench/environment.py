@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from fastbert.execution import cpu, cpu_memory
+from fastbert.kernels.cpu_library import first_processor
 
 PACKAGES = ("fastbert", "torch", "triton", "transformers", "sentence-transformers")
 REPO = Path(__file__).resolve().parents[2]
@@ -45,18 +46,9 @@ def git_commit() -> str | None:
 def cpu_name(cpuinfo: str | None = None) -> str:
     """The CPU's model name from ``cpuinfo`` (None: /proc/cpuinfo's text), with its family and
     model numbers where it gives them: a virtual machine often names only the vendor's line
-    ("AMD EPYC"), and the numbers tell its generations apart (an EPYC of family 25 has half
-    the AVX-512 width per cycle of one of family 26), which changes every rate measured on
-    it."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
-    fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
-        if not line.strip():
-            break  # the first processor's block is enough: the others repeat it
+    ("AMD EPYC"), and the numbers tell its generations apart, whose rates differ."""
+    fields = {}
+    for line in first_processor(cpuinfo) or []:
         key, _, value = line.partition(":")
         fields.setdefault(key.strip(), value.strip())
     name = fields.get("model name") or platform.processor() or platform.machine()
