@@ -20,10 +20,10 @@ Wall time on torch's threads, round-robin (each batch's two paths in turn), the 
 ``--rounds`` kept per batch; the relative RMS error of both against float64
 (``reference.attention_varlen``) on every batch.
 
-With ``--against SOURCE`` (another version of kernels/cpu_attention.cpp, such as
-``git show HEAD~1:kernels/cpu_attention.cpp > before.cpp``), the kernel built from it is timed
-in turn with the others, on the same batches and in the corpus runs below, so that a change
-to the kernel is measured against the version before it in one process.
+With ``--against SOURCE`` (another version of fastbert/kernels/cpu_attention.cpp, such as ``git show
+HEAD~1:fastbert/kernels/cpu_attention.cpp > before.cpp``), the kernel built from it is timed in turn
+with the others, on the same batches and in the corpus runs below, so that a change to the kernel is
+measured against the version before it in one process.
 
 Then end to end (``--corpus-rounds``, 0 to skip): ``fastbert.load`` of the packaged
 all-MiniLM-L6-v2 in float32, bfloat16 and with ``quantize="int8"`` (whose attention runs in
@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--against",
         type=Path,
-        help="another version of kernels/cpu_attention.cpp, timed in turn with the others",
+        help="another version of fastbert/kernels/cpu_attention.cpp, timed in turn with the others",
     )
     args = parser.parse_args(argv)
     if args.docs < 1 or args.rounds < 1 or args.corpus_rounds < 0:

@@ -24,7 +24,7 @@ to embeddings; the model loaded beforehand and not timed):
   over the mask), which a folder with a sentence-transformers module runs and every folder ran
   before the packed path: the packed path's gain, measured in the same run.
 - ``fastbert.embed(texts)`` int8 with the linear's quantisation and epilogue in PyTorch's ops
-  instead of the CPU engine's compiled passes (kernels/cpu_int8.cpp; the same bits): what
+  instead of the CPU engine's compiled passes (fastbert/kernels/cpu_int8.cpp; the same bits): what
   the compiled passes gain, in the same run.
 - ``st.encode``: sentence-transformers as shipped (batch_size 32, its default).
 - The peers, when their packages are installed (``pip install 'fastbert[peers]'``; see

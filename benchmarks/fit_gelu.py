@@ -1,4 +1,4 @@
-"""Fit the coefficients of the exact-GELU epilogue of kernels/fused_linear.py (``_normal_tail``).
+"""Fit the exact-GELU epilogue coefficients of fastbert/kernels/fused_linear.py (``_normal_tail``).
 
 ``python -m benchmarks.fit_gelu`` prints them (needs numpy and scipy). The kernel computes
 Phi(-u) (u = |y|, Phi the standard normal CDF) as ``(w / 2) * exp2(r(x) - K u^2)`` with

@@ -24,7 +24,7 @@ medians with p20-p80):
 - the CPU engine's float32 and bfloat16 linears on packed weights (yardsticks).
 
 Accuracy: each one's largest error against fastbert's float64 reference of ``linear_int8``
-(kernels/reference.py), in units of the largest reference magnitude, and its relative
+(fastbert/kernels/reference.py), in units of the largest reference magnitude, and its relative
 (Frobenius) error against the exact float64 linear. Activations are normal with two outlier
 channels 20x the others, as LayerNorm outputs have. Writes <stem>.json (every timing,
 the load average before and after, the environment) and <stem>.md. Speed is measured

@@ -7,10 +7,10 @@
 >>> fastbert.embed(["a text", "another"], model="path/to/model")  # numpy [2, hidden]
 >>> model = fastbert.load("path/to/model")  # loaded once: model.embed(texts), thread-safe
 
-The package is built in rooms, one per package folder (fastbert.kernels is the kernels/ folder
-at the repository root; this module is the façade). Besides its own modules, a room imports
-only the rooms its row below names, at any depth, inside functions too: imports point down the
-layers, or sideways among the jobs of layer 4 (one row: each may import the others).
+The package is built in rooms, one per package folder (this module is the façade). Besides its
+own modules, a room imports only the rooms its row below names, at any depth, inside functions
+too: imports point down the layers, or sideways among the jobs of layer 4 (one row: each may
+import the others).
 
     layer  room          modules                          may import
     5      commands      fastbert.commands, fastbert.cli  façade, accuracy, bench, embedding,

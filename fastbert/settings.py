@@ -89,8 +89,8 @@ CPU_ATTENTION = Setting(
     "on/off",
     True,
     "library",
-    "The compiled CPU attention (kernels/cpu_attention.cpp) where the CPU and compiler allow "
-    "it; 0 keeps the torch path.",
+    "The compiled CPU attention (fastbert/kernels/cpu_attention.cpp) where the CPU and compiler "
+    "allow it; 0 keeps the torch path.",
 )
 AUTOTUNE = Setting(
     "FASTBERT_AUTOTUNE",

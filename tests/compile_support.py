@@ -64,7 +64,7 @@ class CompileCase:
     # The register cap a config states (triton.Config's maxnreg), None for ptxas's own choice.
     maxnreg: int | None = None
     # The compile options the launcher passes: every launcher names its fusion choice
-    # (kernels/launch.py's FUSED, or UNFUSED for the row kernels' forwards).
+    # (fastbert/kernels/launch.py's FUSED, or UNFUSED for the row kernels' forwards).
     options: dict[str, object] = field(default_factory=lambda: dict(FUSED))
 
     @classmethod

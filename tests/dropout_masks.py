@@ -1,5 +1,5 @@
 """Test-only view of the kernels' dropout: the seed an op draws, so that a test can rebuild
-its keep mask (kernels/dropout.keep_mask_of) and apply it to the float64 reference."""
+its keep mask (fastbert/kernels/dropout.keep_mask_of) and apply it to the float64 reference."""
 
 from __future__ import annotations
 

@@ -623,18 +623,18 @@ def _family_rows(compiled: dict) -> list[str]:
 
 
 WINDOW_TEXT = """\
-A local layer attends |i - j| <= {window} (local_attention {width}). Its kernels loop
-`for start in range(lo, hi, TILE)` with `lo, hi = window_keys(first row, window, end, BLOCK,
-TILE)` (kernels/attention_tiles.py; the forward's `_attend_rows` in kernels/flash_attention.py,
-the dK / dV and dQ passes in kernels/flash_attention_backward.py), `window` a runtime int32
-argument. The tiles outside [lo, hi) are never loaded; those inside mask |i - j| > window score
-by score. The counts below are that arithmetic (`window_key_range`, the host twin of
-`window_keys`, checked against it in tests/test_sass_report.py) for every fp16 D=64 config
-`keep` lets the autotuner time, against the dense loop, which visits every tile of the
-sequence (the global layers, no padding). `block`: the rows of one program (queries; keys in
-the dK / dV pass); `tile`: the step of its loop; `in window`: of the scores the visited tiles
-compute, the fraction within the window (the others are masked). Counts of the kernels' own
-bounds, not a timing.
+A local layer attends |i - j| <= {window} (local_attention {width}). Its kernels loop `for start
+in range(lo, hi, TILE)` with `lo, hi = window_keys(first row, window, end, BLOCK, TILE)`
+(fastbert/kernels/attention_tiles.py; the forward's `_attend_rows` in
+fastbert/kernels/flash_attention.py, the dK / dV and dQ passes in
+fastbert/kernels/flash_attention_backward.py), `window` a runtime int32 argument. The tiles
+outside [lo, hi) are never loaded; those inside mask |i - j| > window score by score. The counts
+below are that arithmetic (`window_key_range`, the host twin of `window_keys`, checked against
+it in tests/test_sass_report.py) for every fp16 D=64 config `keep` lets the autotuner time,
+against the dense loop, which visits every tile of the sequence (the global layers, no padding).
+`block`: the rows of one program (queries; keys in the dK / dV pass); `tile`: the step of its
+loop; `in window`: of the scores the visited tiles compute, the fraction within the window (the
+others are masked). Counts of the kernels' own bounds, not a timing.
 """
 
 LOOP_READS_TEXT = f"""\

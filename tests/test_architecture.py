@@ -1,7 +1,7 @@
 """The import rule between fastbert's rooms, read from the source with ``ast`` (nothing is
 imported, so the test runs in well under a second and needs neither a GPU nor transformers).
 
-A room is a package folder (``fastbert.kernels`` lives in kernels/ at the repository root);
+A room is a package folder (``fastbert.kernels`` is fastbert/kernels/);
 ROOMS below is the one table of rooms and what each may import, and the module docstring of
 fastbert/__init__.py shows it (``test_the_package_docstring_shows_the_room_table`` keeps the
 two in step). Every import statement counts, at any depth, inside functions too; only the
@@ -37,8 +37,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Where each package's source lives (pyproject.toml's [tool.setuptools.package-dir]).
-PACKAGE_DIRS = {"fastbert": "fastbert", "fastbert.kernels": "kernels"}
 # Outside code: it may import any room, but not the private names of kernels.
 OUTSIDE_DIRS = ("tests", "benchmarks", "examples")
 
@@ -171,13 +169,12 @@ class Import:
 def package_sources(root: Path = ROOT) -> dict[str, Source]:
     """Every module of the package, by dotted name."""
     sources = {}
-    for package, folder in PACKAGE_DIRS.items():
-        for path in sorted((root / folder).rglob("*.py")):
-            parts = path.relative_to(root / folder).with_suffix("").parts
-            is_package = parts[-1] == "__init__"
-            name = ".".join((package, *(parts[:-1] if is_package else parts)))
-            rel = str(path.relative_to(root))
-            sources[name] = Source(name, rel, path.read_text(), is_package)
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        is_package = parts[-1] == "__init__"
+        name = ".".join(parts[:-1] if is_package else parts)
+        rel = str(path.relative_to(root))
+        sources[name] = Source(name, rel, path.read_text(), is_package)
     return sources
 
 

@@ -207,7 +207,7 @@ def test_divisions_and_roundings_are_the_references(op: str) -> None:
 
 @pytest.mark.parametrize("op", ROW_OPS)
 def test_row_kernels_round_every_operation(op: str) -> None:
-    """The row kernels' forwards compile without fused multiply-adds (kernels/launch.py's
+    """The row kernels' forwards compile without fused multiply-adds (fastbert/kernels/launch.py's
     UNFUSED): each product and sum rounds as written, as in the reference and the
     interpreter, and in every variant alike (fused where the compiler chose, a LayerNorm that
     also saved its statistics gave other bits than one that did not). The backwards
@@ -221,12 +221,12 @@ def test_row_kernels_round_every_operation(op: str) -> None:
 
 
 def test_every_launch_names_its_fusion_choice() -> None:
-    """Each Triton launch in kernels/ passes ``**FUSED`` or ``**UNFUSED`` (kernels/launch.py):
+    """Each Triton launch in fastbert/kernels/ passes ``**FUSED`` or ``**UNFUSED`` (its launch.py):
     left unsaid, Triton takes TRITON_DEFAULT_FP_FUSION's choice, which Triton 3.9 warns about
     and 3.10 turns off, so a kernel's numerics would follow the caller's environment."""
     launches = [
         (path.name, node)
-        for path in sorted((ROOT / "kernels").glob("*.py"))
+        for path in sorted((ROOT / "fastbert" / "kernels").glob("*.py"))
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Subscript)

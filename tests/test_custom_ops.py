@@ -1,7 +1,7 @@
-"""The torch.ops.fastbert custom ops that kernels/op.py registers from each op's declaration:
-torch.library.opcheck (schema, fake tensors, AOT dispatch, autograd registration), the triton
-backend running the declarations, and torch.compile(fullgraph=True) over a model that uses them
-(CPU: the Triton interpreter under the eager / aot_eager compilers; GPU: Inductor, and
+"""The torch.ops.fastbert custom ops that fastbert/kernels/op.py registers from each op's
+declaration: torch.library.opcheck (schema, fake tensors, AOT dispatch, autograd registration), the
+triton backend running the declarations, and torch.compile(fullgraph=True) over a model that uses
+them (CPU: the Triton interpreter under the eager / aot_eager compilers; GPU: Inductor, and
 CUDA-graph capture via mode="reduce-overhead")."""
 
 from __future__ import annotations

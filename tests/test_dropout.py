@@ -1,5 +1,5 @@
 """Dropout in layer_norm (on x, before the residual add) and embeddings_layer_norm (on the
-output): the kernels' Philox keep mask (kernels/dropout.py), its rate and scaling,
+output): the kernels' Philox keep mask (fastbert/kernels/dropout.py), its rate and scaling,
 reproducibility under torch.manual_seed, gradients through the forward's mask, and the
 reference / torch backends' dropout_p."""
 

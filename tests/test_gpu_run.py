@@ -346,4 +346,4 @@ def test_host_overhead_on_a_cpu(tmp_path: Path) -> None:
     layers = MODEL_SHAPES["bert-tiny"]["num_hidden_layers"]
     assert row["shape"] == "2x16" and row["launches"] == 2 + 7 * layers
     assert row["wrappers_ms"] > 0 and "forward_ms" not in row
-    assert "kernels/op.py" in (tmp_path / host_overhead.PROFILE_TXT).read_text()
+    assert "fastbert/kernels/op.py" in (tmp_path / host_overhead.PROFILE_TXT).read_text()

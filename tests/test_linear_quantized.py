@@ -3,7 +3,7 @@ dequantise / bias / GELU / residual epilogue) against the reference that quantis
 
 The quantised operands are the same bits in every implementation: the row quantisation is the
 same float32 operations (for e4m3, the Triton kernel rounds in float32 arithmetic,
-kernels/quantized_linear.py's ``_round_to_e4m3``, the reference and the torch backend with
+fastbert/kernels/quantized_linear.py's ``_round_to_e4m3``, the reference and the torch backend with
 PyTorch's own float8_e4m3fn conversion; a test below runs every e4m3 value, every midpoint
 between two (ties) and their neighbours through both).
 

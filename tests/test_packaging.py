@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import fnmatch
 import importlib.metadata
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,13 +25,45 @@ def test_every_package_folder_is_listed() -> None:
         ".".join(init.parent.relative_to(ROOT).parts)
         for init in (ROOT / "fastbert").rglob("__init__.py")
     }
-    found.add("fastbert.kernels")  # kernels/ is installed under fastbert (see package-dir)
     assert found == listed, f"pyproject lists {sorted(listed)}, the tree has {sorted(found)}"
-    assert config["package-dir"]["fastbert.kernels"] == "kernels"
     # The C++ sources the CPU engine compiles at first use ship with the package.
-    sources = sorted(p.name for p in (ROOT / "kernels").glob("*.cpp"))
+    sources = sorted(p.name for p in (ROOT / "fastbert" / "kernels").glob("*.cpp"))
     shipped = config["package-data"]["fastbert.kernels"]
     assert sources and all(any(fnmatch.fnmatch(s, g) for g in shipped) for s in sources)
+
+
+def test_no_folder_at_the_repository_root_shadows_an_installed_package(tmp_path: Path) -> None:
+    """pytest, ``python -m benchmarks...`` and the examples run with the repository root first
+    on sys.path, so a folder there named like an installed package is imported in its place:
+    a top-level kernels/ folder once hid Hugging Face's ``kernels``, which transformers imports
+    (every test that loaded transformers failed). Each root folder holding Python files, and
+    each root .py file, is looked up from elsewhere: only fastbert itself may be found."""
+    names = sorted(
+        entry.stem
+        for entry in ROOT.iterdir()
+        if not entry.name.startswith(".")
+        and (entry.suffix == ".py" or (entry.is_dir() and any(entry.glob("*.py"))))
+    )
+    probe = (
+        "import importlib.util, sys\n"
+        "for name in sys.argv[1:]:\n"
+        "    spec = importlib.util.find_spec(name)\n"
+        "    if spec is not None:\n"
+        "        print(name, spec.origin or list(spec.submodule_search_locations))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    found = subprocess.run(
+        [sys.executable, "-P", "-c", probe, *names],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    shadowed = [line for line in found if not line.startswith("fastbert ")]
+    assert "kernels" not in names and not shadowed, (
+        f"folders at the repository root hide installed packages: {shadowed or ['kernels']}"
+    )
 
 
 HF_PACKAGES = ("transformers", "sentence_transformers")
@@ -56,12 +90,11 @@ def _imported_packages(path: Path) -> set[str]:
 
 
 def test_only_the_integration_modules_import_hugging_face() -> None:
-    """The import rule: kernels/ never, fastbert/ only in hf.py and integrations/."""
+    """The import rule: fastbert/kernels/ never, fastbert/ only in hf.py and integrations/."""
     allowed = {ROOT / "fastbert" / "hf.py", *(ROOT / "fastbert" / "integrations").glob("*.py")}
     offenders = [
         str(path.relative_to(ROOT))
-        for folder in ("fastbert", "kernels")
-        for path in sorted((ROOT / folder).rglob("*.py"))
+        for path in sorted((ROOT / "fastbert").rglob("*.py"))
         if path not in allowed and _imported_packages(path) & set(HF_PACKAGES)
     ]
     assert not offenders, f"these import transformers / sentence-transformers: {offenders}"

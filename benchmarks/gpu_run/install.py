@@ -1,13 +1,9 @@
 """The GPU run's install stage: the serve stage's web stack from the wheels in ``.whl/``
 (benchmarks/gpu_run/wheels.py; no index), then ``pip install --no-deps --no-build-isolation
--e .``, and where that cannot build (no setuptools, or one older than pyproject.toml's metadata
-needs), fastbert importable from the tree itself.
-
-The repository keeps the kernels in ``kernels/`` and installs them as ``fastbert.kernels``
-(pyproject.toml's package-dir): without an install, a link ``fastbert/kernels`` -> ``../kernels``
-(ignored by git) gives that name, and every stage runs ``python -m ...`` from the repository
-root, which puts the tree on the path. Exit 0 when ``import fastbert.kernels`` works after
-either; the output says which one it was.
+-e .``. Where that cannot build (no setuptools, or one older than pyproject.toml's metadata
+needs), fastbert still runs from the tree: every stage runs ``python -m ...`` from the
+repository root, which puts fastbert/ on the path. Exit 0 when ``import fastbert.kernels``
+works; the output says whether fastbert was installed or runs from the tree.
 
     python -m benchmarks.gpu_run.install [--wheels DIR]
 
@@ -25,7 +21,6 @@ from pathlib import Path
 from benchmarks.gpu_run import wheels
 
 ROOT = Path(__file__).resolve().parents[2]
-LINK = ROOT / "fastbert" / "kernels"
 
 
 def pip_install(python: str) -> bool:
@@ -42,12 +37,6 @@ def install_wheels(python: str, folder: Path) -> None:
         print(f"install: {', '.join(wheels.REQUIREMENTS)} installed from {folder}")
     else:
         print(f"install: pip could not install the wheels in {folder}")
-
-
-def link_kernels() -> None:
-    """``fastbert/kernels`` -> ``../kernels``, unless a link or folder is there already."""
-    if not LINK.exists() and not LINK.is_symlink():
-        LINK.symlink_to(Path("..") / "kernels", target_is_directory=True)
 
 
 def importable(python: str) -> bool:
@@ -69,9 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     if pip_install(args.python) and importable(args.python):
         print("install: fastbert installed (editable)")
         return 0
-    link_kernels()
     if importable(args.python):
-        print("install: pip could not install fastbert; it runs from the tree (kernels linked)")
+        print("install: pip could not install fastbert; it runs from the tree")
         return 0
     print("install: fastbert is not importable", file=sys.stderr)
     return 1

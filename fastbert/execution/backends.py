@@ -1,10 +1,10 @@
 """The one dispatch point for the hot ops: PyTorch's fastest primitives or the Triton kernels.
 
 ``backend="auto"`` picks the Triton kernels for CUDA tensors and the torch backend elsewhere;
-``"triton"`` on a CPU tensor runs only under the Triton interpreter (TRITON_INTERPRET=1). The
-torch backend is the plain one (kernels/torch_ops.py: PyTorch's primitives, any device), whose
-attention and linear the CPU engine (kernels/cpu_engine.py: the compiled attention, per-length
-SDPA, oneDNN's linear) replaces for CPU tensors: :func:`get_ops` chooses by the device.
+``"triton"`` on a CPU tensor runs only under the Triton interpreter (TRITON_INTERPRET=1). The torch
+backend is the plain one (fastbert/kernels/torch_ops.py: PyTorch's primitives, any device), whose
+attention and linear the CPU engine (fastbert/kernels/cpu_engine.py: the compiled attention,
+per-length SDPA, oneDNN's linear) replaces for CPU tensors: :func:`get_ops` chooses by the device.
 
 The backends are read from the ops' declarations (:data:`fastbert.kernels.OPS`): the triton
 backend of an op is the declaration itself (its public call: under ``torch.compile`` the

@@ -1,4 +1,5 @@
-"""Compile cases for kernels/flash_attention.py: autotune configs x head dims x dtypes x variants.
+"""Compile cases for fastbert/kernels/flash_attention.py: autotune configs x head dims x dtypes x
+variants.
 
 Variants: dense masked (HAS_MASK=1, IS_VARLEN=0: the encoder's padded batches), dense unmasked
 (HAS_MASK=0, IS_VARLEN=0) and padding-free (HAS_MASK=0, IS_VARLEN=1); ``attention_varlen``

@@ -1,4 +1,5 @@
-"""Compile cases for kernels/flash_attention_backward.py: its kernel's dK / dV and dQ passes.
+"""Compile cases for fastbert/kernels/flash_attention_backward.py: its kernel's dK / dV and dQ
+passes.
 
 Variants are the forward's (dense masked, dense unmasked, padding-free; see
 tests/compile_cases/attention.py) times HAS_DROPOUT, which regenerates the Philox mask inside
@@ -155,14 +156,14 @@ HEAVIEST_BIAS = (
 )
 
 
-# The same for rotary positions with the window: (dtype, head dim, HAS_MASK, IS_VARLEN, the
-# passes compiled (DKDV values)). Wider heads find no config within ``keep``'s budget and run
-# the one holding the fewest values (kernels/attention_configs.py's backward_load): in 16 bits
-# its dQ pass spills (12 to 36 bytes per thread at D=80 under Triton 3.9) and is not a case; the
-# dK / dV pass of D=80 compiles without spills and checks the padded head's turn back (a gather
-# of its halves). float32 at D=80 is a case in both passes for its shared memory: the first
+# The same for rotary positions with the window: (dtype, head dim, HAS_MASK, IS_VARLEN, the passes
+# compiled (DKDV values)). Wider heads find no config within ``keep``'s budget and run the one
+# holding the fewest values (fastbert/kernels/attention_configs.py's backward_load): in 16 bits its
+# dQ pass spills (12 to 36 bytes per thread at D=80 under Triton 3.9) and is not a case; the dK / dV
+# pass of D=80 compiles without spills and checks the padded head's turn back (a gather of its
+# halves). float32 at D=80 is a case in both passes for its shared memory: the first
 # config, which ran before, needed 384 KiB on an H200. (Under Triton 3.6 the dK / dV pass keeps
-# a 16x32 config of its own there: kernels/flash_attention_backward.py.)
+# a 16x32 config of its own there: fastbert/kernels/flash_attention_backward.py.)
 HEAVIEST_ROTARY = (
     ("fp16", 64, False, True, (True, False)),
     ("fp16", 80, True, False, (True,)),

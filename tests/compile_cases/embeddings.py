@@ -1,5 +1,5 @@
-"""Compile cases for kernels/fused_embeddings.py: every row tile x id-tensor flags x table dtype
-for the inference forward; every row tile x table dtype for the training forward (dropout,
+"""Compile cases for fastbert/kernels/fused_embeddings.py: every row tile x id-tensor flags x table
+dtype for the inference forward; every row tile x table dtype for the training forward (dropout,
 saved statistics) and the backward with all ids and dropout, plus the backward's other flags.
 
 BLOCK takes every power of two the launcher can choose (``block_size`` of hidden sizes 1 to

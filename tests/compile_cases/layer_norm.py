@@ -1,5 +1,5 @@
-"""Compile cases for kernels/fused_layer_norm.py: every row tile x residual flag x dtype for
-the inference forward; every row tile x dtype for the training forward (dropout, saved
+"""Compile cases for fastbert/kernels/fused_layer_norm.py: every row tile x residual flag x dtype
+for the inference forward; every row tile x dtype for the training forward (dropout, saved
 statistics) and the backward with residual and dropout, plus the backward's other flags.
 
 The row tile BLOCK takes every power of two the launcher can choose (``block_size`` of hidden

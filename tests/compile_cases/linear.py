@@ -1,4 +1,5 @@
-"""Compile cases for kernels/fused_linear.py: every autotune config and every epilogue variant.
+"""Compile cases for fastbert/kernels/fused_linear.py: every autotune config and every epilogue
+variant.
 
 float16 compiles every autotune config (with the full epilogue, or, for a config ``keep``
 allows only with lighter epilogues, with each epilogue it allows) and every epilogue variant

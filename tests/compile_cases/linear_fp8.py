@@ -1,4 +1,4 @@
-"""Compile cases for the float8 e4m3 variant (QUANT = 2) of kernels/fused_linear.py's GEMM:
+"""Compile cases for the float8 e4m3 variant (QUANT = 2) of fastbert/kernels/fused_linear.py's GEMM:
 e4m3 x and weight, float32 accumulation, the dequantise / bias / GELU / residual epilogue, on
 the configs and epilogues of the int8 cases (tests/compile_cases/linear_int8.py: ``keep``
 treats both one-byte formats alike), with float16 outputs and on one config float32 outputs.

@@ -1,4 +1,4 @@
-"""Compile cases for the INT8 variant of kernels/fused_linear.py's GEMM: int8 x and weight,
+"""Compile cases for the INT8 variant of fastbert/kernels/fused_linear.py's GEMM: int8 x and weight,
 int32 accumulation, the dequantise / bias / GELU / residual epilogue, on every one-tile-per-
 program config ``keep`` allows for one-byte operands with that epilogue (the persistent configs
 take TMA descriptors of 16-bit operands only), with float16 outputs (a CUDA model's dtype) and

@@ -1,4 +1,4 @@
-"""Compile cases for the row quantisation of kernels/quantized_linear.py (linear_int8's and
+"""Compile cases for the row quantisation of fastbert/kernels/quantized_linear.py (linear_int8's and
 linear_fp8's activations, one row per program): every K tile the launcher can choose (powers
 of two up to QUANTIZE_MAX_BLOCK_K), with and without the input scale, from fp16, bf16 and
 fp32 rows with unit stride along K, and one case reading strided rows (a transposed view);

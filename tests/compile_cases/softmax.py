@@ -1,4 +1,4 @@
-"""Compile cases for kernels/masked_softmax.py: every row tile x mask flag x dtype.
+"""Compile cases for fastbert/kernels/masked_softmax.py: every row tile x mask flag x dtype.
 
 The row tile BLOCK takes every power of two the launcher can choose (``block_size`` of key
 counts 1 to MAX_KEYS) with the launcher's ``num_warps``; each with and without a mask, in fp16,

@@ -1,4 +1,4 @@
-"""Compile cases for kernels/sparse_head.py (the fused SPLADE head: a GEMM whose epilogue
+"""Compile cases for fastbert/kernels/sparse_head.py (the fused SPLADE head: a GEMM whose epilogue
 keeps each sequence's max through integer atomics): every autotune config ``keep`` allows for
 each dtype, with the decoder's bias (BERT's), and without it on the widest tile of each dtype.
 x and weight have unit stride along K (the launcher refuses others); the other strides and

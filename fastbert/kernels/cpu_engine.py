@@ -7,7 +7,7 @@ plain op's signature and semantics and hands a call it does not take to the plai
 results are those of the plain backend within its tolerance:
 
 - attention / attention_varlen (fastbert.kernels.cpu_engine_attention): the compiled
-  attention of kernels/cpu_attention.cpp where it is built, one SDPA call per run of
+  attention of cpu_attention.cpp where it is built, one SDPA call per run of
   equal-length sequences, and in bfloat16 a float32 math path for short runs;
 - linear (fastbert.kernels.cpu_engine_linear): one oneDNN call with GELU or the residual add
   as its post-op, reading the weights' packed copies (fastbert.kernels.packed_weights) when

@@ -1,4 +1,4 @@
-"""Backward of the fused attention (kernels/flash_attention.py), FlashAttention-2 style.
+"""Backward of the fused attention (flash_attention.py), FlashAttention-2 style.
 
 Math, per (batch, head), with the forward's scaled scores s_ij = scale * <q_i, k_j> (masked keys
 excluded), probabilities P_ij = exp(s_ij - lse_i), the dropout keep mask M_ij and factor
@@ -91,7 +91,7 @@ from .launch import FUSED, TRITON_3_6, cdiv, time_config
 # dQ: BLOCK_M queries per program.
 _DKDV_TUNE_SPACE = ((16, 64, 8, 2), (32, 64, 8, 1), (32, 64, 4, 2), (16, 128, 8, 2))
 _DQ_TUNE_SPACE = ((64, 32, 4, 2), (128, 64, 8, 2), (32, 32, 4, 2))
-# Triton 3.6 (kernels/launch.py): a 16x32 dK / dV tile on one stage, first, for rotary positions
+# Triton 3.6 (launch.py): a 16x32 dK / dV tile on one stage, first, for rotary positions
 # (keep() leaves them no other there) and so for what keeps no config; at two stages it spilled
 # 20 bytes on sm_90 with dropout at D=64. 32x64 on 4 warps on one stage (on two it spilled 4
 # bytes on sm_80 with dropout at D=32). dQ: a 64x16 tile on 8 warps, for what keep() no longer
@@ -126,7 +126,7 @@ def _real_keys(mask_base, offs_n, stride_mask_s, seq_k, HAS_MASK: tl.constexpr):
 @triton.jit
 def _kept_scaled(x, keep, dropout_p):
     """``x`` / (1 - p) where the dropout mask ``keep`` is True, 0 elsewhere (the approximate
-    division of kernels/dropout.py's ``dropped``: the IEEE one spilled registers in the dK / dV
+    division of dropout.py's ``dropped``: the IEEE one spilled registers in the dK / dV
     loop under Triton 3.6 on sm_90)."""
     return tl.where(keep, x * (1.0 / (1.0 - dropout_p)), 0.0)
 

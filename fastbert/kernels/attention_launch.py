@@ -74,7 +74,7 @@ def pruner(
 
 
 def check_kernel_inputs(tensors: dict[str, torch.Tensor | None], head_dim: int) -> None:
-    """What the kernels need beyond the checks every backend shares (kernels/checks.py): a
+    """What the kernels need beyond the checks every backend shares (checks.py): a
     Triton device for each tensor given, a supported head dim, unit stride on D of q, k, v."""
     for name, t in tensors.items():
         if t is not None:

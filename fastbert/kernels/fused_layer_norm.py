@@ -13,7 +13,7 @@ and rounded once to x's dtype. This is ``torch.nn.functional.layer_norm`` of the
 as :func:`kernels.reference.layer_norm` computes it. Dropout (HAS_DROPOUT, BERT's hidden
 dropout before the residual add) keeps x[r, c] with probability 1 - p and scales it by
 1 / (1 - p); its keep mask comes from the call's seed and the element offset r * N + c
-(kernels/dropout.py) and is regenerated, never stored.
+(dropout.py) and is regenerated, never stored.
 
 Backward, per row, with g = dout * weight::
 
@@ -311,7 +311,7 @@ def layer_norm_forward(
     save: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Launch the forward: (out, mean, rstd); the float32 [rows] statistics only when
-    ``save``. ``seed``: the dropout's (see kernels/dropout.py). Inputs are checked by the
+    ``save``. ``seed``: the dropout's (see dropout.py). Inputs are checked by the
     caller."""
     hidden = x.shape[-1]
     out = torch.empty_like(x, memory_format=torch.contiguous_format)

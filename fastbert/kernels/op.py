@@ -3,9 +3,9 @@
 An :class:`Op` declares one hot op (attention, linear, layer_norm, ...):
 
 - ``reference``: its semantics. The float64-exact pure-PyTorch function of
-  kernels/reference.py, whose signature is the op's public signature and whose docstring is its
+  reference.py, whose signature is the op's public signature and whose docstring is its
   documentation; the tests' oracle.
-- ``torch``: the torch backend's implementation (kernels/torch_ops.py), same signature, on
+- ``torch``: the torch backend's implementation (torch_ops.py), same signature, on
   inputs the caller has validated.
 - ``prepare``: the public arguments -> the Triton forward's arguments. It validates them for
   the kernel (raising ``ValueError`` / ``TypeError`` that name the bad input), resolves the

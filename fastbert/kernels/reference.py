@@ -1,9 +1,9 @@
 """Pure-PyTorch reference of every fastbert op: each op's semantics, the ``reference`` of its
-declaration (kernels/op.py), whose signature and docstring the op's other implementations
+declaration (op.py), whose signature and docstring the op's other implementations
 share.
 
 It is the oracle of the tests (called with float32 or float64 inputs; it runs on any device and
-dtype), not a backend: the torch backend is kernels/torch_ops.py. It follows what eager PyTorch
+dtype), not a backend: the torch backend is torch_ops.py. It follows what eager PyTorch
 / Hugging Face do in the input dtype: matrix products in the input dtype, softmax and LayerNorm
 statistics in float32 (in float64 for float64 inputs, so that the float64 oracle is float64
 throughout). Masked keys are excluded from the softmax; a query row whose keys are all masked

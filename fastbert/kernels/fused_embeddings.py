@@ -10,7 +10,7 @@ Math, per token (b, s), in float32::
 with the biased variance of the centred values, rounded once to the tables' dtype. Dropout
 (HAS_DROPOUT, BERT's embeddings dropout) keeps an element with probability 1 - p and scales it
 by 1 / (1 - p); its keep mask comes from the call's seed and the element offset
-(b * S + s) * H + c (kernels/dropout.py) and is regenerated in the backward, never stored.
+(b * S + s) * H + c (dropout.py) and is regenerated in the backward, never stored.
 
 Backward: the output gradient goes through the dropout mask, then LayerNorm's backward
 (:func:`fused_layer_norm.normalize_row_backward`, from the row statistics the forward saves

@@ -1,6 +1,6 @@
 """Which autotune configs each attention kernel keeps for a launch: the register budgets of the
-forward (kernels/flash_attention.py) and of the backward's two passes
-(kernels/flash_attention_backward.py), each with what was measured above it. The kernels'
+forward (flash_attention.py) and of the backward's two passes
+(flash_attention_backward.py), each with what was measured above it. The kernels'
 autotuners prune their tune spaces with these (``attention_launch.pruner``); the compile cases
 (tests/compile_cases/attention*.py) compile what they keep.
 """

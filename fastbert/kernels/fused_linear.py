@@ -50,7 +50,7 @@ Dtypes: float16, bfloat16 and float32, all tensors alike. The product is accumul
 float32 inputs multiply in IEEE float32 (``input_precision="ieee"``, not TF32). Gradients are
 in their input's dtype; dY' is rounded to it before the product, as PyTorch's autograd does.
 
-Quantised operands (``QUANT``, the launches of kernels/quantized_linear.py: ``linear_int8`` and
+Quantised operands (``QUANT``, the launches of quantized_linear.py: ``linear_int8`` and
 ``linear_fp8``): int8 tiles multiplied into an int32 accumulator (1) or float8 e4m3 tiles
 into float32 (2), dequantised at the start of the epilogue, ``acc * (x_scale[m] *
 weight_scale[n])`` in float32, before the bias, activation, residual and the store in the
@@ -67,7 +67,7 @@ in groups of ``GROUP_M`` row tiles so that tiles running together share weight c
 Limits: row offsets are int64 (M * K reaches 65536 * 4096 and strides may be larger still).
 The autotuner keys on N, K, the dtypes, a power-of-two bucket of M, whether descriptors are
 given, and the variant (ACTIVATION, HAS_RESIDUAL and the training flags: some tiles are kept
-only for the light variants, see kernels/linear_configs.py), so a new batch x sequence length
+only for the light variants, see linear_configs.py), so a new batch x sequence length
 does not re-tune. M == 0 or N == 0 returns an empty output without a launch.
 """
 
@@ -695,7 +695,7 @@ def gemm(
     (``store_pre``) or the [M, K] one whose ``grad_activation`` derivative multiplies A;
     ``row_sum`` is a float32 [M] tensor for the sums of A's rows. bias [N], residual [M, N].
     ``scales``: float32 ([M], [N]) scales of A and B's quantised rows, ``quant`` their format
-    (1 int8, 2 float8 e4m3: kernels/quantized_linear.py's QUANT_CODES).
+    (1 int8, 2 float8 e4m3: quantized_linear.py's QUANT_CODES).
     ``gated``: B is [2N, K], its rows N.. the gate (GATED; bias [2N], ``pre`` [M, 2N]).
     ``gated_grad``: A is dY' of a gated linear, formed from ``a`` = dout [M', N'] and ``pre``
     [M', 2N'] (read with ``pre_strides`` as A's) with ``grad_activation``'s derivative:

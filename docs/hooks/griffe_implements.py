@@ -1,11 +1,6 @@
-"""Griffe extension: ``fastbert.kernels`` for the API reference.
+"""Griffe extension: the signatures of ``fastbert.kernels``' implemented functions.
 
-The repository keeps the kernels in the top-level folder kernels/, which pyproject.toml
-installs as ``fastbert.kernels`` (``[tool.setuptools.package-dir]``). Griffe reads fastbert/
-from the source tree and so does not see that subpackage; this extension loads kernels/ and
-attaches it to the ``fastbert`` package under the name it is imported by.
-
-A function decorated with ``@implements(reference.<op>)`` (kernels/op.py) writes its
+A function decorated with ``@implements(reference.<op>)`` (fastbert/kernels/op.py) writes its
 parameters without the reference's defaults and annotations, which the decorator gives it at
 import; griffe reads the source, so the extension gives them to it here too, and the pages
 show the signature a call sees.
@@ -13,28 +8,25 @@ show the signature a call sees.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import griffe
 
 
-class KernelsPackage(griffe.Extension):
-    """Attach kernels/ to the fastbert package as ``fastbert.kernels``."""
+class ImplementedSignatures(griffe.Extension):
+    """Give every ``implements``-decorated function of fastbert.kernels its reference's
+    defaults and annotations."""
 
-    def on_package(self, *, pkg: griffe.Module, loader: griffe.GriffeLoader, **kwargs: Any) -> None:
-        if pkg.name != "fastbert" or "kernels" in pkg.members:
-            return
-        folder = Path(pkg.filepath).parent.parent / "kernels"
-        kernels = loader.load(str(folder), try_relative_path=True)
-        _adopt_implemented(kernels, kernels)
-        pkg.set_member("kernels", kernels)
+    def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
+        if pkg.name == "fastbert":
+            kernels = pkg.members["kernels"]
+            _adopt_implemented(kernels, kernels)
 
 
 def _adopt_implemented(package: griffe.Module, module: griffe.Module) -> None:
     """Every function of ``module`` (and its submodules) decorated with ``implements(f)``
     takes f's defaults and annotations for the parameters it shares with f, and f's return
-    annotation, as kernels/op.py's ``implements`` gives them at import."""
+    annotation, as fastbert/kernels/op.py's ``implements`` gives them at import."""
     for member in list(module.members.values()):
         if member.is_alias:
             continue
@@ -49,7 +41,7 @@ def _adopt(package: griffe.Module, function: griffe.Function) -> None:
         call = decorator.value
         if not (isinstance(call, griffe.ExprCall) and str(call.function) == "implements"):
             continue
-        path = call.arguments[0].canonical_path  # kernels.<module>.<function>
+        path = call.arguments[0].canonical_path  # fastbert.kernels.<module>.<function>
         reference = package[path.removeprefix(f"{package.path}.")]
         _adopt(package, reference)  # a reference may itself implement another
         shared = {p.name: p for p in reference.parameters}

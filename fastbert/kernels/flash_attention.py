@@ -1,6 +1,6 @@
 """Fused flash-style attention forward: softmax(scale * q @ k^T, masked keys excluded) @ v,
 with optional attention-probability dropout, and the autograd wiring of its backward
-(kernels/flash_attention_backward.py).
+(flash_attention_backward.py).
 
 Math, per (batch, head) and query row i, over the keys j of its sequence::
 
@@ -21,7 +21,7 @@ requires grad. HAS_DROPOUT drops each probability with probability p after it en
 running sum l (the normaliser counts every key) and scales the kept ones by 1 / (1 - p):
 out = dropout(softmax) @ v. The keep mask comes from ``tl.rand(seed, offset)`` with the
 element's flat index in a [B, H, S_q, S_k] array (dense) or an [H, T, T] array of global token
-indices (varlen) as its 64-bit offset (``dropout_origin``, kernels/attention_tiles.py), so the
+indices (varlen) as its 64-bit offset (``dropout_origin``, attention_tiles.py), so the
 backward regenerates it.
 
 Relative position bias (HAS_BIAS, MPNet): s_ij gains bias[h, bucket(j - i)], with i and j

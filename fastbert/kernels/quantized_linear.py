@@ -17,7 +17,7 @@ GEMM, every column tile would read its rows twice); its float32 arithmetic is th
 rounding is done in float32 arithmetic (``_round_to_e4m3``), so the conversion that follows is
 exact whatever the converter's own rounding.
 
-The product runs on the one GEMM kernel of kernels/fused_linear.py, its ``QUANT`` flag set:
+The product runs on the one GEMM kernel of fused_linear.py, its ``QUANT`` flag set:
 
 - int8 (``QUANT`` 1, :func:`linear_int8`): int8 tiles multiplied into an int32 accumulator
   (``tl.dot`` on int8: IMMA on sm_80, the integer warpgroup MMA IGMMA on sm_90), exact sums.

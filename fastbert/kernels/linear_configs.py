@@ -1,4 +1,4 @@
-"""Autotune configs of the linear GEMM (kernels/fused_linear.py's ``_linear_fwd_kernel``) and
+"""Autotune configs of the linear GEMM (fused_linear.py's ``_linear_fwd_kernel``) and
 the predicate that prunes them per launch.
 
 :func:`configs` lists the candidates (:func:`gpu_configs` on a GPU, one small tile and its

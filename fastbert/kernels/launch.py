@@ -30,8 +30,8 @@ def triton_version() -> tuple[int, int]:
 
 
 # Triton 3.6, the oldest release supported, against 3.9 (CI compiles every kernel with both):
-# the attention kernels have configs of their own there (kernels/flash_attention.py,
-# kernels/flash_attention_backward.py). 3.7 and 3.8, not measured, get 3.9's.
+# the attention kernels have configs of their own there (flash_attention.py,
+# flash_attention_backward.py). 3.7 and 3.8, not measured, get 3.9's.
 TRITON_3_6 = triton_version() < (3, 7)
 # The compile options of the row kernels' forwards (LayerNorm, the embeddings, the softmax, the
 # row quantisation): no fused multiply-adds but the ones written (tl.fma). The GPU compiler

@@ -17,7 +17,7 @@ row does.
 
 Programs. One [BLOCK_T rows, BLOCK_V vocabulary columns] tile of the logits per program,
 ordered in groups of GROUP_T row tiles that share the weight's columns in L2 (the linear
-kernel's ``_tile_position``): the product over K in float32 as in kernels/fused_linear.py
+kernel's ``_tile_position``): the product over K in float32 as in fused_linear.py
 (``tl.dot``; IEEE float32 products for float32 inputs), plus the bias. The epilogue finds the
 sequences the tile's rows overlap (a binary search of ``cu_seqlens`` for the first and the
 last row, ``_segment_of``), and for each of them takes the max of its rows' logits in the
