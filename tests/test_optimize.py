@@ -4,6 +4,7 @@ SentenceTransformer, compute what they computed before, sharing their weight ten
 from __future__ import annotations
 
 import copy
+import inspect
 import io
 
 import pytest
@@ -549,35 +550,85 @@ def test_a_linear_wrapped_by_an_adapter_after_optimize_is_refused() -> None:
         model(input_ids=ids)
 
 
+def _enable_checkpointing(model: torch.nn.Module, **options) -> None:
+    """Hugging Face's activation checkpointing switch: activation_checkpointing_enable from
+    transformers 5.25, gradient_checkpointing_enable (deprecated there) before."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    (enable or model.gradient_checkpointing_enable)(**options)
+
+
+def training_step(model, inputs: dict, labels: torch.Tensor) -> tuple[int, torch.Tensor, dict]:
+    """(bytes autograd saved, loss, gradients) of one step, dropout seeded alike each time."""
+    saved = [0]
+    model.zero_grad()
+    torch.manual_seed(7)
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(**inputs, labels=labels).loss
+    loss.backward()
+    return saved[0], loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
 def test_gradient_checkpointing_keeps_each_layers_input_only() -> None:
-    """Hugging Face's gradient_checkpointing_enable: the encoder saves a fraction of the
-    activations and gives the same loss and gradients (dropout included)."""
+    """Hugging Face's checkpointing switch: the encoder saves a fraction of the activations
+    and gives the same loss and gradients (dropout included)."""
     hf = make_model("bert", "ForSequenceClassification", hidden_dropout_prob=0.1)
     model = fastbert.optimize(copy.deepcopy(hf)).train()
     inputs, _ = make_inputs(model, "ForSequenceClassification", [9, 6, 9, 4], seed=4)
     labels = torch.tensor([0, 1, 2, 0])
 
-    def step() -> tuple[int, torch.Tensor, dict]:
-        saved = [0]
-        model.zero_grad()
-        torch.manual_seed(7)
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            saved[0] += t.numel() * t.element_size()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss = model(**inputs, labels=labels).loss
-        loss.backward()
-        return saved[0], loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    full, loss, grads = step()
-    model.gradient_checkpointing_enable()
-    kept, checkpointed_loss, checkpointed = step()
+    full, loss, grads = training_step(model, inputs, labels)
+    _enable_checkpointing(model)
+    kept, checkpointed_loss, checkpointed = training_step(model, inputs, labels)
     assert kept < full / 2
     assert torch.equal(loss, checkpointed_loss)
     for name, grad in grads.items():
         assert torch.allclose(grad, checkpointed[name], atol=1e-6), name
+
+
+def test_checkpointing_follows_the_layers_and_function_hugging_face_set() -> None:
+    """activation_checkpointing_enable(every_n_layers=2) checkpoints every other layer of the
+    encoder, through the checkpoint function Hugging Face set on the model's layers (which
+    carries its checkpoint arguments and ``offload``), with the same loss and gradients;
+    disabling it saves every activation again."""
+    import transformers
+
+    enable = getattr(transformers.PreTrainedModel, "activation_checkpointing_enable", None)
+    if enable is None or "every_n_layers" not in inspect.signature(enable).parameters:
+        pytest.skip("activation_checkpointing_enable(every_n_layers=...) is transformers 5.25's")
+    hf = make_model("bert", "ForSequenceClassification", num_hidden_layers=4)
+    model = fastbert.optimize(copy.deepcopy(hf)).train()
+    inputs, _ = make_inputs(model, "ForSequenceClassification", [9, 6, 9, 4], seed=4)
+    labels = torch.tensor([0, 1, 2, 0])
+    full, loss, grads = training_step(model, inputs, labels)
+
+    model.activation_checkpointing_enable(every_n_layers=2)
+    calls = [0]
+    for module in model.modules():
+        function = getattr(module, "_gradient_checkpointing_func", None)
+        if function is not None:
+
+            def counted(*args, _function=function, **kwargs):
+                calls[0] += 1
+                return _function(*args, **kwargs)
+
+            module._gradient_checkpointing_func = counted
+    half, half_loss, half_grads = training_step(model, inputs, labels)
+    assert calls[0] == 2  # layers 0 and 2 of 4, each once in the forward
+    model.activation_checkpointing_enable()
+    every, every_loss, every_grads = training_step(model, inputs, labels)
+    assert every < half < full
+    for other_loss, other_grads in ((half_loss, half_grads), (every_loss, every_grads)):
+        assert torch.equal(loss, other_loss)
+        for name, grad in grads.items():
+            assert torch.allclose(grad, other_grads[name], atol=1e-6), name
+
+    model.activation_checkpointing_disable()
+    assert training_step(model, inputs, labels)[0] == full
 
 
 def test_a_config_made_a_decoders_after_optimize_is_refused_at_the_call() -> None:

@@ -15,9 +15,10 @@ import pytest
 import torch
 
 import fastbert
+from fastbert.model.encoder import CHECKPOINT
 from fastbert.model.loading import hf_weight_names
 from tests.hf_models import hf_model, padded_batch
-from tests.test_optimize import CASES, FAMILIES, make_inputs, make_model
+from tests.test_optimize import CASES, FAMILIES, make_inputs, make_model, training_step
 
 GRAD_BOUND = 1e-4
 LENGTHS = [7, 3, 5, 1, 6, 7]
@@ -216,6 +217,36 @@ def test_every_parameter_gets_a_gradient_and_requires_grad_by_default() -> None:
     model(ids, mask, types, **labels).loss.backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().max()]
     assert missing == []
+
+
+def test_own_models_checkpoint_the_layers_asked_through_the_function_given() -> None:
+    """fastbert's own models: ``gradient_checkpointing`` with ``checkpointed_layers`` runs the
+    chosen layers alone through ``checkpoint_function``, saving less, with the same loss and
+    gradients (dropout included)."""
+    model = fastbert.BertForSequenceClassification.from_pretrained(
+        hf_model("BertForSequenceClassification"), backend="torch"
+    ).train()
+    encoder = next(m for m in model.modules() if isinstance(m, fastbert.BertModel))
+    assert len(encoder.layers) >= 2
+    ids, mask, types = padded_batch([9, 6, 9, 4], seed=4)
+    inputs = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    labels = torch.tensor([0, 1, 1, 0])
+    full, loss, expected = training_step(model, inputs, labels)
+
+    calls = [0]
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return CHECKPOINT(*args, **kwargs)
+
+    encoder.gradient_checkpointing = True
+    encoder.checkpointed_layers = (True,) + (False,) * (len(encoder.layers) - 1)
+    encoder.checkpoint_function = counted
+    kept, checkpointed_loss, got = training_step(model, inputs, labels)
+    assert calls[0] == 1 and kept < full
+    assert torch.equal(loss, checkpointed_loss)
+    for name, grad in expected.items():
+        assert torch.allclose(grad, got[name], atol=1e-6), name
 
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "modernbert"])

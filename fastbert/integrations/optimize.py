@@ -50,7 +50,7 @@ from torch import nn
 from fastbert.execution import runtime, validation
 from fastbert.execution.backends import check_backend, check_head_dim
 from fastbert.model.config import BertConfig
-from fastbert.model.encoder import BertModel
+from fastbert.model.encoder import CHECKPOINT, BertModel
 from fastbert.model.families import (
     Family,
     family_of_class,
@@ -455,11 +455,32 @@ class FastbertForward:
         if encoder.training:
             encoder.dropout_probabilities = self.dropout_now()
         if encoder.training and torch.is_grad_enabled():
-            # Hugging Face's switch (gradient_checkpointing_enable sets it on its modules)
-            encoder.gradient_checkpointing = any(
-                getattr(m, "gradient_checkpointing", False) is True for m in self.base.modules()
-            )
+            self.follow_checkpointing(encoder)
         return encoder
+
+    def follow_checkpointing(self, encoder: BertModel) -> None:
+        """Hugging Face's activation checkpointing as ``activation_checkpointing_enable``
+        (``gradient_checkpointing_enable`` before transformers 5.25) set it on the model's
+        modules, onto the encoder: on when any module's ``gradient_checkpointing`` is True; the
+        checkpoint function it set (the checkpoint's arguments, ``offload``); and where the
+        model's layers are Hugging Face's GradientCheckpointingLayer, one per encoder layer,
+        which of them it checkpoints (``every_n_layers``)."""
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
+        modules = list(self.base.modules())
+        flagged = [m for m in modules if getattr(m, "gradient_checkpointing", False) is True]
+        encoder.gradient_checkpointing = bool(flagged)
+        if not flagged:
+            return
+        layers = [m for m in modules if isinstance(m, GradientCheckpointingLayer)]
+        encoder.checkpointed_layers = (
+            tuple(layer.gradient_checkpointing is True for layer in layers)
+            if len(layers) == len(encoder.layers)
+            else None
+        )
+        encoder.checkpoint_function = getattr(
+            flagged[-1], "_gradient_checkpointing_func", CHECKPOINT
+        )
 
     def dropout_now(self) -> tuple[float, float]:
         """(hidden, attention) dropout probabilities the model's own nn.Dropout modules hold

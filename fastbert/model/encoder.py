@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.utils.checkpoint
@@ -42,6 +42,10 @@ from fastbert.model.quantization import (
     tensors_key,
 )
 from fastbert.model.weights import ParameterWatch
+
+# How a checkpointed layer runs by default: PyTorch's checkpoint, not re-entrant (the variant
+# PyTorch recommends; it keeps working when a layer's input needs no gradient).
+CHECKPOINT = functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
 
 
 @torch.no_grad()
@@ -117,8 +121,12 @@ class BertModel(PretrainedMixin, nn.Module):
     False, the default) makes the CPU linears read packed copies of their weights: the same
     results, faster, for models whose weights are not written through ``.data`` (see the
     Runner). ``gradient_checkpointing`` (False by default; Hugging Face's name): a call that
-    records gradients in training mode keeps each layer's input only and runs the layer again
-    in the backward, for activations' memory.
+    records gradients in training mode keeps a checkpointed layer's input only and runs the
+    layer again in the backward, for activations' memory. Which layers: every one, or where
+    ``checkpointed_layers`` (a bool per layer) says; how: ``checkpoint_function(layer,
+    *inputs)``, ``torch.utils.checkpoint.checkpoint`` without re-entrancy by default (under
+    fastbert.optimize both follow the Hugging Face model's ``activation_checkpointing_enable``:
+    its ``every_n_layers``, ``offload`` and checkpoint arguments).
     """
 
     def __init__(
@@ -170,6 +178,8 @@ class BertModel(PretrainedMixin, nn.Module):
         self._quantize: str | None = None
         self._quantized_key: tuple | None = None
         self.gradient_checkpointing = False
+        self.checkpointed_layers: tuple[bool, ...] | None = None
+        self.checkpoint_function: Callable[..., torch.Tensor] = CHECKPOINT
         # (hidden, attention) dropout in training mode in place of the config's: the
         # probabilities a Hugging Face model's own modules hold (fastbert.optimize sets it).
         self.dropout_probabilities: tuple[float, float] | None = None
@@ -338,10 +348,10 @@ class BertModel(PretrainedMixin, nn.Module):
         for index, layer in enumerate(self.layers):
             positions = self.attention_positions(index, hidden.device)
             layer_attend = functools.partial(attend, **positions) if positions else attend
-            if checkpointed:  # the layer runs again in the backward (its dropout alike)
-                hidden = torch.utils.checkpoint.checkpoint(
-                    layer, ops, hidden, layer_attend, dropout_p, use_reentrant=False
-                )
+            if checkpointed and (
+                self.checkpointed_layers is None or self.checkpointed_layers[index]
+            ):  # the layer runs again in the backward (its dropout alike)
+                hidden = self.checkpoint_function(layer, ops, hidden, layer_attend, dropout_p)
             else:
                 hidden = layer(ops, hidden, layer_attend, dropout_p)
         if self.final_ln_weight is not None:
