@@ -47,7 +47,7 @@ def cpu_name(cpuinfo: str | None = None) -> str:
     """The CPU's model name from ``cpuinfo`` (None: /proc/cpuinfo's text), with its family and
     model numbers where it gives them: a virtual machine often names only the vendor's line
     ("AMD EPYC"), and the numbers tell its generations apart, whose rates differ."""
-    fields = {}
+    fields: dict[str, str] = {}
     for line in first_processor(cpuinfo) or []:
         key, _, value = line.partition(":")
         fields.setdefault(key.strip(), value.strip())
