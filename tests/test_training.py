@@ -249,6 +249,27 @@ def test_own_models_checkpoint_the_layers_asked_through_the_function_given() -> 
         assert torch.allclose(grad, got[name], atol=1e-6), name
 
 
+@pytest.mark.parametrize("value", [(True,), (True, False, True, False, True), (1, 0, 1, 0)])
+def test_checkpointed_layers_take_one_bool_per_layer(value: tuple) -> None:
+    """``checkpointed_layers`` of another length than the model's layers (or not bools)
+    raises at once, naming the count, instead of failing or being cut at the first call."""
+    model = fastbert.BertModel(
+        fastbert.BertConfig(
+            vocab_size=10,
+            hidden_size=8,
+            num_attention_heads=2,
+            intermediate_size=8,
+            num_hidden_layers=4,
+        )
+    )
+    with pytest.raises(ValueError, match="a bool for each of the model's 4 layers"):
+        model.checkpointed_layers = value
+    model.checkpointed_layers = [True, False, True, False]
+    assert model.checkpointed_layers == (True, False, True, False)
+    model.checkpointed_layers = None
+    assert model.checkpointed_layers is None
+
+
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "modernbert"])
 def test_hidden_dropout_where_hugging_face_applies_it(family: str) -> None:
     """A layer applies the hidden dropout at as many places as Hugging Face's layer holds a

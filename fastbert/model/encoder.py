@@ -178,7 +178,7 @@ class BertModel(PretrainedMixin, nn.Module):
         self._quantize: str | None = None
         self._quantized_key: tuple | None = None
         self.gradient_checkpointing = False
-        self.checkpointed_layers: tuple[bool, ...] | None = None
+        self._checkpointed_layers: tuple[bool, ...] | None = None
         self.checkpoint_function: Callable[..., torch.Tensor] = CHECKPOINT
         # (hidden, attention) dropout in training mode in place of the config's: the
         # probabilities a Hugging Face model's own modules hold (fastbert.optimize sets it).
@@ -192,6 +192,24 @@ class BertModel(PretrainedMixin, nn.Module):
     padding_free = RunSetting("runner")
     cuda_graphs = RunSetting("runner")
     packed_weights = RunSetting("runner")
+
+    @property
+    def checkpointed_layers(self) -> tuple[bool, ...] | None:
+        """Which layers ``gradient_checkpointing`` checkpoints: a bool per layer, or None for
+        every one. Set a sequence of as many bools as the model has layers (ValueError
+        otherwise)."""
+        return self._checkpointed_layers
+
+    @checkpointed_layers.setter
+    def checkpointed_layers(self, value: Sequence[bool] | None) -> None:
+        if value is not None:
+            value = tuple(value)
+            if len(value) != len(self.layers) or not all(isinstance(v, bool) for v in value):
+                raise ValueError(
+                    f"checkpointed_layers takes a bool for each of the model's {len(self.layers)}"
+                    f" layers (or None for every layer), got {value!r}"
+                )
+        self._checkpointed_layers = value
 
     @property
     def quantize(self) -> str | None:
