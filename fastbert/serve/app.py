@@ -94,8 +94,12 @@ def create_app(model: TextModel, options: ServeOptions) -> Any:
                 f"send the body as JSON (Content-Type: application/json), not {kind!r}"
             )
 
+    async def check_key_and_json(request: Request) -> None:  # one dependency costs less than two
+        await check_key(request)
+        await check_json(request)
+
     guarded = [Depends(check_key)]
-    posted = [Depends(check_key), Depends(check_json)]
+    posted = [Depends(check_key_and_json)]
     routes_tei.register(app, server, posted)
     routes_openai.register(app, server, posted, guarded)
     routes_cohere.register(app, server, posted)

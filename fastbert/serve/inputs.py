@@ -60,6 +60,12 @@ def check_text(text: str, name: str, field: str) -> None:
         raise ValidationFailed(f"{name}: {problem}", param=field)
 
 
+def characters(items: list[str | list[int] | None]) -> int:
+    """How long the inputs are, as the cost of tokenising them: characters of the texts,
+    ids of the token-id inputs (which are only checked)."""
+    return sum(len(item) for item in items if item is not None)
+
+
 def side(model: TextModel, direction: str | None) -> str:
     """ "right" or "left": ``direction`` in either case, or None for the side the model's
     tokenizer cuts from."""

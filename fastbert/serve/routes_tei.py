@@ -137,7 +137,11 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
         inputs.check_count(texts, server.limits, "inputs")
         details = await server.tokenize(
-            timing, model.text_tokenizer.details, texts, body.add_special_tokens
+            timing,
+            model.text_tokenizer.details,
+            texts,
+            body.add_special_tokens,
+            characters=inputs.characters(texts),
         )
         timing.tokens = sum(len(d) for d in details)
         return server.reply(details, timing, "/tokenize")

@@ -35,6 +35,7 @@ async def pair_scores(
         server.truncating(truncate),
         direction,
         field,
+        characters=inputs.characters(firsts) + inputs.characters(seconds),
     )
 
 
