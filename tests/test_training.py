@@ -17,7 +17,7 @@ import torch
 import fastbert
 from fastbert.model.encoder import CHECKPOINT
 from fastbert.model.loading import hf_weight_names
-from tests.hf_models import hf_model, padded_batch
+from tests.hf_models import encoder_shape, hf_model, padded_batch
 from tests.test_optimize import CASES, FAMILIES, make_inputs, make_model, training_step
 
 GRAD_BOUND = 1e-4
@@ -253,15 +253,7 @@ def test_own_models_checkpoint_the_layers_asked_through_the_function_given() -> 
 def test_checkpointed_layers_take_one_bool_per_layer(value: tuple) -> None:
     """``checkpointed_layers`` of another length than the model's layers (or not bools)
     raises at once, naming the count, instead of failing or being cut at the first call."""
-    model = fastbert.BertModel(
-        fastbert.BertConfig(
-            vocab_size=10,
-            hidden_size=8,
-            num_attention_heads=2,
-            intermediate_size=8,
-            num_hidden_layers=4,
-        )
-    )
+    model = fastbert.BertModel(fastbert.BertConfig(vocab_size=10, **encoder_shape(8, 4, 2, 8)))
     with pytest.raises(ValueError, match="a bool for each of the model's 4 layers"):
         model.checkpointed_layers = value
     model.checkpointed_layers = [True, False, True, False]
