@@ -1,11 +1,11 @@
 """What every route shares: the :class:`Server` (the model, the limits, the batcher, the
 tokenizer threads, the metrics, the int8 / uint8 calibration) and the steps of a request
-(check the route, the model name, the dimensions and the prompt; tokenise in a tokenizer
-thread; run in the batcher's model thread; reply with the timing headers).
+(check the route, the model name, the dimensions and the prompt; tokenise; run in the
+batcher's model thread; reply with the timing headers).
 
-The event loop only parses, admits and replies (and tokenises the shortest requests itself):
-tokenisation runs in a small pool of threads, the forward passes in the batcher's model thread
-(:mod:`~fastbert.serve.batcher`).
+The event loop parses, admits and replies, and tokenises a request of at most
+INLINE_CHARACTERS characters itself; longer ones are tokenised in a small pool of threads, the
+forward passes run in the batcher's model thread (:mod:`~fastbert.serve.batcher`).
 """
 
 from __future__ import annotations
