@@ -10,7 +10,8 @@ that shared memory allow (``ctas_per_sm``). Cases that declare ``dtype`` and ``b
 kernels) carry them (and ``num_warps`` and ``block_n``) into the report, so that a test can tell
 which cases should run on warpgroup MMA, and get their SASS read out (``sass``, see
 :func:`tests.sass.summary`: MMA opcodes and shapes, TMA / cp.async loads, spills, the main loop's
-instruction mix). It must run in a process WITHOUT ``TRITON_INTERPRET`` set;
+instruction mix), a batch of cases' by one disassembler run per target
+(:func:`tests.sass.disassemble_many`). It must run in a process WITHOUT ``TRITON_INTERPRET`` set;
 ``tests/test_compile.py`` starts it that way.
 """
 
@@ -208,9 +209,9 @@ def compile_kernel(case: CompileCase, arch: int) -> tuple[object, str]:
     return kernel, log.getvalue()
 
 
-def compile_case(case: CompileCase, arch: int, keep_ptx: bool = False) -> dict[str, object]:
-    """Compile ``case`` for ``arch``; return a report (``error`` set when it failed), with
-    the PTX under "ptx" when ``keep_ptx``."""
+def _compiled_report(case: CompileCase, arch: int, keep_ptx: bool) -> tuple[dict, bytes]:
+    """``case`` compiled for ``arch``: its report without the SASS, and its cubin (empty when
+    the compile failed: the report's ``error`` says why)."""
     report: dict[str, object] = {"case": case.name, "arch": arch}
     if case.dtype is not None:
         report.update(
@@ -231,13 +232,43 @@ def compile_case(case: CompileCase, arch: int, keep_ptx: bool = False) -> dict[s
         report["ctas_per_sm"] = sass.ctas_per_sm(
             arch, report["registers"], report["shared"], case.num_warps
         )
-        if case.dtype is not None:
-            report["sass"] = sass.summary(sass.parse(sass.disassemble(kernel.asm["cubin"])))
         if keep_ptx:
             report["ptx"] = kernel.asm["ptx"]
+        return report, kernel.asm["cubin"]
     except Exception as exc:  # report every failure, keep compiling the rest
         report["error"] = f"{type(exc).__name__}: {exc}"[:2000]
-    return report
+        return report, b""
+
+
+def compile_cases(
+    pairs: list[tuple[CompileCase, int]], keep_ptx: bool = False
+) -> list[dict[str, object]]:
+    """A report for each (case, arch) of ``pairs``, in order (``error`` set where it failed);
+    the PTX under "ptx" when ``keep_ptx``. The cases that declare a ``dtype`` get their SASS
+    read out, by one disassembler run per target for all of them."""
+    compiled = [_compiled_report(case, arch, keep_ptx) for case, arch in pairs]
+    for arch in ARCHS:
+        chosen = [
+            (report, cubin)
+            for (case, case_arch), (report, cubin) in zip(pairs, compiled)
+            if case_arch == arch and case.dtype is not None and "error" not in report
+        ]
+        if not chosen:
+            continue
+        reports, cubins = zip(*chosen)
+        try:
+            for report, instructions in zip(reports, sass.disassemble_many(list(cubins), arch)):
+                report["sass"] = sass.summary(instructions)
+        except Exception as exc:
+            for report in reports:
+                report["error"] = f"reading the SASS: {type(exc).__name__}: {exc}"[:2000]
+    return [report for report, _ in compiled]
+
+
+def compile_case(case: CompileCase, arch: int, keep_ptx: bool = False) -> dict[str, object]:
+    """Compile ``case`` for ``arch``; return a report (``error`` set when it failed), with
+    the PTX under "ptx" when ``keep_ptx``."""
+    return compile_cases([(case, arch)], keep_ptx)[0]
 
 
 def load_cases(ops: list[str]) -> list[CompileCase]:
@@ -255,9 +286,13 @@ def load_cases(ops: list[str]) -> list[CompileCase]:
 _PAIRS: list[tuple[CompileCase, int]] = []
 
 
-def _report_line(index: int) -> str:
-    case, arch = _PAIRS[index]
-    return json.dumps(compile_case(case, arch))
+# Pairs compiled by one process at a time: their SASS is read by one disassembler run per target
+# (~0.3 s each to start), and the last batch keeps one core busy while the others finish.
+BATCH = 12
+
+
+def _report_lines(batch: range) -> list[str]:
+    return [json.dumps(report) for report in compile_cases([_PAIRS[i] for i in batch])]
 
 
 def main(argv: list[str]) -> int:
@@ -270,8 +305,9 @@ def main(argv: list[str]) -> int:
     # the cases' order.
     processes = max(1, min(cores(), MAX_PROCESSES, len(_PAIRS)))
     with multiprocessing.get_context("fork").Pool(processes) as pool:
-        for line in pool.imap(_report_line, range(len(_PAIRS))):
-            print(line, flush=True)
+        batches = [range(i, min(i + BATCH, len(_PAIRS))) for i in range(0, len(_PAIRS), BATCH)]
+        for lines in pool.imap(_report_lines, batches):
+            print("\n".join(lines), flush=True)
     return 0
 
 

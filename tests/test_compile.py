@@ -76,18 +76,19 @@ ATTENTION_LOOP_BUDGET = 320
 ATTENTION_OTHER_LOOP_BUDGET = 562
 
 
+def _compiling_python(*args: str) -> subprocess.CompletedProcess:
+    """``python *args`` run from the repository root without TRITON_INTERPRET (the interpreter
+    replaces @triton.jit and cannot compile), its output captured."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800
+    )
+
+
 @functools.cache
 def _compile_run(op: str) -> tuple[int, str, str]:
     """Compile ``op``'s cases once per test session: (returncode, stdout, stderr)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.compile_support", op],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
+    proc = _compiling_python("-m", "tests.compile_support", op)
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -391,3 +392,45 @@ def test_persistent_linear_configs_load_by_tma_on_sm90() -> None:
         or r["sass"]["cp_async"]
     ]
     assert not wrong, "\n".join(wrong)
+
+
+# Compiles matrix kernels for each target and reads their SASS both ways: each cubin on its own
+# with cuobjdump, and all of a target's in one nvdisasm run (what the compile checks use), in
+# both orders, so that each kernel is read at an offset into the run. Between them they name
+# code addresses in branches, calls, returns and convergence barriers (and, with Triton 3.9,
+# a collective warp sync: attention_backward's case 40 on sm_90; tests/test_sass.py moves each
+# form by hand).
+_DISASSEMBLY_CHECK = """
+import json
+from tests import sass
+from tests.compile_cases import attention, attention_backward, linear
+from tests.compile_support import compile_kernel
+cases = [attention.CASES[0], linear.CASES[0], attention_backward.CASES[40]]
+out = []
+for arch in (80, 90):
+    cubins = [compile_kernel(case, arch)[0].asm["cubin"] for case in cases]
+    alone = [sass.parse(sass.disassemble(cubin)) for cubin in cubins]
+    for together, expected in (
+        (sass.disassemble_many(cubins, arch), alone),
+        (sass.disassemble_many(cubins[::-1], arch), alone[::-1]),
+    ):
+        instructions = [i for listing in expected for i in listing]
+        out.append({
+            "arch": arch,
+            "sizes": [len(listing) for listing in expected],
+            "opcodes": sorted({i.stem for i in instructions} | {i.opcode for i in instructions}),
+            "same": together == expected,
+        })
+print(json.dumps(out))
+"""
+
+
+def test_one_disassembler_run_reads_each_kernel_as_cuobjdump_does() -> None:
+    proc = _compiling_python("-c", _DISASSEMBLY_CHECK)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    runs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [run["arch"] for run in runs] == [80, 80, 90, 90]
+    for run in runs:
+        assert len(set(run["sizes"])) == 3, run["sizes"]
+        assert {"BRA", "BSSY", "CALL", "RET"} <= set(run["opcodes"]), run["opcodes"]
+        assert run["same"], f"sm_{run['arch']}: the batched read differs from cuobjdump's"

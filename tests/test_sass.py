@@ -113,3 +113,26 @@ def test_tile_normalised() -> None:
     assert sass.tile_normalised(500, 64, 64, 4) == 500
     assert sass.tile_normalised(500, 128, 64, 8) == 500
     assert sass.tile_normalised(800, 128, 128, 8) == 400
+
+
+@pytest.mark.parametrize(
+    "opcode, operands, moved",
+    [
+        ("BRA", "0x2a90", "0x2a80"),
+        ("BRA.DIV", "UR4, 0x1c0", "UR4, 0x1b0"),
+        ("BSSY", "B0, 0x4c00", "B0, 0x4bf0"),
+        ("CALL.REL.NOINC", "0x2c40", "0x2c30"),
+        ("RET.REL.NODEC", "R64 0x10", "R64 0x0"),
+        ("WARPSYNC.COLLECTIVE", "R105, 0x7700", "R105, 0x76f0"),
+        # Not code addresses: a lane mask, a constant bank's offsets, an immediate.
+        ("WARPSYNC", "0xffffffff", "0xffffffff"),
+        ("LDC", "R1, c[0x0][0x28]", "R1, c[0x0][0x28]"),
+        ("UIADD3", "UR4, UR4, 0x1, URZ", "UR4, UR4, 0x1, URZ"),
+    ],
+)
+def test_moving_an_instruction_moves_the_code_address_it_names(
+    opcode: str, operands: str, moved: str
+) -> None:
+    """What disassemble_many does to each kernel read at an offset into one run (here 0x10)."""
+    instruction = sass.Instruction(0x1010, opcode, operands).moved(0x10)
+    assert instruction == sass.Instruction(0x1000, opcode, moved)
