@@ -98,10 +98,12 @@ _LINE = re.compile(
     r"(?P<op>[A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)\s*(?P<args>[^;]*);"
 )
 _TARGET = re.compile(r"0x([0-9a-f]+)")
-# Opcodes whose last hexadecimal operand is an address in the kernel's code: a direct branch's
-# or call's target, a convergence barrier's or a collective warp sync's resume point, a relative
-# return's base (the kernel's start). A plain WARPSYNC's operand is a lane mask.
-_CODE_ADDRESS = re.compile(r"(BRA|JMP|BSSY|CALL|RET|WARPSYNC\.COLLECTIVE)(\.|$)")
+# Opcodes whose last hexadecimal operand is an address relative to the instruction, which the
+# disassembler prints as an address in the kernel's code: a branch's or relative call's target,
+# a convergence barrier's or a collective warp sync's resume point, a relative return's base
+# (the kernel's start). A plain WARPSYNC's operand is a lane mask; an absolute address (JMP,
+# CALL.ABS) needs a relocation in a cubin, which machine_code refuses.
+_CODE_ADDRESS = re.compile(r"(BRA|BSSY|CALL\.REL|RET\.REL|WARPSYNC\.COLLECTIVE)(\.|$)")
 
 
 @dataclass(frozen=True)

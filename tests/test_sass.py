@@ -124,7 +124,10 @@ def test_tile_normalised() -> None:
         ("CALL.REL.NOINC", "0x2c40", "0x2c30"),
         ("RET.REL.NODEC", "R64 0x10", "R64 0x0"),
         ("WARPSYNC.COLLECTIVE", "R105, 0x7700", "R105, 0x76f0"),
-        # Not code addresses: a lane mask, a constant bank's offsets, an immediate.
+        # Not relative code addresses: absolute ones, a lane mask, a constant bank's offsets,
+        # an immediate.
+        ("JMP", "0x2a90", "0x2a90"),
+        ("CALL.ABS.NOINC", "0x2c40", "0x2c40"),
         ("WARPSYNC", "0xffffffff", "0xffffffff"),
         ("LDC", "R1, c[0x0][0x28]", "R1, c[0x0][0x28]"),
         ("UIADD3", "UR4, UR4, 0x1, URZ", "UR4, UR4, 0x1, URZ"),
