@@ -172,16 +172,21 @@ def _tool(name: str) -> str:
     return path
 
 
-def disassemble(cubin: bytes) -> str:
-    """The SASS listing of ``cubin`` as ``cuobjdump -sass`` prints it."""
+def _listing(tool: str, options: list[str], data: bytes) -> str:
+    """What the Triton wheel's ``tool`` prints when given ``options`` and a file of ``data``."""
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "kernel.cubin")
+        path = os.path.join(tmp, "input")
         with open(path, "wb") as f:
-            f.write(cubin)
+            f.write(data)
         proc = subprocess.run(
-            [_tool("cuobjdump"), "-sass", path], capture_output=True, text=True, check=True
+            [_tool(tool), *options, path], capture_output=True, text=True, check=True
         )
     return proc.stdout
+
+
+def disassemble(cubin: bytes) -> str:
+    """The SASS listing of ``cubin`` as ``cuobjdump -sass`` prints it."""
+    return _listing("cuobjdump", ["-sass"], cubin)
 
 
 # nvdisasm's name for the instruction set of each target Triton compiles for (sm_90a on Hopper:
@@ -221,27 +226,15 @@ def disassemble_many(cubins: list[bytes], arch: int) -> list[list[Instruction]]:
     a kernel: one run per cubin cost the compile checks ~0.4 s a kernel. A cubin whose code
     cannot be read raw (:func:`machine_code`) is disassembled on its own."""
     codes = [machine_code(cubin) for cubin in cubins]
-    starts, offset = [], 0
-    for code in codes:
-        starts.append(offset)
-        offset += len(code or b"")
+    readable = [i for i, code in enumerate(codes) if code]
+    starts = [sum(len(codes[j]) for j in readable[:k]) for k in range(len(readable))]
     found: list[list[Instruction]] = [[] for _ in cubins]
-    if offset:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "kernels.bin")
-            with open(path, "wb") as f:
-                f.write(b"".join(code for code in codes if code))
-            proc = subprocess.run(
-                [_tool("nvdisasm"), "--binary", RAW_INSTRUCTION_SETS[arch], path],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-        owners = [i for i, code in enumerate(codes) if code]
-        owner_starts = [starts[i] for i in owners]
-        for instruction in parse(proc.stdout):
-            owner = owners[bisect.bisect_right(owner_starts, instruction.addr) - 1]
-            found[owner].append(instruction.moved(starts[owner]))
+    if readable:
+        code = b"".join(codes[i] for i in readable)
+        listing = _listing("nvdisasm", ["--binary", RAW_INSTRUCTION_SETS[arch]], code)
+        for instruction in parse(listing):
+            k = bisect.bisect_right(starts, instruction.addr) - 1
+            found[readable[k]].append(instruction.moved(starts[k]))
     for i, code in enumerate(codes):
         if code is None:
             found[i] = parse(disassemble(cubins[i]))
