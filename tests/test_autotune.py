@@ -1,7 +1,7 @@
 """FASTBERT_AUTOTUNE: which autotune configs a launch times (all, or one by its index).
 
-The autotuners call the kernels' prune hooks only on a GPU (the interpreter has one config), so
-the hooks are called directly here with the GPU config lists.
+The prune hooks are called directly here, with the GPU config lists (and the linear GEMM's
+interpreter list, whose wide tile goes first where it fits the operands).
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ def test_linear_prune_pins_the_chosen_config(monkeypatch) -> None:
     args = {
         "x_ptr": torch.empty(1, dtype=torch.float16),
         "M_BUCKET": 4096,
+        "N": 768,
+        "K": 768,
         "ACTIVATION": fused_linear.ACTIVATION_CODES["gelu"],
         "HAS_RESIDUAL": False,
         "STORE_PRE_ACTIVATION": False,
@@ -57,6 +59,34 @@ def test_linear_prune_pins_the_chosen_config(monkeypatch) -> None:
     assert 1 < len(kept) < len(candidates)  # the GELU epilogue drops the widest tile
     monkeypatch.setenv(launch.AUTOTUNE_ENV, "1")
     assert linear_configs.prune(candidates, args) == [kept[1]]
+
+
+@pytest.mark.parametrize(
+    "n, k, first",
+    [
+        (384, 384, (32, 256, 128)),
+        (256, 128, (32, 256, 128)),
+        (255, 384, (32, 128, 128)),
+        (128, 200, (32, 128, 128)),
+        (384, 127, None),
+        (127, 384, None),
+        (36, 40, None),
+    ],
+)
+def test_linear_interpreter_takes_the_widest_tile_that_fits(n, k, first) -> None:
+    """The widest wide tile that N and K hold whole runs first (and only); the small tile and
+    its persistent twin stay in their order behind it, for FASTBERT_AUTOTUNE to pin."""
+    candidates = linear_configs.interpreter_configs()
+    variant = {"activation": 1, "has_residual": True, "has_descriptors": True}
+    small = linear_configs.kept_candidates(candidates, 2, 1024, 36, 40, **variant)
+    assert [c.kwargs["PERSISTENT"] for c in small] == [0, 1]
+    assert all(tile(c) not in linear_configs.INTERPRETER_WIDE_TILES for c in small)
+    kept = linear_configs.kept_candidates(candidates, 2, 1024, n, k, **variant)
+    assert kept == small if first is None else (tile(kept[0]), kept[1:]) == (first, small)
+
+
+def tile(config: triton.Config) -> tuple[int, int, int]:
+    return tuple(config.kwargs[key] for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
 
 
 @pytest.mark.parametrize(
@@ -78,6 +108,8 @@ def test_linear_training_variants_keep_small_tiles(monkeypatch, variant) -> None
     args = {
         "x_ptr": torch.empty(1, dtype=torch.float16),
         "M_BUCKET": 4096,
+        "N": 768,
+        "K": 768,
         "ACTIVATION": 0,
         "HAS_RESIDUAL": False,
         "STORE_PRE_ACTIVATION": False,

@@ -1,6 +1,8 @@
 """K.linear (GEMM + bias / GELU / residual epilogue) against the float64 reference.
 
-CPU (Triton interpreter, 32 x 32 x 32 tiles): fp32 and fp16 with sizes off the tile grid.
+CPU (Triton interpreter): fp32 and fp16 with sizes off the tile grid, in 32 x 32 x 32 tiles,
+and model-sized operands in the interpreter's wide tiles (linear_configs.INTERPRETER_WIDE_TILES,
+which the model-level tests run).
 GPU (``gpu`` mark): bf16 too, and the BERT-base / large projections up to M = 16384.
 """
 
@@ -12,6 +14,7 @@ import pytest
 import torch
 
 from fastbert import kernels as K
+from fastbert.kernels import fused_linear, linear_configs
 from fastbert.kernels import reference as R
 from tests.bad_inputs import (
     bad_input_test,
@@ -107,6 +110,34 @@ def test_non_contiguous(device, dtype, strided) -> None:
         if strided in (name, "all") or (strided == "x3d" and name == "x"):
             assert not t.is_contiguous()
     check_linear(x, weight, bias, "gelu", residual)
+
+
+def ran_a_wide_tile(device: str) -> bool:
+    """Whether the last linear launch ran one of the interpreter's wide tiles (always true on a
+    GPU, which has none)."""
+    config = fused_linear._linear_fwd_kernel.best_config
+    tile = tuple(config.kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+    return device != "cpu" or tile in linear_configs.INTERPRETER_WIDE_TILES
+
+
+# (M, N, K): N and K hold a whole wide tile (the widest, then the narrower) and end part-way
+# through the next one, as M does a row tile.
+MODEL_SIZED = [(70, 300, 260), (37, 150, 140)]
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize("m, n, k", MODEL_SIZED)
+@pytest.mark.parametrize(
+    "has_bias, activation, has_residual",
+    [(False, None, False), (True, "gelu", True), (True, "gelu_tanh", False), (False, None, True)],
+    ids=str,
+)
+def test_model_sized_operands(device, dtype, m, n, k, has_bias, activation, has_residual) -> None:
+    x, weight, bias, residual = operands(m, n, k, dtype, device, seed=11)
+    check_linear(
+        x, weight, bias if has_bias else None, activation, residual if has_residual else None
+    )
+    assert ran_a_wide_tile(device)
 
 
 @pytest.mark.parametrize("m, n, k", [(0, 8, 8), (4, 0, 8), (4, 8, 0)])

@@ -20,7 +20,8 @@ scale off by 1e-5 fails it. On a GPU, sm_90's FP8 warpgroup MMA adds in reduced 
 within a K tile (the kernel adds each tile's partial sum into the float32 accumulator): there
 the summation unit is 2**-13 (unmeasured here; no GPU ran these yet).
 
-CPU: the Triton interpreter (32 x 32 x 32 tiles; its tl.dot widens e4m3 to float16 exactly and
+CPU: the Triton interpreter (32 x 32 x 32 tiles, and for model-sized operands its wide tiles,
+linear_configs.INTERPRETER_WIDE_TILES; its tl.dot widens e4m3 to float16 exactly and
 multiplies in float32) and the torch backend (``torch._int_mm``; for fp8 an emulation, the
 same e4m3 operands multiplied in float32).
 """
@@ -40,6 +41,7 @@ from fastbert.kernels import torch_ops as T
 from fastbert.kernels.quantized_linear import QUANT_DTYPES, QUANTIZE_MAX_BLOCK_K, quantize_rows
 from tests.bad_inputs import assert_refused
 from tests.op_cases import randn
+from tests.test_linear import MODEL_SIZED, ran_a_wide_tile
 
 ACTIVATIONS = (None, "gelu", "gelu_tanh")
 EPILOGUE_ULPS = 8 * 2.0**-23
@@ -151,6 +153,15 @@ def test_row_counts(device, quantize, op, dtype, m) -> None:
 def test_odd_sizes(device, quantize, op, n, k) -> None:
     x, wq, ws, bias, residual = operands(quantize, 9, n, k, device=device, seed=n + k)
     check(op, x, wq, ws, bias, "gelu_tanh", residual)
+
+
+@pytest.mark.parametrize("dtype", QUANTISED_DTYPES, ids=str)
+@pytest.mark.parametrize("m, n, k", MODEL_SIZED)
+def test_model_sized_operands(device, quantize, op, dtype, m, n, k) -> None:
+    """N and K hold a whole wide interpreter tile and part of the next."""
+    x, wq, ws, bias, residual = operands(quantize, m, n, k, dtype, device, seed=5)
+    check(op, x, wq, ws, bias, "gelu", residual)
+    assert op is not IMPLEMENTATIONS[quantize]["triton"] or ran_a_wide_tile(device)
 
 
 def test_3d_strided_input_and_input_scale(device, quantize, op) -> None:

@@ -125,14 +125,27 @@ def test_linear_gradients_half(device, dtype, activation) -> None:
     _check_linear(device, dtype, activation, True, True)
 
 
-def _check_linear(device, dtype, activation, has_bias, residual) -> None:
-    # M = 10, K = 40, N = 36: neither a multiple of the interpreter's 32 x 32 x 32 tile.
-    x = _randn(2, 5, 40, dtype=dtype, device=device)
-    weight = 0.2 * _randn(36, 40, dtype=dtype, device=device, seed=1)
-    bias = _randn(36, dtype=dtype, device=device, seed=2) if has_bias else None
-    res = _randn(2, 5, 36, dtype=dtype, device=device, seed=3) if residual else None
-    dout = _randn(2, 5, 36, device=device, seed=4)
-    check_gradients(K.linear, R.linear, (x, weight, bias, activation, res), dout)
+def _check_linear(
+    device, dtype, activation, has_bias, residual, m=(2, 5), k=40, n=36, gated=False
+) -> None:
+    # By default M = 10, K = 40, N = 36: neither a multiple of the interpreter's 32 x 32 x 32
+    # tile. ``gated``: the product's N columns are a GLU's input and gate (output N / 2).
+    x = _randn(*m, k, dtype=dtype, device=device)
+    weight = k**-0.5 * _randn(n, k, dtype=dtype, device=device, seed=1)
+    bias = _randn(n, dtype=dtype, device=device, seed=2) if has_bias else None
+    width = n // 2 if gated else n
+    res = _randn(*m, width, dtype=dtype, device=device, seed=3) if residual else None
+    dout = _randn(*m, width, device=device, seed=4)
+    kernel, reference = partial(K.linear, gated=gated), partial(R.linear, gated=gated)
+    check_gradients(kernel, reference, (x, weight, bias, activation, res), dout)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
+def test_linear_gradients_of_model_sized_operands(device, dtype, gated) -> None:
+    """M = 140, K = 260, N = 600: the forward, dx and dweight products each hold a whole
+    interpreter wide tile (linear_configs.INTERPRETER_WIDE_TILES) and part of the next."""
+    _check_linear(device, dtype, "gelu", True, True, m=(2, 70), k=260, n=600, gated=gated)
 
 
 def test_linear_gradients_of_transposed_views(device) -> None:

@@ -657,6 +657,8 @@ def kept_configs(
         _linear_fwd_kernel.configs,
         x.element_size(),
         m_bucket(m),
+        n,
+        k,
         activation=ACTIVATION_CODES[activation],
         has_residual=residual is not None,
         has_descriptors=x_desc is not None,

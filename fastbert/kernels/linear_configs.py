@@ -1,11 +1,11 @@
 """Autotune configs of the linear GEMM (fused_linear.py's ``_linear_fwd_kernel``) and
 the predicate that prunes them per launch.
 
-:func:`configs` lists the candidates (:func:`gpu_configs` on a GPU, one small tile and its
-persistent twin under the interpreter); the autotuner passes them through :func:`prune`, which
-keeps those :func:`keep` allows for the launch's variant, dtype and M bucket: each config must
-fit the shared memory of sm_80 and sm_90 and compile without register spills for that variant
-(the limits below, each with what was measured).
+:func:`configs` lists the candidates (:func:`gpu_configs` on a GPU,
+:func:`interpreter_configs` under the interpreter); the autotuner passes them through
+:func:`prune`, which keeps those :func:`keep` allows for the launch's variant, dtype and M
+bucket: each config must fit the shared memory of sm_80 and sm_90 and compile without register
+spills for that variant (the limits below, each with what was measured).
 """
 
 from __future__ import annotations
@@ -106,16 +106,31 @@ def gpu_configs() -> list[triton.Config]:
     ]
 
 
+# The interpreter runs every operation of a program in Python, at a cost that grows far more
+# slowly than the tile: a model's projections (N and K in the hundreds) run several times
+# faster in 32 x 256 x 128 or 32 x 128 x 128 tiles than in 32 x 32 x 32 ones. A launch takes
+# the widest of these that its N and K hold whole; smaller ones (the kernel tests' odd sizes)
+# keep the small tile, and with it several tiles and K steps per launch.
+INTERPRETER_WIDE_TILES = ((32, 256, 128), (32, 128, 128))
+
+
+def interpreter_configs() -> list[triton.Config]:
+    """The candidates under the interpreter: a 32 x 32 x 32 tile, its persistent twin, and
+    the wide tiles (:data:`INTERPRETER_WIDE_TILES`), one of which :func:`kept_candidates`
+    puts first where it fits the operands. Nothing is timed there: the first kept runs
+    unless FASTBERT_AUTOTUNE pins another. The register and shared-memory limits of
+    :func:`keep` concern GPU compiles: the wide tiles are never compiled for a GPU."""
+    return [
+        _config(32, 32, 32, stages=1, warps=4),
+        _config(32, 32, 32, stages=1, warps=4, persistent=1),
+        *(_config(*tile, stages=1, warps=4) for tile in INTERPRETER_WIDE_TILES),
+    ]
+
+
 def configs() -> list[triton.Config]:
-    """The autotune candidates: :func:`gpu_configs`, or under the interpreter one small config
-    and its persistent twin (nothing is timed there: the first runs unless FASTBERT_AUTOTUNE
-    pins the other)."""
-    if interpreting():
-        return [
-            _config(32, 32, 32, stages=1, warps=4),
-            _config(32, 32, 32, stages=1, warps=4, persistent=1),
-        ]
-    return gpu_configs()
+    """The autotune candidates: :func:`gpu_configs`, or :func:`interpreter_configs` under the
+    interpreter."""
+    return interpreter_configs() if interpreting() else gpu_configs()
 
 
 PERSISTENT_MIN_BLOCK_M = min(c.kwargs["BLOCK_M"] for c in configs() if c.kwargs["PERSISTENT"])
@@ -206,14 +221,27 @@ def prune(candidates: list[triton.Config], named_args: dict, **kwargs) -> list[t
         "gated": bool(args["GATED"]),
         "gated_grad": args["GATED_GRAD"],
     }
-    return tuned(kept_candidates(candidates, element_size, args["M_BUCKET"], **epilogue))
+    kept = kept_candidates(
+        candidates, element_size, args["M_BUCKET"], args["N"], args["K"], **epilogue
+    )
+    return tuned(kept)
 
 
-def kept_candidates(candidates: list[triton.Config], element_size: int, bucket: int, **variant):
-    """The ``candidates`` that :func:`keep` allows, in order."""
-    kept = [c for c in candidates if keep(c, element_size, bucket, **variant)]
-    # The interpreter's one tile is taller than the smallest M buckets: it runs them.
-    return kept or candidates[:1]
+def _tile(config: triton.Config) -> tuple[int, int, int]:
+    return tuple(config.kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+
+
+def kept_candidates(
+    candidates: list[triton.Config], element_size: int, bucket: int, n: int, k: int, **variant
+) -> list[triton.Config]:
+    """The ``candidates`` that :func:`keep` allows for an [M, K] x [K, N] launch, in order;
+    under the interpreter, first the widest wide tile that N and K hold whole, if any."""
+    wide = [c for c in candidates if _tile(c) in INTERPRETER_WIDE_TILES]
+    tiles = [c for c in candidates if _tile(c) not in INTERPRETER_WIDE_TILES]
+    # The interpreter's small tile is taller than the smallest M buckets: it runs them.
+    kept = [c for c in tiles if keep(c, element_size, bucket, **variant)] or tiles[:1]
+    fitting = [c for c in wide if c.kwargs["BLOCK_N"] <= n and c.kwargs["BLOCK_K"] <= k]
+    return fitting[:1] + kept
 
 
 def config_name(config: triton.Config) -> str:
