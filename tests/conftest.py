@@ -1,7 +1,8 @@
 """Test set-up. Runs before any test module is imported.
 
 Without a CUDA GPU the Triton kernels run under the interpreter, which must be switched on
-before any module with @triton.jit is imported: hence the environment is set here, first.
+before any module with @triton.jit is imported: hence the environment is set here, first
+(and the interpreter's helper calls made cheaper: tests/interpreter_calls.py).
 With one, autotuning is pinned to one config per launch (FASTBERT_AUTOTUNE=0).
 """
 
@@ -23,6 +24,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from tests import interpreter_calls
+
+    interpreter_calls.install()
 
 # Under pytest-xdist (pyproject.toml's addopts: --dist loadfile) a test file runs in one worker
 # process, so its module-scoped fixtures (a served model, a compiled op's reports) are made
