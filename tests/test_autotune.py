@@ -80,13 +80,10 @@ def test_linear_interpreter_takes_the_widest_tile_that_fits(n, k, first) -> None
     variant = {"activation": 1, "has_residual": True, "has_descriptors": True}
     small = linear_configs.kept_candidates(candidates, 2, 1024, 36, 40, **variant)
     assert [c.kwargs["PERSISTENT"] for c in small] == [0, 1]
-    assert all(tile(c) not in linear_configs.INTERPRETER_WIDE_TILES for c in small)
+    tile_of = linear_configs.tile_of
+    assert all(tile_of(c) not in linear_configs.INTERPRETER_WIDE_TILES for c in small)
     kept = linear_configs.kept_candidates(candidates, 2, 1024, n, k, **variant)
-    assert kept == small if first is None else (tile(kept[0]), kept[1:]) == (first, small)
-
-
-def tile(config: triton.Config) -> tuple[int, int, int]:
-    return tuple(config.kwargs[key] for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+    assert kept == small if first is None else (tile_of(kept[0]), kept[1:]) == (first, small)
 
 
 @pytest.mark.parametrize(

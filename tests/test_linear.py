@@ -115,8 +115,7 @@ def test_non_contiguous(device, dtype, strided) -> None:
 def ran_a_wide_tile(device: str) -> bool:
     """Whether the last linear launch ran one of the interpreter's wide tiles (always true on a
     GPU, which has none)."""
-    config = fused_linear._linear_fwd_kernel.best_config
-    tile = tuple(config.kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+    tile = linear_configs.tile_of(fused_linear._linear_fwd_kernel.best_config)
     return device != "cpu" or tile in linear_configs.INTERPRETER_WIDE_TILES
 
 

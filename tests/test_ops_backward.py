@@ -131,7 +131,7 @@ def _check_linear(
     # By default M = 10, K = 40, N = 36: neither a multiple of the interpreter's 32 x 32 x 32
     # tile. ``gated``: the product's N columns are a GLU's input and gate (output N / 2).
     x = _randn(*m, k, dtype=dtype, device=device)
-    weight = k**-0.5 * _randn(n, k, dtype=dtype, device=device, seed=1)
+    weight = 0.2 * _randn(n, k, dtype=dtype, device=device, seed=1)
     bias = _randn(n, dtype=dtype, device=device, seed=2) if has_bias else None
     width = n // 2 if gated else n
     res = _randn(*m, width, dtype=dtype, device=device, seed=3) if residual else None

@@ -227,7 +227,8 @@ def prune(candidates: list[triton.Config], named_args: dict, **kwargs) -> list[t
     return tuned(kept)
 
 
-def _tile(config: triton.Config) -> tuple[int, int, int]:
+def tile_of(config: triton.Config) -> tuple[int, int, int]:
+    """A config's (BLOCK_M, BLOCK_N, BLOCK_K)."""
     return tuple(config.kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
 
 
@@ -236,10 +237,10 @@ def kept_candidates(
 ) -> list[triton.Config]:
     """The ``candidates`` that :func:`keep` allows for an [M, K] x [K, N] launch, in order;
     under the interpreter, first the widest wide tile that N and K hold whole, if any."""
-    wide = [c for c in candidates if _tile(c) in INTERPRETER_WIDE_TILES]
-    tiles = [c for c in candidates if _tile(c) not in INTERPRETER_WIDE_TILES]
+    tiles = [c for c in candidates if tile_of(c) not in INTERPRETER_WIDE_TILES]
     # The interpreter's small tile is taller than the smallest M buckets: it runs them.
     kept = [c for c in tiles if keep(c, element_size, bucket, **variant)] or tiles[:1]
+    wide = [c for c in candidates if c not in tiles]
     fitting = [c for c in wide if c.kwargs["BLOCK_N"] <= n and c.kwargs["BLOCK_K"] <= k]
     return fitting[:1] + kept
 
@@ -248,7 +249,7 @@ def config_name(config: triton.Config) -> str:
     """A config as the reports name it: "128x128x64 s4 w8", plus " persistent=P" for the
     persistent ones (P programs per SM)."""
     meta = config.kwargs
-    tile = "x".join(str(meta[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+    tile = "x".join(map(str, tile_of(config)))
     persistent = f" persistent={meta['PERSISTENT']}" if meta["PERSISTENT"] else ""
     return f"{tile} s{config.num_stages} w{config.num_warps}{persistent}"
 
