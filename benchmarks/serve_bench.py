@@ -185,10 +185,11 @@ class Texts:
 # --- the in-process reference ---------------------------------------------------------------
 
 
-def in_process(model: str, text: str, calls: int) -> dict:
-    """Median time (ms) of one call of the loaded model on ``text``, in this process:
-    sentence-transformers' ``encode`` and, where this fastbert has it, ``fastbert.load``'s
-    ``embed``. Runs in a spawned process of its own (see :func:`reference`)."""
+def in_process(model: str, text: str, calls: int, device: str = "cpu") -> dict:
+    """Median time (ms) of one call of the loaded model on ``text``, in this process, on
+    ``device``: sentence-transformers' ``encode`` and, where this fastbert has it,
+    ``fastbert.load``'s ``embed``. Runs in a spawned process of its own (see
+    :func:`reference`)."""
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -204,18 +205,18 @@ def in_process(model: str, text: str, calls: int) -> dict:
 
     # Called as a user would: encode and embed manage autograd themselves.
     out: dict = {"calls": calls, "torch_threads": torch.get_num_threads()}
-    st = SentenceTransformer(model, device="cpu")
+    st = SentenceTransformer(model, device=device)
     out["st.encode"] = median_ms(lambda: st.encode([text], convert_to_numpy=True))
     import fastbert
 
     if hasattr(fastbert, "load"):
-        loaded = fastbert.load(model)
+        loaded = fastbert.load(model, device=device)
         out["fastbert.load().embed"] = median_ms(lambda: loaded.embed([text]))
         if hasattr(loaded.encoder, "packed"):
             from benchmarks.padded_route import use_padded_route
 
             use_padded_route()
-            padded = fastbert.load(model)
+            padded = fastbert.load(model, device=device)
             out["fastbert.load().embed, padded route"] = median_ms(lambda: padded.embed([text]))
     else:
         out["fastbert.load().embed"] = None
@@ -223,12 +224,12 @@ def in_process(model: str, text: str, calls: int) -> dict:
     return out
 
 
-def reference(model: Path, text: str, calls: int) -> dict:
+def reference(model: Path, text: str, calls: int, device: str = "cpu") -> dict:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(in_process, str(model), text, calls).result()
+        return pool.submit(in_process, str(model), text, calls, device).result()
 
 
 # --- running the cells ----------------------------------------------------------------------
@@ -453,13 +454,22 @@ def _errors(cell: dict) -> str:
     return ", ".join(f"{k}: {n}" for k, n in cell["errors"].items())
 
 
+def served_dtype(on_gpu: bool) -> str:
+    """The servers' compute dtype as the report states it: each runs at its own default."""
+    if on_gpu:
+        return "fastbert serve in fp16, its CUDA default; the other servers at their own defaults"
+    return "fp32"
+
+
 def markdown(report: dict) -> str:
     env, settings = report["environment"], report["settings"]
     inf = env.get("infinity_env") or {}
+    on_gpu = settings.get("device") == "cuda"
+    where = (env.get("gpu") or "CUDA") if on_gpu else "CPU"
     lines = [
-        f"# Serving under load, CPU: {', '.join(report['ran']) or 'no contender ran'}",
+        f"# Serving under load, {where}: {', '.join(report['ran']) or 'no contender ran'}",
         "",
-        f"Model: {report['models']['embed_name']} (fp32)"
+        f"Model: {report['models']['embed_name']} ({served_dtype(on_gpu)})"
         + (f"; sparse: {report['models']['sparse']}" if "sparse32" in settings["mixes"] else "")
         + (f"; rerank: {report['models']['rerank']}." if "rerank" in settings["mixes"] else "."),
         f"Closed loops at concurrency {settings['concurrency']} and open loops (Poisson "
@@ -582,9 +592,9 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def environment_info(infinity_python: Path | None) -> dict:
-    """fastbert's environment record plus what serving adds: CPU flags, load, server libraries
-    and the infinity-emb environment's versions."""
+def environment_info(infinity_python: Path | None, device: str = "cpu") -> dict:
+    """fastbert's environment record plus what serving adds: CPU flags, load, server libraries,
+    the infinity-emb environment's versions and, serving on CUDA, the GPU's name."""
     import importlib.metadata
 
     from fastbert.bench import environment
@@ -592,6 +602,10 @@ def environment_info(infinity_python: Path | None) -> dict:
 
     env = environment.capture()  # its cpu_flags: the flags fastbert's precisions depend on
     env["cpu_count"] = os.cpu_count()
+    if device == "cuda":
+        import torch
+
+        env["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     simd = ("avx", "amx", "fma", "f16c")
     env["cpu_simd"] = " ".join(sorted(f for f in cpu.cpu_flags() if f.startswith(simd)))
     env["load_average"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
@@ -696,6 +710,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip infinity-emb when its environment is missing instead of making it",
     )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where every server (and the in-process reference) runs the model",
+    )
     parser.add_argument("--max-batch-tokens", type=int, default=None, help="fastbert serve's")
     parser.add_argument("--in-process-calls", type=int, default=300)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
@@ -717,6 +737,8 @@ def main(argv: list[str] | None = None) -> int:
             "--seconds, --timeout, --in-process-calls and --open-connections must be > 0, "
             "--warmup and --min-rounds >= 0"
         )
+    if args.device == "cuda" and "infinity" in args.contenders:
+        parser.error("--device cuda: infinity-emb's environment holds a CPU build of torch")
     if args.model is None:
         from fastbert.integrations.models import packaged_minilm_path
 
@@ -751,6 +773,7 @@ def run(args: argparse.Namespace) -> int:
     for name in args.contenders:
         contender = sc.Contender(name, "infinity" if name == "infinity" else "tei")
         contender.max_batch_tokens = args.max_batch_tokens
+        contender.device = args.device
         if name == "infinity":
             python = sc.infinity_python(args.infinity_venv)
             if not args.no_setup:
@@ -766,7 +789,7 @@ def run(args: argparse.Namespace) -> int:
             skipped[name] = str(exc)
             progress(f"[{name}] skipped: {exc}")
     infinity = next((c for c in contenders if c.name == "infinity"), None)
-    env = environment_info(infinity.infinity_python if infinity else None)
+    env = environment_info(infinity.infinity_python if infinity else None, args.device)
 
     cells: list[dict] = []
     interrupted = False
@@ -784,7 +807,7 @@ def run(args: argparse.Namespace) -> int:
         inproc = None
         if "short" in args.mixes:
             progress("in-process reference: timing the loaded model on the short sentence")
-            inproc = reference(args.model, texts.short, args.in_process_calls)
+            inproc = reference(args.model, texts.short, args.in_process_calls, args.device)
             progress(f"in-process reference: {inproc}")
         try:
             with Generator() as generator:
@@ -812,6 +835,7 @@ def run(args: argparse.Namespace) -> int:
             "min_rounds": args.min_rounds,
             "interrupted": interrupted,
             "max_batch_tokens": args.max_batch_tokens,
+            "device": args.device,
             "seed": args.seed,
             "timeout_s": args.timeout,
         },

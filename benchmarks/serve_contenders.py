@@ -216,6 +216,7 @@ class Contender:
     api: str  # "tei" or "infinity": the routes and bodies of its requests
     startup_timeout: float = 300.0
     max_batch_tokens: int | None = None  # fastbert only
+    device: str = "cpu"  # every server's --device
     infinity_python: Path | None = None  # infinity only
     extra: tuple[str, ...] = ()  # more options for the server's command line
 
@@ -252,6 +253,8 @@ class Contender:
             module = FASTBERT_MODULES[self.name]
             return [sys.executable, "-m", module, "serve", "--model", str(model)] + [
                 *where,
+                "--device",
+                self.device,
                 *extra,
                 *FASTBERT_OPTIONS.get(self.name, ()),
                 "--log-level",
@@ -268,12 +271,21 @@ class Contender:
                 "--engine",
                 "torch",
                 "--device",
-                "cpu",
+                self.device,
                 *where,
                 "--log-level",
                 "warning",
             ]
-        return [sys.executable, "-m", "benchmarks.st_server", "--model", str(model), *where]
+        return [
+            sys.executable,
+            "-m",
+            "benchmarks.st_server",
+            "--model",
+            str(model),
+            *where,
+            "--device",
+            self.device,
+        ]
 
     @contextlib.contextmanager
     def serve(self, model: Path, workdir: Path, label: str) -> Iterator[Server]:

@@ -256,6 +256,8 @@ def test_usage_errors_exit_2(capsys):
         ["--concurrency", "0"],
         ["--mixes", "x"],
         ["--sparse-model", "/no/such/folder"],
+        ["--device", "tpu"],
+        ["--device", "cuda", "--contenders", "infinity"],  # its environment: a CPU torch
     ):
         with pytest.raises(SystemExit) as exc:
             serve_bench.main(argv)
@@ -264,6 +266,19 @@ def test_usage_errors_exit_2(capsys):
         serve_bench.main(["--help"])
     assert exc.value.code == 0
     assert "--contenders" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["fastbert", "st", "fastbert-padded", "infinity"])
+def test_every_server_runs_on_the_device_asked(name, tmp_path):
+    """--device reaches each server's command line (a GPU run once served on CUDA while its
+    report said CPU and fp32)."""
+    api = "infinity" if name == "infinity" else "tei"
+    contender = sc.Contender(name, api, infinity_python=tmp_path / "bin" / "python")
+    assert contender.command(tmp_path, 8080).count("cpu") == 1
+    contender.device = "cuda"
+    command = contender.command(tmp_path, 8080)
+    assert command[command.index("--device") + 1] == "cuda"
+    assert "cpu" not in command
 
 
 @pytest.mark.slow

@@ -204,6 +204,8 @@ def stages(
                 "fastbert",
                 "--mixes",
                 "batch32",
+                "--device",
+                "cuda",
                 "--concurrency",
                 "1,16,64",
                 "--open",
