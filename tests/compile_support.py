@@ -145,6 +145,19 @@ def contracted_roundings(ptx: str) -> int:
     return len(_CONTRACTED_ROUNDING.findall(ptx))
 
 
+# A tt.dot in Triton's IR and its accumulator (the third operand); a constant that is zero.
+_DOT = re.compile(r"= tt\.dot %[\w.#]+, %[\w.#]+, (%[\w.#]+)")
+_ZERO = re.compile(r"(%[\w.#]+) = arith\.constant dense<0(?:\.0+e\+00)?>")
+
+
+def chained_dots(ttir: str) -> int:
+    """How many tl.dot in ``ttir`` (Triton's IR) add their products into a running sum: an
+    accumulator that is not a constant zero. A dot into zero makes a K tile's partial sum,
+    added apart."""
+    zeros = set(_ZERO.findall(ttir))
+    return sum(acc not in zeros for acc in _DOT.findall(ttir))
+
+
 def _usage_from_log(text: str) -> dict[str, int] | None:
     """Registers and spill bytes from a ptxas ``-v`` log; None when it holds none."""
     regs = re.search(r"Used (\d+) registers", text)
@@ -225,6 +238,7 @@ def _compiled_report(case: CompileCase, arch: int, keep_ptx: bool) -> tuple[dict
         report["approximate_divisions"] = approximate_divisions(kernel.asm["ptx"])
         report["contracted_roundings"] = contracted_roundings(kernel.asm["ptx"])
         report["fusable_operations"] = fusable_operations(kernel.asm["ptx"])
+        report["chained_dots"] = chained_dots(kernel.asm["ttir"])
         usage = _usage_from_log(ptxas_log)
         if usage is None:
             raise RuntimeError("ptxas printed no register report (-v) while Triton compiled")

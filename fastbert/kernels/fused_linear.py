@@ -96,6 +96,15 @@ ACTIVATION_CODES = {None: 0, "gelu": 1, "gelu_tanh": 2}
 
 
 @triton.jit
+def _added_apart(partial, acc):
+    """``partial + acc`` (float32 tiles), one rounding, kept apart from the tl.dot that made
+    ``partial``: Triton's combine pass rewrites ``acc + tl.dot(a, b)`` (a zero accumulator)
+    as ``tl.dot(a, b, acc)``, which sums every K of a row in one chain; it does not look
+    through an FMA, and FMA(partial, 1, acc) rounds partial + acc once, as the addition would."""
+    return tl.fma(partial, 1.0, acc)
+
+
+@triton.jit
 def _normal_tail(y):
     """Two float32 factors (half_uw, e) whose product is |y| * Phi(-|y|), Phi the standard
     normal CDF.
@@ -494,8 +503,10 @@ def _linear_fwd_kernel(
             if a.dtype == tl.float32:
                 # IEEE products, each K tile summed apart and then added: the error grows with
                 # BLOCK_K + K / BLOCK_K additions, not K (one row of K=4096 summed in one chain
-                # was 9x PyTorch's error, whose single-row product sums in a tree).
-                acc += tl.dot(a, b, input_precision="ieee")
+                # was 9x PyTorch's error, whose single-row product sums in a tree). Added by an
+                # FMA with 1: Triton folds `acc + tl.dot(a, b)` into `tl.dot(a, b, acc)`, one
+                # chain again (see _added_apart).
+                acc = _added_apart(tl.dot(a, b, input_precision="ieee"), acc)
             elif QUANT == 2:
                 # e4m3 into float32, each K tile's partial sum added to the float32 accumulator
                 # (sm_90's FP8 warpgroup MMA otherwise keeps adding in reduced precision).
@@ -510,7 +521,7 @@ def _linear_fwd_kernel(
                 # The gate rows N.. of the weight: the same A tile, a second B tile.
                 g = tl.load(w_ptrs + N * stride_weight_n, mask=offs_k[:, None] < k_left, other=0.0)
                 if a.dtype == tl.float32:
-                    gate += tl.dot(a, g, input_precision="ieee")
+                    gate = _added_apart(tl.dot(a, g, input_precision="ieee"), gate)
                 else:
                     gate = tl.dot(a, g, gate)
             if GATED_GRAD != 1:
