@@ -127,7 +127,7 @@ from .attention_tiles import (
 )
 from .dropout import seed_value
 from .flash_attention_backward import attention_backward, attention_varlen_backward
-from .launch import FUSED, TRITON_3_6, cdiv, launch_lock, time_config
+from .launch import FUSED, TRITON_3_6, cdiv, launch_lock, launch_tuned, time_config
 from .op import Kernel, Op, dropout_seed, implements, placeholder
 
 # What one key tile of _attend_tile checks: nothing (every key real), the bound ``end`` (keys
@@ -663,7 +663,9 @@ def _launch(
     table = scaled_bias_table(bias)
     factors = rotary_factors(rotary, sequences)
     with _LAUNCH_LOCK:
-        _attention_fwd_kernel[grid](
+        launch_tuned(
+            _attention_fwd_kernel,
+            grid,
             q,
             k,
             v,

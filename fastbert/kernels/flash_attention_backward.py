@@ -85,7 +85,7 @@ from .attention_tiles import (
 )
 from .checks import RELATIVE_BUCKETS
 from .dropout import seed_value
-from .launch import FUSED, TRITON_3_6, cdiv, time_config
+from .launch import FUSED, TRITON_3_6, cdiv, launch_tuned, time_config
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages). dK / dV: BLOCK_N keys per program (the MMAs' rows);
 # dQ: BLOCK_M queries per program.
@@ -570,7 +570,9 @@ def _launch_backward(
         *trailing_scalars(sequences, window),
     )
     dkdv_grid = lambda meta: (max(1, cdiv(max_seqlen_k, meta["BLOCK_N"])), heads, count)
-    _attention_bwd_dkdv_kernel[dkdv_grid](
+    launch_tuned(
+        _attention_bwd_dkdv_kernel,
+        dkdv_grid,
         q,
         k,
         v,
@@ -585,7 +587,9 @@ def _launch_backward(
         **FUSED,
     )
     dq_grid = lambda meta: (max(1, cdiv(max_seqlen_q, meta["BLOCK_M"])), heads, count)
-    _attention_bwd_dq_kernel[dq_grid](
+    launch_tuned(
+        _attention_bwd_dq_kernel,
+        dq_grid,
         q,
         k,
         v,

@@ -88,7 +88,15 @@ except ImportError:  # a Triton without host tensor descriptors: no persistent c
 
 from . import reference, torch_ops
 from .checks import check_linear
-from .launch import FUSED, cdiv, check_triton_device, interpreting, launch_lock, time_config
+from .launch import (
+    FUSED,
+    cdiv,
+    check_triton_device,
+    interpreting,
+    launch_lock,
+    launch_tuned,
+    time_config,
+)
 from .linear_configs import PERSISTENT_MIN_BLOCK_M, configs, kept_candidates, m_bucket, prune
 from .op import Kernel, Op, implements, placeholder
 
@@ -727,7 +735,9 @@ def gemm(
         return (tiles,)
 
     with _LAUNCH_LOCK:
-        _linear_fwd_kernel[grid](
+        launch_tuned(
+            _linear_fwd_kernel,
+            grid,
             a,
             b,
             a_desc,

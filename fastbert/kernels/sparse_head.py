@@ -74,6 +74,7 @@ from .launch import (
     check_triton_device,
     interpreting,
     launch_lock,
+    launch_tuned,
     next_power_of_2,
     time_config,
     tuned,
@@ -253,7 +254,9 @@ def splade_max_forward(x, weight, bias, cu_seqlens, log_steps, save):
         return (cdiv(tokens, meta["BLOCK_T"]) * cdiv(vocab, meta["BLOCK_V"]),)
 
     with _LAUNCH_LOCK:
-        _splade_max_fwd_kernel[grid](
+        launch_tuned(
+            _splade_max_fwd_kernel,
+            grid,
             x,
             weight,
             bias,
