@@ -2,17 +2,18 @@
 with random weights of a real model's size and no tokenizer (none needs a download).
 
 A corpus is a list of documents' token counts drawn from a distribution; its ids are random.
-It is embedded as ``fastbert.embed`` does after tokenising: longest documents first, in
-batches of at most ``--batch-tokens`` tokens (fastbert.embedding.batching, packed), each batch
-through the padding-free encoder (only the real tokens are computed), mean-pooled, normalised
-and copied to the host. One untimed pass (it autotunes, fills the caches and captures the CUDA
-graphs the model's ``cuda_graphs`` setting wants), then ``--reps`` timed passes; the median is
-reported, with where a pass's time went (medians over the passes): ``prepare`` (the ids as
-padded tensors, copied to the GPU), ``forward`` (the model call until it returns: launching,
-or replaying a graph, and any wait inside it) and ``finish`` (pooling, normalising, copying
-to the host: it waits for the GPU to finish the batch). ``--cuda-graphs auto,false`` measures
-each setting in turn (``auto`` replays a graph for calls of up to
-fastbert.execution.graphs.GRAPH_AUTO_MAX_TOKENS rows).
+It is embedded as ``fastbert.embed`` does after tokenising (fastbert.embedding.model's
+FolderPipeline on its packed path): longest documents first, in batches of at most
+``--batch-tokens`` tokens (fastbert.embedding.batching, packed), each batch's ids end to end
+(``pack``) through ``forward_packed`` (only the real tokens exist), mean-pooled per document,
+normalised and copied to the host. One untimed pass (it autotunes, fills the caches and
+captures the CUDA graphs the model's ``cuda_graphs`` setting wants), then ``--reps`` timed
+passes; the median is reported, with where a pass's time went (medians over the passes):
+``prepare`` (the ids packed end to end, copied to the GPU), ``forward`` (the model call until
+it returns: launching, or replaying a graph, and any wait inside it) and ``finish`` (pooling,
+normalising, copying to the host: it waits for the GPU to finish the batch).
+``--cuda-graphs auto,false`` measures each setting in turn (``auto`` replays a graph for calls
+of up to fastbert.execution.graphs.GRAPH_AUTO_MAX_TOKENS tokens).
 
 Distributions: ``s512``, every document 512 tokens; ``mixed``, lengths log-normal around a
 median of 96 tokens (sigma 0.9), cut to [8, 512] (real text is mostly short with a long tail).
@@ -70,27 +71,26 @@ def corpus(counts: list[int], vocab_size: int, seed: int = 0) -> list[list[int]]
 
 class Embedder:
     """Token ids of a batch of documents -> normalised mean-pooled embeddings on the host, as
-    fastbert.embed computes them after tokenising (right padding, a padding-free model)."""
+    fastbert.embed computes them after tokenising (the documents packed end to end)."""
 
-    def __init__(self, model, pad_id: int):
+    def __init__(self, model):
         self.model = model
-        self.pad_id = pad_id
         self.seconds = dict.fromkeys(PARTS, 0.0)  # by part, since embed_pass reset them
 
     def __call__(self, documents: list[list[int]]) -> np.ndarray:
-        from fastbert.model.pooling import mean_pool
+        from fastbert.embedding.model import pack
+        from fastbert.model.pooling import pool_packed
 
         start = time.perf_counter()
-        rows = [torch.tensor(d) for d in documents]
-        ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=self.pad_id)
-        mask = torch.nn.utils.rnn.pad_sequence([torch.ones_like(r) for r in rows], True)
         device = self.model.device
-        ids, mask = ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)
+        ids, offsets = pack(documents, device)
         prepared = time.perf_counter()
         with torch.inference_mode():
-            hidden = self.model(ids, attention_mask=mask).last_hidden_state
+            hidden = self.model.forward_packed(ids, offsets)
             returned = time.perf_counter()
-            pooled = torch.nn.functional.normalize(mean_pool(hidden, mask), dim=-1)
+            cu_seqlens = offsets.to(device, non_blocking=True)
+            pooled = pool_packed(hidden, torch.ones_like(ids), cu_seqlens, ("mean",))
+            pooled = torch.nn.functional.normalize(pooled, dim=-1)
         vectors = pooled.cpu().numpy()
         finished = time.perf_counter()
         spans = (prepared - start, returned - prepared, finished - returned)
@@ -153,7 +153,7 @@ def build_embedder(
         padding_free=True,
         cuda_graphs=cuda_graphs,
     )
-    return Embedder(encoder, reference.config.pad_token_id or 0), reference.config.vocab_size
+    return Embedder(encoder), reference.config.vocab_size
 
 
 def markdown(report: dict) -> str:
@@ -162,9 +162,9 @@ def markdown(report: dict) -> str:
         f"# Corpus tokens/s: {settings['model']}, random weights, padding-free, "
         f"{report['environment'].get('gpu') or settings['device']}",
         "",
-        f"Batches of at most {settings['batch_tokens']} padded tokens, longest documents first; "
+        f"Batches of at most {settings['batch_tokens']} tokens, longest documents first; "
         f"median of {settings['reps']} passes after one untimed. A pass's seconds by part: "
-        "prepare (ids to padded tensors on the device), forward (the model call until it "
+        "prepare (the ids packed end to end, on the device), forward (the model call until it "
         "returns), finish (pool, normalise, copy to the host: waits for the GPU).",
         "",
         "| dtype | lengths | CUDA graphs | documents | tokens | median s | tokens/s | "

@@ -12,6 +12,7 @@ import tarfile
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -292,6 +293,29 @@ def test_corpus_tokens_on_a_cpu(tmp_path: Path) -> None:
     for row in rows:  # the parts are the pass's time, less the loop's own
         parts = sum(row[f"{part}_s"] for part in corpus_tokens.PARTS)
         assert row["tokens_per_s"] > 0 and 0 < parts <= row["median_s"] * 1.5
+
+
+def test_corpus_embedder_runs_fastbert_embeds_path() -> None:
+    """The corpus benchmark embeds as fastbert.embed does (its packed path: forward_packed,
+    pooled per document), and gets what a padded batch of the same documents pooled gives."""
+    from fastbert.model.pooling import mean_pool
+
+    embedder, vocab = corpus_tokens.build_embedder("bert-tiny", torch.float32, torch.device("cpu"))
+    calls = []
+    forward_packed = embedder.model.forward_packed
+    embedder.model.forward_packed = lambda *a, **k: calls.append(a) or forward_packed(*a, **k)
+    documents = corpus_tokens.corpus([9, 3, 17], vocab, seed=1)
+    vectors = embedder(documents)
+    assert len(calls) == 1 and calls[0][0].shape == (29,)
+    ids = torch.zeros(3, 17, dtype=torch.long)
+    mask = torch.zeros(3, 17, dtype=torch.long)
+    for row, document in enumerate(documents):
+        ids[row, : len(document)] = torch.tensor(document)
+        mask[row, : len(document)] = 1
+    with torch.inference_mode():
+        hidden = embedder.model(ids, attention_mask=mask).last_hidden_state
+    expected = torch.nn.functional.normalize(mean_pool(hidden, mask), dim=-1)
+    np.testing.assert_allclose(vectors, expected.numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_random_folder_tokenizes_offline(tmp_path: Path) -> None:
