@@ -90,3 +90,17 @@ def test_other_kernels_launch_as_given() -> None:
 
     launch.launch_tuned(StandIn(), (3,), 1, 2, FLAG=True)
     assert launched == [((3,), (1, 2), {"FLAG": True})]
+
+
+def test_a_pre_hook_reads_the_arguments_the_autotuner_would_give_it() -> None:
+    """The pre-hook's arguments: positional by name, then keywords, then the config's values,
+    each later one winning, as the dict Autotuner.run builds."""
+    names = ["x", "y", "BLOCK", "FLAG"]
+    position = {name: i for i, name in enumerate(names)}
+    args, kwargs, chosen = (1, None), {"FLAG": True, "BLOCK": 8}, {"BLOCK": 64, "num_warps": 4}
+    arguments = launch._LaunchArguments(position, args, kwargs, chosen)
+    expected = {**dict(zip(names, args)), **kwargs, **chosen}
+    assert dict(arguments) == expected and len(arguments) == len(expected)
+    assert [arguments[name] for name in expected] == list(expected.values())
+    with pytest.raises(KeyError):
+        arguments["missing"]

@@ -49,9 +49,16 @@ def check_integer(name: str, t: torch.Tensor) -> None:
 def _first_mismatch(attribute: str, tensors: dict[str, torch.Tensor | None]) -> tuple | None:
     """(first name, its value, name, value) of the first non-None tensor whose ``attribute``
     (dtype, device) differs from the first non-None tensor's, or None when all agree."""
-    named = [(n, getattr(t, attribute)) for n, t in tensors.items() if t is not None]
-    first_name, first = named[0]
-    return next(((first_name, first, n, v) for n, v in named[1:] if v != first), None)
+    first_name = first = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        value = getattr(t, attribute)
+        if first_name is None:
+            first_name, first = name, value
+        elif value != first:
+            return first_name, first, name, value
+    return None
 
 
 def check_same_dtype(**tensors: torch.Tensor | None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -132,8 +133,8 @@ class _KeyReader:
 
     def __init__(self, tuner: Autotuner) -> None:
         self.names = frozenset(tuner.arg_names)
-        position = {name: i for i, name in enumerate(tuner.arg_names)}
-        self.keys = [(name, position[name]) for name in tuner.keys]
+        self.position = {name: i for i, name in enumerate(tuner.arg_names)}
+        self.keys = [(name, self.position[name]) for name in tuner.keys]
 
     def key(self, args: tuple, kwargs: dict) -> tuple:
         """The tuple ``Autotuner.run`` builds for its cache: the key arguments' values, then
@@ -144,11 +145,50 @@ class _KeyReader:
                 values.append(args[i])
             elif name in kwargs:
                 values.append(kwargs[name])
-        values += [str(a.dtype) for a in args if hasattr(a, "dtype")]
-        values += [
-            str(v.dtype) for name, v in kwargs.items() if name in self.names and hasattr(v, "dtype")
-        ]
+        for a in args:
+            if a is not None and hasattr(a, "dtype"):
+                values.append(_dtype_name(a.dtype))
+        for name, v in kwargs.items():
+            if name in self.names and hasattr(v, "dtype"):
+                values.append(_dtype_name(v.dtype))
         return tuple(values)
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def _dtype_name(dtype: Any) -> str:
+    """``str(dtype)``, remembered: the key reads a dozen dtypes a launch."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype)
+    return name
+
+
+class _LaunchArguments(Mapping):
+    """A launch's arguments by name, looked up when read: what a config's pre-hook is given
+    (Triton builds the whole dict; the linear's pre-hook reads five of its 39 entries)."""
+
+    def __init__(self, position: dict[str, int], args: tuple, *named: dict) -> None:
+        self._position, self._args, self._named = position, args, named
+
+    def __getitem__(self, name: str) -> Any:
+        for values in self._named[::-1]:
+            if name in values:
+                return values[name]
+        i = self._position.get(name, len(self._args))
+        if i < len(self._args):
+            return self._args[i]
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        names = [name for name, i in self._position.items() if i < len(self._args)]
+        for values in self._named:
+            names += [name for name in values if name not in names]
+        return iter(names)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 _KEY_READERS: dict[int, _KeyReader] = {}
@@ -168,12 +208,12 @@ def launch_tuned(kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> None:
     if not isinstance(kernel, Autotuner):
         kernel[grid](*args, **kwargs)
         return
+    reader = _KEY_READERS.get(id(kernel))
+    if reader is None:
+        reader = _KEY_READERS[id(kernel)] = _KeyReader(kernel)
     if len(kernel.configs) == 1:
         config = kernel.configs[0]
     else:
-        reader = _KEY_READERS.get(id(kernel))
-        if reader is None:
-            reader = _KEY_READERS[id(kernel)] = _KeyReader(kernel)
         config = kernel.cache.get(reader.key(args, kwargs))
         if config is None:
             kernel[grid](*args, **kwargs)
@@ -181,5 +221,5 @@ def launch_tuned(kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> None:
     kernel.best_config = config
     chosen = config.all_kwargs()
     if config.pre_hook is not None:
-        config.pre_hook({**dict(zip(kernel.arg_names, args)), **kwargs, **chosen})
+        config.pre_hook(_LaunchArguments(reader.position, args, kwargs, chosen))
     kernel.fn.run(*args, grid=grid, warmup=False, **kwargs, **chosen)
