@@ -18,15 +18,19 @@ weights. On a CPU the contenders are timed round-robin (one step of each in turn
 change of load hits them alike; on CUDA each is timed with CUDA events and its peak memory
 recorded (the CPU allocator keeps no peak). Reports medians with p20 / p80 in results.json
 (with fastbert.bench.environment) and results.md in --out, and each contender's first step's
-seconds (``first_step_s``: compiling, autotuning). Interrupted (Ctrl-C, or the GPU run's
-time cap), it writes what it measured by then: the shapes done, and the first steps of the
-shape it was on.
+seconds (``first_step_s``: compiling, autotuning). ``--profile`` also says where each
+contender's step goes (:func:`diagnose`): its host time until the step returns, and on CUDA
+the GPU's kernel time in a step and the synchronisations inside one, with PyTorch's profiler
+table of two steps in ``profile-<shape>-<contender>.txt``. Interrupted (Ctrl-C, or the GPU
+run's time cap), it writes what it measured by then: the shapes done, and the first steps of
+the shape it was on.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -123,6 +127,45 @@ def measure(
     }
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def diagnose(step: Callable, device: torch.device, table: Path) -> dict:
+    """Where ``step``'s time goes, after it was timed: ``enqueue_ms``, the median host time of
+    three steps until each returns, unsynchronised (near the step's time: the host sets the
+    pace); on CUDA ``device_ms``, the GPU's kernel time in one step (the profiler's kernels,
+    two steps halved), and ``syncs``, device synchronisations inside one step. ``table`` gets
+    the profiler's operators of two steps, by their own device time (CPU time off CUDA)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.host_overhead import count_syncs
+
+    enqueued = []
+    for _ in range(3):
+        _sync(device)
+        start = time.perf_counter()
+        step()
+        enqueued.append((time.perf_counter() - start) * 1e3)
+        _sync(device)
+    found: dict = {"enqueue_ms": statistics.median(enqueued)}
+    on_cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    with profile(activities=activities) as profiler:
+        for _ in range(2):
+            step()
+        _sync(device)
+    averages = profiler.key_averages()
+    order = "self_device_time_total" if on_cuda else "self_cpu_time_total"
+    table.write_text(averages.table(sort_by=order, row_limit=30) + "\n")
+    if on_cuda:
+        kernels = [e for e in averages if e.device_type == torch.autograd.DeviceType.CUDA]
+        found["device_ms"] = sum(e.self_device_time_total for e in kernels) / 2 / 1e3
+        found["syncs"] = count_syncs(step, device)
+    return found
+
+
 def render(env: dict, args: argparse.Namespace, rows: list[dict], interrupted: bool = False) -> str:
     device = env.get("gpu") or env["cpu"]
     lines = [
@@ -159,6 +202,27 @@ def render(env: dict, args: argparse.Namespace, rows: list[dict], interrupted: b
         firsts = row.get("first_step_s", {})
         text = ", ".join(f"{n} {s:.1f}" for n, s in firsts.items()) or "none finished"
         lines.append(f"- {row['shape']}: {text}")
+    where = [
+        (row["shape"], name, result["where"])
+        for row in rows
+        for name, result in row["results"].items()
+        if "where" in result
+    ]
+    if where:
+        lines += [
+            "",
+            "Where a step goes (`--profile`): host ms until the step returns, "
+            "unsynchronised; GPU kernel ms in a step; synchronisations in a step:",
+            "",
+        ]
+        for shape, name, found in where:
+            gpu = found.get("device_ms")
+            syncs = found.get("syncs")
+            lines.append(
+                f"- {shape} {name}: host {found['enqueue_ms']:.1f} ms"
+                + ("" if gpu is None else f", GPU kernels {gpu:.1f} ms")
+                + ("" if syncs is None else f", {syncs} syncs")
+            )
     if interrupted:
         lines += ["", "The run was interrupted: some measurements are missing."]
     return "\n".join(lines) + "\n"
@@ -174,6 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--amp", choices=sorted(AMP_DTYPES), default="bf16" if on_cuda else "none")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--reps", type=int, default=20 if on_cuda else 7)
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also where each step goes: host time, GPU kernel time, syncs, profiler tables",
+    )
     args = parser.parse_args(argv)
     args.contenders = [c for c in args.contenders.split(",") if c]
     unknown = sorted(set(args.contenders) - set(CONTENDERS))
@@ -223,6 +292,11 @@ def run_shape(
             row["errors"][name] = f"failed: {type(error).__name__}"
             print(f"{shape.label} {name}: {error}", file=sys.stderr)
     row["results"] = measure(list(steps), steps, device, args.warmup, args.reps)
+    if args.profile:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        for name, step in steps.items():
+            table = Path(args.out) / f"profile-{shape.label.replace(' ', '-')}-{name}.txt"
+            row["results"][name]["where"] = diagnose(step, device, table)
     print(
         f"{shape.label}: "
         + ", ".join(f"{n} {r['timing']['median_ms']:.1f} ms" for n, r in row["results"].items()),

@@ -38,6 +38,25 @@ def test_train_step_benchmark_writes_results(tmp_path) -> None:
     assert "| 2x16 padded |" in (out / "results.md").read_text()
 
 
+def test_profile_says_where_each_step_goes(tmp_path) -> None:
+    """--profile: each contender's host time per step and PyTorch's profiler table (on CUDA
+    also its kernel time and synchronisations, which a CPU has none of)."""
+    out = tmp_path / "train"
+    argv = ["--out", str(out), "--model", "bert-tiny", "--shapes", "2x16p", "--reps", "1"]
+    assert (
+        train_step.main(argv + ["--contenders", "hf-sdpa,fastbert", "--warmup", "0", "--profile"])
+        == 0
+    )
+    (row,) = json.loads((out / "results.json").read_text())["rows"]
+    for name in ("hf-sdpa", "fastbert"):
+        where = row["results"][name]["where"]
+        assert where["enqueue_ms"] > 0 and "device_ms" not in where
+        table = (out / f"profile-2x16-padded-{name}.txt").read_text()
+        assert "Self CPU" in table and "aten::" in table
+    text = (out / "results.md").read_text()
+    assert "Where a step goes" in text and "- 2x16 padded fastbert: host " in text
+
+
 def test_an_interrupted_train_step_writes_what_it_measured(tmp_path, monkeypatch) -> None:
     """The GPU run stops a stage at its cap with SIGINT: the first steps done are kept."""
     out = tmp_path / "train"

@@ -181,9 +181,10 @@ def stages(
                 "2",
                 "--reps",
                 "10",
+                "--profile",
             ),
             floor_s=20,
-            what="one fine-tuning step, BERT-base 32x128, bf16 autocast",
+            what="one fine-tuning step, BERT-base 32x128, bf16 autocast, with where it goes",
         ),
         Stage(
             "serve-model",
