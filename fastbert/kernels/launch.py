@@ -1,10 +1,12 @@
 """Where Triton kernels can run (CUDA tensors, or CPU tensors under the interpreter), which
-autotune configs they time, and the launchers' host-side integer helpers."""
+autotune configs they time, how an autotuned kernel is launched once tuned
+(:func:`launch_tuned`), and the launchers' host-side integer helpers."""
 
 from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -191,7 +193,7 @@ class _LaunchArguments(Mapping):
         return sum(1 for _ in self)
 
 
-_KEY_READERS: dict[int, _KeyReader] = {}
+_KEY_READERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def launch_tuned(kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> None:
@@ -199,8 +201,8 @@ def launch_tuned(kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> None:
     per-launch bookkeeping once it has chosen a config for the launch's key.
 
     Triton's ``Autotuner.run`` builds two dicts of every argument and looks each name up in a
-    list on every launch: tens of microseconds of host time for the linear's 39 arguments,
-    where a forward launches dozens of kernels. Here the autotuner's own cache is read with
+    list on every launch, host time a forward pays dozens of times (the linear has 39
+    arguments; docs/results.md has the measurements). Here the autotuner's own cache is read with
     the key it would build; a key it holds no config for (never tuned, or its cache cleared)
     goes through the autotuner as before, so pruning, pinning, timing and ``cache.clear()``
     behave as Triton's. The config's pre-hook runs, and ``best_config`` is set, as there. Any
@@ -208,9 +210,9 @@ def launch_tuned(kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> None:
     if not isinstance(kernel, Autotuner):
         kernel[grid](*args, **kwargs)
         return
-    reader = _KEY_READERS.get(id(kernel))
+    reader = _KEY_READERS.get(kernel)
     if reader is None:
-        reader = _KEY_READERS[id(kernel)] = _KeyReader(kernel)
+        reader = _KEY_READERS[kernel] = _KeyReader(kernel)
     if len(kernel.configs) == 1:
         config = kernel.configs[0]
     else:
