@@ -233,22 +233,32 @@ def test_row_kernels_round_every_operation(op: str) -> None:
     assert not fused, "float32 operations a compiler may fuse:\n" + "\n".join(fused)
 
 
+def _launched_kernel(call: ast.Call) -> str | None:
+    """The name of the kernel a call launches, ``<name>_kernel[grid](...)`` or
+    ``launch_tuned(<name>_kernel, grid, ...)``; None for any other call."""
+    func = call.func
+    if isinstance(func, ast.Subscript) and isinstance(func.value, ast.Name):
+        name = func.value.id
+    elif isinstance(func, ast.Name) and func.id == "launch_tuned" and call.args:
+        name = getattr(call.args[0], "id", "")
+    else:
+        return None
+    return name if name.endswith("_kernel") else None
+
+
 def test_every_launch_names_its_fusion_choice() -> None:
     """Each Triton launch in fastbert/kernels/ passes ``**FUSED`` or ``**UNFUSED`` (its launch.py):
     left unsaid, Triton takes TRITON_DEFAULT_FP_FUSION's choice, which Triton 3.9 warns about
     and 3.10 turns off, so a kernel's numerics would follow the caller's environment."""
     launches = [
-        (path.name, node)
+        (path.name, node, kernel)
         for path in sorted((ROOT / "fastbert" / "kernels").glob("*.py"))
         for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Subscript)
-        and isinstance(node.func.value, ast.Name)
-        and node.func.value.id.endswith("_kernel")
+        if isinstance(node, ast.Call) and (kernel := _launched_kernel(node))
     ]
     unsaid = [
-        f"{name}:{node.lineno} {node.func.value.id}"
-        for name, node in launches
+        f"{name}:{node.lineno} {kernel}"
+        for name, node, kernel in launches
         if not {
             k.value.id for k in node.keywords if k.arg is None and isinstance(k.value, ast.Name)
         }
