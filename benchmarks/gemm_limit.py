@@ -58,7 +58,8 @@ def products(
     a = torch.randn(tokens, hidden, generator=generator).to(dtype)
     b = torch.randn(hidden, intermediate, generator=generator).to(dtype)
     ways = {"torch.mm": lambda: torch.mm(a, b)}
-    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+    onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    if onednn and packed_weights.onednn_serves(dtype):  # bfloat16 needs AVX-512 or AVX-NE-CONVERT
         weight = b.t().contiguous()  # [out, in], as a linear layer holds it
         ways["onednn linear"] = lambda: torch.ops.mkldnn._linear_pointwise(
             a, weight, None, "none", [], ""

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 import fastbert
-from fastbert.kernels import cpu_engine_int8, packed_weights, reference
+from fastbert.kernels import cpu_engine_int8, packed_weights, reference, torch_ops
 from fastbert.kernels.cpu_engine_linear import linear_unchecked
 from fastbert.kernels.packed_weights import PackedWeights
 from tests.hf_models import hf_model, padded_batch
@@ -43,7 +43,7 @@ def test_packed_linear_matches_the_plain_one_and_the_reference(dtype, rows, epil
     with torch.no_grad():
         plain = linear_unchecked(x, weight, bias, activation, residual)
         packed = linear_unchecked(x, weight, bias, activation, residual, packs=packs)
-    assert len(packs) == 1
+    assert len(packs) == (1 if packed_weights.onednn_serves(dtype) else 0)
     expected = reference.linear(x, weight, bias, activation, residual)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     assert (packed.double() - expected.double()).abs().max() <= tolerance * (
@@ -51,6 +51,22 @@ def test_packed_linear_matches_the_plain_one_and_the_reference(dtype, rows, epil
     )
     if rows > 1:  # one oneDNN kernel either way: the same bits
         assert torch.equal(packed, plain)
+
+
+def test_bfloat16_without_onednns_instructions_runs_the_plain_linear(monkeypatch) -> None:
+    """On a CPU without what oneDNN's bfloat16 linear needs (AVX2 only), packing and the
+    oneDNN call would raise: the plain backend's linear runs, with nothing packed."""
+    monkeypatch.setattr(packed_weights, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    packed_weights.onednn_serves.cache_clear()
+    try:
+        x, weight, bias, residual = _linear_case(torch.bfloat16, 16)
+        packs = PackedWeights()
+        with torch.no_grad():
+            out = linear_unchecked(x, weight, bias, "gelu", residual, packs=packs)
+        plain = torch_ops.linear_unchecked(x, weight, bias, "gelu", residual, gated=False)
+        assert len(packs) == 0 and torch.equal(out, plain)
+    finally:
+        packed_weights.onednn_serves.cache_clear()
 
 
 def test_gated_linear_reads_the_packed_weight() -> None:
@@ -134,7 +150,8 @@ def test_packed_model_gives_the_plain_models_outputs(dtype) -> None:
         expected = plain(ids, mask, types)
         got = packed(ids, mask, types)
         reference_hidden = hf(input_ids=ids, attention_mask=mask, token_type_ids=types)
-    assert len(packed.runner._packs) == 4 * len(packed.layers) + 1  # and the pooler
+    packs = 4 * len(packed.layers) + 1  # and the pooler
+    assert len(packed.runner._packs) == (packs if packed_weights.onednn_serves(dtype) else 0)
     assert torch.equal(got.last_hidden_state, expected.last_hidden_state)
     assert torch.equal(got.pooler_output, expected.pooler_output)
     if dtype == torch.float32:

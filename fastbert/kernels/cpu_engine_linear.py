@@ -7,7 +7,8 @@ behind the code's choices"). In bfloat16 GELU runs by table (fastbert.kernels.cp
 the product rounded to bfloat16, as PyTorch's eager bfloat16 computes it, where the CPU has
 the table's kernel: oneDNN's GELU post-op cost as much as the product. Otherwise (another
 device or dtype, while ``torch.compile`` traces, which cannot trace oneDNN's availability
-check, with no input features, which oneDNN refuses, or under autograd) the plain backend's
+check, with no input features, which oneDNN refuses, bfloat16 on a CPU without what oneDNN's
+bfloat16 needs, or under autograd) the plain backend's
 linear (fastbert.kernels.torch_ops). Given ``packs`` (fastbert.kernels.packed_weights), the
 oneDNN call reads each weight's copy in oneDNN's blocked layout, made once, instead of
 reordering the weight on every call.
@@ -21,7 +22,7 @@ import torch
 
 from . import cpu_gelu, reference, torch_ops
 from .op import implements
-from .packed_weights import PackedWeights
+from .packed_weights import PackedWeights, onednn_serves
 
 # oneDNN's GEMM with its post-ops (PyTorch's own inference op, what torch.compile emits on a
 # CPU): faster than MKL's addmm in float32, by less in bfloat16 (docs/results.md,
@@ -61,6 +62,8 @@ def takes_onednn(x: torch.Tensor, *tensors: torch.Tensor | None) -> bool:
     """Whether linear runs on oneDNN: a CPU tensor of a dtype it serves with input features,
     no autograd record, not while torch.compile traces."""
     if x.device.type != "cpu" or x.dtype not in ONEDNN_DTYPES or x.shape[-1] == 0:
+        return False
+    if not onednn_serves(x.dtype):
         return False
     if torch.compiler.is_compiling() or not has_onednn_linear():
         return False

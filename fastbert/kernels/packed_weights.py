@@ -57,6 +57,22 @@ def available() -> bool:
     )
 
 
+# What oneDNN's bfloat16 linear needs of the CPU (its own check says so): AVX-512 with byte,
+# vector-length and doubleword instructions, or AVX-NE-CONVERT. Without them, packing a
+# bfloat16 weight and the bfloat16 linear raise (an AVX2-only CPU).
+ONEDNN_BF16_FLAGS = (frozenset({"avx512bw", "avx512vl", "avx512dq"}), frozenset({"avx_ne_convert"}))
+
+
+@functools.cache
+def onednn_serves(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's linear takes ``dtype`` on this CPU: float32 anywhere, bfloat16 where
+    the CPU has :data:`ONEDNN_BF16_FLAGS`."""
+    if dtype == torch.float32:
+        return True
+    flags = cpu_flags()
+    return dtype == torch.bfloat16 and any(needed <= flags for needed in ONEDNN_BF16_FLAGS)
+
+
 @functools.cache
 def int8_available() -> bool:
     """Whether int8 weights are packed for oneDNN's quantised linear here: a PyTorch build with
@@ -100,6 +116,7 @@ class PackedWeights:
             or weight.is_inference()
             or weight.device.type != "cpu"
             or weight.dtype not in PACKED_DTYPES
+            or not onednn_serves(weight.dtype)
             or weight.dim() != 2
             or not weight.is_contiguous()
             or not available()
