@@ -20,7 +20,10 @@ medians with p20-p80):
   (oneDNN's op takes one activation scale per tensor, so a token's scale cannot be fused);
 - ``oneDNN qlinear, per-tensor x``: x quantised with one scale for the whole batch, bias and
   GELU or the residual add fused as oneDNN post-ops: the fastest use of the op, other
-  numerics than fastbert's int8;
+  numerics than fastbert's int8. On a CPU without an int8 dot-product instruction (no VNNI
+  or AMX: AVX2 only) oneDNN sums pairs of u8 x s8 products in 16 bits, which saturate on
+  full-range weights: both oneDNN rows are then wrong, and their accuracy columns say so
+  (fastbert's int8 takes oneDNN only on AMX-INT8);
 - the CPU engine's float32 and bfloat16 linears on packed weights (yardsticks).
 
 Accuracy: each one's largest error against fastbert's float64 reference of ``linear_int8``

@@ -10,7 +10,12 @@ import pytest
 import torch
 
 from benchmarks import int8_onednn
+from fastbert.kernels.cpu_library import cpu_flags
 from tests.cli_usage import usage_error_test
+
+# oneDNN's int8 product is exact on a CPU with an int8 dot-product instruction (VNNI, AMX);
+# without one (AVX2 only) it sums pairs of u8 x s8 products in 16 bits, which saturate.
+ONEDNN_INT8_EXACT = bool({"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_flags())
 
 
 @pytest.mark.skipif(
@@ -31,6 +36,10 @@ def test_a_short_run_writes_both_files(tmp_path, monkeypatch) -> None:
         same_numerics = [name for name in row["seconds"] if "int8" in name or "per-token" in name]
         assert len(same_numerics) == 4
         for name in same_numerics:
+            if name.startswith("oneDNN") and not ONEDNN_INT8_EXACT:
+                # vpmaddubsw's 16-bit pair sums saturate on full-range weights: the report shows it
+                assert errors[name]["max_err_vs_int8_reference"] > 1e-3, (row["linear"], name)
+                continue
             assert errors[name]["max_err_vs_int8_reference"] < 1e-6, (row["linear"], name)
         # One scale for the whole batch is another quantisation, far coarser on outliers.
         assert errors["oneDNN qlinear, per-tensor x"]["max_err_vs_int8_reference"] > 1e-3
