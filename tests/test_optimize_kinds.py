@@ -120,12 +120,14 @@ def hf_modules(model: torch.nn.Module, path: str) -> dict[str, torch.nn.Module]:
 
 
 def as_tensor(output: Any) -> torch.Tensor:
-    """One float64 tensor of an encode / predict result (a sparse tensor made dense, the
-    token vectors of a multi-vector model concatenated)."""
+    """One tensor of an encode / predict result (a sparse tensor made dense, the token vectors
+    of a multi-vector model concatenated), in the dtype it was computed in: the rule's floor
+    is two units in the last place of that dtype (made float64 here, a float32 result lost its
+    floor, and a Hugging Face result that happened to be exact left no room at all)."""
     if isinstance(output, list):
-        return torch.cat([torch.as_tensor(o) for o in output]).double()
+        return torch.cat([torch.as_tensor(o) for o in output])
     output = torch.as_tensor(output)
-    return (output.to_dense() if output.is_sparse else output).double()
+    return output.to_dense() if output.is_sparse else output
 
 
 def compare(model: Any, run: dict[str, Callable[[Any], Any]], **optimize: Any) -> dict:
