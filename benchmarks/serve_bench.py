@@ -592,9 +592,9 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def environment_info(infinity_python: Path | None, device: str = "cpu") -> dict:
-    """fastbert's environment record plus what serving adds: CPU flags, load, server libraries,
-    the infinity-emb environment's versions and, serving on CUDA, the GPU's name."""
+def environment_info(infinity_python: Path | None) -> dict:
+    """fastbert's environment record (the GPU's name among it) plus what serving adds: CPU
+    flags, load, server libraries and the infinity-emb environment's versions."""
     import importlib.metadata
 
     from fastbert.bench import environment
@@ -602,10 +602,6 @@ def environment_info(infinity_python: Path | None, device: str = "cpu") -> dict:
 
     env = environment.capture()  # its cpu_flags: the flags fastbert's precisions depend on
     env["cpu_count"] = os.cpu_count()
-    if device == "cuda":
-        import torch
-
-        env["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     simd = ("avx", "amx", "fma", "f16c")
     env["cpu_simd"] = " ".join(sorted(f for f in cpu.cpu_flags() if f.startswith(simd)))
     env["load_average"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
@@ -789,7 +785,7 @@ def run(args: argparse.Namespace) -> int:
             skipped[name] = str(exc)
             progress(f"[{name}] skipped: {exc}")
     infinity = next((c for c in contenders if c.name == "infinity"), None)
-    env = environment_info(infinity.infinity_python if infinity else None, args.device)
+    env = environment_info(infinity.infinity_python if infinity else None)
 
     cells: list[dict] = []
     interrupted = False

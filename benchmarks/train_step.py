@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -127,11 +126,6 @@ def measure(
     }
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def diagnose(step: Callable, device: torch.device, table: Path) -> dict:
     """Where ``step``'s time goes, after it was timed: ``enqueue_ms``, the median host time of
     three steps until each returns, unsynchronised (near the step's time: the host sets the
@@ -140,22 +134,13 @@ def diagnose(step: Callable, device: torch.device, table: Path) -> dict:
     the profiler's operators of two steps, by their own device time (CPU time off CUDA)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.host_overhead import count_syncs
+    from benchmarks.host_overhead import count_syncs, time_forwards
 
-    enqueued = []
-    for _ in range(3):
-        _sync(device)
-        start = time.perf_counter()
-        step()
-        enqueued.append((time.perf_counter() - start) * 1e3)
-        _sync(device)
-    found: dict = {"enqueue_ms": statistics.median(enqueued)}
+    found: dict = {"enqueue_ms": time_forwards(step, device, 3)[1]}
     on_cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
     with profile(activities=activities) as profiler:
-        for _ in range(2):
-            step()
-        _sync(device)
+        time_forwards(step, device, 2)
     averages = profiler.key_averages()
     order = "self_device_time_total" if on_cuda else "self_cpu_time_total"
     table.write_text(averages.table(sort_by=order, row_limit=30) + "\n")

@@ -24,13 +24,11 @@ from . import cpu_gelu, reference, torch_ops
 from .op import implements
 from .packed_weights import PackedWeights, onednn_serves
 
+
 # oneDNN's GEMM with its post-ops (PyTorch's own inference op, what torch.compile emits on a
 # CPU): faster than MKL's addmm in float32, by less in bfloat16 (docs/results.md,
 # "Measurements behind the code's choices"). It has no derivative, so a call autograd records
-# takes F.linear.
-ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
-
-
+# takes F.linear. Which dtypes it takes on this CPU: packed_weights.onednn_serves.
 @functools.cache
 def has_onednn_linear() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -61,9 +59,7 @@ def onednn_linear(
 def takes_onednn(x: torch.Tensor, *tensors: torch.Tensor | None) -> bool:
     """Whether linear runs on oneDNN: a CPU tensor of a dtype it serves with input features,
     no autograd record, not while torch.compile traces."""
-    if x.device.type != "cpu" or x.dtype not in ONEDNN_DTYPES or x.shape[-1] == 0:
-        return False
-    if not onednn_serves(x.dtype):
+    if x.device.type != "cpu" or not onednn_serves(x.dtype) or x.shape[-1] == 0:
         return False
     if torch.compiler.is_compiling() or not has_onednn_linear():
         return False

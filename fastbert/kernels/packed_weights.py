@@ -35,9 +35,6 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .cpu_library import cpu_flags
 
-PACKED_DTYPES = (torch.float32, torch.bfloat16)
-
-
 # The first PyTorch release whose packed products were checked to be the plain linear's bits
 # at every row count the tests try: with torch 2.11's oneDNN, three rows of float32 took
 # another kernel packed than plain (a last-bit difference), so packing is off before this.
@@ -65,8 +62,8 @@ ONEDNN_BF16_FLAGS = (frozenset({"avx512bw", "avx512vl", "avx512dq"}), frozenset(
 
 @functools.cache
 def onednn_serves(dtype: torch.dtype) -> bool:
-    """Whether oneDNN's linear takes ``dtype`` on this CPU: float32 anywhere, bfloat16 where
-    the CPU has :data:`ONEDNN_BF16_FLAGS`."""
+    """Whether oneDNN's linear takes ``dtype`` on this CPU (and its weights are packed):
+    float32 anywhere, bfloat16 where the CPU has :data:`ONEDNN_BF16_FLAGS`, nothing else."""
     if dtype == torch.float32:
         return True
     flags = cpu_flags()
@@ -115,7 +112,6 @@ class PackedWeights:
             not isinstance(weight, torch.nn.Parameter)
             or weight.is_inference()
             or weight.device.type != "cpu"
-            or weight.dtype not in PACKED_DTYPES
             or not onednn_serves(weight.dtype)
             or weight.dim() != 2
             or not weight.is_contiguous()
