@@ -35,7 +35,8 @@ def test_info_reports_versions_and_backends(capsys) -> None:
 @pytest.mark.parametrize(
     "flags, compiled, advice",
     [
-        ({"avx2"}, True, "faster than float32"),
+        ({"avx2"}, True, "no faster than float32, and lossy; keep float32"),
+        ({"avx512_vnni"}, True, "; faster than float32 and lossy"),
         ({"avx512_vnni", "avx512_bf16"}, True, "int8 the speed where measured"),
         ({"avx512_vnni", "avx512_bf16"}, False, "prefer dtype bfloat16 (native here): as fast"),
         ({"amx_int8", "amx_bf16", "avx512_bf16"}, True, "on AMX it ran as fast as int8 or faster"),

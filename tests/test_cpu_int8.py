@@ -151,6 +151,27 @@ def test_onednn_product_follows_writes_to_the_weight_and_skips_few_rows():
     assert len(few) == 0  # torch._int_mm below ONEDNN_MIN_ROWS
 
 
+@pytest.mark.parametrize("rows", [2, 16, 300])
+@pytest.mark.parametrize("activation, residual", [(None, False), ("gelu", False), (None, True)])
+@pytest.mark.parametrize("saturated", [False, True])
+def test_widened_product_gives_the_plain_int8_linears_bits(
+    monkeypatch, rows, activation, residual, saturated
+):
+    """On a CPU without int8 dot products the engine's integer product is float32 GEMMs on
+    the weight's kept float32 copies, in blocks of at most FLOAT32_EXACT_TERMS columns: exact,
+    so the plain int8 linear's bits (torch._int_mm's where the CPU has them), the saturated
+    case's sums past 2**24 included."""
+    args = _int8_linear_args(rows, rows, activation, residual, saturated)
+    want = torch_ops.linear_int8_unchecked(*args)
+    monkeypatch.setattr(cpu_engine_int8, "has_int8_dot_products", lambda: False)
+    monkeypatch.setattr(torch_ops, "has_int8_dot_products", lambda: False)
+    packs = PackedWeights()
+    got = cpu_engine.OPS["linear_int8"](*args, packs=packs)
+    assert len(packs) == 1 and len(packs.widened_for(args[1], 1024)) == 2
+    assert torch.equal(got, want)
+    assert torch.equal(cpu_engine.OPS["linear_int8"](*args), want)  # unpacked: converted
+
+
 def test_int8_weights_are_packed_only_where_oneDNN_runs_them(monkeypatch):
     from fastbert.kernels import cpu_library
 

@@ -200,11 +200,28 @@ def test_linear_flops_are_the_linear_layers_of_the_model() -> None:
     with pytest.raises(ValueError, match="float16"):
         gemm_limit.gemm_flops_per_s("float16", 8, 8, 8)
     rate, kernel = gemm_limit.gemm_flops_per_s("int8", 32, 32, 32, seconds=0.01)
-    assert rate > 0 and kernel == "torch._int_mm"
+    assert rate > 0 and kernel in gemm_limit.products("int8", 32, 32, 32)
     ways = gemm_limit.products("float32", 8, 16, 24)
     for name, product in ways.items():  # every way computes the same product
         torch.testing.assert_close(product(), ways["torch.mm"](), msg=name)
     assert gemm_limit.gemm_flops_per_s("float32", 32, 32, 32, seconds=0.01)[1] in ways
+
+
+@pytest.mark.parametrize("dot_products", [False, True])
+def test_gemm_limit_int8_ways_follow_the_cpus_int8_instructions(monkeypatch, dot_products):
+    """Without int8 dot products torch._int_mm is oneDNN's reference loop: the limit times
+    the exact float32 GEMM fastbert runs there and oneDNN's 16-bit-pair quantised linear
+    (the CPU's int8 rate, exact only on 7-bit operands), each on the same operands."""
+    monkeypatch.setattr(gemm_limit, "has_int8_dot_products", lambda: dot_products)
+    ways = gemm_limit.products("int8", 8, 16, 24)
+    assert ("torch._int_mm" in ways) == dot_products
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randint(-127, 128, (8, 16), dtype=torch.int8, generator=generator)
+    b = torch.randint(-127, 128, (16, 24), dtype=torch.int8, generator=generator)
+    exact = torch.matmul(a.double(), b.double())
+    for name, product in ways.items():
+        if "16-bit pairs" not in name:
+            assert torch.equal(product().double(), exact), name
 
 
 def test_the_peers_extra_installs_what_the_peers_import() -> None:

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from benchmarks import int8_onednn
-from fastbert.kernels.cpu_library import cpu_flags
+from fastbert.kernels.cpu_library import has_int8_dot_products
 from tests.cli_usage import usage_error_test
 
 # oneDNN's int8 product is exact on a CPU with an int8 dot-product instruction (VNNI, AMX);
 # without one (AVX2 only) it sums pairs of u8 x s8 products in 16 bits, which saturate.
-ONEDNN_INT8_EXACT = bool({"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_flags())
+ONEDNN_INT8_EXACT = has_int8_dot_products()
 
 
 @pytest.mark.skipif(

@@ -269,6 +269,42 @@ def test_quantised_product_tracks_the_float_linear() -> None:
     assert fp8 > int8
 
 
+@pytest.mark.parametrize("k", [1, 384, 1024, 1025, 1536, 3072])
+@pytest.mark.parametrize("operands", ["random", "largest", "opposite"])
+def test_int_product_in_float32_is_exact(k: int, operands: str) -> None:
+    """The int8 product by float32 GEMMs (a CPU without int8 dot products) gives the exact
+    integers, where one sum of 1,025 or more products of 127s passes 2**24 (float32's exact
+    integers) and only the split into GEMMs of at most FLOAT32_EXACT_TERMS keeps it exact."""
+    gen = torch.Generator().manual_seed(k)
+    q = torch.randint(-127, 128, (5, k), generator=gen, dtype=torch.int8)
+    weight = torch.randint(-127, 128, (7, k), generator=gen, dtype=torch.int8)
+    if operands != "random":
+        q[:] = 127
+        weight[:] = 127 if operands == "largest" else -127
+    exact = torch.matmul(q.double(), weight.double().t())
+    got = T.int_product_in_float32(q, weight)
+    assert got.dtype == (torch.float32 if k <= T.FLOAT32_EXACT_TERMS else torch.int32)
+    assert torch.equal(got.double(), exact)
+
+
+@pytest.mark.parametrize("dot_products", [False, True])
+def test_int_product_takes_float32_gemms_without_int8_dot_products(
+    monkeypatch, dot_products: bool
+) -> None:
+    """On a CPU torch._int_mm runs only where the CPU has int8 dot products (elsewhere it is
+    oneDNN's reference loop, ~50x slower than float32); both give the exact product."""
+    monkeypatch.setattr(T, "has_int8_dot_products", lambda: dot_products)
+    calls = []
+    int_mm = torch._int_mm
+    monkeypatch.setattr(torch, "_int_mm", lambda *a: calls.append(a) or int_mm(*a))
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randint(-127, 128, (24, 64), generator=gen, dtype=torch.int8)
+    weight = torch.randint(-127, 128, (16, 64), generator=gen, dtype=torch.int8)
+    got = T.int_product(q, weight)
+    assert len(calls) == int(dot_products)
+    assert torch.equal(got.double(), torch.matmul(q.double(), weight.double().t()))
+
+
 def test_gradients_are_refused(device, quantize, op) -> None:
     x, wq, ws, bias, _ = operands(quantize, 4, 8, 16, device=device)
     with pytest.raises(RuntimeError, match="inference only"):

@@ -43,7 +43,7 @@ def test_packed_linear_matches_the_plain_one_and_the_reference(dtype, rows, epil
     with torch.no_grad():
         plain = linear_unchecked(x, weight, bias, activation, residual)
         packed = linear_unchecked(x, weight, bias, activation, residual, packs=packs)
-    assert len(packs) == (1 if packed_weights.onednn_serves(dtype) else 0)
+    assert len(packs) == 1  # oneDNN's packed copy, or a bfloat16 weight's float32 one
     expected = reference.linear(x, weight, bias, activation, residual)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     assert (packed.double() - expected.double()).abs().max() <= tolerance * (
@@ -53,20 +53,65 @@ def test_packed_linear_matches_the_plain_one_and_the_reference(dtype, rows, epil
         assert torch.equal(packed, plain)
 
 
-def test_bfloat16_without_onednns_instructions_runs_the_plain_linear(monkeypatch) -> None:
-    """On a CPU without what oneDNN's bfloat16 linear needs (AVX2 only), packing and the
-    oneDNN call would raise: the plain backend's linear runs, with nothing packed."""
+@pytest.mark.parametrize("epilogue", [(None, False), ("gelu", False), (None, True)])
+def test_bfloat16_without_onednns_instructions_runs_a_float32_product(
+    monkeypatch, epilogue
+) -> None:
+    """On a CPU without what oneDNN's bfloat16 linear needs (AVX2 only), packing in bfloat16
+    and the bfloat16 oneDNN call would raise, and PyTorch's bfloat16 GEMM is a slow loop: the
+    product runs in float32 on the weight's kept float32 copy, rounded once to bfloat16, then
+    the plain epilogue; within bfloat16's rounding of the reference."""
+    activation, with_residual = epilogue
     monkeypatch.setattr(packed_weights, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
     packed_weights.onednn_serves.cache_clear()
     try:
         x, weight, bias, residual = _linear_case(torch.bfloat16, 16)
+        residual = residual if with_residual else None
         packs = PackedWeights()
         with torch.no_grad():
-            out = linear_unchecked(x, weight, bias, "gelu", residual, packs=packs)
-        plain = torch_ops.linear_unchecked(x, weight, bias, "gelu", residual, gated=False)
-        assert len(packs) == 0 and torch.equal(out, plain)
+            out = linear_unchecked(x, weight, bias, activation, residual, packs=packs)
+            unpacked = linear_unchecked(x, weight, bias, activation, residual)
+        (copy,) = packs.widened_for(weight, weight.shape[1])
+        assert len(packs) == 1 and copy.dtype == torch.float32
+        assert torch.equal(out, unpacked)  # one oneDNN float32 kernel either way
+        product = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
+        expected = torch_ops.finish_linear(product.to(x.dtype), activation, residual, False)
+        # float32 sums in another order may round to the neighbouring bfloat16: one unit
+        assert (out.float() - expected.float()).abs().max() <= 2**-7 * (
+            1 + expected.float().abs().max()
+        )
+        reference_out = reference.linear(x, weight, bias, activation, residual).double()
+        assert (out.double() - reference_out).abs().max() <= 2e-2 * (1 + reference_out.abs().max())
     finally:
         packed_weights.onednn_serves.cache_clear()
+
+
+def test_widened_copies_follow_writes_and_split_int8_weights() -> None:
+    """The float32 copies of a bfloat16 parameter are made again after a write; an int8
+    weight's come in column blocks of at most FLOAT32_EXACT_TERMS, holding its values."""
+    packs = PackedWeights()
+    weight = nn.Parameter(torch.randn(8, 40).to(torch.bfloat16))
+    first = packs.widened_for(weight, 40)
+    with torch.no_grad():
+        weight.mul_(2)
+    (second,) = packs.widened_for(weight, 40)
+    assert second is not first[0]
+    assert torch.equal(_columns_read(second, 0, 40), weight.detach().float())
+    assert packs.widened_for(torch.randn(8, 40).to(torch.bfloat16), 40) is None  # not a parameter
+    int8 = torch.randint(-127, 128, (6, 2500), dtype=torch.int8)
+    blocks = packs.widened_for(int8, torch_ops.FLOAT32_EXACT_TERMS)
+    assert len(blocks) == 3
+    columns = [
+        _columns_read(block, start, min(1024, 2500 - start))
+        for start, block in zip(range(0, 2500, 1024), blocks, strict=True)
+    ]
+    assert torch.equal(torch.cat(columns, dim=1), int8.float())
+
+
+def _columns_read(copy: torch.Tensor, start: int, width: int) -> torch.Tensor:
+    """The [N, width] values a oneDNN product reads from ``copy`` (times the identity)."""
+    eye = torch.eye(width)
+    return torch.ops.mkldnn._linear_pointwise(eye, copy, None, "none", [], "").t()
 
 
 def test_gated_linear_reads_the_packed_weight() -> None:
@@ -151,7 +196,7 @@ def test_packed_model_gives_the_plain_models_outputs(dtype) -> None:
         got = packed(ids, mask, types)
         reference_hidden = hf(input_ids=ids, attention_mask=mask, token_type_ids=types)
     packs = 4 * len(packed.layers) + 1  # and the pooler
-    assert len(packed.runner._packs) == (packs if packed_weights.onednn_serves(dtype) else 0)
+    assert len(packed.runner._packs) == packs  # bfloat16 without oneDNN's: float32 copies
     assert torch.equal(got.last_hidden_state, expected.last_hidden_state)
     assert torch.equal(got.pooler_output, expected.pooler_output)
     if dtype == torch.float32:
@@ -198,6 +243,25 @@ def test_optimized_model_sees_writes_through_its_query_key_value_parameters() ->
     valid = mask.bool()
     diff = got.last_hidden_state[valid] - expected.last_hidden_state[valid]
     assert diff.abs().max() <= 1e-4
+
+
+def test_int8_model_without_int8_dot_products_reads_float32_copies(monkeypatch) -> None:
+    """quantize="int8" on a CPU without int8 dot products (AVX2 only): the integer products
+    run as float32 GEMMs on each int8 weight's kept float32 copies, exact, so the plain
+    model's outputs (torch._int_mm's where the CPU has them); a write to the float weights
+    quantises and copies again."""
+    hf, plain, packed = _models(seed=8, quantize="int8")
+    ids, mask, types = padded_batch([30, 12, 5], seed=8)
+    with torch.no_grad():
+        want = plain(ids, mask, types)[0]
+        monkeypatch.setattr(cpu_engine_int8, "has_int8_dot_products", lambda: False)
+        monkeypatch.setattr(torch_ops, "has_int8_dot_products", lambda: False)
+        assert torch.equal(packed(ids, mask, types)[0], want)
+        int8 = [w for w in packed.runner._packs._copies.keys() if w.dtype == torch.int8]
+        assert len(int8) == 4 * len(packed.layers)
+        for model in (plain, packed):
+            model.layers[0].ffn_in_weight.mul_(1.5)
+        assert torch.equal(packed(ids, mask, types)[0], plain(ids, mask, types)[0])
 
 
 @pytest.mark.skipif(

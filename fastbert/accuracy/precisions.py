@@ -50,8 +50,9 @@ def _runs_bf16(device: torch.device, backend: str) -> bool:
 
 
 def _runs_int8(device: torch.device, backend: str) -> bool:
-    """CUDA: the integer tensor cores of sm_80 or newer; a CPU: torch._int_mm (the torch
-    backend; the interpreter runs it too, slowly)."""
+    """CUDA: the integer tensor cores of sm_80 or newer; a CPU: torch._int_mm, or exact
+    float32 GEMMs without int8 dot products (the torch backend; the interpreter runs it too,
+    slowly)."""
     if device.type == "cuda":
         return _cuda_capability_at_least(device, validation.MIN_CAPABILITY["int8"])
     return True

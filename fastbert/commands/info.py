@@ -74,9 +74,18 @@ def report() -> list[tuple[str, str]]:
 
 def cpu_bf16_advice() -> str:
     """Whether bfloat16 is native on this CPU, and what to run."""
+    import torch
+
     from fastbert.execution import cpu
+    from fastbert.kernels import packed_weights
 
     flag = cpu.native_bf16()
+    if flag is None and not packed_weights.onednn_serves(torch.bfloat16):
+        return (
+            "not native here (no avx512_bf16 / amx_bf16, nor the AVX-512 oneDNN's bfloat16 "
+            "needs): keep float32, the default (bfloat16's linears run as float32 products "
+            "rounded to bfloat16: no faster than float32, with bfloat16's error; docs/cpu.md)"
+        )
     if flag is None:
         return (
             "not native here (no avx512_bf16 / amx_bf16): keep float32, the default "
@@ -92,13 +101,20 @@ def cpu_int8_advice() -> str:
     """What quantize="int8" runs on here, and how it compares with bfloat16 where that is
     native: bfloat16 is the more accurate (docs/precisions.md); with AMX it also ran as fast
     as int8 or faster, without AMX int8 with its quantisation and epilogue compiled ran
-    faster, and without those passes no faster (docs/results.md)."""
+    faster, and without those passes no faster; without int8 dot products int8 is no faster
+    than float32 (docs/results.md)."""
     from fastbert.execution import cpu
     from fastbert.kernels import cpu_int8
 
     flags = cpu.cpu_flags()
     units = [f for f in ("amx_int8", "avx512_vnni", "avx_vnni") if f in flags]
-    where = f"int8 dot products on {units[0]}" if units else "no int8 dot-product instructions"
+    if not units:
+        return (
+            "quantize int8: no int8 dot-product instructions here: its integer products run "
+            "as exact float32 GEMMs, no faster than float32, and lossy; keep float32 "
+            "(docs/cpu.md)"
+        )
+    where = f"int8 dot products on {units[0]}"
     compiled = cpu_int8.available()
     where += ", quantisation and epilogue compiled" if compiled else ", PyTorch's passes"
     bf16 = cpu.native_bf16()

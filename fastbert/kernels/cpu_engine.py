@@ -12,13 +12,15 @@ results are those of the plain backend within its tolerance:
 - linear (fastbert.kernels.cpu_engine_linear): one oneDNN call with GELU or the residual add
   as its post-op, reading the weights' packed copies (fastbert.kernels.packed_weights) when
   the caller passes ``packs``; in bfloat16, GELU by table on the rounded product
-  (fastbert.kernels.cpu_gelu) where the CPU has AVX512BW.
+  (fastbert.kernels.cpu_gelu) where the CPU has AVX512BW; on a CPU without what oneDNN's
+  bfloat16 needs, the product of the bfloat16 values in float32, rounded once to bfloat16.
 
 - linear_int8 (fastbert.kernels.cpu_engine_int8): the plain op with the rows' quantisation and
   the dequantising epilogue compiled for this CPU (fastbert.kernels.cpu_int8), the same bits as
   its PyTorch passes; the integer product on oneDNN's quantised linear reading the weights'
-  packed copies where the caller passes ``packs`` and the CPU has AMX-INT8, else on
-  ``torch._int_mm`` (docs/cpu.md, "int8").
+  packed copies where the caller passes ``packs`` and the CPU has AMX-INT8, on
+  ``torch._int_mm`` where it has VNNI, and without int8 dot products as exact float32 GEMMs
+  on the weights' kept float32 copies (docs/cpu.md, "int8").
 - layer_norm (fastbert.kernels.cpu_layer_norm): the residual add and the LayerNorm in one
   compiled pass over each row (float32 and bfloat16, no dropout);
 - embeddings_layer_norm (the same module): the three table lookups, their float32 sum and the
@@ -45,6 +47,7 @@ from . import (
     packed_weights,
 )
 from .cpu_engine_attention import attention
+from .cpu_library import has_int8_dot_products
 
 # The engine's op for each op name of fastbert.kernels.OPS it replaces, with the signature of
 # that op's plain torch implementation (``Op.torch``: unchecked).
@@ -86,6 +89,8 @@ def linear_status(onednn: bool) -> str:
         return "F.linear (no oneDNN in this torch)"
     if cpu_gelu.available():
         return "oneDNN with post-ops; bfloat16 GELU by table on the rounded product"
+    if not packed_weights.onednn_serves(torch.bfloat16):
+        return "oneDNN with post-ops; bfloat16 as float32 products rounded to bfloat16"
     return "oneDNN with post-ops"
 
 
@@ -96,8 +101,10 @@ def int8_status() -> str:
             "oneDNN's quantised linear on packed weights (AMX-INT8) from "
             f"{cpu_engine_int8.ONEDNN_MIN_ROWS} tokens, torch._int_mm below"
         )
-    else:
+    elif has_int8_dot_products():
         product = "torch._int_mm"
+    else:
+        product = "exact float32 GEMMs on the weights' float32 copies (no int8 dot products)"
     if cpu_int8.available():
         return f"{product}, its quantisation and epilogue compiled"
     return f"{product} and PyTorch's ops (compiled passes {cpu_int8.status()})"

@@ -1,5 +1,8 @@
 """The CPU engine's int8 linear: the compiled passes around the integer product, which runs on
-oneDNN's quantised linear where the weights are packed for it, else on ``torch._int_mm``.
+oneDNN's quantised linear where the weights are packed for it (AMX-INT8), on ``torch._int_mm``
+where the CPU has VNNI, and on a CPU without int8 dot products as float32 GEMMs on the weights'
+kept float32 copies (:class:`WidenedProduct`: exact, as fast as float32; there
+``torch._int_mm`` is oneDNN's reference loop, about 50x slower).
 
 oneDNN's ``qlinear_pointwise`` on a weight packed once (fastbert.kernels.packed_weights, on a
 CPU with AMX-INT8) ran the products level with ``torch._int_mm`` (which reorders the weight
@@ -23,7 +26,8 @@ from collections.abc import Iterator
 
 import torch
 
-from . import cpu_int8, reference, torch_ops
+from . import cpu_engine_linear, cpu_int8, reference, torch_ops
+from .cpu_library import has_int8_dot_products
 from .op import implements
 from .packed_weights import PackedWeights
 
@@ -72,6 +76,48 @@ class OneDNNProduct:
         return acc, scale
 
 
+class WidenedProduct:
+    """The compiled passes (fastbert.kernels.cpu_int8), with the integer product as float32
+    GEMMs on oneDNN reading ``copies``, the weight's float32 copies of at most
+    :data:`~fastbert.kernels.torch_ops.FLOAT32_EXACT_TERMS` columns each (packed): exact, for
+    a CPU without int8 dot products (fastbert.kernels.torch_ops.int_product_in_float32)."""
+
+    takes = staticmethod(cpu_int8.takes)
+    dequantize = staticmethod(cpu_int8.dequantize)
+
+    def __init__(self, copies: tuple[torch.Tensor, ...]):
+        self.copies = copies
+
+    def product(
+        self, x: torch.Tensor, weight: torch.Tensor, input_scale: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`fastbert.kernels.cpu_int8.product`, the integers in float32 or int32 [M, N]."""
+        q, scale = cpu_int8.quantize_rows(x, input_scale)
+        pointwise = torch.ops.mkldnn._linear_pointwise
+
+        def product(part: torch.Tensor, start: int) -> torch.Tensor:
+            copy = self.copies[start // torch_ops.FLOAT32_EXACT_TERMS]
+            return pointwise(part.contiguous(), copy, None, "none", [], "")
+
+        return torch_ops.int_product_in_float32(q, weight, product), scale
+
+
+def _product_passes(x: torch.Tensor, weight: torch.Tensor, packs: PackedWeights | None) -> object:
+    """Where the int8 linear's passes and product run (see :func:`linear_int8_unchecked`)."""
+    k = weight.shape[1]
+    if packs is None or _paused or not k:
+        return cpu_int8
+    if not has_int8_dot_products():
+        if not cpu_engine_linear.has_onednn_linear():
+            return cpu_int8
+        copies = packs.widened_for(weight, torch_ops.FLOAT32_EXACT_TERMS)
+        return cpu_int8 if copies is None else WidenedProduct(copies)
+    if x.numel() // k < ONEDNN_MIN_ROWS:
+        return cpu_int8
+    packed = packs.int8_weight_for(weight)
+    return cpu_int8 if packed is None else OneDNNProduct(packed, weight.shape[0])
+
+
 @implements(reference.linear_int8)
 def linear_int8_unchecked(
     x,
@@ -88,11 +134,7 @@ def linear_int8_unchecked(
     (fastbert.kernels.cpu_int8) where they take the call; the integer product on oneDNN's
     quantised linear where ``packs`` (fastbert.kernels.packed_weights.PackedWeights) holds a
     packed copy of ``weight`` and the call has at least :data:`ONEDNN_MIN_ROWS` rows."""
-    passes = cpu_int8
-    k = weight.shape[1]
-    if packs is not None and not _paused and k and x.numel() // k >= ONEDNN_MIN_ROWS:
-        packed = packs.int8_weight_for(weight)
-        passes = passes if packed is None else OneDNNProduct(packed, weight.shape[0])
+    passes = _product_passes(x, weight, packs)
     return torch_ops.linear_quantized_unchecked(
         "int8", x, weight, weight_scale, bias, activation, residual, input_scale, passes=passes
     )

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from . import torch_ops
 from .cpu_library import Library
 
 SOURCE = Path(__file__).with_name("cpu_int8.cpp")
@@ -109,10 +110,11 @@ def product(
     x: torch.Tensor, weight: torch.Tensor, input_scale: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 x [M, K] (see :func:`quantize_rows`), int8 weight [N, K] -> (x's int8 rows times
-    the weight, exact int32 [M, N]; x's row scales, float32 [M]): the rows quantised here, the
-    product on ``torch._int_mm``."""
+    the weight, exact int32 [M, N] or its float32 conversion; x's row scales, float32 [M]): the
+    rows quantised here, the product the torch backend's (``torch._int_mm``, or float32 GEMMs
+    on a CPU without int8 dot products: fastbert.kernels.torch_ops.int_product_in_float32)."""
     q, scale = quantize_rows(x, input_scale)
-    return torch._int_mm(q, weight.t()), scale
+    return torch_ops.int_product(q, weight), scale
 
 
 def dequantize(

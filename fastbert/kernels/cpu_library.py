@@ -59,6 +59,19 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(flags.partition(":")[2].split())
 
 
+# The flags of an int8 dot product that sums into 32 bits (VNNI's vpdpbusd, AMX's tiles).
+# Without them oneDNN's int8 GEMMs either pair the products in 16 bits, saturating on
+# full-range operands (its quantised linear), or fall to its reference kernel (its s8 x s8
+# matmul, torch._int_mm: about 2 GFLOP/s on an AVX2-only CPU, where float32 ran at 100).
+INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+@functools.cache
+def has_int8_dot_products() -> bool:
+    """Whether this CPU has one of :data:`INT8_DOT_FLAGS`."""
+    return bool(INT8_DOT_FLAGS & cpu_flags())
+
+
 def compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
 

@@ -22,13 +22,17 @@ in memory.
 
 On a CPU with AMX-INT8, :meth:`PackedWeights.int8_weight_for` keeps, the same way, the copies
 of int8 weights (a quantised model's, which are not parameters) that oneDNN's quantised linear
-reads (``torch.ops.onednn.qlinear_prepack``; fastbert.kernels.cpu_engine_int8).
+reads (``torch.ops.onednn.qlinear_prepack``; fastbert.kernels.cpu_engine_int8). On a CPU
+without bfloat16 or int8 instructions for oneDNN, :meth:`PackedWeights.widened_for` keeps
+float32 copies of bfloat16 and int8 weights instead, for the float32 products that stand in
+for theirs (each a second copy, the size of a float32 model's weights).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -39,6 +43,8 @@ from .cpu_library import cpu_flags
 # at every row count the tests try: with torch 2.11's oneDNN, three rows of float32 took
 # another kernel packed than plain (a last-bit difference), so packing is off before this.
 SAME_BITS_FROM = "2.13"
+
+Copy = TypeVar("Copy")
 
 
 @functools.cache
@@ -135,9 +141,33 @@ class PackedWeights:
             return None
         return self._copy(weight, lambda w: torch.ops.onednn.qlinear_prepack(w, None))
 
-    def _copy(
-        self, weight: torch.Tensor, pack: Callable[[torch.Tensor], torch.Tensor]
-    ) -> torch.Tensor:
+    def widened_for(self, weight: torch.Tensor, columns: int) -> tuple[torch.Tensor, ...] | None:
+        """float32 copies of a bfloat16 (``nn.Parameter``) or int8 [N, K] weight on a CPU,
+        ``columns`` of its columns each, in oneDNN's blocked layout where :func:`available`:
+        what the float32 GEMMs read that stand in for bfloat16's and int8's products on a CPU
+        without their instructions (fastbert.kernels.cpu_engine_linear, cpu_engine_int8).
+        Kept and made again as the packed copies are; None for a weight that is not kept
+        (another dtype or device, a bfloat16 tensor that is not a parameter, an inference
+        tensor)."""
+        if (
+            weight.dtype not in (torch.bfloat16, torch.int8)
+            or (weight.dtype == torch.bfloat16 and not isinstance(weight, torch.nn.Parameter))
+            or weight.device.type != "cpu"
+            or weight.is_inference()
+            or weight.dim() != 2
+        ):
+            return None
+        reorder = torch.ops.mkldnn._reorder_linear_weight if available() else None
+
+        def widen(w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            parts = (
+                w[:, s : s + columns].float().contiguous() for s in range(0, w.shape[1], columns)
+            )
+            return tuple(part if reorder is None else reorder(part) for part in parts)
+
+        return self._copy(weight, widen)
+
+    def _copy(self, weight: torch.Tensor, pack: Callable[[torch.Tensor], Copy]) -> Copy:
         """``pack(weight)``, made again when the weight's identity changed since it was made."""
         identity = _identity(weight)
         entry = self._copies.get(weight)

@@ -40,12 +40,14 @@ host read and the ops trace under ``torch.compile`` and capture into CUDA graphs
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from . import checks, reference
 from .checks import as_index
+from .cpu_library import has_int8_dot_products
 from .dropout import check_dropout_p
 from .op import checked, implements
 
@@ -279,15 +281,56 @@ linear = checked(linear_unchecked, checks.check_linear)
 """:func:`linear_unchecked`, inputs checked."""
 
 
-def _int_product(q: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """int8 [M, K] @ int8 [N, K]^T -> exact int32 [M, N]: ``torch._int_mm`` (oneDNN's VNNI
-    kernels on a CPU, cuBLASLt on CUDA); where cuBLASLt does not take the shape (M <= 16, K or
-    N not a multiple of 8), the same integers from a float64 product, exact below 2**53."""
+def int_product(q: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """int8 [M, K] @ int8 [N, K]^T -> the exact int32 [M, N], or on a CPU without int8 dot
+    products its float32 conversion (what ``acc.float()`` makes of it, as the callers do):
+    ``torch._int_mm`` (oneDNN's VNNI or AMX kernels on a CPU, cuBLASLt on CUDA), on a CPU
+    without them :func:`int_product_in_float32`; where cuBLASLt does not take the shape
+    (M <= 16, K or N not a multiple of 8), the same integers from a float64 product, exact
+    below 2**53."""
     m, k = q.shape
     n = weight.shape[0]
-    if q.device.type == "cpu" or (m > 16 and k % 8 == 0 and n % 8 == 0):
+    if q.device.type == "cpu":
+        if has_int8_dot_products():
+            return torch._int_mm(q, weight.t())
+        return int_product_in_float32(q, weight)
+    if m > 16 and k % 8 == 0 and n % 8 == 0:
         return torch._int_mm(q, weight.t())
     return torch.matmul(q.double(), weight.double().t()).to(torch.int32)
+
+
+# |q|, |w| <= 127: a sum of at most this many products stays below 2**24 in magnitude
+# (127**2 * 1024 < 2**24), so float32 holds every partial sum exactly, in any order.
+FLOAT32_EXACT_TERMS = 1024
+
+
+def int_product_in_float32(
+    q: torch.Tensor,
+    weight: torch.Tensor,
+    product: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """The int8 product ``q`` [M, K] @ ``weight`` [N, K]^T by float32 GEMMs: exact, as fast as
+    float32 (an int8 GEMM without int8 dot products is not faster). Each GEMM sums at most
+    :data:`FLOAT32_EXACT_TERMS` products, so it is exact; one GEMM's float32 result holds the
+    exact integers, several are added in int32. Returns float32 (one GEMM) or int32 [M, N].
+    ``product(q_slice, start)``: the float32 product of ``q``'s columns from ``start`` (a
+    float32 [M, <= FLOAT32_EXACT_TERMS] slice) with the same columns of the weight (the CPU
+    engine's reads a packed copy); by default ``F.linear`` on the weight converted here."""
+    if product is None:
+
+        def product(part: torch.Tensor, start: int) -> torch.Tensor:
+            columns = weight[:, start : start + part.shape[1]]
+            return F.linear(part, columns.float())
+
+    x = q.float()
+    k = x.shape[1]
+    if k <= FLOAT32_EXACT_TERMS:
+        return product(x, 0)
+    acc = None
+    for start in range(0, k, FLOAT32_EXACT_TERMS):
+        part = product(x[:, start : start + FLOAT32_EXACT_TERMS], start).to(torch.int32)
+        acc = part if acc is None else acc.add_(part)
+    return acc
 
 
 def _fp8_product(q: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -340,7 +383,7 @@ def linear_quantized_unchecked(
         acc, scale = passes.product(x.reshape(m, k), weight, input_scale)
     else:
         q, scale = quantize_rows(x.reshape(m, k), input_scale, quantize)
-        acc = _int_product(q, weight) if quantize == "int8" else _fp8_product(q, weight)
+        acc = int_product(q, weight) if quantize == "int8" else _fp8_product(q, weight)
     if compiled:
         # The compiled epilogue adds the residual too when no activation comes between.
         fused = None if residual is None or activation is not None else residual.reshape(m, n)
