@@ -53,34 +53,37 @@ def test_packed_linear_matches_the_plain_one_and_the_reference(dtype, rows, epil
         assert torch.equal(packed, plain)
 
 
-@pytest.mark.parametrize("epilogue", [(None, False), ("gelu", False), (None, True)])
+@pytest.mark.parametrize(
+    "activation, with_residual, gated",
+    [(None, False, False), ("gelu", False, False), (None, True, False), ("gelu", True, True)],
+)
 def test_bfloat16_without_onednns_instructions_runs_a_float32_product(
-    monkeypatch, epilogue
+    monkeypatch, activation, with_residual, gated
 ) -> None:
     """On a CPU without what oneDNN's bfloat16 linear needs (AVX2 only), packing in bfloat16
     and the bfloat16 oneDNN call would raise, and PyTorch's bfloat16 GEMM is a slow loop: the
     product runs in float32 on the weight's kept float32 copy, rounded once to bfloat16, then
-    the plain epilogue; within bfloat16's rounding of the reference."""
-    activation, with_residual = epilogue
+    the plain epilogue (a gated one too); within bfloat16's rounding of the reference."""
     monkeypatch.setattr(packed_weights, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
     packed_weights.onednn_serves.cache_clear()
     try:
         x, weight, bias, residual = _linear_case(torch.bfloat16, 16)
-        residual = residual if with_residual else None
+        residual = residual[:, : 48 if gated else 96] if with_residual else None
         packs = PackedWeights()
+        args = (x, weight, bias, activation, residual, gated)
         with torch.no_grad():
-            out = linear_unchecked(x, weight, bias, activation, residual, packs=packs)
-            unpacked = linear_unchecked(x, weight, bias, activation, residual)
+            out = linear_unchecked(*args, packs=packs)
+            unpacked = linear_unchecked(*args)
         (copy,) = packs.widened_for(weight, weight.shape[1])
         assert len(packs) == 1 and copy.dtype == torch.float32
         assert torch.equal(out, unpacked)  # one oneDNN float32 kernel either way
         product = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
-        expected = torch_ops.finish_linear(product.to(x.dtype), activation, residual, False)
+        expected = torch_ops.finish_linear(product.to(x.dtype), activation, residual, gated)
         # float32 sums in another order may round to the neighbouring bfloat16: one unit
         assert (out.float() - expected.float()).abs().max() <= 2**-7 * (
             1 + expected.float().abs().max()
         )
-        reference_out = reference.linear(x, weight, bias, activation, residual).double()
+        reference_out = reference.linear(*args[:5], gated=gated).double()
         assert (out.double() - reference_out).abs().max() <= 2e-2 * (1 + reference_out.abs().max())
     finally:
         packed_weights.onednn_serves.cache_clear()
@@ -245,37 +248,36 @@ def test_optimized_model_sees_writes_through_its_query_key_value_parameters() ->
     assert diff.abs().max() <= 1e-4
 
 
-def test_int8_model_without_int8_dot_products_reads_float32_copies(monkeypatch) -> None:
-    """quantize="int8" on a CPU without int8 dot products (AVX2 only): the integer products
-    run as float32 GEMMs on each int8 weight's kept float32 copies, exact, so the plain
-    model's outputs (torch._int_mm's where the CPU has them); a write to the float weights
-    quantises and copies again."""
-    hf, plain, packed = _models(seed=8, quantize="int8")
-    ids, mask, types = padded_batch([30, 12, 5], seed=8)
-    with torch.no_grad():
-        want = plain(ids, mask, types)[0]
-        monkeypatch.setattr(cpu_engine_int8, "has_int8_dot_products", lambda: False)
-        monkeypatch.setattr(torch_ops, "has_int8_dot_products", lambda: False)
-        assert torch.equal(packed(ids, mask, types)[0], want)
-        int8 = [w for w in packed.runner._packs._copies.keys() if w.dtype == torch.int8]
-        assert len(int8) == 4 * len(packed.layers)
-        for model in (plain, packed):
-            model.layers[0].ffn_in_weight.mul_(1.5)
-        assert torch.equal(packed(ids, mask, types)[0], plain(ids, mask, types)[0])
-
-
-@pytest.mark.skipif(
-    not packed_weights.int8_available(), reason="int8 weights are packed only on AMX-INT8"
+@pytest.mark.parametrize(
+    "product",
+    [
+        "float32 GEMMs",
+        pytest.param(
+            "oneDNN's quantised linear",
+            marks=pytest.mark.skipif(
+                not packed_weights.int8_available(),
+                reason="int8 weights are packed only on AMX-INT8",
+            ),
+        ),
+    ],
 )
-def test_packed_int8_model_gives_the_plain_models_outputs_and_follows_writes() -> None:
-    """quantize="int8": the linears of a batch of at least ONEDNN_MIN_ROWS tokens run on
-    oneDNN's quantised linear over packed int8 weights, with the plain model's bits; a write
-    to the float weights quantises and packs again."""
+def test_packed_int8_model_gives_the_plain_models_outputs_and_follows_writes(
+    monkeypatch, product
+) -> None:
+    """quantize="int8" with packed weights: on AMX-INT8 the linears of a batch of at least
+    ONEDNN_MIN_ROWS tokens run on oneDNN's quantised linear over packed int8 weights; on a CPU
+    without int8 dot products (AVX2 only) the integer products run as float32 GEMMs on each
+    weight's kept float32 copies. Either way exact: the plain model's bits; a write to the
+    float weights quantises and packs again."""
     hf, plain, packed = _models(seed=6, quantize="int8")
     ids, mask, types = padded_batch([90, 70, 40], seed=6)
     assert mask.sum() >= cpu_engine_int8.ONEDNN_MIN_ROWS
     with torch.no_grad():
-        assert torch.equal(packed(ids, mask, types)[0], plain(ids, mask, types)[0])
+        want = plain(ids, mask, types)[0]
+        if product == "float32 GEMMs":
+            monkeypatch.setattr(cpu_engine_int8, "has_int8_dot_products", lambda: False)
+            monkeypatch.setattr(torch_ops, "has_int8_dot_products", lambda: False)
+        assert torch.equal(packed(ids, mask, types)[0], want)
         int8 = [w for w in packed.runner._packs._copies.keys() if w.dtype == torch.int8]
         assert len(int8) == 4 * len(packed.layers)
         for model in (plain, packed):
