@@ -299,8 +299,9 @@ def int_product(q: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.matmul(q.double(), weight.double().t()).to(torch.int32)
 
 
-# |q|, |w| <= 127: a sum of at most this many products stays below 2**24 in magnitude
-# (127**2 * 1024 < 2**24), so float32 holds every partial sum exactly, in any order.
+# |q| <= 127 (the rows' quantisation) and |w| <= 128: a sum of at most this many products
+# stays within 2**24 in magnitude (127 * 128 * 1024 < 2**24), so float32 holds every partial
+# sum exactly, in any order.
 FLOAT32_EXACT_TERMS = 1024
 
 
