@@ -48,14 +48,18 @@ def products(
         a = torch.randint(-127, 128, (tokens, hidden), dtype=torch.int8, generator=generator)
         b = torch.randint(-127, 128, (hidden, intermediate), dtype=torch.int8, generator=generator)
         if not has_int8_dot_products():
-            return _without_int8_dot_products(a, b)
+            # torch._int_mm is oneDNN's reference loop here (~2 GFLOP/s on an AVX2-only CPU):
+            # the exact float32 GEMM of the int8 values that fastbert runs, and oneDNN's
+            # quantised linear on uint8 rows, which adds the products in 16-bit pairs (the
+            # CPU's int8 rate; exact only when one operand has 7 bits).
+            uint8_rows = a.to(torch.int16).add_(128).to(torch.uint8)
+            return {
+                "float32 GEMM of the int8 values (exact)": _widened_mm(a, b),
+                "onednn qlinear, uint8 (16-bit pairs)": _qlinear(uint8_rows, 128, b),
+            }
         ways = {"torch._int_mm": lambda: torch._int_mm(a, b)}
         if packed_weights.int8_available():
-            packed = torch.ops.onednn.qlinear_prepack(b.t().contiguous(), None)
-            unit, zeros = torch.ones(intermediate), torch.zeros(intermediate, dtype=torch.int32)
-            ways["onednn qlinear (packed)"] = lambda: torch.ops.onednn.qlinear_pointwise(
-                a, 1.0, 0, packed, unit, zeros, None, 1.0, 0, torch.float32, "none", [], ""
-            )
+            ways["onednn qlinear (packed)"] = _qlinear(a, 0, b)
         return ways
     dtype = getattr(torch, precision)
     a = torch.randn(tokens, hidden, generator=generator).to(dtype)
@@ -63,8 +67,7 @@ def products(
     if dtype == torch.bfloat16 and not packed_weights.onednn_serves(dtype):
         # No bfloat16 instructions: PyTorch's bfloat16 GEMM is a loop (~1 GFLOP/s on an
         # AVX2-only CPU); the fastest bfloat16 product is float32's on widened operands.
-        wide = b.float()
-        return {"torch.mm in float32 (operands widened)": lambda: torch.mm(a.float(), wide)}
+        return {"torch.mm in float32 (operands widened)": _widened_mm(a, b)}
     ways = {"torch.mm": lambda: torch.mm(a, b)}
     onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     if onednn and packed_weights.onednn_serves(dtype):  # bfloat16 needs AVX-512 or AVX-NE-CONVERT
@@ -75,25 +78,21 @@ def products(
     return ways
 
 
-def _without_int8_dot_products(
-    a: torch.Tensor, b: torch.Tensor
-) -> dict[str, Callable[[], torch.Tensor]]:
-    """int8 products on a CPU without int8 dot products, where torch._int_mm is oneDNN's
-    reference loop (~2 GFLOP/s on an AVX2-only CPU): the exact float32 GEMM of the int8
-    values fastbert runs there, and oneDNN's quantised linear on uint8 rows, which pairs the
-    products in 16 bits (exact only when one operand has 7 bits: the CPU's int8 rate, not an
-    exact full-range product)."""
+def _widened_mm(a: torch.Tensor, b: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """``a @ b`` in float32, ``a`` widened on each call, ``b`` once (a kept weight copy)."""
     wide = b.float()
+    return lambda: torch.mm(a.float(), wide)
+
+
+def _qlinear(rows: torch.Tensor, zero_point: int, b: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """oneDNN's quantised linear of int8 or uint8 ``rows`` (``zero_point``) by the int8 ``b``
+    [K, N] packed once, unit scales, into float32."""
     packed = torch.ops.onednn.qlinear_prepack(b.t().contiguous(), None)
     n = b.shape[1]
     unit, zeros = torch.ones(n), torch.zeros(n, dtype=torch.int32)
-    rows = a.to(torch.int16).add_(128).to(torch.uint8)
-    return {
-        "float32 GEMM of the int8 values (exact)": lambda: torch.mm(a.float(), wide),
-        "onednn qlinear, uint8 (16-bit pairs)": lambda: torch.ops.onednn.qlinear_pointwise(
-            rows, 1.0, 128, packed, unit, zeros, None, 1.0, 0, torch.float32, "none", [], ""
-        ),
-    }
+    return lambda: torch.ops.onednn.qlinear_pointwise(
+        rows, 1.0, zero_point, packed, unit, zeros, None, 1.0, 0, torch.float32, "none", [], ""
+    )
 
 
 def flops_per_s(product: Callable[[], torch.Tensor], flops: int, seconds: float) -> float:

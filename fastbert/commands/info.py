@@ -105,9 +105,10 @@ def cpu_int8_advice() -> str:
     than float32 (docs/results.md)."""
     from fastbert.execution import cpu
     from fastbert.kernels import cpu_int8
+    from fastbert.kernels.cpu_library import INT8_DOT_FLAGS
 
     flags = cpu.cpu_flags()
-    units = [f for f in ("amx_int8", "avx512_vnni", "avx_vnni") if f in flags]
+    units = [f for f in INT8_DOT_FLAGS if f in flags]
     if not units:
         return (
             "quantize int8: no int8 dot-product instructions here: its integer products run "

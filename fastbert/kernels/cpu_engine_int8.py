@@ -95,9 +95,9 @@ class WidenedProduct:
         q, scale = cpu_int8.quantize_rows(x, input_scale)
         pointwise = torch.ops.mkldnn._linear_pointwise
 
-        def product(part: torch.Tensor, start: int) -> torch.Tensor:
+        def product(block: torch.Tensor, start: int) -> torch.Tensor:
             copy = self.copies[start // torch_ops.FLOAT32_EXACT_TERMS]
-            return pointwise(part.contiguous(), copy, None, "none", [], "")
+            return pointwise(block, copy, None, "none", [], "")
 
         return torch_ops.int_product_in_float32(q, weight, product), scale
 

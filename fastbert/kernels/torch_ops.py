@@ -314,22 +314,24 @@ def int_product_in_float32(
     float32 (an int8 GEMM without int8 dot products is not faster). Each GEMM sums at most
     :data:`FLOAT32_EXACT_TERMS` products, so it is exact; one GEMM's float32 result holds the
     exact integers, several are added in int32. Returns float32 (one GEMM) or int32 [M, N].
-    ``product(q_slice, start)``: the float32 product of ``q``'s columns from ``start`` (a
-    float32 [M, <= FLOAT32_EXACT_TERMS] slice) with the same columns of the weight (the CPU
-    engine's reads a packed copy); by default ``F.linear`` on the weight converted here."""
+    ``product(q_block, start)``: the float32 product of ``q``'s columns from ``start`` (a
+    contiguous float32 [M, <= FLOAT32_EXACT_TERMS] block) with the same columns of the weight
+    (the CPU engine's reads a packed copy); by default ``F.linear`` on the weight converted
+    here."""
     if product is None:
 
-        def product(part: torch.Tensor, start: int) -> torch.Tensor:
-            columns = weight[:, start : start + part.shape[1]]
-            return F.linear(part, columns.float())
+        def product(block: torch.Tensor, start: int) -> torch.Tensor:
+            columns = weight[:, start : start + block.shape[1]]
+            return F.linear(block, columns.float())
 
-    x = q.float()
-    k = x.shape[1]
+    k = q.shape[1]
     if k <= FLOAT32_EXACT_TERMS:
-        return product(x, 0)
+        return product(q.float(), 0)
     acc = None
     for start in range(0, k, FLOAT32_EXACT_TERMS):
-        part = product(x[:, start : start + FLOAT32_EXACT_TERMS], start).to(torch.int32)
+        # A column block widened in one pass: float() of a strided slice is contiguous.
+        block = q[:, start : start + FLOAT32_EXACT_TERMS].float()
+        part = product(block, start).to(torch.int32)
         acc = part if acc is None else acc.add_(part)
     return acc
 
