@@ -4,10 +4,20 @@ backend's results (which tests/test_linear_quantized.py holds to the float64 ref
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
-from fastbert.kernels import cpu_engine, cpu_engine_int8, cpu_int8, packed_weights, torch_ops
+from fastbert.kernels import (
+    cpu_engine,
+    cpu_engine_int8,
+    cpu_int8,
+    cpu_int8_product,
+    packed_weights,
+    torch_ops,
+)
+from fastbert.kernels.cpu_library import int8_dot_products_ignored
 from fastbert.kernels.packed_weights import PackedWeights
 
 pytestmark = pytest.mark.skipif(
@@ -154,22 +164,45 @@ def test_onednn_product_follows_writes_to_the_weight_and_skips_few_rows():
 @pytest.mark.parametrize("rows", [2, 16, 300])
 @pytest.mark.parametrize("activation, residual", [(None, False), ("gelu", False), (None, True)])
 @pytest.mark.parametrize("saturated", [False, True])
-def test_widened_product_gives_the_plain_int8_linears_bits(
-    monkeypatch, rows, activation, residual, saturated
+@pytest.mark.parametrize("product", ["bytes", "float32"])
+def test_products_without_int8_dot_products_give_the_plain_int8_linears_bits(
+    rows, activation, residual, saturated, product
 ):
-    """On a CPU without int8 dot products the engine's integer product is float32 GEMMs on
-    the weight's kept float32 copies, in blocks of at most FLOAT32_EXACT_TERMS columns: exact,
-    so the plain int8 linear's bits (torch._int_mm's where the CPU has them), the saturated
-    case's sums past 2**24 included."""
+    """On a CPU without int8 dot products the engine's integer product runs on AVX2's byte
+    multiply-adds over the weight's kept panels (``bytes``, fastbert.kernels.cpu_int8_product),
+    or, where those are not built, as float32 GEMMs on the weight's kept float32 copies in
+    blocks of at most FLOAT32_EXACT_TERMS columns (``float32``): both exact, so the plain int8
+    linear's bits (torch._int_mm's where the CPU has them), the saturated case's sums past
+    2**24 and its pairs of 127 x 127 products included."""
+    if product == "bytes" and not cpu_int8_product.available():
+        pytest.skip(f"the byte product: {cpu_int8_product.status()}")
     args = _int8_linear_args(rows, rows, activation, residual, saturated)
     want = torch_ops.linear_int8_unchecked(*args)
-    monkeypatch.setattr(cpu_engine_int8, "has_int8_dot_products", lambda: False)
-    monkeypatch.setattr(torch_ops, "has_int8_dot_products", lambda: False)
     packs = PackedWeights()
-    got = cpu_engine.OPS["linear_int8"](*args, packs=packs)
-    assert len(packs) == 1 and len(packs.widened_for(args[1], 1024)) == 2
-    assert torch.equal(got, want)
-    assert torch.equal(cpu_engine.OPS["linear_int8"](*args), want)  # unpacked: converted
+    bytes_off = cpu_int8_product.turned_off() if product == "float32" else contextlib.nullcontext()
+    with int8_dot_products_ignored(), bytes_off:
+        got = cpu_engine.OPS["linear_int8"](*args, packs=packs)
+        if product == "bytes":
+            assert isinstance(packs.int8_panels_for(args[1]), cpu_int8_product.Panels)
+        else:
+            assert len(packs.widened_for(args[1], 1024)) == 2
+        assert len(packs) == 1 and torch.equal(got, want)
+        assert torch.equal(cpu_engine.OPS["linear_int8"](*args), want)  # unpacked: per call
+
+
+@pytest.mark.skipif(not cpu_int8_product.available(), reason=cpu_int8_product.status())
+def test_a_weight_holding_minus_128_takes_the_float32_product():
+    """The byte product cannot give -128 a positive sign: such a weight is not packed for it,
+    and its product runs as float32 GEMMs, still the plain linear's bits."""
+    args = list(_int8_linear_args(16, seed=4))
+    args[1][5, 7] = -128
+    want = torch_ops.linear_int8_unchecked(*args)
+    packs = PackedWeights()
+    with int8_dot_products_ignored():
+        assert torch.equal(cpu_engine.OPS["linear_int8"](*args, packs=packs), want)
+        assert packs.int8_panels_for(args[1]) is None
+        assert len(packs.widened_for(args[1], 1024)) == 2
+        assert torch.equal(cpu_engine.OPS["linear_int8"](*args), want)
 
 
 def test_int8_weights_are_packed_only_where_oneDNN_runs_them(monkeypatch):

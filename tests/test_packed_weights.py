@@ -3,13 +3,22 @@ results as the plain weights, and follow every write to the weights a model can 
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn as nn
 
 import fastbert
-from fastbert.kernels import cpu_engine_int8, packed_weights, reference, torch_ops
+from fastbert.kernels import (
+    cpu_engine_int8,
+    cpu_int8_product,
+    packed_weights,
+    reference,
+    torch_ops,
+)
 from fastbert.kernels.cpu_engine_linear import linear_unchecked
+from fastbert.kernels.cpu_library import int8_dot_products_ignored
 from fastbert.kernels.packed_weights import PackedWeights
 from tests.hf_models import hf_model, padded_batch
 
@@ -253,6 +262,12 @@ def test_optimized_model_sees_writes_through_its_query_key_value_parameters() ->
     [
         "float32 GEMMs",
         pytest.param(
+            "AVX2's byte product",
+            marks=pytest.mark.skipif(
+                not cpu_int8_product.available(), reason=cpu_int8_product.status()
+            ),
+        ),
+        pytest.param(
             "oneDNN's quantised linear",
             marks=pytest.mark.skipif(
                 not packed_weights.int8_available(),
@@ -261,28 +276,33 @@ def test_optimized_model_sees_writes_through_its_query_key_value_parameters() ->
         ),
     ],
 )
-def test_packed_int8_model_gives_the_plain_models_outputs_and_follows_writes(
-    monkeypatch, product
-) -> None:
+def test_packed_int8_model_gives_the_plain_models_outputs_and_follows_writes(product) -> None:
     """quantize="int8" with packed weights: on AMX-INT8 the linears of a batch of at least
     ONEDNN_MIN_ROWS tokens run on oneDNN's quantised linear over packed int8 weights; on a CPU
-    without int8 dot products (AVX2 only) the integer products run as float32 GEMMs on each
-    weight's kept float32 copies. Either way exact: the plain model's bits; a write to the
-    float weights quantises and packs again."""
+    without int8 dot products (AVX2 only) the integer products run on AVX2's byte
+    multiply-adds over each weight's kept panels, or, without those, as float32 GEMMs on its
+    kept float32 copies. Each is exact: the plain model's bits; a write to the float weights
+    quantises and packs again."""
     hf, plain, packed = _models(seed=6, quantize="int8")
     ids, mask, types = padded_batch([90, 70, 40], seed=6)
     assert mask.sum() >= cpu_engine_int8.ONEDNN_MIN_ROWS
     with torch.no_grad():
         want = plain(ids, mask, types)[0]
-        if product == "float32 GEMMs":
-            monkeypatch.setattr(cpu_engine_int8, "has_int8_dot_products", lambda: False)
-            monkeypatch.setattr(torch_ops, "has_int8_dot_products", lambda: False)
-        assert torch.equal(packed(ids, mask, types)[0], want)
-        int8 = [w for w in packed.runner._packs._copies.keys() if w.dtype == torch.int8]
-        assert len(int8) == 4 * len(packed.layers)
-        for model in (plain, packed):
-            model.layers[0].ffn_in_weight.mul_(1.5)
-        assert torch.equal(packed(ids, mask, types)[0], plain(ids, mask, types)[0])
+        onednn = product == "oneDNN's quantised linear"
+        bytes_off = product == "float32 GEMMs"
+        with (
+            contextlib.nullcontext() if onednn else int8_dot_products_ignored(),
+            cpu_int8_product.turned_off() if bytes_off else contextlib.nullcontext(),
+        ):
+            assert torch.equal(packed(ids, mask, types)[0], want)
+            copies = packed.runner._packs._copies
+            int8 = [w for w in copies.keys() if w.dtype == torch.int8]
+            assert len(int8) == 4 * len(packed.layers)
+            if product == "AVX2's byte product":
+                assert all(set(copies[w]) == {"panels"} for w in int8)
+            for model in (plain, packed):
+                model.layers[0].ffn_in_weight.mul_(1.5)
+            assert torch.equal(packed(ids, mask, types)[0], plain(ids, mask, types)[0])
 
 
 @pytest.mark.skipif(

@@ -43,6 +43,7 @@ from . import (
     cpu_engine_linear,
     cpu_gelu,
     cpu_int8,
+    cpu_int8_product,
     cpu_layer_norm,
     packed_weights,
 )
@@ -103,6 +104,8 @@ def int8_status() -> str:
         )
     elif has_int8_dot_products():
         product = "torch._int_mm"
+    elif cpu_int8_product.available():
+        product = "AVX2's byte multiply-adds on packed weights, exact (no int8 dot products)"
     else:
         product = "exact float32 GEMMs on the weights' float32 copies (no int8 dot products)"
     if cpu_int8.available():

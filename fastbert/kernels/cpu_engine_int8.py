@@ -1,8 +1,10 @@
 """The CPU engine's int8 linear: the compiled passes around the integer product, which runs on
 oneDNN's quantised linear where the weights are packed for it (AMX-INT8), on ``torch._int_mm``
-where the CPU has VNNI, and on a CPU without int8 dot products as float32 GEMMs on the weights'
-kept float32 copies (:class:`WidenedProduct`: exact, as fast as float32; there
-``torch._int_mm`` is oneDNN's reference loop, about 50x slower).
+where the CPU has VNNI, and on a CPU without int8 dot products on AVX2's byte multiply-adds
+(:class:`PanelProduct`, fastbert.kernels.cpu_int8_product: exact, about twice float32's GEMM
+rate), else as float32 GEMMs on the weights' kept float32 copies (:class:`WidenedProduct`:
+exact, as fast as float32; there ``torch._int_mm`` is oneDNN's reference loop, about 50x
+slower).
 
 oneDNN's ``qlinear_pointwise`` on a weight packed once (fastbert.kernels.packed_weights, on a
 CPU with AMX-INT8) ran the products level with ``torch._int_mm`` (which reorders the weight
@@ -26,7 +28,7 @@ from collections.abc import Iterator
 
 import torch
 
-from . import cpu_engine_linear, cpu_int8, reference, torch_ops
+from . import cpu_engine_linear, cpu_int8, cpu_int8_product, reference, torch_ops
 from .cpu_library import has_int8_dot_products
 from .op import implements
 from .packed_weights import PackedWeights
@@ -102,12 +104,34 @@ class WidenedProduct:
         return torch_ops.int_product_in_float32(q, weight, product), scale
 
 
+class PanelProduct:
+    """The compiled passes (fastbert.kernels.cpu_int8), with the integer product on AVX2's
+    byte multiply-adds reading ``panels``, the weight packed for them
+    (fastbert.kernels.cpu_int8_product): exact, for a CPU without int8 dot products."""
+
+    takes = staticmethod(cpu_int8.takes)
+    dequantize = staticmethod(cpu_int8.dequantize)
+
+    def __init__(self, panels: cpu_int8_product.Panels):
+        self.panels = panels
+
+    def product(
+        self, x: torch.Tensor, weight: torch.Tensor, input_scale: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`fastbert.kernels.cpu_int8.product`, the integers in an int32 [M, N]."""
+        q, scale = cpu_int8.quantize_rows(x, input_scale)
+        return cpu_int8_product.product(q, self.panels), scale
+
+
 def _product_passes(x: torch.Tensor, weight: torch.Tensor, packs: PackedWeights | None) -> object:
     """Where the int8 linear's passes and product run (see :func:`linear_int8_unchecked`)."""
     k = weight.shape[1]
     if packs is None or _paused or not k:
         return cpu_int8
     if not has_int8_dot_products():
+        panels = packs.int8_panels_for(weight)
+        if panels is not None:
+            return PanelProduct(panels)
         if not cpu_engine_linear.has_onednn_linear():
             return cpu_int8
         copies = packs.widened_for(weight, torch_ops.FLOAT32_EXACT_TERMS)

@@ -67,10 +67,26 @@ def cpu_flags() -> frozenset[str]:
 INT8_DOT_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")
 
 
-@functools.cache
+_int8_dot_products_ignored = False
+
+
 def has_int8_dot_products() -> bool:
-    """Whether this CPU has one of :data:`INT8_DOT_FLAGS`."""
-    return not cpu_flags().isdisjoint(INT8_DOT_FLAGS)
+    """Whether this CPU has one of :data:`INT8_DOT_FLAGS` (False inside
+    :func:`int8_dot_products_ignored`)."""
+    return not _int8_dot_products_ignored and not cpu_flags().isdisjoint(INT8_DOT_FLAGS)
+
+
+@contextlib.contextmanager
+def int8_dot_products_ignored() -> Iterator[None]:
+    """Inside the block the int8 linear takes the products of a CPU without int8 dot products
+    even where this one has them (to compare them on one machine, as the pass profile does);
+    not for use from several threads."""
+    global _int8_dot_products_ignored
+    before, _int8_dot_products_ignored = _int8_dot_products_ignored, True
+    try:
+        yield
+    finally:
+        _int8_dot_products_ignored = before
 
 
 def compiler() -> str | None:

@@ -25,7 +25,9 @@ of int8 weights (a quantised model's, which are not parameters) that oneDNN's qu
 reads (``torch.ops.onednn.qlinear_prepack``; fastbert.kernels.cpu_engine_int8). On a CPU
 without bfloat16 or int8 instructions for oneDNN, :meth:`PackedWeights.widened_for` keeps
 float32 copies of bfloat16 and int8 weights instead, for the float32 products that stand in
-for theirs (each a second copy, the size of a float32 model's weights).
+for theirs (each a second copy, the size of a float32 model's weights), and
+:meth:`PackedWeights.int8_panels_for` the int8 weights' panels for AVX2's byte product
+(fastbert.kernels.cpu_int8_product; a second copy the size of the int8 weight).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import TypeVar
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from . import cpu_int8_product
 from .cpu_library import cpu_flags
 
 # The first PyTorch release whose packed products were checked to be the plain linear's bits
@@ -124,7 +127,7 @@ class PackedWeights:
             or not available()
         ):
             return weight
-        return self._copy(weight, torch.ops.mkldnn._reorder_linear_weight)
+        return self._copy(weight, "onednn", torch.ops.mkldnn._reorder_linear_weight)
 
     def int8_weight_for(self, weight: torch.Tensor) -> torch.Tensor | None:
         """oneDNN's packed copy of an int8 [N, K] weight on a CPU (a quantised model's, held
@@ -139,7 +142,23 @@ class PackedWeights:
             or not int8_available()
         ):
             return None
-        return self._copy(weight, lambda w: torch.ops.onednn.qlinear_prepack(w, None))
+        return self._copy(
+            weight, "onednn int8", lambda w: torch.ops.onednn.qlinear_prepack(w, None)
+        )
+
+    def int8_panels_for(self, weight: torch.Tensor) -> cpu_int8_product.Panels | None:
+        """An int8 [N, K] weight on a CPU packed for the byte product of a CPU without int8
+        dot products (fastbert.kernels.cpu_int8_product), or None where it is not packed (the
+        product is not available, the weight holds -128, an inference tensor)."""
+        if (
+            weight.dtype != torch.int8
+            or weight.device.type != "cpu"
+            or weight.is_inference()
+            or weight.dim() != 2
+            or not cpu_int8_product.available()
+        ):
+            return None
+        return self._copy(weight, "panels", cpu_int8_product.pack)
 
     def widened_for(self, weight: torch.Tensor, columns: int) -> tuple[torch.Tensor, ...] | None:
         """float32 copies of a bfloat16 (``nn.Parameter``) or int8 [N, K] weight on a CPU,
@@ -165,17 +184,20 @@ class PackedWeights:
             )
             return tuple(part if reorder is None else reorder(part) for part in parts)
 
-        return self._copy(weight, widen)
+        return self._copy(weight, f"float32 in {columns} columns", widen)
 
-    def _copy(self, weight: torch.Tensor, pack: Callable[[torch.Tensor], Copy]) -> Copy:
-        """``pack(weight)``, made again when the weight's identity changed since it was made."""
+    def _copy(self, weight: torch.Tensor, kind: str, pack: Callable[[torch.Tensor], Copy]) -> Copy:
+        """``pack(weight)``, the copy of this ``kind``, made again when the weight's identity
+        changed since it was made (one weight may have copies of several kinds)."""
         identity = _identity(weight)
-        entry = self._copies.get(weight)
+        kinds = self._copies.get(weight, {})
+        entry = kinds.get(kind)
         if entry is None or entry[0] != identity:
             with torch.no_grad():
                 # The entry holds the memory it was made from: a weight given new memory
                 # (``weight.data = ...``) cannot be handed the old address while the copy
                 # lives, so the address tells the two apart.
                 entry = (identity, pack(weight.detach()), weight.untyped_storage())
-            self._copies[weight] = entry
+            # A new dict, never one another thread may be reading, replaced whole.
+            self._copies[weight] = {**kinds, kind: entry}
         return entry[1]
