@@ -17,7 +17,7 @@ from fastbert.kernels import (
     packed_weights,
     torch_ops,
 )
-from fastbert.kernels.cpu_library import int8_dot_products_ignored
+from fastbert.kernels.cpu_library import int8_products_as_on_avx2_only
 from fastbert.kernels.packed_weights import PackedWeights
 
 pytestmark = pytest.mark.skipif(
@@ -180,7 +180,7 @@ def test_products_without_int8_dot_products_give_the_plain_int8_linears_bits(
     want = torch_ops.linear_int8_unchecked(*args)
     packs = PackedWeights()
     bytes_off = cpu_int8_product.turned_off() if product == "float32" else contextlib.nullcontext()
-    with int8_dot_products_ignored(), bytes_off:
+    with int8_products_as_on_avx2_only(), bytes_off:
         got = cpu_engine.OPS["linear_int8"](*args, packs=packs)
         if product == "bytes":
             assert isinstance(packs.int8_panels_for(args[1]), cpu_int8_product.Panels)
@@ -198,7 +198,7 @@ def test_a_weight_holding_minus_128_takes_the_float32_product():
     args[1][5, 7] = -128
     want = torch_ops.linear_int8_unchecked(*args)
     packs = PackedWeights()
-    with int8_dot_products_ignored():
+    with int8_products_as_on_avx2_only():
         assert torch.equal(cpu_engine.OPS["linear_int8"](*args, packs=packs), want)
         assert packs.int8_panels_for(args[1]) is None
         assert len(packs.widened_for(args[1], 1024)) == 2

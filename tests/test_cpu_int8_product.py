@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastbert.kernels import cpu_int8_product
+from fastbert.kernels import cpu_int8_product, cpu_library
 from fastbert.kernels.packed_weights import PackedWeights
 
 pytestmark = pytest.mark.skipif(
@@ -91,3 +91,20 @@ def test_kept_panels_follow_writes_and_live_beside_other_copies() -> None:
     assert second is not first
     assert torch.equal(cpu_int8_product.product(q, second), _exact(q, weight))
     assert len(packs) == 1
+
+
+@pytest.mark.parametrize(
+    "flags, chosen",
+    [
+        ({"avx2"}, True),
+        ({"avx2", "avx512f", "avx512bw"}, False),  # float32's AVX-512 GEMMs ran faster
+        ({"avx2", "avx_vnni"}, False),  # int8 dot products: torch._int_mm
+        ({"avx2", "avx512f", "avx512_vnni"}, False),
+    ],
+)
+def test_the_int8_linear_takes_it_without_int8_dot_products_or_avx512(monkeypatch, flags, chosen):
+    monkeypatch.setattr(cpu_library, "cpu_flags", lambda: frozenset(flags))
+    assert cpu_int8_product.chosen() == chosen
+    with cpu_library.int8_products_as_on_avx2_only():
+        assert cpu_int8_product.chosen()
+    assert cpu_int8_product.chosen() == chosen

@@ -18,7 +18,7 @@ from fastbert.kernels import (
     torch_ops,
 )
 from fastbert.kernels.cpu_engine_linear import linear_unchecked
-from fastbert.kernels.cpu_library import int8_dot_products_ignored
+from fastbert.kernels.cpu_library import int8_products_as_on_avx2_only
 from fastbert.kernels.packed_weights import PackedWeights
 from tests.hf_models import hf_model, padded_batch
 
@@ -291,7 +291,7 @@ def test_packed_int8_model_gives_the_plain_models_outputs_and_follows_writes(pro
         onednn = product == "oneDNN's quantised linear"
         bytes_off = product == "float32 GEMMs"
         with (
-            contextlib.nullcontext() if onednn else int8_dot_products_ignored(),
+            contextlib.nullcontext() if onednn else int8_products_as_on_avx2_only(),
             cpu_int8_product.turned_off() if bytes_off else contextlib.nullcontext(),
         ):
             assert torch.equal(packed(ids, mask, types)[0], want)

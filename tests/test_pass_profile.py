@@ -12,7 +12,7 @@ import pytest
 from benchmarks import pass_profile
 from fastbert.embedding import batching, run
 from fastbert.kernels import cpu_attention, cpu_gelu, cpu_int8_product, cpu_layer_norm, torch_ops
-from fastbert.kernels.cpu_library import INT8_DOT_FLAGS, cpu_flags, has_int8_dot_products
+from fastbert.kernels.cpu_library import cpu_flags, has_avx512
 from tests.cli_usage import usage_error_test
 
 
@@ -58,7 +58,7 @@ def test_a_short_run_finds_each_part_and_writes_both_files(tmp_path) -> None:
     # dot products too (the byte product's row only where it is not int8's own product).
     int8_products = []
     if cpu_int8_product.available():
-        int8_products = [pass_profile.INT8_BYTES] if has_int8_dot_products() else []
+        int8_products = [] if cpu_int8_product.chosen() else [pass_profile.INT8_BYTES]
         int8_products.append(pass_profile.INT8_FLOAT32)
     assert list(report["results"]) == [
         "float32",
@@ -67,7 +67,7 @@ def test_a_short_run_finds_each_part_and_writes_both_files(tmp_path) -> None:
         *int8_products,
         *padded,
     ]
-    assert has_int8_dot_products() == bool(cpu_flags() & set(INT8_DOT_FLAGS))  # switched back
+    assert has_avx512() == ("avx512f" in cpu_flags())  # switched back
     for name, row in report["results"].items():
         precision = name.split(",")[0]
         assert row["precision"] == precision

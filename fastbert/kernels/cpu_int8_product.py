@@ -6,8 +6,9 @@ There, oneDNN's int8 GEMMs either add pairs of full-range products in 16 bits, s
 fastbert ran the product as float32 GEMMs of the int8 values (exact, at float32's rate:
 fastbert.kernels.torch_ops.int_product_in_float32). This product multiplies bytes with AVX2's
 byte multiply-add, |a| times the weight with a's sign, so that no pair of products can
-saturate (the source says why), at about twice float32's rate; the sums are the exact
-integers, so an int8 model gives the same bits as with any other product.
+saturate (the source says why), faster than float32's AVX2 GEMMs; the sums are the exact
+integers, so an int8 model gives the same bits as with any other product. On a CPU with
+AVX-512 but no int8 dot products, float32's AVX-512 GEMMs stay faster (:func:`chosen`).
 
 The weight is packed once into panels of 16 columns (:func:`pack`; a weight holding -128 is
 refused, and its product stays on the float32 GEMMs); the engine keeps the panels with the
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .cpu_library import Library
+from .cpu_library import Library, has_avx512, has_int8_dot_products
 
 SOURCE = Path(__file__).with_name("cpu_int8_product.cpp")
 
@@ -56,6 +57,13 @@ _LIBRARY = Library(SOURCE, _declare, cpu_flag="avx2")
 def available() -> bool:
     """Whether the product runs here now (builds it at the first call)."""
     return _LIBRARY.in_use()
+
+
+def chosen() -> bool:
+    """Whether the int8 linear takes this product here: a CPU without int8 dot products or
+    AVX-512, the product :func:`available`. (Where oneDNN's float32 GEMMs have AVX-512 they
+    ran faster than this AVX2 product: docs/cpu.md.)"""
+    return not has_int8_dot_products() and not has_avx512() and available()
 
 
 def status() -> str:

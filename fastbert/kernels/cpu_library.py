@@ -67,26 +67,32 @@ def cpu_flags() -> frozenset[str]:
 INT8_DOT_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")
 
 
-_int8_dot_products_ignored = False
+_as_on_avx2_only = False
 
 
 def has_int8_dot_products() -> bool:
     """Whether this CPU has one of :data:`INT8_DOT_FLAGS` (False inside
-    :func:`int8_dot_products_ignored`)."""
-    return not _int8_dot_products_ignored and not cpu_flags().isdisjoint(INT8_DOT_FLAGS)
+    :func:`int8_products_as_on_avx2_only`)."""
+    return not _as_on_avx2_only and not cpu_flags().isdisjoint(INT8_DOT_FLAGS)
+
+
+def has_avx512() -> bool:
+    """Whether this CPU has AVX-512 (its foundation, avx512f) for oneDNN's float32 GEMMs (False
+    inside :func:`int8_products_as_on_avx2_only`)."""
+    return not _as_on_avx2_only and "avx512f" in cpu_flags()
 
 
 @contextlib.contextmanager
-def int8_dot_products_ignored() -> Iterator[None]:
-    """Inside the block the int8 linear takes the products of a CPU without int8 dot products
-    even where this one has them (to compare them on one machine, as the pass profile does);
-    not for use from several threads."""
-    global _int8_dot_products_ignored
-    before, _int8_dot_products_ignored = _int8_dot_products_ignored, True
+def int8_products_as_on_avx2_only() -> Iterator[None]:
+    """Inside the block the int8 linear chooses its product as on a CPU with AVX2 and neither
+    int8 dot products nor AVX-512, whatever this one has (to compare the products on one
+    machine, as the tests and the pass profile do); not for use from several threads."""
+    global _as_on_avx2_only
+    before, _as_on_avx2_only = _as_on_avx2_only, True
     try:
         yield
     finally:
-        _int8_dot_products_ignored = before
+        _as_on_avx2_only = before
 
 
 def compiler() -> str | None:
