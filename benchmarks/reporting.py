@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fastbert.bench.environment import ISA_CAPS
+
 # A corpus benchmark's precision -> the options fastbert.load (and EmbedOptions) take for it.
 PRECISIONS = {
     "float32": {},
@@ -80,10 +82,12 @@ def write_report(out: Path, stem: str, report: dict, markdown: str, indent: int 
 
 def cpu_line(env: dict) -> str:
     """The sentence a CPU result names its machine and build with, from the report's
-    ``environment``: its CPU, torch threads and flags, torch, commit and date."""
+    ``environment``: its CPU, torch threads and flags (and any cap set on the CPU libraries'
+    instruction sets), torch, commit and date."""
+    caps = "".join(f"; {name}={env[name]}" for name in ISA_CAPS if env.get(name))
     return (
-        f"CPU: {env['cpu']} ({env['cpu_threads']} torch threads; flags: {env['cpu_flags']}); "
-        f"torch {env['torch']}; commit {env['commit']}; {env['date']}."
+        f"CPU: {env['cpu']} ({env['cpu_threads']} torch threads; flags: {env['cpu_flags']}"
+        f"{caps}); torch {env['torch']}; commit {env['commit']}; {env['date']}."
     )
 
 

@@ -196,6 +196,21 @@ def test_environment_names_versions_commit_and_date() -> None:
     assert env["torch"] == torch.__version__.split("+")[0] or env["torch"] == torch.__version__
 
 
+def test_caps_on_the_cpu_libraries_instruction_sets_are_recorded(monkeypatch) -> None:
+    """A run with oneDNN held to an older instruction set says so in its environment and in
+    its results' CPU line; a run without a cap names none."""
+    from benchmarks import reporting
+
+    for name in environment.ISA_CAPS:
+        monkeypatch.delenv(name, raising=False)
+    assert not set(environment.ISA_CAPS) & set(environment.capture())
+    assert "ONEDNN" not in reporting.cpu_line(environment.capture())
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2_VNNI")
+    env = environment.capture()
+    assert env["ONEDNN_MAX_CPU_ISA"] == "AVX2_VNNI"
+    assert "; ONEDNN_MAX_CPU_ISA=AVX2_VNNI); torch " in reporting.cpu_line(env)
+
+
 def test_cpu_name_carries_family_and_model() -> None:
     # Two EPYC generations a virtual machine names alike: only the numbers tell them apart.
     cpuinfo = (

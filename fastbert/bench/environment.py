@@ -73,6 +73,10 @@ def gpu_info() -> dict:
     }
 
 
+# Variables that hold oneDNN's and MKL's kernels to an older instruction set than the CPU's.
+ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
 def capture() -> dict:
     """The environment as a flat JSON-ready dict."""
     env = {
@@ -88,4 +92,6 @@ def capture() -> dict:
     env.update({package: _version(package) for package in PACKAGES})
     env.update(gpu_info() or {"gpu": None})
     env["TRITON_INTERPRET"] = os.environ.get("TRITON_INTERPRET")
+    # Caps on the instruction sets of the CPU libraries, where a run set them.
+    env.update({name: os.environ[name] for name in ISA_CAPS if name in os.environ})
     return env
