@@ -101,14 +101,21 @@ def cpu_int8_advice() -> str:
     """What quantize="int8" runs on here, and how it compares with bfloat16 where that is
     native: bfloat16 is the more accurate (docs/precisions.md); with AMX it also ran as fast
     as int8 or faster, without AMX int8 with its quantisation and epilogue compiled ran
-    faster, and without those passes no faster; without int8 dot products int8 is no faster
-    than float32 (docs/results.md)."""
+    faster, and without those passes no faster; without int8 dot products it runs on AVX2's
+    byte product where that is chosen (faster than float32), else as float32 GEMMs, no faster
+    (docs/results.md)."""
     from fastbert.execution import cpu
-    from fastbert.kernels import cpu_int8
+    from fastbert.kernels import cpu_int8, cpu_int8_product
     from fastbert.kernels.cpu_library import INT8_DOT_FLAGS
 
     flags = cpu.cpu_flags()
     units = [f for f in INT8_DOT_FLAGS if f in flags]
+    if not units and cpu_int8_product.chosen():
+        return (
+            "quantize int8: no int8 dot-product instructions here: its integer products run "
+            "on AVX2's byte multiply-adds, exact, 1.4x float32's speed end to end with "
+            "oneDNN held to AVX2 (docs/cpu.md); lossy, where float32 (the default) is exact"
+        )
     if not units:
         return (
             "quantize int8: no int8 dot-product instructions here: its integer products run "
