@@ -203,22 +203,22 @@ def _forward_fake(quantize, x, weight, weight_scale, bias, activation, residual,
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-def _declare(quantize: str, reference_fn, torch_fn) -> Op:
-    """The op of one quantised format: the shared steps with the format bound."""
-    return Op(
-        name=f"linear_{quantize}",
-        reference=reference_fn,
-        torch=torch_fn,
-        prepare=functools.partial(_prepare, quantize),
-        forward=Kernel(
-            functools.partial(_forward, quantize),
-            SCHEMA,
-            functools.partial(_forward_fake, quantize),
-        ),
-    )
+# The format's arguments bound: the functions its declaration names.
+_prepare_int8 = functools.partial(_prepare, "int8")
+linear_int8_forward = functools.partial(_forward, "int8")
+_int8_forward_fake = functools.partial(_forward_fake, "int8")
 
-
-LINEAR_INT8 = _declare("int8", reference.linear_int8, torch_ops.linear_int8_unchecked)
+LINEAR_INT8 = Op(
+    name="linear_int8",
+    reference=reference.linear_int8,
+    torch=torch_ops.linear_int8_unchecked,
+    prepare=_prepare_int8,
+    forward=Kernel(
+        linear_int8_forward,
+        SCHEMA,
+        _int8_forward_fake,
+    ),
+)
 
 
 @implements(reference.linear_int8)
@@ -251,7 +251,22 @@ def linear_int8(x, weight, weight_scale, bias, activation, residual, input_scale
     return LINEAR_INT8(x, weight, weight_scale, bias, activation, residual, input_scale)
 
 
-LINEAR_FP8 = _declare("fp8", reference.linear_fp8, torch_ops.linear_fp8_unchecked)
+# The format's arguments bound: the functions its declaration names.
+_prepare_fp8 = functools.partial(_prepare, "fp8")
+linear_fp8_forward = functools.partial(_forward, "fp8")
+_fp8_forward_fake = functools.partial(_forward_fake, "fp8")
+
+LINEAR_FP8 = Op(
+    name="linear_fp8",
+    reference=reference.linear_fp8,
+    torch=torch_ops.linear_fp8_unchecked,
+    prepare=_prepare_fp8,
+    forward=Kernel(
+        linear_fp8_forward,
+        SCHEMA,
+        _fp8_forward_fake,
+    ),
+)
 
 
 @implements(reference.linear_fp8)
