@@ -99,6 +99,17 @@ def _identity(weight: torch.Tensor) -> tuple:
     return (weight.data_ptr(), weight.dtype, tuple(weight.shape), weight._version)
 
 
+def _int8_weight(weight: torch.Tensor) -> bool:
+    """Whether ``weight`` is an int8 [N, K] CPU tensor whose copies can follow its writes (an
+    inference tensor has no version counter)."""
+    return (
+        weight.dtype == torch.int8
+        and weight.device.type == "cpu"
+        and not weight.is_inference()
+        and weight.dim() == 2
+    )
+
+
 class PackedWeights:
     """The oneDNN-blocked copies of the linear weights one model reads on a CPU, kept current
     (see the module docstring). Safe to share between threads: two threads packing one weight
@@ -133,14 +144,7 @@ class PackedWeights:
         """oneDNN's packed copy of an int8 [N, K] weight on a CPU (a quantised model's, held
         across calls) for ``torch.ops.onednn.qlinear_pointwise``, or None where it is not
         packed (see :func:`int8_available`; an inference tensor has no version counter)."""
-        if (
-            weight.dtype != torch.int8
-            or weight.device.type != "cpu"
-            or weight.is_inference()
-            or weight.dim() != 2
-            or not weight.is_contiguous()
-            or not int8_available()
-        ):
+        if not _int8_weight(weight) or not weight.is_contiguous() or not int8_available():
             return None
         return self._copy(
             weight, "onednn int8", lambda w: torch.ops.onednn.qlinear_prepack(w, None)
@@ -150,13 +154,7 @@ class PackedWeights:
         """An int8 [N, K] weight on a CPU packed for the byte product of a CPU without int8
         dot products (fastbert.kernels.cpu_int8_product), or None where it is not packed (the
         product is not available, the weight holds -128, an inference tensor)."""
-        if (
-            weight.dtype != torch.int8
-            or weight.device.type != "cpu"
-            or weight.is_inference()
-            or weight.dim() != 2
-            or not cpu_int8_product.available()
-        ):
+        if not _int8_weight(weight) or not cpu_int8_product.available():
             return None
         return self._copy(weight, "panels", cpu_int8_product.pack)
 
