@@ -135,7 +135,8 @@ FASTBERT = {
     # compiled passes (fastbert.kernels.cpu_int8): what those passes gain, the same bits.
     "fastbert-int8-torch": Contender("fastbert.embed(texts) int8, PyTorch's passes", "int8", 0.99),
     # int8 with the integer products on torch._int_mm where the CPU engine runs them on oneDNN's
-    # quantised linear (fastbert.kernels.cpu_engine_int8; on AMX-INT8): the same bits.
+    # quantised linear (fastbert.kernels.cpu_engine_int8; on AMX-INT8): the same bits. Without
+    # int8 dot products, the engine's product on weights converted or packed on every call.
     "fastbert-int8-int-mm": Contender("fastbert.embed(texts) int8, torch._int_mm", "int8", 0.99),
 }
 # The EmbedOptions of those rows.

@@ -108,3 +108,16 @@ def test_the_int8_linear_takes_it_without_int8_dot_products_or_avx512(monkeypatc
     with cpu_library.int8_products_as_on_avx2_only():
         assert cpu_int8_product.chosen()
     assert cpu_int8_product.chosen() == chosen
+
+
+def test_operands_it_cannot_read_are_refused() -> None:
+    q, weight = _operands(3, 8, 4, seed=5)
+    panels = cpu_int8_product.pack(weight)
+    with pytest.raises(TypeError, match="weight must be int8, got torch.float32"):
+        cpu_int8_product.pack(weight.float())
+    with pytest.raises(ValueError, match="weight must be a 2-D CPU tensor, got 1-D"):
+        cpu_int8_product.pack(weight[0])
+    with pytest.raises(TypeError, match="q must be int8, got torch.int32"):
+        cpu_int8_product.product(q.int(), panels)
+    with pytest.raises(ValueError, match="q must be a 2-D CPU tensor, got 3-D"):
+        cpu_int8_product.product(q[None], panels)

@@ -85,9 +85,19 @@ class Panels:
     in_features: int
 
 
+def _check(name: str, t: torch.Tensor) -> None:
+    """TypeError / ValueError unless ``t`` is an int8 matrix in CPU memory (what the compiled
+    loops read)."""
+    if t.dtype != torch.int8:
+        raise TypeError(f"{name} must be int8, got {t.dtype}")
+    if t.dim() != 2 or t.device.type != "cpu":
+        raise ValueError(f"{name} must be a 2-D CPU tensor, got {t.dim()}-D on {t.device}")
+
+
 def pack(weight: torch.Tensor) -> Panels | None:
     """An int8 [N, K] CPU weight -> its :class:`Panels`, or None when it holds -128 (the
     product would not be exact) or the product is not :func:`available`."""
+    _check("weight", weight)
     if not available():
         return None
     n, k = weight.shape
@@ -102,6 +112,7 @@ def pack(weight: torch.Tensor) -> Panels | None:
 def product(q: torch.Tensor, panels: Panels) -> torch.Tensor:
     """int8 q [M, K] (rows of unit column stride) times the packed weight -> the exact int32
     [M, N] product ``q @ weight.T``."""
+    _check("q", q)
     rows, k = q.shape
     if k != panels.in_features:
         raise ValueError(f"q has {k} columns, the packed weight {panels.in_features}")
