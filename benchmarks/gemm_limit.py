@@ -8,7 +8,7 @@ fastbert's torch backend runs on a CPU); for int8 (int32 accumulation) ``torch._
 on a CPU with AMX-INT8 also oneDNN's quantised linear on a packed weight (what fastbert's CPU
 engine runs there: fastbert.kernels.cpu_engine_int8); on a CPU without int8 dot products the
 fastest of the float32 GEMM of the int8 values, oneDNN's quantised linear on uint8 rows and
-fastbert's AVX2 byte product (fastbert.kernels.cpu_int8_product). The
+fastbert's byte product (fastbert.kernels.cpu_int8_product, each build the CPU runs). The
 work per token is that of the linear layers, ``2 * layers * (4 hidden^2 + 2 hidden
 intermediate)`` FLOPs (the Q, K, V and output projections, the two feed-forward products; a
 gated FFN's input projection is twice as wide, ``3 hidden intermediate``, and the largest);
@@ -19,6 +19,7 @@ GEMM rate its products run.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -54,17 +55,17 @@ def products(
             # the exact float32 GEMM of the int8 values that fastbert runs, and oneDNN's
             # quantised linear on uint8 rows, which adds the products in 16-bit pairs (the
             # CPU's int8 rate; exact only when one operand has 7 bits).
-            # With AVX2, fastbert's byte product (exact) as well.
+            # And fastbert's byte product (exact), each build this CPU runs.
             uint8_rows = a.to(torch.int16).add_(128).to(torch.uint8)
             ways = {
                 "float32 GEMM of the int8 values (exact)": _widened_mm(a, b),
                 "onednn qlinear, uint8 (16-bit pairs)": _qlinear(uint8_rows, 128, b),
             }
-            panels = cpu_int8_product.pack(b.t().contiguous())
-            if panels is not None:
-                ways["fastbert AVX2 byte product (exact)"] = lambda: cpu_int8_product.product(
-                    a, panels
-                )
+            for build in cpu_int8_product.BUILDS:
+                panels = cpu_int8_product.pack(b.t().contiguous(), build)
+                if panels is not None:
+                    name = f"fastbert {cpu_int8_product.REGISTERS[build]} byte product (exact)"
+                    ways[name] = functools.partial(cpu_int8_product.product, a, panels)
             return ways
         ways = {"torch._int_mm": lambda: torch._int_mm(a, b)}
         if packed_weights.int8_available():

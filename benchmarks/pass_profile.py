@@ -93,20 +93,10 @@ GELU_POST_OP = "bfloat16, GELU as oneDNN's post-op"
 ATTENTION_UNCOMPILED = "{}, attention on the per-length path"
 # A precision's row with its batches budgeted as rows x longest row (the padded route's).
 PADDED_BUDGET = "{}, batches budgeted as rows x longest row"
-# int8's rows with the products of a CPU without int8 dot products: AVX2's byte multiply-adds
-# (where they are not int8's own product here), and the float32 GEMMs.
-INT8_BYTES = "int8, product on AVX2's byte multiply-adds"
+# int8's rows with the products of a CPU without int8 dot products: the byte multiply-adds of
+# AVX2 and of AVX-512 (where they are not int8's own product here), and the float32 GEMMs.
+INT8_BYTES = "int8, product on {}'s byte multiply-adds"
 INT8_FLOAT32 = "int8, product as float32 GEMMs"
-
-
-@contextlib.contextmanager
-def int8_as_float32_gemms() -> Iterator[None]:
-    """Within the block, the int8 linear's products run as float32 GEMMs of the int8 values."""
-    from fastbert.kernels import cpu_int8_product
-    from fastbert.kernels.cpu_library import int8_products_as_on_avx2_only
-
-    with int8_products_as_on_avx2_only(), cpu_int8_product.turned_off():
-        yield
 
 
 @contextlib.contextmanager
@@ -196,10 +186,10 @@ def rows_to_run(jobs: dict) -> dict[str, tuple[str, Any, Callable]]:
     precision with the compiled attention turned off, and bfloat16 with each of the CPU
     engine's other compiled parts that runs here turned off in turn (the attention's AMX
     tiles, the compiled LayerNorm, the compiled embeddings, GELU by table); int8 with the
-    products of a CPU without int8 dot products (AVX2's byte product where it is not int8's
-    own here, the float32 GEMMs); then each precision with the padded route's batch budget."""
+    products of a CPU without int8 dot products (each build of the byte product that runs here
+    and is not int8's own product, the float32 GEMMs); then each precision with the padded
+    route's batch budget."""
     from fastbert.kernels import cpu_attention, cpu_gelu, cpu_int8_product, cpu_layer_norm
-    from fastbert.kernels.cpu_library import int8_products_as_on_avx2_only
 
     rows = {precision: (precision, job, contextlib.nullcontext) for precision, job in jobs.items()}
     if cpu_attention.available():
@@ -217,10 +207,15 @@ def rows_to_run(jobs: dict) -> dict[str, tuple[str, Any, Callable]]:
             rows[name] = ("bfloat16", jobs["bfloat16"], switch)
     if "bfloat16" in jobs and cpu_gelu.available():
         rows[GELU_POST_OP] = ("bfloat16", jobs["bfloat16"], cpu_gelu.turned_off)
-    if "int8" in jobs and cpu_int8_product.available():
-        if not cpu_int8_product.chosen():
-            rows[INT8_BYTES] = ("int8", jobs["int8"], int8_products_as_on_avx2_only)
-        rows[INT8_FLOAT32] = ("int8", jobs["int8"], int8_as_float32_gemms)
+    builds = [b for b in cpu_int8_product.BUILDS if cpu_int8_product.available(b)]
+    if "int8" in jobs and builds:
+        for build in builds:
+            if build != cpu_int8_product.chosen():
+                name = INT8_BYTES.format(cpu_int8_product.REGISTERS[build])
+                switch = functools.partial(cpu_int8_product.taken, build)
+                rows[name] = ("int8", jobs["int8"], switch)
+        float32 = functools.partial(cpu_int8_product.taken, "float32")
+        rows[INT8_FLOAT32] = ("int8", jobs["int8"], float32)
     for precision, job in jobs.items():
         rows[PADDED_BUDGET.format(precision)] = (precision, job, padded_budget)
     return rows

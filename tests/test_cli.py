@@ -36,6 +36,7 @@ def test_info_reports_versions_and_backends(capsys) -> None:
     "flags, compiled, advice",
     [
         ({"avx2"}, True, "on AVX2's byte multiply-adds, exact, 1.4x float32's speed"),
+        ({"avx2", "avx512f", "avx512bw"}, True, "on AVX-512's byte multiply-adds, exact"),
         ({"avx2", "avx512f"}, True, "no faster than float32, and lossy; keep float32"),
         ({"avx512_vnni"}, True, "; faster than float32 and lossy"),
         ({"avx512_vnni", "avx512_bf16"}, True, "int8 the speed where measured"),
@@ -54,7 +55,8 @@ def test_int8_advice_follows_the_cpu_class(monkeypatch, flags, compiled, advice)
     monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset(flags))
     monkeypatch.setattr(cpu_library, "cpu_flags", lambda: frozenset(flags))
     monkeypatch.setattr(cpu_int8, "available", lambda: compiled)
-    monkeypatch.setattr(cpu_int8_product, "available", lambda: compiled)
+    monkeypatch.setattr(cpu_int8_product, "cpu_flags", cpu_library.cpu_flags)
+    monkeypatch.setattr(cpu_int8_product, "available", lambda build="avx2": compiled)
     text = info.cpu_int8_advice()
     dot_products = bool(flags & set(cpu_library.INT8_DOT_FLAGS))
     assert advice in text and text.startswith(

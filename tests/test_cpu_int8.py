@@ -4,8 +4,6 @@ backend's results (which tests/test_linear_quantized.py holds to the float64 ref
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
@@ -17,7 +15,6 @@ from fastbert.kernels import (
     packed_weights,
     torch_ops,
 )
-from fastbert.kernels.cpu_library import int8_products_as_on_avx2_only
 from fastbert.kernels.packed_weights import PackedWeights
 
 pytestmark = pytest.mark.skipif(
@@ -164,26 +161,26 @@ def test_onednn_product_follows_writes_to_the_weight_and_skips_few_rows():
 @pytest.mark.parametrize("rows", [2, 16, 300])
 @pytest.mark.parametrize("activation, residual", [(None, False), ("gelu", False), (None, True)])
 @pytest.mark.parametrize("saturated", [False, True])
-@pytest.mark.parametrize("product", ["bytes", "float32"])
+@pytest.mark.parametrize("product", ["avx2", "avx512", "float32"])
 def test_products_without_int8_dot_products_give_the_plain_int8_linears_bits(
     rows, activation, residual, saturated, product
 ):
-    """On a CPU without int8 dot products the engine's integer product runs on AVX2's byte
-    multiply-adds over the weight's kept panels (``bytes``, fastbert.kernels.cpu_int8_product),
-    or, where those are not built, as float32 GEMMs on the weight's kept float32 copies in
-    blocks of at most FLOAT32_EXACT_TERMS columns (``float32``): both exact, so the plain int8
-    linear's bits (torch._int_mm's where the CPU has them), the saturated case's sums past
-    2**24 and its pairs of 127 x 127 products included."""
-    if product == "bytes" and not cpu_int8_product.available():
-        pytest.skip(f"the byte product: {cpu_int8_product.status()}")
+    """On a CPU without int8 dot products the engine's integer product runs on the byte
+    multiply-adds of AVX2 or AVX-512 over the weight's kept panels (fastbert.kernels.
+    cpu_int8_product), or, where those are not built, as float32 GEMMs on the weight's kept
+    float32 copies in blocks of at most FLOAT32_EXACT_TERMS columns: each exact, so the plain
+    int8 linear's bits (torch._int_mm's where the CPU has them), the saturated case's sums
+    past 2**24 and its pairs of 127 x 127 products included."""
+    if product != "float32" and not cpu_int8_product.available(product):
+        pytest.skip(f"the byte product: {cpu_int8_product.status(product)}")
     args = _int8_linear_args(rows, rows, activation, residual, saturated)
     want = torch_ops.linear_int8_unchecked(*args)
     packs = PackedWeights()
-    bytes_off = cpu_int8_product.turned_off() if product == "float32" else contextlib.nullcontext()
-    with int8_products_as_on_avx2_only(), bytes_off:
+    with cpu_int8_product.taken(product):
         got = cpu_engine.OPS["linear_int8"](*args, packs=packs)
-        if product == "bytes":
-            assert isinstance(packs.int8_panels_for(args[1]), cpu_int8_product.Panels)
+        if product != "float32":
+            assert cpu_int8_product.chosen() == product
+            assert isinstance(packs.int8_panels_for(args[1], product), cpu_int8_product.Panels)
         else:
             assert len(packs.widened_for(args[1], 1024)) == 2
         assert len(packs) == 1 and torch.equal(got, want)
@@ -198,9 +195,9 @@ def test_a_weight_holding_minus_128_takes_the_float32_product():
     args[1][5, 7] = -128
     want = torch_ops.linear_int8_unchecked(*args)
     packs = PackedWeights()
-    with int8_products_as_on_avx2_only():
+    with cpu_int8_product.taken("avx2"):
         assert torch.equal(cpu_engine.OPS["linear_int8"](*args, packs=packs), want)
-        assert packs.int8_panels_for(args[1]) is None
+        assert packs.int8_panels_for(args[1], "avx2") is None
         assert len(packs.widened_for(args[1], 1024)) == 2
         assert torch.equal(cpu_engine.OPS["linear_int8"](*args), want)
 

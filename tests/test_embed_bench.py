@@ -216,8 +216,9 @@ def test_gemm_limit_int8_ways_follow_the_cpus_int8_instructions(monkeypatch, dot
     monkeypatch.setattr(gemm_limit, "has_int8_dot_products", lambda: dot_products)
     ways = gemm_limit.products("int8", 8, 16, 24)
     assert ("torch._int_mm" in ways) == dot_products
-    byte_product = not dot_products and cpu_int8_product.available()
-    assert ("fastbert AVX2 byte product (exact)" in ways) == byte_product
+    for build, registers in cpu_int8_product.REGISTERS.items():
+        byte_product = not dot_products and cpu_int8_product.available(build)
+        assert (f"fastbert {registers} byte product (exact)" in ways) == byte_product
     generator = torch.Generator().manual_seed(0)
     a = torch.randint(-127, 128, (8, 16), dtype=torch.int8, generator=generator)
     b = torch.randint(-127, 128, (16, 24), dtype=torch.int8, generator=generator)

@@ -18,7 +18,6 @@ from fastbert.kernels import (
     torch_ops,
 )
 from fastbert.kernels.cpu_engine_linear import linear_unchecked
-from fastbert.kernels.cpu_library import int8_products_as_on_avx2_only
 from fastbert.kernels.packed_weights import PackedWeights
 from tests.hf_models import hf_model, padded_batch
 
@@ -261,12 +260,15 @@ def test_optimized_model_sees_writes_through_its_query_key_value_parameters() ->
     "product",
     [
         "float32 GEMMs",
-        pytest.param(
-            "AVX2's byte product",
-            marks=pytest.mark.skipif(
-                not cpu_int8_product.available(), reason=cpu_int8_product.status()
-            ),
-        ),
+        *[
+            pytest.param(
+                f"{cpu_int8_product.REGISTERS[build]}'s byte product",
+                marks=pytest.mark.skipif(
+                    not cpu_int8_product.available(build), reason=cpu_int8_product.status(build)
+                ),
+            )
+            for build in cpu_int8_product.BUILDS
+        ],
         pytest.param(
             "oneDNN's quantised linear",
             marks=pytest.mark.skipif(
@@ -279,27 +281,25 @@ def test_optimized_model_sees_writes_through_its_query_key_value_parameters() ->
 def test_packed_int8_model_gives_the_plain_models_outputs_and_follows_writes(product) -> None:
     """quantize="int8" with packed weights: on AMX-INT8 the linears of a batch of at least
     ONEDNN_MIN_ROWS tokens run on oneDNN's quantised linear over packed int8 weights; on a CPU
-    without int8 dot products (AVX2 only) the integer products run on AVX2's byte
-    multiply-adds over each weight's kept panels, or, without those, as float32 GEMMs on its
-    kept float32 copies. Each is exact: the plain model's bits; a write to the float weights
-    quantises and packs again."""
+    without int8 dot products the integer products run on the byte multiply-adds of AVX-512
+    or, without AVX-512, of AVX2 over each weight's kept panels, or, without those, as float32
+    GEMMs on its kept float32 copies. Each is exact: the plain model's bits; a write to the
+    float weights quantises and packs again."""
     hf, plain, packed = _models(seed=6, quantize="int8")
     ids, mask, types = padded_batch([90, 70, 40], seed=6)
     assert mask.sum() >= cpu_engine_int8.ONEDNN_MIN_ROWS
     with torch.no_grad():
         want = plain(ids, mask, types)[0]
+        builds = {f"{r}'s byte product": b for b, r in cpu_int8_product.REGISTERS.items()}
+        taken = builds.get(product, "float32")
         onednn = product == "oneDNN's quantised linear"
-        bytes_off = product == "float32 GEMMs"
-        with (
-            contextlib.nullcontext() if onednn else int8_products_as_on_avx2_only(),
-            cpu_int8_product.turned_off() if bytes_off else contextlib.nullcontext(),
-        ):
+        with contextlib.nullcontext() if onednn else cpu_int8_product.taken(taken):
             assert torch.equal(packed(ids, mask, types)[0], want)
             copies = packed.runner._packs._copies
             int8 = [w for w in copies.keys() if w.dtype == torch.int8]
             assert len(int8) == 4 * len(packed.layers)
-            if product == "AVX2's byte product":
-                assert all(set(copies[w]) == {"panels"} for w in int8)
+            if product in builds:
+                assert all(set(copies[w]) == {f"panels {taken}"} for w in int8)
             for model in (plain, packed):
                 model.layers[0].ffn_in_weight.mul_(1.5)
             assert torch.equal(packed(ids, mask, types)[0], plain(ids, mask, types)[0])

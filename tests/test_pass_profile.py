@@ -54,12 +54,15 @@ def test_a_short_run_finds_each_part_and_writes_both_files(tmp_path) -> None:
     # Where the compiled attention runs, each precision runs with it off too.
     off = [pass_profile.ATTENTION_UNCOMPILED.format(p) for p in ("float32", "int8")]
     padded = [pass_profile.PADDED_BUDGET.format(p) for p in ("float32", "int8")]
-    # Where AVX2's byte product is built, int8 runs with the products of a CPU without int8
-    # dot products too (the byte product's row only where it is not int8's own product).
-    int8_products = []
-    if cpu_int8_product.available():
-        int8_products = [] if cpu_int8_product.chosen() else [pass_profile.INT8_BYTES]
-        int8_products.append(pass_profile.INT8_FLOAT32)
+    # Where a build of the byte product runs, int8 runs with the products of a CPU without
+    # int8 dot products too (a build's row only where it is not int8's own product).
+    builds = [b for b in cpu_int8_product.BUILDS if cpu_int8_product.available(b)]
+    int8_products = [
+        pass_profile.INT8_BYTES.format(cpu_int8_product.REGISTERS[b])
+        for b in builds
+        if b != cpu_int8_product.chosen()
+    ]
+    int8_products += [pass_profile.INT8_FLOAT32] if builds else []
     assert list(report["results"]) == [
         "float32",
         "int8",

@@ -97,6 +97,14 @@ def cpu_bf16_advice() -> str:
     )
 
 
+# int8 on each build of the byte product against float32, end to end, where measured
+# (docs/results.md, "int8 on the byte multiply-adds").
+BYTE_PRODUCT_SPEED = {
+    "avx2": "1.4x float32's speed end to end with oneDNN held to AVX2",
+    "avx512": "faster than float32 where measured",
+}
+
+
 def cpu_int8_advice() -> str:
     """What quantize="int8" runs on here, and how it compares with bfloat16 where that is
     native: bfloat16 is the more accurate (docs/precisions.md); with AMX it also ran as fast
@@ -110,11 +118,13 @@ def cpu_int8_advice() -> str:
 
     flags = cpu.cpu_flags()
     units = [f for f in INT8_DOT_FLAGS if f in flags]
-    if not units and cpu_int8_product.chosen():
+    build = None if units else cpu_int8_product.chosen()
+    if build is not None:
         return (
             "quantize int8: no int8 dot-product instructions here: its integer products run "
-            "on AVX2's byte multiply-adds, exact, 1.4x float32's speed end to end with "
-            "oneDNN held to AVX2 (docs/cpu.md); lossy, where float32 (the default) is exact"
+            f"on {cpu_int8_product.REGISTERS[build]}'s byte multiply-adds, exact, "
+            f"{BYTE_PRODUCT_SPEED[build]} (docs/cpu.md); lossy, where float32 (the default) "
+            "is exact"
         )
     if not units:
         return (

@@ -104,8 +104,11 @@ def int8_status() -> str:
         )
     elif has_int8_dot_products():
         product = "torch._int_mm"
-    elif cpu_int8_product.chosen():
-        product = "AVX2's byte multiply-adds on packed weights, exact (no int8 dot products)"
+    elif cpu_int8_product.chosen() is not None:
+        registers = cpu_int8_product.REGISTERS[cpu_int8_product.chosen()]
+        product = (
+            f"{registers}'s byte multiply-adds on packed weights, exact (no int8 dot products)"
+        )
     else:
         product = "exact float32 GEMMs on the weights' float32 copies (no int8 dot products)"
     if cpu_int8.available():

@@ -1,10 +1,10 @@
 """The CPU engine's int8 linear: the compiled passes around the integer product, which runs on
 oneDNN's quantised linear where the weights are packed for it (AMX-INT8), on ``torch._int_mm``
-where the CPU has VNNI, and on a CPU without int8 dot products or AVX-512 on AVX2's byte
-multiply-adds (:class:`PanelProduct`, fastbert.kernels.cpu_int8_product: exact, faster than
-float32's AVX2 GEMMs), else as float32 GEMMs on the weights' kept float32 copies
-(:class:`WidenedProduct`: exact, as fast as float32; there ``torch._int_mm`` is oneDNN's
-reference loop, about 50x slower).
+where the CPU has VNNI, and on a CPU without int8 dot products on the byte multiply-adds of
+AVX-512 BW or, without AVX-512, of AVX2 (:class:`PanelProduct`,
+fastbert.kernels.cpu_int8_product: exact, faster than float32's GEMMs), else as float32
+GEMMs on the weights' kept float32 copies (:class:`WidenedProduct`: exact, as fast as
+float32; there ``torch._int_mm`` is oneDNN's reference loop, about 50x slower).
 
 oneDNN's ``qlinear_pointwise`` on a weight packed once (fastbert.kernels.packed_weights, on a
 CPU with AMX-INT8) ran the products level with ``torch._int_mm`` (which reorders the weight
@@ -105,8 +105,8 @@ class WidenedProduct:
 
 
 class PanelProduct:
-    """The compiled passes (fastbert.kernels.cpu_int8), with the integer product on AVX2's
-    byte multiply-adds reading ``panels``, the weight packed for them
+    """The compiled passes (fastbert.kernels.cpu_int8), with the integer product on the byte
+    multiply-adds reading ``panels``, the weight packed for them
     (fastbert.kernels.cpu_int8_product): exact, for a CPU without int8 dot products."""
 
     takes = staticmethod(cpu_int8.takes)
@@ -129,7 +129,8 @@ def _product_passes(x: torch.Tensor, weight: torch.Tensor, packs: PackedWeights 
     if packs is None or _paused or not k:
         return cpu_int8
     if not has_int8_dot_products():
-        panels = packs.int8_panels_for(weight) if cpu_int8_product.chosen() else None
+        build = cpu_int8_product.chosen()
+        panels = None if build is None else packs.int8_panels_for(weight, build)
         if panels is not None:
             return PanelProduct(panels)
         if not cpu_engine_linear.has_onednn_linear():

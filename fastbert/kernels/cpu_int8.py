@@ -111,13 +111,14 @@ def product(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 x [M, K] (see :func:`quantize_rows`), int8 weight [N, K] -> (x's int8 rows times
     the weight, exact int32 [M, N] or its float32 conversion; x's row scales, float32 [M]): the
-    rows quantised here, the product the torch backend's (``torch._int_mm``); on a CPU with
-    neither int8 dot products nor AVX-512 AVX2's byte product on the weight packed here
-    (fastbert.kernels.cpu_int8_product.chosen), else the torch backend's float32 GEMMs
+    rows quantised here, the product the torch backend's (``torch._int_mm``); on a CPU without
+    int8 dot products the byte product on the weight packed here where a build of it is
+    chosen (fastbert.kernels.cpu_int8_product.chosen), else the torch backend's float32 GEMMs
     (fastbert.kernels.torch_ops.int_product_in_float32)."""
     q, scale = quantize_rows(x, input_scale)
-    if cpu_int8_product.chosen():
-        panels = cpu_int8_product.pack(weight)
+    build = cpu_int8_product.chosen()
+    if build is not None:
+        panels = cpu_int8_product.pack(weight, build)
         if panels is not None:
             return cpu_int8_product.product(q, panels), scale
     return torch_ops.int_product(q, weight), scale

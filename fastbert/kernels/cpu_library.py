@@ -67,32 +67,42 @@ def cpu_flags() -> frozenset[str]:
 INT8_DOT_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")
 
 
-_as_on_avx2_only = False
+# Flags the int8 linear's choice of product treats as absent (see the two blocks below).
+_ignored: frozenset[str] = frozenset()
 
 
 def has_int8_dot_products() -> bool:
     """Whether this CPU has one of :data:`INT8_DOT_FLAGS` (False inside
-    :func:`int8_products_as_on_avx2_only`)."""
-    return not _as_on_avx2_only and not cpu_flags().isdisjoint(INT8_DOT_FLAGS)
+    :func:`int8_dot_products_ignored` and :func:`int8_products_as_on_avx2_only`)."""
+    return not (cpu_flags() - _ignored).isdisjoint(INT8_DOT_FLAGS)
 
 
 def has_avx512() -> bool:
     """Whether this CPU has AVX-512 (its foundation, avx512f) for oneDNN's float32 GEMMs (False
     inside :func:`int8_products_as_on_avx2_only`)."""
-    return not _as_on_avx2_only and "avx512f" in cpu_flags()
+    return "avx512f" in cpu_flags() - _ignored
 
 
 @contextlib.contextmanager
-def int8_products_as_on_avx2_only() -> Iterator[None]:
-    """Inside the block the int8 linear chooses its product as on a CPU with AVX2 and neither
-    int8 dot products nor AVX-512, whatever this one has (to compare the products on one
-    machine, as the tests and the pass profile do); not for use from several threads."""
-    global _as_on_avx2_only
-    before, _as_on_avx2_only = _as_on_avx2_only, True
+def _ignoring(flags: frozenset[str]) -> Iterator[None]:
+    global _ignored
+    before, _ignored = _ignored, _ignored | flags
     try:
         yield
     finally:
-        _as_on_avx2_only = before
+        _ignored = before
+
+
+def int8_dot_products_ignored() -> contextlib.AbstractContextManager[None]:
+    """Inside the block the int8 linear chooses its product as on a CPU without int8 dot
+    products, whatever this one has (to compare the products on one machine, as the tests and
+    the pass profile do); not for use from several threads."""
+    return _ignoring(frozenset(INT8_DOT_FLAGS))
+
+
+def int8_products_as_on_avx2_only() -> contextlib.AbstractContextManager[None]:
+    """As :func:`int8_dot_products_ignored`, and as on a CPU without AVX-512 too."""
+    return _ignoring(frozenset(INT8_DOT_FLAGS) | {f for f in cpu_flags() if f.startswith("avx512")})
 
 
 def compiler() -> str | None:

@@ -26,7 +26,7 @@ reads (``torch.ops.onednn.qlinear_prepack``; fastbert.kernels.cpu_engine_int8). 
 without bfloat16 or int8 instructions for oneDNN, :meth:`PackedWeights.widened_for` keeps
 float32 copies of bfloat16 and int8 weights instead, for the float32 products that stand in
 for theirs (each a second copy, the size of a float32 model's weights), and
-:meth:`PackedWeights.int8_panels_for` the int8 weights' panels for AVX2's byte product
+:meth:`PackedWeights.int8_panels_for` the int8 weights' panels for the byte product
 (fastbert.kernels.cpu_int8_product; a second copy the size of the int8 weight).
 """
 
@@ -150,13 +150,13 @@ class PackedWeights:
             weight, "onednn int8", lambda w: torch.ops.onednn.qlinear_prepack(w, None)
         )
 
-    def int8_panels_for(self, weight: torch.Tensor) -> cpu_int8_product.Panels | None:
-        """An int8 [N, K] weight on a CPU packed for the byte product of a CPU without int8
-        dot products (fastbert.kernels.cpu_int8_product), or None where it is not packed (the
-        product is not available, the weight holds -128, an inference tensor)."""
-        if not _int8_weight(weight) or not cpu_int8_product.available():
+    def int8_panels_for(self, weight: torch.Tensor, build: str) -> cpu_int8_product.Panels | None:
+        """An int8 [N, K] weight on a CPU packed for ``build`` of the byte product of a CPU
+        without int8 dot products (fastbert.kernels.cpu_int8_product), or None where it is not
+        packed (that build is not available, the weight holds -128, an inference tensor)."""
+        if not _int8_weight(weight) or not cpu_int8_product.available(build):
             return None
-        return self._copy(weight, "panels", cpu_int8_product.pack)
+        return self._copy(weight, f"panels {build}", lambda w: cpu_int8_product.pack(w, build))
 
     def widened_for(self, weight: torch.Tensor, columns: int) -> tuple[torch.Tensor, ...] | None:
         """float32 copies of a bfloat16 (``nn.Parameter``) or int8 [N, K] weight on a CPU,
