@@ -3,12 +3,13 @@
 // (-O3 -march=native -fopenmp) in two builds, on AVX2's 256-bit registers (-mno-avx512f) and,
 // with -DFASTBERT_BYTES_512, on AVX-512 BW's 512-bit ones, and calls it through ctypes.
 //
-// fastbert_int8_panel_columns: the columns of one panel in this build (2 registers of int32s).
+// fastbert_int8_panel_columns: the columns of one panel in this build (24 AVX2, 32 AVX-512).
 // fastbert_pack_int8_panels: int8 weight [n, k] (row stride k) -> panels
 //   [ceil(n / columns)][ceil(k / 4)][columns][4 terms], zeros past n and k. Returns 0, or 1
 //   (nothing packed) when the weight holds -128.
-// fastbert_int8_panels_product: int8 a [m, k] (row stride lda) times the packed weight ->
-//   int32 c [m, n] (row stride ldc), c[i][j] = sum_t a[i][t] * weight[j][t], exact.
+// fastbert_int8_panels_product: int8 a [m, k] (row stride lda; k a multiple of 4, the
+//   caller pads) times the packed weight -> int32 c [m, n] (row stride ldc),
+//   c[i][j] = sum_t a[i][t] * weight[j][t], exact.
 //
 // Why it is exact: the byte multiply-add (vpmaddubsw) multiplies unsigned bytes by signed ones
 // and adds neighbouring products in 16 bits, saturating. Here the unsigned side is |a| (at
@@ -28,45 +29,44 @@
 #error "the 512-bit build of fastbert's int8 byte product needs AVX-512 BW"
 #endif
 typedef __m512i vec;
-enum { LANES = 16 };  // int32 sums per register
-static inline vec load(const int8_t* p) { return _mm512_loadu_si512((const void*)p); }
-static inline void store(int32_t* p, vec v) { _mm512_storeu_si512((void*)p, v); }
-static inline vec broadcast(int32_t four) { return _mm512_set1_epi32(four); }
-static inline vec zeros() { return _mm512_setzero_si512(); }
-static inline vec ones16() { return _mm512_set1_epi16(1); }
-static inline vec magnitude(vec a) { return _mm512_abs_epi8(a); }
+// int32 sums per register; registers of sums per panel row and rows per step, which the 32
+// registers hold with the weights' and the broadcast's.
+enum { LANES = 16, REGISTERS = 2, ROWS = 4 };
+#define SIMD(op) _mm512_##op
+#define WHOLE(op) _mm512_##op##_si512
 // w with each byte negated where a's byte is negative (AVX-512 has no vpsignb; where a is 0,
 // |a| = 0 makes the product 0 either way).
 static inline vec signed_as(vec w, vec a) {
   return _mm512_mask_sub_epi8(w, _mm512_movepi8_mask(a), _mm512_setzero_si512(), w);
 }
-static inline vec pair_sums(vec u, vec s) { return _mm512_maddubs_epi16(u, s); }
-static inline vec widened(vec pairs, vec ones) { return _mm512_madd_epi16(pairs, ones); }
-static inline vec add(vec x, vec y) { return _mm512_add_epi32(x, y); }
 #else
 #ifndef __AVX2__
 #error "fastbert's int8 byte product needs AVX2"
 #endif
 typedef __m256i vec;
-enum { LANES = 8 };
-static inline vec load(const int8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
-static inline void store(int32_t* p, vec v) { _mm256_storeu_si256((__m256i*)p, v); }
-static inline vec broadcast(int32_t four) { return _mm256_set1_epi32(four); }
-static inline vec zeros() { return _mm256_setzero_si256(); }
-static inline vec ones16() { return _mm256_set1_epi16(1); }
-static inline vec magnitude(vec a) { return _mm256_abs_epi8(a); }
+// Within AVX2's 16 registers: 2 x 3 sums, 3 of weights, the broadcast and its magnitude.
+enum { LANES = 8, REGISTERS = 3, ROWS = 2 };
+#define SIMD(op) _mm256_##op
+#define WHOLE(op) _mm256_##op##_si256
 static inline vec signed_as(vec w, vec a) { return _mm256_sign_epi8(w, a); }
-static inline vec pair_sums(vec u, vec s) { return _mm256_maddubs_epi16(u, s); }
-static inline vec widened(vec pairs, vec ones) { return _mm256_madd_epi16(pairs, ones); }
-static inline vec add(vec x, vec y) { return _mm256_add_epi32(x, y); }
 #endif
 
+// The operations both widths name alike.
+static inline vec load(const int8_t* p) { return WHOLE(loadu)((const vec*)p); }
+static inline void store(int32_t* p, vec v) { WHOLE(storeu)((vec*)p, v); }
+static inline vec zeros() { return WHOLE(setzero)(); }
+static inline vec broadcast(int32_t four) { return SIMD(set1_epi32)(four); }
+static inline vec ones16() { return SIMD(set1_epi16)(1); }
+static inline vec magnitude(vec a) { return SIMD(abs_epi8)(a); }
+static inline vec pair_sums(vec u, vec s) { return SIMD(maddubs_epi16)(u, s); }
+static inline vec widened(vec pairs, vec ones) { return SIMD(madd_epi16)(pairs, ones); }
+static inline vec add(vec x, vec y) { return SIMD(add_epi32)(x, y); }
+
 enum {
-  ROWS = 4,              // rows one call of the inner kernel multiplies
-  COLUMNS = 2 * LANES,   // columns of a panel: two registers of int32 sums
-  TERMS = 4,             // consecutive k terms each int32 lane sums per step
-  ROW_BLOCK = 64,        // rows a thread keeps in cache while the panels pass by
-  STEP = COLUMNS * TERMS // bytes of a panel per step
+  COLUMNS = REGISTERS * LANES, // columns of a panel: REGISTERS registers of int32 sums
+  TERMS = 4,                   // consecutive k terms each int32 lane sums per step
+  ROW_BLOCK = 64,              // rows a thread keeps in cache while the panels pass by
+  STEP = COLUMNS * TERMS       // bytes of a panel per step
 };
 
 extern "C" int fastbert_int8_panel_columns() { return COLUMNS; }
@@ -88,56 +88,33 @@ extern "C" int fastbert_pack_int8_panels(const int8_t* weight, int64_t n, int64_
   return 0;
 }
 
-// The row's terms from 4 * group to its end (fewer than four), zeros after them.
-static inline int32_t terms(const int8_t* row, int64_t group, int64_t k) {
-  int32_t v = 0;
-  const int64_t start = group * TERMS;
-  memcpy(&v, row + start, k - start < TERMS ? k - start : TERMS);
-  return v;
-}
-
-// sum += a's four terms (broadcast) times the panel's columns of them, in two registers.
-static inline void step(int32_t four, vec w0, vec w1, vec ones, vec& sum0, vec& sum1) {
-  const vec a = broadcast(four);
-  const vec u = magnitude(a);
-  sum0 = add(sum0, widened(pair_sums(u, signed_as(w0, a)), ones));
-  sum1 = add(sum1, widened(pair_sums(u, signed_as(w1, a)), ones));
-}
-
-// R rows of a from row `a` times one panel -> c's R x `columns` block (columns <= COLUMNS).
+// R rows of a from row `a` times one panel -> c's R x `columns` block (columns <= COLUMNS);
+// k is a multiple of TERMS.
 template <int R>
 static void rows_times_panel(const int8_t* a, int64_t lda, int64_t k, const int8_t* panel,
                              int32_t* c, int64_t ldc, int64_t columns) {
-  vec sum[R][2];
-  for (int r = 0; r < R; ++r) sum[r][0] = sum[r][1] = zeros();
-  const vec ones = ones16();
-  const int64_t whole = k / TERMS;
-  for (int64_t g = 0; g < whole; ++g) {
-    const vec w0 = load(panel + g * STEP);
-    const vec w1 = load(panel + g * STEP + STEP / 2);
-    for (int r = 0; r < R; ++r) {
-      int32_t four;
-      memcpy(&four, a + r * lda + g * TERMS, TERMS);
-      step(four, w0, w1, ones, sum[r][0], sum[r][1]);
-    }
+  vec sum[R][REGISTERS];
+  for (int r = 0; r < R; ++r) {
+    for (int v = 0; v < REGISTERS; ++v) sum[r][v] = zeros();
   }
-  if (k % TERMS) {  // the last group of fewer than four terms
-    const vec w0 = load(panel + whole * STEP);
-    const vec w1 = load(panel + whole * STEP + STEP / 2);
+  const vec ones = ones16();
+  for (int64_t g = 0; g < k / TERMS; ++g) {
+    vec w[REGISTERS];
+    for (int v = 0; v < REGISTERS; ++v) w[v] = load(panel + g * STEP + v * LANES * TERMS);
     for (int r = 0; r < R; ++r) {
-      step(terms(a + r * lda, whole, k), w0, w1, ones, sum[r][0], sum[r][1]);
+      int32_t four;  // a's four terms, broadcast; the weights take their signs
+      memcpy(&four, a + r * lda + g * TERMS, TERMS);
+      const vec av = broadcast(four);
+      const vec u = magnitude(av);
+      for (int v = 0; v < REGISTERS; ++v) {
+        sum[r][v] = add(sum[r][v], widened(pair_sums(u, signed_as(w[v], av)), ones));
+      }
     }
   }
   for (int r = 0; r < R; ++r) {
-    if (columns == COLUMNS) {
-      store(c + r * ldc, sum[r][0]);
-      store(c + r * ldc + LANES, sum[r][1]);
-    } else {
-      int32_t whole_row[COLUMNS];
-      store(whole_row, sum[r][0]);
-      store(whole_row + LANES, sum[r][1]);
-      memcpy(c + r * ldc, whole_row, columns * sizeof(int32_t));
-    }
+    int32_t row[COLUMNS];
+    for (int v = 0; v < REGISTERS; ++v) store(row + v * LANES, sum[r][v]);
+    memcpy(c + r * ldc, row, columns * sizeof(int32_t));
   }
 }
 

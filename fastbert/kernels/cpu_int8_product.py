@@ -165,7 +165,9 @@ def product(q: torch.Tensor, panels: Panels) -> torch.Tensor:
     rows, k = q.shape
     if k != panels.in_features:
         raise ValueError(f"q has {k} columns, the packed weight {panels.in_features}")
-    if q.stride(-1) != 1:
+    if k % PANEL_TERMS:  # the loops read whole groups of terms: zeros after the last
+        q = torch.nn.functional.pad(q, (0, PANEL_TERMS - k % PANEL_TERMS))
+    elif q.stride(-1) != 1:
         q = q.contiguous()
     out = torch.empty((rows, panels.out_features), dtype=torch.int32)
     if rows == 0 or panels.out_features == 0:
@@ -173,7 +175,7 @@ def product(q: torch.Tensor, panels: Panels) -> torch.Tensor:
     BUILDS[panels.build].get().fastbert_int8_panels_product(
         q.data_ptr(),
         rows,
-        k,
+        q.shape[1],
         q.stride(0),
         panels.data.data_ptr(),
         panels.out_features,
