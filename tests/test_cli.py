@@ -35,7 +35,7 @@ def test_info_reports_versions_and_backends(capsys) -> None:
 @pytest.mark.parametrize(
     "flags, compiled, advice",
     [
-        ({"avx2"}, True, "on AVX2's byte multiply-adds, exact, 1.4x float32's speed"),
+        ({"avx2"}, True, "on AVX2's byte multiply-adds, exact, 1.5x float32's speed"),
         ({"avx2", "avx512f", "avx512bw"}, True, "on AVX-512's byte multiply-adds, exact"),
         ({"avx2", "avx512f"}, True, "no faster than float32, and lossy; keep float32"),
         ({"avx512_vnni"}, True, "; faster than float32 and lossy"),

@@ -100,8 +100,8 @@ def cpu_bf16_advice() -> str:
 # int8 on each build of the byte product against float32, end to end, where measured
 # (docs/results.md, "int8 on the byte multiply-adds").
 BYTE_PRODUCT_SPEED = {
-    "avx2": "1.4x float32's speed end to end with oneDNN held to AVX2",
-    "avx512": "1.17x float32's speed end to end on an AVX-512 EPYC with its VNNI set aside",
+    "avx2": "1.5x float32's speed end to end with oneDNN held to AVX2",
+    "avx512": "1.2x float32's speed end to end on an AVX-512 EPYC with its VNNI set aside",
 }
 
 
