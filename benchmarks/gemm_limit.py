@@ -52,17 +52,16 @@ def products(
         b = torch.randint(-127, 128, (hidden, intermediate), dtype=torch.int8, generator=generator)
         if not has_int8_dot_products():
             # torch._int_mm is oneDNN's reference loop here (~2 GFLOP/s on an AVX2-only CPU):
-            # the exact float32 GEMM of the int8 values that fastbert runs, and oneDNN's
-            # quantised linear on uint8 rows, which adds the products in 16-bit pairs (the
-            # CPU's int8 rate; exact only when one operand has 7 bits).
-            # And fastbert's byte product (exact), each build this CPU runs.
+            # the exact float32 GEMM of the int8 values, oneDNN's quantised linear on uint8
+            # rows, which adds the products in 16-bit pairs (exact only when one operand has 7
+            # bits), and fastbert's exact byte product, each build this CPU runs.
             uint8_rows = a.to(torch.int16).add_(128).to(torch.uint8)
             ways = {
                 "float32 GEMM of the int8 values (exact)": _widened_mm(a, b),
                 "onednn qlinear, uint8 (16-bit pairs)": _qlinear(uint8_rows, 128, b),
             }
             for build in cpu_int8_product.BUILDS:
-                panels = cpu_int8_product.pack(b.t().contiguous(), build)
+                panels = cpu_int8_product.pack(b.t(), build)
                 if panels is not None:
                     name = f"fastbert {cpu_int8_product.REGISTERS[build]} byte product (exact)"
                     ways[name] = functools.partial(cpu_int8_product.product, a, panels)

@@ -207,8 +207,10 @@ def rows_to_run(jobs: dict) -> dict[str, tuple[str, Any, Callable]]:
             rows[name] = ("bfloat16", jobs["bfloat16"], switch)
     if "bfloat16" in jobs and cpu_gelu.available():
         rows[GELU_POST_OP] = ("bfloat16", jobs["bfloat16"], cpu_gelu.turned_off)
-    builds = [b for b in cpu_int8_product.BUILDS if cpu_int8_product.available(b)]
-    if "int8" in jobs and builds:
+    builds = [
+        b for b in cpu_int8_product.BUILDS if "int8" in jobs and cpu_int8_product.available(b)
+    ]
+    if builds:
         for build in builds:
             if build != cpu_int8_product.chosen():
                 name = INT8_BYTES.format(cpu_int8_product.REGISTERS[build])

@@ -104,8 +104,8 @@ def int8_status() -> str:
         )
     elif has_int8_dot_products():
         product = "torch._int_mm"
-    elif cpu_int8_product.chosen() is not None:
-        registers = cpu_int8_product.REGISTERS[cpu_int8_product.chosen()]
+    elif (build := cpu_int8_product.chosen()) is not None:
+        registers = cpu_int8_product.REGISTERS[build]
         product = (
             f"{registers}'s byte multiply-adds on packed weights, exact (no int8 dot products)"
         )

@@ -53,74 +53,73 @@ def turned_off() -> Iterator[None]:
         _paused = before
 
 
-class OneDNNProduct:
-    """The compiled passes (fastbert.kernels.cpu_int8), with the integer product on oneDNN's
-    quantised linear reading ``packed``, the weight's packed copy."""
+class _KeptWeightProduct:
+    """The compiled passes (fastbert.kernels.cpu_int8), with the integer product reading a
+    copy of the weight kept in fastbert.kernels.packed_weights: a subclass's
+    :meth:`multiply`."""
 
     takes = staticmethod(cpu_int8.takes)
     dequantize = staticmethod(cpu_int8.dequantize)
+
+    def product(
+        self, x: torch.Tensor, weight: torch.Tensor, input_scale: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`fastbert.kernels.cpu_int8.product`: x's rows quantised by the compiled pass,
+        then :meth:`multiply`."""
+        q, scale = cpu_int8.quantize_rows(x, input_scale)
+        return self.multiply(q, weight), scale
+
+    def multiply(self, q: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """int8 q [M, K] times the weight: the exact integers, int32 or float32 [M, N]."""
+        raise NotImplementedError
+
+
+class OneDNNProduct(_KeptWeightProduct):
+    """The integer product on oneDNN's quantised linear reading ``packed``, the weight's
+    packed copy (the integers in a float32 [M, N])."""
 
     def __init__(self, packed: torch.Tensor, out_features: int):
         self.packed = packed
         self.out_features = out_features
 
-    def product(
-        self, x: torch.Tensor, weight: torch.Tensor, input_scale: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:func:`fastbert.kernels.cpu_int8.product`, the integers in a float32 [M, N]."""
-        q, scale = cpu_int8.quantize_rows(x, input_scale)
+    def multiply(self, q: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         n = self.out_features
         unit = torch.ones(n)
         zeros = torch.zeros(n, dtype=torch.int32)
-        acc = torch.ops.onednn.qlinear_pointwise(
+        return torch.ops.onednn.qlinear_pointwise(
             q, 1.0, 0, self.packed, unit, zeros, None, 1.0, 0, torch.float32, "none", [], ""
         )
-        return acc, scale
 
 
-class WidenedProduct:
-    """The compiled passes (fastbert.kernels.cpu_int8), with the integer product as float32
-    GEMMs on oneDNN reading ``copies``, the weight's float32 copies of at most
-    :data:`~fastbert.kernels.torch_ops.FLOAT32_EXACT_TERMS` columns each (packed): exact, for
-    a CPU without int8 dot products (fastbert.kernels.torch_ops.int_product_in_float32)."""
-
-    takes = staticmethod(cpu_int8.takes)
-    dequantize = staticmethod(cpu_int8.dequantize)
+class WidenedProduct(_KeptWeightProduct):
+    """The integer product as float32 GEMMs on oneDNN reading ``copies``, the weight's float32
+    copies of at most :data:`~fastbert.kernels.torch_ops.FLOAT32_EXACT_TERMS` columns each
+    (packed): exact, for a CPU without int8 dot products
+    (fastbert.kernels.torch_ops.int_product_in_float32; float32 or int32 [M, N])."""
 
     def __init__(self, copies: tuple[torch.Tensor, ...]):
         self.copies = copies
 
-    def product(
-        self, x: torch.Tensor, weight: torch.Tensor, input_scale: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:func:`fastbert.kernels.cpu_int8.product`, the integers in float32 or int32 [M, N]."""
-        q, scale = cpu_int8.quantize_rows(x, input_scale)
+    def multiply(self, q: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         pointwise = torch.ops.mkldnn._linear_pointwise
 
         def product(block: torch.Tensor, start: int) -> torch.Tensor:
             copy = self.copies[start // torch_ops.FLOAT32_EXACT_TERMS]
             return pointwise(block, copy, None, "none", [], "")
 
-        return torch_ops.int_product_in_float32(q, weight, product), scale
+        return torch_ops.int_product_in_float32(q, weight, product)
 
 
-class PanelProduct:
-    """The compiled passes (fastbert.kernels.cpu_int8), with the integer product on the byte
-    multiply-adds reading ``panels``, the weight packed for them
-    (fastbert.kernels.cpu_int8_product): exact, for a CPU without int8 dot products."""
-
-    takes = staticmethod(cpu_int8.takes)
-    dequantize = staticmethod(cpu_int8.dequantize)
+class PanelProduct(_KeptWeightProduct):
+    """The integer product on the byte multiply-adds reading ``panels``, the weight packed for
+    them (fastbert.kernels.cpu_int8_product): exact, for a CPU without int8 dot products
+    (int32 [M, N])."""
 
     def __init__(self, panels: cpu_int8_product.Panels):
         self.panels = panels
 
-    def product(
-        self, x: torch.Tensor, weight: torch.Tensor, input_scale: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:func:`fastbert.kernels.cpu_int8.product`, the integers in an int32 [M, N]."""
-        q, scale = cpu_int8.quantize_rows(x, input_scale)
-        return cpu_int8_product.product(q, self.panels), scale
+    def multiply(self, q: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return cpu_int8_product.product(q, self.panels)
 
 
 def _product_passes(x: torch.Tensor, weight: torch.Tensor, packs: PackedWeights | None) -> object:

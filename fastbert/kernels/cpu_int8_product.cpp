@@ -6,7 +6,7 @@
 // fastbert_int8_panel_columns: the columns of one panel in this build (24 AVX2, 32 AVX-512).
 // fastbert_pack_int8_panels: int8 weight [n, k] (row stride k) -> panels
 //   [ceil(n / columns)][ceil(k / 4)][columns][4 terms], zeros past n and k. Returns 0, or 1
-//   (nothing packed) when the weight holds -128.
+//   when the weight holds -128 (the panels, part written, are then not used).
 // fastbert_int8_panels_product: int8 a [m, k] (row stride lda; k a multiple of 4, the
 //   caller pads) times the packed weight -> int32 c [m, n] (row stride ldc),
 //   c[i][j] = sum_t a[i][t] * weight[j][t], exact.
@@ -73,16 +73,15 @@ extern "C" int fastbert_int8_panel_columns() { return COLUMNS; }
 
 extern "C" int fastbert_pack_int8_panels(const int8_t* weight, int64_t n, int64_t k,
                                          int8_t* panels) {
-  for (int64_t i = 0; i < n * k; ++i) {
-    if (weight[i] == -128) return 1;
-  }
   const int64_t groups = (k + TERMS - 1) / TERMS;
   const int64_t count = (n + COLUMNS - 1) / COLUMNS;
   memset(panels, 0, count * groups * STEP);
   for (int64_t j = 0; j < n; ++j) {
     int8_t* column = panels + (j / COLUMNS) * groups * STEP + (j % COLUMNS) * TERMS;
     for (int64_t t = 0; t < k; ++t) {
-      column[(t / TERMS) * STEP + t % TERMS] = weight[j * k + t];
+      const int8_t w = weight[j * k + t];
+      if (w == -128) return 1;
+      column[(t / TERMS) * STEP + t % TERMS] = w;
     }
   }
   return 0;

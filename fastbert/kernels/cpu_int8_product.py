@@ -12,7 +12,7 @@ sums are the exact integers, so an int8 model gives the same bits as with any ot
 :func:`chosen` says which build the int8 linear takes here: the AVX2 one is slower than
 float32's AVX-512 GEMMs, so a CPU with AVX-512 takes the AVX-512 one or none.
 
-The weight is packed once into panels of two registers' columns (:func:`pack`; a weight
+The weight is packed once into panels of 24 (AVX2) or 32 (AVX-512) columns (:func:`pack`; a weight
 holding -128 is refused, and its product stays on the float32 GEMMs); the engine keeps the
 panels with the model's other packed weights (fastbert.kernels.packed_weights). Built at first
 use on Linux x86-64 with a C++ compiler and the build's instructions
@@ -125,7 +125,7 @@ def taken(product: str) -> Iterator[None]:
 class Panels:
     """An int8 [out_features, in_features] weight packed for :func:`product` by ``build``:
     int8 ``data``, [ceil(out / columns), ceil(in / 4), columns, 4] flattened, zeros past the
-    weight's edges (columns: 16 in the AVX2 build, 32 in the AVX-512 one)."""
+    weight's edges (columns: 24 in the AVX2 build, 32 in the AVX-512 one)."""
 
     data: torch.Tensor
     out_features: int
