@@ -1,6 +1,8 @@
-"""The compiled bfloat16 CPU attention (fastbert.kernels.cpu_attention): against the float64
-reference and the float32 math path, the torch backend's calls that take it and those that do
-not, NaN, threads, and the switch and build failures that leave the torch path in place."""
+"""The compiled CPU attention (fastbert.kernels.cpu_attention): against the float64 reference
+and the float32 math path, its float32 builds (AVX-512 with and without AVX512_BF16, AVX2)
+against each other, the build each CPU class runs, the torch backend's calls that take it and
+those that do not, NaN, threads, and the switch and build failures that leave the torch path
+in place."""
 
 from __future__ import annotations
 
@@ -21,6 +23,12 @@ from tests.op_cases import padded_mask, randn
 from tests.test_attention import packed_qkv
 
 needs_kernel = pytest.mark.skipif(not C.available(), reason=f"cpu_attention: {C.status()}")
+needs_bf16 = pytest.mark.skipif(
+    torch.bfloat16 not in C.dtypes(), reason=f"no bfloat16 build here: {C.status()}"
+)
+# The dtype of the tests that any build serves: bfloat16 where it runs (its build's own
+# path), else float32.
+KERNEL_DTYPE = (*C.dtypes(), torch.float32)[0]
 HEADS = 12
 LENGTHS = [1, 2, 15, 16, 17, 31, 0, 33, 100, 129, 256, 5]
 
@@ -52,6 +60,11 @@ def calls(monkeypatch) -> list[int]:
     return seen
 
 
+def needs_dtype(dtype: torch.dtype) -> None:
+    if dtype not in C.dtypes():
+        pytest.skip(f"the kernel here runs {C.dtypes()}: {C.status()}")
+
+
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("head_dim", [32, 64])
@@ -64,6 +77,22 @@ def test_varlen_against_float64(dtype, head_dim, scale) -> None:
     same sequence (measured: at most 1.46x; a softmax exp off by about 10 ulp gave 3x). A
     kernel that read another sequence's keys, used the wrong scale, or rounded the scores
     would fail it."""
+    needs_dtype(dtype)
+    check_against_float64(dtype, head_dim, scale)
+
+
+@pytest.mark.parametrize("build", list(C.BUILDS))
+@pytest.mark.parametrize("head_dim", [32, 64])
+def test_every_float32_build_against_float64(build, head_dim) -> None:
+    """Each build that runs here (the AVX2 one on any CPU with AVX2), as the test above."""
+    with C.taken(build):
+        if not C.available():
+            pytest.skip(f"{build}: {C.status()}")
+        assert C.dtypes()[-1] == torch.float32
+        check_against_float64(torch.float32, head_dim, 0.3)
+
+
+def check_against_float64(dtype: torch.dtype, head_dim: int, scale: float | None) -> None:
     q, k, v, cu = sharp_packed(LENGTHS, head_dim, seed=head_dim, dtype=dtype)
     out = C.attention_varlen(q, k, v, cu, scale)
     assert out.shape == q.shape and out.is_contiguous() and out.dtype == dtype
@@ -84,7 +113,7 @@ def test_varlen_against_float64(dtype, head_dim, scale) -> None:
         assert error <= relative_error(flash, expected), (end - start, error)
 
 
-@needs_kernel
+@needs_bf16
 @pytest.mark.parametrize("head_dim", [32, 64])
 def test_within_one_rounding_of_the_math_path(head_dim) -> None:
     """The float32 math path (cpu_engine_attention.math_attention) computes the same thing in
@@ -111,7 +140,7 @@ def test_within_one_rounding_of_the_math_path(head_dim) -> None:
 @needs_kernel
 def test_views_and_copies_agree() -> None:
     """Views of a fused buffer and separate contiguous tensors give the same bits."""
-    q, k, v, cu = sharp_packed([20, 3, 40], 32, seed=4)
+    q, k, v, cu = sharp_packed([20, 3, 40], 32, seed=4, dtype=KERNEL_DTYPE)
     assert torch.equal(
         C.attention_varlen(q, k, v, cu),
         C.attention_varlen(q.contiguous(), k.contiguous(), v.contiguous(), cu),
@@ -126,6 +155,7 @@ BOUNDS = {torch.bfloat16: 2.5e-3, torch.float32: 2e-6}
 def test_torch_backend_varlen_takes_it(calls, dtype) -> None:
     """attention_varlen without dropout or positions: one kernel call for the whole batch,
     the reference's result."""
+    needs_dtype(dtype)
     q, k, v, cu = sharp_packed(LENGTHS, 32, seed=5, dtype=dtype)
     out = T.attention_varlen_unchecked(q, k, v, cu, max(LENGTHS))
     assert calls == [len(LENGTHS)]
@@ -139,6 +169,7 @@ def test_torch_backend_varlen_takes_it(calls, dtype) -> None:
 def test_torch_backend_dense_takes_it(calls, dtype, lengths) -> None:
     """Dense attention without a mask or with right padding: one call, the reference at every
     query (padded ones attend to their row's real keys), zeros on a row without keys."""
+    needs_dtype(dtype)
     batch, seq = len(lengths), 37
     qkv = randn((batch, seq, 3, HEADS, 32), dtype, "cpu", seed=6)
     q, k, v = qkv.permute(2, 0, 3, 1, 4)
@@ -177,6 +208,7 @@ def test_positions_take_it(calls, dtype, case) -> None:
     the packed batch and one for a right-padded one, the float64 reference's result (rotary:
     on q and k rotated in their dtype first, as the torch path rotates them), zeros where a
     padded query has no key in its window."""
+    needs_dtype(dtype)
     options = positions_options(case, HEADS)
     q, k, v, cu = sharp_packed(LENGTHS, 64, seed=41, dtype=dtype)
     out = T.attention_varlen_unchecked(
@@ -303,7 +335,7 @@ def test_other_calls_keep_the_torch_path(calls, case) -> None:
 @needs_kernel
 def test_nan_stays_in_its_sequence() -> None:
     """A NaN key makes its own sequence's outputs NaN and no other's."""
-    q, k, v, cu = sharp_packed([10, 12], 32, seed=9)
+    q, k, v, cu = sharp_packed([10, 12], 32, seed=9, dtype=KERNEL_DTYPE)
     k[3, 0, 5] = float("nan")
     out = C.attention_varlen(q, k, v, cu)
     assert torch.isnan(out[:10, 0]).all()
@@ -313,7 +345,7 @@ def test_nan_stays_in_its_sequence() -> None:
 @needs_kernel
 def test_threads_share_nothing() -> None:
     """Calls from several Python threads at once (the serving case) give each its own result."""
-    batches = [sharp_packed([5 + i, 40 - i, 17], 32, seed=10 + i) for i in range(6)]
+    batches = [sharp_packed([5 + i, 40 - i, 17], 32, 10 + i, KERNEL_DTYPE) for i in range(6)]
     alone = [C.attention_varlen(*b) for b in batches]
     with ThreadPoolExecutor(4) as pool:
         together = list(pool.map(lambda b: C.attention_varlen(*b), batches * 3))
@@ -365,19 +397,19 @@ def test_build_failure_keeps_the_torch_path(tmp_path) -> None:
 def test_built_from_runs_another_source_inside_the_block_only(tmp_path) -> None:
     """A copy of the source (the same build, cached) gives the same bits inside the block; a
     source that does not compile raises, naming it; the kernel of before runs after either."""
-    q, k, v, cu = sharp_packed([3, 40], 32, seed=7)
+    q, k, v, cu = sharp_packed([3, 40], 32, seed=7, dtype=KERNEL_DTYPE)
     before = C.attention_varlen(q, k, v, cu)
     copy = tmp_path / "copy.cpp"
     copy.write_bytes(C.SOURCE.read_bytes())
     with C.built_from(copy):
-        assert C._LIBRARY.source == copy.resolve()
+        assert C._library().source == copy.resolve()
         assert torch.equal(C.attention_varlen(q, k, v, cu), before)
     broken = tmp_path / "broken.cpp"
     broken.write_text("this is not C++\n")
     with pytest.raises(RuntimeError, match="broken.cpp"):
         with C.built_from(broken):
             pass
-    assert C._LIBRARY.source == C.SOURCE
+    assert C._library().source == C.SOURCE
     assert torch.equal(C.attention_varlen(q, k, v, cu), before)
 
 
@@ -385,7 +417,7 @@ def test_built_from_runs_another_source_inside_the_block_only(tmp_path) -> None:
 def test_turned_off_takes_the_torch_path(calls) -> None:
     """Inside turned_off() the torch path answers (the same bits as its own call), after it
     the kernel again."""
-    q, k, v, cu = sharp_packed([9, 30], 32, seed=11)
+    q, k, v, cu = sharp_packed([9, 30], 32, seed=11, dtype=KERNEL_DTYPE)
     with C.turned_off():
         off = T.attention_varlen_unchecked(q, k, v, cu, 30)
     assert calls == []
@@ -459,3 +491,106 @@ def test_onednn_amx_linears_after_the_tiles_are_unchanged() -> None:
         for _ in range(3):
             C.attention_varlen(*sharp_packed([40, 64, 17], 32, seed=30))
             assert torch.equal(linear(x, weight, None, "none", [], ""), before)
+
+
+def runs_here(build: str) -> bool:
+    with C.taken(build):
+        return C.available()
+
+
+@pytest.mark.parametrize("head_dim", [32, 64])
+@pytest.mark.parametrize(
+    "case", ["plain", "scale", "relative-bias", "rotary-and-window", "window-0", "right-padded"]
+)
+def test_the_float32_builds_give_the_same_bits(head_dim, case) -> None:
+    """The builds sum in one order with the same fused multiply-adds whatever their vector
+    width (AVX2's 8 floats, AVX-512's 16), so each that runs here gives the others' bits: on
+    lengths around every vector and row step, with each position option."""
+    builds = [build for build in C.BUILDS if runs_here(build)]
+    if len(builds) < 2:
+        pytest.skip(f"one build runs here: {builds}")
+    lengths = [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 0, 33, 64, 100, 129, 5]
+    q, k, v, cu = sharp_packed(lengths, head_dim, seed=50, dtype=torch.float32)
+    options = {
+        "relative-bias": {"relative_bias": randn((HEADS, BIAS), torch.float32, "cpu", seed=51)},
+        "rotary-and-window": {"rotary": 1.0 / 10000 ** (torch.arange(0, head_dim, 2) / head_dim)},
+        "window-0": {"window": 0},
+    }.get(case, {})
+    if case == "rotary-and-window":
+        options["window"] = 5
+    positions = C.Positions(**options)
+    scale = 0.3 if case == "scale" else None
+    outputs = {}
+    for build in builds:
+        with C.taken(build):
+            if case == "right-padded":  # queries past a sequence's keys, as compiled_dense asks
+                starts, lengths_t = cu[:-1].long(), cu[1:].long() - cu[:-1].long()
+                keys = lengths_t * 2 // 3
+                out = C.attention_sequences(q, k, v, starts, keys, lengths_t, scale, positions)
+            else:
+                out = C.attention_varlen(q, k, v, cu, scale, positions)
+        outputs[build] = out
+    first, *others = builds
+    for build in others:
+        assert torch.equal(outputs[build], outputs[first]), (build, first)
+
+
+@pytest.mark.parametrize(
+    "flags, build",
+    [
+        ({"avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "amx_bf16"}, "avx512_bf16"),
+        ({"avx2", "fma", "avx512f", "avx512bw", "avx512_bf16"}, "avx512_bf16"),
+        ({"avx2", "fma", "avx512f", "avx512bw", "avx512_vnni"}, "avx512"),  # Cascade/Ice Lake
+        ({"avx2", "fma", "avx512f"}, "avx512"),  # Skylake-SP
+        ({"avx2", "fma"}, "avx2"),  # AMD Zen 1-3, Intel client CPUs
+    ],
+)
+def test_each_cpu_class_runs_its_build(monkeypatch, flags, build) -> None:
+    from fastbert.kernels import cpu_library
+
+    monkeypatch.setattr(cpu_library, "cpu_flags", lambda: frozenset(flags))
+    assert C.chosen() == build
+
+
+def test_a_cpu_without_avx2_says_so(monkeypatch) -> None:
+    from fastbert.kernels import cpu_library
+
+    monkeypatch.setattr(cpu_library, "cpu_flags", lambda: frozenset({"sse4_2", "avx"}))
+    assert C.chosen() == "avx2"
+    if cpu_library.missing_requirement() is None:
+        assert C.missing_requirement() == "this CPU has no avx2"
+
+
+def test_taken_names_a_build() -> None:
+    with pytest.raises(ValueError, match="build must be one of"):
+        C.taken("avx512_fp16")
+
+
+@pytest.mark.skipif(not runs_here("avx2"), reason="the AVX2 build does not run here")
+def test_a_float32_build_leaves_bfloat16_to_the_torch_path(calls) -> None:
+    """Under a build without bfloat16 (an AVX2 or AVX-512 CPU without AVX512_BF16), bfloat16
+    attention takes the torch path, still correct, and float32 the kernel."""
+    with C.taken("avx2"):
+        assert C.dtypes() == (torch.float32,)
+        q, k, v, cu = sharp_packed([9, 30], 32, seed=52)
+        out = T.attention_varlen_unchecked(q, k, v, cu, 30)
+        assert calls == []
+        expected = R.attention_varlen(q.double(), k.double(), v.double(), cu, 30)
+        assert relative_error(out, expected) < BOUNDS[torch.bfloat16]
+        q, k, v, cu = sharp_packed([9, 30], 32, seed=52, dtype=torch.float32)
+        T.attention_varlen_unchecked(q, k, v, cu, 30)
+        assert calls == [2]
+
+
+@pytest.mark.skipif(not runs_here("avx2"), reason="the AVX2 build does not run here")
+def test_the_engine_names_the_build_and_its_dtypes() -> None:
+    """fastbert info's row: the build calls run and the dtypes it takes."""
+    from fastbert.kernels import cpu_engine
+
+    with C.taken("avx2"):
+        assert C.running() == "avx2"
+        assert cpu_engine.attention_status().startswith("float32, the avx2 build: ready (")
+    assert C.running() == C.chosen()
+    if C.available():
+        dtypes = " and ".join(str(d).removeprefix("torch.") for d in C.dtypes())
+        assert cpu_engine.attention_status().startswith(f"{dtypes}, the {C.chosen()} build")

@@ -8,19 +8,27 @@ from __future__ import annotations
 
 import pytest
 
-from fastbert.kernels import cpu_attention, cpu_gelu, cpu_int8, cpu_layer_norm, cpu_library
+from fastbert.kernels import (
+    cpu_attention,
+    cpu_gelu,
+    cpu_int8,
+    cpu_int8_product,
+    cpu_layer_norm,
+    cpu_library,
+)
 
-MODULES = {
-    "cpu_attention": cpu_attention,
-    "cpu_gelu": cpu_gelu,
-    "cpu_int8": cpu_int8,
-    "cpu_layer_norm": cpu_layer_norm,
+LIBRARIES = {
+    **{f"cpu_attention {name}": build for name, build in cpu_attention.BUILDS.items()},
+    "cpu_gelu": cpu_gelu._LIBRARY,
+    "cpu_int8": cpu_int8._LIBRARY,
+    **{f"cpu_int8_product {name}": build for name, build in cpu_int8_product.BUILDS.items()},
+    "cpu_layer_norm": cpu_layer_norm._LIBRARY,
 }
 
 
-@pytest.mark.parametrize("name", sorted(MODULES))
+@pytest.mark.parametrize("name", sorted(LIBRARIES))
 def test_builds_where_its_requirements_are_met(name: str) -> None:
-    library = MODULES[name]._LIBRARY
+    library = LIBRARIES[name]
     missing = cpu_library.missing_requirement(library.cpu_flag)
     if missing is not None:
         pytest.skip(f"{name} is never built here: {missing}")

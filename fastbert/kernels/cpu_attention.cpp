@@ -1,6 +1,9 @@
-// Attention of bfloat16 or float32 sequences on a CPU with AVX512_BF16:
-// fastbert.kernels.cpu_attention compiles this file at first use (-O3 -march=native -fopenmp)
-// and calls it through ctypes.
+// Attention of bfloat16 or float32 sequences on a CPU with AVX512_BF16, and of float32 ones on
+// a CPU with AVX2 and FMA or AVX-512: fastbert.kernels.cpu_attention compiles this file at
+// first use (-O3 -march=native -fopenmp, with -mno-avx512bf16 or -mno-avx512f for the
+// float32-only builds) and calls it through ctypes. A vector (GCC's vector extensions) is W
+// floats, a register's width: 16 with AVX-512, 8 with AVX2 alone; every build sums in the same
+// order (the softmax's sum in 16 lanes either way), so the float32 builds give the same bits.
 //
 // For each sequence s and head h: the queries at tokens starts[s] .. + queries[s] - 1 attend
 //   out = softmax(scale * q k^T + bias) v
@@ -29,8 +32,8 @@
 //
 // Work: one OpenMP task per sequence, or per sequence and head when the sequences are fewer
 // than four a thread (so that one sequence's heads spread over the threads too), dynamic
-// schedule, a scratch buffer per thread: K transposed 16 x 16 words at a time in registers
-// (bfloat16: into pairs [D/2][Lp] of 32 bits; float32: [D][Lp]; Lp is L rounded up to 16,
+// schedule, a scratch buffer per thread: K transposed W x W words at a time in registers
+// (bfloat16: into pairs [D/2][Lp] of 32 bits; float32: [D][Lp]; Lp is L rounded up to W,
 // zeros past L), bfloat16 V widened to float32 [L][D] (float32 V is read in place; on AMX's
 // tiles, below, V in pairs of keys instead), and a block of score rows [ROWS][Lp]. Queries go
 // ROWS at a time so that each K or V vector loaded serves ROWS rows.
@@ -55,31 +58,53 @@
 
 #include <type_traits>
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#if !defined(__AVX2__) || !defined(__FMA__)
+#error "cpu_attention.cpp needs AVX2 and FMA (-march=native on a CPU that has them)"
+#endif
+
+// bfloat16 (fastbert_attention_bf16) only where q k^T can run on AVX512_BF16's dot products.
+#ifdef __AVX512BF16__
+#define FASTBERT_BF16 1
+#endif
+
+#if defined(FASTBERT_BF16) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #include <sys/syscall.h>
 #include <unistd.h>
 #define FASTBERT_AMX 1
 #endif
 
-#ifndef __AVX512BF16__
-#error "cpu_attention.cpp needs AVX512_BF16 (-march=native on a CPU that has it)"
+// W: floats per vector register. Queries go ROWS_D32 or ROWS_D64 at a time on the vector
+// path (by head dimension), so that each K or V vector loaded serves that many rows; P @ V
+// keeps at most SUMS vectors of sums in registers (the rest hold V and the probabilities).
+#ifdef __AVX512F__
+enum { W = 16, ROWS_D32 = 8, ROWS_D64 = 4, SUMS = 16 };
+#else
+enum { W = 8, ROWS_D32 = 8, ROWS_D64 = 8, SUMS = 8 };
 #endif
+enum { TILE_ROWS = 16, SUM_LANES = 16 };
 
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
-typedef uint32_t vu __attribute__((vector_size(64)));
-typedef uint16_t vh __attribute__((vector_size(32)));
-typedef float vf_unaligned __attribute__((vector_size(64), aligned(4)));
-typedef uint32_t vu_unaligned __attribute__((vector_size(64), aligned(4)));
-typedef uint16_t vh_unaligned __attribute__((vector_size(32), aligned(2)));
-
-enum { W = 16, MAX_ROWS = 8, TILE_ROWS = 16 };
+typedef float vf __attribute__((vector_size(W * 4)));
+typedef int32_t vi __attribute__((vector_size(W * 4)));
+typedef uint32_t vu __attribute__((vector_size(W * 4)));
+typedef uint16_t vh __attribute__((vector_size(W * 2)));
+typedef float vf_unaligned __attribute__((vector_size(W * 4), aligned(4)));
+typedef uint32_t vu_unaligned __attribute__((vector_size(W * 4), aligned(4)));
+typedef uint16_t vh_unaligned __attribute__((vector_size(W * 2), aligned(2)));
 
 static inline vf load(const float* p) { return *(const vf_unaligned*)p; }
 static inline void store(float* p, vf x) { *(vf_unaligned*)p = x; }
-static inline vf splat(float x) { return vf{} + x; }
+// x in every lane (a broadcast; vf{} + x would cost an addition, since 0 + x is not x for
+// x = -0), and a * b + c rounded once: every build is compiled with -ffp-contract=off, so that
+// these are its only fused multiply-adds and the float32 builds round alike.
+#ifdef __AVX512F__
+static inline vf splat(float x) { return (vf)_mm512_set1_ps(x); }
+static inline vf fused(vf a, vf b, vf c) { return (vf)_mm512_fmadd_ps(a, b, c); }
+#else
+static inline vf splat(float x) { return (vf)_mm256_set1_ps(x); }
+static inline vf fused(vf a, vf b, vf c) { return (vf)_mm256_fmadd_ps(a, b, c); }
+#endif
 
-// 16 bfloat16 -> float32, exactly.
+// W bfloat16 -> float32, exactly.
 static inline vf widen(const uint16_t* p) {
   vh h = *(const vh_unaligned*)p;
   return (vf)(__builtin_convertvector(h, vu) << 16);
@@ -101,21 +126,49 @@ static inline vh narrow(vf x) {
 static constexpr float LOG2E = 1.44269504088896341f;
 
 static inline vf exp2_nonpositive(vf t) {
+#ifdef __AVX512F__
   const vf n = (vf)_mm512_roundscale_ps((__m512)t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+  // 1.5 * 2^23 added and taken away: t rounded to the nearest integer, ties to even, as
+  // vrndscaleps rounds it (for |t| < 2^22; below that 2^t is 0 either way).
+  const vf n = (t + 12582912.0f) - 12582912.0f;
+#endif
   const vf f = t - n;
   vf p = splat(1.5453163359779865e-4f);
-  p = p * f + 1.3390863314270973e-3f;
-  p = p * f + 9.618083015084267e-3f;
-  p = p * f + 5.5503569543361664e-2f;
-  p = p * f + 2.4022650718688965e-1f;
-  p = p * f + 6.931471824645996e-1f;
-  p = p * f + 1.0f;
+  p = fused(p, f, splat(1.3390863314270973e-3f));
+  p = fused(p, f, splat(9.618083015084267e-3f));
+  p = fused(p, f, splat(5.5503569543361664e-2f));
+  p = fused(p, f, splat(2.4022650718688965e-1f));
+  p = fused(p, f, splat(6.931471824645996e-1f));
+  p = fused(p, f, splat(1.0f));
+#ifdef __AVX512F__
   return (vf)_mm512_scalef_ps((__m512)p, (__m512)n);
 }
 
 static inline float lane_max(vf x) { return _mm512_reduce_max_ps((__m512)x); }
 
-static inline float lane_sum(vf x) { return _mm512_reduce_add_ps((__m512)x); }
+// The sum of SUM_LANES lanes, held in SUM_LANES / W vectors (the first W lanes first).
+static inline float lane_sum(const vf* x) { return _mm512_reduce_add_ps((__m512)x[0]); }
+#else
+  // 2^n built in the exponent field: exact for n >= -126, as vscalefps; 0 below it.
+  const vf lowest = splat(-127.0f);
+  return p * (vf)((__builtin_convertvector(n < lowest ? lowest : n, vi) + 127) << 23);
+}
+
+static inline float lane_max(vf x) {
+  const __m128 four = _mm_max_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+  const __m128 two = _mm_max_ps(four, _mm_permute_ps(four, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtss_f32(_mm_max_ss(two, _mm_movehdup_ps(two)));
+}
+
+// In the order of _mm512_reduce_add_ps over the 16 lanes: halves, quarters, pairs.
+static inline float lane_sum(const vf* x) {
+  const __m256 eight = _mm256_add_ps(x[1], x[0]);
+  const __m128 four = _mm_add_ps(_mm256_extractf128_ps(eight, 1), _mm256_castps256_ps128(eight));
+  const __m128 two = _mm_add_ps(four, _mm_permute_ps(four, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtss_f32(two) + _mm_cvtss_f32(_mm_movehdup_ps(two));
+}
+#endif
 
 // Rows first .. first + count - 1 of x (those below end), D values each a row stride apart,
 // fetched into the caches ahead of their use. A head's rows lie a whole token's row apart,
@@ -186,8 +239,8 @@ template <typename T>
 static inline vf finished(const Head<T>& a, int i, int jb, vf s) {
   if (a.bias != nullptr) s += load(a.bias + (jb - i));
   if (a.window >= 0) {
-    vi distance = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    distance += jb - i;
+    vi distance;
+    for (int lane = 0; lane < W; lane++) distance[lane] = jb - i + lane;
     s = (distance <= a.window) & (distance >= -a.window) ? s : splat(-INFINITY);
   }
   if (jb == a.padded - W) s = a.tail_keep ? s : splat(-INFINITY);  // keys past L
@@ -205,19 +258,20 @@ static inline float softmax_row(const Head<T>& a, float* row, float row_max, Key
   }
   const int last = a.padded - W;
   const float max_log2 = row_max * LOG2E;
-  vf sum = {};
+  vf sum[SUM_LANES / W] = {};  // key j's probability in lane j % SUM_LANES
   for (int jb = keys.begin; jb < keys.end; jb += W) {
     const vf s = load(row + jb);
-    vf p = exp2_nonpositive(s * LOG2E - max_log2);  // exp(s - row_max), one rounding before
+    vf p = exp2_nonpositive(fused(s, splat(LOG2E), splat(-max_log2)));  // exp(s - row_max)
     if (jb == last) p = a.tail_keep ? p : splat(0.0f);
     if (a.window >= 0) p = s == splat(-INFINITY) ? splat(0.0f) : p;
-    sum += p;
+    sum[jb % SUM_LANES / W] += p;
     store(row + jb, p);
   }
   return 1.0f / lane_sum(sum);
 }
 
 // Scores of ROWS queries against the keys jb .. jb + W - 1, unscaled.
+#ifdef FASTBERT_BF16
 template <int D, int ROWS>
 static inline void key_block(const Head<uint16_t>& a, int first, int jb, vf* acc) {
   const uint32_t* q_pairs[ROWS];
@@ -231,6 +285,7 @@ static inline void key_block(const Head<uint16_t>& a, int first, int jb, vf* acc
   }
   for (int r = 0; r < ROWS; r++) acc[r] = (vf)sums[r];
 }
+#endif
 
 template <int D, int ROWS>
 static inline void key_block(const Head<float>& a, int first, int jb, vf* acc) {
@@ -240,7 +295,7 @@ static inline void key_block(const Head<float>& a, int first, int jb, vf* acc) {
   const float* k_t = (const float*)a.k_t;
   for (int d = 0; d < D; d++) {
     vf keys = load(k_t + d * a.padded + jb);
-    for (int r = 0; r < ROWS; r++) acc[r] += q_rows[r][d] * keys;
+    for (int r = 0; r < ROWS; r++) acc[r] = fused(splat(q_rows[r][d]), keys, acc[r]);
   }
 }
 
@@ -278,22 +333,37 @@ __attribute__((optimize("fp-contract=off"))) static void rotate_rows(
   }
 }
 
+// The most vectors of a row's D values whose sums fit in SUMS registers beside the other
+// rows' (a power of two that divides D / W).
+template <int D, int ROWS>
+constexpr int sum_vectors() {
+  int vectors = D / W;
+  while (vectors > 1 && vectors * ROWS > SUMS) vectors /= 2;
+  return vectors;
+}
+
 // out rows first .. first + ROWS - 1 = (P @ V) * inverse_sum, P the rows' probabilities in
-// probabilities [ROWS][padded] over the key blocks ``keys`` (unnormalised, 0 past L).
+// probabilities [ROWS][padded] over the key blocks ``keys`` (unnormalised, 0 past L); the
+// columns a slice of sum_vectors() vectors at a time.
 template <typename T, int D, int ROWS>
 static inline void weighted_values(const Head<T>& a, int first, const float* probabilities,
                                    const float* inverse_sum, Keys keys) {
-  vf o[ROWS][D / W] = {};
+  constexpr int SLICE = sum_vectors<D, ROWS>();
   const int end = keys.end < a.length ? keys.end : a.length;
-  for (int j = keys.begin; j < end; j++) {
-    for (int b = 0; b < D / W; b++) {
-      vf values = load(a.v + j * a.v_stride + b * W);
-      for (int r = 0; r < ROWS; r++) o[r][b] += probabilities[r * a.padded + j] * values;
+  for (int d = 0; d < D; d += SLICE * W) {
+    vf o[ROWS][SLICE] = {};
+    for (int j = keys.begin; j < end; j++) {
+      for (int b = 0; b < SLICE; b++) {
+        vf values = load(a.v + j * a.v_stride + d + b * W);
+        for (int r = 0; r < ROWS; r++)
+          o[r][b] = fused(splat(probabilities[r * a.padded + j]), values, o[r][b]);
+      }
     }
+    for (int r = 0; r < ROWS; r++)
+      for (int b = 0; b < SLICE; b++)
+        store_out(a.out + (int64_t)(first + r) * a.out_stride + d + b * W,
+                  o[r][b] * inverse_sum[r]);
   }
-  for (int r = 0; r < ROWS; r++)
-    for (int b = 0; b < D / W; b++)
-      store_out(a.out + (int64_t)(first + r) * a.out_stride + b * W, o[r][b] * inverse_sum[r]);
 }
 
 // Queries first .. first + ROWS - 1: scores, softmax, P @ V, written to out.
@@ -459,8 +529,32 @@ static inline void query_tile(const Head<uint16_t>& a, int first, int count) {
 static const bool amx_granted = false;
 #endif
 
-// The 16 x 16 block of 32-bit words at rows[i * row_stride + w] (rows i < count; zeros for
+// The W x W block of 32-bit words at rows[i * row_stride + w] (rows i < count; zeros for
 // the rest) transposed into out[w * out_stride + i].
+#ifndef __AVX512F__
+static inline void transpose_block(const uint32_t* rows, int64_t row_stride, int count,
+                                   uint32_t* out, int64_t out_stride) {
+  __m256 r[W], t[W];
+  for (int i = 0; i < W; i++)
+    r[i] = i < count ? _mm256_loadu_ps((const float*)(rows + i * row_stride)) : _mm256_setzero_ps();
+  for (int i = 0; i < W; i += 2) {  // per 128-bit lane: pairs of rows interleaved
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < W; i += 4) {  // per lane: 4 rows of one column
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  // r[c], lane L: column 4L + c of rows 0 .. 3; r[4 + c] of rows 4 .. 7.
+  for (int c = 0; c < 4; c++) {
+    _mm256_storeu_ps((float*)(out + c * out_stride), _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
+    _mm256_storeu_ps((float*)(out + (4 + c) * out_stride),
+                     _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
+  }
+}
+#else
 static inline void transpose_block(const uint32_t* rows, int64_t row_stride, int count,
                                    uint32_t* out, int64_t out_stride) {
   __m512 r[W], t[W];
@@ -488,6 +582,7 @@ static inline void transpose_block(const uint32_t* rows, int64_t row_stride, int
     _mm512_storeu_ps(out + (12 + c) * out_stride, _mm512_shuffle_f32x4(high01, high23, 0xDD));
   }
 }
+#endif
 
 template <typename T, int D, int ROWS>
 static void attend(const T* q, const T* k, const T* v, int64_t stride, int length, int queries,
@@ -625,10 +720,10 @@ static int attention(const T* q, const T* k, const T* v, int64_t token_stride,
         const Positions positions{b, window, rotary_cos, rotary_sin};
         const int64_t next = h + 1 < first_head + part_heads ? head_stride : 0;
         if (head_dim == 32)
-          attend<T, 32, 8>(q + at, k + at, v + at, token_stride, length, rows, scale, o,
+          attend<T, 32, ROWS_D32>(q + at, k + at, v + at, token_stride, length, rows, scale, o,
                            out_stride, scratch, tiles, positions, next);
         else
-          attend<T, 64, 4>(q + at, k + at, v + at, token_stride, length, rows, scale, o,
+          attend<T, 64, ROWS_D64>(q + at, k + at, v + at, token_stride, length, rows, scale, o,
                            out_stride, scratch, tiles, positions, next);
       }
     }
@@ -640,6 +735,7 @@ static int attention(const T* q, const T* k, const T* v, int64_t token_stride,
   return failed;
 }
 
+#ifdef FASTBERT_BF16
 extern "C" int fastbert_attention_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v,
                                        int64_t token_stride, int64_t head_stride,
                                        const int64_t* starts, const int64_t* lengths,
@@ -652,6 +748,7 @@ extern "C" int fastbert_attention_bf16(const uint16_t* q, const uint16_t* k, con
                    heads, head_dim, scale, out, threads, tiles != 0, bias, bias_width, window,
                    rotary_cos, rotary_sin);
 }
+#endif
 
 extern "C" int fastbert_attention_f32(const float* q, const float* k, const float* v,
                                       int64_t token_stride, int64_t head_stride,

@@ -1,4 +1,5 @@
-"""A compiled attention for bfloat16 and float32 on a CPU with AVX512_BF16 (cpu_attention.cpp).
+"""A compiled attention for bfloat16 and float32 on a CPU with AVX512_BF16, and for float32 on
+other CPUs with AVX2 or AVX-512 (cpu_attention.cpp).
 
 PyTorch's CPU attention spends most of its time around the arithmetic for the short
 sequences of real text: per call, per run of equal lengths, per conversion. This kernel runs
@@ -16,10 +17,14 @@ A relative position bias (MPNet's) is added to the scaled scores in float32, a w
 rotary positions (ModernBERT's) rotate q and k as they are read, in cache.
 
 The source is compiled at first use for this CPU and loaded with ctypes
-(fastbert.kernels.cpu_library); a call releases the GIL. Where the CPU lacks AVX512_BF16, no
-compiler is found, the build fails, or ``FASTBERT_CPU_ATTENTION=0``, :func:`available` is
-False, :func:`status` says why, and the torch backend keeps its own attention. Nothing is
-compiled at import.
+(fastbert.kernels.cpu_library); a call releases the GIL. One source, three builds
+(:data:`BUILDS`), of which :func:`chosen` takes the first this CPU can run: "avx512_bf16"
+(bfloat16 and float32), "avx512" (float32, for AVX-512 CPUs without AVX512_BF16, such as
+Skylake-SP, Cascade Lake and Ice Lake) and "avx2" (float32, for CPUs without AVX-512). The
+float32 builds give the same bits. Where the CPU has none of these, no compiler is found, the
+build fails, or ``FASTBERT_CPU_ATTENTION=0``, :func:`available` is False, :func:`status` says
+why, and the torch backend keeps its own attention (as it does for bfloat16 where
+:func:`dtypes` has only float32). Nothing is compiled at import.
 """
 
 from __future__ import annotations
@@ -41,14 +46,14 @@ from .cpu_library import Library
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
 ENVIRONMENT_SWITCH = CPU_ATTENTION.name
 HEAD_DIMS = (32, 64)
-# The library's function per dtype.
+# The library's function per dtype (bfloat16's only in the build with AVX512_BF16).
 _ENTRY_POINTS = {torch.bfloat16: "fastbert_attention_bf16", torch.float32: "fastbert_attention_f32"}
-DTYPES = tuple(_ENTRY_POINTS)
 
 
 def _declare(library: ctypes.CDLL) -> None:
-    for name in _ENTRY_POINTS.values():
-        kernel = getattr(library, name)
+    library.dtypes = tuple(d for d, name in _ENTRY_POINTS.items() if hasattr(library, name))
+    for dtype in library.dtypes:
+        kernel = getattr(library, _ENTRY_POINTS[dtype])
         kernel.restype = ctypes.c_int
         kernel.argtypes = [
             *[ctypes.c_void_p] * 3,  # q, k, v
@@ -72,19 +77,49 @@ def _declare(library: ctypes.CDLL) -> None:
     library.fastbert_attention_tiles.argtypes = []
 
 
-_LIBRARY = Library(
-    SOURCE, _declare, "avx512_bf16", CPU_ATTENTION.read, f"off (${ENVIRONMENT_SWITCH})"
-)
+def _build(cpu_flag: str, *extra_flags: str) -> Library:
+    off = f"off (${ENVIRONMENT_SWITCH})"
+    flags = ("-ffp-contract=off", *extra_flags)  # the source's fused multiply-adds only
+    return Library(SOURCE, _declare, cpu_flag, CPU_ATTENTION.read, off, flags)
+
+
+# The builds, by the instruction set each needs, in the order :func:`chosen` tries them.
+BUILDS = {
+    "avx512_bf16": _build("avx512_bf16"),
+    "avx512": _build("avx512f", "-mno-avx512bf16"),
+    "avx2": _build("avx2", "-mno-avx512f", "-Wno-psabi"),
+}
+
+
+def chosen() -> str:
+    """The build this CPU runs: the first of :data:`BUILDS` whose instruction set it has (the
+    last where it has none: its :func:`status` says so)."""
+    flags = cpu_library.cpu_flags()
+    return next((name for name, build in BUILDS.items() if build.cpu_flag in flags), "avx2")
+
+
+_taken: Library | None = None  # the build in use instead of the chosen one (taken, built_from)
+
+
+def _library() -> Library:
+    return _taken if _taken is not None else BUILDS[chosen()]
+
+
+def running() -> str:
+    """The build calls run now: :func:`chosen`, or the one :func:`taken` (a source of
+    :func:`built_from` is named by its path)."""
+    library = _library()
+    return next((name for name, build in BUILDS.items() if build is library), str(library.source))
 
 
 def missing_requirement() -> str | None:
-    """Why this machine cannot build the kernel (not Linux on x86-64, no avx512_bf16, no C++
-    compiler), or None."""
-    return cpu_library.missing_requirement("avx512_bf16")
+    """Why this machine cannot build the kernel (not Linux on x86-64, none of the builds'
+    instruction sets, no C++ compiler), or None."""
+    return cpu_library.missing_requirement(_library().cpu_flag)
 
 
 def _ensure_loaded() -> ctypes.CDLL | None:
-    return _LIBRARY.get()
+    return _library().get()
 
 
 def available() -> bool:
@@ -94,12 +129,45 @@ def available() -> bool:
 
 def status() -> str:
     """The kernel's state here: "ready (path)", or why it is not used."""
-    return _LIBRARY.status()
+    return _library().status()
 
 
-# Inside ``with turned_off():`` every attention in this process takes the torch path (to
-# compare the two, as benchmarks/cpu_attention_kernel.py does).
-turned_off = _LIBRARY.paused
+def dtypes() -> tuple[torch.dtype, ...]:
+    """The dtypes the kernel runs here: bfloat16 and float32 with AVX512_BF16, float32 alone
+    with the other builds, none where it is not :func:`available`."""
+    library = _ensure_loaded()
+    return () if library is None else library.dtypes
+
+
+@contextlib.contextmanager
+def turned_off() -> Iterator[None]:
+    """Inside the block every attention in this process takes the torch path (to compare the
+    two, as benchmarks/cpu_attention_kernel.py does); not for use from several threads."""
+    with contextlib.ExitStack() as pauses:
+        for library in {*BUILDS.values(), _library()}:
+            pauses.enter_context(library.paused())
+        yield
+
+
+@contextlib.contextmanager
+def _running(library: Library) -> Iterator[None]:
+    global _taken
+    before, _taken = _taken, library
+    try:
+        yield
+    finally:
+        _taken = before
+
+
+def taken(build: str) -> contextlib.AbstractContextManager[None]:
+    """Inside the block every call runs ``build`` of :data:`BUILDS` instead of the chosen one
+    (to compare them on one machine, as the tests and the pass profile do: "avx2" runs an
+    AVX2-only CPU's float32 code on any CPU with AVX2); not for use from several threads.
+    Where ``build`` does not run here, :func:`available` is False inside the block."""
+    if build not in BUILDS:
+        raise ValueError(f"build must be one of {list(BUILDS)}, got {build!r}")
+    return _running(BUILDS[build])
+
 
 _tiles_paused = False
 
@@ -126,33 +194,29 @@ def tiles_turned_off() -> Iterator[None]:
 
 
 @functools.cache
-def _library_from(source: Path) -> Library:
-    return Library(source, _declare, "avx512_bf16")
+def _library_from(source: Path, like: Library) -> Library:
+    return Library(source, _declare, like.cpu_flag, extra_flags=like.extra_flags)
 
 
 @contextlib.contextmanager
 def built_from(source: Path) -> Iterator[None]:
     """Inside the block every call runs the kernel compiled from ``source``, another version of
-    cpu_attention.cpp (to time two versions in one process, as
-    benchmarks/cpu_attention_kernel.py's ``--against`` does); not for use from several
-    threads. Raises RuntimeError where that source does not build here."""
-    global _LIBRARY
-    other = _library_from(Path(source).resolve())
+    cpu_attention.cpp, as the build in use now is compiled (to time two versions in one
+    process, as benchmarks/cpu_attention_kernel.py's ``--against`` does); not for use from
+    several threads. Raises RuntimeError where that source does not build here."""
+    other = _library_from(Path(source).resolve(), _library())
     if other.get() is None:
         raise RuntimeError(f"cpu_attention from {source}: {other.status()}")
-    before, _LIBRARY = _LIBRARY, other
-    try:
+    with _running(other):
         yield
-    finally:
-        _LIBRARY = before
 
 
 def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether q, k, v ([..., T or S, H, D] views) fit the kernel: bfloat16 or float32 on the
-    CPU, head dimension 32 or 64, the same strides for all three with D contiguous, 4-byte
+    """Whether q, k, v ([..., T or S, H, D] views) fit the kernel: one of :func:`dtypes` on
+    the CPU, head dimension 32 or 64, the same strides for all three with D contiguous, 4-byte
     aligned data (bfloat16: even strides, as it reads pairs), no autograd record, and the
-    kernel available."""
-    if q.dtype not in DTYPES or q.device.type != "cpu" or q.shape[-1] not in HEAD_DIMS:
+    kernel available and not :func:`turned_off`."""
+    if q.dtype not in _ENTRY_POINTS or q.device.type != "cpu" or q.shape[-1] not in HEAD_DIMS:
         return False
     if not (k.dtype == v.dtype == q.dtype and k.shape == v.shape == q.shape):
         return False
@@ -165,7 +229,7 @@ def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         return False
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         return False
-    return _LIBRARY.in_use()
+    return _library().in_use() and q.dtype in dtypes()
 
 
 class Positions(NamedTuple):

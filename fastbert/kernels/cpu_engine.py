@@ -7,8 +7,9 @@ plain op's signature and semantics and hands a call it does not take to the plai
 results are those of the plain backend within its tolerance:
 
 - attention / attention_varlen (fastbert.kernels.cpu_engine_attention): the compiled
-  attention of cpu_attention.cpp where it is built, one SDPA call per run of
-  equal-length sequences, and in bfloat16 a float32 math path for short runs;
+  attention of cpu_attention.cpp where it is built (float32 on any CPU with AVX2, bfloat16
+  too with AVX512_BF16), one SDPA call per run of equal-length sequences, and in bfloat16 a
+  float32 math path for short runs;
 - linear (fastbert.kernels.cpu_engine_linear): one oneDNN call with GELU or the residual add
   as its post-op, reading the weights' packed copies (fastbert.kernels.packed_weights) when
   the caller passes ``packs``; in bfloat16, GELU by table on the rounded product
@@ -67,13 +68,21 @@ def serves(device: torch.device | str) -> bool:
     return torch.device(device).type == "cpu"
 
 
+def attention_status() -> str:
+    """The compiled attention's build and dtypes here, or why it does not run."""
+    if not cpu_attention.available():
+        return cpu_attention.status()
+    dtypes = " and ".join(str(d).removeprefix("torch.") for d in cpu_attention.dtypes())
+    tiles = "; bfloat16 q k^T and P @ V on AMX tiles" if cpu_attention.tiles() else ""
+    return f"{dtypes}, the {cpu_attention.running()} build: {cpu_attention.status()}{tiles}"
+
+
 def status() -> dict[str, str]:
     """What the engine runs on this machine, by part, in words (for ``fastbert info``); builds
     the compiled attention if it is not built yet."""
     onednn = cpu_engine_linear.has_onednn_linear()
     return {
-        "compiled attention": cpu_attention.status()
-        + ("; bfloat16 q k^T and P @ V on AMX tiles" if cpu_attention.tiles() else ""),
+        "compiled attention": attention_status(),
         "linear": linear_status(onednn),
         "packed weights": "available" if packed_weights.available() else "unavailable",
         "int8 linear": int8_status(),

@@ -193,10 +193,10 @@ def takes_compiled(
     dropout_p: float = 0.0,
     relative_bias: torch.Tensor | None = None,
 ) -> bool:
-    """Whether an attention runs fastbert.kernels.cpu_attention: bfloat16 or float32 on a CPU
-    with AVX512_BF16 (:func:`cpu_attention.takes`), no dropout, and no autograd record of the
-    relative bias (the kernel has no backward); never under torch.compile, which cannot trace
-    it."""
+    """Whether an attention runs fastbert.kernels.cpu_attention: float32 on a CPU with AVX2,
+    bfloat16 too with AVX512_BF16 (:func:`cpu_attention.takes`), no dropout, and no autograd
+    record of the relative bias (the kernel has no backward); never under torch.compile, which
+    cannot trace it."""
     if dropout_p or torch.compiler.is_compiling():
         return False
     if relative_bias is not None and torch.is_grad_enabled() and relative_bias.requires_grad:
