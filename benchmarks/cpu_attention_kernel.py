@@ -25,6 +25,11 @@ HEAD~1:fastbert/kernels/cpu_attention.cpp > before.cpp``), the kernel built from
 with the others, on the same batches and in the corpus runs below, so that a change to the kernel is
 measured against the version before it in one process.
 
+With ``--build NAME`` (one of :data:`fastbert.kernels.cpu_attention.BUILDS`), that build of the
+kernel runs instead of the one this CPU takes (``avx2``: an AVX2-only CPU's float32 code, on
+any CPU with AVX2; run it under ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` for PyTorch's
+side of such a CPU too); ``--dtypes`` and ``--corpus-precisions`` default to what it runs.
+
 Then end to end (``--corpus-rounds``, 0 to skip): ``fastbert.load`` of the packaged
 all-MiniLM-L6-v2 in float32, bfloat16 and with ``quantize="int8"`` (whose attention runs in
 float32), warmed up, and ``model.embed`` of the whole corpus with the kernel on and off
@@ -36,6 +41,7 @@ here, never asserted in a test.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import statistics
@@ -228,7 +234,8 @@ def markdown(report: dict) -> str:
         f"random q, k, v; one attention per batch; best of {report['rounds']} rounds "
         "per batch, the two paths in turn; wall time.",
         f"CPU: {env['cpu']} (flags: {env['cpu_flags']}); torch threads: {report['threads']}; "
-        f"torch {env.get('torch')}; kernel: {report['kernel']}; commit {env['commit']}; "
+        f"torch {env.get('torch')}; kernel: the {report['build']} build, {report['kernel']}; "
+        f"commit {env['commit']}; "
         f"{env['date']}."
         + (
             f" --against: the kernel built from {against} (sha256 {report['against_sha256']})."
@@ -306,7 +313,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = reporting.parser("cpu_attention_kernel", __doc__.splitlines()[0], 2608, 5)
     parser.add_argument("--head-dims", type=int, nargs="+", default=[32, 64], choices=[32, 64])
     parser.add_argument(
-        "--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES), help="precisions"
+        "--dtypes",
+        nargs="+",
+        choices=list(DTYPES),
+        help="precisions (default: those the build runs)",
     )
     parser.add_argument(
         "--corpus-rounds", type=int, default=3, help="end-to-end rounds per path (0: skip)"
@@ -314,8 +324,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--corpus-precisions",
         nargs="+",
-        default=list(reporting.PRECISIONS),
         choices=list(reporting.PRECISIONS),
+        help="(default: every one whose attention the build runs)",
+    )
+    parser.add_argument(
+        "--build",
+        choices=list(cpu_attention.BUILDS),
+        help="the kernel's build to run (default: the one this CPU takes)",
     )
     parser.add_argument(
         "--against",
@@ -327,8 +342,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--docs and --rounds must be at least 1, --corpus-rounds at least 0")
     if args.against is not None and not args.against.is_file():
         parser.error(f"--against {args.against}: no such file")
+    build = args.build or cpu_attention.chosen()
+    with cpu_attention.taken(build):
+        return run(parser, args, build)
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace, build: str) -> int:
     if not cpu_attention.available():
         parser.exit(1, f"the compiled kernel does not run here: {cpu_attention.status()}\n")
+    runs = [name for name, dtype in DTYPES.items() if dtype in cpu_attention.dtypes()]
+    if args.dtypes is None:
+        args.dtypes = runs
+    elif set(args.dtypes) - set(runs):
+        parser.error(f"--dtypes: the {build} build runs {', '.join(runs)} only")
+    if args.corpus_precisions is None:  # int8's attention runs in float32
+        args.corpus_precisions = [p for p in reporting.PRECISIONS if p in runs or p == "int8"]
     if args.against is not None:
         try:
             with cpu_attention.built_from(args.against):
@@ -360,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         "batches": len(batches),
         "rounds": args.rounds,
         "threads": torch.get_num_threads(),
+        "build": build,
         "kernel": cpu_attention.status(),
         "environment": environment.capture(),
         "rows": rows,

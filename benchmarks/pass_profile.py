@@ -7,14 +7,14 @@ of mixed lengths, the packaged all-MiniLM-L6-v2 or ``--model``'s). The texts are
 (timed), then each precision's model embeds the token ids in the batches ``fastbert.embed``
 forms, under PyTorch's profiler, ``--rounds`` times, the precisions in turn (a pass each a
 round); the pass nearest the median wall time is reported. Where the compiled attention runs
-(fastbert.kernels.cpu_attention), each precision also runs with it off (the per-length path),
-and where it multiplies bfloat16 on AMX's tiles (fastbert.kernels.cpu_attention.tiles),
-bfloat16 with them off; bfloat16 with the compiled LayerNorm off, with the compiled
-embeddings off, and with GELU as oneDNN's post-op instead of by table
-(fastbert.kernels.cpu_gelu); and each precision with its batches budgeted as the padded route
-budgets them (rows x longest row, as every batch was before the packed path's budget counted
-tokens): each a row of its own, so that what each part gains is measured in the same rounds.
-A pass's time is split into:
+(fastbert.kernels.cpu_attention), each precision also runs with it off (the per-length path)
+and float32 with its AVX2 build (where this CPU runs another), and where it multiplies bfloat16
+on AMX's tiles (fastbert.kernels.cpu_attention.tiles), bfloat16 with them off; bfloat16 with
+the compiled LayerNorm off, with the compiled embeddings off, and with GELU as oneDNN's post-op
+instead of by table (fastbert.kernels.cpu_gelu); and each precision with its batches budgeted
+as the padded route budgets them (rows x longest row, as every batch was before the packed
+path's budget counted tokens): each a row of its own, so that what each part gains is measured
+in the same rounds. A pass's time is split into:
 
 - linear: the products with their fused epilogues (oneDNN's linear, its quantised linear,
   ``torch._int_mm``, MKL), bfloat16's GELU by table after them, and the int8 linear's
@@ -91,10 +91,13 @@ EMBEDDINGS_UNCOMPILED = "bfloat16, embeddings on PyTorch's ops"
 GELU_POST_OP = "bfloat16, GELU as oneDNN's post-op"
 # A precision's row with the compiled attention off (where it runs): the per-length path.
 ATTENTION_UNCOMPILED = "{}, attention on the per-length path"
+# float32's row with the compiled attention's AVX2 build (where this CPU runs another).
+ATTENTION_AVX2 = "float32, attention on its AVX2 build"
 # A precision's row with its batches budgeted as rows x longest row (the padded route's).
 PADDED_BUDGET = "{}, batches budgeted as rows x longest row"
 # int8's rows with the products of a CPU without int8 dot products: the byte multiply-adds of
-# AVX2 and of AVX-512 (where they are not int8's own product here), and the float32 GEMMs.
+# AVX2 (with the compiled attention's AVX2 build, as an AVX2-only CPU runs them) and of
+# AVX-512 (where they are not int8's own product here), and the float32 GEMMs.
 INT8_BYTES = "int8, product on {}'s byte multiply-adds"
 INT8_FLOAT32 = "int8, product as float32 GEMMs"
 
@@ -183,12 +186,12 @@ def profiled_pass(job, tokens: list[list[int]]) -> tuple[float, dict[str, float]
 
 def rows_to_run(jobs: dict) -> dict[str, tuple[str, Any, Callable]]:
     """Row name -> (precision, job, the switch it runs under): each precision's job, each
-    precision with the compiled attention turned off, and bfloat16 with each of the CPU
-    engine's other compiled parts that runs here turned off in turn (the attention's AMX
-    tiles, the compiled LayerNorm, the compiled embeddings, GELU by table); int8 with the
-    products of a CPU without int8 dot products (each build of the byte product that runs here
-    and is not int8's own product, the float32 GEMMs); then each precision with the padded
-    route's batch budget."""
+    precision with the compiled attention turned off, float32 with its AVX2 build, and
+    bfloat16 with each of the CPU engine's other compiled parts that runs here turned off in
+    turn (the attention's AMX tiles, the compiled LayerNorm, the compiled embeddings, GELU by
+    table); int8 with the products of a CPU without int8 dot products (each build of the byte
+    product that runs here and is not int8's own product, AVX2's with the attention's AVX2
+    build, the float32 GEMMs); then each precision with the padded route's batch budget."""
     from fastbert.kernels import cpu_attention, cpu_gelu, cpu_int8_product, cpu_layer_norm
 
     rows = {precision: (precision, job, contextlib.nullcontext) for precision, job in jobs.items()}
@@ -196,6 +199,9 @@ def rows_to_run(jobs: dict) -> dict[str, tuple[str, Any, Callable]]:
         for precision, job in jobs.items():
             name = ATTENTION_UNCOMPILED.format(precision)
             rows[name] = (precision, job, cpu_attention.turned_off)
+    attention_avx2 = functools.partial(cpu_attention.taken, "avx2")
+    if "float32" in jobs and cpu_attention.running() != "avx2" and runs(attention_avx2):
+        rows[ATTENTION_AVX2] = ("float32", jobs["float32"], attention_avx2)
     if "bfloat16" in jobs and cpu_attention.tiles():
         rows[UNTILED] = ("bfloat16", jobs["bfloat16"], cpu_attention.tiles_turned_off)
     if "bfloat16" in jobs and cpu_layer_norm.available():
@@ -215,12 +221,28 @@ def rows_to_run(jobs: dict) -> dict[str, tuple[str, Any, Callable]]:
             if build != cpu_int8_product.chosen():
                 name = INT8_BYTES.format(cpu_int8_product.REGISTERS[build])
                 switch = functools.partial(cpu_int8_product.taken, build)
+                if build == "avx2":
+                    switch = functools.partial(both, switch, attention_avx2)
                 rows[name] = ("int8", jobs["int8"], switch)
         float32 = functools.partial(cpu_int8_product.taken, "float32")
         rows[INT8_FLOAT32] = ("int8", jobs["int8"], float32)
     for precision, job in jobs.items():
         rows[PADDED_BUDGET.format(precision)] = (precision, job, padded_budget)
     return rows
+
+
+def runs(switch: Callable) -> bool:
+    """Whether the compiled attention runs under ``switch``."""
+    from fastbert.kernels import cpu_attention
+
+    with switch():
+        return cpu_attention.available()
+
+
+@contextlib.contextmanager
+def both(first: Callable, second: Callable) -> Iterator[None]:
+    with first(), second():
+        yield
 
 
 def profile_rows(rows: dict, tokens: list[list[int]], rounds: int) -> dict[str, tuple]:

