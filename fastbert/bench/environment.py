@@ -73,8 +73,14 @@ def gpu_info() -> dict:
     }
 
 
-# Variables that hold oneDNN's and MKL's kernels to an older instruction set than the CPU's.
-ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+# Variables that hold oneDNN's, MKL's and PyTorch's own kernels to an older instruction set
+# than the CPU's.
+ISA_CAPS = (
+    "ONEDNN_MAX_CPU_ISA",
+    "DNNL_MAX_CPU_ISA",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "ATEN_CPU_CAPABILITY",
+)
 
 
 def capture() -> dict:
