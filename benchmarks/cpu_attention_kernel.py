@@ -233,10 +233,8 @@ def markdown(report: dict) -> str:
         f"{report['batches']} length-sorted batches of at most {BATCH_TOKENS} tokens; H = {HEADS}; "
         f"random q, k, v; one attention per batch; best of {report['rounds']} rounds "
         "per batch, the two paths in turn; wall time.",
-        f"CPU: {env['cpu']} (flags: {env['cpu_flags']}); torch threads: {report['threads']}; "
-        f"torch {env.get('torch')}; kernel: the {report['build']} build, {report['kernel']}; "
-        f"commit {env['commit']}; "
-        f"{env['date']}."
+        reporting.cpu_line(env)
+        + f" Kernel: the {report['build']} build, {report['kernel']}."
         + (
             f" --against: the kernel built from {against} (sha256 {report['against_sha256']})."
             if against
