@@ -87,7 +87,7 @@ def _build(cpu_flag: str, *extra_flags: str) -> Library:
 BUILDS = {
     "avx512_bf16": _build("avx512_bf16"),
     "avx512": _build("avx512f", "-mno-avx512bf16"),
-    "avx2": _build("avx2", "-mno-avx512f", "-Wno-psabi"),
+    "avx2": _build("avx2", "-mno-avx512f"),
 }
 
 
