@@ -27,8 +27,9 @@ measured against the version before it in one process.
 
 With ``--build NAME`` (one of :data:`fastbert.kernels.cpu_attention.BUILDS`), that build of the
 kernel runs instead of the one this CPU takes (``avx2``: an AVX2-only CPU's float32 code, on
-any CPU with AVX2; run it under ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` for PyTorch's
-side of such a CPU too); ``--dtypes`` and ``--corpus-precisions`` default to what it runs.
+any CPU with AVX2; under ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2_VNNI`` PyTorch's
+and oneDNN's kernels are held to AVX2 too); ``--dtypes`` and ``--corpus-precisions`` default
+to what it runs.
 
 Then end to end (``--corpus-rounds``, 0 to skip): ``fastbert.load`` of the packaged
 all-MiniLM-L6-v2 in float32, bfloat16 and with ``quantize="int8"`` (whose attention runs in

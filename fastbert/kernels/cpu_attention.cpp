@@ -101,15 +101,50 @@ static const vi LANES = {0, 1, 2, 3, 4, 5, 6, 7};
 
 static inline vf load(const float* p) { return *(const vf_unaligned*)p; }
 static inline void store(float* p, vf x) { *(vf_unaligned*)p = x; }
-// x in every lane (a broadcast; vf{} + x would cost an addition, since 0 + x is not x for
-// x = -0), and a * b + c rounded once: every build is compiled with -ffp-contract=off, so that
-// these are its only fused multiply-adds and the float32 builds round alike.
+// What each register width does with its own instructions, the same values either way:
+// - splat: x in every lane (a broadcast; vf{} + x would cost an addition, since 0 + x is not x
+//   for x = -0);
+// - fused: a * b + c rounded once (every build is compiled with -ffp-contract=off, so that
+//   these are its only fused multiply-adds and the float32 builds round alike);
+// - nearest_integer: t rounded to an integer, ties to even;
+// - times_power_of_two: p * 2^n for an integer n, exactly down to 2^-126 (below it a
+//   subnormal with AVX-512's vscalefps, 0 with AVX2: far below what a softmax's sum of at
+//   least 1 can show);
+// - lane_max: the largest lane;
+// - lane_sum: the sum of SUM_LANES lanes held in SUM_LANES / W vectors (the first W lanes
+//   first), in the order of _mm512_reduce_add_ps: halves, quarters, pairs.
 #ifdef __AVX512F__
 static inline vf splat(float x) { return (vf)_mm512_set1_ps(x); }
 static inline vf fused(vf a, vf b, vf c) { return (vf)_mm512_fmadd_ps(a, b, c); }
+static inline vf nearest_integer(vf t) {
+  return (vf)_mm512_roundscale_ps((__m512)t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+static inline vf times_power_of_two(vf p, vf n) {
+  return (vf)_mm512_scalef_ps((__m512)p, (__m512)n);
+}
+static inline float lane_max(vf x) { return _mm512_reduce_max_ps((__m512)x); }
+static inline float lane_sum(const vf* x) { return _mm512_reduce_add_ps((__m512)x[0]); }
 #else
 static inline vf splat(float x) { return (vf)_mm256_set1_ps(x); }
 static inline vf fused(vf a, vf b, vf c) { return (vf)_mm256_fmadd_ps(a, b, c); }
+// 1.5 * 2^23 added and taken away (for |t| < 2^22; below that 2^t is 0 either way).
+static inline vf nearest_integer(vf t) { return (t + 12582912.0f) - 12582912.0f; }
+// 2^n built in the exponent field.
+static inline vf times_power_of_two(vf p, vf n) {
+  const vf lowest = splat(-127.0f);
+  return p * (vf)((__builtin_convertvector(n < lowest ? lowest : n, vi) + 127) << 23);
+}
+static inline float lane_max(vf x) {
+  const __m128 four = _mm_max_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+  const __m128 two = _mm_max_ps(four, _mm_permute_ps(four, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtss_f32(_mm_max_ss(two, _mm_movehdup_ps(two)));
+}
+static inline float lane_sum(const vf* x) {
+  const __m256 eight = _mm256_add_ps(x[1], x[0]);
+  const __m128 four = _mm_add_ps(_mm256_extractf128_ps(eight, 1), _mm256_castps256_ps128(eight));
+  const __m128 two = _mm_add_ps(four, _mm_permute_ps(four, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtss_f32(two) + _mm_cvtss_f32(_mm_movehdup_ps(two));
+}
 #endif
 
 // W bfloat16 -> float32, exactly.
@@ -129,18 +164,11 @@ static inline vh narrow(vf x) {
 // 2^t for t at most about 0 (a row's scores less its max, in base 2; a NaN stays a NaN, and
 // -inf, a masked key's, gives a NaN that the caller masks): t's nearest integer n and the
 // rest f in [-1/2, 1/2], 2^f by a degree-6 polynomial (a Chebyshev fit, relative error 9e-9
-// before float32's rounding, about 1 ulp with it), times 2^n exactly (vscalefps: a subnormal
-// or 0 below 2^-126, far below what a row's sum of at least 1 can show).
+// before float32's rounding, about 1 ulp with it), times 2^n exactly.
 static constexpr float LOG2E = 1.44269504088896341f;
 
 static inline vf exp2_nonpositive(vf t) {
-#ifdef __AVX512F__
-  const vf n = (vf)_mm512_roundscale_ps((__m512)t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-#else
-  // 1.5 * 2^23 added and taken away: t rounded to the nearest integer, ties to even, as
-  // vrndscaleps rounds it (for |t| < 2^22; below that 2^t is 0 either way).
-  const vf n = (t + 12582912.0f) - 12582912.0f;
-#endif
+  const vf n = nearest_integer(t);
   const vf f = t - n;
   vf p = splat(1.5453163359779865e-4f);
   p = fused(p, f, splat(1.3390863314270973e-3f));
@@ -149,34 +177,8 @@ static inline vf exp2_nonpositive(vf t) {
   p = fused(p, f, splat(2.4022650718688965e-1f));
   p = fused(p, f, splat(6.931471824645996e-1f));
   p = fused(p, f, splat(1.0f));
-#ifdef __AVX512F__
-  return (vf)_mm512_scalef_ps((__m512)p, (__m512)n);
+  return times_power_of_two(p, n);
 }
-
-static inline float lane_max(vf x) { return _mm512_reduce_max_ps((__m512)x); }
-
-// The sum of SUM_LANES lanes, held in SUM_LANES / W vectors (the first W lanes first).
-static inline float lane_sum(const vf* x) { return _mm512_reduce_add_ps((__m512)x[0]); }
-#else
-  // 2^n built in the exponent field: exact for n >= -126, as vscalefps; 0 below it.
-  const vf lowest = splat(-127.0f);
-  return p * (vf)((__builtin_convertvector(n < lowest ? lowest : n, vi) + 127) << 23);
-}
-
-static inline float lane_max(vf x) {
-  const __m128 four = _mm_max_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
-  const __m128 two = _mm_max_ps(four, _mm_permute_ps(four, _MM_SHUFFLE(1, 0, 3, 2)));
-  return _mm_cvtss_f32(_mm_max_ss(two, _mm_movehdup_ps(two)));
-}
-
-// In the order of _mm512_reduce_add_ps over the 16 lanes: halves, quarters, pairs.
-static inline float lane_sum(const vf* x) {
-  const __m256 eight = _mm256_add_ps(x[1], x[0]);
-  const __m128 four = _mm_add_ps(_mm256_extractf128_ps(eight, 1), _mm256_castps256_ps128(eight));
-  const __m128 two = _mm_add_ps(four, _mm_permute_ps(four, _MM_SHUFFLE(1, 0, 3, 2)));
-  return _mm_cvtss_f32(two) + _mm_cvtss_f32(_mm_movehdup_ps(two));
-}
-#endif
 
 // Rows first .. first + count - 1 of x (those below end), D values each a row stride apart,
 // fetched into the caches ahead of their use. A head's rows lie a whole token's row apart,

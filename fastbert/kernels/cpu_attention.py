@@ -229,7 +229,8 @@ def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         return False
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         return False
-    return _library().in_use() and q.dtype in dtypes()
+    library = _library()
+    return library.in_use() and q.dtype in library.get().dtypes
 
 
 class Positions(NamedTuple):
