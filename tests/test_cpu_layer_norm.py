@@ -159,6 +159,34 @@ def test_embeddings_as_accurate_as_the_plain_op(dtype, types, positions, hidden)
         assert (got != plain).float().mean() < 0.01
 
 
+@pytest.mark.parametrize(
+    "layout", ["every other token", "a transposed batch", "rows of one token", "strided types"]
+)
+def test_embeddings_read_strided_ids_as_their_values(layout) -> None:
+    """Ids that are views with other strides (every other token, columns of a transposed
+    tensor, [S] positions spread over rows of one token: a stride-0 run) give the result of
+    the same ids copied into contiguous memory, bit for bit."""
+    (word, pos, typ), w, b, _, _ = _embedding_inputs(torch.float32, seed=6)
+    gen = torch.Generator().manual_seed(6)
+    wide = torch.randint(0, 1000, (4, 64), generator=gen)
+    wide_types = torch.randint(0, 2, (4, 64), generator=gen)
+    positions = None
+    if layout == "every other token":
+        ids, types = wide[:, ::2], wide_types[:, :32].contiguous()
+    elif layout == "a transposed batch":
+        ids, types = wide.t()[:1], wide_types.t()[:1]  # [1, 4], the tokens 64 apart
+    elif layout == "rows of one token":
+        ids, types, positions = wide[:, :1], wide_types[:, :1], torch.arange(1)
+    else:
+        ids, types = wide[:, :32].contiguous(), wide_types[:, ::2]
+    strided = (ids, types, positions, word, pos, typ, w, b, 1e-12)
+    copied = (ids.contiguous(), types.contiguous(), positions, word, pos, typ, w, b, 1e-12)
+    assert cpu_layer_norm.embeddings_takes(ids, types, positions, (word, pos, typ), w, b, 0)
+    got = cpu_layer_norm.embeddings_layer_norm_unchecked(*strided, **EMBEDDING_FLAGS)
+    expected = cpu_layer_norm.embeddings_layer_norm_unchecked(*copied, **EMBEDDING_FLAGS)
+    assert torch.equal(got, expected)
+
+
 @pytest.mark.parametrize("check_ids", [True, False])
 @pytest.mark.parametrize("bad", ["word", "negative word", "position", "type"])
 def test_embeddings_ids_outside_their_tables_raise(check_ids, bad) -> None:

@@ -91,6 +91,21 @@ def test_single_token(model) -> None:
     assert torch.isfinite(out.last_hidden_state).all()
 
 
+@pytest.mark.parametrize("layout", ["every other token", "rows of one token"])
+def test_strided_ids_give_hugging_faces_result(layout) -> None:
+    """Ids that are views with other strides (ids[:, ::2]; a batch of one-token rows, whose
+    positions spread over the rows with stride 0) give Hugging Face's hidden states with
+    gradients off, where the CPU engine runs its compiled embeddings."""
+    hf = hf_model()
+    model = fastbert.BertModel.from_pretrained(hf, device="cpu", backend="torch")
+    wide = torch.randint(1, 97, (3, 16), generator=torch.Generator().manual_seed(0))
+    ids = wide[:, ::2] if layout == "every other token" else wide[:, :1]
+    with torch.inference_mode():
+        expected = hf(ids.contiguous()).last_hidden_state
+        got = model(ids).last_hidden_state
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+
+
 def test_bool_and_float_masks_equal_int_mask(model) -> None:
     ids, mask, types = padded_batch([6, 3])
     ref = model(ids, mask, types).last_hidden_state

@@ -237,7 +237,12 @@ def embeddings_layer_norm(
     (the kernel checks every id before it reads a row)."""
     shape = input_ids.shape
     types = torch.zeros(shape, dtype=torch.int64) if token_type_ids is None else token_type_ids
-    ids = [t.expand(shape).reshape(-1).to(torch.int64) for t in (input_ids, position_ids, types)]
+    # The kernel reads each id tensor as one run of int64: reshape(-1) may return a strided
+    # view (ids[:, ::2], or [S] positions expanded over rows of one token), not a copy.
+    ids = [
+        t.expand(shape).reshape(-1).to(torch.int64).contiguous()
+        for t in (input_ids, position_ids, types)
+    ]
     weight, bias = weight.contiguous(), None if bias is None else bias.contiguous()
     out = torch.empty((*shape, weight.shape[0]), dtype=tables[0].dtype)
     as_array = functools.partial(torch.tensor, dtype=torch.int64)
