@@ -252,7 +252,23 @@ def _replace_linear(module, name, make):
     setattr(module.get_submodule(parent), attr, new)
 
 
-_CHANGES = {"data": _replace_data, "parameter": _replace_parameter, "module": _replace_linear}
+def _replace_by_copy(module, name, make):
+    """Swap the module that owns ``name`` for a deep copy holding the new weight (a copy
+    registers no parameter)."""
+    owner, _, attr = name.rpartition(".")
+    parent, _, child = owner.rpartition(".")
+    new = copy.deepcopy(module.get_submodule(owner))
+    with torch.no_grad():
+        new.get_parameter(attr).copy_(make(module.get_parameter(name)))
+    setattr(module.get_submodule(parent), child, new)
+
+
+_CHANGES = {
+    "data": _replace_data,
+    "parameter": _replace_parameter,
+    "module": _replace_linear,
+    "copied module": _replace_by_copy,
+}
 _CHANGED = [
     ("data", "encoder.layer.1.attention.self.value.weight"),
     ("data", "encoder.layer.0.attention.self.key.bias"),
@@ -262,6 +278,8 @@ _CHANGED = [
     ("parameter", "embeddings.position_embeddings.weight"),
     ("module", "encoder.layer.1.attention.self.value.weight"),
     ("module", "encoder.layer.0.output.dense.weight"),
+    ("copied module", "encoder.layer.0.intermediate.dense.weight"),
+    ("copied module", "encoder.layer.1.output.LayerNorm.weight"),
 ]
 
 
@@ -289,6 +307,93 @@ def test_every_parameter_change_after_optimize_is_followed(change: str, name: st
         expected = reference(**inputs).last_hidden_state
         got = model(**inputs).last_hidden_state
     assert (got - expected)[valid].abs().max() <= BOUND
+
+
+def test_a_module_made_before_the_last_call_is_followed() -> None:
+    """A linear built before the call that bound the encoder, swapped in after it (its
+    parameters registered before that call): the next call reads it."""
+    model = make_model("bert", "Model", seed=33)
+    inputs, valid = make_inputs(model, "Model", [7, 4], seed=33)
+    old = model.encoder.layer[0].intermediate.dense
+    new = torch.nn.Linear(old.in_features, old.out_features)
+    fastbert.optimize(model, backend="torch")
+    with torch.no_grad():
+        model(**inputs)  # bound to the old linear
+        model.encoder.layer[0].intermediate.dense = new
+        got = model(**inputs).last_hidden_state
+        model.forward = type(model).forward.__get__(model)  # Hugging Face's own forward
+        expected = model(**inputs).last_hidden_state
+    assert (got - expected)[valid].abs().max() <= BOUND
+
+
+# Where each family's layer list lives in its base model.
+_LAYER_LISTS = {"bert": "encoder.layer", "distilbert": "transformer.layer", "modernbert": "layers"}
+
+
+def _base_model(family: str, seed: int) -> torch.nn.Module:
+    if family == "modernbert":
+        from tests.test_modernbert import hf_modernbert
+
+        return hf_modernbert(seed=seed)
+    return make_model(family, "Model", seed=seed)
+
+
+@pytest.mark.parametrize("family", sorted(_LAYER_LISTS))
+@pytest.mark.parametrize("how", ["slice", "del"])
+def test_layers_taken_out_after_optimize_are_followed(family: str, how: str) -> None:
+    """A pruned layer list (a smaller student: ``layers = layers[:1]``, or ``del layers[-1]``,
+    which registers nothing) runs as Hugging Face runs it, the layers the list holds, whatever
+    the config's num_hidden_layers says."""
+    model = _base_model(family, seed=34)
+    reference = copy.deepcopy(model)
+    ids, mask, _ = padded_batch([40, 9], vocab=VOCAB, seed=34)
+    fastbert.optimize(model, backend="torch")
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)  # bound to every layer
+    for m in (model, reference):
+        parent, _, name = _LAYER_LISTS[family].rpartition(".")
+        owner = m.get_submodule(parent) if parent else m
+        if how == "slice":
+            setattr(owner, name, getattr(owner, name)[:1])
+        else:
+            del getattr(owner, name)[-1]
+    with torch.no_grad():
+        expected = reference(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert (got - expected)[mask.bool()].abs().max() <= BOUND
+
+
+def test_modernberts_first_layer_taken_out_is_refused() -> None:
+    """ModernBERT's first layer has no attention LayerNorm; with it taken out, the new first
+    layer has one, which fastbert's first layer would leave out: a clear error instead."""
+    model = _base_model("modernbert", seed=35)
+    ids, mask, _ = padded_batch([9, 4], vocab=VOCAB, seed=35)
+    fastbert.optimize(model, backend="torch")
+    del model.layers[0]
+    with pytest.raises(ValueError, match="first layer holds attn_norm.weight"):
+        model(input_ids=ids, attention_mask=mask)
+
+
+def test_a_layer_norm_eps_changed_after_optimize_is_followed_or_refused() -> None:
+    """The LayerNorms' eps set after optimize (PyTorch reads it at each call): one value for
+    all is followed; different values raise, as fastbert's encoder takes one."""
+    model = make_model("bert", "Model", seed=37)
+    reference = copy.deepcopy(model)
+    inputs, valid = make_inputs(model, "Model", [7, 4], seed=37)
+    fastbert.optimize(model, backend="torch")
+    with torch.no_grad():
+        model(**inputs)
+    for m in (model, reference):
+        for module in m.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.eps = 0.5
+    with torch.no_grad():
+        expected = reference(**inputs).last_hidden_state
+        got = model(**inputs).last_hidden_state
+    assert (got - expected)[valid].abs().max() <= BOUND
+    model.encoder.layer[1].output.LayerNorm.eps = 1e-3
+    with pytest.raises(ValueError, match="different eps"):
+        model(**inputs)
 
 
 def test_a_deep_copy_computes_with_its_own_weights() -> None:

@@ -37,6 +37,7 @@ when ``optimize`` runs (for the output classes), never at ``import fastbert``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -267,6 +268,14 @@ def bind_encoder(base: nn.Module, family: Family, config: BertConfig, **kwargs: 
     with_pooler = bool(family.pooler) and getattr(base, "pooler", None) is not None
     with_projection = config.embedding_width != config.hidden_size
     names = family.weight_names(config.num_hidden_layers, with_pooler, with_projection)
+    for ours in family.first_layer_skips if config.num_hidden_layers else ():
+        for theirs in family.layer[ours]:
+            if f"{family.layer_prefix}.0.{theirs}" in params:
+                raise ValueError(
+                    f"the {family.name} model's first layer holds {theirs}, which the family's "
+                    "first layer has none of (was a layer taken out before it?); fastbert's "
+                    "encoder would leave it out"
+                )
     first = params[next(iter(names.values()))[0]]
     encoder = BertModel(
         config, dtype=first.dtype, device="meta", add_pooling_layer=with_pooler, **kwargs
@@ -368,7 +377,13 @@ class FastbertForward:
     def _bind(self) -> None:
         """(Re)build ``self.encoder`` on the model's current tensors (and config: a resized
         vocabulary changes it) and record what it reads."""
-        self.config = BertConfig.from_hf(self.base.config, self.family)
+        self._layers = self.base.get_submodule(self.family.layer_prefix)
+        self._norms = [m for m in self.base.modules() if isinstance(m, nn.LayerNorm)]
+        self.config = config_as_run(
+            BertConfig.from_hf(self.base.config, self.family), self._layers, self._norms
+        )
+        self._layer_count = len(self._layers)
+        self._norm_eps = [m.eps for m in self._norms]
         self.encoder = bind_encoder(self.base, self.family, self.config, **self.settings)
         with_pooler = self.encoder.pooler is not None
         with_projection = self.config.embedding_width != self.config.hidden_size
@@ -582,13 +597,53 @@ class FastbertForward:
             if not all(isinstance(slots.get(name), nn.Parameter) for slots, name, _ in self._slots):
                 raise RuntimeError(_SWAPPED)
             return False
+        # A layer taken out of the list in place (del, pop) registers nothing; a LayerNorm's
+        # eps is read at each of its calls.
+        if len(self._layers) != self._layer_count:
+            return False
+        if any(m.eps != eps for m, eps in zip(self._norms, self._norm_eps)):
+            return False
         if self._generation != registration_generation():
             self._refuse_wrapped_modules()
-            current = [self.base.get_parameter(t) for t in self._source_names]
+            try:
+                current = [self.base.get_parameter(t) for t in self._source_names]
+            except AttributeError:  # a layer or module gone
+                return False
             if any(a is not b for a, b in zip(current, self._sources)):
+                return False
+            if self.base.get_submodule(self.family.layer_prefix) is not self._layers:
                 return False
             self._generation = registration_generation()
         return all(p.data_ptr() == ptr for p, ptr in self._views)
+
+
+def config_as_run(config: BertConfig, layers: nn.ModuleList, norms: list[nn.Module]) -> BertConfig:
+    """``config`` (from the Hugging Face config) as the model's modules run it: as many layers
+    as its layer list holds (Hugging Face's forward runs the list, whatever
+    ``num_hidden_layers`` says: a pruned student), each of the attention type the layer
+    module holds (ModernBERT), and the eps its LayerNorm modules hold. ValueError where the
+    LayerNorms hold different eps (fastbert's encoder takes one)."""
+    changes: dict[str, Any] = {}
+    if len(layers) != config.num_hidden_layers:
+        changes["num_hidden_layers"] = len(layers)
+    if config.layer_types is not None:
+        types = tuple(getattr(layer, "attention_type", None) for layer in layers)
+        if None in types and len(layers) != config.num_hidden_layers:
+            raise ValueError(
+                f"the model's layer list holds {len(layers)} layers, its config "
+                f"{config.num_hidden_layers}, and the layers do not say their attention types"
+            )
+        if None not in types and types != config.layer_types:
+            changes["layer_types"] = types
+    eps = {m.eps for m in norms}
+    if len(eps) > 1:
+        raise ValueError(
+            f"the model's LayerNorm modules hold different eps ({sorted(eps)}); fastbert's "
+            "encoder takes one: set them to one value, or call the model without fastbert"
+        )
+    if eps and eps != {config.layer_norm_eps}:
+        changes["layer_norm_eps"] = eps.pop()
+    return dataclasses.replace(config, **changes) if changes else config
 
 
 def _fused_views(

@@ -4,8 +4,9 @@ Two things can change under a model between calls:
 
 - which tensors are its parameters: a parameter assigned (``module.weight = nn.Parameter(...)``,
   ``load_state_dict(..., assign=True)``) or a submodule replaced. Every such change registers
-  a parameter, which bumps :func:`registration_generation` (a global PyTorch hook), so the
-  list of parameters is rebuilt only then;
+  a parameter or a module (a replacement made by ``copy.deepcopy``, or built before, registers
+  no parameter now), which bumps :func:`registration_generation` (global PyTorch hooks), so
+  the list of parameters is rebuilt only then;
 - where their values live: ``.half()``, ``.to()`` and ``p.data = ...`` keep the parameter
   objects but give them new storage. :meth:`ParameterWatch.storage_key` (one pointer per
   parameter, about 0.1 us each) tells.
@@ -22,16 +23,20 @@ from torch import nn
 _generation = 0
 
 
-def _count_registration(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+def _count_registration(
+    parent: nn.Module, name: str, child: nn.Parameter | nn.Module | None
+) -> None:
     global _generation
     _generation += 1
 
 
 torch.nn.modules.module.register_module_parameter_registration_hook(_count_registration)
+torch.nn.modules.module.register_module_module_registration_hook(_count_registration)
 
 
 def registration_generation() -> int:
-    """A number that changes whenever a parameter is registered on any module."""
+    """A number that changes whenever a parameter or a submodule is registered on any
+    module."""
     return _generation
 
 
