@@ -195,6 +195,26 @@ def test_cohere_input_type_picks_the_prompt(dense, st_dense, input_type, encode,
     np.testing.assert_allclose(np.array(answer["embeddings"]["float"]), want, atol=TOLERANCE)
 
 
+def test_search_document_on_a_folder_without_a_document_prompt(dense_folder, tmp_path):
+    """A folder written before sentence-transformers 6 (a "passage" prompt, no "document"):
+    sentence-transformers adds an empty "document" prompt when it loads it, so
+    encode_document takes that (no prompt), not "passage"; /v2/embed's search_document too."""
+    import shutil
+
+    older = tmp_path / "older"
+    shutil.copytree(dense_folder, older)
+    config_path = older / "config_sentence_transformers.json"
+    config = json.loads(config_path.read_text())
+    config["prompts"].pop("document")
+    config_path.write_text(json.dumps(config))
+    model = st.SentenceTransformer(str(older), device="cpu")
+    want = model.encode_document(TEXTS, convert_to_numpy=True)
+    assert not np.allclose(want, model.encode(TEXTS, prompt_name="passage"), atol=1e-3)
+    with served_client(older, tmp_path) as client:
+        answer = cohere(client, input_type="search_document")
+    np.testing.assert_allclose(np.array(answer["embeddings"]["float"]), want, atol=TOLERANCE)
+
+
 def test_info_reports_the_kind_and_the_calibrated_ranges(dense, st_dense):
     info = ok(dense.get("/info"))
     settings = info["model_type"]["embedding"]

@@ -23,27 +23,26 @@ from fastbert.serve import inputs, schemas
 from fastbert.serve.scores import rerank_scores
 from fastbert.serve.service import Server, Timing
 
-# Cohere's input_type -> the prompt names tried after the input_type itself, in order: those
-# sentence-transformers' encode_query / encode_document try.
-PROMPT_FALLBACKS = {
-    "search_query": ("query",),
-    "search_document": ("document", "passage", "corpus"),
-}
+# Cohere's input_type -> the prompt sentence-transformers' encode_query / encode_document
+# use. They try "query", and "document", "passage", "corpus" in turn, but sentence-transformers
+# 6 gives every embedding model a "query" and a "document" prompt (empty unless the folder
+# declares them, fastbert.model.sentence_folder.FolderSpec.prompt), so the first is taken.
+TASK_PROMPTS = {"search_query": "query", "search_document": "document"}
 # Cohere's truncate -> (whether to cut, from which side).
 TRUNCATION = {"NONE": (False, "right"), "START": (True, "left"), "END": (True, "right")}
 
 
 def prompt_name(input_type: str | None, prompts: dict[str, str]) -> str | None:
-    """The folder's prompt a Cohere ``input_type`` asks for: the one named as the input_type,
-    else (search_query) "query", else (search_document) "document", "passage" or "corpus", as
-    sentence-transformers' ``encode_query`` / ``encode_document`` choose; None when the folder
-    has none of them (or no input_type is given)."""
+    """The prompt a Cohere ``input_type`` asks for: the folder's prompt named as the
+    input_type, else (search_query) "query" or (search_document) "document", as
+    sentence-transformers' ``encode_query`` / ``encode_document`` choose (empty where the
+    folder declares none); None for no input_type, or another one the folder has no prompt
+    of."""
     if input_type is None:
         return None
-    for name in (input_type, *PROMPT_FALLBACKS.get(input_type, ())):
-        if name in prompts:
-            return name
-    return None
+    if input_type in prompts:
+        return input_type
+    return TASK_PROMPTS.get(input_type)
 
 
 def register(app: FastAPI, server: Server, posted: list) -> None:
