@@ -436,6 +436,10 @@ def test_help_lists_the_options() -> None:
         (["--max-active-dims", "3"], "max_active_dims applies to sparse embeddings"),
         (["--rows-per-shard", "x"], "argument --rows-per-shard: must be an integer, got 'x'"),
         (["--max-length", "600"], "max_length 600 exceeds the model's 512 positions"),
+        (
+            ["--quantize", "int8", "--dtype", "bfloat16", "--device", "cpu"],
+            "quantize int8 on the CPU runs with float32 activations",
+        ),
     ],
 )
 def test_usage_errors_exit_2(tmp_path, model_path, capsys, extra, message) -> None:
@@ -446,6 +450,21 @@ def test_usage_errors_exit_2(tmp_path, model_path, capsys, extra, message) -> No
     except SystemExit as exc:
         code = exc.code
     assert code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "o" / "manifest.json").exists()
+
+
+def test_a_run_stopped_before_its_first_shard_is_started_again(tmp_path, model_path) -> None:
+    """An unfinished run without a shard (its model failed to load) holds nothing to
+    resume: a run with other settings starts there, where one with a shard is refused."""
+    source = write_corpus(tmp_path / "corpus.txt", TEXTS[:3])
+    out = tmp_path / "out"
+    assert embed_file(source, model_path, out, "--max-length", "64") == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps({**manifest, "complete": False}))
+    assert embed_file(source, model_path, out) == 1  # a shard to resume: other settings refused
+    (out / "part-00000.parquet").unlink()
+    assert embed_file(source, model_path, out) == 0
+    assert json.loads((out / "manifest.json").read_text())["max_length"] != 64
 
 
 # The pieces.

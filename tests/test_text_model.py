@@ -80,6 +80,25 @@ def test_dimensions_need_a_matryoshka_model_or_force(loaded, folder, tmp_path):
     assert model.spec.matryoshka and model.embed(TEXTS[:1], dimensions=32).shape == (1, 32)
 
 
+def test_dimensions_set_when_the_model_loads_are_each_calls(loaded, folder):
+    """load(dimensions=N) gives what each call's dimensions=N gives (sentence-transformers'
+    truncate_dim), and is refused as the call's is."""
+    cut = fastbert.load(folder, dimensions=32, force_dimensions=True)
+    assert cut.dimensions == 32
+    want = loaded.embed(TEXTS[:3], dimensions=32, force_dimensions=True)
+    np.testing.assert_array_equal(cut.embed(TEXTS[:3]), want)
+    with pytest.raises(ValueError, match="Matryoshka"):
+        fastbert.load(folder, dimensions=32)
+
+
+def test_a_torch_dtype_is_taken_as_its_name(folder):
+    """dtype=torch.bfloat16 is dtype="bfloat16", in fastbert.embed as in fastbert.load."""
+    by_name = fastbert.embed(TEXTS[:3], folder, dtype="bfloat16")
+    np.testing.assert_array_equal(fastbert.embed(TEXTS[:3], folder, dtype=torch.bfloat16), by_name)
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        fastbert.embed(TEXTS[:3], folder, dtype=torch.float64)
+
+
 def test_bad_texts_are_named(loaded):
     with pytest.raises(ValueError, match=r"texts\[1\]"):
         loaded.embed(["fine", "   "])

@@ -207,6 +207,8 @@ def load(
     quantize: str | None = None,
     prompt_name: str | None = None,
     prompt: str | None = None,
+    dimensions: int | None = None,
+    force_dimensions: bool = False,
 ) -> TextModel:
     """Load a model folder once, to embed (or classify) texts many times.
 
@@ -219,18 +221,16 @@ def load(
     "mean_sqrt_len_tokens", "weightedmean", "lasttoken"), ``normalize``: None for what the
     folder says; ``batch_tokens``: the token budget of one forward pass (default 16384 on CUDA,
     4096 on the CPU); ``quantize``: None (exact), "int8" or "fp8"; ``prompt_name`` /
-    ``prompt``: the prompt put before every input by default (see
+    ``prompt``: the prompt put before every input by default; ``dimensions``: the width of
+    a dense model's embeddings by default (the first N values, normalised again where the
+    model normalises; a model not Matryoshka-trained needs ``force_dimensions=True``), as
+    sentence-transformers' ``truncate_dim`` (see
     :class:`~fastbert.embedding.options.EmbedOptions`). ValueError naming a bad setting, before
     anything loads, or a module of the folder that cannot run.
 
     >>> model = fastbert.load("path/to/all-MiniLM-L6-v2")
     >>> model.embed(["a text", "another"])  # numpy [2, 384]
     """
-    if isinstance(dtype, torch.dtype):
-        names = {value: name for name, value in DTYPES.items()}
-        if dtype not in names:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype}")
-        dtype = names[dtype]
     options = EmbedOptions(
         model=str(model),
         device=device,
@@ -244,6 +244,8 @@ def load(
         quantize=quantize,
         prompt_name=prompt_name,
         prompt=prompt,
+        dimensions=dimensions,
+        force_dimensions=force_dimensions,
         progress=False,
     )
     return load_options(options)

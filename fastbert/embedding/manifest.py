@@ -58,10 +58,14 @@ def start_output(output: Path, job: dict[str, Any], overwrite: bool) -> int:
     job, the number of complete shards for a resumed one).
 
     Raises OutputError, before changing anything, for a job with other settings (unless
-    ``overwrite``, which removes this job's files only). A complete run of the same job is
-    the caller's to find first (:func:`finished_run`); here it is an OutputError.
+    ``overwrite``, which removes this job's files only); an unfinished run without a shard
+    holds nothing to resume, and is started again with this job's settings. A complete run of
+    the same job is the caller's to find first (:func:`finished_run`); here it is an
+    OutputError.
     """
     manifest = read_manifest(output)
+    if manifest is not None and not manifest.get("complete") and not shard_path(output, 0).exists():
+        manifest = None  # a run that stopped before its first shard (its model failed to load)
     if manifest is not None and not overwrite:
         _check_resumable(output, manifest, job)
     if manifest is None and not overwrite and any(output.glob("part-*.parquet")):

@@ -54,7 +54,7 @@ class EmbedOptions:
     max_length: int | None = None
     pooling: str | None = None
     normalize: bool | None = None
-    dtype: str | None = None
+    dtype: str | torch.dtype | None = None  # held as its name
     store_dtype: str = "float32"
     device: str | None = None
     backend: str = "auto"
@@ -96,10 +96,19 @@ class EmbedOptions:
             if value is not None and not isinstance(value, bool):  # "false" would read as True
                 raise ValueError(f"{name} must be True or False, got {value!r}")
         _check_choice("pooling", self.pooling, POOLINGS, none_ok=True)
+        if isinstance(self.dtype, torch.dtype):  # torch.bfloat16 as "bfloat16"
+            names = {value: name for name, value in DTYPES.items()}
+            object.__setattr__(self, "dtype", names.get(self.dtype, self.dtype))
         _check_choice("dtype", self.dtype, tuple(DTYPES), none_ok=True)
         _check_choice("store_dtype", self.store_dtype, STORE_DTYPES)
         _check_choice("backend", self.backend, BACKENDS)
         _check_choice("quantize", self.quantize, QUANTIZATIONS, none_ok=True)
+        if self.quantize and self.dtype not in (None, "float32"):
+            if self.resolved_device().type == "cpu":
+                raise ValueError(
+                    f"quantize {self.quantize} on the CPU runs with float32 activations: give "
+                    f"dtype float32 with it, or dtype {self.dtype} without quantize"
+                )
         if self.store_dtype == "float16" and self.dtype in (None, "float32", "bfloat16"):
             raise ValueError(
                 "store_dtype float16 needs dtype float16 (embeddings are stored "
