@@ -338,6 +338,16 @@ def test_tei_errors(client, body, status, error_type):
     assert_serving(client)
 
 
+def test_an_input_over_the_limit_is_named_with_what_to_do(client):
+    """The 422 names the input over the limit and how to cut it on every route (OpenAI's
+    request has no truncate field to send)."""
+    body = {"inputs": ["short", " ".join(["word"] * 400)], "truncate": False}
+    answer = embed(client, body).json()
+    assert answer["error"].startswith("inputs[1]: 402 tokens, more than the model's limit")
+    assert "shorten it, or send truncate=true" in answer["error"]
+    assert "--no-auto-truncate" in answer["error"]
+
+
 @pytest.mark.parametrize(
     ("content", "headers", "status", "error_type"),
     [

@@ -153,6 +153,21 @@ def test_token_ids_carry_no_prompt_to_leave_out(dense, st_dense):
     assert assert_error(mixed, 422, "mixes texts and token ids")["error_type"] == "validation"
 
 
+def test_tokenize_gives_the_tokens_embed_runs(dense, st_dense):
+    """/tokenize after the prompt prompt_name names, the default prompt without one (as TEI):
+    the tokens /embed runs and bills."""
+    for name, prompt in ((None, PROMPTS["query"]), ("passage", PROMPTS["passage"])):
+        body = {"inputs": TEXTS[:2]} | ({"prompt_name": name} if name else {})
+        details = ok(post(dense, "/tokenize", body))
+        want = st_dense.tokenizer([prompt + t for t in TEXTS[:2]])["input_ids"]
+        assert [[token["id"] for token in row] for row in details] == want
+        first = details[0][1]  # the prompt's first token, its offsets into the prompted input
+        assert (first["start"], first["special"]) == (0, False)
+        billed = post(dense, "/embed", {"inputs": TEXTS[:2]} | body)
+        assert int(billed.headers["x-compute-tokens"]) == sum(len(row) for row in want)
+    assert_error(post(dense, "/tokenize", {"inputs": "x", "prompt_name": "nope"}), 422, "nope")
+
+
 def test_requests_with_other_prompts_share_no_batch(dense, st_dense):
     """Requests with different prompts at once: each answer is its own prompt's (a batch
     holds one prompt's inputs: a prompt's length changes the pooling)."""

@@ -152,7 +152,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--log-level",
         choices=LOG_LEVELS,
         default="info",
-        help="info: one startup line; debug: a line per request (default: info)",
+        help="info: a line per request and one at shutdown; warning: neither; debug: "
+        "uvicorn's access log besides (default: info)",
     )
     parser.add_argument(
         "--ray",

@@ -60,6 +60,15 @@ def check_text(text: str, name: str, field: str) -> None:
         raise ValidationFailed(f"{name}: {problem}", param=field)
 
 
+# What an input over the limit can do, on every route: OpenAI's request has no truncate field,
+# Cohere's /v2/embed takes START / END / NONE, the others a bool.
+TOO_LONG = (
+    "shorten it, or send truncate=true (on /v2/embed truncate END or START; OpenAI's "
+    "/v1/embeddings has no such field: the server cuts its inputs unless started with "
+    "--no-auto-truncate)"
+)
+
+
 def characters(items: list[str | list[int] | None]) -> int:
     """How long the inputs are, as the cost of tokenising them: characters of the texts,
     ids of the token-id inputs (which are only checked)."""
@@ -91,7 +100,14 @@ def tokenize(
     limit = (prompting.max_length if prompting else None) or model.max_length
     if texts:
         tokens = _tokenize_texts(
-            model, [t for _, t in texts], None, truncate, direction, field, prompting
+            model,
+            [t for _, t in texts],
+            None,
+            truncate,
+            direction,
+            field,
+            [i for i, _ in texts],
+            prompting,
         )
         for (i, _), row in zip(texts, tokens.ids):
             ids[i] = row
@@ -116,7 +132,7 @@ def tokenize_pairs(
     pairs = [i for i, s in enumerate(seconds) if s is not None]
     if singles:
         tokens = _tokenize_texts(
-            model, [firsts[i] for i in singles], None, truncate, direction, field
+            model, [firsts[i] for i in singles], None, truncate, direction, field, singles
         )
         for i, row in zip(singles, tokens.ids):
             ids[i], types[i] = row, [0] * len(row)
@@ -128,6 +144,7 @@ def tokenize_pairs(
             truncate,
             direction,
             field,
+            pairs,
         )
         for i, row, row_types in zip(pairs, tokens.ids, tokens.type_ids):
             ids[i], types[i] = row, row_types
@@ -141,8 +158,11 @@ def _tokenize_texts(
     truncate: bool,
     direction: str | None,
     field: str,
+    positions: list[int],
     prompting: Prompting | None = None,
 ) -> Tokens:
+    """The model's tokens of ``texts`` (and ``pairs``), the request's inputs at
+    ``positions`` of ``field``; ValidationFailed naming the input over the limit."""
     try:
         return model.tokenize(
             texts,
@@ -153,10 +173,10 @@ def _tokenize_texts(
             max_length=prompting.max_length if prompting else None,
         )
     except InputTooLong as exc:
+        name = f"{field}[{positions[exc.index]}]"
         raise ValidationFailed(
-            f"{field}: an input has {exc.length} tokens, more than the model's limit of "
-            f"{exc.limit}; send truncate=true to cut it",
-            param=field,
+            f"{name}: {exc.length} tokens, more than the model's limit of {exc.limit}; {TOO_LONG}",
+            param=name,
         ) from exc
 
 
@@ -173,8 +193,7 @@ def _checked_ids(
         return ids
     if not truncate:
         raise ValidationFailed(
-            f"{field}: {len(ids)} tokens, more than the model's limit of {limit}; send "
-            "truncate=true to cut it",
+            f"{field}: {len(ids)} tokens, more than the model's limit of {limit}; {TOO_LONG}",
             param=field,
         )
     return ids[-limit:] if side(model, direction) == "left" else ids[:limit]

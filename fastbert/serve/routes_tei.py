@@ -132,10 +132,14 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
 
     @app.post("/tokenize", dependencies=posted, tags=["TEI"])
     async def tokenize(body: schemas.TokenizeRequest, request: Request) -> Response:
-        """Every token of each input: id, text, whether special, character offsets."""
+        """Every token of each input after the prompt ``prompt_name`` names (the tokens
+        ``/embed`` runs): id, text, whether special, character offsets into the prompted
+        input, as TEI gives them."""
         timing = Timing()
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
         inputs.check_count(texts, server.limits, "inputs")
+        prompt = server.prompting(body.prompt_name).text
+        texts = [prompt + text for text in texts]
         details = await server.tokenize(
             timing,
             model.text_tokenizer.details,

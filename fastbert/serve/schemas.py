@@ -128,7 +128,10 @@ class PredictRequest(BaseModel):
 
 
 class TokenizeRequest(BaseModel):
-    """``POST /tokenize`` (TEI). Returns, per input, ``[{id, text, special, start, stop}]``."""
+    """``POST /tokenize`` (TEI). Returns, per input after the prompt ``prompt_name`` names
+    (default: the model's default prompt, as ``/embed``), ``[{id, text, special, start,
+    stop}]``."""
 
     inputs: StrictStr | list[StrictStr]
     add_special_tokens: StrictBool = True
+    prompt_name: StrictStr | None = None
