@@ -37,7 +37,6 @@ when ``optimize`` runs (for the output classes), never at ``import fastbert``.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import importlib
 import inspect
@@ -50,6 +49,7 @@ from torch import nn
 
 from fastbert.execution import runtime, validation
 from fastbert.execution.backends import check_backend, check_head_dim
+from fastbert.integrations.binding import bind_encoder, config_as_run, fused_views
 from fastbert.model.config import BertConfig
 from fastbert.model.encoder import CHECKPOINT, BertModel
 from fastbert.model.families import (
@@ -258,74 +258,6 @@ def base_model(model: Any) -> tuple[Family, nn.Module]:
     return family, base
 
 
-def bind_encoder(base: nn.Module, family: Family, config: BertConfig, **kwargs: Any) -> BertModel:
-    """A fastbert BertModel whose parameters are ``base``'s tensors (QKV fused; the HF query,
-    key and value parameters become views of it). kwargs go to the BertModel constructor.
-
-    Raises ValueError naming a missing or mis-shaped tensor, or tensors of mixed dtype/device.
-    """
-    params = dict(base.named_parameters())
-    with_pooler = bool(family.pooler) and getattr(base, "pooler", None) is not None
-    with_projection = config.embedding_width != config.hidden_size
-    names = family.weight_names(config.num_hidden_layers, with_pooler, with_projection)
-    for ours in family.first_layer_skips if config.num_hidden_layers else ():
-        for theirs in family.layer[ours]:
-            if f"{family.layer_prefix}.0.{theirs}" in params:
-                raise ValueError(
-                    f"the {family.name} model's first layer holds {theirs}, which the family's "
-                    "first layer has none of (was a layer taken out before it?); fastbert's "
-                    "encoder would leave it out"
-                )
-    first = params[next(iter(names.values()))[0]]
-    encoder = BertModel(
-        config, dtype=first.dtype, device="meta", add_pooling_layer=with_pooler, **kwargs
-    )
-    for ours, theirs in names.items():
-        missing = [t for t in theirs if t not in params]
-        if missing:
-            raise ValueError(f"the {family.name} model lacks {missing[0]!r} (for {ours})")
-        tensors = [params[t] for t in theirs]
-        for name, t in zip(theirs, tensors):
-            if t.dtype != first.dtype or t.device != first.device:
-                raise ValueError(
-                    f"{name} is {t.dtype} on {t.device}, but the model's embeddings are "
-                    f"{first.dtype} on {first.device}; fastbert needs one dtype and device"
-                )
-        expected = encoder.get_parameter(ours).shape
-        param = tensors[0] if len(tensors) == 1 else _fuse(tensors)
-        if param.shape != expected:
-            raise ValueError(
-                f"{' + '.join(theirs)} has shape {tuple(param.shape)}, fastbert's {ours} "
-                f"expects {tuple(expected)} (from the config)"
-            )
-        owner, _, attr = ours.rpartition(".")
-        setattr(encoder.get_submodule(owner), attr, param)
-    unbound = [name for name, p in encoder.named_parameters() if p.is_meta]
-    if unbound:
-        raise RuntimeError(f"the {family.name} name table maps no tensor to {unbound}")
-    for i, layer in enumerate(encoder.layers):
-        if len(names[f"layers.{i}.qkv_weight"]) > 1:  # separate query, key and value tensors
-            layer.qkv_parts = tuple(
-                tuple(params[t] for t in names.get(f"layers.{i}.{ours}", ()))
-                for ours in ("qkv_weight", "qkv_bias")
-            )
-    if encoder.quantize is not None:
-        base.requires_grad_(False)  # the separate query / key / value parameters too
-        encoder.quantize = encoder.quantize  # quantises the bound tensors
-    encoder.resolve_ops_early()
-    return encoder.train(base.training)
-
-
-def _fuse(tensors: list[torch.Tensor]) -> nn.Parameter:
-    """Concatenate ``tensors`` by rows into one parameter and make each a view of its rows."""
-    fused = nn.Parameter(torch.cat([t.detach() for t in tensors]), requires_grad=False)
-    row = 0
-    for t in tensors:
-        t.data = fused.data[row : row + t.shape[0]]
-        row += t.shape[0]
-    return fused
-
-
 class FastbertForward:
     """The forward of an optimized base model: Hugging Face's signature and output class,
     computed by a fastbert encoder sharing the model's tensors (``self.encoder``).
@@ -404,7 +336,7 @@ class FastbertForward:
         # around a linear) would add what the encoder, reading the parameters, leaves out.
         owners = {name.rpartition(".")[0] for name in self._source_names}
         self._owners = {path: type(self.base.get_submodule(path)) for path in owners}
-        self._views = _fused_views(self.base, self.encoder, names)
+        self._views = fused_views(self.base, self.encoder, names)
         # The model's nn.Dropout modules by kind, listed once here: dropout_now reads their p
         # at each training call without walking the model.
         attention = "." + self.family.attention_dropout
@@ -615,54 +547,6 @@ class FastbertForward:
                 return False
             self._generation = registration_generation()
         return all(p.data_ptr() == ptr for p, ptr in self._views)
-
-
-def config_as_run(config: BertConfig, layers: nn.ModuleList, norms: list[nn.Module]) -> BertConfig:
-    """``config`` (from the Hugging Face config) as the model's modules run it: as many layers
-    as its layer list holds (Hugging Face's forward runs the list, whatever
-    ``num_hidden_layers`` says: a pruned student), each of the attention type the layer
-    module holds (ModernBERT), and the eps its LayerNorm modules hold. ValueError where the
-    LayerNorms hold different eps (fastbert's encoder takes one)."""
-    changes: dict[str, Any] = {}
-    if len(layers) != config.num_hidden_layers:
-        changes["num_hidden_layers"] = len(layers)
-    if config.layer_types is not None:
-        types = tuple(getattr(layer, "attention_type", None) for layer in layers)
-        if None in types and len(layers) != config.num_hidden_layers:
-            raise ValueError(
-                f"the model's layer list holds {len(layers)} layers, its config "
-                f"{config.num_hidden_layers}, and the layers do not say their attention types"
-            )
-        if None not in types and types != config.layer_types:
-            changes["layer_types"] = types
-    eps = {m.eps for m in norms}
-    if len(eps) > 1:
-        raise ValueError(
-            f"the model's LayerNorm modules hold different eps ({sorted(eps)}); fastbert's "
-            "encoder takes one: set them to one value, or call the model without fastbert"
-        )
-    if eps and eps != {config.layer_norm_eps}:
-        changes["layer_norm_eps"] = eps.pop()
-    return dataclasses.replace(config, **changes) if changes else config
-
-
-def _fused_views(
-    base: nn.Module, encoder: BertModel, names: dict[str, tuple[str, ...]]
-) -> list[tuple[nn.Parameter, int]]:
-    """(parameter, the address it must start at) for each Hugging Face parameter that is a
-    row view of a fused encoder tensor (the query, key and value weights and biases)."""
-    views = []
-    for ours, theirs in names.items():
-        if len(theirs) == 1:
-            continue
-        fused = encoder.get_parameter(ours)
-        row_bytes = fused.stride(0) * fused.element_size()
-        row = 0
-        for name in theirs:
-            view = base.get_parameter(name)
-            views.append((view, fused.data_ptr() + row * row_bytes))
-            row += view.shape[0]
-    return views
 
 
 def _describe(value: Any) -> str:
