@@ -216,7 +216,18 @@ def test_packed_model_gives_the_plain_models_outputs(dtype) -> None:
         assert diff.abs().max() <= 1e-4
 
 
-def test_packed_model_follows_weight_writes_and_training() -> None:
+@pytest.mark.parametrize(
+    "make_optimizer",
+    [
+        lambda params: torch.optim.SGD(params, lr=0.5),
+        # A fused step writes without bumping the version counters (the Hugging Face
+        # Trainer's default optimizer).
+        lambda params: torch.optim.SGD(params, lr=0.5, fused=True),
+        lambda params: torch.optim.AdamW(params, lr=0.05, fused=True),
+    ],
+    ids=["sgd", "fused sgd", "fused adamw"],
+)
+def test_packed_model_follows_weight_writes_and_training(make_optimizer) -> None:
     hf, plain, packed = _models(seed=4)
     ids, mask, types = padded_batch([6, 4], seed=4)
     state = {k: v * 1.25 for k, v in plain.state_dict().items()}
@@ -228,12 +239,33 @@ def test_packed_model_follows_weight_writes_and_training() -> None:
         assert torch.equal(packed(ids, mask, types)[0], plain(ids, mask, types)[0])
     for model in (plain, packed):  # one optimizer step each, then inference again
         model.train()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        optimizer = make_optimizer(model.parameters())
         model(ids, mask, types).last_hidden_state.square().mean().backward()
         optimizer.step()
         model.eval()
     with torch.no_grad():
         assert torch.equal(packed(ids, mask, types)[0], plain(ids, mask, types)[0])
+
+
+def test_optimized_model_follows_a_fused_optimizers_steps() -> None:
+    """A fused AdamW step (which bumps no version counter) through Hugging Face's parameters,
+    the query, key and value views included: the next call reads the new weights."""
+    hf = hf_model("BertModel", seed=6)
+    reference = hf_model("BertModel", seed=6)
+    ids, mask, types = padded_batch([6, 4], seed=6)
+    inputs = dict(input_ids=ids, attention_mask=mask, token_type_ids=types)
+    model = fastbert.optimize(hf, packed_weights=True)
+    with torch.no_grad():
+        model(**inputs)  # packed
+    valid = mask.bool()
+    for m in (model, reference):
+        optimizer = torch.optim.AdamW(m.parameters(), lr=0.05, fused=True)
+        m(**inputs).last_hidden_state[valid].square().mean().backward()  # real tokens only
+        optimizer.step()
+    with torch.no_grad():
+        got, expected = model(**inputs), reference(**inputs)
+    diff = got.last_hidden_state[valid] - expected.last_hidden_state[valid]
+    assert diff.abs().max() <= 1e-4
 
 
 def test_optimized_model_sees_writes_through_its_query_key_value_parameters() -> None:

@@ -10,7 +10,8 @@ either way, for M > 1), a little faster, most at few rows (measured by
 :class:`PackedWeights` holds one such copy per weight, made at the weight's first use and
 made again whenever the weight's address, dtype, shape or PyTorch version counter changed
 (every in-place write through autograd's view of it bumps the counter: ``load_state_dict``,
-``copy_`` under ``no_grad``, an optimizer step; new memory assigned to ``weight.data`` is at
+``copy_`` under ``no_grad``, an optimizer step, and a fused optimizer's step, which bumps none,
+is counted apart: fastbert.kernels.optimizer_steps; new memory assigned to ``weight.data`` is at
 another address, since each copy holds the memory it was made from). A write through
 ``weight.data`` bypasses the counter, and the copy would then hold the old values: the owner
 of the model decides that its weights are not written so (fastbert's own loaders for
@@ -41,6 +42,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from . import cpu_int8_product
 from .cpu_library import cpu_flags
+from .optimizer_steps import values_version
 
 # The first PyTorch release whose packed products were checked to be the plain linear's bits
 # at every row count the tests try: with torch 2.11's oneDNN, three rows of float32 took
@@ -95,8 +97,10 @@ def int8_available() -> bool:
 
 
 def _identity(weight: torch.Tensor) -> tuple:
-    """What the packed copy of ``weight`` was made from: its address, dtype, shape and version."""
-    return (weight.data_ptr(), weight.dtype, tuple(weight.shape), weight._version)
+    """What the packed copy of ``weight`` was made from: its address, dtype, shape and version
+    (fastbert.kernels.optimizer_steps: the version counter and the fused optimizer steps that
+    write without it)."""
+    return (weight.data_ptr(), weight.dtype, tuple(weight.shape), values_version(weight))
 
 
 def _int8_weight(weight: torch.Tensor) -> bool:

@@ -42,6 +42,7 @@ from collections.abc import Iterable
 
 import torch
 
+from fastbert.kernels.optimizer_steps import values_version
 from fastbert.kernels.reference import quantize_weight
 
 # The linears of a layer that run quantised, by their weight's name.
@@ -82,13 +83,15 @@ def parameters_key(module: torch.nn.Module, extra: Iterable[torch.Tensor] = ()) 
 
 
 def tensors_key(params: list[torch.Tensor]) -> tuple:
-    """What identifies the values of ``params``: each one's address and version counter, and
+    """What identifies the values of ``params``: each one's address and version (its counter
+    and the fused optimizer steps that write without it:
+    fastbert.kernels.optimizer_steps.values_version), and
     the device; the key holds their memory (see _HeldMemory). A parameter made under
     torch.inference_mode has no version counter (and can change only inside it): its address
     alone."""
     device = params[0].device if params else None
     held = _HeldMemory([p.untyped_storage() for p in params])
-    pairs = ((p.data_ptr(), None if p.is_inference() else p._version) for p in params)
+    pairs = ((p.data_ptr(), None if p.is_inference() else values_version(p)) for p in params)
     return (device, *pairs, held)
 
 
