@@ -176,6 +176,24 @@ def test_truncate_dim_cuts_as_sentence_transformers_cuts(base, tmp_path):
     )
 
 
+def test_a_corpus_job_cuts_a_folders_truncate_dim_as_sentence_transformers(base, tmp_path):
+    """fastbert embed (to Parquet shards) on a folder cut by truncate_dim after its Normalize:
+    the vectors sentence-transformers gives (shorter than 1); the job's options, resolved
+    once more when its model loaded, had read the folder's width as one given and normalised
+    after the cut."""
+    import pyarrow.parquet as pq
+
+    folder = folder_of(base, tmp_path / "n", Normalize(), truncate_dim=24)
+    source = tmp_path / "texts.txt"
+    source.write_text("".join(t + "\n" for t in TEXTS))
+    summary = fastbert.embed(source, folder, output=tmp_path / "out", device="cpu", progress=False)
+    assert summary.manifest["rows"] == len(TEXTS)
+    table = pq.read_table(tmp_path / "out" / "part-00000.parquet")
+    got = np.array(table.column("embedding").to_pylist(), dtype=np.float32)
+    want = st.SentenceTransformer(str(folder), device="cpu").encode(TEXTS)
+    np.testing.assert_allclose(got, want, atol=TOLERANCE)
+
+
 def test_a_cut_and_normalize_give_the_same_vectors_however_set(base, tmp_path):
     """dimensions= (cut, then normalised as the model normalises) and normalize=False (the
     pooled vectors) give one answer whether set in fastbert.embed, at load or per call, on a

@@ -5,7 +5,7 @@ of the same job."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +81,10 @@ class Job:
     """A job writing Parquet shards, started: its resolved options, output folder and manifest
     record; the shard writer, which starts after the shards an earlier run finished; and the
     first input row still to embed. ``finished``: the manifest of a complete run of this job
-    that the output already holds (then there is nothing to do, and no writer)."""
+    that the output already holds (then there is nothing to do, and no writer).
+    ``model_options``: the options as given, on the job's device, which the model loads with
+    (:func:`~fastbert.embedding.loading.load_options` resolves them: resolved twice, a folder's
+    own truncate_dim would read as a width given)."""
 
     options: EmbedOptions
     output: Path
@@ -89,6 +92,7 @@ class Job:
     writer: ShardWriter | None
     first_row: int
     finished: dict | None = None
+    model_options: EmbedOptions | None = None
 
     def finished_summary(self) -> Summary:
         """The summary of the complete run found in the output: its totals, no time spent."""
@@ -140,7 +144,9 @@ def start_job(
     continue an unfinished run of the same job there, or find it complete there (``finished``;
     unless ``options.overwrite``). Called before the model loads, so that an output it must
     not write (manifest.OutputError) or a job already done costs nothing."""
+    given = options
     options, spec, dimensions = resolve(options, tokenizer, device)
+    model_options = replace(given, device=options.device)
     if spec.kind == CLASSIFICATION:
         raise ValueError(
             f"{options.model} is a classification model (a cross-encoder): it scores text "
@@ -154,11 +160,11 @@ def start_job(
             record["ranges"] = earlier["ranges"]
     finished = None if options.overwrite else manifest.finished_run(output, record)
     if finished is not None:
-        return Job(options, output, record, None, 0, finished)
+        return Job(options, output, record, None, 0, finished, model_options)
     start = manifest.start_output(output, record, options.overwrite)
     store_dtype = np.dtype(options.store_dtype)
     writer = ShardWriter(output, options.rows_per_shard, spec.kind, dimensions, store_dtype, start)
-    return Job(options, output, record, writer, start * options.rows_per_shard)
+    return Job(options, output, record, writer, start * options.rows_per_shard, None, model_options)
 
 
 def embed_files(inputs: Sequence[str | Path], output: str | Path, options: EmbedOptions) -> Summary:
@@ -172,7 +178,7 @@ def embed_files(inputs: Sequence[str | Path], output: str | Path, options: Embed
     job = start_job(files, output, options, tokenizer)
     if job.finished is not None:
         return job.finished_summary()
-    loaded = load_options(job.options, tokenizer)
+    loaded = load_options(job.model_options, tokenizer)
     if job.options.id_field is not None:
         job.writer.id_kind = readers.IdKind()
     rows = (

@@ -71,7 +71,7 @@ def embed_files(
             # type (Ray cannot join blocks of two).
             id_kind = readers.first_id_kind(files, job.options.text_field, job.options.id_field)
             job.writer.id_kind = readers.IdKind(id_kind)
-        dataset = _dataset(ray, files, counts, job.first_row, job.options, gpus, cpus, id_kind)
+        dataset = _dataset(ray, files, counts, job, gpus, cpus, id_kind)
         summary = _drain(dataset, job.writer, job.options, job.first_row, sum(counts))
     finally:
         if started:
@@ -112,14 +112,15 @@ def _dataset(
     ray: Any,
     files: list[Path],
     counts: list[int],
-    first_row: int,
-    options: EmbedOptions,
+    job: pipeline.Job,
     gpus: int,
     cpus: float,
     id_kind: type | None = None,
 ) -> Any:
-    """The Ray dataset of embedded rows (pandas batches, in input order) from row
-    ``first_row`` on; ``id_kind``: the kind of the job's ids (:func:`readers.first_id_kind`)."""
+    """The Ray dataset of ``job``'s embedded rows (pandas batches, in input order) from its
+    first row still to embed on; ``id_kind``: the kind of the job's ids
+    (:func:`readers.first_id_kind`)."""
+    options, first_row = job.options, job.first_row
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True
     context.enable_progress_bars = False  # the driver shows its own
@@ -160,7 +161,7 @@ def _dataset(
         )
         .map_batches(
             EmbedActor,
-            fn_constructor_kwargs={"options": options, "threads": threads},
+            fn_constructor_kwargs={"options": job.model_options, "threads": threads},
             batch_size=options.window_rows,
             batch_format="pandas",
             compute=ray.data.ActorPoolStrategy(size=actors),
