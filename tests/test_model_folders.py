@@ -248,14 +248,34 @@ def test_multi_vector_folder_gives_token_vectors(base, tmp_path):
     model = st.MultiVectorEncoder(str(tmp_path / "mv"), device="cpu")
     loaded = fastbert.load(tmp_path / "mv", device="cpu")
     assert loaded.kind == "multi-vector"
+    queries = fastbert.load(tmp_path / "mv", device="cpu", prompt_name="query")
+    documents = fastbert.load(tmp_path / "mv", device="cpu", prompt_name="document")
     for got, want in (
         (loaded.embed(TEXTS), model.encode(TEXTS)),
         (loaded.embed(TEXTS, prompt_name="document"), model.encode_document(TEXTS)),
         (loaded.embed(TEXTS, prompt_name="query"), model.encode_query(TEXTS)),
+        # the task of the prompt the model loaded with: its lengths and skiplist
+        (queries.embed(TEXTS), model.encode_query(TEXTS)),
+        (documents.embed(TEXTS), model.encode_document(TEXTS)),
+        (
+            fastbert.embed(TEXTS, tmp_path / "mv", device="cpu", prompt_name="query"),
+            model.encode_query(TEXTS),
+        ),
     ):
         assert [g.shape for g in got] == [tuple(w.shape) for w in want]
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, np.asarray(w), atol=TOLERANCE)
+    import pyarrow.parquet as pq  # the corpus job with the query task
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    out = tmp_path / "out-query"
+    fastbert.embed(corpus, model=tmp_path / "mv", output=out, device="cpu", prompt_name="query")
+    got = pq.read_table(out / "part-00000.parquet").column("vectors").to_pylist()
+    want = model.encode_query(TEXTS)
+    assert [len(g) for g in got] == [len(w) for w in want]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.array(g), np.asarray(w), atol=TOLERANCE)
 
 
 def test_corpus_job_writes_what_the_kind_gives(mlm, base, tmp_path):

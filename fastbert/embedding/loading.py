@@ -159,7 +159,7 @@ def load_options(options: EmbedOptions, tokenizer: Any = None) -> TextModel:
         normalize_first=normalizes_before_cut(given, spec),
     )
     encoder.probe(tokenizer(["a probe"])["input_ids"])
-    loaded = TextModel(spec, options, tokenizer, encoder=encoder)
+    loaded = TextModel(spec, options, tokenizer, encoder=encoder, prompt_name=given.prompt_name)
     if options.dimensions is not None:
         loaded.check_dimensions(options.dimensions, options.force_dimensions)
         encoder.truncate_dim = options.dimensions

@@ -68,6 +68,10 @@ class Prompting:
     max_length: int | None = None
 
 
+# The prompt names that pick a multi-vector model's task (its lengths, skiplist and pooling).
+TASKS = ("query", "document")
+
+
 class TextModel:
     """A model folder, loaded: texts in, what its kind gives out.
 
@@ -86,10 +90,14 @@ class TextModel:
         encoder: model.FolderPipeline | None = None,
         classifier: model.Classifier | None = None,
         labels: list[str] | None = None,
+        prompt_name: str | None = None,
     ):
         self.spec = spec
         self.kind = spec.kind
         self.options = options
+        # The task of the prompt the model loaded with, by name ("query" or "document": a
+        # multi-vector model's); its text is options.prompt.
+        self._task = prompt_name if prompt_name in TASKS else None
         self.text_tokenizer = TextTokenizer(tokenizer, options.max_length)
         self.encoder = encoder
         self.classifier = classifier
@@ -105,7 +113,8 @@ class TextModel:
         # width) afterwards, per call.
         self._raw = None
         if encoder is not None:
-            self._raw = encoder.with_prompt(self.text_tokenizer.prompt_length(options.prompt or ""))
+            loaded_with = self.prompting()
+            self._raw = encoder.with_prompt(loaded_with.length, loaded_with.task)
             self._raw.normalize, self._raw.store_dtype = False, np.dtype(np.float32)
 
     def __repr__(self) -> str:
@@ -214,13 +223,17 @@ class TextModel:
 
     def prompting(self, prompt_name: str | None = None, prompt: str | None = None) -> Prompting:
         """What the prompt :meth:`prompt` chooses changes (see :class:`Prompting`); a
-        ``prompt_name`` of "query" or "document" also picks a multi-vector model's task.
-        ValueError as :meth:`prompt` raises it."""
+        ``prompt_name`` of "query" or "document" also picks a multi-vector model's task (none
+        given: the task of the prompt the model loaded with). ValueError as :meth:`prompt`
+        raises it."""
         key = (prompt_name, prompt)
         found = self._promptings.get(key)
         if found is None:
             text = self.prompt(prompt_name, prompt)
-            task = prompt_name if prompt_name in ("query", "document") else None
+            if prompt_name is None and prompt is None:
+                task = self._task
+            else:
+                task = prompt_name if prompt_name in TASKS else None
             # A multi-vector model may cut queries and documents to lengths of their own.
             lengths = {
                 "query": self.spec.transformer.query_length,
