@@ -203,6 +203,23 @@ def test_sparse_folder_gives_splade_vectors(mlm, tmp_path, strategy, activation)
     assert torch.equal(got.to_torch().to_dense() > 0, torch.from_numpy(dense > 0))
 
 
+def test_max_active_dims_keeps_the_values_largest_in_magnitude():
+    """A module after the SPLADE pooling may give negative values: the values kept are the
+    largest in magnitude, as sentence-transformers' select_max_active_dims keeps them."""
+    from sentence_transformers.util.tensor import select_max_active_dims
+
+    from fastbert.embedding.sparse import SparseVectors
+
+    dense = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
+    got = SparseVectors.from_dense(dense, max_active_dims=5)
+    want = select_max_active_dims(dense, 5)
+    for row in range(dense.shape[0]):
+        kept = torch.nonzero(want[row]).flatten()
+        start, end = got.indptr[row], got.indptr[row + 1]
+        np.testing.assert_array_equal(got.indices[start:end], kept.numpy())
+        np.testing.assert_array_equal(got.values[start:end], want[row, kept].numpy())
+
+
 def test_old_format_sparse_folder(mlm, tmp_path):
     modules = [transformer(mlm, transformer_task="fill-mask"), SpladePooling("max")]
     folder = save_modules(tmp_path / "sparse", modules, kind="SparseEncoder")

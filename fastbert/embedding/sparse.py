@@ -25,14 +25,14 @@ class SparseVectors:
     @classmethod
     def from_dense(cls, dense: torch.Tensor, max_active_dims: int | None = None) -> SparseVectors:
         """The non-zero entries of ``dense`` [n, dimensions]; with ``max_active_dims``, each
-        row keeps only its that-many largest values, as sentence-transformers'
-        ``max_active_dims`` does (``torch.topk`` on the CPU: among equal values at the cut,
-        which it keeps is topk's choice, not always the lower index)."""
+        row keeps only its that-many values largest in magnitude (a module after the SPLADE
+        pooling may give negative ones), as sentence-transformers' ``max_active_dims`` does
+        (``torch.topk`` on the CPU: among equal magnitudes at the cut, which it keeps is
+        topk's choice, not always the lower index)."""
         dense = dense.detach().float().cpu()
         if max_active_dims is not None and max_active_dims < dense.shape[1]:
-            top = dense.topk(max_active_dims, dim=1)
-            kept = torch.zeros_like(dense).scatter_(1, top.indices, top.values)
-            dense = kept
+            top = dense.abs().topk(max_active_dims, dim=1).indices
+            dense = torch.zeros_like(dense).scatter_(1, top, dense.gather(1, top))
         rows, columns = torch.nonzero(dense, as_tuple=True)
         counts = torch.bincount(rows, minlength=dense.shape[0])
         indptr = np.concatenate([[0], np.cumsum(counts.numpy())]).astype(np.int64)
