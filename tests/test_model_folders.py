@@ -131,6 +131,22 @@ def test_module_from_sentence_transformers_runs_through_it(base, tmp_path):
     np.testing.assert_allclose(got, st_encode(folder), atol=TOLERANCE)
 
 
+@pytest.mark.parametrize("mode", ["mean", "weightedmean"])
+def test_a_pooling_after_word_weights_divides_by_their_sum(base, tmp_path, mode):
+    """WordWeights (run by sentence-transformers) weighs the tokens and gives their sum, which
+    sentence-transformers' Pooling divides by: the Pooling after it runs there too (fastbert's
+    divided by the token count: 0.30 off for mean, 12.6 for weightedmean)."""
+    from sentence_transformers.sentence_transformer.modules import WordWeights
+
+    tokenizer = json.loads((base / "tokenizer.json").read_text())
+    vocab = sorted(tokenizer["model"]["vocab"], key=tokenizer["model"]["vocab"].get)
+    weights = {word: (i % 7) * 0.5 for i, word in enumerate(vocab)}
+    modules = [transformer(base), WordWeights(vocab, weights, 0.3), Pooling(HIDDEN, mode)]
+    folder = save_modules(tmp_path / "word-weights", modules)
+    got = fastbert.load(folder, device="cpu").embed(TEXTS)
+    np.testing.assert_allclose(got, st_encode(folder), atol=TOLERANCE)
+
+
 def test_every_layer_is_refused_where_modules_ask_for_it(base, tmp_path):
     from sentence_transformers.sentence_transformer.modules import WeightedLayerPooling
 

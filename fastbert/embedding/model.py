@@ -120,7 +120,7 @@ def build_modules(
     embedding was taken off, to be applied when the embeddings are finished, unless
     ``keep_normalize``). ``pooling``: a pooling mode that replaces the folder's (a folder
     without a Pooling module gets one). ValueError naming a module that cannot run."""
-    from fastbert.integrations.sentence_modules import load_foreign_module
+    from fastbert.integrations.sentence_modules import ForeignModule, load_foreign_module
 
     specs = list(spec.modules)
     if pooling is not None:
@@ -130,9 +130,16 @@ def build_modules(
             specs[places[0]] = replacement
         elif spec.kind == EMBEDDING:
             specs.insert(0, replacement)
-    modules = []
+    modules: list[Any] = []
     for module_spec in specs:
-        module = native_module(module_spec, tokenizer)
+        # After a module sentence-transformers runs, its Pooling too: it reads what such a
+        # module may add to the features (WordWeights' token_weights_sum, its divisor).
+        foreign_pooling = (
+            module_spec.class_name == "Pooling"
+            and module_spec.type.startswith("sentence_transformers.")
+            and any(isinstance(m, ForeignModule) for m in modules)
+        )
+        module = None if foreign_pooling else native_module(module_spec, tokenizer)
         if module is None:
             module = load_foreign_module(module_spec, spec.folder, device)
         modules.append(module)
