@@ -311,6 +311,31 @@ def test_multi_vector_folder_gives_token_vectors(base, tmp_path):
         np.testing.assert_allclose(np.array(g), np.asarray(w), atol=TOLERANCE)
 
 
+def test_a_multi_vector_folders_truncate_dim_cuts_and_normalises_each_token(base, tmp_path):
+    """truncate_dim in a multi-vector folder's settings: each token's vector cut to that width
+    and L2-normalised, as MultiVectorEncoder gives them (it was ignored: full-width vectors)."""
+    from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
+
+    folder = save_modules(
+        tmp_path / "mv",
+        [transformer(base), MultiVectorMask()],
+        kind="MultiVectorEncoder",
+        truncate_dim=8,
+    )
+    model = st.MultiVectorEncoder(str(folder), device="cpu")
+    loaded = fastbert.load(folder, device="cpu")
+    assert loaded.dimensions == 8
+    for got, want in (
+        (loaded.embed(TEXTS), model.encode(TEXTS)),
+        (loaded.embed(TEXTS, prompt_name="query"), model.encode_query(TEXTS)),
+        # token ids in, as the server runs the model
+        (loaded.embed_tokens(loaded.tokenize(TEXTS[:2]).ids), model.encode(TEXTS[:2])),
+    ):
+        for g, w in zip(got, want):
+            assert g.shape[1] == 8
+            np.testing.assert_allclose(g, np.asarray(w), atol=TOLERANCE)
+
+
 def test_corpus_job_writes_what_the_kind_gives(mlm, base, tmp_path):
     import pyarrow.parquet as pq
 

@@ -23,6 +23,7 @@ from fastbert.execution.cpu_tuning import apply_process_tuning
 from fastbert.model.sentence_folder import (
     CLASSIFICATION,
     EMBEDDING,
+    MULTI_VECTOR,
     SPARSE,
     FolderSpec,
     read_folder,
@@ -159,6 +160,8 @@ def load_options(options: EmbedOptions, tokenizer: Any = None) -> TextModel:
         normalize_first=normalizes_before_cut(given, spec),
     )
     encoder.probe(tokenizer(["a probe"])["input_ids"])
+    if spec.kind == MULTI_VECTOR and spec.truncate_dim is not None:
+        encoder.truncate_dim = min(spec.truncate_dim, encoder.dimensions)
     loaded = TextModel(spec, options, tokenizer, encoder=encoder, prompt_name=given.prompt_name)
     if options.dimensions is not None:
         loaded.check_dimensions(options.dimensions, options.force_dimensions)
@@ -223,10 +226,11 @@ def load(
     4096 on the CPU); ``quantize``: None (exact), "int8" or "fp8"; ``prompt_name`` /
     ``prompt``: the prompt put before every input by default; ``dimensions``: the width of
     a dense model's embeddings by default (the first N values, normalised again where the
-    model normalises; a model not Matryoshka-trained needs ``force_dimensions=True``), as
-    sentence-transformers' ``truncate_dim`` (see
-    :class:`~fastbert.embedding.options.EmbedOptions`). ValueError naming a bad setting, before
-    anything loads, or a module of the folder that cannot run.
+    model normalises, as sentence-transformers' ``encode(truncate_dim=N,
+    normalize_embeddings=True)``; a model not Matryoshka-trained needs
+    ``force_dimensions=True``; see :class:`~fastbert.embedding.options.EmbedOptions`).
+    ValueError naming a bad setting, before anything loads, or a module of the folder that
+    cannot run.
 
     >>> model = fastbert.load("path/to/all-MiniLM-L6-v2")
     >>> model.embed(["a text", "another"])  # numpy [2, 384]

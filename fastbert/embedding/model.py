@@ -192,6 +192,8 @@ def declared_dimensions(spec: FolderSpec, config: Any, pooling: str | None = Non
             width = int(settings["out_features"])
         elif name not in ("Normalize", "SpladePooling", "MultiVectorMask"):
             return None
+    if spec.kind == MULTI_VECTOR and spec.truncate_dim is not None:
+        width = min(width, spec.truncate_dim)  # each token's vector, cut
     return width
 
 
@@ -208,8 +210,10 @@ class FolderPipeline:
     ``prompt_length`` and ``task``: the prompt's tokens at the start of each input and the
     task ("query", "document" or None) of the calls (see :meth:`with_prompt`);
     ``truncate_dim`` / ``max_active_dims``: what :meth:`__call__` keeps of a dense embedding
-    (its first values) and of a sparse vector (its largest); ``dimensions``: the output's width
-    (learnt by :meth:`probe`).
+    or of each token's vector of a multi-vector model (its first values; a token's then
+    normalised, as sentence-transformers' MultiVectorEncoder cuts them) and of a sparse vector
+    (its largest); ``dimensions``: the output's width before any cut (learnt by
+    :meth:`probe`).
 
     ``packed``: run the packed path, the batch's token ids end to end (packed once, on the
     host) through :meth:`fastbert.BertModel.forward_packed` and every module on the packed
@@ -331,7 +335,8 @@ class FolderPipeline:
         float32 [tokens_i, dimensions] arrays, the tokens it scores."""
         with torch.inference_mode():
             if self.kind == MULTI_VECTOR:
-                return scored_tokens(self.features(tokens), [len(t) for t in tokens])
+                rows = scored_tokens(self.features(tokens), [len(t) for t in tokens])
+                return rows if self.truncate_dim is None else cut_tokens(rows, self.truncate_dim)
             pooled = self.pooled(tokens)
             if self.kind == SPARSE:
                 return SparseVectors.from_dense(pooled, self.max_active_dims)
@@ -388,6 +393,14 @@ def scored_tokens(features: Features, lengths: list[int]) -> list[np.ndarray]:
     if "cu_seqlens" in features:  # packed: each input's rows
         vectors, keep = vectors.split(lengths), keep.split(lengths)
     return [row[kept].numpy() for row, kept in zip(vectors, keep)]
+
+
+def cut_tokens(rows: list[np.ndarray], width: int) -> list[np.ndarray]:
+    """Each token vector of ``rows`` (float32 [tokens_i, dimensions]) cut to its first
+    ``width`` values and L2-normalised, as sentence-transformers' MultiVectorEncoder applies
+    its truncate_dim."""
+    cut = [row[:, :width] for row in rows]
+    return [row / np.maximum(np.linalg.norm(row, axis=1, keepdims=True), 1e-12) for row in cut]
 
 
 def load_masked_lm_head(spec: FolderSpec, encoder_model: Any) -> MaskedLMHead:

@@ -151,6 +151,8 @@ class TextModel:
         classifier)."""
         if self.encoder is None:
             return None
+        if self.kind == MULTI_VECTOR and self.encoder.truncate_dim is not None:
+            return self.encoder.truncate_dim  # the folder's truncate_dim
         return self.options.dimensions or self.encoder.dimensions
 
     @property
