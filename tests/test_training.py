@@ -314,5 +314,54 @@ def test_dropout_follows_the_models_modules(family: str) -> None:
         module.p = 0.0
     torch.testing.assert_close(model(**inputs).last_hidden_state, evaluated, rtol=0, atol=0)
     dropouts[0].p = 0.5  # the embeddings' (hidden) dropout alone
-    with pytest.raises(ValueError, match="hidden dropout modules hold different"):
+    with pytest.raises(ValueError, match="hidden dropout modules apply different"):
         model(**inputs)
+    for module in dropouts:  # a module in eval mode applies none
+        module.p = 0.3
+        module.eval()
+    torch.testing.assert_close(model(**inputs).last_hidden_state, evaluated, rtol=0, atol=0)
+    dropouts[0].train()
+    with pytest.raises(ValueError, match="hidden dropout modules apply different"):
+        model(**inputs)
+
+
+def test_submodules_in_eval_mode_train_without_their_dropout() -> None:
+    """model.train() with the base model's embeddings and encoder put back in eval mode (a
+    head trained on a frozen-mode body): no dropout in the encoder, as in Hugging Face."""
+    hf = make_model("bert", "ForSequenceClassification", hidden_dropout_prob=0.3)
+    inputs, _ = make_inputs(hf, "ForSequenceClassification", [5, 3])
+    reference = copy.deepcopy(hf)
+    model = fastbert.optimize(hf, backend="torch")
+    for m in (model, reference):
+        m.train()
+        m.bert.embeddings.eval()
+        m.bert.encoder.eval()
+        m.dropout.p = 0.0  # the head's own dropout (Hugging Face's module) off too
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model(**inputs).logits, reference(**inputs).logits, rtol=1e-4, atol=1e-5
+        )
+
+
+def test_reentrant_checkpointing_trains_layers_over_frozen_embeddings() -> None:
+    """Frozen embeddings and reentrant activation checkpointing (Hugging Face marks the
+    embeddings' output as needing a gradient, from a hook fastbert's embeddings never ran):
+    the layers' parameters get Hugging Face's gradients (they got none)."""
+    hf = make_model("bert", "ForSequenceClassification", seed=7)
+    inputs, _ = make_inputs(hf, "ForSequenceClassification", [5, 3], seed=7)
+    labels = torch.tensor([0, 2])
+    reference = copy.deepcopy(hf)
+    model = fastbert.optimize(hf, backend="torch")
+    grads = []
+    for m in (model, reference):
+        m.train()
+        m.bert.embeddings.requires_grad_(False)
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+        m(**inputs, labels=labels).loss.backward()
+        grads.append({n: p.grad for n, p in m.named_parameters() if p.requires_grad})
+    ours, theirs = grads
+    assert ours.keys() == theirs.keys()
+    missing = [n for n in theirs if theirs[n] is not None and ours[n] is None]
+    assert not missing, missing
+    for name in theirs:
+        torch.testing.assert_close(ours[name], theirs[name], rtol=1e-4, atol=1e-5)

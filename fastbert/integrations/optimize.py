@@ -430,20 +430,21 @@ class FastbertForward:
         )
 
     def dropout_now(self) -> tuple[float, float]:
-        """(hidden, attention) dropout probabilities the model's own nn.Dropout modules hold
+        """(hidden, attention) dropout probabilities the model's own nn.Dropout modules apply
         now, for the encoder to apply in training mode: a model whose modules were set after
-        optimize (all to 0 to train without dropout, as TRL's trainers do) trains as Hugging
-        Face's would. The config's where the model has no such module. Raises ValueError
-        when the modules of one kind differ: fastbert applies one probability of each."""
+        optimize (all to 0 to train without dropout, as TRL's trainers do; or put in eval
+        mode) trains as Hugging Face's would. The config's where the model has no such
+        module. Raises ValueError when the modules of one kind differ: fastbert applies one
+        probability of each."""
         found: dict[str, set[float]] = {"hidden": set(), "attention": set()}
         for module, kind in self._dropouts:
-            found[kind].add(float(module.p))
+            found[kind].add(float(module.p) if module.training else 0.0)
         for kind, values in found.items():
             if len(values) > 1:
                 raise ValueError(
-                    f"the model's {kind} dropout modules hold different probabilities "
-                    f"{sorted(values)}; a fastbert-optimized model applies one (set every "
-                    f"{kind} nn.Dropout's p alike)"
+                    f"the model's {kind} dropout modules apply different probabilities "
+                    f"{sorted(values)} (a module in eval mode applies 0); a fastbert-optimized "
+                    f"model applies one (set every {kind} nn.Dropout's p and mode alike)"
                 )
         (hidden,) = found["hidden"] or {self.config.hidden_dropout_prob}
         (attention,) = found["attention"] or {self.config.attention_probs_dropout_prob}

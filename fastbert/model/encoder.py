@@ -354,6 +354,10 @@ class BertModel(PretrainedMixin, nn.Module):
     ) -> torch.Tensor:
         return self.embeddings(ops, input_ids, token_type_ids, position_ids, check_ids, dropout_p)
 
+    def layers_train(self) -> bool:
+        """Whether any parameter of the layers takes a gradient."""
+        return any(p.requires_grad for p in self.layers.parameters())
+
     def run_layers(
         self, ops: Ops, hidden: torch.Tensor, attend: Attend, dropout_p: float
     ) -> torch.Tensor:
@@ -363,6 +367,11 @@ class BertModel(PretrainedMixin, nn.Module):
                 attend, relative_bias=self.relative_bias[:RELATIVE_BUCKETS].t()
             )
         checkpointed = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+        if checkpointed and not hidden.requires_grad and self.layers_train():
+            # Frozen embeddings: a reentrant checkpoint of layers whose input needs no
+            # gradient gives their parameters none (Hugging Face's enable_input_require_grads
+            # marks the embeddings' output so, from a hook that fastbert's embeddings never run).
+            hidden = hidden.requires_grad_()
         for index, layer in enumerate(self.layers):
             positions = self.attention_positions(index, hidden.device)
             layer_attend = functools.partial(attend, **positions) if positions else attend
