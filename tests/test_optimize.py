@@ -396,6 +396,26 @@ def test_a_layer_norm_eps_changed_after_optimize_is_followed_or_refused() -> Non
         model(**inputs)
 
 
+def test_a_compiled_optimized_model_checks_its_binding_at_each_call() -> None:
+    """torch.compile of an optimized model (not fullgraph: each call's check that the encoder
+    still reads the model's tensors runs outside the graphs) gives Hugging Face's output, and
+    follows a module swapped in after compiling."""
+    model = make_model("bert", "Model", seed=38)
+    reference = copy.deepcopy(model)
+    inputs, valid = make_inputs(model, "Model", [7, 4], seed=38)
+    fastbert.optimize(model, backend="torch")
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager")
+    with torch.no_grad():
+        got, expected = compiled(**inputs), reference(**inputs)
+        assert (got.last_hidden_state - expected.last_hidden_state)[valid].abs().max() <= BOUND
+        for m in (model, reference):
+            torch.manual_seed(39)
+            m.encoder.layer[0].intermediate.dense = torch.nn.Linear(64, 128)
+        got, expected = compiled(**inputs), reference(**inputs)
+    assert (got.last_hidden_state - expected.last_hidden_state)[valid].abs().max() <= BOUND
+
+
 def test_a_deep_copy_computes_with_its_own_weights() -> None:
     """copy.deepcopy of an optimized model (a teacher for distillation, an EMA copy) raised
     "cannot pickle '_thread.lock'"; the copy now runs on its own tensors: a change to the
