@@ -195,6 +195,18 @@ def test_a_second_input_module_is_refused(base, tmp_path):
         fastbert.load(folder, device="cpu")
 
 
+def test_a_folder_whose_first_module_is_a_router_is_refused_naming_it(tmp_path):
+    """A Router first (inference-free SPLADE, asymmetric models): the load names it, as it
+    named a folder without a config.json before."""
+    folder = tmp_path / "router"
+    folder.mkdir()
+    router = "sentence_transformers.base.modules.router.Router"
+    write_json(folder / "modules.json", [{"idx": 0, "name": "0", "path": "", "type": router}])
+    for load in (fastbert.load, lambda f: fastbert.embed(["a text"], f, device="cpu")):
+        with pytest.raises(ValueError, match="the first module is .*Router.*a Transformer"):
+            load(folder)
+
+
 @pytest.mark.parametrize(
     "strategy, activation", [("max", "relu"), ("max", "log1p_relu"), ("sum", "relu")]
 )

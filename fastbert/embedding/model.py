@@ -78,8 +78,11 @@ def load_tokenizer(folder: Path) -> Any:
     from fastbert.model.loading import transformer_folder
     from fastbert.model.sentence_folder import read_folder
 
-    read_config(folder)  # a folder without a model's config.json: say so, not the tokenizer
-    settings = read_folder(folder).transformer
+    # A sentence-transformers folder's modules first (one fastbert cannot run is named), then
+    # a folder without a model's config.json: say so, not the tokenizer.
+    spec = read_folder(folder) if (Path(folder) / "modules.json").is_file() else None
+    read_config(folder)
+    settings = (spec or read_folder(folder)).transformer
     arguments = {**settings.tokenizer_kwargs, "local_files_only": True}
     with models.quiet():
         tokenizer = models.import_transformers().AutoTokenizer.from_pretrained(
