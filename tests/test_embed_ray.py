@@ -72,6 +72,52 @@ def test_ray_names_a_bad_row(tmp_path, local_ray, capsys) -> None:
     assert json.loads((tmp_path / "skip" / "manifest.json").read_text())["skipped"] == 1
 
 
+def test_ray_keeps_integer_ids_past_a_bad_row_exact(tmp_path, local_ray) -> None:
+    """Ids past 2**53 (and row numbers) beside a bad row: the ids one process writes, integers
+    (a column of ints with a bad row's None had turned float on the way through Ray)."""
+    from fastbert.integrations import models
+
+    big = 2**53 + 1
+    source = write_corpus(tmp_path / "a.jsonl", TEXTS[:3], [big, big + 1, big + 2])
+    with source.open("a") as handle:
+        handle.write(json.dumps({"doc_id": big + 3}) + "\n")  # no text: a bad row
+    args = [str(source), "--model", str(models.packaged_minilm_path()), "--skip-bad"]
+    for extra in ([], ["--id-field", "doc_id"]):
+        got = {}
+        for mode in ("one", "ray"):
+            out = tmp_path / f"{mode}{len(extra)}"
+            assert (
+                cli(*args, *extra, "--output", str(out), *(["--ray"] if mode == "ray" else [])) == 0
+            )
+            got[mode] = read_output(out)[0]
+        assert got["ray"] == got["one"] and all(type(i) is int for i in got["ray"])
+        assert got["one"] == ([big, big + 1, big + 2] if extra else [0, 1, 2])
+
+
+def test_ray_cuts_a_multi_vector_query_to_its_length(tmp_path, local_ray) -> None:
+    """A multi-vector model's query task on Ray: inputs cut to the query length, as one
+    process and MultiVectorEncoder.encode_query cut them (Ray cut them to the model's)."""
+    import pyarrow.parquet as pq
+    import sentence_transformers as st
+
+    from tests.sentence_folders import hf_folder, write_json
+
+    st.MultiVectorEncoder(str(hf_folder(tmp_path / "base", seed=3)), device="cpu").save(
+        str(tmp_path / "mv")
+    )
+    settings = tmp_path / "mv" / "sentence_bert_config.json"
+    write_json(settings, {**json.loads(settings.read_text()), "query_length": 6})
+    source = write_corpus(tmp_path / "a.jsonl", TEXTS[:6])
+    args = [str(source), "--model", str(tmp_path / "mv"), "--prompt-name", "query"]
+    counts = {}
+    for mode in ("one", "ray"):
+        out = tmp_path / mode
+        assert cli(*args, "--output", str(out), *(["--ray"] if mode == "ray" else [])) == 0
+        counts[mode] = pq.read_table(out / "part-00000.parquet").column("num_vectors").to_pylist()
+    want = st.MultiVectorEncoder(str(tmp_path / "mv"), device="cpu").encode_query(TEXTS[:6])
+    assert counts["ray"] == counts["one"] == [len(w) for w in want]
+
+
 def test_ray_holds_the_job_to_one_id_kind_as_one_process(tmp_path, local_ray, capsys) -> None:
     """Files read apart on Ray still give the job one id kind, the first id's: a second file
     of integer ids after string ones gives the same bad rows as one process (Ray failed to

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import fastbert
+from fastbert.embedding.manifest import OutputError
 from tests.sentence_folders import (
     HIDDEN,
     TEXTS,
@@ -321,6 +322,9 @@ def test_multi_vector_folder_gives_token_vectors(base, tmp_path):
     assert [len(g) for g in got] == [len(w) for w in want]
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.array(g), np.asarray(w), atol=TOLERANCE)
+    # The task is the job's: the document run is another job (it was found complete).
+    with pytest.raises(OutputError, match="task: 'query' there, 'document' now"):
+        fastbert.embed(corpus, model=tmp_path / "mv", output=out, prompt_name="document")
 
 
 def test_a_multi_vector_folders_truncate_dim_cuts_and_normalises_each_token(base, tmp_path):

@@ -18,8 +18,8 @@ from fastbert.embedding.options import CALIBRATION_ROWS, EmbedOptions
 from fastbert.embedding.quantized import RANGED, Quantizer, check_ranges, quantization_ranges
 from fastbert.embedding.run import ArraySink, Summary, run_rows
 from fastbert.embedding.shards import ShardWriter
-from fastbert.embedding.text_model import TextModel
-from fastbert.model.sentence_folder import CLASSIFICATION, FolderSpec
+from fastbert.embedding.text_model import TASKS, TextModel
+from fastbert.model.sentence_folder import CLASSIFICATION, MULTI_VECTOR, FolderSpec
 from fastbert.version import __version__
 
 
@@ -84,7 +84,8 @@ class Job:
     that the output already holds (then there is nothing to do, and no writer).
     ``model_options``: the options as given, on the job's device, which the model loads with
     (:func:`~fastbert.embedding.loading.load_options` resolves them: resolved twice, a folder's
-    own truncate_dim would read as a width given)."""
+    own truncate_dim would read as a width given). ``tokens``: the most tokens an input keeps
+    (a multi-vector model's query or document length, for the task its prompt names)."""
 
     options: EmbedOptions
     output: Path
@@ -93,6 +94,7 @@ class Job:
     first_row: int
     finished: dict | None = None
     model_options: EmbedOptions | None = None
+    tokens: int | None = None
 
     def finished_summary(self) -> Summary:
         """The summary of the complete run found in the output: its totals, no time spent."""
@@ -147,6 +149,8 @@ def start_job(
     given = options
     options, spec, dimensions = resolve(options, tokenizer, device)
     model_options = replace(given, device=options.device)
+    task = given.prompt_name if given.prompt_name in TASKS else None
+    tokens = spec.transformer.task_length(task) or options.max_length
     if spec.kind == CLASSIFICATION:
         raise ValueError(
             f"{options.model} is a classification model (a cross-encoder): it scores text "
@@ -154,17 +158,20 @@ def start_job(
         )
     output = Path(output)
     record = job_record(files, options, spec, dimensions)
+    if task is not None and spec.kind == MULTI_VECTOR:  # query and document runs differ
+        record["task"] = task
     if options.precision in RANGED and "ranges" not in record and not options.overwrite:
         earlier = manifest.read_manifest(output)  # a resumed run keeps the ranges it recorded
         if earlier is not None and earlier.get("ranges") is not None:
             record["ranges"] = earlier["ranges"]
     finished = None if options.overwrite else manifest.finished_run(output, record)
     if finished is not None:
-        return Job(options, output, record, None, 0, finished, model_options)
+        return Job(options, output, record, None, 0, finished, model_options, tokens)
     start = manifest.start_output(output, record, options.overwrite)
     store_dtype = np.dtype(options.store_dtype)
     writer = ShardWriter(output, options.rows_per_shard, spec.kind, dimensions, store_dtype, start)
-    return Job(options, output, record, writer, start * options.rows_per_shard, None, model_options)
+    first = start * options.rows_per_shard
+    return Job(options, output, record, writer, first, None, model_options, tokens)
 
 
 def embed_files(inputs: Sequence[str | Path], output: str | Path, options: EmbedOptions) -> Summary:

@@ -16,6 +16,7 @@ fastbert.serve.ray_serve, the other, shares :func:`connect` and :func:`worker_de
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -152,7 +153,7 @@ def _dataset(
             _tokenise,
             fn_kwargs={
                 "folder": options.model,
-                "max_length": options.max_length,
+                "max_length": job.tokens,
                 "prompt": options.prompt or "",
             },
             batch_size=TOKENISE_ROWS,
@@ -188,7 +189,9 @@ def _read_file(
         rows.append(
             {
                 "index": row.index,
-                "id": row.output_id() if row.problem is None else None,
+                # As JSON text: a column of ints with a None (a bad row's) would turn float
+                # in pandas, and ids past 2**53 would change.
+                "id": json.dumps(row.output_id()) if row.problem is None else None,
                 "text": row.text,
                 "problem": row.problem,
                 "where": row.where(),
@@ -266,7 +269,7 @@ def _drain(
                 writer.add(
                     EmbeddedRows(
                         rows=good["index"].tolist(),
-                        ids=good["id"].tolist(),
+                        ids=[json.loads(i) for i in good["id"]],
                         vectors=np.stack(outputs) if writer.kind == EMBEDDING else outputs,
                         tokens=good["tokens"].tolist(),
                         truncated=good["cut"].tolist(),

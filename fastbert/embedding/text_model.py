@@ -237,12 +237,8 @@ class TextModel:
             else:
                 task = prompt_name if prompt_name in TASKS else None
             # A multi-vector model may cut queries and documents to lengths of their own.
-            lengths = {
-                "query": self.spec.transformer.query_length,
-                "document": self.spec.transformer.document_length,
-            }
-            length = self.text_tokenizer.prompt_length(text)
-            found = Prompting(text, length, task, lengths.get(task))
+            limit = self.spec.transformer.task_length(task)
+            found = Prompting(text, self.text_tokenizer.prompt_length(text), task, limit)
             self._promptings[key] = found
         return found
 

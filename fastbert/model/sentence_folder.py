@@ -107,6 +107,11 @@ class TransformerSpec:
     document_length: int | None = None
     tokenizer_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
+    def task_length(self, task: str | None) -> int | None:
+        """The most tokens an input of ``task`` ("query", "document" or None) may have, where
+        a multi-vector model sets it (None: the model's limit)."""
+        return {"query": self.query_length, "document": self.document_length}.get(task)
+
 
 @dataclass(frozen=True)
 class FolderSpec:
