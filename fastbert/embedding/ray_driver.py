@@ -48,9 +48,10 @@ def embed_files(
     uint8 precision needs ``ranges`` (no model runs here to calibrate them)."""
     if options.precision in RANGED and options.ranges is None:
         raise ValueError(
-            f"precision {options.precision} on Ray needs ranges= (min and max per dimension): "
-            "the driver runs no model to calibrate them; run without Ray, or give the ranges "
-            "a local run recorded in its manifest"
+            f"precision {options.precision} on Ray needs the ranges given (fastbert.embed's "
+            "ranges=, min and max per dimension; the command line has no option for them): "
+            "the driver runs no model to calibrate them (calibration= is not read on Ray); "
+            "run without Ray"
         )
     ray = _import_ray()
     files = readers.list_inputs(inputs)
