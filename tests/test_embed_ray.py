@@ -118,6 +118,30 @@ def test_ray_cuts_a_multi_vector_query_to_its_length(tmp_path, local_ray) -> Non
     assert counts["ray"] == counts["one"] == [len(w) for w in want]
 
 
+def test_ray_resumes_a_calibrated_int8_run_with_its_recorded_ranges(
+    tmp_path, local_ray, capsys
+) -> None:
+    """int8 on Ray takes the ranges an earlier run of the job recorded (a local run's,
+    calibrated on its inputs), and without any says how to give them, before writing."""
+    from fastbert.integrations import models
+
+    source = write_corpus(tmp_path / "a.jsonl", TEXTS[:8])
+    args = [str(source), "--model", str(models.packaged_minilm_path())]
+    args += ["--precision", "int8", "--rows-per-shard", "4"]
+    assert cli(*args, "--output", str(tmp_path / "fresh"), "--ray") == 2
+    assert "needs the ranges given" in capsys.readouterr().err
+    assert not (tmp_path / "fresh" / "manifest.json").exists()
+    out = tmp_path / "out"
+    assert cli(*args, "--output", str(out)) == 0  # calibrated on its inputs, recorded
+    whole = read_output(out)
+    (out / "part-00001.parquet").unlink()  # an unfinished run: its second shard to write
+    record = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps({**record, "complete": False}))
+    assert cli(*args, "--output", str(out), "--ray") == 0
+    resumed = read_output(out)
+    assert resumed[0] == whole[0] and np.array_equal(resumed[1], whole[1])
+
+
 def test_ray_holds_the_job_to_one_id_kind_as_one_process(tmp_path, local_ray, capsys) -> None:
     """Files read apart on Ray still give the job one id kind, the first id's: a second file
     of integer ids after string ones gives the same bad rows as one process (Ray failed to

@@ -141,11 +141,14 @@ def start_job(
     options: EmbedOptions,
     tokenizer: Any,
     device: torch.device | None = None,
+    calibrates: bool = True,
 ) -> Job:
     """Resolve ``options`` (see :func:`resolve`) and start the job's output in ``output``, or
     continue an unfinished run of the same job there, or find it complete there (``finished``;
     unless ``options.overwrite``). Called before the model loads, so that an output it must
-    not write (manifest.OutputError) or a job already done costs nothing."""
+    not write (manifest.OutputError) or a job already done costs nothing. ``calibrates``
+    False: int8 / uint8 ranges must be given or recorded by an earlier run of the job
+    (ValueError, before anything is written)."""
     given = options
     options, spec, dimensions = resolve(options, tokenizer, device)
     model_options = replace(given, device=options.device)
@@ -167,6 +170,13 @@ def start_job(
     finished = None if options.overwrite else manifest.finished_run(output, record)
     if finished is not None:
         return Job(options, output, record, None, 0, finished, model_options, tokens)
+    if not calibrates and options.precision in RANGED and "ranges" not in record:
+        raise ValueError(
+            f"precision {options.precision} on Ray needs the ranges given (fastbert.embed's "
+            "ranges=, min and max per dimension; the command line has no option for them) or "
+            "recorded by an earlier run of the job in the output: the driver runs no model to "
+            "calibrate them (a calibration file is not read on Ray); run without Ray"
+        )
     start = manifest.start_output(output, record, options.overwrite)
     store_dtype = np.dtype(options.store_dtype)
     writer = ShardWriter(output, options.rows_per_shard, spec.kind, dimensions, store_dtype, start)

@@ -28,7 +28,6 @@ import torch
 from fastbert.embedding import model, pipeline, readers, run
 from fastbert.embedding.loading import load_options
 from fastbert.embedding.options import EmbedOptions
-from fastbert.embedding.quantized import RANGED
 from fastbert.embedding.shards import EmbeddedRows, ShardWriter
 from fastbert.model.sentence_folder import EMBEDDING
 
@@ -45,14 +44,8 @@ def embed_files(
     """Embed ``inputs`` into Parquet shards in ``output`` on Ray: the cluster at ``address``,
     else the Ray instance this process has started (ray.init), else a new local one. Same
     arguments, output and errors as :func:`fastbert.embedding.pipeline.embed_files`, but int8 /
-    uint8 precision needs ``ranges`` (no model runs here to calibrate them)."""
-    if options.precision in RANGED and options.ranges is None:
-        raise ValueError(
-            f"precision {options.precision} on Ray needs the ranges given (fastbert.embed's "
-            "ranges=, min and max per dimension; the command line has no option for them): "
-            "the driver runs no model to calibrate them (calibration= is not read on Ray); "
-            "run without Ray"
-        )
+    uint8 precision needs ``ranges``, or those an earlier run of the job recorded (no model
+    runs here to calibrate them)."""
     ray = _import_ray()
     files = readers.list_inputs(inputs)
     counts = [readers.count_rows(f) for f in files]
@@ -62,7 +55,7 @@ def embed_files(
         gpus = int(ray.cluster_resources().get("GPU", 0))
         cpus = ray.cluster_resources().get("CPU", 1)
         device = worker_device(options, gpus)
-        job = pipeline.start_job(files, output, options, tokenizer, device)
+        job = pipeline.start_job(files, output, options, tokenizer, device, calibrates=False)
         if job.finished is not None:
             return job.finished_summary()
         job.quantize(None, files)
