@@ -4,6 +4,7 @@ OpenAI's and Cohere's routes), on one machine or as a Ray Serve deployment."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from fastbert.commands.options import (
     CommandError,
@@ -199,6 +200,7 @@ def options_from(args: argparse.Namespace):
             max_length=args.max_input_length,
             progress=False,
         )
+        _check_input_length(model)
         return ServeOptions(
             model=model,
             host=args.host,
@@ -220,6 +222,20 @@ def options_from(args: argparse.Namespace):
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+
+
+def _check_input_length(options) -> None:
+    """ValueError for a --max-input-length beyond the model's positions (a value that cannot
+    work: said before the model loads)."""
+    from fastbert.embedding.model import read_config
+
+    if options.max_length is None:
+        return
+    positions = read_config(Path(options.model)).max_sequence_length
+    if options.max_length > positions:
+        raise ValueError(
+            f"--max-input-length {options.max_length} exceeds the model's {positions} positions"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
