@@ -32,4 +32,4 @@ register_optimizer_step_post_hook(_count_step)
 def values_version(t: torch.Tensor) -> tuple[int, int]:
     """(PyTorch's version counter of ``t``, the optimizer steps that have written it): a write
     changes one or the other. ``t`` must not be an inference tensor (it has no counter)."""
-    return t._version, _steps.get(t, 0)
+    return t._version, (_steps.get(t, 0) if _steps else 0)  # no step taken: no lookup
