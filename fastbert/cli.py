@@ -44,7 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     # Before any command imports torch, which reads the per-shape caches' sizes as it loads.
-    apply_process_tuning()
+    try:
+        apply_process_tuning()
+    except ValueError as exc:  # a FASTBERT_* setting's value it refuses, naming it
+        print(f"fastbert: error: {exc}", file=sys.stderr)
+        return 2
     parser, commands = _parsers()
     args = parser.parse_args(argv)
     command = commands[args.command]

@@ -207,3 +207,12 @@ def test_demo_times_tokenisation_on_both_sides(capsys, monkeypatch) -> None:
     assert main(["demo", "--device", "cpu", "--backend", "torch", "one", "two"]) == 0
     assert timed_calls == [1, 1]
     assert "tokenisation included" in capsys.readouterr().out
+
+
+def test_a_malformed_setting_is_a_one_line_usage_error(monkeypatch, capsys) -> None:
+    """A FASTBERT_* value the process tuning refuses: exit 2 and one line naming it, for any
+    command, --help too (it was a traceback)."""
+    monkeypatch.setenv("FASTBERT_KEEP_CPU_MEMORY", "maybe")
+    assert main(["info"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fastbert: error: $FASTBERT_KEEP_CPU_MEMORY") and err.count("\n") == 1

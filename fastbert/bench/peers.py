@@ -189,11 +189,12 @@ DEFAULT_CPU_PEERS = ("hf-eager", "hf-sdpa", "fastbert", "fastbert-padfree")
 
 
 def select(names: str | None, device: torch.device) -> list[Peer]:
-    """Peers by comma-separated ``names`` ("all" for every one; None for the defaults)."""
+    """Peers by comma-separated ``names`` ("all" for every one but hf-compile-max, which
+    takes minutes per shape: name it to run it; None for the defaults)."""
     if names is None:
         names = ",".join(DEFAULT_GPU_PEERS if device.type == "cuda" else DEFAULT_CPU_PEERS)
     if names.strip() == "all":
-        return list(PEERS.values())
+        return [peer for name, peer in PEERS.items() if name != "hf-compile-max"]
     chosen = [n.strip() for n in names.split(",") if n.strip()]
     unknown = [n for n in chosen if n not in PEERS]
     if unknown:
