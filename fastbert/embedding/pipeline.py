@@ -18,7 +18,7 @@ from fastbert.embedding.options import CALIBRATION_ROWS, EmbedOptions
 from fastbert.embedding.quantized import RANGED, Quantizer, check_ranges, quantization_ranges
 from fastbert.embedding.run import ArraySink, Summary, run_rows
 from fastbert.embedding.shards import ShardWriter
-from fastbert.embedding.text_model import TASKS, TextModel
+from fastbert.embedding.text_model import TextModel, task_of
 from fastbert.model.sentence_folder import CLASSIFICATION, MULTI_VECTOR, FolderSpec
 from fastbert.version import __version__
 
@@ -152,7 +152,7 @@ def start_job(
     given = options
     options, spec, dimensions = resolve(options, tokenizer, device)
     model_options = replace(given, device=options.device)
-    task = given.prompt_name if given.prompt_name in TASKS else None
+    task = task_of(given.prompt_name)
     tokens = spec.transformer.task_length(task) or options.max_length
     if spec.kind == CLASSIFICATION:
         raise ValueError(

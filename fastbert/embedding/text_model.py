@@ -72,6 +72,11 @@ class Prompting:
 TASKS = ("query", "document")
 
 
+def task_of(prompt_name: str | None) -> str | None:
+    """The task a prompt name picks: "query" or "document", else None."""
+    return prompt_name if prompt_name in TASKS else None
+
+
 class TextModel:
     """A model folder, loaded: texts in, what its kind gives out.
 
@@ -97,7 +102,7 @@ class TextModel:
         self.options = options
         # The task of the prompt the model loaded with, by name ("query" or "document": a
         # multi-vector model's); its text is options.prompt.
-        self._task = prompt_name if prompt_name in TASKS else None
+        self._task = task_of(prompt_name)
         self.text_tokenizer = TextTokenizer(tokenizer, options.max_length)
         self.encoder = encoder
         self.classifier = classifier
@@ -235,7 +240,7 @@ class TextModel:
             if prompt_name is None and prompt is None:
                 task = self._task
             else:
-                task = prompt_name if prompt_name in TASKS else None
+                task = task_of(prompt_name)
             # A multi-vector model may cut queries and documents to lengths of their own.
             limit = self.spec.transformer.task_length(task)
             found = Prompting(text, self.text_tokenizer.prompt_length(text), task, limit)
