@@ -106,6 +106,36 @@ def test_left_padded_gradients_match_hf(family: str, padding_free: bool) -> None
     assert_grads_match(grads(reference), grads(model))
 
 
+def _zero_head_biases(model: torch.nn.Module) -> torch.nn.Module:
+    """The head's linears without bias, as Hugging Face initialises a fresh head: a padded
+    position's zeros then reach the head's LayerNorm as a constant row."""
+    encoder = set(model.base_model.modules())
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and module not in encoder:
+            torch.nn.init.zeros_(module.bias)
+    return model
+
+
+@pytest.mark.parametrize("family", [f for f, head in CASES if head == "ForMaskedLM"])
+def test_float16_masked_lm_gradients_on_a_cpu_are_as_close_as_hugging_faces(family: str) -> None:
+    # PyTorch's float16 LayerNorm backward on a CPU is NaN for a constant row: a padding-free
+    # call's zero rows gave a fresh head's LayerNorm NaN gradients, where Hugging Face's are
+    # finite. In float16 both sides round: each is compared to the float32 gradients, and
+    # fastbert's distance must be at most twice Hugging Face's own (1e-3 of the norm at least).
+    exact = _zero_head_biases(make_model(family, "ForMaskedLM", seed=31))
+    reference, model = copy.deepcopy(exact).half(), copy.deepcopy(exact).half()
+    inputs, valid = make_inputs(exact, "ForMaskedLM", LENGTHS, seed=31)
+    labels = _mlm_labels(inputs["input_ids"], valid)
+    for each in (exact, reference, fastbert.optimize(model, backend="torch", padding_free=True)):
+        each(**inputs, labels=labels).loss.backward()
+    for name, want in grads(exact).items():
+        if want is None or not want.abs().max() or name.endswith(KEY_BIASES):
+            continue
+        theirs = (grads(reference)[name].float() - want).norm() / want.norm()
+        ours = (grads(model)[name].float() - want).norm() / want.norm()
+        assert ours <= 2 * max(theirs, 1e-3), f"{name}: {ours:.2e} from float32, HF {theirs:.2e}"
+
+
 # fastbert's own heads: (class, labels maker) -> the Hugging Face class with the same head.
 def _mlm_labels(ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     labels = ids.clone()
@@ -153,6 +183,28 @@ def test_own_heads_loss_and_gradients_match_hf(cls_name: str, padding_free: bool
     want.loss.backward()
     have.loss.backward()
     assert_grads_match(_fused_hf_grads(hf, ours), grads(ours))
+
+
+def test_own_float16_masked_lm_gradients_on_a_cpu_are_as_close_as_hugging_faces() -> None:
+    # fastbert's own head reads the padding-free call's zero rows too: its LayerNorm runs in
+    # float32 where PyTorch's float16 one on a CPU would give NaN gradients (see above).
+    exact = _zero_head_biases(hf_model("BertForMaskedLM", seed=32))
+    reference = copy.deepcopy(exact).half()
+    ours = fastbert.BertForMaskedLM.from_pretrained(
+        reference, dtype=torch.float16, backend="torch", padding_free=True
+    )
+    ids, mask, types = padded_batch(LENGTHS, seed=32)
+    labels = _mlm_labels(ids, mask.bool())
+    for hf in (exact, reference):
+        hf(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels).loss.backward()
+    ours(ids, mask, types, labels=labels).loss.backward()
+    want, theirs = _fused_hf_grads(exact, ours), _fused_hf_grads(reference, ours)
+    for name, have in grads(ours).items():
+        if name.endswith("key_bias") or not want[name].abs().max():
+            continue
+        hf_error = (theirs[name].float() - want[name]).norm() / want[name].norm()
+        error = (have.float() - want[name]).norm() / want[name].norm()
+        assert error <= 2 * max(hf_error, 1e-3), f"{name}: {error:.2e}, HF {hf_error:.2e}"
 
 
 @pytest.mark.parametrize(

@@ -168,7 +168,8 @@ def _loss_reads_padding(arguments: dict[str, Any]) -> bool:
 
 def _compute_padding_where_losses_read_it(head: nn.Module) -> None:
     """Hooks on the head ``head``: a call whose loss reads padded positions
-    (:func:`_loss_reads_padding`) runs its encoder dense, as Hugging Face computes them. The
+    (:func:`_loss_reads_padding`) or whose backward does (:func:`_backward_reads_padding`)
+    runs its encoder dense, as Hugging Face computes them. The
     hooks are module-level functions, so that the model pickles."""
     if not {"labels", "start_positions"} & set(_forward_signature(type(head)).parameters):
         return
@@ -185,10 +186,25 @@ def _forward_signature(cls: type) -> inspect.Signature:
 _HEAD_CALLS = threading.local()
 
 
+def _backward_reads_padding(head: nn.Module, arguments: dict[str, Any]) -> bool:
+    """Whether a call of ``head`` records gradients through padded positions that a
+    padding-free call would leave constant: a float16 head on a CPU, whose LayerNorm
+    backward (PyTorch's, in float16 on a CPU) gives NaN for a constant row (its 1/std
+    overflows float16), where Hugging Face's padded rows are never constant."""
+    mask = arguments.get("attention_mask")
+    if not torch.is_grad_enabled() or not isinstance(mask, torch.Tensor):
+        return False
+    weight = next(head.parameters(), None)
+    if weight is None or weight.dtype != torch.float16 or weight.device.type != "cpu":
+        return False
+    return bool((mask == 0).any())  # a host read, in float16 CPU training only
+
+
 def _before_head(module: nn.Module, args: tuple, kwargs: dict) -> None:
     arguments = _forward_signature(type(module)).bind_partial(module, *args, **kwargs).arguments
+    dense = _loss_reads_padding(arguments) or _backward_reads_padding(module, arguments)
     stack = _HEAD_CALLS.__dict__.setdefault("stack", [])
-    stack.append(runtime.want_every_position(_loss_reads_padding(arguments)))
+    stack.append(runtime.want_every_position(dense))
 
 
 def _after_head(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:

@@ -24,7 +24,7 @@ back to for the calls it does not take:
 - splade_max (the fused SPLADE head): fastbert.kernels.sparse_head_torch, the decoder's
   logits reduced to a max per sequence one chunk of the vocabulary at a time.
 - layer_norm: ``F.layer_norm`` on the input dtype (PyTorch accumulates the statistics of half
-  inputs in float32 itself).
+  inputs in float32 itself), in float32 for a float16 call on a CPU that records gradients.
 - embeddings_layer_norm: ``F.embedding`` lookups summed in place (in float32 for half tables,
   as the reference does), then ``F.layer_norm``.
 
@@ -444,12 +444,26 @@ linear_fp8 = checked(
 
 @implements(reference.layer_norm)
 def layer_norm_unchecked(x, weight, bias, eps, residual, dropout_p):
-    """:func:`fastbert.kernels.reference.layer_norm` on ``F.layer_norm`` in the input dtype
-    (PyTorch keeps half inputs' statistics in float32)."""
+    """:func:`fastbert.kernels.reference.layer_norm` on ``F.layer_norm`` in the input dtype.
+
+    A float16 call on a CPU that records gradients runs in float32: PyTorch's CPU kernel keeps
+    float16 inputs' 1/std in float16 for the backward, where a constant row's (a padded
+    position's zeros) overflows to inf and its gradients become NaN."""
     if dropout_p:
         x = F.dropout(x, dropout_p)
     s = x if residual is None else x + residual
+    if s.dtype == torch.float16 and s.device.type == "cpu" and _records_grad(s, weight, bias):
+        out = F.layer_norm(s.float(), (x.shape[-1],), _float(weight), _float(bias), float(eps))
+        return out.to(torch.float16)
     return F.layer_norm(s, (x.shape[-1],), weight, bias, float(eps))
+
+
+def _records_grad(*tensors: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _float(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.float()
 
 
 layer_norm = checked(layer_norm_unchecked, checks.check_layer_norm, check_dropout_p)
