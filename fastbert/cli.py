@@ -50,8 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fastbert: error: {exc}", file=sys.stderr)
         return 2
     parser, commands = _parsers()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
     command = commands[args.command]
+    if unknown:  # the subcommand's usage, which lists its options (exits 2)
+        command.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.run(args)
     except UsageError as exc:

@@ -142,6 +142,28 @@ def test_bad_values_are_usage_errors(capsys, argv: list[str], message: str) -> N
     assert message.replace("'", "") in err.replace("'", ""), err
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--model", "m", "--nope"],
+        ["embed", "in.txt", "--model", "m", "--output", "o", "--nope"],
+    ],
+    ids=["serve", "embed"],
+)
+def test_an_unknown_option_gets_its_commands_usage(capsys, argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith(f"usage: fastbert {argv[0]} "), err
+    assert "--model MODEL" in err and "unrecognized arguments: --nope" in err, err
+
+
+def test_serve_a_folder_that_is_no_model_is_a_usage_error(capsys, tmp_path) -> None:
+    assert main(["serve", "--model", str(tmp_path), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: fastbert serve") and "has no config.json" in err, err
+
+
 def _run_cli(*argv: str, interpret: bool) -> subprocess.CompletedProcess:
     """``python -m fastbert.cli argv`` with the Triton interpreter on or off."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -222,6 +222,7 @@ def test_timing_headers_tokenize_info_health_metrics(server, client):
     assert info["model_kind"] == "embedding" and info["max_input_length"] == 256
     assert info["auto_truncate"] is True and info["max_client_batch_size"] == 8
     assert requests.get(server.url + "/health").status_code == 200
+    assert requests.head(server.url + "/health").status_code == 200
     metrics = requests.get(server.url + "/metrics").text
     assert 'fastbert_requests_total{route="/embed"}' in metrics
     for name in ("queue_duration", "inference_duration", "tokenization_duration", "batch_tokens"):
@@ -511,6 +512,7 @@ def test_a_failing_model_answers_424_and_health_recovers(folder, few_texts, tmp_
         assert "injected failure" in broken.json()["error"]
         assert http.get("/health").status_code == 503
         assert http.get("/health").json()["error_type"] == "unhealthy"
+        assert http.head("/health").status_code == 503
         fail.unlink()
         assert http.get("/health").status_code == 200  # a probe forward succeeded
         assert http.post("/embed", json={"inputs": ["x", "y"]}).status_code == 200

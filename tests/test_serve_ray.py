@@ -88,7 +88,7 @@ def test_replicas_per_gpu_or_two_cpus(on_gpu, gpus, cpus, replicas, expected):
 
 def test_port_0_is_refused(capsys):
     folder = str(models.packaged_minilm_path())
-    assert main(["serve", "--model", folder, "--ray", "--port", "0"]) == 1
+    assert main(["serve", "--model", folder, "--ray", "--port", "0"]) == 2
     assert "--ray needs a --port" in capsys.readouterr().err
 
 

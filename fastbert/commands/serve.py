@@ -256,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
 
             serve(options)
     except ValueError as exc:  # a model the folder cannot load, a setting it cannot run
-        raise CommandError(str(exc)) from exc
+        raise UsageError(str(exc)) from exc
     return 0
 
 

@@ -110,9 +110,10 @@ def create_app(model: TextModel, options: ServeOptions) -> Any:
         and the server's limits."""
         return info_of(server)
 
-    @app.get("/health", tags=["TEI"])
+    @app.api_route("/health", methods=["GET", "HEAD"], tags=["TEI"])
     async def health() -> Response:
-        """200 while the model answers; 503 after a failed forward until a probe succeeds."""
+        """200 while the model answers; 503 after a failed forward until a probe succeeds
+        (HEAD too, as load balancers' and orchestrators' probes may send)."""
         if await server.healthy():
             return Response(status_code=200)
         raise errors.Unhealthy("the model is failing; a probe forward pass failed")
