@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
+from pathlib import Path
 
 from fastbert.commands.options import CommandError, UsageError
 from fastbert.execution.cpu_tuning import apply_process_tuning
@@ -55,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:  # the subcommand's usage, which lists its options (exits 2)
         command.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
-        return args.run(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warnings(command.prog, warnings.showwarning)
+            return args.run(args)
     except UsageError as exc:
         command.print_usage(sys.stderr)
         print(f"{command.prog}: error: {exc}", file=sys.stderr)
@@ -66,6 +70,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: a line, not a traceback (the shell's code for SIGINT)
         print(f"\n{command.prog}: interrupted", file=sys.stderr)
         return 130
+
+
+def _one_line_warnings(prog: str, show):
+    """A ``warnings.showwarning`` that prints fastbert's own warnings as one line naming the
+    command (``fastbert embed: warning: ...``) and passes others to ``show``."""
+    package = Path(__file__).parent
+
+    def show_warning(message, category, filename, lineno, file=None, line=None):
+        if not Path(filename).is_relative_to(package):
+            return show(message, category, filename, lineno, file, line)
+        print(f"{prog}: warning: {message}", file=sys.stderr if file is None else file)
+
+    return show_warning
 
 
 if __name__ == "__main__":

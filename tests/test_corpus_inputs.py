@@ -44,7 +44,8 @@ def test_an_input_changed_since_a_run_is_another_job(tmp_path, model_path, capsy
         handle.write("".join(t + "\n" for t in TEXTS[4:7]))
     capsys.readouterr()
     assert embed_file(source, model_path, out) == 1
-    assert "input_sizes_and_times" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"input changed since that run (size or time): {source.resolve()}" in err, err
     assert embed_file(source, model_path, out, "--overwrite") == 0
     assert json.loads((out / "manifest.json").read_text())["rows"] == 7
 
@@ -75,6 +76,28 @@ def test_a_byte_order_mark_leaves_the_first_jsonl_row_whole(tmp_path, model_path
     assert ids == [0, 1]
     want = fastbert.embed(TEXTS[:2], model=model_path, device="cpu")
     np.testing.assert_allclose(vectors, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".jsonl", ".csv"])
+def test_a_byte_order_mark_is_no_part_of_the_first_text(tmp_path, suffix: str) -> None:
+    # A WordPiece tokenizer drops U+FEFF, a byte-level BPE one (RoBERTa's) reads three tokens.
+    lines = {".txt": "first\nsecond\n", ".jsonl": '{"text": "first"}\n{"text": "second"}\n'}
+    source = tmp_path / f"bom{suffix}"
+    source.write_bytes(b"\xef\xbb\xbf" + lines.get(suffix, "text\nfirst\nsecond\n").encode())
+    rows = readers.read_rows([source], "text", None)
+    assert [row.text for row in rows] == ["first", "second"]
+
+
+def test_folder_entries_not_read_are_one_warning_line_of_the_command(
+    tmp_path, model_path, capsys
+) -> None:
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text(TEXTS[0] + "\n")
+    (tmp_path / "corpus" / "notes.md").write_text("not a corpus\n")
+    out = str(tmp_path / "out")
+    assert main(["embed", str(tmp_path / "corpus"), "--model", model_path, "--output", out]) == 0
+    err = capsys.readouterr().err
+    assert "fastbert embed: warning: " in err and "not read" in err and "Warning" not in err, err
 
 
 def test_ids_of_another_kind_are_bad_rows_and_every_shard_has_one_id_type(

@@ -46,9 +46,8 @@ def finished_run(output: Path, job: dict[str, Any]) -> dict[str, Any] | None:
     key = _first_difference(manifest, job)
     if key is not None:
         raise OutputError(
-            f"{output} holds a complete run of another job ({key}: {manifest.get(key)!r} "
-            f"there, {job.get(key)!r} now); give another output folder, or pass --overwrite / "
-            "overwrite=True to replace it"
+            f"{output} holds a complete run of another job ({_describe(key, manifest, job)}); "
+            "give another output folder, or pass --overwrite / overwrite=True to replace it"
         )
     return manifest
 
@@ -96,10 +95,22 @@ def _check_resumable(output: Path, manifest: dict, job: dict) -> None:
     key = _first_difference(manifest, job)
     if key is not None:
         raise OutputError(
-            f"{output} holds an unfinished run with other settings ({key}: "
-            f"{manifest.get(key)!r} there, {job.get(key)!r} now); resume it with the same "
-            "arguments, or pass --overwrite / overwrite=True to start again"
+            f"{output} holds an unfinished run with other settings "
+            f"({_describe(key, manifest, job)}); resume it with the same arguments, or pass "
+            "--overwrite / overwrite=True to start again"
         )
+
+
+def _describe(key: str, manifest: dict, job: dict) -> str:
+    """The difference at ``key`` between ``manifest`` and ``job``, as the errors say it: the
+    input files changed since the run, by name, or the setting's two values."""
+    if key == INPUT_STATE and manifest.get("inputs") == job.get("inputs"):
+        was, now = manifest[key], job[key]
+        changed = [path for path, a, b in zip(job["inputs"], was, now, strict=True) if a != b]
+        return f"input changed since that run (size or time): {', '.join(changed)}"
+    if key == INPUT_STATE:  # other files: say which
+        key = "inputs"
+    return f"{key}: {manifest.get(key)!r} there, {job.get(key)!r} now"
 
 
 def _first_difference(manifest: dict, job: dict) -> str | None:

@@ -27,13 +27,13 @@ def job_record(
     inputs: Sequence[Path], options: EmbedOptions, spec: FolderSpec, dimensions: int | None
 ) -> dict:
     """The manifest's description of a job: what decides its embeddings and shard layout
-        (``quantize``, ``prompt``, ``max_active_dims`` and ``precision`` only when set, so that the
-        records of earlier runs without them still match; with int8 / uint8, where the ranges
-        come from, and the ``ranges`` themselves once known), each input's size and modification
-    time (an input changed since a run makes another job), and ``model_name``, the name the
-        model was given by, when it was (``model`` is always its folder). ``spec``: the model
-        folder as read (its kind: "embedding", "sparse", "multi-vector"); ``dimensions``: the
-        output's width (None when only the loaded model tells it)."""
+    (``quantize``, ``prompt``, ``max_active_dims`` and ``precision`` only when set, so that the
+    records of earlier runs without them still match; with int8 / uint8, where the ranges come
+    from, and the ``ranges`` themselves once known), each input's size and modification time
+    (an input changed since a run makes another job), and ``model_name``, the name the model
+    was given by, when it was (``model`` is always its folder). ``spec``: the model folder as
+    read (its kind: "embedding", "sparse", "multi-vector"); ``dimensions``: the output's width
+    (None when only the loaded model tells it)."""
     record = {
         "format": manifest.FORMAT,
         "fastbert_version": __version__,

@@ -216,7 +216,7 @@ def _read_txt(path: Path, text_field: str, id_field: str | None) -> Iterator[Rec
     with path.open("rb") as handle:
         for line, raw in enumerate(handle, start=1):
             try:
-                text = raw.decode("utf-8").rstrip("\r\n")
+                text = raw.decode("utf-8-sig" if line == 1 else "utf-8").rstrip("\r\n")
             except UnicodeDecodeError:
                 yield line, None, None, "not UTF-8"
                 continue
