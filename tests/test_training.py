@@ -185,6 +185,24 @@ def test_own_heads_loss_and_gradients_match_hf(cls_name: str, padding_free: bool
     assert_grads_match(_fused_hf_grads(hf, ours), grads(ours))
 
 
+@pytest.mark.parametrize("cls_name", ["BertForMaskedLM", "BertForPreTraining"])
+def test_own_heads_read_targets_at_padding_as_hf(cls_name: str) -> None:
+    # A collator that copies input_ids into labels leaves targets at padding: the loss reads
+    # those positions, so the padding-free call runs dense as Hugging Face computes them.
+    hf = hf_model(cls_name, seed=13).train()
+    ours = getattr(fastbert, cls_name).from_pretrained(hf, backend="torch", padding_free=True)
+    ids, mask, types = padded_batch(LENGTHS, seed=13)
+    labels = {"labels": ids.clone(), "next_sentence_label": torch.arange(ids.shape[0]) % 2}
+    if cls_name == "BertForMaskedLM":
+        del labels["next_sentence_label"]
+    want = hf(input_ids=ids, attention_mask=mask, token_type_ids=types, **labels)
+    have = ours.train()(ids, mask, types, **labels)
+    assert abs(have.loss.item() - want.loss.item()) <= 1e-5 * max(1.0, abs(want.loss.item()))
+    want.loss.backward()
+    have.loss.backward()
+    assert_grads_match(_fused_hf_grads(hf, ours), grads(ours))
+
+
 def test_own_float16_masked_lm_gradients_on_a_cpu_are_as_close_as_hugging_faces() -> None:
     # fastbert's own head reads the padding-free call's zero rows too: its LayerNorm runs in
     # float32 where PyTorch's float16 one on a CPU would give NaN gradients (see above).

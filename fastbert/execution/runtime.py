@@ -53,11 +53,12 @@ Each is chosen per call by the model's ``padding_free`` and ``cuda_graphs`` sett
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import threading
 import warnings
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Protocol
 
 import torch
@@ -106,6 +107,28 @@ def want_every_position(wanted: bool) -> bool:
     before = _every_position.wanted
     _every_position.wanted = wanted
     return before
+
+
+@contextlib.contextmanager
+def every_position_if(wanted: bool) -> Iterator[None]:
+    """Within the block, this thread's padded calls run dense when ``wanted`` (else as they
+    would: an enclosing block's setting holds)."""
+    before = want_every_position(wanted or _every_position.wanted)
+    try:
+        yield
+    finally:
+        want_every_position(before)
+
+
+def labels_at_padding(attention_mask: object, labels: object) -> bool:
+    """Whether token-level ``labels`` ([B, S], -100 = no target) hold a target at a padded
+    position of ``attention_mask`` [B, S] (0 = padding): a loss over them reads the outputs
+    there. A host read, made only when both are tensors of that shape."""
+    if not isinstance(attention_mask, torch.Tensor) or not isinstance(labels, torch.Tensor):
+        return False
+    if labels.shape != attention_mask.shape:
+        return False
+    return bool(((attention_mask == 0) & (labels != -100)).any())
 
 
 # Fused QKV -> attention context; takes the attention ops' position keywords too:

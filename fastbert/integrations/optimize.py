@@ -160,10 +160,7 @@ def _loss_reads_padding(arguments: dict[str, Any]) -> bool:
         return False
     if arguments.get("start_positions") is not None or arguments.get("end_positions") is not None:
         return True
-    labels = arguments.get("labels")
-    if isinstance(labels, torch.Tensor) and labels.shape == mask.shape:
-        return bool(((mask == 0) & (labels != -100)).any())  # a host read, with labels only
-    return False
+    return runtime.labels_at_padding(mask, arguments.get("labels"))
 
 
 def _compute_padding_where_losses_read_it(head: nn.Module) -> None:

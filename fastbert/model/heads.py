@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fastbert.execution import runtime
 from fastbert.execution.backends import Ops
 from fastbert.model import losses
 from fastbert.model.config import BertConfig
@@ -22,7 +23,8 @@ from fastbert.model.outputs import BaseModelOutputWithPooling, LogitsOutput, Pre
 
 class _BertWithHead(PretrainedMixin, nn.Module):
     """A BertModel (``self.bert``) plus a head; ``forward`` returns ``logits`` (and ``loss``
-    given ``labels``).
+    given ``labels``). Token-level labels with a target at a padded position make the call
+    run dense, so that the loss reads the outputs there as Hugging Face computes them.
 
     ``settings``: BertModel's keyword arguments (``dtype``, ``device``, ``backend``,
     ``padding_free``, ``cuda_graphs``, ``quantize``, ``packed_weights``); the head decides
@@ -44,7 +46,8 @@ class _BertWithHead(PretrainedMixin, nn.Module):
         token_type_ids: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
     ) -> LogitsOutput:
-        encoded = self.bert(input_ids, attention_mask, token_type_ids)
+        with runtime.every_position_if(runtime.labels_at_padding(attention_mask, labels)):
+            encoded = self.bert(input_ids, attention_mask, token_type_ids)
         logits = self.logits(self.bert.ops(), encoded)
         loss = None if labels is None else self.loss(logits, labels)
         return LogitsOutput(logits, loss)
@@ -137,7 +140,8 @@ class BertForPreTraining(_WithMaskedLMHead):
         labels: torch.Tensor | None = None,
         next_sentence_label: torch.Tensor | None = None,
     ) -> PreTrainingOutput:
-        out = self.bert(input_ids, attention_mask, token_type_ids)
+        with runtime.every_position_if(runtime.labels_at_padding(attention_mask, labels)):
+            out = self.bert(input_ids, attention_mask, token_type_ids)
         ops = self.bert.ops()
         prediction = self.masked_lm_logits(ops, out.last_hidden_state)
         relationship = self.seq_relationship(ops, out.pooler_output)
