@@ -16,6 +16,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from fastbert import settings
 from fastbert.commands.options import CommandError, UsageError
 from fastbert.execution.cpu_tuning import apply_process_tuning
 from fastbert.version import __version__
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     # Before any command imports torch, which reads the per-shape caches' sizes as it loads.
     try:
         apply_process_tuning()
+        settings.check()
     except ValueError as exc:  # a FASTBERT_* setting's value it refuses, naming it
         print(f"fastbert: error: {exc}", file=sys.stderr)
         return 2

@@ -49,13 +49,23 @@ def _text(name: str, text: str) -> str:
 class Setting:
     """One environment variable: ``name``; ``kind`` ("on/off", "path", "config index" or
     "text"), which decides how its text is read; ``default`` (what unset or empty means);
-    ``scope`` (who reads it: "library", "serve", "benchmarks"); ``what`` it does."""
+    ``scope`` (who reads it: "library", "serve", "benchmarks"); ``what`` it does;
+    ``default_text``: the default in words, where its value (None) does not say it."""
 
     name: str
     kind: str
     default: Any
     scope: str
     what: str
+    default_text: str | None = None
+
+    def shown_default(self) -> str:
+        """The default as ``fastbert info`` and docs/settings.md give it."""
+        if self.default_text is not None:
+            return self.default_text
+        if isinstance(self.default, bool):
+            return "1" if self.default else "0"
+        return "unset" if self.default is None else str(self.default)
 
     def read(self, environ: dict[str, str] | None = None) -> Any:
         """The value in ``environ`` (default: this process's environment)."""
@@ -99,6 +109,7 @@ AUTOTUNE = Setting(
     "library",
     "Triton autotuning: 'all' (or unset) times every config a kernel keeps; a number pins "
     "that config index instead.",
+    default_text="all",
 )
 SERVE_OMP_SPIN = Setting(
     "FASTBERT_SERVE_OMP_SPIN",
@@ -122,8 +133,8 @@ INFINITY_VENV = Setting(
     "path",
     None,
     "benchmarks",
-    "The virtual environment of infinity-emb, the serving benchmark's peer (default: "
-    "$FASTBERT_CACHE/infinity-emb-<version>).",
+    "The virtual environment of infinity-emb, the serving benchmark's peer.",
+    default_text="$FASTBERT_CACHE/infinity-emb-<version>",
 )
 
 SETTINGS = (CACHE, KEEP_CPU_MEMORY, CPU_ATTENTION, AUTOTUNE, SERVE_OMP_SPIN, API_KEY, INFINITY_VENV)
@@ -132,6 +143,13 @@ SETTINGS = (CACHE, KEEP_CPU_MEMORY, CPU_ATTENTION, AUTOTUNE, SERVE_OMP_SPIN, API
 def read(setting: Setting) -> Any:
     """``setting``'s value in this process's environment."""
     return setting.read()
+
+
+def check() -> None:
+    """ValueError naming the first ``FASTBERT_*`` variable whose value it does not take (the
+    commands say so before they start)."""
+    for setting in SETTINGS:
+        setting.read()
 
 
 def cache_dir() -> Path:
@@ -152,7 +170,7 @@ def current() -> dict[str, str]:
             continue
         if setting is API_KEY and value is not None:
             value = "(set)"
-        shown[setting.name] = str(value) if raw else f"(default: {value})"
+        shown[setting.name] = str(value) if raw else f"(default: {setting.shown_default()})"
     return shown
 
 
@@ -161,8 +179,6 @@ def markdown_table() -> str:
     lines = ["| variable | values | default | read by | what it does |", "|---|---|---|---|---|"]
     home = str(Path.home())
     for s in SETTINGS:
-        default = "unset" if s.default is None else str(s.default).replace(home, "~")
-        if isinstance(s.default, bool):
-            default = "1" if s.default else "0"
+        default = s.shown_default().replace(home, "~")
         lines.append(f"| `{s.name}` | {s.kind} | {default} | {s.scope} | {s.what} |")
     return "\n".join(lines) + "\n"

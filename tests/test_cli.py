@@ -232,13 +232,18 @@ def test_demo_times_tokenisation_on_both_sides(capsys, monkeypatch) -> None:
 
 
 def test_a_malformed_setting_is_a_one_line_usage_error() -> None:
-    """A FASTBERT_* value the process tuning refuses: exit 2 and one line naming it, for any
-    command, --help too (it was a traceback). A fresh process: the tuning runs once in one."""
-    env = {**os.environ, "FASTBERT_KEEP_CPU_MEMORY": "maybe"}
-    for argv in (["--help"], ["info"]):
-        proc = subprocess.run(
-            [sys.executable, "-m", "fastbert.cli", *argv], env=env, capture_output=True, text=True
-        )
-        assert proc.returncode == 2, proc.stderr
-        assert proc.stderr.startswith("fastbert: error: $FASTBERT_KEEP_CPU_MEMORY")
-        assert proc.stderr.count("\n") == 1
+    """A FASTBERT_* value fastbert does not take: exit 2 and one line naming it, for any
+    command, --help too (it was a traceback; info raised in its engine row). A fresh process:
+    the tuning runs once in one."""
+    for name in ("FASTBERT_KEEP_CPU_MEMORY", "FASTBERT_CPU_ATTENTION", "FASTBERT_AUTOTUNE"):
+        env = {**os.environ, name: "maybe"}
+        for argv in (["--help"], ["info"]):
+            proc = subprocess.run(
+                [sys.executable, "-m", "fastbert.cli", *argv],
+                env=env,
+                capture_output=True,
+                text=True,
+            )
+            assert proc.returncode == 2, proc.stderr
+            assert proc.stderr.startswith(f"fastbert: error: ${name}"), proc.stderr
+            assert proc.stderr.count("\n") == 1

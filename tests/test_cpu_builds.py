@@ -35,3 +35,16 @@ def test_builds_where_its_requirements_are_met(name: str) -> None:
     if not library.switched_on():
         pytest.skip(f"{name} is turned off by its setting")
     assert library.status().startswith("ready"), library.status()
+
+
+def test_a_cache_folder_that_cannot_be_made_is_named_not_blamed_on_the_compiler(
+    monkeypatch, tmp_path
+) -> None:
+    if cpu_library.missing_requirement() is not None:
+        pytest.skip("no build here")
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("FASTBERT_CACHE", str(tmp_path / "a-file" / "cache"))
+    library = cpu_library.Library(cpu_gelu.SOURCE, lambda library: None)
+    status = library.status()
+    assert status.startswith(f"not built: cannot write {tmp_path / 'a-file' / 'cache'}"), status
+    assert "$FASTBERT_CACHE" in status and "failed" not in status, status

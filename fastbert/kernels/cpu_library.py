@@ -128,8 +128,7 @@ def build(source: Path, compiler: str, extra_flags: tuple[str, ...] = ()) -> Pat
     target = kernels_dir() / f"{source.stem}-{key}.so"
     if target.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as work:
+    with _work_folder(target.parent) as work:
         built = Path(work) / target.name
         result = subprocess.run(
             [compiler, *flags, "-o", str(built), str(source)],
@@ -141,6 +140,23 @@ def build(source: Path, compiler: str, extra_flags: tuple[str, ...] = ()) -> Pat
             raise RuntimeError(result.stderr.strip().splitlines()[-1] if result.stderr else "")
         os.replace(built, target)
     return target
+
+
+class CacheFolderError(OSError):
+    """The folder the compiled libraries go to cannot be made or written."""
+
+
+def _work_folder(folder: Path) -> tempfile.TemporaryDirectory:
+    """A temporary folder in ``folder`` (made first) for one build; CacheFolderError naming
+    ``folder`` and the setting that moves it when that fails."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        return tempfile.TemporaryDirectory(dir=folder)
+    except OSError as error:
+        raise CacheFolderError(
+            f"cannot write {folder} ({error.strerror or error}); set $FASTBERT_CACHE to a "
+            "writable folder"
+        ) from error
 
 
 def missing_requirement(cpu_flag: str | None = None) -> str | None:
@@ -194,6 +210,8 @@ class Library:
         try:
             path = build(self.source, found, self.extra_flags)
             library = ctypes.CDLL(str(path))
+        except CacheFolderError as error:
+            return None, f"not built: {error}"
         except (OSError, RuntimeError, subprocess.SubprocessError) as error:
             return None, f"not built: {found} failed: {error}"
         self.declare(library)
