@@ -15,6 +15,7 @@ unchanged, and ``save_pretrained`` writes an ordinary Hugging Face checkpoint.
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import sys
 
@@ -84,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", default=None, help="save the trained model here")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    if args.epochs <= 0 or args.train_size < 8:
-        parser.error("--epochs must be > 0 and --train-size at least 8")
+    if not 0 < args.epochs < math.inf or args.train_size < 8:  # nan fails the first too
+        parser.error("--epochs must be a number > 0 and --train-size at least 8")
 
     from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
 

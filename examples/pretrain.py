@@ -13,6 +13,7 @@ about a minute::
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import sys
 
@@ -73,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 1 or args.batch_size < 1:
         parser.error("--steps and --batch-size must be >= 1")
+    if not 0 < args.lr < math.inf:  # nan fails it too
+        parser.error(f"--lr must be a number > 0, got {args.lr}")
 
     torch.manual_seed(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"

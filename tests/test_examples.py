@@ -41,7 +41,14 @@ def test_finetune_example_trains_and_saves(tmp_path, capsys) -> None:
 
 
 @pytest.mark.parametrize(
-    "name, bad", [("pretrain", ["--steps", "0"]), ("finetune_classifier", ["--epochs", "0"])]
+    "name, bad",
+    [
+        ("pretrain", ["--steps", "0"]),
+        ("pretrain", ["--lr", "-1"]),
+        ("pretrain", ["--lr", "nan"]),
+        ("finetune_classifier", ["--epochs", "0"]),
+        ("finetune_classifier", ["--epochs", "nan"]),
+    ],
 )
 def test_examples_reject_bad_arguments_with_usage_errors(name, bad) -> None:
     with pytest.raises(SystemExit) as exit_info:
