@@ -15,6 +15,7 @@ from fastbert.accuracy import stages
 from fastbert.cli import build_parser, main
 from fastbert.commands.accuracy import _forwarded_argv, _print_report
 from fastbert.model.families import FAMILIES
+from tests.cli_usage import BAD_MODEL_FOLDERS, bad_model_folder
 
 # The command on a random model on the CPU, to which a test adds its options.
 RANDOM_ON_CPU = ["accuracy", "--model", "random", "--device", "cpu"]
@@ -218,3 +219,17 @@ def test_bad_model_is_a_usage_error(capsys) -> None:
     err = capsys.readouterr().err
     assert "'randm' is not a model folder, a packaged model or a model in the Hugging Face" in err
     assert "close matches: random" in err
+
+
+@pytest.mark.parametrize("mode", [[], ["--precisions", "fp32"]], ids=["stages", "precisions"])
+@pytest.mark.parametrize("problem", BAD_MODEL_FOLDERS)
+def test_bad_model_folder_is_a_usage_error(tmp_path, capsys, problem: str, mode) -> None:
+    """A folder without weights or with a config.json that is not JSON, in the stage
+    comparison and the precision report: exit 2 and one line naming the folder (or its file)
+    and what is wrong, as fastbert embed says it."""
+    folder, message = bad_model_folder(tmp_path, problem)
+    argv = ["accuracy", "--device", "cpu", "--backend", "torch", "--model", str(folder), *mode]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith(f"fastbert accuracy: error: {message}"), err
+    assert "Traceback" not in err

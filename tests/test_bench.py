@@ -36,6 +36,7 @@ from fastbert.bench.models import Reference
 from fastbert.cli import main
 from fastbert.integrations import models as hf_models
 from fastbert.model.config import BertConfig
+from tests.cli_usage import BAD_MODEL_FOLDERS, bad_model_folder
 from tests.hf_models import encoder_shape
 
 TINY = BertConfig(vocab_size=50, max_position_embeddings=16, **encoder_shape(8, 2, 2, 16))
@@ -227,7 +228,7 @@ def test_shapes_parse_and_batches() -> None:
         shapes.Shape(1, 128),
         shapes.Shape(64, 512, True),
     ]
-    assert shapes.parse_shape("2x8", padded=True).label == "2x8 padded"
+    assert shapes.parse_shape("2x16", padded=True).label == "2x16 padded"
     with pytest.raises(ValueError, match="BATCHxSEQ"):
         shapes.parse_shape("32-128")
     batch = shapes.make_batch(shapes.Shape(6, 40, True), vocab_size=50, device="cpu")
@@ -238,6 +239,29 @@ def test_shapes_parse_and_batches() -> None:
     assert shapes.make_batch(shapes.Shape(2, 8), 50, "cpu").real_tokens == 16
 
 
+@pytest.mark.parametrize("seq", [1, 8, 15])
+def test_a_padded_shape_is_at_least_the_shortest_padded_length(seq: int) -> None:
+    """Padded lengths are uniform in [16, seq] (docs/benchmarks.md): a padded shape shorter
+    than 16 is refused (it held no padding at all: every length was seq); from 16 on, its
+    lengths are in [16, seq]."""
+    with pytest.raises(ValueError, match=f"seq must be at least 16, got 2x{seq} padded"):
+        shapes.Shape(2, seq, padded=True)
+    with pytest.raises(ValueError, match="at least 16"):
+        shapes.parse_shape(f"2x{seq}p")
+    assert shapes.Shape(2, seq).label == f"2x{seq}"  # dense: any length
+    assert shapes.sequence_lengths(shapes.Shape(3, 16, padded=True)) == (16, 16, 16)
+    lengths = shapes.sequence_lengths(shapes.Shape(64, 17, padded=True))
+    assert set(lengths) == {16, 17}
+
+
+@pytest.mark.parametrize("text, entry", [("2x32,,", 2), (",2x32", 1), ("2x32, ,4x8", 2)])
+def test_shapes_with_an_empty_entry_are_refused(text: str, entry: int) -> None:
+    with pytest.raises(ValueError, match=f"entry {entry} is empty"):
+        shapes.parse_shapes(text)
+    with pytest.raises(ValueError, match="names none"):
+        shapes.parse_shapes(" ")
+
+
 def test_peer_selection_and_availability(monkeypatch) -> None:
     cpu = torch.device("cpu")
     assert [p.name for p in peers.select(None, cpu)] == list(peers.DEFAULT_CPU_PEERS)
@@ -245,6 +269,10 @@ def test_peer_selection_and_availability(monkeypatch) -> None:
     assert every == [name for name in peers.PEERS if name != "hf-compile-max"]
     with pytest.raises(ValueError, match="unknown peer"):
         peers.select("hf-eager,nope", cpu)
+    with pytest.raises(ValueError, match="names none"):
+        peers.select("", cpu)
+    with pytest.raises(ValueError, match="entry 2 is empty"):
+        peers.select("hf-eager,,fastbert", cpu)
     assert peers.unavailable_reason(peers.PEERS["fastbert-graphs"], cpu) == "needs a CUDA GPU"
     monkeypatch.setattr(peers, "fastbert_keywords", lambda: frozenset({"dtype"}))
     reason = peers.unavailable_reason(peers.PEERS["fastbert-padfree"], cpu)
@@ -266,7 +294,7 @@ class _TokenTypes(torch.nn.Module):
 
 
 def test_hf_peers_pass_token_types_only_to_models_that_name_them() -> None:
-    batch = shapes.make_batch(shapes.Shape(2, 8, padded=True), 50, "cpu")
+    batch = shapes.make_batch(shapes.Shape(2, 24, padded=True), 50, "cpu")
     batch = dataclasses.replace(batch, token_type_ids=torch.ones_like(batch.input_ids))
     plain, typed = _NoTokenTypes(), _TokenTypes()
     assert not hf_models.takes_token_types(plain) and hf_models.takes_token_types(typed)
@@ -286,7 +314,7 @@ def test_hf_peers_run_modernbert_and_mpnet_like_their_models() -> None:
         "mpnet": {**tiny, "intermediate_size": 64, "vocab_size": 50},
         "modernbert": {**tiny, "intermediate_size": 48, "vocab_size": 64, "pad_token_id": 0},
     }
-    batch = shapes.make_batch(shapes.Shape(2, 12, padded=True), 50, "cpu")
+    batch = shapes.make_batch(shapes.Shape(2, 24, padded=True), 50, "cpu")
     for model_type, shape in shaped.items():
         model = hf_models.random_model(model_type, shape)
         assert hf_models.takes_token_types(model) == (model_type == "bert")
@@ -697,6 +725,92 @@ def test_bench_rejects_bad_options(tmp_path, capsys, options, message) -> None:
     assert bench_quick(tmp_path / "out", *options) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        pytest.param(["--peers", ""], "--peers '': it names none; peers: all,", id="no-peers"),
+        pytest.param(
+            ["--peers", "fastbert,,hf-eager"],
+            "--peers 'fastbert,,hf-eager': entry 2 is empty",
+            id="empty-peer",
+        ),
+        pytest.param(
+            ["--shapes", "2x32,,"], "--shapes '2x32,,': entry 2 is empty", id="empty-shape"
+        ),
+        pytest.param(["--shapes", ""], "--shapes '': it names none", id="no-shapes"),
+        pytest.param(
+            ["--shapes", "2x32,2x8p"],
+            "--shapes '2x32,2x8p': a padded shape's lengths are uniform in [16, seq]: its seq "
+            "must be at least 16, got 2x8 padded",
+            id="short-padded-shape",
+        ),
+        pytest.param(
+            ["--seq", "8", "--padded"],
+            "--seq 8 with --padded: a padded shape's lengths are uniform in [16, seq]",
+            id="short-padded-seq",
+        ),
+    ],
+)
+def test_bench_usage_errors_name_the_bad_value(tmp_path, capsys, options, message) -> None:
+    """An empty --peers or --shapes (or an empty entry in one), and a padded shape too short
+    to hold padding, are refused before anything runs: exit 2, one error line naming them."""
+    assert bench_quick(tmp_path / "out", *options) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: fastbert bench")
+    assert err.splitlines()[-1].startswith(f"fastbert bench: error: {message}"), err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("under", [False, True], ids=["a-file", "under-a-file"])
+def test_bench_out_must_be_a_folder(tmp_path, capsys, under: bool) -> None:
+    """--out naming a file, or a path under one: exit 2 naming it, before any measuring."""
+    a_file = tmp_path / "results.txt"
+    a_file.write_text("kept\n")
+    out = a_file / "sub" if under else a_file
+    assert bench_quick(out, "--peers", "fastbert", "--shapes", "1x8", "--reps", "1") == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    named = f"{out}: {a_file}" if under else f"{out}"
+    assert last == f"fastbert bench: error: --out {named} exists and is not a folder"
+    assert a_file.read_text() == "kept\n"
+
+
+@pytest.mark.parametrize("problem", BAD_MODEL_FOLDERS)
+def test_bench_refuses_a_bad_model_folder(tmp_path, capsys, problem: str) -> None:
+    """A folder without weights or with a config.json that is not JSON: exit 2 and one line
+    naming the folder (or its file) and what is wrong, as fastbert embed says it."""
+    folder, message = bad_model_folder(tmp_path, problem)
+    assert bench_quick(tmp_path / "out", "--model", str(folder)) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith(f"fastbert bench: error: {message}"), err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "contents, problem",
+    [
+        ("{not json", "not valid JSON"),
+        ('{"benchmarks": []}', "not a fastbert results file"),
+        (json.dumps({"schema": document.SCHEMA}), "missing or malformed"),
+    ],
+    ids=["not-json", "another-schema", "no-records"],
+)
+def test_bench_append_names_a_results_file_it_cannot_read(
+    tmp_path, capsys, contents: str, problem: str
+) -> None:
+    """--append to a results.json that is not one: exit 2 naming the file, left as it was."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.json").write_text(contents)
+    options = ["--peers", "fastbert", "--shapes", "1x8", "--reps", "1", "--append"]
+    assert bench_quick(out, *options) == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    expected = f"--append: {out / 'results.json'} could not be read as fastbert results: "
+    assert last.startswith(f"fastbert bench: error: {expected}") and problem in last, last
+    assert (out / "results.json").read_text() == contents
+    with pytest.raises(ValueError, match="could not be read as fastbert results"):
+        report.read_document(out / "missing.json")
 
 
 # mpnet-base and modernbert-base at a tiny size: each family's structure kept (MPNet's

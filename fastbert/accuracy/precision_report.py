@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from fastbert.accuracy import estimate, retrieval
 from fastbert.accuracy.precisions import PRECISION_NAMES, precision, runnable
+from fastbert.bench.models import load_checked
 from fastbert.bench.progress import Progress
 from fastbert.integrations import models as hf_models
 from fastbert.integrations.model_names import FOLDER, resolve_model
@@ -276,7 +277,7 @@ def evaluate_precisions(
     with Progress(2 + len(names), "fastbert accuracy", stream=progress or io.StringIO()) as bar:
         bar.note(_plan(names, torch_device, backend))
         bar.step(f"loading {model}")
-        st, embedding_model = hf_models.load_sentence_transformer(path, device)
+        st, embedding_model = load_checked(path, hf_models.load_sentence_transformer, device)
         texts = sample.queries + sample.corpus
         batches = length_batches(texts, batch_size)
         lengths = estimate.token_lengths(st, texts)

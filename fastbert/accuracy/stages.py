@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from fastbert.accuracy.precision_report import JsonReport, model_path
 from fastbert.accuracy.precisions import PRECISIONS, precision, runnable
+from fastbert.bench.models import load_checked
 from fastbert.bench.progress import Progress
 from fastbert.bench.shapes import MODEL_SHAPES, padded_batch
 from fastbert.integrations import models as hf_models
@@ -222,7 +223,7 @@ def load_reference(model: str, family: str, seed: int = 0) -> tuple[Any, Any, st
             notes,
         )
     path, label = model_path(model, also=(RANDOM,))
-    hf, has_head = hf_models.load_masked_lm(path)
+    hf, has_head = load_checked(path, hf_models.load_masked_lm)
     if not has_head:
         notes.append("the checkpoint has no masked-LM head: a random one (seeded), shared")
     tokenizer = hf_models.load_tokenizer(path)

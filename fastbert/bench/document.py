@@ -27,10 +27,27 @@ def new_document(
 
 
 def read_document(path: str | Path) -> dict:
-    """A results document; ValueError when the file is not one."""
-    doc = json.loads(Path(path).read_text())
+    """A results document; ValueError naming ``path`` when it cannot be read as one (missing
+    or unreadable, not JSON, another schema, or its settings or records malformed)."""
+    problem = f"{path} could not be read as fastbert results"
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ValueError(f"{problem}: {error.strerror or error}") from error
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{problem}: not valid JSON ({error})") from error
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise ValueError(f"{path} is not a fastbert results file (schema {SCHEMA})")
+        raise ValueError(f"{problem}: not a fastbert results file (schema {SCHEMA})")
+    records = doc.get("results")
+    if (
+        not isinstance(doc.get("settings"), dict)
+        or not isinstance(doc.get("complete"), bool)
+        or not isinstance(records, list)
+        or not all(isinstance(r, dict) and {"shape", "peer"} <= r.keys() for r in records)
+    ):
+        raise ValueError(
+            f"{problem}: its settings, complete flag or result records are missing or malformed"
+        )
     return doc
 
 

@@ -9,14 +9,22 @@ fastbert.integrations.models (transformers is imported only when a benchmark run
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fastbert.bench.shapes import MODEL_SHAPES, MODEL_TYPES, model_config
 from fastbert.integrations import models as hf_models
 from fastbert.integrations.model_names import resolve_model
 from fastbert.model.config import BertConfig
-from fastbert.model.loading import read_source
+from fastbert.model.loading import (
+    read_checkpoint_config,
+    read_checkpoint_state,
+    read_source,
+    transformer_folder,
+)
+
+Loaded = TypeVar("Loaded")
 
 
 @dataclasses.dataclass
@@ -37,12 +45,33 @@ def random_reference(name: str, seed: int = 0) -> Reference:
     return Reference(name, hf_model, model_config(name))
 
 
+def load_checked(folder: str | Path, load: Callable[..., Loaded], *args: Any) -> Loaded:
+    """``load(folder, *args)``, a Hugging Face (or sentence-transformers) loader of the local
+    checkpoint ``folder``, with the folder read as fastbert's own loader (and so
+    ``fastbert embed``) reads it: its config.json first, and when the load fails, its weights.
+    A ValueError naming the file and what is wrong (no config.json, not valid JSON, a value
+    fastbert refuses, no weights, unreadable weights) instead of the loader's OSError."""
+    checkpoint = transformer_folder(Path(folder))
+    read_checkpoint_config(checkpoint)
+    try:
+        return load(folder, *args)
+    except Exception as error:
+        try:
+            read_checkpoint_state(checkpoint)
+        except (OSError, ValueError) as problem:
+            raise ValueError(str(problem)) from error
+        if isinstance(error, OSError):
+            raise ValueError(f"{folder} could not be loaded: {error}") from error
+        raise
+
+
 def checkpoint_reference(folder: str | Path) -> Reference:
-    """A local Hugging Face (or sentence-transformers) BERT checkpoint folder."""
+    """A local Hugging Face (or sentence-transformers) BERT checkpoint folder; ValueError
+    naming the file when the folder cannot be read (see :func:`load_checked`)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"{str(folder)!r} is not a local checkpoint folder")
-    model = hf_models.load_checkpoint(folder)
+    model = load_checked(folder, hf_models.load_checkpoint)
     return Reference(folder.name, model, read_source(model)[0])
 
 

@@ -190,12 +190,16 @@ DEFAULT_CPU_PEERS = ("hf-eager", "hf-sdpa", "fastbert", "fastbert-padfree")
 
 def select(names: str | None, device: torch.device) -> list[Peer]:
     """Peers by comma-separated ``names`` ("all" for every one but hf-compile-max, which
-    takes minutes per shape: name it to run it; None for the defaults)."""
+    takes minutes per shape: name it to run it; None for the defaults). ValueError for an
+    unknown name, an empty list or an empty entry (``"fastbert,,hf-eager"``)."""
     if names is None:
         names = ",".join(DEFAULT_GPU_PEERS if device.type == "cuda" else DEFAULT_CPU_PEERS)
     if names.strip() == "all":
         return [peer for name, peer in PEERS.items() if name != "hf-compile-max"]
-    chosen = [n.strip() for n in names.split(",") if n.strip()]
+    chosen = [n.strip() for n in names.split(",")]
+    if "" in chosen:
+        empty = f"entry {chosen.index('') + 1} is empty" if len(chosen) > 1 else "it names none"
+        raise ValueError(f"{empty}; peers: all, {', '.join(PEERS)}")
     unknown = [n for n in chosen if n not in PEERS]
     if unknown:
         raise ValueError(f"unknown peer {unknown[0]!r}; peers: {', '.join(PEERS)}")

@@ -4,8 +4,8 @@ Model shapes are embedded (random weights, no download): BERT-base, BERT-large, 
 MPNet-base (BERT-base's size with MPNet's relative position bias), ModernBERT-base (rotary
 positions, GeGLU, sliding-window layers) and two small ones for CPU runs. A :class:`Shape` is
 a batch size and a sequence length, dense (every position a real token) or padded (lengths
-uniform in [16, seq], padding on the right as tokenizers do). Written ``32x128`` and
-``64x512p`` on the command line.
+uniform in [16, seq], padding on the right as tokenizers do: so seq is at least 16). Written
+``32x128`` and ``64x512p`` on the command line.
 """
 
 from __future__ import annotations
@@ -96,7 +96,9 @@ def model_config(name: str) -> BertConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
-    """``batch`` sequences of ``seq`` positions; ``padded``: lengths uniform in [16, seq]."""
+    """``batch`` sequences of ``seq`` positions; ``padded``: lengths uniform in [16, seq], so
+    a padded shape's ``seq`` is at least 16 (ValueError otherwise: shorter, it would hold no
+    padding)."""
 
     batch: int
     seq: int
@@ -105,6 +107,11 @@ class Shape:
     def __post_init__(self) -> None:
         if self.batch < 1 or self.seq < 1:
             raise ValueError(f"batch and seq must be >= 1, got {self.batch}x{self.seq}")
+        if self.padded and self.seq < MIN_PADDED_LENGTH:
+            raise ValueError(
+                f"a padded shape's lengths are uniform in [{MIN_PADDED_LENGTH}, seq]: its seq "
+                f"must be at least {MIN_PADDED_LENGTH}, got {self.label}"
+            )
 
     @property
     def label(self) -> str:
@@ -120,8 +127,14 @@ def parse_shape(text: str, padded: bool = False) -> Shape:
 
 
 def parse_shapes(text: str, padded: bool = False) -> list[Shape]:
-    """A comma-separated list of shapes, e.g. ``"1x128,32x128,64x512p"``."""
-    return [parse_shape(part, padded) for part in text.split(",") if part.strip()]
+    """A comma-separated list of shapes, e.g. ``"1x128,32x128,64x512p"``; ValueError for an
+    empty list or an empty entry (``"2x32,,"``), naming it."""
+    parts = text.split(",")
+    for number, part in enumerate(parts, 1):
+        if not part.strip():
+            empty = f"entry {number} is empty" if len(parts) > 1 else "it names none"
+            raise ValueError(f"{empty}; a shape is BATCHxSEQ, optionally with a trailing p")
+    return [parse_shape(part, padded) for part in parts]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,12 +153,11 @@ class Batch:
 
 
 def sequence_lengths(shape: Shape, seed: int = 0) -> tuple[int, ...]:
-    """``shape.seq`` each when dense; uniform integers in [min(16, seq), seq] when padded."""
+    """``shape.seq`` each when dense; uniform integers in [16, seq] when padded."""
     if not shape.padded:
         return (shape.seq,) * shape.batch
     generator = torch.Generator().manual_seed(seed)
-    low = min(MIN_PADDED_LENGTH, shape.seq)
-    lengths = torch.randint(low, shape.seq + 1, (shape.batch,), generator=generator)
+    lengths = torch.randint(MIN_PADDED_LENGTH, shape.seq + 1, (shape.batch,), generator=generator)
     return tuple(lengths.tolist())
 
 

@@ -97,11 +97,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--shapes",
         default=None,
-        help="comma-separated BATCHxSEQ shapes, a trailing p pads one (e.g. 32x128,64x512p); "
-        "default on a GPU: 1x128,32x128,8x512,64x512,64x512p",
+        help="comma-separated BATCHxSEQ shapes, a trailing p pads one (e.g. 32x128,64x512p; "
+        "a padded one's SEQ at least 16); default on a GPU: 1x128,32x128,8x512,64x512,64x512p",
     )
     parser.add_argument(
-        "--padded", action="store_true", help="pad every shape: lengths uniform in [16, seq]"
+        "--padded",
+        action="store_true",
+        help="pad every shape: lengths uniform in [16, seq] (seq at least 16)",
     )
     parser.add_argument(
         "--dtype",
@@ -166,13 +168,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _shapes(args: argparse.Namespace, defaults: Defaults) -> list:
+    """The shapes of --batch/--seq or --shapes (left out: the defaults); UsageError naming the
+    option for a bad one."""
     from fastbert.bench.shapes import Shape, parse_shapes
 
     if args.batch is not None or args.seq is not None:
-        if args.shapes:
-            raise ValueError("give either --batch/--seq or --shapes, not both")
-        return [Shape(args.batch or 32, args.seq or 128, args.padded)]
-    return parse_shapes(args.shapes or defaults.shapes, args.padded)
+        if args.shapes is not None:
+            raise UsageError("give either --batch/--seq or --shapes, not both")
+        try:
+            return [Shape(args.batch or 32, args.seq or 128, args.padded)]
+        except ValueError as exc:  # --padded with a --seq under the shortest padded length
+            raise UsageError(f"--seq {args.seq} with --padded: {exc}") from exc
+    if args.shapes is None:
+        return parse_shapes(defaults.shapes, args.padded)
+    try:
+        return parse_shapes(args.shapes, args.padded)
+    except ValueError as exc:
+        raise UsageError(f"--shapes {args.shapes!r}: {exc}") from exc
+
+
+def _peers(args: argparse.Namespace, device: torch.device) -> list:
+    """The contenders of --peers (left out: the device's defaults, less torch.compile with
+    --quick); UsageError naming --peers for a bad list."""
+    from fastbert.bench import peers
+
+    try:
+        chosen = peers.select(args.peers, device)
+    except ValueError as exc:
+        raise UsageError(f"--peers {args.peers!r}: {exc}") from exc
+    if args.peers is None and args.quick:
+        return [p for p in chosen if not p.name.startswith("hf-compile")]
+    return chosen
+
+
+def _out_folder(text: str) -> Path:
+    """The folder of --out; UsageError when it, or a folder above it, is a file."""
+    out = Path(text)
+    for path in (out, *out.parents):
+        if path.exists():
+            if not path.is_dir():
+                what = f"--out {text}" if path == out else f"--out {text}: {path}"
+                raise UsageError(f"{what} exists and is not a folder")
+            break
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,8 +234,6 @@ def make_plan(args: argparse.Namespace) -> Plan:
     """The options with the defaults of this device; ValueError for a bad option."""
     import torch
 
-    from fastbert.bench import peers
-
     device = resolve_device(args.device)
     defaults = DEFAULTS[("cuda" if device.type == "cuda" else "cpu", args.quick)]
     default_dtype = "float16" if device.type == "cuda" else "float32"
@@ -207,11 +243,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         dtype=getattr(torch, DTYPES[args.dtype] if args.dtype else default_dtype),
         model=args.model or defaults.model,
         shapes=_shapes(args, defaults),
-        peers=[
-            p
-            for p in peers.select(args.peers, device)
-            if args.peers or not (args.quick and p.name.startswith("hf-compile"))
-        ],
+        peers=_peers(args, device),
         warmup=defaults.warmup if args.warmup is None else args.warmup,
         reps=defaults.reps if args.reps is None else args.reps,
         max_time=defaults.max_time if args.max_time is None else args.max_time,
@@ -278,6 +310,7 @@ def _bench(args: argparse.Namespace) -> int:
     from fastbert.bench.progress import Progress
 
     plan = make_plan(args)
+    out = _out_folder(args.out)
     if plan.device.type != "cuda":
         print(cpu_note(plan.backend))
     reference = load_reference(plan.model, args.seed)
@@ -286,12 +319,7 @@ def _bench(args: argparse.Namespace) -> int:
     if too_long:
         raise ValueError(f"shapes {', '.join(too_long)} exceed the model's {positions} positions")
     peaks = hardware.peaks_here(plan.device)
-    out = Path(args.out)
-    previous = (
-        report.read_document(out / report.RESULTS_JSON)
-        if args.append and (out / report.RESULTS_JSON).exists()
-        else None
-    )
+    previous = _previous(out) if args.append else None
     env = environment.capture()
     meta = _settings_dict(args, plan, reference, peaks, ceilings.measure(plan.device, plan.dtype))
 
@@ -314,7 +342,10 @@ def _bench(args: argparse.Namespace) -> int:
     print(f"machine now: {_machine_text(machine)}")
     records: list[dict] = []
     complete = True
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {args.out}: cannot create the folder: {exc}") from exc
     try:
         steps = (len(plan.peers) + 1) * len(plan.shapes)
         with Progress(steps, "measuring") as progress:
@@ -330,6 +361,20 @@ def _bench(args: argparse.Namespace) -> int:
         return 130
     _check_fastbert_measured(records)
     return 0
+
+
+def _previous(out: Path) -> dict | None:
+    """The results --append adds to: out's results.json, None when there is none; UsageError
+    naming the file when it cannot be read as results."""
+    from fastbert.bench import report
+
+    path = out / report.RESULTS_JSON
+    if not path.exists():
+        return None
+    try:
+        return report.read_document(path)
+    except ValueError as exc:
+        raise UsageError(f"--append: {exc}") from exc
 
 
 def _machine_text(machine) -> str:
