@@ -230,6 +230,36 @@ def test_dtype_and_moving_after_optimize_keep_one_copy() -> None:
     assert (got - expected)[valid].abs().max() <= 0.1  # bf16-rounded weights
 
 
+@pytest.mark.parametrize("family", [*FAMILIES, "modernbert"])
+def test_a_cast_after_optimize_rebinds_every_family(family: str) -> None:
+    # ModernBERT's fused QKV is its own parameter (no views to lose): a cast changed no
+    # parameter object, and float64 ran where every other family refuses it.
+    if family == "modernbert":
+        from tests.test_modernbert import hf_modernbert
+        from tests.test_modernbert import inputs as modernbert_inputs
+
+        model = hf_modernbert(seed=9).eval()
+        ids, mask = modernbert_inputs([6, 4], seed=9)
+        inputs, valid = {"input_ids": ids, "attention_mask": mask}, mask.bool()
+    else:
+        model = make_model(family, "Model", seed=9).eval()
+        inputs, valid = make_inputs(model, "Model", [6, 4], seed=9)
+    with torch.no_grad():
+        expected = model(**inputs).last_hidden_state
+    fastbert.optimize(model, backend="torch")
+    model.double()
+    with pytest.raises(TypeError, match="got torch.float64"), torch.no_grad():
+        model(**inputs)
+    model.bfloat16()
+    with torch.no_grad():
+        assert model(**inputs).last_hidden_state.dtype == torch.bfloat16
+    assert model.base_model.forward.encoder.dtype == torch.bfloat16
+    model.float()
+    with torch.no_grad():
+        got = model(**inputs).last_hidden_state
+    assert (got - expected)[valid].abs().max() <= 0.1  # bf16-rounded weights
+
+
 def _replace_data(module, name, make):
     param = module.get_parameter(name)
     param.data = make(param)

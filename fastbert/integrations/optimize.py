@@ -337,6 +337,9 @@ class FastbertForward:
         )
         self._source_names = [t for theirs in names.values() for t in theirs]
         self._sources = [self.base.get_parameter(t) for t in self._source_names]
+        # A cast or move of a model without fused views (ModernBERT's QKV is its own) changes
+        # no parameter object: the first one's dtype and device tell it.
+        self._placement = (self._sources[0].dtype, self._sources[0].device)
         # Where each lives (its module's parameter dict and name): checked at every call, as
         # a swap that registers nothing (torch.func.functional_call) moves no generation.
         self._slots = [
@@ -534,10 +537,13 @@ class FastbertForward:
         owners after some parameter was registered anywhere (a replaced parameter or module
         registers one: a wrapped linear raises); the query, key and value parameters
         must still be views of their fused tensor (``.to()``, ``.half()`` or a replaced
-        ``.data`` give them new storage). Other parameters are the encoder's own objects, so a
-        new ``.data`` of theirs is read as it is.
+        ``.data`` give them new storage), and the first parameter keeps its dtype and device.
+        Other parameters are the encoder's own objects, so a new ``.data`` of theirs is read as
+        it is.
         """
         if self.encoder is None:  # a copy's forward, not bound yet
+            return False
+        if (self._sources[0].dtype, self._sources[0].device) != self._placement:
             return False
         if any(slots.get(name) is not source for slots, name, source in self._slots):
             if not all(isinstance(slots.get(name), nn.Parameter) for slots, name, _ in self._slots):
