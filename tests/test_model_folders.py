@@ -208,6 +208,17 @@ def test_a_folder_whose_first_module_is_a_router_is_refused_naming_it(tmp_path):
             load(folder)
 
 
+def test_a_sparse_auto_encoder_folder_is_refused_naming_the_module(base, tmp_path):
+    """CSR: a SparseEncoder whose hidden states are made sparse by a SparseAutoEncoder."""
+    from sentence_transformers.sparse_encoder.models import SparseAutoEncoder
+
+    csr = SparseAutoEncoder(input_dim=HIDDEN, hidden_dim=2 * HIDDEN, k=8, k_aux=16)
+    modules = [transformer(base), Pooling(HIDDEN), csr]
+    folder = save_modules(tmp_path / "csr", modules, kind="SparseEncoder")
+    with pytest.raises(ValueError, match=r"made sparse by \S+ \(\S+SparseAutoEncoder\)"):
+        fastbert.load(folder, device="cpu")
+
+
 @pytest.mark.parametrize(
     "strategy, activation", [("max", "relu"), ("max", "log1p_relu"), ("sum", "relu")]
 )

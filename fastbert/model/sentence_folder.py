@@ -371,10 +371,17 @@ def _kind(
         kind = EMBEDDING
     needs = {SPARSE: "fill-mask", CLASSIFICATION: "sequence-classification"}.get(kind)
     if needs is not None and transformer.task != needs:
-        raise ValueError(
+        problem = (
             f"{folder}: a {kind} model needs a {needs} Transformer; its Transformer gives "
             f"{_TASKS[transformer.task]}"
         )
+        if kind == SPARSE and modules[1:]:  # a sparse head on hidden states (CSR's)
+            problem += (
+                f", made sparse by {', '.join(m.describe() for m in modules[1:])}, which "
+                "fastbert does not run (its sparse models are SPLADE: an MLMTransformer, then "
+                "SpladePooling)"
+            )
+        raise ValueError(problem)
     if kind in (EMBEDDING, MULTI_VECTOR) and transformer.task != "feature-extraction":
         raise ValueError(
             f"{folder}: a {kind} model needs a feature-extraction Transformer; its Transformer "
