@@ -291,6 +291,23 @@ def test_model_compiles_fullgraph_aot_eager(device: str) -> None:
     _compiled_model_matches_eager(device, "aot_eager")
 
 
+def test_torch_backend_compiles_fullgraph_on_a_cpu_and_still_checks_ids() -> None:
+    """The torch backend's id check reads the ids' range on the host, which a full graph
+    cannot hold (Dynamo raised a data-dependent-guard error): on a CPU the graph asserts it."""
+    model = fastbert.BertModel.from_pretrained(
+        hf_model("BertModel", seed=4), backend="torch", padding_free=False
+    )
+    ids, mask, types = padded_batch([7, 3, 5], seed=4)
+    expected = model(ids, mask, types).last_hidden_state
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(ids, mask, types).last_hidden_state, expected)
+    bad = ids.clone()
+    bad[1, 0] = model.config.vocab_size
+    with pytest.raises(RuntimeError, match=r"input_ids must lie in \[0, 96\]"):
+        compiled(bad, mask, types)
+
+
 @pytest.mark.gpu
 def test_model_compiles_fullgraph_inductor_gpu() -> None:
     _compiled_model_matches_eager("cuda", "inductor")

@@ -427,10 +427,11 @@ def id_bounds(ids: torch.Tensor) -> torch.Tensor:
 def check_id_bounds(name: str, limit: int, lowest: int, highest: int) -> None:
     """Ids of ``name`` spanning [lowest, highest] must index a table of ``limit`` rows."""
     if lowest < 0 or highest >= limit:
-        raise ValueError(
-            f"{name} must lie in [0, {limit - 1}] (the table has {limit} rows), "
-            f"found values in [{lowest}, {highest}]"
-        )
+        raise ValueError(f"{_id_range_message(name, limit)}, found values in [{lowest}, {highest}]")
+
+
+def _id_range_message(name: str, limit: int) -> str:
+    return f"{name} must lie in [0, {limit - 1}] (the table has {limit} rows)"
 
 
 def check_id_ranges(
@@ -445,7 +446,8 @@ def check_id_ranges(
 ) -> list[list[int]]:
     """Every id indexes its table. One host synchronisation for all three tensors, which also
     reads ``also_read`` (int64 [2] tensors on the ids' device, for a caller that needs those
-    values on the host too): returns their values, in order."""
+    values on the host too): returns their values, in order. Under ``torch.compile`` on a CPU,
+    with nothing else to read, the graph asserts the ranges instead (a RuntimeError)."""
     tensors = [("input_ids", input_ids, vocab_size)]
     if token_type_ids is not None:
         tensors.append(("token_type_ids", token_type_ids, type_vocab_size))
@@ -454,6 +456,13 @@ def check_id_ranges(
     if input_ids.numel() == 0:
         tensors = []
     if not tensors and not also_read:
+        return []
+    if torch.compiler.is_compiling() and not also_read and input_ids.device.type == "cpu":
+        # No host read inside a graph (fullgraph=True could not trace one): the graph asserts,
+        # raising a RuntimeError with the message. (On a GPU that would be a device-side
+        # assert, which ends the process's CUDA context: there the read stays, a graph break.)
+        for name, t, limit in tensors:
+            torch._assert_async(((t >= 0) & (t < limit)).all(), _id_range_message(name, limit))
         return []
     read = torch.stack([id_bounds(t) for _, t, _ in tensors] + list(also_read)).tolist()
     for (name, _, limit), (lowest, highest) in zip(tensors, read):
