@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import string
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -237,6 +238,27 @@ def test_multi_vector_encoder_refuses_padding_free_with_query_expansion(folders,
     model[0].query_expansion = EXPANSION
     with pytest.raises(ValueError, match="padding_free=True cannot run"):
         model.encode_query(TEXTS)
+
+
+def test_a_copy_of_an_optimized_multi_vector_encoder_asks_its_own_transformer(
+    folders, tmp_path
+) -> None:
+    """Whether the expansion is read was a closure over the optimized model's Transformer: a
+    deep copy with expansion set on it alone ran padding-free (zeros at the expansion, MaxSim
+    0.24 off), and the optimized model did not pickle (nor run in a process pool)."""
+    reference = multi_vector(tmp_path, folders("bert", "Model"))
+    model = fastbert.optimize(copy.deepcopy(reference), backend="torch")
+    clone = copy.deepcopy(model)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    for each in (reference, clone, loaded):
+        each[0].query_expansion = EXPANSION
+    want = reference.encode_query(TEXTS)
+    for each in (clone, loaded):
+        got = each.encode_query(TEXTS)
+        assert all((g - w).abs().max() <= 1e-5 for g, w in zip(got, want))
 
 
 @pytest.mark.parametrize("family", FAMILIES)

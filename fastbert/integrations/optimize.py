@@ -222,21 +222,27 @@ _PADDING_FREE_EXPANSION = (
 )
 
 
-def _masked_outputs_read(model: Any) -> Callable[[], bool] | None:
-    """For a sentence-transformers model, whether its modules read the encoder's outputs at
-    masked positions now: a Transformer with ColBERT query expansion that does not attend to
-    the expansion tokens (``query_expansion={..., "attend": False}``) gives them
+class _ReadsMaskedOutputs:
+    """Called, whether a sentence-transformers model's modules read the encoder's outputs at
+    masked positions now: its Transformer ``first`` with ColBERT query expansion that does not
+    attend to the expansion tokens (``query_expansion={..., "attend": False}``) gives them
     ``attention_mask`` 0 and MaxSim scores their outputs, as Hugging Face computes them (each a
-    query over the real tokens). None for other models (their modules read real tokens only)."""
-    if not is_sentence_transformer(model):
-        return None
-    first = model[0]
+    query over the real tokens). The Transformer is an attribute, not a closure's, so that a
+    pickled or deep-copied model asks its own Transformer."""
 
-    def reads_masked_outputs() -> bool:
-        expansion = getattr(first, "query_expansion", None)
+    def __init__(self, first: nn.Module):
+        self.first = first
+
+    def __call__(self) -> bool:
+        expansion = getattr(self.first, "query_expansion", None)
         return isinstance(expansion, dict) and not expansion.get("attend", False)
 
-    return reads_masked_outputs
+
+def _masked_outputs_read(model: Any) -> Callable[[], bool] | None:
+    """For a sentence-transformers model, whether its modules read the encoder's outputs at
+    masked positions now (:class:`_ReadsMaskedOutputs`); None for other models (their modules
+    read real tokens only)."""
+    return _ReadsMaskedOutputs(model[0]) if is_sentence_transformer(model) else None
 
 
 def _transformers_model(model: Any) -> nn.Module:
