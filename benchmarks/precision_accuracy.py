@@ -21,6 +21,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from fastbert.accuracy import precision_report  # noqa: E402
+
 
 def markdown(report: dict, environment: dict, command: str) -> str:
     """The report as a Markdown table, with the sample, the reference and the environment."""
@@ -40,7 +42,7 @@ def markdown(report: dict, environment: dict, command: str) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["results"]:
-        runs_in = r["compute_dtype"] + (f" + {r['quantize']}" if r["quantize"] else "")
+        runs_in = precision_report.runs_in(r["compute_dtype"], r["quantize"], r["emulated"])
         lines.append(
             f"| {r['precision']} | {runs_in} | {r['hidden_max_abs_err']:.2e} "
             f"| {r['hidden_mean_abs_err']:.2e} | {r['cosine_least']:.6f} "

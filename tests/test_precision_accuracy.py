@@ -381,3 +381,8 @@ def test_benchmark_writes_the_report_as_a_table(minilm_report) -> None:
     assert f"{report['queries']} query sentences and {report['corpus']} corpus" in table
     assert "CPU: a CPU (flags: avx2; 2 torch threads)" in table and "commit abc" in table
     assert "Command: `python -m benchmarks.precision_accuracy --out x`" in table
+    # An emulated precision says so in its row, as the command's own table does.
+    fp8 = {**report["results"][-1], "precision": "fp8", "quantize": "fp8", "emulated": True}
+    emulated = {**report, "results": [*report["results"], fp8]}
+    table = markdown(emulated, environment, "python -m benchmarks.precision_accuracy --out x")
+    assert "| fp8 | float32 + fp8 (emulated) |" in table, table

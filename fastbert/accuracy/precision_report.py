@@ -64,6 +64,16 @@ class PrecisionResult:
     top10_overlap_mean: float | None = None
     emulated: bool = False  # an emulation of the precision's math (its accuracy, not its speed)
 
+    def runs_in(self) -> str:
+        """What the precision runs in, as the tables say it: "float32 + int8 (emulated)"."""
+        return runs_in(self.compute_dtype, self.quantize, self.emulated)
+
+
+def runs_in(compute_dtype: str, quantize: str | None, emulated: bool) -> str:
+    """The "runs in" column of a result (also of one read back from JSON)."""
+    text = compute_dtype + (f" + {quantize}" if quantize else "")
+    return text + (" (emulated)" if emulated else "")
+
 
 class JsonReport:
     """A dataclass report that turns into plain dicts, lists and numbers, for JSON."""

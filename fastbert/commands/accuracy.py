@@ -180,10 +180,8 @@ def _print_precision_report(report) -> None:
         f"{'cos least':>11}{'cos mean':>10}{top + ' least':>14}{top + ' mean':>13}"
     )
     for r in report.results:
-        runs_in = r.compute_dtype + (f" + {r.quantize}" if r.quantize else "")
-        runs_in += " (emulated)" if r.emulated else ""
         print(
-            f"  {r.precision:<11}{runs_in:<26}{r.hidden_max_abs_err:>16.2e}"
+            f"  {r.precision:<11}{r.runs_in():<26}{r.hidden_max_abs_err:>16.2e}"
             f"{r.hidden_mean_abs_err:>11.2e}{_fmt(r.cosine_least, '.6f'):>11}"
             f"{_fmt(r.cosine_mean, '.6f'):>10}{_fmt(r.top10_overlap_least, '.2f'):>14}"
             f"{_fmt(r.top10_overlap_mean, '.3f'):>13}"
