@@ -40,6 +40,17 @@ def operands(m: int = 4096, n: int = 1536, k: int = 384, seed: int = 0):
     return x, weight, bias
 
 
+def fbgemm_packed(weight, scale, bias):
+    """fbgemm's packed dynamic-int8 linear of ``weight`` [N, K] with per-channel ``scale``
+    [N] (``quantize_dynamic``'s weights), for ``torch.ops.quantized.linear_dynamic``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantize_per_channel is deprecated
+        torch.backends.quantized.engine = "fbgemm"
+        zero = torch.zeros(weight.shape[0], dtype=torch.long)
+        qweight = torch.quantize_per_channel(weight, scale.double(), zero, 0, torch.qint8)
+        return torch.ops.quantized.linear_prepack(qweight, bias)
+
+
 def contenders(x, weight, bias) -> dict:
     q, scale = reference.quantize_weight(weight)
     xq, _ = torch_ops.quantize_rows(x)
@@ -51,12 +62,7 @@ def contenders(x, weight, bias) -> dict:
         "  torch._int_mm alone": lambda: torch._int_mm(xq, q.t()),
         "  per-token quantisation alone": lambda: torch_ops.quantize_rows(x),
     }
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # quantize_per_channel is deprecated
-        torch.backends.quantized.engine = "fbgemm"
-        zero = torch.zeros(weight.shape[0], dtype=torch.long)
-        qweight = torch.quantize_per_channel(weight, scale.double(), zero, 0, torch.qint8)
-        packed = torch.ops.quantized.linear_prepack(qweight, bias)
+    packed = fbgemm_packed(weight, scale, bias)
     runs["fbgemm linear_dynamic (per-channel W, per-tensor x)"] = lambda: (
         torch.ops.quantized.linear_dynamic(x, packed, False)
     )

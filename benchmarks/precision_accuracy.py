@@ -49,8 +49,12 @@ def markdown(report: dict, environment: dict, command: str) -> str:
             f"| {r['cosine_mean']:.6f} | {r['top10_overlap_least']:.2f} "
             f"| {r['top10_overlap_mean']:.3f} |"
         )
-    env = environment
-    lines += [
+    return "\n".join([*lines, *footer(environment, command)])
+
+
+def footer(env: dict, command: str) -> list[str]:
+    """The lines that end a results table: the environment it ran in and its command."""
+    return [
         "",
         f"CPU: {env['cpu']} (flags: {env['cpu_flags']}; {env['cpu_threads']} torch threads); "
         f"GPU: {env['gpu']}; torch {env['torch']}, transformers {env['transformers']}, "
@@ -60,7 +64,6 @@ def markdown(report: dict, environment: dict, command: str) -> str:
         f"Command: `{command}`",
         "",
     ]
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

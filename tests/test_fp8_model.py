@@ -14,7 +14,7 @@ from tests.hf_models import hf_model, padded_batch
 from tests.test_int8_model import assert_backends_agree, embed_with, minilm_on_real_text
 
 # fp8 against float32 sentence-transformers on real text (all-MiniLM-L6-v2, 200 sentences of
-# Python's documentation): measured least 0.9921 and mean 0.9975 (int8: 0.9957 and 0.9988;
+# Python's documentation): measured least 0.9913 and mean 0.9976 (int8: 0.9958 and 0.9988;
 # e4m3 keeps 3 fraction bits where int8 spends 127 levels on each row's range).
 LEAST_COSINE = 0.99
 MEAN_COSINE = 0.997

@@ -350,24 +350,28 @@ def test_usage_errors(capsys, argv: list[str], message: str) -> None:
     assert err.startswith("usage: fastbert accuracy") and message in err, err
 
 
+# An environment as fastbert.bench.environment records it, for the benchmarks' tables.
+ENVIRONMENT = {
+    "cpu": "a CPU",
+    "cpu_flags": "avx2",
+    "cpu_threads": 2,
+    "gpu": None,
+    "torch": "2.x",
+    "transformers": "5.x",
+    "sentence-transformers": "6.x",
+    "python": "3.x",
+    "commit": "abc",
+    "date": "today",
+}
+
+
 def test_benchmark_writes_the_report_as_a_table(minilm_report) -> None:
     """benchmarks/precision_accuracy.py's Markdown: one row per precision, the report's numbers,
     the environment and the command."""
     from benchmarks.precision_accuracy import markdown
 
     report, _ = minilm_report
-    environment = {
-        "cpu": "a CPU",
-        "cpu_flags": "avx2",
-        "cpu_threads": 2,
-        "gpu": None,
-        "torch": "2.x",
-        "transformers": "5.x",
-        "sentence-transformers": "6.x",
-        "python": "3.x",
-        "commit": "abc",
-        "date": "today",
-    }
+    environment = ENVIRONMENT
     table = markdown(report, environment, "python -m benchmarks.precision_accuracy --out x")
     rows = re.findall(r"^\| (fp32|bf16|int8) \| (.+?) \| (\S+) \|", table, re.M)
     assert [(p, r) for p, r, _ in rows] == [
