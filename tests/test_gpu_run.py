@@ -51,6 +51,19 @@ def _stage(name: str, *command: str, cap: int = 60) -> plan.Stage:
     return plan.Stage(name, cap, (sys.executable, *command))
 
 
+def test_the_dry_run_stops_the_command_once_its_arguments_parse(monkeypatch) -> None:
+    """fastbert's command parses with parse_known_args (its subcommand's parser inside): the
+    dry run stops there, where it ran the command itself when only parse_args was held."""
+    from fastbert.commands import info
+
+    def ran(args):
+        raise AssertionError("the command ran")
+
+    monkeypatch.setattr(info, "run", ran)
+    assert dry_run.parses("fastbert.cli", ["info"]) is None
+    assert "unrecognized arguments: --nope" in dry_run.parses("fastbert.cli", ["info", "--nope"])
+
+
 def test_dry_run_names_what_would_not_start() -> None:
     stages = [
         _stage("bad-flag", "-m", "benchmarks.corpus_tokens", "--out", "x", "--no-such-flag"),

@@ -38,29 +38,42 @@ class _Parsed(Exception):
 
 
 def parses(module: str, args: Sequence[str]) -> str | None:
-    """None when ``python -m module args`` gets past parsing its arguments, else why not."""
-    original = argparse.ArgumentParser.parse_args
+    """None when ``python -m module args`` gets past parsing its arguments, else why not.
 
-    def parse_args(self, args=None, namespace=None):
-        raise _Parsed(original(self, args, namespace))
+    ``parse_known_args`` is what ``parse_args`` calls, and what a command may call itself; a
+    subcommand's parser runs inside its parent's, so only the outermost call stops the run."""
+    original = argparse.ArgumentParser.parse_known_args
+    depth = 0
+
+    def parse_known_args(self, args=None, namespace=None):
+        nonlocal depth
+        depth += 1
+        try:
+            parsed = original(self, args, namespace)
+        finally:
+            depth -= 1
+        if depth == 0:
+            raise _Parsed(parsed)
+        return parsed
 
     argv, errors = sys.argv, io.StringIO()
-    argparse.ArgumentParser.parse_args = parse_args
+    argparse.ArgumentParser.parse_known_args = parse_known_args
     sys.argv = [module, *args]
     try:
         with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # runpy's "found in sys.modules" notice
                 runpy.run_module(module, run_name="__main__", alter_sys=True)
-    except _Parsed:
-        return None
+    except _Parsed as parsed:
+        _, unknown = parsed.args[0]  # parse_args would refuse them; a command may route them
+        return f"unrecognized arguments: {' '.join(unknown)}" if unknown else None
     except SystemExit as exc:
         last = (errors.getvalue().strip().splitlines() or [f"exit {exc.code}"])[-1]
         return f"exits before its arguments are parsed: {last}"
     except Exception as exc:  # noqa: BLE001 - any failure to start is the finding
         return f"{type(exc).__name__}: {exc}"
     finally:
-        argparse.ArgumentParser.parse_args = original
+        argparse.ArgumentParser.parse_known_args = original
         sys.argv = argv
     return "returned without parsing its arguments"
 
