@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import fastbert
+from fastbert.cli import main
 from fastbert.integrations import model_names, models
 from fastbert.integrations.model_names import ModelNotFound, resolve_model
 
@@ -106,6 +107,16 @@ def test_hf_home_is_where_the_cache_is_without_hf_hub_cache(tmp_path, monkeypatc
     assert model_names.hub_cache() == tmp_path / "hf" / "hub"
     snapshot = cached_repo(tmp_path / "hf" / "hub", "acme/encoder", {"modules.json": "[]"})
     assert resolve_model("acme/encoder").folder == snapshot
+
+
+@pytest.mark.parametrize("command", ["bench", "accuracy", "embed"])
+def test_an_empty_model_name_is_refused_not_the_working_directory(command, capsys) -> None:
+    # Path("") is ".": accuracy read the working directory, bench ran its default model.
+    with pytest.raises(ModelNotFound, match="an empty model name"):
+        resolve_model(" ")
+    argv = {"embed": ["embed", "in.txt", "--output", "o"]}.get(command, [command])
+    assert main([*argv, "--model", ""]) == 2
+    assert "an empty model name" in capsys.readouterr().err
 
 
 def test_an_unknown_name_lists_close_matches_and_how_to_fetch(cache) -> None:

@@ -241,7 +241,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         device=device,
         backend=_backend_here(args.backend, device),
         dtype=getattr(torch, DTYPES[args.dtype] if args.dtype else default_dtype),
-        model=args.model or defaults.model,
+        model=defaults.model if args.model is None else args.model,
         shapes=_shapes(args, defaults),
         peers=_peers(args, device),
         warmup=defaults.warmup if args.warmup is None else args.warmup,

@@ -164,6 +164,8 @@ def resolve_model(model: str | Path, also: Sequence[str] = ()) -> ModelRef:
     ``also``: the other names the caller takes itself (a benchmark's shapes), offered among the
     close matches. Raises :class:`ModelNotFound`."""
     text = str(model)
+    if not text.strip():  # Path("") is the working directory: not a name for a model
+        raise ModelNotFound(f"an empty model name ({text!r}): give a model name or folder")
     path = Path(text).expanduser()
     if path.is_dir():
         return ModelRef(path, path.name or text, str(path), FOLDER)
