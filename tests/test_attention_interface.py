@@ -251,6 +251,39 @@ def test_hf_model_compiles_fullgraph_with_the_op(device: str) -> None:
     assert torch.equal(got, expected)
 
 
+def test_position_ids_without_a_mask_compile_fullgraph() -> None:
+    """Position ids without a mask make Hugging Face's mask a closure over tensors, which
+    torch.compile could not pass to a constant-result test (a Dynamo error, fullgraph or not)."""
+    sdpa, ours = _pair()
+    ids, _, _ = padded_batch([7, 7, 7])
+    positions = torch.arange(7).expand(3, 7)
+    torch._dynamo.reset()
+    compiled = torch.compile(ours, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        expected = sdpa(input_ids=ids, position_ids=positions)[0]
+        got = compiled(input_ids=ids, position_ids=positions)[0]
+    assert (got - expected).abs().max() <= BOUND
+
+
+def test_mpnet_runs_its_own_attention_as_with_eager(kernel_calls) -> None:
+    """MPNet's attention adds the mask to scores it computes itself (no attention interface):
+    it got the [B, S] padding mask meant for the kernel (padded keys not masked, or a shape
+    error); it gets the eager mask, so the setting changes nothing, as the docs say."""
+    from tests.test_optimize import make_model
+
+    eager = make_model("mpnet", "Model", seed=6)
+    eager.set_attn_implementation("eager")
+    ours = copy.deepcopy(eager)
+    ours.set_attn_implementation(NAME)
+    for lengths in ([7, 3, 5], [7], [6, 2, 6, 3, 6, 1]):
+        ids, mask, _ = padded_batch(lengths, seed=6)
+        with torch.no_grad():
+            want = eager(input_ids=ids, attention_mask=mask)[0]
+            got = ours(input_ids=ids, attention_mask=mask)[0]
+        assert torch.equal(got[mask.bool()], want[mask.bool()]), lengths
+    assert kernel_calls == []
+
+
 @pytest.mark.gpu
 def test_hf_model_compiles_fullgraph_gpu() -> None:
     """The same under Inductor, in fp16, against Hugging Face's sdpa model in fp32: the compiled

@@ -189,6 +189,11 @@ def _attend(
     return out.transpose(1, 2).contiguous()
 
 
+# Model types whose attention module computes its scores itself and adds the mask to them
+# (never calling the attention interface): MPNet's, with its relative position bias.
+OWN_SCORES = frozenset({"mpnet"})
+
+
 def padding_mask(
     batch_size: int,
     q_length: int,
@@ -201,14 +206,33 @@ def padding_mask(
 ) -> torch.Tensor | None:
     """Hugging Face mask function: the [B, S_k] bool padding mask (or None) for bidirectional
     attention, full or sliding-window (the attention function applies the window); Hugging
-    Face's 4-D sdpa mask for any other pattern.
+    Face's 4-D sdpa mask for any other pattern; and for a model whose attention adds the mask
+    to scores it computes itself (MPNet: :data:`OWN_SCORES`), the eager mask it gets with
+    ``attn_implementation="eager"``, so that there the setting changes nothing.
 
     attention_mask: the model's 2-D mask, already bool [B, S_k] (True = real token).
     local_size (in kwargs): the window of a sliding-window mask, None for a full one.
+    config (in kwargs): the model's config.
     """
     masking_utils = _masking_utils()
+    if getattr(kwargs.get("config"), "model_type", None) in OWN_SCORES:
+        return masking_utils.eager_mask(
+            batch_size=batch_size,
+            q_length=q_length,
+            kv_length=kv_length,
+            q_offset=q_offset,
+            kv_offset=kv_offset,
+            mask_function=mask_function,
+            attention_mask=attention_mask,
+            **kwargs,
+        )
+    local_size = kwargs.get("local_size")
+    if local_size is None:  # an identity test, which torch.compile traces whatever it closes over
+        bidirectional = mask_function is masking_utils.bidirectional_mask_function
+    else:
+        bidirectional = _is_sliding_bidirectional(mask_function, local_size)
     plain = (
-        _is_bidirectional(mask_function, kwargs.get("local_size"))
+        bidirectional
         and kv_offset == 0
         and (attention_mask is None or attention_mask.shape[-1] == kv_length)
     )
@@ -236,16 +260,14 @@ def _masking_utils() -> Any:
 # torch.compile reads no closure cells, so under it the test runs once, while tracing: its
 # answer depends only on which of Hugging Face's mask builders made the function, not on data.
 @torch.compiler.assume_constant_result
-def _is_bidirectional(mask_function: Callable | None, local_size: int | None) -> bool:
-    """Whether ``mask_function`` is Hugging Face's bidirectional mask: the full one without a
-    ``local_size``, else ``sliding_window_bidirectional_mask_function(local_size)``. Hugging
-    Face builds a fresh closure for each sliding-window mask, so that one is recognised by its
-    code and the values it closes over; a mask function combined with any other (a user's
-    ``and_mask_function``, a causal overlay) is not recognised and gets the 4-D mask."""
+def _is_sliding_bidirectional(mask_function: Callable | None, local_size: int) -> bool:
+    """Whether ``mask_function`` is Hugging Face's
+    ``sliding_window_bidirectional_mask_function(local_size)``. Hugging Face builds a fresh
+    closure for each sliding-window mask, so it is recognised by its code and the values it
+    closes over; a mask function combined with any other (a user's ``and_mask_function``, a
+    causal overlay) is not recognised and gets the 4-D mask."""
     from transformers import masking_utils
 
-    if local_size is None:
-        return mask_function is masking_utils.bidirectional_mask_function
     expected = masking_utils.sliding_window_bidirectional_mask_function(local_size)
     return _same_function(mask_function, expected)
 
