@@ -216,29 +216,12 @@ def padding_mask(
     """
     masking_utils = _masking_utils()
     if getattr(kwargs.get("config"), "model_type", None) in OWN_SCORES:
-        return masking_utils.eager_mask(
-            batch_size=batch_size,
-            q_length=q_length,
-            kv_length=kv_length,
-            q_offset=q_offset,
-            kv_offset=kv_offset,
-            mask_function=mask_function,
-            attention_mask=attention_mask,
-            **kwargs,
-        )
-    local_size = kwargs.get("local_size")
-    if local_size is None:  # an identity test, which torch.compile traces whatever it closes over
-        bidirectional = mask_function is masking_utils.bidirectional_mask_function
-    else:
-        bidirectional = _is_sliding_bidirectional(mask_function, local_size)
-    plain = (
-        bidirectional
-        and kv_offset == 0
-        and (attention_mask is None or attention_mask.shape[-1] == kv_length)
-    )
-    if plain:
+        build = masking_utils.eager_mask
+    elif _plain(mask_function, kv_offset, kv_length, attention_mask, kwargs.get("local_size")):
         return attention_mask
-    return masking_utils.sdpa_mask(
+    else:
+        build = masking_utils.sdpa_mask
+    return build(
         batch_size=batch_size,
         q_length=q_length,
         kv_length=kv_length,
@@ -248,6 +231,22 @@ def padding_mask(
         attention_mask=attention_mask,
         **kwargs,
     )
+
+
+def _plain(
+    mask_function: Callable | None,
+    kv_offset: int,
+    kv_length: int,
+    attention_mask: torch.Tensor | None,
+    local_size: int | None,
+) -> bool:
+    """Whether the mask is bidirectional, full or of window ``local_size``, over keys the
+    [B, S_k] padding mask covers: then the kernel takes that mask itself."""
+    if kv_offset != 0 or (attention_mask is not None and attention_mask.shape[-1] != kv_length):
+        return False
+    if local_size is None:  # an identity test, which torch.compile traces whatever it closes over
+        return mask_function is _masking_utils().bidirectional_mask_function
+    return _is_sliding_bidirectional(mask_function, local_size)
 
 
 def _masking_utils() -> Any:
