@@ -309,6 +309,41 @@ def test_classifier_routes_equal_cross_encoder(tmp_path):
         assert embed.status_code == 424 and "classification model" in embed.text
 
 
+def test_a_several_label_classifier_predicts_and_lists_no_rerank_route(tmp_path):
+    """A classifier with three labels: /predict gives the softmax of CrossEncoder's logits
+    (TEI's /predict) under the folder's label names; reranking reads one score per pair, so
+    /rerank and /v1/rerank answer 424 naming /predict, and GET /info does not list them."""
+    from sentence_transformers import CrossEncoder
+    from starlette.testclient import TestClient
+
+    import fastbert
+    from fastbert.embedding.options import EmbedOptions
+    from fastbert.serve.app import create_app
+    from fastbert.serve.options import ServeOptions
+
+    folder = str(save_classifier(tmp_path / "nli", num_labels=3, seed=4))
+    query, docs = TEXTS[0], TEXTS[1:4]
+    logits = CrossEncoder(folder, device="cpu").predict(
+        [(query, d) for d in docs], activation_fn=lambda x: x
+    )
+    want = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    app = create_app(fastbert.load(folder), ServeOptions(EmbedOptions(model=folder)))
+    with TestClient(app) as http:
+        rows = http.post("/predict", json={"inputs": [[query, d] for d in docs]}).json()
+        for row, expected in zip(rows, want):
+            by_label = {entry["label"]: entry["score"] for entry in row}
+            assert by_label == {
+                f"LABEL_{i}": pytest.approx(float(p), abs=1e-5) for i, p in enumerate(expected)
+            }
+        for route, body in (
+            ("/rerank", {"query": query, "texts": docs}),
+            ("/v1/rerank", {"query": query, "documents": docs}),
+        ):
+            refused = http.post(route, json=body)
+            assert refused.status_code == 424 and "use /predict" in refused.text, route
+        assert http.get("/info").json()["routes"] == ["/predict"]
+
+
 # -- errors: a clear, typed answer, and the server still serves ------------------------------
 
 BAD_REQUESTS = [

@@ -93,8 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--served-model-name",
         default=None,
         metavar="NAME",
-        help="the model name the OpenAI routes answer with (default: the name --model gave, "
-        "or the folder's name)",
+        help="the model name the OpenAI and Cohere routes answer with and accept (default: "
+        "the name --model gave, or the folder's name)",
     )
     parser.add_argument(
         "--accept-any-model-name",

@@ -8,7 +8,7 @@ from typing import Any
 
 from fastbert.embedding.model import pooling_name
 from fastbert.model.sentence_folder import CLASSIFICATION, EMBEDDING, MULTI_VECTOR
-from fastbert.serve.service import ROUTES, Server
+from fastbert.serve.service import Server
 from fastbert.version import __version__
 
 
@@ -21,7 +21,7 @@ def info_of(server: Server) -> dict[str, Any]:
         "served_model_name": server.name,
         "model_type": {_type_name(model.kind): kind_settings(server)},
         "model_kind": model.kind,
-        "routes": list(ROUTES[model.kind]),
+        "routes": list(server.routes),
         "dtype": o.dtype,
         "quantize": o.quantize,
         "device": o.device,

@@ -38,6 +38,7 @@ ROUTES = {
     MULTI_VECTOR: ("/embed_all",),
     CLASSIFICATION: ("/rerank", "/v1/rerank", "/predict"),
 }
+RERANK_ROUTES = ("/rerank", "/v1/rerank")
 # Who serves a route: the kind of model it needs, as error messages name it.
 NEEDS = {
     "/embed": "an embedding model",
@@ -125,6 +126,15 @@ class Server:
         self._forward(self.probe, types, None)
         if self.model.kind == EMBEDDING:
             self.calibration = Calibration.of(self.model, self.options.calibration)
+
+    @property
+    def routes(self) -> tuple[str, ...]:
+        """The routes this server answers: its kind's, less reranking for a classifier with
+        several labels (reranking reads one score per pair; /predict serves such a model)."""
+        routes = ROUTES[self.model.kind]
+        if self.model.kind == CLASSIFICATION and len(self.model.labels) != 1:
+            return tuple(route for route in routes if route not in RERANK_ROUTES)
+        return routes
 
     # -- checks, before any work ------------------------------------------------------------
 
