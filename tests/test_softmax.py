@@ -12,6 +12,7 @@ import torch
 from fastbert import kernels as K
 from fastbert.kernels import reference as R
 from fastbert.kernels.masked_softmax import MAX_KEYS
+from tests.accuracy import assert_within_rule
 from tests.op_cases import (
     ALL_DTYPES,
     ELEMENTWISE_DTYPES,
@@ -68,6 +69,23 @@ def test_fully_masked_rows_are_zero(device, dtype) -> None:
     out = check_softmax(scores, padded_mask([33, 0, 4], 33, device=device))
     assert torch.equal(out[1], torch.zeros_like(out[1]))
     assert torch.equal(out[2, ..., 4:], torch.zeros_like(out[2, ..., 4:]))
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("dtype", ELEMENTWISE_DTYPES)
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+def test_a_row_whose_real_keys_all_score_minus_inf_is_nan(device, dtype, masked) -> None:
+    """Scores of -inf at every real key (an additive -inf mask) give NaN, as torch.softmax and
+    the reference do, not zeros: only a row with no real key is zeros."""
+    scores = randn((2, 2, 3, 9), dtype, device, seed=6)
+    scores[0, 1, 2] = float("-inf")
+    scores[1, 0, 0, :4] = float("-inf")
+    mask = padded_mask([9, 4], 9, device=device) if masked else None
+    out = K.scaled_masked_softmax(scores, mask)
+    ref = R.scaled_masked_softmax(scores.double(), mask)
+    assert torch.equal(out.isnan(), ref.isnan())
+    assert out[0, 1, 2].isnan().all() and out[1, 0, 0].isnan().all() == masked
+    assert_within_rule(out, R.scaled_masked_softmax(scores, mask), ref, where=~ref.isnan())
 
 
 @pytest.mark.parametrize("dtype", ELEMENTWISE_DTYPES)

@@ -6,7 +6,8 @@ Math, per row (b, h, i) of S_k scores, in float32::
     probs_ij = exp(z_j - max_j z_j) / sum_j exp(z_j - max_j z_j)
 
 and rounded once to the scores' dtype. A row whose keys are all masked returns zeros, never
-NaN, as :func:`kernels.reference.scaled_masked_softmax` does. Scores at masked keys are never
+NaN, as :func:`kernels.reference.scaled_masked_softmax` does (a row whose real keys all score
+-inf is NaN, as in ``torch.softmax``). Scores at masked keys are never
 read: a NaN or Inf there gets probability 0 and leaves the other keys' probabilities as they
 are. This is the classic one-pass fused op (one read of the scores, one write of the
 probabilities) for when the probabilities themselves are wanted (``output_attentions``,
@@ -85,8 +86,10 @@ def _scaled_masked_softmax_fwd_kernel(
     z = tl.load(base + cols * stride_scores_k, mask=real, other=0.0).to(tl.float32) * scale
     z = tl.where(real, z, float("-inf"))
     z_max = tl.max(z, axis=0)
-    # A row with no real key has max -inf: shift by 0 so every exp is 0 and the sum 0, not NaN.
-    e = tl.exp(z - tl.where(z_max == float("-inf"), 0.0, z_max))
+    # A row with no real key: shift by 0 so every exp is 0 and the sum 0, not NaN. A row whose
+    # real keys all score -inf stays NaN, as in torch.softmax.
+    any_real = tl.max(real.to(tl.int32), axis=0) > 0
+    e = tl.exp(z - tl.where(any_real, z_max, 0.0))
     total = tl.sum(e, axis=0)
     probs = tl.math.div_rn(e, tl.where(total == 0.0, 1.0, total))
     tl.store(out_ptr + row * S_k + cols, probs.to(out_ptr.dtype.element_ty), mask=cols < S_k)
