@@ -12,6 +12,7 @@ import torch
 from fastbert import kernels as K
 from fastbert.kernels import flash_attention
 from fastbert.kernels import reference as R
+from fastbert.kernels import torch_ops as T
 from tests.accuracy import assert_within_rule
 from tests.bad_inputs import bad_input_test, float64_case
 from tests.op_cases import DOT_DTYPES, check_op, dtype_params, lengths_for, padded_mask, randn
@@ -336,6 +337,34 @@ def test_varlen_other_sequences_never_leak(device, dtype, poison) -> None:
     assert torch.equal(R.attention_varlen(*bad, cu, max(lengths))[others], out_torch[others])
 
 
+@pytest.mark.parametrize("implementation", [K.attention_varlen, T.attention_varlen])
+@pytest.mark.parametrize("bounds", [[0, 5], [2, 5, 9], [3, 4, 4]], ids=str)
+def test_varlen_tokens_outside_every_sequence_are_zeros(device, implementation, bounds) -> None:
+    """cu_seqlens covering part of the T tokens: those outside every sequence are zeros and
+    get zero gradients, as in the reference (the kernel writes only its sequences' tokens:
+    they held whatever the new buffer held)."""
+    torch.manual_seed(0)
+    q, k, v = (randn((12, 2, 32), F32, device, seed=i).requires_grad_() for i in range(3))
+    cu = torch.tensor(bounds, dtype=torch.int32, device=device)
+    out = check_op(implementation, R.attention_varlen, (q, k, v, cu, 12))
+    outside = torch.ones(12, dtype=torch.bool)
+    outside[bounds[0] : bounds[-1]] = False
+    assert torch.equal(out[outside], torch.zeros_like(out[outside]))
+    out.sum().backward()
+    for t in (q, k, v):
+        assert torch.equal(t.grad[outside], torch.zeros_like(t.grad[outside]))
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+def test_varlen_cu_seqlens_of_any_stride(device, dtype) -> None:
+    """cu_seqlens a strided view (a column of a wider buffer): its values, not the memory
+    beside them (the kernels read it as contiguous)."""
+    q, k, v, cu = packed_qkv([5, 9, 3], 2, 32, dtype, device, seed=3)
+    strided = torch.stack([cu, cu.flip(0)], dim=1)[:, 0]
+    assert not strided.is_contiguous()
+    check_op(K.attention_varlen, R.attention_varlen, (q, k, v, strided, 9))
+
+
 def test_varlen_empty(device) -> None:
     q = torch.zeros(0, 2, 32, device=device)
     cu = torch.zeros(1, dtype=torch.int32, device=device)
@@ -418,6 +447,16 @@ BAD_VARLEN = {
         dict(cu_seqlens=lambda a: a["cu_seqlens"].to("meta")),
         ValueError,
         "device mismatch",
+    ),
+    "cu_seqlens past the tokens": (
+        dict(cu_seqlens=lambda a: a["cu_seqlens"] + torch.tensor([0, 0, 4], dtype=torch.int32)),
+        ValueError,
+        r"cu_seqlens\[-1\] <= 10\), got 0 ... 14",
+    ),
+    "cu_seqlens decreasing": (
+        dict(cu_seqlens=lambda a: a["cu_seqlens"][[0, 2, 1]]),
+        ValueError,
+        "never decreasing .* with 1 decrease",
     ),
     "negative max_seqlen": (dict(max_seqlen=lambda a: -1), ValueError, "max_seqlen must be"),
     "float max_seqlen": (dict(max_seqlen=lambda a: 7.0), ValueError, "max_seqlen must be"),

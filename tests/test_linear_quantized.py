@@ -174,6 +174,23 @@ def test_3d_strided_input_and_input_scale(device, quantize, op) -> None:
     check(op, xt, wq, ws, bias)
 
 
+@pytest.mark.parametrize("view", ["strided", "expanded"])
+def test_scale_vectors_of_any_strides(device, quantize, op, view) -> None:
+    """The weight's and the input's scales as views: every other element of a longer vector,
+    or one per-tensor scale expanded (stride 0). The kernels read them as contiguous vectors
+    (they read other elements, or past the end of the storage, where the view has strides)."""
+    x, wq, ws, bias, residual = operands(quantize, 9, 24, 40, device=device, seed=6)
+    smooth = torch.rand(40, device=device) + 0.5
+    if view == "strided":
+        ws = torch.stack([ws, ws + 1.0], dim=1).reshape(-1)[::2]
+        smooth = torch.stack([smooth, smooth + 3.0], dim=1).reshape(-1)[::2]
+    else:
+        ws = ws.max().reshape(1).expand(24)
+        smooth = smooth[:1].expand(40)
+    assert not ws.is_contiguous() and not smooth.is_contiguous()
+    check(op, x, wq, ws, bias, "gelu", residual, smooth)
+
+
 @pytest.mark.parametrize("quantize", ["int8"])
 def test_input_scale(device, quantize, op) -> None:
     """SmoothQuant's input scale: x's columns multiplied before the quantisation; with the

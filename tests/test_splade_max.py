@@ -104,6 +104,16 @@ def test_sequences_at_row_tile_edges(device, implementation, dtype):
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_cu_seqlens_of_any_stride(device, implementation):
+    """cu_seqlens a strided view (a column of a wider buffer): its values, not the memory
+    beside them (the kernel reads it as contiguous)."""
+    x, weight, bias, cu = operands([5, 9, 3], 97, FEATURES, torch.float32, device, seed=9)
+    strided = torch.stack([cu, cu.flip(0)], dim=1)[:, 0]
+    assert not strided.is_contiguous()
+    check_splade(IMPLEMENTATIONS[implementation], x, weight, bias, strided, 1)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 def test_one_sequence_and_no_cu_seqlens(device, implementation):
     """cu_seqlens None is one sequence of every row: [1, V], as cu_seqlens [0, T]."""
     x, weight, bias, _ = operands([70], VOCAB, FEATURES, torch.float32, device, seed=7)

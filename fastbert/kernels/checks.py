@@ -152,17 +152,49 @@ def check_cu_seqlens(cu_seqlens) -> None:
         raise ValueError("cu_seqlens must hold at least one entry (0)")
 
 
-def check_cu_seqlens_values(cu_seqlens: torch.Tensor, tokens: int) -> None:
-    """ValueError unless ``cu_seqlens`` starts at 0, never decreases and ends at ``tokens``.
-    Reads three numbers on the host (one transfer)."""
+def values_readable(t: torch.Tensor) -> bool:
+    """Whether ``t``'s values may be read on the host now: not while torch.compile traces,
+    nor while a CUDA graph captures."""
+    if torch.compiler.is_compiling():
+        return False
+    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def _cu_seqlens_bounds(cu_seqlens: torch.Tensor) -> tuple[int, int, int]:
+    """(first, last, number of decreases) of ``cu_seqlens``: one host read."""
     bounds = cu_seqlens.long()
     falls = (bounds.diff() < 0).sum()
     first, last, decreasing = torch.stack([bounds[0], bounds[-1], falls]).tolist()
+    return first, last, decreasing
+
+
+def _decreases(decreasing: int) -> str:
+    return f" with {decreasing} decrease(s)" if decreasing else ""
+
+
+def cu_seqlens_span(cu_seqlens: torch.Tensor, tokens: int) -> tuple[int, int]:
+    """(first, last) of ``cu_seqlens``: ValueError unless it never decreases and stays within
+    the ``tokens`` rows it indexes (0 <= first, last <= tokens). Reads three numbers on the
+    host (one transfer)."""
+    first, last, decreasing = _cu_seqlens_bounds(cu_seqlens)
+    if first < 0 or last > tokens or decreasing:
+        raise ValueError(
+            f"cu_seqlens must be the prefix sums of the sequence lengths, never decreasing and "
+            f"within the {tokens} tokens (0 <= cu_seqlens[0], cu_seqlens[-1] <= {tokens}), got "
+            f"{first} ... {last}{_decreases(decreasing)}"
+        )
+    return first, last
+
+
+def check_cu_seqlens_values(cu_seqlens: torch.Tensor, tokens: int) -> None:
+    """ValueError unless ``cu_seqlens`` starts at 0, never decreases and ends at ``tokens``.
+    Reads three numbers on the host (one transfer)."""
+    first, last, decreasing = _cu_seqlens_bounds(cu_seqlens)
     if first != 0 or last != tokens or decreasing:
         raise ValueError(
             f"cu_seqlens must rise from 0 to the {tokens} rows of x without decreasing (the "
             f"prefix sums of the sequence lengths), got {first} ... {last}"
-            + (f" with {decreasing} decrease(s)" if decreasing else "")
+            f"{_decreases(decreasing)}"
         )
 
 

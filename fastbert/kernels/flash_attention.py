@@ -633,6 +633,7 @@ def _prepare_varlen(
 ) -> tuple:
     """Validate the padding-free op's inputs for the kernel; the forward's arguments."""
     checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
+    cu_seqlens = cu_seqlens.contiguous()  # the kernels read it as contiguous
     dropout_p = checked_variants(q, relative_bias, rotary, window, dropout_p)
     check_kernel_inputs({"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens}, q.shape[-1])
     scale = resolve_scale(q, scale)
@@ -932,9 +933,15 @@ def attention_varlen(
     dropout_p: attention-probability dropout, as in :func:`attention`. relative_bias: as in
     :func:`attention`, over the distances between a sequence's own tokens; rotary and window
     as in :func:`attention`, at a sequence's own positions. Differentiable as
-    :func:`attention` is. Returns a contiguous [T, H, D] tensor in q's dtype.
+    :func:`attention` is. Returns a contiguous [T, H, D] tensor in q's dtype; tokens outside
+    every sequence (before cu_seqlens[0], from cu_seqlens[-1]) are zeros.
+
+    Reads cu_seqlens' bounds on the host (ValueError for bounds outside [0, T] or a decrease;
+    not while torch.compile traces or a CUDA graph captures: the caller's contract there, as
+    for the encoder, which calls the op's declaration with the prefix sums it built).
     """
-    return ATTENTION_VARLEN(
+    return torch_ops.on_covered_tokens(
+        ATTENTION_VARLEN,
         q,
         k,
         v,

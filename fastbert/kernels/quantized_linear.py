@@ -193,6 +193,10 @@ def _prepare(
     check_triton_device("x", x)
     if quantize == "fp8":
         check_fp8_device("x", x)
+    # The kernels read a scale vector as contiguous (an expanded per-tensor scale has stride
+    # 0); a copy of a few hundred floats where one is not.
+    weight_scale = weight_scale.contiguous()
+    input_scale = None if input_scale is None else input_scale.contiguous()
     return x, weight, weight_scale, bias, activation, residual, input_scale
 
 

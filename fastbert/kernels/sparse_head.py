@@ -278,14 +278,6 @@ def splade_max_forward(x, weight, bias, cu_seqlens, log_steps, save):
     return reference.splade_activation(out, log_steps, in_place=True)
 
 
-def _reads_values(cu_seqlens: torch.Tensor) -> bool:
-    """Whether ``cu_seqlens``' values may be read on the host now: not while torch.compile
-    traces, nor while a CUDA graph captures."""
-    if torch.compiler.is_compiling():
-        return False
-    return not (cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing())
-
-
 def _prepare(x, weight, bias=None, cu_seqlens=None, log_steps=1) -> tuple:
     """Raise as :func:`splade_max` documents, before anything runs; the forward's
     arguments."""
@@ -298,8 +290,10 @@ def _prepare(x, weight, bias=None, cu_seqlens=None, log_steps=1) -> tuple:
                 f"{name} must have unit stride along K (its last dim), got strides "
                 f"{tuple(t.stride())}: pass {name}.contiguous()"
             )
-    if cu_seqlens is not None and _reads_values(cu_seqlens):
-        checks.check_cu_seqlens_values(cu_seqlens, x.shape[0])
+    if cu_seqlens is not None:
+        cu_seqlens = cu_seqlens.contiguous()  # the kernel reads it as contiguous
+        if checks.values_readable(cu_seqlens):
+            checks.check_cu_seqlens_values(cu_seqlens, x.shape[0])
     return x, weight, bias, cu_seqlens, log_steps
 
 

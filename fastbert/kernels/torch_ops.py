@@ -230,7 +230,25 @@ def _check_max_seqlen(cu_seqlens: torch.Tensor, max_seqlen: int) -> None:
         )
 
 
-attention_varlen = checked(
+def on_covered_tokens(varlen, q, k, v, cu_seqlens, max_seqlen, scale, *rest, **positions):
+    """``varlen(q, k, v, cu_seqlens, max_seqlen, scale, *rest, **positions)`` (an
+    attention_varlen implementation, which computes the tokens of its sequences only) with the
+    bounds of ``cu_seqlens`` read on the host: ValueError for bounds outside q's T tokens or a
+    decrease; where the sequences cover less than the T tokens, ``varlen`` runs on those they
+    cover and the others get zeros. No read while torch.compile traces or a CUDA graph
+    captures: the bounds are then the caller's contract."""
+    checks.check_attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale)
+    tokens = q.shape[0]
+    if checks.values_readable(cu_seqlens):
+        first, last = checks.cu_seqlens_span(cu_seqlens, tokens)
+        if first > 0 or last < tokens:
+            inner = (t[first:last] for t in (q, k, v))
+            out = varlen(*inner, cu_seqlens - first, max_seqlen, scale, *rest, **positions)
+            return F.pad(out, (0, 0, 0, 0, first, tokens - last))
+    return varlen(q, k, v, cu_seqlens, max_seqlen, scale, *rest, **positions)
+
+
+_attention_varlen_checked = checked(
     attention_varlen_unchecked,
     checks.check_attention_varlen,
     checks.check_relative_bias,
@@ -238,6 +256,29 @@ attention_varlen = checked(
     check_dropout_p,
     _check_max_seqlen,
 )
+
+
+@implements(reference.attention_varlen)
+def attention_varlen(
+    q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias, *, rotary, window
+):
+    """:func:`attention_varlen_unchecked` with its inputs checked, on the tokens its
+    sequences cover (:func:`on_covered_tokens`)."""
+    return on_covered_tokens(
+        _attention_varlen_checked,
+        q,
+        k,
+        v,
+        cu_seqlens,
+        max_seqlen,
+        scale,
+        dropout_p,
+        relative_bias,
+        rotary=rotary,
+        window=window,
+    )
+
+
 """:func:`attention_varlen_unchecked`, inputs checked (the longest sequence read on the host:
 ValueError when ``max_seqlen`` is shorter)."""
 
