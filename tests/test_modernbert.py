@@ -214,6 +214,26 @@ def test_unsupported_configs_are_refused(overrides: dict, message: str) -> None:
         fastbert.optimize(hf_modernbert(**overrides), backend="torch")
 
 
+@pytest.mark.parametrize("where", ["embeddings.drop", "mlp.drop", "attention float"])
+def test_dropout_set_after_optimize_is_refused_in_training(where: str) -> None:
+    """Dropout switched on after optimize (an nn.Dropout's p, or the attention modules' float
+    attention_dropout) in a family fastbert runs without it: the encoder applied the
+    embeddings' only (variance 0.450 against Hugging Face's 0.558 with the MLP's too) and
+    ignored the attention's. Training refuses it; eval mode, where nothing drops, runs."""
+    model = fastbert.optimize(hf_modernbert(seed=3), backend="torch")
+    ids, mask = inputs(LENGTHS, seed=3)
+    for name, module in model.named_modules():
+        if where == "attention float" and hasattr(module, "attention_dropout"):
+            module.attention_dropout = 0.3
+        elif isinstance(module, torch.nn.Dropout) and name.endswith(where):
+            module.p = 0.3
+    model.train()
+    with pytest.raises(ValueError, match=r"now apply \[0.3\]; fastbert runs ModernBERT"):
+        model(input_ids=ids, attention_mask=mask)
+    model.eval()
+    model(input_ids=ids, attention_mask=mask)
+
+
 def test_int8_is_refused_for_the_gated_ffn() -> None:
     with pytest.raises(ValueError, match="does not run gated"):
         fastbert.optimize(hf_modernbert(), backend="torch", quantize="int8")

@@ -98,17 +98,24 @@ def encoder_path(model: torch.nn.Module) -> str:
 
 @contextlib.contextmanager
 def calls(modules: dict[str, torch.nn.Module]) -> Iterator[list[str]]:
-    """The names of ``modules`` as each is called, while in the block."""
+    """The names of ``modules`` as each is called, while in the block: each one's forward
+    wrapped (not a hook, which an optimized model refuses on the modules it does not call)."""
     called: list[str] = []
-    handles = [
-        module.register_forward_pre_hook(lambda *_, name=name: called.append(name))
-        for name, module in modules.items()
-    ]
+
+    def recording(name: str, forward: Any) -> Any:
+        def record(*args: Any, **kwargs: Any) -> Any:
+            called.append(name)
+            return forward(*args, **kwargs)
+
+        return record
+
+    for name, module in modules.items():
+        module.forward = recording(name, module.forward)
     try:
         yield called
     finally:
-        for handle in handles:
-            handle.remove()
+        for module in modules.values():
+            del module.forward
 
 
 def hf_modules(model: torch.nn.Module, path: str) -> dict[str, torch.nn.Module]:

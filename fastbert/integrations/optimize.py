@@ -49,6 +49,7 @@ from torch import nn
 
 from fastbert.execution import runtime, validation
 from fastbert.execution.backends import check_backend, check_head_dim
+from fastbert.integrations import hooks
 from fastbert.integrations.binding import bind_encoder, config_as_run, fused_views
 from fastbert.model.config import BertConfig
 from fastbert.model.encoder import CHECKPOINT, BertModel
@@ -312,7 +313,7 @@ class FastbertForward:
     # Bound again at the first call after unpickling or copy.deepcopy (a teacher for
     # distillation, an averaged copy): to the copy's tensors, with its own lock and threads'
     # state. The family travels by its model type.
-    _UNPICKLED = ("_lock", "_given", "encoder", "family")
+    _UNPICKLED = ("_lock", "_given", "encoder", "family", "_bypassed")
 
     def __getstate__(self) -> dict[str, Any]:
         state = {k: v for k, v in self.__dict__.items() if k not in self._UNPICKLED}
@@ -329,6 +330,7 @@ class FastbertForward:
         """(Re)build ``self.encoder`` on the model's current tensors (and config: a resized
         vocabulary changes it) and record what it reads."""
         self._layers = self.base.get_submodule(self.family.layer_prefix)
+        self._bypassed = hooks.bypassed_modules(self.base)
         self._norms = [m for m in self.base.modules() if isinstance(m, nn.LayerNorm)]
         self.config = config_as_run(
             BertConfig.from_hf(self.base.config, self.family), self._layers, self._norms
@@ -393,6 +395,7 @@ class FastbertForward:
         if input_ids is None:
             raise ValueError("input_ids is required by a fastbert-optimized model")
         encoder = self.current_encoder()
+        hooks.refuse_skipped_hooks(self._bypassed)
         given = getattr(self._given, "hidden", None)
         if given is not None:
             pooled = encoder.pooler(encoder.ops(), given) if encoder.pooler is not None else None
@@ -461,6 +464,8 @@ class FastbertForward:
         found: dict[str, set[float]] = {"hidden": set(), "attention": set()}
         for module, kind in self._dropouts:
             found[kind].add(float(module.p) if module.training else 0.0)
+        if self.family.config_constants.get("hidden_dropout_prob") == 0.0:
+            self._refuse_dropout(found)
         for kind, values in found.items():
             if len(values) > 1:
                 raise ValueError(
@@ -471,6 +476,23 @@ class FastbertForward:
         (hidden,) = found["hidden"] or {self.config.hidden_dropout_prob}
         (attention,) = found["attention"] or {self.config.attention_probs_dropout_prob}
         return hidden, attention
+
+    def _refuse_dropout(self, found: dict[str, set[float]]) -> None:
+        """ValueError for dropout in a family fastbert runs without it (ModernBERT, whose
+        nonzero dropout ``optimize`` refuses): set since on an nn.Dropout in training mode or
+        on an attention module's float ``attention_dropout``."""
+        floats = {
+            float(getattr(m, "attention_dropout", 0.0))
+            for m in self._layers.modules()
+            if isinstance(getattr(m, "attention_dropout", None), float)
+        }
+        applied = sorted(p for p in {*found["hidden"], *found["attention"], *floats} if p)
+        if applied:
+            raise ValueError(
+                f"the model's dropout modules now apply {applied}; fastbert runs "
+                f"{self.family.name} without dropout (set them back to 0, or train the model "
+                "without fastbert.optimize)"
+            )
 
     @contextlib.contextmanager
     def returning(self, hidden: torch.Tensor) -> Iterator[None]:
