@@ -940,19 +940,8 @@ def attention_varlen(
     not while torch.compile traces or a CUDA graph captures: the caller's contract there, as
     for the encoder, which calls the op's declaration with the prefix sums it built).
     """
-    return torch_ops.on_covered_tokens(
-        ATTENTION_VARLEN,
-        q,
-        k,
-        v,
-        cu_seqlens,
-        max_seqlen,
-        scale,
-        dropout_p,
-        relative_bias,
-        rotary=rotary,
-        window=window,
-    )
+    arguments = (q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias)
+    return torch_ops.on_covered_tokens(ATTENTION_VARLEN, *arguments, rotary=rotary, window=window)
 
 
 __all__ = ["SUPPORTED_HEAD_DIMS", "attention", "attention_varlen", "configs", "keep"]

@@ -264,19 +264,8 @@ def attention_varlen(
 ):
     """:func:`attention_varlen_unchecked` with its inputs checked, on the tokens its
     sequences cover (:func:`on_covered_tokens`)."""
-    return on_covered_tokens(
-        _attention_varlen_checked,
-        q,
-        k,
-        v,
-        cu_seqlens,
-        max_seqlen,
-        scale,
-        dropout_p,
-        relative_bias,
-        rotary=rotary,
-        window=window,
-    )
+    arguments = (q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias)
+    return on_covered_tokens(_attention_varlen_checked, *arguments, rotary=rotary, window=window)
 
 
 """:func:`attention_varlen_unchecked`, inputs checked (the longest sequence read on the host:
