@@ -44,8 +44,8 @@ Each is chosen per call by the model's ``padding_free`` and ``cuda_graphs`` sett
   than the dense one at a few per cent of padding (docs/results.md, "Measurements behind the
   code's choices"); True packs whenever a mask has padding; False never. A batch with a
   left-padded row (the pooler reads its padded first position), or a call of a thread that
-  :func:`want_every_position`, runs dense whatever the setting. A batch without
-  padding always runs dense, and unmasked.
+  wants every position (fastbert.execution.padded_positions), runs dense whatever the
+  setting. A batch without padding always runs dense, and unmasked.
 - ``cuda_graphs`` chooses when a call replays a graph of its key (fastbert.execution.graphs
   holds the rule, the bounds and the thread and weight safety). For a padding-free call, the
   key is its size bucket and its tokens the bucket's rows.
@@ -53,18 +53,16 @@ Each is chosen per call by the model's ``padding_free`` and ``cuda_graphs`` sett
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import threading
 import warnings
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-from fastbert.execution import graphs, validation
+from fastbert.execution import graphs, padded_positions, validation
 from fastbert.execution.backends import Ops, check_backend, check_head_dim, get_ops
 from fastbert.execution.validation import RowLengths
 from fastbert.kernels.launch import cdiv, next_power_of_2
@@ -90,45 +88,6 @@ FILLER_SEQUENCE = 16
 # ... and its B sequences, with the filler, are padded with empty sequences to a power of two
 # of at least this many (a batch of up to 7 sequences runs an 8-sequence grid).
 SEQUENCE_BUCKET_MIN = 8
-
-
-class _EveryPosition(threading.local):
-    wanted = False
-
-
-# Whether this thread's padded calls must compute the padded positions (want_every_position).
-_every_position = _EveryPosition()
-
-
-def want_every_position(wanted: bool) -> bool:
-    """From now on, this thread's padded calls run dense when ``wanted``: every position,
-    padded ones included, computed as Hugging Face computes it, for a head whose loss reads
-    them (a packed call gives zeros at padding). Returns the setting it replaces."""
-    before = _every_position.wanted
-    _every_position.wanted = wanted
-    return before
-
-
-@contextlib.contextmanager
-def every_position_if(wanted: bool) -> Iterator[None]:
-    """Within the block, this thread's padded calls run dense when ``wanted`` (else as they
-    would: an enclosing block's setting holds)."""
-    before = want_every_position(wanted or _every_position.wanted)
-    try:
-        yield
-    finally:
-        want_every_position(before)
-
-
-def labels_at_padding(attention_mask: object, labels: object) -> bool:
-    """Whether token-level ``labels`` ([B, S], -100 = no target) hold a target at a padded
-    position of ``attention_mask`` [B, S] (0 = padding): a loss over them reads the outputs
-    there. A host read, made only when both are tensors of that shape."""
-    if not isinstance(attention_mask, torch.Tensor) or not isinstance(labels, torch.Tensor):
-        return False
-    if labels.shape != attention_mask.shape:
-        return False
-    return bool(((attention_mask == 0) & (labels != -100)).any())
 
 
 # Fused QKV -> attention context; takes the attention ops' position keywords too:
@@ -547,7 +506,7 @@ class Runner:
             return True, None, None
         if rows.holes:
             min_padding = None  # packing would change the distances between tokens
-        if rows.padded_first or _every_position.wanted:
+        if rows.padded_first or padded_positions.wanted():
             # A pooler (and a classifier reading the first token) reads a left-padded row's
             # padded first position; a head's loss may read every padded one: compute them as
             # Hugging Face does, which packing (zeros at padding) would not.

@@ -47,12 +47,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from fastbert.execution import runtime, validation
+from fastbert.execution import padded_positions, runtime, validation
 from fastbert.execution.backends import check_backend, check_head_dim
-from fastbert.integrations import hooks
+from fastbert.integrations import hooks, training_modes
 from fastbert.integrations.binding import bind_encoder, config_as_run, fused_views
 from fastbert.model.config import BertConfig
-from fastbert.model.encoder import CHECKPOINT, BertModel
+from fastbert.model.encoder import BertModel
 from fastbert.model.families import (
     Family,
     family_of_class,
@@ -161,7 +161,7 @@ def _loss_reads_padding(arguments: dict[str, Any]) -> bool:
         return False
     if arguments.get("start_positions") is not None or arguments.get("end_positions") is not None:
         return True
-    return runtime.labels_at_padding(mask, arguments.get("labels"))
+    return padded_positions.labels_at_padding(mask, arguments.get("labels"))
 
 
 def _compute_padding_where_losses_read_it(head: nn.Module) -> None:
@@ -180,7 +180,7 @@ def _forward_signature(cls: type) -> inspect.Signature:
     return inspect.signature(cls.forward)
 
 
-# Per thread: runtime.want_every_position's values before each head call in progress.
+# Per thread: padded_positions.want_every_position's values before each head call in progress.
 _HEAD_CALLS = threading.local()
 
 
@@ -202,11 +202,11 @@ def _before_head(module: nn.Module, args: tuple, kwargs: dict) -> None:
     arguments = _forward_signature(type(module)).bind_partial(module, *args, **kwargs).arguments
     dense = _loss_reads_padding(arguments) or _backward_reads_padding(module, arguments)
     stack = _HEAD_CALLS.__dict__.setdefault("stack", [])
-    stack.append(runtime.want_every_position(dense))
+    stack.append(padded_positions.want_every_position(dense))
 
 
 def _after_head(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-    runtime.want_every_position(_HEAD_CALLS.stack.pop())
+    padded_positions.want_every_position(_HEAD_CALLS.stack.pop())
 
 
 _SWAPPED = (
@@ -361,21 +361,8 @@ class FastbertForward:
         owners = {name.rpartition(".")[0] for name in self._source_names}
         self._owners = {path: type(self.base.get_submodule(path)) for path in owners}
         self._views = fused_views(self.base, self.encoder, names)
-        # The model's nn.Dropout modules by kind, listed once here: dropout_now reads their p
-        # at each training call without walking the model.
-        attention = "." + self.family.attention_dropout
-        self._dropouts = [
-            (
-                module,
-                "attention"
-                if self.family.attention_dropout
-                and name.startswith(self.family.layer_prefix + ".")
-                and name.endswith(attention)
-                else "hidden",
-            )
-            for name, module in self.base.named_modules()
-            if isinstance(module, nn.Dropout)
-        ]
+        # Listed once here: dropout_now reads their p at each training call.
+        self._dropouts = training_modes.dropout_modules(self.base, self.family)
         self._generation = registration_generation()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -427,72 +414,12 @@ class FastbertForward:
         if encoder.training:
             encoder.dropout_probabilities = self.dropout_now()
         if encoder.training and torch.is_grad_enabled():
-            self.follow_checkpointing(encoder)
+            training_modes.follow_checkpointing(self.base, encoder)
         return encoder
 
-    def follow_checkpointing(self, encoder: BertModel) -> None:
-        """Hugging Face's activation checkpointing as ``activation_checkpointing_enable``
-        (``gradient_checkpointing_enable`` before transformers 5.25) set it on the model's
-        modules, onto the encoder: on when any module's ``gradient_checkpointing`` is True; the
-        checkpoint function it set (the checkpoint's arguments, ``offload``); and where the
-        model's layers are Hugging Face's GradientCheckpointingLayer, one per encoder layer,
-        which of them it checkpoints (``every_n_layers``)."""
-        from transformers.modeling_layers import GradientCheckpointingLayer
-
-        modules = list(self.base.modules())
-        flagged = [m for m in modules if getattr(m, "gradient_checkpointing", False) is True]
-        encoder.gradient_checkpointing = bool(flagged)
-        if not flagged:
-            return
-        layers = [m for m in modules if isinstance(m, GradientCheckpointingLayer)]
-        encoder.checkpointed_layers = (
-            tuple(layer.gradient_checkpointing is True for layer in layers)
-            if len(layers) == len(encoder.layers)
-            else None
-        )
-        encoder.checkpoint_function = getattr(
-            flagged[-1], "_gradient_checkpointing_func", CHECKPOINT
-        )
-
     def dropout_now(self) -> tuple[float, float]:
-        """(hidden, attention) dropout probabilities the model's own nn.Dropout modules apply
-        now, for the encoder to apply in training mode: a model whose modules were set after
-        optimize (all to 0 to train without dropout, as TRL's trainers do; or put in eval
-        mode) trains as Hugging Face's would. The config's where the model has no such
-        module. Raises ValueError when the modules of one kind differ: fastbert applies one
-        probability of each."""
-        found: dict[str, set[float]] = {"hidden": set(), "attention": set()}
-        for module, kind in self._dropouts:
-            found[kind].add(float(module.p) if module.training else 0.0)
-        if self.family.config_constants.get("hidden_dropout_prob") == 0.0:
-            self._refuse_dropout(found)
-        for kind, values in found.items():
-            if len(values) > 1:
-                raise ValueError(
-                    f"the model's {kind} dropout modules apply different probabilities "
-                    f"{sorted(values)} (a module in eval mode applies 0); a fastbert-optimized "
-                    f"model applies one (set every {kind} nn.Dropout's p and mode alike)"
-                )
-        (hidden,) = found["hidden"] or {self.config.hidden_dropout_prob}
-        (attention,) = found["attention"] or {self.config.attention_probs_dropout_prob}
-        return hidden, attention
-
-    def _refuse_dropout(self, found: dict[str, set[float]]) -> None:
-        """ValueError for dropout in a family fastbert runs without it (ModernBERT, whose
-        nonzero dropout ``optimize`` refuses): set since on an nn.Dropout in training mode or
-        on an attention module's float ``attention_dropout``."""
-        floats = {
-            float(getattr(m, "attention_dropout", 0.0))
-            for m in self._layers.modules()
-            if isinstance(getattr(m, "attention_dropout", None), float)
-        }
-        applied = sorted(p for p in {*found["hidden"], *found["attention"], *floats} if p)
-        if applied:
-            raise ValueError(
-                f"the model's dropout modules now apply {applied}; fastbert runs "
-                f"{self.family.name} without dropout (set them back to 0, or train the model "
-                "without fastbert.optimize)"
-            )
+        """:func:`fastbert.integrations.training_modes.dropout_now` of this model."""
+        return training_modes.dropout_now(self._dropouts, self.family, self.config, self._layers)
 
     @contextlib.contextmanager
     def returning(self, hidden: torch.Tensor) -> Iterator[None]:

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from fastbert.execution import runtime
 from fastbert.execution.backends import Ops
+from fastbert.execution.padded_positions import every_position_if, labels_at_padding
 from fastbert.model import losses
 from fastbert.model.config import BertConfig
 from fastbert.model.encoder import BertModel, RunSetting, init_weights
@@ -46,7 +46,7 @@ class _BertWithHead(PretrainedMixin, nn.Module):
         token_type_ids: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
     ) -> LogitsOutput:
-        with runtime.every_position_if(runtime.labels_at_padding(attention_mask, labels)):
+        with every_position_if(labels_at_padding(attention_mask, labels)):
             encoded = self.bert(input_ids, attention_mask, token_type_ids)
         logits = self.logits(self.bert.ops(), encoded)
         loss = None if labels is None else self.loss(logits, labels)
@@ -140,7 +140,7 @@ class BertForPreTraining(_WithMaskedLMHead):
         labels: torch.Tensor | None = None,
         next_sentence_label: torch.Tensor | None = None,
     ) -> PreTrainingOutput:
-        with runtime.every_position_if(runtime.labels_at_padding(attention_mask, labels)):
+        with every_position_if(labels_at_padding(attention_mask, labels)):
             out = self.bert(input_ids, attention_mask, token_type_ids)
         ops = self.bert.ops()
         prediction = self.masked_lm_logits(ops, out.last_hidden_state)
