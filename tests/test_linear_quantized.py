@@ -149,7 +149,7 @@ def test_row_counts(device, quantize, op, dtype, m) -> None:
     check(op, x, wq, ws, bias, "gelu", residual)
 
 
-@pytest.mark.parametrize("n, k", [(1, 1), (3, 5), (67, 45), (33, 130), (100, 31)])
+@pytest.mark.parametrize("n, k", [(1, 1), (3, 1), (3, 5), (67, 45), (33, 130), (100, 31)])
 def test_odd_sizes(device, quantize, op, n, k) -> None:
     x, wq, ws, bias, residual = operands(quantize, 9, n, k, device=device, seed=n + k)
     check(op, x, wq, ws, bias, "gelu_tanh", residual)

@@ -322,7 +322,9 @@ def int_product(q: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     n = weight.shape[0]
     if q.device.type == "cpu":
         if has_int8_dot_products():
-            return torch._int_mm(q, weight.t())
+            # One column: weight.t() has strides (1, 1), which the CPU's _int_mm misreads
+            # (other memory in the product); the same [1, N] contiguous reads right.
+            return torch._int_mm(q, weight.t() if k > 1 else weight.reshape(1, n))
         return int_product_in_float32(q, weight)
     if m > 16 and k % 8 == 0 and n % 8 == 0:
         return torch._int_mm(q, weight.t())
