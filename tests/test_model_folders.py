@@ -291,6 +291,56 @@ def test_a_cross_encoder_folder_with_modules_scores_pairs(tmp_path):
     np.testing.assert_allclose(got, want, atol=TOLERANCE)
 
 
+def test_a_cross_encoder_whose_scores_feed_more_modules_is_refused(tmp_path):
+    """A Dense on the classifier's scores (sentence-transformers 6 runs it: CrossEncoder's
+    num_labels is the Dense's width): fastbert returned the Transformer's logits without it
+    (three labels where predict gives two; with one label and a Tanh, another ranking)."""
+    hf = hf_folder(tmp_path / "ce-base", "BertForSequenceClassification", seed=2)
+    modules = [
+        transformer(hf, transformer_task="sequence-classification"),
+        Dense(1, 1, activation_function=torch.nn.Tanh(), module_input_name="scores"),
+    ]
+    folder = save_modules(tmp_path / "ce", modules, kind="CrossEncoder")
+    assert st.CrossEncoder(str(folder), device="cpu").predict([TEXTS[:2]]).shape == (1,)
+    with pytest.raises(ValueError, match=r"sequence-classification Transformer is followed by "):
+        fastbert.load(folder, device="cpu")
+
+
+def test_a_transformer_reading_another_output_is_refused(base, tmp_path):
+    """modality_config reading the first layer's hidden states (sentence-transformers indexes
+    the output with it): fastbert pooled the last layer's (cosine 0.77 from encode); so does a
+    module_output_name other than the features the next module reads."""
+    folder = save_modules(tmp_path / "first-layer", [transformer(base), Pooling(HIDDEN)])
+    path = folder / "sentence_bert_config.json"
+    settings = json.loads(path.read_text())
+    assert settings["modality_config"]["text"]["method_output_name"] == "last_hidden_state"
+    first = {"text": {"method": "forward", "method_output_name": ["hidden_states", 1]}}
+    write_json(path, {**settings, "modality_config": first})
+    with pytest.raises(ValueError, match=r"modality_config .*'hidden_states', 1\]"):
+        fastbert.load(folder, device="cpu")
+    write_json(path, {**settings, "module_output_name": "sentence_embedding"})
+    with pytest.raises(ValueError, match="module_output_name 'sentence_embedding'"):
+        fastbert.load(folder, device="cpu")
+
+
+def test_tokenizer_args_replace_processor_kwargs_as_in_sentence_transformers(base, tmp_path):
+    """Both names of the tokenizer's arguments in one folder: sentence-transformers renames the
+    older over the newer, so tokenizer_args' model_max_length (12) cuts the texts, not
+    processor_kwargs' (40; cosine 0.971 on longer texts)."""
+    folder = save_modules(tmp_path / "both", [transformer(base), Pooling(HIDDEN)])
+    path = folder / "sentence_bert_config.json"
+    settings = json.loads(path.read_text())
+    settings.pop("max_seq_length", None)
+    both = {"tokenizer_args": 12, "processor_kwargs": 40}
+    write_json(path, settings | {k: {"model_max_length": n} for k, n in both.items()})
+    texts = [" ".join(["word"] * 30), TEXTS[1]]
+    model = st.SentenceTransformer(str(folder), device="cpu")
+    assert model.max_seq_length == 12
+    np.testing.assert_allclose(
+        fastbert.load(folder, device="cpu").embed(texts), model.encode(texts), atol=TOLERANCE
+    )
+
+
 def test_multi_vector_folder_gives_token_vectors(base, tmp_path):
     import string
 

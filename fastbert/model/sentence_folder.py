@@ -39,6 +39,15 @@ _TASKS = {
     "fill-mask": "masked-LM logits",
     "sequence-classification": "classification logits",
 }
+# What a Transformer of each task reads from the model's output (its modality_config's
+# "text" method_output_name) and the feature it writes (module_output_name): the only ones
+# fastbert computes (sentence-transformers' defaults; a folder saved before these settings
+# existed gets them).
+_TASK_OUTPUTS = {
+    "feature-extraction": ("last_hidden_state", "token_embeddings"),
+    "fill-mask": ("logits", "token_embeddings"),
+    "sequence-classification": ("logits", "scores"),
+}
 # Input modules: the one that turns texts into features. fastbert runs a Transformer.
 _TRANSFORMERS = ("Transformer", "MLMTransformer")
 # The Transformer's settings file, by the names sentence-transformers tries in turn (older
@@ -306,6 +315,7 @@ def _transformer(module: ModuleSpec) -> TransformerSpec:
             raise ValueError(
                 f"{settings_path}: {unsupported} {settings[unsupported]!r} is not run by fastbert"
             )
+    _check_outputs(settings, task, settings_path)
     lengths = {}
     for name in ("max_seq_length", "query_length", "document_length"):
         value = settings.get(name)
@@ -329,6 +339,31 @@ def _transformer(module: ModuleSpec) -> TransformerSpec:
     )
 
 
+def _check_outputs(settings: Mapping[str, Any], task: str, path: Path) -> None:
+    """ValueError unless the Transformer reads the model output and writes the feature that
+    fastbert computes for its ``task`` (:data:`_TASK_OUTPUTS`): a modality_config reading
+    another output (``["hidden_states", 1]``: the first layer's) or a module_output_name
+    feeding other modules would be run differently."""
+    read, written = _TASK_OUTPUTS[task]
+    modalities = settings.get("modality_config")
+    if modalities is not None:
+        text = modalities.get("text") if isinstance(modalities, Mapping) else None
+        method = text.get("method") if isinstance(text, Mapping) else None
+        output = text.get("method_output_name") if isinstance(text, Mapping) else None
+        if method != "forward" or output not in (read, [read]):
+            raise ValueError(
+                f"{path}: modality_config {modalities!r} reads {output!r} of the model's "
+                f"{method!r} for text; fastbert computes the {task} Transformer's {read!r} "
+                "of forward only"
+            )
+    name = settings.get("module_output_name")
+    if name is not None and name != written:
+        raise ValueError(
+            f"{path}: module_output_name {name!r}; fastbert's {task} Transformer writes "
+            f"{written!r}, which the modules after it read"
+        )
+
+
 def _loader_arguments(settings: Mapping[str, Any], keys: tuple[str, ...], path: Path) -> dict:
     """The arguments the settings' ``keys`` (an older and a newer name of one thing) give
     transformers' loaders, less trust_remote_code (which sentence-transformers drops). For
@@ -340,6 +375,10 @@ def _loader_arguments(settings: Mapping[str, Any], keys: tuple[str, ...], path: 
         if not isinstance(value, Mapping):
             raise ValueError(f"{path}: {key} must be a JSON object")
         merged.update(value)
+    if keys[0] == "tokenizer_args" and "tokenizer_args" in settings:
+        # sentence-transformers renames the older key to the newer, replacing it: the older
+        # one's arguments are the tokenizer's, the newer one's dropped.
+        merged = dict(settings["tokenizer_args"] or {})
     merged.pop("trust_remote_code", None)
     if keys[0] != "tokenizer_args":
         changing = sorted(k for k in merged if k not in _HARMLESS_LOADER_ARGUMENTS)
@@ -369,6 +408,12 @@ def _kind(
         kind = SPARSE
     else:
         kind = EMBEDDING
+    if kind == CLASSIFICATION and modules:
+        raise ValueError(
+            f"{folder / 'modules.json'}: the cross-encoder's sequence-classification "
+            f"Transformer is followed by {', '.join(m.describe() for m in modules)}, which "
+            "fastbert does not run on its scores (it runs the Transformer's classifier alone)"
+        )
     needs = {SPARSE: "fill-mask", CLASSIFICATION: "sequence-classification"}.get(kind)
     if needs is not None and transformer.task != needs:
         problem = (
