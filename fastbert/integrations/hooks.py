@@ -26,40 +26,45 @@ KNOWN_HOOKS = {
 }
 
 
-def bypassed_modules(base: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(path, module) of every module under ``base`` (not ``base`` itself, whose hooks run:
-    its call is PyTorch's); the path starts with base's class name (``BertModel.encoder...``)."""
-    name = type(base).__name__
-    return [(f"{name}.{path}", module) for path, module in base.named_modules() if path]
+class BypassedModules:
+    """The modules under an optimized base model (not the base itself, whose hooks run: its
+    call is PyTorch's), with their hook dicts listed once, so that a call's check is one
+    ``any`` over them (PyTorch fills and empties each dict in place)."""
+
+    def __init__(self, base: nn.Module):
+        name = type(base).__name__
+        # Paths start with base's class name (``BertModel.encoder.layer.1.output``).
+        self.modules = [(f"{name}.{path}", m) for path, m in base.named_modules() if path]
+        self._dicts = [dict_ for _, module in self.modules for _, dict_ in _hook_dicts(module)]
+
+    def refuse_skipped_hooks(self) -> None:
+        """ValueError when one of the modules holds a forward or backward hook other than
+        :data:`PASSIVE_HOOKS`, naming the module and the hook."""
+        if not any(self._dicts):
+            return
+        for path, module in self.modules:
+            for kind, hooks in _hook_dicts(module):
+                for hook in hooks.values():
+                    name = _name(hook)
+                    if name in PASSIVE_HOOKS:
+                        continue
+                    what = KNOWN_HOOKS.get(name, name)
+                    raise ValueError(
+                        f"{path} has a {kind}hook ({what}) that a fastbert-optimized model "
+                        "would not run: its encoder reads the module's parameters without "
+                        "calling it. Remove the hook, or call the model without "
+                        "fastbert.optimize"
+                    )
 
 
-def refuse_skipped_hooks(modules: list[tuple[str, nn.Module]]) -> None:
-    """ValueError when one of ``modules`` (:func:`bypassed_modules`) holds a forward or
-    backward hook other than :data:`PASSIVE_HOOKS`."""
-    for path, module in modules:
-        if not (
-            module._forward_hooks
-            or module._forward_pre_hooks
-            or module._backward_hooks
-            or module._backward_pre_hooks
-        ):
-            continue
-        for kind, hooks in (
-            ("forward ", module._forward_hooks),
-            ("forward pre-", module._forward_pre_hooks),
-            ("backward ", module._backward_hooks),
-            ("backward pre-", module._backward_pre_hooks),
-        ):
-            for hook in hooks.values():
-                name = _name(hook)
-                if name in PASSIVE_HOOKS:
-                    continue
-                what = KNOWN_HOOKS.get(name, name)
-                raise ValueError(
-                    f"{path} has a {kind}hook ({what}) that a fastbert-optimized model would "
-                    f"not run: its encoder reads the module's parameters without calling it. "
-                    "Remove the hook, or call the model without fastbert.optimize"
-                )
+def _hook_dicts(module: nn.Module) -> tuple[tuple[str, dict], ...]:
+    """(kind, dict) of each of ``module``'s hook dicts."""
+    return (
+        ("forward ", module._forward_hooks),
+        ("forward pre-", module._forward_pre_hooks),
+        ("backward ", module._backward_hooks),
+        ("backward pre-", module._backward_pre_hooks),
+    )
 
 
 def _name(hook: object) -> str:

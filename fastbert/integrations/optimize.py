@@ -330,7 +330,7 @@ class FastbertForward:
         """(Re)build ``self.encoder`` on the model's current tensors (and config: a resized
         vocabulary changes it) and record what it reads."""
         self._layers = self.base.get_submodule(self.family.layer_prefix)
-        self._bypassed = hooks.bypassed_modules(self.base)
+        self._bypassed = hooks.BypassedModules(self.base)
         self._norms = [m for m in self.base.modules() if isinstance(m, nn.LayerNorm)]
         self.config = config_as_run(
             BertConfig.from_hf(self.base.config, self.family), self._layers, self._norms
@@ -382,7 +382,7 @@ class FastbertForward:
         if input_ids is None:
             raise ValueError("input_ids is required by a fastbert-optimized model")
         encoder = self.current_encoder()
-        hooks.refuse_skipped_hooks(self._bypassed)
+        self._bypassed.refuse_skipped_hooks()
         given = getattr(self._given, "hidden", None)
         if given is not None:
             pooled = encoder.pooler(encoder.ops(), given) if encoder.pooler is not None else None
