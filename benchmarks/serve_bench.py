@@ -677,7 +677,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--min-rounds",
         type=float,
         default=3.0,
-        help="a closed loop's window lasts at least this many median latencies",
+        help="a closed loop's window lasts at least this many median latencies of its answers",
     )
     parser.add_argument(
         "--quick",

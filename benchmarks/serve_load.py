@@ -152,6 +152,10 @@ def summary(result: Result) -> dict:
         value = percentile(lat, q)
         out[f"p{q}_ms"] = None if value is None else value * 1e3
     out["max_ms"] = lat[-1] * 1e3 if lat else None
+    if result.mode == "closed":
+        # How many rounds of requests (median latencies) the window held.
+        p50 = percentile(lat, 50)
+        out["window_rounds"] = window / p50 if p50 else None
     if result.mode == "open":
         out["offered_rate"] = result.offered_rate
         for q in (50, 99):
@@ -285,8 +289,8 @@ async def closed_loop(plan: Plan) -> Result:
     calls taken in turn (worker i starts at call i). The warm-up lasts ``plan.warmup`` seconds
     and at least until every worker has had one answer (so that the window starts in the
     steady state even where one round of requests takes longer than the warm-up); the window
-    lasts ``plan.seconds`` and at least ``plan.min_rounds`` times the warm-up's median latency
-    (one round of requests)."""
+    lasts ``plan.seconds`` and at least ``plan.min_rounds`` times the median latency of the
+    answers it holds (one round of requests)."""
     records: list[Record] = []
     window = [math.inf, math.inf]
     answered_once: set[int] = set()
@@ -313,12 +317,32 @@ async def closed_loop(plan: Plan) -> Result:
             await everyone.wait()
             # Answers of a batching server come in bursts a round apart: a window of a few
             # rounds at least counts whole bursts, not the luck of where the window falls.
-            rounds = plan.min_rounds * statistics.median(r.end - r.start for r in records)
+            # A round is the median latency of the window's own answers (the warm-up's, met
+            # by an empty queue, were a fraction of it under load), so the end moves out until
+            # the window holds min_rounds of them; it is decided a round before the end, while
+            # every worker is still sending.
             window[0] = time.perf_counter()
-            window[1] = window[0] + max(plan.seconds, rounds)
+            window[1] = window[0] + max(plan.seconds, plan.min_rounds * _median_latency(records))
+            while True:
+                round_ = _median_latency(r for r in records if r.end >= window[0])
+                guard = (window[1] - window[0]) / 2 if round_ is None else round_
+                await asyncio.sleep(max(0.0, window[1] - guard - time.perf_counter()))
+                round_ = _median_latency(r for r in records if r.end >= window[0])
+                if round_ is None:  # no answer yet: a round is longer than the window so far
+                    window[1] += window[1] - window[0]
+                elif window[1] - window[0] < plan.min_rounds * round_:
+                    window[1] = window[0] + plan.min_rounds * round_
+                else:
+                    break
 
         await asyncio.gather(clock(), *(worker(i) for i in range(plan.concurrency)))
     return _result(plan, records, (window[0], window[1]))
+
+
+def _median_latency(records) -> float | None:
+    """The median of ``records``' latencies (end - start), None for none."""
+    latencies = [r.end - r.start for r in records]
+    return statistics.median(latencies) if latencies else None
 
 
 async def open_loop(plan: Plan) -> Result:

@@ -178,6 +178,48 @@ def busy_server():
     thread.join(10)
 
 
+@pytest.fixture
+def slowing_server():
+    """A server whose first 2 answers take 0.05 s and every later one 0.3 s (in a thread): a
+    queue filling up, as a batching server's does under a closed loop."""
+    import asyncio
+
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    seen = [0]
+
+    async def embed(request):
+        seen[0] += 1
+        await asyncio.sleep(0.05 if seen[0] <= 2 else 0.3)
+        return JSONResponse([[0.0]])
+
+    app = Starlette(routes=[Route("/embed", embed, methods=["POST"])])
+    port = sc.free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_a_closed_loop_window_holds_min_rounds_of_its_own_latencies(slowing_server):
+    """The window lasts min_rounds median latencies of the answers it holds, not of the
+    warm-up's (met by an empty queue: here 0.05 s against 0.3 s, which gave a window of 0.2 s,
+    under one round, so where it fell decided how many answers it counted)."""
+    call = sc.embed_call("tei", [SHORT], 10)
+    plan = Plan(slowing_server, (call,), "closed", concurrency=2, seconds=0.2, warmup=0.1)
+    cell = summary(run(plan))
+    assert cell["p50_ms"] == pytest.approx(300, abs=60)
+    assert cell["window_rounds"] >= 2.9 and cell["window_s"] >= 0.85
+
+
 def test_429s_are_counted_apart_and_a_closed_loop_backs_off(busy_server):
     call = sc.embed_call("tei", [SHORT], 10)
     result = run(Plan(busy_server, (call,), "closed", concurrency=2, seconds=1.0, warmup=0.1))
