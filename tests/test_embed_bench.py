@@ -277,6 +277,39 @@ def test_a_contender_the_model_cannot_run(monkeypatch, capsys, tmp_path) -> None
     assert exit_.value.code == 2 and "GeGLU" in capsys.readouterr().err
 
 
+def test_a_peer_not_installed_is_named_as_not_run(monkeypatch, capsys, tmp_path) -> None:
+    """--contenders all (the default on a CPU) with OpenVINO missing: its rows are named as not
+    run, with the install command (they vanished from the table without a word)."""
+    from fastbert.bench.shapes import model_config
+    from fastbert.embedding import model as embed_model
+
+    monkeypatch.setattr(embed_peers, "installed", lambda key: "openvino" not in key)
+    (tmp_path / "sentence_bert_config.json").write_text('{"max_seq_length": 256}')
+    monkeypatch.setattr(embed_bench, "model_folder", lambda model: tmp_path)
+    monkeypatch.setattr(embed_model, "read_config", lambda folder: model_config("bert-base"))
+    monkeypatch.setattr(embed_bench, "count_tokens", lambda *args: 100)
+
+    def chosen(*args, **kwargs):
+        raise _Chosen(args[0])
+
+    monkeypatch.setattr(embed_bench, "measure_contenders", chosen)
+    with pytest.raises(_Chosen) as ran:
+        embed_bench.main(["--out", str(tmp_path), "--docs", "4", "--gemm-seconds", "0"])
+    assert not [k for k in ran.value.args[0] if "openvino" in k]
+    err = capsys.readouterr().err
+    for name in ("openvino fp32", "openvino bf16"):
+        assert f"{name}: not run: its packages are not installed" in err
+
+
+def test_a_share_above_the_limit_is_marked() -> None:
+    """A row faster than the GEMM limit measured in its precision (the limit of a slow spell,
+    or of another shape): its share is marked and the table says it means nothing there."""
+    committed = ROOT / "benchmarks/results/cpu-embed-2026-12-04-avx2-before/embed-bench.json"
+    table = embed_bench.markdown(json.loads(committed.read_text()))
+    assert "| 1173.1% (!) |" in table and "| 69.5% |" in table
+    assert "Above 100% of the GEMM limit" in table
+
+
 def test_padded_rows_run_the_padded_route(monkeypatch, tmp_path) -> None:
     """The "padded route" rows (and benchmarks.padded_route, which the serve benchmark's
     fastbert-padded server runs) take the FolderPipeline's padded route, and a cross-encoder
