@@ -50,6 +50,36 @@ def test_an_input_changed_since_a_run_is_another_job(tmp_path, model_path, capsy
     assert json.loads((out / "manifest.json").read_text())["rows"] == 7
 
 
+def test_a_model_saved_over_since_a_run_is_another_job(tmp_path, capsys) -> None:
+    """Weights saved over the model folder (a fine-tuned checkpoint) since a run: resuming
+    mixed the two models' embeddings in one output (30 rows of the old, 90 of the new, the
+    manifest complete); now it is another job, named, as a changed input is."""
+    from tests.sentence_folders import hf_folder
+
+    folder = hf_folder(tmp_path / "model", seed=1)
+    source = tmp_path / "corpus.txt"
+    source.write_text("".join(t + "\n" for t in TEXTS[:4]))
+    out = tmp_path / "out"
+    assert embed_file(source, str(folder), out) == 0
+    weights = folder / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    capsys.readouterr()
+    assert embed_file(source, str(folder), out) == 1
+    err = capsys.readouterr().err
+    assert "model folder changed since that run (size or time): model.safetensors" in err, err
+    assert embed_file(source, str(folder), out, "--overwrite") == 0
+
+
+def test_a_csv_record_with_more_fields_than_the_header_is_a_bad_row(tmp_path) -> None:
+    """An unquoted comma in a text: the fields past the header's were dropped, and the row
+    embedded "hello" for "hello, world and more"; it is a bad row, as one with fewer is."""
+    source = tmp_path / "extra.csv"
+    source.write_text("id,text\n1,hello, world and more\n2,fine text\n3\n")
+    problems = [r.problem for r in readers.read_rows([source], "text", "id")]
+    assert problems[0] == "1 more field(s) than the header (an unquoted comma?)"
+    assert problems[1] is None and problems[2] is not None
+
+
 def test_a_folders_entries_of_other_types_are_named_not_dropped(tmp_path, model_path) -> None:
     folder = tmp_path / "corpus"
     (folder / "sub").mkdir(parents=True)

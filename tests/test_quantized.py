@@ -332,6 +332,40 @@ def test_calibration_file_ranges_and_resuming(dense, texts, tmp_path):
     )
 
 
+def test_ranges_calibrate_on_the_jobs_own_good_rows(dense, texts, tmp_path):
+    """int8 ranges come from this job's good rows: not from another job's run that stopped in
+    the same folder before its first shard (its ranges were taken: 14,826 of 15,360 values
+    quantized on the wrong ranges), nor from rows bad for their id (they were counted in)."""
+    import fastbert
+    from fastbert.embedding import readers
+
+    def rows(path, items):
+        path.write_text("".join(json.dumps(item) + "\n" for item in items))
+        return path
+
+    a = rows(tmp_path / "a.jsonl", [{"text": t} for t in texts[:40]] + [{"body": "no text"}])
+    out = tmp_path / "out"
+    options = dict(device="cpu", precision="int8", progress=False)
+    with pytest.raises(readers.InputError):
+        fastbert.embed(a, model=dense, output=out, **options)
+    assert "ranges" in json.loads((out / "manifest.json").read_text())
+    b = rows(tmp_path / "b.jsonl", [{"text": t} for t in texts[60:]])
+    fastbert.embed(b, model=dense, output=out, **options)
+    floats = job_floats(dense, b, tmp_path / "b-floats")
+    ranges = json.loads((out / "manifest.json").read_text())["ranges"]
+    np.testing.assert_array_equal(ranges, [floats.min(0), floats.max(0)])
+
+    # Rows without the id field are bad rows of an id_field job: not among its calibration.
+    extreme = [{"text": t} for t in texts[:20]]  # other texts, other extremes
+    good = [{"id": i, "text": t} for i, t in enumerate(texts[60:])]
+    c = rows(tmp_path / "c.jsonl", [*extreme, *good])
+    summary = fastbert.embed(
+        c, model=dense, output=tmp_path / "c-out", id_field="id", skip_bad=True, **options
+    )
+    assert summary.manifest["skipped"] == 20
+    np.testing.assert_array_equal(summary.manifest["ranges"], ranges)
+
+
 def test_packed_bits_follow_a_dimensions_cut(dense, texts, tmp_path):
     """--dimensions with --precision ubinary: the cut embeddings' bits, ceil(20 / 8) = 3 bytes
     each, in memory and in the shards (the width the model loaded with applies to both)."""

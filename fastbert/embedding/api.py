@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -10,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from fastbert.embedding.loading import load, load_options
+from fastbert.embedding.loading import load, load_options, model_files
 from fastbert.embedding.options import EmbedOptions
 from fastbert.embedding.quantized import check_ranges_apply, quantization_ranges
 from fastbert.embedding.text_model import TextModel
@@ -146,7 +145,7 @@ _cache_lock = threading.Lock()
 def _cached(options: EmbedOptions) -> TextModel:
     """The model ``options`` load, loaded once and kept while its folder's files are unchanged
     (the most recently used :data:`_CACHE_SIZE` of them)."""
-    key = (replace(options, progress=False, name=None), _fingerprint(Path(options.model)))
+    key = (replace(options, progress=False, name=None), tuple(model_files(Path(options.model))))
     with _cache_lock:
         if key in _cache:
             _cache.move_to_end(key)
@@ -157,18 +156,6 @@ def _cached(options: EmbedOptions) -> TextModel:
         while len(_cache) > _CACHE_SIZE:
             _cache.popitem(last=False)
     return loaded
-
-
-def _fingerprint(folder: Path) -> tuple:
-    """The names, sizes and modification times of the files a model loads from ``folder``
-    (at any depth: a sentence-transformers folder keeps its weights in a subfolder)."""
-    found = []
-    for root, _, files in os.walk(folder):
-        for name in files:
-            if name.endswith((".json", ".safetensors", ".bin", ".txt", ".model")):
-                stat = os.stat(os.path.join(root, name))
-                found.append((os.path.join(root, name), stat.st_size, stat.st_mtime_ns))
-    return tuple(sorted(found))
 
 
 def _texts(texts: Any) -> list[str]:

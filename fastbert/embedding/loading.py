@@ -9,6 +9,7 @@ every module it declares runs, or the load fails naming the module.
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -255,4 +256,23 @@ def load(
     return load_options(options)
 
 
-__all__ = ["load", "load_options", "normalizes_before_cut", "resolve"]
+def model_files(folder: Path, outside: Path | None = None) -> list[tuple[str, int, int]]:
+    """(path relative to ``folder``, size, modification time in nanoseconds) of each file a
+    model loads from ``folder`` (at any depth: a sentence-transformers folder keeps its
+    weights in a subfolder), sorted; none under ``outside`` (an output folder inside it).
+    Another list means other weights, settings or vocabulary may load."""
+    folder = Path(folder).resolve()
+    skip = None if outside is None else Path(outside).resolve()
+    found = []
+    for root, _, files in os.walk(folder):
+        if skip is not None and (Path(root) == skip or skip in Path(root).parents):
+            continue
+        for name in files:
+            if name.endswith((".json", ".safetensors", ".bin", ".txt", ".model")):
+                path = os.path.join(root, name)
+                stat = os.stat(path)
+                found.append((os.path.relpath(path, folder), stat.st_size, stat.st_mtime_ns))
+    return sorted(found)
+
+
+__all__ = ["load", "load_options", "model_files", "normalizes_before_cut", "resolve"]

@@ -28,6 +28,9 @@ _NOT_SETTINGS = ("complete", "fastbert_version", "model_name")
 # The job record's entry of each input file's size and modification time (bytes,
 # nanoseconds): an input changed since a run makes it another job.
 INPUT_STATE = "input_sizes_and_times"
+# The job record's entry of the model folder's files: [path in the folder, size, modification
+# time] each (fastbert.embedding.loading.model_files); other files make it another job.
+MODEL_STATE = "model_files"
 # What a complete manifest adds to the job's record.
 TOTALS = ("rows", "tokens", "truncated", "skipped")
 
@@ -110,6 +113,10 @@ def _describe(key: str, manifest: dict, job: dict) -> str:
         return f"input changed since that run (size or time): {', '.join(changed)}"
     if key == INPUT_STATE:  # other files: say which
         key = "inputs"
+    if key == MODEL_STATE:
+        was, now = ({f[0]: f[1:] for f in files} for files in (manifest[key], job[key]))
+        changed = sorted(p for p in {*was, *now} if was.get(p) != now.get(p))
+        return f"model folder changed since that run (size or time): {', '.join(changed)}"
     return f"{key}: {manifest.get(key)!r} there, {job.get(key)!r} now"
 
 
@@ -118,12 +125,18 @@ def _first_difference(manifest: dict, job: dict) -> str | None:
     (totals, shards and :data:`_NOT_SETTINGS` are no settings)."""
     ignored = (*_NOT_SETTINGS, *TOTALS, "shards")
     keys = sorted(set(job) | set(manifest))
-    if INPUT_STATE not in manifest:  # written before inputs were recorded so: not compared
-        ignored = (*ignored, INPUT_STATE)
+    for state in (INPUT_STATE, MODEL_STATE):
+        if state not in manifest:  # written before they were recorded: not compared
+            ignored = (*ignored, state)
     return next(
         (k for k in keys if k not in ignored and manifest.get(k) != job.get(k)),
         None,
     )
+
+
+def same_job(manifest: dict, job: dict) -> bool:
+    """Whether ``manifest`` records a run of ``job`` (every setting alike)."""
+    return _first_difference(manifest, job) is None
 
 
 def complete_shards(output: Path) -> int:
@@ -176,6 +189,7 @@ __all__ = [
     "finish_output",
     "finished_run",
     "read_manifest",
+    "same_job",
     "start_output",
     "write_manifest",
 ]

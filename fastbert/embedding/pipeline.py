@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from fastbert.embedding import manifest, model, readers
-from fastbert.embedding.loading import load_options, resolve
+from fastbert.embedding.loading import load_options, model_files, resolve
 from fastbert.embedding.options import CALIBRATION_ROWS, EmbedOptions
 from fastbert.embedding.quantized import RANGED, Quantizer, check_ranges, quantization_ranges
 from fastbert.embedding.run import ArraySink, Summary, run_rows
@@ -161,12 +161,17 @@ def start_job(
         )
     output = Path(output)
     record = job_record(files, options, spec, dimensions)
+    # The model folder's files as they are: weights saved over it since a run make another job.
+    record[manifest.MODEL_STATE] = [list(f) for f in model_files(options.model, outside=output)]
     if task is not None and spec.kind == MULTI_VECTOR:  # query and document runs differ
         record["task"] = task
     if options.precision in RANGED and "ranges" not in record and not options.overwrite:
-        earlier = manifest.read_manifest(output)  # a resumed run keeps the ranges it recorded
+        # A resumed run keeps the ranges it recorded (a run of another job in the folder
+        # calibrated on other rows: never its).
+        earlier = manifest.read_manifest(output)
         if earlier is not None and earlier.get("ranges") is not None:
-            record["ranges"] = earlier["ranges"]
+            if manifest.same_job(earlier, {**record, "ranges": earlier["ranges"]}):
+                record["ranges"] = earlier["ranges"]
     finished = None if options.overwrite else manifest.finished_run(output, record)
     if finished is not None:
         return Job(options, output, record, None, 0, finished, model_options, tokens)
@@ -219,7 +224,9 @@ def calibration_rows(options: EmbedOptions, files: Sequence[Path]) -> list[reade
     else:
         source, limit = files, CALIBRATION_ROWS
     texts = []
-    for row in readers.read_rows(source, options.text_field, None):
+    # The inputs' rows as the job reads them: one bad for its id is no good row either.
+    id_field = options.id_field if options.calibration is None else None
+    for row in readers.read_rows(source, options.text_field, id_field):
         if row.problem is None:
             texts.append(row.text)
         if limit is not None and len(texts) == limit:

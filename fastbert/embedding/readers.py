@@ -246,6 +246,10 @@ def _read_csv(path: Path, text_field: str, id_field: str | None) -> Iterator[Rec
     csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))  # texts of any length
     reader = csv.DictReader(io.StringIO(text, newline=""))
     for row, record in enumerate(reader, start=1):
+        if None in record:  # DictReader's key for the fields past the header's
+            extra = len(record[None])
+            yield row, None, None, f"{extra} more field(s) than the header (an unquoted comma?)"
+            continue
         if any(_escaped(value) for value in record.values()):
             yield row, None, None, "not UTF-8"
             continue
