@@ -69,6 +69,8 @@ def subsection(folder: Path, doc: dict, base: Path) -> str:
     ]
     if report.caution(doc):
         lines += ["", report.caution(doc)]
+    for note in report.notes(doc):
+        lines += ["", note]
     if (folder / report.RESULTS_PNG).exists():
         lines += [
             "",

@@ -488,6 +488,22 @@ def test_json_round_trip_merge_and_markdown(tmp_path) -> None:
         report.merge(doc, _document([], model="bert-large"))
     text = report.markdown(doc)
     assert "NVIDIA H100" in text and "driver 999.1" in text and "## Targets" in text
+    # Rows from the later invocation are marked, and the note says they were not timed in
+    # turns with the others; a run merged with an interrupted one says so.
+    table = report.markdown(merged)
+    assert "| 32x128 | fastbert on auto † | 0.900 |" in table
+    assert "| 32x128 | hf-eager | 4.000 |" in table
+    assert "(fastbert 0.900 ms vs 4.000 ms, timed by different invocations †)" in table
+    assert report.APPENDED_NOTE in table and report.INTERRUPTED_NOTE not in table
+    again = report.merge(
+        merged, {**_document([_record("hf-sdpa", "8x512", 4.0)]), "complete": False}
+    )
+    assert {r["peer"]: r.get("run", 1) for r in again["results"] if r["shape"] == "8x512"} == {
+        "fastbert": 2,
+        "hf-sdpa": 3,
+    }
+    assert report.INTERRUPTED_NOTE in report.markdown(again)
+    assert report.INTERRUPTED_NOTE in readme.subsection(tmp_path, again, tmp_path)
 
 
 def test_measured_ceilings_arithmetic_and_report_line(monkeypatch) -> None:

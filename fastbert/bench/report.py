@@ -55,7 +55,31 @@ def merge(old: dict, new: dict) -> dict:
     fresh = {(r["shape"], r["peer"]) for r in new["results"]}
     kept = [r for r in old["results"] if (r["shape"], r["peer"]) not in fresh]
     complete = old["complete"] and new["complete"]
-    return {**new, "results": kept + new["results"], "complete": complete}
+    # Each record keeps the invocation that timed it (1: the first): rows of one shape from
+    # different invocations were not timed in turns (APPENDED_NOTE).
+    run = max((r.get("run", 1) for r in old["results"]), default=1) + 1
+    added = [{**r, "run": run} for r in new["results"]]
+    return {**new, "results": kept + added, "complete": complete}
+
+
+APPENDED = " †"
+APPENDED_NOTE = (
+    "† Timed by a later invocation (--append), in turns only with the rows of its shape that "
+    "invocation timed (marked alike): it was not timed in turns with the others, so its ratio "
+    "to them holds the change of the machine's state between the two."
+)
+INTERRUPTED_NOTE = "The run was interrupted: some measurements are missing."
+
+
+def notes(doc: dict) -> list[str]:
+    """The notes a table of ``doc`` needs: its rows from later invocations, an interrupted
+    run."""
+    found = []
+    if any(r.get("run", 1) > 1 for r in doc["results"]):
+        found.append(APPENDED_NOTE)
+    if not doc.get("complete", True):
+        found.append(INTERRUPTED_NOTE)
+    return found
 
 
 def _cell(value: float | None, fmt: str) -> str:
@@ -89,7 +113,7 @@ def _speedup_cell(record: dict, best: dict | None) -> str:
 
 
 def _row(record: dict, best: dict | None, backend: str | None) -> list[str]:
-    name = contender(record["peer"], backend)
+    name = contender(record["peer"], backend) + (APPENDED if record.get("run", 1) > 1 else "")
     if not analysis.ok(record):
         return [name, f"skipped: {record['reason']}"] + [""] * 7
     fraction = analysis.roofline_fraction(record)
@@ -199,8 +223,8 @@ def markdown(doc: dict, kernels: dict | None = None) -> str:
         parts += ["", caution(doc)]
     if doc["settings"].get("note"):
         parts += ["", doc["settings"]["note"]]
-    if not doc.get("complete", True):
-        parts += ["", "The run was interrupted: some measurements are missing."]
+    for note in notes(doc):
+        parts += ["", note]
     parts += ["", "## Targets", ""]
     if doc["settings"].get("device") == "cuda":
         parts.append(targets.markdown(targets.evaluate(doc, kernels)))

@@ -63,6 +63,8 @@ def _speedup_target(doc: dict, shape: str, peer: str, goal: float) -> Outcome:
     if ours is None or theirs is None:
         return Outcome(target, NOT_MEASURED, f"needs fastbert and {peer} at {shape}")
     where = f"{ours['peer']} {ours['median_ms']:.3f} ms vs {theirs['median_ms']:.3f} ms"
+    if ours.get("run", 1) != theirs.get("run", 1):  # see fastbert.bench.report.APPENDED_NOTE
+        where += ", timed by different invocations †"
     return _compare(target, analysis.speedup(ours, theirs), goal, True, ".2f", where)
 
 
