@@ -98,24 +98,32 @@ def encoder_path(model: torch.nn.Module) -> str:
 
 @contextlib.contextmanager
 def calls(modules: dict[str, torch.nn.Module]) -> Iterator[list[str]]:
-    """The names of ``modules`` as each is called, while in the block: each one's forward
-    wrapped (not a hook, which an optimized model refuses on the modules it does not call)."""
+    """The names of ``modules`` as each is called, while in the block: their classes' forward
+    wrapped (not the instances', nor a hook: an optimized model refuses both on the modules
+    it does not call)."""
     called: list[str] = []
+    names = {id(module): name for name, module in modules.items()}
+    classes = {type(module) for module in modules.values()}
+    originals = {cls: cls.__dict__.get("forward") for cls in classes}
 
-    def recording(name: str, forward: Any) -> Any:
-        def record(*args: Any, **kwargs: Any) -> Any:
-            called.append(name)
-            return forward(*args, **kwargs)
+    def recording(forward: Any) -> Any:
+        def record(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            if id(self) in names:
+                called.append(names[id(self)])
+            return forward(self, *args, **kwargs)
 
         return record
 
-    for name, module in modules.items():
-        module.forward = recording(name, module.forward)
+    for cls in classes:
+        cls.forward = recording(cls.forward)
     try:
         yield called
     finally:
-        for module in modules.values():
-            del module.forward
+        for cls, original in originals.items():
+            if original is None:
+                del cls.forward
+            else:
+                cls.forward = original
 
 
 def hf_modules(model: torch.nn.Module, path: str) -> dict[str, torch.nn.Module]:

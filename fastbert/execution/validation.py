@@ -112,6 +112,18 @@ def check_ids_device(input_ids: torch.Tensor, device: torch.device) -> None:
         )
 
 
+def refuse_jit_trace() -> None:
+    """RuntimeError while torch.jit.trace records: a call decides on the host, from its
+    inputs' values (whether and how to pack the padding, the rows' lengths), so a trace would
+    replay the example's decisions on other inputs (0.1-0.4 off)."""
+    if torch.jit.is_tracing():
+        raise RuntimeError(
+            "torch.jit.trace cannot record a fastbert model: each call decides from its "
+            "inputs' values (the padding, the rows' lengths), which a trace would freeze to "
+            "the example's; use torch.compile (it guards on them) or call the model as it is"
+        )
+
+
 def check_model_inputs(
     max_positions: int,
     device: torch.device,

@@ -1,17 +1,21 @@
-"""The module hooks an optimized model cannot run, refused at each call.
+"""What an optimized model cannot run on the modules its encoder bypasses, refused by name.
 
 A fastbert-optimized base model computes its output from its modules' parameters without
-calling those modules (the embeddings, the layers, their linears and LayerNorms), so a hook
-registered on one of them (``register_forward_hook`` and the like) would never run: a hook
-that changes what the module returns (the Trainer's NEFTune noise on the input embeddings, an
-edit of a layer's output) would be skipped without a word. Such a call raises ValueError
-naming the module and the hook. The hooks Hugging Face itself registers that change nothing
-fastbert computes are let through: :data:`PASSIVE_HOOKS`.
+calling those modules (the embeddings, the layers, their linears, activations and LayerNorms,
+the pooler), so whatever would change what one of them returns would be skipped without a
+word: a hook registered on it (``register_forward_hook`` and the like: the Trainer's NEFTune
+noise on the input embeddings), a global module hook, a ``forward`` replaced on the instance
+(a monkeypatch, accelerate's ``add_hook_to_module``), or the module replaced by one of
+another class (a ReLU for the GELU, a subclass of the pooler, a LoRA layer around a linear).
+Such a call raises ValueError naming the module and what was done to it. The hooks Hugging
+Face itself registers that change nothing fastbert computes are let through:
+:data:`PASSIVE_HOOKS`; a linear or an embedding replaced by another of its kind is read anew.
 """
 
 from __future__ import annotations
 
 from torch import nn
+from torch.nn.modules import module as torch_module
 
 # Hugging Face's hooks that change nothing a fastbert encoder computes, by function name:
 # activation checkpointing's (``enable_input_require_grads``: the embeddings' output requires
@@ -24,37 +28,83 @@ PASSIVE_HOOKS = ("make_inputs_require_grads", "output_capturing_hook")
 KNOWN_HOOKS = {
     "neftune_post_forward_hook": "NEFTune's noise (the Trainer's neftune_noise_alpha)",
 }
+# PyTorch's global module hooks (torch.nn.modules.module.register_module_forward_hook, ...),
+# which every module call runs.
+_GLOBAL_HOOKS = (
+    ("forward ", torch_module._global_forward_hooks),
+    ("forward pre-", torch_module._global_forward_pre_hooks),
+    ("backward ", torch_module._global_backward_hooks),
+    ("backward pre-", torch_module._global_backward_pre_hooks),
+)
+_REFUSED = (
+    "that a fastbert-optimized model would not run: its encoder reads the module's parameters "
+    "without calling it"
+)
 
 
 class BypassedModules:
-    """The modules under an optimized base model (not the base itself, whose hooks run: its
-    call is PyTorch's), with their hook dicts listed once, so that a call's check is one
-    ``any`` over them (PyTorch fills and empties each dict in place)."""
+    """The modules under an optimized base model (not the base itself, whose call is
+    PyTorch's), as bound: their hook dicts and attribute dicts listed once, so that a call's
+    check is a few ``any`` over them (PyTorch fills and empties each dict in place), and their
+    classes by path, for :meth:`refuse_replaced`."""
 
     def __init__(self, base: nn.Module):
         name = type(base).__name__
         # Paths start with base's class name (``BertModel.encoder.layer.1.output``).
         self.modules = [(f"{name}.{path}", m) for path, m in base.named_modules() if path]
         self._dicts = [dict_ for _, module in self.modules for _, dict_ in _hook_dicts(module)]
+        self._attributes = [vars(module) for _, module in self.modules]
+        self._classes = {path: type(module) for path, module in base.named_modules() if path}
+        self._name = name
 
     def refuse_skipped_hooks(self) -> None:
         """ValueError when one of the modules holds a forward or backward hook other than
-        :data:`PASSIVE_HOOKS`, naming the module and the hook."""
-        if not any(self._dicts):
-            return
-        for path, module in self.modules:
-            for kind, hooks in _hook_dicts(module):
-                for hook in hooks.values():
-                    name = _name(hook)
-                    if name in PASSIVE_HOOKS:
-                        continue
-                    what = KNOWN_HOOKS.get(name, name)
-                    raise ValueError(
-                        f"{path} has a {kind}hook ({what}) that a fastbert-optimized model "
-                        "would not run: its encoder reads the module's parameters without "
-                        "calling it. Remove the hook, or call the model without "
-                        "fastbert.optimize"
-                    )
+        :data:`PASSIVE_HOOKS`, or a forward of its own (the instance's), or a global module
+        hook is registered; naming the module and the hook."""
+        if any(self._dicts) or any(hooks for _, hooks in _GLOBAL_HOOKS):
+            for path, module in [*self.modules, ("every module (a global hook)", None)]:
+                dicts = _hook_dicts(module) if module is not None else _GLOBAL_HOOKS
+                for kind, hooks in dicts:
+                    for hook in hooks.values():
+                        name = _name(hook)
+                        if name not in PASSIVE_HOOKS:
+                            what = KNOWN_HOOKS.get(name, name)
+                            raise ValueError(
+                                f"{path} has a {kind}hook ({what}) {_REFUSED}. Remove the "
+                                "hook, or call the model without fastbert.optimize"
+                            )
+        if any("forward" in attributes for attributes in self._attributes):
+            path = next(p for (p, _), a in zip(self.modules, self._attributes) if "forward" in a)
+            raise ValueError(
+                f"{path} has a forward of its own (a replaced forward, or accelerate's "
+                f"add_hook_to_module) {_REFUSED}. Restore the module's forward, or call the "
+                "model without fastbert.optimize"
+            )
+
+    def refuse_replaced(self, base: nn.Module, owners: set[str]) -> None:
+        """ValueError when a module at one of the bound paths under ``base`` is now of another
+        class: the encoder computes what the bound class computes (a linear or an embedding
+        at one of ``owners``, the paths of the modules whose parameters it reads, may be
+        replaced by another of its kind: the parameters are read anew)."""
+        for path, module in base.named_modules():
+            bound = self._classes.get(path)
+            if bound is None or type(module) is bound:
+                continue
+            if path in owners and isinstance(module, nn.Linear | nn.Embedding):
+                continue
+            now = f"{type(module).__module__}.{type(module).__qualname__}"
+            hint = (
+                " (an adapter such as LoRA? merge the adapters into the weights, PEFT's "
+                "merge_and_unload, and call that model)"
+                if path in owners
+                else ""
+            )
+            raise ValueError(
+                f"{self._name}.{path} is now a {now}, where the model was bound to a "
+                f"{bound.__qualname__}{hint}: fastbert's encoder computes what the "
+                f"{bound.__qualname__} did, not the new module. Call the model without "
+                "fastbert, or fastbert.optimize a model built with the new module's computation"
+            )
 
 
 def _hook_dicts(module: nn.Module) -> tuple[tuple[str, dict], ...]:

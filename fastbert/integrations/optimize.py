@@ -328,7 +328,13 @@ class FastbertForward:
 
     def _bind(self) -> None:
         """(Re)build ``self.encoder`` on the model's current tensors (and config: a resized
-        vocabulary changes it) and record what it reads."""
+        vocabulary changes it) and record what it reads. Outside inference mode whatever the
+        caller's: a fused QKV made under it would be an inference tensor, and so would the
+        query, key and value parameters made its views (never trained after)."""
+        with torch.inference_mode(False):
+            self._bind_now()
+
+    def _bind_now(self) -> None:
         self._layers = self.base.get_submodule(self.family.layer_prefix)
         self._bypassed = hooks.BypassedModules(self.base)
         self._norms = [m for m in self.base.modules() if isinstance(m, nn.LayerNorm)]
@@ -356,10 +362,9 @@ class FastbertForward:
                 (t.rpartition(".") for t in self._source_names), self._sources
             )
         ]
-        # The modules holding those parameters, by class: one wrapped since (a LoRA adapter
-        # around a linear) would add what the encoder, reading the parameters, leaves out.
-        owners = {name.rpartition(".")[0] for name in self._source_names}
-        self._owners = {path: type(self.base.get_submodule(path)) for path in owners}
+        # The paths of the modules holding those parameters (a linear there may be replaced by
+        # another: BypassedModules.refuse_replaced).
+        self._owners = {name.rpartition(".")[0] for name in self._source_names}
         self._views = fused_views(self.base, self.encoder, names)
         # Listed once here: dropout_now reads their p at each training call.
         self._dropouts = training_modes.dropout_modules(self.base, self.family)
@@ -466,24 +471,6 @@ class FastbertForward:
                 "fastbert.optimize for this"
             )
 
-    def _refuse_wrapped_modules(self) -> None:
-        """ValueError when a module whose weights the encoder reads is now of another class
-        (PEFT's LoRA layers wrap a linear and keep its weight: the encoder would run without
-        the adapters, and they would get no gradient)."""
-        for path, kind in self._owners.items():
-            try:
-                module = self.base.get_submodule(path)
-            except AttributeError:
-                continue  # replaced outright: rebinding reads the new parameters
-            if type(module) is not kind and not isinstance(module, nn.Linear | nn.Embedding):
-                raise ValueError(
-                    f"{path} is now a {type(module).__module__}.{type(module).__qualname__} "
-                    "(an adapter such as LoRA?); "
-                    "fastbert's encoder reads the weights it wraps and would leave it out: "
-                    "merge the adapters into the weights (PEFT's merge_and_unload) and call "
-                    "that model, or call this one without fastbert"
-                )
-
     def _bound(self) -> bool:
         """Whether the encoder still reads the model's tensors.
 
@@ -511,7 +498,7 @@ class FastbertForward:
         if any(m.eps != eps for m, eps in zip(self._norms, self._norm_eps)):
             return False
         if self._generation != registration_generation():
-            self._refuse_wrapped_modules()
+            self._bypassed.refuse_replaced(self.base, self._owners)
             try:
                 current = [self.base.get_parameter(t) for t in self._source_names]
             except AttributeError:  # a layer or module gone
@@ -520,6 +507,9 @@ class FastbertForward:
                 return False
             if self.base.get_submodule(self.family.layer_prefix) is not self._layers:
                 return False
+            # Modules registered since (a dropout replaced by another): listed anew.
+            self._bypassed = hooks.BypassedModules(self.base)
+            self._dropouts = training_modes.dropout_modules(self.base, self.family)
             self._generation = registration_generation()
         return all(p.data_ptr() == ptr for p, ptr in self._views)
 

@@ -405,6 +405,7 @@ class BertModel(PretrainedMixin, nn.Module):
     def prepare_call(self) -> Ops:
         """Before a call: refuse one a quantised model cannot run, quantise and pack the
         weights again where they changed; returns the ops the call runs with."""
+        validation.refuse_jit_trace()
         self.check_quantized_call()
         self.refresh_quantized()
         self.runner.refresh_packed_weights(self.device, self.qkv_parts_key)
