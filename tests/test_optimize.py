@@ -965,3 +965,25 @@ def test_jit_trace_is_refused() -> None:
     inputs, _ = make_inputs(model, "ForSequenceClassification", [9, 9])
     with pytest.raises(RuntimeError, match="torch.jit.trace cannot record a fastbert model"):
         torch.jit.trace(model, tuple(inputs.values()), strict=False, check_trace=False)
+
+
+def test_unusable_parameters_and_export_are_named() -> None:
+    """Parameters left on the meta device (accelerate's offload, init_empty_weights), made
+    computed ones (parametrize, pruning masks) or seen through torch.export: each a clear
+    error naming it (they read "the BERT name table maps no tensor", "swapped without
+    registering them", "Cannot access data pointer of Tensor")."""
+    model = make_model("bert", "ForSequenceClassification")
+    inputs, _ = make_inputs(model, "ForSequenceClassification", [9, 5])
+    meta = copy.deepcopy(model).to("meta")
+    with pytest.raises(ValueError, match=r"embeddings\.word_embeddings\.weight is on the meta"):
+        fastbert.optimize(meta, backend="torch")
+    pruned = fastbert.optimize(copy.deepcopy(model), backend="torch")
+    query = pruned.bert.encoder.layer[0].attention.self.query
+    from torch.nn.utils import prune
+
+    prune.l1_unstructured(query, "weight", amount=0.3)
+    with pytest.raises(RuntimeError, match=r"made computed ones \(torch.nn.utils.parametrize"):
+        pruned(**inputs)
+    optimized = fastbert.optimize(copy.deepcopy(model), backend="torch")
+    with pytest.raises(RuntimeError, match="torch.export cannot export a fastbert-optimized"):
+        torch.export.export(optimized, (), dict(inputs), strict=False)

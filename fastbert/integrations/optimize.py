@@ -211,9 +211,11 @@ def _after_head(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> No
 
 _SWAPPED = (
     "the model's parameters were swapped for other tensors without registering them "
-    "(torch.func.functional_call, torch.nn.utils.stateless): a fastbert-optimized model reads "
-    "the parameters it was bound to, so it would compute with those; call the model itself, "
-    "or fastbert.optimize a model holding the parameters to use"
+    "(torch.func.functional_call, torch.nn.utils.stateless) or made computed ones "
+    "(torch.nn.utils.parametrize, weight_norm, torch.nn.utils.prune's masks): a "
+    "fastbert-optimized model reads the parameters it was bound to, so it would compute with "
+    "those; call the model itself, or fastbert.optimize a model holding the parameters to use "
+    "(after parametrize.remove_parametrizations / prune.remove)"
 )
 _PADDING_FREE_EXPANSION = (
     "padding_free=True cannot run a sentence-transformers model whose Transformer expands "
@@ -335,6 +337,14 @@ class FastbertForward:
             self._bind_now()
 
     def _bind_now(self) -> None:
+        on_meta = next((n for n, p in self.base.named_parameters() if p.is_meta), None)
+        if on_meta is not None:
+            raise ValueError(
+                f"{on_meta} is on the meta device (accelerate's offload, init_empty_weights or a "
+                "device_map leave parameters there until a hook loads them): fastbert's encoder "
+                "reads the parameters themselves; load the model with its weights in memory "
+                "(one device, no offload) and optimize that"
+            )
         self._layers = self.base.get_submodule(self.family.layer_prefix)
         self._bypassed = hooks.BypassedModules(self.base)
         self._norms = [m for m in self.base.modules() if isinstance(m, nn.LayerNorm)]
@@ -371,6 +381,12 @@ class FastbertForward:
         self._generation = registration_generation()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_exporting():
+            raise RuntimeError(
+                "torch.export cannot export a fastbert-optimized model (each call checks the "
+                "model's parameters on the host, which export's fake tensors do not hold); use "
+                "torch.compile, or export the model without fastbert.optimize"
+            )
         arguments = self._arguments(args, kwargs)
         input_ids = arguments.pop("input_ids", None)
         attention_mask = arguments.pop("attention_mask", None)
