@@ -14,6 +14,7 @@ import math
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 
 import pytest
 
@@ -154,18 +155,14 @@ def test_errors_are_counted_by_kind_not_as_answers(st_server, texts):
     assert cell["rejected_429"] == 0 and cell["other_errors"] == sum(result.errors.values())
 
 
-@pytest.fixture
-def busy_server():
-    """A server that answers every request 429 with Retry-After 0.25 s (in a thread)."""
+def serving_route(handler) -> Iterator[str]:
+    """The base URL of a server whose only route, POST /embed, is ``handler`` (an async
+    Starlette endpoint), run by uvicorn in a thread while the generator is open."""
     import uvicorn
     from starlette.applications import Starlette
-    from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    async def busy(request):
-        return JSONResponse({"error": "busy"}, status_code=429, headers={"Retry-After": "0.25"})
-
-    app = Starlette(routes=[Route("/embed", busy, methods=["POST"])])
+    app = Starlette(routes=[Route("/embed", handler, methods=["POST"])])
     port = sc.free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -176,6 +173,17 @@ def busy_server():
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(10)
+
+
+@pytest.fixture
+def busy_server():
+    """A server that answers every request 429 with Retry-After 0.25 s (in a thread)."""
+    from starlette.responses import JSONResponse
+
+    async def busy(request):
+        return JSONResponse({"error": "busy"}, status_code=429, headers={"Retry-After": "0.25"})
+
+    yield from serving_route(busy)
 
 
 @pytest.fixture
@@ -184,10 +192,7 @@ def slowing_server():
     queue filling up, as a batching server's does under a closed loop."""
     import asyncio
 
-    import uvicorn
-    from starlette.applications import Starlette
     from starlette.responses import JSONResponse
-    from starlette.routing import Route
 
     seen = [0]
 
@@ -196,17 +201,7 @@ def slowing_server():
         await asyncio.sleep(0.05 if seen[0] <= 2 else 0.3)
         return JSONResponse([[0.0]])
 
-    app = Starlette(routes=[Route("/embed", embed, methods=["POST"])])
-    port = sc.free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    yield from serving_route(embed)
 
 
 def test_a_closed_loop_window_holds_min_rounds_of_its_own_latencies(slowing_server):
