@@ -228,7 +228,7 @@ def int8_variants(path: str, st, texts: list[str], reference: np.ndarray, say) -
     maxima = text_maxima(real, st.tokenizer, texts)
     real.activation_maxima = lambda: maxima  # the model's calibration reads the texts' maxima
     real.quantize = "int8"
-    row("int8, smoothing factors from the real text itself (an upper bound)", real)
+    row("int8, smoothing factors from the evaluated texts themselves", real)
 
     plain = load()
 

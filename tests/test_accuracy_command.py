@@ -233,3 +233,29 @@ def test_bad_model_folder_is_a_usage_error(tmp_path, capsys, problem: str, mode)
     err = capsys.readouterr().err
     assert err.splitlines()[-1].startswith(f"fastbert accuracy: error: {message}"), err
     assert "Traceback" not in err
+
+
+def test_identical_outputs_compare_at_cosine_one() -> None:
+    """float32's own rounding put identical vectors at a cosine of 0.9999994 to 1.0000002 (the
+    fp32 rows printed 0.999999): the cosine is taken in float64."""
+    from fastbert.accuracy import stages
+
+    torch.manual_seed(0)
+    for width in (384, 30522):
+        same = torch.randn(6, width)
+        entry = stages.compare(same, same.clone(), None, "same")
+        assert entry.cosine_min == pytest.approx(1.0, abs=1e-12) and entry.max_abs_err == 0.0
+        assert entry.cosine_mean == pytest.approx(1.0, abs=1e-12)
+
+
+def test_a_quantised_precisions_yardstick_is_named_by_the_dtype_it_runs_in(capsys) -> None:
+    """int8 on a GPU computes in float16, and its HF max|err| column is Hugging Face in
+    float16 (the header said "Hugging Face itself in int8")."""
+    from fastbert.accuracy import stages
+
+    result = stages.DtypeResult("int8", [stages.Entry("layer 0", 0.1, 0.01, 0.99, 0.999)], [])
+    report = stages.Report(
+        "m", "bert", "cuda", "triton", False, 2, 10, 16, "head", [result], notes=[]
+    )
+    _print_report(report)
+    assert "int8  (HF max|err|: Hugging Face itself in float16)" in capsys.readouterr().out

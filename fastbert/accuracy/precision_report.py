@@ -186,7 +186,8 @@ def compare_encoded(
         "hidden_mean_abs_err": err_sum / count,
     }
     if embedding_model:
-        cosine = F.cosine_similarity(got.sentences, ref.sentences, dim=-1)
+        # In float64: float32's own rounding put identical vectors below 1.
+        cosine = F.cosine_similarity(got.sentences.double(), ref.sentences.double(), dim=-1)
         got_top = retrieval.neighbours(got.sentences[:queries], got.sentences[queries:])
         ref_top = retrieval.neighbours(ref.sentences[:queries], ref.sentences[queries:])
         shared = retrieval.overlap(got_top, ref_top)

@@ -145,8 +145,17 @@ def _print_report(report) -> None:
         f"  {'stage':<20}{'max|err|':>10}{'mean|err|':>11}{'cos min':>10}{'cos mean':>10}"
         f"{'HF max|err|':>13}{'argmax':>8}{'top-5':>7}"
     )
+    import torch
+
+    from fastbert.accuracy import stages
+
     for result in report.results:
-        print(f"\n{result.dtype}  (HF max|err|: Hugging Face itself in {result.dtype})")
+        # A quantised precision's yardstick is Hugging Face in the dtype it computes in.
+        yardstick = str(stages.compute_dtype(result.dtype, torch.device(report.device)))
+        print(
+            f"\n{result.dtype}  (HF max|err|: Hugging Face itself in "
+            f"{yardstick.removeprefix('torch.')})"
+        )
         print(header)
         for entry in [*result.layers, *result.outputs]:
             print(
