@@ -201,6 +201,28 @@ def test_sharded_checkpoint_loads_like_instance(tmp_path) -> None:
     assert torch.equal(got(ids, mask, types)[0], expected(ids, mask, types)[0])
 
 
+def test_a_single_file_saved_over_shards_is_the_one_read(tmp_path) -> None:
+    """save_pretrained of one file over a sharded checkpoint leaves the old index (and, copied
+    over, its shards): Hugging Face reads model.safetensors; fastbert read the stale shards
+    (5.67 from Hugging Face's outputs) or refused the index's missing ones."""
+    import transformers
+
+    _sharded(tmp_path)
+    stale = {p.name: p.read_bytes() for p in tmp_path.glob("model-*.safetensors")}
+    newer = hf_model("BertModel", seed=10)
+    newer.save_pretrained(tmp_path)  # one file; the index stays, the shards go
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    ids, mask, types = padded_batch([5, 2], seed=9)
+    real = mask.bool()  # fastbert's padded positions are zeros
+    with torch.no_grad():
+        want = transformers.BertModel.from_pretrained(tmp_path).eval()(ids, mask, types)[0]
+    for name, data in [(None, None), *stale.items()]:  # then the old shards back beside it
+        if name is not None:
+            (tmp_path / name).write_bytes(data)
+        got = _load(tmp_path)(ids, mask, types)[0]
+        torch.testing.assert_close(got[real], want[real], rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     "contents, problem",
     [

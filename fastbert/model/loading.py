@@ -191,15 +191,18 @@ def transformer_folder(folder: Path) -> Path:
 
 
 def read_checkpoint_state(folder: Path) -> dict[str, torch.Tensor]:
-    """The state dict of the weights in ``folder``, read on the CPU."""
+    """The state dict of the weights in ``folder``, read on the CPU, from the file Hugging
+    Face reads: model.safetensors first (save_pretrained over a sharded checkpoint leaves its
+    index behind), then the shards a model.safetensors.index.json names, then
+    pytorch_model.bin."""
+    if (folder / "model.safetensors").exists():
+        return _read_safetensors(folder / "model.safetensors")
     index = folder / "model.safetensors.index.json"
     if index.exists():
         state: dict[str, torch.Tensor] = {}
         for shard in _shards(index):
             state.update(_read_safetensors(shard))
         return state
-    if (folder / "model.safetensors").exists():
-        return _read_safetensors(folder / "model.safetensors")
     if (folder / "pytorch_model.bin").exists():
         return _read_bin(folder / "pytorch_model.bin")
     raise ValueError(
