@@ -262,14 +262,11 @@ _attention_varlen_checked = checked(
 def attention_varlen(
     q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias, *, rotary, window
 ):
-    """:func:`attention_varlen_unchecked` with its inputs checked, on the tokens its
-    sequences cover (:func:`on_covered_tokens`)."""
+    """:func:`attention_varlen_unchecked` with its inputs checked (the longest sequence read on
+    the host: ValueError when ``max_seqlen`` is shorter), on the tokens its sequences cover
+    (:func:`on_covered_tokens`)."""
     arguments = (q, k, v, cu_seqlens, max_seqlen, scale, dropout_p, relative_bias)
     return on_covered_tokens(_attention_varlen_checked, *arguments, rotary=rotary, window=window)
-
-
-""":func:`attention_varlen_unchecked`, inputs checked (the longest sequence read on the host:
-ValueError when ``max_seqlen`` is shorter)."""
 
 
 # Not on the encoder's path: the reference's softmax (fp32 statistics, masked keys excluded
