@@ -609,9 +609,23 @@ def test_token_types_of_a_family_without_them_are_ignored(family: str) -> None:
 def test_too_long_roberta_input_raises() -> None:
     model = fastbert.optimize(make_model("roberta", "Model"), backend="torch")
     ids = torch.full((1, 65), 5)  # 66 positions, 2 of them reserved after pad_token_id 1
-    with pytest.raises(ValueError, match="sequence length 65 exceeds the 64 positions"):
+    with pytest.raises(ValueError, match="has 65 tokens other than padding .* the 64 positions"):
         with torch.no_grad():
             model(ids)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_roberta_batch_padded_past_its_positions_runs_as_hf(backend: str) -> None:
+    """RoBERTa's positions count a row's non-pad tokens, so Hugging Face runs a batch padded
+    wider than its position table (66 rows here) where every row's real tokens fit: so does
+    the optimized model."""
+    model = make_model("roberta", "Model")
+    ids = torch.randint(3, model.config.vocab_size, (3, 90))
+    for row, length in enumerate((64, 30, 1)):
+        ids[row, length:] = model.config.pad_token_id
+    inputs = {"input_ids": ids, "attention_mask": (ids != model.config.pad_token_id).long()}
+    expected, got = hf_then_optimized(model, inputs, backend=backend)
+    assert_outputs_match(expected, got, inputs["attention_mask"].bool())
 
 
 def _decoder():

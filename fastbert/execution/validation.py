@@ -125,14 +125,15 @@ def refuse_jit_trace() -> None:
 
 
 def check_model_inputs(
-    max_positions: int,
+    max_positions: int | None,
     device: torch.device,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None,
     token_type_ids: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Validate shapes, dtypes and devices (also of an empty batch); ``max_positions`` is the
-    model's ``max_position_embeddings``.
+    longest row the model's positions cover, or None where only the real tokens take positions
+    (RoBERTa's count the non-pad tokens: the model checks them).
 
     Returns (input_ids, token_type_ids) as :func:`as_index` ids and the key-padding mask
     (bool [B, S], or None).
@@ -140,7 +141,7 @@ def check_model_inputs(
     batch, seq = batch_and_seq(input_ids)
     if seq == 0 and batch > 0:
         raise ValueError("input_ids has sequence length 0; every sequence needs >= 1 token")
-    if seq > max_positions:
+    if max_positions is not None and seq > max_positions:
         raise ValueError(
             f"sequence length {seq} exceeds max_position_embeddings "
             f"{max_positions}; truncate the input"

@@ -420,8 +420,12 @@ class BertModel(PretrainedMixin, nn.Module):
         """The inputs' shapes, dtypes and devices checked against this model (an empty batch's
         too): (input ids, token types, bool key-padding mask or None), as
         :func:`fastbert.execution.validation.check_model_inputs` returns them."""
+        config = self.config
+        # Padding-offset positions count a row's non-pad tokens, so a batch padded past the
+        # table fits where its rows do, as in Hugging Face (Embeddings.position_ids checks).
+        offset = config.position_scheme == "padding_offset"
         return validation.check_model_inputs(
-            self.config.max_position_embeddings,
+            None if offset else config.max_sequence_length,
             self.device,
             input_ids,
             attention_mask,

@@ -18,6 +18,7 @@ from torch import nn
 
 from fastbert.execution.backends import Ops
 from fastbert.execution.runtime import Attend
+from fastbert.kernels import checks
 from fastbert.model.config import BertConfig
 from fastbert.model.quantization import QuantizedWeights
 
@@ -81,15 +82,27 @@ class BertEmbeddings(nn.Module):
         """The position ids of [B, S] ``input_ids`` under ``config.position_scheme``: int64
         [B, S], or None for 0..S-1 in every row (the ops' default)."""
         config = self.config
-        if input_ids.shape[1] > config.max_sequence_length:
+        longest = config.max_sequence_length
+        offset = config.position_scheme == "padding_offset"
+        wider = input_ids.shape[1] > longest
+        if wider and not (offset and checks.values_readable(input_ids)):
             raise ValueError(
-                f"sequence length {input_ids.shape[1]} exceeds the {config.max_sequence_length} "
+                f"sequence length {input_ids.shape[1]} exceeds the {longest} "
                 "positions this model has; truncate the input"
             )
         if config.position_scheme == "sequential":
             return None
         real = (input_ids != config.pad_token_id).long()
-        return torch.cumsum(real, dim=1) * real + config.pad_token_id
+        counted = torch.cumsum(real, dim=1)
+        if wider:  # padded past the table: the rows' non-pad tokens must fit it
+            most = int(counted[:, -1].max())
+            if most > longest:
+                raise ValueError(
+                    f"a row of input_ids has {most} tokens other than padding "
+                    f"(pad_token_id {config.pad_token_id}), more than the {longest} "
+                    "positions this model has; truncate the input"
+                )
+        return counted * real + config.pad_token_id
 
     def packed_position_ids(
         self, input_ids: torch.Tensor, starts: np.ndarray, lengths: np.ndarray
