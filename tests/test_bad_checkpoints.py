@@ -193,8 +193,30 @@ def _sharded(folder: Path) -> Path:
     return index
 
 
-def test_sharded_checkpoint_loads_like_instance(tmp_path) -> None:
-    _sharded(tmp_path)
+def _pickled(index: Path) -> Path:
+    """The shards of ``index`` as an older transformers saved them (pytorch_model-*.bin
+    and pytorch_model.bin.index.json, which transformers 5 no longer writes); returns the
+    new index."""
+    from safetensors.torch import load_file
+
+    contents = json.loads(index.read_text())
+    renamed = {}
+    for shard in set(contents["weight_map"].values()):
+        renamed[shard] = shard.replace("model-", "pytorch_model-").replace(".safetensors", ".bin")
+        torch.save(load_file(index.parent / shard), index.parent / renamed[shard])
+        (index.parent / shard).unlink()
+    contents["weight_map"] = {k: renamed[v] for k, v in contents["weight_map"].items()}
+    pickled = index.parent / "pytorch_model.bin.index.json"
+    pickled.write_text(json.dumps(contents))
+    index.unlink()
+    return pickled
+
+
+@pytest.mark.parametrize("pickled", [False, True], ids=["safetensors", "bin"])
+def test_sharded_checkpoint_loads_like_instance(tmp_path, pickled: bool) -> None:
+    index = _sharded(tmp_path)
+    if pickled:
+        _pickled(index)
     ids, mask, types = padded_batch([5, 2], seed=9)
     expected = fastbert.BertModel.from_pretrained(hf_model("BertModel", seed=9), device="cpu")
     got = _load(tmp_path)

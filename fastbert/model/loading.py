@@ -194,20 +194,19 @@ def read_checkpoint_state(folder: Path) -> dict[str, torch.Tensor]:
     """The state dict of the weights in ``folder``, read on the CPU, from the file Hugging
     Face reads: model.safetensors first (save_pretrained over a sharded checkpoint leaves its
     index behind), then the shards a model.safetensors.index.json names, then
-    pytorch_model.bin."""
-    if (folder / "model.safetensors").exists():
-        return _read_safetensors(folder / "model.safetensors")
-    index = folder / "model.safetensors.index.json"
-    if index.exists():
-        state: dict[str, torch.Tensor] = {}
-        for shard in _shards(index):
-            state.update(_read_safetensors(shard))
-        return state
-    if (folder / "pytorch_model.bin").exists():
-        return _read_bin(folder / "pytorch_model.bin")
+    pytorch_model.bin, then the shards a pytorch_model.bin.index.json names."""
+    for name, read in (("model.safetensors", _read_safetensors), ("pytorch_model.bin", _read_bin)):
+        if (folder / name).exists():
+            return read(folder / name)
+        index = folder / f"{name}.index.json"
+        if index.exists():
+            state: dict[str, torch.Tensor] = {}
+            for shard in _shards(index):
+                state.update(read(shard))
+            return state
     raise ValueError(
-        f"{folder} holds no weights (model.safetensors, model.safetensors.index.json or "
-        "pytorch_model.bin)"
+        f"{folder} holds no weights (model.safetensors, pytorch_model.bin or the index.json "
+        "of either's shards)"
     )
 
 
@@ -220,7 +219,7 @@ def read_weights_file(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _shards(index: Path) -> list[Path]:
-    """The shard files a model.safetensors.index.json names in its weight_map, each once."""
+    """The shard files a weights index (``*.index.json``) names in its weight_map, each once."""
     contents = read_json_file(index)
     weight_map = contents.get("weight_map") if isinstance(contents, dict) else None
     if not isinstance(weight_map, dict):
