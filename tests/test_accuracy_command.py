@@ -214,6 +214,23 @@ def test_unknown_dtype_is_a_usage_error(capsys) -> None:
     assert expected in err
 
 
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--texts", "50"], "texts must be 1 to the 8 built-in texts, got 50"),
+        (["--max-length", "1"], "max_length 1 leaves no room for a text between the tokenizer's 2"),
+    ],
+    ids=["more-texts-than-built-in", "max-length-under-special-tokens"],
+)
+def test_inputs_it_cannot_give_are_usage_errors(capsys, flags: list[str], message: str) -> None:
+    """Asked for more texts than it has or rows shorter than the special tokens (which the
+    tokenizer then does not truncate), it ran 8 texts, or rows of 30 tokens, and said so only
+    in the report's header."""
+    argv = ["accuracy", "--device", "cpu", "--backend", "torch", "--dtypes", "fp32", *flags]
+    assert main(argv) == 2
+    assert f"fastbert accuracy: error: {message}" in capsys.readouterr().err
+
+
 def test_bad_model_is_a_usage_error(capsys) -> None:
     assert main(["accuracy", "--device", "cpu", "--backend", "torch", "--model", "randm"]) == 2
     err = capsys.readouterr().err

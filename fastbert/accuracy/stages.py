@@ -249,6 +249,11 @@ def make_inputs(
             return_tensors="pt",
         )
         ids, mask = batch["input_ids"], batch["attention_mask"]
+        if ids.shape[1] > max_length:  # too short for the special tokens: it did not truncate
+            raise ValueError(
+                f"max_length {max_length} leaves no room for a text between the tokenizer's "
+                f"{tokenizer.num_special_tokens_to_add()} special tokens"
+            )
         types = batch.get("token_type_ids", torch.zeros_like(ids))
         return ids.to(device), mask.to(device), types.to(device)
     lengths = [min(max_length, len(t.split()) + 2) for t in texts]
@@ -386,6 +391,8 @@ def evaluate(
     progress: where to show progress over the stages (loading, Hugging Face fp32, then fastbert
     and Hugging Face in each dtype): a tqdm bar on a terminal, numbered lines otherwise
     (fastbert.bench.progress); None shows none."""
+    if not 1 <= texts <= len(TEXTS):
+        raise ValueError(f"texts must be 1 to the {len(TEXTS)} built-in texts, got {texts}")
     torch_device = torch.device(device)
     interpreter = backend == "triton" and torch_device.type == "cpu" and launch.interpreting()
     dtypes = dtypes or supported_dtypes(torch_device, backend)
