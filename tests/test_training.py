@@ -395,6 +395,30 @@ def test_dropout_follows_the_models_modules(family: str) -> None:
         model(**inputs)
 
 
+def test_dropout_modules_put_in_training_mode_drop_in_an_eval_model() -> None:
+    """Monte Carlo dropout: model.eval(), then every nn.Dropout back in training mode, drops
+    as in Hugging Face (fastbert followed the model's mode alone: each call gave the eval
+    output); the layers' modules alone (the embeddings' left in eval mode) are refused."""
+    hf = make_model("bert", "ForSequenceClassification", hidden_dropout_prob=0.3)
+    inputs, _ = make_inputs(hf, "ForSequenceClassification", [5, 3])
+    model = fastbert.optimize(hf, backend="torch").eval()
+    with torch.no_grad():
+        evaluated = model.bert(**inputs).last_hidden_state
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.train()
+        draws = [model.bert(**inputs).last_hidden_state for _ in range(3)]
+        assert not any(torch.allclose(draw, evaluated) for draw in draws)
+        assert not torch.allclose(draws[0], draws[1])
+        model.bert.embeddings.eval()
+        with pytest.raises(ValueError, match="hidden dropout modules apply different"):
+            model.bert(**inputs)
+        model.eval()
+        torch.testing.assert_close(
+            model.bert(**inputs).last_hidden_state, evaluated, rtol=0, atol=0
+        )
+
+
 def test_submodules_in_eval_mode_train_without_their_dropout() -> None:
     """model.train() with the base model's embeddings and encoder put back in eval mode (a
     head trained on a frozen-mode body): no dropout in the encoder, as in Hugging Face."""

@@ -425,13 +425,15 @@ class FastbertForward:
 
     def current_encoder(self) -> BertModel:
         """The encoder, rebound first if the model's tensors changed, in the model's train or
-        eval mode (dropout follows ``model.train()`` / ``.eval()``)."""
+        eval mode (dropout follows ``model.train()`` / ``.eval()``, and the model's dropout
+        modules put in training mode in an eval-mode model: Monte Carlo dropout)."""
         with self._lock:  # threads calling at once rebind once
             if not self._bound():
                 self._bind()
             encoder = self.encoder
-        if encoder.training != self.base.training:
-            encoder.train(self.base.training)
+        training = self.base.training or training_modes.dropout_applies(self._dropouts)
+        if encoder.training != training:
+            encoder.train(training)
         if encoder.training:
             encoder.dropout_probabilities = self.dropout_now()
         if encoder.training and torch.is_grad_enabled():

@@ -29,6 +29,13 @@ def dropout_modules(base: nn.Module, family: Family) -> list[tuple[nn.Dropout, s
     ]
 
 
+def dropout_applies(dropouts: list[tuple[nn.Dropout, str]]) -> bool:
+    """Whether any of the model's ``dropouts`` (:func:`dropout_modules`) is in training mode
+    with a nonzero p: Monte Carlo dropout in a model put in eval mode, which Hugging Face
+    applies per module."""
+    return any(module.training and module.p for module, _ in dropouts)
+
+
 def dropout_now(
     dropouts: list[tuple[nn.Dropout, str]], family: Family, config: BertConfig, layers: nn.Module
 ) -> tuple[float, float]:
@@ -61,10 +68,10 @@ def refuse_dropout(found: dict[str, set[float]], family: Family, layers: nn.Modu
     dropout ``optimize`` refuses): set since on an nn.Dropout in training mode (``found``: the
     probabilities by kind) or on an attention module's float ``attention_dropout`` under
     ``layers``."""
-    floats = {
+    floats = {  # Hugging Face applies them in the module's training mode only
         float(getattr(m, "attention_dropout", 0.0))
         for m in layers.modules()
-        if isinstance(getattr(m, "attention_dropout", None), float)
+        if m.training and isinstance(getattr(m, "attention_dropout", None), float)
     }
     applied = sorted(p for p in {*found["hidden"], *found["attention"], *floats} if p)
     if applied:

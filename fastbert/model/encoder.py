@@ -271,7 +271,7 @@ class BertModel(PretrainedMixin, nn.Module):
         if self._quantize is None:
             return
         if self.training:
-            reason = "the model is in training mode"
+            reason = "the model (or a dropout module of it) is in training mode"
         elif self.needs_grad():
             reason = f"grad mode is on and {self._watch.first_requiring_grad()} requires grad"
         else:
