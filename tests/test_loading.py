@@ -137,3 +137,23 @@ def test_dtype_and_default_device() -> None:
     assert model.dtype == torch.float16 and model.device.type == "cpu"
     out = model(torch.tensor([[3, 4, 5]]))
     assert out.last_hidden_state.dtype == torch.float16
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta", "xlm-roberta", "electra", "distilbert"])
+def test_each_family_folder_loads_hugging_faces_outputs(tmp_path, family: str) -> None:
+    """Every family's saved folder gives Hugging Face's last hidden state: ELECTRA's
+    embedding projection (embedding_size 32 != hidden_size 64, ELECTRA-small's shape) was
+    never read, so every text got the same output (3.1 from Hugging Face's)."""
+    from tests.test_optimize import make_inputs, make_model
+
+    hf = make_model(family, "Model").eval()
+    hf.save_pretrained(tmp_path)
+    inputs, valid = make_inputs(hf, "Model", [7, 3])
+    if family == "distilbert":
+        inputs.pop("token_type_ids", None)
+    with torch.no_grad():
+        want = hf(**inputs).last_hidden_state
+        got = fastbert.BertModel.from_pretrained(tmp_path, device="cpu", backend="torch")(
+            inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids")
+        )[0]
+    torch.testing.assert_close(got[valid], want[valid], rtol=1e-4, atol=1e-5)

@@ -131,7 +131,11 @@ def load_weights(
     if family is BERT:
         names = hf_weight_names(model_class, model.config, with_pooler)
     else:
-        names = family.weight_names(model.config.num_hidden_layers, with_pooler)
+        with_projection = "embeddings.project_weight" in params  # ELECTRA's E != H
+        names = family.weight_names(model.config.num_hidden_layers, with_pooler, with_projection)
+    unread = sorted(set(params) - set(names))
+    if unread:  # a parameter no checkpoint tensor names would keep its initial values
+        raise RuntimeError(f"fastbert reads no checkpoint tensor into {unread[0]}")
     for ours, theirs in names.items():
         found = [_lookup(state, t) for t in theirs]
         missing = [t for t, f in zip(theirs, found) if f is None]
