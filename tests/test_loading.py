@@ -101,6 +101,20 @@ def test_untied_decoder_rejected() -> None:
         load_weights(model, state)
 
 
+def test_masked_lm_reads_the_decoders_own_bias() -> None:
+    """Hugging Face's decoder adds its own bias (the head's plain one only where they are
+    tied): fastbert's BertForMaskedLM read the plain one."""
+    hf = hf_model("BertForMaskedLM", seed=3).eval()
+    predictions = hf.cls.predictions
+    predictions.decoder.bias = torch.nn.Parameter(predictions.bias.detach() + 0.5)
+    ids, mask, types = padded_batch([6, 3], seed=3)
+    valid = mask.bool()
+    with torch.no_grad():
+        want = hf(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
+        got = fastbert.BertForMaskedLM.from_pretrained(hf, device="cpu")(ids, mask, types)[0]
+    torch.testing.assert_close(got[valid], want[valid], rtol=1e-4, atol=1e-5)
+
+
 def test_non_bert_config_rejected(tmp_path) -> None:
     hf_model("BertModel").save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())

@@ -243,6 +243,29 @@ def test_sparse_folder_gives_splade_vectors(mlm, tmp_path, strategy, activation)
     assert torch.equal(got.to_torch().to_dense() > 0, torch.from_numpy(dense > 0))
 
 
+@pytest.mark.parametrize("family", ["bert", "mpnet"])
+def test_sparse_folder_of_an_untied_masked_lm_reads_the_decoders_bias(tmp_path, family):
+    """A masked-LM saved with tie_word_embeddings=False keeps the decoder's bias apart from
+    the head's plain one, which Hugging Face's forward then never reads (nor trains): fastbert
+    read the plain one (0.29 from sentence-transformers' vectors; MPNet's, RoBERTa's names)."""
+    from tests.sentence_folders import save_with_tokenizer, tokenizer
+
+    untied = {"tie_word_embeddings": False}
+    if family == "bert":
+        base = hf_folder(tmp_path / "bert", "BertForMaskedLM", seed=4, **untied)
+    else:
+        from tests.test_mpnet import hf_mpnet
+
+        tok = tokenizer()
+        model = hf_mpnet("ForMaskedLM", 4, vocab_size=tok.vocab_size, **untied)
+        base = save_with_tokenizer(model, tmp_path / "mpnet")
+    modules = [transformer(base, transformer_task="fill-mask"), SpladePooling("max")]
+    folder = save_modules(tmp_path / "sparse", modules, kind="SparseEncoder")
+    want = st.SparseEncoder(str(folder), device="cpu").encode(TEXTS).to_dense().numpy()
+    got = fastbert.load(folder, device="cpu").embed(TEXTS).to_dense()
+    np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=1e-5)
+
+
 def test_max_active_dims_keeps_the_values_largest_in_magnitude():
     """A module after the SPLADE pooling may give negative values: the values kept are the
     largest in magnitude, as sentence-transformers' select_max_active_dims keeps them."""

@@ -80,8 +80,10 @@ class MaskedLMHeadNames:
     """Where a family's masked-LM head keeps its tensors in a ``*ForMaskedLM`` checkpoint, and
     how it computes: ``dense`` and ``norm`` are module names (``.weight`` / ``.bias`` follow),
     ``decoder`` the decoder weight's name (absent when tied to the word embeddings),
-    ``biases`` the decoder bias's names, first found; the transform's activation is
-    ``activation`` when the family fixes it, else the config's ``activation_key``; the
+    ``biases`` the decoder bias's names, first found (the decoder's own first: Hugging Face
+    reads the head's plain bias only where the checkpoint ties the decoder's to it); the
+    transform's activation is ``activation`` when the family fixes it, else the config's
+    ``activation_key``; the
     LayerNorm's epsilon is the config's ``eps_key`` (or ``eps`` when the family fixes it)."""
 
     dense: str
@@ -98,13 +100,13 @@ _BERT_MASKED_LM = MaskedLMHeadNames(
     "cls.predictions.transform.dense",
     "cls.predictions.transform.LayerNorm",
     "cls.predictions.decoder.weight",
-    ("cls.predictions.bias", "cls.predictions.decoder.bias"),
+    ("cls.predictions.decoder.bias", "cls.predictions.bias"),
 )
 _ROBERTA_MASKED_LM = MaskedLMHeadNames(
     "lm_head.dense",
     "lm_head.layer_norm",
     "lm_head.decoder.weight",
-    ("lm_head.bias", "lm_head.decoder.bias"),
+    ("lm_head.decoder.bias", "lm_head.bias"),
     activation="gelu",
 )
 

@@ -126,6 +126,10 @@ def load_weights(
     state = _normalize_prefix(state, model_class, family)
     if model_class in ("BertForMaskedLM", "BertForPreTraining"):
         check_tied_decoder(state)
+        if "cls.predictions.decoder.bias" in state:
+            # Hugging Face's decoder adds its own bias; the head's plain one stands in only
+            # where the checkpoint ties it away (untied, the plain one is never trained).
+            state["cls.predictions.bias"] = state["cls.predictions.decoder.bias"]
     params = dict(model.named_parameters())
     with_pooler = "pooler.weight" in params or "bert.pooler.weight" in params
     if family is BERT:
