@@ -943,6 +943,81 @@ def test_modules_the_encoder_does_not_call_changed_are_refused(change, message) 
         assert (model(**inputs).logits - fresh(**inputs).logits).abs().max() <= BOUND
 
 
+class _DoubledLinear(torch.nn.Linear):
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+def _doubled_linear(model) -> None:
+    old = model.bert.encoder.layer[0].intermediate.dense
+    new = _DoubledLinear(old.in_features, old.out_features)
+    new.load_state_dict(old.state_dict())
+    model.bert.encoder.layer[0].intermediate.dense = new
+
+
+def _fake_quantised_linear(model) -> None:
+    from torch.ao.nn.qat import Linear
+    from torch.ao.quantization import get_default_qat_qconfig
+
+    old = model.bert.encoder.layer[0].intermediate.dense
+    new = Linear(old.in_features, old.out_features, qconfig=get_default_qat_qconfig())
+    new.load_state_dict(old.state_dict(), strict=False)
+    model.bert.encoder.layer[0].intermediate.dense = new
+
+
+def _max_norm_embeddings(model) -> None:
+    old = model.bert.embeddings.word_embeddings
+    new = torch.nn.Embedding(*old.weight.shape, padding_idx=old.padding_idx, max_norm=0.3)
+    new.load_state_dict(old.state_dict())
+    model.bert.embeddings.word_embeddings = new
+
+
+def _unpadded_embeddings(model) -> None:
+    old = model.bert.embeddings.word_embeddings
+    new = torch.nn.Embedding(*old.weight.shape)  # no padding_idx: every row trains
+    new.load_state_dict(old.state_dict())
+    model.bert.embeddings.word_embeddings = new
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["before", "after"])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (_doubled_linear, r"intermediate.dense is (now )?a .*_DoubledLinear"),
+        (_fake_quantised_linear, r"intermediate.dense is (now )?a torch.ao.nn.qat"),
+        (_max_norm_embeddings, r"word_embeddings is an nn.Embedding with max_norm=0.3"),
+        (_unpadded_embeddings, r"word_embeddings.padding_idx is None, where the config's"),
+    ],
+    ids=["linear-subclass", "fake-quantised", "max-norm", "no-padding-idx"],
+)
+def test_tables_and_linears_unlike_pytorchs_own_are_refused(change, message, after) -> None:
+    """A linear that computes otherwise (a subclass with its own forward: 0.17 in the logits;
+    fake-quantised training's: 1.1e-3), an embedding that renormalizes its rows (max_norm:
+    0.11) or one whose pad row trains (Hugging Face's gradient 0.044 there, fastbert's 0):
+    refused by name, made before optimize or after it."""
+    model = make_model("bert", "ForSequenceClassification")
+    inputs, _ = make_inputs(model, "ForSequenceClassification", [9, 5])
+    with pytest.raises(ValueError, match=message):
+        if after:
+            fastbert.optimize(model, backend="torch")
+            change(model)
+            model(**inputs)
+        else:
+            change(model)
+            fastbert.optimize(model, backend="torch")
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_a_pad_id_edited_in_the_config_after_building_is_refused(family: str) -> None:
+    """Hugging Face's embeddings fix their pad id when built (the rows without gradient, and
+    RoBERTa's positions, counted from it): a config edited since would have made fastbert
+    count positions from another id (0.47 in RoBERTa's logits) or train the pad row."""
+    model = make_model(family, "ForSequenceClassification")
+    model.config.pad_token_id = 5
+    with pytest.raises(ValueError, match="padding_idx is [01], where the config's pad_token_id 5"):
+        fastbert.optimize(model, backend="torch")
+
+
 def test_a_global_module_hook_is_refused() -> None:
     model = fastbert.optimize(make_model("bert", "ForSequenceClassification"), backend="torch")
     inputs, _ = make_inputs(model, "ForSequenceClassification", [9, 5])

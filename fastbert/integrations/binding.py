@@ -37,6 +37,7 @@ def bind_encoder(base: nn.Module, family: Family, config: BertConfig, **kwargs: 
     encoder = BertModel(
         config, dtype=first.dtype, device="meta", add_pooling_layer=with_pooler, **kwargs
     )
+    _check_padding_rows(base, names, config, encoder.embeddings.padding_rows())
     for ours, theirs in names.items():
         missing = [t for t in theirs if t not in params]
         if missing:
@@ -71,6 +72,35 @@ def bind_encoder(base: nn.Module, family: Family, config: BertConfig, **kwargs: 
         encoder.quantize = encoder.quantize  # quantises the bound tensors
     encoder.resolve_ops_early()
     return encoder.train(base.training)
+
+
+def _check_padding_rows(
+    base: nn.Module, names: dict[str, tuple[str, ...]], config: BertConfig, rows: dict
+) -> None:
+    """ValueError where ``base``'s embedding modules hold another pad id than the config gives
+    fastbert's encoder (``rows``: its ``padding_rows()``): Hugging Face's modules fix theirs when
+    built (the rows without gradient; RoBERTa's positions, counted from the embeddings'
+    ``padding_idx``), so a config edited since, or a table replaced by one without it, would
+    train or count positions otherwise."""
+    word_path = names["embeddings.word"][0].rpartition(".")[0]
+    held = {"padding_idx": word_path}
+    if "embeddings.position" in names:
+        held["position_padding_idx"] = names["embeddings.position"][0].rpartition(".")[0]
+    for key, path in held.items():
+        value = base.get_submodule(path).padding_idx
+        if value != rows[key]:
+            raise ValueError(
+                f"{path}.padding_idx is {value}, where the config's pad_token_id "
+                f"{config.pad_token_id} gives fastbert's encoder {rows[key]}: set the config's "
+                "pad_token_id and the embeddings' padding_idx alike"
+            )
+    embeddings = word_path.rpartition(".")[0]
+    counted_from = getattr(base.get_submodule(embeddings), "padding_idx", None)
+    if config.position_scheme == "padding_offset" and counted_from != config.pad_token_id:
+        raise ValueError(
+            f"{embeddings}.padding_idx (where positions are counted from) is {counted_from}, "
+            f"where the config's pad_token_id is {config.pad_token_id}: set them alike"
+        )
 
 
 def fuse(tensors: list[torch.Tensor]) -> nn.Parameter:

@@ -10,6 +10,10 @@ another class (a ReLU for the GELU, a subclass of the pooler, a LoRA layer aroun
 Such a call raises ValueError naming the module and what was done to it. The hooks Hugging
 Face itself registers that change nothing fastbert computes are let through:
 :data:`PASSIVE_HOOKS`; a linear or an embedding replaced by another of its kind is read anew.
+The linears, embeddings and LayerNorms must be PyTorch's own, computing what those compute:
+a subclass (fake-quantised training's linears, one with a forward of its own) or an
+embedding with ``max_norm`` (which renormalizes its rows as it reads them),
+``scale_grad_by_freq`` or ``sparse`` gradients is refused when bound.
 """
 
 from __future__ import annotations
@@ -56,6 +60,14 @@ class BypassedModules:
         self._attributes = [vars(module) for _, module in self.modules]
         self._classes = {path: type(module) for path, module in base.named_modules() if path}
         self._name = name
+        for path, module in self.modules:
+            problem = _unlike_plain(module)
+            if problem is not None:
+                raise ValueError(
+                    f"{path} {problem}: fastbert's encoder reads its parameters and computes "
+                    "what PyTorch's own module does. Use that module, or call the model "
+                    "without fastbert.optimize"
+                )
 
     def refuse_skipped_hooks(self) -> None:
         """ValueError when one of the modules holds a forward or backward hook other than
@@ -90,7 +102,8 @@ class BypassedModules:
             bound = self._classes.get(path)
             if bound is None or type(module) is bound:
                 continue
-            if path in owners and isinstance(module, nn.Linear | nn.Embedding):
+            plain = type(module) in (nn.Linear, nn.Embedding) and _unlike_plain(module) is None
+            if path in owners and plain:
                 continue
             now = f"{type(module).__module__}.{type(module).__qualname__}"
             hint = (
@@ -105,6 +118,33 @@ class BypassedModules:
                 f"{bound.__qualname__} did, not the new module. Call the model without "
                 "fastbert, or fastbert.optimize a model built with the new module's computation"
             )
+
+
+def _unlike_plain(module: nn.Module) -> str | None:
+    """How ``module``, a linear, embedding or LayerNorm, may compute other than PyTorch's own
+    nn.Linear, nn.Embedding or nn.LayerNorm does (None: it does not, or it is none of them)."""
+    plain = (nn.Linear, nn.Embedding, nn.LayerNorm)
+    if not isinstance(module, plain):
+        return None
+    if type(module) not in plain:
+        kind = next(c for c in plain if isinstance(module, c))
+        return (
+            f"is a {type(module).__module__}.{type(module).__qualname__}, a subclass of "
+            f"nn.{kind.__name__}"
+        )
+    if isinstance(module, nn.Embedding):
+        options = [
+            f"{option}={getattr(module, option)!r}"
+            for option, plain_value in (
+                ("max_norm", None),
+                ("scale_grad_by_freq", False),
+                ("sparse", False),
+            )
+            if getattr(module, option) != plain_value
+        ]
+        if options:
+            return f"is an nn.Embedding with {', '.join(options)}"
+    return None
 
 
 def _hook_dicts(module: nn.Module) -> tuple[tuple[str, dict], ...]:
