@@ -171,3 +171,53 @@ def test_each_family_folder_loads_hugging_faces_outputs(tmp_path, family: str) -
             inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids")
         )[0]
     torch.testing.assert_close(got[valid], want[valid], rtol=1e-4, atol=1e-5)
+
+
+def _edited_config(folder, drop: tuple[str, ...] = (), **add) -> None:
+    path = folder / "config.json"
+    values = json.loads(path.read_text())
+    for key in drop:
+        values.pop(key, None)
+    path.write_text(json.dumps({**values, **add}))
+
+
+@pytest.mark.parametrize(
+    "family, drop, add",
+    [
+        ("roberta", ("pad_token_id",), {}),
+        ("xlm-roberta", ("pad_token_id",), {}),
+        ("modernbert", ("norm_eps",), {}),
+        ("modernbert", (), {"sliding_window": 2}),
+        ("modernbert", (), {"pad_token_id": None}),
+        ("mpnet", ("relative_attention_num_buckets",), {}),
+    ],
+    ids=[
+        "roberta-no-pad-id",
+        "xlm-r-no-pad-id",
+        "modernbert-no-norm-eps",
+        "modernbert-sliding-window-alias",
+        "modernbert-null-pad-id",
+        "mpnet-no-buckets",
+    ],
+)
+def test_a_config_json_reads_as_transformers_reads_it(tmp_path, family, drop, add) -> None:
+    """What a config.json leaves out takes the family's default, and older or alias keys
+    count, as in Hugging Face: fastbert took its own defaults (RoBERTa's pad id 0 where
+    Hugging Face's is 1: 0.91 off; ModernBERT's eps 1e-12 for 1e-5), ignored ModernBERT's
+    sliding_window (0.26) and failed on a null pad id or MPNet's default buckets."""
+    import transformers
+
+    from tests.test_modernbert import hf_modernbert
+    from tests.test_optimize import make_inputs, make_model
+
+    hf = hf_modernbert() if family == "modernbert" else make_model(family, "Model")
+    hf.save_pretrained(tmp_path)
+    _edited_config(tmp_path, drop, **add)
+    reference = transformers.AutoModel.from_pretrained(tmp_path, attn_implementation="eager")
+    inputs, valid = make_inputs(hf, "Model", [9, 4])
+    inputs.pop("token_type_ids", None)
+    with torch.no_grad():
+        want = reference.eval()(**inputs).last_hidden_state
+        model = fastbert.BertModel.from_pretrained(tmp_path, device="cpu", backend="torch")
+        got = model(inputs["input_ids"], inputs["attention_mask"])[0]
+    torch.testing.assert_close(got[valid], want[valid], rtol=1e-4, atol=1e-5)

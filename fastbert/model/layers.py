@@ -80,7 +80,8 @@ class BertEmbeddings(nn.Module):
 
     def position_ids(self, input_ids: torch.Tensor) -> torch.Tensor | None:
         """The position ids of [B, S] ``input_ids`` under ``config.position_scheme``: int64
-        [B, S], or None for 0..S-1 in every row (the ops' default)."""
+        [B, S], or None for 0..S-1 in every row (the ops' default; rotary positions read no
+        table)."""
         config = self.config
         longest = config.max_sequence_length
         offset = config.position_scheme == "padding_offset"
@@ -90,7 +91,7 @@ class BertEmbeddings(nn.Module):
                 f"sequence length {input_ids.shape[1]} exceeds the {longest} "
                 "positions this model has; truncate the input"
             )
-        if config.position_scheme == "sequential":
+        if not offset:  # sequential (rotary: positions read no table)
             return None
         real = (input_ids != config.pad_token_id).long()
         counted = torch.cumsum(real, dim=1)
@@ -113,7 +114,7 @@ class BertEmbeddings(nn.Module):
         device = input_ids.device
         sequence = np.repeat(np.arange(len(lengths)), lengths)  # each token's sequence
         place = np.arange(input_ids.numel(), dtype=np.int64) - starts[sequence]
-        if self.config.position_scheme == "sequential":
+        if self.config.position_scheme != "padding_offset":
             return torch.from_numpy(place).to(device, non_blocking=True)
         # Hugging Face's padding-offset positions count the non-pad tokens of a row.
         pad = self.config.pad_token_id
