@@ -214,6 +214,22 @@ def test_unsupported_configs_are_refused(overrides: dict, message: str) -> None:
         fastbert.optimize(hf_modernbert(**overrides), backend="torch")
 
 
+def test_a_window_set_in_the_config_after_optimize_is_run() -> None:
+    """Hugging Face builds the sliding-window mask from the config at each call: a window
+    set after optimize is the one run (fastbert kept the bound one: 0.87 off)."""
+    hf = hf_modernbert(local_attention=8)
+    ids, mask = inputs([40, 12])
+    model = fastbert.optimize(copy.deepcopy(hf), backend="torch")
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+        for m in (hf, model):
+            m.config.local_attention = 32
+        want = hf(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    valid = mask.bool()
+    torch.testing.assert_close(got[valid], want[valid], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("where", ["embeddings.drop", "mlp.drop", "attention float"])
 def test_dropout_set_after_optimize_is_refused_in_training(where: str) -> None:
     """Dropout switched on after optimize (an nn.Dropout's p, or the attention modules' float

@@ -215,8 +215,10 @@ def test_timing_headers_tokenize_info_health_metrics(server, client):
     for name in ("x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time"):
         assert float(response.headers[name]) >= 0
     assert int(response.headers["x-compute-tokens"]) == 7
-    tokens = requests.post(server.url + "/tokenize", json={"inputs": "Hello there"}).json()
-    assert [t["text"] for t in tokens[0]] == ["[CLS]", "hello", "there", "[SEP]"]
+    # TEI's token text is the input's characters from start to stop (the vocabulary's
+    # lower-cased "hello", "##ization" were given).
+    tokens = requests.post(server.url + "/tokenize", json={"inputs": "Hello Tokenization"}).json()
+    assert [t["text"] for t in tokens[0]] == ["[CLS]", "Hello", "Token", "ization", "[SEP]"]
     assert tokens[0][1]["start"] == 0 and tokens[0][1]["stop"] == 5 and tokens[0][0]["special"]
     info = requests.get(server.url + "/info").json()
     assert info["model_kind"] == "embedding" and info["max_input_length"] == 256

@@ -131,7 +131,9 @@ class TextTokenizer:
 
     def details(self, texts: list[str], add_special_tokens: bool = True) -> list[list[dict]]:
         """Every token of each text, untruncated: ``{id, text, special, start, stop}`` (start
-        and stop: character offsets into the text; None for special tokens)."""
+        and stop: character offsets into the text; None for special tokens), as TEI gives
+        them: ``text`` is the text's characters from start to stop (the vocabulary's token
+        for a special token, or where the tokenizer gives no offsets)."""
         with self._borrowed("right") as tokenizer:
             batch = tokenizer(
                 texts,
@@ -147,18 +149,22 @@ class TextTokenizer:
         for row, ids in enumerate(batch["input_ids"]):
             special = batch["special_tokens_mask"][row]
             offsets = batch["offset_mapping"][row] if "offset_mapping" in batch else None
-            out.append(
-                [
+            tokens = []
+            for i, token_id in enumerate(ids):
+                start, stop = (None, None)
+                if not special[i] and offsets is not None:
+                    start, stop = offsets[i]
+                text = names[row][i] if start is None else texts[row][start:stop]
+                tokens.append(
                     {
                         "id": token_id,
-                        "text": names[row][i],
+                        "text": text,
                         "special": bool(special[i]),
-                        "start": None if special[i] or offsets is None else offsets[i][0],
-                        "stop": None if special[i] or offsets is None else offsets[i][1],
+                        "start": start,
+                        "stop": stop,
                     }
-                    for i, token_id in enumerate(ids)
-                ]
-            )
+                )
+            out.append(tokens)
         return out
 
     @contextlib.contextmanager

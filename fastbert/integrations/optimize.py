@@ -353,6 +353,7 @@ class FastbertForward:
         )
         self._layer_count = len(self._layers)
         self._norm_eps = [m.eps for m in self._norms]
+        self._window = _window_of(self.base.config)
         self.encoder = bind_encoder(self.base, self.family, self.config, **self.settings)
         with_pooler = self.encoder.pooler is not None
         with_projection = self.config.embedding_width != self.config.hidden_size
@@ -515,6 +516,8 @@ class FastbertForward:
             return False
         if any(m.eps != eps for m, eps in zip(self._norms, self._norm_eps)):
             return False
+        if _window_of(self.base.config) != self._window:
+            return False
         if self._generation != registration_generation():
             self._bypassed.refuse_replaced(self.base, self._owners)
             try:
@@ -530,6 +533,12 @@ class FastbertForward:
             self._dropouts = training_modes.dropout_modules(self.base, self.family)
             self._generation = registration_generation()
         return all(p.data_ptr() == ptr for p, ptr in self._views)
+
+
+def _window_of(config: Any) -> tuple:
+    """The sliding window of ``config`` (ModernBERT's), which Hugging Face reads at each call
+    (a model's other settings are its modules', read when they were built)."""
+    return (getattr(config, "local_attention", None), getattr(config, "sliding_window", None))
 
 
 def _describe(value: Any) -> str:
