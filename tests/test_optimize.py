@@ -1018,6 +1018,16 @@ def test_a_pad_id_edited_in_the_config_after_building_is_refused(family: str) ->
         fastbert.optimize(model, backend="torch")
 
 
+def test_embeddings_of_mixed_dtypes_are_refused() -> None:
+    """Only the embeddings' LayerNorm cast to float16 after optimize: Hugging Face raises
+    (mixed dtype), fastbert cast it back and ran in float32."""
+    model = fastbert.optimize(make_model("bert", "ForSequenceClassification"), backend="torch")
+    inputs, _ = make_inputs(model, "ForSequenceClassification", [9, 5])
+    model.bert.embeddings.LayerNorm.half()
+    with pytest.raises(RuntimeError, match="mixed dtypes .*float32 and torch.float16"):
+        model(**inputs)
+
+
 def test_a_global_module_hook_is_refused() -> None:
     model = fastbert.optimize(make_model("bert", "ForSequenceClassification"), backend="torch")
     inputs, _ = make_inputs(model, "ForSequenceClassification", [9, 5])

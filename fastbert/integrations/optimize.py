@@ -106,7 +106,8 @@ def optimize(
     (fastbert.model.quantization): the encoder's parameters are frozen
     (``requires_grad=False``) and a call in training mode or recording gradients raises. The
     model's float weights stay its parameters (``state_dict`` and ``save_pretrained``
-    unchanged); the quantised copies follow their changes. On the CPU it needs float32 (fp8
+    unchanged); the quantised copies follow their changes, except writes through ``.data``
+    (as packed_weights). On the CPU it needs float32 (fp8
     there is an emulation, for its accuracy), on CUDA sm_80 (int8) or sm_89 (fp8) or newer.
 
     The model runs inference and training (see the module docstring); any argument fastbert

@@ -139,6 +139,13 @@ class BertEmbeddings(nn.Module):
         computed here are in range by construction). ``dropout_p``: dropout on the
         LayerNorm's output (before ELECTRA's projection), as in Hugging Face.
         """
+        tables = (self.position, self.token_type, self.ln_weight, self.ln_bias)
+        mixed = [t.dtype for t in tables if t is not None and t.dtype != self.word.dtype]
+        if mixed:  # the ops would cast them (Hugging Face's LayerNorm raises)
+            raise RuntimeError(
+                f"the embeddings' tables and LayerNorm hold mixed dtypes ({self.word.dtype} "
+                f"and {mixed[0]}): cast the whole model to one dtype"
+            )
         zero_row = self.word.new_zeros(1, self.word.shape[1])
         position = self.position
         if position is None:  # rotary positions: every token reads the one zero row
