@@ -214,6 +214,23 @@ def test_unsupported_configs_are_refused(overrides: dict, message: str) -> None:
         fastbert.optimize(hf_modernbert(**overrides), backend="torch")
 
 
+def test_inputs_longer_than_max_position_embeddings_run_as_hf() -> None:
+    """Rotary positions read no table: Hugging Face runs rows longer than
+    max_position_embeddings, and so does the optimized model (it refused them), padded and
+    packed alike."""
+    hf = hf_modernbert(max_position_embeddings=32, local_attention=8)
+    ids, mask = inputs([60, 41])
+    model = fastbert.optimize(copy.deepcopy(hf), backend="torch")
+    with torch.no_grad():
+        want = hf(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        valid = mask.bool()
+        torch.testing.assert_close(got[valid], want[valid], rtol=1e-4, atol=1e-5)
+        encoder = fastbert.BertModel.from_pretrained(hf, device="cpu", backend="torch")
+        packed = encoder.forward_packed(ids[valid], [0, 60, 101])
+    torch.testing.assert_close(packed, want[valid], rtol=1e-4, atol=1e-5)
+
+
 def test_a_window_set_in_the_config_after_optimize_is_run() -> None:
     """Hugging Face builds the sliding-window mask from the config at each call: a window
     set after optimize is the one run (fastbert kept the bound one: 0.87 off)."""

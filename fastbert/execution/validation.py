@@ -185,7 +185,7 @@ class PackedInputs:
 
 
 def check_packed_inputs(
-    max_positions: int,
+    max_positions: int | None,
     device: torch.device,
     input_ids: torch.Tensor,
     cu_seqlens: torch.Tensor | Sequence[int],
@@ -194,7 +194,8 @@ def check_packed_inputs(
     """Validate packed inputs: ``input_ids`` and ``token_type_ids`` integer [T] on ``device``;
     ``cu_seqlens`` [B + 1] integers from 0 to T, never decreasing (a tensor on the host or on
     ``device``, or a sequence of ints; one on a GPU is read to the host, once). No sequence
-    may be longer than ``max_positions``. ValueError or TypeError naming the argument."""
+    may be longer than ``max_positions`` (None: any length). ValueError or TypeError naming
+    the argument."""
     checks.check_tensor("input_ids", input_ids)
     checks.check_integer("input_ids", input_ids)
     if input_ids.dim() != 1:
@@ -230,7 +231,7 @@ def check_packed_inputs(
     if (lengths < 0).any():
         raise ValueError("cu_seqlens must never decrease (each entry is where a sequence ends)")
     max_seqlen = int(lengths.max()) if lengths.size else 0
-    if max_seqlen > max_positions:
+    if max_positions is not None and max_seqlen > max_positions:
         index = int(lengths.argmax())
         raise ValueError(
             f"sequence {index} has {max_seqlen} tokens, more than the model's "

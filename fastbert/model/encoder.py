@@ -420,17 +420,23 @@ class BertModel(PretrainedMixin, nn.Module):
         """The inputs' shapes, dtypes and devices checked against this model (an empty batch's
         too): (input ids, token types, bool key-padding mask or None), as
         :func:`fastbert.execution.validation.check_model_inputs` returns them."""
-        config = self.config
-        # Padding-offset positions count a row's non-pad tokens, so a batch padded past the
-        # table fits where its rows do, as in Hugging Face (Embeddings.position_ids checks).
-        offset = config.position_scheme == "padding_offset"
         return validation.check_model_inputs(
-            None if offset else config.max_sequence_length,
+            self._longest_row(),
             self.device,
             input_ids,
             attention_mask,
             token_type_ids,
         )
+
+    def _longest_row(self) -> int | None:
+        """The longest row the inputs' shape may have, or None where the shape is not bound:
+        rotary positions read no table (Hugging Face runs any length), and padding-offset
+        positions count a row's non-pad tokens, so a batch padded past the table fits where
+        its rows do (Embeddings.position_ids checks them)."""
+        config = self.config
+        if config.position_scheme in ("rotary", "padding_offset"):
+            return None
+        return config.max_sequence_length
 
     def call(self) -> runtime.Call:
         """What a call made now asks of the runtime: its dropout (the config's in training
@@ -512,8 +518,11 @@ class BertModel(PretrainedMixin, nn.Module):
         pad, gather or scatter). The pooler is not run; pool per sequence with
         :func:`fastbert.model.pooling.pool_packed`.
         """
+        longest = (
+            None if self.config.position_scheme == "rotary" else self.config.max_sequence_length
+        )
         inputs = validation.check_packed_inputs(
-            self.config.max_sequence_length, self.device, input_ids, cu_seqlens, token_type_ids
+            longest, self.device, input_ids, cu_seqlens, token_type_ids
         )
         ids, types = inputs.input_ids, inputs.token_type_ids
         if ids.numel() == 0:

@@ -83,6 +83,8 @@ class BertEmbeddings(nn.Module):
         [B, S], or None for 0..S-1 in every row (the ops' default; rotary positions read no
         table)."""
         config = self.config
+        if config.position_scheme == "rotary":  # no table: any length, as in Hugging Face
+            return None
         longest = config.max_sequence_length
         offset = config.position_scheme == "padding_offset"
         wider = input_ids.shape[1] > longest
@@ -91,7 +93,7 @@ class BertEmbeddings(nn.Module):
                 f"sequence length {input_ids.shape[1]} exceeds the {longest} "
                 "positions this model has; truncate the input"
             )
-        if not offset:  # sequential (rotary: positions read no table)
+        if not offset:
             return None
         real = (input_ids != config.pad_token_id).long()
         counted = torch.cumsum(real, dim=1)
