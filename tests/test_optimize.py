@@ -606,6 +606,19 @@ def test_token_types_of_a_family_without_them_are_ignored(family: str) -> None:
     assert_outputs_match(expected, got, valid)
 
 
+@pytest.mark.parametrize(
+    "activation",
+    ["gelu", "gelu_python", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_accurate"],
+)
+def test_each_gelu_name_runs_as_hf(activation: str) -> None:
+    """Every GELU name Hugging Face maps to the exact or the tanh form (gelu_accurate, the tanh
+    form written out, was refused)."""
+    model = make_model("bert", "Model", hidden_act=activation)
+    inputs, valid = make_inputs(model, "Model", [7, 3])
+    expected, got = hf_then_optimized(model, inputs, backend="torch")
+    assert_outputs_match(expected, got, valid)
+
+
 def test_too_long_roberta_input_raises() -> None:
     model = fastbert.optimize(make_model("roberta", "Model"), backend="torch")
     ids = torch.full((1, 65), 5)  # 66 positions, 2 of them reserved after pad_token_id 1

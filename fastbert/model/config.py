@@ -20,6 +20,7 @@ HIDDEN_ACTIVATIONS = {
     "gelu_new": "gelu_tanh",
     "gelu_pytorch_tanh": "gelu_tanh",
     "gelu_fast": "gelu_tanh",
+    "gelu_accurate": "gelu_tanh",  # the same tanh form, written out
 }
 # How position ids follow from input_ids: "sequential" is 0..S-1 in every row (BERT, ELECTRA,
 # DistilBERT); "padding_offset" is pad_token_id + 1 + the count of non-pad ids so far, and
