@@ -194,6 +194,18 @@ def test_sentence_transformer(folders, tmp_path, family: str) -> None:
     assert torch.nn.functional.cosine_similarity(got, want).min() > 0.99999
 
 
+def test_a_features_dict_run_again_gives_the_same_embeddings(folders, tmp_path) -> None:
+    """sentence-transformers writes its outputs (token_embeddings, sentence_embedding) into
+    the features dict, and a loss that runs the dict again (CachedGISTEmbedLoss) passes them
+    back to the model's forward, which Hugging Face ignores: fastbert refused them."""
+    model = fastbert.optimize(dense(tmp_path, folders("bert", "Model")), backend="torch")
+    features = model.preprocess(TEXTS)
+    with torch.no_grad():
+        first = model(features)["sentence_embedding"].clone()
+        assert "token_embeddings" in features
+        torch.testing.assert_close(model(features)["sentence_embedding"], first)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_sparse_encoder(folders, tmp_path, family: str) -> None:
     model = sparse(tmp_path, folders(family, "ForMaskedLM"))

@@ -76,6 +76,12 @@ _UNSUPPORTED = {
 }
 
 
+# What sentence-transformers' modules write into a features dict: a loss that runs the dict
+# through the model again (CachedGISTEmbedLoss, ContrastiveTensionLossInBatchNegatives) passes
+# them back as keyword arguments, which Hugging Face's forward takes in **kwargs and ignores.
+_SENTENCE_OUTPUTS = ("token_embeddings", "sentence_embedding", "all_layer_embeddings", "scores")
+
+
 def optimize(
     model: Any,
     *,
@@ -401,6 +407,8 @@ class FastbertForward:
         arguments.pop("use_cache", None)  # an encoder ignores it, as in Hugging Face
         # The Trainer's token count for the heads' loss, passed down through **kwargs.
         arguments.pop("num_items_in_batch", None)
+        for name in _SENTENCE_OUTPUTS:  # a features dict run again (Hugging Face ignores them)
+            arguments.pop(name, None)
         self._refuse(arguments)
         if input_ids is None:
             raise ValueError("input_ids is required by a fastbert-optimized model")
