@@ -295,6 +295,23 @@ def test_gradient_path_output_equals_inference_output(device, op) -> None:
     assert torch.equal(call(lambda t: t, device), plain)
 
 
+@pytest.mark.parametrize("op", sorted(CALLS))
+def test_a_gradient_of_the_gradient_is_refused(device, op) -> None:
+    """The backward kernels record no graph: a gradient taken with create_graph=True (a
+    gradient penalty) came back detached, and the loss built on it trained on gradients 0.1
+    to 1.4 off (relative); it raises instead."""
+    leaves = []
+
+    def leaf(t: torch.Tensor) -> torch.Tensor:
+        leaves.append(t.requires_grad_())
+        return t
+
+    out = CALLS[op](leaf, device)
+    with pytest.raises(RuntimeError, match="differentiable once"):
+        torch.autograd.grad(out.square().sum(), leaves, create_graph=True)
+    assert torch.autograd.grad(CALLS[op](leaf, device).sum(), leaves[-1:])[0].grad_fn is None
+
+
 def test_empty_batches_give_zero_parameter_gradients(device) -> None:
     x = torch.zeros(0, 40, device=device, requires_grad=True)
     weight = _randn(36, 40, device=device).requires_grad_()

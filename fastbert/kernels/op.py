@@ -292,6 +292,12 @@ class Op:
 
             @staticmethod
             def backward(ctx: Any, *grad_outputs: torch.Tensor | None) -> tuple:
+                if torch.is_grad_enabled():  # create_graph=True: a gradient of the gradient
+                    raise RuntimeError(
+                        f"fastbert's {op.name} op is differentiable once: its backward kernels "
+                        "record no graph, so the gradient of its gradient (create_graph=True, "
+                        "a gradient penalty) would be wrong; use backend='torch' for it"
+                    )
                 return formula(ctx, *grad_outputs)
 
         Function.__name__ = Function.__qualname__ = f"{_camel(self.name)}Function"
