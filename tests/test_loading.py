@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import fastbert
+from fastbert.model.families import FAMILIES
 from tests.hf_models import as_pytorch_bin, hf_model, padded_batch
 
 
@@ -190,6 +191,7 @@ def _edited_config(folder, drop: tuple[str, ...] = (), **add) -> None:
         ("modernbert", (), {"sliding_window": 2}),
         ("modernbert", (), {"pad_token_id": None}),
         ("mpnet", ("relative_attention_num_buckets",), {}),
+        ("distilbert", ("dim", "n_layers", "n_heads"), "bert-names"),
     ],
     ids=[
         "roberta-no-pad-id",
@@ -198,6 +200,7 @@ def _edited_config(folder, drop: tuple[str, ...] = (), **add) -> None:
         "modernbert-sliding-window-alias",
         "modernbert-null-pad-id",
         "mpnet-no-buckets",
+        "distilbert-bert-names",
     ],
 )
 def test_a_config_json_reads_as_transformers_reads_it(tmp_path, family, drop, add) -> None:
@@ -212,6 +215,13 @@ def test_a_config_json_reads_as_transformers_reads_it(tmp_path, family, drop, ad
 
     hf = hf_modernbert() if family == "modernbert" else make_model(family, "Model")
     hf.save_pretrained(tmp_path)
+    if add == "bert-names":  # transformers' attribute_map reads them as DistilBERT's own
+        config = hf.config
+        add = dict(
+            hidden_size=config.dim,
+            num_hidden_layers=config.n_layers,
+            num_attention_heads=config.n_heads,
+        )
     _edited_config(tmp_path, drop, **add)
     reference = transformers.AutoModel.from_pretrained(tmp_path, attn_implementation="eager")
     inputs, valid = make_inputs(hf, "Model", [9, 4])
@@ -221,3 +231,32 @@ def test_a_config_json_reads_as_transformers_reads_it(tmp_path, family, drop, ad
         model = fastbert.BertModel.from_pretrained(tmp_path, device="cpu", backend="torch")
         got = model(inputs["input_ids"], inputs["attention_mask"])[0]
     torch.testing.assert_close(got[valid], want[valid], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", [f.model_type for f in FAMILIES])
+def test_each_familys_defaults_are_transformers(family: str) -> None:
+    """A config.json that names only its model_type reads as the family's transformers
+    config class fills it in (fastbert took BERT's defaults: RoBERTa's pad id 0)."""
+    import dataclasses
+
+    import transformers
+
+    from fastbert.model.families import family_of_model_type
+
+    spec = family_of_model_type(family)
+    ours = fastbert.BertConfig.from_dict({"model_type": family}, spec)
+    theirs = fastbert.BertConfig.from_hf(getattr(transformers, f"{spec.prefix}Config")(), spec)
+    assert dataclasses.asdict(ours) == dataclasses.asdict(theirs)
+
+
+def test_a_scaled_rope_under_the_older_key_is_refused(tmp_path) -> None:
+    """ModernBERT's rope_scaling (before rope_parameters) scales both layer types' RoPE in
+    transformers: refused as rope_parameters' is (it ran unscaled: 0.05 off)."""
+    from tests.test_modernbert import hf_modernbert
+
+    hf_modernbert().save_pretrained(tmp_path)
+    _edited_config(
+        tmp_path, ("rope_parameters",), rope_scaling={"rope_type": "linear", "factor": 4.0}
+    )
+    with pytest.raises(ValueError, match="rope_type 'linear' .* is not supported"):
+        fastbert.BertModel.from_pretrained(tmp_path, device="cpu")

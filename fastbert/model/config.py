@@ -269,6 +269,7 @@ class BertConfig:
             )
         if values.get("is_decoder") or values.get("add_cross_attention"):
             raise ValueError("decoder / cross-attention BERT configs are not supported")
+        values = family.as_hugging_face_reads(values)
         kwargs = family.config_values(values)
         if family.derive is not None:
             kwargs.update(family.derive(values))

@@ -128,7 +128,9 @@ class Family:
     probabilities' nn.Dropout under each layer; derive: config dict -> more BertConfig
     keyword arguments, for fields that are no plain renaming (it raises ValueError for what
     fastbert does not run); output_class: the transformers.modeling_outputs class the base
-    model returns.
+    model returns; config_defaults, config_aliases: what the family's transformers config
+    class fills in and reads otherwise (:meth:`as_hugging_face_reads`; tests compare them with
+    transformers').
     """
 
     name: str
@@ -159,6 +161,8 @@ class Family:
     first_layer_skips: tuple[str, ...] = ()
     masked_lm_head: MaskedLMHeadNames | None = None
     derive: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
+    config_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    config_aliases: Mapping[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -169,6 +173,17 @@ class Family:
     def has_token_types(self) -> bool:
         """Whether the architecture has a token-type table (all but DistilBERT)."""
         return self.config_constants.get("type_vocab_size") != 0
+
+    def as_hugging_face_reads(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """A config dict as the family's transformers config class holds it: its defaults
+        (``config_defaults``, where they differ from BertConfig's) for what the dict leaves
+        out, and each alias key of ``config_aliases`` (alias -> (key, factor)) read as
+        ``key = factor * value``, as the class's setters read it."""
+        read = {**self.config_defaults, **values}
+        for alias, (key, factor) in self.config_aliases.items():
+            if read.get(alias) is not None:
+                read[key] = factor * read[alias]
+        return read
 
     def config_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """fastbert BertConfig keyword arguments from a Hugging Face config dict."""
@@ -216,9 +231,14 @@ ROBERTA = Family(
     _WITH_POOLER,
     config_constants={"position_scheme": "padding_offset"},
     masked_lm_head=_ROBERTA_MASKED_LM,
+    config_defaults={"vocab_size": 50265, "pad_token_id": 1},
 )
 XLM_ROBERTA = dataclasses.replace(
-    ROBERTA, name="XLM-RoBERTa", model_type="xlm-roberta", prefix="XLMRoberta"
+    ROBERTA,
+    name="XLM-RoBERTa",
+    model_type="xlm-roberta",
+    prefix="XLMRoberta",
+    config_defaults={"pad_token_id": 1},
 )
 ELECTRA = Family(
     "ELECTRA",
@@ -240,6 +260,12 @@ ELECTRA = Family(
         ("generator_lm_head.bias",),
         activation="gelu",
     ),
+    config_defaults={
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "intermediate_size": 1024,
+        "embedding_size": 128,
+    },
 )
 DISTILBERT = Family(
     "DistilBERT",
@@ -271,6 +297,13 @@ DISTILBERT = Family(
         "attention_output_dropout": False,
     },
     embeddings=dict(_BERT_EMBEDDINGS_WITHOUT_TOKEN_TYPES),
+    config_defaults={"n_layers": 6, "seq_classif_dropout": 0.2},
+    # transformers' attribute_map: BERT's names for DistilBERT's fields.
+    config_aliases={
+        "hidden_size": ("dim", 1),
+        "num_hidden_layers": ("n_layers", 1),
+        "num_attention_heads": ("n_heads", 1),
+    },
     layer_prefix="transformer.layer",
     attention_dropout="attention.dropout",
     layer={
@@ -329,6 +362,7 @@ MPNET = Family(
     },
     shared={"relative_bias": ("encoder.relative_attention_bias.weight",)},
     masked_lm_head=_ROBERTA_MASKED_LM,
+    config_defaults={"vocab_size": 30527, "relative_attention_num_buckets": 32},
 )
 
 
@@ -350,12 +384,13 @@ def _modernbert_values(values: Mapping[str, Any]) -> dict[str, Any]:
             "sliding_attention" if i % every else "full_attention" for i in range(layers)
         ]
     rope = values.get("rope_parameters") or {}
+    scaling = values.get("rope_scaling") or {}  # the older key, read into both layer types
     thetas = {}
     for kind, old_name in (
         ("full_attention", "global_rope_theta"),
         ("sliding_attention", "local_rope_theta"),
     ):
-        params = rope.get(kind) or {}
+        params = {**(rope.get(kind) or {}), **scaling}
         if params.get("rope_type", "default") != "default":
             raise ValueError(
                 f"rope_type {params['rope_type']!r} ({kind}) is not supported; fastbert runs "
@@ -442,6 +477,17 @@ MODERNBERT = Family(
         eps=1e-5,
     ),
     derive=_modernbert_values,
+    config_defaults={
+        "vocab_size": 50368,
+        "num_hidden_layers": 22,
+        "intermediate_size": 1152,
+        "max_position_embeddings": 8192,
+        "norm_eps": 1e-5,
+        "pad_token_id": 50283,
+        "local_attention": 128,
+    },
+    # sliding_window is half the window local_attention spans (transformers' setter).
+    config_aliases={"sliding_window": ("local_attention", 2)},
 )
 FAMILIES = (BERT, ROBERTA, XLM_ROBERTA, ELECTRA, DISTILBERT, MPNET, MODERNBERT)
 

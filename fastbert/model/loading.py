@@ -177,34 +177,7 @@ def read_checkpoint_config(folder: Path) -> tuple[BertConfig, dict, Family]:
     family = BERT
     if isinstance(raw, Mapping) and isinstance(raw.get("model_type"), str):
         family = family_of_model_type(raw["model_type"]) or BERT
-    values = as_transformers_reads(raw, family, config_path)
-    return BertConfig.from_dict(values, family, source=config_path), values, family
-
-
-def as_transformers_reads(raw: Any, family: Family, source: Path) -> Any:
-    """``raw`` (a parsed config.json of ``family``) as transformers reads it, where it is
-    installed: its config class fills what the file leaves out with the family's defaults
-    (RoBERTa's pad_token_id 1, ModernBERT's norm_eps) and reads older or alias keys
-    (ModernBERT's sliding_window, rope_scaling), as the instances fastbert binds hold them.
-    ``raw`` itself where transformers is absent, or where it is no mapping or transformers
-    cannot read it (then :meth:`BertConfig.from_dict` names the field, or this the error)."""
-    try:
-        import transformers
-    except ImportError:
-        return raw
-    config_class = getattr(transformers, f"{family.prefix}Config", None)
-    if not isinstance(raw, Mapping) or config_class is None:
-        return raw
-    if raw.get("model_type", family.model_type) != family.model_type:
-        return raw  # BertConfig.from_dict names the model_type
-    try:
-        config = config_class.from_dict(dict(raw))
-    except Exception as error:  # transformers' own checks raise several kinds
-        BertConfig.from_dict(raw, family, source=source)  # a named field first, if one
-        raise ValueError(f"{source}: transformers cannot read it: {error}") from error
-    values = config.to_dict()
-    values["num_labels"] = config.num_labels
-    return values
+    return BertConfig.from_dict(raw, family, source=config_path), raw, family
 
 
 def transformer_folder(folder: Path) -> Path:
