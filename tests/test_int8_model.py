@@ -257,8 +257,11 @@ def test_training_and_gradients_are_refused() -> None:
         model(ids, mask, types)
 
 
-def test_optimized_hf_model_int8_refuses_training_mode() -> None:
-    hf = hf_model("BertModel", seed=3)
+@pytest.mark.parametrize("head", ["BertModel", "BertForSequenceClassification"])
+def test_optimized_hf_model_int8_refuses_training_mode(head: str) -> None:
+    """Every parameter frozen, the head's too (its classifier kept requires_grad and a
+    grad-mode call recorded gradients into it); training mode raises."""
+    hf = hf_model(head, seed=3)
     ids, mask, types = padded_batch([4, 3], seed=3)
     fastbert.optimize(hf, quantize="int8")
     assert not any(p.requires_grad for p in hf.parameters())

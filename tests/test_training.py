@@ -309,9 +309,12 @@ def test_own_models_checkpoint_the_layers_asked_through_the_function_given() -> 
         calls[0] += 1
         return CHECKPOINT(*args, **kwargs)
 
-    encoder.gradient_checkpointing = True
-    encoder.checkpointed_layers = (True,) + (False,) * (len(encoder.layers) - 1)
-    encoder.checkpoint_function = counted
+    # Set on the head model, as on Hugging Face's: the encoder's (setting them on the head
+    # added attributes nothing read).
+    model.gradient_checkpointing = True
+    model.checkpointed_layers = (True,) + (False,) * (len(encoder.layers) - 1)
+    model.checkpoint_function = counted
+    assert encoder.gradient_checkpointing and encoder.checkpoint_function is counted
     kept, checkpointed_loss, got = training_step(model, inputs, labels)
     assert calls[0] == 1 and kept < full
     assert torch.equal(loss, checkpointed_loss)

@@ -154,6 +154,8 @@ def optimize(
         "packed_weights": packed_weights,
     }
     base.forward = FastbertForward(base, family, config, settings, masked_outputs_read)
+    if quantize is not None:  # inference only: the heads' parameters too
+        model.requires_grad_(False)
     if hf_model is not base and not is_sentence_transformer(model):
         _compute_padding_where_losses_read_it(hf_model)
     return model

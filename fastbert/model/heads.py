@@ -58,6 +58,10 @@ class _BertWithHead(PretrainedMixin, nn.Module):
     cuda_graphs = RunSetting("bert")
     packed_weights = RunSetting("bert")
     quantize = RunSetting("bert")
+    # Activation checkpointing is the encoder's too (its layers are what it recomputes).
+    gradient_checkpointing = RunSetting("bert")
+    checkpointed_layers = RunSetting("bert")
+    checkpoint_function = RunSetting("bert")
 
     def ops(self) -> Ops:
         """The hot ops this model runs with (its encoder's)."""
