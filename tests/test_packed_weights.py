@@ -376,3 +376,33 @@ def test_loaded_text_models_pack_their_weights(tmp_path) -> None:
     got = model.embed(texts)
     model.encoder.model.packed_weights = False
     assert (got == model.embed(texts)).all()
+
+
+@pytest.mark.parametrize("value, dynamic", [("true", True), (" TRUE ", True), ("false", False)])
+def test_openmp_dynamic_threads_leave_onednn_out(monkeypatch, value: str, dynamic: bool) -> None:
+    """With OMP_DYNAMIC=true OpenMP may give oneDNN's primitives fewer threads than they ask
+    for, and on a busy host they returned NaN or values of 1e19 (all-MiniLM-L6-v2's
+    embeddings NaN, where F.linear stays exact): the engine takes F.linear and its own
+    passes then."""
+    from fastbert.kernels import cpu_engine_linear, packed_weights
+
+    monkeypatch.setenv("OMP_DYNAMIC", value)
+    caches = (
+        packed_weights.openmp_dynamic,
+        packed_weights.available,
+        cpu_engine_linear.has_onednn_linear,
+    )
+    for cached in caches:
+        cached.cache_clear()
+    try:
+        assert packed_weights.openmp_dynamic() is dynamic
+        if dynamic:
+            assert not packed_weights.available()
+            assert not cpu_engine_linear.has_onednn_linear()
+            x, weight = torch.randn(40, 32), torch.randn(16, 32)
+            expected = torch.nn.functional.linear(x, weight)
+            assert torch.equal(linear_unchecked(x, weight, None, None, None), expected)
+    finally:
+        monkeypatch.delenv("OMP_DYNAMIC")
+        for cached in caches:
+            cached.cache_clear()

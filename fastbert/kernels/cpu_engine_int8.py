@@ -125,7 +125,7 @@ class PanelProduct(_KeptWeightProduct):
 def _product_passes(x: torch.Tensor, weight: torch.Tensor, packs: PackedWeights | None) -> object:
     """Where the int8 linear's passes and product run (see :func:`linear_int8_unchecked`)."""
     k = weight.shape[1]
-    if packs is None or _paused or not k:
+    if packs is None or _paused or not k or not cpu_engine_linear.has_onednn_linear():
         return cpu_int8
     if not has_int8_dot_products():
         build = cpu_int8_product.chosen()

@@ -23,7 +23,7 @@ import torch
 
 from . import cpu_gelu, reference, torch_ops
 from .op import implements
-from .packed_weights import PackedWeights, onednn_serves
+from .packed_weights import PackedWeights, onednn_serves, openmp_dynamic
 
 
 # oneDNN's GEMM with its post-ops (PyTorch's own inference op, what torch.compile emits on a
@@ -32,7 +32,11 @@ from .packed_weights import PackedWeights, onednn_serves
 # takes F.linear. Which dtypes it takes on this CPU: packed_weights.onednn_serves.
 @functools.cache
 def has_onednn_linear() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    return (
+        not openmp_dynamic()
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
 
 
 def onednn_linear(

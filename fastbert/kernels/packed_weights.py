@@ -34,6 +34,7 @@ for theirs (each a second copy, the size of a float32 model's weights), and
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -53,12 +54,22 @@ Copy = TypeVar("Copy")
 
 
 @functools.cache
+def openmp_dynamic() -> bool:
+    """Whether OpenMP may give a parallel region fewer threads than it asks for
+    (``OMP_DYNAMIC=true``, read once): oneDNN's primitives then return garbage on a busy host
+    (NaN, values of 1e19, where F.linear is exact: torch 2.13), so the CPU engine leaves
+    oneDNN out (:func:`available`, cpu_engine_linear.has_onednn_linear)."""
+    return os.environ.get("OMP_DYNAMIC", "").strip().lower() == "true"
+
+
+@functools.cache
 def available() -> bool:
     """Whether this PyTorch build reorders linear weights for oneDNN (a CPU build with it, of
-    release SAME_BITS_FROM or newer)."""
+    release SAME_BITS_FROM or newer) and OpenMP threads are not dynamic."""
     mkldnn = torch.ops.mkldnn
     return (
-        torch.torch_version.TorchVersion(torch.__version__) >= SAME_BITS_FROM
+        not openmp_dynamic()
+        and torch.torch_version.TorchVersion(torch.__version__) >= SAME_BITS_FROM
         and torch.backends.mkldnn.is_available()
         and hasattr(mkldnn, "_reorder_linear_weight")
         and hasattr(mkldnn, "_linear_pointwise")
