@@ -161,3 +161,43 @@ def test_bounding_after_torch_loaded_sets_nothing(monkeypatch: pytest.MonkeyPatc
     assert not cpu_memory.bound_shape_caches.__wrapped__()  # torch is loaded in this process
     assert cpu_memory.cache_entries() == dict.fromkeys(cpu_memory.CACHE_VARIABLES, "1024")
     assert "LRU_CACHE_CAPACITY=1024" in cpu_memory.status()
+
+
+# A parent that loads a model folder (a forward runs) and forks a child that embeds: prints
+# the child's exit code and whether its embeddings are the parent's.
+FORKED = """
+import multiprocessing, sys
+import numpy as np
+import fastbert
+
+model = fastbert.load(sys.argv[1])
+expected = model.embed(["a text", "another text"])
+
+def child(queue):
+    queue.put(model.embed(["a text", "another text"]))
+
+if __name__ == "__main__":
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    process = context.Process(target=child, args=(queue,), daemon=True)
+    process.start()
+    got = queue.get(timeout=60)
+    process.join(60)
+    print(process.exitcode, bool(np.allclose(got, expected, atol=1e-5)))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "register_at_fork"), reason="no fork here")
+def test_a_child_forked_after_loading_runs(tmp_path: Path) -> None:
+    """GNU OpenMP keeps the parent's thread team in a forked child, where those threads do
+    not exist: a child forked after fastbert.load (which runs a forward) hung at its first
+    parallel op, for good. The entry points have forked children run torch on one thread."""
+    folder = hf_folder(tmp_path / "model")
+    out = subprocess.run(
+        [sys.executable, "-c", FORKED, str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert out.stdout.split() == ["0", "True"], out.stderr[-2000:]
