@@ -48,3 +48,25 @@ def test_a_cache_folder_that_cannot_be_made_is_named_not_blamed_on_the_compiler(
     status = library.status()
     assert status.startswith(f"not built: cannot write {tmp_path / 'a-file' / 'cache'}"), status
     assert "$FASTBERT_CACHE" in status and "failed" not in status, status
+
+
+def test_a_cached_library_cut_short_is_built_again(monkeypatch, tmp_path) -> None:
+    """A cached library cut short (a full disk, a copy stopped halfway) killed every process
+    that loaded it with SIGBUS; it is built again. A whole library of another source under
+    the name leaves the PyTorch path in place, saying so."""
+    if cpu_library.missing_requirement() is not None:
+        pytest.skip("no build here")
+    monkeypatch.setenv("FASTBERT_CACHE", str(tmp_path))
+    compiler = cpu_library.compiler()
+    built = cpu_library.build(cpu_gelu.SOURCE, compiler)
+    assert cpu_library.whole_library(built)
+    whole = built.read_bytes()
+    built.write_bytes(whole[: len(whole) // 2])
+    assert not cpu_library.whole_library(built)
+    assert cpu_library.build(cpu_gelu.SOURCE, compiler) == built
+    assert built.read_bytes() == whole or cpu_library.whole_library(built)
+    other = cpu_library.build(cpu_int8.SOURCE, compiler)
+    built.write_bytes(other.read_bytes())
+    library = cpu_library.Library(cpu_gelu.SOURCE, cpu_gelu._declare)
+    assert library.get() is None
+    assert library.status().startswith(f"not loaded: {built}"), library.status()

@@ -19,6 +19,7 @@ import hashlib
 import os
 import platform
 import shutil
+import struct
 import subprocess
 import tempfile
 import threading
@@ -126,7 +127,7 @@ def build(source: Path, compiler: str, extra_flags: tuple[str, ...] = ()) -> Pat
         "\0".join([source.read_text(), compiler, version, " ".join(flags), cpu_identity()]).encode()
     ).hexdigest()[:16]
     target = kernels_dir() / f"{source.stem}-{key}.so"
-    if target.exists():
+    if whole_library(target):
         return target
     with _work_folder(target.parent) as work:
         built = Path(work) / target.name
@@ -140,6 +141,23 @@ def build(source: Path, compiler: str, extra_flags: tuple[str, ...] = ()) -> Pat
             raise RuntimeError(result.stderr.strip().splitlines()[-1] if result.stderr else "")
         os.replace(built, target)
     return target
+
+
+def whole_library(path: Path) -> bool:
+    """Whether ``path`` holds a whole 64-bit ELF library: its section headers, which the
+    linker writes last, end within the file. A cut one (a full disk, a copy stopped halfway)
+    killed every process that loaded it with SIGBUS; it is built again instead."""
+    try:
+        with open(path, "rb") as file:
+            header = file.read(64)
+            size = os.fstat(file.fileno()).st_size
+    except OSError:
+        return False
+    if len(header) < 64 or header[:5] != b"\x7fELF\x02":
+        return False
+    (offset,) = struct.unpack_from("<Q", header, 0x28)
+    entry_size, count = struct.unpack_from("<HH", header, 0x3A)
+    return offset + entry_size * count <= size
 
 
 class CacheFolderError(OSError):
@@ -209,12 +227,15 @@ class Library:
         assert found is not None
         try:
             path = build(self.source, found, self.extra_flags)
-            library = ctypes.CDLL(str(path))
         except CacheFolderError as error:
             return None, f"not built: {error}"
         except (OSError, RuntimeError, subprocess.SubprocessError) as error:
             return None, f"not built: {found} failed: {error}"
-        self.declare(library)
+        try:
+            library = ctypes.CDLL(str(path))
+            self.declare(library)
+        except (OSError, AttributeError) as error:  # not loadable, or another library's
+            return None, f"not loaded: {path}: {error} (delete it to build it again)"
         return library, f"ready ({path})"
 
     def get(self) -> ctypes.CDLL | None:
