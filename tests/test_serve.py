@@ -656,6 +656,7 @@ def test_thirty_seconds_of_mixed_requests_keep_memory_bounded(server, client):
         ["serve", "--model", "/no/such/folder"],
         ["serve", "--model", ".", "--calibration", "/no/such/file.txt"],
         ["serve", "--model", "all-MiniLM-L6-v2", "--max-input-length", "600"],  # 512 positions
+        ["serve", "--model", ".", "--api-key", ""],  # "$KEY" unset: it served without a key
     ],
 )
 def test_usage_errors_exit_2(argv, capsys):

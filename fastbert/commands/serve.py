@@ -191,7 +191,13 @@ def options_from(args: argparse.Namespace):
 
     if args.replicas is not None and args.ray is None:
         raise UsageError("--replicas needs --ray")
-    api_key = args.api_key if args.api_key is not None else API_KEY.read()
+    api_key = API_KEY.read()
+    if args.api_key is not None:
+        if not args.api_key.strip():  # "$KEY" with KEY unset: a server without one was meant?
+            raise UsageError(
+                "--api-key is empty; give the token, or leave the option out to serve without one"
+            )
+        api_key = args.api_key.strip()  # as a request's token is read
     try:
         model = EmbedOptions(
             model=args.model,
