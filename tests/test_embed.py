@@ -187,6 +187,18 @@ def test_python_api_in_memory(model_path, expected) -> None:
     assert cosines(got, expected).min() >= COSINE
 
 
+def test_a_loaded_model_does_not_pickle_and_says_what_to_do(model_path) -> None:
+    """pickle, deepcopy and torch.save of a TextModel (to a process pool, say) failed on
+    "cannot pickle '_thread.lock' object"; the error now says to load it in each process."""
+    import copy
+    import pickle
+
+    model = fastbert.load(model_path)
+    for save in (pickle.dumps, copy.deepcopy):
+        with pytest.raises(TypeError, match=r"load it in each process, fastbert.load\(folder\)"):
+            save(model)
+
+
 def test_python_api_to_files(tmp_path, model_path, expected) -> None:
     source = write_corpus(tmp_path / "corpus.txt", TEXTS)
     summary = fastbert.embed(

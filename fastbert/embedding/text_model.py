@@ -87,6 +87,13 @@ class TextModel:
     (None for the other kinds). Load one with :func:`load`.
     """
 
+    def __reduce__(self) -> tuple:
+        raise TypeError(
+            "a TextModel does not pickle (nor deepcopy): it holds its tokenizers' pool and the "
+            "model's compiled state; load it in each process, fastbert.load(folder), or pass "
+            "the folder to the worker"
+        )
+
     def __init__(
         self,
         spec: FolderSpec,
