@@ -36,7 +36,7 @@ def _path(name: str, text: str) -> Path:
 def _config_index(name: str, text: str) -> int | None:
     if text == "all":
         return None
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):  # "²".isdigit() holds, int("²") fails
         raise ValueError(f"${name} must be 'all' or a config index, got {text!r}")
     return int(text)
 

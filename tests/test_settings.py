@@ -38,8 +38,9 @@ def test_a_config_index_is_all_or_a_number() -> None:
     autotune = settings.AUTOTUNE
     assert autotune.read({autotune.name: "all"}) is None
     assert autotune.read({autotune.name: "3"}) == 3
-    with pytest.raises(ValueError, match="FASTBERT_AUTOTUNE"):
-        autotune.read({autotune.name: "fast"})
+    for text in ("fast", "²", "１"):  # not ASCII digits: "²" failed in int(), "１" read as 1
+        with pytest.raises(ValueError, match="FASTBERT_AUTOTUNE"):
+            autotune.read({autotune.name: text})
 
 
 def test_the_cache_is_one_folder_for_every_reader(monkeypatch, tmp_path) -> None:
