@@ -194,6 +194,7 @@ def test_a_loaded_model_does_not_pickle_and_says_what_to_do(model_path) -> None:
     import pickle
 
     model = fastbert.load(model_path)
+    assert copy.copy(model).embed(["a text"]).shape == model.embed(["a text"]).shape
     for save in (pickle.dumps, copy.deepcopy):
         with pytest.raises(TypeError, match=r"load it in each process, fastbert.load\(folder\)"):
             save(model)

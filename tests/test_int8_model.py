@@ -257,11 +257,8 @@ def test_training_and_gradients_are_refused() -> None:
         model(ids, mask, types)
 
 
-@pytest.mark.parametrize("head", ["BertModel", "BertForSequenceClassification"])
-def test_optimized_hf_model_int8_refuses_training_mode(head: str) -> None:
-    """Every parameter frozen, the head's too (its classifier kept requires_grad and a
-    grad-mode call recorded gradients into it); training mode raises."""
-    hf = hf_model(head, seed=3)
+def test_optimized_hf_model_int8_refuses_training_mode() -> None:
+    hf = hf_model("BertModel", seed=3)
     ids, mask, types = padded_batch([4, 3], seed=3)
     fastbert.optimize(hf, quantize="int8")
     assert not any(p.requires_grad for p in hf.parameters())
@@ -270,6 +267,18 @@ def test_optimized_hf_model_int8_refuses_training_mode(head: str) -> None:
     hf.train()
     with pytest.raises(RuntimeError, match="inference only"):
         hf(input_ids=ids, attention_mask=mask, token_type_ids=types)
+
+
+def test_a_head_trains_on_an_optimized_int8_encoder() -> None:
+    """The encoder is frozen; a Hugging Face head keeps its parameters trainable (a linear
+    probe on the int8 encoder, in eval mode)."""
+    hf = hf_model("BertForSequenceClassification", seed=3).eval()
+    ids, mask, types = padded_batch([4, 3], seed=3)
+    fastbert.optimize(hf, quantize="int8")
+    assert not any(p.requires_grad for p in hf.bert.parameters())
+    loss = hf(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=torch.tensor([0, 1]))
+    loss.loss.backward()
+    assert hf.classifier.weight.grad is not None
 
 
 def test_embed_and_its_command_take_quantize(minilm, tmp_path) -> None:

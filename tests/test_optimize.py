@@ -985,13 +985,6 @@ def _max_norm_embeddings(model) -> None:
     model.bert.embeddings.word_embeddings = new
 
 
-def _unpadded_embeddings(model) -> None:
-    old = model.bert.embeddings.word_embeddings
-    new = torch.nn.Embedding(*old.weight.shape)  # no padding_idx: every row trains
-    new.load_state_dict(old.state_dict())
-    model.bert.embeddings.word_embeddings = new
-
-
 @pytest.mark.parametrize("after", [False, True], ids=["before", "after"])
 @pytest.mark.parametrize(
     "change, message",
@@ -999,15 +992,13 @@ def _unpadded_embeddings(model) -> None:
         (_doubled_linear, r"intermediate.dense is (now )?a .*_DoubledLinear"),
         (_fake_quantised_linear, r"intermediate.dense is (now )?a torch.ao.nn.qat"),
         (_max_norm_embeddings, r"word_embeddings is an nn.Embedding with max_norm=0.3"),
-        (_unpadded_embeddings, r"word_embeddings.padding_idx is None, where the config's"),
     ],
-    ids=["linear-subclass", "fake-quantised", "max-norm", "no-padding-idx"],
+    ids=["linear-subclass", "fake-quantised", "max-norm"],
 )
 def test_tables_and_linears_unlike_pytorchs_own_are_refused(change, message, after) -> None:
     """A linear that computes otherwise (a subclass with its own forward: 0.17 in the logits;
-    fake-quantised training's: 1.1e-3), an embedding that renormalizes its rows (max_norm:
-    0.11) or one whose pad row trains (Hugging Face's gradient 0.044 there, fastbert's 0):
-    refused by name, made before optimize or after it."""
+    fake-quantised training's: 1.1e-3) or an embedding that renormalizes its rows (max_norm:
+    0.11): refused by name, made before optimize or after it."""
     model = make_model("bert", "ForSequenceClassification")
     inputs, _ = make_inputs(model, "ForSequenceClassification", [9, 5])
     with pytest.raises(ValueError, match=message):
@@ -1020,15 +1011,45 @@ def test_tables_and_linears_unlike_pytorchs_own_are_refused(change, message, aft
             fastbert.optimize(model, backend="torch")
 
 
-@pytest.mark.parametrize("family", ["bert", "roberta"])
-def test_a_pad_id_edited_in_the_config_after_building_is_refused(family: str) -> None:
-    """Hugging Face's embeddings fix their pad id when built (the rows without gradient, and
-    RoBERTa's positions, counted from it): a config edited since would have made fastbert
-    count positions from another id (0.47 in RoBERTa's logits) or train the pad row."""
-    model = make_model(family, "ForSequenceClassification")
+def _edited_pad_id(model) -> None:
     model.config.pad_token_id = 5
-    with pytest.raises(ValueError, match="padding_idx is [01], where the config's pad_token_id 5"):
-        fastbert.optimize(model, backend="torch")
+
+
+def _table_without_padding_idx(model) -> None:
+    table = model.get_input_embeddings().weight
+    new = torch.nn.Embedding(*table.shape)  # padding_idx None: every row trains
+    new.load_state_dict({"weight": table.detach()})
+    model.set_input_embeddings(new)
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+@pytest.mark.parametrize(
+    "change", [_edited_pad_id, _table_without_padding_idx], ids=["config", "table"]
+)
+def test_the_pad_rows_are_the_tables_own(family: str, change) -> None:
+    """Hugging Face's embeddings fix their pad rows when built (the rows without gradient,
+    and RoBERTa's positions, counted from the embeddings' padding_idx): a config edited since
+    made fastbert count positions from another id (0.47 in RoBERTa's logits), and a table
+    replaced by one without padding_idx left its pad row without the gradient Hugging Face
+    gives it (0.044). Outputs and the word table's gradient match Hugging Face's."""
+    model = make_model(family, "Model").train()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    change(model)
+    inputs, valid = make_inputs(model, "Model", [9, 5])
+    inputs["input_ids"][0, 2] = model.config.pad_token_id  # a real token of the pad id
+    reference = copy.deepcopy(model)
+    fastbert.optimize(model, backend="torch")
+    grads = []
+    for m in (reference, model):
+        out = m(**inputs).last_hidden_state
+        (out * valid[..., None]).sum().backward()
+        grads.append(m.get_input_embeddings().weight.grad)
+        torch.testing.assert_close(
+            out[valid], reference(**inputs).last_hidden_state[valid], rtol=1e-4, atol=1e-5
+        )
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-5)
 
 
 def test_embeddings_of_mixed_dtypes_are_refused() -> None:

@@ -87,6 +87,12 @@ class TextModel:
     (None for the other kinds). Load one with :func:`load`.
     """
 
+    def __copy__(self) -> TextModel:
+        """A shallow copy: the same tokenizers, encoder and options."""
+        copied = object.__new__(type(self))
+        copied.__dict__.update(self.__dict__)
+        return copied
+
     def __reduce__(self) -> tuple:
         raise TypeError(
             "a TextModel does not pickle (nor deepcopy): it holds its tokenizers' pool and the "

@@ -37,7 +37,7 @@ def bind_encoder(base: nn.Module, family: Family, config: BertConfig, **kwargs: 
     encoder = BertModel(
         config, dtype=first.dtype, device="meta", add_pooling_layer=with_pooler, **kwargs
     )
-    _check_padding_rows(base, names, config, encoder.embeddings.padding_rows())
+    encoder.embeddings.bound_padding_rows = _padding_rows(base, names)
     for ours, theirs in names.items():
         missing = [t for t in theirs if t not in params]
         if missing:
@@ -74,33 +74,31 @@ def bind_encoder(base: nn.Module, family: Family, config: BertConfig, **kwargs: 
     return encoder.train(base.training)
 
 
-def _check_padding_rows(
-    base: nn.Module, names: dict[str, tuple[str, ...]], config: BertConfig, rows: dict
-) -> None:
-    """ValueError where ``base``'s embedding modules hold another pad id than the config gives
-    fastbert's encoder (``rows``: its ``padding_rows()``): Hugging Face's modules fix theirs when
-    built (the rows without gradient; RoBERTa's positions, counted from the embeddings'
-    ``padding_idx``), so a config edited since, or a table replaced by one without it, would
-    train or count positions otherwise."""
-    word_path = names["embeddings.word"][0].rpartition(".")[0]
-    held = {"padding_idx": word_path}
-    if "embeddings.position" in names:
-        held["position_padding_idx"] = names["embeddings.position"][0].rpartition(".")[0]
-    for key, path in held.items():
-        value = base.get_submodule(path).padding_idx
-        if value != rows[key]:
-            raise ValueError(
-                f"{path}.padding_idx is {value}, where the config's pad_token_id "
-                f"{config.pad_token_id} gives fastbert's encoder {rows[key]}: set the config's "
-                "pad_token_id and the embeddings' padding_idx alike"
-            )
-    embeddings = word_path.rpartition(".")[0]
-    counted_from = getattr(base.get_submodule(embeddings), "padding_idx", None)
-    if config.position_scheme == "padding_offset" and counted_from != config.pad_token_id:
-        raise ValueError(
-            f"{embeddings}.padding_idx (where positions are counted from) is {counted_from}, "
-            f"where the config's pad_token_id is {config.pad_token_id}: set them alike"
-        )
+def _padding_rows(base: nn.Module, names: dict[str, tuple[str, ...]]) -> dict[str, int | None]:
+    """The rows without gradient of ``base``'s word and position tables: their nn.Embedding's
+    ``padding_idx``, fixed when the modules were built (a config edited since, or a table
+    replaced by one without it, changes which rows Hugging Face trains, not the config's)."""
+    rows: dict[str, int | None] = {"padding_idx": None, "position_padding_idx": None}
+    for key, ours in (
+        ("padding_idx", "embeddings.word"),
+        ("position_padding_idx", "embeddings.position"),
+    ):
+        if ours in names:
+            rows[key] = base.get_submodule(names[ours][0].rpartition(".")[0]).padding_idx
+    return rows
+
+
+def positions_counted_as_built(base: nn.Module, family: Family, config: BertConfig) -> BertConfig:
+    """``config`` with the pad id RoBERTa-style positions count from in ``base``: its
+    embeddings module's ``padding_idx``, fixed when built, which Hugging Face's positions read
+    (not the config's, which may have been edited since)."""
+    if config.position_scheme != "padding_offset":
+        return config
+    embeddings = base.get_submodule(family.embeddings["embeddings.word"][0].rsplit(".", 2)[0])
+    counted_from = getattr(embeddings, "padding_idx", None)
+    if not isinstance(counted_from, int) or counted_from == config.pad_token_id:
+        return config
+    return dataclasses.replace(config, pad_token_id=counted_from)
 
 
 def fuse(tensors: list[torch.Tensor]) -> nn.Parameter:

@@ -50,7 +50,12 @@ from torch import nn
 from fastbert.execution import padded_positions, runtime, validation
 from fastbert.execution.backends import check_backend, check_head_dim
 from fastbert.integrations import hooks, training_modes
-from fastbert.integrations.binding import bind_encoder, config_as_run, fused_views
+from fastbert.integrations.binding import (
+    bind_encoder,
+    config_as_run,
+    fused_views,
+    positions_counted_as_built,
+)
 from fastbert.model.config import BertConfig
 from fastbert.model.encoder import BertModel
 from fastbert.model.families import (
@@ -154,8 +159,6 @@ def optimize(
         "packed_weights": packed_weights,
     }
     base.forward = FastbertForward(base, family, config, settings, masked_outputs_read)
-    if quantize is not None:  # inference only: the heads' parameters too
-        model.requires_grad_(False)
     if hf_model is not base and not is_sentence_transformer(model):
         _compute_padding_where_losses_read_it(hf_model)
     return model
@@ -357,8 +360,12 @@ class FastbertForward:
         self._layers = self.base.get_submodule(self.family.layer_prefix)
         self._bypassed = hooks.BypassedModules(self.base)
         self._norms = [m for m in self.base.modules() if isinstance(m, nn.LayerNorm)]
-        self.config = config_as_run(
-            BertConfig.from_hf(self.base.config, self.family), self._layers, self._norms
+        self.config = positions_counted_as_built(
+            self.base,
+            self.family,
+            config_as_run(
+                BertConfig.from_hf(self.base.config, self.family), self._layers, self._norms
+            ),
         )
         self._layer_count = len(self._layers)
         self._norm_eps = [m.eps for m in self._norms]

@@ -63,6 +63,9 @@ class BertEmbeddings(nn.Module):
         self.project_bias = new_parameter(h, dtype=dtype, device=device) if e != h else None
         self.eps = config.layer_norm_eps
         self.config = config
+        # Bound to a Hugging Face model's tables: their nn.Embedding's padding_idx (set by
+        # fastbert.integrations.binding), which decide the rows without gradient there.
+        self.bound_padding_rows: dict[str, int | None] | None = None
 
     def table_rows(self) -> tuple[int, int]:
         """(word rows, token-type rows): the ranges word and token-type ids must lie in."""
@@ -71,7 +74,10 @@ class BertEmbeddings(nn.Module):
 
     def padding_rows(self) -> dict[str, int | None]:
         """The table rows that get no gradient, as in Hugging Face's ``nn.Embedding``s: the
-        pad token's word row, and (padding_offset positions) its position row."""
+        pad token's word row, and (padding_offset positions) its position row; bound to a
+        Hugging Face model's tables, the rows their modules hold (``bound_padding_rows``)."""
+        if self.bound_padding_rows is not None:
+            return self.bound_padding_rows
         pad = self.config.pad_token_id
         if pad is None or not 0 <= pad < self.word.shape[0]:
             pad = None
