@@ -63,9 +63,16 @@ class Setting:
         """The default as ``fastbert info`` and docs/settings.md give it."""
         if self.default_text is not None:
             return self.default_text
-        if isinstance(self.default, bool):
-            return "1" if self.default else "0"
-        return "unset" if self.default is None else str(self.default)
+        return self.shown(self.default)
+
+    def shown(self, value: Any) -> str:
+        """A value of this setting in the words its variable takes (1 / 0, not True / False;
+        a config index's None is 'all')."""
+        if isinstance(value, bool):
+            return "1" if value else "0"
+        if value is None:
+            return "all" if self.kind == "config index" else "unset"
+        return str(value)
 
     def read(self, environ: dict[str, str] | None = None) -> Any:
         """The value in ``environ`` (default: this process's environment)."""
@@ -170,7 +177,9 @@ def current() -> dict[str, str]:
             continue
         if setting is API_KEY and value is not None:
             value = "(set)"
-        shown[setting.name] = str(value) if raw else f"(default: {setting.shown_default()})"
+        shown[setting.name] = (
+            setting.shown(value) if raw else f"(default: {setting.shown_default()})"
+        )
     return shown
 
 
