@@ -421,22 +421,22 @@ class BertModel(PretrainedMixin, nn.Module):
         too): (input ids, token types, bool key-padding mask or None), as
         :func:`fastbert.execution.validation.check_model_inputs` returns them."""
         return validation.check_model_inputs(
-            self._longest_row(),
+            self._longest_row(padded=True),
             self.device,
             input_ids,
             attention_mask,
             token_type_ids,
         )
 
-    def _longest_row(self) -> int | None:
-        """The longest row the inputs' shape may have, or None where the shape is not bound:
-        rotary positions read no table (Hugging Face runs any length), and padding-offset
-        positions count a row's non-pad tokens, so a batch padded past the table fits where
-        its rows do (Embeddings.position_ids checks them)."""
-        config = self.config
-        if config.position_scheme in ("rotary", "padding_offset"):
+    def _longest_row(self, padded: bool) -> int | None:
+        """The longest row an input may have (a padded batch's width, or a packed sequence),
+        or None for any: rotary positions read no table (Hugging Face runs any length), and
+        padding-offset positions count a row's non-pad tokens, so a batch padded past the
+        table fits where its rows do (Embeddings.position_ids checks them)."""
+        scheme = self.config.position_scheme
+        if scheme == "rotary" or padded and scheme == "padding_offset":
             return None
-        return config.max_sequence_length
+        return self.config.max_sequence_length
 
     def call(self) -> runtime.Call:
         """What a call made now asks of the runtime: its dropout (the config's in training
@@ -518,11 +518,8 @@ class BertModel(PretrainedMixin, nn.Module):
         pad, gather or scatter). The pooler is not run; pool per sequence with
         :func:`fastbert.model.pooling.pool_packed`.
         """
-        longest = (
-            None if self.config.position_scheme == "rotary" else self.config.max_sequence_length
-        )
         inputs = validation.check_packed_inputs(
-            longest, self.device, input_ids, cu_seqlens, token_type_ids
+            self._longest_row(padded=False), self.device, input_ids, cu_seqlens, token_type_ids
         )
         ids, types = inputs.input_ids, inputs.token_type_ids
         if ids.numel() == 0:

@@ -83,8 +83,8 @@ class MaskedLMHeadNames:
     ``biases`` the decoder bias's names, first found (the decoder's own first: Hugging Face
     reads the head's plain bias only where the checkpoint ties the decoder's to it); the
     transform's activation is ``activation`` when the family fixes it, else the config's
-    ``activation_key``; the
-    LayerNorm's epsilon is the config's ``eps_key`` (or ``eps`` when the family fixes it)."""
+    ``activation_key``; the LayerNorm's epsilon is the config's ``eps_key`` (or ``eps`` when
+    the family fixes it)."""
 
     dense: str
     norm: str
@@ -176,9 +176,10 @@ class Family:
 
     def as_hugging_face_reads(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """A config dict as the family's transformers config class holds it: its defaults
-        (``config_defaults``, where they differ from BertConfig's) for what the dict leaves
-        out, and each alias key of ``config_aliases`` (alias -> (key, factor)) read as
-        ``key = factor * value``, as the class's setters read it."""
+        (``config_defaults``: where BertConfig's, or ``derive``'s reading, would differ) for
+        what the dict leaves out, and each alias key of ``config_aliases``
+        (alias -> (key, factor)) read as ``key = factor * value``, as the class's setters
+        read it."""
         read = {**self.config_defaults, **values}
         for alias, (key, factor) in self.config_aliases.items():
             if read.get(alias) is not None:
@@ -366,20 +367,16 @@ MPNET = Family(
 )
 
 
-# Hugging Face ModernBERT's defaults for fields an older config.json may lack.
-_MODERNBERT_DEFAULTS = {"global_rope_theta": 160_000.0, "local_rope_theta": 10_000.0}
-
-
 def _modernbert_values(values: Mapping[str, Any]) -> dict[str, Any]:
     """BertConfig keyword arguments from a ModernBERT config dict: the layer types (listed, or
     every ``global_attn_every_n_layers``-th layer global), the two RoPE bases (from
     ``rope_parameters`` or the older ``global_rope_theta`` / ``local_rope_theta``) and the
     biases. Raises ValueError for what fastbert does not run: scaled RoPE, biases in the
     linears or LayerNorms, nonzero dropout."""
-    layers = values.get("num_hidden_layers", 22)
+    layers = values["num_hidden_layers"]
     layer_types = values.get("layer_types")
     if layer_types is None:
-        every = values.get("global_attn_every_n_layers", 3)
+        every = values["global_attn_every_n_layers"]
         layer_types = [
             "sliding_attention" if i % every else "full_attention" for i in range(layers)
         ]
@@ -396,9 +393,7 @@ def _modernbert_values(values: Mapping[str, Any]) -> dict[str, Any]:
                 f"rope_type {params['rope_type']!r} ({kind}) is not supported; fastbert runs "
                 "the default RoPE"
             )
-        thetas[kind] = params.get(
-            "rope_theta", values.get(old_name, _MODERNBERT_DEFAULTS[old_name])
-        )
+        thetas[kind] = params.get("rope_theta", values[old_name])
     for name in ("attention_bias", "mlp_bias", "norm_bias"):
         if values.get(name, False):
             raise ValueError(
@@ -485,6 +480,10 @@ MODERNBERT = Family(
         "norm_eps": 1e-5,
         "pad_token_id": 50283,
         "local_attention": 128,
+        "global_attn_every_n_layers": 3,
+        # The RoPE bases of the older config.json (before rope_parameters).
+        "global_rope_theta": 160_000.0,
+        "local_rope_theta": 10_000.0,
     },
     # sliding_window is half the window local_attention spans (transformers' setter).
     config_aliases={"sliding_window": ("local_attention", 2)},

@@ -126,10 +126,10 @@ def load_weights(
     state = _normalize_prefix(state, model_class, family)
     if model_class in ("BertForMaskedLM", "BertForPreTraining"):
         check_tied_decoder(state)
-        if "cls.predictions.decoder.bias" in state:
-            # Hugging Face's decoder adds its own bias; the head's plain one stands in only
-            # where the checkpoint ties it away (untied, the plain one is never trained).
-            state["cls.predictions.bias"] = state["cls.predictions.decoder.bias"]
+        # The decoder bias Hugging Face adds, by the family's precedence (the decoder's own).
+        bias = next((n for n in BERT.masked_lm_head.biases if n in state), None)
+        if bias is not None:
+            state["cls.predictions.bias"] = state[bias]
     params = dict(model.named_parameters())
     with_pooler = "pooler.weight" in params or "bert.pooler.weight" in params
     if family is BERT:
