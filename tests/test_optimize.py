@@ -1120,3 +1120,27 @@ def test_unusable_parameters_and_export_are_named() -> None:
     optimized = fastbert.optimize(copy.deepcopy(model), backend="torch")
     with pytest.raises(RuntimeError, match="torch.export cannot export a fastbert-optimized"):
         torch.export.export(optimized, (), dict(inputs), strict=False)
+
+
+@pytest.mark.parametrize("packed_weights", [False, True])
+def test_parameters_that_are_strided_views_are_read_by_their_strides(packed_weights):
+    """A bias that is a strided view (every other value of a longer tensor) or a single value
+    broadcast, and a weight stored transposed: legal parameters, which the CPU's oneDNN linear
+    read as dense (the first values of the storage, or past its end: 2.7 off)."""
+    model = make_model("bert", "Model").eval()
+    layer = model.encoder.layer[0]
+    width = layer.intermediate.dense.out_features
+    with torch.no_grad():
+        layer.intermediate.dense.bias = torch.nn.Parameter(torch.randn(2 * width)[::2])
+        layer.output.dense.bias = torch.nn.Parameter(
+            torch.randn(1).expand(TINY_SHAPE["hidden_size"])
+        )
+        weight = layer.attention.output.dense.weight
+        layer.attention.output.dense.weight = torch.nn.Parameter(weight.t().contiguous().t())
+    inputs, _ = make_inputs(model, "Model", [7, 4, 9])
+    with torch.no_grad():
+        want = model(**inputs).last_hidden_state
+        # The model itself: a copy's parameters are dense (deepcopy clones them).
+        got = fastbert.optimize(model, packed_weights=packed_weights)(**inputs).last_hidden_state
+    mask = inputs["attention_mask"].bool()
+    torch.testing.assert_close(got[mask], want[mask], atol=BOUND, rtol=BOUND)

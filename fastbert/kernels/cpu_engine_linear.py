@@ -112,6 +112,8 @@ def linear_unchecked(
     """:func:`fastbert.kernels.torch_ops.linear_unchecked` on oneDNN where
     :func:`takes_onednn`; ``packs``: where the oneDNN call reads its weight's packed copy
     (see fastbert.kernels.packed_weights); None reads ``weight`` as it is."""
+    if bias is not None:  # oneDNN reads a bias as dense, whatever its strides
+        bias = bias.contiguous()
     if takes_widened(x, weight, bias, residual):
         y = widened_linear(x, weight, bias, packs)
         return torch_ops.finish_linear(y, activation, residual, gated)
