@@ -428,6 +428,8 @@ def test_bad_scale_raises(device) -> None:
     q, k, v = qkv(1, 1, 4, 4, 32, F32, device)
     with pytest.raises(TypeError, match="scale must be a Python number"):
         K.attention(q, k, v, scale=torch.tensor(0.5))
+    with pytest.raises(ValueError, match="scale must be a finite number"):
+        K.attention(q, k, v, scale=float("inf"))
 
 
 def _varlen_args(device) -> dict:

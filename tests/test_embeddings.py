@@ -184,6 +184,7 @@ BAD = {
     "ids on meta": (dict(input_ids=lambda a: a["input_ids"].to("meta")), ValueError, "device"),
     "bias on meta": (dict(bias=lambda a: a["bias"].to("meta")), ValueError, "device mismatch"),
     "negative eps": (dict(eps=lambda a: -1.0), ValueError, "eps must be a non-negative"),
+    "nan eps": (dict(eps=lambda a: float("nan")), ValueError, "eps must be a non-negative"),
 }
 
 

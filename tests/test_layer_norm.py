@@ -122,6 +122,7 @@ BAD = {
     "x on meta": meta_case("x"),
     "bias on meta": meta_case("bias"),
     "negative eps": (dict(eps=lambda a: -1e-5), ValueError, "eps must be a non-negative"),
+    "nan eps": (dict(eps=lambda a: float("nan")), ValueError, "eps must be a non-negative"),
     "too wide": (
         {
             "x": lambda a: a["x"].new_zeros(2, MAX_HIDDEN + 1),

@@ -196,6 +196,11 @@ def test_cpu_without_interpreter_says_so(interpreter_off) -> None:
 def test_bad_scale_raises(device) -> None:
     with pytest.raises(TypeError, match="scale must be a Python number"):
         K.scaled_masked_softmax(torch.zeros(1, 1, 2, 4, device=device), scale=None)
+    scores = torch.zeros(1, 1, 2, 4, device=device)
+    with pytest.raises(TypeError, match="scale must be a Python number"):
+        K.scaled_masked_softmax(scores, scale=True)
+    with pytest.raises(ValueError, match="scale must be a finite number"):
+        K.scaled_masked_softmax(scores, scale=float("nan"))
 
 
 # --- GPU: long rows, every dtype --------------------------------------------------------------

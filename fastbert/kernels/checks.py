@@ -7,6 +7,7 @@ value, each message naming the argument and what is wrong with it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -94,8 +95,12 @@ def check_key_padding_mask(mask: torch.Tensor | None, batch: int, seq_k: int) ->
 
 
 def check_scale(scale: object) -> None:
-    if scale is not None and not isinstance(scale, (int, float)):
+    if scale is None:
+        return
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a Python number or None, got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number, got {scale!r}")
 
 
 def check_attention(q, k, v, key_padding_mask, scale) -> None:
@@ -219,8 +224,9 @@ def check_softmax(scores, key_padding_mask, scale) -> None:
     check_float("scores", scores)
     check_same_device(scores=scores, key_padding_mask=key_padding_mask)
     check_key_padding_mask(key_padding_mask, scores.shape[0], scores.shape[3])
-    if not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a Python number, got {type(scale).__name__}")
+    if scale is None:
+        raise TypeError("scale must be a Python number, got NoneType")
+    check_scale(scale)
 
 
 def _check_operands(x, weight, bias, residual=None, x_ndim: int | None = None) -> None:
@@ -400,8 +406,9 @@ def check_layer_norm(x, weight, bias, eps, residual) -> None:
 
 
 def check_eps(eps: object) -> None:
-    if not isinstance(eps, (int, float)) or eps < 0:
-        raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+    number = isinstance(eps, (int, float)) and not isinstance(eps, bool)
+    if not (number and math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be a non-negative finite number, got {eps!r}")
 
 
 def check_embeddings(
