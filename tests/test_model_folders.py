@@ -314,6 +314,26 @@ def test_a_cross_encoder_folder_with_modules_scores_pairs(tmp_path):
     np.testing.assert_allclose(got, want, atol=TOLERANCE)
 
 
+def test_a_cross_encoder_whose_tokenizer_makes_no_token_types_scores_as_one_type(tmp_path):
+    """A BERT classifier whose tokenizer makes no token types (model_input_names without
+    them, as DistilBERT's): sentence-transformers and Hugging Face run both texts of a pair
+    as type 0; fastbert made the second type 1 (scores 0.005 off)."""
+    folder = hf_folder(tmp_path / "ce", "BertForSequenceClassification", seed=2)
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    settings["model_input_names"] = ["input_ids", "attention_mask"]
+    write_json(folder / "tokenizer_config.json", settings)
+    pairs = [(TEXTS[0], TEXTS[1]), (TEXTS[3], TEXTS[2])]
+    want = st.CrossEncoder(str(folder), device="cpu").predict(pairs)
+    loaded = fastbert.load(folder, device="cpu")
+    got = loaded.scores(loaded.classify([a for a, _ in pairs], [b for _, b in pairs]))[:, 0]
+    np.testing.assert_allclose(got, want, atol=TOLERANCE)
+    # The server's pairs (a text alone among them) run as type 0 too.
+    from fastbert.serve.inputs import tokenize_pairs
+
+    ids, types = tokenize_pairs(loaded, [TEXTS[0], TEXTS[3]], [TEXTS[1], None], True, None, "x")
+    assert types == [[0] * len(row) for row in ids]
+
+
 def test_a_cross_encoder_whose_scores_feed_more_modules_is_refused(tmp_path):
     """A Dense on the classifier's scores (sentence-transformers 6 runs it: CrossEncoder's
     num_labels is the Dense's width): fastbert returned the Transformer's logits without it

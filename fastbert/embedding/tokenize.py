@@ -34,8 +34,9 @@ class Chunk:
 
 @dataclass
 class Tokens:
-    """Tokenised inputs: ``ids`` (special tokens included), ``type_ids`` (for text pairs, else
-    None) and ``cut`` (whether each input was truncated), one entry per input."""
+    """Tokenised inputs: ``ids`` (special tokens included), ``type_ids`` (for text pairs whose
+    tokenizer makes token types, else None) and ``cut`` (whether each input was truncated),
+    one entry per input."""
 
     ids: list[list[int]]
     type_ids: list[list[int]] | None
@@ -114,12 +115,14 @@ class TextTokenizer:
             pairs,
             truncation=truncate,
             max_length=max_length if truncate else None,
-            return_token_type_ids=pairs is not None,
+            # A pair's token types as the tokenizer makes them: none where its model takes
+            # none (a BERT checkpoint given a DistilBERT tokenizer runs every token as type 0).
+            return_token_type_ids=pairs is not None and makes_token_types(tokenizer),
             return_attention_mask=False,
             verbose=False,
         )
         ids = batch["input_ids"]
-        type_ids = batch["token_type_ids"] if pairs is not None else None
+        type_ids = batch.get("token_type_ids") if pairs is not None else None
         if not truncate:
             cut = [False] * len(ids)
         elif batch.encodings is not None:  # a fast tokenizer keeps what truncation cut off
@@ -183,6 +186,12 @@ class TextTokenizer:
         finally:
             with self._lock:
                 self._free[side].append(tokenizer)
+
+
+def makes_token_types(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` gives token type ids unless told otherwise (they are among its
+    model's inputs), as sentence-transformers and Hugging Face call it."""
+    return "token_type_ids" in getattr(tokenizer, "model_input_names", ("token_type_ids",))
 
 
 def tokenise_ahead(

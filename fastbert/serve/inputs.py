@@ -146,7 +146,8 @@ def tokenize_pairs(
             field,
             pairs,
         )
-        for i, row, row_types in zip(pairs, tokens.ids, tokens.type_ids):
+        type_ids = tokens.type_ids or [[0] * len(row) for row in tokens.ids]
+        for i, row, row_types in zip(pairs, tokens.ids, type_ids):
             ids[i], types[i] = row, row_types
     return ids, types
 
