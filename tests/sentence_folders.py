@@ -126,3 +126,22 @@ def old_format_folder(path: Path, modules: list[tuple[str, str, dict]], **settin
         write_json(path / sub / "config.json", config)
     write_json(path / "modules.json", entries)
     return path
+
+
+def inference_free_folder(path: Path, mlm: Path, seed: int = 0, **kw: Any) -> Path:
+    """An inference-free SPLADE model saved at ``path`` by the installed sentence-transformers:
+    a Router whose "query" route is a SparseStaticEmbedding of random weights (some zero, as
+    IDF weights of unseen tokens are) and whose "document" route is the masked-LM ``mlm``
+    (a folder) and SpladePooling; ``kw``: the SparseEncoder's settings."""
+    from sentence_transformers.base.modules import Router
+    from sentence_transformers.sparse_encoder.modules import SparseStaticEmbedding, SpladePooling
+
+    document = transformer(mlm, transformer_task="fill-mask")
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.rand(len(document.tokenizer.get_vocab()), generator=generator) * 3
+    weight[::7] = 0.0
+    router = Router.for_query_document(
+        query_modules=[SparseStaticEmbedding(document.tokenizer, weight, frozen=True)],
+        document_modules=[document, SpladePooling("max", activation_function="log1p_relu")],
+    )
+    return save_modules(path, [router], kind="SparseEncoder", similarity_fn_name="dot", **kw)

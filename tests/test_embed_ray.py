@@ -128,6 +128,31 @@ def test_ray_cuts_a_multi_vector_query_to_its_length(tmp_path, local_ray) -> Non
     assert counts["ray"] == counts["one"] == [len(w) for w in want]
 
 
+def test_ray_runs_an_inference_free_models_queries_through_their_route(tmp_path, local_ray):
+    """An inference-free SPLADE model's queries on Ray: tokenised by the SparseStaticEmbedding's
+    tokenizer (no special tokens) and weighted, as one process and
+    SparseEncoder.encode_query give them."""
+    import pyarrow.parquet as pq
+    import sentence_transformers as st
+
+    from tests.sentence_folders import hf_folder, inference_free_folder
+
+    mlm = hf_folder(tmp_path / "mlm", "BertForMaskedLM", seed=2)
+    folder = inference_free_folder(tmp_path / "st", mlm)
+    source = write_corpus(tmp_path / "a.jsonl", TEXTS[:6])
+    args = [str(source), "--model", str(folder), "--prompt-name", "query"]
+    want = st.SparseEncoder(str(folder), device="cpu").encode_query(TEXTS[:6]).to_dense().numpy()
+    for mode in ("one", "ray"):
+        out = tmp_path / mode
+        assert cli(*args, "--output", str(out), *(["--ray"] if mode == "ray" else [])) == 0
+        table = pq.read_table(out / "part-00000.parquet")
+        for row, (indices, values) in enumerate(
+            zip(table.column("indices").to_pylist(), table.column("values").to_pylist())
+        ):
+            np.testing.assert_array_equal(indices, np.flatnonzero(want[row]))
+            np.testing.assert_array_equal(values, want[row][indices])
+
+
 def test_ray_resumes_a_calibrated_int8_run_with_its_recorded_ranges(
     tmp_path, local_ray, capsys
 ) -> None:

@@ -17,6 +17,7 @@ from tests.sentence_folders import (
     HIDDEN,
     TEXTS,
     hf_folder,
+    inference_free_folder,
     old_format_folder,
     save_modules,
     transformer,
@@ -196,16 +197,123 @@ def test_a_second_input_module_is_refused(base, tmp_path):
         fastbert.load(folder, device="cpu")
 
 
-def test_a_folder_whose_first_module_is_a_router_is_refused_naming_it(tmp_path):
-    """A Router first (inference-free SPLADE, asymmetric models): the load names it, as it
-    named a folder without a config.json before."""
-    folder = tmp_path / "router"
-    folder.mkdir()
-    router = "sentence_transformers.base.modules.router.Router"
-    write_json(folder / "modules.json", [{"idx": 0, "name": "0", "path": "", "type": router}])
-    for load in (fastbert.load, lambda f: fastbert.embed(["a text"], f, device="cpu")):
-        with pytest.raises(ValueError, match="the first module is .*Router.*a Transformer"):
-            load(folder)
+@pytest.fixture(scope="module")
+def inference_free(mlm, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("inference-free") / "st"
+    return inference_free_folder(folder, mlm, prompts={"query": "find: ", "document": ""})
+
+
+def assert_splade_close(got: np.ndarray, want: np.ndarray) -> None:
+    """SPLADE vectors as sentence-transformers gives them (see
+    test_sparse_folder_gives_splade_vectors for the zeros either side may round to)."""
+    differ = (got > 0) != (want > 0)
+    assert differ.mean() < 1e-4 and np.all(np.abs(got - want)[differ] < 1e-6)
+    np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=1e-5)
+
+
+def test_an_inference_free_folder_routes_queries_and_documents_as_sentence_transformers(
+    inference_free,
+):
+    """Inference-free SPLADE: queries take the Router's SparseStaticEmbedding route (their
+    tokens' weights, no special tokens, after the query prompt), documents and task-less
+    inputs the masked-LM route, as SparseEncoder.encode_query / encode_document / encode."""
+    encoder = st.SparseEncoder(str(inference_free), device="cpu")
+    loaded = fastbert.load(inference_free, device="cpu")
+    assert loaded.kind == "sparse"
+    queries = encoder.encode_query(TEXTS).to_dense().numpy()
+    np.testing.assert_array_equal(loaded.embed(TEXTS, prompt_name="query").to_dense(), queries)
+    as_loaded = fastbert.load(inference_free, device="cpu", prompt_name="query")
+    np.testing.assert_array_equal(as_loaded.embed(TEXTS).to_dense(), queries)
+    cut = encoder.encode_query(TEXTS, max_active_dims=3).to_dense().numpy()
+    got = loaded.embed(TEXTS, prompt_name="query", max_active_dims=3).to_dense()
+    np.testing.assert_array_equal(got, cut)
+    documents = encoder.encode_document(TEXTS).to_dense().numpy()
+    assert_splade_close(loaded.embed(TEXTS, prompt_name="document").to_dense(), documents)
+    assert_splade_close(loaded.embed(TEXTS).to_dense(), encoder.encode(TEXTS).to_dense().numpy())
+
+
+def test_an_inference_free_corpus_job_runs_the_route_of_its_prompt(inference_free, tmp_path):
+    import pyarrow.parquet as pq
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    want = st.SparseEncoder(str(inference_free), device="cpu").encode_query(TEXTS)
+    want = want.to_dense().numpy()
+    out = tmp_path / "out"
+    summary = fastbert.embed(
+        corpus, model=inference_free, output=out, device="cpu", prompt_name="query"
+    )
+    assert summary.manifest["task"] == "query" and summary.manifest["prompt"] == "find: "
+    table = pq.read_table(out / "part-00000.parquet")
+    for row, (indices, values) in enumerate(
+        zip(table.column("indices").to_pylist(), table.column("values").to_pylist())
+    ):
+        np.testing.assert_array_equal(indices, np.flatnonzero(want[row]))
+        np.testing.assert_array_equal(values, want[row][indices])
+
+
+def router_config(folder):
+    return json.loads((folder / "router_config.json").read_text())
+
+
+def test_a_routers_mappings_and_route_names_resolve_as_in_sentence_transformers(
+    inference_free, tmp_path
+):
+    """route_mappings first ((any task, text) -> the static route: documents too), then a
+    route named for the task, then the default route; a task no route takes is an error,
+    as in sentence-transformers."""
+    import shutil
+
+    mapped = shutil.copytree(inference_free, tmp_path / "mapped")
+    config = router_config(mapped)
+    config["parameters"]["route_mappings"] = {"(None, 'text')": "query"}
+    write_json(mapped / "router_config.json", config)
+    encoder = st.SparseEncoder(str(mapped), device="cpu")
+    loaded = fastbert.load(mapped, device="cpu")
+    for prompt_name, encode in (("document", encoder.encode_document), (None, encoder.encode)):
+        want = encode(TEXTS).to_dense().numpy()
+        np.testing.assert_array_equal(loaded.embed(TEXTS, prompt_name=prompt_name).to_dense(), want)
+
+    renamed = shutil.copytree(inference_free, tmp_path / "renamed")
+    config = router_config(renamed)
+    config["structure"] = {"q": config["structure"]["query"], "d": config["structure"]["document"]}
+    config["parameters"]["default_route"] = "d"
+    write_json(renamed / "router_config.json", config)
+    encoder = st.SparseEncoder(str(renamed), device="cpu")
+    loaded = fastbert.load(renamed, device="cpu")
+    assert_splade_close(loaded.embed(TEXTS).to_dense(), encoder.encode(TEXTS).to_dense().numpy())
+    with pytest.raises(ValueError, match="No route found for task type 'query'"):
+        encoder.encode_query(TEXTS)
+    with pytest.raises(ValueError, match="no route for task 'query'"):
+        loaded.embed(TEXTS, prompt_name="query")
+
+
+def test_routers_fastbert_does_not_run_are_refused_naming_them(base, inference_free, tmp_path):
+    """A Router of other routes than one SparseStaticEmbedding and one Transformer (a dense
+    StaticEmbedding query route), or with modules after it, fails the load naming them."""
+    import shutil
+
+    from sentence_transformers.base.modules import Router
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+
+    query = StaticEmbedding(transformer(base).tokenizer, embedding_dim=HIDDEN)
+    router = Router.for_query_document(
+        query_modules=[query, Pooling(HIDDEN)],
+        document_modules=[transformer(base), Pooling(HIDDEN)],
+    )
+    dense = save_modules(tmp_path / "dense", [router])
+    with pytest.raises(
+        ValueError, match=r"one SparseStaticEmbedding route .*query: .*StaticEmbedding"
+    ):
+        fastbert.load(dense, device="cpu")
+
+    after = shutil.copytree(inference_free, tmp_path / "after")
+    entries = json.loads((after / "modules.json").read_text())
+    normalize = "sentence_transformers.base.modules.normalize.Normalize"
+    entries.append({"idx": 1, "name": "1", "path": "1_Normalize", "type": normalize})
+    write_json(after / "modules.json", entries)
+    with pytest.raises(ValueError, match=r"modules after the Router \(1_Normalize"):
+        fastbert.load(after, device="cpu")
 
 
 def test_a_sparse_auto_encoder_folder_is_refused_naming_the_module(base, tmp_path):

@@ -26,7 +26,15 @@ import torch
 import fastbert
 from fastbert.integrations.optimize import FastbertForward
 from tests.accuracy import assert_within_rule
-from tests.sentence_folders import FAMILIES, HIDDEN, TEXTS, family_folder, save_modules, transformer
+from tests.sentence_folders import (
+    FAMILIES,
+    HIDDEN,
+    TEXTS,
+    family_folder,
+    inference_free_folder,
+    save_modules,
+    transformer,
+)
 
 st = pytest.importorskip("sentence_transformers")
 from sentence_transformers.base.modules import Dense, Normalize  # noqa: E402
@@ -223,6 +231,24 @@ def test_sparse_encoder(folders, tmp_path, family: str) -> None:
         assert torch.equal(active[0], active[1]) and torch.equal(active[0], active[2]), name
     got = results["max_active_dims"][0].to_dense()
     assert ((got != 0).sum(dim=1) == 12).all()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_inference_free_sparse_encoder(folders, tmp_path, family: str) -> None:
+    """A Router's documents run fastbert's encoder (the one Transformer among its routes);
+    its queries take the SparseStaticEmbedding route, no encoder, as before."""
+    folder = inference_free_folder(tmp_path / "ifs", folders(family, "ForMaskedLM"))
+    model = st.SparseEncoder(str(folder), device="cpu")
+    compare(
+        model,
+        {
+            "encode": lambda m: m.encode(TEXTS),
+            "encode_document": lambda m: m.encode_document(TEXTS, max_active_dims=12),
+        },
+    )
+    want = model.encode_query(TEXTS).to_dense()
+    optimized = fastbert.optimize(copy.deepcopy(model))
+    assert torch.equal(optimized.encode_query(TEXTS).to_dense(), want)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

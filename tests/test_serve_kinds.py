@@ -30,6 +30,7 @@ from sentence_transformers.util.quantization import quantize_embeddings  # noqa:
 from tests.sentence_folders import (  # noqa: E402
     HIDDEN,
     hf_folder,
+    inference_free_folder,
     save_modules,
     transformer,
     write_json,
@@ -367,6 +368,51 @@ def test_embed_sparse_as_sparse_encoder(sparse, sparse_folder):
             np.testing.assert_allclose(values, expected[indices], atol=TOLERANCE, rtol=1e-5)
     one = ok(post(sparse, "/embed_sparse", {"inputs": TEXTS[0]}))
     assert len(one) == 1
+
+
+@pytest.fixture(scope="module")
+def inference_free(tmp_path_factory):
+    mlm = hf_folder(tmp_path_factory.mktemp("mlm") / "bert", "BertForMaskedLM", seed=8)
+    folder = tmp_path_factory.mktemp("inference-free") / "st"
+    return inference_free_folder(folder, mlm, max_active_dims=12)
+
+
+served_inference_free = served_fixture("inference_free")
+
+
+def test_embed_sparse_routes_queries_and_keeps_the_folders_active_dims(
+    served_inference_free, inference_free
+):
+    """An inference-free SPLADE model: prompt_name "query" takes the SparseStaticEmbedding
+    route, "document" and none the masked-LM's, and every vector keeps the folder's
+    max_active_dims largest values, as SparseEncoder.encode_query / encode_document / encode
+    give them."""
+    encoder = st.SparseEncoder(str(inference_free), device="cpu")
+    encodings = {
+        "query": encoder.encode_query,
+        "document": encoder.encode_document,
+        None: encoder.encode,
+    }
+    for prompt_name, encode in encodings.items():
+        rows = ok(post(served_inference_free, "/embed_sparse", texts_body(prompt_name)))
+        want = encode(TEXTS).to_dense().numpy()
+        for row, expected in zip(rows, want):
+            indices = [entry["index"] for entry in row]
+            assert len(indices) <= 12
+            np.testing.assert_array_equal(indices, np.flatnonzero(expected))
+            values = [entry["value"] for entry in row]
+            np.testing.assert_allclose(values, expected[indices], atol=TOLERANCE, rtol=1e-5)
+
+
+def test_tokenize_gives_an_inference_free_models_query_tokens(served_inference_free):
+    """/tokenize with prompt_name "query": the tokens the query route runs (no special
+    tokens); without it, the document route's."""
+    query = ok(
+        post(served_inference_free, "/tokenize", {"inputs": TEXTS[0], "prompt_name": "query"})
+    )
+    document = ok(post(served_inference_free, "/tokenize", {"inputs": TEXTS[0]}))
+    assert [t["id"] for t in query[0]] == [t["id"] for t in document[0]][1:-1]
+    assert not any(t["special"] for t in query[0])
 
 
 def test_sparse_model_routes_info_and_errors(sparse):

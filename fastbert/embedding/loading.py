@@ -19,6 +19,7 @@ import torch
 
 from fastbert.embedding import model
 from fastbert.embedding.options import DTYPES, EmbedOptions
+from fastbert.embedding.static_sparse import load_static_route
 from fastbert.embedding.text_model import TextModel, article, not_matryoshka
 from fastbert.execution.cpu_tuning import apply_process_tuning
 from fastbert.model.sentence_folder import (
@@ -163,7 +164,11 @@ def load_options(options: EmbedOptions, tokenizer: Any = None) -> TextModel:
     encoder.probe(tokenizer(["a probe"])["input_ids"])
     if spec.kind == MULTI_VECTOR and spec.truncate_dim is not None:
         encoder.truncate_dim = min(spec.truncate_dim, encoder.dimensions)
-    loaded = TextModel(spec, options, tokenizer, encoder=encoder, prompt_name=given.prompt_name)
+    # An inference-free SPLADE model's queries: a route of their own, without the encoder.
+    static = load_static_route(spec.router.static_folder) if spec.router is not None else None
+    loaded = TextModel(
+        spec, options, tokenizer, encoder=encoder, prompt_name=given.prompt_name, static=static
+    )
     if options.dimensions is not None:
         loaded.check_dimensions(options.dimensions, options.force_dimensions)
         encoder.truncate_dim = options.dimensions

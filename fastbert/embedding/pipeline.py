@@ -85,7 +85,9 @@ class Job:
     ``model_options``: the options as given, on the job's device, which the model loads with
     (:func:`~fastbert.embedding.loading.load_options` resolves them: resolved twice, a folder's
     own truncate_dim would read as a width given). ``tokens``: the most tokens an input keeps
-    (a multi-vector model's query or document length, for the task its prompt names)."""
+    (a multi-vector model's query or document length, for the task its prompt names);
+    ``static_route``: the folder of the SparseStaticEmbedding the inputs run through (an
+    inference-free SPLADE model's queries: tokenised by its own tokenizer), else None."""
 
     options: EmbedOptions
     output: Path
@@ -95,6 +97,7 @@ class Job:
     finished: dict | None = None
     model_options: EmbedOptions | None = None
     tokens: int | None = None
+    static_route: Path | None = None
 
     def finished_summary(self) -> Summary:
         """The summary of the complete run found in the output: its totals, no time spent."""
@@ -163,8 +166,10 @@ def start_job(
     record = job_record(files, options, spec, dimensions)
     # The model folder's files as they are: weights saved over it since a run make another job.
     record[manifest.MODEL_STATE] = [list(f) for f in model_files(options.model, outside=output)]
-    if task is not None and spec.kind == MULTI_VECTOR:  # query and document runs differ
+    routed = spec.router is not None
+    if task is not None and (spec.kind == MULTI_VECTOR or routed):  # query, document differ
         record["task"] = task
+    static = spec.router.static_folder if routed and spec.router.is_static(task) else None
     if options.precision in RANGED and "ranges" not in record and not options.overwrite:
         # A resumed run keeps the ranges it recorded (a run of another job in the folder
         # calibrated on other rows: never its).
@@ -174,7 +179,7 @@ def start_job(
                 record["ranges"] = earlier["ranges"]
     finished = None if options.overwrite else manifest.finished_run(output, record)
     if finished is not None:
-        return Job(options, output, record, None, 0, finished, model_options, tokens)
+        return Job(options, output, record, None, 0, finished, model_options, tokens, static)
     if not calibrates and options.precision in RANGED and "ranges" not in record:
         raise ValueError(
             f"precision {options.precision} on Ray needs the ranges given (fastbert.embed's "
@@ -186,7 +191,7 @@ def start_job(
     store_dtype = np.dtype(options.store_dtype)
     writer = ShardWriter(output, options.rows_per_shard, spec.kind, dimensions, store_dtype, start)
     first = start * options.rows_per_shard
-    return Job(options, output, record, writer, first, None, model_options, tokens)
+    return Job(options, output, record, writer, first, None, model_options, tokens, static)
 
 
 def embed_files(inputs: Sequence[str | Path], output: str | Path, options: EmbedOptions) -> Summary:

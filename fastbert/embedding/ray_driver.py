@@ -30,6 +30,7 @@ from fastbert.embedding import model, pipeline, readers, run
 from fastbert.embedding.loading import load_options
 from fastbert.embedding.options import EmbedOptions
 from fastbert.embedding.shards import EmbeddedRows, ShardWriter
+from fastbert.embedding.static_sparse import load_static_tokenizer
 from fastbert.model.sentence_folder import EMBEDDING
 
 READ_ROWS = 1024  # rows per block out of a read task
@@ -150,6 +151,7 @@ def _dataset(
                 "folder": options.model,
                 "max_length": job.tokens,
                 "prompt": options.prompt or "",
+                "static_route": job.static_route,
             },
             batch_size=TOKENISE_ROWS,
             batch_format="pandas",
@@ -204,14 +206,25 @@ def _tokenizer(folder: str) -> Any:
     return model.load_tokenizer(Path(folder))
 
 
-def _tokenise(batch: Any, folder: str, max_length: int, prompt: str) -> Any:
+@functools.lru_cache(maxsize=2)
+def _static_tokenizer(folder: Path) -> Any:
+    return load_static_tokenizer(folder)
+
+
+def _tokenise(
+    batch: Any, folder: str, max_length: int, prompt: str, static_route: Path | None = None
+) -> Any:
     """Add ``input_ids`` (a list per row, after ``prompt``; empty for bad rows) and ``cut``
-    (truncated)."""
+    (truncated); ``static_route``: the SparseStaticEmbedding whose tokenizer the rows take
+    (see pipeline.Job), else the model's."""
     from fastbert.embedding.tokenize import TextTokenizer
 
     good = batch["problem"].isna().to_numpy()
     texts = batch["text"][good].tolist()
-    tokenise = TextTokenizer(_tokenizer(folder), max_length)
+    if static_route is not None:
+        tokenise = _static_tokenizer(static_route)
+    else:
+        tokenise = TextTokenizer(_tokenizer(folder), max_length)
     tokens, cut = tokenise(texts, prompt) if texts else ([], [])
     all_tokens: list[list[int]] = [[] for _ in range(len(batch))]
     all_cut = [False] * len(batch)

@@ -33,6 +33,7 @@ from fastbert.embedding.quantized import (
     quantize_embeddings,
 )
 from fastbert.embedding.sparse import SparseVectors
+from fastbert.embedding.static_sparse import StaticSparseEncoder
 from fastbert.embedding.tokenize import TextTokenizer, Tokens
 from fastbert.execution.arguments import positive_integer
 from fastbert.model.sentence_folder import (
@@ -60,15 +61,19 @@ class Prompting:
     """What one prompt choice changes in how inputs are tokenised and run: ``text`` goes
     before each input; ``length``: its tokens (a Pooling with ``include_prompt: false`` leaves
     them out); ``task``: a multi-vector model's "query" or "document" (None: neither);
-    ``max_length``: the tokens an input may have for that task (None: the model's)."""
+    ``max_length``: the tokens an input may have for that task (None: the model's);
+    ``static``: whether the task takes an inference-free SPLADE model's SparseStaticEmbedding
+    route (tokenised without special tokens, no encoder), not its Transformer."""
 
     text: str
     length: int
     task: str | None = None
     max_length: int | None = None
+    static: bool = False
 
 
-# The prompt names that pick a multi-vector model's task (its lengths, skiplist and pooling).
+# The prompt names that pick a task: a multi-vector model's lengths, skiplist and pooling; an
+# inference-free SPLADE model's route.
 TASKS = ("query", "document")
 
 
@@ -109,6 +114,7 @@ class TextModel:
         classifier: model.Classifier | None = None,
         labels: list[str] | None = None,
         prompt_name: str | None = None,
+        static: tuple[TextTokenizer, StaticSparseEncoder] | None = None,
     ):
         self.spec = spec
         self.kind = spec.kind
@@ -117,6 +123,10 @@ class TextModel:
         # multi-vector model's); its text is options.prompt.
         self._task = task_of(prompt_name)
         self.text_tokenizer = TextTokenizer(tokenizer, options.max_length)
+        # An inference-free SPLADE model's query route (spec.router): its tokenizer, encoder.
+        self.static_tokenizer, self.static_encoder = static or (None, None)
+        if self.static_encoder is not None:
+            self.static_encoder.max_active_dims = options.max_active_dims
         self.encoder = encoder
         self.classifier = classifier
         # A cross-encoder's: what CrossEncoder.predict applies to the logits (see scores).
@@ -134,6 +144,9 @@ class TextModel:
             loaded_with = self.prompting()
             self._raw = encoder.with_prompt(loaded_with.length, loaded_with.task)
             self._raw.normalize, self._raw.store_dtype = False, np.dtype(np.float32)
+            # A sparse model's vectors keep the values the folder (or the options) say, as
+            # sentence-transformers' encode keeps them: the server's too.
+            self._raw.max_active_dims = options.max_active_dims
 
     def __repr__(self) -> str:
         o = self.options
@@ -193,13 +206,16 @@ class TextModel:
         side: str | None = None,
         prompt: str | None = None,
         max_length: int | None = None,
+        static: bool = False,
     ) -> Tokens:
         """Token ids of ``texts`` (or of the pairs (texts[i], pairs[i])), as the model sees
         them, each text after ``prompt`` (None: the prompt the model loaded with).
         ``truncate``: cut each input to ``max_length`` tokens (None: the model's
         :attr:`max_length`) from ``side`` (None: the tokenizer's own side, as
         sentence-transformers cuts); without it, an input over the limit raises
-        :class:`InputTooLong`. ValueError / TypeError naming a bad argument."""
+        :class:`InputTooLong`. ``static``: as an inference-free SPLADE model's query route
+        tokenises them (:attr:`Prompting.static`). ValueError / TypeError naming a bad
+        argument."""
         texts = _checked_texts(texts)
         if pairs is not None:
             pairs = _checked_texts(pairs, "pairs")
@@ -211,8 +227,9 @@ class TextModel:
             raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
         if not texts:
             return Tokens([], None if pairs is None else [], [])
-        limit = max_length or self.max_length
-        tokens = self.text_tokenizer.encode(
+        tokenizer = self._tokenizer(static)
+        limit = max_length or tokenizer.max_length
+        tokens = tokenizer.encode(
             texts,
             pairs,
             truncate=truncate,
@@ -225,6 +242,11 @@ class TextModel:
                 if len(ids) > limit:
                     raise InputTooLong(index, len(ids), limit)
         return tokens
+
+    def _tokenizer(self, static: bool) -> TextTokenizer:
+        if static and self.static_tokenizer is None:
+            raise ValueError(f"{self.options.model} has no static (SparseStaticEmbedding) route")
+        return self.static_tokenizer if static else self.text_tokenizer
 
     @property
     def pools_without_prompt(self) -> bool:
@@ -254,9 +276,14 @@ class TextModel:
                 task = self._task
             else:
                 task = task_of(prompt_name)
-            # A multi-vector model may cut queries and documents to lengths of their own.
-            limit = self.spec.transformer.task_length(task)
-            found = Prompting(text, self.text_tokenizer.prompt_length(text), task, limit)
+            router = self.spec.router
+            if router is not None and router.is_static(task):
+                limit = self.static_tokenizer.max_length
+                found = Prompting(text, 0, task, limit, static=True)
+            else:
+                # A multi-vector model may cut queries and documents to lengths of their own.
+                limit = self.spec.transformer.task_length(task)
+                found = Prompting(text, self.text_tokenizer.prompt_length(text), task, limit)
             self._promptings[key] = found
         return found
 
@@ -337,7 +364,7 @@ class TextModel:
         rows = readers.ListRows(texts)
         run.run_rows(rows, loop, sink, 0)
         if self.kind == SPARSE:
-            return SparseVectors.from_rows(sink.items, self.encoder.dimensions)
+            return SparseVectors.from_rows(sink.items, loop.encoder.dimensions)
         if self.kind == MULTI_VECTOR:
             return sink.items
         vectors = model.finish_embeddings(
@@ -370,15 +397,17 @@ class TextModel:
 
     def _loop(
         self,
-        encoder: model.FolderPipeline,
+        encoder: model.FolderPipeline | StaticSparseEncoder,
         prompt_name: str | None,
         prompt: str | None,
         progress: bool,
     ) -> _Loop:
         chosen = self.prompting(prompt_name, prompt)
+        if chosen.static:  # keeping what the call asked of the vectors
+            encoder = replace(self.static_encoder, max_active_dims=encoder.max_active_dims)
         encoder = encoder.with_prompt(chosen.length, chosen.task)
         tokenise = functools.partial(
-            self.text_tokenizer, prefix=chosen.text, max_length=chosen.max_length
+            self._tokenizer(chosen.static), prefix=chosen.text, max_length=chosen.max_length
         )
         return _Loop(encoder, tokenise, replace(self.options, progress=progress))
 
@@ -392,8 +421,11 @@ class TextModel:
         with (:meth:`prompting`; None: the one the model loaded with)."""
         self._require((EMBEDDING, SPARSE, MULTI_VECTOR), "embed")
         encoder = self._raw
-        if prompting is not None:
-            encoder = encoder.with_prompt(prompting.length, prompting.task)
+        if prompting is None:
+            prompting = self.prompting()
+        if prompting.static:
+            encoder = self.static_encoder
+        encoder = encoder.with_prompt(prompting.length, prompting.task)
         if self.kind != EMBEDDING:
             return encoder(tokens)
         with torch.inference_mode():
@@ -467,7 +499,7 @@ class _Loop:
 
     def __init__(
         self,
-        encoder: model.FolderPipeline,
+        encoder: model.FolderPipeline | StaticSparseEncoder,
         tokenise: Callable[[list[str]], tuple[list[list[int]], list[bool]]],
         options: EmbedOptions,
     ):

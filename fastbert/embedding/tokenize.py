@@ -48,16 +48,18 @@ class TextTokenizer:
     max_length=max_length`` (special tokens included, as sentence-transformers tokenises).
 
     ``tokenizer``: a transformers tokenizer (a sentence-transformers folder's, set up by
-    fastbert.embedding.model.load_tokenizer); ``max_length``: the most tokens per input. A
+    fastbert.embedding.model.load_tokenizer); ``max_length``: the most tokens per input;
+    ``add_special_tokens``: False for ids without them (a SparseStaticEmbedding's). A
     prompt (``prefix``) goes before each text, inside the limit. Safe to
     call from several threads at once: each call borrows a copy of the tokenizer that no other
     call is using (made when none is free; as many exist as calls ever overlapped), since a Rust
     tokenizer refuses a call while another changes its truncation settings.
     """
 
-    def __init__(self, tokenizer: Any, max_length: int):
+    def __init__(self, tokenizer: Any, max_length: int, add_special_tokens: bool = True):
         self.tokenizer = tokenizer
         self.max_length = max_length
+        self.add_special_tokens = add_special_tokens
         self._lock = threading.Lock()
         self._free: dict[str, list[Any]] = {"right": [], "left": []}
 
@@ -119,6 +121,7 @@ class TextTokenizer:
             # none (a BERT checkpoint given a DistilBERT tokenizer runs every token as type 0).
             return_token_type_ids=pairs is not None and makes_token_types(tokenizer),
             return_attention_mask=False,
+            add_special_tokens=self.add_special_tokens,
             verbose=False,
         )
         ids = batch["input_ids"]
@@ -128,7 +131,13 @@ class TextTokenizer:
         elif batch.encodings is not None:  # a fast tokenizer keeps what truncation cut off
             cut = [bool(e.overflowing) for e in batch.encodings]
         else:
-            full = tokenizer(texts, pairs, truncation=False, verbose=False)["input_ids"]
+            full = tokenizer(
+                texts,
+                pairs,
+                truncation=False,
+                add_special_tokens=self.add_special_tokens,
+                verbose=False,
+            )["input_ids"]
             cut = [len(row) > max_length for row in full]
         return Tokens(ids, type_ids, cut)
 

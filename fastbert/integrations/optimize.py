@@ -102,7 +102,8 @@ def optimize(
     model: a transformers BERT, RoBERTa, XLM-RoBERTa, ELECTRA, DistilBERT, MPNet or ModernBERT
     base model or one
     of their supported heads (:func:`fastbert.model.families.supported_classes`), or a
-    sentence-transformers model whose first module is a Transformer holding one.
+    sentence-transformers model whose first module is a Transformer holding one (or a Router
+    with one Transformer among its routes: inference-free SPLADE).
     dtype: float16, bfloat16 or float32 to cast the whole model to first (None keeps its dtype).
     backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch" or "triton".
     padding_free, cuda_graphs: "auto", True or False, as for fastbert.BertModel (a
@@ -257,7 +258,28 @@ def _masked_outputs_read(model: Any) -> Callable[[], bool] | None:
     """For a sentence-transformers model, whether its modules read the encoder's outputs at
     masked positions now (:class:`_ReadsMaskedOutputs`); None for other models (their modules
     read real tokens only)."""
-    return _ReadsMaskedOutputs(model[0]) if is_sentence_transformer(model) else None
+    if not is_sentence_transformer(model):
+        return None
+    return _ReadsMaskedOutputs(_transformer_module(model))
+
+
+def _transformer_module(model: Any) -> nn.Module:
+    """A sentence-transformers model's Transformer module: its first module, or the one
+    Transformer among a first Router's routes (inference-free SPLADE's documents: its other
+    route needs no encoder). TypeError when there is none."""
+    first = model[0]
+    routes = getattr(first, "sub_modules", None)
+    if isinstance(routes, nn.ModuleDict):
+        found = [m for route in routes.values() for m in route if hasattr(m, "auto_model")]
+        if len(found) == 1:
+            return found[0]
+    if not hasattr(first, "auto_model"):
+        raise TypeError(
+            "the sentence-transformers model's first module is "
+            f"{type(first).__name__}, not a Transformer module holding a transformers model "
+            "(nor a Router with one Transformer among its routes)"
+        )
+    return first
 
 
 def _transformers_model(model: Any) -> nn.Module:
@@ -265,13 +287,7 @@ def _transformers_model(model: Any) -> nn.Module:
     model)."""
     if not is_sentence_transformer(model):
         return model
-    first = model[0]
-    if not hasattr(first, "auto_model"):
-        raise TypeError(
-            "the sentence-transformers model's first module is "
-            f"{type(first).__name__}, not a Transformer module holding a transformers model"
-        )
-    return first.auto_model
+    return _transformer_module(model).auto_model
 
 
 def base_model(model: Any) -> tuple[Family, nn.Module]:

@@ -182,7 +182,8 @@ def read_checkpoint_config(folder: Path) -> tuple[BertConfig, dict, Family]:
 
 def transformer_folder(folder: Path) -> Path:
     """The folder holding the transformers checkpoint: ``folder`` itself, or for a
-    sentence-transformers folder without a config.json, its Transformer module's folder."""
+    sentence-transformers folder without a config.json, its Transformer module's folder (in a
+    Router's routes too)."""
     modules_path = folder / "modules.json"
     if (folder / "config.json").exists() or not modules_path.exists():
         return folder
@@ -195,6 +196,12 @@ def transformer_folder(folder: Path) -> Path:
             raise ValueError(f"{modules_path}: a module's type and path must be strings")
         if kind.endswith("Transformer"):
             return folder / path
+        if kind.endswith("Router"):
+            config = folder / path / "router_config.json"
+            types = read_json_file(config).get("types") if config.exists() else None
+            for name, module_type in (types or {}).items():
+                if str(module_type).endswith("Transformer"):
+                    return folder / path / name
     return folder
 
 

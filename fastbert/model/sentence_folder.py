@@ -19,6 +19,7 @@ from typing import Any
 
 from fastbert.execution.arguments import positive_integer
 from fastbert.model.config import read_json_file
+from fastbert.model.router_folder import RouterSpec, read_router
 
 EMBEDDING = "embedding"
 SPARSE = "sparse"
@@ -135,7 +136,9 @@ class FolderSpec:
     (Matryoshka representation learning); ``truncate_dim``: the width its embeddings are cut
     to after every module, and ``max_active_dims``: the values a sparse vector keeps
     (config_sentence_transformers.json's; None: not cut); ``activation_fn``: the class path
-    of a cross-encoder's activation it saved there (None: none)."""
+    of a cross-encoder's activation it saved there (None: none); ``router``: the routes of a
+    folder whose input module is a Router (inference-free SPLADE: ``transformer`` and
+    ``modules`` are its Transformer route's; None: no Router)."""
 
     folder: Path
     kind: str
@@ -149,6 +152,7 @@ class FolderSpec:
     truncate_dim: int | None = None
     max_active_dims: int | None = None
     activation_fn: str | None = None
+    router: RouterSpec | None = None
 
     def prompt(self, prompt_name: str | None = None, prompt: str | None = None) -> str:
         """The text put before every input, as sentence-transformers chooses it: ``prompt``
@@ -180,7 +184,8 @@ def read_folder(folder: str | Path) -> FolderSpec:
     """The :class:`FolderSpec` of a local sentence-transformers or Hugging Face folder.
 
     ValueError naming the file for a malformed modules.json or module config, a modules.json
-    whose first module is not a Transformer (or that holds a second one), or a Transformer
+    whose first module is not a Transformer (or a Router fastbert runs, see
+    :mod:`fastbert.model.router_folder`; or that holds a second one), or a Transformer
     task fastbert does not run."""
     folder = Path(folder)
     settings = _read_optional(folder / "config_sentence_transformers.json")
@@ -188,6 +193,14 @@ def read_folder(folder: str | Path) -> FolderSpec:
     if not modules_path.exists():
         return _plain_folder(folder)
     entries = _module_entries(modules_path)
+    router = None
+    if entries[0].class_name == "Router":
+        if entries[1:]:
+            raise ValueError(
+                f"{modules_path}: modules after the Router "
+                f"({', '.join(m.describe() for m in entries[1:])}) are not run by fastbert"
+            )
+        router, entries = read_router(entries[0].folder, _module_spec)
     first, rest = entries[0], entries[1:]
     if first.class_name not in _TRANSFORMERS:
         raise ValueError(
@@ -225,9 +238,15 @@ def read_folder(folder: str | Path) -> FolderSpec:
             where = folder / "config_sentence_transformers.json"
             value = positive_integer(f"{where}: {name}", value)
         cuts[name] = value
+    kind = _kind(settings.get("model_type"), transformer, rest, folder)
+    if router is not None and kind != SPARSE:
+        raise ValueError(
+            f"{folder}: its Router's SparseStaticEmbedding gives sparse vectors, but the folder "
+            f"is {'an' if kind[0] in 'aeiou' else 'a'} {kind} model"
+        )
     return FolderSpec(
         folder=folder,
-        kind=_kind(settings.get("model_type"), transformer, rest, folder),
+        kind=kind,
         transformer=transformer,
         modules=tuple(rest),
         prompts=dict(prompts),
@@ -236,6 +255,7 @@ def read_folder(folder: str | Path) -> FolderSpec:
         matryoshka=_card_says_matryoshka(folder),
         **cuts,
         activation_fn=settings.get("activation_fn"),
+        router=router,
     )
 
 
@@ -289,10 +309,15 @@ def _module_entries(path: Path) -> list[ModuleSpec]:
                 "only the last of them, in the first one's place"
             )
         names.add(str(name))
-        module_folder = path.parent / sub
-        config = _read_optional(module_folder / "config.json") if sub else {}
-        entries.append(ModuleSpec(str(name), kind, module_folder, config))
+        entries.append(_module_spec(str(name), kind, path.parent / sub, bool(sub)))
     return entries
+
+
+def _module_spec(name: str, type_: str, folder: Path, own_folder: bool = True) -> ModuleSpec:
+    """The module ``name`` of class path ``type_`` whose files are in ``folder`` (its
+    config.json read where the module has a folder of its own)."""
+    config = _read_optional(folder / "config.json") if own_folder else {}
+    return ModuleSpec(name, type_, folder, config)
 
 
 def _transformer(module: ModuleSpec) -> TransformerSpec:

@@ -172,6 +172,7 @@ def _tokenize_texts(
             side=side(model, direction),
             prompt=prompting.text if prompting else None,
             max_length=prompting.max_length if prompting else None,
+            static=prompting.static if prompting else False,
         )
     except InputTooLong as exc:
         name = f"{field}[{positions[exc.index]}]"

@@ -138,13 +138,15 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
         timing = Timing()
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
         inputs.check_count(texts, server.limits, "inputs")
-        prompt = server.prompting(body.prompt_name).text
-        texts = [prompt + text for text in texts]
+        prompting = server.prompting(body.prompt_name)
+        texts = [prompting.text + text for text in texts]
+        # An inference-free SPLADE model's queries: its query route's tokens, no special ones.
+        tokenizer = model.static_tokenizer if prompting.static else model.text_tokenizer
         details = await server.tokenize(
             timing,
-            model.text_tokenizer.details,
+            tokenizer.details,
             texts,
-            body.add_special_tokens,
+            body.add_special_tokens and not prompting.static,
             characters=inputs.characters(texts),
         )
         timing.tokens = sum(len(d) for d in details)
