@@ -288,6 +288,60 @@ def test_a_routers_mappings_and_route_names_resolve_as_in_sentence_transformers(
         loaded.embed(TEXTS, prompt_name="query")
 
 
+def test_router_folders_in_every_layout_sentence_transformers_loads(inference_free, tmp_path):
+    """No default route (each call names its task, as there), the config under its older
+    name (config.json) and the Router's older class name (Asym) load as
+    sentence-transformers loads them."""
+    import shutil
+
+    queries = st.SparseEncoder(str(inference_free), device="cpu").encode_query(TEXTS)
+    queries = queries.to_dense().numpy()
+    no_default = shutil.copytree(inference_free, tmp_path / "no-default")
+    config = router_config(no_default)
+    config["parameters"].update(default_route=None, allow_empty_key=False)
+    write_json(no_default / "router_config.json", config)
+    with pytest.raises(ValueError, match="Could not determine route"):
+        st.SparseEncoder(str(no_default), device="cpu").encode(TEXTS)
+    loaded = fastbert.load(no_default, device="cpu")
+    with pytest.raises(ValueError, match="no route for task None"):
+        loaded.embed(TEXTS)
+    np.testing.assert_array_equal(loaded.embed(TEXTS, prompt_name="query").to_dense(), queries)
+
+    older = shutil.copytree(inference_free, tmp_path / "older")
+    (older / "router_config.json").rename(older / "config.json")
+    entries = json.loads((older / "modules.json").read_text())
+    entries[0]["type"] = "sentence_transformers.models.Asym"
+    write_json(older / "modules.json", entries)
+    want = st.SparseEncoder(str(older), device="cpu").encode_query(TEXTS).to_dense().numpy()
+    np.testing.assert_array_equal(want, queries)
+    loaded = fastbert.load(older, device="cpu")
+    np.testing.assert_array_equal(loaded.embed(TEXTS, prompt_name="query").to_dense(), queries)
+
+
+def test_a_prompt_given_as_text_keeps_the_task_the_model_loaded_with(inference_free):
+    """A model loaded for queries, given another prompt: still queries, as
+    encode_query(prompt=...) (the documents' route took them)."""
+    want = st.SparseEncoder(str(inference_free), device="cpu").encode_query(TEXTS, prompt="q: ")
+    loaded = fastbert.load(inference_free, device="cpu", prompt_name="query")
+    got = loaded.embed(TEXTS, prompt="q: ").to_dense()
+    np.testing.assert_array_equal(got, want.to_dense().numpy())
+
+
+def test_a_query_token_id_is_checked_against_the_query_routes_vocabulary(inference_free):
+    """The server's token-id inputs: a query's ids within the query route's weights (a
+    masked-LM wider than its tokenizer takes more ids on the document route)."""
+    from fastbert.embedding.static_sparse import StaticSparseEncoder
+    from fastbert.serve.errors import ValidationFailed
+    from fastbert.serve.inputs import tokenize
+
+    loaded = fastbert.load(inference_free, device="cpu")
+    loaded.static_encoder = StaticSparseEncoder(loaded.static_encoder.weight[:100])
+    query, document = loaded.prompting("query"), loaded.prompting("document")
+    assert tokenize(loaded, [[150]], True, None, "inputs", document) == [[150]]
+    with pytest.raises(ValidationFailed, match=r"token id 150 is outside the vocabulary \(0 .. 99"):
+        tokenize(loaded, [[150]], True, None, "inputs", query)
+
+
 def test_routers_fastbert_does_not_run_are_refused_naming_them(base, inference_free, tmp_path):
     """A Router of other routes than one SparseStaticEmbedding and one Transformer (a dense
     StaticEmbedding query route), or with modules after it, fails the load naming them."""

@@ -141,8 +141,11 @@ class TextModel:
         # width) afterwards, per call.
         self._raw = None
         if encoder is not None:
-            loaded_with = self.prompting()
-            self._raw = encoder.with_prompt(loaded_with.length, loaded_with.task)
+            try:
+                self._loaded_with = self.prompting()
+            except ValueError:  # a Router without a default route: each call names its task
+                self._loaded_with = Prompting(self.options.prompt or "", 0, self._task)
+            self._raw = encoder.with_prompt(self._loaded_with.length, self._loaded_with.task)
             self._raw.normalize, self._raw.store_dtype = False, np.dtype(np.float32)
             # A sparse model's vectors keep the values the folder (or the options) say, as
             # sentence-transformers' encode keeps them: the server's too.
@@ -272,10 +275,9 @@ class TextModel:
         found = self._promptings.get(key)
         if found is None:
             text = self.prompt(prompt_name, prompt)
-            if prompt_name is None and prompt is None:
-                task = self._task
-            else:
-                task = task_of(prompt_name)
+            # A prompt given as text keeps the task the model loaded with (a query model's
+            # queries with another prompt are still queries, as encode_query(prompt=...)).
+            task = self._task if prompt_name is None else task_of(prompt_name)
             router = self.spec.router
             if router is not None and router.is_static(task):
                 limit = self.static_tokenizer.max_length
@@ -422,7 +424,7 @@ class TextModel:
         self._require((EMBEDDING, SPARSE, MULTI_VECTOR), "embed")
         encoder = self._raw
         if prompting is None:
-            prompting = self.prompting()
+            prompting = self._loaded_with
         if prompting.static:
             encoder = self.static_encoder
         encoder = encoder.with_prompt(prompting.length, prompting.task)

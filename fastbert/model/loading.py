@@ -182,10 +182,10 @@ def read_checkpoint_config(folder: Path) -> tuple[BertConfig, dict, Family]:
 
 def transformer_folder(folder: Path) -> Path:
     """The folder holding the transformers checkpoint: ``folder`` itself, or for a
-    sentence-transformers folder without a config.json, its Transformer module's folder (in a
-    Router's routes too)."""
+    sentence-transformers folder without a config.json, its Transformer module's folder; for
+    a Router's folder (whose config.json may be the Router's), its Transformer route's."""
     modules_path = folder / "modules.json"
-    if (folder / "config.json").exists() or not modules_path.exists():
+    if not modules_path.exists():
         return folder
     modules = read_json_file(modules_path)
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
@@ -195,10 +195,11 @@ def transformer_folder(folder: Path) -> Path:
         if not isinstance(kind, str) or not isinstance(path, str):
             raise ValueError(f"{modules_path}: a module's type and path must be strings")
         if kind.endswith("Transformer"):
-            return folder / path
-        if kind.endswith("Router"):
-            config = folder / path / "router_config.json"
-            types = read_json_file(config).get("types") if config.exists() else None
+            return folder if (folder / "config.json").exists() else folder / path
+        if kind.endswith(("Router", "Asym")):  # its config.json is the Router's, not a model's
+            names = ("router_config.json", "config.json")
+            config = next((folder / path / n for n in names if (folder / path / n).exists()), None)
+            types = read_json_file(config).get("types") if config is not None else None
             for name, module_type in (types or {}).items():
                 if str(module_type).endswith("Transformer"):
                     return folder / path / name

@@ -18,6 +18,8 @@ from typing import Any
 from fastbert.model.config import read_json_file
 
 STATIC = "SparseStaticEmbedding"
+# The Router's class names (sentence-transformers keeps Asym, its older name, as an alias).
+ROUTERS = ("Router", "Asym")
 # The modality a text input has, as sentence-transformers infers it for routing.
 TEXT = "text"
 
@@ -139,4 +141,4 @@ def _mappings(raw: Mapping[str, Any], routes: Mapping[str, Any], path: Path) -> 
     return mappings
 
 
-__all__ = ["RouterSpec", "read_router"]
+__all__ = ["ROUTERS", "RouterSpec", "read_router"]

@@ -19,7 +19,7 @@ from typing import Any
 
 from fastbert.execution.arguments import positive_integer
 from fastbert.model.config import read_json_file
-from fastbert.model.router_folder import RouterSpec, read_router
+from fastbert.model.router_folder import ROUTERS, RouterSpec, read_router
 
 EMBEDDING = "embedding"
 SPARSE = "sparse"
@@ -194,7 +194,7 @@ def read_folder(folder: str | Path) -> FolderSpec:
         return _plain_folder(folder)
     entries = _module_entries(modules_path)
     router = None
-    if entries[0].class_name == "Router":
+    if entries[0].class_name in ROUTERS:
         if entries[1:]:
             raise ValueError(
                 f"{modules_path}: modules after the Router "

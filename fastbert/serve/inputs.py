@@ -113,7 +113,9 @@ def tokenize(
             ids[i] = row
     for i, item in enumerate(items):
         if isinstance(item, list):
-            ids[i] = _checked_ids(model, item, truncate, direction, f"{field}[{i}]", limit)
+            static = prompting is not None and prompting.static
+            vocab = model.static_encoder.dimensions if static else model.vocab_size
+            ids[i] = _checked_ids(model, item, truncate, direction, f"{field}[{i}]", limit, vocab)
     return ids
 
 
@@ -183,9 +185,14 @@ def _tokenize_texts(
 
 
 def _checked_ids(
-    model: TextModel, ids: list[int], truncate: bool, direction: str | None, field: str, limit: int
+    model: TextModel,
+    ids: list[int],
+    truncate: bool,
+    direction: str | None,
+    field: str,
+    limit: int,
+    vocab: int,
 ) -> list[int]:
-    vocab = model.vocab_size
     bad = next((i for i in ids if not 0 <= i < vocab), None)
     if bad is not None:
         raise ValidationFailed(
