@@ -667,6 +667,26 @@ def test_usage_errors_exit_2(argv, capsys):
     assert "error" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("host", ["127.0.0.1", "no-such-host.invalid"])
+def test_an_address_it_cannot_listen_on_is_said_before_the_model_loads(host, capsys, monkeypatch):
+    """A taken port, an unknown host: exit 1 with one line naming the address, before the
+    model loads (uvicorn said it after the load, in its own words, and exited 3)."""
+    from fastbert.serve import server
+
+    def never(options):
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr(server, "load_for_serving", never)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["serve", "--model", "all-MiniLM-L6-v2", "--host", host, "--port", str(port)])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert f"fastbert serve: error: cannot listen on {host}:{port}: " in err
+
+
 def test_help(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["serve", "--help"])

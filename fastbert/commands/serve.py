@@ -254,6 +254,8 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(
             f"fastbert serve needs {exc.name}: pip install 'fastbert[serve]'"
         ) from exc
+    from fastbert.serve.server import ListenError
+
     try:
         if args.ray is not None:
             _serve_on_ray(options, args)
@@ -261,6 +263,8 @@ def run(args: argparse.Namespace) -> int:
             from fastbert.serve.server import serve
 
             serve(options)
+    except ListenError as exc:  # the port is taken, the host unknown: said before the load
+        raise CommandError(str(exc)) from exc
     except ValueError as exc:  # a model the folder cannot load, a setting it cannot run
         raise UsageError(str(exc)) from exc
     return 0

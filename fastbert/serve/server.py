@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import sys
 import threading
 import time
@@ -41,8 +42,13 @@ def serve(options: ServeOptions, model: TextModel | None = None) -> None:
 
     apply_process_tuning()
     configure_logging(options.log_level)
+    listener = listening_socket(options.host, options.port)  # before the model's load
     if model is None:
-        model = load_for_serving(options)
+        try:
+            model = load_for_serving(options)
+        except BaseException:
+            listener.close()
+            raise
     app = create_app(model, options)
     config = uvicorn.Config(
         app,
@@ -57,7 +63,30 @@ def serve(options: ServeOptions, model: TextModel | None = None) -> None:
     _announce(server, model, options)
     _report_shutdown(server, app.state.server)
     with _quiet_signals():
-        server.run()
+        server.run(sockets=[listener])
+
+
+class ListenError(OSError):
+    """The server cannot listen where it was told (the port is taken, the host unknown)."""
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` (0: a free port), as uvicorn binds one.
+    ListenError naming the address and why, so that a taken port is said before the model
+    loads, in one line."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    sock.set_inheritable(True)
+    return sock
 
 
 def load_for_serving(options: ServeOptions) -> TextModel:
