@@ -306,13 +306,6 @@ def test_skip_bad_counts(tmp_path, model_path, expected, capsys) -> None:
     assert [s["skipped"] for s in manifest["shards"]] == [2, 1, 1]
 
 
-def test_missing_input_is_an_error(tmp_path, model_path, capsys) -> None:
-    missing = tmp_path / "nowhere.jsonl"
-    assert embed_file(missing, model_path, tmp_path / "out") == 1
-    assert f"{missing}: no such file" in capsys.readouterr().err
-    assert not (tmp_path / "out").exists()
-
-
 def test_in_memory_bad_text_named(model_path) -> None:
     with pytest.raises(ValueError, match=r"texts\[1\]: empty text"):
         fastbert.embed(["fine", ""], model=model_path, device="cpu", progress=False)
@@ -464,6 +457,38 @@ def test_usage_errors_exit_2(tmp_path, model_path, capsys, extra, message) -> No
         code = exc.code
     assert code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "o" / "manifest.json").exists()
+
+
+def test_paths_that_cannot_work_are_usage_errors(tmp_path, model_path, capsys) -> None:
+    """An input path naming nothing to read, an output that is a file (or under one), an
+    output that is an input folder (its shards would be the next run's inputs): exit 2,
+    nothing written."""
+    source = write_corpus(tmp_path / "corpus.txt", TEXTS[:2])
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    write_corpus(folder / "corpus.txt", TEXTS[:2])
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "x.json").write_text("{}")
+    cases = [
+        (tmp_path / "missing.jsonl", tmp_path / "o", "missing.jsonl: no such file or folder"),
+        (tmp_path / "x.json", tmp_path / "o", "unknown input type '.json'"),
+        (source, tmp_path / "afile", "afile exists and is not a folder"),
+        (source, tmp_path / "afile" / "sub", "afile exists and is not a folder"),
+        (folder, folder, "is an input folder"),
+    ]
+    for given, output, message in cases:
+        assert cli(str(given), "--model", model_path, "--output", str(output)) == 2, message
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists() and not (folder / "manifest.json").exists()
+
+
+def test_the_triton_backend_where_it_cannot_run_is_refused_before_the_output_is_made(
+    tmp_path, model_path, capsys, interpreter_off
+) -> None:
+    source = write_corpus(tmp_path / "corpus.txt", TEXTS[:2])
+    assert embed_file(source, model_path, tmp_path / "o", "--backend", "triton") == 2
+    assert "backend='triton' needs CUDA tensors" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_run_stopped_before_its_first_shard_is_started_again(tmp_path, model_path) -> None:

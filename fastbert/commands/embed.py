@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     from fastbert.embedding import api
     from fastbert.embedding.manifest import OutputError
     from fastbert.embedding.options import EmbedOptions
-    from fastbert.embedding.readers import InputError
+    from fastbert.embedding.readers import InputError, InputPathError
 
     # Every option of the job but the model (given by position), its name and the int8 ranges,
     # which only the library takes.
@@ -187,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
     }
     try:
         summary = api.embed(args.inputs, args.model, output=args.output, ray=args.ray, **options)
+    except InputPathError as exc:  # a path given that names nothing to read
+        raise UsageError(str(exc)) from exc
     except (InputError, OutputError, OSError) as exc:
         raise CommandError(str(exc)) from exc
     except ImportError as exc:

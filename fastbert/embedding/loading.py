@@ -21,6 +21,7 @@ from fastbert.embedding import model
 from fastbert.embedding.options import DTYPES, EmbedOptions
 from fastbert.embedding.static_sparse import load_static_route
 from fastbert.embedding.text_model import TextModel, article, not_matryoshka
+from fastbert.execution.backends import resolve_backend
 from fastbert.execution.cpu_tuning import apply_process_tuning
 from fastbert.model.sentence_folder import (
     CLASSIFICATION,
@@ -41,6 +42,7 @@ def resolve(
     tell it, else None). Reads the folder's configs only. ValueError for settings the model
     cannot run."""
     options = options.with_defaults(device)
+    resolve_backend(options.backend, options.device)  # backend="triton" where it cannot run
     spec = read_folder(options.model)
     config = model.read_config(Path(options.model))
     positions = config.max_sequence_length

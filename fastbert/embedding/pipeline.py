@@ -138,6 +138,23 @@ class Job:
         return summary
 
 
+def check_output_place(inputs: Sequence[str | Path], output: str | Path) -> None:
+    """ValueError when ``output`` cannot be the job's folder: it (or a folder above it) is a
+    file, or it is one of the ``inputs`` given as folders (its shards would be read as inputs
+    by the next run)."""
+    output = Path(output)
+    place = output
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    if place.exists() and not place.is_dir():
+        raise ValueError(f"output {output}: {place} exists and is not a folder")
+    if any(Path(p).is_dir() and Path(p).resolve() == output.resolve() for p in inputs):
+        raise ValueError(
+            f"output {output} is an input folder: the shards written there would be read as "
+            "inputs by the next run; write them to a folder of their own"
+        )
+
+
 def start_job(
     files: Sequence[Path],
     output: str | Path,
@@ -201,6 +218,7 @@ def embed_files(inputs: Sequence[str | Path], output: str | Path, options: Embed
     readers.InputError for unreadable input or a bad row (without skip_bad),
     manifest.OutputError for an output it must not write."""
     files = readers.list_inputs(inputs)
+    check_output_place(inputs, output)
     tokenizer = model.load_tokenizer(Path(options.model))
     job = start_job(files, output, options, tokenizer)
     if job.finished is not None:

@@ -50,6 +50,7 @@ def embed_files(
     runs here to calibrate them)."""
     ray = _import_ray()
     files = readers.list_inputs(inputs)
+    pipeline.check_output_place(inputs, output)
     counts = [readers.count_rows(f) for f in files]
     tokenizer = model.load_tokenizer(Path(options.model))
     started = connect(ray, address)

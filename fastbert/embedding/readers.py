@@ -27,6 +27,11 @@ class InputError(ValueError):
     """An input that cannot be read: the message names the file (and the row)."""
 
 
+class InputPathError(InputError):
+    """An input path that names no file to read (none there, a type not read, an empty or
+    unreadable one): found before anything runs (the command's usage error)."""
+
+
 @dataclass(frozen=True)
 class Row:
     """One input row. ``index``: its row number across all inputs; ``id``: the id field's value
@@ -80,7 +85,7 @@ def list_inputs(inputs: Sequence[str | Path]) -> list[Path]:
             entries = sorted(path.iterdir())
             found = [p for p in entries if p.is_file() and p.suffix.lower() in FORMATS]
             if not found:
-                raise InputError(f"{path}: the folder holds no {', '.join(FORMATS)} file")
+                raise InputPathError(f"{path}: the folder holds no {', '.join(FORMATS)} file")
             left = [p.name + ("/" if p.is_dir() else "") for p in entries if p not in found]
             if left:
                 warnings.warn(
@@ -90,9 +95,9 @@ def list_inputs(inputs: Sequence[str | Path]) -> list[Path]:
                 )
             files.extend(found)
         elif not path.exists():
-            raise InputError(f"{path}: no such file or folder")
+            raise InputPathError(f"{path}: no such file or folder")
         elif path.suffix.lower() not in FORMATS:
-            raise InputError(
+            raise InputPathError(
                 f"{path}: unknown input type {path.suffix!r} (expected one of {', '.join(FORMATS)})"
             )
         else:
@@ -107,7 +112,7 @@ def _check_readable(path: Path) -> None:
         with path.open("rb") as handle:
             handle.read(1)
     except OSError as exc:
-        raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+        raise InputPathError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
 
 
 def count_rows(path: Path) -> int:
