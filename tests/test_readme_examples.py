@@ -5,7 +5,8 @@ off and no GPU visible.
 The examples name local checkpoint folders with placeholders; PLACEHOLDERS resolves each to the
 packaged all-MiniLM-L6-v2 folder (a BERT checkpoint that is also a sentence-transformers
 folder; a token-classification model loaded from it gets a fresh head), and CROSS_ENCODER to a
-small random BERT sequence classifier the test saves. Examples that call a server at
+small random BERT sequence classifier the test saves, INFERENCE_FREE to a small random
+inference-free SPLADE folder it saves. Examples that call a server at
 SERVER_URL call a real ``fastbert serve`` of the packaged model, started for them. A block
 preceded by an HTML comment starting ``<!-- not-run:`` (a signature listing, a call that
 serves forever) is not run.
@@ -27,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 PLACEHOLDERS = ("path/to/bert", "path/to/all-MiniLM-L6-v2", "path/to/ner")
 CROSS_ENCODER = "path/to/a-cross-encoder"
+INFERENCE_FREE = "path/to/an-inference-free-splade"
 SERVER_URL = "http://127.0.0.1:8080"
 BLOCK = re.compile(r"(?:(<!-- not-run:[^\n]*-->)\n)?```python\n(.*?)```", re.S)
 
@@ -93,12 +95,18 @@ def test_readme_and_docs_examples_run_on_a_cpu(tmp_path) -> None:
         for placeholder in PLACEHOLDERS:
             code = code.replace(placeholder, folder)
         code = code.replace(CROSS_ENCODER, str(tmp_path / "cross-encoder"))
+        code = code.replace(INFERENCE_FREE, str(tmp_path / "inference-free"))
         assert "path/to/" not in code, f"{name}:{line}: a placeholder this test does not know"
         examples.append((name, line, code))
     if any(CROSS_ENCODER in code for _, _, code, _ in all_blocks()):
         from tests.test_text_model import save_classifier
 
         save_classifier(tmp_path / "cross-encoder")
+    if any(INFERENCE_FREE in code for _, _, code, _ in all_blocks()):
+        from tests.sentence_folders import hf_folder, inference_free_folder
+
+        mlm = hf_folder(tmp_path / "masked-lm", "BertForMaskedLM", seed=1)
+        inference_free_folder(tmp_path / "inference-free", mlm)
     with contextlib.ExitStack() as stack:
         if any(SERVER_URL in code for _, _, code in examples):
             from tests.serve_process import serving
