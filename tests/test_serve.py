@@ -233,6 +233,48 @@ def test_timing_headers_tokenize_info_health_metrics(server, client):
     assert requests.get(server.url + "/docs").status_code == 200
 
 
+def test_tei_compatibility_routes_as_hugging_face_clients_call_them(
+    server, client, st_model, monkeypatch
+):
+    """POST / and /invocations run the model's own route (Hugging Face's InferenceClient
+    posts to the server's root); GET / and /ping answer as /health; /embeddings is OpenAI's
+    route without /v1, as TEI serves them."""
+    from huggingface_hub import InferenceClient, constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # a local server is no hub
+
+    texts = TEXTS[:2]
+    want = st_model.encode(texts, convert_to_numpy=True)
+    vectors = InferenceClient(base_url=server.url).feature_extraction(texts[0])
+    assert cosines(np.asarray(vectors).reshape(1, -1), want[:1]).min() > COSINE
+    for route in ("/", "/invocations"):
+        got = np.array(embed(client, {"inputs": texts}, route).json())
+        assert cosines(got, want).min() > COSINE, route
+    for path in ("/", "/ping"):
+        assert client.get(path).status_code == 200 and client.head(path).status_code == 200
+    body = {"input": texts, "model": "minilm"}
+    data = client.post("/embeddings", json=body).json()["data"]
+    assert cosines(np.array([d["embedding"] for d in data]), want).min() > COSINE
+    refused = client.post("/embeddings", json={"input": [[101, 102]], "model": "minilm"})
+    assert refused.status_code == 400 and "message" in refused.json()["error"]
+
+
+def test_cohere_max_tokens_cuts_each_text(client):
+    """Cohere's max_tokens: each text's tokens cut to it, as truncate says (it was ignored)."""
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(str(models.packaged_minilm_path()), device="cpu")
+    reference.max_seq_length = 16
+    long_text = " ".join(TEXTS[:3])
+    body = {"texts": [long_text], "input_type": "search_document", "max_tokens": 16}
+    answer = client.post("/v2/embed", json=body).json()
+    assert answer["meta"]["billed_units"]["input_tokens"] == 16
+    got = np.array(answer["embeddings"]["float"])
+    assert cosines(got, reference.encode([long_text])).min() > COSINE
+    refused = client.post("/v2/embed", json={**body, "truncate": "NONE"})
+    assert refused.status_code == 422 and "limit of 16" in refused.text
+
+
 def test_sixteen_clients_get_their_own_rows(server, st_model):
     """16 clients x 50 requests of different texts at once: no crossed responses."""
     texts = corpus(800, offset=0, max_words=25)
@@ -280,6 +322,9 @@ def test_classifier_routes_equal_cross_encoder(tmp_path):
         raw = http.post("/rerank", json={"query": query, "texts": docs, "raw_scores": True}).json()
         for r in raw:
             assert r["score"] == pytest.approx(logits[r["index"]], abs=1e-4)
+        # TEI's POST / reranks on a one-label classifier (a reranker).
+        root = http.post("/", json={"query": query, "texts": docs, "raw_scores": True}).json()
+        assert root == raw
         cohere = http.post(
             "/v1/rerank",
             json={
@@ -344,6 +389,8 @@ def test_a_several_label_classifier_predicts_and_lists_no_rerank_route(tmp_path)
             refused = http.post(route, json=body)
             assert refused.status_code == 424 and "use /predict" in refused.text, route
         assert http.get("/info").json()["routes"] == ["/predict"]
+        root = http.post("/", json={"inputs": [[query, d] for d in docs]}).json()  # TEI's /
+        assert root == rows
 
 
 # -- errors: a clear, typed answer, and the server still serves ------------------------------

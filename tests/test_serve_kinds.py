@@ -368,6 +368,7 @@ def test_embed_sparse_as_sparse_encoder(sparse, sparse_folder):
             np.testing.assert_allclose(values, expected[indices], atol=TOLERANCE, rtol=1e-5)
     one = ok(post(sparse, "/embed_sparse", {"inputs": TEXTS[0]}))
     assert len(one) == 1
+    assert ok(post(sparse, "/", {"inputs": TEXTS[0]})) == one  # TEI's / on a SPLADE model
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ log = logging.getLogger("fastbert.serve")
 CLIENT_GONE = 499
 # OpenAI's own routes: a request they refuse gets 400, as OpenAI's API answers (TEI's routes,
 # and the Cohere-shaped ones, keep TEI's 422).
-OPENAI_ROUTES = ("/v1/embeddings", "/v1/models")
+OPENAI_ROUTES = ("/v1/embeddings", "/v1/models", "/embeddings")
 
 
 def create_app(model: TextModel, options: ServeOptions) -> Any:
@@ -110,7 +110,10 @@ def create_app(model: TextModel, options: ServeOptions) -> Any:
         and the server's limits."""
         return info_of(server)
 
+    # GET / and /ping too, as TEI answers them (the Inference API's and SageMaker's probes).
     @app.api_route("/health", methods=["GET", "HEAD"], tags=["TEI"])
+    @app.api_route("/", methods=["GET", "HEAD"], tags=["TEI"], include_in_schema=False)
+    @app.api_route("/ping", methods=["GET", "HEAD"], tags=["TEI"], include_in_schema=False)
     async def health() -> Response:
         """200 while the model answers; 503 after a failed forward until a probe succeeds
         (HEAD too, as load balancers' and orchestrators' probes may send)."""
@@ -129,7 +132,7 @@ def create_app(model: TextModel, options: ServeOptions) -> Any:
         path = request.url.path
         route = path if path in app.state.known_routes else "other"
         server.metrics.failures.labels(route, error.error_type).inc()
-        openai_shaped = path.startswith(("/v1/", "/v2/"))
+        openai_shaped = path.startswith(("/v1/", "/v2/", "/embeddings"))
         body = error.openai_body() if openai_shaped else error.tei_body()
         status = error.status
         if status == 422 and path.startswith(OPENAI_ROUTES):

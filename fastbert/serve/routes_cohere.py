@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -63,6 +64,9 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
             prompting = server.prompting(name)
         else:
             prompting = server.prompting(None, prompt="")
+        if body.max_tokens is not None:  # each input's tokens, cut as truncate says
+            limit = prompting.max_length or server.model.max_length
+            prompting = replace(prompting, max_length=min(body.max_tokens, limit))
         truncate, direction = TRUNCATION[body.truncate]
         pooled = await server.embed_inputs(
             request, timing, "/v2/embed", body.texts, "texts", truncate, direction, prompting

@@ -20,6 +20,7 @@ def register(app: FastAPI, server: Server, posted: list, guarded: list) -> None:
     a GET route."""
 
     @app.post("/v1/embeddings", dependencies=posted, tags=["OpenAI"])
+    @app.post("/embeddings", dependencies=posted, tags=["OpenAI"], include_in_schema=False)
     async def embeddings(body: schemas.OpenAIEmbeddingsRequest, request: Request) -> Response:
         """OpenAI's embeddings: normalised, as floats or base64 (little-endian float32), each
         after the model's default prompt (OpenAI's request has no prompt field)."""

@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from fastbert.embedding.model import finish_embeddings
+from fastbert.model.sentence_folder import EMBEDDING, MULTI_VECTOR, SPARSE
 from fastbert.serve import inputs, schemas
 from fastbert.serve.scores import pair_scores, probabilities, rerank_scores
 from fastbert.serve.service import NUMPY_JSON, Server, Timing
@@ -151,6 +152,14 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
         )
         timing.tokens = sum(len(d) for d in details)
         return server.reply(details, timing, "/tokenize")
+
+    # TEI's compatibility routes: POST / (Hugging Face's InferenceClient posts there) and
+    # /invocations (SageMaker's) run the model's own route, as TEI maps them.
+    own = {EMBEDDING: embed, SPARSE: embed_sparse, MULTI_VECTOR: embed_all}.get(model.kind)
+    if own is None:  # a cross-encoder: a one-label one reranks, another predicts
+        own = rerank if len(model.labels) == 1 else predict
+    for path in ("/", "/invocations"):
+        app.add_api_route(path, own, methods=["POST"], dependencies=posted, tags=["TEI"])
 
 
 def _sequences(raw: Any) -> tuple[bool, list[list[str]]]:

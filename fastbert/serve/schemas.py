@@ -84,6 +84,7 @@ class CohereEmbedRequest(BaseModel):
     embedding_types: Annotated[list[EmbeddingType], Field(min_length=1)] = ["float"]
     truncate: Literal["NONE", "START", "END"] = "END"
     output_dimension: Dimensions | None = None
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
 
 
 class RerankRequest(BaseModel):
