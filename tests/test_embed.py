@@ -384,6 +384,28 @@ def killed_run(tmp_path, model_path: str) -> tuple[list[str], list[str], int]:
     return args, texts, done
 
 
+def test_a_changed_setting_or_file_is_named_with_what_can_follow(
+    tmp_path, model_path, capsys
+) -> None:
+    """A finished run asked again with another precision is named by the precision (not the
+    calibration that follows from it); an unfinished run whose input changed cannot be resumed
+    with any arguments, and the error says to start again, not to resume."""
+    source = write_corpus(tmp_path / "corpus.txt", TEXTS[:4])
+    out = tmp_path / "out"
+    assert embed_file(source, model_path, out) == 0
+    capsys.readouterr()
+    assert embed_file(source, model_path, out, "--precision", "int8") == 1
+    assert "(precision: None there, 'int8' now)" in capsys.readouterr().err
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps({**manifest, "complete": False}))
+    with source.open("a") as handle:
+        handle.write("one more text\n")
+    assert embed_file(source, model_path, out) == 1
+    err = capsys.readouterr().err
+    assert "unfinished run whose files changed since (input changed" in err, err
+    assert "resume it with the same arguments" not in err
+
+
 def test_resume_after_kill(tmp_path, model_path, capsys) -> None:
     args, texts, done = killed_run(tmp_path, model_path)
     out = tmp_path / "out"

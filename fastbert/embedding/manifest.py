@@ -96,6 +96,11 @@ def _check_resumable(output: Path, manifest: dict, job: dict) -> None:
             "(pass --overwrite / overwrite=True to replace it)"
         )
     key = _first_difference(manifest, job)
+    if key in (INPUT_STATE, MODEL_STATE):  # no arguments resume it: its files changed
+        raise OutputError(
+            f"{output} holds an unfinished run whose files changed since "
+            f"({_describe(key, manifest, job)}); pass --overwrite / overwrite=True to start again"
+        )
     if key is not None:
         raise OutputError(
             f"{output} holds an unfinished run with other settings "
@@ -124,7 +129,9 @@ def _first_difference(manifest: dict, job: dict) -> str | None:
     """The first setting (by name) that ``manifest`` records otherwise than ``job``, or None
     (totals, shards and :data:`_NOT_SETTINGS` are no settings)."""
     ignored = (*_NOT_SETTINGS, *TOTALS, "shards")
-    keys = sorted(set(job) | set(manifest))
+    # In the order the job records them: a setting before what follows from it (precision
+    # before its calibration).
+    keys = [*job, *(k for k in manifest if k not in job)]
     for state in (INPUT_STATE, MODEL_STATE):
         if state not in manifest:  # written before they were recorded: not compared
             ignored = (*ignored, state)
