@@ -144,14 +144,14 @@ def train(settings: dict) -> dict:
         train_dataset=reviews,
         args=TrainingArguments(
             output_dir=settings["output_dir"] or "finetune-output",
+            seed=seed,
             num_train_epochs=settings["epochs"],
             per_device_train_batch_size=32,
             learning_rate=2e-3,
             logging_steps=10,
             save_strategy="no",
-            report_to=[],
-            seed=seed,
             use_cpu=not torch.cuda.is_available(),
+            report_to=[],
             # The classifier's loss is a mean already: scaled by the number of processes (for
             # a loss summed over tokens) it would read, and step, N times over.
             average_tokens_across_devices=False,
