@@ -156,8 +156,51 @@ def test_names_the_cache_cannot_tell_apart_or_load_are_refused(cache) -> None:
     with pytest.raises(ModelNotFound, match=r"several models .*\(a/encoder, b/encoder\)"):
         resolve_model("encoder")
     cached_repo(cache, "c/partial", {"README.md": "a download cut short"})
-    with pytest.raises(ModelNotFound, match="without a config.json .*hf download c/partial"):
+    with pytest.raises(ModelNotFound, match="without a snapshot to load .*hf download c/partial"):
         resolve_model("c/partial")
+
+
+def test_the_cache_is_read_as_huggingface_hub_reads_it(cache, tmp_path, monkeypatch) -> None:
+    """Ids differing in case are two models (the one written loads); refs/main's snapshot
+    only (a ref to one not there loads no other); $VARIABLES in the cache's path; a packaged
+    model's id downloaded but its package not installed loads from the cache."""
+    config = {"config.json": json.dumps({"model_type": "bert"})}
+    upper = cached_repo(cache, "Org/Model", config, commit="aaaa")
+    lower = cached_repo(cache, "org/model", config, commit="bbbb")
+    assert resolve_model("Org/Model").folder == upper
+    assert resolve_model("org/model").folder == lower
+    with pytest.raises(ModelNotFound, match=r"several models .*Org/Model, org/model"):
+        resolve_model("ORG/MODEL")
+    cached_repo(cache, "acme/dangling", config, commit="cccc")
+    cached_repo(cache, "acme/dangling", config, commit="dddd")
+    (cache / "models--acme--dangling" / "refs" / "main").write_text("eeee")
+    with pytest.raises(ModelNotFound, match="without a snapshot to load"):
+        resolve_model("acme/dangling")
+
+    monkeypatch.setenv("PROBE_BASE", str(cache.parent))
+    monkeypatch.setenv("HF_HUB_CACHE", f"${{PROBE_BASE}}/{cache.name}")
+    assert resolve_model("Org/Model").folder == upper
+
+    monkeypatch.setattr(model_names.PackagedModel, "installed", lambda self: False)
+    mpnet = cached_repo(cache, "sentence-transformers/all-mpnet-base-v2", config)
+    found = resolve_model("mpnet")
+    assert (found.folder, found.source) == (mpnet, "hf-cache")
+
+
+def test_models_skips_repositories_it_cannot_read_whole(cache) -> None:
+    """A weights file whose blob is still downloading (a link to nothing) and a snapshot
+    without weights are listed as not runnable (the first made `fastbert models` fail)."""
+    from fastbert.integrations.model_catalog import catalog
+
+    config = {"config.json": json.dumps({"model_type": "bert"})}
+    folder = cached_repo(cache, "acme/partial", config)
+    (folder / "model.safetensors").symlink_to(cache / "blobs-missing" / "abc.incomplete")
+    cached_repo(cache, "acme/bare", config)
+    skipped = dict(catalog().skipped)
+    assert "download cut short" in skipped["acme/partial"]
+    assert "no weights" in skipped["acme/bare"]
+    with pytest.raises(ValueError, match="links to a file that is not there"):
+        fastbert.load("acme/partial")
 
 
 def test_resolving_imports_no_hub_client(cache) -> None:

@@ -267,7 +267,8 @@ def model_files(folder: Path, outside: Path | None = None) -> list[tuple[str, in
     """(path relative to ``folder``, size, modification time in nanoseconds) of each file a
     model loads from ``folder`` (at any depth: a sentence-transformers folder keeps its
     weights in a subfolder), sorted; none under ``outside`` (an output folder inside it).
-    Another list means other weights, settings or vocabulary may load."""
+    Another list means other weights, settings or vocabulary may load. ValueError for a file
+    that links to nothing (a Hugging Face cache's blob still downloading)."""
     folder = Path(folder).resolve()
     skip = None if outside is None else Path(outside).resolve()
     found = []
@@ -277,7 +278,12 @@ def model_files(folder: Path, outside: Path | None = None) -> list[tuple[str, in
         for name in files:
             if name.endswith((".json", ".safetensors", ".bin", ".txt", ".model")):
                 path = os.path.join(root, name)
-                stat = os.stat(path)
+                try:
+                    stat = os.stat(path)
+                except FileNotFoundError:  # a link to a blob not there
+                    raise ValueError(
+                        f"{path} links to a file that is not there (a download cut short?)"
+                    ) from None
                 found.append((os.path.relpath(path, folder), stat.st_size, stat.st_mtime_ns))
     return sorted(found)
 

@@ -95,7 +95,14 @@ def describe(folder: Path) -> Description:
     family = family_of_model_type(model_type) if isinstance(model_type, str) else None
     if family is None:
         raise ValueError(f"model_type {model_type!r} is not a family fastbert runs")
-    parameters, exact = count_parameters(spec.transformer.folder, config)
+    try:
+        parameters, exact = count_parameters(spec.transformer.folder, config)
+    except OSError as exc:  # a weights file whose blob is missing (a download cut short)
+        raise ValueError(f"its weights cannot be read (a download cut short?): {exc}") from exc
+    if parameters is None:
+        raise ValueError(
+            f"no weights (model.safetensors or pytorch_model.bin) in {config_path.parent}"
+        )
     return Description(family.name, parameters, exact, spec.kind)
 
 
@@ -151,7 +158,9 @@ def catalog() -> Catalog:
     skipped = []
     for cached in cached_models():
         if cached.folder is None:
-            skipped.append((cached.id, "no snapshot holds a config.json (a download cut short?)"))
+            skipped.append(
+                (cached.id, "its refs/main names no snapshot with a config.json (cut short?)")
+            )
             continue
         try:
             description = describe(cached.folder)

@@ -117,10 +117,15 @@ def hub_cache() -> Path:
     ``$XDG_CACHE_HOME/huggingface/hub`` (``~/.cache``)."""
     for variable in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
         if os.environ.get(variable):
-            return Path(os.environ[variable]).expanduser()
+            return _expanded(os.environ[variable])
     cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
-    home = os.environ.get("HF_HOME") or os.path.join(cache_home, "huggingface")
-    return Path(home).expanduser() / "hub"
+    home = os.environ.get("HF_HOME") or os.path.join(_expanded(cache_home), "huggingface")
+    return _expanded(home) / "hub"
+
+
+def _expanded(path: str) -> Path:
+    """``path`` with ``~`` and ``$VARIABLES`` expanded, as huggingface_hub reads its folders."""
+    return Path(os.path.expandvars(os.path.expanduser(path)))
 
 
 def cached_models(cache: Path | None = None) -> list[CachedModel]:
@@ -139,19 +144,14 @@ def cached_models(cache: Path | None = None) -> list[CachedModel]:
 
 
 def _snapshot(repo: Path) -> Path | None:
-    """The snapshot of ``repo`` to load: its ``main`` ref's, else the newest one that holds a
-    model's config."""
-    snapshots = repo / "snapshots"
+    """The snapshot of ``repo`` to load: its ``main`` ref's, when it holds a model's config
+    (None otherwise: no ref, a ref to a snapshot not there, a download cut short), the one
+    huggingface_hub and sentence-transformers load offline (never another snapshot)."""
     main = repo / "refs" / "main"
-    if main.is_file():
-        folder = snapshots / main.read_text().strip()
-        if _is_model_folder(folder):
-            return folder
-    try:
-        candidates = [p for p in snapshots.iterdir() if _is_model_folder(p)]
-    except OSError:
+    if not main.is_file():
         return None
-    return max(candidates, key=lambda p: p.stat().st_mtime, default=None)
+    folder = repo / "snapshots" / main.read_text().strip()
+    return folder if _is_model_folder(folder) else None
 
 
 def _is_model_folder(folder: Path) -> bool:
@@ -171,12 +171,25 @@ def resolve_model(model: str | Path, also: Sequence[str] = ()) -> ModelRef:
         return ModelRef(path, path.name or text, str(path), FOLDER)
     key = text.strip().lower()
     cached = cached_models()
+    # The id as written first; in another case only where that names one repository.
+    exact = [m for m in cached if m.id == text.strip()]
+    any_case = [m for m in cached if m.id.lower() == key]
+    if len(any_case) > 1 and not exact:
+        ids = ", ".join(m.id for m in any_case)
+        raise ModelNotFound(
+            f"{text!r} names several models in the Hugging Face cache ({ids}): give the id "
+            "as written"
+        )
     by_id = {m.id.lower(): m for m in cached}
-    if key in by_id and by_id[key].folder is not None:
-        return ModelRef(by_id[key].folder, text, by_id[key].id, HF_CACHE)
+    found = (exact or any_case or [None])[0]
+    if found is not None and found.folder is not None:
+        return ModelRef(found.folder, text, found.id, HF_CACHE)
     packaged = next((p for p in PACKAGED if key in (n.lower() for n in p.names)), None)
     if packaged is not None and packaged.installed():
         return ModelRef(packaged.locate(), text, packaged.id, PACKAGED_SOURCE)
+    in_cache = packaged and by_id.get(packaged.id.lower())
+    if in_cache and in_cache.folder is not None:  # not installed, but downloaded
+        return ModelRef(in_cache.folder, text, in_cache.id, HF_CACHE)
     named = [m for m in cached if m.folder is not None and m.id.lower().rsplit("/")[-1] == key]
     if len(named) == 1:
         return ModelRef(named[0].folder, text, named[0].id, HF_CACHE)
@@ -205,8 +218,9 @@ def _not_found(
         )
     if partial is not None:
         return (
-            f"{text!r} is in the Hugging Face cache ({hub_cache()}) without a config.json (a "
-            f"download cut short?): hf download {partial.id}; {fetch}"
+            f"{text!r} is in the Hugging Face cache ({hub_cache()}) without a snapshot to load "
+            "(its refs/main names none holding a config.json: a download cut short?): "
+            f"hf download {partial.id}; {fetch}"
         )
     if _looks_like_a_path(text):
         return f"{text!r} is not a model folder: there is no such folder; {fetch}"

@@ -214,6 +214,10 @@ def read_checkpoint_state(folder: Path) -> dict[str, torch.Tensor]:
     for name, read in (("model.safetensors", _read_safetensors), ("pytorch_model.bin", _read_bin)):
         if (folder / name).exists():
             return read(folder / name)
+        if (folder / name).is_symlink():  # a Hugging Face cache's blob still downloading
+            raise ValueError(
+                f"{folder / name} links to a file that is not there (a download cut short?)"
+            )
         index = folder / f"{name}.index.json"
         if index.exists():
             state: dict[str, torch.Tensor] = {}
