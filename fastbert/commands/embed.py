@@ -137,8 +137,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--skip-bad",
         action="store_true",
-        help="skip bad rows (no text field, empty, not UTF-8) and count them, "
-        "instead of stopping at the first",
+        help="skip bad rows (no text or id field, an empty text, not UTF-8 or not JSON, a CSV "
+        "record with extra fields, an id of another kind) and count them, instead of stopping "
+        "at the first",
     )
     parser.add_argument(
         "--overwrite", action="store_true", help="replace a finished (or different) run in DIR"
