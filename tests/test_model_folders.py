@@ -200,7 +200,8 @@ def test_a_second_input_module_is_refused(base, tmp_path):
 @pytest.fixture(scope="module")
 def inference_free(mlm, tmp_path_factory):
     folder = tmp_path_factory.mktemp("inference-free") / "st"
-    return inference_free_folder(folder, mlm, prompts={"query": "find: ", "document": ""})
+    prompts = {"query": "find: ", "document": "", "search": "look up: "}
+    return inference_free_folder(folder, mlm, prompts=prompts)
 
 
 def assert_splade_close(got: np.ndarray, want: np.ndarray) -> None:
@@ -318,13 +319,15 @@ def test_router_folders_in_every_layout_sentence_transformers_loads(inference_fr
     np.testing.assert_array_equal(loaded.embed(TEXTS, prompt_name="query").to_dense(), queries)
 
 
-def test_a_prompt_given_as_text_keeps_the_task_the_model_loaded_with(inference_free):
-    """A model loaded for queries, given another prompt: still queries, as
-    encode_query(prompt=...) (the documents' route took them)."""
-    want = st.SparseEncoder(str(inference_free), device="cpu").encode_query(TEXTS, prompt="q: ")
+def test_another_prompt_keeps_the_task_the_model_loaded_with(inference_free):
+    """A model loaded for queries, given another prompt (its text, or the name of one that
+    is no task): still queries, as encode_query(prompt=...) / encode_query(prompt_name=...)
+    (the documents' route took them)."""
+    encoder = st.SparseEncoder(str(inference_free), device="cpu")
     loaded = fastbert.load(inference_free, device="cpu", prompt_name="query")
-    got = loaded.embed(TEXTS, prompt="q: ").to_dense()
-    np.testing.assert_array_equal(got, want.to_dense().numpy())
+    for given in ({"prompt": "q: "}, {"prompt_name": "search"}):
+        want = encoder.encode_query(TEXTS, **given).to_dense().numpy()
+        np.testing.assert_array_equal(loaded.embed(TEXTS, **given).to_dense(), want)
 
 
 def test_a_query_token_id_is_checked_against_the_query_routes_vocabulary(inference_free):

@@ -275,9 +275,10 @@ class TextModel:
         found = self._promptings.get(key)
         if found is None:
             text = self.prompt(prompt_name, prompt)
-            # A prompt given as text keeps the task the model loaded with (a query model's
-            # queries with another prompt are still queries, as encode_query(prompt=...)).
-            task = self._task if prompt_name is None else task_of(prompt_name)
+            # Another prompt keeps the task the model loaded with unless it names a task (a
+            # query model's queries with another prompt are still queries, as
+            # encode_query(prompt=...) and encode_query(prompt_name=...) keep them).
+            task = task_of(prompt_name) or self._task
             router = self.spec.router
             if router is not None and router.is_static(task):
                 limit = self.static_tokenizer.max_length
