@@ -257,6 +257,11 @@ def test_tei_compatibility_routes_as_hugging_face_clients_call_them(
     assert cosines(np.array([d["embedding"] for d in data]), want).min() > COSINE
     refused = client.post("/embeddings", json={"input": [[101, 102]], "model": "minilm"})
     assert refused.status_code == 400 and "message" in refused.json()["error"]
+    # A failure on an alias is counted as the route it runs, as its answers are.
+    assert client.post("/invocations", json={"inputs": []}).status_code >= 400
+    metrics = client.get("/metrics").text
+    assert 'fastbert_request_failures_total{error_type="empty",route="/embed"}' in metrics
+    assert 'route="/invocations"' not in metrics and 'route="/"' not in metrics
 
 
 def test_cohere_max_tokens_cuts_each_text(client):

@@ -36,7 +36,7 @@ log = logging.getLogger("fastbert.serve")
 CLIENT_GONE = 499
 # OpenAI's own routes: a request they refuse gets 400, as OpenAI's API answers (TEI's routes,
 # and the Cohere-shaped ones, keep TEI's 422).
-OPENAI_ROUTES = ("/v1/embeddings", "/v1/models", "/embeddings")
+OPENAI_ROUTES = ("/v1/embeddings", "/v1/models")
 
 
 def create_app(model: TextModel, options: ServeOptions) -> Any:
@@ -130,9 +130,11 @@ def create_app(model: TextModel, options: ServeOptions) -> Any:
 
     def error_response(request: Request, error: errors.ServeError) -> Response:
         path = request.url.path
+        if request.method == "POST":  # an alias answers and is counted as the route it runs
+            path = server.aliases.get(path, path)
         route = path if path in app.state.known_routes else "other"
         server.metrics.failures.labels(route, error.error_type).inc()
-        openai_shaped = path.startswith(("/v1/", "/v2/", "/embeddings"))
+        openai_shaped = path.startswith(("/v1/", "/v2/"))
         body = error.openai_body() if openai_shaped else error.tei_body()
         status = error.status
         if status == 422 and path.startswith(OPENAI_ROUTES):

@@ -19,6 +19,8 @@ def register(app: FastAPI, server: Server, posted: list, guarded: list) -> None:
     """Add OpenAI's routes to ``app``; ``posted`` / ``guarded``: the dependencies of a POST and
     a GET route."""
 
+    server.aliases["/embeddings"] = "/v1/embeddings"  # TEI serves it without /v1
+
     @app.post("/v1/embeddings", dependencies=posted, tags=["OpenAI"])
     @app.post("/embeddings", dependencies=posted, tags=["OpenAI"], include_in_schema=False)
     async def embeddings(body: schemas.OpenAIEmbeddingsRequest, request: Request) -> Response:

@@ -155,11 +155,16 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
 
     # TEI's compatibility routes: POST / (Hugging Face's InferenceClient posts there) and
     # /invocations (SageMaker's) run the model's own route, as TEI maps them.
-    own = {EMBEDDING: embed, SPARSE: embed_sparse, MULTI_VECTOR: embed_all}.get(model.kind)
-    if own is None:  # a cross-encoder: a one-label one reranks, another predicts
-        own = rerank if len(model.labels) == 1 else predict
+    route = {EMBEDDING: "/embed", SPARSE: "/embed_sparse", MULTI_VECTOR: "/embed_all"}.get(
+        model.kind
+    )
+    if route is None:  # a cross-encoder: a one-label one reranks, another predicts
+        route = "/rerank" if len(model.labels) == 1 else "/predict"
+    own = {"/embed": embed, "/embed_sparse": embed_sparse, "/embed_all": embed_all}.get(route)
+    own = own or {"/rerank": rerank, "/predict": predict}[route]
     for path in ("/", "/invocations"):
         app.add_api_route(path, own, methods=["POST"], dependencies=posted, tags=["TEI"])
+        server.aliases[path] = route
 
 
 def _sequences(raw: Any) -> tuple[bool, list[list[str]]]:

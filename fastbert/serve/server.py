@@ -42,13 +42,9 @@ def serve(options: ServeOptions, model: TextModel | None = None) -> None:
 
     apply_process_tuning()
     configure_logging(options.log_level)
-    listener = listening_socket(options.host, options.port)  # before the model's load
+    check_listening(options.host, options.port)  # before the model's load
     if model is None:
-        try:
-            model = load_for_serving(options)
-        except BaseException:
-            listener.close()
-            raise
+        model = load_for_serving(options)
     app = create_app(model, options)
     config = uvicorn.Config(
         app,
@@ -63,30 +59,41 @@ def serve(options: ServeOptions, model: TextModel | None = None) -> None:
     _announce(server, model, options)
     _report_shutdown(server, app.state.server)
     with _quiet_signals():
-        server.run(sockets=[listener])
+        try:
+            server.run()
+        except SystemExit:  # uvicorn's own bind failed (another server took the port since)
+            if server.started:
+                raise
+            raise ListenError(f"cannot listen on {options.host}:{options.port}") from None
 
 
 class ListenError(OSError):
     """The server cannot listen where it was told (the port is taken, the host unknown)."""
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host``:``port`` (0: a free port), as uvicorn binds one.
-    ListenError naming the address and why, so that a taken port is said before the model
-    loads, in one line."""
+def check_listening(host: str, port: int) -> None:
+    """ListenError naming ``host``:``port`` and why, when a server could not listen there now
+    (the port taken, the host unknown): said before the model loads, in one line. Each address
+    the host resolves to is bound and listened on as asyncio's server binds them (an IPv6
+    socket for IPv6 only), then closed: uvicorn binds them itself."""
+    if port == 0:  # a free port: found when uvicorn binds
+        return
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        found = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
     except OSError as exc:
         raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-    sock.set_inheritable(True)
-    return sock
+    for family, kind, protocol, _, address in dict.fromkeys(found):
+        with socket.socket(family, kind, protocol) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind(address)
+                probe.listen()
+            except OSError as exc:
+                raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
 
 
 def load_for_serving(options: ServeOptions) -> TextModel:

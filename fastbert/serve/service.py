@@ -108,6 +108,8 @@ class Server:
         )
         self.pool = ThreadPoolExecutor(options.tokenize_workers, "fastbert-tokenize")
         self.probe = model.tokenize(["health"]).ids
+        # POST paths that run another route (TEI's /, /invocations): counted as that route.
+        self.aliases: dict[str, str] = {}
         # HTTP requests being answered, and answered since the start (the shutdown's line).
         self.in_flight = 0
         self.answered = 0
