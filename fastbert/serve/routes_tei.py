@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from fastbert.embedding.model import finish_embeddings
-from fastbert.model.sentence_folder import EMBEDDING, MULTI_VECTOR, SPARSE
+from fastbert.model.sentence_folder import CLASSIFICATION, EMBEDDING, MULTI_VECTOR, SPARSE
 from fastbert.serve import inputs, schemas
 from fastbert.serve.scores import pair_scores, probabilities, rerank_scores
 from fastbert.serve.service import NUMPY_JSON, Server, Timing
@@ -155,15 +155,18 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
 
     # TEI's compatibility routes: POST / (Hugging Face's InferenceClient posts there) and
     # /invocations (SageMaker's) run the model's own route, as TEI maps them.
-    route = {EMBEDDING: "/embed", SPARSE: "/embed_sparse", MULTI_VECTOR: "/embed_all"}.get(
-        model.kind
+    handlers = {
+        EMBEDDING: ("/embed", embed),
+        SPARSE: ("/embed_sparse", embed_sparse),
+        MULTI_VECTOR: ("/embed_all", embed_all),
+    }
+    # A cross-encoder: one with one label reranks, another predicts.
+    reranks = model.kind == CLASSIFICATION and len(model.labels) == 1
+    route, handler = handlers.get(model.kind) or (
+        ("/rerank", rerank) if reranks else ("/predict", predict)
     )
-    if route is None:  # a cross-encoder: a one-label one reranks, another predicts
-        route = "/rerank" if len(model.labels) == 1 else "/predict"
-    own = {"/embed": embed, "/embed_sparse": embed_sparse, "/embed_all": embed_all}.get(route)
-    own = own or {"/rerank": rerank, "/predict": predict}[route]
     for path in ("/", "/invocations"):
-        app.add_api_route(path, own, methods=["POST"], dependencies=posted, tags=["TEI"])
+        app.add_api_route(path, handler, methods=["POST"], dependencies=posted, tags=["TEI"])
         server.aliases[path] = route
 
 
