@@ -121,9 +121,10 @@ def test_version(capsys) -> None:
         (["bench", "--ci-width", "1.5"], "argument --ci-width: must be between 0 and 1"),
         (["bench", "--max-time", "-2"], "argument --max-time: must be zero or a positive number"),
         (["bench", "--max-time", "nan"], "argument --max-time: must be zero or a positive number"),
-        (["bench", "--device", "tpu"], "argument --device: must be cpu, cuda or cuda:N"),
-        (["demo", "--device", "tpu"], "argument --device: must be cpu, cuda or cuda:N"),
-        (["accuracy", "--device", "tpu"], "argument --device: must be cpu, cuda or cuda:N"),
+        *(
+            ([command, "--device", "tpu"], "argument --device: must be cpu, cuda or cuda:N")
+            for command in ("bench", "demo", "accuracy")
+        ),
         (["accuracy", "--texts", "0"], "argument --texts: must be a positive integer"),
         (["accuracy", "--max-length", "x"], "argument --max-length: must be an integer, got 'x'"),
         (

@@ -177,6 +177,13 @@ class TextModel:
             return self.encoder.model.config.vocab_size
         return self.classifier.model.config.vocab_size
 
+    def vocabulary(self, prompting: Prompting | None = None) -> int:
+        """The number of token ids inputs run with ``prompting`` may hold (0 .. n - 1): an
+        inference-free SPLADE model's query route's for its queries, else :attr:`vocab_size`."""
+        if prompting is not None and prompting.static:
+            return self.static_encoder.dimensions
+        return self.vocab_size
+
     @property
     def dimensions(self) -> int | None:
         """The width of the embeddings :meth:`embed` returns: a dense vector's (the loaded
@@ -350,10 +357,8 @@ class TextModel:
             dimensions = self.check_dimensions(dimensions, force_dimensions)
         elif self.kind == EMBEDDING:
             dimensions = self.options.dimensions  # checked when the model loaded
-        if max_active_dims is None and self.kind == SPARSE:
-            max_active_dims = self.options.max_active_dims
         texts = _checked_texts(texts)
-        raw = self._raw
+        raw = self._raw  # its max_active_dims: the loaded model's, unless this call names one
         if max_active_dims is not None:
             max_active_dims = positive_integer("max_active_dims", max_active_dims)
             raw = raw.with_prompt(raw.prompt_length)

@@ -21,6 +21,7 @@ import torch
 from fastbert.execution import validation
 from fastbert.model.config import BertConfig, read_json_file
 from fastbert.model.families import BERT, Family, family_of_class, family_of_model_type
+from fastbert.model.router_folder import ROUTERS, config_path
 
 _MASKED_LM_TENSORS = {
     "transform_weight": ("cls.predictions.transform.dense.weight",),
@@ -196,10 +197,9 @@ def transformer_folder(folder: Path) -> Path:
             raise ValueError(f"{modules_path}: a module's type and path must be strings")
         if kind.endswith("Transformer"):
             return folder if (folder / "config.json").exists() else folder / path
-        if kind.endswith(("Router", "Asym")):  # its config.json is the Router's, not a model's
-            names = ("router_config.json", "config.json")
-            config = next((folder / path / n for n in names if (folder / path / n).exists()), None)
-            types = read_json_file(config).get("types") if config is not None else None
+        if kind.rsplit(".", 1)[-1] in ROUTERS:  # its config.json is the Router's, not a model's
+            config = config_path(folder / path)
+            types = read_json_file(config).get("types") if config.exists() else None
             for name, module_type in (types or {}).items():
                 if str(module_type).endswith("Transformer"):
                     return folder / path / name

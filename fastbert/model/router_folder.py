@@ -67,9 +67,7 @@ def read_router(router_folder: Path, module_spec_of: Any) -> tuple[RouterSpec, l
     Transformer route in order, each built by ``module_spec_of(name, type, folder)``).
     ValueError naming the file for a Router fastbert does not run: other than one lone
     SparseStaticEmbedding route and one route that starts with a Transformer."""
-    path = router_folder / "router_config.json"
-    if not path.exists():  # the name older sentence-transformers wrote it under
-        path = router_folder / "config.json"
+    path = config_path(router_folder)
     config = read_json_file(path)
     types, structure = config.get("types"), config.get("structure")
     parameters = config.get("parameters") or {}
@@ -124,6 +122,13 @@ def read_router(router_folder: Path, module_spec_of: Any) -> tuple[RouterSpec, l
     return spec, routes[transformer[0]]
 
 
+def config_path(router_folder: Path) -> Path:
+    """The Router's config file in ``router_folder``: router_config.json, else config.json (the
+    name older sentence-transformers wrote it under)."""
+    path = router_folder / "router_config.json"
+    return path if path.exists() else router_folder / "config.json"
+
+
 def _mappings(raw: Mapping[str, Any], routes: Mapping[str, Any], path: Path) -> dict:
     """route_mappings as saved ("('query', 'text')" -> route) -> {(task, modality): route};
     a key that does not parse is skipped, as sentence-transformers skips it."""
@@ -141,4 +146,4 @@ def _mappings(raw: Mapping[str, Any], routes: Mapping[str, Any], path: Path) -> 
     return mappings
 
 
-__all__ = ["ROUTERS", "RouterSpec", "read_router"]
+__all__ = ["ROUTERS", "RouterSpec", "config_path", "read_router"]

@@ -111,10 +111,9 @@ def tokenize(
         )
         for (i, _), row in zip(texts, tokens.ids):
             ids[i] = row
+    vocab = model.vocabulary(prompting)
     for i, item in enumerate(items):
         if isinstance(item, list):
-            static = prompting is not None and prompting.static
-            vocab = model.static_encoder.dimensions if static else model.vocab_size
             ids[i] = _checked_ids(model, item, truncate, direction, f"{field}[{i}]", limit, vocab)
     return ids
 
