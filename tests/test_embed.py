@@ -25,6 +25,7 @@ from fastbert.cli import main  # noqa: E402
 from fastbert.embedding.batching import token_batches  # noqa: E402
 from fastbert.embedding.tokenize import tokenise_ahead  # noqa: E402
 from fastbert.integrations import models  # noqa: E402
+from tests.cli_usage import BAD_MODEL_FOLDERS, bad_model_folder  # noqa: E402
 
 FORMATS = ("jsonl", "parquet", "csv", "txt")
 COSINE = 0.99999
@@ -502,6 +503,17 @@ def test_paths_that_cannot_work_are_usage_errors(tmp_path, model_path, capsys) -
         assert cli(str(given), "--model", model_path, "--output", str(output)) == 2, message
         assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists() and not (folder / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("problem", BAD_MODEL_FOLDERS)
+def test_a_model_folder_that_cannot_load_is_refused_before_the_output_is_made(
+    tmp_path, capsys, problem: str
+) -> None:
+    source = write_corpus(tmp_path / "corpus.txt", TEXTS[:2])
+    folder, message = bad_model_folder(tmp_path, problem)
+    assert cli(str(source), "--model", str(folder), "--output", str(tmp_path / "o")) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
 def test_the_triton_backend_where_it_cannot_run_is_refused_before_the_output_is_made(

@@ -45,10 +45,14 @@ OUTPUT_KEYS = {EMBEDDING: "sentence_embedding", SPARSE: "sentence_embedding"}
 
 
 def read_config(folder: Path) -> Any:
-    """The fastbert BertConfig of a model folder (Hugging Face or sentence-transformers)."""
-    from fastbert.model.loading import read_checkpoint_config, transformer_folder
+    """The fastbert BertConfig of a model folder (Hugging Face or sentence-transformers).
+    ValueError when it has no config.json or no weights: said before a job writes anything."""
+    from fastbert.model.loading import checkpoint_files, read_checkpoint_config, transformer_folder
 
-    return read_checkpoint_config(transformer_folder(folder))[0]
+    checkpoint = transformer_folder(folder)
+    config = read_checkpoint_config(checkpoint)[0]
+    checkpoint_files(checkpoint)
+    return config
 
 
 def folder_max_length(spec: FolderSpec, config: Any, tokenizer: Any) -> tuple[int, str]:

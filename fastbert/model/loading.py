@@ -207,23 +207,30 @@ def transformer_folder(folder: Path) -> Path:
 
 
 def read_checkpoint_state(folder: Path) -> dict[str, torch.Tensor]:
-    """The state dict of the weights in ``folder``, read on the CPU, from the file Hugging
-    Face reads: model.safetensors first (save_pretrained over a sharded checkpoint leaves its
-    index behind), then the shards a model.safetensors.index.json names, then
-    pytorch_model.bin, then the shards a pytorch_model.bin.index.json names."""
-    for name, read in (("model.safetensors", _read_safetensors), ("pytorch_model.bin", _read_bin)):
+    """The state dict of the weights in ``folder`` (the files :func:`checkpoint_files` names),
+    read on the CPU."""
+    state: dict[str, torch.Tensor] = {}
+    for path in checkpoint_files(folder):
+        state.update(read_weights_file(path))
+    return state
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The weights files of ``folder`` that Hugging Face reads: model.safetensors first
+    (save_pretrained over a sharded checkpoint leaves its index behind), then the shards a
+    model.safetensors.index.json names, then pytorch_model.bin, then the shards a
+    pytorch_model.bin.index.json names. ValueError when there are none, or the file is a
+    link to nothing."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
         if (folder / name).exists():
-            return read(folder / name)
+            return [folder / name]
         if (folder / name).is_symlink():  # a Hugging Face cache's blob still downloading
             raise ValueError(
                 f"{folder / name} links to a file that is not there (a download cut short?)"
             )
         index = folder / f"{name}.index.json"
         if index.exists():
-            state: dict[str, torch.Tensor] = {}
-            for shard in _shards(index):
-                state.update(read(shard))
-            return state
+            return _shards(index)
     raise ValueError(
         f"{folder} holds no weights (model.safetensors, pytorch_model.bin or the index.json "
         "of either's shards)"
