@@ -80,6 +80,29 @@ def test_a_csv_record_with_more_fields_than_the_header_is_a_bad_row(tmp_path) ->
     assert problems[1] is None and problems[2] is not None
 
 
+def test_a_null_value_and_a_missing_field_are_named_apart(tmp_path) -> None:
+    """A Parquet column's null, a JSONL null and a field a row lacks: each bad row says which
+    (a null reported as a missing field sends the user looking for a column that is there)."""
+    import pyarrow as pa
+
+    table = pa.table({"text": ["fine", None, "also fine"], "doc": ["a", "b", None]})
+    pq.write_table(table, tmp_path / "nulls.parquet")
+    jsonl(tmp_path / "rows.jsonl", [{"text": None, "doc": "c"}, {"doc": "d"}, {"text": "ok"}])
+    (tmp_path / "rows.csv").write_text("doc,text\ne\nf,fine\n")
+    files = [tmp_path / "nulls.parquet", tmp_path / "rows.jsonl", tmp_path / "rows.csv"]
+    problems = [(r.id, r.problem) for r in readers.read_rows(files, "text", "doc")]
+    assert problems == [
+        ("a", None),
+        ("b", "its 'text' is null"),
+        (None, "its 'doc' is null"),
+        ("c", "its 'text' is null"),
+        ("d", "no 'text' field"),
+        (None, "no 'doc' field"),
+        ("e", "no 'text' field"),  # a record short of the header's fields
+        ("f", None),
+    ]
+
+
 def test_a_folders_entries_of_other_types_are_named_not_dropped(tmp_path, model_path) -> None:
     folder = tmp_path / "corpus"
     (folder / "sub").mkdir(parents=True)

@@ -32,6 +32,9 @@ class InputPathError(InputError):
     unreadable one): found before anything runs (the command's usage error)."""
 
 
+MISSING = object()  # a record's value of a field it does not have (None: the value null)
+
+
 @dataclass(frozen=True)
 class Row:
     """One input row. ``index``: its row number across all inputs; ``id``: the id field's value
@@ -157,8 +160,12 @@ def read_rows(
             if problem is None:
                 problem = text_problem(text, text_field)
             if id_field is not None:
-                id_problem = f"no {id_field!r} field" if row_id is None else ids.problem(row_id)
+                if row_id is MISSING or row_id is None:
+                    id_problem = text_problem(row_id, id_field)
+                else:
+                    id_problem = ids.problem(row_id)
                 problem = problem or id_problem
+            row_id = None if row_id is MISSING else row_id
             yield Row(index, row_id, text if problem is None else None, str(path), line, problem)
             index += 1
 
@@ -202,8 +209,10 @@ def first_id_kind(files: Sequence[Path], text_field: str, id_field: str) -> type
 def text_problem(text: Any, text_field: str) -> str | None:
     """Why ``text`` cannot be embedded (None, not a string, blank, not Unicode), or None when
     it can."""
-    if text is None:
+    if text is MISSING:
         return f"no {text_field!r} field"
+    if text is None:
+        return f"its {text_field!r} is null"
     if not isinstance(text, str):
         return f"{text_field!r} is a {type(text).__name__}, not a string"
     if not text.strip():
@@ -242,14 +251,15 @@ def _read_jsonl(path: Path, text_field: str, id_field: str | None) -> Iterator[R
             if not isinstance(record, dict):
                 yield line, None, None, "not a JSON object"
                 continue
-            yield line, record.get(text_field), _field(record, id_field), None
+            yield line, _field(record, text_field), _field(record, id_field), None
 
 
 def _read_csv(path: Path, text_field: str, id_field: str | None) -> Iterator[Record]:
     # Bytes that are not UTF-8 decode to lone surrogates, which mark their record bad.
     text = path.read_bytes().decode("utf-8-sig", errors="surrogateescape")
     csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))  # texts of any length
-    reader = csv.DictReader(io.StringIO(text, newline=""))
+    # A record short of the header's fields has none of the last ones.
+    reader = csv.DictReader(io.StringIO(text, newline=""), restval=MISSING)
     for row, record in enumerate(reader, start=1):
         if None in record:  # DictReader's key for the fields past the header's
             extra = len(record[None])
@@ -258,7 +268,7 @@ def _read_csv(path: Path, text_field: str, id_field: str | None) -> Iterator[Rec
         if any(_escaped(value) for value in record.values()):
             yield row, None, None, "not UTF-8"
             continue
-        yield row, record.get(text_field), _field(record, id_field), None
+        yield row, _field(record, text_field), _field(record, id_field), None
 
 
 def _escaped(value: Any) -> bool:
@@ -293,15 +303,20 @@ def _read_parquet(path: Path, text_field: str, id_field: str | None) -> Iterator
     columns = [c for c in (text_field, id_field) if c is not None and c in names]
     row = 0
     for batch in table.iter_batches(columns=columns or None, batch_size=4096):
-        texts = batch.column(text_field).to_pylist() if text_field in names else None
-        ids = batch.column(id_field).to_pylist() if id_field in names else None
+        missing = [MISSING] * batch.num_rows
+        texts = batch.column(text_field).to_pylist() if text_field in names else missing
+        ids = batch.column(id_field).to_pylist() if id_field in names else missing
         for i in range(batch.num_rows):
             row += 1
-            yield row, texts[i] if texts else None, ids[i] if ids else None, None
+            yield row, texts[i], ids[i], None
 
 
 def _field(record: dict, name: str | None) -> Any:
-    return None if name is None else record.get(name)
+    """``record``'s value of the field ``name`` (None when no field is asked for); MISSING
+    when it has no such field."""
+    if name is None:
+        return None
+    return record.get(name, MISSING)
 
 
 _READERS = {".txt": _read_txt, ".jsonl": _read_jsonl, ".csv": _read_csv, ".parquet": _read_parquet}
