@@ -10,6 +10,7 @@ tests/test_serve_kinds.py."""
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import re
 import socket
@@ -396,6 +397,10 @@ def test_a_several_label_classifier_predicts_and_lists_no_rerank_route(tmp_path)
         assert http.get("/info").json()["routes"] == ["/predict"]
         root = http.post("/", json={"inputs": [[query, d] for d in docs]}).json()  # TEI's /
         assert root == rows
+        # A list of texts is one input (a pair at most), as TEI reads it; three were read as
+        # a batch, so a pair given a text too many was scored as three unrelated texts.
+        three = http.post("/predict", json={"inputs": [query, *docs[:2]]})
+        assert three.status_code == 422 and "a list of texts is one input" in three.text
 
 
 # -- errors: a clear, typed answer, and the server still serves ------------------------------
@@ -428,12 +433,45 @@ def test_tei_errors(client, body, status, error_type):
     assert_serving(client)
 
 
+# A field the route does not take (misspelt, another API's, or inside TEI's parameters): refused
+# by name, where leaving it unread would change the answer without a word.
+UNKNOWN_FIELDS = [
+    ("/embed", {"inputs": "x", "normalise": False}, "normalise"),
+    ("/embed", {"inputs": "x", "parameters": {"normalize": False}}, "parameters: normalize"),
+    ("/tokenize", {"inputs": "x", "add_special_token": False}, "add_special_token"),
+    ("/v1/embeddings", {"input": "x", "dimension": 64}, "dimension"),
+    ("/v2/embed", {"texts": ["x"], "embedding_type": ["int8"]}, "embedding_type"),
+    ("/v2/embed", {"texts": ["x"], "images": ["data:image/png;base64,AAAA"]}, "images"),
+]
+
+
+@pytest.mark.parametrize(("route", "body", "field"), UNKNOWN_FIELDS)
+def test_a_field_the_route_does_not_take_is_refused_by_name(client, route, body, field):
+    response = client.post(route, json=body)
+    openai_shaped = route.startswith(("/v1/", "/v2/"))
+    assert response.status_code == (400 if route == "/v1/embeddings" else 422), response.text
+    answer = response.json()
+    message = answer["error"]["message"] if openai_shaped else answer["error"]
+    assert message.startswith(f"{field}: "), message
+    if openai_shaped:
+        assert answer["error"]["param"] == field.split(":")[0]
+    assert_serving(client)
+
+
+def test_what_hugging_face_clients_send_beside_teis_fields_is_taken(client):
+    """The Inference API's ``options`` and an empty ``parameters`` (huggingface_hub's
+    text_classification sends one): taken, and the answer is the plain request's."""
+    plain = embed(client, {"inputs": TEXTS[:2]}).json()
+    body = {"inputs": TEXTS[:2], "options": {"wait_for_model": True}, "parameters": {}}
+    assert embed(client, body).json() == plain
+
+
 def test_an_input_over_the_limit_is_named_with_what_to_do(client):
     """The 422 names the input over the limit and how to cut it on every route (OpenAI's
     request has no truncate field to send)."""
     body = {"inputs": ["short", " ".join(["word"] * 400)], "truncate": False}
     answer = embed(client, body).json()
-    assert answer["error"].startswith("inputs[1]: 402 tokens, more than the model's limit")
+    assert answer["error"].startswith("inputs[1]: 402 tokens, more than the limit of 256")
     assert "shorten it, or send truncate=true" in answer["error"]
     assert "--no-auto-truncate" in answer["error"]
 
@@ -447,6 +485,13 @@ def test_an_input_over_the_limit_is_named_with_what_to_do(client):
         (b'{"inputs": "x", "dimensions": NaN}', {"content-type": "application/json"}, 422, None),
         (b"inputs=x", {"content-type": "application/x-www-form-urlencoded"}, 415, None),
         (b'{"inputs": "x"}', {}, 415, None),  # no Content-Type: FastAPI would not parse it
+        pytest.param(
+            gzip.compress(b'{"inputs": "x"}'),
+            {"content-type": "application/json", "content-encoding": "gzip"},
+            415,
+            None,
+            id="gzip",
+        ),
         (b'{"inputs": "\\ud800"}', {"content-type": "application/json"}, 422, "validation"),
         (
             b'{"inputs": "' + b"a" * 2_000_001 + b'"}',

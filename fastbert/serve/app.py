@@ -162,6 +162,15 @@ def create_app(model: TextModel, options: ServeOptions) -> Any:
         kinds = {400: errors.BadRequest, 404: errors.NotFound, 405: errors.MethodNotAllowed}
         kind = kinds.get(error.status_code, errors.ServeError)
         detail = str(error.detail)
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        if error.status_code == 400 and encoding != "identity":  # read as text, not unpacked
+            return error_response(
+                request,
+                errors.UnsupportedMediaType(
+                    f"send the body uncompressed: this server does not read Content-Encoding "
+                    f"{encoding!r}"
+                ),
+            )
         if error.status_code == 400:  # FastAPI could not decode the body (not UTF-8)
             detail = f"the body could not be read as JSON text (UTF-8): {detail}"
         wrapped = kind(detail)
@@ -262,6 +271,11 @@ def _validation_error(error: Any) -> errors.ServeError:
     parts = []
     for problem in problems[:5]:
         where = ".".join(str(x) for x in problem.get("loc", ())[1:]) or "body"
-        parts.append(f"{where}: {problem.get('msg')}")
+        if problem.get("type") == "unknown_field" and where == "body":  # its message names it
+            parts.append(str(problem.get("msg")))
+        else:
+            parts.append(f"{where}: {problem.get('msg')}")
     param = ".".join(str(x) for x in problems[0].get("loc", ())[1:2]) if problems else None
+    if not param and problems and problems[0].get("type") == "unknown_field":
+        param = problems[0]["ctx"]["unknown"].split(", ")[0]  # the body's: its first unknown
     return errors.ValidationFailed("; ".join(parts), param=param or None)

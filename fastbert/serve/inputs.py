@@ -178,7 +178,7 @@ def _tokenize_texts(
     except InputTooLong as exc:
         name = f"{field}[{positions[exc.index]}]"
         raise ValidationFailed(
-            f"{name}: {exc.length} tokens, more than the model's limit of {exc.limit}; {TOO_LONG}",
+            f"{name}: {exc.length} tokens, more than the limit of {exc.limit}; {TOO_LONG}",
             param=name,
         ) from exc
 
@@ -201,7 +201,7 @@ def _checked_ids(
         return ids
     if not truncate:
         raise ValidationFailed(
-            f"{field}: {len(ids)} tokens, more than the model's limit of {limit}; {TOO_LONG}",
+            f"{field}: {len(ids)} tokens, more than the limit of {limit}; {TOO_LONG}",
             param=field,
         )
     return ids[-limit:] if side(model, direction) == "left" else ids[:limit]

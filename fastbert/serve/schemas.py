@@ -1,14 +1,27 @@
 """The request bodies of every route, as pydantic models: Hugging Face text-embeddings-inference's
 shapes (``/embed``, ``/embed_sparse``, ``/embed_all``, ``/rerank``, ``/predict``, ``/tokenize``),
 OpenAI's (``/v1/embeddings``) and Cohere's (``/v1/rerank``, ``/v2/embed``). They validate
-each request and document it in the OpenAPI schema. Unknown fields are ignored, as these APIs'
-servers do; a known field with a wrong type or value is a 422."""
+each request and document it in the OpenAPI schema. A known field with a wrong type or value is
+a 422, and so is a field the route does not take: a misspelt option (``normalise``,
+``dimension``) left out would change the answer without a word. OpenAI's API refuses unknown
+fields too; TEI ignores them (what Hugging Face's clients send beside TEI's fields is taken:
+see :class:`TeiRequest`)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 # A text, or its token ids (used as given: special tokens included).
 TokenIds = list[StrictInt]
@@ -32,7 +45,59 @@ PromptName = Annotated[
 ]
 
 
-class TeiEmbedRequest(BaseModel):
+class Request(BaseModel):
+    """A request body: a field it does not declare is a 422 (``unknown_field``) naming the
+    field and the ones it takes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields_only(cls, body: Any) -> Any:
+        if isinstance(body, dict):
+            unknown = [name for name in body if name not in cls.model_fields]
+            if unknown:
+                raise PydanticCustomError(
+                    "unknown_field",
+                    "{unknown}: not a field of this request (it takes {fields})",
+                    {"unknown": ", ".join(unknown), "fields": cls.field_names()},
+                )
+        return body
+
+    @classmethod
+    def field_names(cls) -> str:
+        """The fields a body of this request may have, its route's own first."""
+        return ", ".join(sorted(cls.model_fields, key=lambda name: name in CLIENT_FIELDS))
+
+
+# What Hugging Face's Inference API clients send beside TEI's fields (see TeiRequest).
+CLIENT_FIELDS = ("options", "parameters")
+
+
+class TeiRequest(Request):
+    """A TEI route's body, which also takes what Hugging Face's Inference API clients send
+    beside TEI's fields: ``options`` (``wait_for_model``, ``use_cache``: how to reach a model,
+    not what it computes) and an empty ``parameters`` (``InferenceClient.text_classification``
+    sends ``{}`` when given no arguments). Options inside ``parameters`` are a 422: TEI's are
+    top-level fields, and one left unread would change the answer without a word."""
+
+    options: dict[str, Any] | None = None
+    parameters: dict[str, Any] | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _no_parameters(cls, parameters: dict[str, Any] | None) -> dict[str, Any] | None:
+        if parameters:
+            raise PydanticCustomError(
+                "unknown_field",
+                "{names}: TEI's options are fields of the body itself, not of parameters "
+                "(this request takes {fields})",
+                {"names": ", ".join(parameters), "fields": cls.field_names()},
+            )
+        return parameters
+
+
+class TeiEmbedRequest(TeiRequest):
     """What TEI's embedding routes share: ``inputs``, ``truncate``, ``truncation_direction``
     and ``prompt_name``."""
 
@@ -59,7 +124,7 @@ class EmbedAllRequest(TeiEmbedRequest):
     vector of every token the model scores."""
 
 
-class OpenAIEmbeddingsRequest(BaseModel):
+class OpenAIEmbeddingsRequest(Request):
     """``POST /v1/embeddings`` (OpenAI). Embeddings are normalised, as OpenAI's are."""
 
     input: Inputs
@@ -72,7 +137,7 @@ class OpenAIEmbeddingsRequest(BaseModel):
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary"]
 
 
-class CohereEmbedRequest(BaseModel):
+class CohereEmbedRequest(Request):
     """``POST /v2/embed`` (Cohere's shape, texts). Returns ``{id, embeddings: {type:
     [[...]]}, texts, meta}``."""
 
@@ -85,9 +150,20 @@ class CohereEmbedRequest(BaseModel):
     truncate: Literal["NONE", "START", "END"] = "END"
     output_dimension: Dimensions | None = None
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    images: Any = None  # Cohere's other inputs: refused when given (fastbert embeds text)
+    inputs: Any = None
+
+    @field_validator("images", "inputs")
+    @classmethod
+    def _texts_only(cls, given: Any) -> Any:
+        if given:
+            raise PydanticCustomError(
+                "not_texts", "fastbert embeds texts: give them as texts (a list of strings)"
+            )
+        return given
 
 
-class RerankRequest(BaseModel):
+class RerankRequest(TeiRequest):
     """``POST /rerank`` (TEI). Returns ``[{index, score, text?}]``, best first."""
 
     query: StrictStr
@@ -102,7 +178,7 @@ class Document(BaseModel):
     text: StrictStr
 
 
-class CohereRerankRequest(BaseModel):
+class CohereRerankRequest(Request):
     """``POST /v1/rerank`` (Cohere's shape). Returns ``{results: [{index, relevance_score,
     document?}]}``, best first."""
 
@@ -118,7 +194,7 @@ class CohereRerankRequest(BaseModel):
 Sequence = StrictStr | Annotated[list[StrictStr], Field(min_length=1, max_length=2)]
 
 
-class PredictRequest(BaseModel):
+class PredictRequest(TeiRequest):
     """``POST /predict`` (TEI): ``inputs`` is a text, a pair ``[a, b]``, or a list of either.
     Returns ``[{score, label}]`` per input, best first (a list of those for a list)."""
 
@@ -127,8 +203,22 @@ class PredictRequest(BaseModel):
     truncate: StrictBool | None = None
     truncation_direction: Direction = None
 
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _one_list_of_strings_is_one_input(cls, inputs: Any) -> Any:
+        # As TEI reads it: three texts in one list would otherwise be a batch, and a pair
+        # given one text too many would be scored as three unrelated texts.
+        if isinstance(inputs, list) and len(inputs) > 2 and isinstance(inputs[0], str):
+            raise PydanticCustomError(
+                "predict_inputs",
+                "a list of texts is one input, a text [a] or a pair [a, b], not {count}; a "
+                "batch is a list of inputs ([[a], [b, c]])",
+                {"count": len(inputs)},
+            )
+        return inputs
 
-class TokenizeRequest(BaseModel):
+
+class TokenizeRequest(TeiRequest):
     """``POST /tokenize`` (TEI). Returns, per input after the prompt ``prompt_name`` names
     (default: the model's default prompt, as ``/embed``), ``[{id, text, special, start,
     stop}]``."""
