@@ -42,6 +42,7 @@ import importlib
 import inspect
 import threading
 from collections.abc import Callable, Iterator
+from types import CodeType
 from typing import Any
 
 import torch
@@ -412,6 +413,13 @@ class FastbertForward:
         # Listed once here: dropout_now reads their p at each training call.
         self._dropouts = training_modes.dropout_modules(self.base, self.family)
         self._generation = registration_generation()
+
+    @property
+    def __code__(self) -> CodeType:
+        # torch.export reads the forward's code object before calling it: given this one, an
+        # export of the base model itself reaches the refusal below (without it, torch's own
+        # AttributeError named neither fastbert nor what to do).
+        return type(self).__call__.__code__
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_exporting():
