@@ -246,8 +246,13 @@ def test_tei_compatibility_routes_as_hugging_face_clients_call_them(
 
     texts = TEXTS[:2]
     want = st_model.encode(texts, convert_to_numpy=True)
-    vectors = InferenceClient(base_url=server.url).feature_extraction(texts[0])
+    hub = InferenceClient(base_url=server.url)
+    vectors = hub.feature_extraction(texts[0])
     assert cosines(np.asarray(vectors).reshape(1, -1), want[:1]).min() > COSINE
+    # Its sentence_similarity posts {inputs: {source_sentence, sentences}} to the root too.
+    scores = hub.sentence_similarity(TEXTS[0], other_sentences=TEXTS[1:4])
+    expected = st_model.similarity(want[:1], st_model.encode(TEXTS[1:4]))[0].numpy()
+    np.testing.assert_allclose(scores, expected, atol=1e-5)
     for route in ("/", "/invocations"):
         got = np.array(embed(client, {"inputs": texts}, route).json())
         assert cosines(got, want).min() > COSINE, route
@@ -263,6 +268,34 @@ def test_tei_compatibility_routes_as_hugging_face_clients_call_them(
     metrics = client.get("/metrics").text
     assert 'fastbert_request_failures_total{error_type="empty",route="/embed"}' in metrics
     assert 'route="/invocations"' not in metrics and 'route="/"' not in metrics
+
+
+def test_similarity_is_sentence_transformers_cosine_and_decode_its_tokenizers_text(
+    client, st_model
+):
+    """TEI's /similarity: the cosine of the source sentence's embedding to each sentence's
+    (sentence-transformers' model.similarity), with TEI's parameters object; /decode: the
+    tokenizer's decode of each list of ids."""
+    source, sentences = TEXTS[0], TEXTS[1:5]
+    expected = st_model.similarity(st_model.encode([source]), st_model.encode(sentences))[0]
+    body = {"inputs": {"source_sentence": source, "sentences": sentences}}
+    for extra in ({}, {"parameters": {"truncate": True, "truncation_direction": "right"}}):
+        got = client.post("/similarity", json={**body, **extra})
+        np.testing.assert_allclose(got.json(), expected.numpy(), atol=1e-5)
+    too_many = {"inputs": {"source_sentence": source, "sentences": TEXTS[:8]}}  # 9 inputs
+    assert client.post("/similarity", json=too_many).status_code == 422
+    none = client.post("/similarity", json={"inputs": {"source_sentence": source, "sentences": []}})
+    assert none.status_code == 400 and none.json()["error_type"] == "empty"
+    misplaced = {**body, "parameters": {"normalize": False}}  # not one of its parameters
+    assert client.post("/similarity", json=misplaced).status_code == 422
+
+    ids = st_model.tokenizer(TEXTS[:3])["input_ids"]
+    decoded = client.post("/decode", json={"ids": ids}).json()
+    assert decoded == st_model.tokenizer.batch_decode(ids, skip_special_tokens=True)
+    one = client.post("/decode", json={"ids": ids[0], "skip_special_tokens": False}).json()
+    assert one == [st_model.tokenizer.decode(ids[0])]
+    outside = client.post("/decode", json={"ids": [101, 30522]})
+    assert outside.status_code == 422 and "outside the vocabulary" in outside.text
 
 
 def test_cohere_max_tokens_cuts_each_text(client):
@@ -401,6 +434,8 @@ def test_a_several_label_classifier_predicts_and_lists_no_rerank_route(tmp_path)
         # a batch, so a pair given a text too many was scored as three unrelated texts.
         three = http.post("/predict", json={"inputs": [query, *docs[:2]]})
         assert three.status_code == 422 and "a list of texts is one input" in three.text
+        similar = {"inputs": {"source_sentence": query, "sentences": docs}}
+        assert http.post("/similarity", json=similar).status_code == 424  # embedding models'
 
 
 # -- errors: a clear, typed answer, and the server still serves ------------------------------

@@ -235,7 +235,7 @@ def test_info_reports_the_kind_and_the_calibrated_ranges(dense, st_dense):
     info = ok(dense.get("/info"))
     settings = info["model_type"]["embedding"]
     assert info["model_kind"] == "embedding"
-    assert info["routes"] == ["/embed", "/v1/embeddings", "/v2/embed"]
+    assert info["routes"] == ["/embed", "/v1/embeddings", "/v2/embed", "/similarity"]
     # sentence-transformers 6 saves an empty "document" prompt beside the folder's own
     assert settings["prompts"] == {**PROMPTS, "document": ""}
     assert settings["default_prompt_name"] == "query"

@@ -141,6 +141,12 @@ class TextTokenizer:
             cut = [len(row) > max_length for row in full]
         return Tokens(ids, type_ids, cut)
 
+    def decode(self, rows: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        """The text of each row of token ids, as the tokenizer decodes it (special tokens left
+        out with ``skip_special_tokens``)."""
+        with self._borrowed("right") as tokenizer:
+            return tokenizer.batch_decode(rows, skip_special_tokens=skip_special_tokens)
+
     def details(self, texts: list[str], add_special_tokens: bool = True) -> list[list[dict]]:
         """Every token of each text, untruncated: ``{id, text, special, start, stop}`` (start
         and stop: character offsets into the text; None for special tokens), as TEI gives

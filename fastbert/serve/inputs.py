@@ -183,6 +183,16 @@ def _tokenize_texts(
         ) from exc
 
 
+def check_ids(ids: list[int], vocab: int, name: str) -> None:
+    """ValidationFailed when ``ids`` (the input ``name``) hold a token id outside the
+    vocabulary (0 .. ``vocab`` - 1)."""
+    bad = next((i for i in ids if not 0 <= i < vocab), None)
+    if bad is not None:
+        raise ValidationFailed(
+            f"{name}: token id {bad} is outside the vocabulary (0 .. {vocab - 1})", param=name
+        )
+
+
 def _checked_ids(
     model: TextModel,
     ids: list[int],
@@ -192,11 +202,7 @@ def _checked_ids(
     limit: int,
     vocab: int,
 ) -> list[int]:
-    bad = next((i for i in ids if not 0 <= i < vocab), None)
-    if bad is not None:
-        raise ValidationFailed(
-            f"{field}: token id {bad} is outside the vocabulary (0 .. {vocab - 1})", param=field
-        )
+    check_ids(ids, vocab, field)
     if len(ids) <= limit:
         return ids
     if not truncate:

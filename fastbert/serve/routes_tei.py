@@ -1,6 +1,7 @@
-"""Hugging Face text-embeddings-inference's inference routes: ``/embed`` (dense models),
-``/embed_sparse`` (sparse), ``/embed_all`` (multi-vector), ``/rerank`` and ``/predict``
-(cross-encoders) and ``/tokenize``, in TEI's request and response shapes."""
+"""Hugging Face text-embeddings-inference's inference routes: ``/embed`` and ``/similarity``
+(dense models), ``/embed_sparse`` (sparse), ``/embed_all`` (multi-vector), ``/rerank`` and
+``/predict`` (cross-encoders), ``/tokenize`` and ``/decode``, in TEI's request and response
+shapes."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ from typing import Any
 import numpy as np
 import orjson
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from pydantic import ValidationError
 
 from fastbert.embedding.model import finish_embeddings
 from fastbert.model.sentence_folder import CLASSIFICATION, EMBEDDING, MULTI_VECTOR, SPARSE
 from fastbert.serve import inputs, schemas
+from fastbert.serve.errors import EmptyInput
 from fastbert.serve.scores import pair_scores, probabilities, rerank_scores
 from fastbert.serve.service import NUMPY_JSON, Server, Timing
 
@@ -153,6 +157,52 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
         timing.tokens = sum(len(d) for d in details)
         return server.reply(details, timing, "/tokenize")
 
+    @app.post("/similarity", dependencies=posted, tags=["TEI"], response_model=list[float])
+    async def similarity(body: schemas.SimilarityRequest, request: Request) -> Response:
+        """The cosine similarity of ``inputs.source_sentence`` to each of ``inputs.sentences``
+        (dense models; cosine, as TEI computes it), each embedded as ``/embed`` embeds it:
+        ``parameters`` holds its ``truncate``, ``truncation_direction`` and ``prompt_name``.
+        An input over the limit is named by its place in [source_sentence, *sentences]."""
+        timing = Timing()
+        server.require("/similarity")
+        if not body.inputs.sentences:
+            raise EmptyInput("inputs.sentences is empty: give at least one", param="inputs")
+        inputs.check_text(body.inputs.source_sentence, "inputs.source_sentence", "inputs")
+        for i, sentence in enumerate(body.inputs.sentences):
+            inputs.check_text(sentence, f"inputs.sentences[{i}]", "inputs")
+        parameters = body.parameters or schemas.SimilarityParameters()
+        pooled = await server.embed_inputs(
+            request,
+            timing,
+            "/similarity",
+            [body.inputs.source_sentence, *body.inputs.sentences],
+            "inputs",
+            parameters.truncate,
+            parameters.truncation_direction,
+            server.prompting(parameters.prompt_name),
+        )
+        dimensions = server.dimensions_of(None, "dimensions")  # the model's own width
+        vectors = finish_embeddings(pooled, True, dimensions, np.dtype(np.float32))
+        return server.reply(vectors[1:] @ vectors[0], timing, "/similarity")
+
+    @app.post("/decode", dependencies=posted, tags=["TEI"], response_model=list[str])
+    async def decode(body: schemas.DecodeRequest, request: Request) -> Response:
+        """The text of each list of token ids, as the model's tokenizer decodes it (special
+        tokens left out unless ``skip_special_tokens`` is false)."""
+        timing = Timing()
+        rows = [body.ids] if body.ids and isinstance(body.ids[0], int) else body.ids
+        inputs.check_count(rows, server.limits, "ids")
+        for i, row in enumerate(rows):
+            inputs.check_ids(row, model.vocab_size, f"ids[{i}]")
+        texts = await server.tokenize(
+            timing,
+            model.text_tokenizer.decode,
+            rows,
+            body.skip_special_tokens,
+            characters=sum(len(row) for row in rows),
+        )
+        return server.reply(texts, timing, "/decode")
+
     # TEI's compatibility routes: POST / (Hugging Face's InferenceClient posts there) and
     # /invocations (SageMaker's) run the model's own route, as TEI maps them.
     handlers = {
@@ -165,6 +215,23 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
     route, handler = handlers.get(model.kind) or (
         ("/rerank", rerank) if reranks else ("/predict", predict)
     )
+    if model.kind == EMBEDDING:
+
+        async def embed_or_similarity(body: dict[str, Any], request: Request) -> Response:
+            """A dense model's POST /: /similarity for a body whose inputs is an object
+            (``{source_sentence, sentences}``: what InferenceClient.sentence_similarity
+            posts), else /embed."""
+            similar = isinstance(body.get("inputs"), dict)
+            schema = schemas.SimilarityRequest if similar else schemas.EmbedRequest
+            try:
+                parsed = schema.model_validate(body)
+            except ValidationError as exc:  # as FastAPI answers a body it cannot validate
+                raise RequestValidationError(
+                    [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
+                ) from None
+            return await (similarity(parsed, request) if similar else embed(parsed, request))
+
+        handler = embed_or_similarity
     for path in ("/", "/invocations"):
         app.add_api_route(path, handler, methods=["POST"], dependencies=posted, tags=["TEI"])
         server.aliases[path] = route

@@ -124,6 +124,35 @@ class EmbedAllRequest(TeiEmbedRequest):
     vector of every token the model scores."""
 
 
+class SimilarityInput(Request):
+    source_sentence: StrictStr
+    sentences: list[StrictStr]
+
+
+class SimilarityParameters(Request):
+    truncate: Truncate = None
+    truncation_direction: Direction = None
+    prompt_name: PromptName = None
+
+
+class SimilarityRequest(Request):
+    """``POST /similarity`` (TEI, dense models): the cosine similarity of
+    ``inputs.source_sentence`` to each of ``inputs.sentences``, each embedded as ``/embed``
+    embeds it with ``parameters``. Returns ``[float]``, one per sentence."""
+
+    inputs: SimilarityInput
+    parameters: SimilarityParameters | None = None
+    options: dict[str, Any] | None = None  # the Inference API clients' (see TeiRequest)
+
+
+class DecodeRequest(TeiRequest):
+    """``POST /decode`` (TEI): the text of token ids, one list of them or a list of such
+    lists, as the model's tokenizer decodes them. Returns ``[str]``, one per list."""
+
+    ids: list[StrictInt] | list[list[StrictInt]]
+    skip_special_tokens: StrictBool = True
+
+
 class OpenAIEmbeddingsRequest(Request):
     """``POST /v1/embeddings`` (OpenAI). Embeddings are normalised, as OpenAI's are."""
 

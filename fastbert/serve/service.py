@@ -33,7 +33,7 @@ log = logging.getLogger("fastbert.serve")
 
 # The routes each kind of model serves.
 ROUTES = {
-    EMBEDDING: ("/embed", "/v1/embeddings", "/v2/embed"),
+    EMBEDDING: ("/embed", "/v1/embeddings", "/v2/embed", "/similarity"),
     SPARSE: ("/embed_sparse",),
     MULTI_VECTOR: ("/embed_all",),
     CLASSIFICATION: ("/rerank", "/v1/rerank", "/predict"),
@@ -44,6 +44,7 @@ NEEDS = {
     "/embed": "an embedding model",
     "/v1/embeddings": "an embedding model",
     "/v2/embed": "an embedding model",
+    "/similarity": "an embedding model",
     "/embed_sparse": "a sparse model (SPLADE)",
     "/embed_all": "a multi-vector model (ColBERT)",
     "/rerank": "a classification model (a cross-encoder)",
