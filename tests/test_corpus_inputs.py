@@ -47,7 +47,7 @@ def test_an_input_changed_since_a_run_is_another_job(tmp_path, model_path, capsy
     err = capsys.readouterr().err
     assert f"input changed since that run (size or time): {source.resolve()}" in err, err
     assert embed_file(source, model_path, out, "--overwrite") == 0
-    assert json.loads((out / "manifest.json").read_text())["rows"] == 7
+    assert json.loads((out / "_manifest.json").read_text())["rows"] == 7
 
 
 def test_a_model_saved_over_since_a_run_is_another_job(tmp_path, capsys) -> None:
@@ -177,7 +177,7 @@ def test_ids_of_another_kind_are_bad_rows_and_every_shard_has_one_id_type(
     assert {str(pq.read_schema(s).field("id").type) for s in shards} == {"string"}
     ids, _ = read_output(out)
     assert ids == ["s2", "s6"]
-    assert json.loads((out / "manifest.json").read_text())["skipped"] == 5
+    assert json.loads((out / "_manifest.json").read_text())["skipped"] == 5
     problems = [r.problem for r in readers.read_rows([source], "text", "id")]
     assert problems[3] == "its id 3 is an integer where the first id is a string"
     assert problems[4] == "its id holds a lone surrogate, not Unicode text"

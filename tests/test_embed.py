@@ -121,7 +121,7 @@ def test_manifest_and_shards(tmp_path, model_path) -> None:
     source = write_corpus(tmp_path / "corpus.jsonl", TEXTS)
     out = tmp_path / "out"
     assert embed_file(source, model_path, out, "--rows-per-shard", "5") == 0
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["complete"] is True
     assert manifest["fastbert_version"] == fastbert.__version__
     assert Path(manifest["model"]) == Path(model_path).resolve()
@@ -142,6 +142,27 @@ def test_manifest_and_shards(tmp_path, model_path) -> None:
             range(shard["first_row"], shard["first_row"] + shard["rows"])
         )
     assert manifest["rows"] == len(TEXTS) and manifest["skipped"] == 0
+    # The folder is a Parquet dataset as pyarrow and pandas read one (files named "_..." are
+    # not data): the manifest named manifest.json made both refuse the folder.
+    pd = pytest.importorskip("pandas")
+    assert pd.read_parquet(out)["id"].tolist() == list(range(len(TEXTS)))
+    assert pq.read_table(out).num_rows == len(TEXTS)
+
+
+def test_an_output_with_the_earlier_manifest_name_is_found_and_moved(tmp_path, model_path):
+    """A folder written when the manifest was manifest.json: the same job is found done,
+    and an unfinished one resumes and leaves one manifest, under its new name."""
+    source = write_corpus(tmp_path / "corpus.jsonl", TEXTS)
+    out = tmp_path / "out"
+    assert embed_file(source, model_path, out, "--rows-per-shard", "5") == 0
+    done = json.loads((out / "_manifest.json").read_text())
+    (out / "_manifest.json").rename(out / "manifest.json")
+    assert fastbert.embed([source], model=model_path, output=out, rows_per_shard=5).already_complete
+    (out / "manifest.json").write_text(json.dumps({**done, "complete": False}))
+    (out / "part-00002.parquet").unlink()
+    assert embed_file(source, model_path, out, "--rows-per-shard", "5") == 0
+    assert not (out / "manifest.json").exists()
+    assert json.loads((out / "_manifest.json").read_text())["shards"] == done["shards"]
 
 
 def test_folder_of_inputs_and_id_field(tmp_path, model_path, expected) -> None:
@@ -165,7 +186,7 @@ def test_truncation_counted_and_matches(tmp_path, model_path, st_model, capsys) 
     lengths = [len(ids) for ids in st_model.tokenizer(TEXTS)["input_ids"]]
     longer = sum(n > 16 for n in lengths)
     assert 0 < longer < len(TEXTS)
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["truncated"] == longer and manifest["max_length"] == 16
     assert f"{longer} truncated" in capsys.readouterr().err
     previous, st_model.max_seq_length = st_model.max_seq_length, 16
@@ -302,7 +323,7 @@ def test_skip_bad_counts(tmp_path, model_path, expected, capsys) -> None:
     ids, vectors = read_output(out)
     assert ids == [0, 3, 5, 6]
     assert cosines(vectors, expected[:4]).min() >= COSINE
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     assert (manifest["rows"], manifest["skipped"]) == (4, 4)
     assert [s["skipped"] for s in manifest["shards"]] == [2, 1, 1]
 
@@ -335,14 +356,14 @@ def test_a_complete_run_of_the_same_job_is_nothing_to_do(tmp_path, model_path) -
     assert (out / "part-00000.parquet").stat().st_mtime_ns == before
     summary = fastbert.embed(source, model=model_path, output=out, device="cpu")
     assert summary.already_complete and (summary.docs, summary.seconds) == (5, 0.0)
-    assert summary.manifest == json.loads((out / "manifest.json").read_text())
+    assert summary.manifest == json.loads((out / "_manifest.json").read_text())
     # A complete run of another job stays an error, naming the setting.
     proc = subprocess.run([*command, "--pooling", "cls"], capture_output=True, text=True)
     assert proc.returncode == 1
     assert "holds a complete run of another job (pooling: 'mean' there, 'cls' now)" in proc.stderr
     assert (out / "part-00000.parquet").stat().st_mtime_ns == before
     assert embed_file(source, model_path, out, "--overwrite", "--pooling", "cls") == 0
-    assert json.loads((out / "manifest.json").read_text())["pooling"] == "cls"
+    assert json.loads((out / "_manifest.json").read_text())["pooling"] == "cls"
 
 
 def killed_run(tmp_path, model_path: str) -> tuple[list[str], list[str], int]:
@@ -378,7 +399,7 @@ def killed_run(tmp_path, model_path: str) -> tuple[list[str], list[str], int]:
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
     assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["complete"] is False
     done = len(list(out.glob("part-*.parquet")))
     assert 1 <= done < 40
@@ -397,8 +418,8 @@ def test_a_changed_setting_or_file_is_named_with_what_can_follow(
     capsys.readouterr()
     assert embed_file(source, model_path, out, "--precision", "int8") == 1
     assert "(precision: None there, 'int8' now)" in capsys.readouterr().err
-    manifest = json.loads((out / "manifest.json").read_text())
-    (out / "manifest.json").write_text(json.dumps({**manifest, "complete": False}))
+    manifest = json.loads((out / "_manifest.json").read_text())
+    (out / "_manifest.json").write_text(json.dumps({**manifest, "complete": False}))
     with source.open("a") as handle:
         handle.write("one more text\n")
     assert embed_file(source, model_path, out) == 1
@@ -421,7 +442,7 @@ def test_resume_after_kill(tmp_path, model_path, capsys) -> None:
     assert ids == list(range(len(texts)))
     clean = fastbert.embed(texts, model=model_path, device="cpu", progress=False)
     np.testing.assert_allclose(vectors, clean, atol=2e-6)
-    assert json.loads((out / "manifest.json").read_text())["rows"] == len(texts)
+    assert json.loads((out / "_manifest.json").read_text())["rows"] == len(texts)
 
 
 # The command line.
@@ -479,7 +500,7 @@ def test_usage_errors_exit_2(tmp_path, model_path, capsys, extra, message) -> No
     except SystemExit as exc:
         code = exc.code
     assert code == 2 and message in capsys.readouterr().err
-    assert not (tmp_path / "o" / "manifest.json").exists()
+    assert not (tmp_path / "o" / "_manifest.json").exists()
 
 
 def test_paths_that_cannot_work_are_usage_errors(tmp_path, model_path, capsys) -> None:
@@ -502,7 +523,7 @@ def test_paths_that_cannot_work_are_usage_errors(tmp_path, model_path, capsys) -
     for given, output, message in cases:
         assert cli(str(given), "--model", model_path, "--output", str(output)) == 2, message
         assert message in capsys.readouterr().err
-    assert not (tmp_path / "o").exists() and not (folder / "manifest.json").exists()
+    assert not (tmp_path / "o").exists() and not (folder / "_manifest.json").exists()
 
 
 @pytest.mark.parametrize("problem", BAD_MODEL_FOLDERS)
@@ -531,12 +552,12 @@ def test_a_run_stopped_before_its_first_shard_is_started_again(tmp_path, model_p
     source = write_corpus(tmp_path / "corpus.txt", TEXTS[:3])
     out = tmp_path / "out"
     assert embed_file(source, model_path, out, "--max-length", "64") == 0
-    manifest = json.loads((out / "manifest.json").read_text())
-    (out / "manifest.json").write_text(json.dumps({**manifest, "complete": False}))
+    manifest = json.loads((out / "_manifest.json").read_text())
+    (out / "_manifest.json").write_text(json.dumps({**manifest, "complete": False}))
     assert embed_file(source, model_path, out) == 1  # a shard to resume: other settings refused
     (out / "part-00000.parquet").unlink()
     assert embed_file(source, model_path, out) == 0
-    assert json.loads((out / "manifest.json").read_text())["max_length"] != 64
+    assert json.loads((out / "_manifest.json").read_text())["max_length"] != 64
 
 
 # The pieces.

@@ -54,8 +54,8 @@ def test_ray_matches_one_process_and_sentence_transformers(tmp_path, local_ray) 
     expected = models.packaged_minilm("cpu").encode(TEXTS, convert_to_numpy=True)
     assert cosines(vectors, expected).min() >= COSINE
 
-    ray_manifest = json.loads((tmp_path / "ray" / "manifest.json").read_text())
-    one_manifest = json.loads((tmp_path / "one" / "manifest.json").read_text())
+    ray_manifest = json.loads((tmp_path / "ray" / "_manifest.json").read_text())
+    one_manifest = json.loads((tmp_path / "one" / "_manifest.json").read_text())
     assert ray_manifest == one_manifest
 
 
@@ -70,7 +70,7 @@ def test_ray_names_a_bad_row(tmp_path, local_ray, capsys) -> None:
     assert cli(*args, "--output", str(tmp_path / "skip"), "--skip-bad") == 0
     ids, vectors = read_output(tmp_path / "skip")
     assert ids == [0, 1] and np.isfinite(vectors).all()
-    assert json.loads((tmp_path / "skip" / "manifest.json").read_text())["skipped"] == 1
+    assert json.loads((tmp_path / "skip" / "_manifest.json").read_text())["skipped"] == 1
     # A bad row in one of several batches (a window of 16 rows: Ray joined a batch of arrays
     # with one holding a bad row's None, and failed).
     texts = [{"text": "" if i == 3 else f"row {i} of a longer corpus"} for i in range(40)]
@@ -165,13 +165,13 @@ def test_ray_resumes_a_calibrated_int8_run_with_its_recorded_ranges(
     args += ["--precision", "int8", "--rows-per-shard", "4"]
     assert cli(*args, "--output", str(tmp_path / "fresh"), "--ray") == 2
     assert "needs the ranges given" in capsys.readouterr().err
-    assert not (tmp_path / "fresh" / "manifest.json").exists()
+    assert not (tmp_path / "fresh" / "_manifest.json").exists()
     out = tmp_path / "out"
     assert cli(*args, "--output", str(out)) == 0  # calibrated on its inputs, recorded
     whole = read_output(out)
     (out / "part-00001.parquet").unlink()  # an unfinished run: its second shard to write
-    record = json.loads((out / "manifest.json").read_text())
-    (out / "manifest.json").write_text(json.dumps({**record, "complete": False}))
+    record = json.loads((out / "_manifest.json").read_text())
+    (out / "_manifest.json").write_text(json.dumps({**record, "complete": False}))
     assert cli(*args, "--output", str(out), "--ray") == 0
     resumed = read_output(out)
     assert resumed[0] == whole[0] and np.array_equal(resumed[1], whole[1])
@@ -200,7 +200,7 @@ def test_ray_holds_the_job_to_one_id_kind_as_one_process(tmp_path, local_ray, ca
     assert errors["ray"] == errors["one"]
     ids, vectors = read_output(tmp_path / "ray")
     assert ids == read_output(tmp_path / "one")[0] == ["x1", "x2", "x3"]
-    manifests = [json.loads((tmp_path / m / "manifest.json").read_text()) for m in ("one", "ray")]
+    manifests = [json.loads((tmp_path / m / "_manifest.json").read_text()) for m in ("one", "ray")]
     assert manifests[0] == manifests[1] and manifests[0]["skipped"] == 3
 
 

@@ -300,4 +300,4 @@ def test_embed_and_its_command_take_quantize(minilm, tmp_path) -> None:
     assert main([*command, "--no-progress"]) == 0
     import json
 
-    assert json.loads((out / "manifest.json").read_text())["quantize"] == "int8"
+    assert json.loads((out / "_manifest.json").read_text())["quantize"] == "int8"

@@ -239,7 +239,7 @@ def test_embed_command_by_name_records_it(tmp_path, minilm, cache) -> None:
     out = tmp_path / "out"
     proc = run_cli("embed", str(corpus), "--model", "minilm", "--output", str(out))
     assert proc.returncode == 0, proc.stderr
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     assert (manifest["model"], manifest["model_name"]) == (str(minilm), "minilm")
     # The same job by another name of the same model: nothing to do.
     again = ("--model", "sentence-transformers/All-MiniLM-L6-v2")

@@ -274,7 +274,7 @@ def test_corpus_job_calibrates_on_its_first_rows(dense, texts, tmp_path, precisi
     out = tmp_path / "out"
     argv = ["embed", str(source), "--model", str(dense), "--output", str(out)]
     assert main([*argv, "--device", "cpu", "--no-progress", "--precision", precision]) == 0
-    record = json.loads((out / "manifest.json").read_text())
+    record = json.loads((out / "_manifest.json").read_text())
     assert record["precision"] == precision
     floats = job_floats(dense, source, tmp_path / "floats")
     column_type, stored = read_column(out)
@@ -310,11 +310,11 @@ def test_calibration_file_ranges_and_resuming(dense, texts, tmp_path):
 
     # An unfinished run whose manifest recorded other ranges: the resumed shards use them.
     (out / "part-00002.parquet").unlink()
-    recorded = json.loads((out / "manifest.json").read_text())
+    recorded = json.loads((out / "_manifest.json").read_text())
     wider = (ranges * 2).tolist()
     for key in ("rows", "tokens", "truncated", "skipped", "shards"):
         recorded.pop(key)
-    (out / "manifest.json").write_text(json.dumps({**recorded, "complete": False, "ranges": wider}))
+    (out / "_manifest.json").write_text(json.dumps({**recorded, "complete": False, "ranges": wider}))
     summary = fastbert.embed(source, model=dense, calibration=str(calibration), **options)
     assert summary.docs == 20 and summary.manifest["ranges"] == wider
     stored = read_column(out)[1]
@@ -348,11 +348,11 @@ def test_ranges_calibrate_on_the_jobs_own_good_rows(dense, texts, tmp_path):
     options = dict(device="cpu", precision="int8", progress=False)
     with pytest.raises(readers.InputError):
         fastbert.embed(a, model=dense, output=out, **options)
-    assert "ranges" in json.loads((out / "manifest.json").read_text())
+    assert "ranges" in json.loads((out / "_manifest.json").read_text())
     b = rows(tmp_path / "b.jsonl", [{"text": t} for t in texts[60:]])
     fastbert.embed(b, model=dense, output=out, **options)
     floats = job_floats(dense, b, tmp_path / "b-floats")
-    ranges = json.loads((out / "manifest.json").read_text())["ranges"]
+    ranges = json.loads((out / "_manifest.json").read_text())["ranges"]
     np.testing.assert_array_equal(ranges, [floats.min(0), floats.max(0)])
 
     # Rows without the id field are bad rows of an id_field job: not among its calibration.

@@ -1,5 +1,5 @@
 """fastbert embed: embed a corpus (.jsonl, .parquet, .csv, .txt files or folders) with a
-BERT-family model folder into Parquet shards with a manifest.json (see fastbert.embed)."""
+BERT-family model folder into Parquet shards with a _manifest.json (see fastbert.embed)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--output",
         required=True,
         metavar="DIR",
-        help="folder for the Parquet shards and manifest.json",
+        help="folder for the Parquet shards and _manifest.json",
     )
     parser.add_argument(
         "--text-field",

@@ -56,7 +56,7 @@ def embed(
     [tokens, dim] arrays (see :meth:`~fastbert.embedding.text_model.TextModel.embed`).
 
     With ``output``: ``texts_or_paths`` is a file or folder (or a list of them) of .jsonl,
-    .parquet, .csv or .txt; the embeddings are written as Parquet shards with a manifest.json
+    .parquet, .csv or .txt; the embeddings are written as Parquet shards with a _manifest.json
     in the ``output`` folder (an unfinished run of the same job is continued), and the
     :class:`~fastbert.embedding.run.Summary` is returned. ``ray``: run the job on Ray Data
     (True for a local Ray instance, or a cluster address).

@@ -1,4 +1,4 @@
-"""manifest.json of an output folder, and resuming.
+"""_manifest.json of an output folder, and resuming.
 
 The manifest records the job (what decides the embeddings and the shard layout: model,
 inputs, fields, pooling, normalisation, lengths, dtypes, rows per shard), the fastbert version
@@ -18,7 +18,10 @@ from typing import Any
 
 from fastbert.embedding.shards import SHARD_PATTERN, ShardStats, read_stats, shard_path
 
-MANIFEST = "manifest.json"
+# Its leading underscore keeps the folder a Parquet dataset: pyarrow and pandas read a folder's
+# files but those whose names start with "_" or "." (Spark's _SUCCESS convention).
+MANIFEST = "_manifest.json"
+EARLIER_MANIFEST = "manifest.json"  # its name in outputs written before: read, then moved
 FORMAT = "fastbert-embeddings/1"
 
 
@@ -169,6 +172,8 @@ def finish_output(output: Path, job: dict[str, Any]) -> dict[str, Any]:
 def read_manifest(output: Path) -> dict | None:
     path = output / MANIFEST
     if not path.exists():
+        path = output / EARLIER_MANIFEST
+    if not path.exists():
         return None
     try:
         return json.loads(path.read_text())
@@ -181,11 +186,14 @@ def write_manifest(output: Path, manifest: dict[str, Any]) -> None:
     temporary = path.with_name(f".{MANIFEST}.tmp")
     temporary.write_text(json.dumps(manifest, indent=2) + "\n")
     os.replace(temporary, path)
+    (output / EARLIER_MANIFEST).unlink(missing_ok=True)
 
 
 def _remove_job_files(output: Path) -> None:
-    for path in [*output.glob("part-*.parquet"), *output.glob(".part-*.tmp"), output / MANIFEST]:
+    for path in [*output.glob("part-*.parquet"), *output.glob(".part-*.tmp")]:
         path.unlink(missing_ok=True)
+    for name in (MANIFEST, EARLIER_MANIFEST):
+        (output / name).unlink(missing_ok=True)
 
 
 __all__ = [
