@@ -314,7 +314,9 @@ def test_calibration_file_ranges_and_resuming(dense, texts, tmp_path):
     wider = (ranges * 2).tolist()
     for key in ("rows", "tokens", "truncated", "skipped", "shards"):
         recorded.pop(key)
-    (out / "_manifest.json").write_text(json.dumps({**recorded, "complete": False, "ranges": wider}))
+    (out / "_manifest.json").write_text(
+        json.dumps({**recorded, "complete": False, "ranges": wider})
+    )
     summary = fastbert.embed(source, model=dense, calibration=str(calibration), **options)
     assert summary.docs == 20 and summary.manifest["ranges"] == wider
     stored = read_column(out)[1]

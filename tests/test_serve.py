@@ -230,7 +230,10 @@ def test_timing_headers_tokenize_info_health_metrics(server, client):
     assert 'fastbert_requests_total{route="/embed"}' in metrics
     for name in ("queue_duration", "inference_duration", "tokenization_duration", "batch_tokens"):
         assert f"fastbert_{name}" in metrics
-    assert requests.get(server.url + "/openapi.json").json()["paths"]["/embed"]["post"]
+    schema = requests.get(server.url + "/openapi.json").json()
+    assert schema["paths"]["/embed"]["post"]
+    operations = [op["operationId"] for path in schema["paths"].values() for op in path.values()]
+    assert len(operations) == len(set(operations))  # one id each, as OpenAPI requires
     assert requests.get(server.url + "/docs").status_code == 200
 
 
@@ -377,6 +380,12 @@ def test_classifier_routes_equal_cross_encoder(tmp_path):
         assert len(cohere) == 3 and cohere[0]["index"] == ranked[0]["index"]
         assert cohere[0]["relevance_score"] == pytest.approx(ranked[0]["score"], abs=1e-6)
         assert cohere[0]["document"] == {"text": docs[cohere[0]["index"]]}
+        # Cohere's v2 client posts to /v2/rerank; rank_fields naming the text is what it reads.
+        body = {"query": query, "documents": docs, "top_n": 3, "rank_fields": ["text"]}
+        v2 = http.post("/v2/rerank", json=body).json()["results"]
+        assert [r["index"] for r in v2] == [r["index"] for r in cohere]
+        titled = {**body, "rank_fields": ["title", "text"]}  # other fields: not read, refused
+        assert http.post("/v2/rerank", json=titled).status_code == 422
         pair = http.post("/predict", json={"inputs": [query, docs[0]]}).json()
         assert pair == [{"score": pytest.approx(sigmoid[0], abs=1e-4), "label": "LABEL_0"}]
         batch = http.post("/predict", json={"inputs": [[query, d] for d in docs[:3]]}).json()
@@ -395,26 +404,26 @@ def test_classifier_routes_equal_cross_encoder(tmp_path):
         assert embed.status_code == 424 and "classification model" in embed.text
 
 
-def test_a_several_label_classifier_predicts_and_lists_no_rerank_route(tmp_path):
+def test_a_several_label_classifier_predicts_and_lists_no_rerank_route(tmp_path, monkeypatch):
     """A classifier with three labels: /predict gives the softmax of CrossEncoder's logits
     (TEI's /predict) under the folder's label names; reranking reads one score per pair, so
-    /rerank and /v1/rerank answer 424 naming /predict, and GET /info does not list them."""
+    /rerank and /v1/rerank answer 424 naming /predict, and GET /info does not list them.
+    Hugging Face's InferenceClient.text_classification gets its top_k and function_to_apply
+    (sent in ``parameters``) honoured."""
+    from huggingface_hub import InferenceClient, constants
     from sentence_transformers import CrossEncoder
-    from starlette.testclient import TestClient
 
-    import fastbert
-    from fastbert.embedding.options import EmbedOptions
-    from fastbert.serve.app import create_app
-    from fastbert.serve.options import ServeOptions
-
-    folder = str(save_classifier(tmp_path / "nli", num_labels=3, seed=4))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # a local server is no hub
+    folder = save_classifier(tmp_path / "nli", num_labels=3, seed=4)
     query, docs = TEXTS[0], TEXTS[1:4]
-    logits = CrossEncoder(folder, device="cpu").predict(
+    logits = CrossEncoder(str(folder), device="cpu").predict(
         [(query, d) for d in docs], activation_fn=lambda x: x
     )
     want = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
-    app = create_app(fastbert.load(folder), ServeOptions(EmbedOptions(model=folder)))
-    with TestClient(app) as http:
+    with (
+        serving(folder, tmp_path=tmp_path) as server,
+        httpx.Client(base_url=server.url) as http,
+    ):
         rows = http.post("/predict", json={"inputs": [[query, d] for d in docs]}).json()
         for row, expected in zip(rows, want):
             by_label = {entry["label"]: entry["score"] for entry in row}
@@ -436,6 +445,37 @@ def test_a_several_label_classifier_predicts_and_lists_no_rerank_route(tmp_path)
         assert three.status_code == 422 and "a list of texts is one input" in three.text
         similar = {"inputs": {"source_sentence": query, "sentences": docs}}
         assert http.post("/similarity", json=similar).status_code == 424  # embedding models'
+
+        one = _single_text_logits(folder, query)
+        hub = InferenceClient(base_url=server.url)
+        # The client reads a single input's answer as TEI gives it, [{label, score}, ...],
+        # and returns its first entry: the best label, scored as function_to_apply says.
+        best = hub.text_classification(query, top_k=2, function_to_apply="sigmoid")
+        top = int(np.argmax(one))
+        assert best.label == f"LABEL_{top}"
+        assert best.score == pytest.approx(1 / (1 + np.exp(-one[top])), abs=1e-5)
+        assert hub.text_classification(query, function_to_apply="none").score == pytest.approx(
+            one[top], abs=1e-5
+        )
+        body = {"inputs": query, "parameters": {"top_k": 2, "function_to_apply": "sigmoid"}}
+        two = http.post("/predict", json=body).json()
+        assert [e["label"] for e in two] == [f"LABEL_{i}" for i in np.argsort(-one)[:2]]
+        both = {"inputs": query, "raw_scores": True, "parameters": {"function_to_apply": "softmax"}}
+        assert http.post("/predict", json=both).status_code == 422
+
+
+def _single_text_logits(folder: Path, text: str) -> np.ndarray:
+    """Hugging Face's logits [labels] of one text (no pair) on the classifier in ``folder``."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    with torch.no_grad():
+        return (
+            model(**AutoTokenizer.from_pretrained(folder)(text, return_tensors="pt"))
+            .logits[0]
+            .numpy()
+        )
 
 
 # -- errors: a clear, typed answer, and the server still serves ------------------------------

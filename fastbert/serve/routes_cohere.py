@@ -93,7 +93,10 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
         }
         return server.reply(content, timing, "/v2/embed")
 
+    server.aliases["/v2/rerank"] = "/v1/rerank"  # the v2 client's path; its answer is v1's
+
     @app.post("/v1/rerank", dependencies=posted, tags=["Cohere"])
+    @app.post("/v2/rerank", dependencies=posted, tags=["Cohere"], include_in_schema=False)
     async def rerank(body: schemas.CohereRerankRequest, request: Request) -> Response:
         """Cohere's rerank: relevance scores (as CrossEncoder.predict gives them), best first,
         ``top_n``."""

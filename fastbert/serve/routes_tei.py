@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from fastbert.embedding.model import finish_embeddings
 from fastbert.model.sentence_folder import CLASSIFICATION, EMBEDDING, MULTI_VECTOR, SPARSE
 from fastbert.serve import inputs, schemas
-from fastbert.serve.errors import EmptyInput
+from fastbert.serve.errors import EmptyInput, ValidationFailed
 from fastbert.serve.scores import pair_scores, probabilities, rerank_scores
 from fastbert.serve.service import NUMPY_JSON, Server, Timing
 
@@ -127,10 +127,21 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
             body.truncation_direction,
             "inputs",
         )
-        scores = logits if body.raw_scores else probabilities(logits)
+        parameters = body.parameters or schemas.PredictParameters()
+        function = parameters.function_to_apply
+        if body.raw_scores and function not in (None, "none"):
+            raise ValidationFailed(
+                f"raw_scores asks for the logits and parameters.function_to_apply for their "
+                f"{function}: give one",
+                param="raw_scores",
+            )
+        scores = logits if body.raw_scores else probabilities(logits, function)
         labels = model.labels
         answers = [
-            [{"score": float(row[j]), "label": labels[j]} for j in np.argsort(-row, kind="stable")]
+            [
+                {"score": float(row[j]), "label": labels[j]}
+                for j in np.argsort(-row, kind="stable")[: parameters.top_k]
+            ]
             for row in scores
         ]
         return server.reply(answers[0] if single else answers, timing, "/predict")

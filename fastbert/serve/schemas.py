@@ -86,8 +86,8 @@ class TeiRequest(Request):
 
     @field_validator("parameters")
     @classmethod
-    def _no_parameters(cls, parameters: dict[str, Any] | None) -> dict[str, Any] | None:
-        if parameters:
+    def _no_parameters(cls, parameters: Any) -> Any:
+        if isinstance(parameters, dict) and parameters:  # a route's own parameters: checked
             raise PydanticCustomError(
                 "unknown_field",
                 "{names}: TEI's options are fields of the body itself, not of parameters "
@@ -185,7 +185,7 @@ class CohereEmbedRequest(Request):
     @field_validator("images", "inputs")
     @classmethod
     def _texts_only(cls, given: Any) -> Any:
-        if given:
+        if given is not None:
             raise PydanticCustomError(
                 "not_texts", "fastbert embeds texts: give them as texts (a list of strings)"
             )
@@ -216,6 +216,7 @@ class CohereRerankRequest(Request):
     top_n: Annotated[StrictInt, Field(ge=1)] | None = None
     return_documents: StrictBool = False
     model: StrictStr | None = None
+    rank_fields: list[Literal["text"]] | None = None  # what a document is ranked by: its text
     truncate: Truncate = None  # not Cohere's: pairs over the limit on a --no-auto-truncate server
 
 
@@ -223,14 +224,25 @@ class CohereRerankRequest(Request):
 Sequence = StrictStr | Annotated[list[StrictStr], Field(min_length=1, max_length=2)]
 
 
+class PredictParameters(Request):
+    """What Hugging Face's ``InferenceClient.text_classification`` sends in ``parameters``:
+    ``top_k`` (the best k labels of each input) and ``function_to_apply`` ("softmax",
+    "sigmoid", or "none" for the logits; default: softmax, sigmoid for one label)."""
+
+    top_k: Annotated[StrictInt, Field(ge=1)] | None = None
+    function_to_apply: Literal["softmax", "sigmoid", "none"] | None = None
+
+
 class PredictRequest(TeiRequest):
     """``POST /predict`` (TEI): ``inputs`` is a text, a pair ``[a, b]``, or a list of either.
-    Returns ``[{score, label}]`` per input, best first (a list of those for a list)."""
+    Returns ``[{score, label}]`` per input, best first (a list of those for a list);
+    ``parameters``: :class:`PredictParameters`."""
 
     inputs: Sequence | list[Sequence]
     raw_scores: StrictBool = False
     truncate: StrictBool | None = None
     truncation_direction: Direction = None
+    parameters: PredictParameters | None = None
 
     @field_validator("inputs", mode="before")
     @classmethod

@@ -71,9 +71,12 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
 
 
-def probabilities(logits: np.ndarray) -> np.ndarray:
-    """Softmax over the labels; sigmoid for a single output."""
-    if logits.shape[1] == 1:
+def probabilities(logits: np.ndarray, function: str | None = None) -> np.ndarray:
+    """``function`` ("softmax", "sigmoid" or "none": the logits) of each row of ``logits``
+    [n, labels]; None: softmax over the labels, sigmoid for a single output."""
+    if function == "none":
+        return logits
+    if function == "sigmoid" or (function is None and logits.shape[1] == 1):
         return sigmoid(logits)
     shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
     exp = np.exp(shifted)
