@@ -1100,6 +1100,24 @@ def test_jit_trace_is_refused() -> None:
         torch.jit.trace(model, tuple(inputs.values()), strict=False, check_trace=False)
 
 
+@pytest.mark.parametrize("family", ["bert", "distilbert", "electra"])
+def test_a_config_edited_after_optimize_changes_nothing_its_modules_compute(family) -> None:
+    """Hugging Face's modules read the config when they are built: a head count and an
+    activation edited since change nothing they compute. A rebinding (after
+    load_state_dict(assign=True)) read them afresh: logits 0.02 off, without a word."""
+    model = make_model(family, "ForSequenceClassification")
+    inputs, _ = make_inputs(model, "ForSequenceClassification", [9, 5])
+    reference = copy.deepcopy(model).eval()
+    optimized = fastbert.optimize(model, backend="torch").eval()
+    for m in (reference, optimized):
+        m.config.num_attention_heads = m.config.num_attention_heads // 2
+        setattr(m.config, "activation" if family == "distilbert" else "hidden_act", "gelu_new")
+    with torch.no_grad():
+        optimized.load_state_dict(copy.deepcopy(optimized.state_dict()), assign=True)
+        want = reference(**inputs).logits
+        torch.testing.assert_close(optimized(**inputs).logits, want, rtol=1e-5, atol=1e-6)
+
+
 def test_unusable_parameters_and_export_are_named() -> None:
     """Parameters left on the meta device (accelerate's offload, init_empty_weights), made
     computed ones (parametrize, pruning masks) or seen through torch.export: each a clear

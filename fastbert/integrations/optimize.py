@@ -37,6 +37,8 @@ when ``optimize`` runs (for the output classes), never at ``import fastbert``.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -330,6 +332,10 @@ class FastbertForward:
         self.base = base
         self.family = family
         self.config = config
+        # The Hugging Face config as the modules were built: what every rebinding reads (an
+        # edit since changes nothing Hugging Face's modules compute; read afresh, a head count
+        # edited after optimize gave other logits without a word).
+        self._config_as_built = copy.deepcopy(base.config)
         self.settings = settings
         self._masked_outputs_read = masked_outputs_read
         signature = inspect.signature(type(base).forward)
@@ -380,9 +386,7 @@ class FastbertForward:
         self.config = positions_counted_as_built(
             self.base,
             self.family,
-            config_as_run(
-                BertConfig.from_hf(self.base.config, self.family), self._layers, self._norms
-            ),
+            config_as_run(self._config_now(), self._layers, self._norms),
         )
         self._layer_count = len(self._layers)
         self._norm_eps = [m.eps for m in self._norms]
@@ -465,6 +469,15 @@ class FastbertForward:
         if return_dict is None:
             return_dict = getattr(self.base.config, "return_dict", True)
         return result if return_dict else result.to_tuple()
+
+    def _config_now(self) -> BertConfig:
+        """The config as built, with what Hugging Face reads from the live config at each call
+        (ModernBERT's window) and the vocabulary the word embeddings hold now (as
+        ``resize_token_embeddings`` leaves them)."""
+        built = BertConfig.from_hf(self._config_as_built, self.family)
+        words = self.base.get_parameter(self.family.embeddings["embeddings.word"][0])
+        window = getattr(self.base.config, "local_attention", built.local_attention)
+        return dataclasses.replace(built, vocab_size=words.shape[0], local_attention=window)
 
     def current_encoder(self) -> BertModel:
         """The encoder, rebound first if the model's tensors changed, in the model's train or
