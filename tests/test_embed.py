@@ -151,13 +151,15 @@ def test_manifest_and_shards(tmp_path, model_path) -> None:
 
 def test_an_output_with_the_earlier_manifest_name_is_found_and_moved(tmp_path, model_path):
     """A folder written when the manifest was manifest.json: the same job is found done,
-    and an unfinished one resumes and leaves one manifest, under its new name."""
+    and moved, and an unfinished one resumes and leaves one manifest, under its new name."""
     source = write_corpus(tmp_path / "corpus.jsonl", TEXTS)
     out = tmp_path / "out"
     assert embed_file(source, model_path, out, "--rows-per-shard", "5") == 0
     done = json.loads((out / "_manifest.json").read_text())
     (out / "_manifest.json").rename(out / "manifest.json")
     assert fastbert.embed([source], model=model_path, output=out, rows_per_shard=5).already_complete
+    assert pq.read_table(out).num_rows == len(TEXTS)  # the job found done moved it too
+    (out / "_manifest.json").rename(out / "manifest.json")
     (out / "manifest.json").write_text(json.dumps({**done, "complete": False}))
     (out / "part-00002.parquet").unlink()
     assert embed_file(source, model_path, out, "--rows-per-shard", "5") == 0

@@ -55,6 +55,8 @@ def finished_run(output: Path, job: dict[str, Any]) -> dict[str, Any] | None:
             f"{output} holds a complete run of another job ({_describe(key, manifest, job)}); "
             "give another output folder, or pass --overwrite / overwrite=True to replace it"
         )
+    if (output / EARLIER_MANIFEST).exists():  # the same job done: its manifest takes its name
+        os.replace(output / EARLIER_MANIFEST, output / MANIFEST)
     return manifest
 
 
