@@ -1109,12 +1109,36 @@ def test_a_config_edited_after_optimize_changes_nothing_its_modules_compute(fami
     inputs, _ = make_inputs(model, "ForSequenceClassification", [9, 5])
     reference = copy.deepcopy(model).eval()
     optimized = fastbert.optimize(model, backend="torch").eval()
+    activation = "activation" if family == "distilbert" else "hidden_act"
+    built_with = getattr(model.config, activation)
     for m in (reference, optimized):
         m.config.num_attention_heads = m.config.num_attention_heads // 2
-        setattr(m.config, "activation" if family == "distilbert" else "hidden_act", "gelu_new")
+        setattr(m.config, activation, "gelu_new")
     with torch.no_grad():
         optimized.load_state_dict(copy.deepcopy(optimized.state_dict()), assign=True)
         want = reference(**inputs).logits
+        torch.testing.assert_close(optimized(**inputs).logits, want, rtol=1e-5, atol=1e-6)
+        # Edited before optimize: the heads the attention modules were built with are run.
+        edited = copy.deepcopy(reference)
+        edited.config.num_attention_heads = 1
+        setattr(edited.config, activation, built_with)  # read from the config at optimize
+        got = fastbert.optimize(edited, backend="torch").eval()(**inputs).logits
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_saved_before_the_config_was_kept_as_built_runs() -> None:
+    """A whole optimized model saved (torch.save) by an earlier fastbert, whose forward holds
+    no config as built: it loads and runs, reading the model's config."""
+    model = make_model("bert", "ForSequenceClassification")
+    inputs, _ = make_inputs(model, "ForSequenceClassification", [9, 5])
+    with torch.no_grad():
+        want = model.eval()(**inputs).logits
+        optimized = fastbert.optimize(model, backend="torch")
+        state = optimized.bert.forward.__getstate__()
+        del state["_config_as_built"]  # as such a file holds it
+        earlier = type(optimized.bert.forward).__new__(type(optimized.bert.forward))
+        earlier.__setstate__(state)
+        optimized.bert.forward = earlier
         torch.testing.assert_close(optimized(**inputs).logits, want, rtol=1e-5, atol=1e-6)
 
 

@@ -114,12 +114,16 @@ def fuse(tensors: list[torch.Tensor]) -> nn.Parameter:
 def config_as_run(config: BertConfig, layers: nn.ModuleList, norms: list[nn.Module]) -> BertConfig:
     """``config`` (from the Hugging Face config) as the model's modules run it: as many layers
     as its layer list holds (Hugging Face's forward runs the list, whatever
-    ``num_hidden_layers`` says: a pruned student), each of the attention type the layer
-    module holds (ModernBERT), and the eps its LayerNorm modules hold. ValueError where the
+    ``num_hidden_layers`` says: a pruned student), the heads its attention was built with,
+    each of the attention type the layer module holds (ModernBERT), and the eps its LayerNorm
+    modules hold. ValueError where the
     LayerNorms hold different eps (fastbert's encoder takes one)."""
     changes: dict[str, Any] = {}
     if len(layers) != config.num_hidden_layers:
         changes["num_hidden_layers"] = len(layers)
+    heads = _heads_as_built(layers[0], config.hidden_size) if len(layers) else None
+    if heads is not None and heads != config.num_attention_heads:
+        changes["num_attention_heads"] = heads
     if config.layer_types is not None:
         types = tuple(getattr(layer, "attention_type", None) for layer in layers)
         if None in types and len(layers) != config.num_hidden_layers:
@@ -138,6 +142,21 @@ def config_as_run(config: BertConfig, layers: nn.ModuleList, norms: list[nn.Modu
     if eps and eps != {config.layer_norm_eps}:
         changes["layer_norm_eps"] = eps.pop()
     return dataclasses.replace(config, **changes) if changes else config
+
+
+def _heads_as_built(layer: nn.Module, hidden_size: int) -> int | None:
+    """The number of heads ``layer``'s attention was built with (its module's
+    ``num_attention_heads`` or ``n_heads``, or the hidden size over its ``head_dim``), which
+    it splits its rows into whatever the config says since; None when no module says."""
+    for module in layer.modules():
+        for name in ("num_attention_heads", "n_heads"):
+            heads = getattr(module, name, None)
+            if isinstance(heads, int) and not isinstance(heads, bool) and heads > 0:
+                return heads
+        head_dim = getattr(module, "head_dim", None)
+        if isinstance(head_dim, int) and not isinstance(head_dim, bool) and head_dim > 0:
+            return hidden_size // head_dim
+    return None
 
 
 def fused_views(

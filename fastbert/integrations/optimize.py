@@ -360,6 +360,8 @@ class FastbertForward:
     def __setstate__(self, state: dict[str, Any]) -> None:
         state = dict(state)
         self.family = family_of_model_type(state.pop("model_type"))
+        # A model saved before the config was kept as built: taken at its first binding.
+        state.setdefault("_config_as_built", None)
         self.__dict__.update(state)
         self._lock, self._given, self.encoder = threading.Lock(), threading.local(), None
 
@@ -474,6 +476,8 @@ class FastbertForward:
         """The config as built, with what Hugging Face reads from the live config at each call
         (ModernBERT's window) and the vocabulary the word embeddings hold now (as
         ``resize_token_embeddings`` leaves them)."""
+        if self._config_as_built is None:  # unpickled from a file saved without it
+            self._config_as_built = copy.deepcopy(self.base.config)
         built = BertConfig.from_hf(self._config_as_built, self.family)
         words = self.base.get_parameter(self.family.embeddings["embeddings.word"][0])
         window = getattr(self.base.config, "local_attention", built.local_attention)
