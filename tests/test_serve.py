@@ -234,6 +234,11 @@ def test_timing_headers_tokenize_info_health_metrics(server, client):
     assert schema["paths"]["/embed"]["post"]
     operations = [op["operationId"] for path in schema["paths"].values() for op in path.values()]
     assert len(operations) == len(set(operations))  # one id each, as OpenAPI requires
+    root = schema["paths"]["/"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert [r["$ref"].rsplit("/", 1)[1] for r in root["oneOf"]] == [
+        "EmbedRequest",
+        "SimilarityRequest",
+    ]
     assert requests.get(server.url + "/docs").status_code == 200
 
 
@@ -297,6 +302,7 @@ def test_similarity_is_sentence_transformers_cosine_and_decode_its_tokenizers_te
     assert decoded == st_model.tokenizer.batch_decode(ids, skip_special_tokens=True)
     one = client.post("/decode", json={"ids": ids[0], "skip_special_tokens": False}).json()
     assert one == [st_model.tokenizer.decode(ids[0])]
+    assert client.post("/decode", json={"ids": []}).json() == [""]  # as TEI: the empty text
     outside = client.post("/decode", json={"ids": [101, 30522]})
     assert outside.status_code == 422 and "outside the vocabulary" in outside.text
 
@@ -463,6 +469,30 @@ def test_a_several_label_classifier_predicts_and_lists_no_rerank_route(tmp_path,
         assert [e["label"] for e in two] == [f"LABEL_{i}" for i in np.argsort(-one)[:2]]
         both = {"inputs": query, "raw_scores": True, "parameters": {"function_to_apply": "softmax"}}
         assert http.post("/predict", json=both).status_code == 422
+
+
+def test_a_multi_label_classifier_predicts_as_the_text_classification_pipeline(tmp_path):
+    """problem_type multi_label_classification: each label scored alone (sigmoid), as
+    transformers' pipeline scores it; softmax set them against each other (0.39 for 0.62)."""
+    from starlette.testclient import TestClient
+    from transformers import pipeline
+
+    import fastbert
+    from fastbert.embedding.options import EmbedOptions
+    from fastbert.serve.app import create_app
+    from fastbert.serve.options import ServeOptions
+
+    folder = save_classifier(tmp_path / "tags", num_labels=3, seed=5)
+    config = json.loads((folder / "config.json").read_text())
+    config["problem_type"] = "multi_label_classification"
+    (folder / "config.json").write_text(json.dumps(config))
+    classify = pipeline("text-classification", model=str(folder), device="cpu", top_k=None)
+    want = classify([TEXTS[0]])[0]
+    app = create_app(fastbert.load(folder), ServeOptions(EmbedOptions(model=str(folder))))
+    with TestClient(app) as http:
+        got = http.post("/predict", json={"inputs": TEXTS[0]}).json()
+    assert [e["label"] for e in got] == [e["label"] for e in want]
+    np.testing.assert_allclose([e["score"] for e in got], [e["score"] for e in want], atol=1e-5)
 
 
 def _single_text_logits(folder: Path, text: str) -> np.ndarray:

@@ -136,6 +136,12 @@ class TextModel:
             else model.cross_encoder_activation(spec, classifier.model.config)
         )
         self.labels = labels
+        # Whether a classifier's labels hold apart (multi-label): scored one by one (sigmoid),
+        # as transformers' text-classification pipeline scores them, not against each other.
+        self.multi_label = (
+            classifier is not None
+            and classifier.model.config.problem_type == "multi_label_classification"
+        )
         self._promptings: dict[tuple[str | None, str | None], Prompting] = {}
         # The embed loop's encoder: embeddings as computed (float32), normalised (and cut to a
         # width) afterwards, per call.

@@ -135,6 +135,8 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
                 f"{function}: give one",
                 param="raw_scores",
             )
+        if function is None and model.multi_label:
+            function = "sigmoid"  # its labels hold apart: each scored alone, as the pipeline does
         scores = logits if body.raw_scores else probabilities(logits, function)
         labels = model.labels
         answers = [
@@ -201,8 +203,10 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
         """The text of each list of token ids, as the model's tokenizer decodes it (special
         tokens left out unless ``skip_special_tokens`` is false)."""
         timing = Timing()
-        rows = [body.ids] if body.ids and isinstance(body.ids[0], int) else body.ids
-        inputs.check_count(rows, server.limits, "ids")
+        # As TEI reads ids: a list of ids first ([] too: the empty text), else a batch.
+        rows = body.ids if body.ids and isinstance(body.ids[0], list) else [body.ids]
+        if len(rows) > server.limits.max_inputs:
+            inputs.check_count(rows, server.limits, "ids")  # says the limit
         for i, row in enumerate(rows):
             inputs.check_ids(row, model.vocab_size, f"ids[{i}]")
         texts = await server.tokenize(
@@ -244,8 +248,26 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
 
         handler = embed_or_similarity
     for path in ("/", "/invocations"):
-        app.add_api_route(path, handler, methods=["POST"], dependencies=posted, tags=["TEI"])
+        app.add_api_route(
+            path,
+            handler,
+            methods=["POST"],
+            dependencies=posted,
+            tags=["TEI"],
+            openapi_extra=_body_of(route, model.kind),
+        )
         server.aliases[path] = route
+
+
+def _body_of(route: str, kind: str) -> dict[str, Any] | None:
+    """The OpenAPI request body of POST / for a dense model, which takes /embed's body or
+    /similarity's (its handler reads a plain object); None for the others (the handler's
+    own)."""
+    if kind != EMBEDDING:
+        return None
+    names = ("EmbedRequest", "SimilarityRequest")
+    schema = {"oneOf": [{"$ref": f"#/components/schemas/{name}"} for name in names]}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
 def _sequences(raw: Any) -> tuple[bool, list[list[str]]]:
