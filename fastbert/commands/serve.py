@@ -35,8 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         metavar="MODEL",
         help="a model name (fastbert models lists them) or folder (a dense model: /embed, "
-        "/v1/embeddings and /v2/embed; sparse: /embed_sparse; multi-vector: /embed_all; a "
-        "cross-encoder: /rerank, /v1/rerank and /predict)",
+        "/similarity, /v1/embeddings and /v2/embed; sparse: /embed_sparse; multi-vector: "
+        "/embed_all; a cross-encoder: /rerank, /v1/rerank and /predict; any: /tokenize and "
+        "/decode)",
     )
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)"
