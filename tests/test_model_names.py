@@ -155,6 +155,9 @@ def test_names_the_cache_cannot_tell_apart_or_load_are_refused(cache) -> None:
     cached_repo(cache, "b/encoder", {"config.json": "{}"})
     with pytest.raises(ModelNotFound, match=r"several models .*\(a/encoder, b/encoder\)"):
         resolve_model("encoder")
+    # Among several, sentence-transformers' own, as SentenceTransformer("encoder") reads it.
+    ours = cached_repo(cache, "sentence-transformers/encoder", {"config.json": "{}"})
+    assert resolve_model("encoder").folder == ours
     cached_repo(cache, "c/partial", {"README.md": "a download cut short"})
     with pytest.raises(ModelNotFound, match="without a snapshot to load .*hf download c/partial"):
         resolve_model("c/partial")

@@ -10,7 +10,9 @@ Face cache, or a model a pip package ships.
 3. a packaged model (:data:`PACKAGED`) by its id, its name or its short name, any case
    (``sentence-transformers/all-MiniLM-L6-v2``, ``all-MiniLM-L6-v2``, ``minilm``), when its
    package is installed;
-4. a name (``all-MiniLM-L6-v2``) that is the name part of exactly one cached id.
+4. a name (``all-MiniLM-L6-v2``) that is the name part of exactly one cached id, or of
+   several, one of them ``sentence-transformers/<name>`` (the one sentence-transformers
+   reads for a bare name).
 
 Anything else raises :class:`ModelNotFound`, whose message names the close matches and how to
 fetch a model. Nothing here downloads, and only the standard library is imported at module
@@ -158,6 +160,11 @@ def _is_model_folder(folder: Path) -> bool:
     return any((folder / name).is_file() for name in _MODEL_FILES)
 
 
+# The organisation whose repository sentence-transformers reads for a bare name
+# (SentenceTransformer("all-MiniLM-L6-v2") loads sentence-transformers/all-MiniLM-L6-v2).
+SENTENCE_TRANSFORMERS_ORG = "sentence-transformers"
+
+
 def resolve_model(model: str | Path, also: Sequence[str] = ()) -> ModelRef:
     """The folder of ``model``: a folder path, a Hugging Face id in the cache, a packaged
     model's name, or a name unique among the cached ids (see the module's docstring).
@@ -191,8 +198,11 @@ def resolve_model(model: str | Path, also: Sequence[str] = ()) -> ModelRef:
     if in_cache and in_cache.folder is not None:  # not installed, but downloaded
         return ModelRef(in_cache.folder, text, in_cache.id, HF_CACHE)
     named = [m for m in cached if m.folder is not None and m.id.lower().rsplit("/")[-1] == key]
-    if len(named) == 1:
-        return ModelRef(named[0].folder, text, named[0].id, HF_CACHE)
+    # Among several, sentence-transformers' own: the repository its bare names name.
+    ours = [m for m in named if m.id.lower() == f"{SENTENCE_TRANSFORMERS_ORG}/{key}"]
+    if len(named) == 1 or ours:
+        chosen = (ours or named)[0]
+        return ModelRef(chosen.folder, text, chosen.id, HF_CACHE)
     raise ModelNotFound(_not_found(text, key, packaged, by_id.get(key), named, cached, also))
 
 
