@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fastbert.model.config import BertConfig
+from fastbert.model.config import HIDDEN_ACTIVATIONS, BertConfig
 from fastbert.model.encoder import BertModel
 from fastbert.model.families import Family
 
@@ -114,9 +114,9 @@ def fuse(tensors: list[torch.Tensor]) -> nn.Parameter:
 def config_as_run(config: BertConfig, layers: nn.ModuleList, norms: list[nn.Module]) -> BertConfig:
     """``config`` (from the Hugging Face config) as the model's modules run it: as many layers
     as its layer list holds (Hugging Face's forward runs the list, whatever
-    ``num_hidden_layers`` says: a pruned student), the heads its attention was built with,
-    each of the attention type the layer module holds (ModernBERT), and the eps its LayerNorm
-    modules hold. ValueError where the
+    ``num_hidden_layers`` says: a pruned student), the heads its attention was built with and
+    the activation its modules hold, each of the attention type the layer module holds
+    (ModernBERT), and the eps its LayerNorm modules hold. ValueError where the
     LayerNorms hold different eps (fastbert's encoder takes one)."""
     changes: dict[str, Any] = {}
     if len(layers) != config.num_hidden_layers:
@@ -124,6 +124,11 @@ def config_as_run(config: BertConfig, layers: nn.ModuleList, norms: list[nn.Modu
     heads = _heads_as_built(layers[0], config.hidden_size) if len(layers) else None
     if heads is not None and heads != config.num_attention_heads:
         changes["num_attention_heads"] = heads
+    activation = _activation_as_built(layers[0]) if len(layers) else None
+    if activation is not None and HIDDEN_ACTIVATIONS.get(activation) != HIDDEN_ACTIVATIONS.get(
+        config.hidden_act
+    ):
+        changes["hidden_act"] = activation  # one fastbert does not run: a ValueError naming it
     if config.layer_types is not None:
         types = tuple(getattr(layer, "attention_type", None) for layer in layers)
         if None in types and len(layers) != config.num_hidden_layers:
@@ -157,6 +162,18 @@ def _heads_as_built(layer: nn.Module, hidden_size: int) -> int | None:
         if isinstance(head_dim, int) and not isinstance(head_dim, bool) and head_dim > 0:
             return hidden_size // head_dim
     return None
+
+
+def _activation_as_built(layer: nn.Module) -> str | None:
+    """The Hugging Face name of the activation ``layer``'s modules hold (the first name
+    transformers gives its class), which it runs whatever the config says since; None when
+    it holds none of transformers' activations."""
+    from transformers.activations import ACT2CLS
+
+    names: dict[type, str] = {}
+    for name, entry in ACT2CLS.items():
+        names.setdefault(entry[0] if isinstance(entry, tuple) else entry, name)
+    return next((names[type(m)] for m in layer.modules() if type(m) in names), None)
 
 
 def fused_views(
