@@ -1,6 +1,7 @@
 """The request bodies of every route, as pydantic models: Hugging Face text-embeddings-inference's
-shapes (``/embed``, ``/embed_sparse``, ``/embed_all``, ``/rerank``, ``/predict``, ``/tokenize``),
-OpenAI's (``/v1/embeddings``) and Cohere's (``/v1/rerank``, ``/v2/embed``). They validate
+shapes (``/embed``, ``/embed_sparse``, ``/embed_all``, ``/similarity``, ``/rerank``,
+``/predict``, ``/tokenize``, ``/decode``), OpenAI's (``/v1/embeddings``) and Cohere's
+(``/v1/rerank``, ``/v2/embed``). They validate
 each request and document it in the OpenAPI schema. A known field with a wrong type or value is
 a 422, and so is a field the route does not take: a misspelt option (``normalise``,
 ``dimension``) left out would change the answer without a word. OpenAI's API refuses unknown
@@ -45,7 +46,7 @@ PromptName = Annotated[
 ]
 
 
-class Request(BaseModel):
+class RequestBody(BaseModel):
     """A request body: a field it does not declare is a 422 (``unknown_field``) naming the
     field and the ones it takes."""
 
@@ -74,7 +75,7 @@ class Request(BaseModel):
 CLIENT_FIELDS = ("options", "parameters")
 
 
-class TeiRequest(Request):
+class TeiRequest(RequestBody):
     """A TEI route's body, which also takes what Hugging Face's Inference API clients send
     beside TEI's fields: ``options`` (``wait_for_model``, ``use_cache``: how to reach a model,
     not what it computes) and an empty ``parameters`` (``InferenceClient.text_classification``
@@ -124,18 +125,18 @@ class EmbedAllRequest(TeiEmbedRequest):
     vector of every token the model scores."""
 
 
-class SimilarityInput(Request):
+class SimilarityInput(RequestBody):
     source_sentence: StrictStr
     sentences: list[StrictStr]
 
 
-class SimilarityParameters(Request):
+class SimilarityParameters(RequestBody):
     truncate: Truncate = None
     truncation_direction: Direction = None
     prompt_name: PromptName = None
 
 
-class SimilarityRequest(Request):
+class SimilarityRequest(RequestBody):
     """``POST /similarity`` (TEI, dense models): the cosine similarity of
     ``inputs.source_sentence`` to each of ``inputs.sentences``, each embedded as ``/embed``
     embeds it with ``parameters``. Returns ``[float]``, one per sentence."""
@@ -153,7 +154,7 @@ class DecodeRequest(TeiRequest):
     skip_special_tokens: StrictBool = True
 
 
-class OpenAIEmbeddingsRequest(Request):
+class OpenAIEmbeddingsRequest(RequestBody):
     """``POST /v1/embeddings`` (OpenAI). Embeddings are normalised, as OpenAI's are."""
 
     input: Inputs
@@ -166,7 +167,7 @@ class OpenAIEmbeddingsRequest(Request):
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary"]
 
 
-class CohereEmbedRequest(Request):
+class CohereEmbedRequest(RequestBody):
     """``POST /v2/embed`` (Cohere's shape, texts). Returns ``{id, embeddings: {type:
     [[...]]}, texts, meta}``."""
 
@@ -207,7 +208,7 @@ class Document(BaseModel):
     text: StrictStr
 
 
-class CohereRerankRequest(Request):
+class CohereRerankRequest(RequestBody):
     """``POST /v1/rerank`` (Cohere's shape). Returns ``{results: [{index, relevance_score,
     document?}]}``, best first."""
 
@@ -224,7 +225,7 @@ class CohereRerankRequest(Request):
 Sequence = StrictStr | Annotated[list[StrictStr], Field(min_length=1, max_length=2)]
 
 
-class PredictParameters(Request):
+class PredictParameters(RequestBody):
     """What Hugging Face's ``InferenceClient.text_classification`` sends in ``parameters``:
     ``top_k`` (the best k labels of each input) and ``function_to_apply`` ("softmax",
     "sigmoid", or "none" for the logits; default: softmax, sigmoid for one label)."""
