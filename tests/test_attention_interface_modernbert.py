@@ -98,6 +98,18 @@ def test_matches_sdpa_and_eager(path: str, op_calls) -> None:
     assert op_calls == _expected_calls(models[hf.NAME], path, tuple(mask.shape))
 
 
+def test_a_window_edited_after_loading_is_the_one_run() -> None:
+    """Hugging Face's eager and sdpa masks read config.local_attention at each call; the
+    attention modules were built with the old window, which fastbert's op ran (0.86 off)."""
+    models = _models("torch")
+    ids, mask = inputs(LENGTHS, seed=1)
+    for model in models.values():
+        model.config.local_attention = 4
+    expected = _hidden(models["eager"], ids, mask)
+    got = _hidden(models[hf.NAME], ids, mask)
+    assert (got - expected)[mask.bool()].abs().max() <= BOUND
+
+
 @pytest.mark.parametrize("path", ["kernel", "torch"])
 def test_without_mask_matches_sdpa(path: str, op_calls) -> None:
     """No padding: the mask function gives None, the local layers still get their window."""

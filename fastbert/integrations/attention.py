@@ -100,6 +100,12 @@ def attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     window = _kernel_window(kwargs.get("sliding_window"))
+    if window is not None:
+        # Hugging Face's eager and sdpa masks read the window from the config at each call;
+        # the argument is the one the module was built with (a window edited since: 0.86 off).
+        live = getattr(getattr(module, "config", None), "sliding_window", None)
+        if isinstance(live, int) and not isinstance(live, bool) and live >= 0:
+            window = live
     return _attend(query, key, value, attention_mask, scaling, dropout, window), None
 
 

@@ -114,21 +114,12 @@ def fuse(tensors: list[torch.Tensor]) -> nn.Parameter:
 def config_as_run(config: BertConfig, layers: nn.ModuleList, norms: list[nn.Module]) -> BertConfig:
     """``config`` (from the Hugging Face config) as the model's modules run it: as many layers
     as its layer list holds (Hugging Face's forward runs the list, whatever
-    ``num_hidden_layers`` says: a pruned student), the heads its attention was built with and
-    the activation its modules hold, each of the attention type the layer module holds
-    (ModernBERT), and the eps its LayerNorm modules hold. ValueError where the
+    ``num_hidden_layers`` says: a pruned student), each of the attention type the layer
+    module holds (ModernBERT), and the eps its LayerNorm modules hold. ValueError where the
     LayerNorms hold different eps (fastbert's encoder takes one)."""
     changes: dict[str, Any] = {}
     if len(layers) != config.num_hidden_layers:
         changes["num_hidden_layers"] = len(layers)
-    heads = _heads_as_built(layers[0], config.hidden_size) if len(layers) else None
-    if heads is not None and heads != config.num_attention_heads:
-        changes["num_attention_heads"] = heads
-    activation = _activation_as_built(layers[0]) if len(layers) else None
-    if activation is not None and HIDDEN_ACTIVATIONS.get(activation) != HIDDEN_ACTIVATIONS.get(
-        config.hidden_act
-    ):
-        changes["hidden_act"] = activation  # one fastbert does not run: a ValueError naming it
     if config.layer_types is not None:
         types = tuple(getattr(layer, "attention_type", None) for layer in layers)
         if None in types and len(layers) != config.num_hidden_layers:
@@ -149,7 +140,27 @@ def config_as_run(config: BertConfig, layers: nn.ModuleList, norms: list[nn.Modu
     return dataclasses.replace(config, **changes) if changes else config
 
 
-def _heads_as_built(layer: nn.Module, hidden_size: int) -> int | None:
+def config_as_built(hf_config: Any, family: Family, layers: nn.ModuleList) -> BertConfig:
+    """The fastbert config of ``hf_config`` with the head count and the activation the
+    ``layers``' modules were built with written over the config's: Hugging Face's modules run
+    those whatever the config says since (an edit, valid or not, changes nothing they
+    compute). ValueError where the layers hold different activations, or one fastbert does
+    not run."""
+    values = hf_config.to_dict()
+    values["num_labels"] = hf_config.num_labels
+    names = family.config_names
+    heads = _heads_as_built(layers[0], values.get(names["hidden_size"])) if len(layers) else None
+    if heads is not None:
+        values[names["num_attention_heads"]] = heads
+    activation = _activation_as_built(layers)
+    if activation is not None and HIDDEN_ACTIVATIONS.get(activation) != HIDDEN_ACTIVATIONS.get(
+        values.get(names["hidden_act"])
+    ):
+        values[names["hidden_act"]] = activation  # one fastbert does not run: named
+    return BertConfig.from_dict(values, family)
+
+
+def _heads_as_built(layer: nn.Module, hidden_size: Any) -> int | None:
     """The number of heads ``layer``'s attention was built with (its module's
     ``num_attention_heads`` or ``n_heads``, or the hidden size over its ``head_dim``), which
     it splits its rows into whatever the config says since; None when no module says."""
@@ -160,20 +171,35 @@ def _heads_as_built(layer: nn.Module, hidden_size: int) -> int | None:
                 return heads
         head_dim = getattr(module, "head_dim", None)
         if isinstance(head_dim, int) and not isinstance(head_dim, bool) and head_dim > 0:
-            return hidden_size // head_dim
+            return hidden_size // head_dim if isinstance(hidden_size, int) else None
     return None
 
 
-def _activation_as_built(layer: nn.Module) -> str | None:
-    """The Hugging Face name of the activation ``layer``'s modules hold (the first name
-    transformers gives its class), which it runs whatever the config says since; None when
-    it holds none of transformers' activations."""
+def _activation_as_built(layers: nn.ModuleList) -> str | None:
+    """The Hugging Face name of the activation the ``layers``' modules hold (transformers'
+    first name for its class; torch's GELU by its approximation), None when they hold none
+    of those; ValueError where layers hold different ones (fastbert's encoder runs one)."""
     from transformers.activations import ACT2CLS
 
     names: dict[type, str] = {}
     for name, entry in ACT2CLS.items():
         names.setdefault(entry[0] if isinstance(entry, tuple) else entry, name)
-    return next((names[type(m)] for m in layer.modules() if type(m) in names), None)
+    held = set()
+    for layer in layers:
+        for module in layer.modules():
+            if isinstance(module, nn.GELU):
+                held.add("gelu_pytorch_tanh" if module.approximate == "tanh" else "gelu")
+                break
+            if type(module) in names:
+                held.add(names[type(module)])
+                break
+    if len({HIDDEN_ACTIVATIONS.get(name, name) for name in held}) > 1:
+        raise ValueError(
+            f"the model's layers hold different activations ({', '.join(sorted(held))}); "
+            "fastbert's encoder runs one: give every layer the same, or call the model without "
+            "fastbert"
+        )
+    return min(held) if held else None
 
 
 def fused_views(

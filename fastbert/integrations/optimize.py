@@ -55,6 +55,7 @@ from fastbert.execution.backends import check_backend, check_head_dim
 from fastbert.integrations import hooks, training_modes
 from fastbert.integrations.binding import (
     bind_encoder,
+    config_as_built,
     config_as_run,
     fused_views,
     positions_counted_as_built,
@@ -145,7 +146,7 @@ def optimize(
     validation.check_quantize(quantize)
     hf_model = _transformers_model(model)
     family, base = base_model(hf_model)
-    config = BertConfig.from_hf(hf_model.config, family)
+    config = config_as_built(hf_model.config, family, base.get_submodule(family.layer_prefix))
     if backend == "triton":
         check_head_dim(config.head_dim)
     masked_outputs_read = _masked_outputs_read(model)
@@ -478,7 +479,7 @@ class FastbertForward:
         ``resize_token_embeddings`` leaves them)."""
         if self._config_as_built is None:  # unpickled from a file saved without it
             self._config_as_built = copy.deepcopy(self.base.config)
-        built = BertConfig.from_hf(self._config_as_built, self.family)
+        built = config_as_built(self._config_as_built, self.family, self._layers)
         words = self.base.get_parameter(self.family.embeddings["embeddings.word"][0])
         window = getattr(self.base.config, "local_attention", built.local_attention)
         return dataclasses.replace(built, vocab_size=words.shape[0], local_attention=window)
