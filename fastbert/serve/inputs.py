@@ -42,6 +42,11 @@ def check_count(items: Sequence, limits: Limits, field: str) -> None:
             check_text(item, f"{field}[{i}]", field)
         elif isinstance(item, list) and not item:
             raise EmptyInput(f"{field}[{i}] is empty", param=field)
+    check_size(items, limits, field)
+
+
+def check_size(items: Sequence, limits: Limits, field: str) -> None:
+    """ValidationFailed for more inputs than the server takes in one request."""
     if len(items) > limits.max_inputs:
         raise ValidationFailed(
             f"{field} has {len(items)} inputs, more than this server's limit of "

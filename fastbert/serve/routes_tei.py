@@ -205,8 +205,7 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
         timing = Timing()
         # As TEI reads ids: a list of ids first ([] too: the empty text), else a batch.
         rows = body.ids if body.ids and isinstance(body.ids[0], list) else [body.ids]
-        if len(rows) > server.limits.max_inputs:
-            inputs.check_count(rows, server.limits, "ids")  # says the limit
+        inputs.check_size(rows, server.limits, "ids")  # an empty list is no empty input
         for i, row in enumerate(rows):
             inputs.check_ids(row, model.vocab_size, f"ids[{i}]")
         texts = await server.tokenize(
@@ -254,12 +253,12 @@ def register(app: FastAPI, server: Server, posted: list) -> None:
             methods=["POST"],
             dependencies=posted,
             tags=["TEI"],
-            openapi_extra=_body_of(route, model.kind),
+            openapi_extra=_body_of(model.kind),
         )
         server.aliases[path] = route
 
 
-def _body_of(route: str, kind: str) -> dict[str, Any] | None:
+def _body_of(kind: str) -> dict[str, Any] | None:
     """The OpenAPI request body of POST / for a dense model, which takes /embed's body or
     /similarity's (its handler reads a plain object); None for the others (the handler's
     own)."""
